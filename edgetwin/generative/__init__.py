@@ -1,0 +1,1 @@
+"""GAN-SMMSG and its baselines (GMM, plain GAN, WGAN-GP): who shows up."""

@@ -1,0 +1,1 @@
+"""MAIL-MMSG and the behaviour-cloning baseline: how service groups respond."""

@@ -1,0 +1,319 @@
+"""The twin spec: what each column of a log means, its bounds, the transition and the reward.
+
+A spec is a small TOML file that travels with a log (``LOG.spec.toml`` beside it, or ``--spec``)::
+
+    name = "emulated-edge"
+    step_seconds = 300.0
+
+    [[features]]
+    name = "profile.mean_task_s"
+    kind = "heavy_tailed"          # continuous | heavy_tailed | discrete | categorical | binary
+    low = 0.05
+    high = 3600.0
+
+    [[features]]
+    name = "profile.priority"
+    kind = "discrete"
+    values = [1, 2, 3]
+
+    [transition]                   # optional: absent -> the twin learns the next state
+    function = "mypkg.dynamics:next_state"
+
+    [reward]                       # weighted sum of columns, or a function
+    weights = { "response.offload_ratio" = 1.0, "kpi.slo_violation" = -0.5 }
+    # function = "mypkg.rewards:reward"
+
+The role of a feature is its column prefix (``profile.``, ``state.``, ``action.``, ``response.``,
+``kpi.``); the order of ``[[features]]`` within a role is the order of the observation and action
+vectors everywhere (``[profile.*, state.*]`` -> ``action.*``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import tomli_w
+
+from edgetwin.errors import InputError
+
+Role = Literal["profile", "state", "action", "response", "kpi"]
+ROLES: tuple[Role, ...] = ("profile", "state", "action", "response", "kpi")
+Kind = Literal["continuous", "heavy_tailed", "discrete", "categorical", "binary"]
+KINDS: tuple[Kind, ...] = ("continuous", "heavy_tailed", "discrete", "categorical", "binary")
+
+#: Columns every log has: the row key and the agent's metadata.
+KEY_COLUMNS: tuple[str, ...] = ("episode", "t", "agent")
+META_COLUMNS: tuple[str, ...] = ("scenario", "site")
+REWARD_COLUMN = "reward"
+
+#: ``fn(state (N,S), action (N,A), response (N,R)) -> next_state (N,S)``, arrays in spec order.
+TransitionFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+#: ``fn(columns: {name: (N,) array}) -> reward (N,)``; columns are every feature of the step.
+RewardFn = Callable[[Mapping[str, np.ndarray]], np.ndarray]
+
+
+def role_of(column: str) -> Role | None:
+    """The role of a column from its prefix, or None for key, meta and reward columns."""
+    prefix, _, rest = column.partition(".")
+    if rest and prefix in ROLES:
+        return prefix  # type: ignore[return-value]
+    return None
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One typed column of the log.
+
+    Attributes:
+        name: full column name, e.g. ``"profile.mean_task_s"``.
+        kind: how it is distributed; generative models transform it accordingly.
+        low, high: inclusive bounds, or None when unbounded on that side.
+        values: the allowed values of a ``discrete``/``categorical`` feature (numeric codes).
+        unit: free text for documentation and plots.
+    """
+
+    name: str
+    kind: Kind = "continuous"
+    low: float | None = None
+    high: float | None = None
+    values: tuple[float, ...] | None = None
+    unit: str = ""
+
+    @property
+    def role(self) -> Role:
+        role = role_of(self.name)
+        assert role is not None, self.name  # guaranteed by TwinSpec.__post_init__
+        return role
+
+    @property
+    def short(self) -> str:
+        """The name without its role prefix."""
+        return self.name.partition(".")[2]
+
+    @property
+    def is_discrete(self) -> bool:
+        return self.kind in ("discrete", "categorical", "binary")
+
+    def allowed_values(self) -> tuple[float, ...] | None:
+        if self.kind == "binary":
+            return (0.0, 1.0)
+        return self.values
+
+
+@dataclass(frozen=True)
+class TwinSpec:
+    """Roles, kinds and bounds of a log's columns, plus how the next state and the reward follow.
+
+    Attributes:
+        features: typed columns; their order within a role is the vector order everywhere.
+        name: a name for humans.
+        step_seconds: simulated seconds per step ``t`` (used for time-of-day plots).
+        transition: ``"module:function"`` of the known next-state dynamics, or None (learned).
+        reward_weights: the built-in reward: ``sum(w * column)`` over the named columns.
+        reward_function: ``"module:function"`` computing the reward instead (see `RewardFn`).
+        scenarios: the scenario labels, when known in advance (checked by validation).
+    """
+
+    features: tuple[Feature, ...]
+    name: str = "unnamed"
+    step_seconds: float = 1.0
+    transition: str | None = None
+    reward_weights: Mapping[str, float] = field(default_factory=dict)
+    reward_function: str | None = None
+    scenarios: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for f in self.features:
+            if role_of(f.name) is None:
+                raise InputError(
+                    f"feature {f.name!r} must start with one of {', '.join(r + '.' for r in ROLES)}",
+                    "spec",
+                )
+            if f.kind not in KINDS:
+                raise InputError(f"feature {f.name!r}: kind {f.kind!r} is not one of {KINDS}", "spec")
+            if f.kind in ("discrete", "categorical") and not f.values:
+                raise InputError(f"feature {f.name!r}: kind {f.kind!r} needs 'values'", "spec")
+            if f.low is not None and f.high is not None and f.low > f.high:
+                raise InputError(f"feature {f.name!r}: low {f.low} > high {f.high}", "spec")
+            if f.name in seen:
+                raise InputError(f"feature {f.name!r} is listed twice", "spec")
+            seen.add(f.name)
+        for col in self.reward_weights:
+            if col not in seen and col != REWARD_COLUMN:
+                raise InputError(f"reward weight names {col!r}, which is not a feature", "spec")
+        if self.reward_weights and self.reward_function:
+            raise InputError("reward: give either 'weights' or 'function', not both", "spec")
+        if not self.by_role("action"):
+            raise InputError("a spec needs at least one action.* feature", "spec")
+
+    # --- views -------------------------------------------------------------------------------
+    def by_role(self, role: Role) -> tuple[Feature, ...]:
+        return tuple(f for f in self.features if f.role == role)
+
+    def names(self, role: Role) -> list[str]:
+        return [f.name for f in self.by_role(role)]
+
+    @property
+    def observation_columns(self) -> list[str]:
+        """What a platform policy sees per agent: ``[profile.*, state.*]`` in spec order."""
+        return self.names("profile") + self.names("state")
+
+    @property
+    def action_columns(self) -> list[str]:
+        return self.names("action")
+
+    def feature(self, name: str) -> Feature:
+        for f in self.features:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def bounds(self, role: Role) -> tuple[np.ndarray, np.ndarray]:
+        """(low, high) arrays of a role's features; unbounded sides are -inf / +inf."""
+        feats = self.by_role(role)
+        low = np.array([-np.inf if f.low is None else f.low for f in feats], dtype=np.float64)
+        high = np.array([np.inf if f.high is None else f.high for f in feats], dtype=np.float64)
+        return low, high
+
+    # --- callables named by the spec ------------------------------------------------------------
+    def transition_fn(self) -> TransitionFn | None:
+        return None if self.transition is None else _import_callable(self.transition, "transition")
+
+    def reward_fn(self) -> RewardFn:
+        """The reward as a function of a step's columns ``{name: (N,) array}`` -> ``(N,)``."""
+        if self.reward_function is not None:
+            return _import_callable(self.reward_function, "reward")
+        weights = dict(self.reward_weights)
+
+        def weighted(columns: Mapping[str, np.ndarray]) -> np.ndarray:
+            n = len(next(iter(columns.values())))
+            total = np.zeros(n, dtype=np.float64)
+            for col, w in weights.items():
+                total += w * np.asarray(columns[col], dtype=np.float64)
+            return total
+
+        return weighted
+
+    # --- persistence ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "step_seconds": float(self.step_seconds)}
+        if self.scenarios is not None:
+            out["scenarios"] = list(self.scenarios)
+        feats = []
+        for f in self.features:
+            d: dict[str, Any] = {"name": f.name, "kind": f.kind}
+            if f.low is not None:
+                d["low"] = float(f.low)
+            if f.high is not None:
+                d["high"] = float(f.high)
+            if f.values is not None:
+                d["values"] = [float(v) for v in f.values]
+            if f.unit:
+                d["unit"] = f.unit
+            feats.append(d)
+        out["features"] = feats
+        if self.transition:
+            out["transition"] = {"function": self.transition}
+        reward: dict[str, Any] = {}
+        if self.reward_weights:
+            reward["weights"] = {k: float(v) for k, v in self.reward_weights.items()}
+        if self.reward_function:
+            reward["function"] = self.reward_function
+        if reward:
+            out["reward"] = reward
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "spec") -> TwinSpec:
+        try:
+            raw_feats = d["features"]
+        except KeyError:
+            raise InputError("no [[features]] table", source) from None
+        feats = []
+        for i, fd in enumerate(raw_feats):
+            if "name" not in fd:
+                raise InputError(f"[[features]] entry {i + 1} has no 'name'", source)
+            unknown = set(fd) - {"name", "kind", "low", "high", "values", "unit"}
+            if unknown:
+                raise InputError(f"feature {fd['name']!r}: unknown keys {sorted(unknown)}", source)
+            values = fd.get("values")
+            feats.append(
+                Feature(
+                    name=str(fd["name"]),
+                    kind=fd.get("kind", "continuous"),
+                    low=None if fd.get("low") is None else float(fd["low"]),
+                    high=None if fd.get("high") is None else float(fd["high"]),
+                    values=None if values is None else tuple(float(v) for v in values),
+                    unit=str(fd.get("unit", "")),
+                )
+            )
+        reward = d.get("reward", {})
+        transition = d.get("transition", {})
+        scen = d.get("scenarios")
+        try:
+            return cls(
+                features=tuple(feats),
+                name=str(d.get("name", "unnamed")),
+                step_seconds=float(d.get("step_seconds", 1.0)),
+                transition=transition.get("function"),
+                reward_weights={str(k): float(v) for k, v in reward.get("weights", {}).items()},
+                reward_function=reward.get("function"),
+                scenarios=None if scen is None else tuple(str(s) for s in scen),
+            )
+        except InputError as e:
+            raise InputError(str(e).removeprefix("spec: "), source) from None
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(tomli_w.dumps(self.to_dict()))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> TwinSpec:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError("spec file not found", str(path))
+        try:
+            d = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise InputError(f"not valid TOML ({e})", str(path)) from None
+        return cls.from_dict(d, source=str(path))
+
+    def hash(self) -> str:
+        """A stable short hash of the spec's content (policies and twins carry it)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    @classmethod
+    def infer(cls, columns: Iterable[str], name: str = "inferred") -> TwinSpec:
+        """A spec with every role column continuous and unbounded (used when none is given)."""
+        feats = tuple(Feature(name=c) for c in columns if role_of(c) is not None)
+        return cls(features=feats, name=name)
+
+
+def spec_path_for(log_path: str | Path) -> Path:
+    """Where the spec of a log lives by convention: ``logs.parquet`` -> ``logs.spec.toml``."""
+    p = Path(log_path)
+    return p.with_name(p.name.split(".")[0] + ".spec.toml")
+
+
+def _import_callable(ref: str, what: str) -> Any:
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise InputError(f"{what} must be 'module:function', got {ref!r}", "spec")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise InputError(f"{what} function {ref!r} cannot be imported ({e})", "spec") from None
+    if not callable(fn):
+        raise InputError(f"{what} {ref!r} is not callable", "spec")
+    return fn
