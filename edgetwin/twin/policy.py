@@ -1,0 +1,58 @@
+"""What a platform policy is, to every part of edgetwin: something with ``act(obs) -> actions``.
+
+The twin, the emulated cluster, evaluation, what-ifs and the edge runtime all drive policies
+through this one protocol, on a batch of per-agent observations ``[profile.*, state.*]``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from edgetwin.twin.spec import TwinSpec
+
+
+@runtime_checkable
+class PlatformPolicy(Protocol):
+    """A platform (scheduling) policy acting per agent.
+
+    ``act(obs)`` takes ``obs`` of shape ``(N, len(spec.observation_columns))`` and returns actions
+    of shape ``(N, len(spec.action_columns))`` in the spec's action bounds.
+    """
+
+    def act(self, obs: np.ndarray) -> np.ndarray: ...
+
+
+class RandomPolicy:
+    """Uniform actions within the spec's action bounds (the logging policy of seed 004).
+
+    Discrete actions draw from their allowed values; unbounded sides are clipped to ``[-1, 1]``.
+    """
+
+    def __init__(self, spec: TwinSpec, seed: int = 0) -> None:
+        self.spec = spec
+        self.rng = np.random.default_rng(seed)
+        low, high = spec.bounds("action")
+        self.low = np.where(np.isfinite(low), low, -1.0)
+        self.high = np.where(np.isfinite(high), high, 1.0)
+        self._values = [f.allowed_values() for f in spec.by_role("action")]
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        n = obs.shape[0]
+        a = self.rng.uniform(self.low, self.high, size=(n, len(self.low)))
+        for j, values in enumerate(self._values):
+            if values is not None:
+                a[:, j] = self.rng.choice(np.asarray(values), size=n)
+        return a
+
+
+class FunctionPolicy:
+    """Wraps a plain function ``obs (N, O) -> actions (N, A)`` as a `PlatformPolicy`."""
+
+    def __init__(self, fn, name: str = "function") -> None:  # type: ignore[no-untyped-def]
+        self.fn = fn
+        self.name = name
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        return np.asarray(self.fn(obs), dtype=np.float64)
