@@ -150,6 +150,9 @@ class TwinSpec:
         for col in self.reward_weights:
             if col not in seen and col != REWARD_COLUMN:
                 raise InputError(f"reward weight names {col!r}, which is not a feature", "spec")
+        for key, ref in (("transition", self.transition), ("reward function", self.reward_function)):
+            if ref is not None and not isinstance(ref, str):
+                raise InputError(f"{key} must be a 'module:function' string, got {ref!r}", "spec")
         if self.reward_weights and self.reward_function:
             raise InputError("reward: give either 'weights' or 'function', not both", "spec")
         if not self.by_role("action"):
@@ -234,6 +237,15 @@ class TwinSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str = "spec") -> TwinSpec:
+        try:
+            return cls._from_dict(d, source)
+        except InputError:
+            raise
+        except (TypeError, ValueError, AttributeError) as e:  # a value of the wrong TOML type
+            raise InputError(f"malformed spec ({type(e).__name__}: {e})", source) from None
+
+    @classmethod
+    def _from_dict(cls, d: Mapping[str, Any], source: str) -> TwinSpec:
         try:
             raw_feats = d["features"]
         except KeyError:
