@@ -1,0 +1,366 @@
+"""Versioned bus messages: one `Envelope` type, a compact binary frame, validation on receipt.
+
+Wire frame (all integers little-endian)::
+
+    b"ET" | v: u8 | header_len: u32 | header: UTF-8 JSON (header_len bytes) | tensor bytes
+
+The JSON header holds ``kind``, ``sender``, ``round``, ``ts`` (unix seconds), ``id`` (unique per
+message; JetStream de-duplicates retried publishes by it), ``payload`` (a JSON object whose fields
+depend on ``kind``) and ``tensors``: ``[[name, dtype, shape], ...]`` describing the raw arrays that
+follow, in order. A small control message is a few dozen bytes of JSON; a model update carries its
+parameters as raw float32 / int8 / bitmap bytes (no base64, no per-number text), so the frame is
+within a few hundred bytes of `EncodedUpdate.encoded_nbytes`.
+
+`decode` checks, in this order, and raises `MessageRejected` with one of the `REASONS`:
+``oversized`` (more than ``max_bytes``), ``malformed`` (bad magic, header, JSON, tensor table or
+lengths), ``unknown_version`` (a schema version this build does not read), ``unknown_kind`` and
+``invalid_payload`` (the kind's schema: required fields, their types, finite numbers, tensors).
+The bus counts each reason in ``bus.stats.rejected`` and never passes such a message to a handler.
+
+Kinds are registered with `register_kind`; the built-in ones are listed in `KINDS` and documented
+in ``docs/bus.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgetwin.edge.compression import EncodedUpdate, UpdateCodec
+from edgetwin.errors import InputError
+
+__all__ = [
+    "KINDS",
+    "MAGIC",
+    "REASONS",
+    "SCHEMA_VERSION",
+    "Envelope",
+    "KindSchema",
+    "MessageRejected",
+    "decode",
+    "decode_update",
+    "encode",
+    "model_update",
+    "register_kind",
+    "validate",
+]
+
+MAGIC = b"ET"
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+_PREFIX = struct.Struct("<2sBI")  # magic, v, header_len
+REASONS = ("oversized", "malformed", "unknown_version", "unknown_kind", "invalid_payload")
+# dtypes a tensor may have on the wire; anything else (object, strings, ...) is malformed.
+_DTYPES = frozenset({"float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"})
+_MAX_DIMS = 8
+
+
+class MessageRejected(ValueError):
+    """A received message that is not used; ``reason`` is one of `REASONS`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        assert reason in REASONS, reason
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}")
+
+
+@dataclass
+class Envelope:
+    """One bus message.
+
+    Attributes:
+        kind: what it is (``"model_update"``, ``"intent"``, ...): selects the payload schema.
+        sender: the agent that sent it (e.g. ``"esa/site-3"``).
+        round: the federated round it belongs to (0 outside rounds).
+        payload: JSON-able fields, checked against the kind's `KindSchema`.
+        tensors: named arrays sent as raw bytes (parameters, observations, ...).
+        v: schema version of the envelope.
+        ts: send time, unix seconds.
+        msg_id: unique id (hex); retried durable publishes reuse it so they are stored once.
+    """
+
+    kind: str
+    sender: str
+    round: int = 0
+    payload: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    v: int = SCHEMA_VERSION
+    ts: float = field(default_factory=time.time)
+    msg_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+# ------------------------------------------------------------------------------ schemas
+_Number = (int, float)
+
+
+@dataclass(frozen=True)
+class KindSchema:
+    """What a kind's payload must hold.
+
+    Attributes:
+        required: field -> accepted Python type(s); ``int`` never accepts ``bool``.
+        optional: the same, for fields that may be absent.
+        tensors: names of arrays that must be present.
+        check: extra validation; raise ``ValueError`` with the reason.
+    """
+
+    required: Mapping[str, type | tuple[type, ...]] = field(default_factory=dict)
+    optional: Mapping[str, type | tuple[type, ...]] = field(default_factory=dict)
+    tensors: tuple[str, ...] = ()
+    check: Callable[[Envelope], None] | None = None
+
+
+KINDS: dict[str, KindSchema] = {}
+
+
+def register_kind(kind: str, schema: KindSchema) -> None:
+    """Make ``kind`` known to `encode` / `decode` (agents register their own kinds at import)."""
+    if not kind or not isinstance(kind, str):
+        raise InputError("a message kind is a non-empty string", where="kind")
+    KINDS[kind] = schema
+
+
+def _type_ok(value: Any, types: type | tuple[type, ...]) -> bool:
+    types = types if isinstance(types, tuple) else (types,)
+    if isinstance(value, bool) and bool not in types:
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return isinstance(value, types)
+
+
+def _check_codec(env: Envelope) -> None:
+    codec = env.payload["codec"]
+    size = codec.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError("codec.size must be a non-negative int")
+    for key in ("scale", "zero"):
+        if key in codec and not _type_ok(codec[key], _Number):
+            raise ValueError(f"codec.{key} must be a finite number")
+    if "q" in env.tensors and not ("scale" in codec and "zero" in codec):
+        raise ValueError("int8 values need codec.scale and codec.zero")
+    if "q" not in env.tensors and "values" not in env.tensors:
+        raise ValueError("a model carries tensor 'values' or 'q'")
+    try:
+        UpdateCodec.decode(EncodedUpdate(env.tensors, codec))
+    except (InputError, ValueError, IndexError) as e:
+        raise ValueError(f"update does not decode: {e}") from None
+
+
+def _check_intent(env: Envelope) -> None:
+    for i, m in enumerate(env.payload["migrations"]):
+        if not isinstance(m, dict) or not isinstance(m.get("service"), str) or not isinstance(m.get("to"), str):
+            raise ValueError(f"migrations[{i}] must be {{'service': str, 'to': str, ...}}")
+
+
+def _check_round_control(env: Envelope) -> None:
+    if env.payload["action"] not in ("open", "close"):
+        raise ValueError("action must be 'open' or 'close'")
+
+
+for _kind, _schema in {
+    # a client's (or a child aggregator's) update, compressed by an UpdateCodec
+    "model_update": KindSchema(
+        required={"level": str, "group": str, "num_samples": int, "base_round": int, "codec": dict},
+        optional={"staleness": int, "metrics": dict},
+        check=_check_codec,
+    ),
+    # an aggregated model sent downward; ``for_client`` set when it is personalised
+    "global_model": KindSchema(
+        required={"level": str, "group": str, "version": int, "codec": dict},
+        optional={"for_client": str, "metrics": dict},
+        check=_check_codec,
+    ),
+    # ESA intents (seed 003 §4.2): predicted backlog, tentative migrations
+    "intent": KindSchema(
+        required={"site": str, "cluster": str, "predicted_backlog": _Number, "migrations": list},
+        optional={"congestion": _Number, "horizon_s": _Number, "risk": _Number},
+        check=_check_intent,
+    ),
+    # COA -> GCA cluster summaries
+    "summary": KindSchema(required={"cluster": str, "stats": dict}),
+    "policy_version": KindSchema(
+        required={"version": int, "uri": str, "sha256": str}, optional={"metrics": dict, "spec_hash": str}
+    ),
+    "decision_request": KindSchema(required={"site": str}, optional={"deadline_ms": _Number}, tensors=("obs",)),
+    "decision_reply": KindSchema(required={"policy_version": int}, tensors=("actions",)),
+    "round_control": KindSchema(
+        required={"level": str, "group": str, "action": str},
+        optional={"deadline_s": _Number, "participants": list},
+        check=_check_round_control,
+    ),
+    "error": KindSchema(required={"reason": str}),
+}.items():
+    register_kind(_kind, _schema)
+
+
+def validate(env: Envelope) -> None:
+    """Check ``env`` against its kind's schema; raise `MessageRejected` if it does not fit."""
+    if env.v not in SUPPORTED_VERSIONS:
+        raise MessageRejected("unknown_version", f"schema version {env.v}, this build reads {sorted(SUPPORTED_VERSIONS)}")
+    schema = KINDS.get(env.kind)
+    if schema is None:
+        raise MessageRejected("unknown_kind", f"kind {env.kind!r} (known: {sorted(KINDS)})")
+    if not isinstance(env.payload, dict):
+        raise MessageRejected("invalid_payload", "payload must be a JSON object")
+    for name, types in schema.required.items():
+        if name not in env.payload:
+            raise MessageRejected("invalid_payload", f"{env.kind}: missing field {name!r}")
+        if not _type_ok(env.payload[name], types):
+            raise MessageRejected("invalid_payload", f"{env.kind}: field {name!r} has the wrong type or is not finite")
+    for name, types in schema.optional.items():
+        if name in env.payload and not _type_ok(env.payload[name], types):
+            raise MessageRejected("invalid_payload", f"{env.kind}: field {name!r} has the wrong type or is not finite")
+    for name in schema.tensors:
+        if name not in env.tensors:
+            raise MessageRejected("invalid_payload", f"{env.kind}: missing tensor {name!r}")
+    if schema.check is not None:
+        try:
+            schema.check(env)
+        except ValueError as e:
+            raise MessageRejected("invalid_payload", f"{env.kind}: {e}") from None
+
+
+# ------------------------------------------------------------------------------ frame
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name}")
+
+
+def encode(env: Envelope, max_bytes: int | None = None) -> bytes:
+    """Serialise ``env`` into one frame.
+
+    Raises:
+        InputError: the envelope does not fit its kind's schema, or the frame exceeds ``max_bytes``
+            (the sender learns at once instead of every receiver dropping it).
+    """
+    try:
+        validate(env)
+    except MessageRejected as e:
+        raise InputError(str(e), where=f"message {env.kind!r} from {env.sender!r}") from None
+    table, blobs = [], []
+    for name, arr in env.tensors.items():
+        a = np.asarray(arr)
+        if a.dtype.name not in _DTYPES:
+            raise InputError(f"tensor {name!r} has dtype {a.dtype}, expected one of {sorted(_DTYPES)}", where="tensors")
+        a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+        table.append([name, a.dtype.name, list(a.shape)])
+        blobs.append(a.tobytes())
+    header = {
+        "kind": env.kind,
+        "sender": env.sender,
+        "round": int(env.round),
+        "ts": float(env.ts),
+        "id": env.msg_id,
+        "payload": env.payload,
+        "tensors": table,
+    }
+    try:
+        hb = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as e:
+        raise InputError(f"payload is not JSON-serialisable with finite numbers: {e}", where=f"message {env.kind!r}") from None
+    frame = b"".join([_PREFIX.pack(MAGIC, env.v, len(hb)), hb, *blobs])
+    if max_bytes is not None and len(frame) > max_bytes:
+        raise InputError(f"message is {len(frame)} bytes, above max_bytes={max_bytes}", where=f"message {env.kind!r}")
+    return frame
+
+
+def decode(data: bytes, max_bytes: int | None = None) -> Envelope:
+    """Parse and validate one frame; raise `MessageRejected` (with a reason) if it is not usable."""
+    n = len(data)
+    if max_bytes is not None and n > max_bytes:
+        raise MessageRejected("oversized", f"{n} bytes > max_bytes={max_bytes}")
+    if n < _PREFIX.size:
+        raise MessageRejected("malformed", f"{n} bytes is shorter than the {_PREFIX.size}-byte prefix")
+    magic, v, hlen = _PREFIX.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise MessageRejected("malformed", f"bad magic {magic!r}")
+    if v not in SUPPORTED_VERSIONS:
+        raise MessageRejected("unknown_version", f"schema version {v}, this build reads {sorted(SUPPORTED_VERSIONS)}")
+    if _PREFIX.size + hlen > n:
+        raise MessageRejected("malformed", f"header length {hlen} runs past the end ({n} bytes)")
+    try:
+        header = json.loads(bytes(data[_PREFIX.size : _PREFIX.size + hlen]).decode(), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise MessageRejected("malformed", f"header is not valid JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise MessageRejected("malformed", "header is not a JSON object")
+    for key, types in (("kind", str), ("sender", str), ("round", int), ("ts", _Number), ("id", str), ("tensors", list)):
+        if key not in header or not _type_ok(header[key], types):
+            raise MessageRejected("malformed", f"header field {key!r} missing or of the wrong type")
+    tensors: dict[str, np.ndarray] = {}
+    offset = _PREFIX.size + hlen
+    for i, spec in enumerate(header["tensors"]):
+        if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str) and spec[1] in _DTYPES):
+            raise MessageRejected("malformed", f"tensor table entry {i} is not [name, dtype, shape]")
+        name, dtype, shape = spec
+        if not (isinstance(shape, list) and len(shape) <= _MAX_DIMS and all(_type_ok(d, int) and d >= 0 for d in shape)):
+            raise MessageRejected("malformed", f"tensor {name!r} has an invalid shape {shape!r}")
+        dt = np.dtype(dtype).newbyteorder("<")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if offset + nbytes > n:
+            raise MessageRejected("malformed", f"tensor {name!r} needs {nbytes} bytes, frame ends first")
+        tensors[name] = np.frombuffer(data, dtype=dt, count=nbytes // dt.itemsize, offset=offset).reshape(shape).astype(dt.newbyteorder("="))
+        offset += nbytes
+    if offset != n:
+        raise MessageRejected("malformed", f"{n - offset} trailing bytes after the tensors")
+    env = Envelope(
+        kind=header["kind"],
+        sender=header["sender"],
+        round=header["round"],
+        payload=header.get("payload", {}),
+        tensors=tensors,
+        v=v,
+        ts=float(header["ts"]),
+        msg_id=header["id"],
+    )
+    validate(env)
+    return env
+
+
+# ------------------------------------------------------------------------------ helpers
+def model_update(
+    sender: str,
+    round: int,
+    update: EncodedUpdate,
+    *,
+    num_samples: int,
+    level: str,
+    group: str,
+    base_round: int | None = None,
+    metrics: dict[str, float] | None = None,
+) -> Envelope:
+    """An envelope for one compressed update (``kind="model_update"``).
+
+    Args:
+        sender: the sending agent.
+        round: the round it is for.
+        update: from `UpdateCodec.encode`.
+        num_samples: the client's weight in FedAvg (samples or effective batch).
+        level: the hierarchy level of the sender (``"site"``, ``"cluster"``, ``"region"``).
+        group: the aggregation group it goes to (e.g. the cluster name).
+        base_round: the round of the model the update was computed from (staleness = round - it).
+    """
+    payload: dict[str, Any] = {
+        "level": level,
+        "group": group,
+        "num_samples": int(num_samples),
+        "base_round": int(round if base_round is None else base_round),
+        "codec": update.meta,
+    }
+    if metrics:
+        payload["metrics"] = {k: float(v) for k, v in metrics.items()}
+    return Envelope(kind="model_update", sender=sender, round=round, payload=payload, tensors=dict(update.tensors))
+
+
+def decode_update(env: Envelope) -> np.ndarray:
+    """The dense float32 vector (D,) of a ``model_update`` or ``global_model`` envelope."""
+    return UpdateCodec.decode(EncodedUpdate(env.tensors, env.payload["codec"]))
