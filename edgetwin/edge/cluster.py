@@ -1,0 +1,991 @@
+"""The emulated edge-cloud cluster: "the real system" that edgetwin learns twins of.
+
+Like the Kubernetes testbeds of seeds 003/004, but in NumPy and vectorised over service groups
+(agents). Each tick (default 15 simulated minutes; 96 ticks = one day):
+
+1. every service group ``i`` sees ``obs_i = [profile.*, state.*]`` (its profile, its own recent
+   experience and its home site's state at the start of the tick);
+2. the platform acts per group: ``action_i = [edge_share, capacity, price]`` — the share of its
+   offloaded tasks placed on its home edge site (rest: the paired cloud region), the edge vCPU
+   reserved for it (relative to its nominal load at this hour), and the price (fraction of list);
+3. the group responds (hidden behaviour, below): the share of its tasks it offloads and the demand it
+   submits; its tasks then see latency from RTT (with jitter), service time and queueing;
+4. at the end of the tick the sites' utilisation, backlog, reservations, memory pressure and cooling
+   are updated from all groups' loads.
+
+The coupling is causal: group ``i``'s outcome at tick ``t`` depends only on its own action, its own
+history and its site's state at the start of ``t``. So a per-agent view (`EdgeClusterEnv`) is exact:
+acting for one group at a time gives the same result as acting for all at once.
+
+The hidden response (what a twin must learn; never written to the spec) is, per group::
+
+    ema_latency <- (1-α)·ema_latency + α·latency_offloaded,  α = 1 - exp(-1/convergence_steps)
+    pain        =  sigmoid((ema_latency/slo - 1) / 0.15)            # threshold at the SLO
+    logit(offload) = logit(base_offload) + b_s + e_s·(edge_share-½)·(1+0.3(priority-1))
+                     - p_s·price_sensitivity·price + c·log((capacity_honoured+0.05)/1.05)
+                     - l_s·(0.5+0.25(priority-1))·pain + u_i + η_t,  η AR(1)
+    demand = demand_rate·diurnal_s(hour)·exp(-d_s·price_sensitivity·price)·(1-0.4·pain)·noise AR(1)
+
+with scenario-specific coefficients that drift with simulated time (`Behaviour`), a persistent
+per-group effect ``u_i`` and autocorrelated noise: logs are not i.i.d. Energy follows seed 001's
+node power model with SPECpower curves and seed 002's air/liquid cooling; carbon uses hourly grid
+intensity of each site's zone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+import pandas as pd
+from gymnasium import spaces
+from tqdm.auto import tqdm
+
+from edgetwin.edge.energy import CarbonSeries, carbon_series_for, joules_to_grams_co2
+from edgetwin.edge.population import (
+    PROFILE_FEATURES,
+    PROFILE_NAMES,
+    SCENARIOS,
+    Drift,
+    drift_days,
+    sample_profiles,
+)
+from edgetwin.edge.sites import Site, check_topology, default_sites
+from edgetwin.errors import InputError
+from edgetwin.twin.policy import PlatformPolicy, RandomPolicy
+from edgetwin.twin.spec import Feature, TwinSpec
+
+if TYPE_CHECKING:
+    from edgetwin.edge.traces import TraceSample
+
+# ------------------------------------------------------------------------------------ columns
+#: (short name, kind, low, high, unit) of each role, in spec order.
+STATE_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
+    ("day_fraction", "continuous", 0.0, 1.0, "time of day / 24 h"),
+    ("latency_ms", "heavy_tailed", 0.0, 1.0e7, "ms: mean latency of its offloaded tasks last tick"),
+    ("prev_offload", "continuous", 0.0, 1.0, "its offload ratio last tick"),
+    ("prev_demand", "heavy_tailed", 0.0, 2.0e4, "tasks/s it submitted last tick"),
+    ("site_util", "continuous", 0.0, 1.0, "home edge site CPU utilisation"),
+    ("gpu_util", "continuous", 0.0, 1.0, "home edge site GPU utilisation"),
+    ("site_backlog_s", "heavy_tailed", 0.0, 3600.0, "s to drain the home edge site's queue"),
+    ("site_reserved", "continuous", 0.0, 20.0, "reserved / total vCPU at the home edge site"),
+    ("cloud_util", "continuous", 0.0, 1.0, "paired cloud region CPU utilisation"),
+    ("rtt_edge_ms", "continuous", 0.0, 100.0, "ms"),
+    ("rtt_cloud_ms", "continuous", 0.0, 200.0, "ms"),
+    ("carbon_g_per_kwh", "continuous", 0.0, 1500.0, "gCO2eq/kWh at the home edge site"),
+)
+ACTION_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
+    ("edge_share", "continuous", 0.0, 1.0, "share of offloaded tasks placed at the edge"),
+    ("capacity", "continuous", 0.0, 2.0, "reserved edge capacity / nominal load"),
+    ("price", "continuous", 0.0, 1.0, "fraction of the list price"),
+)
+RESPONSE_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
+    ("offload_ratio", "continuous", 0.0, 1.0, "share of its tasks it offloads"),
+    ("demand", "heavy_tailed", 0.0, 2.0e4, "tasks/s submitted"),
+)
+KPI_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
+    ("task_time_ms", "heavy_tailed", 0.0, 1.0e7, "ms: mean completion time of all its tasks"),
+    ("slo_violation", "continuous", 0.0, 1.0, "share of its tasks over the SLO"),
+    ("energy_j", "heavy_tailed", 0.0, 1.0e10, "J of platform energy incl. cooling"),
+    ("carbon_g", "heavy_tailed", 0.0, 1.0e7, "gCO2eq"),
+    ("utilisation", "continuous", 0.0, 1.0, "used share of its reserved edge capacity"),
+    ("revenue", "heavy_tailed", 0.0, 1.0e6, "$ (list price 0.5 $ per 1000 tasks)"),
+)
+STATE_NAMES = tuple(f[0] for f in STATE_FEATURES)
+ACTION_NAMES = tuple(f[0] for f in ACTION_FEATURES)
+RESPONSE_NAMES = tuple(f[0] for f in RESPONSE_FEATURES)
+KPI_NAMES = tuple(f[0] for f in KPI_FEATURES)
+
+#: The spec's reward: the offload ratio (what seed 004 Table 2 improves) minus SLO violations.
+REWARD_WEIGHTS: dict[str, float] = {"response.offload_ratio": 1.0, "kpi.slo_violation": -0.5}
+
+LIST_PRICE_PER_TASK = 0.5e-3  # $
+DEVICE_SLOWDOWN = np.array([8.0, 4.0, 2.0])  # local execution vs reference vCPU, by device class
+GPU_SLOTS_PER_CAPACITY = 1.0
+MAX_BACKLOG_S = 3600.0  # admission control: work beyond an hour of queue is shed
+
+
+# ------------------------------------------------------------------------------------ behaviour
+@dataclass(frozen=True)
+class Behaviour:
+    """Hidden response coefficients of a scenario at day 0 and after full drift (level 1)."""
+
+    intercept: tuple[float, float]
+    edge_pref: tuple[float, float]
+    price_coef: tuple[float, float]
+    latency_aversion: tuple[float, float]
+    demand_price_elasticity: float = 0.25
+    capacity_coef: float = 0.6
+    noise_sd: float = 0.35
+    noise_phi: float = 0.6
+    demand_noise_sd: float = 0.25
+    demand_noise_phi: float = 0.7
+
+    def at(self, level: float) -> dict[str, float]:
+        def mix(v: tuple[float, float]) -> float:
+            return (1 - level) * v[0] + level * v[1]
+
+        return {
+            "intercept": mix(self.intercept),
+            "edge_pref": mix(self.edge_pref),
+            "price_coef": mix(self.price_coef),
+            "latency_aversion": mix(self.latency_aversion),
+        }
+
+
+#: Scenario behaviour: iov wants the edge and hates latency; iot is price-driven and indifferent to
+#: placement at first but grows edge-seeking; mbb turns from the edge to the cloud (e.g. CDN-backed
+#: apps) and grows more price- and latency-sensitive. A placement tuned at day 0 is wrong by 1 month.
+BEHAVIOUR: dict[str, Behaviour] = {
+    "mbb": Behaviour(intercept=(0.2, 0.0), edge_pref=(1.5, -1.5), price_coef=(0.6, 0.8), latency_aversion=(2.5, 3.5)),
+    "iot": Behaviour(intercept=(0.3, 0.1), edge_pref=(-1.0, 2.0), price_coef=(0.8, 1.0), latency_aversion=(1.2, 2.0)),
+    "iov": Behaviour(intercept=(0.0, 0.2), edge_pref=(2.5, 1.0), price_coef=(0.3, 0.4), latency_aversion=(3.5, 2.5)),
+}
+
+
+def _periodic_bump(h: np.ndarray, centre: float, width: float) -> np.ndarray:
+    d = (h - centre + 12.0) % 24.0 - 12.0
+    return np.exp(-0.5 * (d / width) ** 2)
+
+
+def _raw_diurnal(h: np.ndarray) -> np.ndarray:
+    return np.stack(
+        [
+            0.35 + 1.3 * _periodic_bump(h, 20.5, 3.5) + 0.6 * _periodic_bump(h, 12.5, 3.0),  # mbb: evening
+            0.7 + 0.5 * _periodic_bump(h, 11.0, 4.0),  # iot: working hours, flat at night
+            0.25 + 1.6 * _periodic_bump(h, 8.0, 1.5) + 1.5 * _periodic_bump(h, 17.5, 2.0)
+            + 0.4 * _periodic_bump(h, 13.0, 3.0),  # iov: commuting peaks
+        ]
+    )
+
+
+_DIURNAL_MEAN = _raw_diurnal(np.arange(0.0, 24.0, 0.25)).mean(axis=1)
+
+
+def builtin_diurnal(hours: np.ndarray) -> np.ndarray:
+    """Arrival-rate multiplier per scenario (mean 1 over the day) at the given hours: (3, len(hours))."""
+    return _raw_diurnal(np.asarray(hours, dtype=np.float64)) / _DIURNAL_MEAN[:, None]
+
+
+# ------------------------------------------------------------------------------------ config
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What emulated system to run.
+
+    Attributes:
+        n_agents: service groups per episode (resampled at every reset).
+        steps: ticks per episode.
+        step_seconds: simulated seconds per tick (96 x 900 s = one day).
+        sites: the topology (default: 3 edge clusters, 2 cloud regions; see `default_sites`).
+        drift: ``"0d"|"1d"|"1w"|"1m"`` or days since day 0: population and behaviour drift.
+        trace: a real trace (path or `TraceSample`) for task time/cpu/memory shapes and the arrival
+            curve, or None for the built-in distributions.
+        carbon: carbon intensity source: a file, a directory of ``<zone>_*.parquet``/CSV, a mapping
+            zone -> file, or None for the built-in hourly profiles.
+        start_day: day of year of day 0 in the carbon series.
+        capacity_scale: multiply every site's nodes by this; None sizes the sites to the population
+            (edge sites ~``target_util`` busy on average under random actions at day 0).
+        target_util: see ``capacity_scale``.
+        scenario_weights: override the scenario mix (default: the drifted built-in mix).
+    """
+
+    n_agents: int = 200
+    steps: int = 96
+    step_seconds: float = 900.0
+    sites: tuple[Site, ...] = field(default_factory=default_sites)
+    drift: str | float = "0d"
+    trace: str | Path | TraceSample | None = None
+    carbon: str | Path | Mapping[str, str | Path] | None = None
+    start_day: int = 0
+    capacity_scale: float | None = None
+    target_util: float = 0.45
+    scenario_weights: Mapping[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        if int(self.n_agents) < 1:
+            raise InputError(f"n_agents must be >= 1, got {self.n_agents}", "--agents")
+        if int(self.steps) < 1:
+            raise InputError(f"steps must be >= 1, got {self.steps}", "--steps")
+        if not self.step_seconds > 0:
+            raise InputError(f"step_seconds must be > 0, got {self.step_seconds}", "step_seconds")
+        if self.capacity_scale is not None and not self.capacity_scale > 0:
+            raise InputError(f"capacity_scale must be > 0, got {self.capacity_scale}", "capacity_scale")
+        if not 0 < self.target_util < 1:
+            raise InputError(f"target_util must be in (0, 1), got {self.target_util}", "target_util")
+        drift_days(self.drift)  # validates
+        check_topology(tuple(self.sites))
+
+    @property
+    def drift_days(self) -> float:
+        return drift_days(self.drift)
+
+
+def _features(role: str, table: Sequence[tuple[str, str, float, float, str]]) -> list[Feature]:
+    feats = []
+    for name, kind, low, high, unit in table:
+        values = None
+        if kind == "discrete" or kind == "categorical":
+            values = tuple(float(v) for v in np.arange(low, high + 1))
+        feats.append(Feature(name=f"{role}.{name}", kind=kind, low=low, high=high, values=values, unit=unit))  # type: ignore[arg-type]
+    return feats
+
+
+def cluster_spec(config: ClusterConfig | None = None) -> TwinSpec:
+    """The twin spec of the emulated cluster's logs.
+
+    No transition function is named: the site coupling makes the next state something the twin has
+    to learn. The reward weighs the offload ratio against SLO violations (`REWARD_WEIGHTS`).
+    """
+    config = config or ClusterConfig()
+    feats = (
+        _features("profile", PROFILE_FEATURES)
+        + _features("state", STATE_FEATURES)
+        + _features("action", ACTION_FEATURES)
+        + _features("response", RESPONSE_FEATURES)
+        + _features("kpi", KPI_FEATURES)
+    )
+    return TwinSpec(
+        features=tuple(feats),
+        name="emulated-edge-cloud",
+        step_seconds=float(config.step_seconds),
+        transition=None,
+        reward_weights=dict(REWARD_WEIGHTS),
+        scenarios=SCENARIOS,
+    )
+
+
+def _bounds(table: Sequence[tuple[str, str, float, float, str]]) -> tuple[np.ndarray, np.ndarray]:
+    return np.array([f[2] for f in table], dtype=np.float64), np.array([f[3] for f in table], dtype=np.float64)
+
+
+OBS_LOW, OBS_HIGH = (np.concatenate(p) for p in zip(_bounds(PROFILE_FEATURES), _bounds(STATE_FEATURES), strict=True))
+ACT_LOW, ACT_HIGH = _bounds(ACTION_FEATURES)
+RESP_LOW, RESP_HIGH = _bounds(RESPONSE_FEATURES)
+KPI_LOW, KPI_HIGH = _bounds(KPI_FEATURES)
+_P = {n: i for i, n in enumerate(PROFILE_NAMES)}
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-4, 1 - 1e-4)
+    return np.log(p) - np.log1p(-p)
+
+
+def _resolve_trace(trace: str | Path | TraceSample | None) -> TraceSample | None:
+    if trace is None:
+        return None
+    from edgetwin.edge.traces import TraceSample, read_trace
+
+    return trace if isinstance(trace, TraceSample) else read_trace(trace)
+
+
+@lru_cache(maxsize=8)
+def _reference_load(trace: TraceSample | None) -> float:
+    """Mean nominal offloaded vCPU of a service group (trimmed at the 99th percentile), from a fixed
+    reference sample: sizes the sites to the population deterministically."""
+    rng = np.random.default_rng(20240601)
+    prof, _, _ = sample_profiles(rng, 20000, Drift(0.0), trace)
+    load = prof[:, _P["demand_rate"]] * prof[:, _P["mean_task_s"]] * prof[:, _P["cpu_per_task"]] * prof[:, _P["base_offload"]]
+    load = np.minimum(load, np.quantile(load, 0.99))
+    return float(load.mean())
+
+
+# ------------------------------------------------------------------------------------ simulator
+class EdgeCluster:
+    """The vectorised emulated edge-cloud cluster.
+
+    ``reset(seed) -> obs (N, O)``; ``step(actions (N, A)) -> (obs (N, O), reward (N,), done, info)``
+    with ``info["responses"] (N, R)``, ``info["kpis"] (N, K)`` (columns in `cluster_spec` order),
+    ``info["t"]`` and site-level totals. A tick can also be driven agent by agent with
+    `act_agents` + `end_tick` (what `EdgeClusterEnv` does); results are identical.
+
+    Attributes after reset: ``profiles (N, P)``, ``scenario`` (N,) index into `SCENARIOS`,
+    ``home`` (N,) index into ``sites``, ``agent_ids`` (N,) str, ``t``.
+    """
+
+    def __init__(self, config: ClusterConfig | None = None) -> None:
+        self.config = config or ClusterConfig()
+        cfg = self.config
+        self.spec = cluster_spec(cfg)
+        self.n = int(cfg.n_agents)
+        self.steps = int(cfg.steps)
+        self.dt = float(cfg.step_seconds)
+        self.sites: tuple[Site, ...] = tuple(cfg.sites)
+        self.drift = Drift(cfg.drift_days)
+        self.behaviour = {s: BEHAVIOUR[s].at(self.drift.level) for s in SCENARIOS}
+        self.trace = _resolve_trace(cfg.trace)
+        self.edge_idx = np.array([k for k, s in enumerate(self.sites) if s.kind == "edge"])
+        names = [s.name for s in self.sites]
+        self.cloud_of = np.array([names.index(s.cloud) if s.kind == "edge" else k for k, s in enumerate(self.sites)])
+        self.carbon: list[CarbonSeries] = [carbon_series_for(s.zone, cfg.carbon) for s in self.sites]
+        self._scale_sites()
+        self._diurnal_grid = self._make_diurnal()
+        self.episodes_done = 0
+        self.rng = np.random.default_rng(0)
+        self.t = 0
+        self._ready = False
+
+    # --- construction helpers -----------------------------------------------------------------
+    def _scale_sites(self) -> None:
+        cfg = self.config
+        s = self.sites
+        vcpu = np.array([x.vcpu for x in s], dtype=np.float64)
+        if cfg.capacity_scale is not None:
+            scale = np.full(len(s), float(cfg.capacity_scale))
+        else:
+            ref = _reference_load(self.trace)
+            w = np.array([x.weight if x.kind == "edge" else 0.0 for x in s])
+            w = w / w.sum()
+            # Random actions place half the offloaded load at the edge on average.
+            need = self.n * ref * 0.5 * w / cfg.target_util
+            scale = np.where(w > 0, need / vcpu, 1.0)
+            # Cloud regions are sized to ~3x what their edge sites could send them.
+            for k, x in enumerate(s):
+                if x.kind == "cloud":
+                    sent = sum(self.n * ref * 0.5 * w[j] for j, y in enumerate(s) if y.kind == "edge" and y.cloud == x.name)
+                    scale[k] = max(sent, 1e-6) * 3.0 / ((1 - x.background_util) * vcpu[k])
+        self.scale = scale
+        self.vcpu = vcpu * scale
+        self.gpu_slots = np.array([x.gpus * x.gpu_slots_per_gpu for x in s], dtype=np.float64) * scale
+        self.mem_gb = np.array([x.memory_gb for x in s]) * scale
+        self.speed = np.array([x.speed for x in s])
+        self.idle_w = np.array([x.idle_watts for x in s]) * scale
+        self.dyn_w_per_vcpu = np.array([x.dynamic_watts_per_vcpu for x in s])
+        self.bg_util = np.array([x.background_util for x in s])
+
+    def _make_diurnal(self) -> np.ndarray:
+        """(3 scenarios, 96 quarter-hours) arrival multipliers, mean 1, from the built-in curves
+        reweighted by the trace's arrival curve when one is given."""
+        grid = np.arange(0, 24, 0.25)
+        curves = builtin_diurnal(grid)
+        if self.trace is not None and self.trace.arrivals_s is not None and len(self.trace.arrivals_s) >= 20:
+            c = self.trace.arrival_profile(len(grid))
+            curves = curves * c[None, :]
+            curves = curves / curves.mean(axis=1, keepdims=True)
+        return curves
+
+    def diurnal(self, scen: np.ndarray, hour: float) -> np.ndarray:
+        return self._diurnal_grid[scen, int(hour * 4) % 96]
+
+    # --- episode ------------------------------------------------------------------------------
+    def hour(self, t: int | None = None) -> float:
+        t = self.t if t is None else t
+        return (t * self.dt / 3600.0) % 24.0
+
+    def reset(self, seed: int | None = None, day: float | None = None) -> np.ndarray:
+        """Start an episode with a freshly sampled population; returns obs (N, O).
+
+        Args:
+            seed: seeds the population and all noise of the episode.
+            day: day of the carbon-intensity series to play (default ``start_day + drift days``);
+                `generate_logs` plays consecutive days for consecutive episodes.
+        """
+        self.rng = np.random.default_rng(seed)
+        rng = self.rng
+        n = self.n
+        self.profiles, self.scenario, self.component = sample_profiles(
+            rng, n, self.drift, self.trace, self.config.scenario_weights
+        )
+        p = self.profiles
+        w = np.array([self.sites[k].weight for k in self.edge_idx])
+        self.home = self.edge_idx[rng.choice(len(self.edge_idx), size=n, p=w / w.sum())]
+        self.cloud = self.cloud_of[self.home]
+        lo_e = np.array([s.rtt_ms[0] for s in self.sites])
+        hi_e = np.array([s.rtt_ms[1] for s in self.sites])
+        self.rtt_edge_base = rng.uniform(lo_e[self.home], hi_e[self.home])
+        self.rtt_cloud_base = rng.uniform(lo_e[self.cloud], hi_e[self.cloud])
+        self.jitter_edge = np.array([s.jitter for s in self.sites])[self.home]
+        self.jitter_cloud = np.array([s.jitter for s in self.sites])[self.cloud]
+        self.persistent = rng.normal(0.0, 0.3, n)
+        self.is_gpu = p[:, _P["needs_gpu"]] > 0.5
+        self.alpha = 1.0 - np.exp(-1.0 / p[:, _P["convergence_steps"]])
+        bh = [self.behaviour[s] for s in SCENARIOS]
+        self.b_intercept = np.array([b["intercept"] for b in bh])[self.scenario]
+        self.b_edge = np.array([b["edge_pref"] for b in bh])[self.scenario]
+        self.b_price = np.array([b["price_coef"] for b in bh])[self.scenario]
+        self.b_latency = np.array([b["latency_aversion"] for b in bh])[self.scenario]
+        self.b_elastic = np.array([BEHAVIOUR[s].demand_price_elasticity for s in SCENARIOS])[self.scenario]
+        self.b_cap = np.array([BEHAVIOUR[s].capacity_coef for s in SCENARIOS])[self.scenario]
+        self.noise_sd = np.array([BEHAVIOUR[s].noise_sd for s in SCENARIOS])[self.scenario]
+        self.noise_phi = np.array([BEHAVIOUR[s].noise_phi for s in SCENARIOS])[self.scenario]
+        self.dnoise_sd = np.array([BEHAVIOUR[s].demand_noise_sd for s in SCENARIOS])[self.scenario]
+        self.dnoise_phi = np.array([BEHAVIOUR[s].demand_noise_phi for s in SCENARIOS])[self.scenario]
+        # Nominal load per unit of diurnal demand: what `capacity` reservations are relative to.
+        self.work_per_task = p[:, _P["mean_task_s"]] * np.where(self.is_gpu, 0.25, 1.0) * p[:, _P["cpu_per_task"]]
+
+        # Hidden per-group state.
+        slo = p[:, _P["latency_slo_ms"]]
+        self.ema = slo * np.exp(rng.normal(-0.3, 0.4, n))
+        self.eta = rng.normal(0.0, 1.0, n) * self.noise_sd
+        self.xi = rng.normal(0.0, 1.0, n) * self.dnoise_sd
+        # Observable per-group state.
+        self.latency_ms = self.ema.copy()
+        self.prev_offload = p[:, _P["base_offload"]].copy()
+        self.t = 0
+        self.prev_demand = p[:, _P["demand_rate"]] * self.diurnal(self.scenario, self.hour(0))
+        # Sites.
+        n_sites = len(self.sites)
+        self.day = float(self.config.start_day + self.config.drift_days if day is None else day)
+        self.episodes_done += 1
+        self.site_bg = self._background(0, rng.normal(0, 1, n_sites))
+        self.site_util = self.site_bg.copy()
+        self.site_gpu_util = 0.5 * self.site_bg
+        self.site_backlog_s = np.zeros(n_sites)
+        self.site_reserved = np.zeros(n_sites)
+        self.site_mem_util = self.site_bg.copy()
+        self.site_liquid = np.array([s.cooling.mode == "liquid" for s in self.sites])
+        self.site_cr = np.array([s.cooling.cr_liquid if liq else s.cooling.cr_air for s, liq in zip(self.sites, self.site_liquid, strict=True)])
+        self.agent_ids = np.array([f"sg{self.episodes_done - 1}-{i:05d}" for i in range(n)], dtype=object)
+        self._ready = True
+        self._begin_tick()
+        return self.observe()
+
+    def _background(self, t: int, eps: np.ndarray) -> np.ndarray:
+        """Other tenants' utilisation of each site at tick t (diurnal, noisy)."""
+        h = self.hour(t)
+        bg = self.bg_util * (1.0 + 0.35 * np.sin(2 * np.pi * (h - 9.0) / 24.0)) * np.exp(0.1 * eps)
+        return np.clip(bg, 0.0, 0.95)
+
+    def _begin_tick(self) -> None:
+        """Draw all randomness of the tick up front, so per-agent and batch stepping agree."""
+        rng, n = self.rng, self.n
+        self._eps_off = rng.standard_normal(n)
+        self._eps_dem = rng.standard_normal(n)
+        self._jit_e = rng.beta(2.0, 5.0, n)
+        self._jit_c = rng.beta(2.0, 5.0, n)
+        self._eps_site = rng.standard_normal(len(self.sites))
+        self.rtt_edge = self.rtt_edge_base * (1.0 + self.jitter_edge * self._jit_e)
+        self.rtt_cloud = self.rtt_cloud_base * (1.0 + self.jitter_cloud * self._jit_c)
+        hours = self.day * 24.0 + self.hour()
+        self.site_ci = np.array([c.at(hours) for c in self.carbon])
+        s = len(self.sites)
+        self._acc_cpu = np.zeros(s)
+        self._acc_gpu = np.zeros(s)
+        self._acc_mem = np.zeros(s)
+        self._acc_res = np.zeros(s)
+        self._acted = np.zeros(self.n, dtype=bool)
+        self._pending: dict[str, np.ndarray] = {
+            k: np.empty(self.n) for k in ("ema", "eta", "xi", "latency", "offload", "demand")
+        }
+
+    def observe(self, idx: np.ndarray | slice | None = None) -> np.ndarray:
+        """Observations ``[profile.*, state.*]`` at the start of the current tick: (N, O) or (len(idx), O)."""
+        if not self._ready:
+            raise RuntimeError("call reset() first")
+        sel = slice(None) if idx is None else idx
+        home = self.home[sel]
+        cols = [
+            np.full(len(home), self.hour() / 24.0),
+            self.latency_ms[sel],
+            self.prev_offload[sel],
+            self.prev_demand[sel],
+            self.site_util[home],
+            self.site_gpu_util[home],
+            self.site_backlog_s[home],
+            self.site_reserved[home],
+            self.site_util[self.cloud[sel]],
+            self.rtt_edge[sel],
+            self.rtt_cloud[sel],
+            self.site_ci[home],
+        ]
+        obs = np.concatenate([self.profiles[sel], np.stack(cols, axis=1)], axis=1)
+        return np.clip(obs, OBS_LOW, OBS_HIGH)
+
+    # --- the hidden response and the KPIs -----------------------------------------------------
+    def act_agents(self, idx: np.ndarray, actions: np.ndarray) -> dict[str, np.ndarray]:
+        """Apply the platform's actions to the groups ``idx`` in the current tick.
+
+        Args:
+            idx: (n,) agent indices that have not acted in this tick.
+            actions: (n, A) actions in spec order; clipped to the spec bounds.
+
+        Returns:
+            ``{"responses": (n, R), "kpis": (n, K), "reward": (n,)}``.
+        """
+        if not self._ready or self.t >= self.steps:
+            raise RuntimeError("episode is over: call reset()")
+        idx = np.asarray(idx, dtype=np.int64)
+        if self._acted[idx].any():
+            raise RuntimeError("an agent acted twice in one tick")
+        a = _check_actions(actions, len(idx))
+        edge_share, capacity, price = a[:, 0], a[:, 1], a[:, 2]
+        p = self.profiles[idx]
+        scen, home, cloud = self.scenario[idx], self.home[idx], self.cloud[idx]
+        gpu = self.is_gpu[idx]
+        slo = p[:, _P["latency_slo_ms"]]
+        prio = p[:, _P["priority"]]
+        ps = p[:, _P["price_sensitivity"]]
+        task_s = p[:, _P["mean_task_s"]]
+        hour = self.hour()
+
+        # Response: offload ratio (threshold reaction to experienced latency vs SLO) and demand.
+        pain = _sigmoid((self.ema[idx] / slo - 1.0) / 0.15)
+        eta = self.noise_phi[idx] * self.eta[idx] + np.sqrt(1 - self.noise_phi[idx] ** 2) * self.noise_sd[idx] * self._eps_off[idx]
+        logit = (
+            _logit(p[:, _P["base_offload"]])
+            + self.b_intercept[idx]
+            + self.b_edge[idx] * (edge_share - 0.5) * (1.0 + 0.3 * (prio - 1.0))
+            - self.b_price[idx] * ps * price
+            + self.b_cap[idx] * np.log((capacity / np.maximum(1.0, self.site_reserved[home]) + 0.05) / 1.05)
+            - self.b_latency[idx] * (0.5 + 0.25 * (prio - 1.0)) * pain
+            + self.persistent[idx]
+            + eta
+        )
+        offload = _sigmoid(logit)
+        diurnal = self.diurnal(scen, hour)
+        xi = self.dnoise_phi[idx] * self.xi[idx] + np.sqrt(1 - self.dnoise_phi[idx] ** 2) * self.dnoise_sd[idx] * self._eps_dem[idx]
+        nominal = p[:, _P["demand_rate"]] * diurnal
+        demand = nominal * np.exp(-self.b_elastic[idx] * ps * price) * (1.0 - 0.4 * pain) * np.exp(xi - 0.5 * self.dnoise_sd[idx] ** 2)
+
+        # Loads (Little's law): vCPU busy, GPU slots busy, GB resident.
+        off_rate = demand * offload
+        work = self.work_per_task[idx]
+        cpu_edge = off_rate * edge_share * work
+        cpu_cloud = off_rate * (1.0 - edge_share) * work
+        gpu_edge = np.where(gpu, off_rate * edge_share * task_s, 0.0)
+        mem_edge = off_rate * edge_share * task_s * p[:, _P["memory_gb"]]
+        # Reservation: relative to nominal load at this hour; overcommitted sites shrink it.
+        alloc = capacity * nominal * work
+        eff_alloc = alloc / np.maximum(1.0, self.site_reserved[home])
+        gpu_alloc = capacity * nominal * task_s
+        gpu_eff_alloc = gpu_alloc / np.maximum(1.0, self.site_reserved[home])
+
+        # Edge latency: own reservation first, the rest queues on the shared pool at its current
+        # utilisation and behind the site's backlog.
+        own_load = np.where(gpu, gpu_edge, cpu_edge)
+        own_alloc = np.where(gpu, gpu_eff_alloc, eff_alloc)
+        rho_own = own_load / np.maximum(own_alloc, 1e-9)
+        spill = np.where(rho_own > 1.0, 1.0 - 1.0 / np.maximum(rho_own, 1e-9), 0.0)
+        pool_util = np.where(gpu & (self.gpu_slots[home] > 0), self.site_gpu_util[home], self.site_util[home])
+        rho_res = np.minimum(rho_own, 0.95)
+        rho_pool = np.minimum(pool_util, 0.97)
+        q = (1.0 - spill) / (1.0 - rho_res) + spill / (1.0 - rho_pool)
+        mem_slow = 1.0 + 3.0 * np.clip((self.site_mem_util[home] - 0.85) / 0.15, 0.0, None)
+        speed_e = np.where(gpu & (self.gpu_slots[home] <= 0), 0.25, np.where(gpu, 1.0, self.speed[home]))
+        svc_edge = task_s * 1000.0 / speed_e * mem_slow
+        backlog_ms = self.site_backlog_s[home] * 1000.0 * (0.2 + 0.8 * spill) / prio
+        lat_edge = self.rtt_edge[idx] + svc_edge * q + backlog_ms
+        # Cloud: abundant, shared, farther.
+        speed_c = np.where(gpu, 1.2, self.speed[cloud])
+        svc_cloud = task_s * 1000.0 / speed_c
+        lat_cloud = self.rtt_cloud[idx] + svc_cloud / (1.0 - np.minimum(self.site_util[cloud], 0.97))
+        lat_local = task_s * 1000.0 * DEVICE_SLOWDOWN[p[:, _P["device_class"]].astype(np.int64)] * np.where(gpu, 3.0, 1.0)
+        lat_off = edge_share * lat_edge + (1.0 - edge_share) * lat_cloud
+        task_time = offload * lat_off + (1.0 - offload) * lat_local
+
+        def p_over(mean_ms: np.ndarray, fixed_ms: np.ndarray) -> np.ndarray:
+            # Sojourn = fixed part + exponential with the rest of the mean.
+            var = np.maximum(mean_ms - fixed_ms, 1e-6)
+            return np.exp(-np.maximum(slo - fixed_ms, 0.0) / var)
+
+        v_edge = p_over(lat_edge, self.rtt_edge[idx] + backlog_ms)
+        v_cloud = p_over(lat_cloud, self.rtt_cloud[idx])
+        v_local = p_over(lat_local, np.zeros_like(lat_local))
+        slo_violation = offload * (edge_share * v_edge + (1.0 - edge_share) * v_cloud) + (1.0 - offload) * v_local
+
+        # Energy: own dynamic load plus a share of idle power by reservation, with cooling.
+        busy_e = cpu_edge + np.where(gpu, gpu_edge * 2.0, 0.0)  # a GPU slot draws ~2 vCPU-equivalents
+        busy_c = cpu_cloud + np.where(gpu, off_rate * (1.0 - edge_share) * task_s * 2.0, 0.0)
+        e_edge = (busy_e * self.dyn_w_per_vcpu[home] + eff_alloc / self.vcpu[home] * self.idle_w[home]) * self.dt
+        e_cloud = (busy_c * self.dyn_w_per_vcpu[cloud] + busy_c / self.vcpu[cloud] * self.idle_w[cloud]) * self.dt
+        e_edge *= 1.0 + self.site_cr[home]
+        e_cloud *= 1.0 + self.site_cr[cloud]
+        energy = e_edge + e_cloud
+        carbon = joules_to_grams_co2(e_edge, self.site_ci[home]) + joules_to_grams_co2(e_cloud, self.site_ci[cloud])
+        utilisation = np.where(own_alloc > 0, np.minimum(own_load, own_alloc) / np.maximum(own_alloc, 1e-12), 0.0)
+        revenue = price * LIST_PRICE_PER_TASK * off_rate * self.dt
+
+        # Accumulate the site loads (applied at the end of the tick) and pend the group's new state.
+        s = len(self.sites)
+        self._acc_cpu += np.bincount(home, cpu_edge, s) + np.bincount(cloud, cpu_cloud, s)
+        self._acc_gpu += np.bincount(home, gpu_edge, s)
+        self._acc_mem += np.bincount(home, mem_edge, s)
+        self._acc_res += np.bincount(home, alloc, s)
+        pend = self._pending
+        pend["ema"][idx] = (1.0 - self.alpha[idx]) * self.ema[idx] + self.alpha[idx] * lat_off
+        pend["eta"][idx] = eta
+        pend["xi"][idx] = xi
+        pend["latency"][idx] = lat_off
+        pend["offload"][idx] = offload
+        pend["demand"][idx] = demand
+        self._acted[idx] = True
+
+        responses = np.clip(np.stack([offload, demand], axis=1), RESP_LOW, RESP_HIGH)
+        kpis = np.clip(np.stack([task_time, slo_violation, energy, carbon, utilisation, revenue], axis=1), KPI_LOW, KPI_HIGH)
+        reward = REWARD_WEIGHTS["response.offload_ratio"] * responses[:, 0] + REWARD_WEIGHTS["kpi.slo_violation"] * kpis[:, 1]
+        return {"responses": responses, "kpis": kpis, "reward": reward}
+
+    def end_tick(self) -> tuple[bool, dict[str, np.ndarray]]:
+        """Close the tick once every group has acted: update sites and groups; returns (done, site totals)."""
+        if not self._acted.all():
+            raise RuntimeError(f"{int((~self._acted).sum())} agents have not acted in tick {self.t}")
+        pend = self._pending
+        self.ema, self.eta, self.xi = pend["ema"], pend["eta"], pend["xi"]
+        self.latency_ms, self.prev_offload, self.prev_demand = pend["latency"], pend["offload"], pend["demand"]
+
+        bg = self.site_bg
+        load = self._acc_cpu + bg * self.vcpu
+        util = np.clip(load / self.vcpu, 0.0, 1.0)
+        gpu_util = np.where(self.gpu_slots > 0, np.clip(self._acc_gpu / np.maximum(self.gpu_slots, 1e-9) + 0.5 * bg, 0, 1), 0.0)
+        self.site_backlog_s = np.clip(self.site_backlog_s + (load - self.vcpu) / self.vcpu * self.dt, 0.0, MAX_BACKLOG_S)
+        self.site_reserved = self._acc_res / self.vcpu
+        self.site_mem_util = np.clip(self._acc_mem / self.mem_gb + bg, 0.0, 2.0)
+        # Seed 002 cooling: the room switches method by its IT power.
+        it_w = np.array([s.power_watts(u) for s, u in zip(self.sites, util, strict=True)]) * self.scale
+        switch_j = np.zeros(len(self.sites))
+        for k, site in enumerate(self.sites):
+            liq, cr, sw = site.cooling.step(
+                self.site_liquid[k : k + 1], it_w[k : k + 1] / self.scale[k]
+            )
+            self.site_liquid[k], self.site_cr[k], switch_j[k] = liq[0], cr[0], sw[0] * self.scale[k]
+        site_energy = it_w * (1.0 + self.site_cr) * self.dt + switch_j
+        totals = {
+            "site_util": util,
+            "site_energy_j": site_energy,
+            "site_carbon_g": joules_to_grams_co2(site_energy, self.site_ci),
+            "site_backlog_s": self.site_backlog_s.copy(),
+            "site_liquid": self.site_liquid.copy(),
+        }
+        self.site_util, self.site_gpu_util = util, gpu_util
+        self.t += 1
+        done = self.t >= self.steps
+        self.site_bg = self._background(self.t, self._eps_site)
+        if not done:
+            self._begin_tick()
+        return done, totals
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool, dict[str, Any]]:
+        """Advance one tick with actions for every group.
+
+        Args:
+            actions: (N, A) in spec order (edge_share, capacity, price); clipped to bounds.
+
+        Returns:
+            ``(obs (N, O), reward (N,), done, info)``; ``info`` has ``responses (N, R)``,
+            ``kpis (N, K)``, ``t`` (the tick just played) and site totals (``site_*``, per site).
+        """
+        t = self.t
+        out = self.act_agents(np.arange(self.n), actions)
+        done, totals = self.end_tick()
+        info: dict[str, Any] = {"responses": out["responses"], "kpis": out["kpis"], "t": t, **totals}
+        return self.observe(), out["reward"], done, info
+
+    @property
+    def site_names(self) -> list[str]:
+        return [s.name for s in self.sites]
+
+
+def _check_actions(actions: np.ndarray, n: int) -> np.ndarray:
+    a = np.asarray(actions, dtype=np.float64)
+    if a.ndim == 1 and n == 1:
+        a = a[None, :]
+    if a.shape != (n, len(ACTION_NAMES)):
+        raise InputError(f"expected actions of shape ({n}, {len(ACTION_NAMES)}) {ACTION_NAMES}, got {a.shape}", "actions")
+    if not np.isfinite(a).all():
+        raise InputError("actions contain NaN or inf", "actions")
+    return np.clip(a, ACT_LOW, ACT_HIGH)
+
+
+# ------------------------------------------------------------------------------------ policies
+class SLOAwarePolicy:
+    """Heuristic logging policy: SLO-aware, least-loaded placement.
+
+    Tight-SLO groups (SLO below ~3 cloud RTTs) go to the edge; the others are split between edge and
+    cloud in proportion to their free capacity. The reservation follows the last latency against
+    the SLO, backed off when the site is overcommitted; price is lowered for price-sensitive groups.
+    Works on any spec that has the cluster's column names.
+    """
+
+    def __init__(self, spec: TwinSpec) -> None:
+        cols = spec.observation_columns
+        need = ["profile.latency_slo_ms", "profile.price_sensitivity", "state.latency_ms", "state.site_util",
+                "state.cloud_util", "state.rtt_cloud_ms", "state.site_reserved"]
+        missing = [c for c in need if c not in cols]
+        if missing:
+            raise InputError(f"the heuristic policy needs observation columns {missing}", "spec")
+        self._i = {c: cols.index(c) for c in need}
+        self.spec = spec
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        o = np.asarray(obs, dtype=np.float64)
+        g = {c: o[:, j] for c, j in self._i.items()}
+        slo = g["profile.latency_slo_ms"]
+        tight = np.clip(2.0 - slo / (3.0 * np.maximum(g["state.rtt_cloud_ms"], 1.0)), 0.0, 1.0)
+        free_e = 1.0 - g["state.site_util"]
+        free_c = 1.0 - g["state.cloud_util"]
+        least_loaded = free_e / np.maximum(free_e + free_c, 1e-6)
+        edge_share = tight + (1.0 - tight) * least_loaded
+        late = g["state.latency_ms"] / slo
+        capacity = np.clip(0.6 + 0.6 * late, 0.3, 1.6) / np.maximum(1.0, g["state.site_reserved"])
+        price = np.clip(0.6 - 0.12 * g["profile.price_sensitivity"], 0.05, 0.6)
+        return np.stack([edge_share, capacity, price], axis=1)
+
+
+def make_policy(policy: str | PlatformPolicy, spec: TwinSpec, seed: int = 0) -> PlatformPolicy:
+    """``"random"`` (uniform in the action bounds), ``"heuristic"`` (`SLOAwarePolicy`) or a policy."""
+    if isinstance(policy, str):
+        if policy == "random":
+            return RandomPolicy(spec, seed=seed)
+        if policy == "heuristic":
+            return SLOAwarePolicy(spec)
+        raise InputError(f"policy must be 'random' or 'heuristic' (or a PlatformPolicy), got {policy!r}", "--policy")
+    if not isinstance(policy, PlatformPolicy):
+        raise InputError(f"policy {type(policy).__name__} has no act(obs) method", "policy")
+    return policy
+
+
+# ------------------------------------------------------------------------------------ logs
+def episode_seed(seed: int, episode: int) -> int:
+    """Independent, reproducible seed of one episode of a run."""
+    return int(np.random.SeedSequence([int(seed), int(episode)]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def generate_logs(
+    config: ClusterConfig,
+    episodes: int,
+    policy: str | PlatformPolicy = "random",
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[pd.DataFrame, TwinSpec]:
+    """Run the cluster under a logging policy and return its log (the contract) and spec.
+
+    Args:
+        config: the emulated system.
+        episodes: episodes (days, by default) to log; each samples a fresh population.
+        policy: ``"random"``, ``"heuristic"`` or any `PlatformPolicy` on ``[profile.*, state.*]``.
+        seed: the same seed gives the same log.
+        progress: show a tqdm bar over ticks.
+
+    Returns:
+        ``(log, spec)``: one row per (episode, t, agent) with columns episode, t, agent, scenario,
+        site, profile.*, state.*, action.*, response.*, kpi.*, reward; and `cluster_spec(config)`.
+    """
+    if int(episodes) < 1:
+        raise InputError(f"episodes must be >= 1, got {episodes}", "--episodes")
+    cluster = EdgeCluster(config)
+    spec = cluster.spec
+    pol = make_policy(policy, spec, seed=seed)
+    n, steps = cluster.n, cluster.steps
+    rows = episodes * steps * n
+    o_dim, a_dim, r_dim, k_dim = len(OBS_LOW), len(ACTION_NAMES), len(RESPONSE_NAMES), len(KPI_NAMES)
+    obs_buf = np.empty((rows, o_dim))
+    act_buf = np.empty((rows, a_dim))
+    resp_buf = np.empty((rows, r_dim))
+    kpi_buf = np.empty((rows, k_dim))
+    rew_buf = np.empty(rows)
+    episode_col = np.repeat(np.arange(episodes, dtype=np.int64), steps * n)
+    t_col = np.tile(np.repeat(np.arange(steps, dtype=np.int64), n), episodes)
+    agent_col = np.empty(rows, dtype=object)
+    scen_col = np.empty(rows, dtype=object)
+    site_col = np.empty(rows, dtype=object)
+    scen_names = np.array(SCENARIOS, dtype=object)
+    site_names = np.array(cluster.site_names, dtype=object)
+    bar = tqdm(total=episodes * steps, desc="emulating", unit="tick", disable=not progress)
+    for e in range(episodes):
+        obs = cluster.reset(seed=episode_seed(seed, e), day=config.start_day + config.drift_days + e)
+        base = e * steps * n
+        block = slice(base, base + steps * n)
+        agent_col[block] = np.tile(cluster.agent_ids, steps)
+        scen_col[block] = np.tile(scen_names[cluster.scenario], steps)
+        site_col[block] = np.tile(site_names[cluster.home], steps)
+        for t in range(steps):
+            act = np.asarray(pol.act(obs), dtype=np.float64)
+            act = _check_actions(act, n)
+            r = slice(base + t * n, base + (t + 1) * n)
+            obs_buf[r] = obs
+            act_buf[r] = act
+            obs, reward, _, info = cluster.step(act)
+            resp_buf[r] = info["responses"]
+            kpi_buf[r] = info["kpis"]
+            rew_buf[r] = reward
+            bar.update(1)
+    bar.close()
+    data: dict[str, Any] = {"episode": episode_col, "t": t_col, "agent": agent_col, "scenario": scen_col, "site": site_col}
+    for j, c in enumerate(spec.observation_columns):
+        data[c] = obs_buf[:, j]
+    for block_cols, buf in ((spec.names("action"), act_buf), (spec.names("response"), resp_buf), (spec.names("kpi"), kpi_buf)):
+        for j, c in enumerate(block_cols):
+            data[c] = buf[:, j]
+    data["reward"] = rew_buf
+    return pd.DataFrame(data), spec
+
+
+def plot_overview(log: pd.DataFrame, path: str | Path, title: str = "emulated edge-cloud cluster") -> Path:
+    """A 2x2 PNG of a cluster log by hour of day: offload ratio and SLO violations per scenario,
+    utilisation and grid carbon intensity per edge site. Returns the path written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hour = (log["state.day_fraction"] * 24).astype(int)
+    panels = (
+        ("response.offload_ratio", "scenario", "offload ratio"),
+        ("kpi.slo_violation", "scenario", "share of tasks over SLO"),
+        ("state.site_util", "site", "edge site CPU utilisation"),
+        ("state.carbon_g_per_kwh", "site", "grid carbon (gCO2eq/kWh)"),
+    )
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex=True)
+    for ax, (col, by, label) in zip(axes.ravel(), panels, strict=True):
+        table = log.groupby([log[by], hour])[col].mean().unstack(0)
+        table.plot(ax=ax, marker=".", lw=1.2)
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    for ax in axes[1]:
+        ax.set_xlabel("hour of day")
+    per_episode = int(log.groupby("episode")["agent"].nunique().max())
+    fig.suptitle(f"{title}: {log['episode'].nunique()} episodes x {per_episode} service groups, by hour")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------------ envs
+class EdgeClusterEnv(gym.Env):
+    """Per-agent Gymnasium view of the cluster: each ``step(action)`` is one service group's decision.
+
+    Agents act round-robin within a tick; after the last agent of a tick the cluster advances. The
+    reward is that agent's reward (its outcome is known at once because the coupling is causal). An
+    episode ends (``truncated=True``) after the last agent of the last tick.
+
+    Observation: Box (O,) float32 ``[profile.*, state.*]`` in the spec's bounds; action: Box (A,)
+    float32 ``[edge_share, capacity, price]``.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, config: ClusterConfig | None = None) -> None:
+        super().__init__()
+        self.cluster = EdgeCluster(config or ClusterConfig(n_agents=16, steps=24))
+        self.spec_ = self.cluster.spec
+        self.observation_space = spaces.Box(OBS_LOW.astype(np.float32), OBS_HIGH.astype(np.float32), dtype=np.float32)
+        self.action_space = spaces.Box(ACT_LOW.astype(np.float32), ACT_HIGH.astype(np.float32), dtype=np.float32)
+        self._j = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        day = None if options is None else options.get("day")
+        self.cluster.reset(seed=int(self.np_random.integers(0, 2**62)), day=day)
+        self._j = 0
+        return self._obs(), {"agent": 0, "t": 0}
+
+    def _obs(self) -> np.ndarray:
+        return self.cluster.observe(np.array([self._j]))[0].astype(np.float32)
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        j, t = self._j, self.cluster.t
+        out = self.cluster.act_agents(np.array([j]), np.asarray(action, dtype=np.float64).reshape(1, -1))
+        info: dict[str, Any] = {"agent": j, "t": t, "responses": out["responses"][0], "kpis": out["kpis"][0]}
+        self._j += 1
+        done = False
+        if self._j == self.cluster.n:
+            done, _ = self.cluster.end_tick()
+            self._j = 0
+        return self._obs(), float(out["reward"][0]), False, bool(done), info
+
+
+def _build_vecenv_class() -> type:
+    """`EdgeClusterVecEnv`, built on first use: importing stable-baselines3 pulls in torch (seconds),
+    which `edgetwin logs generate` and the simulator itself do not need."""
+    from stable_baselines3.common.vec_env import VecEnv
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvStepReturn
+
+    class EdgeClusterVecEnv(VecEnv):
+        """One SB3 sub-environment per service group, all stepped in one batch.
+
+        At the end of an episode the cluster resets itself (with a fresh population) like SB3's
+        VecEnvs: ``dones`` are all True, ``infos[i]["terminal_observation"]`` holds the last observation
+        and ``infos[i]["TimeLimit.truncated"]`` is True.
+        """
+
+        def __init__(self, config: ClusterConfig | None = None, seed: int = 0) -> None:
+            self.cluster = EdgeCluster(config or ClusterConfig())
+            obs_space = spaces.Box(OBS_LOW.astype(np.float32), OBS_HIGH.astype(np.float32), dtype=np.float32)
+            act_space = spaces.Box(ACT_LOW.astype(np.float32), ACT_HIGH.astype(np.float32), dtype=np.float32)
+            self.render_mode = None
+            super().__init__(self.cluster.n, obs_space, act_space)
+            self._base_seed = int(seed)
+            self._resets = 0
+            self._actions: np.ndarray | None = None
+            self.last_info: dict[str, Any] = {}
+
+        def _next_seed(self) -> int:
+            s = episode_seed(self._base_seed, self._resets)
+            self._resets += 1
+            return s
+
+        def _reset_cluster(self) -> np.ndarray:
+            cfg = self.cluster.config
+            day = cfg.start_day + cfg.drift_days + self._resets  # consecutive days, like generate_logs
+            return self.cluster.reset(seed=self._next_seed(), day=day)
+
+        def reset(self) -> np.ndarray:
+            if self._seeds and self._seeds[0] is not None:
+                self._base_seed, self._resets = int(self._seeds[0]), 0
+            self._reset_seeds()
+            return self._reset_cluster().astype(np.float32)
+
+        def step_async(self, actions: np.ndarray) -> None:
+            self._actions = np.asarray(actions, dtype=np.float64)
+
+        def step_wait(self) -> VecEnvStepReturn:
+            if self._actions is None:
+                raise RuntimeError("step_async() must be called before step_wait()")
+            obs, reward, done, info = self.cluster.step(self._actions)
+            self._actions = None
+            self.last_info = info
+            infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+            if done:
+                for i in range(self.num_envs):
+                    infos[i]["terminal_observation"] = obs[i].astype(np.float32)
+                    infos[i]["TimeLimit.truncated"] = True
+                obs = self._reset_cluster()
+            dones = np.full(self.num_envs, done, dtype=bool)
+            return obs.astype(np.float32), reward.astype(np.float32), dones, infos
+
+        def close(self) -> None:
+            pass
+
+        def _indices(self, indices: VecEnvIndices) -> list[int]:
+            if indices is None:
+                return list(range(self.num_envs))
+            if isinstance(indices, int):
+                return [indices]
+            return list(indices)
+
+        def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+            # Sub-environments share the cluster; VecEnv-level attributes (render_mode) live here.
+            owner = self.cluster if hasattr(self.cluster, attr_name) else self
+            value = getattr(owner, attr_name)
+            return [value for _ in self._indices(indices)]
+
+        def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+            setattr(self.cluster, attr_name, value)
+
+        def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any) -> list[Any]:
+            result = getattr(self.cluster, method_name)(*method_args, **method_kwargs)
+            return [result for _ in self._indices(indices)]
+
+        def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+            return [False for _ in self._indices(indices)]
+
+    return EdgeClusterVecEnv
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EdgeClusterVecEnv":
+        cls = _build_vecenv_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
