@@ -1,0 +1,106 @@
+"""Baselines in the same harness as MAIL-MMSG.
+
+* `SupervisedResponseModel`: one-step regression (an MLP, squared error) of the client outputs
+  ``(response, kpi, reward?, Δstate?)`` from the same client inputs MAIL sees. With Gaussian
+  residual noise it can drive a twin too; it is what the compounding-error benchmark compares to.
+* `ClonedPlatformPolicy`: behaviour cloning of the logging platform policy (eq. 7 of seed 004)
+  as a `edgetwin.twin.policy.PlatformPolicy` on raw ``[profile.*, state.*]`` observations.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.neural_network import MLPRegressor
+from stable_baselines3.common.policies import ActorCriticPolicy
+
+from edgetwin.imitation.mail import OUTPUT_CLIP, GaussianModel
+from edgetwin.imitation.world import Layout
+
+
+class SupervisedResponseModel:
+    """MLP regression of standardised client outputs, with per-output Gaussian residual noise.
+
+    Args:
+        hidden: hidden layer sizes.
+        max_iter: Adam epochs (early stopping on a 10 % validation split).
+        seed: seeds the initialisation and the split.
+    """
+
+    def __init__(self, hidden: tuple[int, ...] = (64, 64), max_iter: int = 200, seed: int = 0) -> None:
+        self.reg = MLPRegressor(
+            hidden_layer_sizes=hidden,
+            max_iter=max_iter,
+            early_stopping=True,
+            n_iter_no_change=10,
+            random_state=seed,
+        )
+        self.noise_std: np.ndarray = np.zeros(0)
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> SupervisedResponseModel:
+        """Fit on ``x (N, in)`` -> ``y (N, out)`` (standardised units)."""
+        y = np.clip(y, -OUTPUT_CLIP, OUTPUT_CLIP)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            self.reg.fit(x, y)
+        resid = y - self.mean(x)
+        self.noise_std = resid.std(axis=0)
+        return self
+
+    def mean(self, x: np.ndarray) -> np.ndarray:
+        if len(x) == 0:
+            return np.zeros((0, len(self.noise_std)), dtype=np.float32)
+        return np.asarray(self.reg.predict(x), dtype=np.float32).reshape(len(x), -1)
+
+    @property
+    def std(self) -> np.ndarray:
+        return self.noise_std
+
+    def sample(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        mu = self.mean(x)
+        return np.clip(mu + self.noise_std * rng.standard_normal(mu.shape), -OUTPUT_CLIP, OUTPUT_CLIP).astype(
+            np.float32
+        )
+
+
+class ClonedPlatformPolicy:
+    """The behaviour-cloned logging policy of one twin, as a `PlatformPolicy`.
+
+    Args:
+        layout: the twin's layout (scalers).
+        engines: per scenario id, the cloned engine policy.
+        scenario: ``(N,)`` scenario id of each observation row, or None to use scenario 0's engine.
+        stochastic: sample from the Gaussian (the logging policy's spread) instead of its mean.
+        seed: seeds the sampling.
+    """
+
+    def __init__(
+        self,
+        layout: Layout,
+        engines: dict[int, ActorCriticPolicy],
+        scenario: np.ndarray | None = None,
+        stochastic: bool = True,
+        seed: int = 0,
+    ) -> None:
+        self.layout = layout
+        self.engines = {s: GaussianModel(p) for s, p in engines.items()}
+        self.scenario = scenario
+        self.stochastic = stochastic
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        lay = self.layout
+        n_p = len(lay.profile)
+        x = np.concatenate(
+            [lay.scalers["profile"].transform(obs[:, :n_p]), lay.scalers["state"].transform(obs[:, n_p:])],
+            axis=1,
+        )
+        scen = np.zeros(len(obs), np.int64) if self.scenario is None else np.asarray(self.scenario)
+        za = np.zeros((len(obs), len(lay.action)), np.float32)
+        for s in np.unique(scen):
+            idx = np.flatnonzero(scen == s)
+            m = self.engines[int(s)]
+            za[idx] = m.sample(x[idx], self.rng) if self.stochastic else m.mean(x[idx])
+        return lay.scalers["action"].inverse(za)

@@ -1,0 +1,494 @@
+"""MAIL-MMSG (seed 004 §3.4, Algorithm 2): client policies learned adversarially from logs.
+
+Per scenario there is a joint policy: an engine policy ``π_σ`` (the platform, behaviour-cloned
+from the logged actions) and a client policy ``π^c_k`` that, given ``⟨profile, state, engine
+action, site aggregates⟩``, produces the response, the KPIs/reward the spec's reward needs and the
+next state (as ``Δstate`` when the spec names no transition function). A discriminator over
+``(client inputs, client outputs)`` tells logged from generated steps; ``-log D`` (imitation's
+GAIL reward) is the reward with which the client policy is improved by PPO.
+
+How this maps onto the ``imitation`` library (`imitation.algorithms.adversarial.gail.GAIL`):
+GAIL trains one SB3 algorithm on one VecEnv. `ClientVecEnv` is that VecEnv for one scenario's
+client policy: each sub-env is one agent of that scenario in a simulated world of sites; the
+"dynamics" are the engine policies (which pick every agent's action), the other scenarios'
+current client policies (their agents share the sites) and the known or learned transition.
+All agents of a world advance in lockstep, which is what lets site aggregates (the capacity
+coupling between agents) be computed. Scenarios are trained round-robin, one GAIL round each, so
+every scenario's agent adapts to the others' current behaviour.
+
+What the library cannot express, and what we did instead: imitation's GAIL has a single learner,
+so the engine policy is not updated by the adversarial RL step (eq. 6 updates ``k`` and ``σ``
+together). ``σ`` is fitted by behaviour cloning (eq. 7) and kept fixed; the engine's only job in
+the twin is to drive the logged state distribution during training, because at twin time the
+platform policy under evaluation replaces it.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pandas as pd
+import torch as th
+from imitation.algorithms import bc
+from imitation.algorithms.adversarial.gail import GAIL
+from imitation.data import types as itypes
+from imitation.rewards.reward_nets import BasicRewardNet
+from imitation.util import logger as imit_logger
+from stable_baselines3 import PPO
+from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.vec_env import VecEnv
+from tqdm.auto import tqdm
+
+from edgetwin.imitation.world import Composition, InitialStates, Layout, StepTable, World
+
+log = logging.getLogger(__name__)
+
+#: Client outputs live in standardised units; the action box only guards against runaway samples.
+OUTPUT_CLIP = 10.0
+
+#: ``(n, scenario label, seed) -> raw profiles (n, P)``, e.g. a GAN-SMMSG population model.
+ProfileSampler = Callable[[int, str, int], np.ndarray]
+
+
+# --------------------------------------------------------------------------- batched Gaussian models
+class GaussianModel:
+    """A diagonal-Gaussian SB3 policy used as a batched sampler (numpy in, numpy out).
+
+    Sampling uses a numpy generator, so the same seed gives the same rollout.
+
+    Args:
+        policy: an `ActorCriticPolicy` over a Box action space (standardised units).
+    """
+
+    def __init__(self, policy: ActorCriticPolicy) -> None:
+        self.policy = policy
+
+    @th.no_grad()
+    def mean(self, x: np.ndarray) -> np.ndarray:
+        """``(N, in) -> (N, out)`` the policy's mean output."""
+        if len(x) == 0:
+            return np.zeros((0, self.policy.action_space.shape[0]), dtype=np.float32)
+        obs = th.as_tensor(np.array(x, dtype=np.float32))
+        dist = self.policy.get_distribution(obs)
+        return dist.distribution.mean.numpy()
+
+    @property
+    def std(self) -> np.ndarray:
+        return th.exp(self.policy.log_std).detach().numpy()
+
+    def sample(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        mu = self.mean(x)
+        return np.clip(mu + self.std * rng.standard_normal(mu.shape), -OUTPUT_CLIP, OUTPUT_CLIP).astype(
+            np.float32
+        )
+
+
+def gaussian_policy(n_in: int, n_out: int, net_arch: list[int], lr: float = 1e-3) -> ActorCriticPolicy:
+    """A fresh `ActorCriticPolicy` with Box observation/action spaces in standardised units."""
+    return ActorCriticPolicy(
+        observation_space=gym.spaces.Box(-np.inf, np.inf, (n_in,), np.float32),
+        action_space=gym.spaces.Box(-OUTPUT_CLIP, OUTPUT_CLIP, (n_out,), np.float32),
+        lr_schedule=lambda _: lr,
+        net_arch=net_arch,
+    )
+
+
+def _quiet_logger() -> imit_logger.HierarchicalLogger:
+    # imitation's default logger prints every step's table to stdout; we show tqdm instead
+    return imit_logger.configure(tempfile.mkdtemp(prefix="edgetwin-imitation-"), format_strs=[])
+
+
+def behaviour_clone(
+    x: np.ndarray,
+    y: np.ndarray,
+    policy: ActorCriticPolicy,
+    epochs: int,
+    seed: int,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """Fit ``policy`` to ``(x, y)`` pairs by maximum likelihood with `imitation.algorithms.bc.BC`.
+
+    For a Gaussian policy this is eq. 7 of seed 004 (squared error to the logged action) with a
+    learned variance.
+
+    Returns:
+        ``{"neglogp": final mean negative log-likelihood, "mse": final squared error of the mean}``.
+    """
+    y = np.clip(y, -OUTPUT_CLIP, OUTPUT_CLIP).astype(np.float32)
+    x = np.asarray(x, np.float32)
+    # imitation's data loader collates next_obs/dones even for BC, which ignores them
+    demos = itypes.Transitions(
+        obs=x, acts=y, next_obs=x, dones=np.zeros(len(x), bool), infos=np.array([{}] * len(x), dtype=object)
+    )
+    th.manual_seed(seed)
+    trainer = bc.BC(
+        observation_space=policy.observation_space,
+        action_space=policy.action_space,
+        rng=np.random.default_rng(seed),
+        policy=policy,
+        demonstrations=demos,
+        batch_size=min(batch_size, len(x)),
+        ent_weight=0.0,
+        l2_weight=0.0,
+        custom_logger=_quiet_logger(),
+    )
+    with warnings.catch_warnings():
+        # imitation logs a grad-carrying tensor as float each batch (harmless, noisy)
+        warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad")
+        trainer.train(n_epochs=max(1, epochs), progress_bar=False)
+    with th.no_grad():
+        _, logp, _ = policy.evaluate_actions(th.as_tensor(x.copy()), th.as_tensor(y.copy()))
+    mu = GaussianModel(policy).mean(x)
+    return {"neglogp": float(-logp.mean()), "mse": float(((mu - y) ** 2).mean())}
+
+
+# --------------------------------------------------------------------------- the client's environment
+class ClientVecEnv(VecEnv):
+    """A simulated world of sites as an SB3 VecEnv whose sub-envs are one scenario's agents.
+
+    Observation: the client inputs ``X`` of `edgetwin.imitation.world.client_features`.
+    Action: the client's standardised outputs (``[response, kpi, reward?, Δstate?]``).
+    Reward: 0 (GAIL replaces it with the discriminator's). Every episode lasts ``horizon`` ticks;
+    at reset a new population is sampled (same composition, new profiles and initial states).
+
+    Args:
+        layout: the twin's layout.
+        learner: scenario id whose agents are the sub-envs.
+        scenario, site: ``(N,)`` the fixed composition of the world (must contain the learner).
+        profiles: samples raw profiles per scenario (GAN-SMMSG).
+        initial: initial states matched to profiles.
+        engines: per scenario, the engine policy (engine inputs -> standardised actions).
+        clients: per scenario, the current client models (used for the non-learner agents).
+        horizon: ticks per episode.
+        seed: seeds the world's generator.
+    """
+
+    render_mode = None
+
+    def __init__(
+        self,
+        layout: Layout,
+        learner: int,
+        scenario: np.ndarray,
+        site: np.ndarray,
+        profiles: ProfileSampler,
+        initial: InitialStates,
+        engines: Mapping[int, GaussianModel],
+        clients: Mapping[int, GaussianModel],
+        horizon: int,
+        seed: int = 0,
+    ) -> None:
+        self.layout = layout
+        self.learner = learner
+        self.scenario = scenario
+        self.site = site
+        self.rows = np.flatnonzero(scenario == learner)
+        if len(self.rows) == 0:
+            raise ValueError(f"the world has no agent of scenario {learner}")
+        self.profiles = profiles
+        self.initial = initial
+        self.engines = engines
+        self.clients = clients
+        self.horizon = max(1, int(horizon))
+        self.rng = np.random.default_rng(seed)
+        obs_space = gym.spaces.Box(-np.inf, np.inf, (layout.n_client_inputs,), np.float32)
+        act_space = gym.spaces.Box(-OUTPUT_CLIP, OUTPUT_CLIP, (layout.n_model_outputs,), np.float32)
+        super().__init__(len(self.rows), obs_space, act_space)
+        self.world: World | None = None
+        self._x = np.zeros((len(scenario), layout.n_client_inputs), np.float32)
+        self._action = np.zeros((len(scenario), len(layout.action)))
+        self._pending: np.ndarray | None = None
+
+    # --- world mechanics ------------------------------------------------------------------
+    def _new_world(self) -> None:
+        lay = self.layout
+        profile = np.zeros((len(self.scenario), len(lay.profile)))
+        for s in np.unique(self.scenario):
+            idx = np.flatnonzero(self.scenario == s)
+            profile[idx] = self.profiles(len(idx), lay.scenarios[s], int(self.rng.integers(2**31)))
+        state = self.initial.sample(lay, self.scenario, profile, self.rng)
+        n_sites = int(self.site.max()) + 1
+        self.world = World(lay, self.scenario, self.site, profile, state, np.zeros((n_sites, lay.n_lag)))
+        self._decide()
+
+    def _decide(self) -> None:
+        """Engine actions for every agent at the current tick, then everyone's client inputs."""
+        assert self.world is not None
+        xe = self.world.engine_inputs()
+        za = np.zeros((self.world.n, len(self.layout.action)), np.float32)
+        for s in np.unique(self.scenario):
+            idx = np.flatnonzero(self.scenario == s)
+            za[idx] = self.engines[s].sample(xe[idx], self.rng)
+        self._action = self.layout.scalers["action"].inverse(za)
+        self._x = self.world.client_inputs(self._action)
+
+    # --- VecEnv API -----------------------------------------------------------------------
+    def reset(self) -> np.ndarray:
+        self._new_world()
+        return self._x[self.rows].copy()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._pending = np.asarray(actions, dtype=np.float32)
+
+    def step_wait(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+        assert self.world is not None and self._pending is not None
+        y = np.zeros((self.world.n, self.layout.n_model_outputs), np.float32)
+        y[self.rows] = np.clip(self._pending, -OUTPUT_CLIP, OUTPUT_CLIP)
+        for s in np.unique(self.scenario):
+            if s == self.learner:
+                continue
+            idx = np.flatnonzero(self.scenario == s)
+            y[idx] = self.clients[s].sample(self._x[idx], self.rng)
+        self.world.apply(self._action, y)
+        n = self.num_envs
+        rewards = np.zeros(n, np.float32)
+        if self.world.t >= self.horizon:
+            # terminal obs: the inputs the client would see next, under fresh engine actions
+            self._decide()
+            terminal = self._x[self.rows].copy()
+            self._new_world()
+            infos = [{"terminal_observation": terminal[i]} for i in range(n)]
+            return self._x[self.rows].copy(), rewards, np.ones(n, bool), infos
+        self._decide()
+        return self._x[self.rows].copy(), rewards, np.zeros(n, bool), [{} for _ in range(n)]
+
+    def close(self) -> None:
+        pass
+
+    def get_attr(self, attr_name: str, indices: Any = None) -> list[Any]:
+        return [getattr(self, attr_name)] * len(self._indices(indices))
+
+    def set_attr(self, attr_name: str, value: Any, indices: Any = None) -> None:
+        setattr(self, attr_name, value)
+
+    def env_method(self, method_name: str, *args: Any, indices: Any = None, **kwargs: Any) -> list[Any]:
+        return [getattr(self, method_name)(*args, **kwargs) for _ in self._indices(indices)]
+
+    def env_is_wrapped(self, wrapper_class: type, indices: Any = None) -> list[bool]:
+        return [False] * len(self._indices(indices))
+
+    def _indices(self, indices: Any) -> list[int]:
+        if indices is None:
+            return list(range(self.num_envs))
+        return [indices] if isinstance(indices, int) else list(indices)
+
+
+# --------------------------------------------------------------------------- training
+@dataclass
+class MailConfig:
+    """Hyper-parameters of MAIL-MMSG (defaults sized for 2 CPU cores).
+
+    Attributes:
+        bc_epochs: epochs of behaviour cloning (engine policies and client pre-training).
+        rounds: adversarial rounds; each is one GAIL round (PPO + discriminator) per scenario.
+            0 gives the behaviour-cloned client only.
+        world_agents: agents in each scenario's training world (drawn from logged site units).
+        n_steps: PPO rollout length per round (ticks).
+        learning_rate: PPO learning rate (small: the policy starts from BC and must not forget it).
+        net_arch: hidden layers of client and engine policies (seed 004: 2 x 32 for the engine).
+        disc_arch: hidden layers of the discriminator (seed 004: a 4-layer MLP).
+        demo_batch_size: expert samples per discriminator batch.
+        n_disc_updates: discriminator updates per round.
+        gamma: discount (seed 004: 0.95).
+    """
+
+    bc_epochs: int = 20
+    rounds: int = 10
+    world_agents: int = 64
+    n_steps: int = 32
+    learning_rate: float = 1e-4
+    net_arch: list[int] = field(default_factory=lambda: [64, 64])
+    engine_arch: list[int] = field(default_factory=lambda: [32, 32])
+    disc_arch: tuple[int, ...] = (64, 64, 64)
+    demo_batch_size: int = 256
+    n_disc_updates: int = 4
+    gamma: float = 0.95
+
+    @classmethod
+    def from_hyper(cls, hyper: Mapping[str, Any]) -> MailConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in hyper.items() if k in known})
+
+
+@dataclass
+class MailResult:
+    """What `fit_mail` learned, per scenario id.
+
+    Attributes:
+        clients: client policies (client inputs -> standardised outputs).
+        engines: behaviour-cloned engine policies (engine inputs -> standardised actions).
+        history: one row per (round, scenario): discriminator loss/accuracy and BC fit.
+    """
+
+    clients: dict[int, ActorCriticPolicy]
+    engines: dict[int, ActorCriticPolicy]
+    history: pd.DataFrame
+
+
+def _minibatch(n_batch: int, target: int = 256) -> int:
+    """The divisor of the rollout size nearest ``target`` (SB3 warns about ragged minibatches)."""
+    divisors = [d for d in range(1, n_batch + 1) if n_batch % d == 0]
+    return min(divisors, key=lambda d: abs(d - target))
+
+
+def fit_engines(steps: StepTable, layout: Layout, cfg: MailConfig, seed: int) -> dict[int, ActorCriticPolicy]:
+    """Behaviour-clone the logged platform policy per scenario (eq. 7 of seed 004)."""
+    engines: dict[int, ActorCriticPolicy] = {}
+    for s in range(len(layout.scenarios)):
+        rows = steps.rows(s)
+        th.manual_seed(seed + s)
+        pol = gaussian_policy(layout.n_engine_inputs, len(layout.action), cfg.engine_arch)
+        if len(rows):
+            behaviour_clone(steps.x_engine[rows], steps.za[rows], pol, cfg.bc_epochs, seed + s)
+        engines[s] = pol
+    return engines
+
+
+def client_rows(steps: StepTable, layout: Layout, scenario: int) -> np.ndarray:
+    """Rows usable as client targets: all, or only those with a next row when Δstate is learned."""
+    return steps.rows(scenario, need_next=layout.learn_transition)
+
+
+def fit_mail(
+    steps: StepTable,
+    layout: Layout,
+    profiles: ProfileSampler,
+    initial: InitialStates,
+    composition: Composition,
+    cfg: MailConfig | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> MailResult:
+    """Run MAIL-MMSG: BC pre-training, then ``cfg.rounds`` of GAIL per scenario, round-robin.
+
+    Args:
+        steps: the training log as arrays (`edgetwin.imitation.world.build_steps`).
+        layout: the twin's layout.
+        profiles: samples raw profiles of a scenario (the population model ``P^c``).
+        initial: initial states matched to profiles.
+        composition: logged site units (how many agents of each scenario share a site).
+        cfg: hyper-parameters.
+        seed: seeds every random choice; the same seed gives the same result.
+        progress: show a tqdm bar.
+    """
+    cfg = cfg or MailConfig()
+    n_scen = len(layout.scenarios)
+    engines = fit_engines(steps, layout, cfg, seed)
+    engine_models = {s: GaussianModel(p) for s, p in engines.items()}
+
+    # one world composition for all scenarios' envs, large enough to hold every scenario
+    rng = np.random.default_rng(seed)
+    scen, site = composition.sample(rng, cfg.world_agents)
+    for s in range(n_scen):
+        if not (scen == s).any() and len(client_rows(steps, layout, s)):
+            # a rare scenario may miss from the drawn units: give it one site of its own
+            extra = max(1, int(composition.units[:, s].max()))
+            scen = np.concatenate([scen, np.full(extra, s)])
+            site = np.concatenate([site, np.full(extra, site.max() + 1)])
+
+    ppos: dict[int, PPO] = {}
+    clients: dict[int, ActorCriticPolicy] = {}
+    history: list[dict[str, Any]] = []
+    bar = tqdm(total=n_scen * (1 + cfg.rounds), desc="MAIL-MMSG", disable=not progress, leave=False)
+    envs: dict[int, ClientVecEnv] = {}
+    client_models: dict[int, GaussianModel] = {}
+    for s in range(n_scen):
+        rows = client_rows(steps, layout, s)
+        th.manual_seed(seed + 100 + s)
+        if (scen == s).any():
+            envs[s] = ClientVecEnv(
+                layout,
+                s,
+                scen,
+                site,
+                profiles,
+                initial,
+                engine_models,
+                client_models,
+                layout.horizon,
+                seed + 200 + s,
+            )
+            n_batch = cfg.n_steps * envs[s].num_envs
+            ppos[s] = PPO(
+                "MlpPolicy",
+                envs[s],
+                n_steps=cfg.n_steps,
+                batch_size=_minibatch(n_batch),
+                n_epochs=4,
+                learning_rate=cfg.learning_rate,
+                clip_range=0.1,
+                gamma=cfg.gamma,
+                ent_coef=0.0,
+                policy_kwargs={"net_arch": {"pi": cfg.net_arch, "vf": cfg.net_arch}},
+                seed=seed + 100 + s,
+                device="cpu",
+            )
+            policy = ppos[s].policy
+        else:
+            policy = gaussian_policy(layout.n_client_inputs, layout.n_model_outputs, cfg.net_arch)
+        fit = (
+            behaviour_clone(steps.x_client[rows], steps.y_client[rows], policy, cfg.bc_epochs, seed + s)
+            if len(rows)
+            else {"neglogp": float("nan"), "mse": float("nan")}
+        )
+        history.append(
+            {"round": 0, "scenario": layout.scenarios[s], "bc_mse": fit["mse"], "bc_neglogp": fit["neglogp"]}
+        )
+        clients[s] = policy
+        client_models[s] = GaussianModel(policy)
+        bar.update(1)
+
+    if cfg.rounds > 0:
+        trainers: dict[int, GAIL] = {}
+        for s, ppo in ppos.items():
+            rows = client_rows(steps, layout, s)
+            if len(rows) < 2:
+                continue
+            nxt = np.where(steps.next_index[rows] >= 0, steps.next_index[rows], rows)
+            demos = itypes.Transitions(
+                obs=steps.x_client[rows],
+                acts=np.clip(steps.y_client[rows], -OUTPUT_CLIP, OUTPUT_CLIP),
+                next_obs=steps.x_client[nxt],
+                dones=~steps.has_next[rows],
+                infos=np.array([{}] * len(rows), dtype=object),
+            )
+            n_batch = cfg.n_steps * envs[s].num_envs
+            reward_net = BasicRewardNet(
+                envs[s].observation_space, envs[s].action_space, use_next_state=False, hid_sizes=cfg.disc_arch
+            )
+            trainers[s] = GAIL(
+                demonstrations=demos,
+                demo_batch_size=min(cfg.demo_batch_size, len(rows), n_batch),
+                venv=envs[s],
+                gen_algo=ppo,
+                reward_net=reward_net,
+                n_disc_updates_per_round=cfg.n_disc_updates,
+                custom_logger=_quiet_logger(),
+                allow_variable_horizon=False,
+            )
+        for r in range(1, cfg.rounds + 1):
+            for s, trainer in trainers.items():
+                trainer.train_gen(trainer.gen_train_timesteps)
+                stats: Mapping[str, float] = {}
+                for _ in range(cfg.n_disc_updates):
+                    stats = trainer.train_disc()
+                history.append(
+                    {
+                        "round": r,
+                        "scenario": layout.scenarios[s],
+                        "disc_loss": float(stats.get("disc_loss", np.nan)),
+                        "disc_acc": float(stats.get("disc_acc", np.nan)),
+                        "disc_acc_expert": float(stats.get("disc_acc_expert", np.nan)),
+                        "disc_acc_gen": float(stats.get("disc_acc_gen", np.nan)),
+                    }
+                )
+                bar.update(1)
+    bar.close()
+    return MailResult(clients=clients, engines=engines, history=pd.DataFrame(history))

@@ -1,0 +1,639 @@
+"""The shared harness of MAIL-MMSG, its baselines and the twin: scaling, site aggregates, one tick.
+
+Everything here is generic over the log contract: columns come from the `TwinSpec` roles, agents
+interact only through their ``site`` (means over the agents of a site at a tick), and nothing
+assumes a particular system's column names.
+
+Vocabulary (shapes use N agents, P/S/A profile/state/action widths, Y modelled outputs):
+
+* **outputs** ``Y`` = ``[response.*, kpi.*, reward?]`` - what the client model predicts for a step,
+  plus ``Δstate`` (in standardised state units) when the spec names no transition function.
+* **client inputs** ``X`` = ``[z(profile), z(state), z(action), site means of z(state) at t,
+  site means of z(action) and z(outputs) at t-1, log site size, time of day (sin, cos)]``.
+  Other agents' actions and outputs enter lagged by one tick, so the model is *causal per
+  agent*: an agent's outcome depends on its own action and on what its site looked like at the
+  start of the tick. That is what lets a per-agent environment (one agent acts per `step`) give
+  each agent its reward at once and agree exactly with the batched path.
+* **engine inputs** = ``[z(profile), z(state)]``, the platform's per-agent observation layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.neighbors import NearestNeighbors
+
+from edgetwin.errors import InputError
+from edgetwin.twin.spec import REWARD_COLUMN, Feature, TwinSpec
+
+DAY_SECONDS = 86_400.0
+
+
+# ------------------------------------------------------------------------------------ scaling
+@dataclass
+class ColumnScaler:
+    """Per-column ``log1p`` (heavy-tailed, non-negative) then standardisation, and its inverse.
+
+    `inverse` maps back to raw units, clips to the spec's bounds and snaps discrete features to
+    their allowed values, so everything a model produces is a legal value of the column.
+
+    Attributes:
+        names: the columns, in order.
+        log: which columns are modelled in ``log1p`` space.
+        mean, std: statistics of the transformed columns (std floored to avoid division by 0).
+        low, high: raw bounds (``±inf`` when unbounded).
+        values: allowed values per column, or None for continuous ones.
+    """
+
+    names: list[str]
+    log: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    values: list[np.ndarray | None] = field(default_factory=list)
+
+    @classmethod
+    def fit(cls, frame: pd.DataFrame, features: Sequence[Feature | None]) -> ColumnScaler:
+        names = list(frame.columns)
+        raw = frame.to_numpy(dtype=np.float64)
+        log = (
+            np.array(
+                [
+                    f is not None and f.kind == "heavy_tailed" and bool(np.nanmin(raw[:, j]) >= 0.0)
+                    for j, f in enumerate(features)
+                ],
+                dtype=bool,
+            )
+            if len(names)
+            else np.zeros(0, dtype=bool)
+        )
+        z = _forward_log(raw, log)
+        mean = np.nanmean(z, axis=0) if len(z) else np.zeros(len(names))
+        std = np.nanstd(z, axis=0) if len(z) else np.ones(len(names))
+        std = np.where(np.isfinite(std) & (std > 1e-8), std, 1.0)
+        low = np.array([-np.inf if f is None or f.low is None else f.low for f in features], dtype=np.float64)
+        high = np.array(
+            [np.inf if f is None or f.high is None else f.high for f in features], dtype=np.float64
+        )
+        values = [
+            None
+            if f is None or f.allowed_values() is None
+            else np.asarray(f.allowed_values(), dtype=np.float64)
+            for f in features
+        ]
+        return cls(names, log, np.nan_to_num(mean), std, low, high, values)
+
+    @property
+    def width(self) -> int:
+        return len(self.names)
+
+    def transform(self, raw: np.ndarray) -> np.ndarray:
+        """Raw ``(N, D)`` -> standardised ``(N, D)`` float32."""
+        return ((_forward_log(np.asarray(raw, dtype=np.float64), self.log) - self.mean) / self.std).astype(
+            np.float32
+        )
+
+    def inverse(self, z: np.ndarray) -> np.ndarray:
+        """Standardised ``(N, D)`` -> raw ``(N, D)`` float64, clipped to bounds, discrete snapped."""
+        x = np.asarray(z, dtype=np.float64) * self.std + self.mean
+        if self.log.any():
+            # exp of a wild model output must not overflow to inf before clipping
+            x[:, self.log] = np.expm1(np.clip(x[:, self.log], -50.0, 50.0))
+        return self.legalise(x)
+
+    def legalise(self, x: np.ndarray) -> np.ndarray:
+        """Clip raw values to bounds and snap discrete columns to their nearest allowed value."""
+        x = np.clip(x, self.low, self.high)
+        for j, vals in enumerate(self.values):
+            if vals is not None and x.shape[0]:
+                idx = np.abs(x[:, j : j + 1] - vals[None, :]).argmin(axis=1)
+                x[:, j] = vals[idx]
+        return x
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "names": self.names,
+            "log": self.log.tolist(),
+            "mean": self.mean.tolist(),
+            "std": self.std.tolist(),
+            "low": [None if not np.isfinite(v) else float(v) for v in self.low],
+            "high": [None if not np.isfinite(v) else float(v) for v in self.high],
+            "values": [None if v is None else v.tolist() for v in self.values],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ColumnScaler:
+        return cls(
+            names=list(d["names"]),
+            log=np.asarray(d["log"], dtype=bool),
+            mean=np.asarray(d["mean"], dtype=np.float64),
+            std=np.asarray(d["std"], dtype=np.float64),
+            low=np.array([-np.inf if v is None else v for v in d["low"]], dtype=np.float64),
+            high=np.array([np.inf if v is None else v for v in d["high"]], dtype=np.float64),
+            values=[None if v is None else np.asarray(v, dtype=np.float64) for v in d["values"]],
+        )
+
+
+def _forward_log(raw: np.ndarray, log: np.ndarray) -> np.ndarray:
+    out = raw.astype(np.float64, copy=True)
+    if log.any():
+        out[:, log] = np.log1p(np.maximum(out[:, log], 0.0))
+    return out
+
+
+# ------------------------------------------------------------------------------------ layout
+@dataclass
+class Layout:
+    """Which columns play which part, and how each is scaled; fitted once per twin.
+
+    Attributes:
+        spec: the twin spec.
+        profile, state, action, response, kpi: column names by role (spec order, present in the log).
+        predict_reward: the log has a ``reward`` column, which the client model also predicts.
+        learn_transition: the spec names no transition, so the client model predicts ``Δstate``.
+        scenarios: scenario labels in a fixed order (index = scenario id).
+        scalers: ``profile``, ``state``, ``action`` and ``outputs`` scalers.
+        log_size_center: mean ``log1p(agents per site)`` in the logs (centres the size input).
+        use_time: add time-of-day ``(sin, cos)`` inputs, from ``t * spec.step_seconds``.
+        horizon: the typical episode length of the logs (steps).
+    """
+
+    spec: TwinSpec
+    profile: list[str]
+    state: list[str]
+    action: list[str]
+    response: list[str]
+    kpi: list[str]
+    predict_reward: bool
+    learn_transition: bool
+    scenarios: list[str]
+    scalers: dict[str, ColumnScaler]
+    log_size_center: float
+    use_time: bool
+    horizon: int
+
+    @classmethod
+    def fit(cls, log: pd.DataFrame, spec: TwinSpec, use_time: bool = True) -> Layout:
+        """Fit roles and scalers from a validated log table (one row per episode, t, agent)."""
+        missing = [c for c in ("episode", "t", "agent", "scenario", "site") if c not in log.columns]
+        if missing:
+            raise InputError(f"log has no column(s) {missing}; the contract needs them", "log")
+        present = set(log.columns)
+
+        def role(r: str, required: bool) -> list[str]:
+            names = [n for n in spec.names(r) if n in present]  # type: ignore[arg-type]
+            lacking = [n for n in spec.names(r) if n not in present]  # type: ignore[arg-type]
+            if lacking and required:
+                raise InputError(f"the spec names {lacking} but the log has no such column(s)", "log")
+            return names
+
+        profile, state, action = role("profile", True), role("state", True), role("action", True)
+        response, kpi = role("response", True), role("kpi", False)
+        predict_reward = REWARD_COLUMN in present
+        outputs = response + kpi + ([REWARD_COLUMN] if predict_reward else [])
+        if not outputs and spec.transition is not None:
+            raise InputError(
+                "nothing to learn: no response.*, kpi.* or reward column, and a known transition", "log"
+            )
+        if not outputs and not state:
+            raise InputError(
+                "nothing to learn: the log has no response.*, kpi.*, reward or state.* column", "log"
+            )
+
+        def feats(names: list[str]) -> list[Feature | None]:
+            return [spec.feature(n) if n != REWARD_COLUMN else None for n in names]
+
+        scalers = {
+            "profile": ColumnScaler.fit(log[profile], feats(profile)),
+            "state": ColumnScaler.fit(log[state], feats(state)),
+            "action": ColumnScaler.fit(log[action], feats(action)),
+            "outputs": ColumnScaler.fit(log[outputs], feats(outputs)),
+        }
+        sizes = log.groupby(["episode", "t", "site"], sort=False).size().to_numpy()
+        lengths = log.groupby("episode", sort=False)["t"].max().to_numpy() + 1
+        return cls(
+            spec=spec,
+            profile=profile,
+            state=state,
+            action=action,
+            response=response,
+            kpi=kpi,
+            predict_reward=predict_reward,
+            learn_transition=spec.transition is None and bool(state),
+            scenarios=sorted(str(s) for s in log["scenario"].unique()),
+            scalers=scalers,
+            log_size_center=float(np.log1p(sizes).mean()) if len(sizes) else 0.0,
+            use_time=use_time,
+            horizon=int(np.median(lengths)) if len(lengths) else 1,
+        )
+
+    # --- widths ---------------------------------------------------------------------------
+    @property
+    def outputs(self) -> list[str]:
+        return self.response + self.kpi + ([REWARD_COLUMN] if self.predict_reward else [])
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.outputs)
+
+    @property
+    def n_model_outputs(self) -> int:
+        """Width of the client model's output: outputs plus Δstate when the transition is learned."""
+        return self.n_outputs + (len(self.state) if self.learn_transition else 0)
+
+    @property
+    def n_client_inputs(self) -> int:
+        p, s, a, y = len(self.profile), len(self.state), len(self.action), self.n_outputs
+        return p + s + a + s + a + y + 1 + (2 if self.use_time else 0)
+
+    @property
+    def n_lag(self) -> int:
+        """Width of a site's lagged means: ``[z(action), z(outputs)]``."""
+        return len(self.action) + self.n_outputs
+
+    @property
+    def n_engine_inputs(self) -> int:
+        return len(self.profile) + len(self.state)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec.to_dict(),
+            "profile": self.profile,
+            "state": self.state,
+            "action": self.action,
+            "response": self.response,
+            "kpi": self.kpi,
+            "predict_reward": self.predict_reward,
+            "learn_transition": self.learn_transition,
+            "scenarios": self.scenarios,
+            "scalers": {k: v.to_dict() for k, v in self.scalers.items()},
+            "log_size_center": self.log_size_center,
+            "use_time": self.use_time,
+            "horizon": self.horizon,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Layout:
+        return cls(
+            spec=TwinSpec.from_dict(d["spec"]),
+            profile=d["profile"],
+            state=d["state"],
+            action=d["action"],
+            response=d["response"],
+            kpi=d["kpi"],
+            predict_reward=bool(d["predict_reward"]),
+            learn_transition=bool(d["learn_transition"]),
+            scenarios=list(d["scenarios"]),
+            scalers={k: ColumnScaler.from_dict(v) for k, v in d["scalers"].items()},
+            log_size_center=float(d["log_size_center"]),
+            use_time=bool(d["use_time"]),
+            horizon=int(d["horizon"]),
+        )
+
+
+# ------------------------------------------------------------------------------ features
+def group_means(values: np.ndarray, codes: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per-group means of ``values (N, D)`` by integer ``codes (N,)`` -> ``(n_groups, D)``."""
+    counts = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    out = np.zeros((n_groups, values.shape[1]), dtype=np.float64)
+    for j in range(values.shape[1]):
+        out[:, j] = np.bincount(codes, weights=values[:, j], minlength=n_groups)
+    return out / np.maximum(counts, 1.0)[:, None]
+
+
+def client_features(
+    layout: Layout,
+    zp: np.ndarray,
+    zs: np.ndarray,
+    za: np.ndarray,
+    codes: np.ndarray,
+    n_groups: int,
+    lag: np.ndarray,
+    t: np.ndarray,
+    state_means: np.ndarray | None = None,
+    site_size: np.ndarray | None = None,
+) -> np.ndarray:
+    """Assemble the client model's inputs ``X (N, layout.n_client_inputs)`` (float32).
+
+    Args:
+        zp, zs, za: standardised profile / state / action, ``(N, P)``, ``(N, S)``, ``(N, A)``.
+        codes: ``(N,)`` id of the (site, tick) group each row belongs to, ``0..n_groups-1``.
+        lag: ``(N, A+Y)`` site means of standardised actions and outputs at t-1 for each row's
+            site (zeros at t = 0, the standardised mean).
+        t: ``(N,)`` step index, for the time-of-day inputs.
+        state_means, site_size: ``(N, S)`` site means of z(state) and ``(N,)`` agents per site,
+            when the rows are a subset of their sites (default: computed from these rows).
+    """
+    if site_size is None:
+        site_size = np.bincount(codes, minlength=n_groups)[codes]
+    if state_means is None:
+        state_means = group_means(np.asarray(zs, np.float64), codes, n_groups)[codes]
+    parts = [
+        zp,
+        zs,
+        za,
+        state_means,
+        lag,
+        (np.log1p(site_size) - layout.log_size_center)[:, None],
+    ]
+    if layout.use_time:
+        phase = (
+            2.0 * np.pi * ((np.asarray(t, np.float64) * layout.spec.step_seconds) % DAY_SECONDS) / DAY_SECONDS
+        )
+        parts += [np.sin(phase)[:, None], np.cos(phase)[:, None]]
+    return np.concatenate([np.asarray(p, dtype=np.float32).reshape(len(codes), -1) for p in parts], axis=1)
+
+
+# ------------------------------------------------------------------------------ training data
+@dataclass
+class StepTable:
+    """A log turned into model-ready arrays, row-aligned with the sorted log.
+
+    Attributes:
+        frame: the log sorted by (episode, t, agent), index reset.
+        x_client: ``(N, n_client_inputs)`` client inputs.
+        y_client: ``(N, n_model_outputs)`` standardised targets; Δstate is NaN where no next row.
+        x_engine: ``(N, n_engine_inputs)`` engine inputs; ``za``: ``(N, A)`` standardised actions.
+        has_next: ``(N,)`` the row's agent appears at t+1 of the same episode.
+        next_index: ``(N,)`` row index of that next row (or -1).
+        scenario: ``(N,)`` scenario id (index into ``layout.scenarios``).
+        episode: ``(N,)`` episode codes.
+    """
+
+    frame: pd.DataFrame
+    x_client: np.ndarray
+    y_client: np.ndarray
+    x_engine: np.ndarray
+    za: np.ndarray
+    has_next: np.ndarray
+    next_index: np.ndarray
+    scenario: np.ndarray
+    episode: np.ndarray
+
+    def rows(self, scenario: int | None = None, need_next: bool = False) -> np.ndarray:
+        """Row indices of one scenario (or all), optionally only those with a next row."""
+        mask = np.ones(len(self.frame), dtype=bool) if scenario is None else self.scenario == scenario
+        if need_next:
+            mask &= self.has_next
+        return np.flatnonzero(mask)
+
+
+def build_steps(log: pd.DataFrame, layout: Layout) -> StepTable:
+    """Turn a log table into `StepTable` arrays (vectorised; no per-row Python)."""
+    df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+    sc = layout.scalers
+    zp = sc["profile"].transform(df[layout.profile].to_numpy(np.float64))
+    zs = sc["state"].transform(df[layout.state].to_numpy(np.float64))
+    za = sc["action"].transform(df[layout.action].to_numpy(np.float64))
+    zy = sc["outputs"].transform(df[layout.outputs].to_numpy(np.float64))
+    t = df["t"].to_numpy(np.int64)
+    site_key = df["episode"].astype(str) + "\x1f" + df["site"].astype(str)
+    site_codes, _ = pd.factorize(site_key)
+    group_codes, group_uniques = pd.factorize(pd.MultiIndex.from_arrays([site_codes, t]))
+    n_groups = len(group_uniques)
+
+    # actions and outputs of each (site, t) group, shifted so that every row sees t-1
+    y_means = group_means(np.concatenate([za, zy], axis=1).astype(np.float64), group_codes, n_groups)
+    g_site = np.asarray([u[0] for u in group_uniques], dtype=np.int64)
+    g_t = np.asarray([u[1] for u in group_uniques], dtype=np.int64)
+    lookup = pd.Series(np.arange(n_groups), index=pd.MultiIndex.from_arrays([g_site, g_t]))
+    prev = lookup.reindex(pd.MultiIndex.from_arrays([site_codes, t - 1])).to_numpy()
+    lag = np.zeros((len(df), layout.n_lag), dtype=np.float64)
+    ok = ~np.isnan(prev)
+    lag[ok] = y_means[prev[ok].astype(np.int64)]
+
+    x = client_features(layout, zp, zs, za, group_codes, n_groups, lag, t)
+
+    # next-state targets: the same (episode, agent) at t+1
+    key = pd.MultiIndex.from_arrays([df["episode"].astype(str), df["agent"].astype(str), t])
+    row_of = pd.Series(np.arange(len(df)), index=key)
+    if row_of.index.has_duplicates:
+        dup = row_of.index[row_of.index.duplicated()][0]
+        raise InputError(f"duplicate (episode, agent, t) row {dup}; validate the log first", "log")
+    nxt = row_of.reindex(
+        pd.MultiIndex.from_arrays([df["episode"].astype(str), df["agent"].astype(str), t + 1])
+    )
+    nxt_arr = nxt.to_numpy()
+    has_next = ~np.isnan(nxt_arr)
+    next_index = np.where(has_next, np.nan_to_num(nxt_arr, nan=-1), -1).astype(np.int64)
+    y = zy
+    if layout.learn_transition:
+        delta = np.full_like(zs, np.nan)
+        delta[has_next] = zs[next_index[has_next]] - zs[has_next]
+        y = np.concatenate([zy, delta], axis=1)
+    scen_index = {s: i for i, s in enumerate(layout.scenarios)}
+    scenario = df["scenario"].astype(str).map(scen_index)
+    if scenario.isna().any():
+        bad = df["scenario"][scenario.isna()].iloc[0]
+        raise InputError(f"scenario {bad!r} was not seen when the twin was fitted", "log")
+    return StepTable(
+        frame=df,
+        x_client=x,
+        y_client=y.astype(np.float32),
+        x_engine=np.concatenate([zp, zs], axis=1).astype(np.float32),
+        za=za,
+        has_next=has_next,
+        next_index=next_index,
+        scenario=scenario.to_numpy(np.int64),
+        episode=pd.factorize(df["episode"])[0],
+    )
+
+
+# ------------------------------------------------------------------------------------ a world
+@dataclass
+class World:
+    """N simulated agents on sites, advanced one tick at a time (batched over all agents).
+
+    Attributes:
+        layout: the twin's layout.
+        scenario: ``(N,)`` scenario ids; ``site``: ``(N,)`` site ids ``0..n_sites-1``.
+        profile: ``(N, P)`` raw profiles; ``state``: ``(N, S)`` raw states at the current tick.
+        lag: ``(n_sites, A+Y)`` site means of standardised actions and outputs of the previous tick.
+        t: the current tick.
+    """
+
+    layout: Layout
+    scenario: np.ndarray
+    site: np.ndarray
+    profile: np.ndarray
+    state: np.ndarray
+    lag: np.ndarray
+    t: int = 0
+
+    @property
+    def n(self) -> int:
+        return len(self.scenario)
+
+    @property
+    def n_sites(self) -> int:
+        return int(self.site.max()) + 1 if self.n else 0
+
+    def zprofile(self) -> np.ndarray:
+        return self.layout.scalers["profile"].transform(self.profile)
+
+    def engine_inputs(self) -> np.ndarray:
+        """``(N, P+S)`` standardised ``[profile, state]``."""
+        sc = self.layout.scalers
+        return np.concatenate(
+            [sc["profile"].transform(self.profile), sc["state"].transform(self.state)], axis=1
+        )
+
+    def client_inputs(self, action: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """Client inputs for raw actions taken at this tick.
+
+        Args:
+            action: ``(N, A)``, or ``(len(rows), A)`` when ``rows`` is given.
+            rows: compute only these agents' inputs (the others' actions are not needed: the
+                model is causal per agent).
+        """
+        sc = self.layout.scalers
+        zs_all = sc["state"].transform(self.state)
+        means = group_means(np.asarray(zs_all, np.float64), self.site, self.n_sites)[self.site]
+        r = np.arange(self.n) if rows is None else np.asarray(rows)
+        return client_features(
+            self.layout,
+            sc["profile"].transform(self.profile[r]),
+            zs_all[r],
+            sc["action"].transform(action),
+            self.site[r],
+            self.n_sites,
+            self.lag[self.site[r]],
+            np.full(len(r), self.t),
+            state_means=means[r],
+            site_size=np.bincount(self.site, minlength=self.n_sites)[self.site[r]],
+        )
+
+    def apply(self, action: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Apply standardised model outputs ``y (N, n_model_outputs)`` of this tick.
+
+        Returns:
+            ``(outputs_raw (N, Y), next_state_raw (N, S))``; the world moves to t+1.
+        """
+        lay = self.layout
+        ny = lay.n_outputs
+        out_raw = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((self.n, 0))
+        zs = lay.scalers["state"].transform(self.state)
+        fn = lay.spec.transition_fn()
+        if fn is not None:
+            resp = out_raw[:, : len(lay.response)]
+            nxt = np.asarray(fn(self.state, action, resp), dtype=np.float64).reshape(self.n, len(lay.state))
+            nxt = lay.scalers["state"].legalise(nxt)
+        elif lay.learn_transition:
+            nxt = lay.scalers["state"].inverse(zs + y[:, ny:])
+        else:
+            nxt = self.state.copy()
+        zy = lay.scalers["outputs"].transform(out_raw) if ny else np.zeros((self.n, 0))
+        za = lay.scalers["action"].transform(action)
+        self.lag = group_means(np.concatenate([za, zy], axis=1).astype(np.float64), self.site, self.n_sites)
+        self.state = nxt
+        self.t += 1
+        return out_raw, nxt
+
+
+# --------------------------------------------------------------------------- who is where, from where
+@dataclass
+class Composition:
+    """How many agents of each scenario share a site, as logged; worlds are built from it.
+
+    Attributes:
+        units: ``(U, n_scenarios)`` agent counts per logged (episode, site) at its first tick.
+    """
+
+    units: np.ndarray
+
+    @classmethod
+    def fit(cls, log: pd.DataFrame, layout: Layout) -> Composition:
+        first = log[log["t"] == log.groupby("episode")["t"].transform("min")]
+        counts = (
+            first.groupby(["episode", "site", "scenario"], sort=True)
+            .size()
+            .unstack("scenario", fill_value=0)
+            .reindex(columns=layout.scenarios, fill_value=0)
+        )
+        return cls(units=counts.to_numpy(np.int64))
+
+    def sample(self, rng: np.random.Generator, n_agents: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Draw logged site units until ``n_agents`` agents (default: one unit's worth).
+
+        Returns:
+            ``(scenario (N,), site (N,))`` integer ids; sites are numbered ``0..``.
+        """
+        target = int(self.units[rng.integers(len(self.units))].sum()) if n_agents is None else int(n_agents)
+        if target < 1:
+            raise InputError(f"n_agents must be >= 1, got {n_agents}", "n_agents")
+        scen: list[np.ndarray] = []
+        site: list[np.ndarray] = []
+        total, k = 0, 0
+        while total < target:
+            unit = self.units[rng.integers(len(self.units))]
+            ids = np.repeat(np.arange(len(unit)), unit)
+            ids = ids[: target - total]
+            if len(ids):
+                scen.append(ids)
+                site.append(np.full(len(ids), k))
+                total += len(ids)
+                k += 1
+        return np.concatenate(scen), np.concatenate(site)
+
+
+@dataclass
+class InitialStates:
+    """Initial states drawn from logged first ticks, matched to a profile by nearest neighbours.
+
+    As in seed 004 §3.1.2, what the model does not predict is loaded from real trajectories: a new
+    agent starts from the first logged state of one of the ``k`` logged agents of its scenario
+    whose profiles are nearest to its own.
+    """
+
+    zprofiles: list[np.ndarray]
+    states: list[np.ndarray]
+    k: int = 5
+
+    @classmethod
+    def fit(cls, log: pd.DataFrame, layout: Layout) -> InitialStates:
+        first = log[log["t"] == log.groupby(["episode", "agent"])["t"].transform("min")]
+        zp, st = [], []
+        for s in layout.scenarios:
+            rows = first[first["scenario"].astype(str) == s]
+            zp.append(layout.scalers["profile"].transform(rows[layout.profile].to_numpy(np.float64)))
+            st.append(rows[layout.state].to_numpy(np.float64))
+        return cls(zp, st)
+
+    def sample(
+        self, layout: Layout, scenario: np.ndarray, profile: np.ndarray, rng: np.random.Generator
+    ) -> np.ndarray:
+        """``(N, S)`` raw initial states for agents with raw ``profile (N, P)``."""
+        out = np.zeros((len(scenario), len(layout.state)))
+        zp = layout.scalers["profile"].transform(profile)
+        for s in np.unique(scenario):
+            rows = np.flatnonzero(scenario == s)
+            bank_p, bank_s = self.zprofiles[s], self.states[s]
+            if len(bank_s) == 0:
+                continue
+            k = min(self.k, len(bank_s))
+            if bank_p.shape[1] == 0:
+                pick = rng.integers(len(bank_s), size=len(rows))
+            else:
+                nn = NearestNeighbors(n_neighbors=k).fit(bank_p)
+                near = nn.kneighbors(zp[rows], return_distance=False)
+                pick = near[np.arange(len(rows)), rng.integers(k, size=len(rows))]
+            out[rows] = bank_s[pick]
+        return out
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        d: dict[str, np.ndarray] = {}
+        for i, (p, s) in enumerate(zip(self.zprofiles, self.states, strict=True)):
+            d[f"p{i}"], d[f"s{i}"] = p, s
+        return d
+
+    @classmethod
+    def from_arrays(cls, d: Any, n_scenarios: int) -> InitialStates:
+        return cls(
+            [np.asarray(d[f"p{i}"]) for i in range(n_scenarios)],
+            [np.asarray(d[f"s{i}"]) for i in range(n_scenarios)],
+        )

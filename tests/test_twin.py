@@ -1,0 +1,292 @@
+"""The Twin: fit, save/load, environments, rollouts, uncertainty, on toy systems written here."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from pettingzoo.test import parallel_api_test
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_checker import check_env
+from test_imitation import toy_log, toy_spec
+
+from edgetwin.errors import InputError
+from edgetwin.twin.logs import ordered_columns
+from edgetwin.twin.policy import FunctionPolicy, RandomPolicy
+from edgetwin.twin.spec import Feature, TwinSpec
+from edgetwin.twin.twin import Twin
+
+torch.set_num_threads(1)
+
+TINY = {"bc_epochs": 15, "rounds": 1, "world_agents": 16, "n_steps": 12, "demo_batch_size": 64}
+
+
+@pytest.fixture(scope="module")
+def twin() -> Twin:
+    return Twin.fit(
+        toy_log(episodes=10), toy_spec(), members=2, seed=0, progress=False, population_model="empirical", **TINY
+    )
+
+
+# ------------------------------------------------------------------------------------ rollouts
+def test_rollout_is_a_log_in_the_contract(twin: Twin) -> None:
+    spec = twin.spec
+    df = twin.rollout(RandomPolicy(spec, 0), episodes=2, seed=1)
+    assert list(df.columns) == ordered_columns(spec, ["reward"])
+    assert df.groupby("episode")["t"].max().eq(twin.layout.horizon - 1).all()
+    assert df[spec.names("action")].apply(lambda c: c.between(0, 1)).all().all()
+    assert set(df["action.boost"]) <= {0.0, 1.0}
+    assert (df["response.wait"] >= 0).all() and df.notna().all().all()
+    # the reward is the spec's reward over the step's columns
+    assert np.allclose(df["reward"], -df["response.wait"] - 2 * df["kpi.drop"])
+    sup = df.attrs["support"]
+    assert 0.0 <= sup["out_of_support"] <= 1.0 and sup["disagreement"] > 0.0
+
+
+def test_rollout_same_seed_same_table(twin: Twin) -> None:
+    pol = RandomPolicy(twin.spec, 0)
+    a = twin.rollout(pol, episodes=1, seed=5, n_agents=30, steps=4)
+    b = twin.rollout(RandomPolicy(twin.spec, 0), episodes=1, seed=5, n_agents=30, steps=4)
+    c = twin.rollout(RandomPolicy(twin.spec, 0), episodes=1, seed=6, n_agents=30, steps=4)
+    pd.testing.assert_frame_equal(a, b)
+    assert len(a) == 30 * 4 and not a.equals(c)
+
+
+def test_twin_learned_the_response_to_actions(twin: Twin) -> None:
+    """More capacity share -> shorter wait, in the real toy system and in the twin."""
+    full = FunctionPolicy(lambda o: np.stack([np.ones(len(o)), np.ones(len(o))], 1))
+    none = FunctionPolicy(lambda o: np.stack([np.full(len(o), 0.05), np.zeros(len(o))], 1))
+    real_full = toy_log(episodes=4, seed=9, policy=full)["response.wait"].mean()
+    real_none = toy_log(episodes=4, seed=9, policy=none)["response.wait"].mean()
+    twin_full = twin.rollout(full, episodes=4, seed=2, stochastic=False)["response.wait"].mean()
+    twin_none = twin.rollout(none, episodes=4, seed=2, stochastic=False)["response.wait"].mean()
+    assert real_full < real_none and twin_full < twin_none
+
+
+def test_out_of_support_grows_off_the_logs(twin: Twin) -> None:
+    spec = twin.spec
+    logged = twin.rollout(RandomPolicy(spec, 0), episodes=2, seed=3, stochastic=False)
+    # the logs never hold an action pinned at one corner for everyone
+    corner = FunctionPolicy(lambda o: np.stack([np.zeros(len(o)), np.ones(len(o))], 1))
+    off = twin.rollout(corner, episodes=2, seed=3, stochastic=False)
+    assert off.attrs["support"]["median_distance"] > logged.attrs["support"]["median_distance"]
+
+
+# ------------------------------------------------------------------------------------ persistence
+def test_save_load_round_trip(twin: Twin, tmp_path: Path) -> None:
+    twin.save(tmp_path / "tw")
+    back = Twin.load(tmp_path / "tw")
+    assert back.meta["data_sha256"] == twin.meta["data_sha256"] and len(back.meta["data_sha256"]) == 64
+    assert "torch" in back.meta["versions"] and back.spec.hash() == twin.spec.hash()
+    pol = RandomPolicy(twin.spec, 0)
+    a = twin.rollout(pol, episodes=1, seed=4)
+    b = back.rollout(RandomPolicy(twin.spec, 0), episodes=1, seed=4)
+    pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(twin.sample_population(7, "a", seed=2), back.sample_population(7, "a", seed=2))
+
+
+def test_load_rejects_a_non_twin(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not a twin"):
+        Twin.load(tmp_path)
+
+
+def test_fit_rejects_bad_options() -> None:
+    df, spec = toy_log(episodes=2), toy_spec()
+    with pytest.raises(InputError, match="members"):
+        Twin.fit(df, spec, members=0, progress=False)
+    with pytest.raises(InputError, match="unknown hyper"):
+        Twin.fit(df, spec, members=1, progress=False, warp_speed=9)
+    with pytest.raises(InputError, match="response model"):
+        Twin.fit(df, spec, members=1, progress=False, response_model="oracle")
+
+
+def test_checkpoints_resume_finished_members(tmp_path: Path) -> None:
+    df, spec = toy_log(episodes=4), toy_spec()
+    kw = dict(members=2, seed=1, progress=False, population_model="empirical", checkpoint_dir=tmp_path, **TINY)
+    kw["rounds"] = 0
+    first = Twin.fit(df, spec, **kw)
+    (tmp_path / "member_1" / "DONE").unlink()  # as if interrupted during member 1
+    stamp = (tmp_path / "member_0" / "engine_0.pt").stat().st_mtime_ns
+    again = Twin.fit(df, spec, **kw)
+    assert (tmp_path / "member_0" / "engine_0.pt").stat().st_mtime_ns == stamp  # reused, not refitted
+    pol = RandomPolicy(spec, 0)
+    pd.testing.assert_frame_equal(first.rollout(pol, seed=1), again.rollout(RandomPolicy(spec, 0), seed=1))
+    with pytest.raises(InputError, match="different fit"):
+        Twin.fit(df, spec, **{**kw, "seed": 2})
+
+
+# ------------------------------------------------------------------------------------ envs
+def test_gym_env_passes_check_env(twin: Twin) -> None:
+    env = twin.make_env(n_agents=5, steps=3)
+    check_env(env)
+    obs, info = env.reset(seed=0)
+    n = info["n_agents"]
+    steps = 0
+    truncated = False
+    while not truncated:
+        obs, r, term, truncated, info = env.step(env.action_space.sample())
+        steps += 1
+    assert steps == n * 3
+
+
+def test_per_agent_env_matches_the_batched_env(twin: Twin) -> None:
+    """Causal per agent: acting one agent at a time gives the batched VecEnv's rewards."""
+    venv = twin.make_vec_env(n_agents=12, steps=3, stochastic=False, seed=0)
+    venv.reset()
+    env = twin.make_env(n_agents=12, steps=3, stochastic=False)
+    env.reset(seed=0)
+    # put the single-agent env in the same world (same agents, states and ensemble member)
+    sim = copy.copy(venv.sim)
+    sim.world = copy.deepcopy(venv.sim.world)
+    sim._pending_y, sim._pending_a = sim._pending_y.copy(), sim._pending_a.copy()
+    env.sim, env._obs = sim, sim.obs()
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        acts = rng.uniform(0, 1, (12, 2)).astype(np.float32)
+        _, rv, _, _ = venv.step(acts)
+        rs = [env.step(acts[i])[1] for i in range(12)]
+        assert np.allclose(rv, rs, atol=1e-4)
+
+
+def test_vec_env_trains_ppo_and_penalty_lowers_reward(twin: Twin) -> None:
+    venv = twin.make_vec_env(n_agents=40, steps=6, seed=0)
+    model = PPO("MlpPolicy", venv, n_steps=6, batch_size=80, n_epochs=1, device="cpu", seed=0)
+    model.learn(480)
+    pen = twin.make_vec_env(n_agents=40, steps=6, seed=0, disagreement_penalty=5.0, stochastic=False)
+    raw = twin.make_vec_env(n_agents=40, steps=6, seed=0, stochastic=False)
+    pen.reset(), raw.reset()
+    a = np.full((40, 2), 0.5, np.float32)
+    assert (pen.step(a)[1] < raw.step(a)[1]).all()
+
+
+def test_parallel_env_passes_the_api_test(twin: Twin) -> None:
+    penv = twin.make_parallel_env(n_agents=20, steps=5)
+    parallel_api_test(penv, num_cycles=20)
+    obs, _ = penv.reset(seed=1)
+    assert set(obs) == set(penv.possible_agents) <= {"a", "b"}
+    assert sum(o.shape[0] for o in obs.values()) == 20
+
+
+# ------------------------------------------------------------------------------------ any system
+def second_transition(state: np.ndarray, action: np.ndarray, response: np.ndarray) -> np.ndarray:
+    """Known dynamics of the second toy system (named in its spec)."""
+    return np.stack([np.clip(0.7 * state[:, 0] + response[:, 0], 0, 20), state[:, 1] * 0.5 + action[:, 0], state[:, 2]], 1)
+
+
+def second_system(episodes: int = 6, seed: int = 0) -> tuple[pd.DataFrame, TwinSpec]:
+    """Differently shaped: 1 profile, 3 states, 2 actions (one discrete), 1 response, 1 scenario."""
+    feats = (
+        Feature("profile.size", "continuous", 0.0, 10.0),
+        Feature("state.backlog", "continuous", 0.0, 20.0),
+        Feature("state.heat", "continuous", None, None),
+        Feature("state.zone", "discrete", values=(0.0, 1.0)),
+        Feature("action.speed", "continuous", 0.0, 2.0),
+        Feature("action.mode", "discrete", values=(0.0, 1.0, 2.0)),
+        Feature("response.jobs", "continuous", 0.0, None),
+    )
+    spec = TwinSpec(feats, name="second", transition="test_twin:second_transition", reward_weights={"response.jobs": 1.0})
+    rng = np.random.default_rng(seed)
+    rows = []
+    for e in range(episodes):
+        n = 5
+        size = rng.uniform(1, 9, n)
+        st = np.stack([rng.uniform(0, 5, n), rng.normal(0, 1, n), rng.integers(0, 2, n).astype(float)], 1)
+        for t in range(8):
+            a = np.stack([rng.uniform(0, 2, n), rng.integers(0, 3, n).astype(float)], 1)
+            jobs = np.maximum(0, size * 0.3 + a[:, 0] - 0.2 * st[:, 0] + rng.normal(0, 0.1, n))
+            for i in range(n):
+                rows.append({"episode": e, "t": t, "agent": f"x{i}", "scenario": "only", "site": "dc",
+                             "profile.size": size[i], "state.backlog": st[i, 0], "state.heat": st[i, 1],
+                             "state.zone": st[i, 2], "action.speed": a[i, 0], "action.mode": a[i, 1],
+                             "response.jobs": jobs[i]})
+            st = second_transition(st, a, jobs[:, None])
+    return pd.DataFrame(rows), spec
+
+
+def test_twin_fits_a_differently_shaped_system() -> None:
+    df, spec = second_system()
+    tw = Twin.fit(df, spec, members=1, seed=0, progress=False, population_model="empirical", **TINY)
+    assert not tw.layout.learn_transition and tw.layout.n_model_outputs == 1
+    out = tw.rollout(RandomPolicy(spec, 1), episodes=1, seed=0, n_agents=7, steps=5)
+    assert list(out.columns) == ordered_columns(spec, ["reward"])
+    assert set(out["action.mode"]) <= {0.0, 1.0, 2.0} and set(out["state.zone"]) <= {0.0, 1.0}
+    # the known transition was used: next backlog = clip(0.7 backlog + jobs)
+    g = out[out["agent"] == "agent0"].sort_values("t")
+    expect = np.clip(0.7 * g["state.backlog"].to_numpy()[:-1] + g["response.jobs"].to_numpy()[:-1], 0, 20)
+    assert np.allclose(g["state.backlog"].to_numpy()[1:], expect)
+    check_env(tw.make_env(steps=2))
+
+
+# ------------------------------------------------------------------------------------ fidelity + CLI
+def test_growth_exponent_recovers_a_power_law() -> None:
+    from edgetwin.twin.fidelity import growth_exponent
+
+    h = np.arange(1, 50)
+    assert abs(growth_exponent(h, 0.1 * h**0.7) - 0.7) < 1e-6
+    assert np.isnan(growth_exponent(h[:2], h[:2]))
+
+
+def test_fidelity_report_and_two_way_validation(twin: Twin, tmp_path: Path) -> None:
+    from edgetwin.twin.fidelity import fidelity_report, replay_errors, two_way_validation
+
+    held = toy_log(episodes=3, seed=11)
+    rep = fidelity_report(twin, held, episodes=2, max_horizon=20, out_dir=tmp_path)
+    assert set(rep["kl"]) == {"response.wait", "kpi.drop", "reward"}
+    assert all(v >= 0 for v in rep["kl"].values())
+    assert len(rep["time_slices"]["response.wait"]["real"]) == 12
+    assert [r["h"] for r in rep["replay"]] == list(range(1, 13))  # episodes are 12 steps long
+    assert {Path(p).name for p in rep["figures"]} == {
+        "fidelity_kl.png", "fidelity_time_slices.png", "fidelity_compounding.png"}
+    # a twin that ignores its inputs does worse at one step than the fitted one
+    errs = replay_errors(twin, held, max_horizon=1)
+    assert errs["outputs"].iloc[0] < 0.8  # standardised units: well below the spread of the data
+    two = two_way_validation(toy_log(episodes=6, seed=12), toy_spec(), episodes=1, max_horizon=5,
+                             members=1, progress=False, population_model="empirical", **{**TINY, "rounds": 0})
+    assert len(two["folds"]) == 2 and np.isfinite(two["mean_kl"])
+
+
+def test_cli_fit_and_fidelity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from edgetwin.cli import main
+
+    log = tmp_path / "toy.csv"
+    toy_log(episodes=4).to_csv(log, index=False)
+    toy_spec().save(tmp_path / "toy.spec.toml")
+    with pytest.raises(SystemExit) as ex:
+        main(["fit", str(log), "--out", str(tmp_path / "tw"), "--members", "1", "--rounds", "0", "--bc-epochs", "3",
+              "--population-model", "empirical", "--json"])
+    assert ex.value.code == 0
+    assert json.loads(capsys.readouterr().out)["members"] == 1
+    assert (tmp_path / "tw" / "checkpoint" / "member_0" / "DONE").is_file()
+    held = tmp_path / "held.csv"
+    toy_log(episodes=2, seed=3).to_csv(held, index=False)
+    with pytest.raises(SystemExit) as ex:
+        main(["fidelity", str(tmp_path / "tw"), str(held), "--spec", str(tmp_path / "toy.spec.toml"),
+              "--json", "--episodes", "1", "--horizon", "5", "--out", str(tmp_path / "fid")])
+    assert ex.value.code == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert "response.wait" in rep["kl"] and (tmp_path / "fid" / "fidelity_kl.png").is_file()
+    with pytest.raises(SystemExit) as ex:
+        main(["fit", str(log), "--out", str(tmp_path / "tw2"), "--members", "0"])
+    assert ex.value.code == 2
+    with pytest.raises(SystemExit) as ex:
+        main(["fidelity", str(tmp_path / "nope"), str(held)])
+    assert ex.value.code == 2
+
+
+def test_twin_with_a_generative_population_round_trips(tmp_path: Path) -> None:
+    df, spec = toy_log(episodes=4), toy_spec()
+    tw = Twin.fit(df, spec, members=1, seed=0, progress=False, population_model="gmm",
+                  population_hyper={"n_components": 2}, **{**TINY, "rounds": 0})
+    pop = tw.sample_population(50, scenario="b", seed=1)
+    assert (pop["scenario"] == "b").all() and set(pop["profile.tier"]) <= {0.0, 1.0, 2.0}
+    with pytest.raises(InputError, match="unknown scenario"):
+        tw.sample_population(5, scenario="zzz")
+    back = Twin.load(tw.save(tmp_path / "tw"))
+    pd.testing.assert_frame_equal(back.sample_population(50, scenario="b", seed=1), pop)
+    pd.testing.assert_frame_equal(back.rollout(RandomPolicy(spec, 0), seed=2), tw.rollout(RandomPolicy(spec, 0), seed=2))
