@@ -1,0 +1,1455 @@
+"""The edge runtime: serve a site's current policy, verified, shielded, hot-swapped and watched.
+
+An `EdgeRuntime` is what runs on an edge site (``edgetwin serve``)::
+
+    registry = FileRegistry("registry/")                       # or a NatsRegistry (async)
+    trust = TrustStore.from_paths(["keys/"])
+    async with EdgeRuntime("site-1", registry, trust, bus="nats://127.0.0.1:4222") as rt:
+        actions = rt.decide(obs)                               # (N, O) -> (N, A), the Python API
+        rt.report_kpis({"kpi.slo_violation": 0.12})            # live KPIs feed the rollback watch
+
+What it does:
+
+- **Loads the current policy of its scope**: the pointer of ``site/<site>``, falling back to
+  ``cluster/<cluster>`` and then ``global`` (the first scope that has one wins). Every artifact is
+  verified against the trust store before it is unpacked (`verify_artifact`); an unsigned,
+  tampered or wrong-key version is refused with a logged reason and the runtime keeps serving the
+  last good one. A new version must act on the same observation / action columns as the one it
+  replaces (else it is refused as ``incompatible``), and must answer a warm-up call.
+- **Answers decisions** through `decide` (a batch ``(N, O)`` -> ``(N, A)``, callable from any
+  thread) and over the bus (request/reply on ``Subjects.decision(site)``, kinds
+  ``decision_request`` -> ``decision_reply``, or ``error`` with the reason). Every action it
+  returns has gone through the safety shield, when one is configured (`Shield.project`).
+- **Hot-swaps** without dropping a request: the registry pointer is polled every
+  ``poll_interval`` seconds, and at once when anything arrives on ``edgetwin.policy.>`` (a
+  ``policy_version`` announcement, another runtime's rollback notice). The new version is fetched,
+  verified, loaded and warmed up off the request path (in a worker thread), then the served
+  reference is swapped in one assignment; a request that already holds the old one finishes on it.
+- **Is fail-static**: when the registry or the bus cannot be reached, it keeps serving the last
+  good policy (and starts from the verified local cache of it when the registry is down at
+  startup). An absent pointer never unloads a policy.
+- **Watches live KPIs** (`report_kpis`, or ``kpi_report`` messages on ``edgetwin.kpi.<site>``)
+  over a sliding window (`KPIWatch`) and, when a guarded KPI regresses beyond its margin relative
+  to the baseline recorded at the swap, rolls back: locally at once to the previous version, and in
+  the registry with compare-and-swap on its scope (``registry.rollback(scope, expected=bad)``),
+  publishing why as a ``policy_rollback`` message on ``edgetwin.policy.rollback.<site>`` (durable)
+  and a WARNING log line.
+
+Subjects and message kinds this module adds to those of ``docs/bus.md``:
+
+| subject | kind | payload |
+|---|---|---|
+| ``edgetwin.decision.<site>`` (request/reply) | ``decision_request`` -> ``decision_reply`` | reply: ``policy_version`` (int: the scope pointer's revision the version was loaded under, 0 if it came from the local cache), ``version`` (str), ``scope`` (str); tensor ``actions`` (N, A) float64 |
+| ``edgetwin.kpi.<site>`` | ``kpi_report`` | ``site``, ``kpis`` {name: number}; optional ``version`` (the policy version that produced them) |
+| ``edgetwin.policy.rollback.<site>`` (durable) | ``policy_rollback`` | ``site``, ``scope``, ``from_version``, ``to_version``, ``reason``, ``kpis`` {name: {value, baseline, change, margin}}, ``registry`` (``"rolled_back"`` / ``"pending"`` / ``"conflict"`` / ``"no_target"``) |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+
+from edgetwin.edge.bus import Bus, Received, Subjects, make_bus
+from edgetwin.edge.messages import Envelope, KindSchema, register_kind
+from edgetwin.edge.registry import (
+    AsyncPolicyRegistry,
+    CASConflict,
+    NoRollbackTarget,
+    PointerChange,
+    PolicyRegistry,
+    RegistryError,
+    ThreadedRegistry,
+    VersionNotFound,
+    check_scope,
+)
+from edgetwin.edge.signing import ArtifactRejected, Manifest, TrustStore, unpack_artifact, verify_artifact
+from edgetwin.errors import InputError
+from edgetwin.twin.spec import TwinSpec
+
+__all__ = [
+    "Breach",
+    "Decision",
+    "DeferredNatsRegistry",
+    "EdgeRuntime",
+    "KPIGuard",
+    "KPIMargin",
+    "KPIWatch",
+    "NoPolicyLoaded",
+    "RuntimeEvent",
+    "ServedPolicy",
+    "announce_policy",
+    "kpi_report",
+    "kpi_subject",
+    "open_async_registry",
+    "policy_version_notice",
+    "request_decision",
+    "rollback_subject",
+]
+
+log = logging.getLogger("edgetwin.runtime")
+
+T = TypeVar("T")
+
+BaselineSource = Literal["auto", "previous", "metadata", "first_window"]
+_CACHE_FORMAT = "edgetwin-runtime-cache/1"
+
+
+# ------------------------------------------------------------------------------------- messages
+def kpi_subject(site: str) -> str:
+    """Where live KPIs of ``site`` are reported (``kpi_report``)."""
+    Subjects.decision(site)  # checks that the name is a valid subject token
+    return f"{Subjects.PREFIX}.kpi.{site}"
+
+
+def rollback_subject(site: str) -> str:
+    """Where ``site``'s runtime announces a rollback (``policy_rollback``, durable: it is an audit trail)."""
+    Subjects.decision(site)  # checks that the name is a valid subject token
+    return f"{Subjects.PREFIX}.policy.rollback.{site}"
+
+
+def _check_kpis(env: Envelope) -> None:
+    kpis = env.payload["kpis"]
+    if not kpis:
+        raise ValueError("kpis is empty")
+    for k, v in kpis.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise ValueError(f"kpis[{k!r}] must be a finite number")
+
+
+register_kind(
+    "kpi_report",
+    KindSchema(required={"site": str, "kpis": dict}, optional={"version": str}, check=_check_kpis),
+)
+register_kind(
+    "policy_rollback",
+    KindSchema(
+        required={"site": str, "scope": str, "from_version": str, "to_version": str, "reason": str},
+        optional={"kpis": dict, "registry": str},
+    ),
+)
+
+
+def kpi_report(
+    site: str, kpis: Mapping[str, float], *, version: str | None = None, sender: str = "edgetwin"
+) -> Envelope:
+    """A ``kpi_report`` envelope (send it on `kpi_subject`)."""
+    payload: dict[str, Any] = {"site": site, "kpis": {str(k): float(v) for k, v in kpis.items()}}
+    if version is not None:
+        payload["version"] = version
+    return Envelope(kind="kpi_report", sender=sender, payload=payload)
+
+
+def policy_version_notice(
+    scope: str, version: str, revision: int, sha256: str, *, sender: str = "edgetwin"
+) -> Envelope:
+    """A ``policy_version`` announcement: ``version`` became current in ``scope`` at pointer ``revision``.
+
+    Runtimes treat it as a hint to re-read the registry at once (the registry stays the source of
+    truth, so a forged or stale announcement cannot make a runtime load anything).
+    """
+    return Envelope(
+        kind="policy_version",
+        sender=sender,
+        payload={"version": int(revision), "uri": f"{check_scope(scope)}@{version}", "sha256": sha256},
+    )
+
+
+async def announce_policy(
+    bus: Bus, scope: str, version: str, revision: int, sha256: str, *, sender: str = "edgetwin"
+) -> None:
+    """Publish `policy_version_notice` durably on ``Subjects.policy_version()``."""
+    await bus.publish_durable(
+        Subjects.policy_version(), policy_version_notice(scope, version, revision, sha256, sender=sender)
+    )
+
+
+async def request_decision(
+    bus: Bus, site: str, obs: np.ndarray, *, timeout: float = 2.0, sender: str = "client"
+) -> Decision:
+    """Ask ``site``'s runtime for actions over the bus.
+
+    Args:
+        obs: (N, O) observations in the policy's observation column order.
+
+    Returns:
+        The `Decision` (actions (N, A), version, scope).
+
+    Raises:
+        RuntimeError: the runtime answered with an ``error`` (its reason is in the message).
+        TimeoutError, NoResponders: see `Bus.request`.
+    """
+    obs = np.atleast_2d(np.asarray(obs, dtype=np.float64))
+    reply = await bus.request(
+        Subjects.decision(site),
+        Envelope(kind="decision_request", sender=sender, payload={"site": site}, tensors={"obs": obs}),
+        timeout=timeout,
+    )
+    if reply.kind == "error":
+        raise RuntimeError(f"runtime of {site!r} refused the request: {reply.payload.get('reason')}")
+    if reply.kind != "decision_reply":
+        raise RuntimeError(f"expected a decision_reply from {site!r}, got {reply.kind!r}")
+    return Decision(
+        actions=np.asarray(reply.tensors["actions"]),
+        version=str(reply.payload.get("version", "")),
+        scope=str(reply.payload.get("scope", "")),
+        revision=int(reply.payload["policy_version"]),
+    )
+
+
+# ------------------------------------------------------------------------------------- KPI guard
+_MARGIN_RE = re.compile(
+    r"^\s*(?P<name>[A-Za-z0-9_.\-]+)\s*(?P<op><=|>=)\s*(?P<val>[+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*(?P<pct>%?)\s*$"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class KPIMargin:
+    """How far one live KPI may regress from its baseline before the runtime rolls back.
+
+    Attributes:
+        kpi: the name as reported (``"kpi.slo_violation"``; a baseline from metadata metrics may
+            also be named without the ``kpi.`` prefix).
+        higher_is_better: False for costs (latency, violations, energy), True for revenue, reward.
+        max_regression: allowed relative worsening, a fraction of ``|baseline|`` (0.10 = 10 %).
+        min_delta: allowed absolute worsening on top (in the KPI's units): keeps KPIs near zero from
+            tripping on noise.
+    """
+
+    kpi: str
+    higher_is_better: bool = False
+    max_regression: float = 0.10
+    min_delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.kpi:
+            raise InputError("a KPI margin needs a KPI name", where="kpi guard")
+        if not (math.isfinite(self.max_regression) and self.max_regression >= 0):
+            raise InputError(
+                f"max_regression of {self.kpi!r} must be >= 0, got {self.max_regression}", where="kpi guard"
+            )
+        if not (math.isfinite(self.min_delta) and self.min_delta >= 0):
+            raise InputError(
+                f"min_delta of {self.kpi!r} must be >= 0, got {self.min_delta}", where="kpi guard"
+            )
+
+    def worsening(self, baseline: float, value: float) -> float:
+        """How much worse ``value`` is than ``baseline``, in the KPI's units (negative: better)."""
+        return baseline - value if self.higher_is_better else value - baseline
+
+    def allowed(self, baseline: float) -> float:
+        """The largest worsening tolerated from ``baseline``."""
+        return self.max_regression * abs(baseline) + self.min_delta
+
+    def breached(self, baseline: float, value: float) -> bool:
+        return self.worsening(baseline, value) > self.allowed(baseline)
+
+    def describe(self) -> str:
+        sign = ">=" if self.higher_is_better else "<="
+        pct = ("-" if self.higher_is_better else "+") + f"{100 * self.max_regression:g}%"
+        return f"{self.kpi}{sign}{pct}" + (f" (±{self.min_delta:g} abs)" if self.min_delta else "")
+
+    @classmethod
+    def parse(cls, text: str, *, min_delta: float = 0.0, where: str = "--guard") -> KPIMargin:
+        """``"kpi.slo_violation<=+10%"`` (a cost may rise 10 %) or ``"kpi.revenue>=-5%"`` (may fall 5 %).
+
+        The number may also be a plain fraction (``<=0.1``).
+        """
+        m = _MARGIN_RE.match(text)
+        if m is None:
+            raise InputError(
+                f"expected NAME<=+P% (lower is better) or NAME>=-P% (higher is better), got {text!r}",
+                where=where,
+            )
+        val = abs(float(m["val"])) / (100.0 if m["pct"] else 1.0)
+        return cls(m["name"], higher_is_better=m["op"] == ">=", max_regression=val, min_delta=min_delta)
+
+
+@dataclasses.dataclass(frozen=True)
+class KPIGuard:
+    """The rollback watch's configuration.
+
+    Attributes:
+        margins: the guarded KPIs (empty: the watch only records); None: those the served policy's
+            spec reward weighs (`from_spec`, 10 %), fixed when the first policy is loaded.
+        window: KPI reports averaged per judgement (a sliding window).
+        grace: reports ignored right after a swap (the system's state still reflects the old policy).
+        patience: consecutive breached judgements before rolling back (one noisy window is not enough).
+        probation: reports (after the grace) during which a newly promoted version is judged; after
+            that it is accepted and only recorded. A fixed baseline drifts away from live KPIs over
+            a day (diurnal load), so judging forever would roll back good versions.
+        baseline: what the window is compared with. ``"previous"``: the last full window served by
+            the version that was replaced (measured on this site just before the swap);
+            ``"metadata"``: the version's signed metrics at promotion (twin estimates);
+            ``"first_window"``: the first full window after the swap (catches later decay only);
+            ``"auto"``: previous, else metadata (if it names every guarded KPI), else first window.
+
+    A version reinstated by a rollback (the runtime's or anyone's) is recorded but not judged: it
+    was the last good one, and rolling back further is an operator's decision.
+    """
+
+    margins: tuple[KPIMargin, ...] | None = ()
+    window: int = 20
+    grace: int = 2
+    patience: int = 2
+    probation: int = 100
+    baseline: BaselineSource = "auto"
+
+    def __post_init__(self) -> None:
+        if self.margins is not None:
+            object.__setattr__(self, "margins", tuple(self.margins))
+        if self.window < 1:
+            raise InputError(f"window must be >= 1 report, got {self.window}", where="kpi guard")
+        if self.grace < 0 or self.patience < 1 or self.probation < self.window:
+            raise InputError(
+                f"need grace >= 0, patience >= 1 and probation >= window, got {self.grace}, {self.patience}, "
+                f"{self.probation} (window {self.window})",
+                where="kpi guard",
+            )
+        if self.baseline not in ("auto", "previous", "metadata", "first_window"):
+            raise InputError(
+                f"baseline must be auto, previous, metadata or first_window, got {self.baseline!r}",
+                where="kpi guard",
+            )
+        names = [m.kpi for m in self.margins or ()]
+        if len(set(names)) != len(names):
+            raise InputError(f"a KPI is guarded twice: {names}", where="kpi guard")
+
+    @classmethod
+    def from_spec(cls, spec: TwinSpec, max_regression: float = 0.10, **kwargs: Any) -> KPIGuard:
+        """Guard every ``kpi.*`` column the spec's reward weighs, in the direction the reward wants it.
+
+        A spec whose reward names no KPI gives an empty guard (logged): pass margins explicitly.
+        """
+        kpis = set(spec.names("kpi"))
+        margins = tuple(
+            KPIMargin(col, higher_is_better=w > 0, max_regression=max_regression)
+            for col, w in spec.reward_weights.items()
+            if col in kpis and w != 0
+        )
+        if not margins:
+            log.warning(
+                "spec %r: its reward weighs no kpi.* column, so no KPI is guarded; give margins", spec.name
+            )
+        return cls(margins=margins, **kwargs)
+
+    def resolve(self, spec: TwinSpec | None) -> KPIGuard:
+        """This guard with its margins fixed (from ``spec`` when they are None)."""
+        if self.margins is not None:
+            return self
+        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "margins"}
+        return KPIGuard.from_spec(spec, **options) if spec is not None else KPIGuard(margins=(), **options)
+
+    def describe(self) -> str:
+        if self.margins is None:
+            return f"the KPIs the policy's reward weighs; window {self.window}"
+        if not self.margins:
+            return "no KPI guarded"
+        ms = ", ".join(m.describe() for m in self.margins)
+        return (
+            f"{ms}; window {self.window}, grace {self.grace}, patience {self.patience}, "
+            f"probation {self.probation}, baseline {self.baseline}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Breach:
+    """A guarded KPI regressed: what the rollback reports.
+
+    Attributes:
+        version: the version whose window regressed.
+        kpis: per breached KPI: ``value`` (window mean), ``baseline``, ``change`` (relative,
+            signed so that positive is worse) and ``margin`` (the allowed relative worsening).
+        baseline_source: where the baseline came from.
+        reports: how many reports the version had received.
+    """
+
+    version: str
+    kpis: dict[str, dict[str, float]]
+    baseline_source: str
+    reports: int
+
+    def reason(self) -> str:
+        parts = []
+        for name, d in self.kpis.items():
+            parts.append(
+                f"{name} {d['value']:.4g} vs baseline {d['baseline']:.4g} "
+                f"({100 * d['change']:+.1f}% worse, margin {100 * d['margin']:.1f}%)"
+            )
+        return (
+            f"{self.version}: "
+            + "; ".join(parts)
+            + f" [baseline: {self.baseline_source}, {self.reports} reports]"
+        )
+
+
+def _lookup(metrics: Mapping[str, float], kpi: str) -> float | None:
+    """``metrics[kpi]``, also trying the name with or without the ``kpi.`` prefix."""
+    for key in (kpi, kpi.removeprefix("kpi."), f"kpi.{kpi}"):
+        v = metrics.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            return float(v)
+    return None
+
+
+class KPIWatch:
+    """Sliding-window regression detector for one served version at a time.
+
+    `start` is called at every swap; `observe` takes each report and returns a `Breach` once the
+    window mean of a guarded KPI has been worse than its baseline by more than its margin for
+    ``patience`` consecutive reports, within the version's probation. After a breach, after the
+    probation, or for a version started with ``judge=False``, it only records windows (which give
+    the next version its ``"previous"`` baseline).
+    """
+
+    def __init__(self, guard: KPIGuard) -> None:
+        if guard.margins is None:
+            raise InputError("resolve the guard's margins first (KPIGuard.from_spec)", where="kpi guard")
+        self.guard = guard
+        self.version: str | None = None
+        self.baseline: dict[str, float] = {}
+        self.baseline_source = "none"
+        self.reports = 0
+        self._windows: dict[str, deque[float]] = {}
+        self._streak = 0
+        self._fired = False
+        self.judging = False
+
+    @property
+    def accepted(self) -> bool:
+        """The version passed its probation without a breach."""
+        return not self._fired and self.reports > self.guard.grace + self.guard.probation
+
+    def start(self, version: str, baseline: Mapping[str, float] | None, source: str, *, judge: bool = True) -> None:
+        """Begin watching ``version``; ``baseline`` None means: take the first full window."""
+        self.judging = judge
+        self.version = version
+        self.baseline = dict(baseline or {})
+        self.baseline_source = source if baseline else "first_window"
+        self.reports = 0
+        self._windows = {m.kpi: deque(maxlen=self.guard.window) for m in self.guard.margins}
+        self._streak = 0
+        self._fired = False
+
+    def window_means(self, *, full_only: bool = True) -> dict[str, float]:
+        """Mean of each guarded KPI over the current window (only full windows unless told)."""
+        return {
+            k: float(np.mean(w))
+            for k, w in self._windows.items()
+            if w and (len(w) == self.guard.window or not full_only)
+        }
+
+    def observe(self, kpis: Mapping[str, float]) -> Breach | None:
+        """Add one report (name -> value; unknown names are ignored); a `Breach` when it is time."""
+        if self.version is None:
+            return None
+        self.reports += 1
+        if self.reports <= self.guard.grace:
+            return None
+        for m in self.guard.margins:
+            v = _lookup(kpis, m.kpi)
+            if v is not None:
+                self._windows[m.kpi].append(v)
+        means = self.window_means()
+        if not self.baseline:
+            # "first_window": the first full window of every guarded KPI becomes the baseline.
+            if means and len(means) == len(self._windows):
+                self.baseline = dict(means)
+                self.baseline_source = "first_window"
+            return None
+        if self._fired or not self.judging or self.accepted:
+            return None
+        breached: dict[str, dict[str, float]] = {}
+        for m in self.guard.margins:
+            base, value = _lookup(self.baseline, m.kpi), means.get(m.kpi)
+            if base is None or value is None:
+                continue
+            if m.breached(base, value):
+                breached[m.kpi] = {
+                    "value": value,
+                    "baseline": base,
+                    "change": m.worsening(base, value) / max(abs(base), 1e-12),
+                    "margin": m.max_regression,
+                }
+        self._streak = self._streak + 1 if breached else 0
+        if breached and self._streak >= self.guard.patience:
+            self._fired = True
+            return Breach(self.version, breached, self.baseline_source, self.reports)
+        return None
+
+
+# ------------------------------------------------------------------------------------- served policy
+class NoPolicyLoaded(RuntimeError):
+    """The runtime has no verified policy yet (nothing promoted for its scopes, or all refused)."""
+
+
+@dataclasses.dataclass
+class ServedPolicy:
+    """One verified, loaded version and everything needed to answer with it.
+
+    Attributes:
+        version: the registry version name.
+        scope: the scope whose pointer selected it.
+        revision: that pointer's revision (0 when it came from the local cache).
+        policy: the loaded policy (``act(obs (N, O)) -> (N, A)``).
+        shield: the runtime's shield for this policy's spec (None: no shield configured).
+        manifest: its signed manifest (``manifest.metadata["metrics"]`` = metrics at promotion).
+        observation_columns / action_columns: its contract.
+    """
+
+    version: str
+    scope: str
+    revision: int
+    policy: Any
+    shield: Any
+    manifest: Manifest
+    observation_columns: list[str]
+    action_columns: list[str]
+    path: Path
+    loaded_at: float = dataclasses.field(default_factory=time.time)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Shielded actions (N, A) float64 for (N, O) observations."""
+        # One call at a time per version: policies and shields keep state (recurrent memory,
+        # migration history); a swap gives new requests a new object, so they never wait on this.
+        with self.lock:
+            actions = np.asarray(self.policy.act(obs), dtype=np.float64)
+            if actions.ndim == 1:
+                actions = actions.reshape(len(obs), -1)
+            if self.shield is not None:
+                actions = self.shield.project(obs, actions)
+        if actions.shape != (len(obs), len(self.action_columns)) or not np.isfinite(actions).all():
+            raise RuntimeError(
+                f"policy {self.version} returned actions of shape {actions.shape} (finite: "
+                f"{bool(np.isfinite(actions).all())}), expected ({len(obs)}, {len(self.action_columns)})"
+            )
+        return actions
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Actions and the version that produced them."""
+
+    actions: np.ndarray
+    version: str
+    scope: str
+    revision: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeEvent:
+    """Something the runtime did or refused: ``kind`` is loaded / refused / rollback /
+    registry_unreachable / registry_reachable / cache_start."""
+
+    kind: str
+    version: str | None
+    scope: str | None
+    reason: str
+    at: float = dataclasses.field(default_factory=time.time)
+
+
+@dataclasses.dataclass
+class RuntimeStats:
+    """Counters of one runtime."""
+
+    decisions: int = 0
+    rows: int = 0
+    by_version: Counter[str] = dataclasses.field(default_factory=Counter)
+    bus_requests: int = 0
+    bus_errors: int = 0
+    kpi_reports: int = 0
+    kpi_stale: int = 0
+    swaps: int = 0
+    refused: int = 0
+    rollbacks: int = 0
+    registry_errors: int = 0
+    polls: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["by_version"] = dict(self.by_version)
+        return d
+
+
+def _default_loader(path: Path) -> Any:
+    from edgetwin.policies.export import load_policy
+
+    return load_policy(path)
+
+
+# ------------------------------------------------------------------------------------- runtime
+class EdgeRuntime:
+    """Serves one site's policy: verified loads, shielded decisions, hot swap, fail-static, rollback.
+
+    Args:
+        site: the site's name (a subject token and a ``site/<site>`` scope).
+        registry: a `PolicyRegistry` (sync, e.g. `FileRegistry`; run in worker threads) or an
+            `AsyncPolicyRegistry` (e.g. `NatsRegistry`, on the runtime's event loop).
+        trust: public keys whose signatures are accepted.
+        bus: a connected `Bus`, or a spec for `make_bus` (``"memory://NAME"``, ``"nats://..."``),
+            which the runtime then connects and closes itself; None: Python API only.
+        shield: a `ShieldConfig` (a `Shield` is built for each loaded policy's spec) or a `Shield`
+            (used as is); None: actions are returned as the policy gives them (an exported policy
+            may still carry its own shield).
+        kpi_guard: the rollback watch; ``"auto"`` (= ``KPIGuard(margins=None)``): the KPIs the first
+            loaded policy's reward weighs (`KPIGuard.from_spec`); None: no KPI watch.
+        cluster: the site's cluster, for the ``cluster/<cluster>`` fallback scope.
+        poll_interval: seconds between registry polls.
+        registry_timeout: seconds a registry call may take before the registry counts as unreachable.
+        cache_dir: where verified artifacts are kept (for fail-static restarts); a temporary
+            directory (removed on stop) when None. One runtime per cache directory.
+        spec: the observation / action contract; by default the first loaded policy's.
+        loader: ``path -> policy`` (default `edgetwin.policies.load_policy`).
+        name: the bus sender name (default ``runtime/<site>``).
+    """
+
+    def __init__(
+        self,
+        site: str,
+        registry: PolicyRegistry | AsyncPolicyRegistry,
+        trust: TrustStore,
+        bus: Bus | str | None = None,
+        shield: Any = None,
+        kpi_guard: KPIGuard | Literal["auto"] | None = "auto",
+        *,
+        cluster: str | None = None,
+        poll_interval: float = 2.0,
+        registry_timeout: float = 5.0,
+        cache_dir: str | Path | None = None,
+        spec: TwinSpec | None = None,
+        loader: Callable[[Path], Any] = _default_loader,
+        name: str | None = None,
+    ) -> None:
+        self.scopes = [check_scope(f"site/{site}")]
+        if cluster is not None:
+            self.scopes.append(check_scope(f"cluster/{cluster}"))
+        self.scopes.append("global")
+        Subjects.decision(site)  # the site name must be a valid subject token too
+        if not isinstance(trust, TrustStore) or len(trust) == 0:
+            raise InputError("the runtime needs a trust store with at least one public key", where="trust")
+        if poll_interval <= 0 or registry_timeout <= 0:
+            raise InputError("poll_interval and registry_timeout must be positive", where="runtime")
+        if not isinstance(registry, PolicyRegistry | AsyncPolicyRegistry):
+            raise InputError(
+                f"expected a PolicyRegistry or AsyncPolicyRegistry, got {type(registry).__name__}", "registry"
+            )
+        self.site = site
+        self.cluster = cluster
+        self.registry = registry
+        self._areg: AsyncPolicyRegistry = (
+            registry if isinstance(registry, AsyncPolicyRegistry) else ThreadedRegistry(registry)
+        )
+        self.trust = trust
+        self._bus_spec = bus if isinstance(bus, str) else None
+        self.bus: Bus | None = bus if isinstance(bus, Bus) else None
+        if bus is not None and not isinstance(bus, Bus | str):
+            raise InputError(f"expected a Bus or a bus spec string, got {type(bus).__name__}", where="bus")
+        self.shield = shield
+        if kpi_guard == "auto":
+            kpi_guard = KPIGuard(margins=None)
+        if kpi_guard is not None and not isinstance(kpi_guard, KPIGuard):
+            raise InputError(
+                f"kpi_guard must be a KPIGuard, 'auto' or None, got {kpi_guard!r}", where="kpi_guard"
+            )
+        self.guard: KPIGuard | None = kpi_guard
+        self.watch: KPIWatch | None = (
+            KPIWatch(kpi_guard) if kpi_guard is not None and kpi_guard.margins is not None else None
+        )
+        self.poll_interval = float(poll_interval)
+        self.registry_timeout = float(registry_timeout)
+        self._own_cache = cache_dir is None
+        self.cache_dir = (
+            Path(cache_dir)
+            if cache_dir is not None
+            else Path(tempfile.mkdtemp(prefix=f"edgetwin-runtime-{site}-"))
+        )
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.spec = spec
+        self.loader = loader
+        self.name = name or f"runtime/{site}"
+
+        self.stats = RuntimeStats()
+        self.events: deque[RuntimeEvent] = deque(maxlen=1000)
+        self.registry_reachable: bool | None = None
+        self._active: ServedPolicy | None = None
+        self._previous: ServedPolicy | None = None  # the local rollback target
+        self._loaded: dict[str, ServedPolicy] = {}  # versions kept in memory (active, previous, ...)
+        self._refused: dict[str, str] = {}  # version -> reason (versions are immutable: refused for good)
+        self._baselines: dict[str, tuple[dict[str, float] | None, str]] = {}
+        self._vetoed: tuple[str, str, int] | None = None  # (scope, version, revision) we rolled back from
+        self._pending_rollback: tuple[str, str, str] | None = None  # (scope, bad version, reason)
+        self._rollback_outcomes: dict[str, tuple[str, str]] = {}  # bad version -> (outcome, target)
+        self._state_lock = threading.RLock()
+        self._stats_lock = threading.Lock()
+        self._refresh_lock: asyncio.Lock | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._poll_task: asyncio.Task[None] | None = None
+        self._subs: list[Any] = []
+        self._started = False
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def active(self) -> ServedPolicy | None:
+        """The version being served now (None before the first successful load)."""
+        return self._active
+
+    @property
+    def version(self) -> str | None:
+        return self._active.version if self._active else None
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able snapshot (what ``edgetwin serve --json`` prints)."""
+        a = self._active
+        return {
+            "site": self.site,
+            "scopes": self.scopes,
+            "version": a.version if a else None,
+            "scope": a.scope if a else None,
+            "revision": a.revision if a else None,
+            "registry_reachable": self.registry_reachable,
+            "refused": dict(self._refused),
+            "pending_rollback": self._pending_rollback,
+            "guard": self.guard.describe() if self.guard else None,
+            "kpi_watch": None if self.watch is None else {
+                "version": self.watch.version, "judging": self.watch.judging and not self.watch.accepted,
+                "accepted": self.watch.accepted, "reports": self.watch.reports,
+                "baseline": self.watch.baseline, "baseline_source": self.watch.baseline_source,
+            },  # fmt: skip
+            "stats": self.stats.as_dict(),
+        }
+
+    # ---------------------------------------------------------------- lifecycle
+    async def __aenter__(self) -> EdgeRuntime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Load the current policy (or the cached last good one), start serving and polling."""
+        if self._started:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._refresh_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        if self._bus_spec is not None:
+            self.bus = make_bus(self._bus_spec, name=self.name)
+            await self.bus.connect()
+        try:
+            await self.refresh()
+        except Exception as e:  # fail-static: a registry outage at startup is not fatal if we have a cache
+            self._registry_down(e)
+        if self._active is None:
+            await asyncio.to_thread(self._start_from_cache)
+        if self.bus is not None:
+            self._subs.append(
+                await self.bus.serve(
+                    Subjects.decision(self.site), self._on_decision, queue=f"runtime-{self.site}"
+                )
+            )
+            self._subs.append(await self.bus.subscribe(kpi_subject(self.site), self._on_kpi_report))
+            self._subs.append(await self.bus.subscribe(f"{Subjects.PREFIX}.policy.>", self._on_policy_note))
+            try:  # the server has our subscriptions once this returns: "started" means "answering"
+                await self.bus.flush(timeout=self.registry_timeout)
+            except Exception as e:  # fail-static: the bus may be down; nats-py resubscribes on reconnect
+                log.warning(
+                    "%s: bus not reachable at startup (%r); serving the Python API meanwhile", self.site, e
+                )
+        self._poll_task = asyncio.create_task(self._poll_loop(), name=f"runtime-poll:{self.site}")
+        self._started = True
+
+    async def stop(self) -> None:
+        """Stop polling and serving; wait briefly for rollback notices still being published."""
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poll_task
+            self._poll_task = None
+        if self._tasks:
+            _, still = await asyncio.wait(list(self._tasks), timeout=5.0)
+            for t in still:
+                t.cancel()
+        for s in self._subs:
+            with contextlib.suppress(Exception):
+                await s.unsubscribe()
+        self._subs.clear()
+        if self._bus_spec is not None and self.bus is not None:
+            await self.bus.close()
+            self.bus = None
+        if self._own_cache:
+            shutil.rmtree(self.cache_dir, ignore_errors=True)
+        self._started = False
+
+    @contextlib.contextmanager
+    def running_in_thread(self, timeout: float = 60.0) -> Iterator[EdgeRuntime]:
+        """Run the runtime's event loop in a daemon thread (for synchronous callers).
+
+        Inside the block `decide` and `report_kpis` work from the calling thread while polling,
+        bus serving and rollbacks happen on the runtime's loop. Pass the bus as a spec string so
+        it is created on that loop.
+        """
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name=f"edgetwin-runtime-{self.site}", daemon=True)
+        thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self.start(), loop).result(timeout)
+            try:
+                yield self
+            finally:
+                asyncio.run_coroutine_threadsafe(self.stop(), loop).result(timeout)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            loop.close()
+
+    def call_soon(self, coro: Awaitable[Any]) -> None:
+        """Run ``coro`` as a task on the runtime's loop, from any thread (`stop` waits for it)."""
+        if self._loop is None:
+            raise RuntimeError("the runtime is not started")
+
+        def spawn() -> None:
+            task = asyncio.ensure_future(coro)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            spawn()
+        else:
+            self._loop.call_soon_threadsafe(spawn)
+
+    # ---------------------------------------------------------------- decisions
+    def _check_obs(self, obs: Any) -> np.ndarray:
+        try:
+            x = np.asarray(obs, dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise InputError(f"observations must be numbers ({e})", where="obs") from None
+        if x.ndim == 1:
+            x = x[None, :]
+        a = self._active
+        width = len(a.observation_columns) if a else None
+        if x.ndim != 2 or (width is not None and x.shape[1] != width):
+            raise InputError(f"expected observations of shape (N, {width}), got {x.shape}", where="obs")
+        if not np.isfinite(x).all():
+            raise InputError("observations contain NaN or inf", where="obs")
+        return x
+
+    def decide_with_info(self, obs: np.ndarray) -> Decision:
+        """Like `decide`, with the version that answered."""
+        x = self._check_obs(obs)
+        served = self._active  # one read: a concurrent swap does not affect this call
+        if served is None:
+            raise NoPolicyLoaded(
+                f"site {self.site!r} has no verified policy yet (scopes {self.scopes}); see the log"
+            )
+        actions = served.act(x)
+        with self._stats_lock:  # `+=` from several threads would lose counts
+            self.stats.decisions += 1
+            self.stats.rows += len(x)
+            self.stats.by_version[served.version] += 1
+        return Decision(actions, served.version, served.scope, served.revision)
+
+    def decide(self, obs: np.ndarray) -> np.ndarray:
+        """Actions ``(N, A)`` (float64, spec units, shielded) for observations ``(N, O)``.
+
+        Thread-safe and non-blocking (no I/O); works while the registry and bus are down.
+
+        Raises:
+            InputError: observations of the wrong width, or not finite.
+            NoPolicyLoaded: nothing verified to serve yet.
+        """
+        return self.decide_with_info(obs).actions
+
+    async def _on_decision(self, rcv: Received) -> Envelope:
+        self.stats.bus_requests += 1
+        env = rcv.envelope
+        try:
+            if env.kind != "decision_request":
+                raise InputError(f"expected a decision_request, got {env.kind!r}", where=rcv.subject)
+            if env.payload["site"] != self.site:
+                raise InputError(
+                    f"request for site {env.payload['site']!r} reached {self.site!r}", where=rcv.subject
+                )
+            d = self.decide_with_info(env.tensors["obs"])
+        except Exception:
+            self.stats.bus_errors += 1
+            raise  # the bus answers with an "error" envelope carrying the reason
+        return Envelope(
+            kind="decision_reply",
+            sender=self.name,
+            round=env.round,
+            payload={"policy_version": int(d.revision), "version": d.version, "scope": d.scope},
+            tensors={"actions": d.actions},
+        )
+
+    # ---------------------------------------------------------------- registry
+    async def _call(self, coro: Awaitable[T]) -> T:
+        try:
+            return await asyncio.wait_for(coro, self.registry_timeout)
+        except TimeoutError:
+            raise RegistryError(f"registry call took longer than {self.registry_timeout}s") from None
+
+    def _event(self, kind: str, version: str | None, scope: str | None, reason: str) -> None:
+        self.events.append(RuntimeEvent(kind, version, scope, reason))
+
+    def _registry_down(self, e: BaseException) -> None:
+        self.stats.registry_errors += 1
+        if self.registry_reachable is not False:
+            a = self._active
+            serving = f"keep serving {a.version} (fail-static)" if a else "no policy loaded yet"
+            log.warning("%s: registry unreachable (%s: %s); %s", self.site, type(e).__name__, e, serving)
+            self._event(
+                "registry_unreachable",
+                a.version if a else None,
+                a.scope if a else None,
+                f"{type(e).__name__}: {e}",
+            )
+        self.registry_reachable = False
+
+    def _registry_up(self) -> None:
+        if self.registry_reachable is False:
+            log.info("%s: registry reachable again", self.site)
+            self._event("registry_reachable", self.version, None, "")
+        self.registry_reachable = True
+
+    async def _resolve(self) -> tuple[str, PointerChange] | None:
+        """The first scope (site, cluster, global) with a pointer, and its latest change."""
+        for scope in self.scopes:
+            history = await self._call(self._areg.history(scope))
+            if history:
+                return scope, history[-1]
+        return None
+
+    async def refresh(self) -> bool:
+        """Read the registry now and swap if the current version changed; True if it swapped.
+
+        Raises:
+            RegistryError, OSError, ...: the registry could not be read (the caller logs it and
+                keeps serving; `start` and the poll loop do).
+        """
+        assert self._refresh_lock is not None, "start() the runtime first"
+        async with self._refresh_lock:
+            self.stats.polls += 1
+            found = await self._resolve()
+            self._registry_up()
+            if self._pending_rollback is not None:
+                await self._complete_rollback(found)
+                found = await self._resolve()
+            if found is None:
+                return False  # nothing promoted anywhere: keep whatever we serve
+            scope, change = found
+            version, revision = change.version, change.revision
+            if self._vetoed is not None and self._vetoed == (scope, version, revision):
+                return False  # the version we rolled back from, still current: do not serve it again
+            a = self._active
+            if a is not None and a.version == version:
+                if (a.scope, a.revision) != (scope, revision):
+                    a.scope, a.revision = scope, revision
+                return False
+            if version in self._refused:
+                return False
+            served = self._loaded.get(version)
+            if served is None:
+                served = await self._fetch_and_load(scope, version, revision)
+                if served is None:
+                    return False
+            else:
+                served.scope, served.revision = scope, revision
+            self._activate(served, change.kind, f"{scope} r{revision} ({change.kind})")
+            return True
+
+    async def _fetch_and_load(self, scope: str, version: str, revision: int) -> ServedPolicy | None:
+        try:
+            packed, manifest = await self._call(self._areg._load(version))
+        except VersionNotFound as e:  # a pointer to a version that is not there: refuse, not "registry down"
+            self._refuse(version, scope, f"not found: {e}")
+            return None
+        try:
+            return await asyncio.to_thread(self._prepare, version, scope, revision, packed, manifest)
+        except (ArtifactRejected, _Incompatible) as e:
+            reason = e.reason.value if isinstance(e, ArtifactRejected) else "incompatible"
+            self._refuse(version, scope, f"{reason}: {getattr(e, 'detail', e)}")
+            return None
+
+    def _refuse(self, version: str, scope: str | None, reason: str) -> None:
+        self._refused[version] = reason
+        self.stats.refused += 1
+        a = self._active
+        keep = f"keeping {a.version}" if a else "nothing to serve yet"
+        log.warning("%s: refused policy %s from %s: %s; %s", self.site, version, scope, reason, keep)
+        self._event("refused", version, scope, reason)
+
+    def _prepare(
+        self, version: str, scope: str, revision: int, packed: bytes, manifest: Manifest
+    ) -> ServedPolicy:
+        """Verify, unpack, load, check and warm up one version (in a worker thread)."""
+        verify_artifact(packed, manifest, self.trust, expected_version=version)
+        vdir = self.cache_dir / "versions" / version
+        policy_dir = vdir / "policy"
+        if policy_dir.exists():
+            shutil.rmtree(policy_dir)
+        vdir.mkdir(parents=True, exist_ok=True)
+        tmp = vdir / f".policy.{uuid.uuid4().hex}.partial"
+        try:
+            unpack_artifact(packed, tmp)
+            os.rename(tmp, policy_dir)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            policy = self.loader(policy_dir)
+        except InputError as e:
+            raise _Incompatible(f"the artifact is not a loadable policy: {e}") from None
+        served = self._build(version, scope, revision, policy, manifest, policy_dir)
+        # Keep the verified bytes: a restart with the registry down starts from them (re-verified).
+        _atomic_write(vdir / "artifact.tar.gz", packed)
+        _atomic_write(vdir / "manifest.json", manifest.to_json())
+        return served
+
+    def _build(
+        self, version: str, scope: str, revision: int, policy: Any, manifest: Manifest, path: Path
+    ) -> ServedPolicy:
+        pspec: TwinSpec | None = getattr(policy, "spec", None)
+        obs_cols = list(pspec.observation_columns) if pspec is not None else None
+        act_cols = list(pspec.action_columns) if pspec is not None else None
+        if self.spec is not None:
+            want_obs, want_act = list(self.spec.observation_columns), list(self.spec.action_columns)
+        elif self._active is not None:
+            want_obs, want_act = self._active.observation_columns, self._active.action_columns
+        else:
+            want_obs, want_act = obs_cols, act_cols
+        if want_obs is None or want_act is None:
+            raise _Incompatible(
+                "the policy has no spec and the runtime was given none: cannot tell its columns"
+            )
+        if obs_cols is not None and (obs_cols != want_obs or act_cols != want_act):
+            raise _Incompatible(
+                f"acts on observation columns {obs_cols} -> actions {act_cols}, but this site serves "
+                f"{want_obs} -> {want_act}"
+            )
+        shield = self.shield
+        if shield is not None and not hasattr(shield, "project"):  # a ShieldConfig: build it for this spec
+            from edgetwin.policies.shield import Shield
+
+            try:
+                shield = Shield(pspec or self.spec, shield)  # type: ignore[arg-type]
+            except InputError as e:
+                raise _Incompatible(f"the site's shield does not fit this policy's spec: {e}") from None
+        served = ServedPolicy(version, scope, revision, policy, shield, manifest, want_obs, want_act, path)
+        # Warm-up off the request path: first calls of torch models are slow, and a policy that
+        # cannot act must not be swapped in. Mid-range observations are inside any bounds.
+        probe = _probe_obs(pspec, len(want_obs))
+        try:
+            served.act(probe)
+        except Exception as e:
+            raise _Incompatible(f"the policy failed its warm-up call: {type(e).__name__}: {e}") from None
+        if served.shield is not None and hasattr(served.shield, "reset"):
+            served.shield.reset()
+        if hasattr(policy, "reset"):
+            policy.reset()
+        return served
+
+    def _activate(self, served: ServedPolicy, kind: str, why: str) -> None:
+        """Swap the served reference (one assignment) and restart the KPI watch."""
+        with self._state_lock:
+            old = self._active
+            if old is served:
+                return
+            baseline_prev = self.watch.window_means() if self.watch is not None and old is not None else {}
+            if (
+                self.guard is not None and self.guard.margins is None
+            ):  # "auto": the first policy's reward KPIs
+                self.guard = self.guard.resolve(getattr(served.policy, "spec", None) or self.spec)
+                self.watch = KPIWatch(self.guard)
+            self._active = served  # the swap: requests that already read `old` finish on it
+            # The local rollback target is the version this one replaced; after a rollback it is
+            # unknown here (the registry's history knows it), never the version rolled back from.
+            self._previous = None if kind == "rollback" else (old or self._previous)
+            self._loaded[served.version] = served
+            keep = {served.version} | ({self._previous.version} if self._previous is not None else set())
+            for v in [v for v in self._loaded if v not in keep]:
+                del self._loaded[v]
+            self.stats.swaps += 1 if old is not None else 0
+            if self.watch is not None:
+                baseline, source = self._choose_baseline(served, kind, baseline_prev)
+                self.watch.start(served.version, baseline, source, judge=kind != "rollback")
+            _atomic_write(self.cache_dir / "last_good.json", json.dumps(
+                {"format": _CACHE_FORMAT, "version": served.version, "scope": served.scope, "site": self.site}
+            ).encode())  # fmt: skip
+        log.info(
+            "%s: serving %s (from %s; sha256 %s..., key %s)%s",
+            self.site, served.version, why, served.manifest.sha256[:12], served.manifest.key_id,
+            f", replacing {old.version}" if old is not None else "",
+        )  # fmt: skip
+        self._event("loaded", served.version, served.scope, why)
+
+    def _choose_baseline(
+        self, served: ServedPolicy, kind: str, prev_window: Mapping[str, float]
+    ) -> tuple[dict[str, float] | None, str]:
+        assert self.guard is not None and self.guard.margins is not None
+        if kind == "rollback" and served.version in self._baselines:
+            return self._baselines[served.version]  # a reinstated version keeps its own baseline
+        names = [m.kpi for m in self.guard.margins]
+        metrics = served.manifest.metadata.get("metrics") or {}
+        from_md = {k: v for k in names if (v := _lookup(metrics, k)) is not None}
+        choice: tuple[dict[str, float] | None, str]
+        mode = self.guard.baseline
+        if (
+            mode in ("auto", "previous")
+            and prev_window
+            and len(prev_window) == len(names)
+            and kind != "rollback"
+        ):
+            choice = (dict(prev_window), f"previous version's last window ({self._active_prev_name()})")
+        elif mode in ("auto", "metadata") and from_md and (mode == "metadata" or len(from_md) == len(names)):
+            choice = (from_md, "metrics at promotion")
+        else:
+            choice = (None, "first_window")
+        self._baselines[served.version] = choice
+        return choice
+
+    def _active_prev_name(self) -> str:
+        return self._previous.version if self._previous else "?"
+
+    def _start_from_cache(self) -> None:
+        """Fail-static start: serve the last good version from the cache, verified again."""
+        marker = self.cache_dir / "last_good.json"
+        if not marker.is_file():
+            log.warning(
+                "%s: no policy from the registry and no cached last good policy in %s",
+                self.site,
+                self.cache_dir,
+            )
+            return
+        try:
+            doc = json.loads(marker.read_text())
+            version, scope = str(doc["version"]), str(doc["scope"])
+            vdir = self.cache_dir / "versions" / version
+            packed = (vdir / "artifact.tar.gz").read_bytes()
+            manifest = Manifest.from_json((vdir / "manifest.json").read_bytes(), version)
+        except (OSError, ValueError, KeyError, ArtifactRejected) as e:
+            log.warning("%s: the cached last good policy is unreadable (%s)", self.site, e)
+            return
+        try:
+            served = self._prepare(version, scope, 0, packed, manifest)
+        except (ArtifactRejected, _Incompatible) as e:
+            self._refuse(version, scope, f"cached copy: {e}")
+            return
+        self._activate(served, "cache", f"local cache {self.cache_dir} (registry unreachable)")
+        self._event("cache_start", version, scope, str(self.cache_dir))
+
+    async def _poll_loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+            self._wake.clear()
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # fail-static: log once, keep serving, try again next period
+                self._registry_down(e)
+
+    async def _on_policy_note(self, rcv: Received) -> None:
+        # A hint only: the registry pointer decides what is served.
+        if self._wake is not None:
+            self._wake.set()
+
+    # ---------------------------------------------------------------- KPIs and rollback
+    def report_kpis(self, kpis: Mapping[str, float], *, version: str | None = None) -> Breach | None:
+        """Feed one live KPI report (name -> value, e.g. means over the last control period).
+
+        Args:
+            kpis: the KPIs; names as in the guard (others are ignored).
+            version: the version whose decisions produced them; a report for another version than
+                the one served is ignored (it arrived after a swap). None: the served version.
+
+        Returns:
+            The `Breach` if this report triggered a rollback (already under way: the served policy
+            is switched before this returns when the previous version is in memory).
+        """
+        bad = {
+            k: v
+            for k, v in kpis.items()
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+        }
+        if bad:
+            raise InputError(f"KPI values must be finite numbers, got {bad}", where="kpis")
+        with self._state_lock:
+            a = self._active
+            if self.watch is None or a is None:
+                return None
+            if version is not None and version != a.version:
+                self.stats.kpi_stale += 1
+                return None
+            self.stats.kpi_reports += 1
+            was_accepted = self.watch.accepted
+            breach = self.watch.observe(kpis)
+            if breach is None:
+                if self.watch.accepted and not was_accepted and self.watch.judging:
+                    log.info("%s: %s passed its probation (%d KPI reports); accepted", self.site, a.version, self.watch.reports)
+                    self._event("accepted", a.version, a.scope, f"{self.watch.reports} reports within margins")
+                return None
+            self._rollback_locally(a, breach)
+        if self._loop is not None:
+            self.call_soon(self._rollback_in_registry(a, breach))
+        return breach
+
+    async def _on_kpi_report(self, rcv: Received) -> None:
+        env = rcv.envelope
+        if env.kind != "kpi_report" or env.payload.get("site") != self.site:
+            return
+        self.report_kpis(env.payload["kpis"], version=env.payload.get("version"))
+
+    def _rollback_locally(self, bad: ServedPolicy, breach: Breach) -> None:
+        """Stop serving ``bad`` now: switch to the version it replaced when we still hold it."""
+        self.stats.rollbacks += 1
+        prev = self._previous
+        self._vetoed = (bad.scope, bad.version, bad.revision)
+        self._pending_rollback = (bad.scope, bad.version, breach.reason())
+        if prev is not None and prev is not bad and prev.version != bad.version:
+            self._activate(prev, "rollback", f"local rollback from {bad.version}")
+        else:
+            log.error(
+                "%s: %s regressed but no earlier version is in memory; still serving it until the registry rolls back",
+                self.site,
+                bad.version,
+            )
+        log.warning("%s: KPI regression, rolling back %s: %s", self.site, bad.version, breach.reason())
+        self._event("rollback", bad.version, bad.scope, breach.reason())
+
+    async def _rollback_in_registry(self, bad: ServedPolicy, breach: Breach) -> None:
+        outcome, target = "pending", self._previous.version if self._previous else bad.version
+        try:
+            async with self._refresh_lock:  # type: ignore[union-attr]
+                pending = self._pending_rollback
+                if pending is not None and pending[1] == bad.version:
+                    outcome, target = await self._registry_rollback(bad.scope, bad.version, breach.reason())
+                elif self._rollback_outcomes.get(bad.version) is not None:
+                    outcome, target = self._rollback_outcomes[bad.version]  # a poll already did it
+            if outcome != "pending":
+                await self.refresh()  # load the registry's target if it differs from our local one
+        except Exception as e:
+            self._registry_down(e)
+        await self._publish_rollback(bad, target, breach, outcome)
+
+    async def _registry_rollback(self, scope: str, bad: str, reason: str) -> tuple[str, str]:
+        """``registry.rollback(scope, expected=bad)``; returns (outcome, target)."""
+        try:
+            target = await self._call(
+                self._areg.rollback(scope, expected=bad, reason=f"edge runtime {self.site}: {reason}")
+            )
+        except CASConflict as e:
+            log.warning("%s: %s was already moved (%s); following the registry", self.site, scope, e)
+            outcome, target = "conflict", str(e.actual)
+        except NoRollbackTarget as e:
+            log.error("%s: cannot roll back %s in the registry: %s", self.site, scope, e)
+            outcome, target = "no_target", bad
+        except Exception as e:
+            self._registry_down(e)
+            return "pending", self._previous.version if self._previous else bad
+        else:
+            outcome = "rolled_back"
+            log.warning("%s: registry %s rolled back from %s to %s", self.site, scope, bad, target)
+        self._pending_rollback = None
+        self._rollback_outcomes[bad] = (outcome, target)
+        return outcome, target
+
+    async def _complete_rollback(self, found: tuple[str, PointerChange] | None) -> None:
+        """A rollback the registry missed while unreachable: do it now if the pointer is still the bad one."""
+        assert self._pending_rollback is not None
+        scope, bad, reason = self._pending_rollback
+        if found is None or found[0] != scope or found[1].version != bad:
+            self._pending_rollback = None  # someone else moved the pointer meanwhile
+            return
+        await self._registry_rollback(scope, bad, reason)
+
+    async def _publish_rollback(self, bad: ServedPolicy, target: str, breach: Breach, outcome: str) -> None:
+        if self.bus is None:
+            return
+        env = Envelope(
+            kind="policy_rollback",
+            sender=self.name,
+            payload={
+                "site": self.site,
+                "scope": bad.scope,
+                "from_version": bad.version,
+                "to_version": target,
+                "reason": breach.reason(),
+                "kpis": breach.kpis,
+                "registry": outcome,
+            },
+        )
+        try:
+            await self.bus.publish_durable(rollback_subject(self.site), env)
+        except Exception as e:  # the bus may be down too: the log line above already says why
+            log.warning("%s: could not publish the rollback notice: %r", self.site, e)
+
+
+# ------------------------------------------------------------------------------------- opening a registry
+class DeferredNatsRegistry(AsyncPolicyRegistry):
+    """A `NatsRegistry` whose connection is made in the background and kept up by nats-py.
+
+    Until the first connection succeeds every call raises `RegistryError`, so a runtime started
+    while the server is down serves its cached last good policy (fail-static) and picks the
+    registry up once the server answers.
+
+    Args:
+        url: ``nats://host:port`` (several comma-separated).
+        bucket: the registry's bucket prefix.
+        connect_timeout: seconds per connection attempt.
+    """
+
+    def __init__(self, url: str, *, bucket: str = "edgetwin", connect_timeout: float = 2.0) -> None:
+        self.url, self.bucket, self.connect_timeout = url, bucket, connect_timeout
+        self.inner: Any = None
+        self.nc: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"DeferredNatsRegistry({self.url!r}, bucket={self.bucket!r})"
+
+    async def open(self) -> None:
+        """Start connecting (returns at once; waits up to one attempt for a server that is up)."""
+        self._task = asyncio.create_task(self._connect(), name="edgetwin-registry-connect")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._task), self.connect_timeout + 0.5)
+
+    async def _connect(self) -> None:
+        import nats
+
+        from edgetwin.edge.registry import NatsRegistry
+
+        async def quiet(e: Exception) -> None:  # nats-py's default error callback prints tracebacks
+            log.debug("registry nats: %r", e)
+
+        # max_reconnect_attempts=-1 also makes the *initial* connection retry until a server answers.
+        self.nc = await nats.connect(
+            [u.strip() for u in self.url.split(",")],
+            name="edgetwin-runtime-registry",
+            connect_timeout=self.connect_timeout,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=quiet,
+        )
+        self.inner = NatsRegistry(self.nc, bucket=self.bucket)
+        log.info("registry %s connected", self.url)
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+
+    def _require(self) -> Any:
+        if self.inner is None:
+            raise RegistryError(f"registry {self.url} not connected yet")
+        return self.inner
+
+    async def _store(self, version: str, packed: bytes, manifest: Manifest) -> None:
+        await self._require()._store(version, packed, manifest)
+
+    async def _load(self, version: str) -> tuple[bytes, Manifest]:
+        return await self._require()._load(version)
+
+    async def manifest(self, version: str) -> Manifest:
+        return await self._require().manifest(version)
+
+    async def list_versions(self) -> list[str]:
+        return await self._require().list_versions()
+
+    async def current(self, scope: str) -> str | None:
+        return await self._require().current(scope)
+
+    async def set_current(
+        self, scope: str, version: str, *, expected: str | None, reason: str = "", kind: str = "promote"
+    ) -> PointerChange:
+        return await self._require().set_current(scope, version, expected=expected, reason=reason, kind=kind)
+
+    async def history(self, scope: str) -> list[PointerChange]:
+        return await self._require().history(scope)
+
+    async def scopes(self) -> list[str]:
+        return await self._require().scopes()
+
+
+@contextlib.asynccontextmanager
+async def open_async_registry(
+    location: str | Path, *, bucket: str = "edgetwin"
+) -> AsyncIterator[AsyncPolicyRegistry]:
+    """A registry for async code: a directory (`FileRegistry` in worker threads) or a NATS URL
+    (`DeferredNatsRegistry`, which does not fail when the server is down).
+
+    Raises:
+        InputError: a directory that is not a policy registry.
+    """
+    from edgetwin.edge.registry import FileRegistry, is_nats_url
+
+    if not is_nats_url(location):
+        yield ThreadedRegistry(FileRegistry(location, create=False))
+        return
+    reg = DeferredNatsRegistry(str(location), bucket=bucket)
+    await reg.open()
+    try:
+        yield reg
+    finally:
+        await reg.close()
+
+
+class _Incompatible(RuntimeError):
+    """A verified artifact that this site cannot serve (other columns, not loadable, fails to act)."""
+
+
+def _probe_obs(spec: TwinSpec | None, width: int) -> np.ndarray:
+    """One (1, O) observation inside the spec's bounds (allowed value, mid-range or a bound + 1)."""
+    if spec is None:
+        return np.zeros((1, width))
+    row = np.zeros(len(spec.observation_columns))
+    for j, c in enumerate(spec.observation_columns):
+        f = spec.feature(c)
+        lo = f.low if f.low is not None and math.isfinite(f.low) else None
+        hi = f.high if f.high is not None and math.isfinite(f.high) else None
+        vals = f.allowed_values()
+        if vals:
+            row[j] = float(vals[0])
+        elif lo is not None and hi is not None:
+            row[j] = 0.5 * (lo + hi)
+        elif lo is not None:
+            row[j] = lo + 1.0
+        elif hi is not None:
+            row[j] = hi - 1.0
+    return row[None, :]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
