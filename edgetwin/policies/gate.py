@@ -1,0 +1,616 @@
+"""The promotion gate: replay candidate and incumbent in the twin, promote only if nothing regresses.
+
+Seed 003 §4.3: "a digital-twin replay validates aggregated models against recent traces before
+rollout". `run_gate` replays both policies on recent traffic (counterfactual replay of a recent
+log: its agents, sites, profiles and first states, the policies' actions, the twin's responses)
+and under the configured what-if scenarios, on the same worlds and ensemble members (paired),
+and checks every guarded KPI: a KPI *regresses* when the candidate is worse than the incumbent by
+more than ``max_regression · |incumbent| + min_delta``, in the direction the KPI is better.
+
+`promote` wraps it with a registry: it reads the scope's current version (the incumbent), runs the
+gate, writes the report, and only if the gate passes (or ``force``) publishes the signed artifact
+and moves the scope's pointer with compare-and-swap on the version it read, so a promotion that
+raced with another fails instead of overwriting it. A refusal raises `GateRefused` (exit 1)
+naming each KPI, scenario and by how much.
+
+Policies may not import `edgetwin.edge`, so the registry, signer and trust store are duck-typed
+(`RegistryLike`): pass `edgetwin.edge.registry.FileRegistry` / ``open_registry(...)``,
+`edgetwin.edge.signing.Signer` and `TrustStore`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import tempfile
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from edgetwin.errors import GateRefused, InputError
+from edgetwin.twin.whatif import (
+    BUILTIN_POLICIES,
+    NOMINAL,
+    KpiDef,
+    PolicySpec,
+    Scenario,
+    WhatIfResult,
+    builtin_policy,
+    fixed_policy,
+    run_whatif,
+)
+
+DEFAULT_MARGIN = 0.05
+_GUARD_RE = re.compile(
+    r"^\s*(?P<name>[^=\s]+)\s*=\s*(?P<rel>[+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*(?P<pct>%?)\s*(?::\s*(?P<abs>\d+(?:\.\d*)?|\.\d+)\s*)?$"
+)
+
+
+# ------------------------------------------------------------------------------------ guards
+@dataclass(frozen=True)
+class Guard:
+    """How far a KPI may regress (candidate vs incumbent) before the gate refuses.
+
+    Attributes:
+        kpi: a KPI name of the what-if run.
+        max_regression: allowed relative worsening, a fraction of ``|incumbent|`` (0.05 = 5 %).
+        min_delta: allowed absolute worsening on top, in the KPI's units (keeps near-zero KPIs
+            from tripping on noise).
+    """
+
+    kpi: str
+    max_regression: float = DEFAULT_MARGIN
+    min_delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.max_regression) and self.max_regression >= 0):
+            raise InputError(
+                f"margin of {self.kpi!r} must be a number >= 0, got {self.max_regression}", "--max-regression"
+            )
+        if not (math.isfinite(self.min_delta) and self.min_delta >= 0):
+            raise InputError(
+                f"absolute margin of {self.kpi!r} must be >= 0, got {self.min_delta}", "--max-regression"
+            )
+
+    def allowed(self, baseline: float) -> float:
+        """The largest worsening (in the KPI's units) tolerated from ``baseline``."""
+        return self.max_regression * abs(baseline) + self.min_delta
+
+    @classmethod
+    def parse(cls, text: str) -> Guard:
+        """``"kpi.slo_violation=0.05"``, ``"...=5%"`` or ``"...=0.05:0.002"`` (relative[:absolute])."""
+        m = _GUARD_RE.match(text)
+        if m is None:
+            raise InputError(
+                f"expected KPI=FRACTION, KPI=P% or KPI=FRACTION:ABSOLUTE, got {text!r}", "--max-regression"
+            )
+        rel = float(m["rel"]) / (100.0 if m["pct"] else 1.0)
+        if rel < 0:
+            raise InputError(f"{m['name']}: the margin must be >= 0, got {m['rel']}", "--max-regression")
+        return cls(m["name"], rel, float(m["abs"]) if m["abs"] else 0.0)
+
+
+def parse_guards(items: Sequence[str]) -> list[Guard]:
+    """Guards from ``--max-regression`` values; a KPI given twice is an error."""
+    guards = [Guard.parse(s) for s in items]
+    names = [g.kpi for g in guards]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InputError(f"KPI(s) {dup} given twice", "--max-regression")
+    return guards
+
+
+@dataclass
+class GuardCheck:
+    """One guarded KPI under one scenario."""
+
+    scenario: str
+    kpi: str
+    better: str
+    baseline: float
+    candidate: float
+    change: float
+    change_ci: list[float]
+    worsening: float
+    allowed: float
+    max_regression: float
+    min_delta: float
+    out_of_support: float
+    flagged: bool
+    breached: bool
+
+    def describe(self) -> str:
+        rel = f"{100 * self.change:+.1f}%" if math.isfinite(self.change) else "n/a"
+        word = "rose" if self.candidate > self.baseline else "fell"
+        flag = " (rests on states outside the logs' support)" if self.flagged else ""
+        return (
+            f"{self.kpi} {word} {rel} under scenario {self.scenario!r}: {self.baseline:.4g} -> {self.candidate:.4g} "
+            f"({self.better} is better; margin {100 * self.max_regression:g}%"
+            + (f" + {self.min_delta:g}" if self.min_delta else "")
+            + f", 95% CI of the change [{100 * self.change_ci[0]:+.1f}%, {100 * self.change_ci[1]:+.1f}%]){flag}"
+        )
+
+
+@dataclass
+class GateDecision:
+    """The gate's verdict with every check and the what-if result behind it."""
+
+    passed: bool
+    checks: list[GuardCheck]
+    result: WhatIfResult
+    candidate: str
+    baseline: str
+    refused_out_of_support: list[GuardCheck] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[GuardCheck]:
+        return [c for c in self.checks if c.breached]
+
+    def reason(self) -> str:
+        if self.passed:
+            return f"{self.candidate} vs {self.baseline}: no guarded KPI regressed beyond its margin ({len(self.checks)} checks)"
+        parts = [c.describe() for c in self.failures]
+        parts += [
+            f"{c.kpi} under {c.scenario!r} rests on states outside the logs' support"
+            for c in self.refused_out_of_support
+        ]
+        return f"{self.candidate} vs {self.baseline}: " + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "candidate": self.candidate,
+            "baseline": self.baseline,
+            "reason": self.reason(),
+            "failures": [c.describe() for c in self.failures],
+            "checks": [asdict(c) for c in self.checks],
+        }
+
+
+def resolve_guards(
+    kpis: Sequence[KpiDef], guards: Sequence[Guard] | None, default_margin: float = DEFAULT_MARGIN
+) -> list[tuple[Guard, KpiDef]]:
+    """The guarded KPIs: the given ones (each must have a direction), else every KPI with a
+    direction at ``default_margin``."""
+    by_name = {k.name: k for k in kpis}
+    if guards:
+        out = []
+        for g in guards:
+            if g.kpi not in by_name:
+                raise InputError(
+                    f"unknown KPI {g.kpi!r}; the what-if computes {sorted(by_name)}", "--max-regression"
+                )
+            k = by_name[g.kpi]
+            if k.better is None:
+                raise InputError(
+                    f"KPI {g.kpi!r} has no direction; give it better = 'higher' or 'lower' in a KPI file (--kpis)",
+                    "--max-regression",
+                )
+            out.append((g, k))
+        return out
+    return [(Guard(k.name, default_margin), k) for k in kpis if k.better is not None]
+
+
+def decide(
+    result: WhatIfResult,
+    guards: Sequence[Guard] | None = None,
+    default_margin: float = DEFAULT_MARGIN,
+    refuse_out_of_support: bool = False,
+) -> GateDecision:
+    """Check every guarded KPI under every scenario of a what-if run with a baseline and a candidate."""
+    if result.baseline is None or result.candidate is None:
+        raise ValueError("the gate needs a what-if run with a baseline and a candidate")
+    checks = []
+    for sc in result.scenarios:
+        for g, k in resolve_guards(result.kpis, guards, default_margin):
+            c = result.compare(sc.name, k.name)
+            worse = float(c["worsening_abs"])
+            allowed = g.allowed(c["baseline"])
+            checks.append(
+                GuardCheck(
+                    scenario=sc.name,
+                    kpi=k.name,
+                    better=str(k.better),
+                    baseline=c["baseline"],
+                    candidate=c["candidate"],
+                    change=c["change"],
+                    change_ci=list(c["change_ci"]),
+                    worsening=worse,
+                    allowed=allowed,
+                    max_regression=g.max_regression,
+                    min_delta=g.min_delta,
+                    out_of_support=c["out_of_support"],
+                    flagged=c["flagged"],
+                    breached=bool(not math.isfinite(worse) or worse > allowed + 1e-12),
+                )
+            )
+    oos = [c for c in checks if c.flagged] if refuse_out_of_support else []
+    passed = not any(c.breached for c in checks) and not oos
+    return GateDecision(passed, checks, result, result.candidate, result.baseline, oos)
+
+
+# ------------------------------------------------------------------------------------ policies
+def load_view(path: str | Path) -> Any:
+    """A `SchedulingView` from a TOML/JSON file (``placement``, ``[[targets]]``, ...)."""
+    from edgetwin.policies.heuristics import SchedulingView
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("file not found", str(path))
+    try:
+        doc = (
+            json.loads(path.read_text())
+            if path.suffix.lower() == ".json"
+            else tomllib.loads(path.read_text())
+        )
+        return SchedulingView.from_dict(doc)
+    except (ValueError, TypeError, KeyError) as e:
+        raise InputError(f"not a scheduling view ({type(e).__name__}: {e})", str(path)) from None
+
+
+def resolve_policy(ref: str | Path, twin: Any, view: Any = None, name: str | None = None) -> PolicySpec:
+    """A policy for what-ifs from a reference.
+
+    Args:
+        ref: an exported policy directory (`load_policy`), a built-in name (``"logging"``: the
+            twin's clone of the logging policy; ``"logged"``: the log's own actions, replay only;
+            ``"random"``), or ``"heuristic:NAME"`` (`edgetwin.policies.heuristics`, needs ``view``).
+        twin: the twin it will act in (its observation/action columns must match).
+        view: a `SchedulingView` (or a path to one) for heuristics.
+        name: its name in reports (default: the directory name or the reference).
+
+    Raises:
+        InputError: not a policy, unknown name, columns that do not match the twin's.
+    """
+    text = str(ref)
+    if text in BUILTIN_POLICIES:
+        spec = builtin_policy(text, twin)
+        spec.name = name or text
+        return spec
+    if text.startswith("heuristic:"):
+        from edgetwin.policies.heuristics import make_heuristic
+
+        if view is not None and not hasattr(view, "placement"):
+            view = load_view(view)
+        h = make_heuristic(text.partition(":")[2], twin.spec, view)
+        return fixed_policy(name or text, h)
+    path = Path(text)
+    if path.is_dir():
+        from edgetwin.policies.export import load_policy
+
+        pol = load_policy(path)
+        check_compatible(pol.spec, twin, str(path))
+        return fixed_policy(name or path.name, pol)
+    raise InputError(
+        f"not a policy directory, built-in ({', '.join(BUILTIN_POLICIES)}) or heuristic:NAME: {text!r}",
+        "--policy",
+    )
+
+
+def check_compatible(spec: Any, twin: Any, where: str) -> None:
+    """The policy must act on the twin's observation columns and produce its action columns."""
+    for what, a, b in (
+        ("observation", spec.observation_columns, twin.spec.observation_columns),
+        ("action", spec.action_columns, twin.spec.action_columns),
+    ):
+        if list(a) != list(b):
+            raise InputError(f"the policy's {what} columns {list(a)} are not the twin's {list(b)}", where)
+
+
+# ------------------------------------------------------------------------------------ the gate
+def run_gate(
+    twin: Any,
+    candidate: PolicySpec,
+    baseline: PolicySpec,
+    *,
+    log: pd.DataFrame | None,
+    scenarios: Sequence[Scenario] = (),
+    guards: Sequence[Guard] | None = None,
+    default_margin: float = DEFAULT_MARGIN,
+    kpis: Sequence[KpiDef] | None = None,
+    episodes: int = 4,
+    seeds: int = 1,
+    seed: int = 0,
+    members: Sequence[int] | None = None,
+    steps: int | None = None,
+    exogenous: Sequence[str] = (),
+    refuse_out_of_support: bool = False,
+    oos_tolerance: float = 0.05,
+    progress: bool = False,
+) -> GateDecision:
+    """Replay ``candidate`` and ``baseline`` in the twin (recent ``log``, nominal + ``scenarios``)
+    and check the guarded KPIs; see the module docstring. ``episodes`` recorded episodes (the last
+    of the log) are replayed with every member and ``seeds`` noise seeds."""
+    if candidate.name == baseline.name:
+        candidate = PolicySpec(f"{candidate.name} (candidate)", candidate.factory)
+    if guards:  # fail on a bad guard before the long replay
+        from edgetwin.twin.whatif import default_kpis
+
+        lay = twin.layout
+        ks = (
+            list(kpis)
+            if kpis is not None
+            else default_kpis(twin.spec, lay.outputs + ([] if lay.predict_reward else ["reward"]))
+        )
+        resolve_guards(ks, guards, default_margin)
+    result = run_whatif(
+        twin,
+        [baseline, candidate],
+        scenarios,
+        baseline=baseline.name,
+        kpis=kpis,
+        episodes=episodes,
+        seeds=seeds,
+        seed=seed,
+        members=members,
+        steps=steps,
+        log=log,
+        exogenous=exogenous,
+        oos_tolerance=oos_tolerance,
+        progress=progress,
+    )
+    return decide(result, guards, default_margin, refuse_out_of_support)
+
+
+def kpi_metrics(result: WhatIfResult, policy: str, scenario: str = NOMINAL.name) -> dict[str, float]:
+    """A policy's KPI means under one scenario, finite ones only (registry metadata)."""
+    out = {}
+    for k in result.kpis:
+        v = float(np.nanmean(result.cell(policy, scenario).values[k.name]))
+        if math.isfinite(v):
+            out[k.name] = v
+    return out
+
+
+def gate_markdown(decision: GateDecision, promoted: str | None = None) -> str:
+    """The verdict as Markdown (placed at the top of the promotion report)."""
+    head = "PASSED" if decision.passed else "REFUSED"
+    lines = [f"**Promotion gate: {head}** — {decision.candidate} vs {decision.baseline}.", ""]
+    if promoted:
+        lines += [promoted, ""]
+    if decision.failures or decision.refused_out_of_support:
+        lines += [f"- {c.describe()}" for c in decision.failures]
+        lines += [
+            f"- {c.kpi} under {c.scenario!r}: rests on unsupported states"
+            for c in decision.refused_out_of_support
+        ]
+    else:
+        guarded = sorted({c.kpi for c in decision.checks})
+        lines.append(f"No guarded KPI regressed beyond its margin (guarded: {', '.join(guarded) or 'none'}).")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ promotion
+class RegistryLike(Protocol):
+    """What `promote` needs of a registry (`edgetwin.edge.registry.PolicyRegistry` has it)."""
+
+    def current(self, scope: str) -> str | None: ...
+
+    def list_versions(self) -> list[str]: ...
+
+    def publish(self, policy_dir: str | Path, metadata: Mapping[str, Any], signer: Any) -> str: ...
+
+    def fetch(self, version: str, dest_dir: str | Path, trust: Any) -> Path: ...
+
+    def set_current(
+        self, scope: str, version: str, *, expected: str | None, reason: str = "", kind: str = "promote"
+    ) -> Any: ...
+
+
+@dataclass
+class PromotionResult:
+    """What `promote` did.
+
+    Attributes:
+        promoted: the pointer moved. forced: the gate was overridden (recorded in the metadata).
+        version: the candidate's version in the registry (None when refused before publishing).
+        previous: what the scope pointed at before (the CAS ``expected``); against: what the
+            candidate was compared with. report: the report's files.
+    """
+
+    decision: GateDecision
+    promoted: bool
+    forced: bool
+    scope: str
+    version: str | None
+    previous: str | None
+    against: str
+    report: dict[str, Path]
+    metadata: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "promoted": self.promoted,
+            "forced": self.forced,
+            "scope": self.scope,
+            "version": self.version,
+            "previous": self.previous,
+            "against": self.against,
+            "gate": self.decision.to_dict(),
+            "report": {
+                k: str(v) for k, v in self.report.items() if k in ("html", "markdown", "json", "promotion")
+            },
+        }
+
+
+_NAME_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def _fallback_scopes(scope: str) -> list[str]:
+    # the edge runtime serves site -> cluster -> global; a site's cluster is not known here
+    return [scope] if scope == "global" else [scope, "global"]
+
+
+def promote(
+    policy: str | Path,
+    registry: RegistryLike,
+    *,
+    twin: Any,
+    log: pd.DataFrame,
+    signer: Any,
+    trust: Any,
+    scope: str = "global",
+    against: str = "auto",
+    scenarios: Sequence[Scenario] = (),
+    guards: Sequence[Guard] | None = None,
+    default_margin: float = DEFAULT_MARGIN,
+    kpis: Sequence[KpiDef] | None = None,
+    episodes: int = 4,
+    seeds: int = 1,
+    seed: int = 0,
+    members: Sequence[int] | None = None,
+    steps: int | None = None,
+    exogenous: Sequence[str] = (),
+    refuse_out_of_support: bool = False,
+    force: bool = False,
+    out_dir: str | Path = "promotion-report",
+    name: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    view: Any = None,
+    progress: bool = False,
+) -> PromotionResult:
+    """Gate ``policy`` against the scope's current version and promote it if nothing regresses.
+
+    Args:
+        policy: an exported policy directory, or a version already in the registry.
+        registry: a `RegistryLike`.
+        twin: the twin to replay in; log: recent traffic of the real system (the contract's table).
+        signer: signs the published artifact (`edgetwin.edge.signing.Signer`).
+        trust: verifies versions fetched from the registry (`TrustStore`).
+        scope: ``"global"``, ``"cluster/<c>"`` or ``"site/<s>"``.
+        against: ``"auto"`` (the scope's current version; else the global one; else the twin's
+            clone of the logging policy), a registry version, a policy directory or a built-in.
+        scenarios, guards, default_margin, kpis, episodes, seeds, seed, members, steps, exogenous,
+        refuse_out_of_support: see `run_gate`.
+        force: promote even if the gate refuses (recorded as ``gate.forced`` in the metadata).
+        out_dir: where the report goes.
+        name: the policy's name in the registry (default: from metadata or the directory name).
+        metadata: base metadata (e.g. `edgetwin.edge.registry.metadata_from_policy_dir`).
+
+    Raises:
+        GateRefused: a guarded KPI regressed (``.result`` holds the `PromotionResult`).
+        InputError: bad policy, scope, guard or log. The registry's CAS conflict propagates.
+    """
+    out = Path(out_dir)
+    expected = registry.current(scope)  # read before the long replay: the CAS compares against it
+    versions = set(registry.list_versions())
+    with tempfile.TemporaryDirectory(prefix="edgetwin-promote-") as tmp:
+        # -- the candidate
+        cand_path = Path(policy)
+        cand_version: str | None = None
+        if not cand_path.is_dir():
+            if str(policy) in versions:
+                cand_version = str(policy)
+                cand_path = registry.fetch(cand_version, Path(tmp) / "candidate", trust)
+            else:
+                raise InputError("not a policy directory nor a version in the registry", str(policy))
+        cand_name = name or (metadata or {}).get("name") or (cand_version or cand_path.name)
+        cand_name = _NAME_SAFE.sub("-", str(cand_name)).strip("-.") or "policy"
+        candidate = resolve_policy(cand_path, twin, name=cand_name)
+
+        # -- what it is compared with
+        against_label: str
+        parent: str | None = None
+        if against == "auto":
+            current = next(
+                (v for s in _fallback_scopes(scope) if (v := registry.current(s)) is not None), None
+            )
+            if current is None:
+                baseline = resolve_policy("logging", twin, name="logging")
+                against_label = "logging (nothing promoted yet: the twin's clone of the logging policy)"
+            else:
+                parent = current
+                inc = registry.fetch(current, Path(tmp) / "incumbent", trust)
+                baseline = resolve_policy(inc, twin, name=f"current-{current}")
+                against_label = current
+        elif against in versions:
+            parent = against
+            inc = registry.fetch(against, Path(tmp) / "incumbent", trust)
+            baseline = resolve_policy(inc, twin, name=f"version-{against}")
+            against_label = against
+        else:
+            baseline = resolve_policy(against, twin, view=view)
+            against_label = str(against)
+        if baseline.name == candidate.name:
+            baseline.name = f"{baseline.name}-baseline"
+
+        decision = run_gate(
+            twin, candidate, baseline, log=log, scenarios=scenarios, guards=guards, default_margin=default_margin,
+            kpis=kpis, episodes=episodes, seeds=seeds, seed=seed, members=members, steps=steps, exogenous=exogenous,
+            refuse_out_of_support=refuse_out_of_support, progress=progress,
+        )  # fmt: skip
+
+        from edgetwin.twin.report import write_report
+
+        gate_doc = decision.to_dict()
+        verdict_md = gate_markdown(decision)
+        files = write_report(
+            decision.result,
+            out,
+            title=f"Promotion gate: {candidate.name} vs {against_label} ({scope})",
+            extra={"gate": gate_doc, "scope": scope, "against": against_label, "forced": force},
+            preamble_md=verdict_md,
+            preamble_html="<p>" + verdict_md.replace("\n\n", "</p><p>").replace("\n- ", "<br>• ") + "</p>",
+        )
+        report_sha = hashlib.sha256(files["json"].read_bytes()).hexdigest()
+        md = dict(metadata or {})
+        md["name"] = cand_name
+        if md.get("parent_version") is None:
+            md["parent_version"] = parent
+        metrics = dict(md.get("metrics") or {})
+        metrics.update(kpi_metrics(decision.result, candidate.name))
+        md["metrics"] = metrics
+        md["gate"] = {
+            "passed": decision.passed,
+            "forced": bool(force and not decision.passed),
+            "against": against_label,
+            "scope": scope,
+            "failures": [c.describe() for c in decision.failures],
+            "guards": {c.kpi: c.max_regression for c in decision.checks},
+            "scenarios": [s.name for s in decision.result.scenarios],
+            "report_sha256": report_sha,
+        }
+        result = PromotionResult(
+            decision, False, False, scope, cand_version, expected, against_label, files, md
+        )
+        files["promotion"] = out / "promotion.json"
+        if not decision.passed and not force:
+            files["promotion"].write_text(json.dumps(result.to_dict(), indent=1, default=str))
+            err = GateRefused(f"{decision.reason()} (report: {files['html']})")
+            err.result = result  # type: ignore[attr-defined]
+            raise err
+        if cand_version is None:
+            cand_version = registry.publish(cand_path, md, signer)
+        reason = "gate passed" if decision.passed else f"gate overridden (--force): {decision.reason()}"
+        registry.set_current(scope, cand_version, expected=expected, reason=reason[:500], kind="promote")
+        result.version = cand_version
+        result.promoted = True
+        result.forced = bool(force and not decision.passed)
+        files["promotion"].write_text(json.dumps(result.to_dict(), indent=1, default=str))
+        return result
+
+
+__all__ = [
+    "DEFAULT_MARGIN",
+    "GateDecision",
+    "Guard",
+    "GuardCheck",
+    "PromotionResult",
+    "RegistryLike",
+    "decide",
+    "gate_markdown",
+    "kpi_metrics",
+    "load_view",
+    "parse_guards",
+    "promote",
+    "resolve_guards",
+    "resolve_policy",
+    "run_gate",
+]
