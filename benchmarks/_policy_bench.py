@@ -1,0 +1,92 @@
+"""Shared pieces of the policy benchmarks (table2_generalisation, heuristics_vs_rl, energy_carbon).
+
+Logs of the emulated cluster under its random logging policy, twins fitted on them (cached by
+their arguments under ``--work``), the cluster's scheduling view for the heuristics, and writing a
+section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from edgetwin.cli import cluster_kpi_columns
+from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, generate_logs
+from edgetwin.policies.evaluate import ArraySystem
+from edgetwin.policies.heuristics import SchedulingView, Target
+from edgetwin.twin.twin import Twin
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "benchmarks.md"
+FIG = ROOT / "docs" / "benchmarks"
+KPIS = cluster_kpi_columns()
+
+
+def machine() -> str:
+    return (f"{torch.get_num_threads()} torch thread(s) on a {platform.machine()} machine with 2 CPU cores "
+            f"shared with other jobs, Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def fit_twin(work: Path, agents: int, days: int, seed: int, response_model: str = "mail", members: int = 2,
+             rounds: int = 4, bc_epochs: int = 15, population_steps: int = 1000) -> Twin:
+    """A twin of ``days`` days of random-policy cluster logs (cached in ``work``)."""
+    key = f"twin-{response_model}-a{agents}-d{days}-s{seed}-m{members}-r{rounds}-e{bc_epochs}-p{population_steps}"
+    path = work / key
+    if (path / "meta.json").is_file():
+        try:
+            return Twin.load(path)
+        except Exception:  # a half-written cache: fit again
+            pass
+    cfg = ClusterConfig(n_agents=agents, steps=96, drift="0d")
+    log, spec = generate_logs(cfg, episodes=days, policy="random", seed=seed)
+    twin = Twin.fit(log, spec, seed=seed, members=members, progress=True, response_model=response_model,
+                    rounds=rounds, bc_epochs=bc_epochs, checkpoint_dir=work / f"{key}-ckpt",
+                    population_hyper={"steps": population_steps})
+    twin.save(path)
+    return twin
+
+
+def cluster_system(drift: str, agents: int, steps: int = 96) -> ArraySystem:
+    cluster = EdgeCluster(ClusterConfig(n_agents=agents, steps=steps, drift=drift))
+    return ArraySystem(cluster, cluster.spec)
+
+
+def cluster_view(cloud_carbon: float = 250.0) -> SchedulingView:
+    """The emulated cluster seen by the heuristics: edge_share 1 = the home edge site, 0 = its cloud.
+
+    The cloud region's carbon intensity is not observed per agent; ``cloud_carbon`` stands in for it.
+    """
+    return SchedulingView(
+        placement="action.edge_share",
+        targets=(Target(1.0, "state.site_util", "state.carbon_g_per_kwh"), Target(0.0, "state.cloud_util", cloud_carbon)),
+        size="profile.mean_task_s",
+        demand="state.site_reserved",
+        demand_scale=0.05,
+        allocation="action.capacity",
+        allocation_budget=1.0,
+        defaults={"action.capacity": 1.0, "action.price": 0.5},
+    )
+
+
+def write_section(heading: str, text: str, doc: Path = DOC) -> None:
+    """Replace this script's ``## heading`` section of docs/benchmarks.md (or append it), in one write."""
+    current = doc.read_text() if doc.is_file() else "# Benchmarks\n"
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
+    block = text.rstrip() + "\n\n"
+    new = pattern.sub(lambda _: block, current) if pattern.search(current) else current.rstrip() + "\n\n" + block
+    doc.write_text(new)
+
+
+def dump(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+
+
+def pct(x: float) -> str:
+    return "—" if x is None or not np.isfinite(x) else f"{100 * x:+.2f} %"

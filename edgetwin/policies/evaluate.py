@@ -1,0 +1,356 @@
+"""Score a policy on a system (the emulated cluster or a twin): KPIs with 95 % confidence intervals.
+
+A *system* is anything batched over agents with ``reset(seed) -> obs (N, O)`` and
+``step(actions (N, A)) -> (obs, reward (N,), done, columns)`` where ``columns`` maps spec column
+names to ``(N,)`` arrays for that step (:class:`BatchSystem`). Two adapters are here:
+:class:`TwinSystem` (a twin's simulation) and :class:`ArraySystem` (anything that reports a step's
+responses and KPIs as arrays in spec order, as the emulated cluster does).
+
+KPIs per episode (seeds 001, 003, 004): return (per agent), offload ratio, revenue, mean / p95 /
+p99 completion time (request-weighted), SLO violation rate, energy per request (J), carbon (g and
+g/request), Jain's fairness index over agents, utilisation. Which column is which comes from a
+:class:`KpiColumns` in the spec's names; a KPI whose column is not given is left out. Episodes use
+independent seeds; the interval is Student's t over episodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from scipy import stats
+from tqdm.auto import tqdm
+
+from edgetwin.errors import InputError
+from edgetwin.policies.rewards import jain_index
+from edgetwin.twin.policy import PlatformPolicy
+from edgetwin.twin.spec import RewardFn, TwinSpec
+
+
+class BatchSystem(Protocol):
+    """A system stepped for all agents at once (see the module docstring)."""
+
+    spec: TwinSpec
+
+    def reset(self, seed: int) -> np.ndarray: ...
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool, dict[str, np.ndarray]]: ...
+
+
+@dataclass(frozen=True)
+class KpiColumns:
+    """Which spec column holds each quantity (per agent and step); None leaves the KPI out.
+
+    Attributes:
+        offload: share of the agent's tasks offloaded. revenue: money per step.
+        completion_time: mean completion time of the agent's tasks (any unit; reported as is).
+        slo_violation: share of its tasks over the SLO. energy: joules. carbon: grams CO2-eq.
+        requests: tasks of the agent in the step, or a rate when ``requests_are_rate`` (times
+            ``spec.step_seconds``); weights the completion time and violation rate, divides energy.
+        utilisation: in [0, 1]. fairness: per-agent quantity whose Jain index is reported
+            (``1 - x`` when ``fairness_one_minus``, e.g. for a violation rate).
+    """
+
+    offload: str | None = None
+    revenue: str | None = None
+    completion_time: str | None = None
+    slo_violation: str | None = None
+    energy: str | None = None
+    carbon: str | None = None
+    requests: str | None = None
+    requests_are_rate: bool = True
+    utilisation: str | None = None
+    fairness: str | None = None
+    fairness_one_minus: bool = False
+
+    def check(self, spec: TwinSpec) -> None:
+        names = {f.name for f in spec.features}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, str) and v not in names:
+                raise InputError(f"KPI column {f.name}={v!r} is not a feature of the spec", "--kpis")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> KpiColumns:
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise InputError(
+                f"unknown KPI fields {sorted(unknown)}; known: {[f.name for f in fields(cls)]}", "--kpis"
+            )
+        return cls(**d)
+
+
+# ------------------------------------------------------------------------------------ systems
+
+
+class TwinSystem:
+    """A twin's `Simulation` as a `BatchSystem` (columns: profile, state, action, outputs)."""
+
+    def __init__(
+        self, twin: Any, n_agents: int | None = None, steps: int | None = None, stochastic: bool = True
+    ) -> None:
+        self.twin = twin
+        self.spec = twin.spec
+        self.n_agents = n_agents
+        self.steps = twin.layout.horizon if steps is None else int(steps)
+        self.stochastic = stochastic
+        self.sim: Any = None
+        self._t = 0
+
+    def reset(self, seed: int) -> np.ndarray:
+        self.sim = self.twin.simulation(n_agents=self.n_agents, seed=int(seed), stochastic=self.stochastic)
+        self._t = 0
+        return self.sim.obs().astype(np.float64)
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool, dict[str, np.ndarray]]:
+        lay = self.sim.layout
+        res = self.sim.step(np.asarray(actions, dtype=np.float64), with_disagreement=False)
+        cols: dict[str, np.ndarray] = {}
+        obs_cols = lay.profile + lay.state
+        for j, c in enumerate(obs_cols):
+            cols[c] = np.asarray(res.obs[:, j], dtype=np.float64)
+        for j, c in enumerate(lay.action):
+            cols[c] = res.action[:, j]
+        for j, c in enumerate(lay.outputs):
+            cols[c] = res.outputs[:, j]
+        self._t += 1
+        return (
+            self.sim.obs().astype(np.float64),
+            np.asarray(res.reward, dtype=np.float64),
+            self._t >= self.steps,
+            cols,
+        )
+
+
+class ArraySystem:
+    """Wraps ``sim.reset(seed) -> obs`` and ``sim.step(a) -> (obs, reward, done, info)`` whose ``info``
+    holds ``responses (N, R)`` and ``kpis (N, K)`` in spec order (the emulated cluster's contract)."""
+
+    def __init__(self, sim: Any, spec: TwinSpec) -> None:
+        self.sim = sim
+        self.spec = spec
+        self._obs: np.ndarray | None = None
+
+    def reset(self, seed: int) -> np.ndarray:
+        self._obs = np.asarray(self.sim.reset(seed=int(seed)), dtype=np.float64)
+        return self._obs
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool, dict[str, np.ndarray]]:
+        assert self._obs is not None, "reset() first"
+        spec = self.spec
+        obs, reward, done, info = self.sim.step(np.asarray(actions, dtype=np.float64))
+        cols = {c: self._obs[:, j] for j, c in enumerate(spec.observation_columns)}
+        a = np.asarray(actions, dtype=np.float64)
+        cols.update({c: a[:, j] for j, c in enumerate(spec.action_columns)})
+        for role, key in (("response", "responses"), ("kpi", "kpis")):
+            arr = info.get(key)
+            if arr is not None:
+                cols.update({c: np.asarray(arr)[:, j] for j, c in enumerate(spec.names(role))})
+        self._obs = np.asarray(obs, dtype=np.float64)
+        return self._obs, np.asarray(reward, dtype=np.float64), bool(done), cols
+
+
+# ------------------------------------------------------------------------------------ scoring
+
+
+def _weighted_quantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
+    order = np.argsort(x)
+    x, w = x[order], w[order]
+    cw = np.cumsum(w)
+    if cw[-1] <= 0:
+        return float(np.quantile(x, q))
+    return float(x[np.searchsorted(cw, q * cw[-1], side="left").clip(0, len(x) - 1)])
+
+
+def episode_kpis(
+    frames: Sequence[Mapping[str, np.ndarray]],
+    rewards: Sequence[np.ndarray],
+    kpis: KpiColumns,
+    step_seconds: float,
+) -> dict[str, float]:
+    """KPIs of one episode from its steps' columns (each ``(N,)``) and rewards."""
+    r = np.stack(rewards)  # (T, N)
+    out: dict[str, float] = {"return": float(r.sum(axis=0).mean())}
+
+    def col(name: str | None) -> np.ndarray | None:
+        if name is None:
+            return None
+        return np.stack([np.asarray(f[name], dtype=np.float64) for f in frames])  # (T, N)
+
+    req = col(kpis.requests)
+    if req is not None and kpis.requests_are_rate:
+        req = req * step_seconds
+    w = None if req is None else np.maximum(req, 0.0)
+    if (x := col(kpis.offload)) is not None:
+        out["offload_ratio"] = float(x.mean())
+    if (x := col(kpis.revenue)) is not None:
+        out["revenue"] = float(x.sum())
+    if (x := col(kpis.completion_time)) is not None:
+        ww = np.ones_like(x) if w is None else w
+        flat, fw = x.ravel(), ww.ravel()
+        out["completion_time_mean"] = (
+            float(np.average(flat, weights=fw)) if fw.sum() > 0 else float(flat.mean())
+        )
+        out["completion_time_p95"] = _weighted_quantile(flat, fw, 0.95)
+        out["completion_time_p99"] = _weighted_quantile(flat, fw, 0.99)
+    if (x := col(kpis.slo_violation)) is not None:
+        out["slo_violation_rate"] = (
+            float(np.average(x, weights=w)) if w is not None and w.sum() > 0 else float(x.mean())
+        )
+    if (x := col(kpis.energy)) is not None:
+        out["energy_j"] = float(x.sum())
+        if w is not None and w.sum() > 0:
+            out["energy_j_per_request"] = float(x.sum() / w.sum())
+    if (x := col(kpis.carbon)) is not None:
+        out["carbon_g"] = float(x.sum())
+        if w is not None and w.sum() > 0:
+            out["carbon_g_per_request"] = float(x.sum() / w.sum())
+    if (x := col(kpis.utilisation)) is not None:
+        out["utilisation"] = float(x.mean())
+    if (x := col(kpis.fairness)) is not None:
+        per_agent = x.mean(axis=0)
+        out["fairness_jain"] = jain_index(1.0 - per_agent if kpis.fairness_one_minus else per_agent)
+    return out
+
+
+@dataclass
+class EvalResult:
+    """KPIs over episodes: ``per_episode[k]`` lists values, ``mean``/``ci95`` summarise them."""
+
+    policy: str
+    system: str
+    episodes: int
+    seed: int
+    per_episode: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def mean(self) -> dict[str, float]:
+        return {k: float(np.mean(v)) for k, v in self.per_episode.items()}
+
+    @property
+    def ci95(self) -> dict[str, float]:
+        """Half-width of the 95 % Student-t interval of the mean (0 with one episode)."""
+        out = {}
+        for k, v in self.per_episode.items():
+            n = len(v)
+            out[k] = 0.0 if n < 2 else float(stats.t.ppf(0.975, n - 1) * np.std(v, ddof=1) / np.sqrt(n))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["mean"], d["ci95"] = self.mean, self.ci95
+        return d
+
+    def table(self) -> str:
+        """A Markdown table ``| KPI | mean | ± 95 % CI |``."""
+        rows = ["| KPI | mean | ± 95 % CI |", "|---|---:|---:|"]
+        m, c = self.mean, self.ci95
+        rows += [f"| {k} | {m[k]:.4g} | {c[k]:.2g} |" for k in self.per_episode]
+        return "\n".join(rows)
+
+
+def episode_seeds(seed: int, episodes: int) -> list[int]:
+    """Independent, reproducible per-episode seeds."""
+    ss = np.random.SeedSequence(int(seed)).spawn(episodes)
+    return [int(s.generate_state(1)[0]) for s in ss]
+
+
+def evaluate_policy(
+    policy: PlatformPolicy,
+    system: BatchSystem,
+    episodes: int = 5,
+    seed: int = 0,
+    kpis: KpiColumns | None = None,
+    reward: RewardFn | None = None,
+    max_steps: int | None = None,
+    name: str = "policy",
+    system_name: str = "system",
+    progress: bool = False,
+) -> EvalResult:
+    """Run ``policy`` for ``episodes`` independent episodes and collect KPIs.
+
+    Args:
+        policy: ``act(obs (N, O)) -> (N, A)``; ``reset()`` is called per episode if it has one.
+        system: a :class:`BatchSystem`.
+        episodes: number of episodes (seeds drawn from ``seed``).
+        kpis: which columns are which (default: only the return).
+        reward: score steps with this `RewardFn` instead of the system's own reward.
+        max_steps: cap on steps per episode (default: until the system says done).
+    """
+    if episodes < 1:
+        raise InputError(f"episodes must be >= 1, got {episodes}", "--episodes")
+    kpis = kpis or KpiColumns()
+    kpis.check(system.spec)
+    res = EvalResult(policy=name, system=system_name, episodes=episodes, seed=seed)
+    for ep_seed in tqdm(
+        episode_seeds(seed, episodes), desc=f"evaluate {name}", disable=not progress, leave=False
+    ):
+        if hasattr(policy, "reset"):
+            policy.reset()
+        obs = system.reset(ep_seed)
+        frames, rewards = [], []
+        done, t = False, 0
+        while not done and (max_steps is None or t < max_steps):
+            obs, r, done, cols = system.step(np.asarray(policy.act(obs), dtype=np.float64))
+            if reward is not None:
+                r = np.asarray(reward(cols), dtype=np.float64)
+            frames.append(cols)
+            rewards.append(np.asarray(r, dtype=np.float64))
+            t += 1
+        for k, v in episode_kpis(frames, rewards, kpis, float(system.spec.step_seconds)).items():
+            res.per_episode.setdefault(k, []).append(v)
+    return res
+
+
+def improvement(policy: EvalResult, baseline: EvalResult, kpi: str = "offload_ratio") -> float:
+    """Relative improvement ``(policy - baseline) / |baseline|`` of a KPI's mean (seed 004 Table 2)."""
+    b = baseline.mean[kpi]
+    return float((policy.mean[kpi] - b) / abs(b)) if b != 0 else float("nan")
+
+
+def plot_results(
+    results: Sequence[EvalResult], path: str | Path, kpis: Sequence[str] | None = None, title: str = ""
+) -> Path:
+    """Bar charts (mean ± 95 % CI) of the KPIs of several policies, one panel per KPI (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(kpis) if kpis is not None else [k for k in results[0].per_episode]
+    cols = min(4, len(keys))
+    rows = int(np.ceil(len(keys) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows), squeeze=False)
+    names = [r.policy for r in results]
+    for ax, k in zip(axes.ravel(), keys, strict=False):
+        m = [r.mean.get(k, np.nan) for r in results]
+        c = [r.ci95.get(k, 0.0) for r in results]
+        ax.bar(range(len(results)), m, yerr=c, color="tab:blue", alpha=0.8, capsize=3)
+        ax.set_xticks(range(len(results)), names, rotation=45, ha="right", fontsize=7)
+        ax.set_title(k, fontsize=9)
+    for ax in axes.ravel()[len(keys) :]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+__all__ = [
+    "ArraySystem",
+    "BatchSystem",
+    "EvalResult",
+    "KpiColumns",
+    "TwinSystem",
+    "episode_kpis",
+    "evaluate_policy",
+    "improvement",
+    "plot_results",
+]

@@ -1,0 +1,348 @@
+"""Exported policies: one directory that `load_policy` turns back into ``act(obs) -> actions``.
+
+Layout of an exported policy directory::
+
+    policy.json      format, kind, algorithm, spec hash, training data hash, metrics at promotion,
+                     observation/action columns, the action transform, the shield, file hashes
+    spec.toml        the twin spec the policy acts in
+    model.zip        SB3 model (kind "sb3")
+    obs_norm.npz     VecNormalize's observation statistics, when training normalised observations
+
+The loaded object works on raw, per-agent observations ``(N, O)`` in ``spec.observation_columns``
+order and returns actions ``(N, A)`` in spec units, exactly as the model acted during training:
+observations are normalised with the saved statistics, actions mapped back from the policy's
+[-1, 1] box (or from grid indices for discrete policies), and projected by the shield if one was
+exported. Heuristic baselines export as their class and configuration (kind "heuristic").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgetwin.errors import InputError
+from edgetwin.twin.spec import TwinSpec
+
+FORMAT = "edgetwin-policy/1"
+
+#: SB3 / sb3-contrib algorithm classes by the name metadata records.
+ALGORITHMS: dict[str, str] = {
+    "ppo": "stable_baselines3:PPO",
+    "a2c": "stable_baselines3:A2C",
+    "sac": "stable_baselines3:SAC",
+    "td3": "stable_baselines3:TD3",
+    "maskable_ppo": "sb3_contrib:MaskablePPO",
+    "recurrent_ppo": "sb3_contrib:RecurrentPPO",
+    "dual_critic_ppo": "edgetwin.policies.dual_critic:DualCriticPPO",
+}
+
+
+def _import(ref: str) -> Any:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def algorithm_name(model: Any) -> str:
+    """The key of :data:`ALGORITHMS` for an SB3 model instance."""
+    for name, ref in ALGORITHMS.items():
+        if type(model) is _import(ref):
+            return name
+    raise InputError(f"cannot export a {type(model).__name__}: not one of {sorted(ALGORITHMS)}", "policy")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class ActionTransform:
+    """How the model's raw action maps to spec units.
+
+    ``kind="box"``: ``low + (a + 1) / 2 · (high - low)`` (the policy acts in [-1, 1]);
+    ``kind="grid"``: ``a`` holds an index per column into ``grid[j]``; ``kind="identity"``.
+    """
+
+    kind: str = "identity"
+    low: list[float] | None = None
+    high: list[float] | None = None
+    grid: list[list[float]] | None = None
+
+    def apply(self, a: np.ndarray) -> np.ndarray:
+        a = np.asarray(a, dtype=np.float64)
+        if self.kind == "box":
+            low, high = np.asarray(self.low), np.asarray(self.high)
+            return low + (np.clip(a, -1.0, 1.0) + 1.0) * 0.5 * (high - low)
+        if self.kind == "grid":
+            assert self.grid is not None
+            idx = a.astype(np.int64).reshape(a.shape[0], -1)
+            return np.stack([np.asarray(g)[idx[:, j]] for j, g in enumerate(self.grid)], axis=1)
+        return a
+
+    def masks(self, obs: np.ndarray, shield: Any = None) -> np.ndarray:
+        """(N, Σ len(grid[j])) bool: which grid values are allowed (``kind="grid"`` only).
+
+        Without a shield everything is allowed. With one, discrete spec columns take the shield's
+        masks (residency, migration caps); on continuous columns, values below the SLO guard's
+        lower bound are masked (if the guard is above the whole grid, its largest value stays).
+        """
+        assert self.kind == "grid" and self.grid is not None
+        obs = np.atleast_2d(np.asarray(obs, dtype=np.float64))
+        n = obs.shape[0]
+        if shield is None:
+            return np.ones((n, sum(len(g) for g in self.grid)), dtype=bool)
+        discrete = [v is not None for v in shield.values]
+        sizes = [len(g) for g, d in zip(self.grid, discrete, strict=True) if d]
+        disc = iter(np.split(shield.action_masks(obs), np.cumsum(sizes)[:-1], axis=1)) if sizes else iter(())
+        lo = shield.lower_bounds(obs)
+        blocks = []
+        for j, (g, d) in enumerate(zip(self.grid, discrete, strict=True)):
+            if d:
+                blocks.append(next(disc))
+            else:
+                ok = np.asarray(g)[None, :] >= lo[:, j : j + 1] - 1e-9
+                ok[~ok.any(axis=1), -1] = True
+                blocks.append(ok)
+        return np.concatenate(blocks, axis=1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "low": self.low, "high": self.high, "grid": self.grid}
+
+
+@dataclass
+class PolicyMetadata:
+    """What travels with an exported policy (the registry and promotion gate read it)."""
+
+    algorithm: str
+    spec_hash: str
+    training_data_sha256: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class LoadedPolicy:
+    """A policy loaded from an export directory: ``act(obs (N, O)) -> (N, A)`` in spec units.
+
+    Attributes:
+        spec: the twin spec; ``metadata``: the ``policy.json`` document.
+    """
+
+    def __init__(self, path: Path, doc: dict[str, Any], spec: TwinSpec, impl: Any) -> None:
+        self.path = path
+        self.metadata = doc
+        self.spec = spec
+        self._impl = impl
+        self.kind = doc["kind"]
+        self.transform = ActionTransform(**doc.get("action_transform") or {})
+        self.obs_norm: dict[str, np.ndarray] | None = None
+        if doc.get("obs_norm"):
+            with np.load(path / doc["obs_norm"]) as z:
+                self.obs_norm = {k: z[k] for k in z.files}
+        self.shield = None
+        if doc.get("shield") is not None:
+            from edgetwin.policies.shield import Shield, ShieldConfig
+
+            self.shield = Shield(spec, ShieldConfig.from_dict(doc["shield"]))
+        self._recurrent_state: Any = None
+        self._episode_start: np.ndarray | None = None
+
+    @property
+    def algorithm(self) -> str:
+        return str(self.metadata.get("algorithm"))
+
+    def reset(self) -> None:
+        """Start new episodes (recurrent policies forget their memory; the shield its history)."""
+        self._recurrent_state = None
+        self._episode_start = None
+        if self.shield is not None:
+            self.shield.reset()
+
+    def normalise(self, obs: np.ndarray) -> np.ndarray:
+        if self.obs_norm is None:
+            return obs
+        n = self.obs_norm
+        z = (obs - n["mean"]) / np.sqrt(n["var"] + float(n["epsilon"]))
+        return np.clip(z, -float(n["clip"]), float(n["clip"]))
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic actions ``(N, A)`` (float64, spec units) for raw observations ``(N, O)``."""
+        obs = np.atleast_2d(np.asarray(obs, dtype=np.float64))
+        width = len(self.spec.observation_columns)
+        if obs.shape[1] != width:
+            raise InputError(
+                f"expected observations with {width} columns {self.spec.observation_columns}, got {obs.shape[1]}",
+                "obs",
+            )
+        if self.kind == "heuristic":
+            actions = np.asarray(self._impl.act(obs), dtype=np.float64)
+        else:
+            x = self.normalise(obs).astype(np.float32)
+            kwargs: dict[str, Any] = {"deterministic": True}
+            if self.algorithm == "maskable_ppo" and self.transform.kind == "grid":
+                kwargs["action_masks"] = self.transform.masks(obs, self.shield)
+            if self.algorithm == "recurrent_ppo":
+                if self._episode_start is None or len(self._episode_start) != len(obs):
+                    self._recurrent_state, self._episode_start = None, np.ones(len(obs), dtype=bool)
+                raw, self._recurrent_state = self._impl.predict(
+                    x, state=self._recurrent_state, episode_start=self._episode_start, **kwargs
+                )
+                self._episode_start = np.zeros(len(obs), dtype=bool)
+            else:
+                raw, _ = self._impl.predict(x, **kwargs)
+            actions = self.transform.apply(np.asarray(raw).reshape(len(obs), -1))
+        if self.shield is not None:
+            actions = self.shield.project(obs, actions)
+        return actions
+
+    def __repr__(self) -> str:
+        return f"LoadedPolicy({self.algorithm}, {self.path})"
+
+
+def export_policy(
+    model_or_policy: Any,
+    path: str | Path,
+    spec: TwinSpec,
+    metadata: PolicyMetadata | Mapping[str, Any] | None = None,
+    obs_norm: Any = None,
+    action_transform: ActionTransform | None = None,
+    shield: Any = None,
+) -> Path:
+    """Write a policy directory that :func:`load_policy` reads back.
+
+    Args:
+        model_or_policy: an SB3 model (any of :data:`ALGORITHMS`), or a heuristic with ``act`` and
+            ``to_config()`` (reconstructed as ``cls(spec, **config)``).
+        path: the directory (created; existing files are replaced).
+        spec: the spec it acts in (its hash goes in the metadata).
+        metadata: algorithm, training data hash, metrics at promotion, anything else (JSON).
+        obs_norm: a VecNormalize (its ``obs_rms``) or a dict ``mean``, ``var``, ``clip``, ``epsilon``.
+        action_transform: how the model's actions map to spec units.
+        shield: a `Shield` or `ShieldConfig` applied after the model, at the edge too.
+
+    Returns:
+        The directory.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    meta = metadata if isinstance(metadata, PolicyMetadata) else None
+    extra = dict(metadata) if isinstance(metadata, Mapping) else {}
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "spec_hash": spec.hash(),
+        "observation_columns": spec.observation_columns,
+        "action_columns": spec.action_columns,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "files": {},
+    }
+    spec.save(path / "spec.toml")
+    if hasattr(model_or_policy, "save") and hasattr(model_or_policy, "policy"):
+        doc["kind"] = "sb3"
+        doc["algorithm"] = algorithm_name(model_or_policy)
+        model_or_policy.save(path / "model.zip")
+        doc["files"]["model.zip"] = sha256_file(path / "model.zip")
+    elif hasattr(model_or_policy, "act") and hasattr(model_or_policy, "to_config"):
+        doc["kind"] = "heuristic"
+        cls = type(model_or_policy)
+        doc["algorithm"] = getattr(model_or_policy, "name", cls.__name__)
+        doc["heuristic"] = {
+            "class": f"{cls.__module__}:{cls.__qualname__}",
+            "config": model_or_policy.to_config(),
+        }
+    else:
+        raise InputError(
+            f"cannot export {type(model_or_policy).__name__}: need an SB3 model or a heuristic with to_config()",
+            "policy",
+        )
+    if obs_norm is not None:
+        stats = obs_norm
+        if hasattr(obs_norm, "obs_rms"):
+            stats = {
+                "mean": obs_norm.obs_rms.mean,
+                "var": obs_norm.obs_rms.var,
+                "clip": obs_norm.clip_obs,
+                "epsilon": obs_norm.epsilon,
+            }
+        np.savez(path / "obs_norm.npz", **{k: np.asarray(v, dtype=np.float64) for k, v in stats.items()})
+        doc["obs_norm"] = "obs_norm.npz"
+        doc["files"]["obs_norm.npz"] = sha256_file(path / "obs_norm.npz")
+    doc["action_transform"] = (action_transform or ActionTransform()).to_dict()
+    if shield is not None:
+        cfg = getattr(shield, "config", shield)
+        doc["shield"] = cfg.to_dict()
+    if meta is not None:
+        doc["algorithm"] = meta.algorithm or doc["algorithm"]
+        doc["training_data_sha256"] = meta.training_data_sha256
+        doc["metrics"] = meta.metrics
+        doc.update(meta.extra)
+    else:
+        doc["training_data_sha256"] = extra.pop("training_data_sha256", None)
+        doc["metrics"] = extra.pop("metrics", {})
+        doc.update(extra)
+    doc["files"]["spec.toml"] = sha256_file(path / "spec.toml")
+    (path / "policy.json").write_text(json.dumps(doc, indent=2, default=_json_default))
+    return path
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
+
+
+def load_policy(path: str | Path, verify: bool = True) -> LoadedPolicy:
+    """Load an exported policy directory.
+
+    Args:
+        path: the directory written by :func:`export_policy`.
+        verify: check every file against the sha256 recorded in ``policy.json``.
+
+    Raises:
+        InputError: not a policy directory, a file is missing or altered, an unknown format.
+    """
+    path = Path(path)
+    doc_path = path / "policy.json"
+    if not doc_path.is_file():
+        raise InputError("not an exported policy (no policy.json)", str(path))
+    try:
+        doc = json.loads(doc_path.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"policy.json is not valid JSON ({e})", str(doc_path)) from None
+    if doc.get("format") != FORMAT:
+        raise InputError(f"unknown policy format {doc.get('format')!r}; expected {FORMAT!r}", str(doc_path))
+    if verify:
+        for name, digest in doc.get("files", {}).items():
+            f = path / name
+            if not f.is_file():
+                raise InputError(f"{name} is missing", str(path))
+            if sha256_file(f) != digest:
+                raise InputError(f"{name} does not match the sha256 recorded in policy.json", str(f))
+    spec = TwinSpec.load(path / "spec.toml")
+    if spec.hash() != doc.get("spec_hash"):
+        raise InputError("spec.toml does not match the policy's spec hash", str(path))
+    if doc["kind"] == "sb3":
+        algo = doc["algorithm"]
+        if algo not in ALGORITHMS:
+            raise InputError(f"unknown algorithm {algo!r}", str(doc_path))
+        impl = _import(ALGORITHMS[algo]).load(path / "model.zip", device="cpu")
+    elif doc["kind"] == "heuristic":
+        h = doc["heuristic"]
+        try:
+            impl = _import(h["class"])(spec, **h["config"])
+        except (ImportError, AttributeError, TypeError) as e:
+            raise InputError(f"cannot rebuild heuristic {h['class']} ({e})", str(doc_path)) from None
+    else:
+        raise InputError(f"unknown policy kind {doc['kind']!r}", str(doc_path))
+    return LoadedPolicy(path, doc, spec, impl)

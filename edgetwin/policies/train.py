@@ -1,0 +1,570 @@
+"""Train platform policies in a twin (or any per-agent environment) with SB3 and sb3-contrib.
+
+`train_policy` wires SB3's own pieces together: a vectorised environment (the twin's
+one-sub-env-per-agent `VecEnv`, or copies of a Gymnasium env), the safety shield, an action
+rescaling to [-1, 1] (or a grid for MaskablePPO), `VecMonitor`, `VecNormalize`, TensorBoard,
+`CheckpointCallback` with resume, and early stopping on a held-out validation environment
+(`EvalCallback` + `StopTrainingOnNoModelImprovement`), so that a policy that only looks good in the
+twin it trains in is caught. The result is exported with `edgetwin.policies.export`.
+
+Against twin error, the on-policy algorithms use the action-norm regulariser of seed 004 eq. 8
+(λ = 0.4 by default; `edgetwin.policies.regularised`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import (
+    BaseCallback,
+    CallbackList,
+    CheckpointCallback,
+    EvalCallback,
+    StopTrainingOnNoModelImprovement,
+)
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecMonitor, VecNormalize
+
+from edgetwin.errors import InputError
+from edgetwin.policies.export import ALGORITHMS, ActionTransform, _import, export_policy
+from edgetwin.policies.regularised import (
+    ACTION_NORM_LAMBDA,
+    RegularisedActorCriticPolicy,
+    RegularisedRecurrentPolicy,
+)
+from edgetwin.policies.shield import Shield, ShieldConfig, ShieldVecEnvWrapper
+from edgetwin.twin.spec import RewardFn, TwinSpec
+
+Algo = Literal["ppo", "a2c", "sac", "td3", "maskable_ppo", "recurrent_ppo", "dual_critic_ppo"]
+ON_POLICY = ("ppo", "a2c", "maskable_ppo", "recurrent_ppo", "dual_critic_ppo")
+EnvSource = Any  # Twin | VecEnv | gym.Env | Callable[[], gym.Env]
+
+
+# ------------------------------------------------------------------------------- action wrappers
+
+
+class RescaleActionVecEnv(VecEnvWrapper):
+    """The agent acts in [-1, 1]^A; the wrapped env receives ``low + (a + 1)/2 (high - low)``."""
+
+    def __init__(self, venv: VecEnv, low: np.ndarray, high: np.ndarray) -> None:
+        self.transform = ActionTransform("box", [float(x) for x in low], [float(x) for x in high])
+        space = spaces.Box(-1.0, 1.0, (len(low),), np.float32)
+        super().__init__(venv, action_space=space)
+
+    def reset(self) -> np.ndarray:
+        return self.venv.reset()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self.venv.step_async(self.transform.apply(np.asarray(actions).reshape(self.num_envs, -1)))
+
+    def step_wait(self) -> Any:
+        return self.venv.step_wait()
+
+
+class GridActionVecEnv(VecEnvWrapper):
+    """The agent picks one grid value per action column (MultiDiscrete); for MaskablePPO.
+
+    Discrete spec columns use their allowed values; continuous ones ``bins`` evenly spaced values.
+    ``action_masks()`` comes from the shield: residency and migration caps for discrete columns,
+    and, for continuous ones, grid values below the SLO guard's lower bound are masked out.
+    """
+
+    def __init__(
+        self,
+        venv: VecEnv,
+        spec: TwinSpec,
+        low: np.ndarray,
+        high: np.ndarray,
+        bins: int,
+        shield: Shield | None,
+    ) -> None:
+        grid: list[list[float]] = []
+        for j, f in enumerate(spec.by_role("action")):
+            vals = f.allowed_values()
+            grid.append(
+                sorted(float(v) for v in vals)
+                if vals is not None
+                else np.linspace(low[j], high[j], bins).tolist()
+            )
+        self.transform = ActionTransform("grid", grid=grid)
+        self.shield = shield
+        self._obs: np.ndarray | None = None
+        # one column -> Discrete (what the priority-weighted softmax needs), else MultiDiscrete
+        space = (
+            spaces.Discrete(len(grid[0])) if len(grid) == 1 else spaces.MultiDiscrete([len(g) for g in grid])
+        )
+        super().__init__(venv, action_space=space)
+
+    def reset(self) -> np.ndarray:
+        self._obs = np.asarray(self.venv.reset(), dtype=np.float64)
+        return self._obs
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self.venv.step_async(self.transform.apply(np.asarray(actions).reshape(self.num_envs, -1)))
+
+    def step_wait(self) -> Any:
+        obs, rewards, dones, infos = self.venv.step_wait()
+        self._obs = np.asarray(obs, dtype=np.float64)
+        return obs, rewards, dones, infos
+
+    def action_masks(self) -> np.ndarray:
+        assert self._obs is not None
+        return self.transform.masks(self._obs, self.shield)
+
+    def has_attr(self, attr_name: str) -> bool:
+        return attr_name == "action_masks" or self.venv.has_attr(attr_name)
+
+    def env_method(self, method_name: str, *args: Any, indices: Any = None, **kwargs: Any) -> list[Any]:
+        if method_name == "action_masks":
+            masks = self.action_masks()
+            idx = (
+                range(self.num_envs)
+                if indices is None
+                else ([indices] if isinstance(indices, int) else indices)
+            )
+            return [masks[i] for i in idx]
+        return self.venv.env_method(method_name, *args, indices=indices, **kwargs)
+
+
+# ------------------------------------------------------------------------------- environments
+
+
+def _is_twin(x: Any) -> bool:
+    return hasattr(x, "make_vec_env") and hasattr(x, "spec") and hasattr(x, "layout")
+
+
+def spec_of(source: EnvSource, spec: TwinSpec | None = None) -> TwinSpec:
+    """The spec of an environment source (a twin's, a cluster env's ``spec_``/``cluster.spec``)."""
+    if spec is not None:
+        return spec
+    if _is_twin(source):
+        return source.spec
+    for obj in (source, getattr(source, "unwrapped", None), getattr(source, "cluster", None)):
+        for attr in ("spec_", "twin_spec"):
+            s = getattr(obj, attr, None)
+            if isinstance(s, TwinSpec):
+                return s
+        if obj is not None and isinstance(getattr(obj, "spec", None), TwinSpec):
+            return obj.spec
+    raise InputError("cannot tell the twin spec of this environment; pass spec=", "env")
+
+
+def base_vec_env(
+    source: EnvSource, n_envs: int, seed: int, reward: RewardFn | None = None, **twin_opts: Any
+) -> VecEnv:
+    """An SB3 VecEnv from a twin (one sub-env per agent), a VecEnv, a gym env or an env factory."""
+    if _is_twin(source):
+        venv = source.make_vec_env(seed=seed, **twin_opts)
+        if reward is not None:
+            # the twin's simulation scores each step's columns with its reward function
+            venv.sim._reward_fn = reward
+        return venv
+    if reward is not None:
+        raise InputError("a custom reward needs a twin (its steps expose every column)", "reward")
+    if isinstance(source, VecEnv):
+        source.seed(seed)
+        return source
+    if isinstance(source, gym.Env):
+        if n_envs != 1:
+            raise InputError("pass an env factory (a callable) to train on several copies", "n_envs")
+        return make_vec_env(lambda: source, n_envs=1, seed=seed)
+    if callable(source):
+        return make_vec_env(source, n_envs=n_envs, seed=seed)
+    raise InputError(
+        f"cannot train on a {type(source).__name__}: expected a Twin, VecEnv, gym.Env or factory", "env"
+    )
+
+
+@dataclass
+class EnvChain:
+    """A training or evaluation VecEnv with what export needs to reproduce it."""
+
+    venv: VecEnv
+    transform: ActionTransform
+    normalize: VecNormalize | None
+    shield: Shield | None
+
+
+def build_env(
+    source: EnvSource,
+    spec: TwinSpec,
+    algo: Algo,
+    n_envs: int = 4,
+    seed: int = 0,
+    shield: ShieldConfig | None = None,
+    normalize: bool = True,
+    training: bool = True,
+    grid_bins: int = 5,
+    reward: RewardFn | None = None,
+    gamma: float = 0.99,
+    grid: bool = False,
+    **twin_opts: Any,
+) -> EnvChain:
+    """base -> shield -> action rescaling/grid -> VecMonitor -> VecNormalize."""
+    venv = base_vec_env(source, n_envs, seed, reward=reward, **twin_opts)
+    if not isinstance(venv.action_space, spaces.Box):
+        raise InputError(
+            "the environment must take Box actions in spec units (as twins and the cluster do)", "env"
+        )
+    sh = Shield(spec, shield) if shield is not None else None
+    if sh is not None:
+        venv = ShieldVecEnvWrapper(venv, sh)
+    low = np.asarray(venv.action_space.low, np.float64)
+    high = np.asarray(venv.action_space.high, np.float64)
+    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        raise InputError("the action space must be bounded to rescale it", "env")
+    if algo == "maskable_ppo" or grid:
+        venv = GridActionVecEnv(venv, spec, low, high, grid_bins, sh)
+    else:
+        venv = RescaleActionVecEnv(venv, low, high)
+    transform = venv.transform
+    venv = VecMonitor(venv)
+    norm = None
+    if normalize:
+        norm = VecNormalize(venv, training=training, norm_obs=True, norm_reward=training, gamma=gamma)
+        venv = norm
+    return EnvChain(venv, transform, norm, sh)
+
+
+# ------------------------------------------------------------------------------- training
+
+
+#: Small-problem defaults per algorithm (per sub-env rollout lengths scale with the env count).
+def default_hyper(algo: Algo, n_envs: int) -> dict[str, Any]:
+    if algo == "recurrent_ppo":  # sequences make each epoch costly: fewer, shorter
+        n_steps = max(16, 512 // n_envs)
+        return {
+            "n_steps": n_steps,
+            "batch_size": min(128, n_steps * n_envs),
+            "n_epochs": 3,
+            "learning_rate": 3e-4,
+            "gamma": 0.95,
+        }
+    if algo in ("ppo", "maskable_ppo", "dual_critic_ppo"):
+        # short rollouts (~512 transitions) give many updates per step budget on small twins
+        n_steps = max(8, 512 // n_envs)
+        batch = min(128, n_steps * n_envs)
+        return {"n_steps": n_steps, "batch_size": batch, "n_epochs": 5, "learning_rate": 1e-3, "gamma": 0.95}
+    if algo == "a2c":
+        return {"n_steps": 8, "learning_rate": 1e-3, "gamma": 0.95}
+    # off-policy: a few gradient steps per vectorised step, as many as on-policy sees per sample
+    return {
+        "learning_starts": 256,
+        "batch_size": 256,
+        "gradient_steps": max(1, n_envs // 8),
+        "learning_rate": 1e-3,
+        "gamma": 0.95,
+        "buffer_size": 200_000,
+    }
+
+
+@dataclass
+class TrainResult:
+    """What `train_policy` produced."""
+
+    model: BaseAlgorithm
+    path: Path
+    steps: int
+    stopped_early: bool
+    best_validation_return: float | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class _AuxLossLogger(BaseCallback):
+    """Logs the regularisers' running means (``train/action_norm_loss``) after each update."""
+
+    def _on_rollout_start(self) -> None:
+        pop = getattr(self.model.policy, "pop_aux_log", None)
+        if pop is not None:
+            for k, v in pop().items():
+                self.logger.record(f"train/{k}", v)
+
+    def _on_step(self) -> bool:
+        return True
+
+
+_CKPT = re.compile(r"ckpt_(\d+)_steps\.zip$")
+
+
+def latest_checkpoint(directory: Path) -> tuple[Path, int] | None:
+    """The newest ``ckpt_<steps>_steps.zip`` in ``directory``, with its step count."""
+    found = [(int(m.group(1)), p) for p in directory.glob("ckpt_*_steps.zip") if (m := _CKPT.search(p.name))]
+    if not found:
+        return None
+    steps, path = max(found)
+    return path, steps
+
+
+def train_policy(
+    env_or_twin: EnvSource,
+    algo: Algo = "ppo",
+    steps: int = 10_000,
+    seed: int = 0,
+    out: str | Path = "policy",
+    tensorboard_dir: str | Path | None = None,
+    checkpoint_every: int = 10_000,
+    resume: bool = True,
+    action_norm_lambda: float = ACTION_NORM_LAMBDA,
+    early_stop_on: EnvSource | None = None,
+    eval_every: int = 5_000,
+    patience: int = 3,
+    n_envs: int = 4,
+    spec: TwinSpec | None = None,
+    shield: ShieldConfig | None = None,
+    reward: RewardFn | None = None,
+    normalize: bool = True,
+    hyper: Mapping[str, Any] | None = None,
+    policy_kwargs: Mapping[str, Any] | None = None,
+    priority: Any = None,
+    grid_bins: int = 5,
+    twin_opts: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    progress: bool = False,
+    verbose: int = 0,
+) -> TrainResult:
+    """Train a platform policy and export it to ``out``.
+
+    Args:
+        env_or_twin: a `Twin` (trained on its one-sub-env-per-agent VecEnv), a VecEnv, a gym env
+            or a factory of gym envs (``n_envs`` copies). Actions are Box in spec units.
+        algo: ``ppo``, ``a2c``, ``sac``, ``td3``, ``maskable_ppo`` (on a grid of actions with the
+            shield's masks), ``recurrent_ppo`` or ``dual_critic_ppo``.
+        steps: total environment steps (transitions, summed over sub-envs).
+        seed: the same seed gives the same policy (on the same machine and library versions).
+        out: the exported policy directory; checkpoints go to ``out/checkpoints``.
+        tensorboard_dir: TensorBoard logs, if given.
+        checkpoint_every: steps between checkpoints (0 = none).
+        resume: continue from the newest checkpoint in ``out/checkpoints`` if there is one.
+        action_norm_lambda: λ of seed 004 eq. 8 for the on-policy algorithms (0 = off).
+        early_stop_on: a held-out validation env/twin; training stops after ``patience``
+            evaluations (every ``eval_every`` steps) without a new best, and the best model on it
+            is exported instead of the last.
+        n_envs: copies for a gym env factory (a twin uses one sub-env per agent; ``twin_opts``
+            such as ``n_agents`` and ``steps`` go to ``make_vec_env``).
+        spec: the spec (inferred from a twin or the cluster env).
+        shield: rules projected onto every action in training and exported with the policy.
+        reward: a `RewardFn` over each step's columns replacing the spec's reward (twins only).
+        normalize: VecNormalize observations and rewards (statistics are exported).
+        hyper: algorithm keyword arguments over :func:`default_hyper`.
+        policy_kwargs: SB3 ``policy_kwargs``.
+        priority: `PriorityScores`: use the priority-weighted softmax of seed 001 eq. 10 (β = 2)
+            over a grid of ``grid_bins`` values of the spec's single action column (ppo, a2c,
+            maskable_ppo); the scores read the observation after normalisation.
+        metadata: extra metadata to export (``training_data_sha256``, ``metrics``, ...).
+        progress: show a progress bar.
+
+    Returns:
+        A :class:`TrainResult` (the model, the export path, steps done, whether it stopped early).
+    """
+    if algo not in ALGORITHMS:
+        raise InputError(f"unknown algorithm {algo!r}; expected one of {sorted(ALGORITHMS)}", "--algo")
+    if steps < 1:
+        raise InputError(f"steps must be >= 1, got {steps}", "--steps")
+    if priority is not None and algo not in ("ppo", "a2c", "maskable_ppo"):
+        raise InputError(
+            f"the priority-weighted softmax works with ppo, a2c and maskable_ppo, not {algo}", "--algo"
+        )
+    spec = spec_of(env_or_twin, spec)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = out / "checkpoints"
+    hp = default_hyper(algo, n_envs)
+    hp.update(hyper or {})
+    topts = dict(twin_opts or {})
+    grid = priority is not None
+    chain = build_env(
+        env_or_twin,
+        spec,
+        algo,
+        n_envs,
+        seed,
+        shield,
+        normalize,
+        True,
+        grid_bins,
+        reward,
+        gamma=hp.get("gamma", 0.99),
+        grid=grid,
+        **topts,
+    )
+    venv = chain.venv
+    if _is_twin(env_or_twin):
+        n_envs = venv.num_envs
+        hp = {**default_hyper(algo, n_envs), **(hyper or {})}
+
+    pk = dict(policy_kwargs or {})
+    # small networks suit per-agent observations of tens of columns on a CPU
+    if algo in ("sac", "td3"):
+        pk.setdefault("net_arch", [64, 64])
+    if algo == "recurrent_ppo":
+        pk.setdefault("lstm_hidden_size", 64)
+    cls = _import(ALGORITHMS[algo])
+    policy: Any = "MlpPolicy"
+    if priority is not None:
+        if not isinstance(venv.action_space, spaces.Discrete):
+            raise InputError(
+                "the priority-weighted softmax needs a spec with one action column (options)", "priority"
+            )
+        from edgetwin.policies.priority import MaskablePriorityWeightedPolicy, PriorityWeightedPolicy
+
+        policy = MaskablePriorityWeightedPolicy if algo == "maskable_ppo" else PriorityWeightedPolicy
+        pk.setdefault("priority", priority)
+    elif algo in ("ppo", "a2c"):
+        policy = RegularisedActorCriticPolicy
+        pk.setdefault("action_norm_lambda", action_norm_lambda)
+    elif algo == "recurrent_ppo":
+        policy = RegularisedRecurrentPolicy
+        pk.setdefault("action_norm_lambda", action_norm_lambda)
+    elif algo == "dual_critic_ppo":
+        hp.setdefault("action_norm_lambda", action_norm_lambda)
+
+    resumed_from = None
+    found = latest_checkpoint(ckpt_dir) if resume and ckpt_dir.is_dir() else None
+    if found is not None:
+        path, done = found
+        vn = ckpt_dir / f"ckpt_vecnormalize_{done}_steps.pkl"
+        if chain.normalize is not None and vn.is_file():
+            chain.normalize = VecNormalize.load(str(vn), chain.normalize.venv)
+            venv = chain.venv = chain.normalize
+        model = cls.load(
+            path,
+            env=venv,
+            device="cpu",
+            tensorboard_log=None if tensorboard_dir is None else str(tensorboard_dir),
+        )
+        rb = ckpt_dir / f"ckpt_replay_buffer_{done}_steps.pkl"
+        if rb.is_file() and hasattr(model, "load_replay_buffer"):
+            model.load_replay_buffer(rb)
+        resumed_from = str(path)
+    else:
+        model = cls(
+            policy,
+            venv,
+            seed=seed,
+            device="cpu",
+            verbose=verbose,
+            policy_kwargs=pk or None,
+            tensorboard_log=None if tensorboard_dir is None else str(tensorboard_dir),
+            **hp,
+        )
+
+    callbacks: list[BaseCallback] = [_AuxLossLogger()]
+    if checkpoint_every > 0:
+        callbacks.append(
+            CheckpointCallback(
+                save_freq=max(checkpoint_every // venv.num_envs, 1),
+                save_path=str(ckpt_dir),
+                name_prefix="ckpt",
+                save_replay_buffer=algo in ("sac", "td3"),
+                save_vecnormalize=chain.normalize is not None,
+            )
+        )
+    eval_cb = None
+    if early_stop_on is not None:
+        eval_chain = build_env(
+            early_stop_on,
+            spec,
+            algo,
+            n_envs,
+            seed + 10_007,
+            shield,
+            normalize,
+            False,
+            grid_bins,
+            reward,
+            gamma=hp.get("gamma", 0.99),
+            grid=grid,
+            **topts,
+        )
+        stop = StopTrainingOnNoModelImprovement(
+            max_no_improvement_evals=patience, min_evals=1, verbose=verbose
+        )
+        eval_cls = EvalCallback
+        if algo == "maskable_ppo":
+            from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
+
+            eval_cls = MaskableEvalCallback
+        eval_cb = eval_cls(
+            eval_chain.venv,
+            callback_after_eval=stop,
+            n_eval_episodes=max(eval_chain.venv.num_envs, 2),
+            eval_freq=max(eval_every // venv.num_envs, 1),
+            best_model_save_path=str(out / "best"),
+            deterministic=True,
+            verbose=verbose,
+        )
+        callbacks.append(eval_cb)
+
+    remaining = max(0, steps - model.num_timesteps)
+    if remaining > 0:
+        model.learn(
+            total_timesteps=remaining,
+            callback=CallbackList(callbacks),
+            reset_num_timesteps=found is None,
+            tb_log_name=algo,
+            progress_bar=progress,
+        )
+    trained_steps = int(model.num_timesteps)
+    stopped_early = trained_steps < steps
+    best = None
+    if eval_cb is not None and (out / "best" / "best_model.zip").is_file():
+        best = float(eval_cb.best_mean_reward)
+        model = cls.load(out / "best" / "best_model.zip", env=venv, device="cpu")
+
+    meta = dict(metadata or {})
+    meta.setdefault("metrics", {})
+    meta.update(
+        algorithm=algo,
+        seed=seed,
+        steps=trained_steps,
+        best_model_steps=int(model.num_timesteps),
+        stopped_early=stopped_early,
+        action_norm_lambda=action_norm_lambda if algo in ON_POLICY else None,
+        best_validation_return=best,
+        resumed_from=resumed_from,
+        hyper=_jsonable(hp),
+    )
+    if _is_twin(env_or_twin):
+        meta.setdefault("training_data_sha256", env_or_twin.meta.get("data_sha256"))
+    export_policy(
+        model,
+        out,
+        spec,
+        metadata=meta,
+        obs_norm=chain.normalize,
+        action_transform=chain.transform,
+        shield=chain.shield,
+    )
+    return TrainResult(model, out, trained_steps, stopped_early, best, meta)
+
+
+def _jsonable(d: Mapping[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(dict(d), default=str))
+
+
+def set_torch_threads(n: int = 1) -> None:
+    """Small MLPs on shared cores run fastest single-threaded."""
+    th.set_num_threads(n)
+
+
+__all__ = [
+    "EnvChain",
+    "GridActionVecEnv",
+    "RescaleActionVecEnv",
+    "TrainResult",
+    "build_env",
+    "default_hyper",
+    "latest_checkpoint",
+    "spec_of",
+    "train_policy",
+]
