@@ -1,0 +1,204 @@
+"""`PopulationModel`: what every population model (GAN-SMMSG and baselines) offers.
+
+A population model learns, per scenario, the joint distribution of the agents' static
+``profile.*`` features, plus how often each scenario occurs, and samples new agents from it.
+
+On disk a model is a directory::
+
+    population.json   # format, model name, scenarios and their proportions, hyper-parameters,
+                      # transform method, library versions, training-data hash, fit time
+    spec.toml         # the twin spec it was fitted with
+    transform.npz     # the fitted column encodings (`ProfileTransformer.state`)
+    weights.pt | gmm.npz   # the model's parameters (torch state dicts / mixture arrays)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from edgetwin.errors import InputError
+from edgetwin.generative.transform import Method, ProfileTransformer
+from edgetwin.twin.spec import TwinSpec
+
+FORMAT = "edgetwin.population/1"
+META_FILE = "population.json"
+SPEC_FILE = "spec.toml"
+TRANSFORM_FILE = "transform.npz"
+
+
+def data_hash(profiles: pd.DataFrame, columns: list[str]) -> str:
+    """A short hash of the training rows (scenario + profile columns), for provenance."""
+    h = hashlib.sha256()
+    h.update(pd.util.hash_pandas_object(profiles[columns], index=False).to_numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class PopulationModel:
+    """Base class: a fitted model of who shows up, per scenario.
+
+    Attributes:
+        spec: the twin spec; ``spec.names("profile")`` are the generated columns, in order.
+        scenarios: scenario labels seen in training, sorted.
+        proportions: ``(S,)`` share of each scenario in the training rows (sums to 1).
+        transformer: the fitted column encodings shared by all models.
+        hyper: hyper-parameters the model was fitted with (saved with it).
+        meta: provenance (data hash, fit seconds, rows, versions).
+    """
+
+    name: ClassVar[str] = "base"
+
+    def __init__(
+        self,
+        spec: TwinSpec,
+        scenarios: list[str],
+        proportions: np.ndarray,
+        transformer: ProfileTransformer,
+        hyper: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.scenarios = list(scenarios)
+        self.proportions = np.asarray(proportions, dtype=np.float64)
+        self.transformer = transformer
+        self.hyper = dict(hyper or {})
+        self.meta = dict(meta or {})
+
+    @property
+    def columns(self) -> list[str]:
+        """The generated columns: ``["scenario", *spec.names("profile")]``."""
+        return ["scenario", *self.spec.names("profile")]
+
+    # ------------------------------------------------------------------------------- sampling
+    def sample(self, n: int, scenario: str | None = None, seed: int = 0) -> pd.DataFrame:
+        """Sample ``n`` new agents.
+
+        Args:
+            n: number of agents (rows).
+            scenario: generate only this scenario; None mixes scenarios in the learned
+                proportions (a multinomial draw, seeded).
+            seed: same seed (and same model) -> same rows.
+
+        Returns:
+            DataFrame with columns ``["scenario", *spec.names("profile")]`` and ``n`` rows; discrete
+            columns only take their allowed values and every column is within its spec bounds.
+        """
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+            raise InputError(f"n must be a non-negative integer, got {n!r}", "n")
+        rng = np.random.default_rng(seed)
+        if scenario is None:
+            idx = rng.choice(len(self.scenarios), size=int(n), p=self.proportions)
+        else:
+            if scenario not in self.scenarios:
+                raise InputError(
+                    f"unknown scenario {scenario!r}; the model knows {self.scenarios}", "scenario"
+                )
+            idx = np.full(int(n), self.scenarios.index(scenario), dtype=np.int64)
+        prof = (
+            self._sample_profiles(idx, rng, seed)
+            if n
+            else pd.DataFrame({c: np.zeros(0) for c in self.spec.names("profile")})
+        )
+        out = pd.DataFrame({"scenario": np.asarray(self.scenarios, dtype=object)[idx]})
+        for c in self.spec.names("profile"):
+            out[c] = prof[c].to_numpy(np.float64)
+        return out
+
+    def _sample_profiles(self, scenario_idx: np.ndarray, rng: np.random.Generator, seed: int) -> pd.DataFrame:
+        """Profiles for agents whose scenario indices are ``scenario_idx (N,)``; subclass hook."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------------------- persistence
+    def save(self, path: str | Path) -> Path:
+        """Write the model directory (see the module docstring); returns its path."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.spec.save(path / SPEC_FILE)
+        np.savez(path / TRANSFORM_FILE, **self.transformer.state())
+        self._save_params(path)
+        meta = {
+            "format": FORMAT,
+            "model": self.name,
+            "scenarios": self.scenarios,
+            "proportions": self.proportions.tolist(),
+            "transform": self.transformer.method,
+            "hyper": self.hyper,
+            "spec_hash": self.spec.hash(),
+            "meta": self.meta,
+        }
+        (path / META_FILE).write_text(json.dumps(meta, indent=2, default=_json_default))
+        return path
+
+    def _save_params(self, path: Path) -> None:
+        raise NotImplementedError
+
+    def _load_params(self, path: Path) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, path: str | Path) -> PopulationModel:
+        """Load a saved model; ``cls.load`` on the base class dispatches on the saved model name."""
+        from edgetwin.generative import MODEL_CLASSES
+
+        path = Path(path)
+        meta_path = path / META_FILE
+        if not meta_path.is_file():
+            raise InputError(f"not a population model directory (no {META_FILE})", str(path))
+        try:
+            meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as e:
+            raise InputError(f"{META_FILE} is not valid JSON ({e})", str(meta_path)) from None
+        if meta.get("format") != FORMAT:
+            raise InputError(f"unknown format {meta.get('format')!r}, expected {FORMAT!r}", str(meta_path))
+        model_cls = MODEL_CLASSES.get(meta.get("model", ""))
+        if model_cls is None:
+            raise InputError(f"unknown model {meta.get('model')!r}", str(meta_path))
+        if cls is not PopulationModel and not issubclass(model_cls, cls):
+            raise InputError(f"{path} holds a {meta['model']!r} model, not {cls.name!r}", str(path))
+        spec = TwinSpec.load(path / SPEC_FILE)
+        method: Method = meta["transform"]
+        with np.load(path / TRANSFORM_FILE) as z:
+            transformer = ProfileTransformer.from_state(spec, method, {k: z[k] for k in z.files})
+        model = model_cls(
+            spec=spec,
+            scenarios=meta["scenarios"],
+            proportions=np.asarray(meta["proportions"]),
+            transformer=transformer,
+            hyper=meta.get("hyper", {}),
+            meta=meta.get("meta", {}),
+        )
+        model._load_params(path)
+        return model
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(model={self.name!r}, scenarios={self.scenarios}, "
+            f"columns={self.spec.names('profile')})"
+        )
+
+
+def versions() -> dict[str, str]:
+    import sklearn
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "pandas": pd.__version__,
+        "torch": torch.__version__,
+        "sklearn": sklearn.__version__,
+    }
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

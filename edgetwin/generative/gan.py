@@ -1,0 +1,426 @@
+"""GAN-SMMSG (seed 004 §3.3, Algorithm 1, eqs. 3-4) and the GAN / WGAN-GP baselines, in PyTorch.
+
+All three share the conditional generator: ``G(z, c)`` maps noise ``z ~ N(0, I)`` and the one-hot
+scenario ``c`` to the transformed profile (`ProfileTransformer.transform`): one normal score per
+continuous column and a logit block per discrete column, which is sampled with (straight-through)
+Gumbel-softmax so generated discrete values are always allowed ones.
+
+* ``gan-smmsg``: the discriminator judges instances **and groups**: an instance head ``D(x, c)``
+  and a DeepSets head ``D_set({x_i}, c)`` over groups of ``group_size`` agents of one scenario
+  (mean and std pooling), both trained with eq. 3. The generator maximises eq. 4::
+
+      D(G(z)) + alpha * H(V(G(z))) - beta * KL(V(x) || V(G(z)))
+
+  where ``V`` are group-level statistics of one scenario's minibatch, computed differentiably:
+  a soft histogram of each continuous column (Gaussian kernel over fixed bin centres in normal-
+  score space) and the category proportions of each discrete column (mean softmax). ``H`` is
+  their mean entropy (breadth), ``KL`` their mean KL from the real minibatch of the same scenario
+  to the generated one. ``D(G(z))`` is used in its non-saturating form (``log D``), for both heads.
+  By default ``alpha`` decays linearly to 0 over the first quarter of training
+  (``alpha_anneal=0.25``): the entropy bonus widens the distribution early on (against mode
+  collapse), but the maximiser of ``H(q) - KL(p || q)`` is flatter than ``p``, so keeping it on to
+  the end costs fidelity; ``alpha_anneal=0`` keeps the paper's constant ``alpha``.
+* ``gan``: instance discriminator only, eq. 3 / non-saturating generator loss, no H or KL term.
+* ``wgan``: WGAN-GP (Gulrajani et al. 2017): instance critic, gradient penalty 10, 5 critic steps
+  per generator step.
+
+The scenario proportions are the training rows' frequencies; scenarios are balanced within a
+training batch so rare scenarios are learned as well as frequent ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from edgetwin.errors import InputError
+from edgetwin.generative.base import PopulationModel
+
+WEIGHTS_FILE = "weights.pt"
+
+#: Defaults shared by the three GAN variants; `VARIANT_DEFAULTS` overrides per variant.
+GAN_DEFAULTS: dict[str, Any] = {
+    "steps": 3000,  # generator updates
+    "batch_per_scenario": 256,  # real and generated rows per scenario per step
+    "noise_dim": 32,
+    "hidden": 256,
+    "d_hidden": 256,
+    "layers": 2,  # hidden layers of G and D
+    "lr_g": 2e-4,
+    "lr_d": 2e-4,
+    "betas": (0.5, 0.9),
+    "tau": 0.2,  # Gumbel-softmax temperature
+    "g_steps": 1,  # k of Algorithm 1: generator updates per discriminator update
+    "sample_chunk": 16384,
+    # Samples come from an exponential moving average of the generator's weights (Polyak
+    # averaging; decay warms up as min(ema, (1 + step) / (10 + step))): it damps the adversarial
+    # oscillation of the last steps. 0 samples from the trained generator itself.
+    "ema": 0.999,
+}
+VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gan-smmsg": {
+        "alpha": 1.0,
+        "beta": 1.0,
+        "alpha_anneal": 0.25,  # alpha decays linearly to 0 over this fraction of the steps (0: constant)
+        "group_size": 64,
+        "set_hidden": 128,
+        "hist_bins": 40,
+        "hist_range": 4.0,  # bin centres span [-r, r] normal scores
+    },
+    "gan": {},
+    "wgan": {"n_critic": 5, "gp_lambda": 10.0, "lr_g": 1e-4, "lr_d": 1e-4},
+}
+
+
+def _mlp(n_in: int, hidden: int, n_out: int, layers: int = 2) -> nn.Sequential:
+    mods: list[nn.Module] = []
+    d = n_in
+    for _ in range(layers):
+        mods += [nn.Linear(d, hidden), nn.LeakyReLU(0.2)]
+        d = hidden
+    mods.append(nn.Linear(d, n_out))
+    return nn.Sequential(*mods)
+
+
+class Generator(nn.Module):
+    """``(z (N, noise_dim), c (N, S)) -> raw (N, net_dim)``: normal scores and discrete logits."""
+
+    def __init__(self, noise_dim: int, n_cond: int, net_dim: int, hidden: int, layers: int = 2) -> None:
+        super().__init__()
+        self.net = _mlp(noise_dim + n_cond, hidden, net_dim, layers=layers)
+
+    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([z, c], dim=1))
+
+
+class InstanceDiscriminator(nn.Module):
+    """``(x (N, net_dim), c (N, S)) -> logit (N,)``: is this one agent real?"""
+
+    def __init__(self, net_dim: int, n_cond: int, hidden: int, layers: int = 2) -> None:
+        super().__init__()
+        self.net = _mlp(net_dim + n_cond, hidden, 1, layers=layers)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([x, c], dim=1)).squeeze(1)
+
+
+class SetDiscriminator(nn.Module):
+    """DeepSets head: ``(x (G, m, net_dim), c (G, S)) -> logit (G,)``: is this group real?
+
+    ``phi`` embeds each agent, the group is pooled by mean and std (permutation invariant), and
+    ``rho`` judges the pooled embedding with the scenario.
+    """
+
+    def __init__(self, net_dim: int, n_cond: int, hidden: int) -> None:
+        super().__init__()
+        self.phi = _mlp(net_dim + n_cond, hidden, hidden, layers=1)
+        self.rho = _mlp(2 * hidden + n_cond, hidden, 1, layers=1)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        g, m, _ = x.shape
+        h = F.leaky_relu(self.phi(torch.cat([x, c[:, None, :].expand(g, m, -1)], dim=2)), 0.2)
+        pooled = torch.cat([h.mean(dim=1), h.std(dim=1)], dim=1)
+        return self.rho(torch.cat([pooled, c], dim=1)).squeeze(1)
+
+
+def gumbel_softmax(
+    logits: torch.Tensor, tau: float, hard: bool, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Gumbel-softmax over the last dim, with a seedable noise source (``F.gumbel_softmax`` has none)."""
+    u = torch.rand(logits.shape, generator=generator, dtype=logits.dtype).clamp_(1e-10, 1.0 - 1e-7)
+    y = F.softmax((logits - torch.log(-torch.log(u))) / tau, dim=-1)
+    if not hard:
+        return y
+    # Straight-through: exact one-hot forward (the discriminator never sees soft values), soft grad.
+    one_hot = F.one_hot(y.argmax(dim=-1), y.shape[-1]).to(y.dtype)
+    return one_hot - y.detach() + y
+
+
+class _Layout:
+    """Index sets of the continuous dims and the discrete blocks of the net encoding."""
+
+    def __init__(self, spans: list[tuple[int, int, bool]]) -> None:
+        self.cont = [s for s, e, disc in spans if not disc]
+        self.blocks = [(s, e) for s, e, disc in spans if disc]
+
+    def activate(
+        self, raw: torch.Tensor, tau: float, hard: bool, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Raw generator output -> encoded rows (continuous dims kept, discrete blocks sampled)."""
+        if not self.blocks:
+            return raw
+        out = raw.clone()
+        for s, e in self.blocks:
+            out[:, s:e] = gumbel_softmax(raw[:, s:e], tau, hard, generator)
+        return out
+
+
+def group_statistics(
+    x: torch.Tensor, layout: _Layout, centres: torch.Tensor, width: float, probs: torch.Tensor | None = None
+) -> list[torch.Tensor]:
+    """Group statistics V(x) of scenario batches ``x (S, b, net_dim)``, differentiable.
+
+    Returns a list of ``(S, K)`` probability tensors, one per column: for continuous columns the
+    mean over the ``b`` rows of a softmax over the ``K`` bin ``centres`` of
+    ``-(x - c_k)^2 / (2 width^2)`` (a soft histogram; rows outside the range count in the edge
+    bins), for discrete columns the mean of ``probs`` (the generator's softmax probabilities: the
+    expected category proportions) or, when None, of the one-hot rows.
+    """
+    src = x if probs is None else probs
+    stats: list[torch.Tensor] = []
+    if layout.cont:
+        d = x[:, :, layout.cont, None] - centres  # (S, b, C, K)
+        hist = F.softmax(-(d * d) / (2 * width * width), dim=3).mean(dim=1)  # (S, C, K)
+        stats += list(hist.unbind(dim=1))
+    for s, e in layout.blocks:
+        stats.append(src[:, :, s:e].mean(dim=1))
+    return stats
+
+
+def _entropy(p: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of each row of ``p (S, K)``."""
+    return -(p * torch.log(p + 1e-8)).sum(dim=-1)
+
+
+def _kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) (nats) of each row pair of ``(S, K)`` tensors."""
+    return (p * (torch.log(p + 1e-8) - torch.log(q + 1e-8))).sum(dim=-1)
+
+
+class GANPopulation(PopulationModel):
+    """Conditional GAN population model; the ``variant`` hyper-parameter picks the objective."""
+
+    name: ClassVar[str] = "gan"
+    variant: ClassVar[str] = "gan"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        hyper = {**GAN_DEFAULTS, **VARIANT_DEFAULTS[self.variant], **self.hyper}
+        hyper["betas"] = tuple(hyper["betas"])
+        self.hyper = hyper
+        spans = [(s, e, c.is_discrete) for s, e, c in self.transformer.spans]
+        self.layout = _Layout(spans)
+        net_dim, n_cond = self.transformer.net_dim, len(self.scenarios)
+        layers = int(hyper["layers"])
+        self.generator = Generator(int(hyper["noise_dim"]), n_cond, net_dim, int(hyper["hidden"]), layers)
+        self.discriminator = InstanceDiscriminator(net_dim, n_cond, int(hyper["d_hidden"]), layers)
+        self.set_discriminator: SetDiscriminator | None = None
+        if self.variant == "gan-smmsg":
+            self.set_discriminator = SetDiscriminator(net_dim, n_cond, int(hyper["set_hidden"]))
+        self.generator_ema: Generator | None = None
+        if float(hyper["ema"]) > 0:
+            self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
+        self.history: list[dict[str, float]] = []
+
+    @property
+    def sampler(self) -> Generator:
+        """The network that samples: the EMA generator when ``ema > 0``, else the generator."""
+        return self.generator if self.generator_ema is None else self.generator_ema
+
+    @torch.no_grad()
+    def _update_ema(self, step: int) -> None:
+        assert self.generator_ema is not None
+        decay = min(float(self.hyper["ema"]), (1.0 + step) / (10.0 + step))
+        for pe, p in zip(self.generator_ema.parameters(), self.generator.parameters(), strict=True):
+            pe.mul_(decay).add_(p.detach(), alpha=1.0 - decay)
+
+    @classmethod
+    def hyper_keys(cls) -> set[str]:
+        return set(GAN_DEFAULTS) | set(VARIANT_DEFAULTS[cls.variant])
+
+    # ------------------------------------------------------------------------------------ fit
+    def fit(self, profiles: pd.DataFrame, seed: int = 0, progress: bool = False) -> GANPopulation:
+        """Train on the profile rows (Algorithm 1 for ``gan-smmsg``); seeded, no global RNG effects."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            # Re-initialise under the seed so that the same seed gives the same model.
+            for m in (self.generator, self.discriminator, self.set_discriminator):
+                if m is not None:
+                    for layer in m.modules():
+                        if isinstance(layer, nn.Linear):
+                            layer.reset_parameters()
+            if self.generator_ema is not None:
+                self.generator_ema.load_state_dict(self.generator.state_dict())
+            self._train(profiles, seed, progress)
+        return self
+
+    def _train(self, profiles: pd.DataFrame, seed: int, progress: bool) -> None:
+        from tqdm.auto import trange
+
+        h = self.hyper
+        rng = np.random.default_rng(seed)
+        x_all = torch.as_tensor(self.transformer.transform(profiles, rng=rng))
+        labels = profiles["scenario"].astype(str).to_numpy()
+        rows = [np.flatnonzero(labels == s) for s in self.scenarios]
+        n_s, b = len(self.scenarios), int(h["batch_per_scenario"])
+        cond = torch.repeat_interleave(torch.eye(n_s), b, dim=0)  # (S*b, S), scenario-major
+        tau = float(h["tau"])
+        smmsg = self.variant == "gan-smmsg"
+        wgan = self.variant == "wgan"
+        if smmsg:
+            m = int(h["group_size"])
+            if b % m:
+                raise InputError(f"batch_per_scenario {b} must be a multiple of group_size {m}", "group_size")
+            centres = torch.linspace(-float(h["hist_range"]), float(h["hist_range"]), int(h["hist_bins"]))
+            width = float(centres[1] - centres[0])
+            group_cond = torch.repeat_interleave(torch.eye(n_s), b // m, dim=0)  # (S*b/m, S)
+        d_params = list(self.discriminator.parameters())
+        if self.set_discriminator is not None:
+            d_params += list(self.set_discriminator.parameters())
+        opt_g = torch.optim.Adam(self.generator.parameters(), lr=float(h["lr_g"]), betas=h["betas"])
+        opt_d = torch.optim.Adam(d_params, lr=float(h["lr_d"]), betas=h["betas"])
+        noise_dim = int(h["noise_dim"])
+        steps = int(h["steps"])
+        n_critic = int(h.get("n_critic", 1))
+
+        def real_batch() -> torch.Tensor:
+            idx = np.concatenate([r[rng.integers(0, len(r), size=b)] for r in rows])
+            return x_all[idx]
+
+        def fake_batch() -> tuple[torch.Tensor, torch.Tensor]:
+            raw = self.generator(torch.randn(n_s * b, noise_dim), cond)
+            return self.layout.activate(raw, tau, hard=True), raw
+
+        def groups(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(n_s * b // m, m, x.shape[1])
+
+        self.history = []
+        t0 = time.perf_counter()
+        bar = trange(steps, desc=self.name, disable=not progress)
+        for step in bar:
+            # --- discriminator / critic: eq. 3 on the instance head (and the set head) ---
+            for _ in range(n_critic):
+                xr = real_batch()
+                with torch.no_grad():
+                    xf, _ = fake_batch()
+                if wgan:
+                    loss_d = self.discriminator(xf, cond).mean() - self.discriminator(xr, cond).mean()
+                    eps = torch.rand(xr.shape[0], 1)
+                    xi = (eps * xr + (1 - eps) * xf).requires_grad_(True)
+                    grad = torch.autograd.grad(self.discriminator(xi, cond).sum(), xi, create_graph=True)[0]
+                    loss_d = loss_d + float(h["gp_lambda"]) * ((grad.norm(dim=1) - 1) ** 2).mean()
+                else:
+                    lr_, lf_ = self.discriminator(xr, cond), self.discriminator(xf, cond)
+                    loss_d = F.binary_cross_entropy_with_logits(lr_, torch.ones_like(lr_)) + (
+                        F.binary_cross_entropy_with_logits(lf_, torch.zeros_like(lf_))
+                    )
+                    if smmsg:
+                        assert self.set_discriminator is not None
+                        sr = self.set_discriminator(groups(xr), group_cond)
+                        sf = self.set_discriminator(groups(xf), group_cond)
+                        loss_d = (
+                            loss_d
+                            + F.binary_cross_entropy_with_logits(sr, torch.ones_like(sr))
+                            + (F.binary_cross_entropy_with_logits(sf, torch.zeros_like(sf)))
+                        )
+                opt_d.zero_grad(set_to_none=True)
+                loss_d.backward()
+                opt_d.step()
+
+            # --- generator: k steps of eq. 4 (or the plain GAN / WGAN generator loss) ---
+            for _ in range(int(h["g_steps"])):
+                xf, raw = fake_batch()
+                if wgan:
+                    loss_g = -self.discriminator(xf, cond).mean()
+                    ent = kl = torch.zeros(())
+                else:
+                    lf_ = self.discriminator(xf, cond)
+                    loss_g = F.binary_cross_entropy_with_logits(lf_, torch.ones_like(lf_))
+                    ent = kl = torch.zeros(())
+                    if smmsg:
+                        assert self.set_discriminator is not None
+                        sf = self.set_discriminator(groups(xf), group_cond)
+                        loss_g = loss_g + F.binary_cross_entropy_with_logits(sf, torch.ones_like(sf))
+                        xr = real_batch()
+                        probs = xf
+                        if self.layout.blocks:  # expected proportions: softmax of the logits
+                            probs = xf.clone()
+                            for s_, e_ in self.layout.blocks:
+                                probs[:, s_:e_] = F.softmax(raw[:, s_:e_], dim=1)
+                        vg = group_statistics(
+                            xf.view(n_s, b, -1), self.layout, centres, width, probs.view(n_s, b, -1)
+                        )
+                        vr = group_statistics(xr.view(n_s, b, -1), self.layout, centres, width)
+                        # Columns' statistics are taken as independent: H and KL of the product
+                        # are the sums over columns; averaged over scenarios.
+                        ent = torch.stack([_entropy(q) for q in vg]).sum(0).mean()
+                        kl = torch.stack([_kl(p, q) for p, q in zip(vr, vg, strict=True)]).sum(0).mean()
+                        alpha = float(h["alpha"])
+                        frac = float(h["alpha_anneal"])
+                        if frac > 0:
+                            alpha *= max(0.0, 1.0 - step / max(1.0, frac * steps))
+                        loss_g = loss_g - alpha * ent + float(h["beta"]) * kl
+                opt_g.zero_grad(set_to_none=True)
+                loss_g.backward()
+                opt_g.step()
+                if self.generator_ema is not None:
+                    self._update_ema(step)
+            if step % 50 == 0 or step == steps - 1:
+                rec = {
+                    "step": step,
+                    "loss_d": float(loss_d.detach()),
+                    "loss_g": float(loss_g.detach()),
+                    "entropy": float(ent.detach()),
+                    "kl": float(kl.detach()),
+                }
+                self.history.append(rec)
+                bar.set_postfix(loss_d=f"{rec['loss_d']:.3f}", loss_g=f"{rec['loss_g']:.3f}")
+        self.meta["train_seconds"] = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------------------- sampling
+    @torch.no_grad()
+    def _sample_profiles(self, scenario_idx: np.ndarray, rng: np.random.Generator, seed: int) -> pd.DataFrame:
+        g = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
+        net = self.sampler
+        n_s = len(self.scenarios)
+        chunk = int(self.hyper["sample_chunk"])
+        outs = []
+        idx = torch.as_tensor(scenario_idx, dtype=torch.long)
+        for i in range(0, len(idx), chunk):
+            c = F.one_hot(idx[i : i + chunk], n_s).to(torch.float32)
+            z = torch.randn(len(c), int(self.hyper["noise_dim"]), generator=g)
+            raw = net(z, c)
+            # tau -> 0 of Gumbel-softmax: argmax(logits + Gumbel) is an exact categorical draw.
+            outs.append(self.layout.activate(raw, 1.0, hard=True, generator=g).numpy())
+        return self.transformer.inverse(np.concatenate(outs).astype(np.float64))
+
+    # ---------------------------------------------------------------------------- persistence
+    def _save_params(self, path: Path) -> None:
+        state = {"generator": self.generator.state_dict(), "discriminator": self.discriminator.state_dict()}
+        if self.set_discriminator is not None:
+            state["set_discriminator"] = self.set_discriminator.state_dict()
+        if self.generator_ema is not None:
+            state["generator_ema"] = self.generator_ema.state_dict()
+        torch.save(state, path / WEIGHTS_FILE)
+        (path / "history.json").write_text(pd.DataFrame(self.history).to_json(orient="records"))
+
+    def _load_params(self, path: Path) -> None:
+        state = torch.load(path / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+        self.generator.load_state_dict(state["generator"])
+        self.discriminator.load_state_dict(state["discriminator"])
+        if self.set_discriminator is not None:
+            self.set_discriminator.load_state_dict(state["set_discriminator"])
+        if self.generator_ema is not None:
+            self.generator_ema.load_state_dict(state["generator_ema"])
+
+
+class GANSMMSGPopulation(GANPopulation):
+    """GAN-SMMSG: instance + group discriminator, entropy bonus and KL guide (eq. 4)."""
+
+    name: ClassVar[str] = "gan-smmsg"
+    variant: ClassVar[str] = "gan-smmsg"
+
+
+class WGANPopulation(GANPopulation):
+    """WGAN-GP baseline."""
+
+    name: ClassVar[str] = "wgan"
+    variant: ClassVar[str] = "wgan"
