@@ -11,9 +11,10 @@ under a uniformly random platform policy (as in seed 004 §4.1). Measured:
    rho, relative return error, regret), beside fitted-Q evaluation (FQE) on the same logs;
 4. throughput: agent-steps/s of the twin and of the cluster at 1,000 and 10,000 agents.
 
-Run (2 CPU cores, ~20-30 min):  python benchmarks/twin_fidelity.py [--quick]
+Run (2 CPU cores, ~30 min):  python benchmarks/twin_fidelity.py
 Writes the `## Twin fidelity (MAIL-MMSG)` section of docs/benchmarks.md and PNGs under
-docs/benchmarks/twin_fidelity/.
+docs/benchmarks/twin_fidelity/. `--quick` runs part 3 only, small (1 member, 3 training days, no FQE;
+a few minutes), to measure a change; `--write-quick` also writes it as a subsection.
 """
 
 from __future__ import annotations
@@ -115,19 +116,114 @@ def throughput(twin: Twin, spec, n: int, ticks: int) -> tuple[float, float]:  # 
     return twin_rate, n * ticks / (time.perf_counter() - t0)
 
 
+
+# ------------------------------------------------------------------------------------ ranking
+def ranking_policies(spec, twin: Twin) -> dict:  # type: ignore[no-untyped-def]
+    """The platform policies whose ranking the twin must reproduce (PPO is added separately)."""
+    return {
+        "random": RandomPolicy(spec, 1),
+        "heuristic (SLO-aware)": SLOAwarePolicy(spec),
+        "heuristic + noise 0.1": NoisyPolicy(SLOAwarePolicy(spec), spec, 0.1, 2),
+        "heuristic + noise 0.3": NoisyPolicy(SLOAwarePolicy(spec), spec, 0.3, 3),
+        "all edge, cap 1, price .5": constant(1.0, 1.0, 0.5),
+        "all cloud, cap 1, price .5": constant(0.0, 1.0, 0.5),
+        "half, cap 2, price .2": constant(0.5, 2.0, 0.2),
+        "half, cap .3, price .9": constant(0.5, 0.3, 0.9),
+        "edge, cap 1.5, price .1": constant(1.0, 1.5, 0.1),
+        "half, cap 1, price 1": constant(0.5, 1.0, 1.0),
+        "cloned logging policy": twin.logging_policy(seed=4),
+    }
+
+
+def ppo_in_twin(twin: Twin, n_agents: int, steps: int, seed: int, timesteps: int) -> SB3Policy:
+    venv = twin.make_vec_env(n_agents=n_agents, steps=steps, seed=seed, disagreement_penalty=0.5)
+    ppo = PPO("MlpPolicy", venv, n_steps=steps, batch_size=min(2400, n_agents * steps), n_epochs=5,
+              gamma=0.95, seed=seed, device="cpu", verbose=0)
+    ppo.learn(timesteps)
+    return SB3Policy(ppo)
+
+
+def ranking_scores(rank: pd.DataFrame, col: str) -> dict:  # type: ignore[type-arg]
+    """Spearman rho, mean relative error, regret and pick of one evaluator column against ``real``."""
+    rho = float(spearmanr(rank["real"], rank[col]).statistic)
+    rel = float((np.abs(rank[col] - rank["real"]) / np.abs(rank["real"]).clip(lower=1e-6)).mean())
+    pick = rank[col].idxmax()
+    return {"spearman": rho, "rel_err": rel, "regret": float(rank["real"].max() - rank.loc[pick, "real"]),
+            "pick": rank.loc[pick, "policy"]}
+
+
+QUICK_SECTION = "### Quick ranking check"
+
+
+def quick_ranking(args: argparse.Namespace) -> None:
+    """Section 3 only, small: 3 training days, 1 member, 2 evaluation days, PPO 30k steps, no FQE.
+
+    Used to measure each change to the twin in a few minutes; the full run is the reference.
+    """
+    n_agents, steps, eval_eps = 100, 96, 2
+    hyper = {"rounds": 10, "bc_epochs": 10}
+    cfg = ClusterConfig(n_agents=n_agents, steps=steps)
+    t_all = time.perf_counter()
+    train, spec = generate_logs(cfg, episodes=3, seed=args.seed)
+    twin = Twin.fit(train, spec, seed=args.seed, members=1, population_hyper={"steps": 500}, progress=True, **hyper)
+    fit_s = time.perf_counter() - t_all
+    policies = ranking_policies(spec, twin)
+    policies["PPO trained in the twin"] = ppo_in_twin(twin, n_agents, steps, args.seed, 30_000)
+    rows = []
+    for i, (name, pol) in enumerate(policies.items()):
+        real_df, _ = generate_logs(cfg, episodes=eval_eps, policy=pol, seed=args.seed + 500)
+        twin_df = twin.rollout(pol, episodes=eval_eps, seed=args.seed + 500 + i, n_agents=n_agents, steps=steps,
+                               all_members=True)
+        rows.append({"policy": name, "real": float(real_df["reward"].mean()), "twin": float(twin_df["reward"].mean()),
+                     "out_of_support": twin_df.attrs["support"]["out_of_support"]})
+        print(rows[-1], flush=True)
+    rank = pd.DataFrame(rows)
+    sc = ranking_scores(rank, "twin")
+    L = [QUICK_SECTION, "",
+         f"Command: `python benchmarks/twin_fidelity.py --quick --seed {args.seed}` (2 shared CPU cores; "
+         f"{(time.perf_counter() - t_all) / 60:.0f} min, fit {fit_s:.0f} s). 3 training days, 1 member, "
+         f"{hyper['rounds']} GAIL rounds, GAN-SMMSG 500 steps, {eval_eps} evaluation days per policy, PPO 30k steps. "
+         "Smaller than the full run above, so its numbers are not comparable one to one.", "",
+         "| policy | real | twin | twin out-of-support |", "|---|---|---|---|"]
+    for _, r in rank.iterrows():
+        L.append(f"| {r['policy']} | {r['real']:.3f} | {r['twin']:.3f} | {100 * r['out_of_support']:.0f} % |")
+    L += ["", f"Spearman rho {sc['spearman']:.2f}, mean relative error {100 * sc['rel_err']:.0f} %, "
+          f"regret of its pick {sc['regret']:.3f} ({sc['pick']})."]
+    md = "\n".join(L) + "\n"
+    print(md)
+    if args.write_quick:
+        text = DOC.read_text()
+        pattern = re.compile(rf"^{re.escape(QUICK_SECTION)}\n.*?(?=^## |^### |\Z)", re.S | re.M)
+        if pattern.search(text):
+            text = pattern.sub(md + "\n", text)
+        else:  # append at the end of the Twin fidelity section
+            sec = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+            m = sec.search(text)
+            if m is None:
+                raise SystemExit(f"docs/benchmarks.md has no {SECTION!r} section")
+            text = text[: m.end()].rstrip("\n") + "\n\n" + md + "\n" + text[m.end():]
+        DOC.write_text(text)
+
+
 # ------------------------------------------------------------------------------------ main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke run; not written to the docs)")
+    ap.add_argument("--quick", action="store_true",
+                    help="policy ranking only: 3 training days, 1 member, no FQE (a few minutes; not written "
+                         "to the docs unless --write-quick)")
+    ap.add_argument("--write-quick", action="store_true", help="write the quick ranking into docs/benchmarks.md")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    q = args.quick
-    n_agents, steps = (40, 24) if q else (100, 96)
-    train_eps, held_eps, eval_eps = (3, 2, 1) if q else (6, 3, 2)
-    members = 1 if q else 3
-    hyper = {"rounds": 2, "bc_epochs": 5} if q else {"rounds": 10, "bc_epochs": 10}
-    pop = {"steps": 200} if q else {"steps": 1500}
+    if args.quick:
+        quick_ranking(args)
+        return
+    q = False
+    n_agents, steps = 100, 96
+    train_eps, held_eps, eval_eps = 6, 3, 2
+    members = 3
+    hyper = {"rounds": 10, "bc_epochs": 10}
+    pop = {"steps": 1500}
     cfg = ClusterConfig(n_agents=n_agents, steps=steps)
     t_all = time.perf_counter()
 
@@ -162,31 +258,16 @@ def main() -> None:
 
     # 3. policy ranking
     rng_seed = args.seed + 500
-    policies = {
-        "random": RandomPolicy(spec, 1),
-        "heuristic (SLO-aware)": SLOAwarePolicy(spec),
-        "heuristic + noise 0.1": NoisyPolicy(SLOAwarePolicy(spec), spec, 0.1, 2),
-        "heuristic + noise 0.3": NoisyPolicy(SLOAwarePolicy(spec), spec, 0.3, 3),
-        "all edge, cap 1, price .5": constant(1.0, 1.0, 0.5),
-        "all cloud, cap 1, price .5": constant(0.0, 1.0, 0.5),
-        "half, cap 2, price .2": constant(0.5, 2.0, 0.2),
-        "half, cap .3, price .9": constant(0.5, 0.3, 0.9),
-        "edge, cap 1.5, price .1": constant(1.0, 1.5, 0.1),
-        "half, cap 1, price 1": constant(0.5, 1.0, 1.0),
-        "cloned logging policy": mail.logging_policy(seed=4),
-    }
+    policies = ranking_policies(spec, mail)
     t0 = time.perf_counter()
-    venv = mail.make_vec_env(n_agents=n_agents, steps=steps, seed=args.seed, disagreement_penalty=0.5)
-    ppo = PPO("MlpPolicy", venv, n_steps=steps, batch_size=min(2400, n_agents * steps), n_epochs=5,
-              gamma=0.95, seed=args.seed, device="cpu", verbose=0)
-    ppo.learn(10_000 if q else 150_000)
-    policies["PPO trained in the twin"] = SB3Policy(ppo)
+    policies["PPO trained in the twin"] = ppo_in_twin(mail, n_agents, steps, args.seed, 150_000)
     secs["ppo_in_twin"] = time.perf_counter() - t0
 
     rows = []
     for i, (name, pol) in enumerate(policies.items()):
         real_df, _ = generate_logs(cfg, episodes=eval_eps, policy=pol, seed=rng_seed)
-        twin_df = mail.rollout(pol, episodes=eval_eps, seed=rng_seed + i, n_agents=n_agents, steps=steps)
+        twin_df = mail.rollout(pol, episodes=eval_eps, seed=rng_seed + i, n_agents=n_agents, steps=steps,
+                               all_members=True)
         sup_df = fits["supervised"].rollout(pol, episodes=eval_eps, seed=rng_seed + i, n_agents=n_agents, steps=steps)
         rows.append({
             "policy": name,
@@ -198,13 +279,7 @@ def main() -> None:
         })
         print(rows[-1])
     rank = pd.DataFrame(rows)
-    scores = {}
-    best_real = rank["real"].max()
-    for col in ("twin", "supervised twin", "fqe"):
-        rho = float(spearmanr(rank["real"], rank[col]).statistic)
-        rel = float((np.abs(rank[col] - rank["real"]) / np.abs(rank["real"]).clip(lower=1e-6)).mean())
-        regret = float(best_real - rank.loc[rank[col].idxmax(), "real"])
-        scores[col] = {"spearman": rho, "rel_err": rel, "regret": regret, "pick": rank.loc[rank[col].idxmax(), "policy"]}
+    scores = {col: ranking_scores(rank, col) for col in ("twin", "supervised twin", "fqe")}
 
     # 4. throughput
     tp = {n: throughput(mail, spec, n, 5 if q else 20) for n in ((200, 1000) if q else (1000, 10_000))}
@@ -270,7 +345,8 @@ def _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, exp
     for name, c in comp.items():
         get = lambda h, c=c: c.loc[c["h"] == h, "outputs"].iloc[0] if (c["h"] == h).any() else float("nan")  # noqa: E731
         L.append(f"| {name} | {get(1):.3f} | {get(10):.3f} | {get(50):.3f} | {get(95):.3f} | {expo[name]:.2f} |")
-    L += ["", "**3. Policy ranking** (mean per-step reward = offload ratio - 0.5 SLO violation, per group and tick):", "",
+    L += ["", "**3. Policy ranking** (mean per-step reward = offload ratio - 0.5 SLO violation, per group and tick; "
+          "the MAIL twin's value is the mean over all its ensemble members on the same populations):", "",
           "| policy | real | MAIL twin | supervised twin | FQE | twin out-of-support |", "|---|---|---|---|---|---|"]
     for _, r in rank.iterrows():
         L.append(f"| {r['policy']} | {r['real']:.3f} | {r['twin']:.3f} | {r['supervised twin']:.3f} | {r['fqe']:.3f} | "

@@ -64,17 +64,1042 @@ def logs_validate(
     quarantine: Annotated[
         Path | None, typer.Option(help="Where unusable rows go; default LOG.quarantine.csv beside the log.")
     ] = None,
+    min_usable: Annotated[
+        float, typer.Option("--min-usable", help="The log is unusable below this share of usable rows (0..1).")
+    ] = 0.5,
     as_json: JsonOpt = False,
 ) -> None:
-    """Report every problem of a log at once; exit 0 if it is usable, 2 if it is not."""
+    """Report every problem of a log at once; exit 0 if it is usable, 2 if it is not.
+
+    Unusable rows go to the quarantine file with their row number and reason; see docs/log-format.md.
+    """
     from edgetwin.twin.validate import validate_log
 
-    report = validate_log(log, spec=spec, quarantine_path=quarantine)
+    if not 0.0 <= min_usable <= 1.0:
+        raise InputError(f"must be between 0 and 1, got {min_usable}", "--min-usable")
+    report = validate_log(log, spec=spec, quarantine_path=quarantine, min_usable_fraction=min_usable)
     if as_json:
         emit_json(report.to_dict())
     else:
         out.print(report.summary())
     raise typer.Exit(0 if report.usable else 2)
+
+
+# ------------------------------------------------------------------------------------- registry
+registry_app = typer.Typer(help="Signed policy registry: keys, publish, list, show.", no_args_is_help=True)
+app.add_typer(registry_app, name="registry")
+
+RegistryOpt = Annotated[
+    str,
+    typer.Option(
+        "--registry",
+        envvar="EDGETWIN_REGISTRY",
+        help="Registry: a directory (created on publish) or a nats://host:port URL (JetStream).",
+    ),
+]
+BucketOpt = Annotated[str, typer.Option("--bucket", help="NATS bucket prefix of the registry.")]
+
+
+@registry_app.command("keygen")
+def registry_keygen(
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for NAME.key.pem (0600) and NAME.pub.pem.")],
+    name: Annotated[str, typer.Option(help="File name stem of the key pair.")] = "publisher",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing key files.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Generate an Ed25519 signing key pair (from the OS's CSPRNG: keys are deliberately not seedable)."""
+    from edgetwin.edge.signing import Signer, save_private_key, save_public_key
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    signer = Signer.generate()
+    pub = out_dir / f"{name}.pub.pem"
+    if pub.exists() and not force:
+        raise InputError("a key file already exists here; pass --force to overwrite it", where=str(pub))
+    key = save_private_key(signer.private_key, out_dir / f"{name}.key.pem", overwrite=force)
+    save_public_key(signer.public_key, pub, overwrite=force)
+    result = {"key_id": signer.key_id, "private_key": str(key), "public_key": str(pub)}
+    if as_json:
+        emit_json(result)
+    else:
+        out.print(f"key {signer.key_id}: private {key} (keep it secret), public {pub} (give it to edge agents)")
+
+
+@registry_app.command("publish")
+def registry_publish(
+    policy_dir: Annotated[Path, typer.Argument(help="Exported policy directory.")],
+    registry: RegistryOpt,
+    key: Annotated[
+        Path, typer.Option("--key", envvar="EDGETWIN_SIGNING_KEY", help="Ed25519 private key (PEM) that signs.")
+    ],
+    name: Annotated[str | None, typer.Option(help="Policy name; default: metadata's, else the directory name.")] = None,
+    version: Annotated[str | None, typer.Option(help="Version name; default: the next v<N>.")] = None,
+    metadata: Annotated[
+        Path | None, typer.Option(help="JSON file of metadata (spec_hash, algorithm, metrics, ...).")
+    ] = None,
+    parent: Annotated[str | None, typer.Option(help="Parent version.")] = None,
+    metric: Annotated[list[str] | None, typer.Option(help="A metric at promotion, NAME=VALUE; repeatable.")] = None,
+    bucket: BucketOpt = "edgetwin",
+    as_json: JsonOpt = False,
+) -> None:
+    """Pack, sign and publish a policy directory as a new immutable version.
+
+    Metadata comes from the policy's own policy.json (algorithm, spec hash, training data hash,
+    metrics), then --metadata, then the flags, each overriding the one before.
+    """
+    from edgetwin.edge.registry import describe_version, metadata_from_policy_dir, open_registry
+    from edgetwin.edge.signing import Signer
+
+    md: dict[str, Any] = metadata_from_policy_dir(policy_dir)  # an exported policy's policy.json, if any
+    if metadata is not None:
+        try:
+            extra = json.loads(metadata.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(f"expected a JSON object of metadata ({e})", where=str(metadata)) from None
+        if not isinstance(extra, dict):
+            raise InputError("expected a JSON object of metadata", where=str(metadata))
+        md |= extra
+    md["name"] = name or md.get("name") or policy_dir.name
+    if version is not None:
+        md["version"] = version
+    if parent is not None:
+        md["parent_version"] = parent
+    metrics = dict(md.get("metrics") or {})
+    for item in metric or []:
+        k, sep, v = item.partition("=")
+        try:
+            metrics[k] = float(v)
+        except ValueError:
+            sep = ""
+        if not sep or not k:
+            raise InputError(f"expected NAME=VALUE with a number, got {item!r}", where="--metric")
+    md["metrics"] = metrics
+    signer = Signer.from_pem(key)
+    with open_registry(registry, bucket=bucket) as reg:
+        published = reg.publish(policy_dir, md, signer)
+        result = describe_version(reg, published)
+    if as_json:
+        emit_json(result)
+    else:
+        out.print(f"published {published} ({result['name']}, sha256 {result['sha256'][:12]}, key {signer.key_id})")
+
+
+@registry_app.command("list")
+def registry_list(registry: RegistryOpt, bucket: BucketOpt = "edgetwin", as_json: JsonOpt = False) -> None:
+    """Published versions (oldest first) and the current version of every scope."""
+    from rich.table import Table
+
+    from edgetwin.edge.registry import describe_registry, open_registry
+
+    with open_registry(registry, create=False, bucket=bucket) as reg:
+        summary = describe_registry(reg)
+    if as_json:
+        emit_json(summary)
+        return
+    table = Table("version", "name", "algorithm", "created", "key", "sha256", "current in", title=summary["registry"])
+    for v in summary["versions"]:
+        table.add_row(
+            v["version"], v["name"], v["algorithm"] or "", v["created"] or "", v["key_id"] or "UNSIGNED",
+            v["sha256"][:12], ", ".join(v["current_in"]),
+        )  # fmt: skip
+    out.print(table)
+    for scope, p in summary["pointers"].items():
+        out.print(f"{scope}: {p['current']} (rollback to {p['rollback_to']}, revision {p['revision']})")
+
+
+@registry_app.command("show")
+def registry_show(
+    registry: RegistryOpt,
+    version: Annotated[str | None, typer.Argument(help="Version to show.")] = None,
+    scope: Annotated[
+        str | None, typer.Option(help="Show a scope's pointer history instead: global, cluster/C or site/S.")
+    ] = None,
+    trust: Annotated[
+        list[Path] | None, typer.Option(help="Public key file or directory: also verify the artifact (exit 1 if refused).")
+    ] = None,
+    bucket: BucketOpt = "edgetwin",
+    as_json: JsonOpt = False,
+) -> None:
+    """A version's signed metadata (optionally verified against trusted keys), or a scope's history."""
+    import tempfile
+
+    from edgetwin.edge.registry import check_scope, describe_version, open_registry, rollback_target
+    from edgetwin.edge.signing import TrustStore
+
+    if (version is None) == (scope is None):
+        raise InputError("give either a VERSION or --scope", where="registry show")
+    store = TrustStore.from_paths(trust) if trust else None
+    with open_registry(registry, create=False, bucket=bucket) as reg:
+        if scope is not None:
+            history = reg.history(check_scope(scope))
+            result: dict[str, Any] = {
+                "scope": scope,
+                "current": history[-1].version if history else None,
+                "rollback_to": rollback_target(history),
+                "history": [h.to_dict() for h in history],
+            }
+        else:
+            result = describe_version(reg, version)
+            if store is not None:
+                with tempfile.TemporaryDirectory() as tmp:
+                    reg.fetch(version, Path(tmp) / "policy", store)  # raises ArtifactRejected: exit 1
+                result["verified"] = True
+    if as_json:
+        emit_json(result)
+    elif scope is not None:
+        out.print(f"{scope}: current {result['current']}, rollback to {result['rollback_to']}")
+        for h in result["history"]:
+            out.print(f"  r{h['revision']} {h['at']} {h['kind']:8} {h['previous']} -> {h['version']}  {h['reason']}")
+    else:
+        out.print_json(data=result)
+        if store is not None:
+            out.print(f"verified: signed by trusted key {result['key_id']}, checksum and metadata intact")
+
+
+# ------------------------------------------------------------------------------------- logs generate
+@logs_app.command("generate")
+def logs_generate(
+    out_path: Annotated[Path, typer.Option("--out", help="Log to write (.parquet or .csv); LOG.spec.toml goes beside it.")],
+    agents: Annotated[int, typer.Option("--agents", help="Service groups per episode.")] = 200,
+    episodes: Annotated[int, typer.Option("--episodes", help="Episodes (days) to log.")] = 3,
+    steps: Annotated[int, typer.Option("--steps", help="Ticks per episode (96 x 15 min = a day).")] = 96,
+    policy: Annotated[str, typer.Option("--policy", help="Logging policy: random | heuristic.")] = "random",
+    drift: Annotated[str, typer.Option("--drift", help="Simulated time since day 0: 0d | 1d | 1w | 1m.")] = "0d",
+    trace: Annotated[
+        Path | None, typer.Option("--trace", help="Real trace for task sizes and arrival curve (format auto-detected).")
+    ] = None,
+    carbon: Annotated[
+        Path | None, typer.Option("--carbon", help="Carbon-intensity file or folder (<zone>_*.parquet); default built-in.")
+    ] = None,
+    plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Also write LOG.overview.png (KPIs by hour).")] = True,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the emulated edge-cloud cluster under a logging policy and write its log and spec."""
+    from edgetwin.edge.cluster import ClusterConfig, generate_logs, plot_overview
+    from edgetwin.edge.population import DRIFT_DAYS
+    from edgetwin.twin.logs import write_table
+    from edgetwin.twin.spec import spec_path_for
+
+    if policy not in ("random", "heuristic"):
+        raise InputError(f"expected 'random' or 'heuristic', got {policy!r}", "--policy")
+    if drift not in DRIFT_DAYS:
+        raise InputError(f"expected one of {', '.join(DRIFT_DAYS)}, got {drift!r}", "--drift")
+    for flag, value in (("--agents", agents), ("--episodes", episodes), ("--steps", steps)):
+        if value < 1:
+            raise InputError(f"expected a positive integer, got {value}", flag)
+    if trace is not None and not trace.exists():
+        raise InputError("trace file not found", f"--trace {trace}")
+    if carbon is not None and not carbon.exists():
+        raise InputError("carbon intensity file not found", f"--carbon {carbon}")
+    config = ClusterConfig(n_agents=agents, steps=steps, drift=drift, trace=trace, carbon=carbon)
+    log, spec = generate_logs(config, episodes=episodes, policy=policy, seed=seed, progress=not as_json)
+    write_table(log, out_path)
+    spec_path = spec.save(spec_path_for(out_path))
+    png = plot_overview(log, out_path.with_name(out_path.name.split(".")[0] + ".overview.png")) if plot else None
+    summary = {
+        "log": str(out_path),
+        "spec": str(spec_path),
+        "plot": None if png is None else str(png),
+        "rows": len(log),
+        "episodes": episodes,
+        "agents": agents,
+        "steps": steps,
+        "policy": policy,
+        "drift": drift,
+        "trace": None if trace is None else str(trace),
+        "seed": seed,
+        "scenarios": {str(k): int(v) for k, v in log.groupby("scenario")["agent"].nunique().items()},
+        "mean_offload_ratio": float(log["response.offload_ratio"].mean()),
+        "mean_slo_violation": float(log["kpi.slo_violation"].mean()),
+        "mean_reward": float(log["reward"].mean()),
+    }
+    if as_json:
+        emit_json(summary)
+    else:
+        where = f"spec: {spec_path}" + (f"\nplot: {png}" if png else "")
+        out.print(
+            f"wrote {summary['rows']:,} rows ({episodes} episodes x {steps} steps x {agents} service groups) "
+            f"to {out_path}\n{where}\nmean offload ratio {summary['mean_offload_ratio']:.3f}, "
+            f"SLO violations {summary['mean_slo_violation']:.3f}, reward {summary['mean_reward']:.3f}"
+        )
+
+
+# ------------------------------------------------------------------------------------- demo
+@app.command("demo")
+def demo(
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for everything the demo writes.")] = Path(
+        "edgetwin-demo"
+    ),
+    agents: Annotated[int, typer.Option(min=10, help="Service groups in the emulated cluster.")] = 100,
+    episodes: Annotated[int, typer.Option(min=2, help="Episodes (days) of logs to learn from.")] = 3,
+    steps: Annotated[int, typer.Option(min=8, help="Steps per episode.")] = 96,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """The main job on the embedded defaults: emulated cluster -> logs -> twin -> policy -> what-if report."""
+    from edgetwin.demo import run_demo
+
+    result = run_demo(out_dir, seed=seed, agents=agents, episodes=episodes, steps=steps, log=console.print)
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    for name, path in result.artifacts.items():
+        out.print(f"{name:>10}: {path}")
+    out.print(f"summary written to {result.artifacts['summary']}")
+
+
+# ------------------------------------------------------------------------------------- twin
+@app.command("fit")
+def twin_fit(
+    log: Annotated[Path, typer.Argument(help="Log table (.parquet or .csv).")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the twin to.")],
+    spec: Annotated[Path | None, typer.Option(help="Twin spec (TOML); default LOG.spec.toml beside the log.")] = None,
+    members: Annotated[int, typer.Option(help="Ensemble members (bootstrap resamples of episodes).")] = 5,
+    rounds: Annotated[int, typer.Option(help="MAIL-MMSG adversarial rounds per scenario (0: BC only).")] = 10,
+    bc_epochs: Annotated[int, typer.Option(help="Behaviour-cloning epochs (engine and client pre-training).")] = 20,
+    response_model: Annotated[str, typer.Option(help="mail | bc | supervised.")] = "mail",
+    population_model: Annotated[str, typer.Option(help="gan-smmsg | gmm | gan | wgan | empirical.")] = "gan-smmsg",
+    population_steps: Annotated[int | None, typer.Option(help="Generator updates of the population model.")] = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Learn a twin from a log. Resumable: finished members are checkpointed in OUT/checkpoint."""
+    import torch
+
+    from edgetwin.twin.twin import Twin
+
+    torch.set_num_threads(1)
+    pop_hyper = {} if population_steps is None else {"steps": population_steps}
+    twin = Twin.fit(
+        log,
+        spec,
+        seed=seed,
+        members=members,
+        progress=not as_json,
+        checkpoint_dir=out_dir / "checkpoint",
+        response_model=response_model,
+        population_model=population_model,
+        population_hyper=pop_hyper,
+        rounds=rounds,
+        bc_epochs=bc_epochs,
+    )
+    twin.save(out_dir)
+    summary = {"twin": str(out_dir), **{k: twin.meta[k] for k in ("members", "data_sha256", "n_rows", "n_episodes", "fit_seconds")}}
+    if as_json:
+        emit_json(summary)
+    else:
+        out.print(f"twin written to {out_dir} ({twin.meta['members']} members, {twin.meta['n_rows']} rows, "
+                  f"{twin.meta['fit_seconds']:.0f} s)")
+
+
+@app.command("fidelity")
+def twin_fidelity(
+    twin_dir: Annotated[Path, typer.Argument(help="A twin directory (from `edgetwin fit`).")],
+    log: Annotated[Path, typer.Argument(help="Held-out log of the real system under its logging policy.")],
+    spec: Annotated[Path | None, typer.Option(help="Spec of the log; default LOG.spec.toml beside it.")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Directory for the PNGs and fidelity.json.")] = None,
+    episodes: Annotated[int, typer.Option(help="Twin episodes to roll out.")] = 4,
+    horizon: Annotated[int, typer.Option(help="Longest replay horizon for the compounding error.")] = 100,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Score a twin against a held-out log: KL of outputs, time-of-day profile, compounding error."""
+    import torch
+
+    from edgetwin.twin.fidelity import fidelity_report
+    from edgetwin.twin.twin import Twin, load_log
+
+    torch.set_num_threads(1)
+    twin = Twin.load(twin_dir)
+    df, _ = load_log(log, spec)
+    report = fidelity_report(twin, df, seed=seed, episodes=episodes, max_horizon=horizon, out_dir=out_dir)
+    if out_dir is not None:
+        (out_dir / "fidelity.json").write_text(json.dumps(report, indent=1, default=_json_default))
+    if as_json:
+        emit_json(report)
+        return
+    out.print(f"mean KL(real || twin) over outputs: {report['mean_kl']:.3f} nats")
+    for c, v in report["kl"].items():
+        out.print(f"  {c:32s} {v:.3f}")
+    out.print(f"compounding-error growth exponent: {report['growth_exponent']:.2f}")
+    sup = report["support"]
+    out.print(f"out of the logs' support: {100 * sup.get('out_of_support', float('nan')):.1f} % of steps")
+    if out_dir is not None:
+        out.print(f"report and figures in {out_dir}")
+
+
+# ------------------------------------------------------------------------------------- population
+population_app = typer.Typer(
+    help="Population models of who shows up (GAN-SMMSG and the GMM / GAN / WGAN-GP baselines).",
+    no_args_is_help=True,
+)
+app.add_typer(population_app, name="population")
+
+
+def _population_table(log: Path, spec: Path | None, model_spec: Any = None) -> tuple[Any, Any]:
+    """Read a log (or a profile table) and its spec; return (one row per agent, spec)."""
+    from edgetwin.generative import agent_profiles
+    from edgetwin.twin.logs import read_table, resolve_spec
+
+    df = read_table(log)
+    sp = model_spec if model_spec is not None and spec is None else resolve_spec(log, spec, list(df.columns))
+    if not sp.names("profile"):
+        raise InputError("no profile.* columns: give a spec (--spec) or a table with profile.* columns", str(log))
+    try:
+        return agent_profiles(df, sp), sp
+    except InputError as e:
+        raise InputError(str(e).removeprefix("log: "), str(log)) from None
+
+
+@population_app.command("fit")
+def population_fit(
+    log: Annotated[Path, typer.Argument(help="Log (one row per episode, t, agent) or profile table (.parquet/.csv).")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the model to.")],
+    model: Annotated[str, typer.Option("--model", help="gan-smmsg | gmm | gan | wgan.")] = "gan-smmsg",
+    spec: Annotated[Path | None, typer.Option(help="Twin spec (TOML); default LOG.spec.toml beside the log.")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Generator updates (GAN models; default 3000).")] = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fit a population model on the agents' profile.* features, per scenario."""
+    import torch
+
+    from edgetwin.generative import MODELS, fit_population
+
+    if model not in MODELS:
+        raise InputError(f"expected one of {', '.join(MODELS)}, got {model!r}", "--model")
+    if steps is not None and (model == "gmm" or steps < 0):
+        raise InputError("takes a non-negative number of generator updates, for the GAN models only", "--steps")
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    profiles, sp = _population_table(log, spec)
+    hyper = {} if steps is None else {"steps": steps}
+    pm = fit_population(profiles, sp, model, seed=seed, progress=not as_json, **hyper)
+    pm.save(out_dir)
+    summary = {
+        "model": pm.name,
+        "out": str(out_dir),
+        "agents": len(profiles),
+        "scenarios": dict(zip(pm.scenarios, pm.proportions.round(4).tolist(), strict=True)),
+        "columns": sp.names("profile"),
+        "fit_seconds": round(pm.meta["fit_seconds"], 2),
+        "seed": seed,
+    }
+    if as_json:
+        emit_json(summary)
+    else:
+        out.print(
+            f"{pm.name} fitted on {len(profiles):,} agents ({len(pm.scenarios)} scenarios, "
+            f"{len(summary['columns'])} profile features) in {summary['fit_seconds']:.1f} s; written to {out_dir}"
+        )
+
+
+@population_app.command("report")
+def population_report_cmd(
+    model_dir: Annotated[Path, typer.Argument(help="A population model directory (from `population fit`).")],
+    log: Annotated[Path, typer.Argument(help="Real log or profile table to compare with (ideally held out).")],
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Directory for report.json and marginals.png (default MODEL_DIR/report).")
+    ] = None,
+    spec: Annotated[Path | None, typer.Option(help="Spec of the log; default the model's spec.")] = None,
+    n: Annotated[int, typer.Option("--n", min=10, help="Agents to generate.")] = 20_000,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Score a population model against real agents: KL per feature, MMD, C2ST AUC, correlations."""
+    from edgetwin.generative import load_population
+    from edgetwin.generative.report import population_report
+
+    pm = load_population(model_dir)
+    real, _ = _population_table(log, spec, model_spec=pm.spec)
+    missing = [c for c in pm.spec.names("profile") if c not in real]
+    if missing:
+        raise InputError(f"profile column(s) {missing} of the model are missing", str(log))
+    out_dir = out_dir if out_dir is not None else model_dir / "report"
+    rep = population_report(pm, real, n=n, seed=seed, out=out_dir)
+    if as_json:
+        emit_json(rep)
+        return
+    out.print(f"{pm.name} vs {len(real):,} real agents ({n:,} generated), KL(real || generated) in nats:")
+    for c, v in rep["kl"].items():
+        out.print(f"  {c:32s} {v:.4f}")
+    if rep["kl_label"] is not None:
+        out.print(f"  {'scenario':32s} {rep['kl_label']:.4f}")
+    out.print(f"MMD^2 {rep['mmd']:.4f}   C2ST AUC {rep['c2st_auc']:.3f} (0.5 = indistinguishable)   "
+              f"correlation distance {rep['corr_dist']:.3f}")
+    out.print(f"report and marginals plot in {out_dir}")
+
+
+# ------------------------------------------------------------------------------------- policies
+def cluster_kpi_columns() -> Any:
+    """Which emulated-cluster columns are which KPI (defined beside the cluster)."""
+    from edgetwin.edge.cluster import cluster_kpi_columns as kpis
+
+    return kpis()
+
+
+def _load_kpis(path: Path | None, spec: Any) -> Any:
+    from edgetwin.policies.evaluate import KpiColumns
+
+    if path is None:
+        cols = {f.name for f in spec.features}
+        default = cluster_kpi_columns()
+        # the cluster's mapping fits any log with the cluster's columns; otherwise only the return
+        return default if all(c in cols for c in default.__dict__.values() if isinstance(c, str)) else KpiColumns()
+    if not path.is_file():
+        raise InputError("KPI mapping file not found", str(path))
+    try:
+        import tomllib
+
+        d = json.loads(path.read_text()) if path.suffix == ".json" else tomllib.loads(path.read_text())
+    except ValueError as e:
+        raise InputError(f"cannot parse the KPI mapping ({e})", str(path)) from None
+    return KpiColumns.from_dict(d)
+
+
+@app.command("train")
+def policy_train(
+    twin_dir: Annotated[Path, typer.Argument(help="Twin directory (from `edgetwin fit`).")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory of the exported policy.")],
+    algo: Annotated[str, typer.Option(help="ppo | a2c | sac | td3 | maskable_ppo | recurrent_ppo | dual_critic_ppo.")] = "ppo",
+    steps: Annotated[int, typer.Option(help="Environment steps (transitions over all agents).")] = 50_000,
+    agents: Annotated[int | None, typer.Option(help="Agents (= sub-envs) per twin episode.")] = None,
+    episode_steps: Annotated[int | None, typer.Option(help="Ticks per twin episode.")] = None,
+    action_norm_lambda: Annotated[float, typer.Option(help="λ of the action-norm regulariser (seed 004 eq. 8).")] = 0.4,
+    validate_on: Annotated[Path | None, typer.Option(help="Held-out twin for early stopping.")] = None,
+    patience: Annotated[int, typer.Option(help="Evaluations without a new best before stopping.")] = 3,
+    eval_every: Annotated[int, typer.Option(help="Steps between validations.")] = 5_000,
+    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints (0: none).")] = 10_000,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue from OUT/checkpoints.")] = True,
+    tensorboard: Annotated[Path | None, typer.Option(help="TensorBoard log directory.")] = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train a platform policy inside a twin and export it (checkpoints, resume, early stopping)."""
+    import torch
+
+    from edgetwin.policies.train import train_policy
+    from edgetwin.twin.twin import Twin
+
+    torch.set_num_threads(1)
+    twin = Twin.load(twin_dir)
+    validation = Twin.load(validate_on) if validate_on is not None else None
+    opts = {k: v for k, v in {"n_agents": agents, "steps": episode_steps}.items() if v is not None}
+    res = train_policy(
+        twin, algo, steps=steps, seed=seed, out=out_dir, tensorboard_dir=tensorboard,  # type: ignore[arg-type]
+        checkpoint_every=checkpoint_every, resume=resume, action_norm_lambda=action_norm_lambda,
+        early_stop_on=validation, eval_every=eval_every, patience=patience, twin_opts=opts, progress=not as_json,
+    )
+    summary = {"policy": str(res.path), "algorithm": algo, "steps": res.steps, "stopped_early": res.stopped_early,
+               "best_validation_return": res.best_validation_return}
+    if as_json:
+        emit_json(summary)
+    else:
+        out.print(f"policy written to {res.path} ({algo}, {res.steps} steps"
+                  + (", stopped early" if res.stopped_early else "") + ")")
+
+
+@app.command("evaluate")
+def policy_evaluate(
+    policy: Annotated[str, typer.Argument(help="Exported policy directory, or 'random'.")],
+    twin_dir: Annotated[Path | None, typer.Argument(help="Twin directory (with --on twin).")] = None,
+    on: Annotated[str, typer.Option("--on", help="cluster (the emulated system) | twin.")] = "cluster",
+    episodes: Annotated[int, typer.Option(help="Episodes (independent seeds) for the confidence intervals.")] = 5,
+    agents: Annotated[int, typer.Option(help="Service groups per episode.")] = 100,
+    episode_steps: Annotated[int, typer.Option(help="Ticks per episode.")] = 96,
+    drift: Annotated[str, typer.Option(help="Cluster drift: 0d | 1d | 1w | 1m.")] = "0d",
+    kpis: Annotated[Path | None, typer.Option(help="KPI column mapping (JSON/TOML of KpiColumns fields).")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG of the KPIs here.")] = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Score a policy on the emulated cluster or a twin: KPIs with 95 % confidence intervals."""
+    import torch
+
+    from edgetwin.policies.evaluate import ArraySystem, TwinSystem, evaluate_policy, plot_results
+    from edgetwin.policies.export import load_policy
+    from edgetwin.policies.heuristics import UniformRandom
+
+    torch.set_num_threads(1)
+    if on not in ("cluster", "twin"):
+        raise InputError(f"--on must be 'cluster' or 'twin', got {on!r}", "--on")
+    if on == "twin":
+        if twin_dir is None:
+            raise InputError("--on twin needs the TWIN argument", "TWIN")
+        from edgetwin.twin.twin import Twin
+
+        twin = Twin.load(twin_dir)
+        system: Any = TwinSystem(twin, n_agents=agents, steps=episode_steps)
+    else:
+        from edgetwin.edge.cluster import ClusterConfig, EdgeCluster
+
+        cluster = EdgeCluster(ClusterConfig(n_agents=agents, steps=episode_steps, drift=drift))
+        system = ArraySystem(cluster, cluster.spec)
+    spec = system.spec
+    if policy == "random":
+        pol: Any = UniformRandom(spec, seed=seed)
+        name = "random"
+    else:
+        pol = load_policy(policy)
+        name = Path(policy).name
+        if pol.spec.observation_columns != spec.observation_columns or pol.spec.action_columns != spec.action_columns:
+            raise InputError(f"the policy acts on {pol.spec.name!r}, whose columns differ from the {on}'s", policy)
+    res = evaluate_policy(pol, system, episodes=episodes, seed=seed, kpis=_load_kpis(kpis, spec), name=name,
+                          system_name=on, progress=not as_json)
+    if plot is not None:
+        plot_results([res], plot, title=f"{name} on {on}")
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        out.print(f"{name} on {on}: {episodes} episodes, seed {seed}")
+        out.print(res.table())
+        if plot is not None:
+            out.print(f"plot written to {plot}")
+
+
+# ------------------------------------------------------------------------------------- serve (edge runtime)
+@app.command("serve")
+def serve(
+    site: Annotated[str, typer.Option("--site", help="This edge site's name: serves scope site/<S> (then cluster, global).")],
+    registry: RegistryOpt,
+    trust: Annotated[
+        list[Path], typer.Option("--trust", help="Trusted publisher public key (PEM) or a directory of them; repeatable.")
+    ],
+    bus: Annotated[
+        str, typer.Option("--bus", help="memory | memory://NAME | nats://host:port[,nats://...]: where decisions are served.")
+    ] = "memory",
+    shield: Annotated[
+        Path | None, typer.Option("--shield", help="Safety shield applied to every action: a JSON ShieldConfig file.")
+    ] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="The site's cluster (fallback scope cluster/<C>).")] = None,
+    guard: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--guard",
+            help="Guarded live KPI: NAME<=+P% (lower is better) or NAME>=-P% (higher is better); repeatable. "
+            "Default: the kpi.* columns the policy's reward weighs, 10%.",
+        ),
+    ] = None,
+    no_watch: Annotated[bool, typer.Option("--no-kpi-watch", help="Do not watch KPIs (never roll back by itself).")] = False,
+    window: Annotated[int, typer.Option(help="KPI reports per sliding window.")] = 20,
+    grace: Annotated[int, typer.Option(help="KPI reports ignored after a swap.")] = 2,
+    patience: Annotated[int, typer.Option(help="Consecutive regressed windows before rolling back.")] = 2,
+    probation: Annotated[int, typer.Option(help="KPI reports during which a new version is judged, then accepted.")] = 100,
+    baseline: Annotated[str, typer.Option(help="auto | previous | metadata | first_window (see KPIGuard).")] = "auto",
+    poll: Annotated[float, typer.Option("--poll", help="Seconds between registry polls.")] = 2.0,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option("--cache-dir", help="Verified last good policies (fail-static restarts); default ~/.cache/edgetwin/runtime/<S>."),
+    ] = None,
+    bucket: BucketOpt = "edgetwin",
+    duration: Annotated[float, typer.Option(help="Stop after this many seconds (0: run until interrupted).")] = 0.0,
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING.")] = "INFO",
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the edge runtime: serve the site's current signed policy until interrupted.
+
+    Decisions over the bus (request/reply on edgetwin.decision.<S>) and live KPIs on edgetwin.kpi.<S>; hot-swaps on promotion, keeps the last good policy when the registry or the bus is down, and rolls back when a guarded KPI regresses (notice on edgetwin.policy.rollback.<S>).
+    """
+    import asyncio
+    import contextlib
+    import logging
+    import re
+    import signal
+
+    from edgetwin.edge.runtime import EdgeRuntime, KPIGuard, KPIMargin, open_async_registry
+    from edgetwin.edge.signing import TrustStore
+
+    for flag, name in (("--site", site), ("--cluster", cluster)):
+        if name is not None and not re.fullmatch(r"[A-Za-z0-9_\-]{1,64}", name):
+            raise InputError(f"expected 1-64 letters, digits, '_' or '-', got {name!r}", flag)
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise InputError(f"expected DEBUG, INFO, WARNING or ERROR, got {log_level!r}", "--log-level")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if poll <= 0 or duration < 0:
+        raise InputError("--poll must be > 0 and --duration >= 0", "--poll/--duration")
+    store = TrustStore.from_paths(trust)
+    shield_cfg = None
+    if shield is not None:
+        from edgetwin.policies.shield import ShieldConfig
+
+        try:
+            shield_cfg = ShieldConfig.from_dict(json.loads(shield.read_text()))
+        except (OSError, ValueError) as e:
+            raise InputError(f"expected a JSON shield configuration ({e})", str(shield)) from None
+    kpi_guard: Any
+    if no_watch:
+        kpi_guard = None
+    else:
+        margins = tuple(KPIMargin.parse(g) for g in guard) if guard else None  # None: the reward's KPIs
+        kpi_guard = KPIGuard(margins, window=window, grace=grace, patience=patience, probation=probation, baseline=baseline)  # type: ignore[arg-type]
+    cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgetwin" / "runtime" / site
+
+    async def run() -> dict[str, Any]:
+        async with open_async_registry(registry, bucket=bucket) as reg:
+            rt = EdgeRuntime(
+                site, reg, store, bus=bus, shield=shield_cfg, kpi_guard=kpi_guard,
+                cluster=cluster, poll_interval=poll, cache_dir=cache,
+            )  # fmt: skip
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, stop.set)
+            async with rt:
+                a = rt.active
+                serving = (
+                    f"serving {a.version} (scope {a.scope} r{a.revision}, key {a.manifest.key_id}, sha256 {a.manifest.sha256[:12]})"
+                    if a else f"no policy yet: waiting for a promotion to {', '.join(rt.scopes)}"
+                )  # fmt: skip
+                out.print(
+                    f"edgetwin serve: site {site} {serving}; decisions on edgetwin.decision.{site} via {bus}; "
+                    f"registry {registry} polled every {poll:g}s; shield: {'on' if shield_cfg else 'off'}; "
+                    f"KPI guard: {rt.guard.describe() if rt.guard else 'off'}; "
+                    + (f"stopping after {duration:g}s" if duration else "Ctrl-C to stop"),
+                    highlight=False, soft_wrap=True,
+                )  # fmt: skip
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), duration or None)
+                return rt.status()
+
+    status = asyncio.run(run())
+    if as_json:
+        emit_json(status)
+    else:
+        out.print(
+            f"edgetwin serve: stopped; served {status['stats']['decisions']} decisions "
+            f"({status['stats']['rows']} rows), {status['stats']['rollbacks']} rollbacks, now {status['version']}",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- what-if and promotion
+def _whatif_inputs(
+    twin_dir: Path, scenario: list[Path] | None, kpis: Path | None, log: Path | None, spec: Path | None
+) -> tuple[Any, list[Any], list[Any], Any]:
+    """Twin, scenarios, KPI definitions (defaults + files) and the replay log of what-if commands."""
+    import torch
+
+    from edgetwin.twin.spec import REWARD_COLUMN
+    from edgetwin.twin.twin import Twin, load_log
+    from edgetwin.twin.whatif import default_kpis, kpis_from_dicts, load_kpis, load_scenarios, merge_kpis
+
+    torch.set_num_threads(1)
+    twin = Twin.load(twin_dir)
+    scenarios: list[Any] = []
+    extra: list[Any] = []
+    for path in scenario or []:
+        scenarios += load_scenarios(path)
+        doc = path.read_text()
+        if "[[kpi]]" in doc or '"kpi"' in doc:  # a scenario file may carry its KPIs
+            import tomllib
+
+            raw = json.loads(doc) if path.suffix.lower() == ".json" else tomllib.loads(doc)
+            extra += kpis_from_dicts(raw.get("kpi", []), str(path))
+    names = [s.name for s in scenarios]
+    if len(set(names)) != len(names):
+        raise InputError(f"scenario names must be unique across files, got {names}", "--scenario")
+    if kpis is not None:
+        extra += load_kpis(kpis)
+    lay = twin.layout
+    base = default_kpis(twin.spec, lay.outputs + ([] if lay.predict_reward else [REWARD_COLUMN]))
+    table = None
+    if log is not None:
+        table, _ = load_log(log, spec if spec is not None else twin.spec)
+    return twin, scenarios, merge_kpis(base, extra), table
+
+
+def _members(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"expected comma-separated member indices, got {text!r}", "--members") from None
+
+
+ScenarioOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--scenario", help="Scenario file (TOML/JSON with perturbation or scenario tables); repeatable."),
+]
+KpisOpt = Annotated[Path | None, typer.Option("--kpis", help="KPI definitions (TOML/JSON kpi tables) added to the defaults.")]
+ExogenousOpt = Annotated[
+    list[str] | None, typer.Option("--exogenous", help="Replay: a state column taken from the log at every tick; repeatable.")
+]
+MembersOpt = Annotated[str | None, typer.Option("--members", help="Ensemble members to run, e.g. 0,1,2 (default: all).")]
+
+
+@app.command("whatif")
+def whatif_cmd(
+    twin_dir: Annotated[Path, typer.Argument(help="A twin directory (from `edgetwin fit`).")],
+    policy: Annotated[
+        list[str],
+        typer.Option(
+            "--policy",
+            help="Policy directory, or logging (the twin's clone of the logging policy), logged (the log's "
+            "actions, with --log), random, heuristic:NAME (with --view); repeatable.",
+        ),
+    ],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for whatif.json/.md, PNGs and report.html.")],
+    baseline: Annotated[str | None, typer.Option("--baseline", help="Policy the others are compared with.")] = None,
+    scenario: ScenarioOpt = None,
+    kpis: KpisOpt = None,
+    log: Annotated[
+        Path | None, typer.Option("--log", help="Counterfactual replay of this log's episodes instead of generated worlds.")
+    ] = None,
+    spec: Annotated[Path | None, typer.Option(help="Spec of --log (default: beside it, else the twin's).")] = None,
+    exogenous: ExogenousOpt = None,
+    episodes: Annotated[int, typer.Option(help="Episodes per seed (replay: the last E episodes of the log).")] = 2,
+    seeds: Annotated[int, typer.Option(help="Independent seeds of worlds and response noise.")] = 2,
+    members: MembersOpt = None,
+    steps: Annotated[int | None, typer.Option(help="Steps per episode (default: the twin's horizon / the log's).")] = None,
+    agents: Annotated[int | None, typer.Option("--agents", help="Agents per generated world.")] = None,
+    deterministic: Annotated[bool, typer.Option(help="Use the twin's mean responses (no response noise).")] = False,
+    oos_tolerance: Annotated[
+        float, typer.Option(help="Flag a number when more than this share of its agent-steps is out of support.")
+    ] = 0.05,
+    view: Annotated[Path | None, typer.Option(help="SchedulingView (TOML/JSON) for heuristic:NAME policies.")] = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run policies through a twin under what-if scenarios; write a KPI report with intervals and plots."""
+    from edgetwin.policies.gate import resolve_policy
+    from edgetwin.twin.report import write_report
+    from edgetwin.twin.whatif import run_whatif
+
+    twin, scenarios, kpi_defs, table = _whatif_inputs(twin_dir, scenario, kpis, log, spec)
+    refs = list(policy)
+    if baseline is not None and baseline not in refs:
+        refs.insert(0, baseline)
+    pols = []
+    for ref in refs:
+        p = resolve_policy(ref, twin, view=view)
+        if p.name in [q.name for q in pols]:
+            raise InputError(f"policy {ref!r} is given twice (or two policies share the name {p.name!r})", "--policy")
+        pols.append(p)
+    base_name = None if baseline is None else pols[refs.index(baseline)].name
+    result = run_whatif(
+        twin, pols, scenarios, baseline=base_name, kpis=kpi_defs, episodes=episodes, seeds=seeds, seed=seed,
+        members=_members(members), steps=steps, n_agents=agents, stochastic=not deterministic, log=table,
+        exogenous=exogenous or (), oos_tolerance=oos_tolerance, progress=not as_json,
+    )  # fmt: skip
+    files = write_report(result, out_dir, title=f"What-if report: {', '.join(result.policies)}")
+    if as_json:
+        doc = result.to_dict()
+        doc["files"] = {k: str(v) for k, v in files.items()}
+        emit_json(doc)
+        return
+    flagged = sum(
+        result.summary(p, s.name, k.name)["flagged"] for p in result.policies for s in result.scenarios for k in result.kpis
+    )
+    out.print(
+        f"{len(result.policies)} policies x {len(result.scenarios)} scenarios x {result.settings['replicates']} worlds x "
+        f"{len(result.settings['members'])} members; {flagged} numbers flagged as outside the logs' support"
+    )
+    out.print(f"report: {files['html']}\ntables: {files['markdown']}")
+
+
+@app.command("promote")
+def promote_cmd(
+    policy: Annotated[str, typer.Argument(help="Exported policy directory (or a version already in the registry).")],
+    registry: RegistryOpt,
+    log: Annotated[Path, typer.Option("--log", help="Recent log of the real system: the traffic replayed in the twin.")],
+    twin_dir: Annotated[Path, typer.Option("--twin", help="Twin directory to replay in.")],
+    key: Annotated[
+        Path, typer.Option("--key", envvar="EDGETWIN_SIGNING_KEY", help="Ed25519 private key (PEM) that signs the artifact.")
+    ],
+    against: Annotated[
+        str,
+        typer.Option(
+            "--against",
+            help="auto (the scope's current version, else global's, else the logging policy), a registry "
+            "version, a policy directory or a built-in (logging, random).",
+        ),
+    ] = "auto",
+    scope: Annotated[str, typer.Option("--scope", help="global, cluster/NAME or site/NAME.")] = "global",
+    scenario: ScenarioOpt = None,
+    max_regression: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--max-regression",
+            help="Guarded KPI and its margin: KPI=0.05, KPI=5% or KPI=0.05:ABS; repeatable "
+            "(default: every KPI with a direction, at --default-margin).",
+        ),
+    ] = None,
+    default_margin: Annotated[float, typer.Option(help="Margin of the default guards (a fraction).")] = 0.05,
+    kpis: KpisOpt = None,
+    spec: Annotated[Path | None, typer.Option(help="Spec of --log (default: beside it, else the twin's).")] = None,
+    exogenous: ExogenousOpt = None,
+    episodes: Annotated[int, typer.Option(help="Recorded episodes replayed (the last ones of the log).")] = 4,
+    seeds: Annotated[int, typer.Option(help="Response-noise seeds per episode.")] = 1,
+    members: MembersOpt = None,
+    steps: Annotated[int | None, typer.Option(help="Replay at most this many steps per episode.")] = None,
+    trust: Annotated[
+        list[Path] | None, typer.Option("--trust", help="More trusted public keys for fetching versions (default: --key's).")
+    ] = None,
+    refuse_out_of_support: Annotated[
+        bool, typer.Option(help="Also refuse when a guarded number rests on states outside the logs' support.")
+    ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Promote even if the gate refuses (recorded in the metadata).")] = False,
+    name: Annotated[str | None, typer.Option(help="Policy name in the registry.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for the gate's report.")] = Path("promotion-report"),
+    bucket: BucketOpt = "edgetwin",
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay POLICY and the current version in the twin on recent traffic and what-ifs; promote
+    (publish signed + move the scope's pointer with compare-and-swap) only if no guarded KPI regresses.
+
+    Exit 1 with the KPIs that regressed (and by how much) when the gate refuses; nothing is published then.
+    """
+    from edgetwin.edge.registry import check_scope, metadata_from_policy_dir, open_registry
+    from edgetwin.edge.signing import Signer, TrustStore
+    from edgetwin.policies.gate import parse_guards, promote
+
+    check_scope(scope)
+    if not default_margin >= 0:  # also catches NaN
+        raise InputError(f"expected a fraction >= 0, got {default_margin}", "--default-margin")
+    guards = parse_guards(max_regression or [])
+    signer = Signer.from_pem(key)
+    store = TrustStore.from_paths(trust) if trust else TrustStore()
+    store.add(signer.public_key)
+    twin, scenarios, kpi_defs, table = _whatif_inputs(twin_dir, scenario, kpis, log, spec)
+    base_md = metadata_from_policy_dir(policy) if Path(policy).is_dir() else {}
+    with open_registry(registry, bucket=bucket) as reg:
+        try:
+            result = promote(
+                policy, reg, twin=twin, log=table, signer=signer, trust=store, scope=scope, against=against,
+                scenarios=scenarios, guards=guards or None, default_margin=default_margin, kpis=kpi_defs,
+                episodes=episodes, seeds=seeds, seed=seed, members=_members(members), steps=steps,
+                exogenous=exogenous or (), refuse_out_of_support=refuse_out_of_support, force=force,
+                out_dir=out_dir, name=name, metadata=base_md, progress=not as_json,
+            )  # fmt: skip
+        except GateRefused as e:
+            if as_json and hasattr(e, "result"):
+                emit_json(e.result.to_dict())
+            raise
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    verdict = "passed" if result.decision.passed else "REFUSED, overridden with --force"
+    out.print(
+        f"gate {verdict}: {result.decision.reason()}\npromoted {result.version} to {scope} "
+        f"(was {result.previous}); report: {result.report['html']}"
+    )
+
+
+# ------------------------------------------------------------------------------------- federation
+_LEARNERS = {
+    "forecast": {"kind": "forecast"},
+    "ppo": {"kind": "ppo", "algo": "ppo", "federate": "policy"},
+    "dual-critic": {"kind": "ppo", "algo": "dual_critic_ppo", "federate": "public_critic"},
+}
+
+
+def _strategy_arg(value: str, flag: str) -> Any:
+    """A strategy flag: a name (``fedavgm``) or a JSON table (``{"name": "krum", "f": 1}``)."""
+    if value.lstrip().startswith("{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise InputError(f"not a valid JSON strategy table: {e}", flag) from None
+    return value
+
+
+@app.command("federate")
+def federate(
+    sites: Annotated[int, typer.Option(help="Edge sites (one ESA each), heterogeneous by construction.")] = 4,
+    rounds: Annotated[int, typer.Option(help="Federated rounds.")] = 10,
+    clusters: Annotated[int, typer.Option(help="Cluster Orchestrator Agents (aggregation groups).")] = 1,
+    bus: Annotated[str, typer.Option(help="memory | nats://host:port (several comma-separated).")] = "memory",
+    learner: Annotated[str, typer.Option(help="forecast (tiny MLP) | ppo | dual-critic (PFRL-DM).")] = "forecast",
+    strategy: Annotated[str, typer.Option(help="Site-level strategy name or JSON table (fedavg, attention, median, ...).")] = "fedavg",
+    global_strategy: Annotated[str, typer.Option(help="Strategy of the GCA over the clusters.")] = "fedavg",
+    hierarchy: Annotated[bool, typer.Option("--hierarchy/--flat", help="Sites -> clusters -> global, or all sites to the GCA.")] = True,
+    participation: Annotated[float | None, typer.Option(help="Share of sites sampled per round (default all).")] = None,
+    quorum: Annotated[float | None, typer.Option(help="Share of the sampled sites a round closes on (+ grace).")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds a site-level round waits at most.")] = 30.0,
+    grace: Annotated[float, typer.Option(help="Seconds a round waits for stragglers once the quorum is in.")] = 0.5,
+    compression: Annotated[bool, typer.Option("--compression/--no-compression", help="Top-k 10 % + int8 uplink.")] = True,
+    processes: Annotated[bool, typer.Option("--processes/--in-process", help="One OS process per agent (NATS only).")] = False,
+    config: Annotated[Path | None, typer.Option(help="A federation config JSON (overrides the shape flags).")] = None,
+    save_config: Annotated[Path | None, typer.Option(help="Write the federation config here (for `edgetwin agent`).")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="Write the result JSON here.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG of reward and bytes per round here.")] = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a whole MA-FL federation (GCA, COAs, one ESA per site) on this machine."""
+    import numpy as np
+    import torch
+
+    from edgetwin.edge.federation import FederationConfig, make_federation_config, run_federation
+
+    torch.set_num_threads(1)
+    if config is not None:
+        cfg = FederationConfig.load(config)
+    else:
+        if learner not in _LEARNERS:
+            raise InputError(f"unknown learner {learner!r}; known: {sorted(_LEARNERS)}", "--learner")
+        cfg = make_federation_config(
+            sites=sites, rounds=rounds, clusters=clusters, strategy=_strategy_arg(strategy, "--strategy"),
+            global_strategy=_strategy_arg(global_strategy, "--global-strategy"), hierarchy=hierarchy,
+            learner=_LEARNERS[learner], participation=participation, quorum=quorum, grace_s=grace, timeout_s=timeout,
+            compression=compression, seed=seed,
+        )
+    if save_config is not None:
+        cfg.save(save_config)
+    res = run_federation(cfg, bus=bus, processes=processes, progress=not as_json)
+    if out_file is not None:
+        out_file.write_text(json.dumps(res.to_dict(), indent=2, default=_json_default))
+    if plot is not None:
+        res.plot(plot, title=f"{len(cfg.sites)} sites, {cfg.rounds} rounds")
+    if as_json:
+        emit_json(res.to_dict())
+        return
+    curve = res.reward_curve
+    up = [sum(v for k, v in row.items() if k != "down") for row in res.bytes_per_round]
+    out.print(f"{len(cfg.sites)} sites, {len(res.rounds)} rounds in {res.elapsed_s:.1f}s over {bus}")
+    out.print(f"reward (root) first {curve[0]:.4f} -> last {curve[-1]:.4f}; uplink {np.mean(up) / 1024:.1f} KiB/round")
+    if res.final_rewards:
+        out.print("final reward per site: " + ", ".join(f"{k} {v:.3f}" for k, v in res.final_rewards.items()))
+    rejected = res.bus.get("rejected", {})
+    if rejected or res.refused:
+        out.print(f"rejected messages {rejected}, refused updates {res.refused}")
+    if plot is not None:
+        out.print(f"plot written to {plot}")
+
+
+@app.command("agent")
+def agent(
+    role: Annotated[str, typer.Argument(help="esa | coa | gca")],
+    config: Annotated[Path, typer.Option(help="Federation config JSON (`edgetwin federate --save-config`).")],
+    bus: Annotated[str, typer.Option(help="nats://host:port (or memory, for a lone agent in tests).")] = "nats://127.0.0.1:4222",
+    name: Annotated[str | None, typer.Option(help="The site (esa) or group (coa) this agent runs.")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="ESA checkpoints: a restart finishes the round it was in.")] = None,
+    result: Annotated[Path | None, typer.Option(help="GCA: write the federation result JSON here.")] = None,
+) -> None:
+    """Run one MA-FL agent until its federation closes; prints one JSON line per event."""
+    import asyncio
+    import logging
+
+    import torch
+
+    from edgetwin.edge.federation import FederationConfig, run_agent
+
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(name)s %(levelname)s %(message)s")
+    if role not in ("esa", "coa", "gca"):
+        raise InputError(f"role must be esa, coa or gca, got {role!r}", "ROLE")
+    if role in ("esa", "coa") and name is None:
+        raise InputError(f"an {role} needs --name (its site or group)", "--name")
+    cfg = FederationConfig.load(config)
+
+    def emit(ev: dict[str, Any]) -> None:
+        print(json.dumps(ev, default=_json_default), flush=True)
+
+    doc = asyncio.run(run_agent(role, cfg, bus, name=name, state_dir=state_dir, result_path=result, emit=emit))
+    emit({"event": "done", "agent": role if name is None else f"{role}/{name}",
+          "rounds": len(doc.get("records", doc.get("rounds", [])))})
 
 
 # ------------------------------------------------------------------------------------- entry

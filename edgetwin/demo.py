@@ -36,10 +36,11 @@ class DemoResult:
 def run_demo(
     out_dir: str | Path = "edgetwin-demo",
     seed: int = 0,
-    agents: int = 200,
-    episodes: int = 4,
+    agents: int = 100,
+    episodes: int = 3,
     steps: int = 96,
     log: Callable[[str], None] = print,
+    sizes: DemoSizes | None = None,
 ) -> DemoResult:
     """Run the pipeline on the emulated cluster and write everything under ``out_dir``.
 
@@ -48,7 +49,9 @@ def run_demo(
         seed: one seed for every stage (same seed, same result).
         agents, episodes, steps: size of the generated log (service groups, days, steps per day).
         log: where progress lines go.
+        sizes: how much each learned stage trains (`DemoSizes`; default: a few minutes on 2 cores).
     """
+    sizes = sizes or DemoSizes()
     from edgetwin.edge.cluster import ClusterConfig, generate_logs
     from edgetwin.twin.logs import write_table
     from edgetwin.twin.spec import spec_path_for
@@ -78,6 +81,169 @@ def run_demo(
     if not report.usable:
         raise RuntimeError(f"the generated log did not validate: {report.summary()}")
 
+    t0 = time.perf_counter()
+    log("[3] learning the twin: GAN-SMMSG population + MAIL-MMSG responses")
+    twin = _fit_twin(log_path, spec, seed, sizes)
+    twin_dir = twin.save(out / "twin")
+    res.artifacts["twin"] = Path(twin_dir)
+    res.seconds["twin"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    log(f"[4] training a PPO policy in the twin ({sizes.train_steps:,} steps, action-norm lambda 0.4)")
+    from edgetwin.policies.train import train_policy
+
+    trained = train_policy(twin, algo="ppo", steps=sizes.train_steps, seed=seed, out=out / "policy", progress=True)
+    res.artifacts["policy"] = Path(trained.path)
+    res.seconds["train"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    log("[5] scoring on the emulated cluster (which the twin only saw through its logs)")
+    res.numbers.update(_score_on_cluster(Path(trained.path), config, seed))
+    res.seconds["evaluate"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    log("[6] what-if report: the policy vs the logging policy under burst / failure / degradation")
+    report = _whatif(twin, df, Path(trained.path), out / "whatif", seed, sizes.whatif_episodes)
+    res.artifacts["whatif_report"] = report
+    res.seconds["whatif"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    log("[7] promotion through the gate to a signed registry, then serving the cluster from an edge runtime")
+    res.numbers.update(_promote_and_serve(twin, df, Path(trained.path), out, config, seed, log))
+    res.artifacts["registry"] = out / "registry"
+    res.artifacts["promotion_report"] = out / "promotion"
+    res.seconds["promote_and_serve"] = time.perf_counter() - t0
+
     (out / "demo-summary.json").write_text(json.dumps(res.to_dict(), indent=2))
     res.artifacts["summary"] = out / "demo-summary.json"
     return res
+
+
+@dataclass(frozen=True)
+class DemoSizes:
+    """How much work each learned stage does: a few minutes on 2 cores by default."""
+
+    twin_members: int = 2
+    mail_rounds: int = 3
+    bc_epochs: int = 10
+    population_steps: int = 600
+    train_steps: int = 30_000
+    whatif_episodes: int = 2
+
+    @classmethod
+    def tiny(cls) -> DemoSizes:
+        """For tests of the wiring: every stage runs, none learns much."""
+        return cls(twin_members=1, mail_rounds=1, bc_epochs=2, population_steps=50, train_steps=1_000,
+                   whatif_episodes=1)
+
+
+WHATIF_SCENARIOS = "emulated_cluster.toml"
+
+
+def _fit_twin(log_path: Path, spec: Any, seed: int, sizes: DemoSizes) -> Any:
+    from edgetwin.twin.twin import Twin
+
+    return Twin.fit(
+        log_path,
+        spec,
+        seed=seed,
+        members=sizes.twin_members,
+        progress=True,
+        population_hyper={"steps": sizes.population_steps},
+        rounds=sizes.mail_rounds,
+        bc_epochs=sizes.bc_epochs,
+    )
+
+
+def _score_on_cluster(policy_dir: Path, config: Any, seed: int) -> dict[str, Any]:
+    """Offload ratio and return of the trained policy and the random logging policy, same episodes."""
+    from edgetwin.edge.cluster import EdgeCluster
+    from edgetwin.policies.evaluate import ArraySystem, evaluate_policy, improvement
+    from edgetwin.policies.export import load_policy
+    from edgetwin.twin.policy import RandomPolicy
+
+    cluster = EdgeCluster(config)
+    system = ArraySystem(cluster, cluster.spec)
+    kpis = _cluster_kpis()
+    eval_seed = seed + 10_000  # episodes the twin never saw
+    trained = evaluate_policy(load_policy(policy_dir), system, episodes=3, seed=eval_seed, kpis=kpis, name="trained")
+    random = evaluate_policy(RandomPolicy(cluster.spec, seed=seed), system, episodes=3, seed=eval_seed, kpis=kpis,
+                             name="random")
+    return {
+        "cluster_return_trained": trained.mean["return"],
+        "cluster_return_random": random.mean["return"],
+        "cluster_offload_trained": trained.mean["offload_ratio"],
+        "cluster_offload_random": random.mean["offload_ratio"],
+        "offload_improvement_over_random": improvement(trained, random, "offload_ratio"),
+    }
+
+
+def _cluster_kpis() -> Any:
+    from edgetwin.edge.cluster import cluster_kpi_columns
+
+    return cluster_kpi_columns()
+
+
+def _whatif(twin: Any, log_df: Any, policy_dir: Path, out_dir: Path, seed: int, episodes: int) -> Path:
+    """Counterfactual replay of the log's last episodes under the shipped what-if scenarios."""
+    from importlib.resources import files
+
+    from edgetwin.policies.export import load_policy
+    from edgetwin.twin.report import write_report
+    from edgetwin.twin.whatif import builtin_policy, fixed_policy, load_scenarios, run_whatif
+
+    scen_path = Path(str(files("edgetwin") / "data" / "whatif" / WHATIF_SCENARIOS))
+    scenarios = load_scenarios(scen_path)
+    policies = [builtin_policy("logging", twin), fixed_policy("trained", load_policy(policy_dir))]
+    result = run_whatif(twin, policies, scenarios, baseline="logging", episodes=episodes, seeds=1, seed=seed,
+                        log=log_df, progress=True)
+    paths = write_report(result, out_dir, title="edgetwin demo: trained policy vs the logging policy")
+    return Path(paths["html"])
+
+
+def _promote_and_serve(
+    twin: Any, log_df: Any, policy_dir: Path, out: Path, config: Any, seed: int, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Gate + signed promotion into a file registry, then an in-process edge runtime serves the cluster."""
+    import numpy as np
+
+    from edgetwin.edge.cluster import EdgeCluster
+    from edgetwin.edge.registry import FileRegistry, metadata_from_policy_dir
+    from edgetwin.edge.runtime import EdgeRuntime
+    from edgetwin.edge.signing import Signer, TrustStore
+    from edgetwin.errors import GateRefused
+    from edgetwin.policies.gate import promote
+
+    registry = FileRegistry(out / "registry")
+    signer = Signer.generate()  # a demo key: real deployments keep theirs (edgetwin registry keygen)
+    trust = TrustStore([signer.public_key])
+    numbers: dict[str, Any] = {}
+    try:
+        result = promote(
+            policy_dir, registry, twin=twin, log=log_df, signer=signer, trust=trust, scope="global",
+            against="auto", episodes=2, seed=seed, out_dir=out / "promotion",
+            metadata=metadata_from_policy_dir(policy_dir),
+        )
+        numbers["promoted_version"] = result.version
+        log(f"    promoted {result.version}: no guarded KPI regressed beyond its margin")
+    except GateRefused as refused:
+        numbers["promoted_version"] = None
+        numbers["gate_refused"] = str(refused)
+        log(f"    the gate refused the policy: {refused}")
+        return numbers
+
+    cluster = EdgeCluster(config)
+    obs = cluster.reset(seed + 20_000)
+    served = 0
+    rewards = []
+    with EdgeRuntime("demo-site", registry, trust, kpi_guard=None, poll_interval=0.5).running_in_thread() as rt:
+        done = False
+        while not done:
+            actions = rt.decide(obs)
+            obs, reward, done, _info = cluster.step(actions)
+            served += len(actions)
+            rewards.append(float(np.mean(reward)))
+    numbers["served_decisions"] = served
+    numbers["served_mean_reward"] = float(np.mean(rewards))
+    log(f"    the edge runtime served {served:,} decisions to the emulated cluster")
+    return numbers

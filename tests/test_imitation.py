@@ -21,6 +21,7 @@ from edgetwin.imitation.mail import (
     behaviour_clone,
     fit_engines,
     fit_mail,
+    fit_transition,
     gaussian_policy,
 )
 from edgetwin.imitation.world import ColumnScaler, Composition, InitialStates, Layout, World, build_steps
@@ -115,7 +116,7 @@ def test_layout_roles_and_widths(toy) -> None:
     assert lay.outputs == ["response.wait", "kpi.drop", "reward"]
     assert lay.learn_transition and lay.n_model_outputs == 3 + 3
     assert lay.scenarios == ["a", "b"] and lay.horizon == 12
-    assert lay.n_client_inputs == 2 + 3 + 2 + 3 + (2 + 3) + 1 + 2
+    assert lay.n_client_inputs == 2 + 3 + 2 + 3 + (2 + 3) + 1 + 2 + 2  # + site means of z(profile)
 
 
 def test_build_steps_site_aggregates_and_next_state(toy) -> None:
@@ -134,6 +135,9 @@ def test_build_steps_site_aggregates_and_next_state(toy) -> None:
     assert np.allclose(st.x_client[i, s0 + 3 : s0 + 5], za[prev].mean(axis=0), atol=1e-5)
     # t=0 rows see zero lags; the last step has no next row
     assert np.allclose(st.x_client[f["t"].to_numpy() == 0, s0 + 3 : s0 + 8], 0.0)
+    # site mean of z(profile) at t, after the log site size
+    zp = lay.scalers["profile"].transform(f[lay.profile].to_numpy())
+    assert np.allclose(st.x_client[i, s0 + 9 : s0 + 11], zp[same].mean(axis=0), atol=1e-5)
     assert not st.has_next[f["t"].to_numpy() == 11].any() and st.has_next[f["t"].to_numpy() < 11].all()
     # Δstate target = z(next state) - z(state)
     j = int(np.flatnonzero(st.has_next)[5])
@@ -238,3 +242,61 @@ def test_fit_mail_trains_and_is_reproducible(toy) -> None:
     # GAIL moved the client away from its BC initialisation
     bc_only = fit_mail(st, lay, profile_sampler(df, lay), init, comp, MailConfig(bc_epochs=4, rounds=0), seed=3)
     assert not np.allclose(GaussianModel(bc_only.clients[0]).mean(x), GaussianModel(runs[0].clients[0]).mean(x))
+
+
+# ------------------------------------------------------------------------------------ transition
+def test_layout_finds_site_level_and_persistent_state(toy) -> None:
+    df, spec, lay = toy
+    # the toy's phase is one value per site and tick (a clock); queue and credit are per agent
+    assert lay.site_state == [False, False, True]
+    # a column is modelled by its next value unless it changes by less than PERSISTENT_RATIO of its
+    # variance per tick; build a log where one column is a slow clock and one is redrawn every tick
+    slow = df.copy()
+    slow["state.phase"] = slow["t"] / 1000.0
+    slow["state.credit"] = np.random.default_rng(0).uniform(0, 1, len(slow))
+    lay2 = Layout.fit(slow, spec)
+    assert lay2.state_absolute[lay2.state.index("state.phase")] is False
+    assert lay2.state_absolute[lay2.state.index("state.credit")] is True
+    back = Layout.from_dict(lay.to_dict())
+    assert back.site_state == lay.site_state and back.state_absolute == lay.state_absolute
+
+
+def test_transition_model_sees_the_sites_actions_of_the_tick(toy) -> None:
+    df, spec, lay = toy
+    st = build_steps(df, lay)
+    models = fit_transition(st, lay, MailConfig(bc_epochs=30), seed=0)
+    assert models is not None and set(models) == {0, 1}
+    # it learned the next state: R^2 of the next queue (standardised), one step ahead
+    ny = lay.n_outputs
+    rows = st.rows(need_next=True)
+    x = np.concatenate([st.x_client[rows], st.y_client[rows, :ny], st.site_now[rows]], axis=1)
+    zs = st.x_client[rows, len(lay.profile) : len(lay.profile) + len(lay.state)]
+    truth = zs + st.y_client[rows, ny:]
+    pred = np.zeros_like(truth)
+    for s in (0, 1):
+        m = st.scenario[rows] == s
+        pred[m] = GaussianModel(models[s]).mean(x[m])
+    pred = np.where(np.asarray(lay.state_absolute), pred, zs + pred)  # changes -> next values
+    q = lay.state.index("state.queue")
+    assert 1 - ((pred[:, q] - truth[:, q]) ** 2).mean() / truth[:, q].var() > 0.7
+
+    rng = np.random.default_rng(0)
+    scen, site = np.array([0, 1, 0, 1, 0, 1]), np.array([0, 0, 0, 1, 1, 1])
+    prof = profile_sampler(df, lay)(6, "a", 1)
+    init = InitialStates.fit(df, lay).sample(lay, scen, prof, rng)
+    wrapped = {s: GaussianModel(m) for s, m in models.items()}
+    y = np.zeros((6, lay.n_model_outputs), np.float32)
+
+    def next_state(action: np.ndarray) -> np.ndarray:
+        w = World(lay, scen, site, prof, init.copy(), np.zeros((2, lay.n_lag)))
+        return w.apply(action, y, wrapped)[1]
+
+    a = np.tile([0.5, 0.0], (6, 1))
+    base = next_state(a)
+    a2 = a.copy()
+    a2[0] = [1.0, 1.0]  # agent 0 (site 0) changes its action
+    moved = next_state(a2)
+    assert not np.allclose(base[1], moved[1])  # its site-mate's next state follows it
+    assert np.allclose(base[3:], moved[3:])  # the other site's agents do not
+    ph = lay.state.index("state.phase")
+    assert np.ptp(base[:3, ph]) < 1e-9 and np.ptp(base[3:, ph]) < 1e-9  # one phase per site

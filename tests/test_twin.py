@@ -76,6 +76,43 @@ def test_out_of_support_grows_off_the_logs(twin: Twin) -> None:
     assert off.attrs["support"]["median_distance"] > logged.attrs["support"]["median_distance"]
 
 
+def test_rollout_over_all_members_averages_the_ensemble(twin: Twin) -> None:
+    pol = RandomPolicy(twin.spec, 0)
+    df = twin.rollout(pol, episodes=2, seed=7, all_members=True, n_agents=10, steps=4)
+    assert df["episode"].nunique() == 2 * twin.n_members
+    assert sorted(df["episode"].unique())[:2] == ["twin-7-0-m0", "twin-7-0-m1"]
+    # a run is that member's own rollout from the episode's population seed (the first run sees
+    # the policy fresh; the policy's generator then moves on)
+    m0 = df[df["episode"] == "twin-7-0-m0"].reset_index(drop=True)
+    sim = twin.simulation(n_agents=10, seed=int(np.random.default_rng([7, 0]).integers(2**31)), member=0)
+    alone = sim.run(RandomPolicy(twin.spec, 0), steps=4, episode="twin-7-0-m0").frame
+    pd.testing.assert_frame_equal(m0[alone.columns], alone)
+    # the members share the population but not the responses
+    m1 = df[df["episode"] == "twin-7-0-m1"].reset_index(drop=True)
+    assert np.allclose(m0[twin.layout.profile], m1[twin.layout.profile])
+    assert not np.allclose(m0["response.wait"], m1["response.wait"])
+
+
+def test_logging_policy_picks_each_rows_scenario_engine(twin: Twin) -> None:
+    from edgetwin.imitation.mail import GaussianModel
+
+    lay = twin.layout
+    pol = twin.logging_policy(stochastic=False)
+    sim = twin.simulation(n_agents=40, seed=1)
+    obs = sim.obs()
+    act = pol.act(obs)
+    x = np.concatenate(
+        [lay.scalers["profile"].transform(obs[:, : len(lay.profile)]), lay.scalers["state"].transform(obs[:, len(lay.profile) :])],
+        axis=1,
+    )
+    guessed = pol.scenario_of.predict(x[:, : len(lay.profile)])
+    assert (guessed == sim.world.scenario).mean() > 0.8  # the toy's scenarios differ in demand
+    for s in (0, 1):
+        rows = guessed == s
+        want = lay.scalers["action"].inverse(GaussianModel(twin.members[0].engines[s]).mean(x[rows]))
+        assert np.allclose(act[rows], want)
+
+
 # ------------------------------------------------------------------------------------ persistence
 def test_save_load_round_trip(twin: Twin, tmp_path: Path) -> None:
     twin.save(tmp_path / "tw")
@@ -87,6 +124,18 @@ def test_save_load_round_trip(twin: Twin, tmp_path: Path) -> None:
     b = back.rollout(RandomPolicy(twin.spec, 0), episodes=1, seed=4)
     pd.testing.assert_frame_equal(a, b)
     pd.testing.assert_frame_equal(twin.sample_population(7, "a", seed=2), back.sample_population(7, "a", seed=2))
+
+
+def test_site_transition_twin_round_trips(tmp_path: Path) -> None:
+    tw = Twin.fit(
+        toy_log(episodes=4), toy_spec(), members=1, seed=0, progress=False, population_model="empirical",
+        transition_model="site", **{**TINY, "rounds": 0},
+    )
+    assert tw.members[0].transition is not None and tw.meta["transition_model"] == "site"
+    back = Twin.load(tw.save(tmp_path / "tw"))
+    assert back.members[0].transition is not None
+    pol = RandomPolicy(tw.spec, 0)
+    pd.testing.assert_frame_equal(tw.rollout(pol, seed=2), back.rollout(RandomPolicy(tw.spec, 0), seed=2))
 
 
 def test_load_rejects_a_non_twin(tmp_path: Path) -> None:
@@ -102,6 +151,8 @@ def test_fit_rejects_bad_options() -> None:
         Twin.fit(df, spec, members=1, progress=False, warp_speed=9)
     with pytest.raises(InputError, match="response model"):
         Twin.fit(df, spec, members=1, progress=False, response_model="oracle")
+    with pytest.raises(InputError, match="transition model"):
+        Twin.fit(df, spec, members=1, progress=False, transition_model="oracle")
 
 
 def test_checkpoints_resume_finished_members(tmp_path: Path) -> None:

@@ -989,3 +989,25 @@ def __getattr__(name: str) -> Any:
         globals()[name] = cls
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def cluster_kpi_columns() -> Any:
+    """Which emulated-cluster columns are which KPI (`edgetwin.policies.evaluate.KpiColumns`).
+
+    Evaluation is generic over column names; this is the mapping for the cluster's spec.
+    """
+    from edgetwin.policies.evaluate import KpiColumns
+
+    return KpiColumns(
+        offload="response.offload_ratio",
+        revenue="kpi.revenue",
+        completion_time="kpi.task_time_ms",
+        slo_violation="kpi.slo_violation",
+        energy="kpi.energy_j",
+        carbon="kpi.carbon_g",
+        requests="response.demand",
+        requests_are_rate=True,
+        utilisation="kpi.utilisation",
+        fairness="kpi.slo_violation",
+        fairness_one_minus=True,
+    )

@@ -16,6 +16,7 @@ from edgetwin.imitation.mail import (
     MailResult,
     behaviour_clone,
     fit_mail,
+    fit_transition,
 )
 from edgetwin.imitation.world import Composition, InitialStates, Layout, StepTable, World, build_steps
 
@@ -34,4 +35,5 @@ __all__ = [
     "behaviour_clone",
     "build_steps",
     "fit_mail",
+    "fit_transition",
 ]

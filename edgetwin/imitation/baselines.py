@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
@@ -71,9 +72,12 @@ class ClonedPlatformPolicy:
     Args:
         layout: the twin's layout (scalers).
         engines: per scenario id, the cloned engine policy.
-        scenario: ``(N,)`` scenario id of each observation row, or None to use scenario 0's engine.
+        scenario: ``(N,)`` scenario id of each observation row; when None, each row's scenario
+            is recognised from its profile by ``scenario_of`` (or scenario 0 without one).
         stochastic: sample from the Gaussian (the logging policy's spread) instead of its mean.
         seed: seeds the sampling.
+        scenario_of: a fitted classifier (``predict(z(profile)) -> scenario id``), so that the
+            policy works on bare observations, e.g. on the real system, where rows carry no label.
     """
 
     def __init__(
@@ -83,8 +87,10 @@ class ClonedPlatformPolicy:
         scenario: np.ndarray | None = None,
         stochastic: bool = True,
         seed: int = 0,
+        scenario_of: Any = None,
     ) -> None:
         self.layout = layout
+        self.scenario_of = scenario_of
         self.engines = {s: GaussianModel(p) for s, p in engines.items()}
         self.scenario = scenario
         self.stochastic = stochastic
@@ -97,7 +103,12 @@ class ClonedPlatformPolicy:
             [lay.scalers["profile"].transform(obs[:, :n_p]), lay.scalers["state"].transform(obs[:, n_p:])],
             axis=1,
         )
-        scen = np.zeros(len(obs), np.int64) if self.scenario is None else np.asarray(self.scenario)
+        if self.scenario is not None:
+            scen = np.asarray(self.scenario, dtype=np.int64)
+        elif self.scenario_of is not None and n_p and len(obs):
+            scen = np.asarray(self.scenario_of.predict(x[:, :n_p]), dtype=np.int64)
+        else:
+            scen = np.zeros(len(obs), np.int64)
         za = np.zeros((len(obs), len(lay.action)), np.float32)
         for s in np.unique(scen):
             idx = np.flatnonzero(scen == s)

@@ -46,7 +46,14 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.vec_env import VecEnv
 from tqdm.auto import tqdm
 
-from edgetwin.imitation.world import Composition, InitialStates, Layout, StepTable, World
+from edgetwin.imitation.world import (
+    Composition,
+    InitialStates,
+    Layout,
+    StepTable,
+    World,
+    transition_features,
+)
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +175,8 @@ class ClientVecEnv(VecEnv):
         clients: per scenario, the current client models (used for the non-learner agents).
         horizon: ticks per episode.
         seed: seeds the world's generator.
+        transition: per scenario, the site-aware transition model (`fit_transition`), or None to
+            move the state by the clients' own ``Δstate``.
     """
 
     render_mode = None
@@ -184,8 +193,10 @@ class ClientVecEnv(VecEnv):
         clients: Mapping[int, GaussianModel],
         horizon: int,
         seed: int = 0,
+        transition: Mapping[int, GaussianModel] | None = None,
     ) -> None:
         self.layout = layout
+        self.transition = transition
         self.learner = learner
         self.scenario = scenario
         self.site = site
@@ -246,7 +257,7 @@ class ClientVecEnv(VecEnv):
                 continue
             idx = np.flatnonzero(self.scenario == s)
             y[idx] = self.clients[s].sample(self._x[idx], self.rng)
-        self.world.apply(self._action, y)
+        self.world.apply(self._action, y, self.transition)
         n = self.num_envs
         rewards = np.zeros(n, np.float32)
         if self.world.t >= self.horizon:
@@ -325,11 +336,13 @@ class MailResult:
         clients: client policies (client inputs -> standardised outputs).
         engines: behaviour-cloned engine policies (engine inputs -> standardised actions).
         history: one row per (round, scenario): discriminator loss/accuracy and BC fit.
+        transition: the site-aware transition models it trained against, if any.
     """
 
     clients: dict[int, ActorCriticPolicy]
     engines: dict[int, ActorCriticPolicy]
     history: pd.DataFrame
+    transition: dict[int, ActorCriticPolicy] | None = None
 
 
 def _minibatch(n_batch: int, target: int = 256) -> int:
@@ -351,6 +364,43 @@ def fit_engines(steps: StepTable, layout: Layout, cfg: MailConfig, seed: int) ->
     return engines
 
 
+def fit_transition(
+    steps: StepTable, layout: Layout, cfg: MailConfig, seed: int
+) -> dict[int, ActorCriticPolicy] | None:
+    """Fit the site-aware transition ``Δz(state) | transition_features`` per scenario.
+
+    The client model answers each agent at once, so it only sees its site's *previous* tick. The
+    next state, though, is applied at the end of the tick, when every agent's action and output
+    is known, and site-level state (a site's load, its reservations) follows the whole site's
+    actions of that tick: this model sees them, and the agent's own outputs (so the next state
+    agrees with the sampled response). Columns in ``layout.state_absolute`` are predicted as next
+    values, the others as changes. Fitted by maximum likelihood like the engine policies
+    (`behaviour_clone`); the twin uses its mean.
+
+    Returns:
+        per scenario id, a Gaussian policy over `Layout.n_transition_inputs` inputs, or None when
+        the spec names a transition function (nothing to learn).
+    """
+    if not layout.learn_transition or steps.site_now is None:
+        return None
+    ny = layout.n_outputs
+    models: dict[int, ActorCriticPolicy] = {}
+    for s in range(len(layout.scenarios)):
+        rows = steps.rows(s, need_next=True)
+        th.manual_seed(seed + 300 + s)
+        pol = gaussian_policy(layout.n_transition_inputs, len(layout.state), cfg.net_arch)
+        if len(rows):
+            x = transition_features(steps.x_client[rows], steps.y_client[rows, :ny], steps.site_now[rows])
+            target = steps.y_client[rows, ny:]
+            if any(layout.state_absolute):
+                # weakly persistent columns: the next value itself (client inputs hold z(state))
+                zs = steps.x_client[rows, len(layout.profile) : len(layout.profile) + len(layout.state)]
+                target = np.where(np.asarray(layout.state_absolute, dtype=bool), zs + target, target)
+            behaviour_clone(x, target, pol, cfg.bc_epochs, seed + 300 + s)
+        models[s] = pol
+    return models
+
+
 def client_rows(steps: StepTable, layout: Layout, scenario: int) -> np.ndarray:
     """Rows usable as client targets: all, or only those with a next row when Δstate is learned."""
     return steps.rows(scenario, need_next=layout.learn_transition)
@@ -365,6 +415,7 @@ def fit_mail(
     cfg: MailConfig | None = None,
     seed: int = 0,
     progress: bool = False,
+    transition: Mapping[int, ActorCriticPolicy] | None = None,
 ) -> MailResult:
     """Run MAIL-MMSG: BC pre-training, then ``cfg.rounds`` of GAIL per scenario, round-robin.
 
@@ -377,8 +428,13 @@ def fit_mail(
         cfg: hyper-parameters.
         seed: seeds every random choice; the same seed gives the same result.
         progress: show a tqdm bar.
+        transition: site-aware transition models (`fit_transition`) that move the training
+            worlds' state; None: the clients' own ``Δstate``.
     """
     cfg = cfg or MailConfig()
+    transition_models = (
+        {s: GaussianModel(p) for s, p in transition.items()} if transition is not None else None
+    )
     n_scen = len(layout.scenarios)
     engines = fit_engines(steps, layout, cfg, seed)
     engine_models = {s: GaussianModel(p) for s, p in engines.items()}
@@ -414,6 +470,7 @@ def fit_mail(
                 client_models,
                 layout.horizon,
                 seed + 200 + s,
+                transition_models,
             )
             n_batch = cfg.n_steps * envs[s].num_envs
             ppos[s] = PPO(
@@ -491,4 +548,9 @@ def fit_mail(
                 )
                 bar.update(1)
     bar.close()
-    return MailResult(clients=clients, engines=engines, history=pd.DataFrame(history))
+    return MailResult(
+        clients=clients,
+        engines=engines,
+        history=pd.DataFrame(history),
+        transition=dict(transition) if transition is not None else None,
+    )

@@ -9,7 +9,8 @@ Vocabulary (shapes use N agents, P/S/A profile/state/action widths, Y modelled o
 * **outputs** ``Y`` = ``[response.*, kpi.*, reward?]`` - what the client model predicts for a step,
   plus ``Δstate`` (in standardised state units) when the spec names no transition function.
 * **client inputs** ``X`` = ``[z(profile), z(state), z(action), site means of z(state) at t,
-  site means of z(action) and z(outputs) at t-1, log site size, time of day (sin, cos)]``.
+  site means of z(action) and z(outputs) at t-1, log site size, site means of z(profile),
+  time of day (sin, cos)]`` (the profile means only when ``layout.site_profile``).
   Other agents' actions and outputs enter lagged by one tick, so the model is *causal per
   agent*: an agent's outcome depends on its own action and on what its site looked like at the
   start of the tick. That is what lets a per-agent environment (one agent acts per `step`) give
@@ -19,7 +20,7 @@ Vocabulary (shapes use N agents, P/S/A profile/state/action widths, Y modelled o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,6 +162,15 @@ class Layout:
         log_size_center: mean ``log1p(agents per site)`` in the logs (centres the size input).
         use_time: add time-of-day ``(sin, cos)`` inputs, from ``t * spec.step_seconds``.
         horizon: the typical episode length of the logs (steps).
+        site_state: per state column, whether it is a property of the site (equal for all agents
+            of a site at a tick in the logs, e.g. a site's utilisation); the twin keeps such
+            columns equal across a site's agents.
+        state_absolute: per state column, whether the transition model predicts its next value
+            itself rather than its change: all columns but the near-random-walk ones
+            (``Var Δz < PERSISTENT_RATIO · Var z`` in the logs, e.g. a clock), because a
+            predicted change integrates the model's errors into a drift over an episode.
+        site_profile: the client inputs include the site means of z(profile) (who shares the
+            site: its load follows its members' profiles, which no single agent's inputs show).
     """
 
     spec: TwinSpec
@@ -176,6 +186,9 @@ class Layout:
     log_size_center: float
     use_time: bool
     horizon: int
+    site_state: list[bool] = field(default_factory=list)
+    state_absolute: list[bool] = field(default_factory=list)
+    site_profile: bool = False
 
     @classmethod
     def fit(cls, log: pd.DataFrame, spec: TwinSpec, use_time: bool = True) -> Layout:
@@ -216,6 +229,8 @@ class Layout:
         }
         sizes = log.groupby(["episode", "t", "site"], sort=False).size().to_numpy()
         lengths = log.groupby("episode", sort=False)["t"].max().to_numpy() + 1
+        site_state = _site_level(log, state)
+        state_absolute = _weakly_persistent(log, state, scalers["state"])
         return cls(
             spec=spec,
             profile=profile,
@@ -230,6 +245,9 @@ class Layout:
             log_size_center=float(np.log1p(sizes).mean()) if len(sizes) else 0.0,
             use_time=use_time,
             horizon=int(np.median(lengths)) if len(lengths) else 1,
+            site_state=site_state,
+            state_absolute=state_absolute,
+            site_profile=True,
         )
 
     # --- widths ---------------------------------------------------------------------------
@@ -249,7 +267,7 @@ class Layout:
     @property
     def n_client_inputs(self) -> int:
         p, s, a, y = len(self.profile), len(self.state), len(self.action), self.n_outputs
-        return p + s + a + s + a + y + 1 + (2 if self.use_time else 0)
+        return p + s + a + s + a + y + 1 + (2 if self.use_time else 0) + (p if self.site_profile else 0)
 
     @property
     def n_lag(self) -> int:
@@ -259,6 +277,11 @@ class Layout:
     @property
     def n_engine_inputs(self) -> int:
         return len(self.profile) + len(self.state)
+
+    @property
+    def n_transition_inputs(self) -> int:
+        """Width of the transition model's input: client inputs, own outputs, site means now."""
+        return self.n_client_inputs + self.n_outputs + self.n_lag
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -275,6 +298,9 @@ class Layout:
             "log_size_center": self.log_size_center,
             "use_time": self.use_time,
             "horizon": self.horizon,
+            "site_state": self.site_state,
+            "state_absolute": self.state_absolute,
+            "site_profile": self.site_profile,
         }
 
     @classmethod
@@ -293,7 +319,39 @@ class Layout:
             log_size_center=float(d["log_size_center"]),
             use_time=bool(d["use_time"]),
             horizon=int(d["horizon"]),
+            site_state=[bool(v) for v in d.get("site_state", [])],
+            state_absolute=[bool(v) for v in d.get("state_absolute", [])],
+            site_profile=bool(d.get("site_profile", False)),
         )
+
+
+#: A state column whose tick-to-tick change has less than this share of its variance is modelled
+#: by its change (it is nearly a random walk or a clock); all others by their next value.
+PERSISTENT_RATIO = 0.1
+
+
+def _weakly_persistent(log: pd.DataFrame, state: list[str], scaler: ColumnScaler) -> list[bool]:
+    """Which state columns are not near-random walks (``Var Δz >= PERSISTENT_RATIO · Var z``)."""
+    if not state:
+        return []
+    df = log.sort_values(["episode", "agent", "t"], kind="stable")
+    z = pd.DataFrame(scaler.transform(df[state].to_numpy(np.float64)), columns=state, index=df.index)
+    consecutive = (df.groupby(["episode", "agent"], sort=False)["t"].diff() == 1).to_numpy()
+    dz = z.groupby([df["episode"], df["agent"]], sort=False).diff()[consecutive]
+    if len(dz) < 2:
+        return [False] * len(state)
+    return [bool(dz[c].var() >= PERSISTENT_RATIO * z[c].var()) and bool(z[c].var() > 0) for c in state]
+
+
+def _site_level(log: pd.DataFrame, state: list[str], tol: float = 1e-9) -> list[bool]:
+    """Which state columns take one value per (episode, site, t) in the logs (site properties)."""
+    if not state:
+        return []
+    groups = log.groupby(["episode", "site", "t"], sort=False)[state]
+    spread = (groups.max() - groups.min()).abs().max(axis=0)
+    scale = log[state].abs().max(axis=0).clip(lower=1.0)
+    multi = bool((log.groupby(["episode", "site", "t"], sort=False).size() > 1).any())
+    return [bool(multi and spread[c] <= tol * scale[c]) for c in state]
 
 
 # ------------------------------------------------------------------------------ features
@@ -317,6 +375,7 @@ def client_features(
     t: np.ndarray,
     state_means: np.ndarray | None = None,
     site_size: np.ndarray | None = None,
+    profile_means: np.ndarray | None = None,
 ) -> np.ndarray:
     """Assemble the client model's inputs ``X (N, layout.n_client_inputs)`` (float32).
 
@@ -328,6 +387,8 @@ def client_features(
         t: ``(N,)`` step index, for the time-of-day inputs.
         state_means, site_size: ``(N, S)`` site means of z(state) and ``(N,)`` agents per site,
             when the rows are a subset of their sites (default: computed from these rows).
+        profile_means: ``(N, P)`` site means of z(profile), likewise (used when
+            ``layout.site_profile``).
     """
     if site_size is None:
         site_size = np.bincount(codes, minlength=n_groups)[codes]
@@ -341,6 +402,10 @@ def client_features(
         lag,
         (np.log1p(site_size) - layout.log_size_center)[:, None],
     ]
+    if layout.site_profile:
+        if profile_means is None:
+            profile_means = group_means(np.asarray(zp, np.float64), codes, n_groups)[codes]
+        parts.append(profile_means)
     if layout.use_time:
         phase = (
             2.0 * np.pi * ((np.asarray(t, np.float64) * layout.spec.step_seconds) % DAY_SECONDS) / DAY_SECONDS
@@ -363,6 +428,8 @@ class StepTable:
         next_index: ``(N,)`` row index of that next row (or -1).
         scenario: ``(N,)`` scenario id (index into ``layout.scenarios``).
         episode: ``(N,)`` episode codes.
+        site_now: ``(N, A+Y)`` site means of standardised actions and outputs at the row's own
+            tick (what the transition model sees: the tick's actions are all known at its end).
     """
 
     frame: pd.DataFrame
@@ -374,6 +441,7 @@ class StepTable:
     next_index: np.ndarray
     scenario: np.ndarray
     episode: np.ndarray
+    site_now: np.ndarray | None = None
 
     def rows(self, scenario: int | None = None, need_next: bool = False) -> np.ndarray:
         """Row indices of one scenario (or all), optionally only those with a next row."""
@@ -441,6 +509,21 @@ def build_steps(log: pd.DataFrame, layout: Layout) -> StepTable:
         next_index=next_index,
         scenario=scenario.to_numpy(np.int64),
         episode=pd.factorize(df["episode"])[0],
+        site_now=y_means[group_codes].astype(np.float32),
+    )
+
+
+def transition_features(x_client: np.ndarray, zy: np.ndarray, site_now: np.ndarray) -> np.ndarray:
+    """The transition model's inputs ``(N, n_transition_inputs)`` (float32).
+
+    Args:
+        x_client: ``(N, n_client_inputs)`` client inputs of the tick.
+        zy: ``(N, Y)`` the agent's own standardised outputs of the tick (the next state follows
+            what it actually did, e.g. a "last tick's response" state column).
+        site_now: ``(N, A+Y)`` its site's means of standardised actions and outputs of the tick.
+    """
+    return np.concatenate(
+        [np.asarray(x_client, np.float32), np.asarray(zy, np.float32), np.asarray(site_now, np.float32)], axis=1
     )
 
 
@@ -506,10 +589,24 @@ class World:
             np.full(len(r), self.t),
             state_means=means[r],
             site_size=np.bincount(self.site, minlength=self.n_sites)[self.site[r]],
+            profile_means=(
+                group_means(np.asarray(self.zprofile(), np.float64), self.site, self.n_sites)[self.site[r]]
+                if self.layout.site_profile
+                else None
+            ),
         )
 
-    def apply(self, action: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def apply(
+        self, action: np.ndarray, y: np.ndarray, transition: Mapping[int, Any] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Apply standardised model outputs ``y (N, n_model_outputs)`` of this tick.
+
+        Args:
+            action: ``(N, A)`` raw actions of the tick.
+            y: ``(N, n_model_outputs)`` standardised client outputs (``Δstate`` last, if learned).
+            transition: per scenario id, a model with ``mean(x) -> Δz(state)`` over
+                `transition_features`; when given (and the transition is learned) it replaces the
+                client's ``Δstate``: it sees the whole site's actions and outputs of this tick.
 
         Returns:
             ``(outputs_raw (N, Y), next_state_raw (N, S))``; the world moves to t+1.
@@ -518,18 +615,33 @@ class World:
         ny = lay.n_outputs
         out_raw = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((self.n, 0))
         zs = lay.scalers["state"].transform(self.state)
+        zy = lay.scalers["outputs"].transform(out_raw) if ny else np.zeros((self.n, 0))
+        za = lay.scalers["action"].transform(action)
+        site_now = group_means(np.concatenate([za, zy], axis=1).astype(np.float64), self.site, self.n_sites)
         fn = lay.spec.transition_fn()
         if fn is not None:
             resp = out_raw[:, : len(lay.response)]
             nxt = np.asarray(fn(self.state, action, resp), dtype=np.float64).reshape(self.n, len(lay.state))
             nxt = lay.scalers["state"].legalise(nxt)
         elif lay.learn_transition:
-            nxt = lay.scalers["state"].inverse(zs + y[:, ny:])
+            delta = np.asarray(y[:, ny:], dtype=np.float64)
+            if transition is not None:
+                x = transition_features(self.client_inputs(action), zy, site_now[self.site])
+                pred = np.zeros_like(delta)
+                for s in np.unique(self.scenario):
+                    idx = np.flatnonzero(self.scenario == s)
+                    pred[idx] = transition[int(s)].mean(x[idx])
+                absolute = np.asarray(lay.state_absolute or [False] * len(lay.state), dtype=bool)
+                delta = np.where(absolute, pred - zs, pred)
+            z_next = zs + delta
+            site_cols = np.flatnonzero(np.asarray(lay.site_state, dtype=bool)) if lay.site_state else []
+            if len(site_cols):
+                # a site's property is one value for all its agents: their mean prediction
+                z_next[:, site_cols] = group_means(z_next[:, site_cols], self.site, self.n_sites)[self.site]
+            nxt = lay.scalers["state"].inverse(z_next)
         else:
             nxt = self.state.copy()
-        zy = lay.scalers["outputs"].transform(out_raw) if ny else np.zeros((self.n, 0))
-        za = lay.scalers["action"].transform(action)
-        self.lag = group_means(np.concatenate([za, zy], axis=1).astype(np.float64), self.site, self.n_sites)
+        self.lag = site_now
         self.state = nxt
         self.t += 1
         return out_raw, nxt

@@ -39,7 +39,14 @@ from tqdm.auto import tqdm
 
 from edgetwin.errors import InputError
 from edgetwin.imitation.baselines import ClonedPlatformPolicy, SupervisedResponseModel
-from edgetwin.imitation.mail import GaussianModel, MailConfig, client_rows, fit_engines, fit_mail
+from edgetwin.imitation.mail import (
+    GaussianModel,
+    MailConfig,
+    client_rows,
+    fit_engines,
+    fit_mail,
+    fit_transition,
+)
 from edgetwin.imitation.world import Composition, InitialStates, Layout, World, build_steps
 from edgetwin.twin.logs import ordered_columns, read_table, resolve_spec
 from edgetwin.twin.policy import PlatformPolicy
@@ -49,6 +56,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 RESPONSE_MODELS = ("mail", "bc", "supervised")
+TRANSITION_MODELS = ("site", "client")
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -162,11 +170,13 @@ class SupportIndex:
 
 @dataclass
 class Member:
-    """One ensemble member: per-scenario client models and cloned engine policies."""
+    """One ensemble member: per-scenario client models, cloned engine policies and, when the
+    transition is learned by a site-aware model, its per-scenario transition models."""
 
     clients: dict[int, Any]
     engines: dict[int, ActorCriticPolicy]
     history: pd.DataFrame = field(default_factory=pd.DataFrame)
+    transition: dict[int, ActorCriticPolicy] | None = None
 
     def save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -178,6 +188,8 @@ class Member:
                     pickle.dump(c, fh)
         for s, e in self.engines.items():
             e.save(str(path / f"engine_{s}.pt"))
+        for s, tr in (self.transition or {}).items():
+            tr.save(str(path / f"transition_{s}.pt"))
         self.history.to_csv(path / "history.csv", index=False)
         (path / "DONE").write_text("ok\n")
 
@@ -192,16 +204,38 @@ class Member:
                 with open(path / f"client_{s}.pkl", "rb") as fh:
                     clients[s] = pickle.load(fh)
             engines[s] = ActorCriticPolicy.load(str(path / f"engine_{s}.pt"), device="cpu")
+        transition: dict[int, ActorCriticPolicy] | None = None
+        if (path / "transition_0.pt").is_file():
+            transition = {
+                s: ActorCriticPolicy.load(str(path / f"transition_{s}.pt"), device="cpu")
+                for s in range(n_scenarios)
+            }
         hist = (
             pd.read_csv(path / "history.csv") if (path / "history.csv").stat().st_size > 1 else pd.DataFrame()
         )
-        return cls(clients, engines, hist)
+        return cls(clients, engines, hist, transition)
 
     def models(self) -> dict[int, Any]:
         """Client models with ``mean(x)`` / ``sample(x, rng)`` (SB3 policies wrapped)."""
         return {
             s: GaussianModel(c) if isinstance(c, ActorCriticPolicy) else c for s, c in self.clients.items()
         }
+
+    def transition_models(self) -> dict[int, GaussianModel] | None:
+        """The site-aware transition models, wrapped (None: the clients' ``Δstate`` moves the state)."""
+        if self.transition is None:
+            return None
+        return {s: GaussianModel(p) for s, p in self.transition.items()}
+
+
+class _Constant:
+    """A classifier that always answers one scenario (the logs have only one)."""
+
+    def __init__(self, label: int) -> None:
+        self.label = label
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return np.full(len(x), self.label, dtype=np.int64)
 
 
 # ------------------------------------------------------------------------------------ the twin
@@ -239,6 +273,7 @@ class Twin:
         self.action_high = action_high
         self.meta = meta
         self._models = [m.models() for m in members]
+        self._transitions = [m.transition_models() for m in members]
 
     @property
     def spec(self) -> TwinSpec:
@@ -262,6 +297,7 @@ class Twin:
         population_model: str = "gan-smmsg",
         population_hyper: Mapping[str, Any] | None = None,
         use_time: bool = True,
+        transition_model: str = "client",
         **hyper: Any,
     ) -> Twin:
         """Learn a twin from a log.
@@ -281,6 +317,11 @@ class Twin:
                 logged profiles).
             population_hyper: hyper-parameters of the population model (e.g. ``{"steps": 500}``).
             use_time: give the client model time-of-day inputs.
+            transition_model: when the spec names no transition, how the next state is learned:
+                ``"client"`` (default: the client model's own ``Δstate``) or ``"site"`` (a
+                separate model that also sees the agent's own outputs and its site's actions and
+                outputs of the tick, `edgetwin.imitation.mail.fit_transition`; on the emulated
+                cluster it ranked policies worse, see docs/benchmarks.md).
             **hyper: `edgetwin.imitation.mail.MailConfig` fields (``rounds``, ``bc_epochs``, ...).
 
         Raises:
@@ -292,6 +333,11 @@ class Twin:
             raise InputError(
                 f"unknown response model {response_model!r}; expected one of {RESPONSE_MODELS}",
                 "response_model",
+            )
+        if transition_model not in TRANSITION_MODELS:
+            raise InputError(
+                f"unknown transition model {transition_model!r}; expected one of {TRANSITION_MODELS}",
+                "transition_model",
             )
         known = set(MailConfig.__dataclass_fields__)
         unknown = sorted(set(hyper) - known)
@@ -313,6 +359,7 @@ class Twin:
                 "data_sha256": sha,
                 "seed": seed,
                 "response_model": response_model,
+                "transition_model": transition_model,
                 "hyper": cfg.__dict__,
             }
             if stamp.is_file() and json.loads(stamp.read_text()) != json.loads(
@@ -353,7 +400,16 @@ class Twin:
                     parts.append(part)
                 sub = pd.concat(parts, ignore_index=True)
             member = cls._fit_member(
-                sub, layout, response_model, cfg, sampler, initial, composition, seed * 1000 + m, progress
+                sub,
+                layout,
+                response_model,
+                cfg,
+                sampler,
+                initial,
+                composition,
+                seed * 1000 + m,
+                progress,
+                transition_model,
             )
             if mdir is not None:
                 if mdir.exists():
@@ -374,6 +430,7 @@ class Twin:
             "seed": seed,
             "members": members,
             "response_model": response_model,
+            "transition_model": transition_model,
             "population_model": population_model,
             "hyper": cfg.__dict__,
             "data_sha256": sha,
@@ -407,8 +464,10 @@ class Twin:
         composition: Composition,
         seed: int,
         progress: bool,
+        transition_model: str = "client",
     ) -> Member:
         steps = build_steps(sub, layout)
+        transition = fit_transition(steps, layout, cfg, seed) if transition_model == "site" else None
         if response_model == "supervised":
             clients: dict[int, Any] = {}
             for s in range(len(layout.scenarios)):
@@ -416,9 +475,11 @@ class Twin:
                 clients[s] = SupervisedResponseModel(tuple(cfg.net_arch), seed=seed + s).fit(
                     steps.x_client[rows], steps.y_client[rows]
                 )
-            return Member(clients, fit_engines(steps, layout, cfg, seed), pd.DataFrame())
-        res = fit_mail(steps, layout, sampler, initial, composition, cfg, seed=seed, progress=progress)
-        return Member(dict(res.clients), res.engines, res.history)
+            return Member(clients, fit_engines(steps, layout, cfg, seed), pd.DataFrame(), transition)
+        res = fit_mail(
+            steps, layout, sampler, initial, composition, cfg, seed=seed, progress=progress, transition=transition
+        )
+        return Member(dict(res.clients), res.engines, res.history, transition)
 
     # --- persistence ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -501,9 +562,23 @@ class Twin:
         return Simulation(self, n_agents=n_agents, seed=seed, stochastic=stochastic, member=member)
 
     def logging_policy(self, seed: int = 0, stochastic: bool = True, member: int = 0) -> ClonedPlatformPolicy:
-        """The behaviour clone of the logging platform policy (scenario 0's engine for all rows)."""
+        """The behaviour clone of the logging platform policy, one engine per scenario.
+
+        Observations carry no scenario label, so each row's scenario is recognised from its
+        profile by a 5-nearest-neighbour classifier over the logged agents' profiles.
+        """
+        banks = [(s, z) for s, z in enumerate(self.initial.zprofiles) if len(z)]
+        scenario_of = None
+        if len(banks) > 1 and self.layout.profile:
+            from sklearn.neighbors import KNeighborsClassifier
+
+            z = np.concatenate([b for _, b in banks])
+            labels = np.concatenate([np.full(len(b), s) for s, b in banks])
+            scenario_of = KNeighborsClassifier(n_neighbors=min(5, len(z))).fit(z, labels)
+        elif len(banks) == 1:
+            scenario_of = _Constant(banks[0][0])
         return ClonedPlatformPolicy(
-            self.layout, self.members[member].engines, stochastic=stochastic, seed=seed
+            self.layout, self.members[member].engines, stochastic=stochastic, seed=seed, scenario_of=scenario_of
         )
 
     # --- environments ------------------------------------------------------------------------------
@@ -539,6 +614,7 @@ class Twin:
         steps: int | None = None,
         stochastic: bool = True,
         progress: bool = False,
+        all_members: bool = False,
     ) -> pd.DataFrame:
         """Run ``policy`` in the twin and return a log in the input format.
 
@@ -549,6 +625,9 @@ class Twin:
             n_agents: agents per episode (default: one logged site unit's worth).
             steps: ticks per episode (default: the logs' typical episode length).
             stochastic: sample client responses (True) or use their mean.
+            all_members: run every episode once per ensemble member (same population and
+                seed), so that mean returns are the ensemble's mean rather than one member's;
+                episodes are then labelled ``twin-<seed>-<episode>-m<member>``.
 
         Returns:
             One row per ``(episode, t, agent)`` with the contract's columns and ``reward``;
@@ -558,13 +637,16 @@ class Twin:
         """
         frames = []
         oos, dist, dis = [], [], []
-        for e in tqdm(range(episodes), desc="rollout", disable=not progress, leave=False):
+        runs = [(e, m) for e in range(episodes) for m in (range(self.n_members) if all_members else [None])]
+        for e, m in tqdm(runs, desc="rollout", disable=not progress, leave=False):
             sim = self.simulation(
                 n_agents=n_agents,
                 seed=int(np.random.default_rng([seed, e]).integers(2**31)),
                 stochastic=stochastic,
+                member=m,
             )
-            rec = sim.run(policy, steps=steps, episode=f"twin-{seed}-{e}")
+            name = f"twin-{seed}-{e}" if m is None else f"twin-{seed}-{e}-m{m}"
+            rec = sim.run(policy, steps=steps, episode=name)
             frames.append(rec.frame)
             oos.append(rec.support["out_of_support"])
             dist.append(rec.support["median_distance"])
@@ -718,7 +800,7 @@ class Simulation:
 
     def end_tick(self) -> np.ndarray:
         """Apply the tick's responses: every agent moves to its next state. Returns it ``(N, S)``."""
-        _, nxt = self.world.apply(self._pending_a, self._pending_y)
+        _, nxt = self.world.apply(self._pending_a, self._pending_y, self.twin._transitions[self.member])
         return nxt
 
     def step(self, action: np.ndarray, with_disagreement: bool = True) -> StepResult:
