@@ -344,7 +344,20 @@ def demo(
         emit_json(result.to_dict())
         return
     for name, path in result.artifacts.items():
-        out.print(f"{name:>10}: {path}")
+        out.print(f"{name:>16}: {path}")
+    n = result.numbers
+    if "cluster_offload_trained" in n:
+        out.print(
+            f"on the emulated cluster (episodes the twin never saw): offload ratio {n['cluster_offload_trained']:.3f} "
+            f"with the twin-trained policy vs {n['cluster_offload_random']:.3f} with the random logging policy "
+            f"({100 * n['offload_improvement_over_random']:+.1f} %)"
+        )
+    if n.get("promoted_version"):
+        out.print(f"promoted {n['promoted_version']}; the edge runtime served {n['served_decisions']:,} decisions")
+    elif "gate_refused" in n:
+        out.print(f"the promotion gate refused the policy: {n['gate_refused']}")
+    if "whatif_report" in result.artifacts:
+        out.print(f"what-if report: {result.artifacts['whatif_report']}")
     out.print(f"summary written to {result.artifacts['summary']}")
 
 

@@ -1,0 +1,159 @@
+"""The path to production end to end, over a real nats-server (issue 7's acceptance test).
+
+fit a twin of the emulated cluster -> train a policy in it -> what-if report -> promote through the
+gate into the JetStream registry -> an edge runtime serves the cluster over NATS request/reply ->
+a deliberately bad policy is promoted with the gate overridden -> the runtime rolls back by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+import numpy as np
+import pytest
+import torch
+from test_runtime import ConstantPolicy
+
+from edgetwin.demo import DemoSizes, _fit_twin
+from edgetwin.edge.bus import NatsBus, NatsConfig
+from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, generate_logs
+from edgetwin.edge.messages import Envelope
+from edgetwin.edge.registry import NatsRegistry
+from edgetwin.edge.runtime import (
+    EdgeRuntime,
+    KPIGuard,
+    KPIMargin,
+    kpi_report,
+    kpi_subject,
+    request_decision,
+    rollback_subject,
+)
+from edgetwin.edge.signing import Signer, TrustStore, save_private_key, save_public_key
+from edgetwin.policies.export import export_policy, load_policy
+from edgetwin.policies.train import train_policy
+from edgetwin.twin.logs import write_table
+from edgetwin.twin.report import write_report
+from edgetwin.twin.spec import spec_path_for
+from edgetwin.twin.whatif import builtin_policy, fixed_policy, load_scenarios, run_whatif
+
+pytestmark = pytest.mark.nats
+SITE = "edge-e2e"
+SCOPE = f"site/{SITE}"
+DATA = Path(__file__).resolve().parents[1] / "edgetwin" / "data" / "whatif"
+SCENARIOS, KPIS = DATA / "emulated_cluster.toml", DATA / "emulated_kpis.toml"
+
+
+def promote_cli(policy: Path, url: str, key: Path, twin: Path, log: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "edgetwin.cli", "promote", str(policy), "--registry", url, "--key", str(key),
+           "--twin", str(twin), "--log", str(log), "--scope", SCOPE, "--episodes", "1", "--out", str(out), *extra]
+    # the bad policy is a test heuristic (test_runtime:ConstantPolicy): the subprocess must import it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
+async def wait_for(cond: Any, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        await asyncio.sleep(0.02)
+    return bool(cond())
+
+
+def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(nats_server, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    config = ClusterConfig(n_agents=20, steps=96)
+    df, spec = generate_logs(config, episodes=2, policy="random", seed=11)
+    log_path = write_table(df, tmp_path / "logs.parquet")
+    spec.save(spec_path_for(log_path))
+
+    twin = _fit_twin(log_path, spec, seed=11, sizes=DemoSizes.tiny())
+    twin_dir = twin.save(tmp_path / "twin")
+    trained = train_policy(twin, algo="ppo", steps=1_000, seed=11, out=tmp_path / "policy")
+
+    policies = [builtin_policy("logging", twin), fixed_policy("trained", load_policy(trained.path))]
+    result = run_whatif(twin, policies, load_scenarios(SCENARIOS), baseline="logging", episodes=1, seeds=1, seed=11,
+                        log=df, progress=False)
+    report = write_report(result, tmp_path / "whatif")
+    assert Path(report["html"]).is_file()
+
+    signer = Signer.generate()
+    (tmp_path / "keys").mkdir()
+    key = save_private_key(signer.private_key, tmp_path / "keys" / "pub.key.pem")
+    save_public_key(signer.public_key, tmp_path / "keys" / "pub.pub.pem")
+    trust = TrustStore([signer.public_key])
+
+    # the gate with wide margins: a 1,000-step policy is not expected to beat the logging policy by
+    # much, only not to be catastrophic; the bad policy below is promoted with the gate overridden
+    good = promote_cli(Path(trained.path), nats_server.url, key, Path(twin_dir), log_path, tmp_path / "gate-good",
+                       "--default-margin", "1.0", "--name", "trained", "--json")
+    assert good.returncode == 0, good.stderr[-2000:]
+    bad_dir = export_policy(ConstantPolicy(spec, [0.0, 0.05, 1.0]), tmp_path / "bad", spec)
+    refused = promote_cli(bad_dir, nats_server.url, key, Path(twin_dir), log_path, tmp_path / "gate-bad",
+                          "--name", "bad", "--kpis", str(KPIS), "--max-regression", "task_time_p95=10%")
+    assert refused.returncode == 1, refused.stderr[-2000:]  # the gate refuses a policy that sends all to the cloud
+
+    guard = KPIGuard(margins=(KPIMargin("kpi.task_time_ms", max_regression=0.25),), window=5, grace=1, patience=2)
+    kpi_cols = spec.names("kpi")
+    cluster = EdgeCluster(config)
+    notices: list[Envelope] = []
+
+    async def main() -> None:
+        nc = await nats.connect(nats_server.url)
+        reg = NatsRegistry(nc)
+        good_version = await reg.current(SCOPE)
+        assert good_version is not None
+        cfg = {"servers": [nats_server.url], "reconnect_backoff_s": 0.05, "reconnect_backoff_max_s": 0.5}
+        bus, edge = NatsBus(NatsConfig(name="rt", **cfg)), NatsBus(NatsConfig(name="cluster", **cfg))
+        await bus.connect()
+        await edge.connect()
+
+        async def on_notice(rcv: Any) -> None:
+            notices.append(rcv.envelope)
+
+        await edge.subscribe(rollback_subject(SITE), on_notice)
+        served: list[str] = []
+
+        async def drive(steps: int, obs: np.ndarray) -> np.ndarray:
+            for _ in range(steps):
+                d = await request_decision(edge, SITE, obs)
+                served.append(d.version)
+                obs, _, done, info = cluster.step(d.actions)
+                kpis = dict(zip(kpi_cols, info["kpis"].mean(axis=0), strict=True))
+                await edge.publish(kpi_subject(SITE), kpi_report(SITE, kpis, version=d.version))
+                await asyncio.sleep(0.01)
+                if done:
+                    obs = cluster.reset(seed=7)
+            return obs
+
+        async with EdgeRuntime(SITE, reg, trust, bus=bus, kpi_guard=guard, poll_interval=0.1) as rt:
+            obs = await drive(12, cluster.reset(seed=5))
+            assert rt.version == good_version
+            forced = await asyncio.to_thread(
+                promote_cli, bad_dir, nats_server.url, key, Path(twin_dir), log_path, tmp_path / "gate-forced",
+                "--name", "bad", "--force",
+            )
+            assert forced.returncode == 0, forced.stderr[-2000:]
+            bad_version = await reg.current(SCOPE)
+            assert bad_version != good_version
+            assert await wait_for(lambda: rt.version == bad_version)
+            n0 = len(served)
+            obs = await drive(25, obs)
+            assert await wait_for(lambda: bool(notices) and rt.version == good_version)
+            assert await wait_for(lambda: rt.status()["pending_rollback"] is None)
+            assert await reg.current(SCOPE) == good_version
+            after = served[n0:]
+            assert bad_version in after and after[-1] == good_version
+        assert notices[0].payload["to_version"] == good_version
+        await bus.close()
+        await edge.close()
+        await nc.drain()
+
+    asyncio.run(main())
