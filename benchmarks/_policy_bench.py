@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import platform
-import re
 from pathlib import Path
 from typing import Any
 
@@ -72,15 +71,6 @@ def cluster_view(cloud_carbon: float = 250.0) -> SchedulingView:
         allocation_budget=1.0,
         defaults={"action.capacity": 1.0, "action.price": 0.5},
     )
-
-
-def write_section(heading: str, text: str, doc: Path = DOC) -> None:
-    """Replace this script's ``## heading`` section of docs/benchmarks.md (or append it), in one write."""
-    current = doc.read_text() if doc.is_file() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
-    block = text.rstrip() + "\n\n"
-    new = pattern.sub(lambda _: block, current) if pattern.search(current) else current.rstrip() + "\n\n" + block
-    doc.write_text(new)
 
 
 def dump(path: Path, obj: Any) -> None:

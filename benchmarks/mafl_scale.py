@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import _docs
 import matplotlib
 
 matplotlib.use("Agg")
@@ -173,14 +174,7 @@ def byzantine_run(sites, data, rule, attack: str, byz: set[str], rounds: int, se
 
 def write_section(text: str, doc: Path = DOC) -> None:
     """Replace this script's section of docs/benchmarks.md (or append it), in one write."""
-    current = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    start = current.find(SECTION + "\n")
-    if start < 0:
-        new = current.rstrip("\n") + "\n\n" + text
-    else:
-        end = current.find("\n## ", start + len(SECTION))
-        new = current[:start] + text + ("" if end < 0 else current[end + 1 :])
-    doc.write_text(new)
+    _docs.write_section(SECTION, text, doc)
 
 
 def main() -> None:
