@@ -782,8 +782,8 @@ class EdgeRuntime:
         """Stop polling and serving; wait briefly for rollback notices still being published."""
         if self._poll_task is not None:
             self._poll_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poll_task
+            # bounded: stopping must never hang on a registry call stuck in a worker thread
+            await asyncio.wait({self._poll_task}, timeout=5.0)
             self._poll_task = None
         if self._tasks:
             _, still = await asyncio.wait(list(self._tasks), timeout=5.0)
@@ -791,7 +791,7 @@ class EdgeRuntime:
                 t.cancel()
         for s in self._subs:
             with contextlib.suppress(Exception):
-                await s.unsubscribe()
+                await asyncio.wait_for(s.unsubscribe(), timeout=5.0)
         self._subs.clear()
         if self._bus_spec is not None and self.bus is not None:
             await self.bus.close()
