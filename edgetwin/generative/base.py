@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,7 +41,7 @@ def data_hash(profiles: pd.DataFrame, columns: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
-class PopulationModel:
+class PopulationModel(ABC):
     """Base class: a fitted model of who shows up, per scenario.
 
     Attributes:
@@ -110,9 +111,9 @@ class PopulationModel:
             out[c] = prof[c].to_numpy(np.float64)
         return out
 
+    @abstractmethod
     def _sample_profiles(self, scenario_idx: np.ndarray, rng: np.random.Generator, seed: int) -> pd.DataFrame:
         """Profiles for agents whose scenario indices are ``scenario_idx (N,)``; subclass hook."""
-        raise NotImplementedError
 
     # ---------------------------------------------------------------------------- persistence
     def save(self, path: str | Path) -> Path:
@@ -135,11 +136,13 @@ class PopulationModel:
         (path / META_FILE).write_text(json.dumps(meta, indent=2, default=_json_default))
         return path
 
+    @abstractmethod
     def _save_params(self, path: Path) -> None:
-        raise NotImplementedError
+        """Write the model's own parameters into ``path``."""
 
+    @abstractmethod
     def _load_params(self, path: Path) -> None:
-        raise NotImplementedError
+        """Read what `_save_params` wrote."""
 
     @classmethod
     def load(cls, path: str | Path) -> PopulationModel:

@@ -18,6 +18,7 @@ bounds), so that baselines differ only in where and in what order work goes.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -77,7 +78,7 @@ class SchedulingView:
         return cls(**d)
 
 
-class Heuristic:
+class Heuristic(ABC):
     """Base: resolves the view's columns against the spec; ``act(obs (N, O)) -> (N, A)``."""
 
     name = "heuristic"
@@ -138,9 +139,9 @@ class Heuristic:
     def loads(self, obs: np.ndarray) -> np.ndarray:
         return self._per_target(obs, "load", 0.0)
 
+    @abstractmethod
     def choose(self, obs: np.ndarray) -> np.ndarray:
         """(N,) index of the target for each agent."""
-        raise NotImplementedError
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         obs = np.atleast_2d(np.asarray(obs, dtype=np.float64))
