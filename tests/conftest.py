@@ -17,6 +17,15 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _sb3_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Keep SB3's default per-`learn()` log folders out of the system temp dir during tests."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3")))
+    yield
+    mp.undo()
+
+
 def shared_data(relpath: str) -> Path:
     """A file under ../shared/data, or skip the test with the reason when it is absent."""
     p = SHARED_DATA / relpath

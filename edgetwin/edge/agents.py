@@ -523,7 +523,7 @@ class PPOLearner:
         from stable_baselines3 import PPO
 
         from edgetwin.policies.dual_critic import DualCriticPPO
-        from edgetwin.policies.train import build_env, spec_of
+        from edgetwin.policies.train import build_env, quiet_logger, spec_of
 
         if algo not in ("dual_critic_ppo", "ppo"):
             raise InputError(f"algo must be 'dual_critic_ppo' or 'ppo', got {algo!r}", where="learner.algo")
@@ -577,6 +577,7 @@ class PPOLearner:
                 device="cpu",
                 verbose=0,
             )
+            self.model.set_logger(quiet_logger())
             # SB3 seeds the env with the model seed: give each site its own episodes back.
             self.chain.venv.seed(int(site.seed))
             th.manual_seed(int(site.seed))

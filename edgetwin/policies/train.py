@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from stable_baselines3.common.callbacks import (
     StopTrainingOnNoModelImprovement,
 )
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.logger import HumanOutputFormat, Logger
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecMonitor, VecNormalize
 
 from edgetwin.errors import InputError
@@ -48,6 +50,15 @@ from edgetwin.twin.spec import RewardFn, TwinSpec
 Algo = Literal["ppo", "a2c", "sac", "td3", "maskable_ppo", "recurrent_ppo", "dual_critic_ppo"]
 ON_POLICY = ("ppo", "a2c", "maskable_ppo", "recurrent_ppo", "dual_critic_ppo")
 EnvSource = Any  # Twin | VecEnv | gym.Env | Callable[[], gym.Env]
+
+
+def quiet_logger(verbose: int = 0) -> Logger:
+    """An SB3 logger that writes no files: stdout when ``verbose`` > 0, else nothing.
+
+    Without a custom logger SB3 creates an empty ``$TMPDIR/SB3-<timestamp>`` folder on every
+    ``learn()`` call; agents that learn once per federated round would leave thousands.
+    """
+    return Logger(folder=None, output_formats=[HumanOutputFormat(sys.stdout)] if verbose > 0 else [])
 
 
 # ------------------------------------------------------------------------------- action wrappers
@@ -457,6 +468,8 @@ def train_policy(
             tensorboard_log=None if tensorboard_dir is None else str(tensorboard_dir),
             **hp,
         )
+    if tensorboard_dir is None:
+        model.set_logger(quiet_logger(verbose))
 
     callbacks: list[BaseCallback] = [_AuxLossLogger()]
     if checkpoint_every > 0:
