@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 import torch
-from _policy_bench import FIG, KPIS, cluster_system, cluster_view, dump, fit_twin, machine, write_section
+from _docs import write_section
+from _policy_bench import FIG, KPIS, cluster_system, cluster_view, dump, fit_twin, machine
 
 from edgetwin.policies.evaluate import evaluate_policy, plot_results
 from edgetwin.policies.export import load_policy
