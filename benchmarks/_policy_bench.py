@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from edgetwin.cli import cluster_kpi_columns
-from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, generate_logs
+from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, generate_logs
 from edgetwin.policies.evaluate import ArraySystem
 from edgetwin.policies.heuristics import SchedulingView, Target
+from edgetwin.twin.policy import NoisyPolicy
 from edgetwin.twin.twin import Twin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,10 +33,22 @@ def machine() -> str:
             f"shared with other jobs, Python {platform.python_version()}, torch {torch.__version__}")
 
 
+def logging_policy(name: str, seed: int) -> str | NoisyPolicy:
+    """``"random"`` or ``"heuristic-noise"``: the SLO-aware heuristic with 10 % exploration noise."""
+    if name == "random":
+        return "random"
+    if name == "heuristic-noise":
+        spec = EdgeCluster(ClusterConfig(n_agents=1, steps=1)).spec
+        return NoisyPolicy(SLOAwarePolicy(spec), spec, 0.1, seed)
+    raise SystemExit(f"--logging: expected random or heuristic-noise, got {name!r}")
+
+
 def fit_twin(work: Path, agents: int, days: int, seed: int, response_model: str = "mail", members: int = 2,
-             rounds: int = 4, bc_epochs: int = 15, population_steps: int = 1000) -> Twin:
-    """A twin of ``days`` days of random-policy cluster logs (cached in ``work``)."""
+             rounds: int = 4, bc_epochs: int = 15, population_steps: int = 1000, logging: str = "random") -> Twin:
+    """A twin of ``days`` days of cluster logs under the ``logging`` policy (cached in ``work``)."""
     key = f"twin-{response_model}-a{agents}-d{days}-s{seed}-m{members}-r{rounds}-e{bc_epochs}-p{population_steps}"
+    if logging != "random":
+        key += f"-{logging}"
     path = work / key
     if (path / "meta.json").is_file():
         try:
@@ -43,7 +56,7 @@ def fit_twin(work: Path, agents: int, days: int, seed: int, response_model: str 
         except Exception:  # a half-written cache: fit again
             pass
     cfg = ClusterConfig(n_agents=agents, steps=96, drift="0d")
-    log, spec = generate_logs(cfg, episodes=days, policy="random", seed=seed)
+    log, spec = generate_logs(cfg, episodes=days, policy=logging_policy(logging, seed), seed=seed)
     twin = Twin.fit(log, spec, seed=seed, members=members, progress=True, response_model=response_model,
                     rounds=rounds, bc_epochs=bc_epochs, checkpoint_dir=work / f"{key}-ckpt",
                     population_hyper={"steps": population_steps})

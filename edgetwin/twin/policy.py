@@ -56,3 +56,25 @@ class FunctionPolicy:
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self.fn(obs), dtype=np.float64)
+
+
+class NoisyPolicy:
+    """A base policy plus Gaussian exploration noise, clipped to the spec's action bounds.
+
+    The kind of logging policy a production scheduler with exploration produces: mostly the
+    base policy's decisions, with ``scale`` x (bound width) standard deviation around them.
+    Unbounded sides are treated as width 2 (like `RandomPolicy`'s ``[-1, 1]``).
+    """
+
+    def __init__(self, base: PlatformPolicy, spec: TwinSpec, scale: float, seed: int = 0) -> None:
+        if not scale >= 0:
+            raise ValueError(f"scale must be >= 0, got {scale}")
+        self.base, self.scale = base, float(scale)
+        self.low, self.high = spec.bounds("action")
+        self._width = np.where(np.isfinite(self.high - self.low), self.high - self.low, 2.0)
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        a = np.asarray(self.base.act(obs), dtype=np.float64)
+        noise = self.scale * self._width * self.rng.standard_normal(a.shape)
+        return np.clip(a + noise, self.low, self.high)
