@@ -6,10 +6,12 @@ advantages is (eq. 14)::
 
     V(s) = α V_φ(s) + (1 - α) V_ψ(s),      α = exp(-L_φ) / (exp(-L_φ) + exp(-L_ψ))   (eq. 15)
 
-where ``L_φ, L_ψ`` are the critics' mean squared errors against the returns of the current rollout,
-re-evaluated whenever the parameters change (before every update, hence after receiving a global
-model too). Both critics regress on the returns independently (eqs. 16-17); the actor is PPO's
-clipped objective (eqs. 10-13).
+where ``L_φ, L_ψ`` are the critics' mean squared errors against the returns of the rollout in the
+buffer, re-evaluated whenever the parameters change (§4.3): before every update on the fresh
+rollout, and when a global model is installed (`DualCriticPolicy.load_public_critic`), on the rollout
+the client last trained on, so that the next rollout's advantages already use the new weighting.
+Both critics regress on the returns independently (eqs. 16-17); the actor is PPO's clipped
+objective (eqs. 10-13).
 
 Built from SB3's extension points, not a copy of its PPO: the policy is an
 :class:`~stable_baselines3.common.policies.ActorCriticPolicy` with a second critic; the critics'
@@ -146,6 +148,28 @@ class DualCriticPolicy(ActionNormMixin, ActorCriticPolicy):
             n += len(r)
         return sq_l / max(n, 1), sq_p / max(n, 1)
 
+    def buffer_returns(self) -> tuple[th.Tensor, th.Tensor] | None:
+        """``(observations (B, O), returns (B,))`` of the rollout in the buffer, or None if it holds none."""
+        buf = self._buffer
+        if buf is None or not (buf.full or buf.generator_ready):
+            return None
+        # SB3 flattens the buffer in place the first time it is sampled (generator_ready).
+        flat = (lambda a: a) if buf.generator_ready else buf.swap_and_flatten
+        obs = th.as_tensor(flat(buf.observations), device=self.device)
+        returns = th.as_tensor(flat(buf.returns), device=self.device).flatten()
+        return obs, returns
+
+    def refresh_alpha(self) -> tuple[float, float, float] | None:
+        """Eq. 15 on the buffer's rollout: ``(alpha, L_local, L_public)``, or None without a rollout."""
+        data = self.buffer_returns()
+        if data is None:
+            return None
+        was_training = self.training
+        self.set_training_mode(False)
+        loss_local, loss_public = self.critic_losses(*data)
+        self.set_training_mode(was_training)
+        return self.update_alpha(loss_local, loss_public), loss_local, loss_public
+
     def update_alpha(self, loss_local: float, loss_public: float) -> float:
         """Eq. 15 (a softmax of the negated losses, computed stably)."""
         z = -np.array([loss_local, loss_public]) / self.alpha_temperature
@@ -166,12 +190,14 @@ class DualCriticPolicy(ActionNormMixin, ActorCriticPolicy):
         return {k: v.detach().cpu().clone() for k, v in {**body, **head}.items()}
 
     def load_public_critic(self, state: Mapping[str, Any], shift_local: bool = True) -> None:
-        """Install an aggregated public critic (seed 000, Algorithm 1, lines 7-8).
+        """Install an aggregated public critic (seed 000, Algorithm 1, lines 7-9).
 
         Args:
             state: weights keyed like :meth:`public_critic_parameters` (tensors or arrays).
             shift_local: first copy the current public critic into the local one, as Algorithm 1
                 does; False keeps the local critic as it is.
+
+        Then α is re-evaluated by eq. 15 on the rollout still in the buffer (line 9), if any.
         """
         tensors = {
             k: th.as_tensor(np.asarray(v), dtype=th.float32, device=self.device) for k, v in state.items()
@@ -183,6 +209,7 @@ class DualCriticPolicy(ActionNormMixin, ActorCriticPolicy):
             self.mlp_extractor.value_net.load_state_dict(self.public_critic["body"].state_dict())
             self.value_net.load_state_dict(self.public_critic["head"].state_dict())
         self.public_critic.load_state_dict(tensors)
+        self.refresh_alpha()
 
 
 class DualCriticPPO(PPO):
@@ -218,15 +245,12 @@ class DualCriticPPO(PPO):
 
     def train(self) -> None:
         policy: DualCriticPolicy = self.policy  # type: ignore[assignment]
-        buf = self.rollout_buffer
-        obs = th.as_tensor(buf.swap_and_flatten(buf.observations), device=self.device)
-        returns = th.as_tensor(buf.swap_and_flatten(buf.returns), device=self.device).flatten()
-        policy.set_training_mode(False)
-        loss_local, loss_public = policy.critic_losses(obs, returns)
-        alpha = policy.update_alpha(loss_local, loss_public)
-        self.logger.record("train/alpha", alpha)
-        self.logger.record("train/local_critic_mse", loss_local)
-        self.logger.record("train/public_critic_mse", loss_public)
+        refreshed = policy.refresh_alpha()  # the parameters changed since the last rollout
+        if refreshed is not None:
+            alpha, loss_local, loss_public = refreshed
+            self.logger.record("train/alpha", alpha)
+            self.logger.record("train/local_critic_mse", loss_local)
+            self.logger.record("train/public_critic_mse", loss_public)
         super().train()
         for k, v in policy.pop_aux_log().items():
             self.logger.record(f"train/{k}", v)

@@ -8,11 +8,15 @@ and keeps ``psi_G = mean_k psi_k`` (eq. 22) for clients that did not take part.
 The paper does not say how a critic becomes a query/key. Here each client's parameters, centred on
 the round's mean (so the attention sees how clients differ, not what they share), are embedded by a
 seeded Gaussian random projection to ``d_model`` dimensions (Johnson-Lindenstrauss: it preserves
-inner products) and scaled to norm ``sqrt(d_model)`` as a LayerNorm would. The server has no loss
-to train ``W^Q``, ``W^K`` with, so they are one fixed random orthogonal matrix shared by queries and
-keys: every head's logits are then inner products of the clients' embeddings within that head's
-subspace, i.e. similarities, and ``torch.nn.MultiheadAttention`` computes eqs. 18-20 and averages
-the heads' weights. ``W^V`` / ``W^O`` do not enter: the weights are applied to the raw parameters
+inner products). The server has no loss to train ``W^Q``, ``W^K`` with, so they are one fixed
+random orthogonal matrix shared by queries and keys: every head's logits are then inner products of
+the clients' embeddings within that head's subspace, i.e. similarities, and
+``torch.nn.MultiheadAttention`` computes eqs. 18-20 and averages the heads' weights. The embeddings
+are scaled so that a head's logit ``q·k / sqrt(d_k)`` is the cosine similarity of the two clients in
+that head's subspace divided by ``temperature``. (Scaling them to norm ``sqrt(d_model)`` as a
+LayerNorm would makes the logits ``sqrt(d_k)`` times larger; with centred critics, whose pairwise
+cosines are negative, every client then gives itself ~95 % of the weight and the "personalised"
+critic is its own: no federation at all.) ``W^V`` / ``W^O`` do not enter: the weights are applied to the raw parameters
 (eq. 21), which keeps every personalised critic a convex combination of real critics.
 
 `ClusteredFedAvg` (seed 003 §4.3; Sattler et al. 2020): clients whose updates point the same way
@@ -41,7 +45,9 @@ def attention_weights(
         params: (K, D) the clients' parameter vectors.
         num_heads: h; ``d_model`` must be divisible by it.
         d_model: embedding width.
-        temperature: > 0; larger spreads the attention more evenly.
+        temperature: > 0; a head's logit is the clients' cosine similarity divided by it (1: the
+            weights of two clients differ by at most a factor e^2 per head); larger spreads the
+            attention more evenly.
         seed: of the projections.
 
     Returns:
@@ -67,7 +73,10 @@ def attention_weights(
         block = centred[:, start : start + 65536]
         emb += block @ rng.standard_normal((block.shape[1], d_model))
     norms = np.linalg.norm(emb, axis=1, keepdims=True)
-    emb = np.where(norms > 0, emb / np.maximum(norms, 1e-300), 0.0) * np.sqrt(d_model / temperature)
+    d_k = d_model // num_heads
+    # Each head's slice of a unit-variance embedding has squared norm ~d_k; q·k/sqrt(d_k) is then
+    # cos/temperature when the total squared norm is d_model / (sqrt(d_k) · temperature).
+    emb = np.where(norms > 0, emb / np.maximum(norms, 1e-300), 0.0) * np.sqrt(d_model / (np.sqrt(d_k) * temperature))
     w_qk, _ = np.linalg.qr(rng.standard_normal((d_model, d_model)))
 
     mha = torch.nn.MultiheadAttention(d_model, num_heads, bias=False, batch_first=True, dtype=torch.float64)
