@@ -6,12 +6,14 @@ and binary columns) with small networks and few steps, so the whole file takes a
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy import stats
 
 from edgetwin.cli import main
 from edgetwin.errors import InputError
@@ -22,6 +24,7 @@ from edgetwin.generative import (
     fit_population,
     load_population,
 )
+from edgetwin.generative.calibration import MarginalCalibration
 from edgetwin.twin.logs import write_table
 from edgetwin.twin.metrics import fidelity_report
 from edgetwin.twin.spec import Feature, TwinSpec
@@ -43,7 +46,14 @@ PROFILE = SPEC.names("profile")
 SCENARIO_P = {"iot": 0.5, "mbb": 0.3, "iov": 0.2}
 #: Small and fast: the tests check the contract and that learning happens, not peak fidelity.
 SMALL = {"hidden": 64, "d_hidden": 64, "batch_per_scenario": 64, "noise_dim": 8}
-SMALL_SMMSG = {**SMALL, "group_size": 32, "set_hidden": 32, "hist_bins": 20}
+SMALL_SMMSG = {
+    **SMALL,
+    "group_size": 32,
+    "set_hidden": 32,
+    "hist_bins": 20,
+    "base_components": [4, 8],
+    "select_every": 0,
+}
 
 
 def synthetic_profiles(n: int, seed: int = 0) -> pd.DataFrame:
@@ -89,11 +99,19 @@ def models(train: pd.DataFrame) -> dict[str, PopulationModel]:
     return {m: fit_population(train, SPEC, m, seed=0, **hyper_for(m, 30)) for m in MODELS}
 
 
+#: A plain MLP generator without the calibration layer: what the adversarial game alone learns.
+PLAIN = {"base": "none", "calibrate": False}
+
+
 @pytest.fixture(scope="module")
 def fitted(train: pd.DataFrame) -> PopulationModel:
-    """A GAN-SMMSG trained long enough to have learned something (a few seconds)."""
+    """A plain GAN-SMMSG generator trained long enough to have learned something (a few seconds)."""
     return fit_population(
-        train, SPEC, "gan-smmsg", seed=0, **{**SMALL_SMMSG, "hidden": 128, "d_hidden": 128, "steps": 400}
+        train,
+        SPEC,
+        "gan-smmsg",
+        seed=0,
+        **{**SMALL_SMMSG, **PLAIN, "hidden": 128, "d_hidden": 128, "steps": 400},
     )
 
 
@@ -161,13 +179,102 @@ def test_scenario_proportions_and_conditioning(
 def test_fit_beats_random_initialised_generator(
     fitted: PopulationModel, train: pd.DataFrame, held_out: pd.DataFrame
 ) -> None:
-    untrained = fit_population(train, SPEC, "gan-smmsg", seed=0, **{**fitted.hyper, "steps": 0})
+    untrained = fit_population(
+        train, SPEC, "gan-smmsg", seed=0, **{k: v for k, v in fitted.hyper.items() if k != "steps"}, steps=0
+    )
     r0 = fidelity_report(held_out, untrained.sample(3000, seed=1), SPEC, PROFILE)
     r1 = fidelity_report(held_out, fitted.sample(3000, seed=1), SPEC, PROFILE)
     assert r1["kl_mean"] < 0.25 * r0["kl_mean"], (r0["kl"], r1["kl"])
     assert r1["c2st_auc"] < r0["c2st_auc"] - 0.1, (r0["c2st_auc"], r1["c2st_auc"])
     assert r1["mmd"] < 0.5 * r0["mmd"]
     assert r1["kl_max"] < 0.15, r1["kl"]
+
+
+def test_calibration_layer_brings_marginals_to_training_data(
+    fitted: PopulationModel, train: pd.DataFrame, held_out: pd.DataFrame
+) -> None:
+    floor = fidelity_report(held_out, train, SPEC, PROFILE)  # sampling noise of the training rows
+    # An untrained generator has wrong marginals; calibrating it fixes them, not its joint.
+    untrained = fit_population(train, SPEC, "gan-smmsg", seed=0, **{**SMALL_SMMSG, **PLAIN, "steps": 0})
+    r0 = fidelity_report(held_out, untrained.sample(6000, seed=1), SPEC, PROFILE)
+    untrained.fit_calibration(train, seed=0, samples_per_scenario=5000)
+    r0c = fidelity_report(held_out, untrained.sample(6000, seed=1), SPEC, PROFILE)
+    assert r0c["kl_mean"] < 0.1 * r0["kl_mean"], (r0["kl"], r0c["kl"])
+    assert r0c["kl_max"] < 2 * floor["kl_max"] + 0.01, (floor["kl"], r0c["kl"])
+    # On a trained generator it keeps the marginals at the floor and the copula (rank
+    # correlations) intact.
+    raw = fidelity_report(held_out, fitted.sample(6000, seed=1), SPEC, PROFILE)
+    pm = copy.deepcopy(fitted)
+    pm.fit_calibration(train, seed=0, samples_per_scenario=5000)
+    cal = fidelity_report(held_out, pm.sample(6000, seed=1), SPEC, PROFILE)
+    assert cal["kl_max"] < 2 * floor["kl_max"] + 0.01, (floor["kl"], cal["kl"])
+    assert abs(cal["corr_dist"] - raw["corr_dist"]) < 0.03
+    a, b = pm.sample(300, seed=4), pm.sample(300, seed=4)
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_calibration_fit_on_a_toy_problem() -> None:
+    rng = np.random.default_rng(0)
+    n = 40_000
+    # two scenarios; column 0 continuous, columns 1..3 a logit block
+    s_gen, s_tgt = rng.integers(0, 2, n), rng.integers(0, 2, n)
+    gen = np.column_stack([rng.normal(1.0, 2.0, n), rng.normal(0.0, 1.0, (n, 3))])
+    tgt_x = np.where(s_tgt == 0, rng.exponential(1.0, n), rng.normal(-3.0, 0.5, n))
+    share = np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]])
+    cats = np.array([rng.choice(3, p=share[s]) for s in s_tgt])
+    target = np.column_stack([tgt_x, np.eye(3)[cats]])
+    cal = MarginalCalibration.fit(gen, s_gen, target, s_tgt, 2, [0], [(1, 4)])
+    # monotone in the input, per scenario
+    grid = np.linspace(-10, 10, 2001)
+    for s in (0, 1):
+        y = cal.apply(np.column_stack([grid, np.zeros((len(grid), 3))]), np.full(len(grid), s))[:, 0]
+        assert np.all(np.diff(y) >= 0)
+    out = cal.apply(gen, s_gen)
+    for s in (0, 1):
+        ks = stats.ks_2samp(out[s_gen == s, 0], tgt_x[s_tgt == s]).statistic
+        assert ks < 0.02, (s, ks)
+        logits = out[s_gen == s, 1:4]
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(
+            p.mean(axis=0), np.bincount(cats[s_tgt == s], minlength=3) / (s_tgt == s).sum(), atol=1e-3
+        )
+        # ranks are kept: the map is a monotone function of the raw value
+        assert stats.spearmanr(out[s_gen == s, 0], gen[s_gen == s, 0]).statistic > 0.999
+    back = MarginalCalibration.from_state(cal.state())
+    np.testing.assert_array_equal(back.apply(gen[:500], s_gen[:500]), out[:500])
+
+
+def test_calibration_saved_with_the_model(models: dict[str, PopulationModel], tmp_path: Path) -> None:
+    pm = models["gan-smmsg"]
+    # the base mixture's size was chosen on a validation split of the training rows
+    assert pm.meta["base_components_selected"] in (4, 8)
+    assert set(pm.meta["base_components_val_loglik"]) == {4, 8}
+    assert pm.calibration is not None  # on by default for GAN-SMMSG
+    assert (pm.save(tmp_path / "m") / "calibration.npz").is_file()
+    assert models["gmm"].calibration is None
+    assert not (models["gmm"].save(tmp_path / "m") / "calibration.npz").exists()  # stale file removed
+
+
+def test_checkpoint_selection_on_a_validation_split(train: pd.DataFrame) -> None:
+    pm = fit_population(train, SPEC, "gan-smmsg", seed=0, **{**SMALL_SMMSG, "steps": 20, "select_every": 10})
+    sel = pm.meta["selection"]
+    assert [r["step"] for r in sel] == [0, 10, 20]
+    best = min(sel, key=lambda r: r["val_c2st_auc"])
+    assert pm.meta["selected_step"] == best["step"]
+    assert pm.calibration is not None  # the final calibration is fitted after the selection
+
+
+def test_gmm_residual_generator_starts_at_its_mixture(train: pd.DataFrame, held_out: pd.DataFrame) -> None:
+    """At step 0 the residual is zero: GAN-SMMSG with base="gmm" samples from its fitted mixtures."""
+    start = fit_population(
+        train, SPEC, "gan-smmsg", seed=0, **{**SMALL_SMMSG, "steps": 0, "calibrate": False}
+    )
+    gmm = fit_population(train, SPEC, "gmm", seed=0)
+    r0 = fidelity_report(held_out, start.sample(6000, seed=1), SPEC, PROFILE)
+    rg = fidelity_report(held_out, gmm.sample(6000, seed=1), SPEC, PROFILE)
+    assert abs(r0["kl_mean"] - rg["kl_mean"]) < 0.01, (r0["kl"], rg["kl"])
+    assert abs(r0["c2st_auc"] - rg["c2st_auc"]) < 0.05
 
 
 def test_agent_profiles_one_row_per_episode_agent() -> None:

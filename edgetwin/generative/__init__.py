@@ -109,7 +109,10 @@ def fit_population(
         seed: same seed and data -> same model.
         progress: show a tqdm bar.
         **hyper: model hyper-parameters, e.g. ``steps`` (generator updates), ``alpha``, ``beta``,
-            ``n_components`` (GMM), and ``transform`` (``"quantile"`` or ``"standard"``).
+            ``n_components`` (GMM), ``transform`` (``"quantile"`` or ``"standard"``), and
+            ``calibrate`` / ``calibrate_samples``: fit the marginal calibration layer
+            (`edgetwin.generative.calibration`) after training, from that many generated rows per
+            scenario (on by default for GAN-SMMSG only).
 
     Raises:
         InputError: unknown model or hyper-parameter, missing or non-finite profile values, a
@@ -119,7 +122,11 @@ def fit_population(
         raise InputError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}", "--model")
     cls = MODEL_CLASSES[model]
     transform = hyper.pop("transform", "quantile")
-    allowed = {"n_components", "reg_covar"} if cls is GMMPopulation else cls.hyper_keys()  # type: ignore[attr-defined]
+    allowed = (
+        {"n_components", "reg_covar", "calibrate", "calibrate_samples"}
+        if cls is GMMPopulation
+        else cls.hyper_keys()
+    )  # type: ignore[attr-defined]
     unknown = sorted(set(hyper) - allowed)
     if unknown:
         raise InputError(
@@ -150,6 +157,10 @@ def fit_population(
     )
     t0 = time.perf_counter()
     pm.fit(profiles, seed=seed, progress=progress)  # type: ignore[attr-defined]
+    if pm.hyper.get("calibrate"):
+        pm.fit_calibration(
+            profiles, seed=seed, samples_per_scenario=int(pm.hyper.get("calibrate_samples", 50_000))
+        )
     pm.meta["fit_seconds"] = time.perf_counter() - t0
     return pm
 

@@ -10,6 +10,7 @@ On disk a model is a directory::
     spec.toml         # the twin spec it was fitted with
     transform.npz     # the fitted column encodings (`ProfileTransformer.state`)
     weights.pt | gmm.npz   # the model's parameters (torch state dicts / mixture arrays)
+    calibration.npz        # only if fitted: the marginal calibration (`MarginalCalibration`)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from edgetwin.errors import InputError
+from edgetwin.generative.calibration import MarginalCalibration
 from edgetwin.generative.transform import Method, ProfileTransformer
 from edgetwin.twin.spec import TwinSpec
 
@@ -32,6 +34,7 @@ FORMAT = "edgetwin.population/1"
 META_FILE = "population.json"
 SPEC_FILE = "spec.toml"
 TRANSFORM_FILE = "transform.npz"
+CALIBRATION_FILE = "calibration.npz"
 
 
 def data_hash(profiles: pd.DataFrame, columns: list[str]) -> str:
@@ -51,6 +54,8 @@ class PopulationModel(ABC):
         transformer: the fitted column encodings shared by all models.
         hyper: hyper-parameters the model was fitted with (saved with it).
         meta: provenance (data hash, fit seconds, rows, versions).
+        calibration: the marginal calibration applied to the raw samples, or None (see
+            `fit_calibration`).
     """
 
     name: ClassVar[str] = "base"
@@ -70,6 +75,7 @@ class PopulationModel(ABC):
         self.transformer = transformer
         self.hyper = dict(hyper or {})
         self.meta = dict(meta or {})
+        self.calibration: MarginalCalibration | None = None
 
     @property
     def columns(self) -> list[str]:
@@ -111,6 +117,45 @@ class PopulationModel(ABC):
             out[c] = prof[c].to_numpy(np.float64)
         return out
 
+    # ---------------------------------------------------------------------------- calibration
+    def fit_calibration(
+        self, profiles: pd.DataFrame, seed: int = 0, samples_per_scenario: int = 50_000
+    ) -> MarginalCalibration:
+        """Fit the marginal calibration layer on the TRAINING rows and switch it on.
+
+        Draws ``samples_per_scenario`` raw samples of each scenario from the uncalibrated model
+        (seeded) and fits `MarginalCalibration` from them to ``profiles`` in the same encoding.
+        Replaces any earlier calibration.
+
+        Args:
+            profiles: the training rows (``scenario`` and every profile column).
+            seed: seeds the model's sample and the dequantisation of the training rows.
+            samples_per_scenario: generator rows per scenario that estimate its quantiles.
+        """
+        self.calibration = None
+        rng = np.random.default_rng([seed, 0xCA1])
+        n = int(samples_per_scenario)
+        idx = np.repeat(np.arange(len(self.scenarios)), n)
+        raw = self._sample_raw(idx, rng)
+        target, quantile_cols, blocks = self._calibration_target(profiles, rng)
+        labels = profiles["scenario"].astype(str).to_numpy()
+        pos = {s: i for i, s in enumerate(self.scenarios)}
+        t_idx = np.array([pos.get(s, -1) for s in labels], dtype=np.int64)
+        self.calibration = MarginalCalibration.fit(
+            raw, idx, target, t_idx, len(self.scenarios), quantile_cols, blocks
+        )
+        return self.calibration
+
+    def _sample_raw(self, scenario_idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Raw (uncalibrated) samples ``(N, D)`` in the encoding the calibration maps; subclass hook."""
+        raise NotImplementedError(f"{type(self).__name__} does not support calibration")
+
+    def _calibration_target(
+        self, profiles: pd.DataFrame, rng: np.random.Generator
+    ) -> tuple[np.ndarray, list[int], list[tuple[int, int]]]:
+        """Training rows in the raw encoding, the quantile-mapped columns, the logit blocks; hook."""
+        raise NotImplementedError(f"{type(self).__name__} does not support calibration")
+
     @abstractmethod
     def _sample_profiles(self, scenario_idx: np.ndarray, rng: np.random.Generator, seed: int) -> pd.DataFrame:
         """Profiles for agents whose scenario indices are ``scenario_idx (N,)``; subclass hook."""
@@ -123,6 +168,11 @@ class PopulationModel(ABC):
         self.spec.save(path / SPEC_FILE)
         np.savez(path / TRANSFORM_FILE, **self.transformer.state())
         self._save_params(path)
+        cal = path / CALIBRATION_FILE
+        if self.calibration is not None:
+            np.savez(cal, **self.calibration.state())
+        elif cal.exists():  # a stale file from an earlier model in the same directory
+            cal.unlink()
         meta = {
             "format": FORMAT,
             "model": self.name,
@@ -177,6 +227,9 @@ class PopulationModel(ABC):
             meta=meta.get("meta", {}),
         )
         model._load_params(path)
+        if (path / CALIBRATION_FILE).is_file():
+            with np.load(path / CALIBRATION_FILE) as z:
+                model.calibration = MarginalCalibration.from_state({k: z[k] for k in z.files})
         return model
 
     def __repr__(self) -> str:

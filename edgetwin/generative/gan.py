@@ -64,12 +64,29 @@ GAN_DEFAULTS: dict[str, Any] = {
     # averaging; decay warms up as min(ema, (1 + step) / (10 + step))): it damps the adversarial
     # oscillation of the last steps. 0 samples from the trained generator itself.
     "ema": 0.999,
+    # Marginal calibration layer fitted after training (`edgetwin.generative.calibration`), from
+    # this many generated rows per scenario.
+    "calibrate": False,
+    "calibrate_samples": 50_000,
 }
 VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
     "gan-smmsg": {
         "alpha": 1.0,
         "beta": 1.0,
         "alpha_anneal": 0.25,  # alpha decays linearly to 0 over this fraction of the steps (0: constant)
+        "calibrate": True,
+        # "gmm": the generator is a fitted 10-component GMM per scenario plus a learned residual
+        # that starts at zero (`MixtureResidualGenerator`); "none": a plain MLP generator.
+        "base": "gmm",
+        # Components per scenario of the base mixture; a list is a choice, made by log-likelihood
+        # on a validation split of the training rows (`select_components`).
+        "base_components": [10, 20, 30],
+        # Checkpoint selection: every `select_every` generator updates (and at the start and the
+        # end) the sampler is scored by C2ST AUC against a validation split carved out of the
+        # TRAINING rows (`val_fraction` of them, never trained on); the best checkpoint is kept.
+        # 0 switches it off (the last checkpoint is kept).
+        "select_every": 500,
+        "val_fraction": 0.1,
         "group_size": 64,
         "set_hidden": 128,
         "hist_bins": 40,
@@ -78,6 +95,11 @@ VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
     "gan": {},
     "wgan": {"n_critic": 5, "gp_lambda": 10.0, "lr_g": 1e-4, "lr_d": 1e-4},
 }
+
+
+def _as_list(v: Any) -> list[int]:
+    """An int or a list of ints (a hyper-parameter that may be a choice) as a list of ints."""
+    return [int(x) for x in v] if isinstance(v, list | tuple) else [int(v)]
 
 
 def _mlp(n_in: int, hidden: int, n_out: int, layers: int = 2) -> nn.Sequential:
@@ -95,10 +117,103 @@ class Generator(nn.Module):
 
     def __init__(self, noise_dim: int, n_cond: int, net_dim: int, hidden: int, layers: int = 2) -> None:
         super().__init__()
+        self.noise_in = noise_dim
         self.net = _mlp(noise_dim + n_cond, hidden, net_dim, layers=layers)
 
     def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([z, c], dim=1))
+
+
+class MixtureResidualGenerator(nn.Module):
+    """A fitted per-scenario GMM as the starting point, plus a learned residual (zero at init).
+
+    ``(z (N, 1 + n_codes + noise_dim), c (N, S)) -> raw (N, net_dim)``. All randomness is in ``z``
+    so the module is a deterministic function like `Generator`: ``Phi(z[:, 0])`` picks the
+    mixture component by inverse CDF over the scenario's weights, ``z[:, 1:1 + n_codes]`` is the
+    component's standard-normal draw, the rest feeds the residual. The mixture draw, in the GMM's
+    code space (`ProfileTransformer.transform_codes`), is put in the net encoding as ``base``:
+    normal scores as they are, a discrete column's snapped value as a one-hot of logits
+    ``logit_gap`` apart. The generator returns ``base + r(base, z_rest, c)``; ``r``'s last layer
+    starts at zero, so training starts from the GMM and the adversarial game refines it.
+
+    Buffers (saved with the state dict): ``cum_w (S, K)`` cumulative component weights,
+    ``mu (S, K, n_codes)``, ``chol (S, K, n_codes, n_codes)``.
+    """
+
+    def __init__(
+        self,
+        noise_dim: int,
+        n_cond: int,
+        net_dim: int,
+        hidden: int,
+        layers: int,
+        codecs: list[tuple[int, int, np.ndarray | None, float, float]],
+        n_components: int,
+        logit_gap: float = 8.0,
+    ) -> None:
+        super().__init__()
+        self.n_codes = len(codecs)
+        self.noise_dim = noise_dim
+        self.net_dim = net_dim
+        self.logit_gap = logit_gap
+        # (net start, net end, allowed values or None, code mean, code std) of each code column
+        self.codecs = codecs
+        for j, (_, _, vals, _, _) in enumerate(codecs):
+            if vals is not None:
+                self.register_buffer(
+                    f"mids_{j}", torch.as_tensor((vals[1:] + vals[:-1]) / 2.0, dtype=torch.float32)
+                )
+        k, d = n_components, self.n_codes
+        self.register_buffer("cum_w", torch.ones(n_cond, k))
+        self.register_buffer("mu", torch.zeros(n_cond, k, d))
+        self.register_buffer("chol", torch.eye(d).repeat(n_cond, k, 1, 1))
+        self.residual = _mlp(net_dim + noise_dim + n_cond, hidden, net_dim, layers=layers)
+        self.zero_residual()
+
+    @property
+    def noise_in(self) -> int:
+        """Width of the noise ``z`` this generator takes."""
+        return 1 + self.n_codes + self.noise_dim
+
+    def zero_residual(self) -> None:
+        last = self.residual[-1]
+        assert isinstance(last, nn.Linear)
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
+
+    def set_mixtures(self, params: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        """Load per-scenario mixtures (weights ``(K_s,)``, means, Cholesky factors); pads to ``K``."""
+        k = self.cum_w.shape[1]
+        for s, (w, mu, chol) in enumerate(params):
+            ks = len(w)
+            cw = np.ones(k)
+            cw[:ks] = np.cumsum(w) / np.sum(w)
+            self.cum_w[s] = torch.as_tensor(cw, dtype=torch.float32)
+            self.mu[s, :ks] = torch.as_tensor(mu, dtype=torch.float32)
+            self.chol[s, :ks] = torch.as_tensor(chol, dtype=torch.float32)
+
+    def base(self, z: torch.Tensor, s_idx: torch.Tensor) -> torch.Tensor:
+        """The mixture draw in the net encoding, ``(N, net_dim)``."""
+        d = self.n_codes
+        u = torch.special.ndtr(z[:, 0:1])
+        comp = (u > self.cum_w[s_idx]).sum(dim=1).clamp_(max=self.cum_w.shape[1] - 1)
+        code = self.mu[s_idx, comp] + (self.chol[s_idx, comp] @ z[:, 1 : 1 + d, None]).squeeze(2)
+        cols = []
+        for j, (s, e, vals, mean, std) in enumerate(self.codecs):
+            if vals is None:
+                cols.append(code[:, j : j + 1])
+            else:
+                idx = torch.bucketize(code[:, j] * std + mean, getattr(self, f"mids_{j}"))
+                cols.append(self.logit_gap * F.one_hot(idx, e - s).to(code.dtype))
+        return torch.cat(cols, dim=1)
+
+    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        base = self.base(z, c.argmax(dim=1))
+        feats = base.clone()
+        for s, e, vals, _, _ in self.codecs:
+            if vals is not None:  # the residual sees one-hots, not gap-scaled logits
+                feats[:, s:e] = feats[:, s:e] / self.logit_gap
+        return base + self.residual(torch.cat([feats, z[:, 1 + self.n_codes :], c], dim=1))
 
 
 class InstanceDiscriminator(nn.Module):
@@ -210,7 +325,23 @@ class GANPopulation(PopulationModel):
         self.layout = _Layout(spans)
         net_dim, n_cond = self.transformer.net_dim, len(self.scenarios)
         layers = int(hyper["layers"])
-        self.generator = Generator(int(hyper["noise_dim"]), n_cond, net_dim, int(hyper["hidden"]), layers)
+        base = str(hyper.get("base", "none"))
+        if base not in ("none", "gmm"):
+            raise InputError(f"base must be 'none' or 'gmm', got {base!r}", "base")
+        self.generator: Generator | MixtureResidualGenerator
+        if base == "gmm":
+            codecs = [(s, e, c.values, c.mean, c.std) for s, e, c in self.transformer.spans]
+            self.generator = MixtureResidualGenerator(
+                int(hyper["noise_dim"]),
+                n_cond,
+                net_dim,
+                int(hyper["hidden"]),
+                layers,
+                codecs,
+                max(_as_list(hyper["base_components"])),
+            )
+        else:
+            self.generator = Generator(int(hyper["noise_dim"]), n_cond, net_dim, int(hyper["hidden"]), layers)
         self.discriminator = InstanceDiscriminator(net_dim, n_cond, int(hyper["d_hidden"]), layers)
         self.set_discriminator: SetDiscriminator | None = None
         if self.variant == "gan-smmsg":
@@ -221,7 +352,7 @@ class GANPopulation(PopulationModel):
         self.history: list[dict[str, float]] = []
 
     @property
-    def sampler(self) -> Generator:
+    def sampler(self) -> Generator | MixtureResidualGenerator:
         """The network that samples: the EMA generator when ``ema > 0``, else the generator."""
         return self.generator if self.generator_ema is None else self.generator_ema
 
@@ -239,6 +370,16 @@ class GANPopulation(PopulationModel):
     # ------------------------------------------------------------------------------------ fit
     def fit(self, profiles: pd.DataFrame, seed: int = 0, progress: bool = False) -> GANPopulation:
         """Train on the profile rows (Algorithm 1 for ``gan-smmsg``); seeded, no global RNG effects."""
+        val = None
+        if int(self.hyper.get("select_every", 0)) > 0 and int(self.hyper["steps"]) > 0:
+            is_val = np.random.default_rng([seed, 0x7A1]).random(len(profiles)) < float(
+                self.hyper["val_fraction"]
+            )
+            v_labels = profiles["scenario"].astype(str).to_numpy()[is_val]
+            # Too few validation rows of some scenario: the score would be noise; keep all rows.
+            if min(int((v_labels == sc).sum()) for sc in self.scenarios) >= 20:
+                val = profiles[is_val].reset_index(drop=True)
+                profiles = profiles[~is_val].reset_index(drop=True)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             # Re-initialise under the seed so that the same seed gives the same model.
@@ -247,12 +388,53 @@ class GANPopulation(PopulationModel):
                     for layer in m.modules():
                         if isinstance(layer, nn.Linear):
                             layer.reset_parameters()
+            if isinstance(self.generator, MixtureResidualGenerator):
+                from edgetwin.generative.gmm import fit_mixtures, select_components
+
+                self.generator.zero_residual()
+                codes = self.transformer.transform_codes(profiles, rng=np.random.default_rng([seed, 0x6A1]))
+                labels = profiles["scenario"].astype(str).to_numpy()
+                candidates = _as_list(self.hyper["base_components"])
+                k = min(candidates)
+                smallest = min(int((labels == sc).sum()) for sc in self.scenarios)
+                # A choice needs enough rows per scenario for a validation split to say anything.
+                if len(candidates) > 1 and smallest >= 10 * max(candidates):
+                    k, scores = select_components(codes, labels, self.scenarios, candidates, seed=seed)
+                    self.meta["base_components_val_loglik"] = scores
+                self.meta["base_components_selected"] = k
+                self.generator.set_mixtures(
+                    fit_mixtures(codes, labels, self.scenarios, k, seed=seed, progress=progress)
+                )
             if self.generator_ema is not None:
                 self.generator_ema.load_state_dict(self.generator.state_dict())
-            self._train(profiles, seed, progress)
+            self._train(profiles, seed, progress, val)
         return self
 
-    def _train(self, profiles: pd.DataFrame, seed: int, progress: bool) -> None:
+    def _validation_auc(self, fit_rows: pd.DataFrame, val: pd.DataFrame, seed: int) -> float:
+        """C2ST AUC of the current sampler (calibrated on ``fit_rows`` if the model calibrates) vs ``val``.
+
+        Features as in `edgetwin.twin.metrics.fidelity_report`: profile columns (heavy-tailed in
+        log space) plus the one-hot scenario.
+        """
+        from edgetwin.twin.metrics import c2st_auc, joint_matrix
+
+        cols = self.spec.names("profile")
+        if self.hyper.get("calibrate"):
+            self.fit_calibration(
+                fit_rows, seed, samples_per_scenario=min(20_000, int(self.hyper["calibrate_samples"]))
+            )
+        gen = self.sample(len(val), seed=seed + 1)
+        self.calibration = None
+        xr, xg = joint_matrix(val, self.spec, cols), joint_matrix(gen, self.spec, cols, ref=val)
+        if len(self.scenarios) > 1:
+            names = np.asarray(self.scenarios)
+            xr = np.hstack([xr, (val["scenario"].astype(str).to_numpy()[:, None] == names).astype(float)])
+            xg = np.hstack([xg, (gen["scenario"].astype(str).to_numpy()[:, None] == names).astype(float)])
+        return c2st_auc(xr, xg, seed=seed)
+
+    def _train(
+        self, profiles: pd.DataFrame, seed: int, progress: bool, val: pd.DataFrame | None = None
+    ) -> None:
         from tqdm.auto import trange
 
         h = self.hyper
@@ -277,7 +459,7 @@ class GANPopulation(PopulationModel):
             d_params += list(self.set_discriminator.parameters())
         opt_g = torch.optim.Adam(self.generator.parameters(), lr=float(h["lr_g"]), betas=h["betas"])
         opt_d = torch.optim.Adam(d_params, lr=float(h["lr_d"]), betas=h["betas"])
-        noise_dim = int(h["noise_dim"])
+        noise_dim = self.generator.noise_in
         steps = int(h["steps"])
         n_critic = int(h.get("n_critic", 1))
 
@@ -294,8 +476,21 @@ class GANPopulation(PopulationModel):
 
         self.history = []
         t0 = time.perf_counter()
+        select_every = int(h.get("select_every", 0)) if val is not None else 0
+        best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+        selection: list[dict[str, float]] = []
+
+        def checkpoint(step: int) -> None:
+            nonlocal best
+            auc = self._validation_auc(profiles, val, seed)
+            selection.append({"step": step, "val_c2st_auc": auc})
+            if best is None or auc < best[0]:
+                best = (auc, step, copy.deepcopy(self.sampler.state_dict()))
+
         bar = trange(steps, desc=self.name, disable=not progress)
         for step in bar:
+            if select_every and step % select_every == 0:
+                checkpoint(step)
             # --- discriminator / critic: eq. 3 on the instance head (and the set head) ---
             for _ in range(n_critic):
                 xr = real_batch()
@@ -373,21 +568,48 @@ class GANPopulation(PopulationModel):
                 }
                 self.history.append(rec)
                 bar.set_postfix(loss_d=f"{rec['loss_d']:.3f}", loss_g=f"{rec['loss_g']:.3f}")
+        if select_every:
+            checkpoint(steps)
+            assert best is not None
+            self.sampler.load_state_dict(best[2])
+            self.meta["selection"] = selection
+            self.meta["selected_step"] = best[1]
         self.meta["train_seconds"] = time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------- sampling
     @torch.no_grad()
-    def _sample_profiles(self, scenario_idx: np.ndarray, rng: np.random.Generator, seed: int) -> pd.DataFrame:
-        g = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
+    def _raw_chunks(self, scenario_idx: np.ndarray, g: torch.Generator):  # noqa: ANN202
+        """Yield ``(rows, raw (n, net_dim))`` chunks of the sampler's output for these scenarios."""
         net = self.sampler
         n_s = len(self.scenarios)
         chunk = int(self.hyper["sample_chunk"])
-        outs = []
         idx = torch.as_tensor(scenario_idx, dtype=torch.long)
         for i in range(0, len(idx), chunk):
             c = F.one_hot(idx[i : i + chunk], n_s).to(torch.float32)
-            z = torch.randn(len(c), int(self.hyper["noise_dim"]), generator=g)
-            raw = net(z, c)
+            z = torch.randn(len(c), net.noise_in, generator=g)
+            yield slice(i, i + len(c)), net(z, c)
+
+    def _sample_raw(self, scenario_idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        g = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
+        return np.concatenate([raw.numpy() for _, raw in self._raw_chunks(scenario_idx, g)]).astype(
+            np.float64
+        )
+
+    def _calibration_target(
+        self, profiles: pd.DataFrame, rng: np.random.Generator
+    ) -> tuple[np.ndarray, list[int], list[tuple[int, int]]]:
+        target = self.transformer.transform(profiles, rng=rng).astype(np.float64)
+        return target, list(self.layout.cont), list(self.layout.blocks)
+
+    @torch.no_grad()
+    def _sample_profiles(self, scenario_idx: np.ndarray, rng: np.random.Generator, seed: int) -> pd.DataFrame:
+        g = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
+        outs = []
+        for rows, raw in self._raw_chunks(scenario_idx, g):
+            if self.calibration is not None:
+                raw = torch.as_tensor(
+                    self.calibration.apply(raw.numpy(), scenario_idx[rows]), dtype=torch.float32
+                )
             # tau -> 0 of Gumbel-softmax: argmax(logits + Gumbel) is an exact categorical draw.
             outs.append(self.layout.activate(raw, 1.0, hard=True, generator=g).numpy())
         return self.transformer.inverse(np.concatenate(outs).astype(np.float64))
