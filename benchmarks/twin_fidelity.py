@@ -153,6 +153,8 @@ def ranking_scores(rank: pd.DataFrame, col: str) -> dict:  # type: ignore[type-a
 
 
 QUICK_SECTION = "### Quick ranking check"
+#: a subsection of paired quick runs written by hand (one command per row); a full run keeps it
+KEEP_SUBSECTION = "### Paired quick checks"
 
 
 def quick_ranking(args: argparse.Namespace) -> None:
@@ -165,7 +167,9 @@ def quick_ranking(args: argparse.Namespace) -> None:
     cfg = ClusterConfig(n_agents=n_agents, steps=steps)
     t_all = time.perf_counter()
     train, spec = generate_logs(cfg, episodes=3, seed=args.seed)
-    twin = Twin.fit(train, spec, seed=args.seed, members=1, population_hyper={"steps": 500}, progress=True, **hyper)
+    twin = Twin.fit(train, spec, seed=args.seed, members=1, population_hyper={"steps": 500}, progress=True,
+                    site_model=args.site_model, **hyper)
+    twin.profile_retries = args.profile_retries
     fit_s = time.perf_counter() - t_all
     policies = ranking_policies(spec, twin)
     policies["PPO trained in the twin"] = ppo_in_twin(twin, n_agents, steps, args.seed, 30_000)
@@ -175,12 +179,14 @@ def quick_ranking(args: argparse.Namespace) -> None:
         twin_df = twin.rollout(pol, episodes=eval_eps, seed=args.seed + 500 + i, n_agents=n_agents, steps=steps,
                                all_members=True)
         rows.append({"policy": name, "real": float(real_df["reward"].mean()), "twin": float(twin_df["reward"].mean()),
-                     "out_of_support": twin_df.attrs["support"]["out_of_support"]})
+                     "out_of_support": twin_df.attrs["support"]["out_of_support"],
+                     "profile_redrawn": twin_df.attrs["support"]["profile_redrawn"]})
         print(rows[-1], flush=True)
     rank = pd.DataFrame(rows)
     sc = ranking_scores(rank, "twin")
     L = [QUICK_SECTION, "",
-         f"Command: `python benchmarks/twin_fidelity.py --quick --seed {args.seed}` (2 shared CPU cores; "
+         f"Command: `python benchmarks/twin_fidelity.py --quick --seed {args.seed}"
+         f"{' --site-model' if args.site_model else ''} --profile-retries {args.profile_retries}` (2 shared CPU cores; "
          f"{(time.perf_counter() - t_all) / 60:.0f} min, fit {fit_s:.0f} s). 3 training days, 1 member, "
          f"{hyper['rounds']} GAIL rounds, GAN-SMMSG 500 steps, {eval_eps} evaluation days per policy, PPO 30k steps. "
          "Smaller than the full run above, so its numbers are not comparable one to one.", "",
@@ -213,6 +219,11 @@ def main() -> None:
                          "to the docs unless --write-quick)")
     ap.add_argument("--write-quick", action="store_true", help="write the quick ranking into docs/benchmarks.md")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--site-model", action="store_true",
+                    help="move site-level state by a SiteStateModel (default: the agents' mean prediction)")
+    ap.add_argument("--no-site-model", action="store_true", help=argparse.SUPPRESS)  # the default; kept for old commands
+    ap.add_argument("--profile-retries", type=int, default=4,
+                    help="redraws of generated profiles out of the logs' support (0: keep them all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.quick:
@@ -239,7 +250,9 @@ def main() -> None:
         ("supervised", {"response_model": "supervised", "members": 1}),
     ):
         t0 = time.perf_counter()
-        fits[name] = Twin.fit(train, spec, seed=args.seed, population_hyper=pop, progress=True, **kw, **hyper)
+        fits[name] = Twin.fit(train, spec, seed=args.seed, population_hyper=pop, progress=True,
+                              site_model=args.site_model, **kw, **hyper)
+        fits[name].profile_retries = args.profile_retries
         secs[name] = time.perf_counter() - t0
         print(f"fit {name}: {secs[name]:.0f} s")
     mail = fits["mail"]
@@ -314,7 +327,9 @@ def _plot_compounding(comp: dict[str, pd.DataFrame], expo: dict[str, float]) -> 
 
 def _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, expo, comp, rank, scores, tp, total) -> str:  # type: ignore[no-untyped-def]
     L = [SECTION, ""]
-    L.append(f"Command: `python benchmarks/twin_fidelity.py{' --quick' if q else ''} --seed {args.seed}` "
+    flags = (" --site-model" if args.site_model else "") + (
+        f" --profile-retries {args.profile_retries}" if args.profile_retries != 4 else "")
+    L.append(f"Command: `python benchmarks/twin_fidelity.py{' --quick' if q else ''} --seed {args.seed}{flags}` "
              f"(machine: 2 CPU cores shared with other jobs, no GPU; whole run {total / 60:.0f} min). "
              f"Real system: the emulated cluster, {cfg.n_agents} service groups x {cfg.steps} ticks of 15 min per day, "
              f"logged under uniformly random actions; train {train['episode'].nunique()} days ({len(train):,} rows), "
@@ -365,10 +380,13 @@ def _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, exp
 
 
 def _write_section(md: str) -> None:
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(md + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + md
-    DOC.write_text(text)
+    """Replace the section with ``md``, keeping its hand-kept `KEEP_SUBSECTION` (paired ablations)."""
+    from _docs import write_section
+
+    text = DOC.read_text() if DOC.exists() else ""
+    sec = re.search(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", text, re.S | re.M)
+    keep = re.search(rf"^{re.escape(KEEP_SUBSECTION)}.*?(?=^### |\Z)", sec.group(0), re.S | re.M) if sec else None
+    write_section(SECTION, md.rstrip() + ("\n\n" + keep.group(0).rstrip() if keep else ""), DOC)
 
 
 if __name__ == "__main__":

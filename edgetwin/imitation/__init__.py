@@ -5,7 +5,8 @@
 * `SupervisedResponseModel`, `ClonedPlatformPolicy` (`edgetwin.imitation.baselines`): the one-step
   regression and behaviour-cloning baselines in the same harness.
 * `Layout`, `build_steps`, `World` (`edgetwin.imitation.world`): the harness itself: scaling, site
-  aggregates and one tick of a batch of agents, generic over the log contract.
+  aggregates and one tick of a batch of agents, generic over the log contract; `SiteStateModel`,
+  an optional model of the site-level state columns from the whole site's tick.
 """
 
 from edgetwin.imitation.baselines import ClonedPlatformPolicy, SupervisedResponseModel
@@ -18,7 +19,15 @@ from edgetwin.imitation.mail import (
     fit_mail,
     fit_transition,
 )
-from edgetwin.imitation.world import Composition, InitialStates, Layout, StepTable, World, build_steps
+from edgetwin.imitation.world import (
+    Composition,
+    InitialStates,
+    Layout,
+    SiteStateModel,
+    StepTable,
+    World,
+    build_steps,
+)
 
 __all__ = [
     "ClientVecEnv",
@@ -29,6 +38,7 @@ __all__ = [
     "Layout",
     "MailConfig",
     "MailResult",
+    "SiteStateModel",
     "StepTable",
     "SupervisedResponseModel",
     "World",

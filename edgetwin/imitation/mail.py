@@ -26,8 +26,10 @@ platform policy under evaluation replaces it.
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +52,7 @@ from edgetwin.imitation.world import (
     Composition,
     InitialStates,
     Layout,
+    SiteStateModel,
     StepTable,
     World,
     transition_features,
@@ -108,8 +111,12 @@ def gaussian_policy(n_in: int, n_out: int, net_arch: list[int], lr: float = 1e-3
 
 
 def _quiet_logger() -> imit_logger.HierarchicalLogger:
-    # imitation's default logger prints every step's table to stdout; we show tqdm instead
-    return imit_logger.configure(tempfile.mkdtemp(prefix="edgetwin-imitation-"), format_strs=[])
+    # imitation's default logger prints every step's table to stdout; we show tqdm instead. Its
+    # HierarchicalLogger still needs a folder for per-context subfolders: remove it with the logger.
+    folder = tempfile.mkdtemp(prefix="edgetwin-imitation-")
+    logger = imit_logger.configure(folder, format_strs=[])
+    weakref.finalize(logger, shutil.rmtree, folder, ignore_errors=True)
+    return logger
 
 
 def behaviour_clone(
@@ -177,6 +184,7 @@ class ClientVecEnv(VecEnv):
         seed: seeds the world's generator.
         transition: per scenario, the site-aware transition model (`fit_transition`), or None to
             move the state by the clients' own ``Δstate``.
+        site_model: moves the site-level state columns (`edgetwin.imitation.world.SiteStateModel`).
     """
 
     render_mode = None
@@ -194,9 +202,11 @@ class ClientVecEnv(VecEnv):
         horizon: int,
         seed: int = 0,
         transition: Mapping[int, GaussianModel] | None = None,
+        site_model: SiteStateModel | None = None,
     ) -> None:
         self.layout = layout
         self.transition = transition
+        self.site_model = site_model
         self.learner = learner
         self.scenario = scenario
         self.site = site
@@ -226,7 +236,9 @@ class ClientVecEnv(VecEnv):
             profile[idx] = self.profiles(len(idx), lay.scenarios[s], int(self.rng.integers(2**31)))
         state = self.initial.sample(lay, self.scenario, profile, self.rng)
         n_sites = int(self.site.max()) + 1
-        self.world = World(lay, self.scenario, self.site, profile, state, np.zeros((n_sites, lay.n_lag)))
+        self.world = World(
+            lay, self.scenario, self.site, profile, state, np.zeros((n_sites, lay.n_lag)), site_model=self.site_model
+        )
         self._decide()
 
     def _decide(self) -> None:
@@ -416,6 +428,7 @@ def fit_mail(
     seed: int = 0,
     progress: bool = False,
     transition: Mapping[int, ActorCriticPolicy] | None = None,
+    site_model: SiteStateModel | None = None,
 ) -> MailResult:
     """Run MAIL-MMSG: BC pre-training, then ``cfg.rounds`` of GAIL per scenario, round-robin.
 
@@ -430,6 +443,7 @@ def fit_mail(
         progress: show a tqdm bar.
         transition: site-aware transition models (`fit_transition`) that move the training
             worlds' state; None: the clients' own ``Δstate``.
+        site_model: moves the training worlds' site-level state columns (as in the twin).
     """
     cfg = cfg or MailConfig()
     transition_models = (
@@ -471,6 +485,7 @@ def fit_mail(
                 layout.horizon,
                 seed + 200 + s,
                 transition_models,
+                site_model,
             )
             n_batch = cfg.n_steps * envs[s].num_envs
             ppos[s] = PPO(

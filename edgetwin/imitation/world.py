@@ -16,6 +16,10 @@ Vocabulary (shapes use N agents, P/S/A profile/state/action widths, Y modelled o
   start of the tick. That is what lets a per-agent environment (one agent acts per `step`) give
   each agent its reward at once and agree exactly with the batched path.
 * **engine inputs** = ``[z(profile), z(state)]``, the platform's per-agent observation layout.
+* **site-level state**: state columns that the log shows as one value per (episode, site, t)
+  (`Layout.site_state`) are kept equal across a site's agents: by default the mean of their
+  predictions; optionally (`SiteStateModel`) a model of the whole site's tick, which also sees
+  every agent's action of that tick (known when the tick ends, so still causal).
 """
 
 from __future__ import annotations
@@ -430,6 +434,7 @@ class StepTable:
         episode: ``(N,)`` episode codes.
         site_now: ``(N, A+Y)`` site means of standardised actions and outputs at the row's own
             tick (what the transition model sees: the tick's actions are all known at its end).
+        site_group: ``(N,)`` id of the row's (episode, site, t) group, ``0..n_groups-1``.
     """
 
     frame: pd.DataFrame
@@ -442,6 +447,7 @@ class StepTable:
     scenario: np.ndarray
     episode: np.ndarray
     site_now: np.ndarray | None = None
+    site_group: np.ndarray | None = None
 
     def rows(self, scenario: int | None = None, need_next: bool = False) -> np.ndarray:
         """Row indices of one scenario (or all), optionally only those with a next row."""
@@ -510,6 +516,7 @@ def build_steps(log: pd.DataFrame, layout: Layout) -> StepTable:
         scenario=scenario.to_numpy(np.int64),
         episode=pd.factorize(df["episode"])[0],
         site_now=y_means[group_codes].astype(np.float32),
+        site_group=np.asarray(group_codes, dtype=np.int64),
     )
 
 
@@ -527,6 +534,179 @@ def transition_features(x_client: np.ndarray, zy: np.ndarray, site_now: np.ndarr
     )
 
 
+# ------------------------------------------------------------------------ site-level state
+def site_element_features(
+    layout: Layout, zp: np.ndarray, zs: np.ndarray, za: np.ndarray, zy: np.ndarray, scenario: np.ndarray
+) -> np.ndarray:
+    """Per-agent inputs of the site-state model ``(N, P+S'+A+Y+n_scenarios)`` (float32).
+
+    ``S'`` is the agent's own (non-site) state columns; the site's own columns enter at site level.
+    """
+    own = ~np.asarray(layout.site_state, dtype=bool) if layout.site_state else np.ones(zs.shape[1], bool)
+    onehot = np.eye(len(layout.scenarios), dtype=np.float32)[np.asarray(scenario, np.int64)]
+    return np.concatenate(
+        [np.asarray(v, np.float32).reshape(len(onehot), -1) for v in (zp, zs[:, own], za, zy)] + [onehot], axis=1
+    )
+
+
+class SiteStateModel:
+    """Next values of the site-level state columns from the whole site's tick (a Deep Sets model).
+
+    A site property at ``t+1`` (its load, the capacity its agents reserved) is a function of
+    every agent's action *at t* and of who they are: e.g. a reservation ratio is a sum over
+    agents of ``capacity x load``, which no site mean of actions and no single agent's inputs
+    express. So each agent is embedded by ``φ([z(profile), z(own state), z(action), z(outputs),
+    scenario])``, the embeddings are averaged per site, and the site's next standardised values
+    (changes for the near-random-walk columns of ``layout.state_absolute``) are
+    ``G(c) · mean φ + b(c)``, with ``G`` and ``b`` MLPs of the site context ``c = [z(site state
+    at t), log site size, time of day, ...]``. Linear in the pooled embedding on purpose: a policy
+    that moves every agent's action the same way moves the site mean of φ beyond anything logged
+    (under a random logging policy a site's mean action barely varies), while each agent's own
+    inputs stay in support; a linear read-out extrapolates that shift, an MLP over it would not. ``ρ`` also sees the site's mean
+    actions and outputs of the previous tick, so that it can relate the site's current values to
+    what produced them (e.g. how much load stands behind a unit of reservation). It is causal: every input is known
+    when the tick ends. Fitted by least squares on the logged (episode, site, t) groups.
+
+    Attributes:
+        columns: indices of the site-level state columns (into ``layout.state``).
+        absolute: per such column, predict the next value (True) or the change (False).
+        phi, rho: the two torch MLPs.
+    """
+
+    def __init__(self, layout: Layout, hidden: int = 32, seed: int = 0) -> None:
+        import torch as th
+
+        self.columns = np.flatnonzero(np.asarray(layout.site_state, dtype=bool))
+        absolute = np.asarray(layout.state_absolute or [True] * len(layout.state), dtype=bool)
+        self.absolute = absolute[self.columns]
+        self.log_size_center = layout.log_size_center
+        self.use_time = layout.use_time
+        n_el = (
+            len(layout.profile) + len(layout.state) - len(self.columns) + len(layout.action)
+            + layout.n_outputs + len(layout.scenarios)
+        )
+        k = len(self.columns)
+        th.manual_seed(seed)
+        self.phi = th.nn.Sequential(
+            th.nn.Linear(n_el, hidden), th.nn.ReLU(), th.nn.Linear(hidden, hidden), th.nn.ReLU()
+        )
+        n_ctx = k + layout.n_lag + 1 + 2
+        # the context's MLP gives the read-out matrix G (k x hidden) and the offset b (k)
+        self.rho = th.nn.Sequential(
+            th.nn.Linear(n_ctx, hidden), th.nn.ReLU(), th.nn.Linear(hidden, k * hidden + k)
+        )
+        self.hidden, self.k = hidden, k
+        # the logged range of the site columns (z): predictions are clipped to it, because a
+        # site pushed beyond anything logged feeds its own next prediction and runs away
+        self.z_low = np.full(k, -np.inf)
+        self.z_high = np.full(k, np.inf)
+        self.train_mse = float("nan")
+
+    def _forward(self, el: Any, codes: Any, site_x: Any) -> Any:
+        import torch as th
+
+        h = self.phi(el)
+        n_groups = site_x.shape[0]
+        pooled = th.zeros((n_groups, h.shape[1]), dtype=h.dtype).index_add_(0, codes, h)
+        counts = th.bincount(codes, minlength=n_groups).clamp(min=1).to(h.dtype)
+        pooled = pooled / counts[:, None]
+        gb = self.rho(site_x)
+        gate = gb[:, : self.k * self.hidden].reshape(n_groups, self.k, self.hidden)
+        return th.einsum("gkh,gh->gk", gate, pooled) / self.hidden**0.5 + gb[:, self.k * self.hidden :]
+
+    def site_inputs(
+        self, zs_site: np.ndarray, lag: np.ndarray, size: np.ndarray, t: np.ndarray, step_seconds: float
+    ) -> np.ndarray:
+        """``(G, k + A+Y + 3)`` site-level inputs: z(site state) at t, the site's mean z(action)
+        and z(outputs) at t-1 (``lag``, zeros at t = 0), centred log size, time (sin, cos)."""
+        phase = 2.0 * np.pi * ((np.asarray(t, np.float64) * step_seconds) % DAY_SECONDS) / DAY_SECONDS
+        tt = np.stack([np.sin(phase), np.cos(phase)], axis=1) if self.use_time else np.zeros((len(size), 2))
+        return np.concatenate(
+            [zs_site, lag, (np.log1p(size) - self.log_size_center)[:, None], tt], axis=1
+        ).astype(np.float32)
+
+    def predict(self, el: np.ndarray, codes: np.ndarray, site_x: np.ndarray) -> np.ndarray:
+        """Next z of the site columns ``(G, k)`` (changes already added) for groups ``codes``."""
+        import torch as th
+
+        with th.no_grad():
+            out = self._forward(
+                th.as_tensor(el, dtype=th.float32),
+                th.as_tensor(np.asarray(codes, np.int64)),
+                th.as_tensor(site_x, dtype=th.float32),
+            ).numpy()
+        zs_site = site_x[:, : len(self.columns)]
+        z = np.where(self.absolute, out, zs_site + out).astype(np.float64)
+        return np.clip(z, getattr(self, "z_low", -np.inf), getattr(self, "z_high", np.inf))
+
+    @classmethod
+    def fit(
+        cls, steps: StepTable, layout: Layout, seed: int = 0, epochs: int = 200, lr: float = 3e-3
+    ) -> SiteStateModel | None:
+        """Fit on a `StepTable`; None when the log has no site-level state column (or no next tick).
+
+        The groups of one random 15 % of the episodes are held out to pick the best epoch.
+        """
+        import torch as th
+
+        if not layout.learn_transition or not any(layout.site_state) or steps.site_group is None:
+            return None
+        model = cls(layout, seed=seed)
+        p, s = len(layout.profile), len(layout.state)
+        ny = layout.n_outputs
+        zp, zs = steps.x_client[:, :p], steps.x_client[:, p : p + s]
+        zy = steps.y_client[:, :ny]
+        el = site_element_features(layout, zp, zs, steps.za, zy, steps.scenario)
+        codes = steps.site_group
+        n_groups = int(codes.max()) + 1 if len(codes) else 0
+        # the group's next site values: any member row with a next row (they agree)
+        zs_next = np.full((n_groups, len(model.columns)), np.nan)
+        has = steps.has_next
+        zs_next[codes[has]] = zs[steps.next_index[has]][:, model.columns]
+        first = np.unique(codes, return_index=True)[1]
+        zs_now = zs[first][:, model.columns]
+        size = np.bincount(codes, minlength=n_groups).astype(np.float64)
+        t = steps.frame["t"].to_numpy(np.int64)[first]
+        lag0 = p + s + len(layout.action) + s
+        lag = steps.x_client[first, lag0 : lag0 + layout.n_lag]
+        site_x = model.site_inputs(zs_now, lag, size, t, layout.spec.step_seconds)
+        target = np.where(model.absolute, zs_next, zs_next - zs_now).astype(np.float32)
+        ok = np.isfinite(target).all(axis=1)
+        if ok.any():
+            model.z_low, model.z_high = np.nanmin(zs_next[ok], axis=0), np.nanmax(zs_next[ok], axis=0)
+        if ok.sum() < 4:
+            return None
+        rng = np.random.default_rng(seed)
+        ep_of_group = steps.episode[first]
+        eps = np.unique(ep_of_group)
+        held = rng.choice(eps, size=max(1, int(round(0.15 * len(eps)))), replace=False) if len(eps) > 2 else []
+        val = ok & np.isin(ep_of_group, held)
+        trn = ok & ~val
+        el_t, codes_t = th.as_tensor(el), th.as_tensor(codes)
+        site_t, target_t = th.as_tensor(site_x), th.as_tensor(np.nan_to_num(target))
+        trn_t, val_t = th.as_tensor(trn), th.as_tensor(val)
+        params = list(model.phi.parameters()) + list(model.rho.parameters())
+        opt = th.optim.Adam(params, lr=lr, weight_decay=1e-5)
+        best, best_state = float("inf"), None
+        for _ in range(epochs):
+            out = model._forward(el_t, codes_t, site_t)
+            loss = ((out[trn_t] - target_t[trn_t]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            with th.no_grad():
+                score = float(((out[val_t] - target_t[val_t]) ** 2).mean()) if val.any() else float(loss)
+            if score < best:
+                best = score
+                best_state = ([v.clone() for v in model.phi.state_dict().values()],
+                              [v.clone() for v in model.rho.state_dict().values()])
+        if best_state is not None:
+            for module, vals in zip((model.phi, model.rho), best_state, strict=True):
+                module.load_state_dict(dict(zip(module.state_dict().keys(), vals, strict=True)))
+        model.train_mse = best
+        return model
+
+
 # ------------------------------------------------------------------------------------ a world
 @dataclass
 class World:
@@ -538,6 +718,8 @@ class World:
         profile: ``(N, P)`` raw profiles; ``state``: ``(N, S)`` raw states at the current tick.
         lag: ``(n_sites, A+Y)`` site means of standardised actions and outputs of the previous tick.
         t: the current tick.
+        site_model: a `SiteStateModel` that moves the site-level state columns at the end of each
+            tick from the whole site's tick; None: the mean of the agents' own predictions.
     """
 
     layout: Layout
@@ -547,6 +729,7 @@ class World:
     state: np.ndarray
     lag: np.ndarray
     t: int = 0
+    site_model: Any = None
 
     @property
     def n(self) -> int:
@@ -638,6 +821,8 @@ class World:
             if len(site_cols):
                 # a site's property is one value for all its agents: their mean prediction
                 z_next[:, site_cols] = group_means(z_next[:, site_cols], self.site, self.n_sites)[self.site]
+            if self.site_model is not None and len(site_cols):
+                z_next[:, self.site_model.columns] = self._site_next(zs, za, zy)[self.site]
             nxt = lay.scalers["state"].inverse(z_next)
         else:
             nxt = self.state.copy()
@@ -645,6 +830,16 @@ class World:
         self.state = nxt
         self.t += 1
         return out_raw, nxt
+
+    def _site_next(self, zs: np.ndarray, za: np.ndarray, zy: np.ndarray) -> np.ndarray:
+        """``(n_sites, k)`` next z of the site-level columns from the site model (before `lag` moves)."""
+        m = self.site_model
+        el = site_element_features(self.layout, self.zprofile(), zs, za, zy, self.scenario)
+        n_sites = self.n_sites
+        zs_site = group_means(np.asarray(zs[:, m.columns], np.float64), self.site, n_sites)
+        size = np.bincount(self.site, minlength=n_sites).astype(np.float64)
+        site_x = m.site_inputs(zs_site, self.lag, size, np.full(n_sites, self.t), self.layout.spec.step_seconds)
+        return m.predict(el, self.site, site_x)
 
 
 # --------------------------------------------------------------------------- who is where, from where

@@ -291,9 +291,7 @@ class TwinParallelEnv(ParallelEnv):
         w = self._world0
         # same service groups, fresh initial states (the spaces' shapes stay fixed)
         state = self.twin.initial.sample(lay, w.scenario, w.profile, rng)
-        self.sim.world = type(w)(lay, w.scenario, w.site, w.profile.copy(), state, np.zeros_like(w.lag))
-        self.sim._pending_y[:] = 0.0
-        self.sim._pending_a[:] = 0.0
+        self.sim.place(type(w)(lay, w.scenario, w.site, w.profile.copy(), state, np.zeros_like(w.lag)))
         self.sim.rng = rng
         self.agents = list(self.possible_agents)
         self._tick = 0

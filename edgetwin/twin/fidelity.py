@@ -79,17 +79,17 @@ def replay_errors(
         site, _ = pd.factorize(first["site"].astype(str))
         by_t = {t: g.set_index("agent").reindex(agents) for t, g in ep.groupby("t")}
         sim = Simulation(twin, n_agents=len(agents), seed=0, stochastic=False, member=member)
-        sim.world = World(
-            lay,
-            scen.to_numpy(np.int64),
-            site.astype(np.int64),
-            first[lay.profile].to_numpy(np.float64),
-            first[lay.state].to_numpy(np.float64),
-            np.zeros((int(site.max()) + 1, lay.n_lag)),
-            t=t0,
+        sim.place(
+            World(
+                lay,
+                scen.to_numpy(np.int64),
+                site.astype(np.int64),
+                first[lay.profile].to_numpy(np.float64),
+                first[lay.state].to_numpy(np.float64),
+                np.zeros((int(site.max()) + 1, lay.n_lag)),
+                t=t0,
+            )
         )
-        sim._pending_y = np.zeros((len(agents), lay.n_model_outputs), np.float32)
-        sim._pending_a = np.zeros((len(agents), len(lay.action)))
         for h in range(1, max_horizon + 1):
             t = t0 + h - 1
             now, nxt = by_t.get(t), by_t.get(t + 1)

@@ -47,7 +47,14 @@ from edgetwin.imitation.mail import (
     fit_mail,
     fit_transition,
 )
-from edgetwin.imitation.world import Composition, InitialStates, Layout, World, build_steps
+from edgetwin.imitation.world import (
+    Composition,
+    InitialStates,
+    Layout,
+    SiteStateModel,
+    World,
+    build_steps,
+)
 from edgetwin.twin.logs import ordered_columns, read_table, resolve_spec
 from edgetwin.twin.policy import PlatformPolicy
 from edgetwin.twin.spec import REWARD_COLUMN, TwinSpec
@@ -168,15 +175,48 @@ class SupportIndex:
         return self._nn().kneighbors(z.astype(np.float32), n_neighbors=1)[0][:, 0]
 
 
+class ProfileSupport:
+    """Whether generated profiles lie in the logs' support, per scenario (standardised units).
+
+    A profile is *in support* when its nearest logged profile of the same scenario is no farther
+    than the ``quantile`` of logged profiles' nearest-other-profile distances. A generative
+    population model puts some mass between and beyond the logged agents; the client models have
+    never seen such agents, so `Simulation` redraws them (see ``Twin.profile_retries``).
+    """
+
+    def __init__(self, zprofiles: list[np.ndarray], quantile: float = 0.99) -> None:
+        self.nn: list[NearestNeighbors | None] = []
+        self.threshold: list[float] = []
+        for z in zprofiles:
+            if len(z) < 3 or z.shape[1] == 0:
+                self.nn.append(None)
+                self.threshold.append(float("inf"))
+                continue
+            nn = NearestNeighbors(n_neighbors=2).fit(z)
+            d, _ = nn.kneighbors(z)
+            self.nn.append(nn)
+            self.threshold.append(float(np.quantile(d[:, 1], quantile)))
+
+    def inside(self, scenario: int, zp: np.ndarray) -> np.ndarray:
+        """``(n,)`` bool: rows of ``zp (n, P)`` within scenario ``scenario``'s support."""
+        nn = self.nn[scenario]
+        if nn is None or len(zp) == 0:
+            return np.ones(len(zp), dtype=bool)
+        d = nn.kneighbors(zp, n_neighbors=1)[0][:, 0]
+        return d <= self.threshold[scenario]
+
+
 @dataclass
 class Member:
     """One ensemble member: per-scenario client models, cloned engine policies and, when the
-    transition is learned by a site-aware model, its per-scenario transition models."""
+    transition is learned by a site-aware model, its per-scenario transition models, and the model
+    of the site-level state columns (`SiteStateModel`) when there is one."""
 
     clients: dict[int, Any]
     engines: dict[int, ActorCriticPolicy]
     history: pd.DataFrame = field(default_factory=pd.DataFrame)
     transition: dict[int, ActorCriticPolicy] | None = None
+    site_model: SiteStateModel | None = None
 
     def save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -190,6 +230,9 @@ class Member:
             e.save(str(path / f"engine_{s}.pt"))
         for s, tr in (self.transition or {}).items():
             tr.save(str(path / f"transition_{s}.pt"))
+        if self.site_model is not None:
+            with open(path / "site_model.pkl", "wb") as fh:
+                pickle.dump(self.site_model, fh)
         self.history.to_csv(path / "history.csv", index=False)
         (path / "DONE").write_text("ok\n")
 
@@ -213,7 +256,11 @@ class Member:
         hist = (
             pd.read_csv(path / "history.csv") if (path / "history.csv").stat().st_size > 1 else pd.DataFrame()
         )
-        return cls(clients, engines, hist, transition)
+        site_model = None
+        if (path / "site_model.pkl").is_file():
+            with open(path / "site_model.pkl", "rb") as fh:
+                site_model = pickle.load(fh)
+        return cls(clients, engines, hist, transition, site_model)
 
     def models(self) -> dict[int, Any]:
         """Client models with ``mean(x)`` / ``sample(x, rng)`` (SB3 policies wrapped)."""
@@ -274,6 +321,17 @@ class Twin:
         self.meta = meta
         self._models = [m.models() for m in members]
         self._transitions = [m.transition_models() for m in members]
+        #: how many times a simulation redraws a generated profile that is out of the logs'
+        #: support (`ProfileSupport`) before keeping it; 0 keeps every generated profile
+        self.profile_retries = 4
+        self._profile_support: ProfileSupport | None = None
+
+    @property
+    def profile_support(self) -> ProfileSupport:
+        """The logged profiles' support (built on first use from the logged initial profiles)."""
+        if self._profile_support is None:
+            self._profile_support = ProfileSupport(self.initial.zprofiles)
+        return self._profile_support
 
     @property
     def spec(self) -> TwinSpec:
@@ -298,6 +356,7 @@ class Twin:
         population_hyper: Mapping[str, Any] | None = None,
         use_time: bool = True,
         transition_model: str = "client",
+        site_model: bool = False,
         **hyper: Any,
     ) -> Twin:
         """Learn a twin from a log.
@@ -322,6 +381,11 @@ class Twin:
                 separate model that also sees the agent's own outputs and its site's actions and
                 outputs of the tick, `edgetwin.imitation.mail.fit_transition`; on the emulated
                 cluster it ranked policies worse, see docs/benchmarks.md).
+            site_model: when the log has site-level state columns (one value per site and tick),
+                move them by a `SiteStateModel` that sees the whole site's tick (every agent's
+                action and output); False (default): by the mean of the agents' own
+                predictions. Off by default: on the emulated cluster it did not rank policies
+                better (docs/benchmarks.md, "Paired quick checks").
             **hyper: `edgetwin.imitation.mail.MailConfig` fields (``rounds``, ``bc_epochs``, ...).
 
         Raises:
@@ -360,6 +424,7 @@ class Twin:
                 "seed": seed,
                 "response_model": response_model,
                 "transition_model": transition_model,
+                "site_model": site_model,
                 "hyper": cfg.__dict__,
             }
             if stamp.is_file() and json.loads(stamp.read_text()) != json.loads(
@@ -410,6 +475,7 @@ class Twin:
                 seed * 1000 + m,
                 progress,
                 transition_model,
+                site_model,
             )
             if mdir is not None:
                 if mdir.exists():
@@ -431,6 +497,7 @@ class Twin:
             "members": members,
             "response_model": response_model,
             "transition_model": transition_model,
+            "site_model": site_model,
             "population_model": population_model,
             "hyper": cfg.__dict__,
             "data_sha256": sha,
@@ -465,9 +532,11 @@ class Twin:
         seed: int,
         progress: bool,
         transition_model: str = "client",
+        site_model: bool = False,
     ) -> Member:
         steps = build_steps(sub, layout)
         transition = fit_transition(steps, layout, cfg, seed) if transition_model == "site" else None
+        sites = SiteStateModel.fit(steps, layout, seed=seed + 400) if site_model else None
         if response_model == "supervised":
             clients: dict[int, Any] = {}
             for s in range(len(layout.scenarios)):
@@ -475,11 +544,20 @@ class Twin:
                 clients[s] = SupervisedResponseModel(tuple(cfg.net_arch), seed=seed + s).fit(
                     steps.x_client[rows], steps.y_client[rows]
                 )
-            return Member(clients, fit_engines(steps, layout, cfg, seed), pd.DataFrame(), transition)
+            return Member(clients, fit_engines(steps, layout, cfg, seed), pd.DataFrame(), transition, sites)
         res = fit_mail(
-            steps, layout, sampler, initial, composition, cfg, seed=seed, progress=progress, transition=transition
+            steps,
+            layout,
+            sampler,
+            initial,
+            composition,
+            cfg,
+            seed=seed,
+            progress=progress,
+            transition=transition,
+            site_model=sites,
         )
-        return Member(dict(res.clients), res.engines, res.history, transition)
+        return Member(dict(res.clients), res.engines, res.history, transition, sites)
 
     # --- persistence ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -633,10 +711,12 @@ class Twin:
             One row per ``(episode, t, agent)`` with the contract's columns and ``reward``;
             ``df.attrs["support"]`` = ``{"out_of_support": fraction of sampled steps whose
             [profile, state, action] is beyond the logs' 99th-percentile nearest-neighbour
-            distance, "median_distance": ..., "disagreement": mean ensemble disagreement}``.
+            distance, "median_distance": ..., "disagreement": mean ensemble disagreement,
+            "profile_redrawn": share of generated profiles redrawn because they were out of the
+            logged profiles' support, "profile_outside": share still outside after the redraws}``.
         """
         frames = []
-        oos, dist, dis = [], [], []
+        oos, dist, dis, redrawn, outside = [], [], [], [], []
         runs = [(e, m) for e in range(episodes) for m in (range(self.n_members) if all_members else [None])]
         for e, m in tqdm(runs, desc="rollout", disable=not progress, leave=False):
             sim = self.simulation(
@@ -651,12 +731,16 @@ class Twin:
             oos.append(rec.support["out_of_support"])
             dist.append(rec.support["median_distance"])
             dis.append(rec.support["disagreement"])
+            redrawn.append(rec.support["profile_redrawn"])
+            outside.append(rec.support["profile_outside"])
         df = pd.concat(frames, ignore_index=True)
         df.attrs["support"] = {
             "out_of_support": float(np.mean(oos)),
             "median_distance": float(np.mean(dist)),
             "threshold": self.support.threshold,
             "disagreement": float(np.mean(dis)),
+            "profile_redrawn": float(np.mean(redrawn)),
+            "profile_outside": float(np.mean(outside)),
         }
         return df
 
@@ -725,33 +809,63 @@ class Simulation:
         lay = self.layout
         scen, site = self.twin.composition.sample(self.rng, self.n_agents)
         profile = np.zeros((len(scen), len(lay.profile)))
+        retries = self.twin.profile_retries if lay.profile else 0
+        redrawn, outside = 0, 0
         for s in np.unique(scen):
             idx = np.flatnonzero(scen == s)
-            pop = self.twin.population.sample(
-                len(idx), scenario=lay.scenarios[s], seed=int(self.rng.integers(2**31))
-            )
-            profile[idx] = pop[lay.profile].to_numpy(np.float64)
+            for attempt in range(retries + 1):
+                pop = self.twin.population.sample(
+                    len(idx), scenario=lay.scenarios[s], seed=int(self.rng.integers(2**31))
+                )
+                profile[idx] = lay.scalers["profile"].legalise(pop[lay.profile].to_numpy(np.float64))
+                if retries == 0:
+                    break
+                ok = self.twin.profile_support.inside(int(s), lay.scalers["profile"].transform(profile[idx]))
+                if attempt == 0:
+                    redrawn += int((~ok).sum())
+                idx = idx[~ok]
+                if len(idx) == 0:
+                    break
+            outside += len(idx) if retries else 0
         profile = lay.scalers["profile"].legalise(profile)
+        #: share of this population's first-drawn profiles that were out of support (and redrawn),
+        #: and of its final profiles still out of support after ``profile_retries`` redraws
+        self.profile_redrawn = redrawn / max(1, len(scen))
+        self.profile_outside = outside / max(1, len(scen))
         state = self.twin.initial.sample(lay, scen, profile, self.rng)
         n_sites = int(site.max()) + 1
-        self.world = World(lay, scen, site, profile, state, np.zeros((n_sites, lay.n_lag)))
         self.member = (
             self.fixed_member
             if self.fixed_member is not None
             else int(self.rng.integers(self.twin.n_members))
         )
-        self._pending_y = np.zeros((len(scen), lay.n_model_outputs), np.float32)
-        self._pending_a = np.zeros((len(scen), len(lay.action)))
+        self.place(World(lay, scen, site, profile, state, np.zeros((n_sites, lay.n_lag))))
         self.site_names = [f"site{k}" for k in range(n_sites)]
         self.agent_names = [f"agent{i}" for i in range(len(scen))]
         return self.obs()
+
+    def place(self, world: World) -> None:
+        """Run this simulation on ``world`` (e.g. agents and states taken from a log) from its tick.
+
+        The world gets the acting member's site-state model, and the tick's pending responses are
+        cleared. Agent and site names are kept when their counts still match.
+        """
+        world.site_model = self.twin.members[self.member].site_model if self.twin.members else None
+        self.world = world
+        self._pending_y = np.zeros((world.n, self.layout.n_model_outputs), np.float32)
+        self._pending_a = np.zeros((world.n, len(self.layout.action)))
+        if len(self.agent_names) != world.n:
+            self.agent_names = [f"agent{i}" for i in range(world.n)]
+        if len(self.site_names) != world.n_sites:
+            self.site_names = [f"site{k}" for k in range(world.n_sites)]
 
     def obs(self) -> np.ndarray:
         """``(N, P+S)`` raw ``[profile.*, state.*]``: what the platform policy sees."""
         return np.concatenate([self.world.profile, self.world.state], axis=1).astype(np.float32)
 
-    def _legal_action(self, action: np.ndarray, n: int) -> np.ndarray:
-        action = np.asarray(action, dtype=np.float64).reshape(n, len(self.layout.action))
+    def legal_action(self, action: np.ndarray) -> np.ndarray:
+        """Raw actions ``(n, A)`` clipped to the twin's action bounds, discrete ones snapped."""
+        action = np.asarray(action, dtype=np.float64).reshape(-1, len(self.layout.action))
         return self.layout.scalers["action"].legalise(
             np.clip(action, self.twin.action_low, self.twin.action_high)
         )
@@ -769,7 +883,7 @@ class Simulation:
         """
         lay, w = self.layout, self.world
         rows = np.asarray(rows, dtype=np.int64)
-        action = self._legal_action(action, len(rows))
+        action = self.legal_action(np.asarray(action).reshape(len(rows), -1))
         x = w.client_inputs(action, rows)
         y = np.zeros((len(rows), lay.n_model_outputs), np.float32)
         disagreement = np.zeros(len(rows))
@@ -795,8 +909,25 @@ class Simulation:
         self._pending_a[rows] = action
         ny = lay.n_outputs
         outputs = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((len(rows), 0))
-        reward = self._reward(rows, w.state[rows], action, outputs)
+        reward = self.reward_of(rows, w.state[rows], action, outputs)
         return outputs, reward, disagreement
+
+    @property
+    def pending_action(self) -> np.ndarray:
+        """``(N, A)`` the legal actions of this tick so far (what `end_tick` will apply); a copy."""
+        return self._pending_a.copy()
+
+    def override_outputs(self, rows: np.ndarray, outputs: np.ndarray) -> None:
+        """Replace the pending raw outputs ``(len(rows), Y)`` of agents ``rows`` at this tick.
+
+        `end_tick` then moves the world by them: the next tick's site aggregates and the
+        site-level state see the replaced outputs (a what-if that perturbs responses).
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        ny = self.layout.n_outputs
+        if ny:
+            legal = self.layout.scalers["outputs"].legalise(np.asarray(outputs, np.float64).reshape(len(rows), ny))
+            self._pending_y[rows, :ny] = self.layout.scalers["outputs"].transform(legal)
 
     def end_tick(self) -> np.ndarray:
         """Apply the tick's responses: every agent moves to its next state. Returns it ``(N, S)``."""
@@ -812,9 +943,14 @@ class Simulation:
         nxt = self.end_tick()
         return StepResult(obs, legal, outputs, nxt, reward, disagreement)
 
-    def _reward(
+    def reward_of(
         self, rows: np.ndarray, state: np.ndarray, action: np.ndarray, outputs: np.ndarray
     ) -> np.ndarray:
+        """The spec's reward ``(n,)`` of agents ``rows`` given raw state, action and outputs.
+
+        Uses the spec's reward function or weights when it has one, else the predicted ``reward``
+        output (zeros when there is neither).
+        """
         lay = self.layout
         cols: dict[str, np.ndarray] = {}
         for j, c in enumerate(lay.profile):
@@ -862,6 +998,8 @@ class Simulation:
         frame = frame[[c for c in cols if c in frame.columns]]
         support = self.support_of(frame)
         support["disagreement"] = float(np.mean(dis)) if dis else 0.0
+        support["profile_redrawn"] = self.profile_redrawn
+        support["profile_outside"] = self.profile_outside
         return RolloutRecord(frame, support)
 
     def support_of(self, frame: pd.DataFrame, max_rows: int = 5000) -> dict[str, float]:

@@ -939,17 +939,17 @@ def run_episode(
     profile = lay.scalers["profile"].legalise(profile)
     state = lay.scalers["state"].legalise(state)
     n_sites = int(site.max()) + 1 if len(site) else 0
-    sim.world = World(
-        lay,
-        scen,
-        site,
-        profile,
-        state,
-        np.zeros((n_sites, lay.n_lag)),
-        t=(logged.t0 if logged else 0) + shift_ticks,
+    sim.place(
+        World(
+            lay,
+            scen,
+            site,
+            profile,
+            state,
+            np.zeros((n_sites, lay.n_lag)),
+            t=(logged.t0 if logged else 0) + shift_ticks,
+        )
     )
-    sim._pending_y = np.zeros((len(scen), lay.n_model_outputs), np.float32)
-    sim._pending_a = np.zeros((len(scen), len(lay.action)))
     n = len(scen)
 
     masks = _Masks(scen, site, site_names, lay.scenarios)
@@ -1012,17 +1012,17 @@ def run_episode(
         else:
             act = np.asarray(pol.act(obs), dtype=np.float64).reshape(n, len(lay.action))
         if appliers["action"]:
-            act, _ = appliers["action"].apply(sim._legal_action(act, n), t)
+            act, _ = appliers["action"].apply(sim.legal_action(act), t)
         rows = np.arange(n)
         outputs, reward, _ = sim.respond(rows, act, with_disagreement=False)
-        legal = sim._pending_a.copy()
+        legal = sim.pending_action
         state_now = w.state.copy()
         if appliers["output"]:
             outputs, _ = appliers["output"].apply(outputs, t)
             outputs = lay.scalers["outputs"].legalise(outputs)
             # the next tick's site means (the client's lagged inputs) see the perturbed outputs
-            sim._pending_y[:, : lay.n_outputs] = lay.scalers["outputs"].transform(outputs)
-            reward = sim._reward(rows, state_now, legal, outputs)
+            sim.override_outputs(rows, outputs)
+            reward = sim.reward_of(rows, state_now, legal, outputs)
         if appliers["reward"]:
             reward = appliers["reward"].apply(np.asarray(reward, np.float64)[:, None], t)[0][:, 0]
         cols: dict[str, np.ndarray] = {}
