@@ -8,7 +8,10 @@ under a uniformly random platform policy (as in seed 004 §4.1). Measured:
 2. compounding error vs horizon when replaying the logged actions open loop, MAIL-MMSG twin vs the
    behaviour-cloned client (MAIL's pre-training) vs a supervised one-step model; growth exponents;
 3. policy-ranking fidelity: 12 platform policies evaluated in the twin and on the cluster (Spearman
-   rho, relative return error, regret), beside fitted-Q evaluation (FQE) on the same logs;
+   rho, relative return error, regret), beside fitted-Q evaluation (FQE) on the same logs. The twin
+   is scored twice: from populations it generates (GAN-SMMSG, learned from the training days) and
+   replaying the evaluation days' own logged populations and first states (`logged_rollout`, the
+   what-if "replay last week's traffic" mode), which leaves only the twin's dynamics as error;
 4. throughput: agent-steps/s of the twin and of the cluster at 1,000 and 10,000 agents.
 
 Run (2 CPU cores, ~30 min):  python benchmarks/twin_fidelity.py
@@ -33,7 +36,13 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from stable_baselines3 import PPO
 
 from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, generate_logs
-from edgetwin.twin.fidelity import fidelity_report, growth_exponent, replay_errors
+from edgetwin.twin.fidelity import (
+    fidelity_report,
+    growth_exponent,
+    logged_rollout,
+    one_step_outputs,
+    replay_errors,
+)
 from edgetwin.twin.policy import FunctionPolicy, RandomPolicy
 from edgetwin.twin.twin import Twin
 
@@ -153,8 +162,17 @@ def ranking_scores(rank: pd.DataFrame, col: str) -> dict:  # type: ignore[type-a
 
 
 QUICK_SECTION = "### Quick ranking check"
-#: a subsection of paired quick runs written by hand (one command per row); a full run keeps it
-KEEP_SUBSECTION = "### Paired quick checks"
+#: the twin started from the evaluation days' own logged populations and first states
+REPLAY_COL = "twin, replaying the evaluation days' populations"
+#: the twin teacher forced on the evaluation days' logged states and actions (no compounding)
+ONE_STEP_COL = "twin, one step (teacher forced)"
+
+
+def reward_terms(df: pd.DataFrame, spec) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Mean of each term ``weight x column`` of the spec's weighted reward (empty without weights)."""
+    return {c: float(w * df[c].mean()) for c, w in (spec.reward_weights or {}).items() if c in df}
+#: subsections written by hand (paired quick runs, the error decomposition); a full run keeps them
+KEEP_SUBSECTIONS = ("### Paired quick checks", "### Where the return error comes from")
 
 
 def quick_ranking(args: argparse.Namespace) -> None:
@@ -173,28 +191,47 @@ def quick_ranking(args: argparse.Namespace) -> None:
     fit_s = time.perf_counter() - t_all
     policies = ranking_policies(spec, twin)
     policies["PPO trained in the twin"] = ppo_in_twin(twin, n_agents, steps, args.seed, 30_000)
-    rows = []
+    rows: list[dict] = []  # type: ignore[type-arg]
+    terms: list[dict] = []  # type: ignore[type-arg]
     for i, (name, pol) in enumerate(policies.items()):
         real_df, _ = generate_logs(cfg, episodes=eval_eps, policy=pol, seed=args.seed + 500)
         twin_df = twin.rollout(pol, episodes=eval_eps, seed=args.seed + 500 + i, n_agents=n_agents, steps=steps,
                                all_members=True)
+        rep_df = logged_rollout(twin, pol, real_df, seed=args.seed + 500 + i, all_members=True)
+        one_df = one_step_outputs(twin, real_df, seed=args.seed + 500 + i)
+        for col, df in (("real", real_df), ("twin", twin_df), (REPLAY_COL, rep_df), (ONE_STEP_COL, one_df)):
+            terms.append({"policy": name, "mode": col, **reward_terms(df, spec)})
         rows.append({"policy": name, "real": float(real_df["reward"].mean()), "twin": float(twin_df["reward"].mean()),
+                     REPLAY_COL: float(rep_df["reward"].mean()), ONE_STEP_COL: float(one_df["reward"].mean()),
                      "out_of_support": twin_df.attrs["support"]["out_of_support"],
                      "profile_redrawn": twin_df.attrs["support"]["profile_redrawn"]})
         print(rows[-1], flush=True)
     rank = pd.DataFrame(rows)
-    sc = ranking_scores(rank, "twin")
+    scores = {col: ranking_scores(rank, col) for col in ("twin", REPLAY_COL, ONE_STEP_COL)}
     L = [QUICK_SECTION, "",
          f"Command: `python benchmarks/twin_fidelity.py --quick --seed {args.seed}"
          f"{' --site-model' if args.site_model else ''} --profile-retries {args.profile_retries}` (2 shared CPU cores; "
          f"{(time.perf_counter() - t_all) / 60:.0f} min, fit {fit_s:.0f} s). 3 training days, 1 member, "
          f"{hyper['rounds']} GAIL rounds, GAN-SMMSG 500 steps, {eval_eps} evaluation days per policy, PPO 30k steps. "
          "Smaller than the full run above, so its numbers are not comparable one to one.", "",
-         "| policy | real | twin | twin out-of-support |", "|---|---|---|---|"]
+         f"| policy | real | twin | {REPLAY_COL} | {ONE_STEP_COL} | twin out-of-support |",
+         "|---|---|---|---|---|---|"]
     for _, r in rank.iterrows():
-        L.append(f"| {r['policy']} | {r['real']:.3f} | {r['twin']:.3f} | {100 * r['out_of_support']:.0f} % |")
-    L += ["", f"Spearman rho {sc['spearman']:.2f}, mean relative error {100 * sc['rel_err']:.0f} %, "
-          f"regret of its pick {sc['regret']:.3f} ({sc['pick']})."]
+        L.append(f"| {r['policy']} | {r['real']:.3f} | {r['twin']:.3f} | {r[REPLAY_COL]:.3f} | {r[ONE_STEP_COL]:.3f} | "
+                 f"{100 * r['out_of_support']:.0f} % |")
+    L += [""]
+    for col, sc in scores.items():
+        L.append(f"{col}: Spearman rho {sc['spearman']:.2f}, mean relative error {100 * sc['rel_err']:.0f} %, "
+                 f"regret of its pick {sc['regret']:.3f} ({sc['pick']}).  ")
+    tt = pd.DataFrame(terms)
+    names = [c for c in tt.columns if c not in ("policy", "mode")]
+    if names:
+        real_t = tt[tt["mode"] == "real"].set_index("policy")[names]
+        L += ["", "Reward terms (spec weight x column mean), twin minus real, mean over the policies:", "",
+              "| twin mode | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for col in ("twin", REPLAY_COL, ONE_STEP_COL):
+            d = (tt[tt["mode"] == col].set_index("policy")[names] - real_t).mean()
+            L.append(f"| {col} | " + " | ".join(f"{d[c]:+.3f}" for c in names) + " |")
     md = "\n".join(L) + "\n"
     print(md)
     if args.write_quick:
@@ -282,17 +319,19 @@ def main() -> None:
         twin_df = mail.rollout(pol, episodes=eval_eps, seed=rng_seed + i, n_agents=n_agents, steps=steps,
                                all_members=True)
         sup_df = fits["supervised"].rollout(pol, episodes=eval_eps, seed=rng_seed + i, n_agents=n_agents, steps=steps)
+        rep_df = logged_rollout(mail, pol, real_df, seed=rng_seed + i, all_members=True)
         rows.append({
             "policy": name,
             "real": float(real_df["reward"].mean()),
             "twin": float(twin_df["reward"].mean()),
+            REPLAY_COL: float(rep_df["reward"].mean()),
             "supervised twin": float(sup_df["reward"].mean()),
             "fqe": fqe(train, spec, pol, seed=args.seed),
             "out_of_support": twin_df.attrs["support"]["out_of_support"],
         })
         print(rows[-1])
     rank = pd.DataFrame(rows)
-    scores = {col: ranking_scores(rank, col) for col in ("twin", "supervised twin", "fqe")}
+    scores = {col: ranking_scores(rank, col) for col in ("twin", REPLAY_COL, "supervised twin", "fqe")}
 
     # 4. throughput
     tp = {n: throughput(mail, spec, n, 5 if q else 20) for n in ((200, 1000) if q else (1000, 10_000))}
@@ -362,10 +401,11 @@ def _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, exp
         L.append(f"| {name} | {get(1):.3f} | {get(10):.3f} | {get(50):.3f} | {get(95):.3f} | {expo[name]:.2f} |")
     L += ["", "**3. Policy ranking** (mean per-step reward = offload ratio - 0.5 SLO violation, per group and tick; "
           "the MAIL twin's value is the mean over all its ensemble members on the same populations):", "",
-          "| policy | real | MAIL twin | supervised twin | FQE | twin out-of-support |", "|---|---|---|---|---|---|"]
+          "| policy | real | MAIL twin | MAIL twin, replaying the evaluation days' populations | supervised twin | FQE "
+          "| twin out-of-support |", "|---|---|---|---|---|---|---|"]
     for _, r in rank.iterrows():
-        L.append(f"| {r['policy']} | {r['real']:.3f} | {r['twin']:.3f} | {r['supervised twin']:.3f} | {r['fqe']:.3f} | "
-                 f"{100 * r['out_of_support']:.0f} % |")
+        L.append(f"| {r['policy']} | {r['real']:.3f} | {r['twin']:.3f} | {r[REPLAY_COL]:.3f} | {r['supervised twin']:.3f} "
+                 f"| {r['fqe']:.3f} | {100 * r['out_of_support']:.0f} % |")
     L += ["", "| evaluator | Spearman rho | mean relative error | regret of its pick | its pick |", "|---|---|---|---|---|",
           "| target (issue 4) | >= 0.9 | <= 10 % | - | - |"]
     for k, s in scores.items():
@@ -380,13 +420,17 @@ def _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, exp
 
 
 def _write_section(md: str) -> None:
-    """Replace the section with ``md``, keeping its hand-kept `KEEP_SUBSECTION` (paired ablations)."""
+    """Replace the section with ``md``, keeping its hand-kept `KEEP_SUBSECTIONS`."""
     from _docs import write_section
 
     text = DOC.read_text() if DOC.exists() else ""
     sec = re.search(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", text, re.S | re.M)
-    keep = re.search(rf"^{re.escape(KEEP_SUBSECTION)}.*?(?=^### |\Z)", sec.group(0), re.S | re.M) if sec else None
-    write_section(SECTION, md.rstrip() + ("\n\n" + keep.group(0).rstrip() if keep else ""), DOC)
+    kept = []
+    for head in KEEP_SUBSECTIONS:
+        m = re.search(rf"^{re.escape(head)}.*?(?=^### |\Z)", sec.group(0), re.S | re.M) if sec else None
+        if m:
+            kept.append(m.group(0).rstrip())
+    write_section(SECTION, "\n\n".join([md.rstrip(), *kept]), DOC)
 
 
 if __name__ == "__main__":

@@ -429,3 +429,59 @@ def test_out_of_support_profiles_are_redrawn_and_reported(twin: Twin) -> None:
     assert redrawn.attrs["support"]["profile_outside"] < 0.05  # 8 redraws at 1/2 leave ~0.4 %
     assert redrawn.attrs["support"]["out_of_support"] < kept.attrs["support"]["out_of_support"]
     assert twin.profile_retries == 4  # the default
+
+
+def test_logged_rollout_replays_the_logs_own_population(twin: Twin) -> None:
+    """`logged_rollout` runs a policy on a log's agents, sites, profiles and first states."""
+    from edgetwin.twin.fidelity import logged_rollout
+
+    lay = twin.layout
+    held = toy_log(episodes=2, seed=11)
+    held["t"] += 3  # episodes need not start at t = 0
+    half = FunctionPolicy(lambda o: np.stack([np.full(len(o), 0.5), np.zeros(len(o))], 1))
+    df = logged_rollout(twin, half, held, seed=4)
+    assert list(df.columns) == ordered_columns(twin.spec, ["reward"])
+    assert sorted(df["episode"].unique()) == ["e0", "e1"] and df["t"].min() == 3
+    assert len(df) == len(held) and df.attrs["support"]["profile_redrawn"] == 0.0
+    key = ["episode", "t", "agent"]
+    a, b = df.sort_values(key).reset_index(drop=True), held.sort_values(key).reset_index(drop=True)
+    assert (a[["agent", "scenario", "site"]].to_numpy() == b[["agent", "scenario", "site"]].to_numpy()).all()
+    assert np.allclose(a[lay.profile], b[lay.profile])
+    first = a["t"] == 3
+    assert np.allclose(a.loc[first, lay.state], b.loc[first, lay.state])
+    assert not np.allclose(a.loc[~first, "state.queue"], b.loc[~first, "state.queue"])  # the twin's own states
+    pd.testing.assert_frame_equal(df, logged_rollout(twin, half, held, seed=4))
+    assert not df.equals(logged_rollout(twin, half, held, seed=5))
+    assert logged_rollout(twin, half, held, seed=4, all_members=True)["episode"].nunique() == 2 * twin.n_members
+    # the replayed population matters: the same agents with 3x the demand wait longer in the twin
+    heavy = held.assign(**{"profile.demand": held["profile.demand"] * 3})
+    wait = logged_rollout(twin, half, held, seed=4, stochastic=False)["response.wait"].mean()
+    heavy_wait = logged_rollout(twin, half, heavy, seed=4, stochastic=False)["response.wait"].mean()
+    assert heavy_wait > 1.2 * wait
+    with pytest.raises(InputError, match="scenario"):
+        logged_rollout(twin, half, held.assign(scenario="zzz"), seed=4)
+
+
+def test_one_step_outputs_are_teacher_forced(twin: Twin) -> None:
+    """Each tick's prediction sees that tick's logged state and nothing the twin predicted before."""
+    from edgetwin.twin.fidelity import one_step_outputs
+
+    held = toy_log(episodes=2, seed=12)
+    df = one_step_outputs(twin, held, seed=1, stochastic=False)
+    assert list(df.columns) == ordered_columns(twin.spec, ["reward"]) and len(df) == len(held)
+    key = ["episode", "t", "agent"]
+    a, b = df.sort_values(key).reset_index(drop=True), held.sort_values(key).reset_index(drop=True)
+    cols = twin.layout.profile + twin.layout.state + twin.layout.action
+    assert np.allclose(a[cols], b[cols])
+    assert np.allclose(a["reward"], -a["response.wait"] - 2 * a["kpi.drop"])
+    # a different logged state at t = 5 changes the predictions of t = 5 only
+    moved = held.copy()
+    moved.loc[moved["t"] == 5, "state.queue"] += 20.0
+    c = one_step_outputs(twin, moved, seed=1, stochastic=False).sort_values(key).reset_index(drop=True)
+    at = a["t"].to_numpy()
+    assert not np.allclose(a.loc[at == 5, "response.wait"], c.loc[at == 5, "response.wait"])
+    assert np.allclose(a.loc[at != 5, "response.wait"], c.loc[at != 5, "response.wait"])
+    # sampled responses scatter around the mean ones, seeded
+    s1 = one_step_outputs(twin, held, seed=1)
+    pd.testing.assert_frame_equal(s1, one_step_outputs(twin, held, seed=1))
+    assert not np.allclose(s1["response.wait"], df["response.wait"])

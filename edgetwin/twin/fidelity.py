@@ -3,6 +3,8 @@
 * `response_kl`: per-feature KL(real || twin) of ``response.*`` / ``kpi.*`` / ``reward`` under the
   logging policy (seed 004 Table 1 style).
 * `time_slices`: a column's mean over 12 slices of the day, real vs twin (seed 004 Fig. 4).
+* `logged_rollout`: run a policy in the twin on a log's own populations (its episodes' agents,
+  sites, profiles and first states) instead of generated ones: "replay last week's traffic".
 * `replay_errors`: compounding error of open-loop multi-step predictions when the twin replays
   the logged actions of held-out episodes from their logged first state, for horizons 1..H;
   `growth_exponent` fits ``error ~ h^b``.
@@ -19,11 +21,13 @@ import numpy as np
 import pandas as pd
 
 from edgetwin.errors import InputError
-from edgetwin.imitation.world import DAY_SECONDS, World
+from edgetwin.imitation.world import DAY_SECONDS, World, group_means
+from edgetwin.twin.logs import ordered_columns
 from edgetwin.twin.metrics import kl_marginal
 from edgetwin.twin.policy import PlatformPolicy
 from edgetwin.twin.spec import REWARD_COLUMN, TwinSpec
 from edgetwin.twin.twin import Simulation, Twin, load_log
+from edgetwin.twin.whatif import logged_episodes
 
 
 def response_kl(
@@ -49,6 +53,165 @@ def time_slices(df: pd.DataFrame, column: str, step_seconds: float, slices: int 
     counts = np.bincount(sl, minlength=slices)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def logged_rollout(
+    twin: Twin,
+    policy: PlatformPolicy,
+    log: pd.DataFrame,
+    seed: int = 0,
+    stochastic: bool = True,
+    all_members: bool = False,
+    max_episodes: int | None = None,
+) -> pd.DataFrame:
+    """Run ``policy`` in the twin on the populations of a log's episodes.
+
+    Each episode of ``log`` gives the agents (those present at its first tick), their scenarios,
+    sites and profiles, its first states and its first tick; from there the twin simulates the
+    policy's actions and its own responses and states, as `Twin.rollout` does from a generated
+    population. This separates the response model's error from the population's: on the same
+    episodes the real system's returns and the twin's differ only by the twin's dynamics.
+
+    Args:
+        twin: the twin.
+        policy: acts on ``(N, P+S)`` raw observations ``[profile.*, state.*]``.
+        log: a table in the contract (e.g. held-out days of the real system); only its first tick's
+            profiles and states, its sites and its episode lengths are used.
+        seed: seeds the response noise (and the acting member when not ``all_members``).
+        stochastic: sample client responses (True) or use their mean.
+        all_members: run every episode once per ensemble member (episodes labelled
+            ``<episode>-m<member>``), so that mean returns are the ensemble's mean.
+        max_episodes: use at most this many (the last) episodes of ``log``.
+
+    Returns:
+        One row per ``(episode, t, agent)`` with the contract's columns and ``reward``, agent and
+        site names as in ``log``; ``df.attrs["support"]`` as in `Twin.rollout` (the profile redraw
+        shares are 0: logged profiles are never redrawn).
+
+    Raises:
+        InputError: the log lacks a column of the twin or has a scenario it does not know.
+    """
+    lay = twin.layout
+    episodes = logged_episodes(log, twin, max_episodes=max_episodes)
+    frames, oos, dist, dis = [], [], [], []
+    for e, ep in enumerate(episodes):
+        members = range(twin.n_members) if all_members else [None]
+        for m in members:
+            sim = Simulation(
+                twin,
+                n_agents=len(ep.agents),
+                seed=int(np.random.default_rng([seed, e]).integers(2**31)),
+                stochastic=stochastic,
+                member=m,
+            )
+            sim.place(
+                World(
+                    lay,
+                    ep.scenario.copy(),
+                    ep.site.copy(),
+                    lay.scalers["profile"].legalise(ep.profile),
+                    lay.scalers["state"].legalise(ep.state[0]),
+                    np.zeros((len(ep.site_names), lay.n_lag)),
+                    t=ep.t0,
+                )
+            )
+            sim.agent_names = [str(a) for a in ep.agents]
+            sim.site_names = list(ep.site_names)
+            sim.profile_redrawn = sim.profile_outside = 0.0
+            name = ep.name if m is None else f"{ep.name}-m{m}"
+            rec = sim.run(policy, steps=ep.steps, episode=name)
+            rec.frame["t"] += ep.t0
+            frames.append(rec.frame)
+            oos.append(rec.support["out_of_support"])
+            dist.append(rec.support["median_distance"])
+            dis.append(rec.support["disagreement"])
+    df = pd.concat(frames, ignore_index=True)
+    df.attrs["support"] = {
+        "out_of_support": float(np.mean(oos)),
+        "median_distance": float(np.mean(dist)),
+        "threshold": twin.support.threshold,
+        "disagreement": float(np.mean(dis)),
+        "profile_redrawn": 0.0,
+        "profile_outside": 0.0,
+    }
+    return df
+
+
+def one_step_outputs(
+    twin: Twin,
+    log: pd.DataFrame,
+    seed: int = 0,
+    stochastic: bool = True,
+    member: int = 0,
+    max_episodes: int | None = None,
+) -> pd.DataFrame:
+    """The twin's outputs and reward at every step of a log, teacher forced.
+
+    At each tick of each episode the twin is placed in the logged states, with the site means of
+    the logged actions and outputs of the previous tick, and answers the logged actions; nothing
+    it predicts feeds the next tick. Set beside the log, this is the response model's error
+    without compounding (`logged_rollout` is the same population left to run on its own).
+
+    Args:
+        twin: the twin.
+        log: a table in the contract with the twin's state, action and output columns.
+        seed: seeds the response noise.
+        stochastic: sample client responses (True) or use their mean.
+        member: the ensemble member that answers.
+        max_episodes: use at most this many (the last) episodes of ``log``.
+
+    Returns:
+        One row per logged ``(episode, t, agent)`` (agents present at the episode's first tick)
+        with the contract's columns: profiles, states and actions as logged, outputs and
+        ``reward`` as the twin predicts them.
+
+    Raises:
+        InputError: the log lacks a column of the twin or has a scenario it does not know.
+    """
+    lay = twin.layout
+    sc = lay.scalers
+    missing = [c for c in lay.outputs if c not in log.columns]
+    if missing:
+        raise InputError(f"the log lacks output column(s) {missing} needed to teacher-force the twin", "log")
+    cols = ordered_columns(twin.spec, [REWARD_COLUMN])
+    frames = []
+    for e, ep in enumerate(logged_episodes(log, twin, max_episodes=max_episodes)):
+        sim = Simulation(
+            twin,
+            n_agents=len(ep.agents),
+            seed=int(np.random.default_rng([seed, e]).integers(2**31)),
+            stochastic=stochastic,
+            member=member,
+        )
+        n_sites = len(ep.site_names)
+        lag = np.zeros((n_sites, lay.n_lag))
+        rows = np.arange(len(ep.agents))
+        for t in range(ep.steps):
+            state, action = ep.state[t], ep.action[t]
+            y_log = np.stack([ep.columns[c][t] for c in lay.outputs], axis=1) if lay.outputs else None
+            if np.isnan(state).any() or np.isnan(action).any():
+                break  # an agent left: the episode's fixed population no longer matches
+            sim.place(World(lay, ep.scenario, ep.site, ep.profile.copy(), state.copy(), lag.copy(), t=ep.t0 + t))
+            out, reward, _ = sim.respond(rows, action, with_disagreement=False)
+            blk: dict[str, Any] = {"episode": ep.name, "t": ep.t0 + t, "agent": ep.agents,
+                                   "scenario": np.asarray(lay.scenarios)[ep.scenario],
+                                   "site": np.asarray(ep.site_names)[ep.site]}
+            for j, c in enumerate(lay.profile):
+                blk[c] = ep.profile[:, j]
+            for j, c in enumerate(lay.state):
+                blk[c] = state[:, j]
+            for j, c in enumerate(lay.action):
+                blk[c] = sim.pending_action[:, j]
+            for j, c in enumerate(lay.outputs):
+                blk[c] = out[:, j]
+            blk[REWARD_COLUMN] = reward
+            frames.append(pd.DataFrame(blk))
+            if y_log is None or np.isnan(y_log).any():
+                break
+            zy = sc["outputs"].transform(y_log)
+            lag = group_means(np.concatenate([sc["action"].transform(action), zy], axis=1), ep.site, n_sites)
+    df = pd.concat(frames, ignore_index=True)
+    return df[[c for c in cols if c in df.columns]]
 
 
 def replay_errors(
