@@ -26,7 +26,7 @@ from edgetwin.twin.logs import ordered_columns
 from edgetwin.twin.metrics import kl_marginal
 from edgetwin.twin.policy import PlatformPolicy
 from edgetwin.twin.spec import REWARD_COLUMN, TwinSpec
-from edgetwin.twin.twin import Simulation, Twin, load_log
+from edgetwin.twin.twin import RolloutRecord, Simulation, Twin, load_log
 from edgetwin.twin.whatif import logged_episodes
 
 
@@ -93,7 +93,7 @@ def logged_rollout(
     """
     lay = twin.layout
     episodes = logged_episodes(log, twin, max_episodes=max_episodes)
-    frames, oos, dist, dis = [], [], [], []
+    records = []
     for e, ep in enumerate(episodes):
         members = range(twin.n_members) if all_members else [None]
         for m in members:
@@ -121,20 +121,8 @@ def logged_rollout(
             name = ep.name if m is None else f"{ep.name}-m{m}"
             rec = sim.run(policy, steps=ep.steps, episode=name)
             rec.frame["t"] += ep.t0
-            frames.append(rec.frame)
-            oos.append(rec.support["out_of_support"])
-            dist.append(rec.support["median_distance"])
-            dis.append(rec.support["disagreement"])
-    df = pd.concat(frames, ignore_index=True)
-    df.attrs["support"] = {
-        "out_of_support": float(np.mean(oos)),
-        "median_distance": float(np.mean(dist)),
-        "threshold": twin.support.threshold,
-        "disagreement": float(np.mean(dis)),
-        "profile_redrawn": 0.0,
-        "profile_outside": 0.0,
-    }
-    return df
+            records.append(rec)
+    return RolloutRecord.concat(records, twin.support.threshold)
 
 
 def one_step_outputs(

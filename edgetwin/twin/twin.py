@@ -715,8 +715,7 @@ class Twin:
             "profile_redrawn": share of generated profiles redrawn because they were out of the
             logged profiles' support, "profile_outside": share still outside after the redraws}``.
         """
-        frames = []
-        oos, dist, dis, redrawn, outside = [], [], [], [], []
+        records = []
         runs = [(e, m) for e in range(episodes) for m in (range(self.n_members) if all_members else [None])]
         for e, m in tqdm(runs, desc="rollout", disable=not progress, leave=False):
             sim = self.simulation(
@@ -726,23 +725,8 @@ class Twin:
                 member=m,
             )
             name = f"twin-{seed}-{e}" if m is None else f"twin-{seed}-{e}-m{m}"
-            rec = sim.run(policy, steps=steps, episode=name)
-            frames.append(rec.frame)
-            oos.append(rec.support["out_of_support"])
-            dist.append(rec.support["median_distance"])
-            dis.append(rec.support["disagreement"])
-            redrawn.append(rec.support["profile_redrawn"])
-            outside.append(rec.support["profile_outside"])
-        df = pd.concat(frames, ignore_index=True)
-        df.attrs["support"] = {
-            "out_of_support": float(np.mean(oos)),
-            "median_distance": float(np.mean(dist)),
-            "threshold": self.support.threshold,
-            "disagreement": float(np.mean(dis)),
-            "profile_redrawn": float(np.mean(redrawn)),
-            "profile_outside": float(np.mean(outside)),
-        }
-        return df
+            records.append(sim.run(policy, steps=steps, episode=name))
+        return RolloutRecord.concat(records, self.support.threshold)
 
 
 # ------------------------------------------------------------------------------------ simulation
@@ -762,6 +746,15 @@ class StepResult:
 class RolloutRecord:
     frame: pd.DataFrame
     support: dict[str, float]
+
+    @staticmethod
+    def concat(records: list[RolloutRecord], threshold: float) -> pd.DataFrame:
+        """One log table of several runs; ``attrs["support"]`` = their support reports averaged."""
+        df = pd.concat([r.frame for r in records], ignore_index=True)
+        keys = ("out_of_support", "median_distance", "disagreement", "profile_redrawn", "profile_outside")
+        df.attrs["support"] = {k: float(np.mean([r.support[k] for r in records])) for k in keys}
+        df.attrs["support"]["threshold"] = threshold
+        return df
 
 
 class Simulation:
