@@ -36,6 +36,7 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from stable_baselines3 import PPO
 
 from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, generate_logs
+from edgetwin.policies.train import quiet_logger
 from edgetwin.twin.fidelity import (
     fidelity_report,
     growth_exponent,
@@ -43,7 +44,7 @@ from edgetwin.twin.fidelity import (
     one_step_outputs,
     replay_errors,
 )
-from edgetwin.twin.policy import FunctionPolicy, RandomPolicy
+from edgetwin.twin.policy import FunctionPolicy, NoisyPolicy, RandomPolicy
 from edgetwin.twin.twin import Twin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,19 +54,6 @@ SECTION = "## Twin fidelity (MAIL-MMSG)"
 
 
 # ------------------------------------------------------------------------------------ policies
-class NoisyPolicy:
-    """A base policy plus Gaussian noise, clipped to the action bounds."""
-
-    def __init__(self, base, spec, scale: float, seed: int) -> None:  # type: ignore[no-untyped-def]
-        self.base, self.scale = base, scale
-        self.low, self.high = spec.bounds("action")
-        self.rng = np.random.default_rng(seed)
-
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        a = self.base.act(obs)
-        return np.clip(a + self.scale * (self.high - self.low) * self.rng.standard_normal(a.shape), self.low, self.high)
-
-
 class SB3Policy:
     def __init__(self, model: PPO) -> None:
         self.model = model
@@ -148,6 +136,7 @@ def ppo_in_twin(twin: Twin, n_agents: int, steps: int, seed: int, timesteps: int
     venv = twin.make_vec_env(n_agents=n_agents, steps=steps, seed=seed, disagreement_penalty=0.5)
     ppo = PPO("MlpPolicy", venv, n_steps=steps, batch_size=min(2400, n_agents * steps), n_epochs=5,
               gamma=0.95, seed=seed, device="cpu", verbose=0)
+    ppo.set_logger(quiet_logger())
     ppo.learn(timesteps)
     return SB3Policy(ppo)
 
