@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -268,10 +269,29 @@ def test_bus_request_reply(tmp_path: Path, reg: FileRegistry, keys) -> None:
 
 
 # ------------------------------------------------------------------------------------- hot swap
-async def steady_load(client: InMemoryBus | Any, site: str, stop: asyncio.Event, n_clients: int = 4, batch: int = 8):
-    """Closed-loop requesters: each sends, waits for the reply, repeats. Returns (sent, replies, versions)."""
+async def until(cond: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Wait until ``cond()`` holds; fail (not hang) after ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(0.01)
+
+
+async def steady_load(
+    client: InMemoryBus | Any,
+    site: str,
+    stop: asyncio.Event,
+    n_clients: int = 4,
+    batch: int = 8,
+    versions: list[str] | None = None,
+):
+    """Closed-loop requesters: each sends, waits for the reply, repeats. Returns (sent, replies, versions).
+
+    ``versions`` (if given) is filled as replies arrive, so a test can watch the load live.
+    """
     sent, replies, errors = [0], [0], []
-    versions: list[str] = []
+    versions = [] if versions is None else versions
     obs = obs_batch(batch)
 
     async def one() -> None:
@@ -301,17 +321,15 @@ def test_hot_swap_under_steady_load_drops_no_request(tmp_path: Path, reg: FileRe
         broker = MemoryBroker()
         bus, client, ops = (InMemoryBus(broker, name=n) for n in ("rt", "client", "ops"))
         async with bus, client, ops, EdgeRuntime(SITE, reg, trust, bus=bus, kpi_guard=None, poll_interval=30.0) as rt:
-            stop = asyncio.Event()
-            load = asyncio.create_task(steady_load(client, SITE, stop))
-            await asyncio.sleep(0.3)
+            stop, seen = asyncio.Event(), []
+            load = asyncio.create_task(steady_load(client, SITE, stop, versions=seen))
+            # Waits are on events, not on sleeps, so a loaded machine is slower but not wrong.
+            await until(lambda: seen.count("v1") >= 20)
             promote(reg, "v2")
             # The poll period is long: the announcement is what triggers the swap.
             await announce_policy(ops, SCOPE, "v2", 2, reg.manifest("v2").sha256)
-            for _ in range(200):
-                if rt.version == "v2":
-                    break
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.3)
+            await until(lambda: rt.version == "v2")
+            await until(lambda: seen.count("v2") >= 20)
             stop.set()
             sent, replies, versions, errors = await load
         assert errors == []

@@ -15,7 +15,7 @@ import nats
 import numpy as np
 import pytest
 import torch
-from test_runtime import SPEC, ConstantPolicy, SLOAware, steady_load
+from test_runtime import SPEC, ConstantPolicy, SLOAware, steady_load, until
 
 from edgetwin.edge.bus import NatsBus, NatsConfig
 from edgetwin.edge.cluster import ClusterConfig, EdgeCluster
@@ -152,13 +152,13 @@ def test_hot_swap_under_load_over_nats(nats_server, tmp_path: Path) -> None:
         for b in (bus, client, ops):
             await b.connect()
         async with EdgeRuntime(SITE, reg, trust, bus=bus, kpi_guard=None, poll_interval=30.0) as rt:
-            stop = asyncio.Event()
-            load = asyncio.create_task(steady_load(client, SITE, stop, n_clients=4, batch=8))
-            await asyncio.sleep(0.5)
+            stop, seen = asyncio.Event(), []
+            load = asyncio.create_task(steady_load(client, SITE, stop, n_clients=4, batch=8, versions=seen))
+            await until(lambda: seen.count("v1") >= 10)  # events, not sleeps: slow machines stay correct
             rev = await promote(reg, "v2")
             await announce_policy(ops, SCOPE, "v2", rev, (await reg.manifest("v2")).sha256)
-            assert await wait_for(lambda: rt.version == "v2", timeout=10)
-            await asyncio.sleep(0.5)
+            await until(lambda: rt.version == "v2")
+            await until(lambda: seen.count("v2") >= 10)
             stop.set()
             sent, replies, versions, errors = await load
         assert errors == []
