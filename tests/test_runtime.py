@@ -150,10 +150,7 @@ def test_no_policy_yet_then_promotion_arrives(tmp_path: Path, reg: FileRegistry,
                 rt.decide(obs_batch(2))
             publish(reg, tmp_path, ConstantPolicy(SPEC, [0.3, 0.3, 0.3]), "v1", signer)
             promote(reg, "v1")
-            for _ in range(100):  # the poll loop picks it up
-                if rt.version == "v1":
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: rt.version == "v1")  # the poll loop picks it up
             assert rt.version == "v1"
             assert rt.decide(obs_batch(2)).shape == (2, A)
 
@@ -449,10 +446,7 @@ def test_fail_static_when_registry_unreachable(tmp_path: Path, reg: FileRegistry
             np.testing.assert_allclose(rt.decide(obs_batch(2)), np.full((2, 3), 0.3))
             flaky.down = False
             promote(reg, "v2")
-            for _ in range(200):
-                if rt.version == "v2":
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: rt.version == "v2")
             assert rt.version == "v2" and rt.registry_reachable is True
 
         # A restart while the registry is down serves the cached last good version, re-verified.
@@ -579,10 +573,7 @@ def test_rolls_back_by_itself_when_a_bad_policy_regresses_kpis(tmp_path: Path, r
                 served: list[str] = []
                 with caplog.at_level(logging.WARNING, logger="edgetwin.runtime"):
                     obs = drive_cluster(rt, cluster, 15, obs, on_step=lambda t, d: served.append(d.version))
-                    for _ in range(100):  # the registry side of the rollback runs on the loop
-                        if reg.current(SCOPE) == "good" and notices:
-                            break
-                        await asyncio.sleep(0.02)
+                    await until(lambda: reg.current(SCOPE) == "good" and notices)  # the registry side of the rollback runs on the loop
                 assert rt.version == "good"
                 n_bad = served.count("bad")
                 assert 0 < n_bad <= 1 + guard.window + guard.patience  # grace + window fill + patience
@@ -633,19 +624,13 @@ def test_kpis_over_the_bus_and_rollback_while_registry_is_down(tmp_path: Path, r
             flaky.down = True
             for _ in range(3):
                 await sensor.publish(kpi_subject(SITE), kpi_report(SITE, {"kpi.x": 2.0}))
-            for _ in range(100):
-                if rt.version == "v1" and rt.status()["pending_rollback"]:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: rt.version == "v1" and rt.status()["pending_rollback"])
             assert rt.version == "v1"  # local rollback, registry still says v2
             assert reg.current(SCOPE) == "v2" and rt.status()["pending_rollback"][1] == "v2"
             await asyncio.sleep(0.15)
             assert rt.version == "v1"  # polls fail or see the vetoed v2: not swapped back
             flaky.down = False
-            for _ in range(200):
-                if reg.current(SCOPE) == "v1" and rt.status()["pending_rollback"] is None:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: reg.current(SCOPE) == "v1" and rt.status()["pending_rollback"] is None)
             assert reg.current(SCOPE) == "v1" and rt.status()["pending_rollback"] is None
             assert reg.history(SCOPE)[-1].kind == "rollback"
             assert rt.version == "v1"
