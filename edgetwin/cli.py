@@ -373,6 +373,14 @@ def twin_fit(
     response_model: Annotated[str, typer.Option(help="mail | bc | supervised.")] = "mail",
     population_model: Annotated[str, typer.Option(help="gan-smmsg | gmm | gan | wgan | empirical.")] = "gan-smmsg",
     population_steps: Annotated[int | None, typer.Option(help="Generator updates of the population model.")] = None,
+    site_model: Annotated[
+        bool,
+        typer.Option(
+            "--site-model",
+            help="Learn how site-level state columns (one value per site and tick) follow the whole site's "
+            "actions (`SiteStateModel`); off by default, see docs/benchmarks.md.",
+        ),
+    ] = False,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -395,6 +403,7 @@ def twin_fit(
         population_hyper=pop_hyper,
         rounds=rounds,
         bc_epochs=bc_epochs,
+        site_model=site_model,
     )
     twin.save(out_dir)
     summary = {"twin": str(out_dir), **{k: twin.meta[k] for k in ("members", "data_sha256", "n_rows", "n_episodes", "fit_seconds")}}

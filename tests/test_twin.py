@@ -314,6 +314,13 @@ def test_cli_fit_and_fidelity(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert ex.value.code == 0
     assert json.loads(capsys.readouterr().out)["members"] == 1
     assert (tmp_path / "tw" / "checkpoint" / "member_0" / "DONE").is_file()
+    assert not list((tmp_path / "tw").rglob("site_model.pkl"))  # opt-in only
+    with pytest.raises(SystemExit) as ex:
+        main(["fit", str(log), "--out", str(tmp_path / "tw-site"), "--members", "1", "--rounds", "0",
+              "--bc-epochs", "3", "--population-model", "empirical", "--json", "--site-model"])
+    assert ex.value.code == 0
+    capsys.readouterr()
+    assert list((tmp_path / "tw-site").rglob("site_model.pkl"))
     held = tmp_path / "held.csv"
     toy_log(episodes=2, seed=3).to_csv(held, index=False)
     with pytest.raises(SystemExit) as ex:
