@@ -146,15 +146,15 @@ class PopulationModel(ABC):
         )
         return self.calibration
 
+    @abstractmethod
     def _sample_raw(self, scenario_idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Raw (uncalibrated) samples ``(N, D)`` in the encoding the calibration maps; subclass hook."""
-        raise NotImplementedError(f"{type(self).__name__} does not support calibration")
 
+    @abstractmethod
     def _calibration_target(
         self, profiles: pd.DataFrame, rng: np.random.Generator
     ) -> tuple[np.ndarray, list[int], list[tuple[int, int]]]:
         """Training rows in the raw encoding, the quantile-mapped columns, the logit blocks; hook."""
-        raise NotImplementedError(f"{type(self).__name__} does not support calibration")
 
     @abstractmethod
     def _sample_profiles(self, scenario_idx: np.ndarray, rng: np.random.Generator, seed: int) -> pd.DataFrame:
