@@ -164,6 +164,12 @@ def reward_terms(df: pd.DataFrame, spec) -> dict[str, float]:  # type: ignore[no
 KEEP_SUBSECTIONS = ("### Paired quick checks", "### Where the return error comes from")
 
 
+def _site_flags(args: argparse.Namespace) -> str:
+    if isinstance(args.site_model, list):
+        return f" --site-columns {','.join(args.site_model)}"
+    return " --site-model" if args.site_model else ""
+
+
 def quick_ranking(args: argparse.Namespace) -> None:
     """Section 3 only, small: 3 training days, 1 member, 2 evaluation days, PPO 30k steps, no FQE.
 
@@ -199,7 +205,7 @@ def quick_ranking(args: argparse.Namespace) -> None:
     scores = {col: ranking_scores(rank, col) for col in ("twin", REPLAY_COL, ONE_STEP_COL)}
     L = [QUICK_SECTION, "",
          f"Command: `python benchmarks/twin_fidelity.py --quick --seed {args.seed}"
-         f"{' --site-model' if args.site_model else ''} --profile-retries {args.profile_retries}` (2 shared CPU cores; "
+         f"{_site_flags(args)} --profile-retries {args.profile_retries}` (2 shared CPU cores; "
          f"{(time.perf_counter() - t_all) / 60:.0f} min, fit {fit_s:.0f} s). 3 training days, 1 member, "
          f"{hyper['rounds']} GAIL rounds, GAN-SMMSG 500 steps, {eval_eps} evaluation days per policy, PPO 30k steps. "
          "Smaller than the full run above, so its numbers are not comparable one to one.", "",
@@ -247,10 +253,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--site-model", action="store_true",
                     help="move site-level state by a SiteStateModel (default: the agents' mean prediction)")
+    ap.add_argument("--site-columns", default=None,
+                    help="comma-separated site-level columns for the site model (implies --site-model)")
     ap.add_argument("--no-site-model", action="store_true", help=argparse.SUPPRESS)  # the default; kept for old commands
     ap.add_argument("--profile-retries", type=int, default=4,
                     help="redraws of generated profiles out of the logs' support (0: keep them all)")
     args = ap.parse_args()
+    if args.site_columns:
+        args.site_model = [c.strip() for c in args.site_columns.split(",") if c.strip()]
     torch.set_num_threads(1)
     if args.quick:
         quick_ranking(args)
@@ -355,7 +365,7 @@ def _plot_compounding(comp: dict[str, pd.DataFrame], expo: dict[str, float]) -> 
 
 def _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, expo, comp, rank, scores, tp, total) -> str:  # type: ignore[no-untyped-def]
     L = [SECTION, ""]
-    flags = (" --site-model" if args.site_model else "") + (
+    flags = _site_flags(args) + (
         f" --profile-retries {args.profile_retries}" if args.profile_retries != 4 else "")
     L.append(f"Command: `python benchmarks/twin_fidelity.py{' --quick' if q else ''} --seed {args.seed}{flags}` "
              f"(machine: 2 CPU cores shared with other jobs, no GPU; whole run {total / 60:.0f} min). "

@@ -381,6 +381,14 @@ def twin_fit(
             "actions (`SiteStateModel`); off by default, see docs/benchmarks.md.",
         ),
     ] = False,
+    site_columns: Annotated[
+        str | None,
+        typer.Option(
+            "--site-columns",
+            help="Comma-separated site-level state columns for the site model (implies --site-model; "
+            "default: all of them).",
+        ),
+    ] = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -403,7 +411,7 @@ def twin_fit(
         population_hyper=pop_hyper,
         rounds=rounds,
         bc_epochs=bc_epochs,
-        site_model=site_model,
+        site_model=[c.strip() for c in site_columns.split(",") if c.strip()] if site_columns else site_model,
     )
     twin.save(out_dir)
     summary = {"twin": str(out_dir), **{k: twin.meta[k] for k in ("members", "data_sha256", "n_rows", "n_episodes", "fit_seconds")}}

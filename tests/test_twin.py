@@ -398,6 +398,18 @@ def test_site_state_follows_the_whole_sites_action() -> None:
     assert pickle_roundtrip_pool(tw, 1.7) == pytest.approx(pools[1.7])
 
 
+def test_site_model_columns_are_chosen_by_name_and_checked() -> None:
+    df, spec = pooled_system(episodes=3)
+    with pytest.raises(InputError, match=r"state\.nope.*not site-level"):
+        Twin.fit(df, spec, members=1, seed=0, progress=False, population_model="empirical",
+                 response_model="bc", bc_epochs=1, site_model=["state.nope"])
+    tw = Twin.fit(df, spec, members=1, seed=0, progress=False, population_model="empirical",
+                  response_model="bc", bc_epochs=1, site_model=["state.pool"])
+    model = tw.members[0].site_model
+    assert model is not None and [tw.layout.state[c] for c in model.columns] == ["state.pool"]
+    assert model.val_r2.shape == (1,) and np.isfinite(model.val_r2).all()
+
+
 def pickle_roundtrip_pool(tw: Twin, c: float) -> float:
     import tempfile
 

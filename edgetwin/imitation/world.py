@@ -535,175 +535,249 @@ def transition_features(x_client: np.ndarray, zy: np.ndarray, site_now: np.ndarr
 
 
 # ------------------------------------------------------------------------ site-level state
-def site_element_features(
-    layout: Layout, zp: np.ndarray, zs: np.ndarray, za: np.ndarray, zy: np.ndarray, scenario: np.ndarray
-) -> np.ndarray:
-    """Per-agent inputs of the site-state model ``(N, P+S'+A+Y+n_scenarios)`` (float32).
+def time_features(t: np.ndarray, step_seconds: float) -> np.ndarray:
+    """``(N, 2)`` time of day ``(sin, cos)`` of step indices ``t (N,)``."""
+    phase = 2.0 * np.pi * ((np.asarray(t, np.float64) * step_seconds) % DAY_SECONDS) / DAY_SECONDS
+    return np.stack([np.sin(phase), np.cos(phase)], axis=1)
 
-    ``S'`` is the agent's own (non-site) state columns; the site's own columns enter at site level.
+
+def site_element_features(
+    layout: Layout,
+    zp: np.ndarray,
+    zs: np.ndarray,
+    za: np.ndarray,
+    zy: np.ndarray,
+    scenario: np.ndarray,
+    t: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-agent inputs of the site-state model: ``(who, did)``.
+
+    Returns:
+        who: ``(N, P+S'+n_scenarios+2)`` who the agent is and when: z(profile), its own (non-site)
+            z(state) ``S'``, scenario one-hot, time of day (zeros without ``layout.use_time``).
+        did: ``(N, A+Y+1)`` what happened at this tick: z(action), z(outputs), and a constant 1.
     """
     own = ~np.asarray(layout.site_state, dtype=bool) if layout.site_state else np.ones(zs.shape[1], bool)
+    n = len(scenario)
     onehot = np.eye(len(layout.scenarios), dtype=np.float32)[np.asarray(scenario, np.int64)]
-    return np.concatenate(
-        [np.asarray(v, np.float32).reshape(len(onehot), -1) for v in (zp, zs[:, own], za, zy)] + [onehot], axis=1
+    tt = time_features(t, layout.spec.step_seconds) if layout.use_time else np.zeros((n, 2))
+    who = np.concatenate(
+        [np.asarray(v, np.float32).reshape(n, -1) for v in (zp, zs[:, own])] + [onehot, tt.astype(np.float32)],
+        axis=1,
     )
+    did = np.concatenate(
+        [np.asarray(v, np.float32).reshape(n, -1) for v in (za, zy)] + [np.ones((n, 1), np.float32)], axis=1
+    )
+    return who, did
 
 
 class SiteStateModel:
-    """Next values of the site-level state columns from the whole site's tick (a Deep Sets model).
+    """Next values of the site-level state columns from the whole site's tick.
 
-    A site property at ``t+1`` (its load, the capacity its agents reserved) is a function of
-    every agent's action *at t* and of who they are: e.g. a reservation ratio is a sum over
-    agents of ``capacity x load``, which no site mean of actions and no single agent's inputs
-    express. So each agent is embedded by ``φ([z(profile), z(own state), z(action), z(outputs),
-    scenario])``, the embeddings are averaged per site, and the site's next standardised values
-    (changes for the near-random-walk columns of ``layout.state_absolute``) are
-    ``G(c) · mean φ + b(c)``, with ``G`` and ``b`` MLPs of the site context ``c = [z(site state
-    at t), log site size, time of day, ...]``. Linear in the pooled embedding on purpose: a policy
-    that moves every agent's action the same way moves the site mean of φ beyond anything logged
-    (under a random logging policy a site's mean action barely varies), while each agent's own
-    inputs stay in support; a linear read-out extrapolates that shift, an MLP over it would not. ``ρ`` also sees the site's mean
-    actions and outputs of the previous tick, so that it can relate the site's current values to
-    what produced them (e.g. how much load stands behind a unit of reservation). It is causal: every input is known
-    when the tick ends. Fitted by least squares on the logged (episode, site, t) groups.
+    A site property at ``t+1`` (its load, the capacity its agents reserved) adds up what every
+    agent of the site did *at t*, weighted by who the agent is: e.g. a reservation ratio is a sum
+    over agents of ``capacity x nominal load / site vCPU``, which no site mean of actions and no
+    single agent's inputs express. So each agent contributes
+
+        ``φ_i = W(who_i) · did_i``     (k values; ``did = [z(action), z(outputs), 1]``)
+
+    a contribution *linear in what it did*, with weights an MLP of who it is and when; the site's
+    next standardised values are ``b(c) + exp(g(c)) ⊙ mean_i φ_i`` with ``c`` the site context
+    (its site-level state at t, its mean actions and outputs at t-1, log size, time). Linear in the
+    actions on purpose: under a random logging policy each agent's action varies over its whole
+    range but a site's mean action hardly moves, so the per-agent weights are identified by the
+    logs while a policy that moves every agent the same way moves the site beyond anything logged;
+    a linear contribution extrapolates that shift the way a sum does, an MLP over the site's
+    actions would not. Columns that are near-random walks (`Layout.state_absolute` False, e.g. a
+    clock) are predicted as changes. Causal: every input is known when the tick ends. Fitted by
+    full-batch Adam on the logged (episode, site, t) groups; one random 15 % of the episodes is
+    held out to pick the epoch.
 
     Attributes:
         columns: indices of the site-level state columns (into ``layout.state``).
         absolute: per such column, predict the next value (True) or the change (False).
-        phi, rho: the two torch MLPs.
+        weights, context: the two torch MLPs (``W`` and ``[b, g]``).
+        z_low, z_high: the logged range of the columns (z); predictions are clipped to it, because
+            a site pushed beyond anything logged feeds its own next prediction and runs away.
+        val_r2: per column, R² of the next value on the held-out episodes.
     """
 
-    def __init__(self, layout: Layout, hidden: int = 32, seed: int = 0) -> None:
+    def __init__(
+        self, layout: Layout, hidden: int = 64, seed: int = 0, columns: Sequence[str] | None = None
+    ) -> None:
         import torch as th
 
-        self.columns = np.flatnonzero(np.asarray(layout.site_state, dtype=bool))
+        self.columns = self.select_columns(layout, columns)
         absolute = np.asarray(layout.state_absolute or [True] * len(layout.state), dtype=bool)
         self.absolute = absolute[self.columns]
         self.log_size_center = layout.log_size_center
         self.use_time = layout.use_time
-        n_el = (
-            len(layout.profile) + len(layout.state) - len(self.columns) + len(layout.action)
-            + layout.n_outputs + len(layout.scenarios)
-        )
         k = len(self.columns)
+        n_site = int(np.sum(layout.site_state))
+        n_who = len(layout.profile) + len(layout.state) - n_site + len(layout.scenarios) + 2
+        self.n_did = len(layout.action) + layout.n_outputs + 1
         th.manual_seed(seed)
-        self.phi = th.nn.Sequential(
-            th.nn.Linear(n_el, hidden), th.nn.ReLU(), th.nn.Linear(hidden, hidden), th.nn.ReLU()
+        self.weights = th.nn.Sequential(
+            th.nn.Linear(n_who, hidden), th.nn.Tanh(), th.nn.Linear(hidden, hidden), th.nn.Tanh(),
+            th.nn.Linear(hidden, k * self.n_did),
         )
         n_ctx = k + layout.n_lag + 1 + 2
-        # the context's MLP gives the read-out matrix G (k x hidden) and the offset b (k)
-        self.rho = th.nn.Sequential(
-            th.nn.Linear(n_ctx, hidden), th.nn.ReLU(), th.nn.Linear(hidden, k * hidden + k)
-        )
-        self.hidden, self.k = hidden, k
-        # the logged range of the site columns (z): predictions are clipped to it, because a
-        # site pushed beyond anything logged feeds its own next prediction and runs away
+        self.context = th.nn.Sequential(th.nn.Linear(n_ctx, hidden), th.nn.Tanh(), th.nn.Linear(hidden, 2 * k))
+        self.k = k
         self.z_low = np.full(k, -np.inf)
         self.z_high = np.full(k, np.inf)
-        self.train_mse = float("nan")
+        self.val_r2 = np.full(k, np.nan)
 
-    def _forward(self, el: Any, codes: Any, site_x: Any) -> Any:
+    @staticmethod
+    def select_columns(layout: Layout, columns: Sequence[str] | None = None) -> np.ndarray:
+        """Indices (into ``layout.state``) of the columns to model: ``columns`` (default: every
+        site-level state column); raises `InputError` for a name that is not a site-level column."""
+        site = [c for c, is_site in zip(layout.state, layout.site_state, strict=False) if is_site]
+        names = site if columns is None else list(columns)
+        bad = [c for c in names if c not in site]
+        if bad:
+            raise InputError(
+                f"site-model column(s) {bad} are not site-level state columns of this log "
+                f"(one value per site and tick); those are {site}",
+                "site_model",
+            )
+        return np.array(sorted(layout.state.index(c) for c in names), dtype=np.int64)
+
+    def _forward(self, who: Any, did: Any, codes: Any, site_x: Any) -> Any:
         import torch as th
 
-        h = self.phi(el)
+        w = self.weights(who).reshape(len(who), self.k, self.n_did)
+        phi = th.einsum("nkd,nd->nk", w, did)
         n_groups = site_x.shape[0]
-        pooled = th.zeros((n_groups, h.shape[1]), dtype=h.dtype).index_add_(0, codes, h)
-        counts = th.bincount(codes, minlength=n_groups).clamp(min=1).to(h.dtype)
-        pooled = pooled / counts[:, None]
-        gb = self.rho(site_x)
-        gate = gb[:, : self.k * self.hidden].reshape(n_groups, self.k, self.hidden)
-        return th.einsum("gkh,gh->gk", gate, pooled) / self.hidden**0.5 + gb[:, self.k * self.hidden :]
+        pooled = th.zeros((n_groups, self.k), dtype=phi.dtype).index_add_(0, codes, phi)
+        pooled = pooled / th.bincount(codes, minlength=n_groups).clamp(min=1).to(phi.dtype)[:, None]
+        bg = self.context(site_x)
+        return bg[:, : self.k] + th.exp(bg[:, self.k :].clamp(-5.0, 5.0)) * pooled
 
     def site_inputs(
         self, zs_site: np.ndarray, lag: np.ndarray, size: np.ndarray, t: np.ndarray, step_seconds: float
     ) -> np.ndarray:
         """``(G, k + A+Y + 3)`` site-level inputs: z(site state) at t, the site's mean z(action)
         and z(outputs) at t-1 (``lag``, zeros at t = 0), centred log size, time (sin, cos)."""
-        phase = 2.0 * np.pi * ((np.asarray(t, np.float64) * step_seconds) % DAY_SECONDS) / DAY_SECONDS
-        tt = np.stack([np.sin(phase), np.cos(phase)], axis=1) if self.use_time else np.zeros((len(size), 2))
+        tt = time_features(t, step_seconds) if self.use_time else np.zeros((len(size), 2))
         return np.concatenate(
             [zs_site, lag, (np.log1p(size) - self.log_size_center)[:, None], tt], axis=1
         ).astype(np.float32)
 
-    def predict(self, el: np.ndarray, codes: np.ndarray, site_x: np.ndarray) -> np.ndarray:
+    def predict(self, who: np.ndarray, did: np.ndarray, codes: np.ndarray, site_x: np.ndarray) -> np.ndarray:
         """Next z of the site columns ``(G, k)`` (changes already added) for groups ``codes``."""
         import torch as th
 
         with th.no_grad():
             out = self._forward(
-                th.as_tensor(el, dtype=th.float32),
+                th.as_tensor(who, dtype=th.float32),
+                th.as_tensor(did, dtype=th.float32),
                 th.as_tensor(np.asarray(codes, np.int64)),
                 th.as_tensor(site_x, dtype=th.float32),
             ).numpy()
         zs_site = site_x[:, : len(self.columns)]
         z = np.where(self.absolute, out, zs_site + out).astype(np.float64)
-        return np.clip(z, getattr(self, "z_low", -np.inf), getattr(self, "z_high", np.inf))
+        return np.clip(z, self.z_low, self.z_high)
+
+    @staticmethod
+    def training_groups(
+        steps: StepTable, layout: Layout, columns: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The logged groups of a `StepTable` as model inputs.
+
+        Returns:
+            ``(who (N, .), did (N, .), codes (N,), zs_now (G, k), zs_next (G, k), site_x parts)``
+            where the last item is ``(G, A+Y+3)`` = ``[lag, centred log size..., time]`` inputs
+            without the site state (NaN in ``zs_next`` where a group has no next tick).
+        """
+        p, s = len(layout.profile), len(layout.state)
+        zp, zs = steps.x_client[:, :p], steps.x_client[:, p : p + s]
+        t_rows = steps.frame["t"].to_numpy(np.int64)
+        who, did = site_element_features(
+            layout, zp, zs, steps.za, steps.y_client[:, : layout.n_outputs], steps.scenario, t_rows
+        )
+        codes = np.asarray(steps.site_group)
+        n_groups = int(codes.max()) + 1 if len(codes) else 0
+        zs_next = np.full((n_groups, len(columns)), np.nan)
+        has = steps.has_next
+        zs_next[codes[has]] = zs[steps.next_index[has]][:, columns]
+        first = np.unique(codes, return_index=True)[1]
+        lag0 = p + s + len(layout.action) + s
+        rest = np.concatenate(
+            [
+                steps.x_client[first, lag0 : lag0 + layout.n_lag],
+                np.bincount(codes, minlength=n_groups).astype(np.float64)[:, None],
+                t_rows[first][:, None].astype(np.float64),
+            ],
+            axis=1,
+        )
+        return who, did, codes, zs[first][:, columns], zs_next, rest
 
     @classmethod
     def fit(
-        cls, steps: StepTable, layout: Layout, seed: int = 0, epochs: int = 200, lr: float = 3e-3
+        cls,
+        steps: StepTable,
+        layout: Layout,
+        seed: int = 0,
+        epochs: int = 800,
+        lr: float = 3e-3,
+        columns: Sequence[str] | None = None,
     ) -> SiteStateModel | None:
         """Fit on a `StepTable`; None when the log has no site-level state column (or no next tick).
 
-        The groups of one random 15 % of the episodes are held out to pick the best epoch.
+        Args:
+            columns: the site-level state columns to model (default: all of them).
         """
         import torch as th
 
         if not layout.learn_transition or not any(layout.site_state) or steps.site_group is None:
             return None
-        model = cls(layout, seed=seed)
-        p, s = len(layout.profile), len(layout.state)
-        ny = layout.n_outputs
-        zp, zs = steps.x_client[:, :p], steps.x_client[:, p : p + s]
-        zy = steps.y_client[:, :ny]
-        el = site_element_features(layout, zp, zs, steps.za, zy, steps.scenario)
-        codes = steps.site_group
-        n_groups = int(codes.max()) + 1 if len(codes) else 0
-        # the group's next site values: any member row with a next row (they agree)
-        zs_next = np.full((n_groups, len(model.columns)), np.nan)
-        has = steps.has_next
-        zs_next[codes[has]] = zs[steps.next_index[has]][:, model.columns]
-        first = np.unique(codes, return_index=True)[1]
-        zs_now = zs[first][:, model.columns]
-        size = np.bincount(codes, minlength=n_groups).astype(np.float64)
-        t = steps.frame["t"].to_numpy(np.int64)[first]
-        lag0 = p + s + len(layout.action) + s
-        lag = steps.x_client[first, lag0 : lag0 + layout.n_lag]
-        site_x = model.site_inputs(zs_now, lag, size, t, layout.spec.step_seconds)
+        model = cls(layout, seed=seed, columns=columns)
+        if not len(model.columns):
+            return None
+        who, did, codes, zs_now, zs_next, rest = cls.training_groups(steps, layout, model.columns)
+        n_lag = layout.n_lag
+        site_x = model.site_inputs(
+            zs_now, rest[:, :n_lag], rest[:, n_lag], rest[:, n_lag + 1].astype(np.int64), layout.spec.step_seconds
+        )
         target = np.where(model.absolute, zs_next, zs_next - zs_now).astype(np.float32)
         ok = np.isfinite(target).all(axis=1)
-        if ok.any():
-            model.z_low, model.z_high = np.nanmin(zs_next[ok], axis=0), np.nanmax(zs_next[ok], axis=0)
         if ok.sum() < 4:
             return None
+        model.z_low, model.z_high = np.min(zs_next[ok], axis=0), np.max(zs_next[ok], axis=0)
         rng = np.random.default_rng(seed)
-        ep_of_group = steps.episode[first]
+        ep_of_group = steps.episode[np.unique(codes, return_index=True)[1]]
         eps = np.unique(ep_of_group)
         held = rng.choice(eps, size=max(1, int(round(0.15 * len(eps)))), replace=False) if len(eps) > 2 else []
         val = ok & np.isin(ep_of_group, held)
         trn = ok & ~val
-        el_t, codes_t = th.as_tensor(el), th.as_tensor(codes)
-        site_t, target_t = th.as_tensor(site_x), th.as_tensor(np.nan_to_num(target))
+        tensors = [th.as_tensor(v) for v in (who, did, codes, site_x, np.nan_to_num(target))]
         trn_t, val_t = th.as_tensor(trn), th.as_tensor(val)
-        params = list(model.phi.parameters()) + list(model.rho.parameters())
-        opt = th.optim.Adam(params, lr=lr, weight_decay=1e-5)
+        params = list(model.weights.parameters()) + list(model.context.parameters())
+        opt = th.optim.Adam(params, lr=lr)
+        sched = th.optim.lr_scheduler.CosineAnnealingLR(opt, epochs)
         best, best_state = float("inf"), None
         for _ in range(epochs):
-            out = model._forward(el_t, codes_t, site_t)
-            loss = ((out[trn_t] - target_t[trn_t]) ** 2).mean()
+            out = model._forward(*tensors[:4])
+            err = (out - tensors[4]) ** 2
+            loss = err[trn_t].mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
-            with th.no_grad():
-                score = float(((out[val_t] - target_t[val_t]) ** 2).mean()) if val.any() else float(loss)
+            sched.step()
+            score = float(err[val_t].mean().detach()) if val.any() else float(loss.detach())
             if score < best:
                 best = score
-                best_state = ([v.clone() for v in model.phi.state_dict().values()],
-                              [v.clone() for v in model.rho.state_dict().values()])
+                best_state = [
+                    {k: v.clone() for k, v in m.state_dict().items()} for m in (model.weights, model.context)
+                ]
         if best_state is not None:
-            for module, vals in zip((model.phi, model.rho), best_state, strict=True):
-                module.load_state_dict(dict(zip(module.state_dict().keys(), vals, strict=True)))
-        model.train_mse = best
+            model.weights.load_state_dict(best_state[0])
+            model.context.load_state_dict(best_state[1])
+        if val.any():
+            pred = model.predict(who, did, codes, site_x)[val]
+            truth = zs_next[val]
+            model.val_r2 = 1.0 - ((pred - truth) ** 2).mean(0) / np.maximum(truth.var(0), 1e-12)
         return model
 
 
@@ -834,12 +908,14 @@ class World:
     def _site_next(self, zs: np.ndarray, za: np.ndarray, zy: np.ndarray) -> np.ndarray:
         """``(n_sites, k)`` next z of the site-level columns from the site model (before `lag` moves)."""
         m = self.site_model
-        el = site_element_features(self.layout, self.zprofile(), zs, za, zy, self.scenario)
+        who, did = site_element_features(
+            self.layout, self.zprofile(), zs, za, zy, self.scenario, np.full(self.n, self.t)
+        )
         n_sites = self.n_sites
         zs_site = group_means(np.asarray(zs[:, m.columns], np.float64), self.site, n_sites)
         size = np.bincount(self.site, minlength=n_sites).astype(np.float64)
         site_x = m.site_inputs(zs_site, self.lag, size, np.full(n_sites, self.t), self.layout.spec.step_seconds)
-        return m.predict(el, self.site, site_x)
+        return m.predict(who, did, self.site, site_x)
 
 
 # --------------------------------------------------------------------------- who is where, from where

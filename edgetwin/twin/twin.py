@@ -25,7 +25,7 @@ import logging
 import pickle
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -356,7 +356,7 @@ class Twin:
         population_hyper: Mapping[str, Any] | None = None,
         use_time: bool = True,
         transition_model: str = "client",
-        site_model: bool = False,
+        site_model: bool | Sequence[str] = False,
         **hyper: Any,
     ) -> Twin:
         """Learn a twin from a log.
@@ -383,9 +383,10 @@ class Twin:
                 cluster it ranked policies worse, see docs/benchmarks.md).
             site_model: when the log has site-level state columns (one value per site and tick),
                 move them by a `SiteStateModel` that sees the whole site's tick (every agent's
-                action and output); False (default): by the mean of the agents' own
-                predictions. Off by default: on the emulated cluster it did not rank policies
-                better (docs/benchmarks.md, "Paired quick checks").
+                action and output): True for all of them, or a list of those column names;
+                False (default): by the mean of the agents' own predictions. Off by default: on
+                the emulated cluster it did not rank policies better on every seed
+                (docs/benchmarks.md, "Paired quick checks").
             **hyper: `edgetwin.imitation.mail.MailConfig` fields (``rounds``, ``bc_epochs``, ...).
 
         Raises:
@@ -414,6 +415,9 @@ class Twin:
         df, spec = load_log(log, spec)
         df = df.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
         layout = Layout.fit(df, spec, use_time=use_time)
+        if not isinstance(site_model, bool):
+            site_model = list(site_model)
+            SiteStateModel.select_columns(layout, site_model)  # bad names fail before any fitting
         sha = data_sha256(df)
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         if ckpt is not None:
@@ -532,11 +536,17 @@ class Twin:
         seed: int,
         progress: bool,
         transition_model: str = "client",
-        site_model: bool = False,
+        site_model: bool | list[str] = False,
     ) -> Member:
         steps = build_steps(sub, layout)
         transition = fit_transition(steps, layout, cfg, seed) if transition_model == "site" else None
-        sites = SiteStateModel.fit(steps, layout, seed=seed + 400) if site_model else None
+        sites = (
+            SiteStateModel.fit(
+                steps, layout, seed=seed + 400, columns=None if site_model is True else site_model
+            )
+            if site_model
+            else None
+        )
         if response_model == "supervised":
             clients: dict[int, Any] = {}
             for s in range(len(layout.scenarios)):
