@@ -161,7 +161,11 @@ def reward_terms(df: pd.DataFrame, spec) -> dict[str, float]:  # type: ignore[no
     """Mean of each term ``weight x column`` of the spec's weighted reward (empty without weights)."""
     return {c: float(w * df[c].mean()) for c, w in (spec.reward_weights or {}).items() if c in df}
 #: subsections written by hand (paired quick runs, the error decomposition); a full run keeps them
-KEEP_SUBSECTIONS = ("### Paired quick checks", "### Where the return error comes from")
+KEEP_SUBSECTIONS = (
+    "### Paired quick checks",
+    "### Where the return error comes from",
+    "### A site model linear in each agent's action",
+)
 
 
 def _site_flags(args: argparse.Namespace) -> str:

@@ -407,7 +407,7 @@ def test_site_model_columns_are_chosen_by_name_and_checked() -> None:
                   response_model="bc", bc_epochs=1, site_model=["state.pool"])
     model = tw.members[0].site_model
     assert model is not None and [tw.layout.state[c] for c in model.columns] == ["state.pool"]
-    assert model.val_r2.shape == (1,) and np.isfinite(model.val_r2).all()
+    assert model.val_r2.shape == (1,) and model.val_r2[0] > 0.5  # the pool is a clean function of the tick
 
 
 def pickle_roundtrip_pool(tw: Twin, c: float) -> float:

@@ -777,7 +777,9 @@ class SiteStateModel:
         if val.any():
             pred = model.predict(who, did, codes, site_x)[val]
             truth = zs_next[val]
-            model.val_r2 = 1.0 - ((pred - truth) ** 2).mean(0) / np.maximum(truth.var(0), 1e-12)
+            var = truth.var(0)
+            # a column that hardly moves on the held-out episodes has no meaningful R²
+            model.val_r2 = np.where(var > 1e-6, 1.0 - ((pred - truth) ** 2).mean(0) / np.maximum(var, 1e-12), np.nan)
         return model
 
 
