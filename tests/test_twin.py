@@ -332,6 +332,10 @@ def test_cli_fit_and_fidelity(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit) as ex:
         main(["fit", str(log), "--out", str(tmp_path / "tw2"), "--members", "0"])
     assert ex.value.code == 2
+    with pytest.raises(SystemExit) as ex:  # not a site-level column of this log
+        main(["fit", str(log), "--out", str(tmp_path / "tw3"), "--members", "1", "--site-columns", "state.nope"])
+    assert ex.value.code == 2
+    assert "state.nope" in capsys.readouterr().err
     with pytest.raises(SystemExit) as ex:
         main(["fidelity", str(tmp_path / "nope"), str(held)])
     assert ex.value.code == 2
