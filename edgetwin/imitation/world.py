@@ -686,9 +686,9 @@ class SiteStateModel:
         """The logged groups of a `StepTable` as model inputs.
 
         Returns:
-            ``(who (N, .), did (N, .), codes (N,), zs_now (G, k), zs_next (G, k), site_x parts)``
-            where the last item is ``(G, A+Y+3)`` = ``[lag, centred log size..., time]`` inputs
-            without the site state (NaN in ``zs_next`` where a group has no next tick).
+            ``(who (N, .), did (N, .), codes (N,), zs_now (G, k), zs_next (G, k), rest (G, A+Y+2))``:
+            ``rest`` = ``[lag (A+Y), agents in the group, t]``, the raw parts of `site_inputs`
+            besides the site state; ``zs_next`` is NaN where a group has no next tick.
         """
         p, s = len(layout.profile), len(layout.state)
         zp, zs = steps.x_client[:, :p], steps.x_client[:, p : p + s]
