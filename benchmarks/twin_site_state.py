@@ -37,10 +37,7 @@ def constant(edge: float, cap: float, price: float) -> FunctionPolicy:
 def teacher_forced(model: SiteStateModel, layout: Layout, log: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """``(real, predicted)`` raw next values ``(G, k)`` of the model's columns, every logged group."""
     steps = build_steps(log, layout)
-    who, did, codes, zs_now, zs_next, rest = model.training_groups(steps, layout, model.columns)
-    n_lag = layout.n_lag
-    site_x = model.site_inputs(zs_now, rest[:, :n_lag], rest[:, n_lag], rest[:, n_lag + 1].astype(np.int64),
-                               layout.spec.step_seconds)
+    who, did, codes, site_x, zs_next = model.logged_groups(steps, layout)
     pred = model.predict(who, did, codes, site_x)
     ok = np.isfinite(zs_next).all(axis=1)
 

@@ -679,16 +679,15 @@ class SiteStateModel:
         z = np.where(self.absolute, out, zs_site + out).astype(np.float64)
         return np.clip(z, self.z_low, self.z_high)
 
-    @staticmethod
-    def training_groups(
-        steps: StepTable, layout: Layout, columns: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The logged groups of a `StepTable` as model inputs.
+    def logged_groups(
+        self, steps: StepTable, layout: Layout
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The logged (episode, site, t) groups of a `StepTable` as this model's inputs.
 
         Returns:
-            ``(who (N, .), did (N, .), codes (N,), zs_now (G, k), zs_next (G, k), rest (G, A+Y+2))``:
-            ``rest`` = ``[lag (A+Y), agents in the group, t]``, the raw parts of `site_inputs`
-            besides the site state; ``zs_next`` is NaN where a group has no next tick.
+            ``(who (N, .), did (N, .), codes (N,), site_x (G, .), zs_next (G, k))``: the inputs of
+            `predict` and the logged next z of the model's columns (NaN where a group has no
+            next tick).
         """
         p, s = len(layout.profile), len(layout.state)
         zp, zs = steps.x_client[:, :p], steps.x_client[:, p : p + s]
@@ -698,20 +697,19 @@ class SiteStateModel:
         )
         codes = np.asarray(steps.site_group)
         n_groups = int(codes.max()) + 1 if len(codes) else 0
-        zs_next = np.full((n_groups, len(columns)), np.nan)
+        zs_next = np.full((n_groups, len(self.columns)), np.nan)
         has = steps.has_next
-        zs_next[codes[has]] = zs[steps.next_index[has]][:, columns]
+        zs_next[codes[has]] = zs[steps.next_index[has]][:, self.columns]
         first = np.unique(codes, return_index=True)[1]
         lag0 = p + s + len(layout.action) + s
-        rest = np.concatenate(
-            [
-                steps.x_client[first, lag0 : lag0 + layout.n_lag],
-                np.bincount(codes, minlength=n_groups).astype(np.float64)[:, None],
-                t_rows[first][:, None].astype(np.float64),
-            ],
-            axis=1,
+        site_x = self.site_inputs(
+            zs[first][:, self.columns],
+            steps.x_client[first, lag0 : lag0 + layout.n_lag],
+            np.bincount(codes, minlength=n_groups).astype(np.float64),
+            t_rows[first],
+            layout.spec.step_seconds,
         )
-        return who, did, codes, zs[first][:, columns], zs_next, rest
+        return who, did, codes, site_x, zs_next
 
     @classmethod
     def fit(
@@ -735,11 +733,8 @@ class SiteStateModel:
         model = cls(layout, seed=seed, columns=columns)
         if not len(model.columns):
             return None
-        who, did, codes, zs_now, zs_next, rest = cls.training_groups(steps, layout, model.columns)
-        n_lag = layout.n_lag
-        site_x = model.site_inputs(
-            zs_now, rest[:, :n_lag], rest[:, n_lag], rest[:, n_lag + 1].astype(np.int64), layout.spec.step_seconds
-        )
+        who, did, codes, site_x, zs_next = model.logged_groups(steps, layout)
+        zs_now = site_x[:, : len(model.columns)]
         target = np.where(model.absolute, zs_next, zs_next - zs_now).astype(np.float32)
         ok = np.isfinite(target).all(axis=1)
         if ok.sum() < 4:

@@ -55,6 +55,19 @@ def time_slices(df: pd.DataFrame, column: str, step_seconds: float, slices: int 
         return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
+def _episode_simulation(
+    twin: Twin, n_agents: int, seed: int, episode: int, stochastic: bool, member: int | None
+) -> Simulation:
+    """The simulation for logged episode number ``episode``, with its own seed derived from ``seed``."""
+    return Simulation(
+        twin,
+        n_agents=n_agents,
+        seed=int(np.random.default_rng([seed, episode]).integers(2**31)),
+        stochastic=stochastic,
+        member=member,
+    )
+
+
 def logged_rollout(
     twin: Twin,
     policy: PlatformPolicy,
@@ -97,13 +110,7 @@ def logged_rollout(
     for e, ep in enumerate(episodes):
         members = range(twin.n_members) if all_members else [None]
         for m in members:
-            sim = Simulation(
-                twin,
-                n_agents=len(ep.agents),
-                seed=int(np.random.default_rng([seed, e]).integers(2**31)),
-                stochastic=stochastic,
-                member=m,
-            )
+            sim = _episode_simulation(twin, len(ep.agents), seed, e, stochastic, m)
             sim.place(
                 World(
                     lay,
@@ -164,13 +171,7 @@ def one_step_outputs(
     cols = ordered_columns(twin.spec, [REWARD_COLUMN])
     frames = []
     for e, ep in enumerate(logged_episodes(log, twin, max_episodes=max_episodes)):
-        sim = Simulation(
-            twin,
-            n_agents=len(ep.agents),
-            seed=int(np.random.default_rng([seed, e]).integers(2**31)),
-            stochastic=stochastic,
-            member=member,
-        )
+        sim = _episode_simulation(twin, len(ep.agents), seed, e, stochastic, member)
         n_sites = len(ep.site_names)
         lag = np.zeros((n_sites, lay.n_lag))
         rows = np.arange(len(ep.agents))
