@@ -165,6 +165,7 @@ KEEP_SUBSECTIONS = (
     "### Paired quick checks",
     "### Where the return error comes from",
     "### A site model linear in each agent's action",
+    "### A log-linear site model",
 )
 
 

@@ -260,6 +260,12 @@ class Member:
         if (path / "site_model.pkl").is_file():
             with open(path / "site_model.pkl", "rb") as fh:
                 site_model = pickle.load(fh)
+            if not hasattr(site_model, "net"):  # the per-agent MLP form before the log-linear one
+                raise InputError(
+                    f"{path / 'site_model.pkl'}: a site-state model of an older edgetwin (no log-linear "
+                    "'net'); refit the twin with --site-model / --site-columns",
+                    str(path / "site_model.pkl"),
+                )
         return cls(clients, engines, hist, transition, site_model)
 
     def models(self) -> dict[int, Any]:
