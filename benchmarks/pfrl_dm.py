@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -289,6 +290,13 @@ def _pm(x: Sequence[float], fmt: str = "{:.2f}") -> str:
     return fmt.format(m) + ("" if not np.isfinite(h) else " ± " + fmt.format(h))
 
 
+def _shared_relative(path: str) -> str:
+    """``path`` as typed from the repository root when it lies under ``../shared`` (commands in docs)."""
+    p = Path(path).resolve()
+    shared = (ROOT.parent / "shared").resolve()
+    return f"../shared/{p.relative_to(shared).as_posix()}" if p.is_relative_to(shared) else str(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sites", type=int, default=4)
@@ -300,20 +308,31 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10, help="PPO epochs per rollout (every method)")
     parser.add_argument("--quick", action="store_true", help="tiny run (a smoke test of the script)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument(
+        "--traces", nargs="+", default=None, metavar="PATH",
+        help="real traces (any format of edgetwin.edge.traces) for task shapes and arrivals, one per site round-robin "
+        "(seed 000 Table 3 builds its clients from different traces); default: the built-in distributions",
+    )
     args = parser.parse_args()
+    for t in args.traces or []:
+        if not Path(t).is_file():
+            parser.error(f"--traces: {t} is not a file")
     torch.set_num_threads(1)
     if args.quick:
         args.rounds, args.seeds, args.eval_episodes = 3, 1, 1
     results: dict[str, list[dict]] = {name: [] for name in METHODS}
     for seed in range(args.seeds):
-        sites = heterogeneous_sites(args.sites, seed=seed, n_agents=8, steps=24)
+        sites = heterogeneous_sites(args.sites, seed=seed, n_agents=8, steps=24, traces=args.traces)
         for name, spec in METHODS.items():
             print(f"seed {seed}: {name}", flush=True)
             ppo = {"learning_rate": args.lr, "n_epochs": args.epochs}
             results[name].append(run_method(spec, sites, args.rounds, args.episodes, seed, args.eval_episodes, ppo))
     ep = args.episodes
     rows, thresholds = summarise(results, ep, args.rounds)
-    png = OUT / "pfrl_dm_rewards.png"
+    # --no-write leaves the committed figure and JSON alone too
+    out = Path(tempfile.gettempdir()) / "edgetwin-pfrl_dm" if args.no_write else OUT
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / "pfrl_dm_rewards.png"
     figure(results, ep, png, args.sites)
 
     def fmt_reach(xs: list[int | None]) -> str:
@@ -324,6 +343,7 @@ def main() -> None:
         + (" --quick" if args.quick else "")
         + f" --sites {args.sites} --rounds {args.rounds} --episodes {args.episodes} --seeds {args.seeds}"
         + f" --eval-episodes {args.eval_episodes} --lr {args.lr:g} --epochs {args.epochs}"
+        + ("" if not args.traces else " --traces " + " ".join(_shared_relative(t) for t in args.traces))
     )
     machine = f"{os.cpu_count()} CPU cores, {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, CPU only, cores shared with other jobs"
     budget = args.rounds * ep
@@ -334,7 +354,10 @@ def main() -> None:
         f"Command: `{cmd}`. Machine: {machine}.",
         "",
         f"{args.sites} heterogeneous sites (scenario mix, provisioning level and drift differ: "
-        "`SITE_ARCHETYPES`), each an emulated cluster of 8 service groups × 24 ticks; "
+        "`SITE_ARCHETYPES`"
+        + ("" if not args.traces else "; task shapes and arrivals from a different real trace per site, round-robin: "
+           + ", ".join(Path(t).name for t in args.traces))
+        + "), each an emulated cluster of 8 service groups × 24 ticks; "
         f"{ep} site episodes of local PPO per round, {args.rounds} rounds ({budget} site episodes), "
         f"{args.seeds} seeds (sites, weights and episodes differ per seed; within a seed every method gets the "
         "same sites, initial weights and training episodes). Same for every method: γ 0.985, GAE λ 0.95, clip 0.2, "
@@ -377,15 +400,15 @@ def main() -> None:
         f"versus {np.mean(pf['self_attention_layernorm']):.2f} with the former LayerNorm-norm scaling (logits "
         "4× larger), which made every personalised critic ~its own (no federation).",
         "",
-        f"![reward curves]({png.relative_to(ROOT / 'docs').as_posix()})",
+        f"![reward curves]({(OUT / png.name).relative_to(ROOT / 'docs').as_posix()})",
         "",
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    OUT.mkdir(parents=True, exist_ok=True)
     dump = {"rows": rows, "thresholds": thresholds, "command": cmd,
             "curves": {n: [{"eval": r["eval"].tolist(), "train": r["train"].tolist()} for r in runs] for n, runs in results.items()}}
-    (OUT / "pfrl_dm.json").write_text(json.dumps(dump, indent=1))
+    (out / "pfrl_dm.json").write_text(json.dumps(dump, indent=1))
+    print(f"wrote {png} and {out / 'pfrl_dm.json'}")
     if not args.no_write:
         write_section(text)
         print(f"wrote {DOC}")

@@ -38,7 +38,8 @@ BC_POLICY = "BC policy"
 LOGGING_TEXT = {
     "random": "uniformly random actions (the logging policy the improvement is measured against)",
     "heuristic-noise": "the SLO-aware heuristic with 10 % Gaussian exploration noise (a production-like "
-                       "scheduler, as the paper's historical data came from production)",
+                       "scheduler, as the paper's historical data came from production; beyond the issue's "
+                       "target, whose logging policy is random: here eq. 7 clones a good scheduler)",
 }
 Rows = dict[str, dict[str, tuple[float, float]]]
 
@@ -90,8 +91,9 @@ def table(logging: str, rows: Rows) -> list[str]:
     beat_bc_policy = all(rows["MAIL-MMSG"][h][0] > rows[BC_POLICY][h][0] for h in HORIZONS[1:])
     return lines + ["",
         f"Targets: PPO in the MAIL-MMSG twin beats the paper's MAIL row at every horizon: "
-        f"**{'yes' if beat_mail else 'no'}**; beats BC from 1 day on: the BC policy "
-        f"**{'yes' if beat_bc_policy else 'no'}**, PPO in the BC twin **{'yes' if beat_bc_twin else 'no'}**.", ""]
+        f"**{'yes' if beat_mail else 'no'}**; beats BC (the BC policy) from 1 day on: "
+        f"**{'yes' if beat_bc_policy else 'no'}**. Beyond the target: beats PPO in the BC twin from 1 day on: "
+        f"{'yes' if beat_bc_twin else 'no'}.", ""]
 
 
 def main() -> None:
@@ -123,10 +125,13 @@ def main() -> None:
         f"service groups x 96 ticks, {episodes} paired episodes per cell, ± = 95 % interval over episodes). "
         f"Each twin is fitted on one day of logs; PPO ({steps:,} steps, λ = 0.4) is trained in it "
         "and evaluated deterministically on the cluster after 0 d / 1 d / 1 w / 1 m of drift. "
-        "The paper's BC row can be read two ways (seed 004 §4.2.2 trains 'policies on historical data' "
-        "with eq. 7, and also speaks of 'the BC environment'), so both are here: *PPO in the BC twin* = the "
-        "twin's client model is behaviour cloning only; *BC policy* = eq. 7 on the logged (state, action) "
-        f"pairs, i.e. the BC twin's cloned engine, acting with its mean. Twins: 2 ensemble members, {rounds} MAIL "
+        "The paper's BC row is a policy: seed 004 §4.2.2 'use[s] the RL approach to learn policies on the "
+        "virtual environment S and use[s] Behavior Cloning (BC) approach to learn policies on historical data "
+        "S_1' with eq. 7, and the issue asks for 'BC trained on the same logs'. That is *BC policy* below: eq. 7 "
+        "on the logged (state, action) pairs, i.e. the BC twin's cloned engine, acting with its mean. Because "
+        "§4.2.2 also speaks of 'the BC environment', a second, stricter comparison is added: *PPO in the BC "
+        "twin* = the same PPO trained in a twin whose client model is behaviour cloning only (no adversarial "
+        f"imitation). Twins: 2 ensemble members, {rounds} MAIL "
         "rounds, 15 BC epochs, GAN-SMMSG population with 1,000 generator updates; both twins and the policies "
         "see only the day-0 logs.", "",
         *[line for name in settings for line in table(name, results[name])],
