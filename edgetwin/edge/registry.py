@@ -750,14 +750,17 @@ class NatsRegistry(AsyncPolicyRegistry):
         return Manifest.from_dict(record.get("manifest") or {}, version)
 
     async def _keys(self, prefix: str) -> list[str]:
-        from nats.js.errors import NoKeysError
+        """Keys of the KV bucket that start with ``prefix`` (this registry never deletes a key).
 
-        kv, _ = await self._buckets()
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            return []
-        return [k for k in keys if k.startswith(prefix)]
+        Read from the stream's per-subject counts rather than `KeyValue.keys()`: nats-py's watcher
+        behind ``keys()`` can signal "no more keys" before it has handled messages already in
+        flight, and so returned an empty list under CPU load.
+        """
+        await self._buckets()
+        stream, subject_prefix = f"KV_{self.bucket}_registry", f"$KV.{self.bucket}_registry."
+        info = await self.js.stream_info(stream, subjects_filter=f"{subject_prefix}{prefix}>")
+        subjects = info.state.subjects or {}
+        return sorted(s.removeprefix(subject_prefix) for s in subjects)
 
     async def list_versions(self) -> list[str]:
         revisions = []
