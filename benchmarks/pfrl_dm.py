@@ -280,9 +280,16 @@ def figure(results: dict, episodes: int, path: Path, n_sites: int) -> None:
     plt.close(fig)
 
 
+#: hand-written subsections (the verdict, extra runs) that a rerun keeps
+KEEP_SUBSECTIONS = (
+    "### Verdict of the run above",
+    "### Sites from different real traces",
+)
+
+
 def write_section(text: str, doc: Path = DOC) -> None:
-    """Replace this script's section of docs/benchmarks.md (or append it), in one write."""
-    _docs.write_section(SECTION, text, doc)
+    """Replace this script's section of docs/benchmarks.md (or append it), keeping `KEEP_SUBSECTIONS`."""
+    _docs.write_section(SECTION, text, doc, keep=KEEP_SUBSECTIONS)
 
 
 def _pm(x: Sequence[float], fmt: str = "{:.2f}") -> str:

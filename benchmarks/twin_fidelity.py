@@ -427,15 +427,7 @@ def _write_section(md: str) -> None:
     """Replace the section with ``md``, keeping its hand-kept `KEEP_SUBSECTIONS`."""
     from _docs import write_section
 
-    text = DOC.read_text() if DOC.exists() else ""
-    sec = re.search(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", text, re.S | re.M)
-    kept = []
-    for head in KEEP_SUBSECTIONS:
-        m = re.search(rf"^{re.escape(head)}.*?(?=^### |\Z)", sec.group(0), re.S | re.M) if sec else None
-        if m:
-            kept.append(m.group(0).rstrip())
-    write_section(SECTION, "\n\n".join([md.rstrip(), *kept]), DOC)
-
+    write_section(SECTION, md, DOC, keep=KEEP_SUBSECTIONS)
 
 if __name__ == "__main__":
     main()
