@@ -238,6 +238,7 @@ def registry_show(
                 "history": [h.to_dict() for h in history],
             }
         else:
+            assert version is not None  # exactly one of version / scope, checked above
             result = describe_version(reg, version)
             if store is not None:
                 with tempfile.TemporaryDirectory() as tmp:
@@ -892,7 +893,7 @@ def whatif_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run policies through a twin under what-if scenarios; write a KPI report with intervals and plots."""
-    from edgetwin.policies.gate import resolve_policy
+    from edgetwin.policies.gate import PolicySpec, resolve_policy
     from edgetwin.twin.report import write_report
     from edgetwin.twin.whatif import run_whatif
 
@@ -900,7 +901,7 @@ def whatif_cmd(
     refs = list(policy)
     if baseline is not None and baseline not in refs:
         refs.insert(0, baseline)
-    pols = []
+    pols: list[PolicySpec] = []
     for ref in refs:
         p = resolve_policy(ref, twin, view=view)
         if p.name in [q.name for q in pols]:

@@ -103,8 +103,8 @@ def run_demo(
 
     t0 = time.perf_counter()
     log("[6] what-if report: the policy vs the logging policy under burst / failure / degradation")
-    report = _whatif(twin, df, Path(trained.path), out / "whatif", seed, sizes.whatif_episodes)
-    res.artifacts["whatif_report"] = report
+    whatif_report = _whatif(twin, df, Path(trained.path), out / "whatif", seed, sizes.whatif_episodes)
+    res.artifacts["whatif_report"] = whatif_report
     res.seconds["whatif"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -47,7 +47,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -62,6 +62,9 @@ from edgetwin.edge.bus import Bus, Received, Subjects
 from edgetwin.edge.compression import UpdateCodec
 from edgetwin.edge.messages import Envelope, decode_update, model_update
 from edgetwin.errors import InputError
+
+if TYPE_CHECKING:
+    from edgetwin.policies.dual_critic import DualCriticPolicy
 
 __all__ = [
     "AggregatorAgent",
@@ -523,7 +526,7 @@ class PPOLearner:
         from stable_baselines3 import PPO
 
         from edgetwin.policies.dual_critic import DualCriticPPO
-        from edgetwin.policies.train import build_env, quiet_logger, spec_of
+        from edgetwin.policies.train import Algo, build_env, quiet_logger, spec_of
 
         if algo not in ("dual_critic_ppo", "ppo"):
             raise InputError(f"algo must be 'dual_critic_ppo' or 'ppo', got {algo!r}", where="learner.algo")
@@ -543,7 +546,7 @@ class PPOLearner:
 
             source: Any = Twin.load(site.twin)
             spec = source.spec
-            twin_opts = {"n_agents": site.n_agents, "steps": site.steps}
+            twin_opts: dict[str, Any] = {"n_agents": site.n_agents, "steps": site.steps}
             self._cluster = None
         else:
             from edgetwin.edge.cluster import EdgeClusterVecEnv
@@ -553,7 +556,9 @@ class PPOLearner:
             twin_opts = {}
             self._cluster = source.cluster
         self.spec = spec
-        self.chain = build_env(source, spec, algo, seed=site.seed, normalize=True, gamma=0.985, **twin_opts)
+        self.chain = build_env(
+            source, spec, cast(Algo, algo), seed=site.seed, normalize=True, gamma=0.985, **twin_opts
+        )
         n_envs = self.chain.venv.num_envs
         self.n_steps = int(site.steps)
         self.rollout_size = n_envs * self.n_steps
@@ -627,7 +632,8 @@ class PPOLearner:
             off += p.numel()
         if self.federate == "public_critic":
             # Algorithm 1 lines 7-8: the local critic takes the old public critic, the public the new.
-            self.model.policy.load_public_critic({k[len("public_critic.") :]: t for k, t in state.items()})
+            policy = cast("DualCriticPolicy", self.model.policy)
+            policy.load_public_critic({k[len("public_critic.") :]: t for k, t in state.items()})
             return
         with th.no_grad():
             for k, p in ps.items():
@@ -1609,7 +1615,8 @@ class AggregatorAgent(_AgentBase):
         aggregated: bool,
         info: dict[str, Any],
     ) -> RoundRecord:
-        updates = [u for u in on_time + [u for u, _ in late] if u.delta.shape == np.shape(self.params)]
+        shape = () if self.params is None else self.params.shape
+        updates = [u for u in on_time + [u for u, _ in late] if u.delta.shape == shape]
         rewards = {
             c: float(m["reward"]) for c, m in metrics.items() if "reward" in m and math.isfinite(m["reward"])
         }

@@ -1097,7 +1097,7 @@ class NatsBus(Bus):
             )
             try:
                 info = await self.js.stream_info(c.stream)
-                if sorted(info.config.subjects or []) != sorted(cfg.subjects):
+                if sorted(info.config.subjects or []) != sorted(cfg.subjects or []):
                     await self.js.update_stream(cfg)
             except nats.js.errors.NotFoundError:
                 await self.js.add_stream(cfg)

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -324,7 +324,7 @@ class EdgeCluster:
         self.trace = _resolve_trace(cfg.trace)
         self.edge_idx = np.array([k for k, s in enumerate(self.sites) if s.kind == "edge"])
         names = [s.name for s in self.sites]
-        self.cloud_of = np.array([names.index(s.cloud) if s.kind == "edge" else k for k, s in enumerate(self.sites)])
+        self.cloud_of = np.array([names.index(cast(str, s.cloud)) if s.kind == "edge" else k for k, s in enumerate(self.sites)])
         self.carbon: list[CarbonSeries] = [carbon_series_for(s.zone, cfg.carbon) for s in self.sites]
         self._scale_sites()
         self._diurnal_grid = self._make_diurnal()

@@ -220,6 +220,7 @@ def make_federation_config(
     groups: dict[str, list[str]] = defaultdict(list)
     for s in site_list:
         groups[s.cluster].append(s.name)
+    agg: dict[str, Any]
     if hierarchy and len(groups) > 1:
         children = [
             {"name": c, "level": "cluster", "strategy": strategy, "members": m, **leaf_extra}
@@ -402,7 +403,7 @@ def _bytes_per_round(
 ) -> list[dict[str, int]]:
     level_of_inputs = {n.name: ("site" if n.members else n.children[0].level) for n in root.walk()}
     rounds = max((r.round for recs in groups.values() for r in recs), default=-1) + 1
-    out = [defaultdict(int) for _ in range(rounds)]
+    out: list[defaultdict[str, int]] = [defaultdict(int) for _ in range(rounds)]
     for name, recs in groups.items():
         for r in recs:
             out[r.round][level_of_inputs[name]] += r.bytes_up
@@ -497,11 +498,14 @@ async def build_federation(
         raise InputError(
             f"share_bus must be 'none', 'cluster' or 'all', got {share_bus!r}", where="share_bus"
         )
+    factory: Callable[[str], Bus]
     if isinstance(bus, str):
         spec = bus if bus != "memory" else f"memory://fed-{cfg.run}"
 
-        def factory(name: str) -> Bus:
+        def make(name: str) -> Bus:
             return make_bus(spec, name=name)
+
+        factory = make
     else:
         factory = bus
     buses: list[Bus] = []

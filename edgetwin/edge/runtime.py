@@ -422,6 +422,7 @@ class KPIWatch:
         if guard.margins is None:
             raise InputError("resolve the guard's margins first (KPIGuard.from_spec)", where="kpi guard")
         self.guard = guard
+        self.margins: tuple[KPIMargin, ...] = guard.margins
         self.version: str | None = None
         self.baseline: dict[str, float] = {}
         self.baseline_source = "none"
@@ -443,7 +444,7 @@ class KPIWatch:
         self.baseline = dict(baseline or {})
         self.baseline_source = source if baseline else "first_window"
         self.reports = 0
-        self._windows = {m.kpi: deque(maxlen=self.guard.window) for m in self.guard.margins}
+        self._windows = {m.kpi: deque(maxlen=self.guard.window) for m in self.margins}
         self._streak = 0
         self._fired = False
 
@@ -462,7 +463,7 @@ class KPIWatch:
         self.reports += 1
         if self.reports <= self.guard.grace:
             return None
-        for m in self.guard.margins:
+        for m in self.margins:
             v = _lookup(kpis, m.kpi)
             if v is not None:
                 self._windows[m.kpi].append(v)
@@ -476,7 +477,7 @@ class KPIWatch:
         if self._fired or not self.judging or self.accepted:
             return None
         breached: dict[str, dict[str, float]] = {}
-        for m in self.guard.margins:
+        for m in self.margins:
             base, value = _lookup(self.baseline, m.kpi), means.get(m.kpi)
             if base is None or value is None:
                 continue
@@ -1035,6 +1036,8 @@ class EdgeRuntime:
         pspec: TwinSpec | None = getattr(policy, "spec", None)
         obs_cols = list(pspec.observation_columns) if pspec is not None else None
         act_cols = list(pspec.action_columns) if pspec is not None else None
+        want_obs: list[str] | None
+        want_act: list[str] | None
         if self.spec is not None:
             want_obs, want_act = list(self.spec.observation_columns), list(self.spec.action_columns)
         elif self._active is not None:

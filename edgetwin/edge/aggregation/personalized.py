@@ -203,9 +203,9 @@ class ClusteredFedAvg(Aggregator):
         for c in np.unique(labels):
             idx = np.flatnonzero(labels == c)
             model = (w[idx] @ models[idx] / w[idx].sum()).astype(np.float32)
-            clusters.append([updates[i].client_id for i in idx])
+            clusters.append([updates[int(i)].client_id for i in idx])
             for i in idx:
-                personal[updates[i].client_id] = model
+                personal[updates[int(i)].client_id] = model
         self.personal.update(personal)
         params = (w @ models / w.sum()).astype(np.float32)
         info = {"strategy": self.name, "n": len(updates), "clients": [u.client_id for u in updates], "clusters": clusters}

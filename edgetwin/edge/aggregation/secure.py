@@ -29,7 +29,7 @@ import math
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes, serialization
@@ -312,7 +312,7 @@ class SecAggServer:
         shares: dict[str, dict[str, list[tuple[int, int]]]] = {}
         for resp in responses.values():
             for owner, (kind, share) in resp.items():
-                shares.setdefault(owner, {}).setdefault(kind, []).append(tuple(share))
+                shares.setdefault(owner, {}).setdefault(kind, []).append(cast(tuple[int, int], tuple(share)))
         total = np.zeros(self.dim, dtype=np.uint64)
         for y in self.masked.values():
             total = total + y
