@@ -24,7 +24,7 @@ is available here too.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch as th
@@ -59,6 +59,8 @@ class DualCriticPolicy(ActionNormMixin, ActorCriticPolicy):
         vf_coef: weight of the two critics' losses (PPO's ``vf_coef``; set by :class:`DualCriticPPO`).
         *args, **kwargs: as :class:`~stable_baselines3.common.policies.ActorCriticPolicy`.
     """
+
+    alpha: th.Tensor  # eq. 15's weight, a registered buffer (saved with the state dict)
 
     def __init__(
         self,
@@ -241,10 +243,10 @@ class DualCriticPPO(PPO):
         super()._setup_model()
         if not isinstance(self.rollout_buffer, SampleTrackingRolloutBuffer):
             raise TypeError("DualCriticPPO needs a SampleTrackingRolloutBuffer")
-        self.policy._buffer = self.rollout_buffer  # type: ignore[union-attr]
+        cast(DualCriticPolicy, self.policy)._buffer = self.rollout_buffer
 
     def train(self) -> None:
-        policy: DualCriticPolicy = self.policy  # type: ignore[assignment]
+        policy = cast(DualCriticPolicy, self.policy)
         refreshed = policy.refresh_alpha()  # the parameters changed since the last rollout
         if refreshed is not None:
             alpha, loss_local, loss_public = refreshed
@@ -256,7 +258,7 @@ class DualCriticPPO(PPO):
             self.logger.record(f"train/{k}", v)
 
     def public_critic_parameters(self) -> dict[str, th.Tensor]:
-        return self.policy.public_critic_parameters()  # type: ignore[union-attr,operator]
+        return cast(DualCriticPolicy, self.policy).public_critic_parameters()
 
     def load_public_critic(self, state: Mapping[str, Any], shift_local: bool = True) -> None:
-        self.policy.load_public_critic(state, shift_local)  # type: ignore[union-attr,operator]
+        cast(DualCriticPolicy, self.policy).load_public_critic(state, shift_local)

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from edgetwin.errors import InputError
 from edgetwin.policies.rewards import jain_index
 from edgetwin.twin.policy import PlatformPolicy
-from edgetwin.twin.spec import RewardFn, TwinSpec
+from edgetwin.twin.spec import RewardFn, Role, TwinSpec
 
 
 class BatchSystem(Protocol):
@@ -145,7 +145,8 @@ class ArraySystem:
         cols = {c: self._obs[:, j] for j, c in enumerate(spec.observation_columns)}
         a = np.asarray(actions, dtype=np.float64)
         cols.update({c: a[:, j] for j, c in enumerate(spec.action_columns)})
-        for role, key in (("response", "responses"), ("kpi", "kpis")):
+        outputs: tuple[tuple[Role, str], ...] = (("response", "responses"), ("kpi", "kpis"))
+        for role, key in outputs:
             arr = info.get(key)
             if arr is not None:
                 cols.update({c: np.asarray(arr)[:, j] for j, c in enumerate(spec.names(role))})

@@ -273,7 +273,9 @@ def export_policy(
                 "clip": obs_norm.clip_obs,
                 "epsilon": obs_norm.epsilon,
             }
-        np.savez(path / "obs_norm.npz", **{k: np.asarray(v, dtype=np.float64) for k, v in stats.items()})
+        arrays = {k: np.asarray(v, dtype=np.float64) for k, v in stats.items()}
+        # numpy's stub lets **kwds also match ``allow_pickle: bool``
+        np.savez(path / "obs_norm.npz", **arrays)  # type: ignore[arg-type]
         doc["obs_norm"] = "obs_norm.npz"
         doc["files"]["obs_norm.npz"] = sha256_file(path / "obs_norm.npz")
     doc["action_transform"] = (action_transform or ActionTransform()).to_dict()

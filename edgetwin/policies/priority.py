@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch as th
 from gymnasium import spaces
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
-from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.type_aliases import PyTorchObs
 
 from edgetwin.errors import InputError
 from edgetwin.twin.spec import TwinSpec
@@ -106,27 +106,29 @@ class PrioritySoftmaxMixin:
             )
         self.priority = priority
         self.priority_beta = float(beta)
-        self._prio_obs: th.Tensor | None = None
+        self._prio_obs: PyTorchObs | None = None
 
     # Every path to a distribution starts from one of these three; remember the observation.
     def forward(self, obs: th.Tensor, *args: Any, **kwargs: Any) -> Any:
         self._prio_obs = obs
         return super().forward(obs, *args, **kwargs)  # type: ignore[misc]
 
-    def evaluate_actions(self, obs: th.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def evaluate_actions(self, obs: PyTorchObs, *args: Any, **kwargs: Any) -> Any:
         self._prio_obs = obs
         return super().evaluate_actions(obs, *args, **kwargs)  # type: ignore[misc]
 
-    def get_distribution(self, obs: th.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def get_distribution(self, obs: PyTorchObs, *args: Any, **kwargs: Any) -> Any:
         self._prio_obs = obs
         return super().get_distribution(obs, *args, **kwargs)  # type: ignore[misc]
 
     def priority_logits(self, latent_pi: th.Tensor) -> th.Tensor:
         """``Q(s, ·) + β P(s)``: (B, K)."""
         assert self._prio_obs is not None, "a distribution was asked for without an observation"
-        return self.action_net(latent_pi) + self.priority_beta * self.priority(self._prio_obs)
+        obs = cast(th.Tensor, self._prio_obs)  # options need a flat (Box) observation, not a Dict
+        return self.action_net(latent_pi) + self.priority_beta * self.priority(obs)
 
-    def _get_action_dist_from_latent(self, latent_pi: th.Tensor) -> Distribution:
+    # A Distribution under ActorCriticPolicy, a MaskableDistribution under MaskableActorCriticPolicy.
+    def _get_action_dist_from_latent(self, latent_pi: th.Tensor) -> Any:
         return self.action_dist.proba_distribution(action_logits=self.priority_logits(latent_pi))
 
     def _get_constructor_parameters(self) -> dict[str, Any]:

@@ -349,14 +349,15 @@ class MultiObjectiveReward:
         c = self.columns
         zeros = np.zeros(n)
 
-        def get(v: str | float | None) -> Array | None:
-            if v is None:
-                return None
+        def col(v: str | float) -> Array:
             if isinstance(v, str):
                 if v not in cols:
                     raise InputError(f"reward needs column {v!r}, which this step does not have", "reward")
                 return np.asarray(cols[v], float)
             return np.full(n, float(v))
+
+        def get(v: str | float | None) -> Array | None:
+            return None if v is None else col(v)
 
         out: dict[str, Array] = {}
         lat, lat_max = get(c.latency), get(c.latency_max)
@@ -367,7 +368,7 @@ class MultiObjectiveReward:
 
         e = get(c.energy)
         if e is None and c.cpu_util is not None and c.busy_s is not None:
-            e = energy_j(get(c.cpu_util), get(c.busy_s), c.iota, c.w_base, c.w_max)
+            e = energy_j(col(c.cpu_util), col(c.busy_s), c.iota, c.w_base, c.w_max)
         out["energy"] = zeros if e is None else energy_reward(e / c.energy_scale_j, self.alpha)
 
         prio = get(c.priority)

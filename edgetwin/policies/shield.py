@@ -28,11 +28,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
+from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs
 
 from edgetwin.errors import InputError
 from edgetwin.twin.spec import TwinSpec
@@ -273,6 +274,7 @@ class Shield:
             if g.kind == "allocation":
                 need = (1.0 + g.margin) * g.scale * demand
             else:
+                assert g.capacity is not None  # _check: an offload guard has a capacity
                 cap = obs[:, self._obs_idx[g.capacity]] if isinstance(g.capacity, str) else float(g.capacity)
                 with np.errstate(divide="ignore", invalid="ignore"):
                     need = np.where(demand > 0, 1.0 - cap / ((1.0 + g.margin) * demand), -np.inf)
@@ -351,8 +353,8 @@ class Shield:
                 a[blocked, j] = cur[blocked]
                 if advance:
                     self.stats["migrations_blocked"] += int(blocked.sum())
-                    for i in np.flatnonzero(moving & ~blocked):
-                        self._moves.setdefault((j, i), deque()).append(self._now)
+                    for k in np.flatnonzero(moving & ~blocked):
+                        self._moves.setdefault((j, int(k)), deque()).append(self._now)
                     for i in range(n):
                         self._last[(j, i)] = a[i, j]
 
@@ -374,9 +376,11 @@ class Shield:
         return [np.flatnonzero(g == v) for v in np.unique(g)]
 
     def _limit(self, obs: np.ndarray, b: Budget, rows: np.ndarray) -> float:
-        base = (
-            float(b.limit) if b.limit is not None else float(obs[rows, self._obs_idx[b.limit_column]].min())
-        )
+        if b.limit is not None:
+            base = float(b.limit)
+        else:
+            assert b.limit_column is not None  # _check: exactly one of limit / limit_column
+            base = float(obs[rows, self._obs_idx[b.limit_column]].min())
         return base - b.per_row_offset * len(rows)
 
     def _project_budgets(self, obs: np.ndarray, a: np.ndarray, lo: np.ndarray, advance: bool) -> np.ndarray:
@@ -493,19 +497,21 @@ def violations(shield: Shield, obs: np.ndarray, actions: np.ndarray, tol: float 
             out.append(f"residency:{shield.act_cols[j]}")
     for m in shield.config.migration:
         j = shield._act_idx[m.action]
+        vals_j = shield.values[j]
+        assert vals_j is not None  # _check: a migration cap is on a discrete action
         cur = shield._current(obs, m, j)
         moving = ~np.isnan(cur) & ~np.isclose(a[:, j], cur)
         cur_ok = np.array(
             [
                 not np.isnan(cur[i])
-                and shield._allowed(obs[i : i + 1], j)[0][np.isclose(shield.values[j], cur[i])].any()
+                and shield._allowed(obs[i : i + 1], j)[0][np.isclose(vals_j, cur[i])].any()
                 for i in range(len(cur))
             ]
         )
         if (moving & cur_ok & (shield._quota_left(len(cur), m, j) <= 0)).any():
             out.append(f"migration:{m.action}")
     for b in shield.config.budgets:
-        cols = [shield._act_idx[c] for c in b.coefficients]
+        cols = np.array([shield._act_idx[c] for c in b.coefficients], dtype=np.intp)
         coef = np.array(list(b.coefficients.values()))
         for rows in shield._budget_rows(obs, b):
             limit = shield._limit(obs, b, rows)
@@ -538,7 +544,7 @@ class ShieldWrapper(gym.Wrapper):
         self._obs = np.asarray(obs, float)
         return obs, info
 
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         assert self._obs is not None, "reset() first"
         raw = np.asarray(action, float).reshape(1, -1)
         safe = self.shield.project(self._obs[None, :], raw)[0]
@@ -570,7 +576,7 @@ class ShieldVecEnvWrapper(VecEnvWrapper):
         self.shield = shield
         self._obs: np.ndarray | None = None
 
-    def reset(self) -> np.ndarray:
+    def reset(self) -> VecEnvObs:
         obs = self.venv.reset()
         self.shield.reset()
         self._obs = np.asarray(obs, float)

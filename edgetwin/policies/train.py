@@ -36,6 +36,7 @@ from stable_baselines3.common.callbacks import (
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import HumanOutputFormat, Logger
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecMonitor, VecNormalize
+from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs
 
 from edgetwin.errors import InputError
 from edgetwin.policies.export import ALGORITHMS, ActionTransform, _import, export_policy
@@ -72,7 +73,7 @@ class RescaleActionVecEnv(VecEnvWrapper):
         space = spaces.Box(-1.0, 1.0, (len(low),), np.float32)
         super().__init__(venv, action_space=space)
 
-    def reset(self) -> np.ndarray:
+    def reset(self) -> VecEnvObs:
         return self.venv.reset()
 
     def step_async(self, actions: np.ndarray) -> None:
@@ -223,15 +224,16 @@ def build_env(
 ) -> EnvChain:
     """base -> shield -> action rescaling/grid -> VecMonitor -> VecNormalize."""
     venv = base_vec_env(source, n_envs, seed, reward=reward, **twin_opts)
-    if not isinstance(venv.action_space, spaces.Box):
+    box = venv.action_space  # the shield wrapper below keeps this same space
+    if not isinstance(box, spaces.Box):
         raise InputError(
             "the environment must take Box actions in spec units (as twins and the cluster do)", "env"
         )
     sh = Shield(spec, shield) if shield is not None else None
     if sh is not None:
         venv = ShieldVecEnvWrapper(venv, sh)
-    low = np.asarray(venv.action_space.low, np.float64)
-    high = np.asarray(venv.action_space.high, np.float64)
+    low = np.asarray(box.low, np.float64)
+    high = np.asarray(box.high, np.float64)
     if not (np.isfinite(low).all() and np.isfinite(high).all()):
         raise InputError("the action space must be bounded to rescale it", "env")
     if algo == "maskable_ppo" or grid:
