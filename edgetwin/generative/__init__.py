@@ -122,11 +122,12 @@ def fit_population(
         raise InputError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}", "--model")
     cls = MODEL_CLASSES[model]
     transform = hyper.pop("transform", "quantile")
-    allowed = (
-        {"n_components", "reg_covar", "calibrate", "calibrate_samples"}
-        if cls is GMMPopulation
-        else cls.hyper_keys()
-    )  # type: ignore[attr-defined]
+    allowed: set[str]
+    if cls is GMMPopulation:
+        allowed = {"n_components", "reg_covar", "calibrate", "calibrate_samples"}
+    else:
+        assert issubclass(cls, GANPopulation)  # every other entry of MODEL_CLASSES is a GAN
+        allowed = cls.hyper_keys()
     unknown = sorted(set(hyper) - allowed)
     if unknown:
         raise InputError(

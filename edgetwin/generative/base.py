@@ -166,11 +166,13 @@ class PopulationModel(ABC):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.spec.save(path / SPEC_FILE)
-        np.savez(path / TRANSFORM_FILE, **self.transformer.state())
+        # the numpy stub lets **kwds fill `allow_pickle: bool`: a false arg-type error
+        np.savez(path / TRANSFORM_FILE, **self.transformer.state())  # type: ignore[arg-type]
         self._save_params(path)
         cal = path / CALIBRATION_FILE
         if self.calibration is not None:
-            np.savez(cal, **self.calibration.state())
+            # the numpy stub lets **kwds fill `allow_pickle: bool`: a false arg-type error
+            np.savez(cal, **self.calibration.state())  # type: ignore[arg-type]
         elif cal.exists():  # a stale file from an earlier model in the same directory
             cal.unlink()
         meta = {

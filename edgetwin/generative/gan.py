@@ -140,6 +140,10 @@ class MixtureResidualGenerator(nn.Module):
     ``mu (S, K, n_codes)``, ``chol (S, K, n_codes, n_codes)``.
     """
 
+    cum_w: torch.Tensor
+    mu: torch.Tensor
+    chol: torch.Tensor
+
     def __init__(
         self,
         noise_dim: int,
@@ -346,7 +350,7 @@ class GANPopulation(PopulationModel):
         self.set_discriminator: SetDiscriminator | None = None
         if self.variant == "gan-smmsg":
             self.set_discriminator = SetDiscriminator(net_dim, n_cond, int(hyper["set_hidden"]))
-        self.generator_ema: Generator | None = None
+        self.generator_ema: Generator | MixtureResidualGenerator | None = None
         if float(hyper["ema"]) > 0:
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
         self.history: list[dict[str, float]] = []

@@ -150,7 +150,8 @@ class GMMPopulation(PopulationModel):
         arrays = {}
         for s, (w, mu, chol) in enumerate(self.params):
             arrays[f"{s}|w"], arrays[f"{s}|mu"], arrays[f"{s}|chol"] = w, mu, chol
-        np.savez(path / GMM_FILE, **arrays)
+        # the numpy stub lets **kwds fill `allow_pickle: bool`: a false arg-type error
+        np.savez(path / GMM_FILE, **arrays)  # type: ignore[arg-type]
 
     def _load_params(self, path: Path) -> None:
         with np.load(path / GMM_FILE) as z:

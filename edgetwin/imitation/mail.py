@@ -84,10 +84,13 @@ class GaussianModel:
     def mean(self, x: np.ndarray) -> np.ndarray:
         """``(N, in) -> (N, out)`` the policy's mean output."""
         if len(x) == 0:
-            return np.zeros((0, self.policy.action_space.shape[0]), dtype=np.float32)
+            shape = self.policy.action_space.shape
+            assert shape is not None  # a Box action space always has a shape
+            return np.zeros((0, shape[0]), dtype=np.float32)
         obs = th.as_tensor(np.array(x, dtype=np.float32))
-        dist = self.policy.get_distribution(obs)
-        return dist.distribution.mean.numpy()
+        dist = self.policy.get_distribution(obs).distribution
+        assert isinstance(dist, th.distributions.Distribution)  # a Box policy's: one Gaussian, not a list
+        return dist.mean.numpy()
 
     @property
     def std(self) -> np.ndarray:

@@ -638,16 +638,17 @@ class SiteStateModel:
         self.n_did = len(layout.action) + layout.n_outputs + 1
         th.manual_seed(seed)
         n_ctx = k + layout.n_lag + 1 + 2
+        magnitude = th.nn.Linear(n_who, k)
         self.net = th.nn.ModuleDict(
             {
-                "magnitude": th.nn.Linear(n_who, k),
+                "magnitude": magnitude,
                 "linear": th.nn.Linear(self.n_did, k, bias=False),
                 "context": th.nn.Linear(n_ctx, 2 * k),
             }
         )
         # start from equal magnitudes: the logs move them only as far as the data asks
-        th.nn.init.zeros_(self.net["magnitude"].weight)
-        th.nn.init.zeros_(self.net["magnitude"].bias)
+        th.nn.init.zeros_(magnitude.weight)
+        th.nn.init.zeros_(magnitude.bias)
         self.k = k
         self.z_low = np.full(k, -np.inf)
         self.z_high = np.full(k, np.inf)
@@ -767,7 +768,9 @@ class SiteStateModel:
         rng = np.random.default_rng(seed)
         ep_of_group = steps.episode[np.unique(codes, return_index=True)[1]]
         eps = np.unique(ep_of_group)
-        held = rng.choice(eps, size=max(1, int(round(0.15 * len(eps)))), replace=False) if len(eps) > 2 else []
+        held: np.ndarray | list[int] = (
+            rng.choice(eps, size=max(1, int(round(0.15 * len(eps)))), replace=False) if len(eps) > 2 else []
+        )
         val = ok & np.isin(ep_of_group, held)
         trn = ok & ~val
         tensors = [th.as_tensor(v) for v in (who, did, codes, site_x, np.nan_to_num(target))]
@@ -915,7 +918,9 @@ class World:
                 absolute = np.asarray(lay.state_absolute or [False] * len(lay.state), dtype=bool)
                 delta = np.where(absolute, pred - zs, pred)
             z_next = zs + delta
-            site_cols = np.flatnonzero(np.asarray(lay.site_state, dtype=bool)) if lay.site_state else []
+            site_cols: np.ndarray | list[int] = (
+                np.flatnonzero(np.asarray(lay.site_state, dtype=bool)) if lay.site_state else []
+            )
             if len(site_cols):
                 # a site's property is one value for all its agents: their mean prediction
                 z_next[:, site_cols] = group_means(z_next[:, site_cols], self.site, self.n_sites)[self.site]

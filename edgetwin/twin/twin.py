@@ -25,7 +25,7 @@ import logging
 import pickle
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,12 +100,20 @@ def load_log(
     log: str | Path | pd.DataFrame, spec: str | Path | TwinSpec | None
 ) -> tuple[pd.DataFrame, TwinSpec]:
     """A usable log table and its spec (validated when `edgetwin.twin.validate` is available)."""
+    validate: (
+        Callable[
+            [str | Path | pd.DataFrame, str | Path | TwinSpec | None], tuple[pd.DataFrame, TwinSpec, object]
+        ]
+        | None
+    )
     try:
         from edgetwin.twin.validate import load_valid_log
     except ImportError:  # validation lands separately; fall back to reading the table as is
-        load_valid_log = None
-    if load_valid_log is not None:
-        df, sp, _ = load_valid_log(log, spec)
+        validate = None
+    else:
+        validate = load_valid_log
+    if validate is not None:
+        df, sp, _ = validate(log, spec)
         return df, sp
     if isinstance(log, pd.DataFrame):
         sp = (
@@ -583,6 +591,7 @@ class Twin:
         self.spec.save(path / "spec.toml")
         (path / "layout.json").write_text(json.dumps(self.layout.to_dict(), indent=1))
         (path / "meta.json").write_text(json.dumps(self.meta, indent=1, default=str))
+        # the numpy stub lets **kwds fill `allow_pickle: bool`: a false arg-type error
         np.savez(
             path / "arrays.npz",
             units=self.composition.units,
@@ -590,7 +599,7 @@ class Twin:
             support_threshold=np.array(self.support.threshold),
             action_low=self.action_low,
             action_high=self.action_high,
-            **self.initial.to_arrays(),
+            **self.initial.to_arrays(),  # type: ignore[arg-type]
         )
         pop_dir = path / "population"
         if pop_dir.exists():

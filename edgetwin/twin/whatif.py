@@ -781,7 +781,9 @@ class _Applier:
         spec: TwinSpec,
         rng: np.random.Generator,
     ) -> None:
-        self.items = [(p, list(columns).index(p.column)) for p in perts if p.column in columns]
+        self.items = [
+            (p, list(columns).index(p.column)) for p in perts if p.column is not None and p.column in columns
+        ]
         self.masks = masks
         self.spec = spec
         self.rng = rng
@@ -819,8 +821,13 @@ class _Applier:
                 v = np.clip(v, -np.inf if p.low is None else p.low, np.inf if p.high is None else p.high)
             elif p.kind == "jitter":
                 z = self.rng.standard_normal(len(v))
-                aux = z * p.std if p.std is not None else 1.0 + p.cv * z
-                v = v + aux if p.std is not None else v * aux
+                if p.std is not None:
+                    aux = z * p.std
+                    v = v + aux
+                else:
+                    assert p.cv is not None  # _check_kind: a jitter has exactly one of std and cv
+                    aux = 1.0 + p.cv * z
+                    v = v * aux
             elif p.kind == "shift_time":
                 delta, low, span = self.clock[id(p)]
                 aux = (delta, low, span)
@@ -854,13 +861,20 @@ class _Applier:
 
 def _time_shift(p: Perturbation, spec: TwinSpec, step_seconds: float) -> tuple[int, float, float, float]:
     """``(ticks, column delta, low, span)`` of a shift_time."""
-    ticks = int(round(p.hours * 3600.0 / step_seconds)) if step_seconds > 0 else 0
+    hours = p.hours
+    assert hours is not None  # _check_kind: a shift_time needs hours
+    ticks = int(round(hours * 3600.0 / step_seconds)) if step_seconds > 0 else 0
     if p.column is None:
         return ticks, 0.0, 0.0, 1.0
     f = spec.feature(p.column)
     low = 0.0 if f.low is None else float(f.low)
-    span = float(p.period) if p.period is not None else float(f.high) - float(f.low)
-    return ticks, p.hours / DAY_HOURS * span, low, span
+    if p.period is not None:
+        span = float(p.period)
+    else:
+        # Perturbation.check: without a period, the column has finite bounds
+        assert f.low is not None and f.high is not None
+        span = float(f.high) - float(f.low)
+    return ticks, hours / DAY_HOURS * span, low, span
 
 
 def run_episode(
@@ -1312,9 +1326,9 @@ class WhatIfResult:
                         {"candidate_policy": cand, **self.compare(s.name, k.name, candidate=cand)}
                     )
         logged = {}
-        for k, v in self.logged_kpis.items():
+        for name, v in self.logged_kpis.items():
             lo, hi = bootstrap_ci(v[None, :], seed=int(self.settings.get("seed", 0)))
-            logged[k] = {"mean": float(np.nanmean(v)), "ci_low": lo, "ci_high": hi}
+            logged[name] = {"mean": float(np.nanmean(v)), "ci_low": lo, "ci_high": hi}
         return {
             "settings": self.settings,
             "policies": self.policies,
@@ -1539,11 +1553,11 @@ def run_whatif(
     base_seeds = episode_seeds(seed, seeds)
     reps: list[tuple[int, LoggedEpisode | None]] = []
     if recorded is None:
-        for s in base_seeds:
-            reps += [(w, None) for w in episode_seeds(s, episodes)]
+        for base_seed in base_seeds:
+            reps += [(w, None) for w in episode_seeds(base_seed, episodes)]
     else:
-        for s in base_seeds:
-            reps += [(w, ep) for w, ep in zip(episode_seeds(s, len(recorded)), recorded, strict=True)]
+        for base_seed in base_seeds:
+            reps += [(w, ep) for w, ep in zip(episode_seeds(base_seed, len(recorded)), recorded, strict=True)]
     total = len(policies) * len(scen_list) * len(members) * len(reps)
     bar = tqdm(total=total, desc="what-if episodes", disable=not progress)
     cells: dict[tuple[str, str], Cell] = {}
@@ -1559,10 +1573,10 @@ def run_whatif(
                         twin, pol, scen, kpis, seed=wseed, member=m, steps=steps, n_agents=n_agents,
                         stochastic=stochastic, logged=ep, exogenous=exogenous,
                     )  # fmt: skip
-                    for k, v in res.kpis.items():
-                        vals[k][mi, ri] = v
-                    for c, v in res.timeline.items():
-                        tl[c][mi, ri, : len(v)] = v
+                    for name, value in res.kpis.items():
+                        vals[name][mi, ri] = value
+                    for c, series in res.timeline.items():
+                        tl[c][mi, ri, : len(series)] = series
                     oos[mi, ri] = res.oos
                     oos_t[mi, ri, : len(res.oos_t)] = res.oos_t
                     bar.update(1)
