@@ -23,6 +23,7 @@ from edgetwin.twin.spec import spec_path_for
 from edgetwin.twin.twin import Twin
 from edgetwin.twin.whatif import (
     KpiDef,
+    Perturbation,
     builtin_policy,
     load_kpis,
     load_scenarios,
@@ -80,6 +81,16 @@ def test_scenario_entries_are_validated_with_file_entry_and_key(entry: dict, mat
     with pytest.raises(InputError, match=match) as e:
         scen("bad", {"kind": "add", "column": "kpi.energy_j", "value": 1.0}, entry)
     assert "test.toml: scenario 'bad' perturbation #2" in str(e.value)
+
+
+def test_a_perturbation_built_in_code_is_validated_too() -> None:
+    with pytest.raises(InputError, match="cv"):
+        Perturbation("jitter", column="state.load")  # neither std nor cv
+    with pytest.raises(InputError, match="hours"):
+        Perturbation("shift_time")
+    with pytest.raises(InputError, match="unknown kind"):
+        Perturbation("teleport", column="state.load")
+    assert Perturbation("jitter", column="state.load", cv=0.1).cv == 0.1
 
 
 def test_scenarios_are_checked_against_the_twin(log_and_twin) -> None:  # noqa: ANN001

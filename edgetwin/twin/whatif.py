@@ -131,6 +131,12 @@ class Perturbation:
     label: str = ""
     where: str = "perturbation"
 
+    def __post_init__(self) -> None:
+        # built in code as well as from files: either way a kind's missing parameter is an input error
+        if self.kind not in KINDS:
+            raise InputError(f"key 'kind': unknown kind {self.kind!r}; expected one of {sorted(KINDS)}", self.where)
+        self._check_kind()
+
     @property
     def role(self) -> str | None:
         if self.column is None:
@@ -236,7 +242,6 @@ class Perturbation:
             label=str(d.get("label", "")),
             where=where,
         )
-        p._check_kind()
         return p
 
     def _check_kind(self) -> None:
