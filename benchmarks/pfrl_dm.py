@@ -34,6 +34,7 @@ than FedAvg and independent PPO and that FedAvg ends lower.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -281,6 +282,9 @@ def figure(results: dict, episodes: int, path: Path, n_sites: int) -> None:
 
 
 #: hand-written subsections (the verdict, extra runs) that a rerun keeps
+#: seed 003's cost-cap mode on the emulated cluster's columns (``--objectives mixed``)
+COST_CAP = {"kpi.utilisation": 1.0, "kpi.slo_violation": -0.5}
+
 KEEP_SUBSECTIONS = (
     "### Verdict of the run above",
     "### Sites from different real traces",
@@ -320,6 +324,12 @@ def main() -> None:
         help="real traces (any format of edgetwin.edge.traces) for task shapes and arrivals, one per site round-robin "
         "(seed 000 Table 3 builds its clients from different traces); default: the built-in distributions",
     )
+    parser.add_argument(
+        "--objectives", choices=("offload", "mixed"), default="offload",
+        help="offload: every site maximises offload ratio − 0.5 SLO violations; mixed: every second site is "
+        "run for cost instead (seed 003's cost-cap mode: utilisation of reserved capacity − 0.5 SLO "
+        "violations), so the sites' best actions conflict",
+    )
     args = parser.parse_args()
     for t in args.traces or []:
         if not Path(t).is_file():
@@ -330,6 +340,8 @@ def main() -> None:
     results: dict[str, list[dict]] = {name: [] for name in METHODS}
     for seed in range(args.seeds):
         sites = heterogeneous_sites(args.sites, seed=seed, n_agents=8, steps=24, traces=args.traces)
+        if args.objectives == "mixed":
+            sites = [dataclasses.replace(s, reward_weights=dict(COST_CAP)) if i % 2 else s for i, s in enumerate(sites)]
         for name, spec in METHODS.items():
             print(f"seed {seed}: {name}", flush=True)
             ppo = {"learning_rate": args.lr, "n_epochs": args.epochs}
@@ -351,6 +363,7 @@ def main() -> None:
         + f" --sites {args.sites} --rounds {args.rounds} --episodes {args.episodes} --seeds {args.seeds}"
         + f" --eval-episodes {args.eval_episodes} --lr {args.lr:g} --epochs {args.epochs}"
         + ("" if not args.traces else " --traces " + " ".join(_shared_relative(t) for t in args.traces))
+        + ("" if args.objectives == "offload" else f" --objectives {args.objectives}")
     )
     machine = f"{os.cpu_count()} CPU cores, {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, CPU only, cores shared with other jobs"
     budget = args.rounds * ep
@@ -364,7 +377,11 @@ def main() -> None:
         "`SITE_ARCHETYPES`"
         + ("" if not args.traces else "; task shapes and arrivals from a different real trace per site, round-robin: "
            + ", ".join(Path(t).name for t in args.traces))
-        + "), each an emulated cluster of 8 service groups × 24 ticks; "
+        + ")"
+        + ("" if args.objectives == "offload" else
+           "; every second site is run for cost (reward = utilisation of reserved edge capacity − 0.5 × SLO "
+           "violations, seed 003's cost-cap mode) instead of offload, so the sites' best actions conflict")
+        + ", each an emulated cluster of 8 service groups × 24 ticks; "
         f"{ep} site episodes of local PPO per round, {args.rounds} rounds ({budget} site episodes), "
         f"{args.seeds} seeds (sites, weights and episodes differ per seed; within a seed every method gets the "
         "same sites, initial weights and training episodes). Same for every method: γ 0.985, GAE λ 0.95, clip 0.2, "

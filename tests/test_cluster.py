@@ -383,3 +383,28 @@ def test_cli_logs_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     for flag, value in (("--drift", "2y"), ("--policy", "greedy"), ("--agents", "0"), ("--trace", "nope.csv")):
         code, _, err = _cli(capsys, "logs", "generate", "--out", str(tmp_path / "x.parquet"), flag, value)
         assert code == 2 and flag in err, (flag, err)
+
+
+def test_reward_weights_choose_what_the_site_optimises() -> None:
+    from edgetwin.errors import InputError
+
+    def mean_reward(weights: dict[str, float] | None, capacity: float) -> float:
+        env = EdgeClusterVecEnv(ClusterConfig(n_agents=8, steps=24, reward_weights=weights), seed=1)
+        env.reset()
+        act = np.tile(np.array([0.8, capacity, 0.0], np.float32), (env.num_envs, 1))
+        total = 0.0
+        for _ in range(24):
+            _, r, _, _ = env.step(act)
+            k, resp = env.last_info["kpis"], env.last_info["responses"]
+            want = resp[:, 0] - 0.5 * k[:, 1] if weights is None else k[:, 4] - 0.5 * k[:, 1]
+            np.testing.assert_allclose(r, want, rtol=1e-6, atol=1e-7)
+            total += float(r.mean())
+        return total
+
+    cost = {"kpi.utilisation": 1.0, "kpi.slo_violation": -0.5}
+    # the default (offload) objective wants capacity, a cost-cap site wants it used: opposite optima
+    assert mean_reward(None, 2.0) > mean_reward(None, 0.2)
+    assert mean_reward(cost, 0.2) > mean_reward(cost, 2.0)
+    assert cluster_spec(ClusterConfig(reward_weights=cost)).reward_weights == cost
+    with pytest.raises(InputError, match="kpi.nope"):
+        ClusterConfig(reward_weights={"kpi.nope": 1.0})

@@ -120,6 +120,8 @@ class SiteSpec:
         trace: a real trace for task shapes and arrivals (path), or None.
         twin: a twin directory to train in instead of the emulated cluster (PPO learner only).
         seed: the site's own randomness (data, environment).
+        reward_weights: what the site's operator optimises, as weights of ``response.*`` / ``kpi.*``
+            columns (None: the emulated cluster's default, offload ratio − 0.5 SLO violations).
     """
 
     name: str
@@ -133,6 +135,7 @@ class SiteSpec:
     trace: str | None = None
     twin: str | None = None
     seed: int = 0
+    reward_weights: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         Subjects._tok(self.name, "site name")
@@ -150,6 +153,7 @@ class SiteSpec:
             trace=self.trace,
             target_util=float(self.target_util),
             scenario_weights=self.scenario_weights,
+            reward_weights=self.reward_weights,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -192,6 +192,9 @@ class ClusterConfig:
             (edge sites ~``target_util`` busy on average under random actions at day 0).
         target_util: see ``capacity_scale``.
         scenario_weights: override the scenario mix (default: the drifted built-in mix).
+        reward_weights: the reward as weights of ``response.*`` / ``kpi.*`` columns (default
+            `REWARD_WEIGHTS`); e.g. a site run for cost rather than offload weighs
+            ``kpi.utilisation`` (seed 003's cost-cap mode). Also the logs' spec reward.
     """
 
     n_agents: int = 200
@@ -205,8 +208,16 @@ class ClusterConfig:
     capacity_scale: float | None = None
     target_util: float = 0.45
     scenario_weights: Mapping[str, float] | None = None
+    reward_weights: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
+        if self.reward_weights is not None:
+            known = [f"response.{c}" for c in RESPONSE_NAMES] + [f"kpi.{c}" for c in KPI_NAMES]
+            bad = sorted(set(self.reward_weights) - set(known))
+            if bad or not self.reward_weights:
+                raise InputError(
+                    f"unknown column(s) {bad}; expected some of {known}", "reward_weights"
+                )
         if int(self.n_agents) < 1:
             raise InputError(f"n_agents must be >= 1, got {self.n_agents}", "--agents")
         if int(self.steps) < 1:
@@ -254,7 +265,7 @@ def cluster_spec(config: ClusterConfig | None = None) -> TwinSpec:
         name="emulated-edge-cloud",
         step_seconds=float(config.step_seconds),
         transition=None,
-        reward_weights=dict(REWARD_WEIGHTS),
+        reward_weights=dict(config.reward_weights or REWARD_WEIGHTS),
         scenarios=SCENARIOS,
     )
 
@@ -315,6 +326,11 @@ class EdgeCluster:
         self.config = config or ClusterConfig()
         cfg = self.config
         self.spec = cluster_spec(cfg)
+        self._reward_terms = [
+            ((role, (RESPONSE_NAMES if role == "response" else KPI_NAMES).index(name)), float(w))
+            for key, w in (cfg.reward_weights or REWARD_WEIGHTS).items()
+            for role, name in [key.split(".", 1)]
+        ]
         self.n = int(cfg.n_agents)
         self.steps = int(cfg.steps)
         self.dt = float(cfg.step_seconds)
@@ -620,7 +636,9 @@ class EdgeCluster:
 
         responses = np.clip(np.stack([offload, demand], axis=1), RESP_LOW, RESP_HIGH)
         kpis = np.clip(np.stack([task_time, slo_violation, energy, carbon, utilisation, revenue], axis=1), KPI_LOW, KPI_HIGH)
-        reward = REWARD_WEIGHTS["response.offload_ratio"] * responses[:, 0] + REWARD_WEIGHTS["kpi.slo_violation"] * kpis[:, 1]
+        reward = np.zeros(len(responses))
+        for col, w in self._reward_terms:
+            reward = reward + w * (responses[:, col[1]] if col[0] == "response" else kpis[:, col[1]])
         return {"responses": responses, "kpis": kpis, "reward": reward}
 
     def end_tick(self) -> tuple[bool, dict[str, np.ndarray]]:
