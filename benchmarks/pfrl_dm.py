@@ -288,6 +288,7 @@ COST_CAP = {"kpi.utilisation": 1.0, "kpi.slo_violation": -0.5}
 KEEP_SUBSECTIONS = (
     "### Verdict of the run above",
     "### Sites from different real traces",
+    "### Sites with conflicting objectives",
 )
 
 
