@@ -281,10 +281,10 @@ def figure(results: dict, episodes: int, path: Path, n_sites: int) -> None:
     plt.close(fig)
 
 
-#: hand-written subsections (the verdict, extra runs) that a rerun keeps
 #: seed 003's cost-cap mode on the emulated cluster's columns (``--objectives mixed``)
 COST_CAP = {"kpi.utilisation": 1.0, "kpi.slo_violation": -0.5}
 
+#: hand-written subsections (the verdict, extra runs) that a rerun keeps
 KEEP_SUBSECTIONS = (
     "### Verdict of the run above",
     "### Sites from different real traces",

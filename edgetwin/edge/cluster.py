@@ -215,9 +215,8 @@ class ClusterConfig:
             known = [f"response.{c}" for c in RESPONSE_NAMES] + [f"kpi.{c}" for c in KPI_NAMES]
             bad = sorted(set(self.reward_weights) - set(known))
             if bad or not self.reward_weights:
-                raise InputError(
-                    f"unknown column(s) {bad}; expected some of {known}", "reward_weights"
-                )
+                what = f"unknown column(s) {bad}" if bad else "no column"
+                raise InputError(f"{what}; expected some of {known}", "reward_weights")
         if int(self.n_agents) < 1:
             raise InputError(f"n_agents must be >= 1, got {self.n_agents}", "--agents")
         if int(self.steps) < 1:
