@@ -325,11 +325,12 @@ class EdgeCluster:
         self.config = config or ClusterConfig()
         cfg = self.config
         self.spec = cluster_spec(cfg)
-        self._reward_terms = [
-            ((role, (RESPONSE_NAMES if role == "response" else KPI_NAMES).index(name)), float(w))
-            for key, w in (cfg.reward_weights or REWARD_WEIGHTS).items()
-            for role, name in [key.split(".", 1)]
-        ]
+        # (role, column index within that role's block, weight) per term of the reward
+        self._reward_terms: list[tuple[str, int, float]] = []
+        for key, w in (cfg.reward_weights or REWARD_WEIGHTS).items():
+            role, name = key.split(".", 1)
+            block = RESPONSE_NAMES if role == "response" else KPI_NAMES
+            self._reward_terms.append((role, block.index(name), float(w)))
         self.n = int(cfg.n_agents)
         self.steps = int(cfg.steps)
         self.dt = float(cfg.step_seconds)
@@ -636,8 +637,8 @@ class EdgeCluster:
         responses = np.clip(np.stack([offload, demand], axis=1), RESP_LOW, RESP_HIGH)
         kpis = np.clip(np.stack([task_time, slo_violation, energy, carbon, utilisation, revenue], axis=1), KPI_LOW, KPI_HIGH)
         reward = np.zeros(len(responses))
-        for col, w in self._reward_terms:
-            reward = reward + w * (responses[:, col[1]] if col[0] == "response" else kpis[:, col[1]])
+        for role, j, w in self._reward_terms:
+            reward = reward + w * (responses[:, j] if role == "response" else kpis[:, j])
         return {"responses": responses, "kpis": kpis, "reward": reward}
 
     def end_tick(self) -> tuple[bool, dict[str, np.ndarray]]:

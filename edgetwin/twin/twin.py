@@ -25,7 +25,7 @@ import logging
 import pickle
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,9 +55,10 @@ from edgetwin.imitation.world import (
     World,
     build_steps,
 )
-from edgetwin.twin.logs import ordered_columns, read_table, resolve_spec
+from edgetwin.twin.logs import ordered_columns
 from edgetwin.twin.policy import PlatformPolicy
 from edgetwin.twin.spec import REWARD_COLUMN, TwinSpec
+from edgetwin.twin.validate import load_valid_log
 
 log = logging.getLogger(__name__)
 
@@ -99,31 +100,9 @@ def library_versions() -> dict[str, str]:
 def load_log(
     log: str | Path | pd.DataFrame, spec: str | Path | TwinSpec | None
 ) -> tuple[pd.DataFrame, TwinSpec]:
-    """A usable log table and its spec (validated when `edgetwin.twin.validate` is available)."""
-    validate: (
-        Callable[
-            [str | Path | pd.DataFrame, str | Path | TwinSpec | None], tuple[pd.DataFrame, TwinSpec, object]
-        ]
-        | None
-    )
-    try:
-        from edgetwin.twin.validate import load_valid_log
-    except ImportError:  # validation lands separately; fall back to reading the table as is
-        validate = None
-    else:
-        validate = load_valid_log
-    if validate is not None:
-        df, sp, _ = validate(log, spec)
-        return df, sp
-    if isinstance(log, pd.DataFrame):
-        sp = (
-            spec
-            if isinstance(spec, TwinSpec)
-            else (TwinSpec.load(spec) if spec else TwinSpec.infer(log.columns))
-        )
-        return log, sp
-    df = read_table(log)
-    return df, resolve_spec(log, spec, list(df.columns))
+    """A usable log table and its spec, validated (`edgetwin.twin.validate.load_valid_log`)."""
+    df, sp, _ = load_valid_log(log, spec)
+    return df, sp
 
 
 class EmpiricalPopulation:
