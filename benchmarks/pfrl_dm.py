@@ -40,7 +40,7 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +53,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from edgetwin.edge.agents import PPOLearner, SiteSpec, heterogeneous_sites  # noqa: E402
+from edgetwin.edge.agents import PPOLearner, SchedulerLearner, SiteSpec, heterogeneous_sites  # noqa: E402
 from edgetwin.edge.aggregation import attention_weights  # noqa: E402
 from edgetwin.edge.cluster import EdgeClusterVecEnv, episode_seed  # noqa: E402
 from edgetwin.edge.federation import make_federation_config, run_federation, train_independent  # noqa: E402
+from edgetwin.edge.vm_scheduling import VMSchedulingConfig, VMSchedulingEnv, vm_sites  # noqa: E402
 
 SECTION = "## MA-FL: PFRL-DM personalised federated RL (seed 000)"
+SECTION_VM = "## MA-FL: PFRL-DM on seed 000's own task-scheduling MDP"
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
 OUT = ROOT / "docs" / "benchmarks" / "mafl"
@@ -88,40 +90,27 @@ PAPER = {
 
 
 class EvaluatedLearner:
-    """A `PPOLearner` that also scores its current policy on fixed held-out episodes of its site.
+    """A learner that also scores its current policy on fixed held-out episodes of its site.
 
     ``train()`` first evaluates the policy the site holds (the model it has just received), then
     trains; the score goes out with the round's metrics as ``eval_reward``. Everything else is the
     wrapped learner's (the agents see an ordinary learner).
 
     Args:
-        learner: the site's learner.
-        site: its site (the evaluation episodes are drawn from the same cluster configuration).
-        n_eval: evaluation episodes (each: every service group over ``site.steps`` ticks).
+        learner: the site's learner (`PPOLearner` or `SchedulerLearner`).
+        evaluate: the score of the learner's current policy (the same episodes at every call).
     """
 
-    def __init__(self, learner: PPOLearner, site: SiteSpec, n_eval: int = 4) -> None:
-        self.learner, self.site, self.n_eval = learner, site, int(n_eval)
-        self._env = EdgeClusterVecEnv(site.cluster_config(), seed=site.seed)
+    def __init__(self, learner: Any, evaluate: Callable[[Any], float]) -> None:
+        self.learner, self._evaluate = learner, evaluate
         self.evals: list[float] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.learner, name)
 
     def evaluate(self) -> float:
-        """Mean return per service group (reward units summed over an episode's ticks) of the policy."""
-        cluster, policy = self._env.cluster, self.learner.platform_policy()
-        first_day = cluster.config.start_day + cluster.config.drift_days
-        returns = []
-        for j in range(self.n_eval):
-            # The same populations and days every time: differences are the policy's.
-            obs = cluster.reset(seed=episode_seed(self.site.seed + EVAL_SEED_OFFSET, j), day=first_day + j)
-            total, done = np.zeros(cluster.n), False
-            while not done:
-                obs, reward, done, _ = cluster.step(policy.act(obs))
-                total += reward
-            returns.append(float(total.mean()))
-        return float(np.mean(returns))
+        """The score of the policy the site holds now."""
+        return self._evaluate(self.learner)
 
     def train(self) -> dict[str, float]:
         score = self.evaluate()
@@ -129,10 +118,70 @@ class EvaluatedLearner:
         return {**self.learner.train(), "eval_reward": score}
 
 
-def make_learners(spec: dict, sites: Sequence[SiteSpec], n_eval: int) -> list[EvaluatedLearner]:
+def cluster_evaluator(site: SiteSpec, n_eval: int) -> Callable[[PPOLearner], float]:
+    """Mean return per service group (reward units summed over an episode's ticks) on ``n_eval``
+    held-out episodes of the site's emulated cluster."""
+    env = EdgeClusterVecEnv(site.cluster_config(), seed=site.seed)
+
+    def evaluate(learner: PPOLearner) -> float:
+        cluster, policy = env.cluster, learner.platform_policy()
+        first_day = cluster.config.start_day + cluster.config.drift_days
+        returns = []
+        for j in range(n_eval):
+            # The same populations and days every time: differences are the policy's.
+            obs = cluster.reset(seed=episode_seed(site.seed + EVAL_SEED_OFFSET, j), day=first_day + j)
+            total, done = np.zeros(cluster.n), False
+            while not done:
+                obs, reward, done, _ = cluster.step(policy.act(obs))
+                total += reward
+            returns.append(float(total.mean()))
+        return float(np.mean(returns))
+
+    return evaluate
+
+
+def score_scheduler(config: VMSchedulingConfig, seed: int, n_eval: int, act: Callable[[np.ndarray, VMSchedulingEnv], int]) -> float:
+    """Mean return of ``act(obs, env)`` on ``n_eval`` held-out episodes of a site's scheduling MDP
+    (the same arrivals at every call)."""
+    env = VMSchedulingEnv(config)
+    returns = []
+    for j in range(n_eval):
+        obs, _ = env.reset(seed=episode_seed(seed + EVAL_SEED_OFFSET, j))
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(act(obs, env))
+            total, done = total + reward, terminated or truncated
+        returns.append(total)
+    return float(np.mean(returns))
+
+
+def scheduler_evaluator(config: VMSchedulingConfig, seed: int, n_eval: int) -> Callable[[SchedulerLearner], float]:
+    """`score_scheduler` of a learner's current policy (deterministic actions)."""
+    return lambda learner: score_scheduler(config, seed, n_eval, lambda obs, _env: learner.act(obs))
+
+
+def heuristic_scores(vm: Sequence[VMSchedulingConfig], sites: Sequence[SiteSpec], n_eval: int) -> dict[str, list[float]]:
+    """Baselines on the same held-out episodes as the learners: name -> score per site."""
+    from edgetwin.edge.vm_scheduling import first_fit, least_loaded
+
+    rules: dict[str, Callable[[np.ndarray, VMSchedulingEnv], int]] = {
+        "first fit": lambda _obs, env: first_fit(env),
+        "least loaded": lambda _obs, env: least_loaded(env),
+        # uniformly random, from the environment's own seeded stream (the same draws every call)
+        "random": lambda _obs, env: int(env.np_random.integers(env.action_space.n)),
+    }
+    return {name: [score_scheduler(c, s.seed, n_eval, rule) for c, s in zip(vm, sites, strict=True)] for name, rule in rules.items()}
+
+
+def make_learners(spec: dict, sites: Sequence[SiteSpec], n_eval: int, vm: Sequence[VMSchedulingConfig] | None = None) -> list[EvaluatedLearner]:
     kwargs = {k: v for k, v in spec.items() if k != "kind"}
     kwargs["net_arch"] = tuple(kwargs["net_arch"])
-    return [EvaluatedLearner(PPOLearner(s, **kwargs), s, n_eval) for s in sites]
+    if vm is None:
+        return [EvaluatedLearner(PPOLearner(s, **kwargs), cluster_evaluator(s, n_eval)) for s in sites]
+    return [
+        EvaluatedLearner(SchedulerLearner(c, seed=s.seed, **kwargs), scheduler_evaluator(c, s.seed, n_eval))
+        for s, c in zip(sites, vm, strict=True)
+    ]
 
 
 def smooth(x: np.ndarray, k: int = 3) -> np.ndarray:
@@ -151,6 +200,7 @@ def run_method(
     seed: int,
     n_eval: int,
     ppo: dict | None = None,
+    vm: Sequence[VMSchedulingConfig] | None = None,
 ) -> dict:
     """One run: per-site evaluation and training curves, (sites, rounds) each, and what it cost.
 
@@ -160,7 +210,7 @@ def run_method(
     """
     t0 = time.perf_counter()
     learner = {**(spec["learner"] if spec else {**PPO, "federate": "none"}), "episodes_per_round": episodes, "model_seed": seed, **(ppo or {})}
-    learners = make_learners(learner, sites, n_eval)
+    learners = make_learners(learner, sites, n_eval, vm)
     if spec is None:
         hist = train_independent(sites, learner, rounds, progress=True, learners=learners)
         recs = {s.name: hist[s.name] for s in sites}
@@ -258,8 +308,12 @@ def summarise(results: dict[str, list[dict]], episodes: int, rounds: int) -> tup
     return rows, thresholds
 
 
-def figure(results: dict, episodes: int, path: Path, n_sites: int) -> None:
+def figure(results: dict, episodes: int, path: Path, n_sites: int, unit: str = "per service group") -> None:
+    """Evaluation and training curves; the band is a 95 % interval over seeds, or their range below 3 seeds
+    (a t-interval from 2 seeds is 12.7 standard errors wide and says nothing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    n_runs = len(next(iter(results.values())))
+    band = "95 % CI" if n_runs >= 3 else "range"
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for name, runs in results.items():
         for ax, key in zip(axes, ("eval", "train"), strict=True):
@@ -267,14 +321,18 @@ def figure(results: dict, episodes: int, path: Path, n_sites: int) -> None:
             m = np.stack([r[key].mean(axis=0) - r["eval"].mean(axis=0)[0] for r in runs])
             x = np.arange(m.shape[1]) * episodes + (episodes if key == "train" else 0)
             mu = m.mean(axis=0)
-            half = np.array([mean_ci(col)[1] for col in m.T]) if len(runs) > 1 else np.zeros_like(mu)
+            if n_runs >= 3:
+                half = np.array([mean_ci(col)[1] for col in m.T])
+                lo, hi = mu - half, mu + half
+            else:
+                lo, hi = m.min(axis=0), m.max(axis=0)
             ax.plot(x, mu, label=name.split(" (")[0])
-            ax.fill_between(x, mu - half, mu + half, alpha=0.15)
-    axes[0].set_title(f"{n_sites} sites: held-out evaluation return (mean ± 95 % CI over seeds)", fontsize=9)
-    axes[1].set_title("training return of each round's episodes (new population every episode)", fontsize=9)
+            ax.fill_between(x, lo, hi, alpha=0.15)
+    axes[0].set_title(f"{n_sites} sites: held-out evaluation return (mean, {band} over seeds)", fontsize=9)
+    axes[1].set_title("training return of each round's episodes (new episode every time)", fontsize=9)
     for ax in axes:
         ax.set_xlabel("site episodes of training")
-        ax.set_ylabel("return per service group − seed's start")
+        ax.set_ylabel(f"return {unit} − seed's start")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -289,12 +347,49 @@ KEEP_SUBSECTIONS = (
     "### Verdict of the run above",
     "### Sites from different real traces",
     "### Sites with conflicting objectives",
+    "### Verdict on seed 000's MDP",
 )
 
 
-def write_section(text: str, doc: Path = DOC) -> None:
+def write_section(text: str, doc: Path = DOC, section: str = SECTION) -> None:
     """Replace this script's section of docs/benchmarks.md (or append it), keeping `KEEP_SUBSECTIONS`."""
-    _docs.write_section(SECTION, text, doc, keep=KEEP_SUBSECTIONS)
+    _docs.write_section(section, text, doc, keep=KEEP_SUBSECTIONS)
+
+
+#: ``--methods`` keys
+METHOD_KEYS = dict(zip(("pfrl", "fedavg", "fedavgm", "indep"), METHODS, strict=True))
+
+
+def chosen_methods(args: argparse.Namespace) -> list[str]:
+    """The methods to run, in `METHODS` order (PFRL-DM and independent PPO always: the measures need them)."""
+    keys = set(args.methods) | {"pfrl", "indep"}
+    return [name for key, name in METHOD_KEYS.items() if key in keys]
+
+
+def run_seed(args: argparse.Namespace, seed: int) -> dict[str, dict]:
+    """Every method on one seed's sites: method -> `run_method`'s result (and, for ``--env vm``,
+    ``"heuristics"`` -> `heuristic_scores`)."""
+    torch.set_num_threads(1)
+    vm = None
+    if args.env == "vm":
+        vm = vm_sites(args.sites, seed=seed, traces=args.traces, decisions=args.decisions)
+        rng = np.random.default_rng(seed)
+        sites = [SiteSpec(name=c.name, seed=int(rng.integers(0, 2**31 - 1))) for c in vm]
+    else:
+        sites = heterogeneous_sites(args.sites, seed=seed, n_agents=8, steps=24, traces=args.traces)
+    if args.objectives == "mixed":
+        sites = [dataclasses.replace(s, reward_weights=dict(COST_CAP)) if i % 2 else s for i, s in enumerate(sites)]
+    out = {}
+    for name in chosen_methods(args):
+        spec = METHODS[name]
+        print(f"seed {seed}: {name}", flush=True)
+        ppo: dict[str, Any] = {"learning_rate": args.lr, "n_epochs": args.epochs}
+        if vm is not None:
+            ppo["net_arch"] = [64]  # seed 000 §3.1: one hidden layer of 64
+        out[name] = run_method(spec, sites, args.rounds, args.episodes, seed, args.eval_episodes, ppo, vm)
+    if vm is not None:
+        out["heuristics"] = heuristic_scores(vm, sites, args.eval_episodes)
+    return out
 
 
 def _pm(x: Sequence[float], fmt: str = "{:.2f}") -> str:
@@ -307,6 +402,72 @@ def _shared_relative(path: str) -> str:
     p = Path(path).resolve()
     shared = (ROOT.parent / "shared").resolve()
     return f"../shared/{p.relative_to(shared).as_posix()}" if p.is_relative_to(shared) else str(path)
+
+
+def describe_cluster(args: argparse.Namespace, budget: int) -> list[str]:
+    """The setup and measurement paragraphs of the emulated-cluster run."""
+    ep = args.episodes
+    return [
+            f"{args.sites} heterogeneous sites (scenario mix, provisioning level and drift differ: "
+            "`SITE_ARCHETYPES`"
+            + ("" if not args.traces else "; task shapes and arrivals from a different real trace per site, round-robin: "
+               + ", ".join(Path(t).name for t in args.traces))
+            + ")"
+            + ("" if args.objectives == "offload" else
+               "; every second site is run for cost (reward = utilisation of reserved edge capacity − 0.5 × SLO "
+               "violations, seed 003's cost-cap mode) instead of offload, so the sites' best actions conflict")
+            + ", each an emulated cluster of 8 service groups × 24 ticks; "
+            f"{ep} site episodes of local PPO per round, {args.rounds} rounds ({budget} site episodes), "
+            f"{args.seeds} seeds (sites, weights and episodes differ per seed; within a seed every method gets the "
+            "same sites, initial weights and training episodes). Same for every method: γ 0.985, GAE λ 0.95, clip 0.2, "
+            f"entropy 0.01 (seed 003 §5.3), lr {args.lr:g}, {args.epochs} epochs per rollout, minibatch 64, MLP 32×32 for actor and each critic. "
+            "Federated methods run through the GCA and one ESA per site on the in-process bus, every site every "
+            "round, dense updates. PFRL-DM federates only the public critic (seed 000: 'only the transmission costs "
+            "of the public critic networks'); its actor and local critic stay on the site. Attention: 4 heads, "
+            "d_model 64, temperature 1 (a head's logit = cosine similarity of the clients' centred, projected "
+            "critics).",
+            "",
+            "**Reward curve = held-out evaluation.** A site's training return is dominated by which population and "
+            "day each episode happens to play (±1.5 between consecutive episodes, the same sequence for every method), "
+            f"so each round the policy the site holds is scored (deterministic actions) on {args.eval_episodes} fixed "
+            "held-out episodes of its own cluster (return per service group: offload ratio − 0.5 × SLO violations "
+            "summed over 24 ticks), the same episodes every round. 'Episodes to 95 %': per seed, site episodes until "
+            "the 3-round trailing mean of the site-mean evaluation curve first makes 95 % of the way from the common "
+            "start to the best final value (mean of the last 3 points) of any method; the same rule for every method; "
+            f"'never' counts as {budget} in the mean (a lower bound). The curves are still rising at {budget} episodes, so "
+            "this mostly ranks the final values; 'episodes to independent PPO's final' (the same smoothing; the "
+            "episodes a method needs to match what independent PPO reaches with the whole budget, same seed) is the "
+            "direct measure of 'fewer episodes than independent PPO'. ± = 95 % Student-t interval over seeds; Δ is "
+            "paired with PFRL-DM on the same seed.",
+    ]
+
+
+def describe_vm(args: argparse.Namespace, budget: int, heuristics: dict[str, list[float]]) -> list[str]:
+    """The setup and measurement paragraphs of the run on seed 000's task-scheduling MDP."""
+    return [
+        f"{args.sites} sites of seed 000's own MDP (`edgetwin.edge.vm_scheduling`: tasks wait in a queue and the "
+        "scheduler puts the head task on one of up to L VMs or waits; state = remaining capacity per VM, progress "
+        "per vCPU, the first 5 queued requests; reward eqs. 3-9, ρ 0.5; one decision per time step). Site i has "
+        "seed 000 Table 3's machines of client i and its own workload "
+        + ("(a different real trace per site, round-robin: " + ", ".join(Path(t).name for t in args.traces) + ")"
+           if args.traces else "(built-in archetypes: web, batch, hpc, vm: different requests and run times)")
+        + f", offered load 0.85 of its vCPUs. {args.decisions} decisions per episode, {args.episodes} site "
+        f"episodes of local PPO per round (seed 000 federates every 25 of 500), {args.rounds} rounds "
+        f"({budget} site episodes), {args.seeds} seeds. Same for every method: γ 0.99, GAE λ 0.95, clip 0.2, "
+        f"entropy 0.01, lr {args.lr:g}, {args.epochs} epochs per rollout, minibatch 64, one hidden layer of 64 for "
+        "the actor and each critic (seed 000 §3.1), reward normalised per site. Federated methods run through "
+        "the GCA and one ESA per site on the in-process bus, every site every round, dense updates; PFRL-DM "
+        "federates only the public critic. The action indexes VM slots, and slot k is a different machine (or "
+        "none) at every site, so an averaged actor mixes incompatible policies: the heterogeneity seed 000 says "
+        "FedAvg suffers from.",
+        "",
+        "**Reward curve = held-out evaluation**: each round, the policy the site holds (deterministic actions) "
+        f"on {args.eval_episodes} fixed held-out episodes of its own system (same arrivals every round). For "
+        "scale, heuristics on the same episodes (return per site episode, mean over sites; ± over seeds): "
+        + ", ".join(f"{k} {_pm(v, '{:.1f}')}" for k, v in heuristics.items())
+        + ". 'Episodes to 95 %' and 'episodes to independent PPO's final' are defined as in the emulated-cluster "
+        "section above.",
+    ]
 
 
 def main() -> None:
@@ -331,29 +492,46 @@ def main() -> None:
         "run for cost instead (seed 003's cost-cap mode: utilisation of reserved capacity − 0.5 SLO "
         "violations), so the sites' best actions conflict",
     )
+    parser.add_argument(
+        "--env", choices=("cluster", "vm"), default="cluster",
+        help="cluster: every site is an emulated edge cluster of service groups; vm: seed 000's own "
+        "task-scheduling MDP (tasks queued onto VMs, its Table 3 fleets, one workload per site)",
+    )
+    parser.add_argument("--decisions", type=int, default=256, help="--env vm: scheduling decisions per episode")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
+    parser.add_argument(
+        "--methods", nargs="+", choices=tuple(METHOD_KEYS), default=list(METHOD_KEYS),
+        help="methods to run (PFRL-DM and independent PPO always run)",
+    )
     args = parser.parse_args()
+    if args.env == "vm" and args.objectives != "offload":
+        parser.error("--objectives applies to --env cluster only")
     for t in args.traces or []:
         if not Path(t).is_file():
             parser.error(f"--traces: {t} is not a file")
     torch.set_num_threads(1)
     if args.quick:
         args.rounds, args.seeds, args.eval_episodes = 3, 1, 1
-    results: dict[str, list[dict]] = {name: [] for name in METHODS}
-    for seed in range(args.seeds):
-        sites = heterogeneous_sites(args.sites, seed=seed, n_agents=8, steps=24, traces=args.traces)
-        if args.objectives == "mixed":
-            sites = [dataclasses.replace(s, reward_weights=dict(COST_CAP)) if i % 2 else s for i, s in enumerate(sites)]
-        for name, spec in METHODS.items():
-            print(f"seed {seed}: {name}", flush=True)
-            ppo = {"learning_rate": args.lr, "n_epochs": args.epochs}
-            results[name].append(run_method(spec, sites, args.rounds, args.episodes, seed, args.eval_episodes, ppo))
+    results: dict[str, list[dict]] = {name: [] for name in chosen_methods(args)}
+    if args.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(args.jobs) as pool:
+            per_seed = list(pool.map(run_seed, [args] * args.seeds, range(args.seeds)))
+    else:
+        per_seed = [run_seed(args, seed) for seed in range(args.seeds)]
+    for res in per_seed:
+        for name in results:
+            results[name].append(res[name])
+    heuristics = {k: [float(np.mean(r["heuristics"][k])) for r in per_seed] for k in per_seed[0].get("heuristics", {})}
     ep = args.episodes
     rows, thresholds = summarise(results, ep, args.rounds)
     # --no-write leaves the committed figure and JSON alone too
     out = Path(tempfile.gettempdir()) / "edgetwin-pfrl_dm" if args.no_write else OUT
     out.mkdir(parents=True, exist_ok=True)
-    png = out / "pfrl_dm_rewards.png"
-    figure(results, ep, png, args.sites)
+    stem = "pfrl_dm" if args.env == "cluster" else "pfrl_dm_vm"
+    png = out / f"{stem}_rewards.png"
+    figure(results, ep, png, args.sites, "per service group" if args.env == "cluster" else "per site episode")
 
     def fmt_reach(xs: list[int | None]) -> str:
         return ", ".join("never" if x is None else str(x) for x in xs)
@@ -365,46 +543,19 @@ def main() -> None:
         + f" --eval-episodes {args.eval_episodes} --lr {args.lr:g} --epochs {args.epochs}"
         + ("" if not args.traces else " --traces " + " ".join(_shared_relative(t) for t in args.traces))
         + ("" if args.objectives == "offload" else f" --objectives {args.objectives}")
+        + ("" if args.env == "cluster" else f" --env vm --decisions {args.decisions}")
+        + ("" if args.jobs == 1 else f" --jobs {args.jobs}")
+        + ("" if set(args.methods) == set(METHOD_KEYS) else " --methods " + " ".join(args.methods))
     )
     machine = f"{os.cpu_count()} CPU cores, {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, CPU only, cores shared with other jobs"
     budget = args.rounds * ep
     pf = next(r for r in rows if r["method"] == PFRL)
     lines = [
-        SECTION,
+        SECTION if args.env == "cluster" else SECTION_VM,
         "",
         f"Command: `{cmd}`. Machine: {machine}.",
         "",
-        f"{args.sites} heterogeneous sites (scenario mix, provisioning level and drift differ: "
-        "`SITE_ARCHETYPES`"
-        + ("" if not args.traces else "; task shapes and arrivals from a different real trace per site, round-robin: "
-           + ", ".join(Path(t).name for t in args.traces))
-        + ")"
-        + ("" if args.objectives == "offload" else
-           "; every second site is run for cost (reward = utilisation of reserved edge capacity − 0.5 × SLO "
-           "violations, seed 003's cost-cap mode) instead of offload, so the sites' best actions conflict")
-        + ", each an emulated cluster of 8 service groups × 24 ticks; "
-        f"{ep} site episodes of local PPO per round, {args.rounds} rounds ({budget} site episodes), "
-        f"{args.seeds} seeds (sites, weights and episodes differ per seed; within a seed every method gets the "
-        "same sites, initial weights and training episodes). Same for every method: γ 0.985, GAE λ 0.95, clip 0.2, "
-        f"entropy 0.01 (seed 003 §5.3), lr {args.lr:g}, {args.epochs} epochs per rollout, minibatch 64, MLP 32×32 for actor and each critic. "
-        "Federated methods run through the GCA and one ESA per site on the in-process bus, every site every "
-        "round, dense updates. PFRL-DM federates only the public critic (seed 000: 'only the transmission costs "
-        "of the public critic networks'); its actor and local critic stay on the site. Attention: 4 heads, "
-        "d_model 64, temperature 1 (a head's logit = cosine similarity of the clients' centred, projected "
-        "critics).",
-        "",
-        "**Reward curve = held-out evaluation.** A site's training return is dominated by which population and "
-        "day each episode happens to play (±1.5 between consecutive episodes, the same sequence for every method), "
-        f"so each round the policy the site holds is scored (deterministic actions) on {args.eval_episodes} fixed "
-        "held-out episodes of its own cluster (return per service group: offload ratio − 0.5 × SLO violations "
-        "summed over 24 ticks), the same episodes every round. 'Episodes to 95 %': per seed, site episodes until "
-        "the 3-round trailing mean of the site-mean evaluation curve first makes 95 % of the way from the common "
-        "start to the best final value (mean of the last 3 points) of any method; the same rule for every method; "
-        f"'never' counts as {budget} in the mean (a lower bound). The curves are still rising at {budget} episodes, so "
-        "this mostly ranks the final values; 'episodes to independent PPO's final' (the same smoothing; the "
-        "episodes a method needs to match what independent PPO reaches with the whole budget, same seed) is the "
-        "direct measure of 'fewer episodes than independent PPO'. ± = 95 % Student-t interval over seeds; Δ is "
-        "paired with PFRL-DM on the same seed.",
+        *(describe_cluster(args, budget) if args.env == "cluster" else describe_vm(args, budget, heuristics)),
         "",
         "| method | final eval return | gain over start | Δ final vs PFRL-DM (paired) | episodes to 95 % of best final | reached (seeds) | per seed | episodes to independent PPO's final (reached) | training return (last 5 rounds) | uplink / round | wall s / run | paper (seed 000 Fig. 15) |",
         "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
@@ -430,12 +581,12 @@ def main() -> None:
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    dump = {"rows": rows, "thresholds": thresholds, "command": cmd,
+    dump = {"rows": rows, "thresholds": thresholds, "command": cmd, "heuristics": heuristics,
             "curves": {n: [{"eval": r["eval"].tolist(), "train": r["train"].tolist()} for r in runs] for n, runs in results.items()}}
-    (out / "pfrl_dm.json").write_text(json.dumps(dump, indent=1))
-    print(f"wrote {png} and {out / 'pfrl_dm.json'}")
+    (out / f"{stem}.json").write_text(json.dumps(dump, indent=1))
+    print(f"wrote {png} and {out / f'{stem}.json'}")
     if not args.no_write:
-        write_section(text)
+        write_section(text, section=SECTION if args.env == "cluster" else SECTION_VM)
         print(f"wrote {DOC}")
 
 

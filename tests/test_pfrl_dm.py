@@ -115,3 +115,20 @@ def test_benchmark_run_measures_on_fixed_episodes() -> None:
     assert learner.evaluate() == learner.evaluate()
     metrics = learner.train()
     assert metrics["eval_reward"] == learner.evals[0] and "reward" in metrics
+
+
+def test_benchmark_runs_on_seed_000s_scheduling_mdp() -> None:
+    """`--env vm`: the same measurement on seed 000's own MDP, through the agents."""
+    bench = _bench()
+    from edgetwin.edge.agents import SiteSpec
+    from edgetwin.edge.vm_scheduling import vm_sites
+
+    vm = vm_sites(2, seed=0, decisions=16)
+    sites = [SiteSpec(name=c.name, seed=10 + i) for i, c in enumerate(vm)]
+    ppo = {"net_arch": [16]}
+    out = bench.run_method(bench.METHODS[bench.PFRL], sites, rounds=2, episodes=1, seed=0, n_eval=1, ppo=ppo, vm=vm)
+    assert out["eval"].shape == (2, 2) and np.isfinite(out["eval"]).all() and 0.0 < out["alpha"] < 1.0
+    fedavg = bench.run_method(bench.METHODS["FedAvg (PPO, actor + critic)"], sites, 2, 1, 0, 1, ppo, vm)
+    assert fedavg["uplink"] > out["uplink"] > 0  # PFRL-DM sends only the public critic
+    learner = bench.make_learners({**bench.PPO, "federate": "none", "episodes_per_round": 1, "net_arch": [16]}, sites[:1], 2, vm[:1])[0]
+    assert learner.evaluate() == learner.evaluate()

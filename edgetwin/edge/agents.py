@@ -489,54 +489,35 @@ class _EpisodeRewards:
         self.callback = _CB()
 
 
-class PPOLearner:
-    """PPO on the site's own system; federates the dual-critic public critic or (parts of) the policy.
+class SB3Learner:
+    """What every PPO learner of an ESA shares: which parameters are federated, and local training.
 
-    The environment is the site's twin (``site.twin``) when given, else its emulated cluster
-    (`EdgeClusterVecEnv`, one sub-env per service group), wrapped by
-    `edgetwin.policies.train.build_env` (action rescaling, VecMonitor, VecNormalize — whose
-    statistics stay local). Hyper-parameters follow seed 003 §5.3 (γ = 0.985, GAE λ = 0.95,
-    clip 0.2, entropy 0.01).
+    A subclass builds ``self.model`` (SB3 `PPO` or `DualCriticPPO`), ``self.normalize`` (its
+    `VecNormalize` or None), ``self.steps_per_round``, ``self.episode_group`` (sub-envs that make one
+    site episode together) and ``self._rng`` (the site's own torch / numpy generator states, so that
+    several learners in one process do not draw from each other's streams), then calls nothing else.
 
-    Args:
-        site: the site.
-        algo: ``"dual_critic_ppo"`` (seed 000) or ``"ppo"``.
-        federate: which parameters are federated: ``"public_critic"`` (PFRL-DM: only the
-            dual-critic's public critic), ``"policy"`` (actor and critic(s): FedAvg as in seed 000's
-            baseline), ``"trunk"`` (shared layers only, personal heads stay local: seed 003's
-            adapters), ``"actor"`` or ``"none"`` (independent PPO).
-        episodes_per_round: local training per round, in episodes of the site's system (one
-            episode = ``steps`` ticks of all ``n_agents`` service groups).
-        net_arch: hidden layers of actor and critics.
-        model_seed: initial weights (the same at every site, so the federated part starts equal).
-        learning_rate, n_epochs, batch_size: PPO's.
+    ``federate``: ``"public_critic"`` (PFRL-DM: only the dual-critic's public critic), ``"policy"``
+    (actor and critic(s): FedAvg as in seed 000's baseline), ``"trunk"`` (shared layers only,
+    personal heads stay local: seed 003's adapters), ``"actor"`` or ``"none"`` (independent PPO).
     """
 
     FEDERATE = ("public_critic", "policy", "trunk", "actor", "none")
 
-    def __init__(
-        self,
-        site: SiteSpec,
-        algo: str = "dual_critic_ppo",
-        federate: str = "public_critic",
-        episodes_per_round: int = 4,
-        net_arch: Sequence[int] = (32, 32),
-        model_seed: int = 0,
-        learning_rate: float = 3e-4,
-        n_epochs: int = 4,
-        batch_size: int = 64,
-    ) -> None:
-        import torch as th
-        from stable_baselines3 import PPO
+    model: Any
+    normalize: Any
+    federate: str
+    steps_per_round: int
+    episode_group: int
+    _rng: tuple[Any, Any]
 
-        from edgetwin.policies.dual_critic import DualCriticPPO
-        from edgetwin.policies.train import Algo, build_env, quiet_logger, spec_of
-
+    @classmethod
+    def _check(cls, algo: str, federate: str, episodes_per_round: int) -> None:
         if algo not in ("dual_critic_ppo", "ppo"):
             raise InputError(f"algo must be 'dual_critic_ppo' or 'ppo', got {algo!r}", where="learner.algo")
-        if federate not in self.FEDERATE:
+        if federate not in cls.FEDERATE:
             raise InputError(
-                f"federate must be one of {self.FEDERATE}, got {federate!r}", where="learner.federate"
+                f"federate must be one of {cls.FEDERATE}, got {federate!r}", where="learner.federate"
             )
         if federate == "public_critic" and algo != "dual_critic_ppo":
             raise InputError(
@@ -544,59 +525,27 @@ class PPOLearner:
             )
         if episodes_per_round < 1:
             raise InputError(f"episodes_per_round must be >= 1, got {episodes_per_round}", where="learner")
-        self.site, self.algo, self.federate = site, algo, federate
-        if site.twin is not None:
-            from edgetwin.twin.twin import Twin
 
-            source: Any = Twin.load(site.twin)
-            spec = source.spec
-            twin_opts: dict[str, Any] = {"n_agents": site.n_agents, "steps": site.steps}
-            self._cluster = None
-        else:
-            from edgetwin.edge.cluster import EdgeClusterVecEnv
+    def _build_model(self, algo: str, venv: Any, n_steps: int, seed: int, site_seed: int, **ppo: Any) -> None:
+        """``self.model`` on ``venv`` with initial weights from ``seed``; the site's streams from ``site_seed``."""
+        import torch as th
+        from stable_baselines3 import PPO
 
-            source = EdgeClusterVecEnv(site.cluster_config(), seed=site.seed)
-            spec = spec_of(source)
-            twin_opts = {}
-            self._cluster = source.cluster
-        self.spec = spec
-        self.chain = build_env(
-            source, spec, cast(Algo, algo), seed=site.seed, normalize=True, gamma=0.985, **twin_opts
-        )
-        n_envs = self.chain.venv.num_envs
-        self.n_steps = int(site.steps)
-        self.rollout_size = n_envs * self.n_steps
-        self.steps_per_round = self.rollout_size * int(episodes_per_round)
+        from edgetwin.policies.dual_critic import DualCriticPPO
+        from edgetwin.policies.train import quiet_logger
+
         cls = DualCriticPPO if algo == "dual_critic_ppo" else PPO
         with _GLOBAL_RNG_LOCK:
             saved = th.get_rng_state(), np.random.get_state()
-            self.model = cls(
-                "MlpPolicy",
-                self.chain.venv,
-                n_steps=self.n_steps,
-                batch_size=min(batch_size, self.rollout_size),
-                n_epochs=n_epochs,
-                learning_rate=learning_rate,
-                gamma=0.985,
-                gae_lambda=0.95,
-                clip_range=0.2,
-                ent_coef=0.01,
-                policy_kwargs={"net_arch": list(net_arch)},
-                seed=int(model_seed),
-                device="cpu",
-                verbose=0,
-            )
+            self.model = cls("MlpPolicy", venv, n_steps=n_steps, seed=int(seed), device="cpu", verbose=0, **ppo)
             self.model.set_logger(quiet_logger())
             # SB3 seeds the env with the model seed: give each site its own episodes back.
-            self.chain.venv.seed(int(site.seed))
-            th.manual_seed(int(site.seed))
-            np.random.seed(int(site.seed) % (2**32))
+            venv.seed(int(site_seed))
+            th.manual_seed(int(site_seed))
+            np.random.seed(int(site_seed) % (2**32))
             self._rng = (th.get_rng_state(), np.random.get_state())
             th.set_rng_state(saved[0])
             np.random.set_state(saved[1])
-        self.num_samples = int(self.steps_per_round)
-        self.episodes = 0
-        self.last_returns: list[float] = []
 
     # --- federated parameters ----------------------------------------------------------------
     def _federated(self) -> dict[str, Any]:
@@ -661,12 +610,10 @@ class PPOLearner:
                 self._rng = (th.get_rng_state(), np.random.get_state())
                 th.set_rng_state(saved[0])
                 np.random.set_state(saved[1])
-        # one site episode = all service groups over `steps` ticks: average their returns
-        n_groups = self.chain.venv.num_envs
+        # one site episode = `episode_group` sub-env episodes (all service groups of a tick): average them
+        g = self.episode_group
         rets = np.asarray(cb.returns, dtype=np.float64)
-        site_eps = [
-            float(rets[i : i + n_groups].mean()) for i in range(0, len(rets) - n_groups + 1, n_groups)
-        ]
+        site_eps = [float(rets[i : i + g].mean()) for i in range(0, len(rets) - g + 1, g)]
         self.episodes += len(site_eps)
         self.last_returns = site_eps
         reward = float(np.mean(site_eps)) if site_eps else float("nan")
@@ -675,6 +622,111 @@ class PPOLearner:
         if alpha is not None:
             out["alpha"] = float(alpha)
         return out
+
+    def save(self, path: Path) -> None:
+
+        self.model.save(path.with_suffix(".zip"))
+        with path.with_suffix(".state").open("wb") as f:
+            pickle.dump(
+                {
+                    "rng": (self._rng[0].numpy(), self._rng[1]),
+                    "episodes": self.episodes,
+                    "normalize": self.normalize,
+                },
+                f,
+            )
+
+    def load(self, path: Path) -> None:
+        import torch as th
+
+        self.model.set_parameters(str(path.with_suffix(".zip")), exact_match=False, device="cpu")
+        with path.with_suffix(".state").open("rb") as f:
+            st = pickle.load(f)
+        self.episodes = int(st["episodes"])
+        self._rng = (th.as_tensor(st["rng"][0]), st["rng"][1])
+        if st.get("normalize") is not None and self.normalize is not None:
+            self.normalize.obs_rms = st["normalize"].obs_rms
+            self.normalize.ret_rms = st["normalize"].ret_rms
+
+
+class PPOLearner(SB3Learner):
+    """PPO on the site's own system; federates the dual-critic public critic or (parts of) the policy.
+
+    The environment is the site's twin (``site.twin``) when given, else its emulated cluster
+    (`EdgeClusterVecEnv`, one sub-env per service group), wrapped by
+    `edgetwin.policies.train.build_env` (action rescaling, VecMonitor, VecNormalize — whose
+    statistics stay local). Hyper-parameters follow seed 003 §5.3 (γ = 0.985, GAE λ = 0.95,
+    clip 0.2, entropy 0.01).
+
+    Args:
+        site: the site.
+        algo: ``"dual_critic_ppo"`` (seed 000) or ``"ppo"``.
+        federate: which parameters are federated (`SB3Learner`).
+        episodes_per_round: local training per round, in episodes of the site's system (one
+            episode = ``steps`` ticks of all ``n_agents`` service groups).
+        net_arch: hidden layers of actor and critics.
+        model_seed: initial weights (the same at every site, so the federated part starts equal).
+        learning_rate, n_epochs, batch_size: PPO's.
+    """
+
+    def __init__(
+        self,
+        site: SiteSpec,
+        algo: str = "dual_critic_ppo",
+        federate: str = "public_critic",
+        episodes_per_round: int = 4,
+        net_arch: Sequence[int] = (32, 32),
+        model_seed: int = 0,
+        learning_rate: float = 3e-4,
+        n_epochs: int = 4,
+        batch_size: int = 64,
+    ) -> None:
+        from edgetwin.policies.train import Algo, build_env, spec_of
+
+        self._check(algo, federate, episodes_per_round)
+        self.site, self.algo, self.federate = site, algo, federate
+        if site.twin is not None:
+            from edgetwin.twin.twin import Twin
+
+            source: Any = Twin.load(site.twin)
+            spec = source.spec
+            twin_opts: dict[str, Any] = {"n_agents": site.n_agents, "steps": site.steps}
+            self._cluster = None
+        else:
+            from edgetwin.edge.cluster import EdgeClusterVecEnv
+
+            source = EdgeClusterVecEnv(site.cluster_config(), seed=site.seed)
+            spec = spec_of(source)
+            twin_opts = {}
+            self._cluster = source.cluster
+        self.spec = spec
+        self.chain = build_env(
+            source, spec, cast(Algo, algo), seed=site.seed, normalize=True, gamma=0.985, **twin_opts
+        )
+        self.normalize = self.chain.normalize
+        n_envs = self.chain.venv.num_envs
+        self.episode_group = n_envs
+        self.n_steps = int(site.steps)
+        self.rollout_size = n_envs * self.n_steps
+        self.steps_per_round = self.rollout_size * int(episodes_per_round)
+        self._build_model(
+            algo,
+            self.chain.venv,
+            self.n_steps,
+            model_seed,
+            site.seed,
+            batch_size=min(batch_size, self.rollout_size),
+            n_epochs=n_epochs,
+            learning_rate=learning_rate,
+            gamma=0.985,
+            gae_lambda=0.95,
+            clip_range=0.2,
+            ent_coef=0.01,
+            policy_kwargs={"net_arch": list(net_arch)},
+        )
+        self.num_samples = int(self.steps_per_round)
+        self.episodes = 0
+        self.last_returns: list[float] = []
 
     def platform_policy(self) -> Any:
         """A `PlatformPolicy` (``act(obs (N, O)) -> (N, A)`` in spec units) of the current policy."""
@@ -691,31 +743,78 @@ class PPOLearner:
         pred = min(1.5, u + float(backlog.mean()) / (c.dt + 1e-9))
         return SiteTelemetry(util=u, predicted_util=pred, backlog_s=float(backlog.mean()), vcpu=vcpu)
 
-    def save(self, path: Path) -> None:
-        import torch as th
 
-        self.model.save(path.with_suffix(".zip"))
-        with path.with_suffix(".state").open("wb") as f:
-            pickle.dump(
-                {
-                    "rng": (th.get_rng_state().numpy(), self._rng[1]),
-                    "episodes": self.episodes,
-                    "normalize": self.chain.normalize,
-                },
-                f,
-            )
+class SchedulerLearner(SB3Learner):
+    """PPO on seed 000's task-scheduling MDP of one site (`edgetwin.edge.vm_scheduling`).
 
-    def load(self, path: Path) -> None:
-        import torch as th
+    The same federation choices as `PPOLearner`; seed 000 §3.1's PPO settings (γ 0.99, clip 0.2,
+    one hidden layer of 64 by default) with a reward-normalising `VecNormalize` (its statistics stay
+    local). One rollout = one episode (``config.decisions`` scheduling decisions).
 
-        self.model.set_parameters(str(path.with_suffix(".zip")), exact_match=False, device="cpu")
-        with path.with_suffix(".state").open("rb") as f:
-            st = pickle.load(f)
-        self.episodes = int(st["episodes"])
-        self._rng = (th.as_tensor(st["rng"][0]), st["rng"][1])
-        if st.get("normalize") is not None and self.chain.normalize is not None:
-            self.chain.normalize.obs_rms = st["normalize"].obs_rms
-            self.chain.normalize.ret_rms = st["normalize"].ret_rms
+    Args:
+        config: the site's scheduling system.
+        seed: the site's own randomness (its episodes).
+        algo, federate, episodes_per_round, net_arch, model_seed, learning_rate, n_epochs,
+            batch_size: as `PPOLearner`.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        seed: int = 0,
+        algo: str = "dual_critic_ppo",
+        federate: str = "public_critic",
+        episodes_per_round: int = 25,
+        net_arch: Sequence[int] = (64,),
+        model_seed: int = 0,
+        learning_rate: float = 3e-4,
+        n_epochs: int = 10,
+        batch_size: int = 64,
+    ) -> None:
+        from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor, VecNormalize
+
+        from edgetwin.edge.vm_scheduling import VMSchedulingEnv
+
+        self._check(algo, federate, episodes_per_round)
+        self.config, self.algo, self.federate = config, algo, federate
+        venv = VecMonitor(DummyVecEnv([lambda: VMSchedulingEnv(config)]))
+        self.normalize = VecNormalize(venv, norm_obs=False, norm_reward=True, gamma=0.99)
+        self.env = cast(VMSchedulingEnv, venv.venv.envs[0])  # type: ignore[attr-defined]
+        self.episode_group = 1
+        self.steps_per_round = int(config.decisions) * int(episodes_per_round)
+        self._build_model(
+            algo,
+            self.normalize,
+            int(config.decisions),
+            model_seed,
+            seed,
+            batch_size=min(batch_size, int(config.decisions)),
+            n_epochs=n_epochs,
+            learning_rate=learning_rate,
+            gamma=0.99,
+            gae_lambda=0.95,
+            clip_range=0.2,
+            ent_coef=0.01,
+            policy_kwargs={"net_arch": list(net_arch)},
+        )
+        self.num_samples = self.steps_per_round
+        self.episodes = 0
+        self.last_returns: list[float] = []
+
+    def act(self, obs: np.ndarray) -> int:
+        """The current policy's deterministic action for one observation."""
+        a, _ = self.model.predict(obs, deterministic=True)
+        return int(a)
+
+    def telemetry(self) -> SiteTelemetry:
+        env = self.env
+        if not hasattr(env, "free"):
+            return SiteTelemetry(0.0, 0.0, 0.0, 0.0)
+        util = float(env._utilisation().mean())
+        backlog = float(sum(v * s for v, _, s, _ in env.queue)) / float(env.config.fleet.vcpu.sum())
+        return SiteTelemetry(
+            util=util, predicted_util=min(1.5, util + backlog), backlog_s=backlog, vcpu=float(env.config.fleet.vcpu.sum())
+        )
 
 
 class _SB3PlatformPolicy:
