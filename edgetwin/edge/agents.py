@@ -811,6 +811,7 @@ class SchedulerLearner(SB3Learner):
         if not hasattr(env, "free"):
             return SiteTelemetry(0.0, 0.0, 0.0, 0.0)
         util = float(env._utilisation().mean())
+        # queued vCPU-steps per site vCPU: time steps of work (the MDP's clock has no seconds)
         backlog = float(sum(v * s for v, _, s, _ in env.queue)) / float(env.config.fleet.vcpu.sum())
         return SiteTelemetry(
             util=util, predicted_util=min(1.5, util + backlog), backlog_s=backlog, vcpu=float(env.config.fleet.vcpu.sum())
