@@ -492,10 +492,11 @@ class _EpisodeRewards:
 class SB3Learner:
     """What every PPO learner of an ESA shares: which parameters are federated, and local training.
 
-    A subclass builds ``self.model`` (SB3 `PPO` or `DualCriticPPO`), ``self.normalize`` (its
+    A subclass checks its arguments with `_check`, sets ``self.federate``, ``self.normalize`` (its
     `VecNormalize` or None), ``self.steps_per_round``, ``self.episode_group`` (sub-envs that make one
-    site episode together) and ``self._rng`` (the site's own torch / numpy generator states, so that
-    several learners in one process do not draw from each other's streams), then calls nothing else.
+    site episode together), ``self.episodes`` and ``self.num_samples``, and calls `_build_model`, which
+    builds ``self.model`` (SB3 `PPO` or `DualCriticPPO`) and ``self._rng`` (the site's own torch / numpy
+    generator states, so that several learners in one process do not draw from each other's streams).
 
     ``federate``: ``"public_critic"`` (PFRL-DM: only the dual-critic's public critic), ``"policy"``
     (actor and critic(s): FedAvg as in seed 000's baseline), ``"trunk"`` (shared layers only,
