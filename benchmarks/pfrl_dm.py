@@ -27,6 +27,10 @@ best final value of any method (mean of its last 3 points); the same definition 
 Seed 000 gives no table for this: its claim (Fig. 15) is that PFRL-DM converges in fewer episodes
 than FedAvg and independent PPO and that FedAvg ends lower.
 
+``--env vm`` runs the same comparison on seed 000's own task-scheduling MDP
+(`edgetwin.edge.vm_scheduling`); there the evaluation scores the policy's sampled actions (seeded),
+because its greedy policy repeats denied placements (`scheduler_evaluator`).
+
     python benchmarks/pfrl_dm.py                    # writes docs/benchmarks.md + PNG
     python benchmarks/pfrl_dm.py --quick --no-write
 """
@@ -155,9 +159,23 @@ def score_scheduler(config: VMSchedulingConfig, seed: int, n_eval: int, act: Cal
     return float(np.mean(returns))
 
 
-def scheduler_evaluator(config: VMSchedulingConfig, seed: int, n_eval: int) -> Callable[[SchedulerLearner], float]:
-    """`score_scheduler` of a learner's current policy (deterministic actions)."""
-    return lambda learner: score_scheduler(config, seed, n_eval, lambda obs, _env: learner.act(obs))
+def scheduler_evaluator(
+    config: VMSchedulingConfig, seed: int, n_eval: int, sampled: bool = True
+) -> Callable[[SchedulerLearner], float]:
+    """`score_scheduler` of a learner's current policy: its sampled actions (the policy it trains and
+    acts with; the draws are seeded, the same at every call) or its most likely ones.
+
+    Sampled is the default because the greedy policy of this MDP is degenerate: an argmax that names a
+    VM the head task does not fit is denied, the state barely changes, and the same argmax repeats, so
+    greedy returns sit near random's while the sampled policy's climb (seed 000 Fig. 15 plots the
+    policy being trained).
+    """
+
+    def evaluate(learner: SchedulerLearner) -> float:
+        with learner.sampling(seed + EVAL_SEED_OFFSET):
+            return score_scheduler(config, seed, n_eval, lambda obs, _env: learner.act(obs, deterministic=not sampled))
+
+    return evaluate
 
 
 def heuristic_scores(vm: Sequence[VMSchedulingConfig], sites: Sequence[SiteSpec], n_eval: int) -> dict[str, list[float]]:
@@ -173,13 +191,15 @@ def heuristic_scores(vm: Sequence[VMSchedulingConfig], sites: Sequence[SiteSpec]
     return {name: [score_scheduler(c, s.seed, n_eval, rule) for c, s in zip(vm, sites, strict=True)] for name, rule in rules.items()}
 
 
-def make_learners(spec: dict, sites: Sequence[SiteSpec], n_eval: int, vm: Sequence[VMSchedulingConfig] | None = None) -> list[EvaluatedLearner]:
+def make_learners(
+    spec: dict, sites: Sequence[SiteSpec], n_eval: int, vm: Sequence[VMSchedulingConfig] | None = None, sampled: bool = True
+) -> list[EvaluatedLearner]:
     kwargs = {k: v for k, v in spec.items() if k != "kind"}
     kwargs["net_arch"] = tuple(kwargs["net_arch"])
     if vm is None:
         return [EvaluatedLearner(PPOLearner(s, **kwargs), cluster_evaluator(s, n_eval)) for s in sites]
     return [
-        EvaluatedLearner(SchedulerLearner(c, seed=s.seed, **kwargs), scheduler_evaluator(c, s.seed, n_eval))
+        EvaluatedLearner(SchedulerLearner(c, seed=s.seed, **kwargs), scheduler_evaluator(c, s.seed, n_eval, sampled))
         for s, c in zip(sites, vm, strict=True)
     ]
 
@@ -201,16 +221,18 @@ def run_method(
     n_eval: int,
     ppo: dict | None = None,
     vm: Sequence[VMSchedulingConfig] | None = None,
+    sampled: bool = True,
 ) -> dict:
     """One run: per-site evaluation and training curves, (sites, rounds) each, and what it cost.
 
     ``eval[:, r]`` scores the policy after ``r`` rounds (``r · episodes`` site episodes of training);
     ``train[:, r]`` is the mean training return of round ``r``'s episodes. ``ppo``: PPO
     hyper-parameters of the learners (``learning_rate``, ``n_epochs``), the same for every method.
+    ``sampled``: ``vm`` learners are scored on sampled actions (else their most likely ones).
     """
     t0 = time.perf_counter()
     learner = {**(spec["learner"] if spec else {**PPO, "federate": "none"}), "episodes_per_round": episodes, "model_seed": seed, **(ppo or {})}
-    learners = make_learners(learner, sites, n_eval, vm)
+    learners = make_learners(learner, sites, n_eval, vm, sampled)
     if spec is None:
         hist = train_independent(sites, learner, rounds, progress=True, learners=learners)
         recs = {s.name: hist[s.name] for s in sites}
@@ -386,7 +408,9 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, dict]:
         ppo: dict[str, Any] = {"learning_rate": args.lr, "n_epochs": args.epochs}
         if vm is not None:
             ppo["net_arch"] = [64]  # seed 000 §3.1: one hidden layer of 64
-        out[name] = run_method(spec, sites, args.rounds, args.episodes, seed, args.eval_episodes, ppo, vm)
+        out[name] = run_method(
+            spec, sites, args.rounds, args.episodes, seed, args.eval_episodes, ppo, vm, args.eval_actions == "sampled"
+        )
     if vm is not None:
         out["heuristics"] = heuristic_scores(vm, sites, args.eval_episodes)
     return out
@@ -461,8 +485,10 @@ def describe_vm(args: argparse.Namespace, budget: int, heuristics: dict[str, lis
         "none) at every site, so an averaged actor mixes incompatible policies: the heterogeneity seed 000 says "
         "FedAvg suffers from.",
         "",
-        "**Reward curve = held-out evaluation**: each round, the policy the site holds (deterministic actions) "
-        f"on {args.eval_episodes} fixed held-out episodes of its own system (same arrivals every round). For "
+        "**Reward curve = held-out evaluation**: each round, the policy the site holds "
+        + ("(its sampled actions, seeded: the same draws every round; the greedy policy of this MDP repeats denied "
+           "placements) " if args.eval_actions == "sampled" else "(its most likely actions) ")
+        + f"on {args.eval_episodes} fixed held-out episodes of its own system (same arrivals every round). For "
         "scale, heuristics on the same episodes (return per site episode, mean over sites; ± over seeds): "
         + ", ".join(f"{k} {_pm(v, '{:.1f}')}" for k, v in heuristics.items())
         + ". 'Episodes to 95 %' and 'episodes to independent PPO's final' are defined as in the emulated-cluster "
@@ -499,6 +525,10 @@ def main() -> None:
     )
     parser.add_argument("--decisions", type=int, default=256, help="--env vm: scheduling decisions per episode")
     parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
+    parser.add_argument(
+        "--eval-actions", choices=("sampled", "greedy"), default="sampled",
+        help="--env vm: score the policy's sampled actions (seeded; default) or its most likely ones",
+    )
     parser.add_argument(
         "--methods", nargs="+", choices=tuple(METHOD_KEYS), default=list(METHOD_KEYS),
         help="methods to run (PFRL-DM and independent PPO always run)",
@@ -544,6 +574,7 @@ def main() -> None:
         + ("" if not args.traces else " --traces " + " ".join(_shared_relative(t) for t in args.traces))
         + ("" if args.objectives == "offload" else f" --objectives {args.objectives}")
         + ("" if args.env == "cluster" else f" --env vm --decisions {args.decisions}")
+        + ("" if args.env == "cluster" or args.eval_actions == "sampled" else " --eval-actions greedy")
         + ("" if args.jobs == 1 else f" --jobs {args.jobs}")
         + ("" if set(args.methods) == set(METHOD_KEYS) else " --methods " + " ".join(args.methods))
     )

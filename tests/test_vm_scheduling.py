@@ -135,3 +135,25 @@ def test_scheduler_learner_federates_the_public_critic_and_learns() -> None:
     b.set_params(a.get_params())
     np.testing.assert_array_equal(a.get_params(), b.get_params())
     assert 0 <= a.act(VMSchedulingEnv(cfg).reset(seed=0)[0]) <= cfg.max_vms
+
+
+def test_sampled_actions_are_seeded_and_leave_the_other_streams_alone() -> None:
+    import torch
+
+    from edgetwin.edge.agents import SchedulerLearner
+
+    cfg = vm_sites(1, seed=0, decisions=32)[0]
+    learner = SchedulerLearner(cfg, seed=1, episodes_per_round=1, net_arch=(16,))
+    obs = np.stack([VMSchedulingEnv(cfg).reset(seed=j)[0] for j in range(40)])
+
+    def draws(seed: int) -> list[int]:
+        with learner.sampling(seed):
+            return [learner.act(o, deterministic=False) for o in obs]
+
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    first, again, other = draws(7), draws(7), draws(8)
+    assert torch.equal(torch.get_rng_state(), before)  # the process's stream is untouched
+    assert first == again and first != other  # same seed, same draws; another seed, others
+    # an untrained policy over L + 1 actions samples more than its single most likely action
+    assert len(set(first)) > len({learner.act(o) for o in obs})

@@ -594,6 +594,17 @@ class SB3Learner:
                 p.copy_(state[k])
 
     # --- training ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def sampling(self, seed: int) -> Any:
+        """Inside, sampled actions (``predict(..., deterministic=False)``) draw from a torch stream
+        seeded with ``seed``: the same draws at every entry, and neither the site's training stream nor
+        the process's is touched."""
+        import torch as th
+
+        with _GLOBAL_RNG_LOCK, th.random.fork_rng(devices=[]):
+            th.manual_seed(int(seed))
+            yield
+
     def train(self) -> dict[str, float]:
         import torch as th
 
@@ -802,9 +813,10 @@ class SchedulerLearner(SB3Learner):
         self.episodes = 0
         self.last_returns: list[float] = []
 
-    def act(self, obs: np.ndarray) -> int:
-        """The current policy's deterministic action for one observation."""
-        a, _ = self.model.predict(obs, deterministic=True)
+    def act(self, obs: np.ndarray, deterministic: bool = True) -> int:
+        """The current policy's action for one observation: its most likely one, or a sample (seed the
+        draws with `sampling`)."""
+        a, _ = self.model.predict(obs, deterministic=deterministic)
         return int(a)
 
     def telemetry(self) -> SiteTelemetry:
