@@ -166,6 +166,7 @@ KEEP_SUBSECTIONS = (
     "### Where the return error comes from",
     "### A site model linear in each agent's action",
     "### A log-linear site model",
+    "### Clocks rolled exactly",
 )
 
 

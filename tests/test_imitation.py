@@ -300,3 +300,29 @@ def test_transition_model_sees_the_sites_actions_of_the_tick(toy) -> None:
     assert np.allclose(base[3:], moved[3:])  # the other site's agents do not
     ph = lay.state.index("state.phase")
     assert np.ptp(base[:3, ph]) < 1e-9 and np.ptp(base[3:, ph]) < 1e-9  # one phase per site
+
+
+def test_a_clock_column_is_rolled_exactly_not_learned() -> None:
+    df = toy_log(episodes=4, steps=14)
+    df["state.hour"] = (df["t"] * 2.0 + 18.0) % 24.0  # wraps 22 -> 0 inside every episode
+    spec = toy_spec()
+    spec = TwinSpec((*spec.features, Feature("state.hour", "continuous", 0.0, 24.0)), name=spec.name,
+                    step_seconds=spec.step_seconds, reward_weights=spec.reward_weights)
+    lay = Layout.fit(df, spec)
+    assert dict(zip(lay.state, lay.clock, strict=True)) == {
+        "state.queue": None, "state.credit": None, "state.phase": None, "state.hour": pytest.approx(2.0)
+    }
+    assert Layout.from_dict(lay.to_dict()).clock == lay.clock
+
+    rng = np.random.default_rng(0)
+    scen, site = np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1])
+    prof = profile_sampler(df, lay)(4, "a", 1)
+    start = InitialStates.fit(df, lay).sample(lay, scen, prof, rng)
+    h = lay.state.index("state.hour")
+    start[:, h] = [0.0, 5.0, 22.0, 23.5]
+    w = World(lay, scen, site, prof, start.copy(), np.zeros((2, lay.n_lag)))
+    y = np.full((4, lay.n_model_outputs), 0.7, np.float32)  # whatever the model says the change is
+    nxt = w.apply(np.tile([0.5, 0.0], (4, 1)), y)[1]
+    np.testing.assert_allclose(nxt[:, h], [2.0, 7.0, 0.0, 1.5])
+    q = lay.state.index("state.queue")
+    assert not np.allclose(nxt[:, q], start[:, q])  # the other columns still follow the model

@@ -175,6 +175,9 @@ class Layout:
             predicted change integrates the model's errors into a drift over an episode.
         site_profile: the client inputs include the site means of z(profile) (who shares the
             site: its load follows its members' profiles, which no single agent's inputs show).
+        clock: per state column, its step (raw units) when the logs show it advancing by exactly that
+            much every tick (modulo its spec range, e.g. a time of day), else None; the twin rolls
+            such a column exactly instead of learning it, because a learned clock drifts.
     """
 
     spec: TwinSpec
@@ -193,6 +196,7 @@ class Layout:
     site_state: list[bool] = field(default_factory=list)
     state_absolute: list[bool] = field(default_factory=list)
     site_profile: bool = False
+    clock: list[float | None] = field(default_factory=list)
 
     @classmethod
     def fit(cls, log: pd.DataFrame, spec: TwinSpec, use_time: bool = True) -> Layout:
@@ -252,6 +256,7 @@ class Layout:
             site_state=site_state,
             state_absolute=state_absolute,
             site_profile=True,
+            clock=_clocks(log, state, spec),
         )
 
     # --- widths ---------------------------------------------------------------------------
@@ -305,6 +310,7 @@ class Layout:
             "site_state": self.site_state,
             "state_absolute": self.state_absolute,
             "site_profile": self.site_profile,
+            "clock": self.clock,
         }
 
     @classmethod
@@ -326,7 +332,19 @@ class Layout:
             site_state=[bool(v) for v in d.get("site_state", [])],
             state_absolute=[bool(v) for v in d.get("state_absolute", [])],
             site_profile=bool(d.get("site_profile", False)),
+            clock=[None if v is None else float(v) for v in d.get("clock", [])],
         )
+
+    def roll_clocks(self, state: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+        """``nxt (N, S)`` with every `clock` column set to ``state``'s value one step on (raw units)."""
+        for j, step in enumerate(self.clock):
+            if step is None:
+                continue
+            period = _period(self.spec, self.state[j])
+            low = self.spec.feature(self.state[j]).low or 0.0
+            moved = state[:, j] + step
+            nxt[:, j] = moved if period is None else low + np.mod(moved - low, period)
+        return nxt
 
 
 #: A state column whose tick-to-tick change has less than this share of its variance is modelled
@@ -345,6 +363,37 @@ def _weakly_persistent(log: pd.DataFrame, state: list[str], scaler: ColumnScaler
     if len(dz) < 2:
         return [False] * len(state)
     return [bool(dz[c].var() >= PERSISTENT_RATIO * z[c].var()) and bool(z[c].var() > 0) for c in state]
+
+
+def _period(spec: TwinSpec, column: str) -> float | None:
+    """The range a wrapping clock column cycles through (its spec's ``high - low``), if bounded."""
+    f = spec.feature(column)
+    if f.low is None or f.high is None or not f.high > f.low:
+        return None
+    return float(f.high - f.low)
+
+
+def _clocks(log: pd.DataFrame, state: list[str], spec: TwinSpec, tol: float = 1e-6) -> list[float | None]:
+    """Per state column, the constant non-zero step it takes every tick in the logs (modulo its
+    spec range when bounded), or None: such a column is a clock, not something to learn."""
+    if not state:
+        return []
+    df = log.sort_values(["episode", "agent", "t"], kind="stable")
+    consecutive = (df.groupby(["episode", "agent"], sort=False)["t"].diff() == 1).to_numpy()
+    if consecutive.sum() < 2:
+        return [None] * len(state)
+    out: list[float | None] = []
+    for c in state:
+        d = df.groupby(["episode", "agent"], sort=False)[c].diff().to_numpy(np.float64)[consecutive]
+        period = _period(spec, c)
+        if period is not None:
+            d = np.mod(d, period)
+            d = np.where(d > period - tol * period, d - period, d)  # 0.9999.. of a period is 0
+        step = float(np.median(d))
+        scale = period if period is not None else max(float(np.abs(df[c]).max()), 1.0)
+        exact = bool(np.all(np.abs(d - step) <= tol * scale))
+        out.append(step if exact and abs(step) > tol * scale else None)
+    return out
 
 
 def _site_level(log: pd.DataFrame, state: list[str], tol: float = 1e-9) -> list[bool]:
@@ -926,7 +975,7 @@ class World:
                 z_next[:, site_cols] = group_means(z_next[:, site_cols], self.site, self.n_sites)[self.site]
             if self.site_model is not None and len(site_cols):
                 z_next[:, self.site_model.columns] = self._site_next(zs, za, zy)[self.site]
-            nxt = lay.scalers["state"].inverse(z_next)
+            nxt = lay.roll_clocks(self.state, lay.scalers["state"].inverse(z_next))
         else:
             nxt = self.state.copy()
         self.lag = site_now
