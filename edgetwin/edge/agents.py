@@ -44,7 +44,7 @@ import pickle
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
@@ -595,7 +595,7 @@ class SB3Learner:
 
     # --- training ------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def sampling(self, seed: int) -> Any:
+    def sampling(self, seed: int) -> Iterator[None]:
         """Inside, sampled actions (``predict(..., deterministic=False)``) draw from a torch stream
         seeded with ``seed``: the same draws at every entry, and neither the site's training stream nor
         the process's is touched."""
