@@ -382,9 +382,10 @@ def _clocks(log: pd.DataFrame, state: list[str], spec: TwinSpec, tol: float = 1e
     consecutive = (df.groupby(["episode", "agent"], sort=False)["t"].diff() == 1).to_numpy()
     if consecutive.sum() < 2:
         return [None] * len(state)
+    deltas = df.groupby(["episode", "agent"], sort=False)[state].diff().to_numpy(np.float64)[consecutive]
     out: list[float | None] = []
-    for c in state:
-        d = df.groupby(["episode", "agent"], sort=False)[c].diff().to_numpy(np.float64)[consecutive]
+    for j, c in enumerate(state):
+        d = deltas[:, j]
         period = _period(spec, c)
         if period is not None:
             d = np.mod(d, period)
