@@ -1,7 +1,8 @@
 """Twin fidelity (MAIL-MMSG): how well a twin learned from logs stands in for the real system.
 
 The "real system" is edgetwin's emulated edge-cloud cluster (`edgetwin.edge.cluster`), logged
-under a uniformly random platform policy (as in seed 004 §4.1). Measured:
+under a uniformly random platform policy (as in seed 004 §4.1; `--logging regimes` logs under
+`RegimePolicy` instead, a scheduler whose configuration changes every 2 hours). Measured:
 
 1. distribution match of twin rollouts vs held-out real logs under the logging policy: per-feature
    KL of responses/KPIs and the offload ratio over 12 time slices of a day (seed 004 Fig. 4);
@@ -35,7 +36,7 @@ from scipy.stats import spearmanr
 from sklearn.ensemble import HistGradientBoostingRegressor
 from stable_baselines3 import PPO
 
-from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, generate_logs
+from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, cluster_spec, generate_logs
 from edgetwin.policies.train import quiet_logger
 from edgetwin.twin.fidelity import (
     fidelity_report,
@@ -44,7 +45,7 @@ from edgetwin.twin.fidelity import (
     one_step_outputs,
     replay_errors,
 )
-from edgetwin.twin.policy import FunctionPolicy, NoisyPolicy, RandomPolicy
+from edgetwin.twin.policy import FunctionPolicy, NoisyPolicy, PlatformPolicy, RandomPolicy, RegimePolicy
 from edgetwin.twin.twin import Twin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,13 +168,30 @@ KEEP_SUBSECTIONS = (
     "### A site model linear in each agent's action",
     "### A log-linear site model",
     "### Clocks rolled exactly",
+    "### Logs under a regime-switching policy",
 )
 
 
 def _site_flags(args: argparse.Namespace) -> str:
+    flags = f" --logging {args.logging}" if args.logging != "random" else ""
     if isinstance(args.site_model, list):
-        return f" --site-columns {','.join(args.site_model)}"
-    return " --site-model" if args.site_model else ""
+        return flags + f" --site-columns {','.join(args.site_model)}"
+    return flags + (" --site-model" if args.site_model else "")
+
+
+#: how each ``--logging`` choice is described in the docs
+LOGGING_TEXT = {
+    "random": "logged under uniformly random actions",
+    "regimes": "logged under a regime-switching policy (uniform actions in a random box of 0.3 x each action's "
+               "range, redrawn every 8 ticks: a scheduler whose configuration changes every 2 hours)",
+}
+
+
+def logging_policy(args: argparse.Namespace, spec, seed: int) -> PlatformPolicy:  # type: ignore[no-untyped-def]
+    """The policy the training (and held-out) logs are taken under: ``--logging random|regimes``."""
+    if args.logging == "regimes":
+        return RegimePolicy(spec, seed=seed, every=8, width=0.3)
+    return RandomPolicy(spec, seed=seed)
 
 
 def quick_ranking(args: argparse.Namespace) -> None:
@@ -185,7 +203,8 @@ def quick_ranking(args: argparse.Namespace) -> None:
     hyper = {"rounds": 10, "bc_epochs": 10}
     cfg = ClusterConfig(n_agents=n_agents, steps=steps)
     t_all = time.perf_counter()
-    train, spec = generate_logs(cfg, episodes=3, seed=args.seed)
+    spec = cluster_spec(cfg)
+    train, _ = generate_logs(cfg, episodes=3, policy=logging_policy(args, spec, args.seed), seed=args.seed)
     twin = Twin.fit(train, spec, seed=args.seed, members=1, population_hyper={"steps": 500}, progress=True,
                     site_model=args.site_model, **hyper)
     twin.profile_retries = args.profile_retries
@@ -262,6 +281,9 @@ def main() -> None:
     ap.add_argument("--site-columns", default=None,
                     help="comma-separated site-level columns for the site model (implies --site-model)")
     ap.add_argument("--no-site-model", action="store_true", help=argparse.SUPPRESS)  # the default; kept for old commands
+    ap.add_argument("--logging", choices=sorted(LOGGING_TEXT), default="random",
+                    help="the policy the training and held-out logs are taken under (default: uniformly random, "
+                         "as in seed 004; regimes: a scheduler whose configuration changes every 2 hours)")
     ap.add_argument("--profile-retries", type=int, default=4,
                     help="redraws of generated profiles out of the logs' support (0: keep them all)")
     args = ap.parse_args()
@@ -280,8 +302,10 @@ def main() -> None:
     cfg = ClusterConfig(n_agents=n_agents, steps=steps)
     t_all = time.perf_counter()
 
-    train, spec = generate_logs(cfg, episodes=train_eps, seed=args.seed)
-    held, _ = generate_logs(cfg, episodes=held_eps, seed=args.seed + 1000)
+    spec = cluster_spec(cfg)
+    train, _ = generate_logs(cfg, episodes=train_eps, policy=logging_policy(args, spec, args.seed), seed=args.seed)
+    held, _ = generate_logs(cfg, episodes=held_eps, policy=logging_policy(args, spec, args.seed + 1000),
+                            seed=args.seed + 1000)
     print(f"logs: train {len(train)} rows, held-out {len(held)} rows")
 
     fits: dict[str, Twin] = {}
@@ -299,10 +323,10 @@ def main() -> None:
         print(f"fit {name}: {secs[name]:.0f} s")
     mail = fits["mail"]
 
-    # 1. distribution match under the logging policy (uniform random, known here)
+    # 1. distribution match under the logging policy (known here)
     FIG.mkdir(parents=True, exist_ok=True)
     reports = {
-        name: fidelity_report(tw, held, policy=RandomPolicy(spec, 7), seed=args.seed, episodes=eval_eps,
+        name: fidelity_report(tw, held, policy=logging_policy(args, spec, 7), seed=args.seed, episodes=eval_eps,
                               max_horizon=100, out_dir=FIG / name)
         for name, tw in fits.items()
     }
@@ -376,7 +400,7 @@ def _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, exp
     L.append(f"Command: `python benchmarks/twin_fidelity.py{' --quick' if q else ''} --seed {args.seed}{flags}` "
              f"(machine: 2 CPU cores shared with other jobs, no GPU; whole run {total / 60:.0f} min). "
              f"Real system: the emulated cluster, {cfg.n_agents} service groups x {cfg.steps} ticks of 15 min per day, "
-             f"logged under uniformly random actions; train {train['episode'].nunique()} days ({len(train):,} rows), "
+             f"{LOGGING_TEXT[args.logging]}; train {train['episode'].nunique()} days ({len(train):,} rows), "
              f"held out {held['episode'].nunique()} other days ({len(held):,} rows). MAIL twin: {members} members, "
              f"{hyper['rounds']} GAIL rounds per scenario, {hyper['bc_epochs']} BC epochs, GAN-SMMSG population "
              f"({pop['steps']} generator steps). Fit times: " + ", ".join(f"{k} {v:.0f} s" for k, v in secs.items()) + ".")

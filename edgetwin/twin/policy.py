@@ -78,3 +78,55 @@ class NoisyPolicy:
         a = np.asarray(self.base.act(obs), dtype=np.float64)
         noise = self.scale * self._width * self.rng.standard_normal(a.shape)
         return np.clip(a + noise, self.low, self.high)
+
+
+class RegimePolicy:
+    """Uniform actions in a random sub-box of the action bounds, redrawn every ``every`` calls.
+
+    The logs of a platform whose scheduler configuration changed over time (versions, operators'
+    overrides) rather than of a uniformly random one. Each regime is a uniform policy over a box
+    of ``width`` x (bound width) per action, centred uniformly within the bounds; discrete actions
+    draw from a random subset of ``ceil(width x count)`` of their allowed values. Over many regimes
+    the actions cover the bounds like `RandomPolicy`'s, but within one regime every agent is moved
+    the same way, so a log shows how site-wide state follows a site-wide change of the actions,
+    which a uniform policy (whose mean over a site barely moves) cannot show.
+
+    One call is one tick of the whole population, so ``every`` is a regime's length in ticks.
+    Unbounded sides are treated as ``[-1, 1]`` (like `RandomPolicy`).
+    """
+
+    def __init__(self, spec: TwinSpec, seed: int = 0, every: int = 8, width: float = 0.3) -> None:
+        if int(every) < 1:
+            raise ValueError(f"every must be >= 1 tick, got {every}")
+        if not 0.0 < width <= 1.0:
+            raise ValueError(f"width must be in (0, 1], got {width}")
+        self.every, self.width = int(every), float(width)
+        self.rng = np.random.default_rng(seed)
+        low, high = spec.bounds("action")
+        self.low = np.where(np.isfinite(low), low, -1.0)
+        self.high = np.where(np.isfinite(high), high, 1.0)
+        self._values = [f.allowed_values() for f in spec.by_role("action")]
+        self._calls = 0
+        self._box = (self.low, self.high)
+        self._subsets: list[np.ndarray | None] = [None] * len(self._values)
+
+    def _new_regime(self) -> None:
+        span = self.width * (self.high - self.low)
+        lo = self.rng.uniform(self.low, self.high - span)
+        self._box = (lo, lo + span)
+        for j, values in enumerate(self._values):
+            if values is not None:
+                vals = np.asarray(values)
+                k = max(1, int(np.ceil(self.width * len(vals))))
+                self._subsets[j] = self.rng.choice(vals, size=k, replace=False)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        if self._calls % self.every == 0:
+            self._new_regime()
+        self._calls += 1
+        n = obs.shape[0]
+        a = self.rng.uniform(*self._box, size=(n, len(self.low)))
+        for j, subset in enumerate(self._subsets):
+            if subset is not None:
+                a[:, j] = self.rng.choice(subset, size=n)
+        return a
