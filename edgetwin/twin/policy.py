@@ -80,7 +80,7 @@ class NoisyPolicy:
         return np.clip(a + noise, self.low, self.high)
 
 
-class RegimePolicy:
+class RegimePolicy(RandomPolicy):
     """Uniform actions in a random sub-box of the action bounds, redrawn every ``every`` calls.
 
     The logs of a platform whose scheduler configuration changed over time (versions, operators'
@@ -100,12 +100,8 @@ class RegimePolicy:
             raise ValueError(f"every must be >= 1 tick, got {every}")
         if not 0.0 < width <= 1.0:
             raise ValueError(f"width must be in (0, 1], got {width}")
+        super().__init__(spec, seed)
         self.every, self.width = int(every), float(width)
-        self.rng = np.random.default_rng(seed)
-        low, high = spec.bounds("action")
-        self.low = np.where(np.isfinite(low), low, -1.0)
-        self.high = np.where(np.isfinite(high), high, 1.0)
-        self._values = [f.allowed_values() for f in spec.by_role("action")]
         self._calls = 0
         self._box = (self.low, self.high)
         self._subsets: list[np.ndarray | None] = [None] * len(self._values)
