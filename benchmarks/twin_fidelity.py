@@ -179,18 +179,21 @@ def _site_flags(args: argparse.Namespace) -> str:
     return flags + (" --site-model" if args.site_model else "")
 
 
+#: ``--logging regimes``: a regime lasts 8 ticks (2 hours) and spans 0.3 of each action's range
+REGIME_TICKS, REGIME_WIDTH = 8, 0.3
 #: how each ``--logging`` choice is described in the docs
 LOGGING_TEXT = {
     "random": "logged under uniformly random actions",
-    "regimes": "logged under a regime-switching policy (uniform actions in a random box of 0.3 x each action's "
-               "range, redrawn every 8 ticks: a scheduler whose configuration changes every 2 hours)",
+    "regimes": f"logged under a regime-switching policy (uniform actions in a random box of {REGIME_WIDTH} x each "
+               f"action's range, redrawn every {REGIME_TICKS} ticks: a scheduler whose configuration changes every "
+               f"{REGIME_TICKS // 4} hours)",
 }
 
 
 def logging_policy(args: argparse.Namespace, spec, seed: int) -> PlatformPolicy:  # type: ignore[no-untyped-def]
     """The policy the training (and held-out) logs are taken under: ``--logging random|regimes``."""
     if args.logging == "regimes":
-        return RegimePolicy(spec, seed=seed, every=8, width=0.3)
+        return RegimePolicy(spec, seed=seed, every=REGIME_TICKS, width=REGIME_WIDTH)
     return RandomPolicy(spec, seed=seed)
 
 

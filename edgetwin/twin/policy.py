@@ -85,9 +85,10 @@ class RegimePolicy(RandomPolicy):
 
     The logs of a platform whose scheduler configuration changed over time (versions, operators'
     overrides) rather than of a uniformly random one. Each regime is a uniform policy over a box
-    of ``width`` x (bound width) per action, centred uniformly within the bounds; discrete actions
-    draw from a random subset of ``ceil(width x count)`` of their allowed values. Over many regimes
-    the actions cover the bounds like `RandomPolicy`'s, but within one regime every agent is moved
+    of ``width`` x (bound width) per action, placed uniformly where it fits within the bounds (so
+    values near a bound are drawn less often than under `RandomPolicy`); discrete actions draw from
+    a random subset of ``ceil(width x count)`` of their allowed values. Over many regimes the
+    actions cover the bounds, but within one regime every agent is moved
     the same way, so a log shows how site-wide state follows a site-wide change of the actions,
     which a uniform policy (whose mean over a site barely moves) cannot show.
 
