@@ -169,6 +169,7 @@ KEEP_SUBSECTIONS = (
     "### A log-linear site model",
     "### Clocks rolled exactly",
     "### Logs under a regime-switching policy",
+    "### Products of action and response in the site model",
 )
 
 

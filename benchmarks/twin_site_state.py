@@ -58,6 +58,7 @@ def main() -> None:
     cfg = ClusterConfig(n_agents=100, steps=96)
     rows: list[dict[str, object]] = []
     r2: dict[int, dict[str, float]] = {}
+    products: dict[int, dict[str, bool]] = {}
     t0 = time.perf_counter()
     for seed in args.seeds:
         train, spec = generate_logs(cfg, episodes=3, seed=seed)
@@ -67,6 +68,7 @@ def main() -> None:
         names = [layout.state[c] for c in model.columns]
         j = names.index(COLUMN)
         r2[seed] = dict(zip(names, map(float, model.val_r2), strict=True))
+        products[seed] = dict(zip(names, map(bool, model.products), strict=True))
         level = float(train.groupby(["episode", "site", "t"])[COLUMN].first().mean())
         policies = {
             "random (the logging policy)": RandomPolicy(spec, 1),
@@ -102,11 +104,13 @@ def main() -> None:
     L += ["", f"Over the policies other than the logging one: mean |model - real| {err_model:.2f}, "
           f"mean |training level - real| {err_level:.2f}.", "",
           "Held-out R² of each site column's next value (15 % of the training episodes, logging policy; "
-          "- where the column hardly moves there):", "",
+          "- where the column hardly moves there; x where the column kept the pairwise products of actions "
+          "and outputs, which it does only where they lower this held-out error):", "",
           "| seed | " + " | ".join(next(iter(r2.values()))) + " |", "|---|" + "---|" * len(next(iter(r2.values())))]
     for seed, vals in r2.items():
-        L.append(f"| {seed} | " + " | ".join(f"{v:.2f}" if np.isfinite(v) else "- (constant)" for v in vals.values())
-                 + " |")
+        cells = [(f"{v:.2f}" if np.isfinite(v) else "- (constant)") + (" x" if products[seed][c] else "")
+                 for c, v in vals.items()]
+        L.append(f"| {seed} | " + " | ".join(cells) + " |")
     md = "\n".join(L) + "\n"
     print(md)
     if not args.no_write:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -355,6 +356,31 @@ def test_twin_with_a_generative_population_round_trips(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------ site-level state
+def three_site_log(
+    episodes: int,
+    seed: int,
+    site_column: str,
+    tick: Callable[[np.random.Generator, np.ndarray, float], tuple[dict[str, np.ndarray], float]],
+) -> pd.DataFrame:
+    """A log of 3 sites x 12 agents (one scenario, a ``profile.load`` each) x 24 ticks per episode,
+    with one site-level state column starting at 0: ``tick(rng, load, site value)`` returns the
+    tick's per-agent action and response columns and the site column's next value."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for e in range(episodes):
+        for k in range(3):
+            load = rng.uniform(0.5, 3.0, 12)
+            value = 0.0
+            for t in range(24):
+                columns, nxt = tick(rng, load, value)
+                frames.append(pd.DataFrame({
+                    "episode": e, "t": t, "agent": [f"a{k}-{i}" for i in range(12)], "scenario": "only",
+                    "site": f"s{k}", "profile.load": load, site_column: value, **columns,
+                }))
+                value = nxt
+    return pd.concat(frames, ignore_index=True)
+
+
 def pooled_system(episodes: int = 8, seed: int = 0) -> tuple[pd.DataFrame, TwinSpec]:
     """A site property that follows the whole site's action: the pool an agent's site reserved at
     t-1 is the site mean of ``reserve x load``; each agent's served work falls as the pool
@@ -367,22 +393,15 @@ def pooled_system(episodes: int = 8, seed: int = 0) -> tuple[pd.DataFrame, TwinS
         Feature("response.served", "continuous", 0.0, None),
     )
     spec = TwinSpec(feats, name="pooled", reward_weights={"response.served": 1.0})
-    rng = np.random.default_rng(seed)
-    rows = []
-    for e in range(episodes):
-        for k in range(3):
-            n = 12
-            load = rng.uniform(0.5, 3.0, n)
-            pool = 0.0
-            for t in range(24):
-                a = rng.uniform(0.0, 2.0, n)
-                served = load * np.minimum(1.0, a / max(1.0, pool)) + rng.normal(0, 0.05, n)
-                for i in range(n):
-                    rows.append({"episode": e, "t": t, "agent": f"a{k}-{i}", "scenario": "only", "site": f"s{k}",
-                                 "profile.load": load[i], "state.pool": pool, "action.reserve": a[i],
-                                 "response.served": max(0.0, served[i])})
-                pool = float(np.mean(a * load)) + rng.normal(0, 0.02)
-    return pd.DataFrame(rows), spec
+
+    def tick(rng: np.random.Generator, load: np.ndarray, pool: float) -> tuple[dict[str, np.ndarray], float]:
+        a = rng.uniform(0.0, 2.0, len(load))
+        served = load * np.minimum(1.0, a / max(1.0, pool)) + rng.normal(0, 0.05, len(load))
+        return {"action.reserve": a, "response.served": np.maximum(0.0, served)}, float(
+            np.mean(a * load) + rng.normal(0, 0.02)
+        )
+
+    return three_site_log(episodes, seed, "state.pool", tick), spec
 
 
 def test_site_state_follows_the_whole_sites_action() -> None:
@@ -412,6 +431,49 @@ def test_site_model_columns_are_chosen_by_name_and_checked() -> None:
     model = tw.members[0].site_model
     assert model is not None and [tw.layout.state[c] for c in model.columns] == ["state.pool"]
     assert model.val_r2.shape == (1,) and model.val_r2[0] > 0.5  # the pool is a clean function of the tick
+
+
+def offload_system(episodes: int = 8, seed: int = 0) -> tuple[pd.DataFrame, TwinSpec]:
+    """A site load that is a *product* of what the platform did and how the agent responded: the
+    edge load at t is the site mean of ``load x offload x share`` at t-1, where ``share`` (the
+    platform's action) sends offloaded work to the edge and ``offload`` (the agent's response)
+    falls with the ``price`` it is asked. Logged under site-wide regimes (each site's actions are
+    drawn around a centre redrawn every tick), so the site means span their range."""
+    feats = (
+        Feature("profile.load", "continuous", 0.5, 3.0),
+        Feature("state.edge_load", "continuous", 0.0, 10.0),
+        Feature("action.share", "continuous", 0.0, 1.0),
+        Feature("action.price", "continuous", 0.0, 1.0),
+        Feature("response.offload", "continuous", 0.0, 1.0),
+    )
+    spec = TwinSpec(feats, name="offload", reward_weights={"response.offload": 1.0})
+
+    def tick(rng: np.random.Generator, load: np.ndarray, edge: float) -> tuple[dict[str, np.ndarray], float]:
+        n = len(load)
+        share = np.clip(rng.uniform(0, 1) + rng.uniform(-0.2, 0.2, n), 0, 1)
+        price = np.clip(rng.uniform(0, 1) + rng.uniform(-0.2, 0.2, n), 0, 1)
+        offload = np.clip(1.0 - price + rng.normal(0, 0.03, n), 0, 1)
+        nxt = max(0.0, float(np.mean(load * offload * share)) + rng.normal(0, 0.02))
+        return {"action.share": share, "action.price": price, "response.offload": offload}, nxt
+
+    return three_site_log(episodes, seed, "state.edge_load", tick), spec
+
+
+def test_site_state_follows_a_product_of_action_and_response() -> None:
+    """A site model linear in each agent's action and response puts a quarter of the mean load on
+    the edge for both "all to the edge, nothing offloaded" and "none to the edge, all offloaded";
+    the truth is zero for both."""
+    df, spec = offload_system()
+    tw = Twin.fit(df, spec, members=1, seed=0, progress=False, population_model="empirical",
+                  response_model="bc", bc_epochs=40, site_model=True)
+    model = tw.members[0].site_model
+    assert model is not None and model.val_r2[0] > 0.9
+    mean_load = 1.75
+    for share, price, truth in ((1.0, 0.0, mean_load), (1.0, 1.0, 0.0), (0.0, 0.0, 0.0), (0.5, 0.5, mean_load / 4)):
+        pol = FunctionPolicy(lambda o, a=(share, price): np.tile(a, (len(o), 1)), name=f"{share}/{price}")
+        out = tw.rollout(pol, episodes=2, seed=0, n_agents=24, steps=12, stochastic=False)
+        edge = out.loc[out["t"] >= 2, "state.edge_load"].mean()
+        assert edge == pytest.approx(truth, abs=0.15 * mean_load), (share, price)
 
 
 def pickle_roundtrip_pool(tw: Twin, c: float) -> float:

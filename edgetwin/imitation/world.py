@@ -641,9 +641,12 @@ class SiteStateModel:
     over agents of ``capacity x nominal load / site vCPU``, which no site mean of actions and no
     single agent's inputs express. So each agent contributes, per column ``j``,
 
-        ``φ_ij = exp(m_j(who_i)) · (u_j · did_i)``     (``did = [z(action), z(outputs), 1]``)
+        ``φ_ij = exp(m_j(who_i)) · (u_j · did_i)``     (``did = [z(action), z(outputs), 1]``
+                                                      and their pairwise products)
 
-    a contribution *linear in what it did*, scaled by a positive magnitude that is log-linear in
+    a contribution *linear in what it did* and in its pairwise products (an edge load is demand x
+    offload ratio x edge share: the agent's response times the platform's action, scaled by who
+    it is), scaled by a positive magnitude that is log-linear in
     who it is and when (``m`` is linear in `site_element_features`' ``who``, which holds the logs
     of the heavy-tailed profile columns and each scenario's daily harmonics: a load is a product
     of such columns, so its log is linear in them). The site's next standardised values are
@@ -659,7 +662,8 @@ class SiteStateModel:
     way the way a sum does. Columns that are near-random walks (`Layout.state_absolute` False, e.g.
     a clock) are predicted as changes. Causal: every input is known when the tick ends. Fitted by
     full-batch Adam on the logged (episode, site, t) groups; one random 15 % of the episodes is
-    held out to pick the epoch.
+    held out to pick the epoch and, per column, whether the products stay (a column whose
+    held-out error they do not lower is fitted without them).
 
     Attributes:
         columns: indices of the site-level state columns (into ``layout.state``).
@@ -669,14 +673,20 @@ class SiteStateModel:
         z_low, z_high: the logged range of the columns (z); predictions are clipped to it, because
             a site pushed beyond anything logged feeds its own next prediction and runs away.
         val_r2: per column, R² of the next value on the held-out episodes.
+        products: per column, whether its contributions use the pairwise products.
     """
 
     def __init__(
-        self, layout: Layout, seed: int = 0, columns: Sequence[str] | None = None
+        self,
+        layout: Layout,
+        seed: int = 0,
+        columns: Sequence[str] | None = None,
+        interactions: bool = True,
     ) -> None:
         import torch as th
 
         self.columns = self.select_columns(layout, columns)
+        self.interactions = interactions
         absolute = np.asarray(layout.state_absolute or [True] * len(layout.state), dtype=bool)
         self.absolute = absolute[self.columns]
         self.log_size_center = layout.log_size_center
@@ -685,7 +695,8 @@ class SiteStateModel:
         n_site = int(np.sum(layout.site_state))
         n_log = int(np.sum(layout.scalers["profile"].log))
         n_who = len(layout.profile) + len(layout.state) - n_site + n_log + 5 * len(layout.scenarios)
-        self.n_did = len(layout.action) + layout.n_outputs + 1
+        n_acts = len(layout.action) + layout.n_outputs
+        self.n_did = n_acts + 1 + (n_acts * (n_acts - 1) // 2 if interactions else 0)
         th.manual_seed(seed)
         n_ctx = k + layout.n_lag + 1 + 2
         magnitude = th.nn.Linear(n_who, k)
@@ -703,6 +714,7 @@ class SiteStateModel:
         self.z_low = np.full(k, -np.inf)
         self.z_high = np.full(k, np.inf)
         self.val_r2 = np.full(k, np.nan)
+        self.products = np.full(k, interactions)
 
     @staticmethod
     def select_columns(layout: Layout, columns: Sequence[str] | None = None) -> np.ndarray:
@@ -719,10 +731,19 @@ class SiteStateModel:
             )
         return np.array(sorted(layout.state.index(c) for c in names), dtype=np.int64)
 
+    def _terms(self, did: Any) -> Any:
+        """``did`` with the pairwise products of its action and output entries appended."""
+        import torch as th
+
+        if not getattr(self, "interactions", False):  # a model pickled before the products
+            return did
+        i, j = th.triu_indices(did.shape[1] - 1, did.shape[1] - 1, offset=1)
+        return th.cat([did, did[:, i] * did[:, j]], dim=1)
+
     def _forward(self, who: Any, did: Any, codes: Any, site_x: Any) -> Any:
         import torch as th
 
-        phi = self.net["linear"](did) * th.exp(self.net["magnitude"](who).clamp(-30.0, 30.0))
+        phi = self.net["linear"](self._terms(did)) * th.exp(self.net["magnitude"](who).clamp(-30.0, 30.0))
         n_groups = site_x.shape[0]
         pooled = th.zeros((n_groups, self.k), dtype=phi.dtype).index_add_(0, codes, phi)
         pooled = pooled / th.bincount(codes, minlength=n_groups).clamp(min=1).to(phi.dtype)[:, None]
@@ -786,6 +807,53 @@ class SiteStateModel:
         )
         return who, did, codes, site_x, zs_next
 
+    def _train(self, tensors: list[Any], trn: Any, val: Any, epochs: int, lr: float) -> np.ndarray:
+        """Full-batch Adam on the training groups ``trn``; each column keeps its best epoch on the
+        held-out groups ``val`` (on ``trn`` when there are none). Returns that best per-column
+        mean squared error ``(k,)``."""
+        import torch as th
+
+        opt = th.optim.Adam(self.net.parameters(), lr=lr)
+        sched = th.optim.lr_scheduler.CosineAnnealingLR(opt, epochs)
+        # Every parameter belongs to one column (row j of each layer; rows j and k+j of the
+        # context), so each column keeps its own best epoch on the held-out episodes.
+        k = self.k
+        column_of_row = {name: np.arange(len(v)) % k for name, v in self.net.state_dict().items()}
+        best = np.full(k, np.inf)
+        best_state = {name: v.detach().clone() for name, v in self.net.state_dict().items()}
+        for _ in range(epochs):
+            out = self._forward(*tensors[:4])
+            err = (out - tensors[4]) ** 2
+            loss = err[trn].mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            score = (err[val] if bool(val.any()) else err[trn]).mean(0).detach().numpy()
+            better = np.flatnonzero(score < best)
+            if len(better):
+                best[better] = score[better]
+                for name, v in self.net.state_dict().items():
+                    rows = np.isin(column_of_row[name], better)
+                    best_state[name][rows] = v[rows].detach().clone()
+        self.net.load_state_dict(best_state)
+        return best
+
+    def _take_columns(self, linear: SiteStateModel, columns: np.ndarray) -> None:
+        """Give ``columns`` the parameters of ``linear`` (the same model without products; its
+        product weights are zero here)."""
+        if not len(columns):
+            return
+        state, theirs = self.net.state_dict(), linear.net.state_dict()
+        for name, v in state.items():
+            rows = np.isin(np.arange(len(v)) % self.k, columns)
+            if name == "linear.weight":
+                v[rows] = 0.0
+                v[rows, : theirs[name].shape[1]] = theirs[name][rows]
+            else:
+                v[rows] = theirs[name][rows]
+        self.net.load_state_dict(state)
+
     @classmethod
     def fit(
         cls,
@@ -795,17 +863,20 @@ class SiteStateModel:
         epochs: int = 800,
         lr: float = 3e-3,
         columns: Sequence[str] | None = None,
+        interactions: bool = True,
     ) -> SiteStateModel | None:
         """Fit on a `StepTable`; None when the log has no site-level state column (or no next tick).
 
         Args:
             columns: the site-level state columns to model (default: all of them).
+            interactions: offer each column the pairwise products of actions and outputs (kept
+                where they lower its held-out error); False: the form linear in each.
         """
         import torch as th
 
         if not layout.learn_transition or not any(layout.site_state) or steps.site_group is None:
             return None
-        model = cls(layout, seed=seed, columns=columns)
+        model = cls(layout, seed=seed, columns=columns, interactions=interactions)
         if not len(model.columns):
             return None
         who, did, codes, site_x, zs_next = model.logged_groups(steps, layout)
@@ -822,33 +893,16 @@ class SiteStateModel:
             rng.choice(eps, size=max(1, int(round(0.15 * len(eps)))), replace=False) if len(eps) > 2 else []
         )
         val = ok & np.isin(ep_of_group, held)
-        trn = ok & ~val
         tensors = [th.as_tensor(v) for v in (who, did, codes, site_x, np.nan_to_num(target))]
-        trn_t, val_t = th.as_tensor(trn), th.as_tensor(val)
-        opt = th.optim.Adam(model.net.parameters(), lr=lr)
-        sched = th.optim.lr_scheduler.CosineAnnealingLR(opt, epochs)
-        # Every parameter belongs to one column (row j of each layer; rows j and k+j of the
-        # context), so each column keeps its own best epoch on the held-out episodes.
-        k = model.k
-        column_of_row = {name: np.arange(len(v)) % k for name, v in model.net.state_dict().items()}
-        best = np.full(k, np.inf)
-        best_state = {name: v.detach().clone() for name, v in model.net.state_dict().items()}
-        for _ in range(epochs):
-            out = model._forward(*tensors[:4])
-            err = (out - tensors[4]) ** 2
-            loss = err[trn_t].mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            score = (err[val_t] if val.any() else err[trn_t]).mean(0).detach().numpy()
-            better = np.flatnonzero(score < best)
-            if len(better):
-                best[better] = score[better]
-                for name, v in model.net.state_dict().items():
-                    rows = np.isin(column_of_row[name], better)
-                    best_state[name][rows] = v[rows].detach().clone()
-        model.net.load_state_dict(best_state)
+        score = model._train(tensors, th.as_tensor(ok & ~val), th.as_tensor(val), epochs, lr)
+        if interactions:
+            # The products add ~(A+Y)²/2 weights per column; a column keeps them only where they
+            # predict the held-out episodes better (without held-out episodes, never: on the
+            # training groups the larger form always wins).
+            linear = cls(layout, seed=seed, columns=columns, interactions=False)
+            linear_score = linear._train(tensors, th.as_tensor(ok & ~val), th.as_tensor(val), epochs, lr)
+            model.products = score < linear_score if val.any() else np.zeros(model.k, bool)
+            model._take_columns(linear, np.flatnonzero(~model.products))
         if val.any():
             pred = model.predict(who, did, codes, site_x)[val]
             truth = zs_next[val]
