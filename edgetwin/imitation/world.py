@@ -644,12 +644,12 @@ class SiteStateModel:
         ``φ_ij = exp(m_j(who_i)) · (u_j · did_i)``     (``did = [z(action), z(outputs), 1]``
                                                       and their pairwise products)
 
-    a contribution *linear in what it did* and in its pairwise products (an edge load is demand x
+    a contribution *linear in what it did and in its pairwise products* (an edge load is demand x
     offload ratio x edge share: the agent's response times the platform's action, scaled by who
-    it is), scaled by a positive magnitude that is log-linear in
-    who it is and when (``m`` is linear in `site_element_features`' ``who``, which holds the logs
-    of the heavy-tailed profile columns and each scenario's daily harmonics: a load is a product
-    of such columns, so its log is linear in them). The site's next standardised values are
+    it is), scaled by a positive magnitude that is log-linear in who it is and when (``m`` is
+    linear in `site_element_features`' ``who``, which holds the logs of the heavy-tailed profile
+    columns and each scenario's daily harmonics: a load is a product of such columns, so its log
+    is linear in them). The site's next standardised values are
     ``b(c) + exp(g(c)) ⊙ mean_i φ_i`` with ``c`` the site context (its site-level state at t, its
     mean actions and outputs at t-1, log size, time) and ``b``, ``g`` linear. Every part is linear
     or log-linear on purpose: a site's load is dominated by its few heaviest agents, so the logs
@@ -876,7 +876,7 @@ class SiteStateModel:
 
         if not layout.learn_transition or not any(layout.site_state) or steps.site_group is None:
             return None
-        model = cls(layout, seed=seed, columns=columns, interactions=interactions)
+        model = cls(layout, seed=seed, columns=columns, interactions=False)
         if not len(model.columns):
             return None
         who, did, codes, site_x, zs_next = model.logged_groups(steps, layout)
@@ -894,15 +894,17 @@ class SiteStateModel:
         )
         val = ok & np.isin(ep_of_group, held)
         tensors = [th.as_tensor(v) for v in (who, did, codes, site_x, np.nan_to_num(target))]
-        score = model._train(tensors, th.as_tensor(ok & ~val), th.as_tensor(val), epochs, lr)
-        if interactions:
+        trn_t, val_t = th.as_tensor(ok & ~val), th.as_tensor(val)
+        score = model._train(tensors, trn_t, val_t, epochs, lr)
+        if interactions and val.any():
             # The products add ~(A+Y)²/2 weights per column; a column keeps them only where they
-            # predict the held-out episodes better (without held-out episodes, never: on the
-            # training groups the larger form always wins).
-            linear = cls(layout, seed=seed, columns=columns, interactions=False)
-            linear_score = linear._train(tensors, th.as_tensor(ok & ~val), th.as_tensor(val), epochs, lr)
-            model.products = score < linear_score if val.any() else np.zeros(model.k, bool)
-            model._take_columns(linear, np.flatnonzero(~model.products))
+            # predict the held-out episodes better (without held-out episodes they are not offered:
+            # on the training groups the larger form always wins).
+            wider = cls(layout, seed=seed, columns=columns, interactions=True)
+            wider.products = wider._train(tensors, trn_t, val_t, epochs, lr) < score
+            wider._take_columns(model, np.flatnonzero(~wider.products))
+            wider.z_low, wider.z_high = model.z_low, model.z_high
+            model = wider
         if val.any():
             pred = model.predict(who, did, codes, site_x)[val]
             truth = zs_next[val]
