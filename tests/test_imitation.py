@@ -177,6 +177,26 @@ def test_behaviour_clone_learns_a_mapping() -> None:
     assert fit["mse"] < 0.05 < before
 
 
+def test_behaviour_clone_ends_with_the_maximum_likelihood_noise_per_output() -> None:
+    # a sampled twin must draw each output with the logged residual spread, not SB3's initial std 1:
+    # on a log1p column a std several times too wide inflates the raw mean (log-normal bias)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 2)).astype(np.float32)
+    noise_sd = np.array([0.05, 0.4])
+    y = (np.stack([x[:, 0], -x[:, 1]], 1) + noise_sd * rng.normal(size=(2000, 2))).astype(np.float32)
+    torch.manual_seed(0)
+    pol = gaussian_policy(2, 2, [32, 32])
+    fit = behaviour_clone(x, y, pol, epochs=30, seed=0)
+    model = GaussianModel(pol)
+    resid_rms = np.sqrt(((y - model.mean(x)) ** 2).mean(axis=0))
+    np.testing.assert_allclose(model.std, resid_rms, rtol=1e-5)  # the closed-form optimum given the mean
+    # one std per output, near the logged noise (the mean is not fitted exactly in 30 epochs)
+    assert model.std[0] < 0.5 * model.std[1] and abs(model.std[1] - noise_sd[1]) < 0.1
+    # the reported likelihood is that of the final (mean, std)
+    nll = 0.5 * np.log(2 * np.pi * model.std**2).sum() + 0.5 * (((y - model.mean(x)) / model.std) ** 2).sum(1).mean()
+    assert fit["neglogp"] == pytest.approx(nll, rel=1e-3)
+
+
 def test_supervised_response_model_fits_and_samples(toy) -> None:
     df, spec, lay = toy
     st = build_steps(df, lay)
@@ -326,3 +346,36 @@ def test_a_clock_column_is_rolled_exactly_not_learned() -> None:
     np.testing.assert_allclose(nxt[:, h], [2.0, 7.0, 0.0, 1.5])
     q = lay.state.index("state.queue")
     assert not np.allclose(nxt[:, q], start[:, q])  # the other columns still follow the model
+
+
+def test_a_state_that_repeats_last_ticks_response_is_copied_from_the_twins_own_response() -> None:
+    df = toy_log(episodes=4, steps=14)
+    # "its wait last tick": the previous row's response of the same agent (0 at t = 0)
+    df = df.sort_values(["episode", "agent", "t"])
+    df["state.last_wait"] = df.groupby(["episode", "agent"])["response.wait"].shift(1).fillna(0.0)
+    df = df.sort_index()
+    spec = toy_spec()
+    spec = TwinSpec((*spec.features, Feature("state.last_wait", "continuous", 0.0, 30.0)), name=spec.name,
+                    step_seconds=spec.step_seconds, reward_weights=spec.reward_weights)
+    lay = Layout.fit(df, spec)
+    wait = lay.outputs.index("response.wait")
+    assert dict(zip(lay.state, lay.echo, strict=True)) == {
+        "state.queue": None, "state.credit": None, "state.phase": None, "state.last_wait": wait
+    }
+    assert Layout.from_dict(lay.to_dict()).echo == lay.echo
+    # a copy that is off by one row somewhere is not an echo
+    off = df.copy()
+    off.loc[off.index[(off["t"] == 5).to_numpy()][0], "state.last_wait"] += 1.0
+    assert Layout.fit(off, spec).echo[-1] is None
+
+    rng = np.random.default_rng(0)
+    scen, site = np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1])
+    prof = profile_sampler(df, lay)(4, "a", 1)
+    start = InitialStates.fit(df, lay).sample(lay, scen, prof, rng)
+    w = World(lay, scen, site, prof, start.copy(), np.zeros((2, lay.n_lag)))
+    y = rng.normal(0.0, 1.0, (4, lay.n_model_outputs)).astype(np.float32)
+    y[3, wait] = 40.0  # a wait beyond the state column's bound is clipped to it
+    out, nxt = w.apply(np.tile([0.5, 0.0], (4, 1)), y)
+    last = lay.state.index("state.last_wait")
+    np.testing.assert_allclose(nxt[:3, last], out[:3, wait])
+    assert nxt[3, last] == 30.0 and out[3, wait] > 30.0

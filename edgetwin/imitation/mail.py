@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 
 #: Client outputs live in standardised units; the action box only guards against runaway samples.
 OUTPUT_CLIP = 10.0
+#: Floor of a fitted Gaussian's std (standardised units): a column the mean fits exactly keeps a
+#: finite log-likelihood.
+MIN_STD = 1e-2
 
 #: ``(n, scenario label, seed) -> raw profiles (n, P)``, e.g. a GAN-SMMSG population model.
 ProfileSampler = Callable[[int, str, int], np.ndarray]
@@ -133,7 +136,11 @@ def behaviour_clone(
     """Fit ``policy`` to ``(x, y)`` pairs by maximum likelihood with `imitation.algorithms.bc.BC`.
 
     For a Gaussian policy this is eq. 7 of seed 004 (squared error to the logged action) with a
-    learned variance.
+    learned variance. The variance ends at its closed-form maximum-likelihood value given the fitted
+    mean (the mean squared residual per output): gradient steps move SB3's ``log_std`` (initialised
+    at 0, std 1) too slowly to get there in a few epochs, and a twin that samples with a std several
+    times the logged residual inflates the mean of every heavy-tailed output (log-normal bias) and
+    feeds that back through its state.
 
     Returns:
         ``{"neglogp": final mean negative log-likelihood, "mse": final squared error of the mean}``.
@@ -160,9 +167,11 @@ def behaviour_clone(
         # imitation logs a grad-carrying tensor as float each batch (harmless, noisy)
         warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad")
         trainer.train(n_epochs=max(1, epochs), progress_bar=False)
-    with th.no_grad():
-        _, logp, _ = policy.evaluate_actions(th.as_tensor(x.copy()), th.as_tensor(y.copy()))
     mu = GaussianModel(policy).mean(x)
+    rms = np.sqrt(((y - mu) ** 2).mean(axis=0))
+    with th.no_grad():
+        policy.log_std.copy_(th.as_tensor(np.log(np.maximum(rms, MIN_STD)), dtype=policy.log_std.dtype))
+        _, logp, _ = policy.evaluate_actions(th.as_tensor(x.copy()), th.as_tensor(y.copy()))
     return {"neglogp": float(-logp.mean()), "mse": float(((mu - y) ** 2).mean())}
 
 

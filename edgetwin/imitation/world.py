@@ -178,6 +178,10 @@ class Layout:
         clock: per state column, its step (raw units) when the logs show it advancing by exactly that
             much every tick (modulo its spec range, e.g. a time of day), else None; the twin rolls
             such a column exactly instead of learning it, because a learned clock drifts.
+        echo: per state column, the index in `outputs` of the output it repeats one tick later
+            when the logs show it doing so exactly (e.g. "its offload ratio last tick"), else None;
+            the twin copies its own output of the tick there, so a state that carries an agent's
+            last response cannot disagree with the response the twin drew.
     """
 
     spec: TwinSpec
@@ -197,6 +201,7 @@ class Layout:
     state_absolute: list[bool] = field(default_factory=list)
     site_profile: bool = False
     clock: list[float | None] = field(default_factory=list)
+    echo: list[int | None] = field(default_factory=list)
 
     @classmethod
     def fit(cls, log: pd.DataFrame, spec: TwinSpec, use_time: bool = True) -> Layout:
@@ -257,6 +262,7 @@ class Layout:
             state_absolute=state_absolute,
             site_profile=True,
             clock=_clocks(log, state, spec),
+            echo=_echoes(log, state, outputs),
         )
 
     # --- widths ---------------------------------------------------------------------------
@@ -311,6 +317,7 @@ class Layout:
             "state_absolute": self.state_absolute,
             "site_profile": self.site_profile,
             "clock": self.clock,
+            "echo": self.echo,
         }
 
     @classmethod
@@ -333,6 +340,7 @@ class Layout:
             state_absolute=[bool(v) for v in d.get("state_absolute", [])],
             site_profile=bool(d.get("site_profile", False)),
             clock=[None if v is None else float(v) for v in d.get("clock", [])],
+            echo=[None if v is None else int(v) for v in d.get("echo", [])],
         )
 
     def roll_clocks(self, state: np.ndarray, nxt: np.ndarray) -> np.ndarray:
@@ -344,6 +352,16 @@ class Layout:
             low = self.spec.feature(self.state[j]).low or 0.0
             moved = state[:, j] + step
             nxt[:, j] = moved if period is None else low + np.mod(moved - low, period)
+        return nxt
+
+    def roll_echoes(self, outputs: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+        """``nxt (N, S)`` with every `echo` column set to the tick's ``outputs (N, Y)`` it repeats
+        (raw units, legalised to the state column's bounds)."""
+        cols = [(j, k) for j, k in enumerate(self.echo) if k is not None]
+        if cols:
+            for j, k in cols:
+                nxt[:, j] = outputs[:, k]
+            nxt[:] = self.scalers["state"].legalise(nxt)
         return nxt
 
 
@@ -394,6 +412,31 @@ def _clocks(log: pd.DataFrame, state: list[str], spec: TwinSpec, tol: float = 1e
         scale = period if period is not None else max(float(np.abs(df[c]).max()), 1.0)
         exact = bool(np.all(np.abs(d - step) <= tol * scale))
         out.append(step if exact and abs(step) > tol * scale else None)
+    return out
+
+
+def _echoes(log: pd.DataFrame, state: list[str], outputs: list[str], tol: float = 1e-6) -> list[int | None]:
+    """Per state column, the index in ``outputs`` of the output whose value of tick t it takes at
+    t+1 for every agent in the logs (within ``tol`` of the columns' scale), or None."""
+    if not state or not outputs:
+        return [None] * len(state)
+    df = log.sort_values(["episode", "agent", "t"], kind="stable")
+    by_agent = df.groupby(["episode", "agent"], sort=False)
+    consecutive = (by_agent["t"].diff() == 1).to_numpy()
+    if consecutive.sum() < 2:
+        return [None] * len(state)
+    nxt = df[state].to_numpy(np.float64)[consecutive]
+    # the output of each row's previous tick, aligned with the row
+    prev = by_agent[outputs].shift(1).to_numpy(np.float64)[consecutive]
+    out: list[int | None] = []
+    for j, c in enumerate(state):
+        match = None
+        for k, o in enumerate(outputs):
+            scale = max(float(np.nanmax(np.abs(df[[c, o]].to_numpy(np.float64)))), 1.0)
+            if np.nanstd(prev[:, k]) > 0 and np.all(np.abs(nxt[:, j] - prev[:, k]) <= tol * scale):
+                match = k
+                break
+        out.append(match)
     return out
 
 
@@ -1033,6 +1076,7 @@ class World:
             if self.site_model is not None and len(site_cols):
                 z_next[:, self.site_model.columns] = self._site_next(zs, za, zy)[self.site]
             nxt = lay.roll_clocks(self.state, lay.scalers["state"].inverse(z_next))
+            nxt = lay.roll_echoes(out_raw, nxt)
         else:
             nxt = self.state.copy()
         self.lag = site_now
