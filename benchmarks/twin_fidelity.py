@@ -170,6 +170,7 @@ KEEP_SUBSECTIONS = (
     "### Clocks rolled exactly",
     "### Logs under a regime-switching policy",
     "### Products of action and response in the site model",
+    "### Last tick's response and the response noise",
 )
 
 
