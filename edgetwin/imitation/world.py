@@ -370,13 +370,20 @@ class Layout:
 PERSISTENT_RATIO = 0.1
 
 
+def _agent_rows(log: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """The log sorted by (episode, agent, t), and which of its rows follow their agent's previous
+    tick (``t`` one more than the row before it)."""
+    df = log.sort_values(["episode", "agent", "t"], kind="stable")
+    consecutive = (df.groupby(["episode", "agent"], sort=False)["t"].diff() == 1).to_numpy()
+    return df, consecutive
+
+
 def _weakly_persistent(log: pd.DataFrame, state: list[str], scaler: ColumnScaler) -> list[bool]:
     """Which state columns are not near-random walks (``Var Δz >= PERSISTENT_RATIO · Var z``)."""
     if not state:
         return []
-    df = log.sort_values(["episode", "agent", "t"], kind="stable")
+    df, consecutive = _agent_rows(log)
     z = pd.DataFrame(scaler.transform(df[state].to_numpy(np.float64)), columns=state, index=df.index)
-    consecutive = (df.groupby(["episode", "agent"], sort=False)["t"].diff() == 1).to_numpy()
     dz = z.groupby([df["episode"], df["agent"]], sort=False).diff()[consecutive]
     if len(dz) < 2:
         return [False] * len(state)
@@ -396,8 +403,7 @@ def _clocks(log: pd.DataFrame, state: list[str], spec: TwinSpec, tol: float = 1e
     spec range when bounded), or None: such a column is a clock, not something to learn."""
     if not state:
         return []
-    df = log.sort_values(["episode", "agent", "t"], kind="stable")
-    consecutive = (df.groupby(["episode", "agent"], sort=False)["t"].diff() == 1).to_numpy()
+    df, consecutive = _agent_rows(log)
     if consecutive.sum() < 2:
         return [None] * len(state)
     deltas = df.groupby(["episode", "agent"], sort=False)[state].diff().to_numpy(np.float64)[consecutive]
@@ -420,14 +426,12 @@ def _echoes(log: pd.DataFrame, state: list[str], outputs: list[str], tol: float 
     t+1 for every agent in the logs (within ``tol`` of the columns' scale), or None."""
     if not state or not outputs:
         return [None] * len(state)
-    df = log.sort_values(["episode", "agent", "t"], kind="stable")
-    by_agent = df.groupby(["episode", "agent"], sort=False)
-    consecutive = (by_agent["t"].diff() == 1).to_numpy()
+    df, consecutive = _agent_rows(log)
     if consecutive.sum() < 2:
         return [None] * len(state)
     nxt = df[state].to_numpy(np.float64)[consecutive]
     # the output of each row's previous tick, aligned with the row
-    prev = by_agent[outputs].shift(1).to_numpy(np.float64)[consecutive]
+    prev = df.groupby(["episode", "agent"], sort=False)[outputs].shift(1).to_numpy(np.float64)[consecutive]
     out: list[int | None] = []
     for j, c in enumerate(state):
         match = None
