@@ -363,7 +363,7 @@ def test_a_state_that_repeats_last_ticks_response_is_copied_from_the_twins_own_r
         "state.queue": None, "state.credit": None, "state.phase": None, "state.last_wait": wait
     }
     assert Layout.from_dict(lay.to_dict()).echo == lay.echo
-    # a copy that is off by one row somewhere is not an echo
+    # a column that differs from the last response in a single row is not an echo
     off = df.copy()
     off.loc[off.index[(off["t"] == 5).to_numpy()][0], "state.last_wait"] += 1.0
     assert Layout.fit(off, spec).echo[-1] is None
