@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from edgetwin.cli import cluster_kpi_columns
-from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, generate_logs
+from edgetwin.contract.policy import NoisyPolicy
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, generate_logs
 from edgetwin.policies.evaluate import ArraySystem
 from edgetwin.policies.heuristics import SchedulingView, Target
-from edgetwin.twin.policy import NoisyPolicy
 from edgetwin.twin.twin import Twin
 
 ROOT = Path(__file__).resolve().parents[1]

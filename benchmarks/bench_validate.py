@@ -4,7 +4,7 @@ No source paper has a table for this (validation is edgetwin's own contract), so
 column is empty; the requirement is "a million rows in seconds". The log is a synthetic toy
 system (7 features + reward, 100 agents per step) with 0.1 % of its cells corrupted, written as
 Parquet and CSV. Each timing is the median of ``--repeat`` runs; the ratio is against reading the
-same file with `edgetwin.twin.logs.read_table` in the same run.
+same file with `edgetwin.contract.logs.read_table` in the same run.
 
     python benchmarks/bench_validate.py            # 100k and 1M rows, writes docs/benchmarks.md
     python benchmarks/bench_validate.py --rows 100000 --no-write
@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from edgetwin.twin.logs import read_table, write_table
-from edgetwin.twin.spec import Feature, TwinSpec, spec_path_for
-from edgetwin.twin.validate import QuarantineWarning, load_valid_log, validate_log
+from edgetwin.contract.logs import read_table, write_table
+from edgetwin.contract.spec import Feature, TwinSpec, spec_path_for
+from edgetwin.contract.validate import QuarantineWarning, load_valid_log, validate_log
 
 SECTION = "## Log validation"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"

@@ -43,7 +43,6 @@ import torch
 from tqdm import tqdm
 
 from edgetwin.edge.bus import InMemoryBus, MemoryBroker, NatsBus, NatsConfig
-from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, EdgeClusterEnv, cluster_spec
 from edgetwin.edge.registry import FileRegistry, NatsRegistry, metadata_from_policy_dir
 from edgetwin.edge.runtime import (
     EdgeRuntime,
@@ -54,6 +53,7 @@ from edgetwin.edge.runtime import (
     rollback_subject,
 )
 from edgetwin.edge.signing import Signer, TrustStore, save_public_key
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, EdgeClusterEnv, cluster_spec
 from edgetwin.policies.export import ActionTransform, export_policy, load_policy
 from edgetwin.policies.shield import ShieldConfig, SLOGuard
 

@@ -33,7 +33,8 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from edgetwin.edge.cluster import (  # noqa: E402
+from edgetwin.contract.policy import FunctionPolicy  # noqa: E402
+from edgetwin.emulator.cluster import (  # noqa: E402
     ACT_HIGH,
     ACT_LOW,
     ClusterConfig,
@@ -43,8 +44,7 @@ from edgetwin.edge.cluster import (  # noqa: E402
     cluster_spec,
     generate_logs,
 )
-from edgetwin.edge.population import SCENARIOS  # noqa: E402
-from edgetwin.twin.policy import FunctionPolicy  # noqa: E402
+from edgetwin.emulator.population import SCENARIOS  # noqa: E402
 
 SECTION = "## Emulated cluster throughput"
 ROOT = Path(__file__).resolve().parents[1]

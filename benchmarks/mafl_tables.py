@@ -1,6 +1,6 @@
 """Seed 003 Tables 1-3 on the emulated cluster: heuristic vs non-federated MARL vs MA-FL.
 
-Six heterogeneous edge sites in two clusters (`edgetwin.edge.agents.heterogeneous_sites`), each an
+Six heterogeneous edge sites in two clusters (`edgetwin.federation.agents.heterogeneous_sites`), each an
 emulated edge-cloud system with its own scenario mix, provisioning and drift. Three ways to run
 them:
 
@@ -41,10 +41,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from edgetwin.edge.agents import heterogeneous_sites, make_learner  # noqa: E402
-from edgetwin.edge.cluster import EdgeCluster, episode_seed  # noqa: E402
-from edgetwin.edge.federation import build_federation, make_federation_config, train_independent  # noqa: E402
-from edgetwin.twin.spec import TwinSpec  # noqa: E402
+from edgetwin.contract.spec import TwinSpec  # noqa: E402
+from edgetwin.emulator.cluster import EdgeCluster, episode_seed  # noqa: E402
+from edgetwin.federation.agents import heterogeneous_sites, make_learner  # noqa: E402
+from edgetwin.federation.runner import build_federation, make_federation_config, train_independent  # noqa: E402
 
 SECTION = "## MA-FL: seed 003 Tables 1-3 on the emulated cluster"
 ROOT = Path(__file__).resolve().parents[1]
@@ -300,7 +300,7 @@ def main() -> None:
 
 
 def _bytes(fed) -> list[dict[str, int]]:
-    from edgetwin.edge.federation import _bytes_per_round
+    from edgetwin.federation.runner import _bytes_per_round
 
     groups = {a.node.name: a.records for a in fed.aggregators}
     return _bytes_per_round(groups, fed.root)

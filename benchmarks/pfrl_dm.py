@@ -1,7 +1,7 @@
 """PFRL-DM (seed 000) on heterogeneous emulated edge sites, over the MA-FL agents.
 
 Four (or more) sites built from different workload archetypes (scenario mix, provisioning level,
-drift: `edgetwin.edge.agents.SITE_ARCHETYPES`, in the spirit of seed 000 Table 3) each train a
+drift: `edgetwin.federation.agents.SITE_ARCHETYPES`, in the spirit of seed 000 Table 3) each train a
 platform policy on their own emulated cluster. Compared, as in seed 000 §5.2 / Fig. 15:
 
 - PFRL-DM: dual-critic PPO, only the public critic federated, multi-head attention aggregation
@@ -28,7 +28,7 @@ Seed 000 gives no table for this: its claim (Fig. 15) is that PFRL-DM converges 
 than FedAvg and independent PPO and that FedAvg ends lower.
 
 ``--env vm`` runs the same comparison on seed 000's own task-scheduling MDP
-(`edgetwin.edge.vm_scheduling`); there the evaluation scores the policy's sampled actions (seeded),
+(`edgetwin.emulator.vm_scheduling`); there the evaluation scores the policy's sampled actions (seeded),
 because its greedy policy repeats denied placements (`scheduler_evaluator`).
 
     python benchmarks/pfrl_dm.py                    # writes docs/benchmarks.md + PNG
@@ -57,11 +57,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from edgetwin.edge.agents import PPOLearner, SchedulerLearner, SiteSpec, heterogeneous_sites  # noqa: E402
-from edgetwin.edge.aggregation import attention_weights  # noqa: E402
-from edgetwin.edge.cluster import EdgeClusterVecEnv, episode_seed  # noqa: E402
-from edgetwin.edge.federation import make_federation_config, run_federation, train_independent  # noqa: E402
-from edgetwin.edge.vm_scheduling import VMSchedulingConfig, VMSchedulingEnv, vm_sites  # noqa: E402
+from edgetwin.emulator.cluster import EdgeClusterVecEnv, episode_seed  # noqa: E402
+from edgetwin.emulator.vm_scheduling import VMSchedulingConfig, VMSchedulingEnv, vm_sites  # noqa: E402
+from edgetwin.federation.agents import PPOLearner, SchedulerLearner, SiteSpec, heterogeneous_sites  # noqa: E402
+from edgetwin.federation.aggregation import attention_weights  # noqa: E402
+from edgetwin.federation.runner import make_federation_config, run_federation, train_independent  # noqa: E402
 
 SECTION = "## MA-FL: PFRL-DM personalised federated RL (seed 000)"
 SECTION_VM = "## MA-FL: PFRL-DM on seed 000's own task-scheduling MDP"
@@ -180,7 +180,7 @@ def scheduler_evaluator(
 
 def heuristic_scores(vm: Sequence[VMSchedulingConfig], sites: Sequence[SiteSpec], n_eval: int) -> dict[str, list[float]]:
     """Baselines on the same held-out episodes as the learners: name -> score per site."""
-    from edgetwin.edge.vm_scheduling import first_fit, least_loaded
+    from edgetwin.emulator.vm_scheduling import first_fit, least_loaded
 
     rules: dict[str, Callable[[np.ndarray, VMSchedulingEnv], int]] = {
         "first fit": lambda _obs, env: first_fit(env),
@@ -469,7 +469,7 @@ def describe_cluster(args: argparse.Namespace, budget: int) -> list[str]:
 def describe_vm(args: argparse.Namespace, budget: int, heuristics: dict[str, list[float]]) -> list[str]:
     """The setup and measurement paragraphs of the run on seed 000's task-scheduling MDP."""
     return [
-        f"{args.sites} sites of seed 000's own MDP (`edgetwin.edge.vm_scheduling`: tasks wait in a queue and the "
+        f"{args.sites} sites of seed 000's own MDP (`edgetwin.emulator.vm_scheduling`: tasks wait in a queue and the "
         "scheduler puts the head task on one of up to L VMs or waits; state = remaining capacity per VM, progress "
         "per vCPU, the first 5 queued requests; reward eqs. 3-9, ρ 0.5; one decision per time step). Site i has "
         "seed 000 Table 3's machines of client i and its own workload "
@@ -509,7 +509,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     parser.add_argument(
         "--traces", nargs="+", default=None, metavar="PATH",
-        help="real traces (any format of edgetwin.edge.traces) for task shapes and arrivals, one per site round-robin "
+        help="real traces (any format of edgetwin.emulator.traces) for task shapes and arrivals, one per site round-robin "
         "(seed 000 Table 3 builds its clients from different traces); default: the built-in distributions",
     )
     parser.add_argument(

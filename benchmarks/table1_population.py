@@ -4,13 +4,13 @@ GAN-SMMSG vs GMM (10 components) vs GAN vs WGAN(-GP), each fitted on the trainin
 asked for 100,000 new ones, scored against HELD-OUT real agents on:
 
 * the paper's four columns: average task time, convergence time, offloading ratio, agent (type /
-  scenario) -- KL(real || generated), binned as in `edgetwin.twin.metrics.marginal_histograms`;
+  scenario) -- KL(real || generated), binned as in `edgetwin.contract.metrics.marginal_histograms`;
 * extra columns: mean and max KL over all profile features, MMD^2 (RBF, median heuristic),
   classifier two-sample AUC (0.5 = indistinguishable), rank-correlation distance, fit time.
 
 Two data sets:
 
-1. ``cluster``: logs of the emulated edge-cloud cluster (`edgetwin.edge.cluster.generate_logs`,
+1. ``cluster``: logs of the emulated edge-cloud cluster (`edgetwin.emulator.cluster.generate_logs`,
    random logging policy), one row per service group: its 11 ``profile.*`` features, among them
    ``mean_task_s`` (average task time), ``convergence_steps`` (convergence time) and
    ``base_offload`` (its baseline offloading ratio); scenarios mbb / iot / iov are the agent types.
@@ -45,10 +45,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from edgetwin.contract.metrics import fidelity_report
+from edgetwin.contract.spec import Feature, TwinSpec
 from edgetwin.generative import agent_profiles, fit_population
 from edgetwin.generative.report import plot_marginals
-from edgetwin.twin.metrics import fidelity_report
-from edgetwin.twin.spec import Feature, TwinSpec
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## Table 1 — population (GAN-SMMSG)"
@@ -84,7 +84,7 @@ CACHE = REPO / "docs" / "benchmarks" / "table1"
 # ------------------------------------------------------------------------------------- data
 def cluster_data(agents: int, episodes: int, held_out_episodes: int, seed: int) -> dict[str, Any]:
     """Profiles of the emulated cluster's service groups; held-out = the last episodes."""
-    from edgetwin.edge.cluster import ClusterConfig, generate_logs
+    from edgetwin.emulator.cluster import ClusterConfig, generate_logs
 
     # Profiles are drawn at reset, so one tick per episode logs every group's profile.
     log, spec = generate_logs(

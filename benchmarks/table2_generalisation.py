@@ -4,7 +4,7 @@ Build a twin from one day of the emulated cluster's logs (under a random logging
 production-like noisy heuristic), train a
 PPO policy in it (with the action-norm regulariser, λ = 0.4), and measure on the *emulated cluster*
 the improvement of the offload ratio over the logging (random) policy at 0 days, 1 day, 1 week and
-1 month of drift (population and behaviour drift of `edgetwin.edge.cluster`). The BC row does the
+1 month of drift (population and behaviour drift of `edgetwin.emulator.cluster`). The BC row does the
 same with a twin whose client model is behaviour cloning only (MAIL's pre-training, seed 004 eq. 7),
 as the paper substitutes BC for MAIL in the simulator.
 

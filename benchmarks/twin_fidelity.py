@@ -1,6 +1,6 @@
 """Twin fidelity (MAIL-MMSG): how well a twin learned from logs stands in for the real system.
 
-The "real system" is edgetwin's emulated edge-cloud cluster (`edgetwin.edge.cluster`), logged
+The "real system" is edgetwin's emulated edge-cloud cluster (`edgetwin.emulator.cluster`), logged
 under a uniformly random platform policy (as in seed 004 §4.1; `--logging regimes` logs under
 `RegimePolicy` instead, a scheduler whose configuration changes every 2 hours). Measured:
 
@@ -36,7 +36,8 @@ from scipy.stats import spearmanr
 from sklearn.ensemble import HistGradientBoostingRegressor
 from stable_baselines3 import PPO
 
-from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, cluster_spec, generate_logs
+from edgetwin.contract.policy import FunctionPolicy, NoisyPolicy, PlatformPolicy, RandomPolicy, RegimePolicy
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, cluster_spec, generate_logs
 from edgetwin.policies.train import quiet_logger
 from edgetwin.twin.fidelity import (
     fidelity_report,
@@ -45,7 +46,6 @@ from edgetwin.twin.fidelity import (
     one_step_outputs,
     replay_errors,
 )
-from edgetwin.twin.policy import FunctionPolicy, NoisyPolicy, PlatformPolicy, RandomPolicy, RegimePolicy
 from edgetwin.twin.twin import Twin
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,9 +22,9 @@ import pandas as pd
 import torch
 from _docs import write_section
 
-from edgetwin.edge.cluster import ClusterConfig, SLOAwarePolicy, generate_logs
+from edgetwin.contract.policy import FunctionPolicy, RandomPolicy
+from edgetwin.emulator.cluster import ClusterConfig, SLOAwarePolicy, generate_logs
 from edgetwin.imitation.world import Layout, SiteStateModel, build_steps
-from edgetwin.twin.policy import FunctionPolicy, RandomPolicy
 
 SECTION = "## Twin site-level state (SiteStateModel)"
 COLUMN = "state.site_reserved"

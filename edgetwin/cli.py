@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from edgetwin.errors import GateRefused, InputError
+from edgetwin.contract.errors import GateRefused, InputError
 
 app = typer.Typer(
     name="edgetwin",
@@ -73,7 +73,7 @@ def logs_validate(
 
     Unusable rows go to the quarantine file with their row number and reason; see docs/log-format.md.
     """
-    from edgetwin.twin.validate import validate_log
+    from edgetwin.contract.validate import validate_log
 
     if not 0.0 <= min_usable <= 1.0:
         raise InputError(f"must be between 0 and 1, got {min_usable}", "--min-usable")
@@ -276,10 +276,10 @@ def logs_generate(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the emulated edge-cloud cluster under a logging policy and write its log and spec."""
-    from edgetwin.edge.cluster import ClusterConfig, generate_logs, plot_overview
-    from edgetwin.edge.population import DRIFT_DAYS
-    from edgetwin.twin.logs import write_table
-    from edgetwin.twin.spec import spec_path_for
+    from edgetwin.contract.logs import write_table
+    from edgetwin.contract.spec import spec_path_for
+    from edgetwin.emulator.cluster import ClusterConfig, generate_logs, plot_overview
+    from edgetwin.emulator.population import DRIFT_DAYS
 
     if policy not in ("random", "heuristic"):
         raise InputError(f"expected 'random' or 'heuristic', got {policy!r}", "--policy")
@@ -469,8 +469,8 @@ app.add_typer(population_app, name="population")
 
 def _population_table(log: Path, spec: Path | None, model_spec: Any = None) -> tuple[Any, Any]:
     """Read a log (or a profile table) and its spec; return (one row per agent, spec)."""
+    from edgetwin.contract.logs import read_table, resolve_spec
     from edgetwin.generative import agent_profiles
-    from edgetwin.twin.logs import read_table, resolve_spec
 
     df = read_table(log)
     sp = model_spec if model_spec is not None and spec is None else resolve_spec(log, spec, list(df.columns))
@@ -563,7 +563,7 @@ def population_report_cmd(
 # ------------------------------------------------------------------------------------- policies
 def cluster_kpi_columns() -> Any:
     """Which emulated-cluster columns are which KPI (defined beside the cluster)."""
-    from edgetwin.edge.cluster import cluster_kpi_columns as kpis
+    from edgetwin.emulator.cluster import cluster_kpi_columns as kpis
 
     return kpis()
 
@@ -661,7 +661,7 @@ def policy_evaluate(
         twin = Twin.load(twin_dir)
         system: Any = TwinSystem(twin, n_agents=agents, steps=episode_steps)
     else:
-        from edgetwin.edge.cluster import ClusterConfig, EdgeCluster
+        from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
 
         cluster = EdgeCluster(ClusterConfig(n_agents=agents, steps=episode_steps, drift=drift))
         system = ArraySystem(cluster, cluster.spec)
@@ -810,7 +810,7 @@ def _whatif_inputs(
     """Twin, scenarios, KPI definitions (defaults + files) and the replay log of what-if commands."""
     import torch
 
-    from edgetwin.twin.spec import REWARD_COLUMN
+    from edgetwin.contract.spec import REWARD_COLUMN
     from edgetwin.twin.twin import Twin, load_log
     from edgetwin.twin.whatif import default_kpis, kpis_from_dicts, load_kpis, load_scenarios, merge_kpis
 
@@ -1063,7 +1063,7 @@ def federate(
     import numpy as np
     import torch
 
-    from edgetwin.edge.federation import FederationConfig, make_federation_config, run_federation
+    from edgetwin.federation.runner import FederationConfig, make_federation_config, run_federation
 
     torch.set_num_threads(1)
     if config is not None:
@@ -1115,7 +1115,7 @@ def agent(
 
     import torch
 
-    from edgetwin.edge.federation import FederationConfig, run_agent
+    from edgetwin.federation.runner import FederationConfig, run_agent
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(name)s %(levelname)s %(message)s")

@@ -52,10 +52,10 @@ def run_demo(
         sizes: how much each learned stage trains (`DemoSizes`; default: a few minutes on 2 cores).
     """
     sizes = sizes or DemoSizes()
-    from edgetwin.edge.cluster import ClusterConfig, generate_logs
-    from edgetwin.twin.logs import write_table
-    from edgetwin.twin.spec import spec_path_for
-    from edgetwin.twin.validate import validate_log
+    from edgetwin.contract.logs import write_table
+    from edgetwin.contract.spec import spec_path_for
+    from edgetwin.contract.validate import validate_log
+    from edgetwin.emulator.cluster import ClusterConfig, generate_logs
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -157,10 +157,10 @@ def _fit_twin(log_path: Path, spec: Any, seed: int, sizes: DemoSizes) -> Any:
 
 def _score_on_cluster(policy_dir: Path, config: Any, seed: int) -> dict[str, Any]:
     """Offload ratio and return of the trained policy and the random logging policy, same episodes."""
-    from edgetwin.edge.cluster import EdgeCluster
+    from edgetwin.contract.policy import RandomPolicy
+    from edgetwin.emulator.cluster import EdgeCluster
     from edgetwin.policies.evaluate import ArraySystem, evaluate_policy, improvement
     from edgetwin.policies.export import load_policy
-    from edgetwin.twin.policy import RandomPolicy
 
     cluster = EdgeCluster(config)
     system = ArraySystem(cluster, cluster.spec)
@@ -179,7 +179,7 @@ def _score_on_cluster(policy_dir: Path, config: Any, seed: int) -> dict[str, Any
 
 
 def _cluster_kpis() -> Any:
-    from edgetwin.edge.cluster import cluster_kpi_columns
+    from edgetwin.emulator.cluster import cluster_kpi_columns
 
     return cluster_kpi_columns()
 
@@ -207,11 +207,11 @@ def _promote_and_serve(
     """Gate + signed promotion into a file registry, then an in-process edge runtime serves the cluster."""
     import numpy as np
 
-    from edgetwin.edge.cluster import EdgeCluster
+    from edgetwin.contract.errors import GateRefused
     from edgetwin.edge.registry import FileRegistry, metadata_from_policy_dir
     from edgetwin.edge.runtime import EdgeRuntime
     from edgetwin.edge.signing import Signer, TrustStore
-    from edgetwin.errors import GateRefused
+    from edgetwin.emulator.cluster import EdgeCluster
     from edgetwin.policies.gate import promote
 
     registry = FileRegistry(out / "registry")

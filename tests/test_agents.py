@@ -16,7 +16,10 @@ import pytest
 import torch
 
 from edgetwin.cli import main
-from edgetwin.edge.agents import (
+from edgetwin.contract.errors import InputError
+from edgetwin.edge.bus import Subjects
+from edgetwin.edge.messages import Envelope
+from edgetwin.federation.agents import (
     Attack,
     DampedErrorFeedbackCodec,
     ForecastLearner,
@@ -26,9 +29,8 @@ from edgetwin.edge.agents import (
     resolve_intents,
     site_series,
 )
-from edgetwin.edge.bus import Subjects
-from edgetwin.edge.compression import UpdateCodec
-from edgetwin.edge.federation import (
+from edgetwin.federation.compression import UpdateCodec
+from edgetwin.federation.runner import (
     FederationConfig,
     build_federation,
     build_tree,
@@ -37,8 +39,6 @@ from edgetwin.edge.federation import (
     run_federation,
     run_federation_async,
 )
-from edgetwin.edge.messages import Envelope
-from edgetwin.errors import InputError
 
 torch.set_num_threads(1)
 
@@ -468,7 +468,7 @@ def test_cli_federate_json_and_bad_input(capsys, tmp_path):
 @pytest.mark.slow
 def test_esa_trains_in_its_sites_twin_when_one_is_given(tmp_path):
     """A site with a twin directory trains its dual-critic PPO in the twin, not in the emulated cluster."""
-    from edgetwin.edge.cluster import ClusterConfig, generate_logs
+    from edgetwin.emulator.cluster import ClusterConfig, generate_logs
     from edgetwin.twin.twin import Twin
 
     site = heterogeneous_sites(1, seed=0, n_agents=8, steps=8)[0]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from edgetwin.edge.aggregation import (
+from edgetwin.contract.errors import InputError
+from edgetwin.federation.aggregation import (
     AttentionAggregator,
     ClientSampler,
     ClientUpdate,
@@ -26,15 +27,14 @@ from edgetwin.edge.aggregation import (
     StalenessAware,
     TrimmedMean,
     attention_weights,
-    build_hierarchy,
     flatten,
     gaussian_epsilon_exact,
     make_aggregator,
     secure_sum,
     unflatten,
 )
-from edgetwin.edge.aggregation.secure import decode_fixed, shamir_combine, shamir_split
-from edgetwin.errors import InputError
+from edgetwin.federation.aggregation.secure import decode_fixed, shamir_combine, shamir_split
+from edgetwin.federation.hierarchy import build_hierarchy
 
 torch.set_num_threads(1)
 D = 40
@@ -168,7 +168,7 @@ def test_configurations_that_cannot_work_are_refused():
 
 # ------------------------------------------------------------------------------ secure aggregation
 def test_shamir_threshold_reconstruction():
-    from edgetwin.edge.aggregation.secure import _Rand
+    from edgetwin.federation.aggregation.secure import _Rand
 
     secret = 2**255 + 12345
     shares = shamir_split(secret, 5, 3, _Rand(0))

@@ -9,6 +9,7 @@ import struct
 import numpy as np
 import pytest
 
+from edgetwin.contract.errors import InputError
 from edgetwin.edge.bus import (
     InMemoryBus,
     MemoryBroker,
@@ -20,9 +21,8 @@ from edgetwin.edge.bus import (
     make_bus,
     subject_matches,
 )
-from edgetwin.edge.compression import UpdateCodec
-from edgetwin.edge.messages import Envelope, MessageRejected, decode, decode_update, encode, model_update
-from edgetwin.errors import InputError
+from edgetwin.edge.messages import Envelope, MessageRejected, decode, encode
+from edgetwin.federation.compression import UpdateCodec, decode_update, model_update
 
 
 def run(coro, timeout: float = 10.0):

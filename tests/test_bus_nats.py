@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from edgetwin.edge.bus import NatsBus, NatsConfig, Subjects
-from edgetwin.edge.compression import UpdateCodec
-from edgetwin.edge.messages import Envelope, encode, model_update
+from edgetwin.edge.messages import Envelope, encode
+from edgetwin.federation.compression import UpdateCodec, model_update
 from tests.conftest import NatsServer, free_port
 
 pytestmark = pytest.mark.nats

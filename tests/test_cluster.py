@@ -11,7 +11,11 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from edgetwin.edge.cluster import (
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.logs import ordered_columns
+from edgetwin.contract.policy import FunctionPolicy
+from edgetwin.contract.spec import KEY_COLUMNS, TwinSpec
+from edgetwin.emulator.cluster import (
     ACT_HIGH,
     ACT_LOW,
     ClusterConfig,
@@ -23,13 +27,9 @@ from edgetwin.edge.cluster import (
     generate_logs,
     plot_overview,
 )
-from edgetwin.edge.energy import CarbonSeries, Cooling, PowerModel, load_specpower
-from edgetwin.edge.population import SCENARIOS, Drift, sample_profiles
-from edgetwin.edge.traces import read_trace
-from edgetwin.errors import InputError
-from edgetwin.twin.logs import ordered_columns
-from edgetwin.twin.policy import FunctionPolicy
-from edgetwin.twin.spec import KEY_COLUMNS, TwinSpec
+from edgetwin.emulator.energy import CarbonSeries, Cooling, PowerModel, load_specpower
+from edgetwin.emulator.population import SCENARIOS, Drift, sample_profiles
+from edgetwin.emulator.traces import read_trace
 from tests.conftest import FIXTURES, shared_data
 
 torch.set_num_threads(1)
@@ -386,7 +386,7 @@ def test_cli_logs_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_reward_weights_choose_what_the_site_optimises() -> None:
-    from edgetwin.errors import InputError
+    from edgetwin.contract.errors import InputError
 
     def mean_reward(weights: dict[str, float] | None, capacity: float) -> float:
         env = EdgeClusterVecEnv(ClusterConfig(n_agents=8, steps=24, reward_weights=weights), seed=1)

@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgetwin.edge.compression import EncodedUpdate, Int8Quantizer, TopKSparsifier, UpdateCodec, dense_nbytes
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.federation.compression import (
+    EncodedUpdate,
+    Int8Quantizer,
+    TopKSparsifier,
+    UpdateCodec,
+    dense_nbytes,
+)
 
 
 def test_topk_keeps_ten_percent_of_the_largest():

@@ -23,9 +23,10 @@ import pytest
 import torch
 from test_runtime import ConstantPolicy
 
+from edgetwin.contract.logs import write_table
+from edgetwin.contract.spec import spec_path_for
 from edgetwin.demo import DemoSizes, _fit_twin
 from edgetwin.edge.bus import NatsBus, NatsConfig
-from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, generate_logs
 from edgetwin.edge.messages import Envelope
 from edgetwin.edge.registry import NatsRegistry
 from edgetwin.edge.runtime import (
@@ -38,11 +39,10 @@ from edgetwin.edge.runtime import (
     rollback_subject,
 )
 from edgetwin.edge.signing import Signer, TrustStore, save_private_key, save_public_key
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, generate_logs
 from edgetwin.policies.export import export_policy, load_policy
 from edgetwin.policies.train import train_policy
-from edgetwin.twin.logs import write_table
 from edgetwin.twin.report import write_report
-from edgetwin.twin.spec import spec_path_for
 from edgetwin.twin.whatif import builtin_policy, fixed_policy, load_scenarios, run_whatif
 
 pytestmark = pytest.mark.nats

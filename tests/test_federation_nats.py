@@ -26,9 +26,9 @@ import pytest
 import torch
 from test_agents import learners_for
 
-from edgetwin.edge.agents import EdgeServiceAgent
 from edgetwin.edge.bus import Subjects, make_bus
-from edgetwin.edge.federation import (
+from edgetwin.federation.agents import EdgeServiceAgent
+from edgetwin.federation.runner import (
     agent_command,
     build_federation,
     make_federation_config,

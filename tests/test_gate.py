@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from edgetwin.cli import main
-from edgetwin.edge.cluster import ClusterConfig, generate_logs
+from edgetwin.contract.errors import GateRefused, InputError
+from edgetwin.contract.logs import write_table
+from edgetwin.contract.spec import spec_path_for
 from edgetwin.edge.registry import CASConflict, FileRegistry
 from edgetwin.edge.signing import Signer, TrustStore, save_private_key
-from edgetwin.errors import GateRefused, InputError
+from edgetwin.emulator.cluster import ClusterConfig, generate_logs
 from edgetwin.policies.export import export_policy
 from edgetwin.policies.gate import Guard, parse_guards, promote, resolve_policy, run_gate
 from edgetwin.policies.heuristics import LeastLoaded, SchedulingView, Target
-from edgetwin.twin.logs import write_table
-from edgetwin.twin.spec import spec_path_for
 from edgetwin.twin.twin import Twin
 from edgetwin.twin.whatif import scenario_from_dict
 

@@ -16,7 +16,10 @@ import torch
 from scipy import stats
 
 from edgetwin.cli import main
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.logs import write_table
+from edgetwin.contract.metrics import fidelity_report
+from edgetwin.contract.spec import Feature, TwinSpec
 from edgetwin.generative import (
     MODELS,
     PopulationModel,
@@ -25,9 +28,6 @@ from edgetwin.generative import (
     load_population,
 )
 from edgetwin.generative.calibration import MarginalCalibration
-from edgetwin.twin.logs import write_table
-from edgetwin.twin.metrics import fidelity_report
-from edgetwin.twin.spec import Feature, TwinSpec
 
 torch.set_num_threads(1)
 

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 import torch
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import Feature, TwinSpec
 from edgetwin.imitation.baselines import ClonedPlatformPolicy, SupervisedResponseModel
 from edgetwin.imitation.mail import (
     ClientVecEnv,
@@ -25,7 +26,6 @@ from edgetwin.imitation.mail import (
     gaussian_policy,
 )
 from edgetwin.imitation.world import ColumnScaler, Composition, InitialStates, Layout, World, build_steps
-from edgetwin.twin.spec import Feature, TwinSpec
 
 torch.set_num_threads(1)
 

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from edgetwin.errors import InputError
-from edgetwin.twin.metrics import (
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.metrics import (
     c2st_auc,
     correlation_distance,
     fidelity_report,
@@ -16,7 +16,7 @@ from edgetwin.twin.metrics import (
     marginal_histograms,
     mmd_rbf,
 )
-from edgetwin.twin.spec import Feature, TwinSpec
+from edgetwin.contract.spec import Feature, TwinSpec
 
 
 def gauss_kl(mu0: float, s0: float, mu1: float, s1: float) -> float:

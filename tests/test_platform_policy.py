@@ -1,12 +1,12 @@
-"""Tests of the generic platform policies in `edgetwin.twin.policy`."""
+"""Tests of the generic platform policies in `edgetwin.contract.policy`."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from edgetwin.twin.policy import FunctionPolicy, NoisyPolicy, RandomPolicy, RegimePolicy
-from edgetwin.twin.spec import Feature, TwinSpec
+from edgetwin.contract.policy import FunctionPolicy, NoisyPolicy, RandomPolicy, RegimePolicy
+from edgetwin.contract.spec import Feature, TwinSpec
 
 
 def _spec() -> TwinSpec:

@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 import torch
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import Feature, TwinSpec
 from edgetwin.policies.evaluate import ArraySystem, KpiColumns, TwinSystem, evaluate_policy, improvement
 from edgetwin.policies.export import export_policy, load_policy
 from edgetwin.policies.heuristics import (
@@ -32,7 +33,6 @@ from edgetwin.policies.heuristics import (
 )
 from edgetwin.policies.shield import Budget, ShieldConfig, SLOGuard
 from edgetwin.policies.train import latest_checkpoint, train_policy
-from edgetwin.twin.spec import Feature, TwinSpec
 from edgetwin.twin.twin import Twin
 
 torch.set_num_threads(1)

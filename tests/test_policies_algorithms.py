@@ -13,7 +13,7 @@ import torch as th
 from sb3_contrib import MaskablePPO
 from stable_baselines3 import PPO
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
 from edgetwin.policies.dual_critic import DualCriticPPO
 from edgetwin.policies.priority import MaskablePriorityWeightedPolicy, PriorityScores, PriorityWeightedPolicy
 from edgetwin.policies.regularised import RegularisedActorCriticPolicy

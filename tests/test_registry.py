@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from edgetwin.cli import main as cli_main
+from edgetwin.contract.errors import InputError
 from edgetwin.edge.registry import (
     HISTORY_LIMIT,
     CASConflict,
@@ -31,7 +32,6 @@ from edgetwin.edge.signing import (
     save_private_key,
     save_public_key,
 )
-from edgetwin.errors import InputError
 
 
 def make_policy_dir(root: Path) -> Path:

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import Feature, TwinSpec
 from edgetwin.policies import rewards as R
-from edgetwin.twin.spec import Feature, TwinSpec
 
 
 def test_wa3c_components_by_hand() -> None:

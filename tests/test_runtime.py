@@ -18,8 +18,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge.bus import InMemoryBus, MemoryBroker
-from edgetwin.edge.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, cluster_spec
 from edgetwin.edge.messages import Envelope
 from edgetwin.edge.registry import FileRegistry, PolicyRegistry, metadata_from_policy_dir
 from edgetwin.edge.runtime import (
@@ -35,10 +36,9 @@ from edgetwin.edge.runtime import (
     rollback_subject,
 )
 from edgetwin.edge.signing import Signer, TrustStore, save_public_key, sign_artifact
-from edgetwin.errors import InputError
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, cluster_spec
 from edgetwin.policies.export import export_policy
 from edgetwin.policies.shield import ShieldConfig, SLOGuard
-from edgetwin.twin.spec import TwinSpec
 
 torch.set_num_threads(1)
 

@@ -18,7 +18,6 @@ import torch
 from test_runtime import SPEC, ConstantPolicy, SLOAware, steady_load, until
 
 from edgetwin.edge.bus import NatsBus, NatsConfig
-from edgetwin.edge.cluster import ClusterConfig, EdgeCluster
 from edgetwin.edge.messages import Envelope
 from edgetwin.edge.registry import NatsRegistry, metadata_from_policy_dir
 from edgetwin.edge.runtime import (
@@ -33,6 +32,7 @@ from edgetwin.edge.runtime import (
     rollback_subject,
 )
 from edgetwin.edge.signing import Signer, TrustStore
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
 from edgetwin.policies.export import export_policy
 
 pytestmark = pytest.mark.nats
@@ -244,8 +244,8 @@ def test_serve_command_over_nats_in_its_own_process(nats_server, tmp_path: Path)
     from gymnasium.wrappers import RescaleAction
     from stable_baselines3 import PPO
 
-    from edgetwin.edge.cluster import EdgeClusterEnv
     from edgetwin.edge.signing import save_public_key
+    from edgetwin.emulator.cluster import EdgeClusterEnv
     from edgetwin.policies.export import ActionTransform
 
     signer = Signer.generate()

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import Feature, TwinSpec
 from edgetwin.policies.shield import (
     Budget,
     MigrationCap,
@@ -22,7 +23,6 @@ from edgetwin.policies.shield import (
     SLOGuard,
     violations,
 )
-from edgetwin.twin.spec import Feature, TwinSpec
 
 SPEC = TwinSpec(
     features=(

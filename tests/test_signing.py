@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from edgetwin.contract.errors import InputError
 from edgetwin.edge.signing import (
     ArtifactRejected,
     Manifest,
@@ -32,7 +33,6 @@ from edgetwin.edge.signing import (
     unpack_artifact,
     verify_artifact,
 )
-from edgetwin.errors import InputError
 
 
 def make_policy_dir(root: Path, weights: bytes = b"\x00\x01weights\xff" * 50) -> Path:

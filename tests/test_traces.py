@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from edgetwin.edge.cluster import ClusterConfig, EdgeCluster
-from edgetwin.edge.traces import (
+from edgetwin.contract.errors import InputError
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
+from edgetwin.emulator.traces import (
     TraceSample,
     detect_format,
     read_alibaba_batch_task,
@@ -19,7 +20,6 @@ from edgetwin.edge.traces import (
     read_opendc,
     read_trace,
 )
-from edgetwin.errors import InputError
 from tests.conftest import FIXTURES, shared_data
 
 AZURE = FIXTURES / "azure_llm_code_head300.csv"

@@ -15,10 +15,10 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.env_checker import check_env
 from test_imitation import toy_log, toy_spec
 
-from edgetwin.errors import InputError
-from edgetwin.twin.logs import ordered_columns
-from edgetwin.twin.policy import FunctionPolicy, RandomPolicy
-from edgetwin.twin.spec import Feature, TwinSpec
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.logs import ordered_columns
+from edgetwin.contract.policy import FunctionPolicy, RandomPolicy
+from edgetwin.contract.spec import Feature, TwinSpec
 from edgetwin.twin.twin import Twin
 
 torch.set_num_threads(1)

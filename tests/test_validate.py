@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from edgetwin.cli import main
-from edgetwin.errors import InputError
-from edgetwin.twin.logs import write_table
-from edgetwin.twin.spec import Feature, TwinSpec
-from edgetwin.twin.validate import (
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.logs import write_table
+from edgetwin.contract.spec import Feature, TwinSpec
+from edgetwin.contract.validate import (
     MAX_ROWS_LISTED,
     QuarantineWarning,
     ValidationReport,

@@ -1,4 +1,4 @@
-"""Seed 000's task-scheduling MDP (`edgetwin.edge.vm_scheduling`) and its PPO learner."""
+"""Seed 000's task-scheduling MDP (`edgetwin.emulator.vm_scheduling`) and its PPO learner."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from edgetwin.edge.traces import TraceSample
-from edgetwin.edge.vm_scheduling import (
+from edgetwin.contract.errors import InputError
+from edgetwin.emulator.traces import TraceSample
+from edgetwin.emulator.vm_scheduling import (
     PAPER_CLIENTS,
     TaskDistribution,
     VMFleet,
@@ -19,7 +20,6 @@ from edgetwin.edge.vm_scheduling import (
     least_loaded,
     vm_sites,
 )
-from edgetwin.errors import InputError
 
 
 def _small(**kw) -> VMSchedulingConfig:
@@ -123,7 +123,7 @@ def test_bad_configurations_are_refused() -> None:
 
 
 def test_scheduler_learner_federates_the_public_critic_and_learns() -> None:
-    from edgetwin.edge.agents import SchedulerLearner
+    from edgetwin.federation.agents import SchedulerLearner
 
     cfg = vm_sites(1, seed=0, decisions=32)[0]
     a = SchedulerLearner(cfg, seed=1, episodes_per_round=2, net_arch=(16,))
@@ -140,7 +140,7 @@ def test_scheduler_learner_federates_the_public_critic_and_learns() -> None:
 def test_sampled_actions_are_seeded_and_leave_the_other_streams_alone() -> None:
     import torch
 
-    from edgetwin.edge.agents import SchedulerLearner
+    from edgetwin.federation.agents import SchedulerLearner
 
     cfg = vm_sites(1, seed=0, decisions=32)[0]
     learner = SchedulerLearner(cfg, seed=1, episodes_per_round=1, net_arch=(16,))

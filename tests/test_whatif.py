@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from edgetwin.cli import main
-from edgetwin.edge.cluster import ClusterConfig, generate_logs
-from edgetwin.errors import InputError
-from edgetwin.twin.logs import write_table
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.logs import write_table
+from edgetwin.contract.spec import spec_path_for
+from edgetwin.emulator.cluster import ClusterConfig, generate_logs
 from edgetwin.twin.report import FLAG, write_report
-from edgetwin.twin.spec import spec_path_for
 from edgetwin.twin.twin import Twin
 from edgetwin.twin.whatif import (
     KpiDef,

@@ -44,8 +44,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from edgetwin.contract.errors import InputError
 from edgetwin.edge.messages import Envelope, MessageRejected, decode, encode
-from edgetwin.errors import InputError
 
 __all__ = [
     "DEFAULT_DURABLE_SUBJECTS",

@@ -17,8 +17,10 @@ lengths), ``unknown_version`` (a schema version this build does not read), ``unk
 ``invalid_payload`` (the kind's schema: required fields, their types, finite numbers, tensors).
 The bus counts each reason in ``bus.stats.rejected`` and never passes such a message to a handler.
 
-Kinds are registered with `register_kind`; the built-in ones are listed in `KINDS` and documented
-in ``docs/bus.md``.
+Kinds are registered with `register_kind`; the ones registered here and by the modules that own the
+others (``model_update`` / ``global_model`` by `edgetwin.federation.compression`, the runtime's by
+`edgetwin.edge.runtime`) are listed in `KINDS` and documented in ``docs/bus.md``. The federation's model updates are put into and read out of envelopes by
+`edgetwin.federation.compression.model_update` / `decode_update`, beside their codec.
 """
 
 from __future__ import annotations
@@ -34,8 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from edgetwin.edge.compression import EncodedUpdate, UpdateCodec
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
 
 __all__ = [
     "KINDS",
@@ -45,11 +46,11 @@ __all__ = [
     "Envelope",
     "KindSchema",
     "MessageRejected",
+    "NUMBER",
     "decode",
-    "decode_update",
     "encode",
-    "model_update",
     "register_kind",
+    "type_ok",
     "validate",
 ]
 
@@ -99,7 +100,8 @@ class Envelope:
 
 
 # ------------------------------------------------------------------------------ schemas
-_Number = (int, float)
+#: the JSON number types a numeric payload field accepts (``bool`` excluded by `type_ok`)
+NUMBER = (int, float)
 
 
 @dataclass(frozen=True)
@@ -129,31 +131,14 @@ def register_kind(kind: str, schema: KindSchema) -> None:
     KINDS[kind] = schema
 
 
-def _type_ok(value: Any, types: type | tuple[type, ...]) -> bool:
+def type_ok(value: Any, types: type | tuple[type, ...]) -> bool:
+    """Whether a payload value has one of ``types``; a bool is never an int, a float must be finite."""
     types = types if isinstance(types, tuple) else (types,)
     if isinstance(value, bool) and bool not in types:
         return False
     if isinstance(value, float) and not math.isfinite(value):
         return False
     return isinstance(value, types)
-
-
-def _check_codec(env: Envelope) -> None:
-    codec = env.payload["codec"]
-    size = codec.get("size")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise ValueError("codec.size must be a non-negative int")
-    for key in ("scale", "zero"):
-        if key in codec and not _type_ok(codec[key], _Number):
-            raise ValueError(f"codec.{key} must be a finite number")
-    if "q" in env.tensors and not ("scale" in codec and "zero" in codec):
-        raise ValueError("int8 values need codec.scale and codec.zero")
-    if "q" not in env.tensors and "values" not in env.tensors:
-        raise ValueError("a model carries tensor 'values' or 'q'")
-    try:
-        UpdateCodec.decode(EncodedUpdate(env.tensors, codec))
-    except (InputError, ValueError, IndexError) as e:
-        raise ValueError(f"update does not decode: {e}") from None
 
 
 def _check_intent(env: Envelope) -> None:
@@ -168,22 +153,10 @@ def _check_round_control(env: Envelope) -> None:
 
 
 for _kind, _schema in {
-    # a client's (or a child aggregator's) update, compressed by an UpdateCodec
-    "model_update": KindSchema(
-        required={"level": str, "group": str, "num_samples": int, "base_round": int, "codec": dict},
-        optional={"staleness": int, "metrics": dict},
-        check=_check_codec,
-    ),
-    # an aggregated model sent downward; ``for_client`` set when it is personalised
-    "global_model": KindSchema(
-        required={"level": str, "group": str, "version": int, "codec": dict},
-        optional={"for_client": str, "metrics": dict},
-        check=_check_codec,
-    ),
     # ESA intents (seed 003 §4.2): predicted backlog, tentative migrations
     "intent": KindSchema(
-        required={"site": str, "cluster": str, "predicted_backlog": _Number, "migrations": list},
-        optional={"congestion": _Number, "horizon_s": _Number, "risk": _Number},
+        required={"site": str, "cluster": str, "predicted_backlog": NUMBER, "migrations": list},
+        optional={"congestion": NUMBER, "horizon_s": NUMBER, "risk": NUMBER},
         check=_check_intent,
     ),
     # COA -> GCA cluster summaries
@@ -191,11 +164,11 @@ for _kind, _schema in {
     "policy_version": KindSchema(
         required={"version": int, "uri": str, "sha256": str}, optional={"metrics": dict, "spec_hash": str}
     ),
-    "decision_request": KindSchema(required={"site": str}, optional={"deadline_ms": _Number}, tensors=("obs",)),
+    "decision_request": KindSchema(required={"site": str}, optional={"deadline_ms": NUMBER}, tensors=("obs",)),
     "decision_reply": KindSchema(required={"policy_version": int}, tensors=("actions",)),
     "round_control": KindSchema(
         required={"level": str, "group": str, "action": str},
-        optional={"deadline_s": _Number, "participants": list},
+        optional={"deadline_s": NUMBER, "participants": list},
         check=_check_round_control,
     ),
     "error": KindSchema(required={"reason": str}),
@@ -215,10 +188,10 @@ def validate(env: Envelope) -> None:
     for name, types in schema.required.items():
         if name not in env.payload:
             raise MessageRejected("invalid_payload", f"{env.kind}: missing field {name!r}")
-        if not _type_ok(env.payload[name], types):
+        if not type_ok(env.payload[name], types):
             raise MessageRejected("invalid_payload", f"{env.kind}: field {name!r} has the wrong type or is not finite")
     for name, types in schema.optional.items():
-        if name in env.payload and not _type_ok(env.payload[name], types):
+        if name in env.payload and not type_ok(env.payload[name], types):
             raise MessageRejected("invalid_payload", f"{env.kind}: field {name!r} has the wrong type or is not finite")
     for name in schema.tensors:
         if name not in env.tensors:
@@ -293,8 +266,8 @@ def decode(data: bytes, max_bytes: int | None = None) -> Envelope:
         raise MessageRejected("malformed", f"header is not valid JSON: {e}") from None
     if not isinstance(header, dict):
         raise MessageRejected("malformed", "header is not a JSON object")
-    for key, types in (("kind", str), ("sender", str), ("round", int), ("ts", _Number), ("id", str), ("tensors", list)):
-        if key not in header or not _type_ok(header[key], types):
+    for key, types in (("kind", str), ("sender", str), ("round", int), ("ts", NUMBER), ("id", str), ("tensors", list)):
+        if key not in header or not type_ok(header[key], types):
             raise MessageRejected("malformed", f"header field {key!r} missing or of the wrong type")
     tensors: dict[str, np.ndarray] = {}
     offset = _PREFIX.size + hlen
@@ -302,7 +275,7 @@ def decode(data: bytes, max_bytes: int | None = None) -> Envelope:
         if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str) and spec[1] in _DTYPES):
             raise MessageRejected("malformed", f"tensor table entry {i} is not [name, dtype, shape]")
         name, dtype, shape = spec
-        if not (isinstance(shape, list) and len(shape) <= _MAX_DIMS and all(_type_ok(d, int) and d >= 0 for d in shape)):
+        if not (isinstance(shape, list) and len(shape) <= _MAX_DIMS and all(type_ok(d, int) and d >= 0 for d in shape)):
             raise MessageRejected("malformed", f"tensor {name!r} has an invalid shape {shape!r}")
         dt = np.dtype(dtype).newbyteorder("<")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -324,43 +297,3 @@ def decode(data: bytes, max_bytes: int | None = None) -> Envelope:
     )
     validate(env)
     return env
-
-
-# ------------------------------------------------------------------------------ helpers
-def model_update(
-    sender: str,
-    round: int,
-    update: EncodedUpdate,
-    *,
-    num_samples: int,
-    level: str,
-    group: str,
-    base_round: int | None = None,
-    metrics: dict[str, float] | None = None,
-) -> Envelope:
-    """An envelope for one compressed update (``kind="model_update"``).
-
-    Args:
-        sender: the sending agent.
-        round: the round it is for.
-        update: from `UpdateCodec.encode`.
-        num_samples: the client's weight in FedAvg (samples or effective batch).
-        level: the hierarchy level of the sender (``"site"``, ``"cluster"``, ``"region"``).
-        group: the aggregation group it goes to (e.g. the cluster name).
-        base_round: the round of the model the update was computed from (staleness = round - it).
-    """
-    payload: dict[str, Any] = {
-        "level": level,
-        "group": group,
-        "num_samples": int(num_samples),
-        "base_round": int(round if base_round is None else base_round),
-        "codec": update.meta,
-    }
-    if metrics:
-        payload["metrics"] = {k: float(v) for k, v in metrics.items()}
-    return Envelope(kind="model_update", sender=sender, round=round, payload=payload, tensors=dict(update.tensors))
-
-
-def decode_update(env: Envelope) -> np.ndarray:
-    """The dense float32 vector (D,) of a ``model_update`` or ``global_model`` envelope."""
-    return UpdateCodec.decode(EncodedUpdate(env.tensors, env.payload["codec"]))

@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from edgetwin.contract.errors import InputError
 from edgetwin.edge.signing import (
     NAME_RE,
     ArtifactRejected,
@@ -57,7 +58,6 @@ from edgetwin.edge.signing import (
     unpack_artifact,
     verify_artifact,
 )
-from edgetwin.errors import InputError
 
 logger = logging.getLogger(__name__)
 

@@ -66,6 +66,8 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge.bus import Bus, Received, Subjects, make_bus
 from edgetwin.edge.messages import Envelope, KindSchema, register_kind
 from edgetwin.edge.registry import (
@@ -80,8 +82,6 @@ from edgetwin.edge.registry import (
     check_scope,
 )
 from edgetwin.edge.signing import ArtifactRejected, Manifest, TrustStore, unpack_artifact, verify_artifact
-from edgetwin.errors import InputError
-from edgetwin.twin.spec import TwinSpec
 
 __all__ = [
     "Breach",

@@ -42,7 +42,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
 
 logger = logging.getLogger(__name__)
 

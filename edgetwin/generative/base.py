@@ -25,10 +25,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import TwinSpec
 from edgetwin.generative.calibration import MarginalCalibration
 from edgetwin.generative.transform import Method, ProfileTransformer
-from edgetwin.twin.spec import TwinSpec
 
 FORMAT = "edgetwin.population/1"
 META_FILE = "population.json"
@@ -59,6 +59,13 @@ class PopulationModel(ABC):
     """
 
     name: ClassVar[str] = "base"
+    #: every model class by its `name`, filled as the subclasses are defined, so that `load` can
+    #: dispatch on a saved model's name without this module importing its subclasses.
+    registry: ClassVar[dict[str, type[PopulationModel]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        PopulationModel.registry[cls.name] = cls
 
     def __init__(
         self,
@@ -199,8 +206,6 @@ class PopulationModel(ABC):
     @classmethod
     def load(cls, path: str | Path) -> PopulationModel:
         """Load a saved model; ``cls.load`` on the base class dispatches on the saved model name."""
-        from edgetwin.generative import MODEL_CLASSES
-
         path = Path(path)
         meta_path = path / META_FILE
         if not meta_path.is_file():
@@ -211,7 +216,7 @@ class PopulationModel(ABC):
             raise InputError(f"{META_FILE} is not valid JSON ({e})", str(meta_path)) from None
         if meta.get("format") != FORMAT:
             raise InputError(f"unknown format {meta.get('format')!r}, expected {FORMAT!r}", str(meta_path))
-        model_cls = MODEL_CLASSES.get(meta.get("model", ""))
+        model_cls = PopulationModel.registry.get(meta.get("model", ""))
         if model_cls is None:
             raise InputError(f"unknown model {meta.get('model')!r}", str(meta_path))
         if cls is not PopulationModel and not issubclass(model_cls, cls):

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
 from edgetwin.generative.base import PopulationModel
 
 WEIGHTS_FILE = "weights.pt"
@@ -417,10 +417,10 @@ class GANPopulation(PopulationModel):
     def _validation_auc(self, fit_rows: pd.DataFrame, val: pd.DataFrame, seed: int) -> float:
         """C2ST AUC of the current sampler (calibrated on ``fit_rows`` if the model calibrates) vs ``val``.
 
-        Features as in `edgetwin.twin.metrics.fidelity_report`: profile columns (heavy-tailed in
+        Features as in `edgetwin.contract.metrics.fidelity_report`: profile columns (heavy-tailed in
         log space) plus the one-hot scenario.
         """
-        from edgetwin.twin.metrics import c2st_auc, joint_matrix
+        from edgetwin.contract.metrics import c2st_auc, joint_matrix
 
         cols = self.spec.names("profile")
         if self.hyper.get("calibrate"):

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from edgetwin.contract.metrics import fidelity_report, kl_marginal, marginal_histograms
+from edgetwin.contract.spec import TwinSpec
 from edgetwin.generative.base import PopulationModel
-from edgetwin.twin.metrics import fidelity_report, kl_marginal, marginal_histograms
-from edgetwin.twin.spec import TwinSpec
 
 
 def plot_marginals(
@@ -26,7 +26,7 @@ def plot_marginals(
 ) -> Path:
     """One panel per column (and one for the label column): the real histogram against each model's.
 
-    The binning is the one the KL uses (`edgetwin.twin.metrics.marginal_histograms`), so what the
+    The binning is the one the KL uses (`edgetwin.contract.metrics.marginal_histograms`), so what the
     plot shows is what the table scores; heavy-tailed columns are drawn in `log_space`. Like
     seed 004 Fig. 3. Writes a PNG (Agg backend) and returns its path.
     """
@@ -105,7 +105,7 @@ def population_report(
         out: a directory for ``report.json`` and ``marginals.png``; None writes nothing.
 
     Returns:
-        `edgetwin.twin.metrics.fidelity_report` of the generated rows, plus the model's name, fit
+        `edgetwin.contract.metrics.fidelity_report` of the generated rows, plus the model's name, fit
         metadata and per-scenario KLs (``"per_scenario": {scenario: {column: KL}}``).
     """
     cols = model.spec.names("profile")

@@ -23,9 +23,9 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtr, ndtri
 
-from edgetwin.errors import InputError
-from edgetwin.twin.metrics import log_offset, log_space
-from edgetwin.twin.spec import Feature, TwinSpec
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.metrics import log_offset, log_space
+from edgetwin.contract.spec import Feature, TwinSpec
 
 Method = Literal["quantile", "standard"]
 N_QUANTILES = 1000

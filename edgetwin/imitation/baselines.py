@@ -4,7 +4,7 @@
   ``(response, kpi, reward?, Δstate?)`` from the same client inputs MAIL sees. With Gaussian
   residual noise it can drive a twin too; it is what the compounding-error benchmark compares to.
 * `ClonedPlatformPolicy`: behaviour cloning of the logging platform policy (eq. 7 of seed 004)
-  as a `edgetwin.twin.policy.PlatformPolicy` on raw ``[profile.*, state.*]`` observations.
+  as a `edgetwin.contract.policy.PlatformPolicy` on raw ``[profile.*, state.*]`` observations.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 from sklearn.neighbors import NearestNeighbors
 
-from edgetwin.errors import InputError
-from edgetwin.twin.spec import REWARD_COLUMN, Feature, TwinSpec
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import REWARD_COLUMN, Feature, TwinSpec
 
 DAY_SECONDS = 86_400.0
 

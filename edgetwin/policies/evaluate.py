@@ -24,10 +24,10 @@ import numpy as np
 from scipy import stats
 from tqdm.auto import tqdm
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.policy import PlatformPolicy
+from edgetwin.contract.spec import RewardFn, Role, TwinSpec
 from edgetwin.policies.rewards import jain_index
-from edgetwin.twin.policy import PlatformPolicy
-from edgetwin.twin.spec import RewardFn, Role, TwinSpec
 
 
 class BatchSystem(Protocol):

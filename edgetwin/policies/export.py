@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from edgetwin.errors import InputError
-from edgetwin.twin.spec import TwinSpec
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import TwinSpec
 
 FORMAT = "edgetwin-policy/1"
 

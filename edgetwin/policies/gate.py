@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from edgetwin.errors import GateRefused, InputError
+from edgetwin.contract.errors import GateRefused, InputError
 from edgetwin.twin.whatif import (
     BUILTIN_POLICIES,
     NOMINAL,

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from edgetwin.errors import InputError
-from edgetwin.twin.policy import RandomPolicy
-from edgetwin.twin.spec import TwinSpec
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.policy import RandomPolicy
+from edgetwin.contract.spec import TwinSpec
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import PyTorchObs
 
-from edgetwin.errors import InputError
-from edgetwin.twin.spec import TwinSpec
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import TwinSpec
 
 #: β of seed 001 eq. 10.
 PRIORITY_BETA = 2.0

@@ -2,7 +2,7 @@
 
 Every component is a plain vectorised numpy function with its equation number; the
 :class:`MultiObjectiveReward` combines them over a step's columns (``{name: (N,) array}``, one entry
-per agent, i.e. the `edgetwin.twin.spec.RewardFn` signature), so a twin spec can name it and a user
+per agent, i.e. the `edgetwin.contract.spec.RewardFn` signature), so a twin spec can name it and a user
 can name their own (``module:function``). Which column holds latency, energy, priority ... is given
 by a :class:`RewardColumns` at construction: nothing here knows any system's column names.
 
@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from edgetwin.errors import InputError
-from edgetwin.twin.spec import RewardFn, TwinSpec
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import RewardFn, TwinSpec
 
 Array = np.ndarray
 J_PER_KWH = 3.6e6

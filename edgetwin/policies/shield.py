@@ -35,8 +35,8 @@ import numpy as np
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs
 
-from edgetwin.errors import InputError
-from edgetwin.twin.spec import TwinSpec
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import TwinSpec
 
 # ------------------------------------------------------------------------------------- rules
 

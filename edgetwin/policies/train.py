@@ -38,7 +38,8 @@ from stable_baselines3.common.logger import HumanOutputFormat, Logger
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecMonitor, VecNormalize
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import RewardFn, TwinSpec
 from edgetwin.policies.export import ALGORITHMS, ActionTransform, _import, export_policy
 from edgetwin.policies.regularised import (
     ACTION_NORM_LAMBDA,
@@ -46,7 +47,6 @@ from edgetwin.policies.regularised import (
     RegularisedRecurrentPolicy,
 )
 from edgetwin.policies.shield import Shield, ShieldConfig, ShieldVecEnvWrapper
-from edgetwin.twin.spec import RewardFn, TwinSpec
 
 Algo = Literal["ppo", "a2c", "sac", "td3", "maskable_ppo", "recurrent_ppo", "dual_critic_ppo"]
 ON_POLICY = ("ppo", "a2c", "maskable_ppo", "recurrent_ppo", "dual_critic_ppo")

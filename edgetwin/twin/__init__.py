@@ -1,6 +1,6 @@
 """The log contract, the `Twin` artifact and its environments, fidelity metrics and what-ifs."""
 
-from edgetwin.twin.logs import read_table, resolve_spec, write_table
-from edgetwin.twin.spec import Feature, TwinSpec
+from edgetwin.contract.logs import read_table, resolve_spec, write_table
+from edgetwin.contract.spec import Feature, TwinSpec
 
 __all__ = ["Feature", "TwinSpec", "read_table", "resolve_spec", "write_table"]

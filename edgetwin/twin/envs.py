@@ -24,7 +24,7 @@ import numpy as np
 from pettingzoo import ParallelEnv
 from stable_baselines3.common.vec_env import VecEnv
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
 from edgetwin.twin.twin import Simulation, Twin
 
 

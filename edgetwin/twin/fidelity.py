@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.logs import ordered_columns
+from edgetwin.contract.metrics import kl_marginal
+from edgetwin.contract.policy import PlatformPolicy
+from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
 from edgetwin.imitation.world import DAY_SECONDS, World, group_means
-from edgetwin.twin.logs import ordered_columns
-from edgetwin.twin.metrics import kl_marginal
-from edgetwin.twin.policy import PlatformPolicy
-from edgetwin.twin.spec import REWARD_COLUMN, TwinSpec
 from edgetwin.twin.twin import RolloutRecord, Simulation, Twin, load_log
 from edgetwin.twin.whatif import logged_episodes
 

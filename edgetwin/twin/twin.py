@@ -37,7 +37,11 @@ from sklearn.neighbors import NearestNeighbors
 from stable_baselines3.common.policies import ActorCriticPolicy
 from tqdm.auto import tqdm
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.logs import ordered_columns
+from edgetwin.contract.policy import PlatformPolicy
+from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
+from edgetwin.contract.validate import load_valid_log
 from edgetwin.imitation.baselines import ClonedPlatformPolicy, SupervisedResponseModel
 from edgetwin.imitation.mail import (
     GaussianModel,
@@ -55,10 +59,6 @@ from edgetwin.imitation.world import (
     World,
     build_steps,
 )
-from edgetwin.twin.logs import ordered_columns
-from edgetwin.twin.policy import PlatformPolicy
-from edgetwin.twin.spec import REWARD_COLUMN, TwinSpec
-from edgetwin.twin.validate import load_valid_log
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def library_versions() -> dict[str, str]:
 def load_log(
     log: str | Path | pd.DataFrame, spec: str | Path | TwinSpec | None
 ) -> tuple[pd.DataFrame, TwinSpec]:
-    """A usable log table and its spec, validated (`edgetwin.twin.validate.load_valid_log`)."""
+    """A usable log table and its spec, validated (`edgetwin.contract.validate.load_valid_log`)."""
     df, sp, _ = load_valid_log(log, spec)
     return df, sp
 

@@ -66,10 +66,10 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.policy import PlatformPolicy, RandomPolicy
+from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec, role_of
 from edgetwin.imitation.world import World
-from edgetwin.twin.policy import PlatformPolicy, RandomPolicy
-from edgetwin.twin.spec import REWARD_COLUMN, TwinSpec, role_of
 
 #: Perturbation kinds and the keys each one takes (besides the common ones).
 KINDS: dict[str, tuple[str, ...]] = {

@@ -1,7 +1,7 @@
 """Adapters from real workload traces to one `TraceSample` (task durations, cpu, memory, arrivals).
 
 The emulated cluster takes the *shapes* of task time, cpu and memory and the arrival-rate curve
-over the day from a trace when one is given (see `edgetwin.edge.population`). One reader per format
+over the day from a trace when one is given (see `edgetwin.emulator.population`). One reader per format
 in ``../shared/data`` (MANIFEST.md):
 
 ==========================  ===============================================================
@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
 
 FORMATS: tuple[str, ...] = ("alibaba-batch-task", "opendc", "google-task-events", "azure-llm", "cloudsimpy-jobs")
 

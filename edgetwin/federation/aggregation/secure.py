@@ -37,14 +37,14 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from edgetwin.edge.aggregation.base import (
+from edgetwin.contract.errors import InputError
+from edgetwin.federation.aggregation.base import (
     AggregateResult,
     Aggregator,
     ClientUpdate,
     LinearAggregator,
     check_updates,
 )
-from edgetwin.errors import InputError
 
 __all__ = [
     "FIELD_PRIME",
@@ -410,7 +410,7 @@ class SecureAggregator(Aggregator):
     needs_individual_updates = False
 
     def __init__(self, inner: Aggregator, threshold_fraction: float = 0.6, seed: int | None = None) -> None:
-        from edgetwin.edge.aggregation.fedavg import StalenessAware
+        from edgetwin.federation.aggregation.fedavg import StalenessAware
 
         # A staleness discount is applied by each client to its own input before masking.
         self.staleness = inner if isinstance(inner, StalenessAware) else None
@@ -433,7 +433,7 @@ class SecureAggregator(Aggregator):
     def aggregate(self, updates: Sequence[ClientUpdate], global_params: np.ndarray, round: int = 0,
                   dropped: Sequence[str] = ()) -> AggregateResult:
         """Aggregate through the protocol; ``dropped`` clients vanish after sharing their keys."""
-        from edgetwin.edge.aggregation.privacy import GaussianDP
+        from edgetwin.federation.aggregation.privacy import GaussianDP
 
         g = np.asarray(global_params, dtype=np.float32)
         check_updates(updates, g.size)

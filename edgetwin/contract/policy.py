@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from edgetwin.twin.spec import TwinSpec
+from edgetwin.contract.spec import TwinSpec
 
 
 @runtime_checkable

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgetwin.edge.aggregation.base import (
+from edgetwin.contract.errors import InputError
+from edgetwin.federation.aggregation.base import (
     AggregateResult,
     Aggregator,
     ClientUpdate,
@@ -26,7 +27,6 @@ from edgetwin.edge.aggregation.base import (
     check_updates,
     stack,
 )
-from edgetwin.errors import InputError
 
 __all__ = [
     "CoordinateMedian",

@@ -30,8 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from edgetwin.edge.aggregation.base import AggregateResult, Aggregator, ClientUpdate, check_updates, stack
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.federation.aggregation.base import (
+    AggregateResult,
+    Aggregator,
+    ClientUpdate,
+    check_updates,
+    stack,
+)
 
 __all__ = ["AttentionAggregator", "ClusteredFedAvg", "attention_weights", "cluster_by_cosine"]
 

@@ -21,8 +21,8 @@ import pandas as pd
 from scipy.stats import spearmanr
 from threadpoolctl import threadpool_limits
 
-from edgetwin.errors import InputError
-from edgetwin.twin.spec import Feature, TwinSpec
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import Feature, TwinSpec
 
 #: Additive smoothing of histogram probabilities before renormalising (keeps KL finite).
 EPS = 1e-6

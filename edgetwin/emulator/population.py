@@ -8,7 +8,7 @@ logit-normal for propensities, ordered cuts for priority and device class, a thr
 So the joint distribution is correlated, multi-modal, heavy-tailed and partly discrete; a single
 Gaussian (or a GMM on raw values) does not fit it, which is what seed 004's Table 1 needs.
 
-With a real trace (`edgetwin.edge.traces.TraceSample`), the *shapes* of task time, cpu and memory
+With a real trace (`edgetwin.emulator.traces.TraceSample`), the *shapes* of task time, cpu and memory
 come from the trace's empirical quantiles (rescaled to each component's median), so the heavy tail
 is the real one; scenario and component structure stay.
 
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy import stats
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
 
 if TYPE_CHECKING:
-    from edgetwin.edge.traces import TraceSample
+    from edgetwin.emulator.traces import TraceSample
 
 SCENARIOS: tuple[str, ...] = ("mbb", "iot", "iov")
 

@@ -8,11 +8,13 @@ and returns an `AggregateResult`. See the submodules:
 - `personalized`: PFRL-DM multi-head attention aggregation, clustered FL;
 - `privacy`: Gaussian DP with an RDP accountant;
 - `secure`: secure aggregation with pairwise masks and dropout recovery;
-- `hierarchy`: strategies by name and site -> cluster -> region -> global trees from config;
+- `strategies`: the strategies by name (``make_aggregator``);
 - `quorum`: `RoundCollector`, k-of-n + grace + timeout.
+
+Site -> cluster -> region -> global trees of these are `edgetwin.federation.hierarchy`.
 """
 
-from edgetwin.edge.aggregation.base import (
+from edgetwin.federation.aggregation.base import (
     AggregateResult,
     Aggregator,
     ClientUpdate,
@@ -22,28 +24,21 @@ from edgetwin.edge.aggregation.base import (
     flatten,
     unflatten,
 )
-from edgetwin.edge.aggregation.fedavg import ClientSampler, FedAvg, FedAvgM, StalenessAware
-from edgetwin.edge.aggregation.hierarchy import (
-    STRATEGIES,
-    HierarchyNode,
-    build_hierarchy,
-    load_hierarchy,
-    make_aggregator,
-)
-from edgetwin.edge.aggregation.personalized import (
+from edgetwin.federation.aggregation.fedavg import ClientSampler, FedAvg, FedAvgM, StalenessAware
+from edgetwin.federation.aggregation.personalized import (
     AttentionAggregator,
     ClusteredFedAvg,
     attention_weights,
     cluster_by_cosine,
 )
-from edgetwin.edge.aggregation.privacy import (
+from edgetwin.federation.aggregation.privacy import (
     GaussianDP,
     RDPAccountant,
     gaussian_epsilon_exact,
     rdp_sampled_gaussian,
 )
-from edgetwin.edge.aggregation.quorum import RoundCollector, RoundOutcome
-from edgetwin.edge.aggregation.robust import (
+from edgetwin.federation.aggregation.quorum import RoundCollector, RoundOutcome
+from edgetwin.federation.aggregation.robust import (
     CoordinateMedian,
     Krum,
     NormClipping,
@@ -53,7 +48,8 @@ from edgetwin.edge.aggregation.robust import (
     krum_scores,
     trimmed_mean,
 )
-from edgetwin.edge.aggregation.secure import SecAggClient, SecAggServer, SecureAggregator, secure_sum
+from edgetwin.federation.aggregation.secure import SecAggClient, SecAggServer, SecureAggregator, secure_sum
+from edgetwin.federation.aggregation.strategies import STRATEGIES, make_aggregator
 
 __all__ = [
     "STRATEGIES",
@@ -67,7 +63,6 @@ __all__ = [
     "FedAvg",
     "FedAvgM",
     "GaussianDP",
-    "HierarchyNode",
     "Krum",
     "LinearAggregator",
     "NormClipping",
@@ -82,14 +77,12 @@ __all__ = [
     "StalenessAware",
     "TrimmedMean",
     "attention_weights",
-    "build_hierarchy",
     "clip_by_norm",
     "cluster_by_cosine",
     "coordinate_median",
     "flatten",
     "gaussian_epsilon_exact",
     "krum_scores",
-    "load_hierarchy",
     "make_aggregator",
     "rdp_sampled_gaussian",
     "secure_sum",

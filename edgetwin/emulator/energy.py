@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
 
 # ------------------------------------------------------------------------------------ power curves
 #: SPECpower_ssj2008 results: server power (W) at 0, 10, .., 100 % load, as shipped with CloudSim

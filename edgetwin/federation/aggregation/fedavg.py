@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from edgetwin.edge.aggregation.base import AggregateResult, Aggregator, ClientUpdate, LinearAggregator
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.federation.aggregation.base import AggregateResult, Aggregator, ClientUpdate, LinearAggregator
 
 __all__ = ["ClientSampler", "FedAvg", "FedAvgM", "StalenessAware"]
 

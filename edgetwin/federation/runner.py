@@ -1,7 +1,7 @@
 """Run a whole MA-FL federation on one machine: agents in-process or as subprocesses, over any bus.
 
 A federation is described by a `FederationConfig` (JSON-able: what ``edgetwin agent ... --config``
-reads): the sites, the aggregation tree (``edgetwin.edge.aggregation.build_hierarchy`` format:
+reads): the sites, the aggregation tree (``edgetwin.federation.hierarchy.build_hierarchy`` format:
 site -> cluster [-> region] -> global, strategies, participation, quorum, grace, timeouts), the
 learner every ESA runs, the uplink compression, the number of rounds, Byzantine clients (tests
 and benchmarks) and the seed::
@@ -42,7 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from edgetwin.edge.agents import (
+from edgetwin.contract.errors import InputError
+from edgetwin.edge.bus import Bus, make_bus
+from edgetwin.federation.agents import (
     AggregatorAgent,
     Attack,
     ClusterOrchestratorAgent,
@@ -54,10 +56,8 @@ from edgetwin.edge.agents import (
     heterogeneous_sites,
     make_learner,
 )
-from edgetwin.edge.aggregation import HierarchyNode, build_hierarchy
-from edgetwin.edge.bus import Bus, make_bus
-from edgetwin.edge.compression import UpdateCodec
-from edgetwin.errors import InputError
+from edgetwin.federation.compression import UpdateCodec
+from edgetwin.federation.hierarchy import HierarchyNode, build_hierarchy
 
 __all__ = [
     "Federation",

@@ -13,8 +13,8 @@ from typing import Literal
 
 import numpy as np
 
-from edgetwin.edge.energy import SPECPOWER_CURVES, Cooling, PowerModel
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.emulator.energy import SPECPOWER_CURVES, Cooling, PowerModel
 
 SiteKind = Literal["edge", "cloud"]
 

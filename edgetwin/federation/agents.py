@@ -51,17 +51,17 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from edgetwin.edge.aggregation import (
+from edgetwin.contract.errors import InputError
+from edgetwin.edge.bus import Bus, Received, Subjects
+from edgetwin.edge.messages import Envelope
+from edgetwin.federation.aggregation import (
     AggregateResult,
     ClientUpdate,
-    HierarchyNode,
     QuorumNotMet,
     RoundCollector,
 )
-from edgetwin.edge.bus import Bus, Received, Subjects
-from edgetwin.edge.compression import UpdateCodec
-from edgetwin.edge.messages import Envelope, decode_update, model_update
-from edgetwin.errors import InputError
+from edgetwin.federation.compression import UpdateCodec, decode_update, model_update
+from edgetwin.federation.hierarchy import HierarchyNode
 
 if TYPE_CHECKING:
     from edgetwin.policies.dual_critic import DualCriticPolicy
@@ -143,7 +143,7 @@ class SiteSpec:
 
     def cluster_config(self, n_agents: int | None = None, steps: int | None = None) -> Any:
         """The `ClusterConfig` of this site's emulated system."""
-        from edgetwin.edge.cluster import ClusterConfig
+        from edgetwin.emulator.cluster import ClusterConfig
 
         return ClusterConfig(
             n_agents=int(n_agents or self.n_agents),
@@ -290,7 +290,7 @@ def site_series(
     """
     from dataclasses import replace
 
-    from edgetwin.edge.cluster import EdgeCluster, SLOAwarePolicy, episode_seed
+    from edgetwin.emulator.cluster import EdgeCluster, SLOAwarePolicy, episode_seed
 
     cluster = EdgeCluster(replace(site.cluster_config(steps=steps), step_seconds=float(step_seconds)))
     pol = SLOAwarePolicy(cluster.spec)
@@ -384,7 +384,7 @@ class ForecastLearner:
             self.net = nn.Sequential(nn.Linear(x.shape[1], hidden), nn.Tanh(), nn.Linear(hidden, 1))
         self.opt = torch.optim.Adam(self.net.parameters(), lr=lr)
         self.gen = torch.Generator().manual_seed(int(site.seed))
-        from edgetwin.edge.cluster import EdgeCluster
+        from edgetwin.emulator.cluster import EdgeCluster
 
         cluster = EdgeCluster(site.cluster_config())
         self.vcpu = float(cluster.vcpu[cluster.edge_idx].sum())  # edge capacity, for intents
@@ -705,7 +705,7 @@ class PPOLearner(SB3Learner):
             twin_opts: dict[str, Any] = {"n_agents": site.n_agents, "steps": site.steps}
             self._cluster = None
         else:
-            from edgetwin.edge.cluster import EdgeClusterVecEnv
+            from edgetwin.emulator.cluster import EdgeClusterVecEnv
 
             source = EdgeClusterVecEnv(site.cluster_config(), seed=site.seed)
             spec = spec_of(source)
@@ -757,7 +757,7 @@ class PPOLearner(SB3Learner):
 
 
 class SchedulerLearner(SB3Learner):
-    """PPO on seed 000's task-scheduling MDP of one site (`edgetwin.edge.vm_scheduling`).
+    """PPO on seed 000's task-scheduling MDP of one site (`edgetwin.emulator.vm_scheduling`).
 
     The same federation choices as `PPOLearner`; seed 000 §3.1's PPO settings (γ 0.99, clip 0.2,
     one hidden layer of 64 by default) with a reward-normalising `VecNormalize` (its statistics stay
@@ -785,7 +785,7 @@ class SchedulerLearner(SB3Learner):
     ) -> None:
         from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor, VecNormalize
 
-        from edgetwin.edge.vm_scheduling import VMSchedulingEnv
+        from edgetwin.emulator.vm_scheduling import VMSchedulingEnv
 
         self._check(algo, federate, episodes_per_round)
         self.config, self.algo, self.federate = config, algo, federate

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
 
 __all__ = [
     "AggregateResult",

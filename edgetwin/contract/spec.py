@@ -42,7 +42,7 @@ from typing import Any, Literal
 import numpy as np
 import tomli_w
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
 
 Role = Literal["profile", "state", "action", "response", "kpi"]
 ROLES: tuple[Role, ...] = ("profile", "state", "action", "response", "kpi")

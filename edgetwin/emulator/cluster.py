@@ -46,8 +46,11 @@ import pandas as pd
 from gymnasium import spaces
 from tqdm.auto import tqdm
 
-from edgetwin.edge.energy import CarbonSeries, carbon_series_for, joules_to_grams_co2
-from edgetwin.edge.population import (
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.policy import PlatformPolicy, RandomPolicy
+from edgetwin.contract.spec import Feature, TwinSpec
+from edgetwin.emulator.energy import CarbonSeries, carbon_series_for, joules_to_grams_co2
+from edgetwin.emulator.population import (
     PROFILE_FEATURES,
     PROFILE_NAMES,
     SCENARIOS,
@@ -55,13 +58,10 @@ from edgetwin.edge.population import (
     drift_days,
     sample_profiles,
 )
-from edgetwin.edge.sites import Site, check_topology, default_sites
-from edgetwin.errors import InputError
-from edgetwin.twin.policy import PlatformPolicy, RandomPolicy
-from edgetwin.twin.spec import Feature, TwinSpec
+from edgetwin.emulator.sites import Site, check_topology, default_sites
 
 if TYPE_CHECKING:
-    from edgetwin.edge.traces import TraceSample
+    from edgetwin.emulator.traces import TraceSample
 
 # ------------------------------------------------------------------------------------ columns
 #: (short name, kind, low, high, unit) of each role, in spec order.
@@ -292,7 +292,7 @@ def _logit(p: np.ndarray) -> np.ndarray:
 def _resolve_trace(trace: str | Path | TraceSample | None) -> TraceSample | None:
     if trace is None:
         return None
-    from edgetwin.edge.traces import TraceSample, read_trace
+    from edgetwin.emulator.traces import TraceSample, read_trace
 
     return trace if isinstance(trace, TraceSample) else read_trace(trace)
 

@@ -18,8 +18,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgetwin.edge.aggregation.base import ClientUpdate
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.federation.aggregation.base import ClientUpdate
 
 __all__ = ["RoundCollector", "RoundOutcome"]
 

@@ -28,15 +28,15 @@ from scipy.optimize import brentq
 from scipy.special import gammaln, logsumexp
 from scipy.stats import norm
 
-from edgetwin.edge.aggregation.base import (
+from edgetwin.contract.errors import InputError
+from edgetwin.federation.aggregation.base import (
     AggregateResult,
     ClientUpdate,
     LinearAggregator,
     check_updates,
     stack,
 )
-from edgetwin.edge.aggregation.robust import clip_by_norm
-from edgetwin.errors import InputError
+from edgetwin.federation.aggregation.robust import clip_by_norm
 
 __all__ = ["DEFAULT_ORDERS", "GaussianDP", "RDPAccountant", "gaussian_epsilon_exact", "rdp_sampled_gaussian"]
 

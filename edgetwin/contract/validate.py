@@ -41,9 +41,9 @@ import numpy as np
 import pandas as pd
 from rich.markup import escape
 
-from edgetwin.errors import InputError
-from edgetwin.twin.logs import read_table
-from edgetwin.twin.spec import (
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.logs import read_table
+from edgetwin.contract.spec import (
     KEY_COLUMNS,
     META_COLUMNS,
     REWARD_COLUMN,

@@ -1,6 +1,6 @@
 """Reading and writing logs in the contract: one row per ``(episode, t, agent)``.
 
-Validation (every problem at once, quarantine) lives in :mod:`edgetwin.twin.validate`; this module
+Validation (every problem at once, quarantine) lives in :mod:`edgetwin.contract.validate`; this module
 only gets a table in and out of Parquet/CSV and finds the spec that goes with it.
 """
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from edgetwin.errors import InputError
-from edgetwin.twin.spec import KEY_COLUMNS, META_COLUMNS, REWARD_COLUMN, TwinSpec, role_of, spec_path_for
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import KEY_COLUMNS, META_COLUMNS, REWARD_COLUMN, TwinSpec, role_of, spec_path_for
 
 LOG_SUFFIXES = (".parquet", ".pq", ".csv", ".csv.gz")
 

@@ -1,6 +1,6 @@
 """Compression of model updates for the uplink (seed 003 §5.3: top-k 10 % + 8-bit quantisation).
 
-A client's update is a flat float32 vector (see `edgetwin.edge.aggregation.flatten`). Codecs turn it
+A client's update is a flat float32 vector (see `edgetwin.federation.aggregation.flatten`). Codecs turn it
 into an `EncodedUpdate`: a few named numpy arrays plus a small JSON-able ``meta`` dict, exactly what a
 bus `Envelope` carries as ``tensors`` and ``payload["codec"]``. `EncodedUpdate.encoded_nbytes` is what
 goes on the wire for it (array bytes + the JSON meta), so bytes per round and per level can be summed.
@@ -13,6 +13,8 @@ goes on the wire for it (array bytes + the JSON meta), so bytes per round and pe
 - `UpdateCodec`: either or both, with error feedback (Seide et al. 2014; Karimireddy et al. 2019):
   what compression dropped from a client's update is kept in that client's residual and added to
   its next update, so the sum of what was sent tracks the sum of the true updates.
+- `model_update` / `decode_update`: an encoded update in and out of a bus `Envelope`
+  (``kind="model_update"``).
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
+from edgetwin.edge.messages import NUMBER, Envelope, KindSchema, register_kind, type_ok
 
 __all__ = [
     "EncodedUpdate",
     "Int8Quantizer",
     "TopKSparsifier",
     "UpdateCodec",
+    "decode_update",
     "dense_nbytes",
+    "model_update",
 ]
 
 
@@ -244,3 +249,78 @@ class UpdateCodec:
         if values.size != size:
             raise InputError(f"dense update has {values.size} values, meta says {size}", where="update")
         return values
+
+
+# ------------------------------------------------------------------------------ on the wire
+def model_update(
+    sender: str,
+    round: int,
+    update: EncodedUpdate,
+    *,
+    num_samples: int,
+    level: str,
+    group: str,
+    base_round: int | None = None,
+    metrics: dict[str, float] | None = None,
+) -> Envelope:
+    """An envelope for one compressed update (``kind="model_update"``).
+
+    Args:
+        sender: the sending agent.
+        round: the round it is for.
+        update: from `UpdateCodec.encode`.
+        num_samples: the client's weight in FedAvg (samples or effective batch).
+        level: the hierarchy level of the sender (``"site"``, ``"cluster"``, ``"region"``).
+        group: the aggregation group it goes to (e.g. the cluster name).
+        base_round: the round of the model the update was computed from (staleness = round - it).
+    """
+    payload: dict[str, Any] = {
+        "level": level,
+        "group": group,
+        "num_samples": int(num_samples),
+        "base_round": int(round if base_round is None else base_round),
+        "codec": update.meta,
+    }
+    if metrics:
+        payload["metrics"] = {k: float(v) for k, v in metrics.items()}
+    return Envelope(kind="model_update", sender=sender, round=round, payload=payload, tensors=dict(update.tensors))
+
+
+def decode_update(env: Envelope) -> np.ndarray:
+    """The dense float32 vector (D,) of a ``model_update`` or ``global_model`` envelope."""
+    return UpdateCodec.decode(EncodedUpdate(env.tensors, env.payload["codec"]))
+
+
+def _check_codec(env: Envelope) -> None:
+    codec = env.payload["codec"]
+    size = codec.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError("codec.size must be a non-negative int")
+    for key in ("scale", "zero"):
+        if key in codec and not type_ok(codec[key], NUMBER):
+            raise ValueError(f"codec.{key} must be a finite number")
+    if "q" in env.tensors and not ("scale" in codec and "zero" in codec):
+        raise ValueError("int8 values need codec.scale and codec.zero")
+    if "q" not in env.tensors and "values" not in env.tensors:
+        raise ValueError("a model carries tensor 'values' or 'q'")
+    try:
+        UpdateCodec.decode(EncodedUpdate(env.tensors, codec))
+    except (InputError, ValueError, IndexError) as e:
+        raise ValueError(f"update does not decode: {e}") from None
+
+
+for _kind, _schema in {
+    # a client's (or a child aggregator's) update, compressed by an UpdateCodec
+    "model_update": KindSchema(
+        required={"level": str, "group": str, "num_samples": int, "base_round": int, "codec": dict},
+        optional={"staleness": int, "metrics": dict},
+        check=_check_codec,
+    ),
+    # an aggregated model sent downward; ``for_client`` set when it is personalised
+    "global_model": KindSchema(
+        required={"level": str, "group": str, "version": int, "codec": dict},
+        optional={"for_client": str, "metrics": dict},
+        check=_check_codec,
+    ),
+}.items():
+    register_kind(_kind, _schema)

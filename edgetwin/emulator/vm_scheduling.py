@@ -27,7 +27,7 @@ decisions (a truncation: the system keeps running).
 
 Heterogeneity as in seed 000 Table 3: every site has its own VM fleet (the paper's machine specs
 per client) and its own task distribution (a different workload per client), from a real trace
-(`edgetwin.edge.traces`) or one of four built-in archetypes. The arrival rate is set so that the
+(`edgetwin.emulator.traces`) or one of four built-in archetypes. The arrival rate is set so that the
 offered load is ``load`` of the site's vCPUs; where that would need more than ``max_arrivals``
 tasks per step (more than one scheduler can start), the run times are stretched instead, so that
 the queue stays stable.
@@ -42,7 +42,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from edgetwin.errors import InputError
+from edgetwin.contract.errors import InputError
 
 #: seed 000 Table 3: (vCPU, memory GB, count) of each client's VMs, and the client's workload data set
 PAPER_CLIENTS: tuple[tuple[tuple[tuple[int, int, int], ...], str], ...] = (
@@ -406,7 +406,7 @@ def vm_sites(
     """``n`` heterogeneous sites: client ``i`` of seed 000 Table 3 (cycling) for the VMs, and a
     workload per site (the ``i``-th of ``traces`` round-robin, else the ``i``-th built-in archetype).
     """
-    from edgetwin.edge.traces import read_trace
+    from edgetwin.emulator.traces import read_trace
 
     if n < 1:
         raise InputError(f"need at least one site, got {n}", where="--sites")

@@ -1,0 +1,56 @@
+"""The emulated edge-cloud system that plays "the real system" in the demo, the tests and the benchmarks.
+
+edgetwin learns twins of whatever writes the log contract; this package is one such system, so that
+every claim about a twin can be checked against the truth. Nothing below layer 5 imports it.
+
+* `edgetwin.emulator.cluster`: `EdgeCluster` (service groups on edge and cloud sites, vectorised in
+  NumPy), its config, spec and logs (`generate_logs`), the Gymnasium env over it and the SLO-aware
+  reference scheduler. Its SB3 `EdgeClusterVecEnv` is built on first use (it needs torch), so
+  import it from `edgetwin.emulator.cluster`.
+* `edgetwin.emulator.population`: who the service groups are (scenarios `mbb`, `iot`, `iov`) and
+  how the population drifts over days.
+* `edgetwin.emulator.sites`: the topology (edge clusters and cloud regions) and its nodes.
+* `edgetwin.emulator.energy`: node power (SPECpower curves), cooling and grid carbon intensity.
+* `edgetwin.emulator.traces`: adapters from real workload traces (Alibaba, Google, Azure, ...).
+* `edgetwin.emulator.vm_scheduling`: seed 000's VM task-scheduling MDP (PFRL-DM's environment).
+"""
+
+from edgetwin.emulator.cluster import (
+    ClusterConfig,
+    EdgeCluster,
+    EdgeClusterEnv,
+    SLOAwarePolicy,
+    cluster_kpi_columns,
+    cluster_spec,
+    generate_logs,
+    plot_overview,
+)
+from edgetwin.emulator.energy import CarbonSeries, Cooling, PowerModel, carbon_series_for
+from edgetwin.emulator.population import SCENARIOS, Drift, sample_profiles
+from edgetwin.emulator.sites import Site, default_sites
+from edgetwin.emulator.traces import TraceSample, read_trace
+from edgetwin.emulator.vm_scheduling import VMSchedulingConfig, VMSchedulingEnv
+
+__all__ = [
+    "SCENARIOS",
+    "CarbonSeries",
+    "ClusterConfig",
+    "Cooling",
+    "Drift",
+    "EdgeCluster",
+    "EdgeClusterEnv",
+    "PowerModel",
+    "SLOAwarePolicy",
+    "Site",
+    "TraceSample",
+    "VMSchedulingConfig",
+    "VMSchedulingEnv",
+    "carbon_series_for",
+    "cluster_kpi_columns",
+    "cluster_spec",
+    "default_sites",
+    "generate_logs",
+    "plot_overview",
+    "read_trace",
+    "sample_profiles",
+]
