@@ -736,7 +736,8 @@ def serve(
     import re
     import signal
 
-    from edgetwin.edge.runtime import EdgeRuntime, KPIGuard, KPIMargin, open_async_registry
+    from edgetwin.edge.kpi_watch import KPIGuard, KPIMargin
+    from edgetwin.edge.runtime import EdgeRuntime, open_async_registry
     from edgetwin.edge.signing import TrustStore
 
     for flag, name in (("--site", site), ("--cluster", cluster)):

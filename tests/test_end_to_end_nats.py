@@ -27,17 +27,10 @@ from edgetwin.contract.logs import write_table
 from edgetwin.contract.spec import spec_path_for
 from edgetwin.demo import DemoSizes, _fit_twin
 from edgetwin.edge.bus import NatsBus, NatsConfig
+from edgetwin.edge.kpi_watch import KPIGuard, KPIMargin
 from edgetwin.edge.messages import Envelope
 from edgetwin.edge.registry import NatsRegistry
-from edgetwin.edge.runtime import (
-    EdgeRuntime,
-    KPIGuard,
-    KPIMargin,
-    kpi_report,
-    kpi_subject,
-    request_decision,
-    rollback_subject,
-)
+from edgetwin.edge.runtime import EdgeRuntime, kpi_report, kpi_subject, request_decision, rollback_subject
 from edgetwin.edge.signing import Signer, TrustStore, save_private_key, save_public_key
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, generate_logs
 from edgetwin.policies.export import export_policy, load_policy

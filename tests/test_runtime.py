@@ -21,13 +21,11 @@ from typer.testing import CliRunner
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge.bus import InMemoryBus, MemoryBroker
+from edgetwin.edge.kpi_watch import KPIGuard, KPIMargin, KPIWatch
 from edgetwin.edge.messages import Envelope
 from edgetwin.edge.registry import FileRegistry, PolicyRegistry, metadata_from_policy_dir
 from edgetwin.edge.runtime import (
     EdgeRuntime,
-    KPIGuard,
-    KPIMargin,
-    KPIWatch,
     NoPolicyLoaded,
     announce_policy,
     kpi_report,

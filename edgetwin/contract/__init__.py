@@ -13,28 +13,40 @@
 Nothing here imports another edgetwin package, and nothing here assumes a system's column names.
 """
 
-from edgetwin.contract.errors import GateRefused, InputError
-from edgetwin.contract.logs import read_table, resolve_spec, write_table
-from edgetwin.contract.policy import FunctionPolicy, NoisyPolicy, PlatformPolicy, RandomPolicy, RegimePolicy
-from edgetwin.contract.spec import REWARD_COLUMN, Feature, TwinSpec, spec_path_for
-from edgetwin.contract.validate import ValidationReport, load_valid_log, validate_log
+from __future__ import annotations
 
-__all__ = [
-    "REWARD_COLUMN",
-    "Feature",
-    "FunctionPolicy",
-    "GateRefused",
-    "InputError",
-    "NoisyPolicy",
-    "PlatformPolicy",
-    "RandomPolicy",
-    "RegimePolicy",
-    "TwinSpec",
-    "ValidationReport",
-    "load_valid_log",
-    "read_table",
-    "resolve_spec",
-    "spec_path_for",
-    "validate_log",
-    "write_table",
-]
+from importlib import import_module
+from typing import Any
+
+#: each public name -> the module that defines it, imported on first use (so that importing
+#: one light module of this package does not import all of it)
+_WHERE = {
+    "Feature": "edgetwin.contract.spec",
+    "FunctionPolicy": "edgetwin.contract.policy",
+    "GateRefused": "edgetwin.contract.errors",
+    "InputError": "edgetwin.contract.errors",
+    "NoisyPolicy": "edgetwin.contract.policy",
+    "PlatformPolicy": "edgetwin.contract.policy",
+    "REWARD_COLUMN": "edgetwin.contract.spec",
+    "RandomPolicy": "edgetwin.contract.policy",
+    "RegimePolicy": "edgetwin.contract.policy",
+    "TwinSpec": "edgetwin.contract.spec",
+    "ValidationReport": "edgetwin.contract.validate",
+    "load_valid_log": "edgetwin.contract.validate",
+    "read_table": "edgetwin.contract.logs",
+    "resolve_spec": "edgetwin.contract.logs",
+    "spec_path_for": "edgetwin.contract.spec",
+    "validate_log": "edgetwin.contract.validate",
+    "write_table": "edgetwin.contract.logs",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

@@ -13,29 +13,41 @@ The federation (`edgetwin.federation`) talks over this bus; the emulated system 
 edge in tests and the demo is `edgetwin.emulator`.
 """
 
-from edgetwin.edge.bus import Bus, InMemoryBus, MemoryBroker, NatsBus, NatsConfig, Subjects, make_bus
-from edgetwin.edge.messages import Envelope, KindSchema, MessageRejected, register_kind
-from edgetwin.edge.registry import FileRegistry, NatsRegistry, PolicyRegistry, open_registry
-from edgetwin.edge.runtime import EdgeRuntime
-from edgetwin.edge.signing import Signer, TrustStore
+from __future__ import annotations
 
-__all__ = [
-    "Bus",
-    "EdgeRuntime",
-    "Envelope",
-    "FileRegistry",
-    "InMemoryBus",
-    "KindSchema",
-    "MemoryBroker",
-    "MessageRejected",
-    "NatsBus",
-    "NatsConfig",
-    "NatsRegistry",
-    "PolicyRegistry",
-    "Signer",
-    "Subjects",
-    "TrustStore",
-    "make_bus",
-    "open_registry",
-    "register_kind",
-]
+from importlib import import_module
+from typing import Any
+
+#: each public name -> the module that defines it, imported on first use (so that importing
+#: one light module of this package does not import all of it)
+_WHERE = {
+    "Bus": "edgetwin.edge.bus",
+    "EdgeRuntime": "edgetwin.edge.runtime",
+    "Envelope": "edgetwin.edge.messages",
+    "FileRegistry": "edgetwin.edge.registry",
+    "InMemoryBus": "edgetwin.edge.bus",
+    "KindSchema": "edgetwin.edge.messages",
+    "MemoryBroker": "edgetwin.edge.bus",
+    "MessageRejected": "edgetwin.edge.messages",
+    "NatsBus": "edgetwin.edge.bus",
+    "NatsConfig": "edgetwin.edge.bus",
+    "NatsRegistry": "edgetwin.edge.registry",
+    "PolicyRegistry": "edgetwin.edge.registry",
+    "Signer": "edgetwin.edge.signing",
+    "Subjects": "edgetwin.edge.bus",
+    "TrustStore": "edgetwin.edge.signing",
+    "make_bus": "edgetwin.edge.bus",
+    "open_registry": "edgetwin.edge.registry",
+    "register_kind": "edgetwin.edge.messages",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

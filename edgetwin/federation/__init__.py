@@ -10,18 +10,28 @@
 * `edgetwin.federation.runner`: running a whole federation in one process or as processes.
 """
 
-from edgetwin.federation.runner import (
-    FederationConfig,
-    FederationResult,
-    make_federation_config,
-    run_federation,
-    train_independent,
-)
+from __future__ import annotations
 
-__all__ = [
-    "FederationConfig",
-    "FederationResult",
-    "make_federation_config",
-    "run_federation",
-    "train_independent",
-]
+from importlib import import_module
+from typing import Any
+
+#: each public name -> the module that defines it, imported on first use (so that importing
+#: one light module of this package does not import all of it)
+_WHERE = {
+    "FederationConfig": "edgetwin.federation.runner",
+    "FederationResult": "edgetwin.federation.runner",
+    "make_federation_config": "edgetwin.federation.runner",
+    "run_federation": "edgetwin.federation.runner",
+    "train_independent": "edgetwin.federation.runner",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

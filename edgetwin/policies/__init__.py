@@ -1,6 +1,7 @@
-"""Policy training in the twin (SB3), rewards, the safety shield, heuristics, evaluation, export.
+"""Policies trained in the twin: SB3 / sb3-contrib training, rewards, the shield, heuristics,
+evaluation, export and the promotion gate.
 
-Import-light: the submodules pull in torch / SB3 only when used.
+Import-light: a submodule pulls in torch / SB3 only when one of its names is first used.
 
 * `edgetwin.policies.rewards`: reward components of the source papers and `MultiObjectiveReward`.
 * `edgetwin.policies.shield`: `Shield.project(obs, actions)`, gym / VecEnv wrappers, action masks.
@@ -10,26 +11,33 @@ Import-light: the submodules pull in torch / SB3 only when used.
 * `edgetwin.policies.priority`: the priority-weighted softmax (seed 001 eq. 10).
 * `edgetwin.policies.train`: `train_policy`; `edgetwin.policies.evaluate`: KPIs with CIs.
 * `edgetwin.policies.export`: `export_policy`, `load_policy`.
+* `edgetwin.policies.gate`: `promote`, the twin-gated promotion of a policy.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
-__all__ = ["evaluate_policy", "export_policy", "load_policy", "train_policy"]
+#: each public name -> the module that defines it, imported on first use (so that importing
+#: one light module of this package does not import all of it)
+_WHERE = {
+    "Shield": "edgetwin.policies.shield",
+    "ShieldConfig": "edgetwin.policies.shield",
+    "evaluate_policy": "edgetwin.policies.evaluate",
+    "export_policy": "edgetwin.policies.export",
+    "load_policy": "edgetwin.policies.export",
+    "promote": "edgetwin.policies.gate",
+    "train_policy": "edgetwin.policies.train",
+}
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("export_policy", "load_policy"):
-        from edgetwin.policies import export
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-        return getattr(export, name)
-    if name == "train_policy":
-        from edgetwin.policies.train import train_policy
 
-        return train_policy
-    if name == "evaluate_policy":
-        from edgetwin.policies.evaluate import evaluate_policy
-
-        return evaluate_policy
-    raise AttributeError(name)
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

@@ -1,6 +1,50 @@
-"""The log contract, the `Twin` artifact and its environments, fidelity metrics and what-ifs."""
+"""The `Twin`: a learned simulator of the logged system, and everything a user asks of it.
 
-from edgetwin.contract.logs import read_table, resolve_spec, write_table
-from edgetwin.contract.spec import Feature, TwinSpec
+* `edgetwin.twin.twin`: `Twin` (``fit`` / ``save`` / ``load``, ``sample_population``, ``make_env``,
+  ``rollout``) and `load_log`.
+* `edgetwin.twin.member`: one ensemble member's fitted models; `edgetwin.twin.support`: how far a
+  row or a generated profile is from the logs.
+* `edgetwin.twin.simulation`: `Simulation`, the batched world under every env, rollout and what-if.
+* `edgetwin.twin.envs`: the Gymnasium, SB3 VecEnv and PettingZoo environments over a twin.
+* `edgetwin.twin.fidelity`: how well a twin reproduces held-out logs (`fidelity_report`).
+* `edgetwin.twin.whatif`: what-ifs (perturbations, scenarios, KPIs, the engine, results).
+* `edgetwin.twin.report`: the what-if report (HTML + PNG).
 
-__all__ = ["Feature", "TwinSpec", "read_table", "resolve_spec", "write_table"]
+The twin builds on `edgetwin.generative` (who shows up) and `edgetwin.imitation` (how they respond)
+and never imports `policies`, `emulator`, `edge` or `federation`.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+#: each public name -> the module that defines it, imported on first use (so that importing
+#: one light module of this package does not import all of it)
+_WHERE = {
+    "KpiDef": "edgetwin.twin.whatif",
+    "Scenario": "edgetwin.twin.whatif",
+    "Simulation": "edgetwin.twin.simulation",
+    "Twin": "edgetwin.twin.twin",
+    "TwinEnv": "edgetwin.twin.envs",
+    "TwinParallelEnv": "edgetwin.twin.envs",
+    "TwinVecEnv": "edgetwin.twin.envs",
+    "WhatIfResult": "edgetwin.twin.whatif",
+    "fidelity_report": "edgetwin.twin.fidelity",
+    "load_kpis": "edgetwin.twin.whatif",
+    "load_log": "edgetwin.twin.twin",
+    "load_scenarios": "edgetwin.twin.whatif",
+    "run_whatif": "edgetwin.twin.whatif",
+    "write_report": "edgetwin.twin.report",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

@@ -1,4 +1,4 @@
-"""Environments over a `edgetwin.twin.twin.Twin`: Gymnasium, SB3 VecEnv and PettingZoo.
+"""Environments over a twin (`edgetwin.twin.twin.Twin`): Gymnasium, SB3 VecEnv and PettingZoo.
 
 Every environment shows the platform the same per-agent layout as the real system: observation
 ``[profile.*, state.*]`` (raw units, spec order), action ``action.*`` (raw units). The reward is the
@@ -25,10 +25,10 @@ from pettingzoo import ParallelEnv
 from stable_baselines3.common.vec_env import VecEnv
 
 from edgetwin.contract.errors import InputError
-from edgetwin.twin.twin import Simulation, Twin
+from edgetwin.twin.simulation import SimulatedTwin, Simulation
 
 
-def _spaces(twin: Twin) -> tuple[gym.spaces.Box, gym.spaces.Box]:
+def _spaces(twin: SimulatedTwin) -> tuple[gym.spaces.Box, gym.spaces.Box]:
     lay = twin.layout
     p_lo, p_hi = twin.spec.bounds("profile")
     s_lo, s_hi = twin.spec.bounds("state")
@@ -46,7 +46,7 @@ def _spaces(twin: Twin) -> tuple[gym.spaces.Box, gym.spaces.Box]:
     return obs_space, act_space
 
 
-def _check_steps(steps: int | None, twin: Twin) -> int:
+def _check_steps(steps: int | None, twin: SimulatedTwin) -> int:
     steps = twin.layout.horizon if steps is None else int(steps)
     if steps < 1:
         raise InputError(f"steps must be >= 1, got {steps}", "steps")
@@ -69,7 +69,7 @@ class TwinEnv(gym.Env):
 
     def __init__(
         self,
-        twin: Twin,
+        twin: SimulatedTwin,
         n_agents: int | None = None,
         steps: int | None = None,
         disagreement_penalty: float = 0.0,
@@ -136,7 +136,7 @@ class TwinVecEnv(VecEnv):
 
     def __init__(
         self,
-        twin: Twin,
+        twin: SimulatedTwin,
         n_agents: int | None = None,
         steps: int | None = None,
         disagreement_penalty: float = 0.0,
@@ -234,7 +234,7 @@ class TwinParallelEnv(ParallelEnv):
 
     def __init__(
         self,
-        twin: Twin,
+        twin: SimulatedTwin,
         n_agents: int | None = None,
         steps: int | None = None,
         disagreement_penalty: float = 0.0,

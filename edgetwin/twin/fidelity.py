@@ -26,7 +26,8 @@ from edgetwin.contract.metrics import kl_marginal
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
 from edgetwin.imitation.world import DAY_SECONDS, World, group_means
-from edgetwin.twin.twin import RolloutRecord, Simulation, Twin, load_log
+from edgetwin.twin.simulation import RolloutRecord, Simulation
+from edgetwin.twin.twin import Twin, load_log
 from edgetwin.twin.whatif import logged_episodes
 
 

@@ -22,29 +22,23 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import pickle
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch as th
-from sklearn.neighbors import NearestNeighbors
-from stable_baselines3.common.policies import ActorCriticPolicy
 from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.logs import ordered_columns
 from edgetwin.contract.policy import PlatformPolicy
-from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
+from edgetwin.contract.spec import TwinSpec
 from edgetwin.contract.validate import load_valid_log
 from edgetwin.imitation.baselines import ClonedPlatformPolicy, SupervisedResponseModel
 from edgetwin.imitation.mail import (
-    GaussianModel,
     MailConfig,
     client_rows,
     fit_engines,
@@ -56,9 +50,12 @@ from edgetwin.imitation.world import (
     InitialStates,
     Layout,
     SiteStateModel,
-    World,
     build_steps,
 )
+from edgetwin.twin.envs import TwinEnv, TwinParallelEnv, TwinVecEnv
+from edgetwin.twin.member import Member
+from edgetwin.twin.simulation import RolloutRecord, Simulation
+from edgetwin.twin.support import ProfileSupport, SupportIndex
 
 log = logging.getLogger(__name__)
 
@@ -127,147 +124,6 @@ class EmpiricalPopulation:
         return path
 
 
-@dataclass
-class SupportIndex:
-    """How far ``[profile, state, action]`` rows are from the logs (standardised units).
-
-    A row is *out of support* when its nearest logged neighbour is farther than the 99th
-    percentile of logged rows' nearest-other-row distances.
-    """
-
-    bank: np.ndarray
-    threshold: float
-    nn: NearestNeighbors | None = None
-
-    @classmethod
-    def fit(
-        cls, z: np.ndarray, seed: int = 0, max_rows: int = 20_000, quantile: float = 0.99
-    ) -> SupportIndex:
-        rng = np.random.default_rng(seed)
-        bank = z[rng.choice(len(z), size=min(max_rows, len(z)), replace=False)] if len(z) else z
-        idx = cls(bank=bank.astype(np.float32), threshold=float("inf"))
-        if len(bank) >= 3:
-            d, _ = idx._nn().kneighbors(bank, n_neighbors=2)
-            idx.threshold = float(np.quantile(d[:, 1], quantile))
-        return idx
-
-    def _nn(self) -> NearestNeighbors:
-        if self.nn is None:
-            self.nn = NearestNeighbors(n_neighbors=1).fit(self.bank)
-        return self.nn
-
-    def distance(self, z: np.ndarray) -> np.ndarray:
-        if len(self.bank) == 0 or len(z) == 0:
-            return np.zeros(len(z))
-        return self._nn().kneighbors(z.astype(np.float32), n_neighbors=1)[0][:, 0]
-
-
-class ProfileSupport:
-    """Whether generated profiles lie in the logs' support, per scenario (standardised units).
-
-    A profile is *in support* when its nearest logged profile of the same scenario is no farther
-    than the ``quantile`` of logged profiles' nearest-other-profile distances. A generative
-    population model puts some mass between and beyond the logged agents; the client models have
-    never seen such agents, so `Simulation` redraws them (see ``Twin.profile_retries``).
-    """
-
-    def __init__(self, zprofiles: list[np.ndarray], quantile: float = 0.99) -> None:
-        self.nn: list[NearestNeighbors | None] = []
-        self.threshold: list[float] = []
-        for z in zprofiles:
-            if len(z) < 3 or z.shape[1] == 0:
-                self.nn.append(None)
-                self.threshold.append(float("inf"))
-                continue
-            nn = NearestNeighbors(n_neighbors=2).fit(z)
-            d, _ = nn.kneighbors(z)
-            self.nn.append(nn)
-            self.threshold.append(float(np.quantile(d[:, 1], quantile)))
-
-    def inside(self, scenario: int, zp: np.ndarray) -> np.ndarray:
-        """``(n,)`` bool: rows of ``zp (n, P)`` within scenario ``scenario``'s support."""
-        nn = self.nn[scenario]
-        if nn is None or len(zp) == 0:
-            return np.ones(len(zp), dtype=bool)
-        d = nn.kneighbors(zp, n_neighbors=1)[0][:, 0]
-        return d <= self.threshold[scenario]
-
-
-@dataclass
-class Member:
-    """One ensemble member: per-scenario client models, cloned engine policies and, when the
-    transition is learned by a site-aware model, its per-scenario transition models, and the model
-    of the site-level state columns (`SiteStateModel`) when there is one."""
-
-    clients: dict[int, Any]
-    engines: dict[int, ActorCriticPolicy]
-    history: pd.DataFrame = field(default_factory=pd.DataFrame)
-    transition: dict[int, ActorCriticPolicy] | None = None
-    site_model: SiteStateModel | None = None
-
-    def save(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        for s, c in self.clients.items():
-            if isinstance(c, ActorCriticPolicy):
-                c.save(str(path / f"client_{s}.pt"))
-            else:
-                with open(path / f"client_{s}.pkl", "wb") as fh:
-                    pickle.dump(c, fh)
-        for s, e in self.engines.items():
-            e.save(str(path / f"engine_{s}.pt"))
-        for s, tr in (self.transition or {}).items():
-            tr.save(str(path / f"transition_{s}.pt"))
-        if self.site_model is not None:
-            with open(path / "site_model.pkl", "wb") as fh:
-                pickle.dump(self.site_model, fh)
-        self.history.to_csv(path / "history.csv", index=False)
-        (path / "DONE").write_text("ok\n")
-
-    @classmethod
-    def load(cls, path: Path, n_scenarios: int) -> Member:
-        clients: dict[int, Any] = {}
-        engines: dict[int, ActorCriticPolicy] = {}
-        for s in range(n_scenarios):
-            if (path / f"client_{s}.pt").is_file():
-                clients[s] = ActorCriticPolicy.load(str(path / f"client_{s}.pt"), device="cpu")
-            else:
-                with open(path / f"client_{s}.pkl", "rb") as fh:
-                    clients[s] = pickle.load(fh)
-            engines[s] = ActorCriticPolicy.load(str(path / f"engine_{s}.pt"), device="cpu")
-        transition: dict[int, ActorCriticPolicy] | None = None
-        if (path / "transition_0.pt").is_file():
-            transition = {
-                s: ActorCriticPolicy.load(str(path / f"transition_{s}.pt"), device="cpu")
-                for s in range(n_scenarios)
-            }
-        hist = (
-            pd.read_csv(path / "history.csv") if (path / "history.csv").stat().st_size > 1 else pd.DataFrame()
-        )
-        site_model = None
-        if (path / "site_model.pkl").is_file():
-            with open(path / "site_model.pkl", "rb") as fh:
-                site_model = pickle.load(fh)
-            if not hasattr(site_model, "net"):  # the per-agent MLP form before the log-linear one
-                raise InputError(
-                    f"{path / 'site_model.pkl'}: a site-state model of an older edgetwin (no log-linear "
-                    "'net'); refit the twin with --site-model / --site-columns",
-                    str(path / "site_model.pkl"),
-                )
-        return cls(clients, engines, hist, transition, site_model)
-
-    def models(self) -> dict[int, Any]:
-        """Client models with ``mean(x)`` / ``sample(x, rng)`` (SB3 policies wrapped)."""
-        return {
-            s: GaussianModel(c) if isinstance(c, ActorCriticPolicy) else c for s, c in self.clients.items()
-        }
-
-    def transition_models(self) -> dict[int, GaussianModel] | None:
-        """The site-aware transition models, wrapped (None: the clients' ``Δstate`` moves the state)."""
-        if self.transition is None:
-            return None
-        return {s: GaussianModel(p) for s, p in self.transition.items()}
-
-
 class _Constant:
     """A classifier that always answers one scenario (the logs have only one)."""
 
@@ -312,8 +168,8 @@ class Twin:
         self.action_low = action_low
         self.action_high = action_high
         self.meta = meta
-        self._models = [m.models() for m in members]
-        self._transitions = [m.transition_models() for m in members]
+        self.member_models = [m.models() for m in members]
+        self.member_transitions = [m.transition_models() for m in members]
         #: how many times a simulation redraws a generated profile that is out of the logs'
         #: support (`ProfileSupport`) before keeping it; 0 keeps every generated profile
         self.profile_retries = 4
@@ -670,20 +526,14 @@ class Twin:
         See `edgetwin.twin.envs.TwinEnv` for the options (``n_agents``, ``steps``,
         ``disagreement_penalty``, ``stochastic``, ``seed``).
         """
-        from edgetwin.twin.envs import TwinEnv
-
         return TwinEnv(self, **opts)
 
     def make_vec_env(self, n_agents: int | None = None, **opts: Any) -> Any:
         """An SB3 `VecEnv` with one sub-env per agent, all stepped in one batch (the fast path)."""
-        from edgetwin.twin.envs import TwinVecEnv
-
         return TwinVecEnv(self, n_agents=n_agents, **opts)
 
     def make_parallel_env(self, **opts: Any) -> Any:
         """A PettingZoo `ParallelEnv` with one platform agent per scenario."""
-        from edgetwin.twin.envs import TwinParallelEnv
-
         return TwinParallelEnv(self, **opts)
 
     # --- rollouts ----------------------------------------------------------------------------------
@@ -731,290 +581,6 @@ class Twin:
             name = f"twin-{seed}-{e}" if m is None else f"twin-{seed}-{e}-m{m}"
             records.append(sim.run(policy, steps=steps, episode=name))
         return RolloutRecord.concat(records, self.support.threshold)
-
-
-# ------------------------------------------------------------------------------------ simulation
-@dataclass
-class StepResult:
-    """One tick of a `Simulation`: raw arrays, row-aligned with the simulation's agents."""
-
-    obs: np.ndarray
-    action: np.ndarray
-    outputs: np.ndarray
-    next_state: np.ndarray
-    reward: np.ndarray
-    disagreement: np.ndarray
-
-
-@dataclass
-class RolloutRecord:
-    frame: pd.DataFrame
-    support: dict[str, float]
-
-    @staticmethod
-    def concat(records: list[RolloutRecord], threshold: float) -> pd.DataFrame:
-        """One log table of several runs; ``attrs["support"]`` = their support reports averaged."""
-        df = pd.concat([r.frame for r in records], ignore_index=True)
-        keys = ("out_of_support", "median_distance", "disagreement", "profile_redrawn", "profile_outside")
-        df.attrs["support"] = {k: float(np.mean([r.support[k] for r in records])) for k in keys}
-        df.attrs["support"]["threshold"] = threshold
-        return df
-
-
-class Simulation:
-    """A twin world of agents on sites, stepped in one batch per tick.
-
-    Args:
-        twin: the twin.
-        n_agents: agents (default: one logged site unit's worth, drawn at each reset).
-        seed: seeds population, initial states, acting member and response noise.
-        stochastic: sample responses from the client models' Gaussians (else their means).
-        member: fix the acting ensemble member (default: drawn per reset).
-    """
-
-    def __init__(
-        self,
-        twin: Twin,
-        n_agents: int | None = None,
-        seed: int = 0,
-        stochastic: bool = True,
-        member: int | None = None,
-    ) -> None:
-        self.twin = twin
-        self.layout = twin.layout
-        self.n_agents = n_agents
-        self.stochastic = stochastic
-        self.fixed_member = member
-        self.rng = np.random.default_rng(seed)
-        self._reward_fn = (
-            twin.spec.reward_fn() if (twin.spec.reward_weights or twin.spec.reward_function) else None
-        )
-        self.world: World
-        self.member = 0
-        self.site_names: list[str] = []
-        self.agent_names: list[str] = []
-        self.reset()
-
-    @property
-    def n(self) -> int:
-        return self.world.n
-
-    def reset(self, seed: int | None = None) -> np.ndarray:
-        """New agents and initial states; returns the observations ``(N, P+S)``."""
-        if seed is not None:
-            self.rng = np.random.default_rng(seed)
-        lay = self.layout
-        scen, site = self.twin.composition.sample(self.rng, self.n_agents)
-        profile = np.zeros((len(scen), len(lay.profile)))
-        retries = self.twin.profile_retries if lay.profile else 0
-        redrawn, outside = 0, 0
-        for s in np.unique(scen):
-            idx = np.flatnonzero(scen == s)
-            for attempt in range(retries + 1):
-                pop = self.twin.population.sample(
-                    len(idx), scenario=lay.scenarios[s], seed=int(self.rng.integers(2**31))
-                )
-                profile[idx] = lay.scalers["profile"].legalise(pop[lay.profile].to_numpy(np.float64))
-                if retries == 0:
-                    break
-                ok = self.twin.profile_support.inside(int(s), lay.scalers["profile"].transform(profile[idx]))
-                if attempt == 0:
-                    redrawn += int((~ok).sum())
-                idx = idx[~ok]
-                if len(idx) == 0:
-                    break
-            outside += len(idx) if retries else 0
-        profile = lay.scalers["profile"].legalise(profile)
-        #: share of this population's first-drawn profiles that were out of support (and redrawn),
-        #: and of its final profiles still out of support after ``profile_retries`` redraws
-        self.profile_redrawn = redrawn / max(1, len(scen))
-        self.profile_outside = outside / max(1, len(scen))
-        state = self.twin.initial.sample(lay, scen, profile, self.rng)
-        n_sites = int(site.max()) + 1
-        self.member = (
-            self.fixed_member
-            if self.fixed_member is not None
-            else int(self.rng.integers(self.twin.n_members))
-        )
-        self.place(World(lay, scen, site, profile, state, np.zeros((n_sites, lay.n_lag))))
-        self.site_names = [f"site{k}" for k in range(n_sites)]
-        self.agent_names = [f"agent{i}" for i in range(len(scen))]
-        return self.obs()
-
-    def place(self, world: World) -> None:
-        """Run this simulation on ``world`` (e.g. agents and states taken from a log) from its tick.
-
-        The world gets the acting member's site-state model, and the tick's pending responses are
-        cleared. Agent and site names are kept when their counts still match.
-        """
-        world.site_model = self.twin.members[self.member].site_model if self.twin.members else None
-        self.world = world
-        self._pending_y = np.zeros((world.n, self.layout.n_model_outputs), np.float32)
-        self._pending_a = np.zeros((world.n, len(self.layout.action)))
-        if len(self.agent_names) != world.n:
-            self.agent_names = [f"agent{i}" for i in range(world.n)]
-        if len(self.site_names) != world.n_sites:
-            self.site_names = [f"site{k}" for k in range(world.n_sites)]
-
-    def obs(self) -> np.ndarray:
-        """``(N, P+S)`` raw ``[profile.*, state.*]``: what the platform policy sees."""
-        return np.concatenate([self.world.profile, self.world.state], axis=1).astype(np.float32)
-
-    def legal_action(self, action: np.ndarray) -> np.ndarray:
-        """Raw actions ``(n, A)`` clipped to the twin's action bounds, discrete ones snapped."""
-        action = np.asarray(action, dtype=np.float64).reshape(-1, len(self.layout.action))
-        return self.layout.scalers["action"].legalise(
-            np.clip(action, self.twin.action_low, self.twin.action_high)
-        )
-
-    def respond(
-        self, rows: np.ndarray, action: np.ndarray, with_disagreement: bool = True
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The responses of agents ``rows`` to raw actions ``(len(rows), A)`` at this tick.
-
-        The client model is causal per agent, so this needs no other agent's action of the tick.
-        The responses are kept until `end_tick` applies them.
-
-        Returns:
-            ``(raw outputs (n, Y), reward (n,), disagreement (n,))``.
-        """
-        lay, w = self.layout, self.world
-        rows = np.asarray(rows, dtype=np.int64)
-        action = self.legal_action(np.asarray(action).reshape(len(rows), -1))
-        x = w.client_inputs(action, rows)
-        y = np.zeros((len(rows), lay.n_model_outputs), np.float32)
-        disagreement = np.zeros(len(rows))
-        models = self.twin._models
-        scen = w.scenario[rows]
-        for s in np.unique(scen):
-            idx = np.flatnonzero(scen == s)
-            if with_disagreement and len(models) > 1:
-                means = np.stack([m[s].mean(x[idx]) for m in models])  # (M, n_s, out)
-                mu = means[self.member]
-                disagreement[idx] = means.std(axis=0).mean(axis=1)
-            else:
-                mu = models[self.member][s].mean(x[idx])
-            if self.stochastic:
-                # noise on the outputs only: the client's Gaussian has one std per output for all
-                # inputs, and fed into Δstate it compounds into drift far beyond the logged noise
-                ny = lay.n_outputs
-                std = np.asarray(models[self.member][s].std, dtype=np.float32)[:ny]
-                mu = mu.copy()
-                mu[:, :ny] = np.clip(mu[:, :ny] + std * self.rng.standard_normal((len(idx), ny)), -10.0, 10.0)
-            y[idx] = mu
-        self._pending_y[rows] = y
-        self._pending_a[rows] = action
-        ny = lay.n_outputs
-        outputs = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((len(rows), 0))
-        reward = self.reward_of(rows, w.state[rows], action, outputs)
-        return outputs, reward, disagreement
-
-    @property
-    def pending_action(self) -> np.ndarray:
-        """``(N, A)`` the legal actions of this tick so far (what `end_tick` will apply); a copy."""
-        return self._pending_a.copy()
-
-    def override_outputs(self, rows: np.ndarray, outputs: np.ndarray) -> None:
-        """Replace the pending raw outputs ``(len(rows), Y)`` of agents ``rows`` at this tick.
-
-        `end_tick` then moves the world by them: the next tick's site aggregates and the
-        site-level state see the replaced outputs (a what-if that perturbs responses).
-        """
-        rows = np.asarray(rows, dtype=np.int64)
-        ny = self.layout.n_outputs
-        if ny:
-            legal = self.layout.scalers["outputs"].legalise(np.asarray(outputs, np.float64).reshape(len(rows), ny))
-            self._pending_y[rows, :ny] = self.layout.scalers["outputs"].transform(legal)
-
-    def end_tick(self) -> np.ndarray:
-        """Apply the tick's responses: every agent moves to its next state. Returns it ``(N, S)``."""
-        _, nxt = self.world.apply(self._pending_a, self._pending_y, self.twin._transitions[self.member])
-        return nxt
-
-    def step(self, action: np.ndarray, with_disagreement: bool = True) -> StepResult:
-        """Apply raw platform actions ``(N, A)`` for all agents at this tick and advance."""
-        obs = self.obs()
-        rows = np.arange(self.n)
-        outputs, reward, disagreement = self.respond(rows, action, with_disagreement)
-        legal = self._pending_a.copy()
-        nxt = self.end_tick()
-        return StepResult(obs, legal, outputs, nxt, reward, disagreement)
-
-    def reward_of(
-        self, rows: np.ndarray, state: np.ndarray, action: np.ndarray, outputs: np.ndarray
-    ) -> np.ndarray:
-        """The spec's reward ``(n,)`` of agents ``rows`` given raw state, action and outputs.
-
-        Uses the spec's reward function or weights when it has one, else the predicted ``reward``
-        output (zeros when there is neither).
-        """
-        lay = self.layout
-        cols: dict[str, np.ndarray] = {}
-        for j, c in enumerate(lay.profile):
-            cols[c] = self.world.profile[rows, j]
-        for j, c in enumerate(lay.state):
-            cols[c] = state[:, j]
-        for j, c in enumerate(lay.action):
-            cols[c] = action[:, j]
-        for j, c in enumerate(lay.outputs):
-            cols[c] = outputs[:, j]
-        if self._reward_fn is not None:
-            return np.asarray(self._reward_fn(cols), dtype=np.float64).reshape(-1)
-        if REWARD_COLUMN in cols:
-            return cols[REWARD_COLUMN].astype(np.float64)
-        return np.zeros(len(action))
-
-    def run(self, policy: PlatformPolicy, steps: int | None = None, episode: str = "twin-0") -> RolloutRecord:
-        """Roll ``policy`` from the current state for ``steps`` ticks; a log table + support report."""
-        lay = self.layout
-        steps = lay.horizon if steps is None else int(steps)
-        cols = ordered_columns(lay.spec, [REWARD_COLUMN])
-        blocks: list[dict[str, np.ndarray]] = []
-        dis = []
-        for t in range(steps):
-            obs = self.obs()
-            act = np.asarray(policy.act(obs), dtype=np.float64)
-            res = self.step(act)
-            blk: dict[str, Any] = {"t": np.full(self.n, t)}
-            for j, c in enumerate(lay.profile):
-                blk[c] = self.world.profile[:, j]
-            for j, c in enumerate(lay.state):
-                blk[c] = res.obs[:, len(lay.profile) + j].astype(np.float64)
-            for j, c in enumerate(lay.action):
-                blk[c] = res.action[:, j]
-            for j, c in enumerate(lay.outputs):
-                blk[c] = res.outputs[:, j]
-            blk[REWARD_COLUMN] = res.reward
-            blocks.append(blk)
-            dis.append(float(res.disagreement.mean()))
-        frame = pd.DataFrame({k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]})
-        frame.insert(0, "episode", episode)
-        frame.insert(2, "agent", np.tile(self.agent_names, steps))
-        frame.insert(3, "scenario", np.tile(np.asarray(lay.scenarios)[self.world.scenario], steps))
-        frame.insert(4, "site", np.tile(np.asarray(self.site_names)[self.world.site], steps))
-        frame = frame[[c for c in cols if c in frame.columns]]
-        support = self.support_of(frame)
-        support["disagreement"] = float(np.mean(dis)) if dis else 0.0
-        support["profile_redrawn"] = self.profile_redrawn
-        support["profile_outside"] = self.profile_outside
-        return RolloutRecord(frame, support)
-
-    def support_of(self, frame: pd.DataFrame, max_rows: int = 5000) -> dict[str, float]:
-        lay = self.layout
-        sub = frame.sample(min(max_rows, len(frame)), random_state=0) if len(frame) > max_rows else frame
-        z = np.concatenate(
-            [
-                lay.scalers["profile"].transform(sub[lay.profile].to_numpy(np.float64)),
-                lay.scalers["state"].transform(sub[lay.state].to_numpy(np.float64)),
-                lay.scalers["action"].transform(sub[lay.action].to_numpy(np.float64)),
-            ],
-            axis=1,
-        )
-        d = self.twin.support.distance(z)
-        return {
-            "out_of_support": float((d > self.twin.support.threshold).mean()) if len(d) else 0.0,
-            "median_distance": float(np.median(d)) if len(d) else 0.0,
-        }
 
 
 def set_torch_threads(n: int = 1) -> None:

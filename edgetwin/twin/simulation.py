@@ -1,0 +1,346 @@
+"""`Simulation`: a twin's world of agents on sites, stepped in one batch per tick.
+
+The engine under every environment (`edgetwin.twin.envs`), `Twin.rollout`, the what-if engine and
+the counterfactual replays of `edgetwin.twin.fidelity`. It reads the fitted twin through
+`SimulatedTwin`, the few attributes it needs, so that it sits below `edgetwin.twin.twin` (which
+fits, saves and loads twins and builds simulations) rather than beside it in an import cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from edgetwin.contract.logs import ordered_columns
+from edgetwin.contract.policy import PlatformPolicy
+from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
+from edgetwin.imitation.mail import GaussianModel
+from edgetwin.imitation.world import Composition, InitialStates, Layout, World
+from edgetwin.twin.member import Member
+from edgetwin.twin.support import ProfileSupport, SupportIndex
+
+__all__ = ["RolloutRecord", "SimulatedTwin", "Simulation", "StepResult"]
+
+log = logging.getLogger(__name__)
+
+
+class SimulatedTwin(Protocol):
+    """What a `Simulation` reads of a twin; `edgetwin.twin.twin.Twin` is the implementation.
+
+    Attributes:
+        layout: roles, scalers and horizon; members: the ensemble; population: the population
+            model (``.sample(n, scenario, seed) -> DataFrame``); composition: logged site units;
+            initial: logged initial states; support: the logs' support.
+        action_low, action_high: ``(A,)`` finite action bounds.
+        profile_retries: redraws of a generated profile outside the logs' support.
+        member_models: per member, the client models by scenario (``mean`` / ``sample``).
+        member_transitions: per member, the site-aware transition models by scenario, or None.
+    """
+
+    layout: Layout
+    members: list[Member]
+    population: Any
+    composition: Composition
+    initial: InitialStates
+    support: SupportIndex
+    action_low: np.ndarray
+    action_high: np.ndarray
+    profile_retries: int
+    member_models: list[dict[int, Any]]
+    member_transitions: list[dict[int, GaussianModel] | None]
+
+    @property
+    def spec(self) -> TwinSpec: ...
+
+    @property
+    def n_members(self) -> int: ...
+
+    @property
+    def profile_support(self) -> ProfileSupport: ...
+
+
+@dataclass
+class StepResult:
+    """One tick of a `Simulation`: raw arrays, row-aligned with the simulation's agents."""
+
+    obs: np.ndarray
+    action: np.ndarray
+    outputs: np.ndarray
+    next_state: np.ndarray
+    reward: np.ndarray
+    disagreement: np.ndarray
+
+
+@dataclass
+class RolloutRecord:
+    frame: pd.DataFrame
+    support: dict[str, float]
+
+    @staticmethod
+    def concat(records: list[RolloutRecord], threshold: float) -> pd.DataFrame:
+        """One log table of several runs; ``attrs["support"]`` = their support reports averaged."""
+        df = pd.concat([r.frame for r in records], ignore_index=True)
+        keys = ("out_of_support", "median_distance", "disagreement", "profile_redrawn", "profile_outside")
+        df.attrs["support"] = {k: float(np.mean([r.support[k] for r in records])) for k in keys}
+        df.attrs["support"]["threshold"] = threshold
+        return df
+
+
+class Simulation:
+    """A twin world of agents on sites, stepped in one batch per tick.
+
+    Args:
+        twin: the twin.
+        n_agents: agents (default: one logged site unit's worth, drawn at each reset).
+        seed: seeds population, initial states, acting member and response noise.
+        stochastic: sample responses from the client models' Gaussians (else their means).
+        member: fix the acting ensemble member (default: drawn per reset).
+    """
+
+    def __init__(
+        self,
+        twin: SimulatedTwin,
+        n_agents: int | None = None,
+        seed: int = 0,
+        stochastic: bool = True,
+        member: int | None = None,
+    ) -> None:
+        self.twin = twin
+        self.layout = twin.layout
+        self.n_agents = n_agents
+        self.stochastic = stochastic
+        self.fixed_member = member
+        self.rng = np.random.default_rng(seed)
+        self._reward_fn = (
+            twin.spec.reward_fn() if (twin.spec.reward_weights or twin.spec.reward_function) else None
+        )
+        self.world: World
+        self.member = 0
+        self.site_names: list[str] = []
+        self.agent_names: list[str] = []
+        self.reset()
+
+    @property
+    def n(self) -> int:
+        return self.world.n
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        """New agents and initial states; returns the observations ``(N, P+S)``."""
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        lay = self.layout
+        scen, site = self.twin.composition.sample(self.rng, self.n_agents)
+        profile = np.zeros((len(scen), len(lay.profile)))
+        retries = self.twin.profile_retries if lay.profile else 0
+        redrawn, outside = 0, 0
+        for s in np.unique(scen):
+            idx = np.flatnonzero(scen == s)
+            for attempt in range(retries + 1):
+                pop = self.twin.population.sample(
+                    len(idx), scenario=lay.scenarios[s], seed=int(self.rng.integers(2**31))
+                )
+                profile[idx] = lay.scalers["profile"].legalise(pop[lay.profile].to_numpy(np.float64))
+                if retries == 0:
+                    break
+                ok = self.twin.profile_support.inside(int(s), lay.scalers["profile"].transform(profile[idx]))
+                if attempt == 0:
+                    redrawn += int((~ok).sum())
+                idx = idx[~ok]
+                if len(idx) == 0:
+                    break
+            outside += len(idx) if retries else 0
+        profile = lay.scalers["profile"].legalise(profile)
+        #: share of this population's first-drawn profiles that were out of support (and redrawn),
+        #: and of its final profiles still out of support after ``profile_retries`` redraws
+        self.profile_redrawn = redrawn / max(1, len(scen))
+        self.profile_outside = outside / max(1, len(scen))
+        state = self.twin.initial.sample(lay, scen, profile, self.rng)
+        n_sites = int(site.max()) + 1
+        self.member = (
+            self.fixed_member
+            if self.fixed_member is not None
+            else int(self.rng.integers(self.twin.n_members))
+        )
+        self.place(World(lay, scen, site, profile, state, np.zeros((n_sites, lay.n_lag))))
+        self.site_names = [f"site{k}" for k in range(n_sites)]
+        self.agent_names = [f"agent{i}" for i in range(len(scen))]
+        return self.obs()
+
+    def place(self, world: World) -> None:
+        """Run this simulation on ``world`` (e.g. agents and states taken from a log) from its tick.
+
+        The world gets the acting member's site-state model, and the tick's pending responses are
+        cleared. Agent and site names are kept when their counts still match.
+        """
+        world.site_model = self.twin.members[self.member].site_model if self.twin.members else None
+        self.world = world
+        self._pending_y = np.zeros((world.n, self.layout.n_model_outputs), np.float32)
+        self._pending_a = np.zeros((world.n, len(self.layout.action)))
+        if len(self.agent_names) != world.n:
+            self.agent_names = [f"agent{i}" for i in range(world.n)]
+        if len(self.site_names) != world.n_sites:
+            self.site_names = [f"site{k}" for k in range(world.n_sites)]
+
+    def obs(self) -> np.ndarray:
+        """``(N, P+S)`` raw ``[profile.*, state.*]``: what the platform policy sees."""
+        return np.concatenate([self.world.profile, self.world.state], axis=1).astype(np.float32)
+
+    def legal_action(self, action: np.ndarray) -> np.ndarray:
+        """Raw actions ``(n, A)`` clipped to the twin's action bounds, discrete ones snapped."""
+        action = np.asarray(action, dtype=np.float64).reshape(-1, len(self.layout.action))
+        return self.layout.scalers["action"].legalise(
+            np.clip(action, self.twin.action_low, self.twin.action_high)
+        )
+
+    def respond(
+        self, rows: np.ndarray, action: np.ndarray, with_disagreement: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The responses of agents ``rows`` to raw actions ``(len(rows), A)`` at this tick.
+
+        The client model is causal per agent, so this needs no other agent's action of the tick.
+        The responses are kept until `end_tick` applies them.
+
+        Returns:
+            ``(raw outputs (n, Y), reward (n,), disagreement (n,))``.
+        """
+        lay, w = self.layout, self.world
+        rows = np.asarray(rows, dtype=np.int64)
+        action = self.legal_action(np.asarray(action).reshape(len(rows), -1))
+        x = w.client_inputs(action, rows)
+        y = np.zeros((len(rows), lay.n_model_outputs), np.float32)
+        disagreement = np.zeros(len(rows))
+        models = self.twin.member_models
+        scen = w.scenario[rows]
+        for s in np.unique(scen):
+            idx = np.flatnonzero(scen == s)
+            if with_disagreement and len(models) > 1:
+                means = np.stack([m[s].mean(x[idx]) for m in models])  # (M, n_s, out)
+                mu = means[self.member]
+                disagreement[idx] = means.std(axis=0).mean(axis=1)
+            else:
+                mu = models[self.member][s].mean(x[idx])
+            if self.stochastic:
+                # noise on the outputs only: the client's Gaussian has one std per output for all
+                # inputs, and fed into Δstate it compounds into drift far beyond the logged noise
+                ny = lay.n_outputs
+                std = np.asarray(models[self.member][s].std, dtype=np.float32)[:ny]
+                mu = mu.copy()
+                mu[:, :ny] = np.clip(mu[:, :ny] + std * self.rng.standard_normal((len(idx), ny)), -10.0, 10.0)
+            y[idx] = mu
+        self._pending_y[rows] = y
+        self._pending_a[rows] = action
+        ny = lay.n_outputs
+        outputs = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((len(rows), 0))
+        reward = self.reward_of(rows, w.state[rows], action, outputs)
+        return outputs, reward, disagreement
+
+    @property
+    def pending_action(self) -> np.ndarray:
+        """``(N, A)`` the legal actions of this tick so far (what `end_tick` will apply); a copy."""
+        return self._pending_a.copy()
+
+    def override_outputs(self, rows: np.ndarray, outputs: np.ndarray) -> None:
+        """Replace the pending raw outputs ``(len(rows), Y)`` of agents ``rows`` at this tick.
+
+        `end_tick` then moves the world by them: the next tick's site aggregates and the
+        site-level state see the replaced outputs (a what-if that perturbs responses).
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        ny = self.layout.n_outputs
+        if ny:
+            legal = self.layout.scalers["outputs"].legalise(np.asarray(outputs, np.float64).reshape(len(rows), ny))
+            self._pending_y[rows, :ny] = self.layout.scalers["outputs"].transform(legal)
+
+    def end_tick(self) -> np.ndarray:
+        """Apply the tick's responses: every agent moves to its next state. Returns it ``(N, S)``."""
+        _, nxt = self.world.apply(self._pending_a, self._pending_y, self.twin.member_transitions[self.member])
+        return nxt
+
+    def step(self, action: np.ndarray, with_disagreement: bool = True) -> StepResult:
+        """Apply raw platform actions ``(N, A)`` for all agents at this tick and advance."""
+        obs = self.obs()
+        rows = np.arange(self.n)
+        outputs, reward, disagreement = self.respond(rows, action, with_disagreement)
+        legal = self._pending_a.copy()
+        nxt = self.end_tick()
+        return StepResult(obs, legal, outputs, nxt, reward, disagreement)
+
+    def reward_of(
+        self, rows: np.ndarray, state: np.ndarray, action: np.ndarray, outputs: np.ndarray
+    ) -> np.ndarray:
+        """The spec's reward ``(n,)`` of agents ``rows`` given raw state, action and outputs.
+
+        Uses the spec's reward function or weights when it has one, else the predicted ``reward``
+        output (zeros when there is neither).
+        """
+        lay = self.layout
+        cols: dict[str, np.ndarray] = {}
+        for j, c in enumerate(lay.profile):
+            cols[c] = self.world.profile[rows, j]
+        for j, c in enumerate(lay.state):
+            cols[c] = state[:, j]
+        for j, c in enumerate(lay.action):
+            cols[c] = action[:, j]
+        for j, c in enumerate(lay.outputs):
+            cols[c] = outputs[:, j]
+        if self._reward_fn is not None:
+            return np.asarray(self._reward_fn(cols), dtype=np.float64).reshape(-1)
+        if REWARD_COLUMN in cols:
+            return cols[REWARD_COLUMN].astype(np.float64)
+        return np.zeros(len(action))
+
+    def run(self, policy: PlatformPolicy, steps: int | None = None, episode: str = "twin-0") -> RolloutRecord:
+        """Roll ``policy`` from the current state for ``steps`` ticks; a log table + support report."""
+        lay = self.layout
+        steps = lay.horizon if steps is None else int(steps)
+        cols = ordered_columns(lay.spec, [REWARD_COLUMN])
+        blocks: list[dict[str, np.ndarray]] = []
+        dis = []
+        for t in range(steps):
+            obs = self.obs()
+            act = np.asarray(policy.act(obs), dtype=np.float64)
+            res = self.step(act)
+            blk: dict[str, Any] = {"t": np.full(self.n, t)}
+            for j, c in enumerate(lay.profile):
+                blk[c] = self.world.profile[:, j]
+            for j, c in enumerate(lay.state):
+                blk[c] = res.obs[:, len(lay.profile) + j].astype(np.float64)
+            for j, c in enumerate(lay.action):
+                blk[c] = res.action[:, j]
+            for j, c in enumerate(lay.outputs):
+                blk[c] = res.outputs[:, j]
+            blk[REWARD_COLUMN] = res.reward
+            blocks.append(blk)
+            dis.append(float(res.disagreement.mean()))
+        frame = pd.DataFrame({k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]})
+        frame.insert(0, "episode", episode)
+        frame.insert(2, "agent", np.tile(self.agent_names, steps))
+        frame.insert(3, "scenario", np.tile(np.asarray(lay.scenarios)[self.world.scenario], steps))
+        frame.insert(4, "site", np.tile(np.asarray(self.site_names)[self.world.site], steps))
+        frame = frame[[c for c in cols if c in frame.columns]]
+        support = self.support_of(frame)
+        support["disagreement"] = float(np.mean(dis)) if dis else 0.0
+        support["profile_redrawn"] = self.profile_redrawn
+        support["profile_outside"] = self.profile_outside
+        return RolloutRecord(frame, support)
+
+    def support_of(self, frame: pd.DataFrame, max_rows: int = 5000) -> dict[str, float]:
+        lay = self.layout
+        sub = frame.sample(min(max_rows, len(frame)), random_state=0) if len(frame) > max_rows else frame
+        z = np.concatenate(
+            [
+                lay.scalers["profile"].transform(sub[lay.profile].to_numpy(np.float64)),
+                lay.scalers["state"].transform(sub[lay.state].to_numpy(np.float64)),
+                lay.scalers["action"].transform(sub[lay.action].to_numpy(np.float64)),
+            ],
+            axis=1,
+        )
+        d = self.twin.support.distance(z)
+        return {
+            "out_of_support": float((d > self.twin.support.threshold).mean()) if len(d) else 0.0,
+            "median_distance": float(np.median(d)) if len(d) else 0.0,
+        }
