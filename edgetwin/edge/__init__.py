@@ -15,11 +15,9 @@ edge in tests and the demo is `edgetwin.emulator`.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from edgetwin import lazy_exports
 
-#: each public name -> the module that defines it, imported on first use (so that importing
-#: one light module of this package does not import all of it)
+#: each public name -> the module that defines it, imported on first use (`lazy_exports`)
 _WHERE = {
     "Bus": "edgetwin.edge.bus",
     "EdgeRuntime": "edgetwin.edge.runtime",
@@ -41,13 +39,4 @@ _WHERE = {
     "register_kind": "edgetwin.edge.messages",
 }
 __all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(import_module(_WHERE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

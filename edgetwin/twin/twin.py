@@ -14,7 +14,7 @@ twin's uncertainty (`make_env(disagreement_penalty=k)` penalises it).
     df.attrs["support"]                        # how far the rollout left the logs' support
 
 Dependencies: the twin imports `edgetwin.generative` and `edgetwin.imitation` (which build on the
-log contract in this package) and never `policies` or `edge`.
+log contract, `edgetwin.contract`) and never `policies`, `emulator`, `edge` or `federation`.
 """
 
 from __future__ import annotations
