@@ -10,7 +10,7 @@
 * `edgetwin.contract.errors`: `InputError` (exit 2) and `GateRefused` (exit 1), which the CLI turns
   into one line and an exit code.
 
-Nothing here imports another edgetwin package, and nothing here assumes a system's column names.
+Nothing here imports another edgetwin subpackage, and nothing here assumes a system's column names.
 """
 
 from __future__ import annotations
