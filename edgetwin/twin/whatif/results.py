@@ -1,0 +1,244 @@
+"""What-if results: a (policy, scenario) `Cell` of KPI samples, their two-level bootstrap intervals
+(`bootstrap_ci`) and the table of all cells with paired changes against a baseline (`WhatIfResult`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgetwin.twin.whatif.kpis import KpiDef
+from edgetwin.twin.whatif.scenarios import Scenario
+
+__all__ = ["Cell", "WhatIfResult", "bootstrap_ci"]
+
+
+@dataclass
+class Cell:
+    """All episodes of one (policy, scenario): arrays over members ``M`` and replicates ``R``.
+
+    Attributes:
+        values: KPI name -> ``(M, R)``; timeline: column -> ``(M, R, T)`` per-step means
+            (NaN-padded); oos: ``(M, R)`` and oos_t: ``(M, R, T)`` shares out of support.
+    """
+
+    policy: str
+    scenario: str
+    values: dict[str, np.ndarray]
+    timeline: dict[str, np.ndarray]
+    oos: np.ndarray
+    oos_t: np.ndarray
+
+
+def bootstrap_ci(
+    values: np.ndarray,
+    stat: Callable[[np.ndarray], float] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of ``stat`` (default: the mean) of ``(M, R)`` values, resampling members
+    and replicates independently (two-level bootstrap): both the ensemble's disagreement and the
+    spread over worlds widen it. NaN entries are ignored."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim == 1:
+        v = v[None, :]
+    m, r = v.shape
+    fn = stat or (lambda a: float(np.nanmean(a)))
+    if m * r <= 1:
+        x = fn(v)
+        return x, x
+    rng = np.random.default_rng(seed)
+    mi = rng.integers(m, size=(n_boot, m))
+    ri = rng.integers(r, size=(n_boot, r))
+    if stat is None:  # the mean, vectorised over resamples: (B, M, R)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN resample gives NaN, dropped below
+            boots = np.nanmean(v[mi[:, :, None], ri[:, None, :]], axis=(1, 2))
+    else:
+        boots = np.array([fn(v[mi[b]][:, ri[b]]) for b in range(n_boot)])
+    boots = boots[np.isfinite(boots)]
+    if not len(boots):
+        return float("nan"), float("nan")
+    a = (1.0 - level) / 2.0
+    return float(np.quantile(boots, a)), float(np.quantile(boots, 1.0 - a))
+
+
+@dataclass
+class WhatIfResult:
+    """Every cell of a what-if run plus what it was run on; see `edgetwin.twin.report` for output.
+
+    Attributes:
+        cells: ``(policy, scenario) -> Cell``.
+        policies: policy names in order (the baseline first when there is one).
+        baseline, candidate: names for comparisons (None when a single policy ran).
+        scenarios: in order, the nominal one first.
+        kpis: the KPI definitions.
+        logged_kpis: replay mode: KPI name -> ``(R,)`` values of the recorded episodes themselves.
+        settings: how it was run (seed, episodes, members, mode, ...).
+        oos_tolerance: a number is flagged when more than this share of its agent-steps is out of support.
+    """
+
+    cells: dict[tuple[str, str], Cell]
+    policies: list[str]
+    baseline: str | None
+    candidate: str | None
+    scenarios: list[Scenario]
+    kpis: list[KpiDef]
+    settings: dict[str, Any]
+    logged_kpis: dict[str, np.ndarray] = field(default_factory=dict)
+    oos_tolerance: float = 0.05
+    _memo: dict[tuple[str, ...], dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def candidates(self) -> list[str]:
+        """Every policy compared with the baseline (all but the baseline)."""
+        return [] if self.baseline is None else [p for p in self.policies if p != self.baseline]
+
+    def cell(self, policy: str, scenario: str) -> Cell:
+        return self.cells[(policy, scenario)]
+
+    def kpi(self, name: str) -> KpiDef:
+        for k in self.kpis:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+    def summary(self, policy: str, scenario: str, kpi: str) -> dict[str, Any]:
+        """Mean, 95 % interval (members x replicates), member spread and support share of one number."""
+        key = ("summary", policy, scenario, kpi)
+        if key not in self._memo:
+            self._memo[key] = self._summary(policy, scenario, kpi)
+        return dict(self._memo[key])
+
+    def _summary(self, policy: str, scenario: str, kpi: str) -> dict[str, Any]:
+        c = self.cell(policy, scenario)
+        v = c.values[kpi]
+        lo, hi = bootstrap_ci(v, seed=int(self.settings.get("seed", 0)))
+        member_means = np.nanmean(v, axis=1)
+        oos = float(np.nanmean(c.oos))
+        return {
+            "mean": float(np.nanmean(v)),
+            "ci_low": lo,
+            "ci_high": hi,
+            "member_spread": float(np.std(member_means)) if len(member_means) > 1 else 0.0,
+            "out_of_support": oos,
+            "flagged": bool(oos > self.oos_tolerance),
+        }
+
+    def compare(
+        self, scenario: str, kpi: str, candidate: str | None = None, baseline: str | None = None
+    ) -> dict[str, Any]:
+        """Paired relative change of ``candidate`` vs ``baseline`` on one KPI under one scenario.
+
+        ``change`` is ``(candidate - baseline) / |baseline|`` of the means; ``worsening`` the same
+        signed so that positive is worse (None when the KPI has no direction).
+        """
+        cand = candidate or self.candidate
+        base = baseline or self.baseline
+        if cand is None or base is None:
+            raise ValueError("compare needs a candidate and a baseline policy")
+        key = ("compare", cand, base, scenario, kpi)
+        if key not in self._memo:
+            self._memo[key] = self._compare(scenario, kpi, cand, base)
+        return dict(self._memo[key])
+
+    def _compare(self, scenario: str, kpi: str, cand: str, base: str) -> dict[str, Any]:
+        a, b = self.cell(cand, scenario), self.cell(base, scenario)
+        va, vb = a.values[kpi], b.values[kpi]
+        k = self.kpi(kpi)
+
+        def rel(ix: np.ndarray) -> float:  # ix: (M, R) stacked [cand, base] resample
+            return _rel_change(float(np.nanmean(ix[0])), float(np.nanmean(ix[1])))
+
+        both = np.stack([va, vb])  # (2, M, R): resampled jointly, so the comparison stays paired
+        lo, hi = _paired_ci(both, rel, seed=int(self.settings.get("seed", 0)))
+        change = rel(both)
+        sign = {"higher": -1.0, "lower": 1.0}.get(k.better or "", 0.0)
+        ma, mb = float(np.nanmean(va)), float(np.nanmean(vb))
+        oos = max(float(np.nanmean(a.oos)), float(np.nanmean(b.oos)))
+        return {
+            "scenario": scenario,
+            "kpi": kpi,
+            "better": k.better,
+            "baseline": mb,
+            "candidate": ma,
+            "delta": ma - mb,
+            "change": change,
+            "change_ci": [lo, hi],
+            "worsening": None if sign == 0.0 else sign * change,
+            "worsening_abs": None if sign == 0.0 else sign * (ma - mb),
+            "out_of_support": oos,
+            "flagged": bool(oos > self.oos_tolerance),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        results = []
+        for (pol, scen), _ in self.cells.items():
+            results.append(
+                {
+                    "policy": pol,
+                    "scenario": scen,
+                    "out_of_support": float(np.nanmean(self.cells[(pol, scen)].oos)),
+                    "kpis": {k.name: self.summary(pol, scen, k.name) for k in self.kpis},
+                }
+            )
+        comparisons = []
+        for cand in self.candidates:
+            for s in self.scenarios:
+                for k in self.kpis:
+                    comparisons.append(
+                        {"candidate_policy": cand, **self.compare(s.name, k.name, candidate=cand)}
+                    )
+        logged = {}
+        for name, v in self.logged_kpis.items():
+            lo, hi = bootstrap_ci(v[None, :], seed=int(self.settings.get("seed", 0)))
+            logged[name] = {"mean": float(np.nanmean(v)), "ci_low": lo, "ci_high": hi}
+        return {
+            "settings": self.settings,
+            "policies": self.policies,
+            "baseline": self.baseline,
+            "candidate": self.candidate,
+            "scenarios": [s.to_dict() for s in self.scenarios],
+            "kpis": [k.to_dict() for k in self.kpis],
+            "oos_tolerance": self.oos_tolerance,
+            "results": results,
+            "comparisons": comparisons,
+            "logged": logged,
+        }
+
+
+def _rel_change(cand: float, base: float) -> float:
+    if not (math.isfinite(cand) and math.isfinite(base)):
+        return float("nan")
+    if base == 0.0:
+        return 0.0 if cand == 0.0 else math.copysign(math.inf, cand)
+    return (cand - base) / abs(base)
+
+
+def _paired_ci(
+    both: np.ndarray, fn: Callable[[np.ndarray], float], seed: int, n_boot: int = 1000
+) -> tuple[float, float]:
+    _, m, r = both.shape
+    if m * r <= 1:
+        x = fn(both)
+        return x, x
+    rng = np.random.default_rng(seed)
+    mi = rng.integers(m, size=(n_boot, m))
+    ri = rng.integers(r, size=(n_boot, r))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means = np.nanmean(both[:, mi[:, :, None], ri[:, None, :]], axis=(2, 3))  # (2, B): resampled jointly
+    boots = np.array([fn(means[:, b].reshape(2, 1, 1)) for b in range(n_boot)])
+    boots = boots[np.isfinite(boots)]
+    if not len(boots):
+        return float("nan"), float("nan")
+    return float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))

@@ -1,0 +1,226 @@
+"""`run_whatif`: every (policy, scenario) cell over replicate worlds and ensemble members, paired."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import REWARD_COLUMN
+from edgetwin.twin.whatif.engine import run_episode
+from edgetwin.twin.whatif.kpis import KpiDef, default_kpis
+from edgetwin.twin.whatif.policies import PolicySpec
+from edgetwin.twin.whatif.replay import (
+    LoggedEpisode,
+    logged_episode_kpis,
+    logged_episodes,
+    logged_support_share,
+)
+from edgetwin.twin.whatif.results import Cell, WhatIfResult
+from edgetwin.twin.whatif.scenarios import NOMINAL, Scenario
+
+__all__ = ["episode_seeds", "run_whatif"]
+
+
+def episode_seeds(seed: int, n: int) -> list[int]:
+    """Independent, reproducible world seeds."""
+    return [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(int(seed)).spawn(n)]
+
+
+def run_whatif(
+    twin: Any,
+    policies: Sequence[PolicySpec],
+    scenarios: Iterable[Scenario] = (),
+    *,
+    baseline: str | None = None,
+    kpis: Sequence[KpiDef] | None = None,
+    episodes: int = 2,
+    seeds: int = 1,
+    seed: int = 0,
+    members: Sequence[int] | None = None,
+    steps: int | None = None,
+    n_agents: int | None = None,
+    stochastic: bool = True,
+    log: pd.DataFrame | None = None,
+    exogenous: Sequence[str] = (),
+    include_nominal: bool = True,
+    oos_tolerance: float = 0.05,
+    progress: bool = True,
+) -> WhatIfResult:
+    """Run ``policies`` through ``twin`` under every scenario, over seeds, episodes and members.
+
+    Args:
+        twin: a `Twin`.
+        policies: the policies (`builtin_policy`, `fixed_policy`, or
+            `edgetwin.policies.gate.resolve_policy`); names must be unique.
+        scenarios: the what-ifs; the unperturbed ``"nominal"`` scenario is added first.
+        baseline: name of the policy the others are compared with (default: the first of two).
+        kpis: the KPIs (default: `default_kpis`).
+        episodes: generated mode: episodes per seed; replay mode: the number of recorded
+            episodes replayed (the last ones of the log).
+        seeds: independent seeds (``seed``, and ``seeds - 1`` derived ones) of the worlds and noise.
+        seed: the base seed; the same seed gives the same result.
+        members: ensemble members that answer (default: all); every replicate runs with each.
+        steps: ticks per episode (default: the twin's horizon, or the recorded episode's length).
+        n_agents: agents per generated world (default: as many as a logged episode had on average).
+        stochastic: sample the twin's responses (else their means).
+        log: replay its episodes (counterfactual replay) instead of generating worlds.
+        exogenous: replay mode: state columns taken from the log at every tick.
+        include_nominal: run the unperturbed scenario too.
+        oos_tolerance: flag a number when more than this share of its agent-steps is out of support.
+        progress: tqdm bar.
+
+    Raises:
+        InputError: bad scenarios (naming file, entry and key), unknown KPI columns, bad options.
+    """
+    lay = twin.layout
+    spec = twin.spec
+    if episodes < 1:
+        raise InputError(f"expected >= 1, got {episodes}", "--episodes")
+    if seeds < 1:
+        raise InputError(f"expected >= 1, got {seeds}", "--seeds")
+    if steps is not None and steps < 1:
+        raise InputError(f"expected >= 1, got {steps}", "--steps")
+    if not 0.0 <= oos_tolerance <= 1.0:
+        raise InputError(f"expected a share in [0, 1], got {oos_tolerance}", "--oos-tolerance")
+    names = [p.name for p in policies]
+    if not names:
+        raise InputError("give at least one policy", "--policy")
+    if len(set(names)) != len(names):
+        raise InputError(f"policy names must be unique, got {names}", "--policy")
+    if baseline is None and len(names) == 2:
+        baseline = names[0]
+    if baseline is not None and baseline not in names:
+        raise InputError(f"baseline {baseline!r} is not among the policies {names}", "--baseline")
+    candidate = next((n for n in names if n != baseline), None) if baseline is not None else None
+    members = list(range(twin.n_members)) if members is None else [int(m) for m in members]
+    bad = [m for m in members if not 0 <= m < twin.n_members]
+    if bad or not members:
+        raise InputError(f"members must be in 0..{twin.n_members - 1}, got {members}", "--members")
+
+    outputs = lay.outputs + ([] if lay.predict_reward else [REWARD_COLUMN])
+    kpis = list(kpis) if kpis is not None else default_kpis(spec, outputs)
+    columns = [*lay.profile, *lay.state, *lay.action, *outputs]
+    for k in kpis:
+        for c in k.columns:
+            if c not in columns:
+                raise InputError(
+                    f"KPI {k.name!r} reads column {c!r}, which the twin does not simulate", "kpi"
+                )
+    for c in exogenous:
+        if c not in lay.state:
+            raise InputError(f"{c!r} is not a state column of the twin ({lay.state})", "--exogenous")
+    if exogenous and log is None:
+        raise InputError("exogenous columns follow a log: give one (--log)", "--exogenous")
+
+    scen_list = list(scenarios)
+    if include_nominal and not any(s.name == NOMINAL.name for s in scen_list):
+        scen_list = [NOMINAL, *scen_list]
+    if not scen_list:
+        raise InputError("nothing to run: no scenario and include_nominal=False", "--scenario")
+    if len({s.name for s in scen_list}) != len(scen_list):
+        raise InputError(f"scenario names must be unique, got {[s.name for s in scen_list]}", "--scenario")
+
+    recorded: list[LoggedEpisode] | None = None
+    if log is not None:
+        recorded = logged_episodes(log, twin, max_episodes=episodes, steps=steps)
+        lengths = [ep.steps for ep in recorded]
+        known_sites = sorted({s for ep in recorded for s in ep.site_names})
+        run_steps = max(lengths)
+    else:
+        if n_agents is None:
+            n_ep = max(int(twin.meta.get("n_episodes", 1)), 1)
+            n_agents = max(1, int(round(twin.composition.units.sum() / n_ep)))
+        run_steps = lay.horizon if steps is None else int(steps)
+        lengths = [run_steps]
+        known_sites = None
+    for s in scen_list:
+        s.check(spec, columns, min(lengths), lay.scenarios)
+        for p in s.perturbations:
+            if p.sites is None:
+                continue
+            if known_sites is not None:
+                unknown = sorted(set(p.sites) - set(known_sites))
+                if unknown:
+                    raise InputError(
+                        f"key 'sites': unknown site(s) {unknown}; the log has {known_sites}", p.where
+                    )
+            elif not all(x.startswith("site") and x[4:].isdigit() for x in p.sites):
+                raise InputError(
+                    f"key 'sites': generated worlds name their sites site0, site1, ...; got {list(p.sites)} "
+                    "(replay a log with --log to perturb named sites)",
+                    p.where,
+                )
+
+    # replicate worlds: (seed index, episode) in generated mode, (seed index, recorded episode) in replay
+    base_seeds = episode_seeds(seed, seeds)
+    reps: list[tuple[int, LoggedEpisode | None]] = []
+    if recorded is None:
+        for base_seed in base_seeds:
+            reps += [(w, None) for w in episode_seeds(base_seed, episodes)]
+    else:
+        for base_seed in base_seeds:
+            reps += [(w, ep) for w, ep in zip(episode_seeds(base_seed, len(recorded)), recorded, strict=True)]
+    total = len(policies) * len(scen_list) * len(members) * len(reps)
+    bar = tqdm(total=total, desc="what-if episodes", disable=not progress)
+    cells: dict[tuple[str, str], Cell] = {}
+    for pol in policies:
+        for scen in scen_list:
+            vals = {k.name: np.full((len(members), len(reps)), np.nan) for k in kpis}
+            tl = {c: np.full((len(members), len(reps), run_steps), np.nan) for c in outputs}
+            oos = np.zeros((len(members), len(reps)))
+            oos_t = np.full((len(members), len(reps), run_steps), np.nan)
+            for mi, m in enumerate(members):
+                for ri, (wseed, ep) in enumerate(reps):
+                    res = run_episode(
+                        twin, pol, scen, kpis, seed=wseed, member=m, steps=steps, n_agents=n_agents,
+                        stochastic=stochastic, logged=ep, exogenous=exogenous,
+                    )  # fmt: skip
+                    for name, value in res.kpis.items():
+                        vals[name][mi, ri] = value
+                    for c, series in res.timeline.items():
+                        tl[c][mi, ri, : len(series)] = series
+                    oos[mi, ri] = res.oos
+                    oos_t[mi, ri, : len(res.oos_t)] = res.oos_t
+                    bar.update(1)
+            cells[(pol.name, scen.name)] = Cell(pol.name, scen.name, vals, tl, oos, oos_t)
+    bar.close()
+    logged_kpis = logged_episode_kpis(recorded, kpis, spec) if recorded is not None else {}
+    logged_oos = None if recorded is None else logged_support_share(twin, recorded, seed=seed)
+    order = names if baseline is None else [baseline, *[n for n in names if n != baseline]]
+    settings = {
+        "mode": "replay" if recorded is not None else "generated",
+        "seed": int(seed),
+        "seeds": int(seeds),
+        "episodes": int(episodes) if recorded is None else len(recorded),
+        "replicates": len(reps),
+        "members": members,
+        "twin_members": int(twin.n_members),
+        "steps": int(run_steps),
+        "n_agents": None if recorded is not None else int(n_agents or 0),
+        "stochastic": bool(stochastic),
+        "exogenous": list(exogenous),
+        "recorded_episodes": None if recorded is None else [ep.name for ep in recorded],
+        "step_seconds": float(spec.step_seconds),
+        "spec": spec.name,
+        "spec_hash": spec.hash(),
+        "twin_data_sha256": twin.meta.get("data_sha256"),
+        # replay: the share of the recorded traffic's own agent-steps outside the training logs'
+        # support, the reference for the shares of the simulated numbers
+        "recorded_out_of_support": logged_oos,
+    }
+    return WhatIfResult(
+        cells=cells,
+        policies=order,
+        baseline=baseline,
+        candidate=candidate,
+        scenarios=scen_list,
+        kpis=list(kpis),
+        settings=settings,
+        logged_kpis=logged_kpis,
+        oos_tolerance=oos_tolerance,
+    )
