@@ -45,9 +45,10 @@ import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from edgetwin.federation.agents import ForecastLearner, heterogeneous_sites, site_series  # noqa: E402
 from edgetwin.federation.aggregation import ClientUpdate, make_aggregator  # noqa: E402
+from edgetwin.federation.learners import ForecastLearner, site_series  # noqa: E402
 from edgetwin.federation.runner import make_federation_config, rounds_to_fraction, run_federation  # noqa: E402
+from edgetwin.federation.sites import heterogeneous_sites  # noqa: E402
 
 SECTION = "## MA-FL: scalability over NATS and Byzantine clients (seed 003 Table 4)"
 ROOT = Path(__file__).resolve().parents[1]

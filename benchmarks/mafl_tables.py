@@ -1,6 +1,6 @@
 """Seed 003 Tables 1-3 on the emulated cluster: heuristic vs non-federated MARL vs MA-FL.
 
-Six heterogeneous edge sites in two clusters (`edgetwin.federation.agents.heterogeneous_sites`), each an
+Six heterogeneous edge sites in two clusters (`edgetwin.federation.sites.heterogeneous_sites`), each an
 emulated edge-cloud system with its own scenario mix, provisioning and drift. Three ways to run
 them:
 
@@ -43,8 +43,9 @@ import torch  # noqa: E402
 
 from edgetwin.contract.spec import TwinSpec  # noqa: E402
 from edgetwin.emulator.cluster import EdgeCluster, episode_seed  # noqa: E402
-from edgetwin.federation.agents import heterogeneous_sites, make_learner  # noqa: E402
+from edgetwin.federation.learners import make_learner  # noqa: E402
 from edgetwin.federation.runner import build_federation, make_federation_config, train_independent  # noqa: E402
+from edgetwin.federation.sites import heterogeneous_sites  # noqa: E402
 
 SECTION = "## MA-FL: seed 003 Tables 1-3 on the emulated cluster"
 ROOT = Path(__file__).resolve().parents[1]

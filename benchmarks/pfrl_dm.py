@@ -59,9 +59,10 @@ from scipy import stats  # noqa: E402
 
 from edgetwin.emulator.cluster import EdgeClusterVecEnv, episode_seed  # noqa: E402
 from edgetwin.emulator.vm_scheduling import VMSchedulingConfig, VMSchedulingEnv, vm_sites  # noqa: E402
-from edgetwin.federation.agents import PPOLearner, SchedulerLearner, SiteSpec, heterogeneous_sites  # noqa: E402
 from edgetwin.federation.aggregation import attention_weights  # noqa: E402
+from edgetwin.federation.learners import PPOLearner, SchedulerLearner  # noqa: E402
 from edgetwin.federation.runner import make_federation_config, run_federation, train_independent  # noqa: E402
+from edgetwin.federation.sites import SiteSpec, heterogeneous_sites  # noqa: E402
 
 SECTION = "## MA-FL: PFRL-DM personalised federated RL (seed 000)"
 SECTION_VM = "## MA-FL: PFRL-DM on seed 000's own task-scheduling MDP"

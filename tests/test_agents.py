@@ -19,17 +19,10 @@ from edgetwin.cli import main
 from edgetwin.contract.errors import InputError
 from edgetwin.edge.bus import Subjects
 from edgetwin.edge.messages import Envelope
-from edgetwin.federation.agents import (
-    Attack,
-    DampedErrorFeedbackCodec,
-    ForecastLearner,
-    SiteSpec,
-    heterogeneous_sites,
-    make_learner,
-    resolve_intents,
-    site_series,
-)
-from edgetwin.federation.compression import UpdateCodec
+from edgetwin.federation.attacks import Attack
+from edgetwin.federation.compression import DampedErrorFeedbackCodec, UpdateCodec
+from edgetwin.federation.intents import resolve_intents
+from edgetwin.federation.learners import ForecastLearner, make_learner, site_series
 from edgetwin.federation.runner import (
     FederationConfig,
     build_federation,
@@ -39,6 +32,7 @@ from edgetwin.federation.runner import (
     run_federation,
     run_federation_async,
 )
+from edgetwin.federation.sites import SiteSpec, heterogeneous_sites
 
 torch.set_num_threads(1)
 

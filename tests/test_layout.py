@@ -65,9 +65,12 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 mod = node.module or ""
             # `from pkg import sub` imports the submodule `pkg.sub`; `from mod import name` imports mod
             targets += [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names]
-        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_WHERE" for t in node.targets):
-            if isinstance(node.value, ast.Dict):  # a lazy export table: name -> defining module
-                targets += [v.value for v in node.value.values if isinstance(v, ast.Constant)]
+        elif (
+            isinstance(node, ast.Assign)
+            and any(getattr(t, "id", None) == "_WHERE" for t in node.targets)
+            and isinstance(node.value, ast.Dict)
+        ):  # a lazy export table: name -> defining module
+            targets += [v.value for v in node.value.values if isinstance(v, ast.Constant)]
     out = set()
     for t in targets:
         while t and t not in known:

@@ -103,7 +103,7 @@ def test_episodes_to_threshold_and_interval() -> None:
 def test_benchmark_run_measures_on_fixed_episodes() -> None:
     """A 2-site, 2-round PFRL-DM run through the agents: held-out scores, α and attention recorded."""
     bench = _bench()
-    from edgetwin.federation.agents import heterogeneous_sites
+    from edgetwin.federation.sites import heterogeneous_sites
 
     sites = heterogeneous_sites(2, seed=0, n_agents=3, steps=6)
     out = bench.run_method(bench.METHODS[bench.PFRL], sites, rounds=2, episodes=1, seed=0, n_eval=1)
@@ -121,7 +121,7 @@ def test_benchmark_runs_on_seed_000s_scheduling_mdp() -> None:
     """`--env vm`: the same measurement on seed 000's own MDP, through the agents."""
     bench = _bench()
     from edgetwin.emulator.vm_scheduling import vm_sites
-    from edgetwin.federation.agents import SiteSpec
+    from edgetwin.federation.sites import SiteSpec
 
     vm = vm_sites(2, seed=0, decisions=16)
     sites = [SiteSpec(name=c.name, seed=10 + i) for i, c in enumerate(vm)]

@@ -123,7 +123,7 @@ def test_bad_configurations_are_refused() -> None:
 
 
 def test_scheduler_learner_federates_the_public_critic_and_learns() -> None:
-    from edgetwin.federation.agents import SchedulerLearner
+    from edgetwin.federation.learners import SchedulerLearner
 
     cfg = vm_sites(1, seed=0, decisions=32)[0]
     a = SchedulerLearner(cfg, seed=1, episodes_per_round=2, net_arch=(16,))
@@ -140,7 +140,7 @@ def test_scheduler_learner_federates_the_public_critic_and_learns() -> None:
 def test_sampled_actions_are_seeded_and_leave_the_other_streams_alone() -> None:
     import torch
 
-    from edgetwin.federation.agents import SchedulerLearner
+    from edgetwin.federation.learners import SchedulerLearner
 
     cfg = vm_sites(1, seed=0, decisions=32)[0]
     learner = SchedulerLearner(cfg, seed=1, episodes_per_round=1, net_arch=(16,))

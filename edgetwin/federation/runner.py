@@ -46,18 +46,16 @@ from edgetwin.contract.errors import InputError
 from edgetwin.edge.bus import Bus, make_bus
 from edgetwin.federation.agents import (
     AggregatorAgent,
-    Attack,
     ClusterOrchestratorAgent,
-    DampedErrorFeedbackCodec,
     EdgeServiceAgent,
     GlobalCoordinationAgent,
     RoundRecord,
-    SiteSpec,
-    heterogeneous_sites,
-    make_learner,
 )
-from edgetwin.federation.compression import UpdateCodec
+from edgetwin.federation.attacks import Attack
+from edgetwin.federation.compression import DampedErrorFeedbackCodec, UpdateCodec
 from edgetwin.federation.hierarchy import HierarchyNode, build_hierarchy
+from edgetwin.federation.learners import make_learner
+from edgetwin.federation.sites import SiteSpec, heterogeneous_sites
 
 __all__ = [
     "Federation",
