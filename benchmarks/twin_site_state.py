@@ -24,7 +24,9 @@ from _docs import write_section
 
 from edgetwin.contract.policy import FunctionPolicy, RandomPolicy
 from edgetwin.emulator.cluster import ClusterConfig, SLOAwarePolicy, generate_logs
-from edgetwin.imitation.world import Layout, SiteStateModel, build_steps
+from edgetwin.imitation.layout import Layout
+from edgetwin.imitation.site_model import SiteStateModel
+from edgetwin.imitation.steps import build_steps
 
 SECTION = "## Twin site-level state (SiteStateModel)"
 COLUMN = "state.site_reserved"

@@ -7,6 +7,8 @@ with its queue and with the site's load. Its column names and counts differ from
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -15,6 +17,7 @@ import torch
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import Feature, TwinSpec
 from edgetwin.imitation.baselines import ClonedPlatformPolicy, SupervisedResponseModel
+from edgetwin.imitation.layout import ColumnScaler, Layout
 from edgetwin.imitation.mail import (
     ClientVecEnv,
     GaussianModel,
@@ -25,7 +28,8 @@ from edgetwin.imitation.mail import (
     fit_transition,
     gaussian_policy,
 )
-from edgetwin.imitation.world import ColumnScaler, Composition, InitialStates, Layout, World, build_steps
+from edgetwin.imitation.steps import build_steps
+from edgetwin.imitation.world import Composition, InitialStates, World
 
 torch.set_num_threads(1)
 
@@ -379,3 +383,20 @@ def test_a_state_that_repeats_last_ticks_response_is_copied_from_the_twins_own_r
     last = lay.state.index("state.last_wait")
     np.testing.assert_allclose(nxt[:3, last], out[:3, wait])
     assert nxt[3, last] == 30.0 and out[3, wait] > 30.0
+
+
+def test_a_site_model_pickled_before_it_had_a_module_of_its_own_still_loads() -> None:
+    """Twins saved before the layout split pickled their site model as
+    ``edgetwin.imitation.world.SiteStateModel``; `edgetwin.imitation.world` still exports it."""
+    import pickle
+    import pickletools
+
+    from edgetwin.imitation.site_model import SiteStateModel
+
+    data = (Path(__file__).parent / "fixtures" / "site_model_pickled_in_imitation_world.pkl").read_bytes()
+    names = [arg for _, arg, _ in pickletools.genops(data) if isinstance(arg, str)]
+    assert names[names.index("edgetwin.imitation.world") + 1] == "SiteStateModel"  # the old path
+    model = pickle.loads(data)
+    assert type(model) is SiteStateModel
+    assert list(model.columns) == [0, 4, 5, 6, 7, 8, 11]
+    assert sum(p.numel() for p in model.net.parameters()) > 0

@@ -4,12 +4,15 @@
   policy per scenario trained round-robin in a shared world of sites (`ClientVecEnv`).
 * `SupervisedResponseModel`, `ClonedPlatformPolicy` (`edgetwin.imitation.baselines`): the one-step
   regression and behaviour-cloning baselines in the same harness.
-* `Layout`, `build_steps`, `World` (`edgetwin.imitation.world`): the harness itself: scaling, site
-  aggregates and one tick of a batch of agents, generic over the log contract; `SiteStateModel`,
-  an optional model of the site-level state columns from the whole site's tick.
+* The world they share, generic over the log contract: `Layout` (`edgetwin.imitation.layout`: roles,
+  scalers and the structure found in a log), `build_steps` (`edgetwin.imitation.steps`: a log as
+  training arrays), `World` (`edgetwin.imitation.world`: one tick of a batch of agents on sites)
+  and `SiteStateModel` (`edgetwin.imitation.site_model`: an optional model of the site-level state
+  columns from the whole site's tick).
 """
 
 from edgetwin.imitation.baselines import ClonedPlatformPolicy, SupervisedResponseModel
+from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.mail import (
     ClientVecEnv,
     GaussianModel,
@@ -19,15 +22,9 @@ from edgetwin.imitation.mail import (
     fit_mail,
     fit_transition,
 )
-from edgetwin.imitation.world import (
-    Composition,
-    InitialStates,
-    Layout,
-    SiteStateModel,
-    StepTable,
-    World,
-    build_steps,
-)
+from edgetwin.imitation.site_model import SiteStateModel
+from edgetwin.imitation.steps import StepTable, build_steps
+from edgetwin.imitation.world import Composition, InitialStates, World
 
 __all__ = [
     "ClientVecEnv",

@@ -17,8 +17,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 from stable_baselines3.common.policies import ActorCriticPolicy
 
+from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.mail import OUTPUT_CLIP, GaussianModel
-from edgetwin.imitation.world import Layout
 
 
 class SupervisedResponseModel:

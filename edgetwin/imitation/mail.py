@@ -48,15 +48,10 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.vec_env import VecEnv
 from tqdm.auto import tqdm
 
-from edgetwin.imitation.world import (
-    Composition,
-    InitialStates,
-    Layout,
-    SiteStateModel,
-    StepTable,
-    World,
-    transition_features,
-)
+from edgetwin.imitation.layout import Layout
+from edgetwin.imitation.site_model import SiteStateModel
+from edgetwin.imitation.steps import StepTable, transition_features
+from edgetwin.imitation.world import Composition, InitialStates, World
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +174,7 @@ def behaviour_clone(
 class ClientVecEnv(VecEnv):
     """A simulated world of sites as an SB3 VecEnv whose sub-envs are one scenario's agents.
 
-    Observation: the client inputs ``X`` of `edgetwin.imitation.world.client_features`.
+    Observation: the client inputs ``X`` of `edgetwin.imitation.steps.client_features`.
     Action: the client's standardised outputs (``[response, kpi, reward?, Δstate?]``).
     Reward: 0 (GAIL replaces it with the discriminator's). Every episode lasts ``horizon`` ticks;
     at reset a new population is sampled (same composition, new profiles and initial states).
@@ -196,7 +191,7 @@ class ClientVecEnv(VecEnv):
         seed: seeds the world's generator.
         transition: per scenario, the site-aware transition model (`fit_transition`), or None to
             move the state by the clients' own ``Δstate``.
-        site_model: moves the site-level state columns (`edgetwin.imitation.world.SiteStateModel`).
+        site_model: moves the site-level state columns (`edgetwin.imitation.site_model.SiteStateModel`).
     """
 
     render_mode = None
@@ -445,7 +440,7 @@ def fit_mail(
     """Run MAIL-MMSG: BC pre-training, then ``cfg.rounds`` of GAIL per scenario, round-robin.
 
     Args:
-        steps: the training log as arrays (`edgetwin.imitation.world.build_steps`).
+        steps: the training log as arrays (`edgetwin.imitation.steps.build_steps`).
         layout: the twin's layout.
         profiles: samples raw profiles of a scenario (the population model ``P^c``).
         initial: initial states matched to profiles.

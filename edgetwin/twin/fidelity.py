@@ -25,7 +25,9 @@ from edgetwin.contract.logs import ordered_columns
 from edgetwin.contract.metrics import kl_marginal
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
-from edgetwin.imitation.world import DAY_SECONDS, World, group_means
+from edgetwin.imitation.layout import DAY_SECONDS
+from edgetwin.imitation.steps import group_means
+from edgetwin.imitation.world import World
 from edgetwin.twin.simulation import RolloutRecord, Simulation
 from edgetwin.twin.twin import Twin, load_log
 from edgetwin.twin.whatif import logged_episodes

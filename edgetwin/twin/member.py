@@ -12,7 +12,7 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 
 from edgetwin.contract.errors import InputError
 from edgetwin.imitation.mail import GaussianModel
-from edgetwin.imitation.world import SiteStateModel
+from edgetwin.imitation.site_model import SiteStateModel
 
 __all__ = ["Member"]
 

@@ -18,8 +18,9 @@ import pandas as pd
 from edgetwin.contract.logs import ordered_columns
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
+from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.mail import GaussianModel
-from edgetwin.imitation.world import Composition, InitialStates, Layout, World
+from edgetwin.imitation.world import Composition, InitialStates, World
 from edgetwin.twin.member import Member
 from edgetwin.twin.support import ProfileSupport, SupportIndex
 

@@ -38,6 +38,7 @@ from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.contract.validate import load_valid_log
 from edgetwin.imitation.baselines import ClonedPlatformPolicy, SupervisedResponseModel
+from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.mail import (
     MailConfig,
     client_rows,
@@ -45,13 +46,9 @@ from edgetwin.imitation.mail import (
     fit_mail,
     fit_transition,
 )
-from edgetwin.imitation.world import (
-    Composition,
-    InitialStates,
-    Layout,
-    SiteStateModel,
-    build_steps,
-)
+from edgetwin.imitation.site_model import SiteStateModel
+from edgetwin.imitation.steps import build_steps
+from edgetwin.imitation.world import Composition, InitialStates
 from edgetwin.twin.envs import TwinEnv, TwinParallelEnv, TwinVecEnv
 from edgetwin.twin.member import Member
 from edgetwin.twin.simulation import RolloutRecord, Simulation

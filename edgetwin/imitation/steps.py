@@ -1,0 +1,189 @@
+"""The training data of the client, engine and transition models: a log's steps as standardised arrays
+(`StepTable`, `build_steps`), with each agent's client inputs built by `client_features`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from edgetwin.contract.errors import InputError
+from edgetwin.imitation.layout import DAY_SECONDS, Layout
+
+__all__ = ["StepTable", "build_steps", "client_features", "group_means", "transition_features"]
+
+
+def group_means(values: np.ndarray, codes: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per-group means of ``values (N, D)`` by integer ``codes (N,)`` -> ``(n_groups, D)``."""
+    counts = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    out = np.zeros((n_groups, values.shape[1]), dtype=np.float64)
+    for j in range(values.shape[1]):
+        out[:, j] = np.bincount(codes, weights=values[:, j], minlength=n_groups)
+    return out / np.maximum(counts, 1.0)[:, None]
+
+
+def client_features(
+    layout: Layout,
+    zp: np.ndarray,
+    zs: np.ndarray,
+    za: np.ndarray,
+    codes: np.ndarray,
+    n_groups: int,
+    lag: np.ndarray,
+    t: np.ndarray,
+    state_means: np.ndarray | None = None,
+    site_size: np.ndarray | None = None,
+    profile_means: np.ndarray | None = None,
+) -> np.ndarray:
+    """Assemble the client model's inputs ``X (N, layout.n_client_inputs)`` (float32).
+
+    Args:
+        zp, zs, za: standardised profile / state / action, ``(N, P)``, ``(N, S)``, ``(N, A)``.
+        codes: ``(N,)`` id of the (site, tick) group each row belongs to, ``0..n_groups-1``.
+        lag: ``(N, A+Y)`` site means of standardised actions and outputs at t-1 for each row's
+            site (zeros at t = 0, the standardised mean).
+        t: ``(N,)`` step index, for the time-of-day inputs.
+        state_means, site_size: ``(N, S)`` site means of z(state) and ``(N,)`` agents per site,
+            when the rows are a subset of their sites (default: computed from these rows).
+        profile_means: ``(N, P)`` site means of z(profile), likewise (used when
+            ``layout.site_profile``).
+    """
+    if site_size is None:
+        site_size = np.bincount(codes, minlength=n_groups)[codes]
+    if state_means is None:
+        state_means = group_means(np.asarray(zs, np.float64), codes, n_groups)[codes]
+    parts = [
+        zp,
+        zs,
+        za,
+        state_means,
+        lag,
+        (np.log1p(site_size) - layout.log_size_center)[:, None],
+    ]
+    if layout.site_profile:
+        if profile_means is None:
+            profile_means = group_means(np.asarray(zp, np.float64), codes, n_groups)[codes]
+        parts.append(profile_means)
+    if layout.use_time:
+        phase = (
+            2.0 * np.pi * ((np.asarray(t, np.float64) * layout.spec.step_seconds) % DAY_SECONDS) / DAY_SECONDS
+        )
+        parts += [np.sin(phase)[:, None], np.cos(phase)[:, None]]
+    return np.concatenate([np.asarray(p, dtype=np.float32).reshape(len(codes), -1) for p in parts], axis=1)
+
+
+@dataclass
+class StepTable:
+    """A log turned into model-ready arrays, row-aligned with the sorted log.
+
+    Attributes:
+        frame: the log sorted by (episode, t, agent), index reset.
+        x_client: ``(N, n_client_inputs)`` client inputs.
+        y_client: ``(N, n_model_outputs)`` standardised targets; Δstate is NaN where no next row.
+        x_engine: ``(N, n_engine_inputs)`` engine inputs; ``za``: ``(N, A)`` standardised actions.
+        has_next: ``(N,)`` the row's agent appears at t+1 of the same episode.
+        next_index: ``(N,)`` row index of that next row (or -1).
+        scenario: ``(N,)`` scenario id (index into ``layout.scenarios``).
+        episode: ``(N,)`` episode codes.
+        site_now: ``(N, A+Y)`` site means of standardised actions and outputs at the row's own
+            tick (what the transition model sees: the tick's actions are all known at its end).
+        site_group: ``(N,)`` id of the row's (episode, site, t) group, ``0..n_groups-1``.
+    """
+
+    frame: pd.DataFrame
+    x_client: np.ndarray
+    y_client: np.ndarray
+    x_engine: np.ndarray
+    za: np.ndarray
+    has_next: np.ndarray
+    next_index: np.ndarray
+    scenario: np.ndarray
+    episode: np.ndarray
+    site_now: np.ndarray | None = None
+    site_group: np.ndarray | None = None
+
+    def rows(self, scenario: int | None = None, need_next: bool = False) -> np.ndarray:
+        """Row indices of one scenario (or all), optionally only those with a next row."""
+        mask = np.ones(len(self.frame), dtype=bool) if scenario is None else self.scenario == scenario
+        if need_next:
+            mask &= self.has_next
+        return np.flatnonzero(mask)
+
+
+def build_steps(log: pd.DataFrame, layout: Layout) -> StepTable:
+    """Turn a log table into `StepTable` arrays (vectorised; no per-row Python)."""
+    df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+    sc = layout.scalers
+    zp = sc["profile"].transform(df[layout.profile].to_numpy(np.float64))
+    zs = sc["state"].transform(df[layout.state].to_numpy(np.float64))
+    za = sc["action"].transform(df[layout.action].to_numpy(np.float64))
+    zy = sc["outputs"].transform(df[layout.outputs].to_numpy(np.float64))
+    t = df["t"].to_numpy(np.int64)
+    site_key = df["episode"].astype(str) + "\x1f" + df["site"].astype(str)
+    site_codes, _ = pd.factorize(site_key)
+    group_codes, group_uniques = pd.factorize(pd.MultiIndex.from_arrays([site_codes, t]))
+    n_groups = len(group_uniques)
+
+    # actions and outputs of each (site, t) group, shifted so that every row sees t-1
+    y_means = group_means(np.concatenate([za, zy], axis=1).astype(np.float64), group_codes, n_groups)
+    g_site = np.asarray([u[0] for u in group_uniques], dtype=np.int64)
+    g_t = np.asarray([u[1] for u in group_uniques], dtype=np.int64)
+    lookup = pd.Series(np.arange(n_groups), index=pd.MultiIndex.from_arrays([g_site, g_t]))
+    prev = lookup.reindex(pd.MultiIndex.from_arrays([site_codes, t - 1])).to_numpy()
+    lag = np.zeros((len(df), layout.n_lag), dtype=np.float64)
+    ok = ~np.isnan(prev)
+    lag[ok] = y_means[prev[ok].astype(np.int64)]
+
+    x = client_features(layout, zp, zs, za, group_codes, n_groups, lag, t)
+
+    # next-state targets: the same (episode, agent) at t+1
+    key = pd.MultiIndex.from_arrays([df["episode"].astype(str), df["agent"].astype(str), t])
+    row_of = pd.Series(np.arange(len(df)), index=key)
+    if row_of.index.has_duplicates:
+        dup = row_of.index[row_of.index.duplicated()][0]
+        raise InputError(f"duplicate (episode, agent, t) row {dup}; validate the log first", "log")
+    nxt = row_of.reindex(
+        pd.MultiIndex.from_arrays([df["episode"].astype(str), df["agent"].astype(str), t + 1])
+    )
+    nxt_arr = nxt.to_numpy()
+    has_next = ~np.isnan(nxt_arr)
+    next_index = np.where(has_next, np.nan_to_num(nxt_arr, nan=-1), -1).astype(np.int64)
+    y = zy
+    if layout.learn_transition:
+        delta = np.full_like(zs, np.nan)
+        delta[has_next] = zs[next_index[has_next]] - zs[has_next]
+        y = np.concatenate([zy, delta], axis=1)
+    scen_index = {s: i for i, s in enumerate(layout.scenarios)}
+    scenario = df["scenario"].astype(str).map(scen_index)
+    if scenario.isna().any():
+        bad = df["scenario"][scenario.isna()].iloc[0]
+        raise InputError(f"scenario {bad!r} was not seen when the twin was fitted", "log")
+    return StepTable(
+        frame=df,
+        x_client=x,
+        y_client=y.astype(np.float32),
+        x_engine=np.concatenate([zp, zs], axis=1).astype(np.float32),
+        za=za,
+        has_next=has_next,
+        next_index=next_index,
+        scenario=scenario.to_numpy(np.int64),
+        episode=pd.factorize(df["episode"])[0],
+        site_now=y_means[group_codes].astype(np.float32),
+        site_group=np.asarray(group_codes, dtype=np.int64),
+    )
+
+
+def transition_features(x_client: np.ndarray, zy: np.ndarray, site_now: np.ndarray) -> np.ndarray:
+    """The transition model's inputs ``(N, n_transition_inputs)`` (float32).
+
+    Args:
+        x_client: ``(N, n_client_inputs)`` client inputs of the tick.
+        zy: ``(N, Y)`` the agent's own standardised outputs of the tick (the next state follows
+            what it actually did, e.g. a "last tick's response" state column).
+        site_now: ``(N, A+Y)`` its site's means of standardised actions and outputs of the tick.
+    """
+    return np.concatenate(
+        [np.asarray(x_client, np.float32), np.asarray(zy, np.float32), np.asarray(site_now, np.float32)], axis=1
+    )
