@@ -17,7 +17,8 @@ import torch
 
 from edgetwin.cli import cluster_kpi_columns
 from edgetwin.contract.policy import NoisyPolicy
-from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, generate_logs
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
+from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs
 from edgetwin.policies.evaluate import ArraySystem
 from edgetwin.policies.heuristics import SchedulingView, Target
 from edgetwin.twin.twin import Twin

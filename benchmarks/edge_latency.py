@@ -53,7 +53,8 @@ from edgetwin.edge.runtime import (
     rollback_subject,
 )
 from edgetwin.edge.signing import Signer, TrustStore, save_public_key
-from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, EdgeClusterEnv, cluster_spec
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, cluster_spec
+from edgetwin.emulator.envs import EdgeClusterEnv
 from edgetwin.policies.export import ActionTransform, export_policy, load_policy
 from edgetwin.policies.shield import ShieldConfig, SLOGuard
 

@@ -34,16 +34,9 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from edgetwin.contract.policy import FunctionPolicy  # noqa: E402
-from edgetwin.emulator.cluster import (  # noqa: E402
-    ACT_HIGH,
-    ACT_LOW,
-    ClusterConfig,
-    EdgeCluster,
-    EdgeClusterEnv,
-    EdgeClusterVecEnv,
-    cluster_spec,
-    generate_logs,
-)
+from edgetwin.emulator.cluster import ACT_HIGH, ACT_LOW, ClusterConfig, EdgeCluster, cluster_spec  # noqa: E402
+from edgetwin.emulator.envs import EdgeClusterEnv, EdgeClusterVecEnv  # noqa: E402
+from edgetwin.emulator.logs import generate_logs  # noqa: E402
 from edgetwin.emulator.population import SCENARIOS  # noqa: E402
 
 SECTION = "## Emulated cluster throughput"

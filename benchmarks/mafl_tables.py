@@ -42,7 +42,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from edgetwin.contract.spec import TwinSpec  # noqa: E402
-from edgetwin.emulator.cluster import EdgeCluster, episode_seed  # noqa: E402
+from edgetwin.emulator.cluster import EdgeCluster  # noqa: E402
+from edgetwin.emulator.logs import episode_seed  # noqa: E402
 from edgetwin.federation.learners import make_learner  # noqa: E402
 from edgetwin.federation.runner import build_federation, make_federation_config, train_independent  # noqa: E402
 from edgetwin.federation.sites import heterogeneous_sites  # noqa: E402

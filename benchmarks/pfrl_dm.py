@@ -57,7 +57,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from edgetwin.emulator.cluster import EdgeClusterVecEnv, episode_seed  # noqa: E402
+from edgetwin.emulator.envs import EdgeClusterVecEnv  # noqa: E402
+from edgetwin.emulator.logs import episode_seed  # noqa: E402
 from edgetwin.emulator.vm_scheduling import VMSchedulingConfig, VMSchedulingEnv, vm_sites  # noqa: E402
 from edgetwin.federation.aggregation import attention_weights  # noqa: E402
 from edgetwin.federation.learners import PPOLearner, SchedulerLearner  # noqa: E402

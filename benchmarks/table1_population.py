@@ -10,7 +10,7 @@ asked for 100,000 new ones, scored against HELD-OUT real agents on:
 
 Two data sets:
 
-1. ``cluster``: logs of the emulated edge-cloud cluster (`edgetwin.emulator.cluster.generate_logs`,
+1. ``cluster``: logs of the emulated edge-cloud cluster (`edgetwin.emulator.logs.generate_logs`,
    random logging policy), one row per service group: its 11 ``profile.*`` features, among them
    ``mean_task_s`` (average task time), ``convergence_steps`` (convergence time) and
    ``base_offload`` (its baseline offloading ratio); scenarios mbb / iot / iov are the agent types.
@@ -84,7 +84,8 @@ CACHE = REPO / "docs" / "benchmarks" / "table1"
 # ------------------------------------------------------------------------------------- data
 def cluster_data(agents: int, episodes: int, held_out_episodes: int, seed: int) -> dict[str, Any]:
     """Profiles of the emulated cluster's service groups; held-out = the last episodes."""
-    from edgetwin.emulator.cluster import ClusterConfig, generate_logs
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
 
     # Profiles are drawn at reset, so one tick per episode logs every group's profile.
     log, spec = generate_logs(

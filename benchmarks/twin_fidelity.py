@@ -37,7 +37,8 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from stable_baselines3 import PPO
 
 from edgetwin.contract.policy import FunctionPolicy, NoisyPolicy, PlatformPolicy, RandomPolicy, RegimePolicy
-from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, cluster_spec, generate_logs
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, cluster_spec
+from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs
 from edgetwin.policies.train import quiet_logger
 from edgetwin.twin.fidelity import (
     fidelity_report,

@@ -23,7 +23,8 @@ import torch
 from _docs import write_section
 
 from edgetwin.contract.policy import FunctionPolicy, RandomPolicy
-from edgetwin.emulator.cluster import ClusterConfig, SLOAwarePolicy, generate_logs
+from edgetwin.emulator.cluster import ClusterConfig
+from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs
 from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.site_model import SiteStateModel
 from edgetwin.imitation.steps import build_steps

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edgetwin.emulator.cluster import ClusterConfig, SLOAwarePolicy, generate_logs
+from edgetwin.emulator.cluster import ClusterConfig
+from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs
 from edgetwin.policies.gate import DEFAULT_MARGIN
 from edgetwin.policies.heuristics import LeastLoaded, SchedulingView, Target
 from edgetwin.twin.twin import Twin

@@ -278,7 +278,8 @@ def logs_generate(
     """Run the emulated edge-cloud cluster under a logging policy and write its log and spec."""
     from edgetwin.contract.logs import write_table
     from edgetwin.contract.spec import spec_path_for
-    from edgetwin.emulator.cluster import ClusterConfig, generate_logs, plot_overview
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs, plot_overview
     from edgetwin.emulator.population import DRIFT_DAYS
 
     if policy not in ("random", "heuristic"):

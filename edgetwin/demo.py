@@ -55,7 +55,8 @@ def run_demo(
     from edgetwin.contract.logs import write_table
     from edgetwin.contract.spec import spec_path_for
     from edgetwin.contract.validate import validate_log
-    from edgetwin.emulator.cluster import ClusterConfig, generate_logs
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -462,7 +462,8 @@ def test_cli_federate_json_and_bad_input(capsys, tmp_path):
 @pytest.mark.slow
 def test_esa_trains_in_its_sites_twin_when_one_is_given(tmp_path):
     """A site with a twin directory trains its dual-critic PPO in the twin, not in the emulated cluster."""
-    from edgetwin.emulator.cluster import ClusterConfig, generate_logs
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
     from edgetwin.twin.twin import Twin
 
     site = heterogeneous_sites(1, seed=0, n_agents=8, steps=8)[0]

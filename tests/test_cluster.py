@@ -15,19 +15,10 @@ from edgetwin.contract.errors import InputError
 from edgetwin.contract.logs import ordered_columns
 from edgetwin.contract.policy import FunctionPolicy
 from edgetwin.contract.spec import KEY_COLUMNS, TwinSpec
-from edgetwin.emulator.cluster import (
-    ACT_HIGH,
-    ACT_LOW,
-    ClusterConfig,
-    EdgeCluster,
-    EdgeClusterEnv,
-    EdgeClusterVecEnv,
-    SLOAwarePolicy,
-    cluster_spec,
-    generate_logs,
-    plot_overview,
-)
+from edgetwin.emulator.cluster import ACT_HIGH, ACT_LOW, ClusterConfig, EdgeCluster, cluster_spec
 from edgetwin.emulator.energy import CarbonSeries, Cooling, PowerModel, load_specpower
+from edgetwin.emulator.envs import EdgeClusterEnv, EdgeClusterVecEnv
+from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs, plot_overview
 from edgetwin.emulator.population import SCENARIOS, Drift, sample_profiles
 from edgetwin.emulator.traces import read_trace
 from tests.conftest import FIXTURES, shared_data

@@ -32,7 +32,8 @@ from edgetwin.edge.messages import Envelope
 from edgetwin.edge.registry import NatsRegistry
 from edgetwin.edge.runtime import EdgeRuntime, kpi_report, kpi_subject, request_decision, rollback_subject
 from edgetwin.edge.signing import Signer, TrustStore, save_private_key, save_public_key
-from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, generate_logs
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
+from edgetwin.emulator.logs import generate_logs
 from edgetwin.policies.export import export_policy, load_policy
 from edgetwin.policies.train import train_policy
 from edgetwin.twin.report import write_report

@@ -15,7 +15,8 @@ from edgetwin.contract.logs import write_table
 from edgetwin.contract.spec import spec_path_for
 from edgetwin.edge.registry import CASConflict, FileRegistry
 from edgetwin.edge.signing import Signer, TrustStore, save_private_key
-from edgetwin.emulator.cluster import ClusterConfig, generate_logs
+from edgetwin.emulator.cluster import ClusterConfig
+from edgetwin.emulator.logs import generate_logs
 from edgetwin.policies.export import export_policy
 from edgetwin.policies.gate import Guard, parse_guards, promote, resolve_policy, run_gate
 from edgetwin.policies.heuristics import LeastLoaded, SchedulingView, Target

@@ -34,7 +34,8 @@ from edgetwin.edge.runtime import (
     rollback_subject,
 )
 from edgetwin.edge.signing import Signer, TrustStore, save_public_key, sign_artifact
-from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, SLOAwarePolicy, cluster_spec
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, cluster_spec
+from edgetwin.emulator.logs import SLOAwarePolicy
 from edgetwin.policies.export import export_policy
 from edgetwin.policies.shield import ShieldConfig, SLOGuard
 

@@ -244,7 +244,7 @@ def test_serve_command_over_nats_in_its_own_process(nats_server, tmp_path: Path)
     from stable_baselines3 import PPO
 
     from edgetwin.edge.signing import save_public_key
-    from edgetwin.emulator.cluster import EdgeClusterEnv
+    from edgetwin.emulator.envs import EdgeClusterEnv
     from edgetwin.policies.export import ActionTransform
 
     signer = Signer.generate()

@@ -18,7 +18,8 @@ from edgetwin.cli import main
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.logs import write_table
 from edgetwin.contract.spec import spec_path_for
-from edgetwin.emulator.cluster import ClusterConfig, generate_logs
+from edgetwin.emulator.cluster import ClusterConfig
+from edgetwin.emulator.logs import generate_logs
 from edgetwin.twin.report import FLAG, write_report
 from edgetwin.twin.twin import Twin
 from edgetwin.twin.whatif import (

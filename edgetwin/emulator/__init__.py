@@ -4,9 +4,10 @@ edgetwin learns twins of whatever writes the log contract; this package is one s
 every claim about a twin can be checked against the truth. Nothing below layer 5 imports it.
 
 * `edgetwin.emulator.cluster`: `EdgeCluster` (service groups on edge and cloud sites, vectorised in
-  NumPy), its config, spec and logs (`generate_logs`), the Gymnasium env over it and the SLO-aware
-  reference scheduler. Its SB3 `EdgeClusterVecEnv` is built on first use (it needs torch), so
-  import it from `edgetwin.emulator.cluster`.
+  NumPy), its config and spec.
+* `edgetwin.emulator.logs`: logging it (`generate_logs`) under a random or the SLO-aware policy.
+* `edgetwin.emulator.envs`: the Gymnasium env over it; its SB3 `EdgeClusterVecEnv` is built on
+  first use (it needs torch), so import it from `edgetwin.emulator.envs`.
 * `edgetwin.emulator.population`: who the service groups are (scenarios `mbb`, `iot`, `iov`) and
   how the population drifts over days.
 * `edgetwin.emulator.sites`: the topology (edge clusters and cloud regions) and its nodes.
@@ -15,17 +16,10 @@ every claim about a twin can be checked against the truth. Nothing below layer 5
 * `edgetwin.emulator.vm_scheduling`: seed 000's VM task-scheduling MDP (PFRL-DM's environment).
 """
 
-from edgetwin.emulator.cluster import (
-    ClusterConfig,
-    EdgeCluster,
-    EdgeClusterEnv,
-    SLOAwarePolicy,
-    cluster_kpi_columns,
-    cluster_spec,
-    generate_logs,
-    plot_overview,
-)
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, cluster_kpi_columns, cluster_spec
 from edgetwin.emulator.energy import CarbonSeries, Cooling, PowerModel, carbon_series_for
+from edgetwin.emulator.envs import EdgeClusterEnv
+from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs, plot_overview
 from edgetwin.emulator.population import SCENARIOS, Drift, sample_profiles
 from edgetwin.emulator.sites import Site, default_sites
 from edgetwin.emulator.traces import TraceSample, read_trace

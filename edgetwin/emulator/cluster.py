@@ -30,6 +30,9 @@ with scenario-specific coefficients that drift with simulated time (`Behaviour`)
 per-group effect ``u_i`` and autocorrelated noise: logs are not i.i.d. Energy follows seed 001's
 node power model with SPECpower curves and seed 002's air/liquid cooling; carbon uses hourly grid
 intensity of each site's zone.
+
+Logging it (`generate_logs`) is `edgetwin.emulator.logs`; its Gymnasium and SB3 environments are
+`edgetwin.emulator.envs`.
 """
 
 from __future__ import annotations
@@ -40,14 +43,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import gymnasium as gym
 import numpy as np
-import pandas as pd
-from gymnasium import spaces
-from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.policy import PlatformPolicy, RandomPolicy
 from edgetwin.contract.spec import Feature, TwinSpec
 from edgetwin.emulator.energy import CarbonSeries, carbon_series_for, joules_to_grams_co2
 from edgetwin.emulator.population import (
@@ -62,6 +60,7 @@ from edgetwin.emulator.sites import Site, check_topology, default_sites
 
 if TYPE_CHECKING:
     from edgetwin.emulator.traces import TraceSample
+
 
 # ------------------------------------------------------------------------------------ columns
 #: (short name, kind, low, high, unit) of each role, in spec order.
@@ -79,15 +78,21 @@ STATE_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
     ("rtt_cloud_ms", "continuous", 0.0, 200.0, "ms"),
     ("carbon_g_per_kwh", "continuous", 0.0, 1500.0, "gCO2eq/kWh at the home edge site"),
 )
+
+
 ACTION_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
     ("edge_share", "continuous", 0.0, 1.0, "share of offloaded tasks placed at the edge"),
     ("capacity", "continuous", 0.0, 2.0, "reserved edge capacity / nominal load"),
     ("price", "continuous", 0.0, 1.0, "fraction of the list price"),
 )
+
+
 RESPONSE_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
     ("offload_ratio", "continuous", 0.0, 1.0, "share of its tasks it offloads"),
     ("demand", "heavy_tailed", 0.0, 2.0e4, "tasks/s submitted"),
 )
+
+
 KPI_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
     ("task_time_ms", "heavy_tailed", 0.0, 1.0e7, "ms: mean completion time of all its tasks"),
     ("slo_violation", "continuous", 0.0, 1.0, "share of its tasks over the SLO"),
@@ -96,17 +101,33 @@ KPI_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
     ("utilisation", "continuous", 0.0, 1.0, "used share of its reserved edge capacity"),
     ("revenue", "heavy_tailed", 0.0, 1.0e6, "$ (list price 0.5 $ per 1000 tasks)"),
 )
+
+
 STATE_NAMES = tuple(f[0] for f in STATE_FEATURES)
+
+
 ACTION_NAMES = tuple(f[0] for f in ACTION_FEATURES)
+
+
 RESPONSE_NAMES = tuple(f[0] for f in RESPONSE_FEATURES)
+
+
 KPI_NAMES = tuple(f[0] for f in KPI_FEATURES)
+
 
 #: The spec's reward: the offload ratio (what seed 004 Table 2 improves) minus SLO violations.
 REWARD_WEIGHTS: dict[str, float] = {"response.offload_ratio": 1.0, "kpi.slo_violation": -0.5}
 
+
 LIST_PRICE_PER_TASK = 0.5e-3  # $
+
+
 DEVICE_SLOWDOWN = np.array([8.0, 4.0, 2.0])  # local execution vs reference vCPU, by device class
+
+
 GPU_SLOTS_PER_CAPACITY = 1.0
+
+
 MAX_BACKLOG_S = 3600.0  # admission control: work beyond an hour of queue is shed
 
 
@@ -274,9 +295,17 @@ def _bounds(table: Sequence[tuple[str, str, float, float, str]]) -> tuple[np.nda
 
 
 OBS_LOW, OBS_HIGH = (np.concatenate(p) for p in zip(_bounds(PROFILE_FEATURES), _bounds(STATE_FEATURES), strict=True))
+
+
 ACT_LOW, ACT_HIGH = _bounds(ACTION_FEATURES)
+
+
 RESP_LOW, RESP_HIGH = _bounds(RESPONSE_FEATURES)
+
+
 KPI_LOW, KPI_HIGH = _bounds(KPI_FEATURES)
+
+
 _P = {n: i for i, n in enumerate(PROFILE_NAMES)}
 
 
@@ -531,7 +560,7 @@ class EdgeCluster:
         idx = np.asarray(idx, dtype=np.int64)
         if self._acted[idx].any():
             raise RuntimeError("an agent acted twice in one tick")
-        a = _check_actions(actions, len(idx))
+        a = check_actions(actions, len(idx))
         edge_share, capacity, price = a[:, 0], a[:, 1], a[:, 2]
         p = self.profiles[idx]
         scen, home, cloud = self.scenario[idx], self.home[idx], self.cloud[idx]
@@ -701,7 +730,8 @@ class EdgeCluster:
         return [s.name for s in self.sites]
 
 
-def _check_actions(actions: np.ndarray, n: int) -> np.ndarray:
+def check_actions(actions: np.ndarray, n: int) -> np.ndarray:
+    """``(n, A)`` actions checked (shape, finite values) and clipped to the action bounds."""
     a = np.asarray(actions, dtype=np.float64)
     if a.ndim == 1 and n == 1:
         a = a[None, :]
@@ -710,303 +740,6 @@ def _check_actions(actions: np.ndarray, n: int) -> np.ndarray:
     if not np.isfinite(a).all():
         raise InputError("actions contain NaN or inf", "actions")
     return np.clip(a, ACT_LOW, ACT_HIGH)
-
-
-# ------------------------------------------------------------------------------------ policies
-class SLOAwarePolicy:
-    """Heuristic logging policy: SLO-aware, least-loaded placement.
-
-    Tight-SLO groups (SLO below ~3 cloud RTTs) go to the edge; the others are split between edge and
-    cloud in proportion to their free capacity. The reservation follows the last latency against
-    the SLO, backed off when the site is overcommitted; price is lowered for price-sensitive groups.
-    Works on any spec that has the cluster's column names.
-    """
-
-    def __init__(self, spec: TwinSpec) -> None:
-        cols = spec.observation_columns
-        need = ["profile.latency_slo_ms", "profile.price_sensitivity", "state.latency_ms", "state.site_util",
-                "state.cloud_util", "state.rtt_cloud_ms", "state.site_reserved"]
-        missing = [c for c in need if c not in cols]
-        if missing:
-            raise InputError(f"the heuristic policy needs observation columns {missing}", "spec")
-        self._i = {c: cols.index(c) for c in need}
-        self.spec = spec
-
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        o = np.asarray(obs, dtype=np.float64)
-        g = {c: o[:, j] for c, j in self._i.items()}
-        slo = g["profile.latency_slo_ms"]
-        tight = np.clip(2.0 - slo / (3.0 * np.maximum(g["state.rtt_cloud_ms"], 1.0)), 0.0, 1.0)
-        free_e = 1.0 - g["state.site_util"]
-        free_c = 1.0 - g["state.cloud_util"]
-        least_loaded = free_e / np.maximum(free_e + free_c, 1e-6)
-        edge_share = tight + (1.0 - tight) * least_loaded
-        late = g["state.latency_ms"] / slo
-        capacity = np.clip(0.6 + 0.6 * late, 0.3, 1.6) / np.maximum(1.0, g["state.site_reserved"])
-        price = np.clip(0.6 - 0.12 * g["profile.price_sensitivity"], 0.05, 0.6)
-        return np.stack([edge_share, capacity, price], axis=1)
-
-
-def make_policy(policy: str | PlatformPolicy, spec: TwinSpec, seed: int = 0) -> PlatformPolicy:
-    """``"random"`` (uniform in the action bounds), ``"heuristic"`` (`SLOAwarePolicy`) or a policy."""
-    if isinstance(policy, str):
-        if policy == "random":
-            return RandomPolicy(spec, seed=seed)
-        if policy == "heuristic":
-            return SLOAwarePolicy(spec)
-        raise InputError(f"policy must be 'random' or 'heuristic' (or a PlatformPolicy), got {policy!r}", "--policy")
-    if not isinstance(policy, PlatformPolicy):
-        raise InputError(f"policy {type(policy).__name__} has no act(obs) method", "policy")
-    return policy
-
-
-# ------------------------------------------------------------------------------------ logs
-def episode_seed(seed: int, episode: int) -> int:
-    """Independent, reproducible seed of one episode of a run."""
-    return int(np.random.SeedSequence([int(seed), int(episode)]).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
-def generate_logs(
-    config: ClusterConfig,
-    episodes: int,
-    policy: str | PlatformPolicy = "random",
-    seed: int = 0,
-    progress: bool = False,
-) -> tuple[pd.DataFrame, TwinSpec]:
-    """Run the cluster under a logging policy and return its log (the contract) and spec.
-
-    Args:
-        config: the emulated system.
-        episodes: episodes (days, by default) to log; each samples a fresh population.
-        policy: ``"random"``, ``"heuristic"`` or any `PlatformPolicy` on ``[profile.*, state.*]``.
-        seed: the same seed gives the same log.
-        progress: show a tqdm bar over ticks.
-
-    Returns:
-        ``(log, spec)``: one row per (episode, t, agent) with columns episode, t, agent, scenario,
-        site, profile.*, state.*, action.*, response.*, kpi.*, reward; and `cluster_spec(config)`.
-    """
-    if int(episodes) < 1:
-        raise InputError(f"episodes must be >= 1, got {episodes}", "--episodes")
-    cluster = EdgeCluster(config)
-    spec = cluster.spec
-    pol = make_policy(policy, spec, seed=seed)
-    n, steps = cluster.n, cluster.steps
-    rows = episodes * steps * n
-    o_dim, a_dim, r_dim, k_dim = len(OBS_LOW), len(ACTION_NAMES), len(RESPONSE_NAMES), len(KPI_NAMES)
-    obs_buf = np.empty((rows, o_dim))
-    act_buf = np.empty((rows, a_dim))
-    resp_buf = np.empty((rows, r_dim))
-    kpi_buf = np.empty((rows, k_dim))
-    rew_buf = np.empty(rows)
-    episode_col = np.repeat(np.arange(episodes, dtype=np.int64), steps * n)
-    t_col = np.tile(np.repeat(np.arange(steps, dtype=np.int64), n), episodes)
-    agent_col = np.empty(rows, dtype=object)
-    scen_col = np.empty(rows, dtype=object)
-    site_col = np.empty(rows, dtype=object)
-    scen_names = np.array(SCENARIOS, dtype=object)
-    site_names = np.array(cluster.site_names, dtype=object)
-    bar = tqdm(total=episodes * steps, desc="emulating", unit="tick", disable=not progress)
-    for e in range(episodes):
-        obs = cluster.reset(seed=episode_seed(seed, e), day=config.start_day + config.drift_days + e)
-        base = e * steps * n
-        block = slice(base, base + steps * n)
-        agent_col[block] = np.tile(cluster.agent_ids, steps)
-        scen_col[block] = np.tile(scen_names[cluster.scenario], steps)
-        site_col[block] = np.tile(site_names[cluster.home], steps)
-        for t in range(steps):
-            act = np.asarray(pol.act(obs), dtype=np.float64)
-            act = _check_actions(act, n)
-            r = slice(base + t * n, base + (t + 1) * n)
-            obs_buf[r] = obs
-            act_buf[r] = act
-            obs, reward, _, info = cluster.step(act)
-            resp_buf[r] = info["responses"]
-            kpi_buf[r] = info["kpis"]
-            rew_buf[r] = reward
-            bar.update(1)
-    bar.close()
-    data: dict[str, Any] = {"episode": episode_col, "t": t_col, "agent": agent_col, "scenario": scen_col, "site": site_col}
-    for j, c in enumerate(spec.observation_columns):
-        data[c] = obs_buf[:, j]
-    for block_cols, buf in ((spec.names("action"), act_buf), (spec.names("response"), resp_buf), (spec.names("kpi"), kpi_buf)):
-        for j, c in enumerate(block_cols):
-            data[c] = buf[:, j]
-    data["reward"] = rew_buf
-    return pd.DataFrame(data), spec
-
-
-def plot_overview(log: pd.DataFrame, path: str | Path, title: str = "emulated edge-cloud cluster") -> Path:
-    """A 2x2 PNG of a cluster log by hour of day: offload ratio and SLO violations per scenario,
-    utilisation and grid carbon intensity per edge site. Returns the path written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    hour = (log["state.day_fraction"] * 24).astype(int)
-    panels = (
-        ("response.offload_ratio", "scenario", "offload ratio"),
-        ("kpi.slo_violation", "scenario", "share of tasks over SLO"),
-        ("state.site_util", "site", "edge site CPU utilisation"),
-        ("state.carbon_g_per_kwh", "site", "grid carbon (gCO2eq/kWh)"),
-    )
-    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex=True)
-    for ax, (col, by, label) in zip(axes.ravel(), panels, strict=True):
-        table = log.groupby([log[by], hour])[col].mean().unstack(0)
-        table.plot(ax=ax, marker=".", lw=1.2)
-        ax.set_ylabel(label)
-        ax.legend(fontsize=8)
-    for ax in axes[1]:
-        ax.set_xlabel("hour of day")
-    per_episode = int(log.groupby("episode")["agent"].nunique().max())
-    fig.suptitle(f"{title}: {log['episode'].nunique()} episodes x {per_episode} service groups, by hour")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-# ------------------------------------------------------------------------------------ envs
-class EdgeClusterEnv(gym.Env):
-    """Per-agent Gymnasium view of the cluster: each ``step(action)`` is one service group's decision.
-
-    Agents act round-robin within a tick; after the last agent of a tick the cluster advances. The
-    reward is that agent's reward (its outcome is known at once because the coupling is causal). An
-    episode ends (``truncated=True``) after the last agent of the last tick.
-
-    Observation: Box (O,) float32 ``[profile.*, state.*]`` in the spec's bounds; action: Box (A,)
-    float32 ``[edge_share, capacity, price]``.
-    """
-
-    metadata = {"render_modes": []}
-
-    def __init__(self, config: ClusterConfig | None = None) -> None:
-        super().__init__()
-        self.cluster = EdgeCluster(config or ClusterConfig(n_agents=16, steps=24))
-        self.spec_ = self.cluster.spec
-        self.observation_space = spaces.Box(OBS_LOW.astype(np.float32), OBS_HIGH.astype(np.float32), dtype=np.float32)
-        self.action_space = spaces.Box(ACT_LOW.astype(np.float32), ACT_HIGH.astype(np.float32), dtype=np.float32)
-        self._j = 0
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        day = None if options is None else options.get("day")
-        self.cluster.reset(seed=int(self.np_random.integers(0, 2**62)), day=day)
-        self._j = 0
-        return self._obs(), {"agent": 0, "t": 0}
-
-    def _obs(self) -> np.ndarray:
-        return self.cluster.observe(np.array([self._j]))[0].astype(np.float32)
-
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        j, t = self._j, self.cluster.t
-        out = self.cluster.act_agents(np.array([j]), np.asarray(action, dtype=np.float64).reshape(1, -1))
-        info: dict[str, Any] = {"agent": j, "t": t, "responses": out["responses"][0], "kpis": out["kpis"][0]}
-        self._j += 1
-        done = False
-        if self._j == self.cluster.n:
-            done, _ = self.cluster.end_tick()
-            self._j = 0
-        return self._obs(), float(out["reward"][0]), False, bool(done), info
-
-
-def _build_vecenv_class() -> type:
-    """`EdgeClusterVecEnv`, built on first use: importing stable-baselines3 pulls in torch (seconds),
-    which `edgetwin logs generate` and the simulator itself do not need."""
-    from stable_baselines3.common.vec_env import VecEnv
-    from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvStepReturn
-
-    class EdgeClusterVecEnv(VecEnv):
-        """One SB3 sub-environment per service group, all stepped in one batch.
-
-        At the end of an episode the cluster resets itself (with a fresh population) like SB3's
-        VecEnvs: ``dones`` are all True, ``infos[i]["terminal_observation"]`` holds the last observation
-        and ``infos[i]["TimeLimit.truncated"]`` is True.
-        """
-
-        def __init__(self, config: ClusterConfig | None = None, seed: int = 0) -> None:
-            self.cluster = EdgeCluster(config or ClusterConfig())
-            obs_space = spaces.Box(OBS_LOW.astype(np.float32), OBS_HIGH.astype(np.float32), dtype=np.float32)
-            act_space = spaces.Box(ACT_LOW.astype(np.float32), ACT_HIGH.astype(np.float32), dtype=np.float32)
-            self.render_mode = None
-            super().__init__(self.cluster.n, obs_space, act_space)
-            self._base_seed = int(seed)
-            self._resets = 0
-            self._actions: np.ndarray | None = None
-            self.last_info: dict[str, Any] = {}
-
-        def _next_seed(self) -> int:
-            s = episode_seed(self._base_seed, self._resets)
-            self._resets += 1
-            return s
-
-        def _reset_cluster(self) -> np.ndarray:
-            cfg = self.cluster.config
-            day = cfg.start_day + cfg.drift_days + self._resets  # consecutive days, like generate_logs
-            return self.cluster.reset(seed=self._next_seed(), day=day)
-
-        def reset(self) -> np.ndarray:
-            if self._seeds and self._seeds[0] is not None:
-                self._base_seed, self._resets = int(self._seeds[0]), 0
-            self._reset_seeds()
-            return self._reset_cluster().astype(np.float32)
-
-        def step_async(self, actions: np.ndarray) -> None:
-            self._actions = np.asarray(actions, dtype=np.float64)
-
-        def step_wait(self) -> VecEnvStepReturn:
-            if self._actions is None:
-                raise RuntimeError("step_async() must be called before step_wait()")
-            obs, reward, done, info = self.cluster.step(self._actions)
-            self._actions = None
-            self.last_info = info
-            infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
-            if done:
-                for i in range(self.num_envs):
-                    infos[i]["terminal_observation"] = obs[i].astype(np.float32)
-                    infos[i]["TimeLimit.truncated"] = True
-                obs = self._reset_cluster()
-            dones = np.full(self.num_envs, done, dtype=bool)
-            return obs.astype(np.float32), reward.astype(np.float32), dones, infos
-
-        def close(self) -> None:
-            pass
-
-        def _indices(self, indices: VecEnvIndices) -> list[int]:
-            if indices is None:
-                return list(range(self.num_envs))
-            if isinstance(indices, int):
-                return [indices]
-            return list(indices)
-
-        def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-            # Sub-environments share the cluster; VecEnv-level attributes (render_mode) live here.
-            owner = self.cluster if hasattr(self.cluster, attr_name) else self
-            value = getattr(owner, attr_name)
-            return [value for _ in self._indices(indices)]
-
-        def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
-            setattr(self.cluster, attr_name, value)
-
-        def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any) -> list[Any]:
-            result = getattr(self.cluster, method_name)(*method_args, **method_kwargs)
-            return [result for _ in self._indices(indices)]
-
-        def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
-            return [False for _ in self._indices(indices)]
-
-    return EdgeClusterVecEnv
-
-
-def __getattr__(name: str) -> Any:
-    if name == "EdgeClusterVecEnv":
-        cls = _build_vecenv_class()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cluster_kpi_columns() -> Any:

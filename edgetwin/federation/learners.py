@@ -103,7 +103,8 @@ def site_series(
     """
     from dataclasses import replace
 
-    from edgetwin.emulator.cluster import EdgeCluster, SLOAwarePolicy, episode_seed
+    from edgetwin.emulator.cluster import EdgeCluster
+    from edgetwin.emulator.logs import SLOAwarePolicy, episode_seed
 
     cluster = EdgeCluster(replace(site.cluster_config(steps=steps), step_seconds=float(step_seconds)))
     pol = SLOAwarePolicy(cluster.spec)
@@ -518,7 +519,7 @@ class PPOLearner(SB3Learner):
             twin_opts: dict[str, Any] = {"n_agents": site.n_agents, "steps": site.steps}
             self._cluster = None
         else:
-            from edgetwin.emulator.cluster import EdgeClusterVecEnv
+            from edgetwin.emulator.envs import EdgeClusterVecEnv
 
             source = EdgeClusterVecEnv(site.cluster_config(), seed=site.seed)
             spec = spec_of(source)
