@@ -738,7 +738,8 @@ def serve(
     import signal
 
     from edgetwin.edge.kpi_watch import KPIGuard, KPIMargin
-    from edgetwin.edge.runtime import EdgeRuntime, open_async_registry
+    from edgetwin.edge.registry import open_async_registry
+    from edgetwin.edge.runtime import EdgeRuntime
     from edgetwin.edge.signing import TrustStore
 
     for flag, name in (("--site", site), ("--cluster", cluster)):

@@ -20,9 +20,8 @@ from test_runtime import SPEC, ConstantPolicy, SLOAware, steady_load, until
 from edgetwin.edge.bus import NatsBus, NatsConfig
 from edgetwin.edge.kpi_watch import KPIGuard, KPIMargin
 from edgetwin.edge.messages import Envelope
-from edgetwin.edge.registry import NatsRegistry, metadata_from_policy_dir
+from edgetwin.edge.registry import DeferredNatsRegistry, NatsRegistry, metadata_from_policy_dir
 from edgetwin.edge.runtime import (
-    DeferredNatsRegistry,
     EdgeRuntime,
     announce_policy,
     kpi_report,

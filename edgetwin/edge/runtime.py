@@ -59,7 +59,7 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -85,7 +85,6 @@ from edgetwin.edge.signing import ArtifactRejected, Manifest, TrustStore, unpack
 
 __all__ = [
     "Decision",
-    "DeferredNatsRegistry",
     "EdgeRuntime",
     "NoPolicyLoaded",
     "RuntimeEvent",
@@ -93,7 +92,6 @@ __all__ = [
     "announce_policy",
     "kpi_report",
     "kpi_subject",
-    "open_async_registry",
     "policy_version_notice",
     "request_decision",
     "rollback_subject",
@@ -1024,119 +1022,6 @@ class EdgeRuntime:
             await self.bus.publish_durable(rollback_subject(self.site), env)
         except Exception as e:  # the bus may be down too: the log line above already says why
             log.warning("%s: could not publish the rollback notice: %r", self.site, e)
-
-
-# ------------------------------------------------------------------------------------- opening a registry
-class DeferredNatsRegistry(AsyncPolicyRegistry):
-    """A `NatsRegistry` whose connection is made in the background and kept up by nats-py.
-
-    Until the first connection succeeds every call raises `RegistryError`, so a runtime started
-    while the server is down serves its cached last good policy (fail-static) and picks the
-    registry up once the server answers.
-
-    Args:
-        url: ``nats://host:port`` (several comma-separated).
-        bucket: the registry's bucket prefix.
-        connect_timeout: seconds per connection attempt.
-    """
-
-    def __init__(self, url: str, *, bucket: str = "edgetwin", connect_timeout: float = 2.0) -> None:
-        self.url, self.bucket, self.connect_timeout = url, bucket, connect_timeout
-        self.inner: Any = None
-        self.nc: Any = None
-        self._task: asyncio.Task[None] | None = None
-
-    def __repr__(self) -> str:
-        return f"DeferredNatsRegistry({self.url!r}, bucket={self.bucket!r})"
-
-    async def open(self) -> None:
-        """Start connecting (returns at once; waits up to one attempt for a server that is up)."""
-        self._task = asyncio.create_task(self._connect(), name="edgetwin-registry-connect")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._task), self.connect_timeout + 0.5)
-
-    async def _connect(self) -> None:
-        import nats
-
-        from edgetwin.edge.registry import NatsRegistry
-
-        async def quiet(e: Exception) -> None:  # nats-py's default error callback prints tracebacks
-            log.debug("registry nats: %r", e)
-
-        # max_reconnect_attempts=-1 also makes the *initial* connection retry until a server answers.
-        self.nc = await nats.connect(
-            [u.strip() for u in self.url.split(",")],
-            name="edgetwin-runtime-registry",
-            connect_timeout=self.connect_timeout,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            error_cb=quiet,
-        )
-        self.inner = NatsRegistry(self.nc, bucket=self.bucket)
-        log.info("registry %s connected", self.url)
-
-    async def close(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        if self.nc is not None:
-            with contextlib.suppress(Exception):
-                await self.nc.close()
-
-    def _require(self) -> Any:
-        if self.inner is None:
-            raise RegistryError(f"registry {self.url} not connected yet")
-        return self.inner
-
-    async def _store(self, version: str, packed: bytes, manifest: Manifest) -> None:
-        await self._require()._store(version, packed, manifest)
-
-    async def _load(self, version: str) -> tuple[bytes, Manifest]:
-        return await self._require()._load(version)
-
-    async def manifest(self, version: str) -> Manifest:
-        return await self._require().manifest(version)
-
-    async def list_versions(self) -> list[str]:
-        return await self._require().list_versions()
-
-    async def current(self, scope: str) -> str | None:
-        return await self._require().current(scope)
-
-    async def set_current(
-        self, scope: str, version: str, *, expected: str | None, reason: str = "", kind: str = "promote"
-    ) -> PointerChange:
-        return await self._require().set_current(scope, version, expected=expected, reason=reason, kind=kind)
-
-    async def history(self, scope: str) -> list[PointerChange]:
-        return await self._require().history(scope)
-
-    async def scopes(self) -> list[str]:
-        return await self._require().scopes()
-
-
-@contextlib.asynccontextmanager
-async def open_async_registry(
-    location: str | Path, *, bucket: str = "edgetwin"
-) -> AsyncIterator[AsyncPolicyRegistry]:
-    """A registry for async code: a directory (`FileRegistry` in worker threads) or a NATS URL
-    (`DeferredNatsRegistry`, which does not fail when the server is down).
-
-    Raises:
-        InputError: a directory that is not a policy registry.
-    """
-    from edgetwin.edge.registry import FileRegistry, is_nats_url
-
-    if not is_nats_url(location):
-        yield ThreadedRegistry(FileRegistry(location, create=False))
-        return
-    reg = DeferredNatsRegistry(str(location), bucket=bucket)
-    await reg.open()
-    try:
-        yield reg
-    finally:
-        await reg.close()
 
 
 class _Incompatible(RuntimeError):

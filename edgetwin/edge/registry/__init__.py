@@ -20,6 +20,7 @@ from edgetwin.edge.registry.access import (
     describe_version,
     is_nats_url,
     metadata_from_policy_dir,
+    open_async_registry,
     open_registry,
 )
 from edgetwin.edge.registry.adapters import (
@@ -45,6 +46,7 @@ from edgetwin.edge.registry.file_registry import (
     FileRegistry,
 )
 from edgetwin.edge.registry.nats_registry import (
+    DeferredNatsRegistry,
     NatsRegistry,
 )
 
@@ -55,6 +57,7 @@ __all__ = [
     "AsyncPolicyRegistry",
     "BlockingRegistry",
     "CASConflict",
+    "DeferredNatsRegistry",
     "FileRegistry",
     "NatsRegistry",
     "NoRollbackTarget",
@@ -69,6 +72,7 @@ __all__ = [
     "describe_version",
     "is_nats_url",
     "metadata_from_policy_dir",
+    "open_async_registry",
     "open_registry",
     "rollback_target",
 ]

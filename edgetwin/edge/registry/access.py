@@ -1,4 +1,5 @@
-"""Opening a registry from a path or a ``nats://`` URL (`open_registry`, what the CLI uses), the
+"""Opening a registry from a path or a ``nats://`` URL (`open_registry` for sync code, what the CLI
+uses; `open_async_registry` for async code, what the runtime uses), the
 metadata a policy directory publishes with, and descriptions of versions and of a registry.
 """
 
@@ -9,15 +10,15 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from edgetwin.contract.errors import InputError
-from edgetwin.edge.registry.adapters import BlockingRegistry
-from edgetwin.edge.registry.base import PolicyRegistry, RegistryError, rollback_target
+from edgetwin.edge.registry.adapters import BlockingRegistry, ThreadedRegistry
+from edgetwin.edge.registry.base import AsyncPolicyRegistry, PolicyRegistry, RegistryError, rollback_target
 from edgetwin.edge.registry.file_registry import FileRegistry
-from edgetwin.edge.registry.nats_registry import NatsRegistry
+from edgetwin.edge.registry.nats_registry import DeferredNatsRegistry, NatsRegistry
 
 logger = logging.getLogger("edgetwin.edge.registry")
 
@@ -154,3 +155,24 @@ def describe_registry(registry: PolicyRegistry) -> dict[str, Any]:
         d["current_in"] = [s for s, p in pointers.items() if p["current"] == v]
         versions.append(d)
     return {"registry": repr(registry), "versions": versions, "pointers": pointers}
+
+
+@contextlib.asynccontextmanager
+async def open_async_registry(
+    location: str | Path, *, bucket: str = "edgetwin"
+) -> AsyncIterator[AsyncPolicyRegistry]:
+    """A registry for async code: a directory (`FileRegistry` in worker threads) or a NATS URL
+    (`DeferredNatsRegistry`, which does not fail when the server is down).
+
+    Raises:
+        InputError: a directory that is not a policy registry.
+    """
+    if not is_nats_url(location):
+        yield ThreadedRegistry(FileRegistry(location, create=False))
+        return
+    reg = DeferredNatsRegistry(str(location), bucket=bucket)
+    await reg.open()
+    try:
+        yield reg
+    finally:
+        await reg.close()
