@@ -1,16 +1,7 @@
 """`Bus`: the one async interface edge agents program against, and the subjects they use.
 
-`Bus` is what agents program against::
-
-    bus = make_bus("memory")                  # or "nats://127.0.0.1:4222", or a NatsConfig
-    async with bus:
-        sub = await bus.subscribe("edgetwin.intent.*.>", on_intent)          # core pub/sub, wildcards
-        await bus.publish(Subjects.intent("c0", "site-1"), envelope)
-        reply = await bus.request(Subjects.decision("site-1"), req, timeout=1.0)
-        await bus.publish_durable(Subjects.update("site", "c0"), update_env)    # survives restarts
-        await bus.subscribe_durable(Subjects.update("site", "c0"), "coa-c0", on_update)
-
-Its implementations are `edgetwin.edge.bus.memory_bus.InMemoryBus` (the embedded default) and
+How agents use it is shown in `edgetwin.edge.bus`. Its implementations are
+`edgetwin.edge.bus.memory_bus.InMemoryBus` (the embedded default) and
 `edgetwin.edge.bus.nats_bus.NatsBus`; `edgetwin.edge.bus.connect.make_bus` picks one.
 
 Every received message is decoded and validated (`edgetwin.edge.messages.decode`) before a handler

@@ -13,7 +13,6 @@ from edgetwin.edge.bus.nats_bus import NatsBus, NatsConfig
 __all__ = ["make_bus"]
 
 
-# ------------------------------------------------------------------------------ factory
 def make_bus(spec: str | NatsConfig | Mapping[str, Any] = "memory", **overrides: Any) -> Bus:
     """A bus from a string, a `NatsConfig` or a config dict.
 

@@ -39,7 +39,6 @@ __all__ = ["InMemoryBus", "MemoryBroker"]
 log = logging.getLogger("edgetwin.bus")
 
 
-# ------------------------------------------------------------------------------ in-memory
 @dataclass
 class _LogEntry:
     seq: int

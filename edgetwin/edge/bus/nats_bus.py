@@ -39,7 +39,6 @@ __all__ = ["NatsBus", "NatsConfig"]
 log = logging.getLogger("edgetwin.bus")
 
 
-# ------------------------------------------------------------------------------ NATS
 @dataclass
 class NatsConfig:
     """How to reach NATS (loadable from a TOML/JSON file or dict, see `from_dict`).

@@ -116,7 +116,6 @@ def metadata_from_policy_dir(policy_dir: str | Path) -> dict[str, Any]:
     return md
 
 
-# ------------------------------------------------------------------------------------- summaries
 def describe_version(registry: PolicyRegistry, version: str) -> dict[str, Any]:
     """One version's manifest as a flat dict (for `edgetwin registry show` / ``list``), unverified."""
     m = registry.manifest(version)

@@ -16,7 +16,6 @@ from edgetwin.edge.signing import (
 T = TypeVar("T")
 
 
-# ------------------------------------------------------------------------------------- adapters
 class BlockingRegistry(PolicyRegistry):
     """Sync facade over an `AsyncPolicyRegistry` whose client runs on ``loop`` in another thread.
 
