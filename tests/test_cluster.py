@@ -70,7 +70,7 @@ def test_per_agent_env_is_exact() -> None:
 def test_vecenv_steps_and_autoresets() -> None:
     vec = EdgeClusterVecEnv(ClusterConfig(n_agents=6, steps=3), seed=5)
     obs = vec.reset()
-    assert obs.shape == (6, 23) and obs.dtype == np.float32
+    assert obs.shape == (6, 25) and obs.dtype == np.float32
     assert vec.observation_space.contains(obs[0])
     first_ids = vec.cluster.agent_ids.copy()
     for t in range(3):
@@ -78,7 +78,7 @@ def test_vecenv_steps_and_autoresets() -> None:
         assert reward.shape == (6,) and np.isfinite(reward).all()
         assert dones.all() == (t == 2)
     assert all("terminal_observation" in i and i["TimeLimit.truncated"] for i in infos)
-    assert infos[0]["terminal_observation"].shape == (23,)
+    assert infos[0]["terminal_observation"].shape == (25,)
     assert not np.array_equal(first_ids, vec.cluster.agent_ids)  # a fresh population after the reset
     assert vec.cluster.t == 0
 
@@ -126,7 +126,7 @@ def test_spec_round_trips(tmp_path: Path) -> None:
     spec = cluster_spec(SMALL)
     again = TwinSpec.load(spec.save(tmp_path / "log.spec.toml"))
     assert again.hash() == spec.hash()
-    assert len(spec.observation_columns) == 23 and spec.action_columns == [
+    assert len(spec.observation_columns) == 25 and spec.action_columns == [
         "action.edge_share",
         "action.capacity",
         "action.price",

@@ -102,12 +102,30 @@ def test_scenarios_are_checked_against_the_twin(log_and_twin) -> None:  # noqa: 
         ({"kind": "burst", "column": "response.demand", "factor": 2, "start": 20, "end": 40}, r"outside the episode of 24 steps"),
         ({"kind": "population_shift", "column": "state.rtt_edge_ms", "factor": 2}, r"acts on profile\.\* columns"),
         ({"kind": "set", "column": "kpi.energy_j", "value": 0, "scenarios": ["cars"]}, r"unknown scenario\(s\) \['cars'\]"),
-        ({"kind": "set", "column": "kpi.energy_j", "value": 0, "sites": ["edge-ams"]}, r"generated worlds name their sites site0"),
+        ({"kind": "set", "column": "kpi.energy_j", "value": 0, "sites": ["edge-nowhere"]}, r"unknown site\(s\) \['edge-nowhere'\]; the twin's logged sites are \['edge-ams'"),
     ]
     for entry, match in cases:
         with pytest.raises(InputError, match=match) as e:
             run_whatif(twin, [rnd], [scen("s", entry)], episodes=1, progress=False)
         assert "test.toml: scenario 's' perturbation #1" in str(e.value)
+
+
+def test_a_generated_world_names_its_sites_after_the_logged_ones(log_and_twin) -> None:  # noqa: ANN001
+    """A what-if naming a logged site runs without replaying a log, and touches only that site."""
+    log, twin, _ = log_and_twin
+    sim = twin.simulation(n_agents=300, seed=3)
+    assert {s.split("#")[0] for s in sim.site_names} <= set(log["site"].unique())
+    rnd = builtin_policy("random", twin)
+    res = run_whatif(
+        twin,
+        [rnd],
+        [scen("ams-off", {"kind": "set", "column": "kpi.energy_j", "value": 0, "sites": ["edge-ams"]})],
+        episodes=1,
+        progress=False,
+    )
+    pol = res.policies[0]
+    assert res.cell(pol, "ams-off").values.keys() == res.cell(pol, "nominal").values.keys()
+    assert len(res.cells) == 2
 
 
 def test_scenario_files_toml_json_and_shipped(tmp_path: Path, log_and_twin) -> None:  # noqa: ANN001

@@ -16,6 +16,14 @@ A spec is a small TOML file that travels with a log (``LOG.spec.toml`` beside it
     kind = "discrete"
     values = [1, 2, 3]
 
+    [[features]]
+    name = "state.site_backlog_s"
+    scope = "site"                 # one value per site and tick (default "agent")
+
+    [[dynamics]]                   # optional: declared columns are computed, not learned
+    column = "state.site_backlog_s"
+    queue = { arrivals = "sum(kpi.edge_cpu) / profile.site_vcpu", service = "1" }
+
     [transition]                   # optional: absent -> the twin learns the next state
     function = "mypkg.dynamics:next_state"
 
@@ -25,7 +33,8 @@ A spec is a small TOML file that travels with a log (``LOG.spec.toml`` beside it
 
 The role of a feature is its column prefix (``profile.``, ``state.``, ``action.``, ``response.``,
 ``kpi.``); the order of ``[[features]]`` within a role is the order of the observation and action
-vectors everywhere (``[profile.*, state.*]`` -> ``action.*``).
+vectors everywhere (``[profile.*, state.*]`` -> ``action.*``). ``[[dynamics]]`` is
+`edgetwin.contract.dynamics`.
 """
 
 from __future__ import annotations
@@ -42,12 +51,15 @@ from typing import Any, Literal
 import numpy as np
 import tomli_w
 
+from edgetwin.contract.dynamics import Declaration, DeclaredDynamics
 from edgetwin.contract.errors import InputError
 
 Role = Literal["profile", "state", "action", "response", "kpi"]
 ROLES: tuple[Role, ...] = ("profile", "state", "action", "response", "kpi")
 Kind = Literal["continuous", "heavy_tailed", "discrete", "categorical", "binary"]
 KINDS: tuple[Kind, ...] = ("continuous", "heavy_tailed", "discrete", "categorical", "binary")
+Scope = Literal["agent", "site"]
+SCOPES: tuple[Scope, ...] = ("agent", "site")
 
 #: Columns every log has: the row key and the agent's metadata.
 KEY_COLUMNS: tuple[str, ...] = ("episode", "t", "agent")
@@ -78,6 +90,8 @@ class Feature:
         low, high: inclusive bounds, or None when unbounded on that side.
         values: the allowed values of a ``discrete``/``categorical`` feature (numeric codes).
         unit: free text for documentation and plots.
+        scope: ``"agent"`` (default) or ``"site"``: one value per site (and tick, for a state),
+            the same for every agent of the site; only ``profile.*`` and ``state.*`` features.
     """
 
     name: str
@@ -86,6 +100,7 @@ class Feature:
     high: float | None = None
     values: tuple[float, ...] | None = None
     unit: str = ""
+    scope: Scope = "agent"
 
     @property
     def role(self) -> Role:
@@ -120,6 +135,7 @@ class TwinSpec:
         reward_weights: the built-in reward: ``sum(w * column)`` over the named columns.
         reward_function: ``"module:function"`` computing the reward instead (see `RewardFn`).
         scenarios: the scenario labels, when known in advance (checked by validation).
+        dynamics: the declared state columns (``[[dynamics]]``), computed instead of learned.
     """
 
     features: tuple[Feature, ...]
@@ -129,6 +145,7 @@ class TwinSpec:
     reward_weights: Mapping[str, float] = field(default_factory=dict)
     reward_function: str | None = None
     scenarios: tuple[str, ...] | None = None
+    dynamics: tuple[Declaration, ...] = ()
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -146,6 +163,10 @@ class TwinSpec:
                 raise InputError(f"feature {f.name!r}: low {f.low} > high {f.high}", "spec")
             if f.name in seen:
                 raise InputError(f"feature {f.name!r} is listed twice", "spec")
+            if f.scope not in SCOPES:
+                raise InputError(f"feature {f.name!r}: scope {f.scope!r} is not one of {SCOPES}", "spec")
+            if f.scope == "site" and f.role not in ("profile", "state"):
+                raise InputError(f"feature {f.name!r}: only profile.* and state.* features can have scope 'site'", "spec")
             seen.add(f.name)
         for col in self.reward_weights:
             if col not in seen and col != REWARD_COLUMN:
@@ -157,6 +178,14 @@ class TwinSpec:
             raise InputError("reward: give either 'weights' or 'function', not both", "spec")
         if not self.by_role("action"):
             raise InputError("a spec needs at least one action.* feature", "spec")
+        known: dict[str, Scope] = {f.name: f.scope for f in self.features}
+        known[REWARD_COLUMN] = "agent"
+        declared: set[str] = set()
+        for i, d in enumerate(self.dynamics, start=1):
+            d.check(known, i)
+            if d.column in declared:
+                raise InputError(f"[[dynamics]] entry {i}: {d.column!r} is declared twice", "spec")
+            declared.add(d.column)
 
     # --- views -------------------------------------------------------------------------------
     def by_role(self, role: Role) -> tuple[Feature, ...]:
@@ -179,6 +208,22 @@ class TwinSpec:
             if f.name == name:
                 return f
         raise KeyError(name)
+
+    @property
+    def declared_columns(self) -> list[str]:
+        """The state columns the spec's ``[[dynamics]]`` compute (not learned), in spec order."""
+        return [d.column for d in self.dynamics]
+
+    def site_scoped(self, role: Role) -> list[bool]:
+        """Per feature of ``role`` (spec order), whether it is declared ``scope = "site"``."""
+        return [f.scope == "site" for f in self.by_role(role)]
+
+    def declared_dynamics(self) -> DeclaredDynamics | None:
+        """The ``[[dynamics]]`` ready to apply, or None when the spec declares none."""
+        if not self.dynamics:
+            return None
+        bounds = {d.column: (self.feature(d.column).low, self.feature(d.column).high) for d in self.dynamics}
+        return DeclaredDynamics(tuple(self.dynamics), float(self.step_seconds), bounds)
 
     def bounds(self, role: Role) -> tuple[np.ndarray, np.ndarray]:
         """(low, high) arrays of a role's features; unbounded sides are -inf / +inf."""
@@ -222,8 +267,12 @@ class TwinSpec:
                 d["values"] = [float(v) for v in f.values]
             if f.unit:
                 d["unit"] = f.unit
+            if f.scope != "agent":
+                d["scope"] = f.scope
             feats.append(d)
         out["features"] = feats
+        if self.dynamics:
+            out["dynamics"] = [dict(d.raw) for d in self.dynamics]
         if self.transition:
             out["transition"] = {"function": self.transition}
         reward: dict[str, Any] = {}
@@ -254,7 +303,7 @@ class TwinSpec:
         for i, fd in enumerate(raw_feats):
             if "name" not in fd:
                 raise InputError(f"[[features]] entry {i + 1} has no 'name'", source)
-            unknown = set(fd) - {"name", "kind", "low", "high", "values", "unit"}
+            unknown = set(fd) - {"name", "kind", "low", "high", "values", "unit", "scope"}
             if unknown:
                 raise InputError(f"feature {fd['name']!r}: unknown keys {sorted(unknown)}", source)
             values = fd.get("values")
@@ -266,12 +315,17 @@ class TwinSpec:
                     high=None if fd.get("high") is None else float(fd["high"]),
                     values=None if values is None else tuple(float(v) for v in values),
                     unit=str(fd.get("unit", "")),
+                    scope=fd.get("scope", "agent"),
                 )
             )
+        raw_dyn = d.get("dynamics", [])
+        if not isinstance(raw_dyn, list):
+            raise InputError("'dynamics' must be an array of tables ([[dynamics]])", source)
         reward = d.get("reward", {})
         transition = d.get("transition", {})
         scen = d.get("scenarios")
         try:
+            dynamics = tuple(Declaration.parse(entry, i) for i, entry in enumerate(raw_dyn, start=1))
             return cls(
                 features=tuple(feats),
                 name=str(d.get("name", "unnamed")),
@@ -280,6 +334,7 @@ class TwinSpec:
                 reward_weights={str(k): float(v) for k, v in reward.get("weights", {}).items()},
                 reward_function=reward.get("function"),
                 scenarios=None if scen is None else tuple(str(s) for s in scen),
+                dynamics=dynamics,
             )
         except InputError as e:
             raise InputError(str(e).removeprefix("spec: "), source) from None

@@ -451,7 +451,14 @@ class _Checker:
             self.check_duplicates()
             self.check_episodes()
             self.check_agent_gaps()
+            self.check_site_scope()
         self.check_enough_rows()
+        if self.spec.dynamics and not self.fatal_found and self.keys_ok:
+            self.check_declared_dynamics()
+
+    @property
+    def fatal_found(self) -> bool:
+        return any(p.severity == "fatal" for p in self.problems)
 
     def check_columns(self) -> None:
         cols = [str(c) for c in self.table.columns]
@@ -656,6 +663,76 @@ class _Checker:
             "agent",
             mask,
         )
+
+    def check_site_scope(self) -> None:
+        """A ``scope = "site"`` column must take one value per (episode, site, t): fatal if not.
+
+        Fatal rather than quarantine: the spec says the column is the site's, and the log says it is
+        not; removing rows would not make either right, and the twin would compute the column from
+        a declaration or keep it equal across a site's agents, silently away from the log.
+        """
+        scoped = [f for f in self.spec.features if f.scope == "site" and f.name in self.cols]
+        site = self.cols.get("site")
+        if not scoped or site is None:
+            return
+        ok = ~self.bad
+        rows = np.flatnonzero(ok)
+        if not len(rows):
+            return
+        site_code, _ = pd.factorize(site)
+        group = pd.factorize(
+            pd.MultiIndex.from_arrays([self.ep_code[rows], site_code[rows], self.cols["t"][rows]])
+        )[0]
+        for f in scoped:
+            v = np.asarray(self.cols[f.name], dtype=np.float64)[rows]
+            finite = np.isfinite(v)
+            g, vv = group[finite], v[finite]
+            if not len(vv):
+                continue
+            lo = np.full(g.max() + 1, np.inf)
+            hi = np.full(g.max() + 1, -np.inf)
+            np.minimum.at(lo, g, vv)
+            np.maximum.at(hi, g, vv)
+            tol = 1e-9 * np.maximum(np.abs(hi), 1.0)
+            bad_groups = np.flatnonzero(hi - lo > tol)
+            if len(bad_groups):
+                mask = np.zeros(self.n, dtype=bool)
+                mask[rows[finite][np.isin(g, bad_groups)]] = True
+                count, first = _count_rows(mask)
+                self.problems.append(
+                    Problem(
+                        "site_scope_differs",
+                        "fatal",
+                        f"declared scope = \"site\" but differs between agents of one site at one tick in "
+                        f"{len(bad_groups):,} (episode, site, t) groups",
+                        f.name,
+                        count,
+                        first,
+                    )
+                )
+
+    def check_declared_dynamics(self) -> None:
+        """Warn where the spec's ``[[dynamics]]`` do not reproduce the log's own transitions."""
+        from edgetwin.contract.dynamics import agreement
+
+        dynamics = self.spec.declared_dynamics()
+        if dynamics is None:
+            return
+        try:
+            table = self.typed_table()
+            result = agreement(table, dynamics)
+        except Exception as e:  # noqa: BLE001 - a user's function failing on the log is a finding, not a crash
+            self.warn("dynamics_failed", f"the declared dynamics could not be checked on the log ({type(e).__name__}: {e})")
+            return
+        for column, (n, bad, median) in result.items():
+            if n and bad:
+                self.warn(
+                    "dynamics_disagree",
+                    f"the declared dynamics give a next value more than 0.1 % away from the logged one in "
+                    f"{bad:,} of {n:,} transitions ({bad / n:.1%}; median relative error {median:.2%}); the "
+                    "twin will compute this column from the declaration, not from the log",
+                    column,
+                )
 
     def check_enough_rows(self) -> None:
         n_usable = int(self.usable_mask().sum())

@@ -77,6 +77,13 @@ STATE_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
     ("rtt_edge_ms", "continuous", 0.0, 100.0, "ms"),
     ("rtt_cloud_ms", "continuous", 0.0, 200.0, "ms"),
     ("carbon_g_per_kwh", "continuous", 0.0, 1500.0, "gCO2eq/kWh at the home edge site"),
+    ("site_background", "continuous", 0.0, 1.0, "other tenants' CPU utilisation of the home edge site"),
+)
+
+
+#: Constants of the home edge site, logged with every group (``scope = "site"`` in the spec).
+SITE_PROFILE_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
+    ("site_vcpu", "heavy_tailed", 0.0, 1.0e7, "vCPU of the home edge site"),
 )
 
 
@@ -100,6 +107,26 @@ KPI_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
     ("carbon_g", "heavy_tailed", 0.0, 1.0e7, "gCO2eq"),
     ("utilisation", "continuous", 0.0, 1.0, "used share of its reserved edge capacity"),
     ("revenue", "heavy_tailed", 0.0, 1.0e6, "$ (list price 0.5 $ per 1000 tasks)"),
+    ("reserved_vcpu", "heavy_tailed", 0.0, 1.0e7, "vCPU reserved for it at its home edge site this tick"),
+    ("edge_cpu", "heavy_tailed", 0.0, 1.0e7, "vCPU its tasks kept busy at its home edge site this tick"),
+)
+
+
+#: Columns that are one value per home edge site and tick: what the operator logs per site.
+SITE_SCOPED: frozenset[str] = frozenset(
+    {"profile.site_vcpu"}
+    | {f"state.{c}" for c in ("site_util", "gpu_util", "site_backlog_s", "site_reserved", "cloud_util", "carbon_g_per_kwh", "site_background")}
+)
+
+
+#: The operator's accounting, declared in the spec (`cluster_spec`): what it reserved over the
+#: site's vCPUs, and the site's CPU as a fluid queue of the edge load (its groups' plus the other
+#: tenants'); every client behaviour behind ``kpi.edge_cpu`` and ``kpi.reserved_vcpu`` stays learned.
+EDGE_LOAD = "sum(kpi.edge_cpu) / profile.site_vcpu + state.site_background"
+DECLARED_DYNAMICS: tuple[dict[str, Any], ...] = (
+    {"column": "state.site_reserved", "aggregate": "sum", "of": "kpi.reserved_vcpu", "divide_by": "profile.site_vcpu"},
+    {"column": "state.site_util", "next": EDGE_LOAD},
+    {"column": "state.site_backlog_s", "queue": {"arrivals": EDGE_LOAD, "service": "1"}},
 )
 
 
@@ -216,6 +243,8 @@ class ClusterConfig:
         reward_weights: the reward as weights of ``response.*`` / ``kpi.*`` columns (default
             `REWARD_WEIGHTS`); e.g. a site run for cost rather than offload weighs
             ``kpi.utilisation`` (seed 003's cost-cap mode). Also the logs' spec reward.
+        declared: the logs' spec declares the site-scoped columns and the operator's accounting
+            (`DECLARED_DYNAMICS`); False: a spec that declares nothing (every state learned).
     """
 
     n_agents: int = 200
@@ -230,6 +259,7 @@ class ClusterConfig:
     target_util: float = 0.45
     scenario_weights: Mapping[str, float] | None = None
     reward_weights: Mapping[str, float] | None = None
+    declared: bool = True
 
     def __post_init__(self) -> None:
         if self.reward_weights is not None:
@@ -256,30 +286,39 @@ class ClusterConfig:
         return drift_days(self.drift)
 
 
-def _features(role: str, table: Sequence[tuple[str, str, float, float, str]]) -> list[Feature]:
+def _features(role: str, table: Sequence[tuple[str, str, float, float, str]], scoped: bool) -> list[Feature]:
     feats = []
     for name, kind, low, high, unit in table:
         values = None
         if kind == "discrete" or kind == "categorical":
             values = tuple(float(v) for v in np.arange(low, high + 1))
-        feats.append(Feature(name=f"{role}.{name}", kind=kind, low=low, high=high, values=values, unit=unit))  # type: ignore[arg-type]
+        full = f"{role}.{name}"
+        scope = "site" if scoped and full in SITE_SCOPED else "agent"
+        feats.append(Feature(name=full, kind=kind, low=low, high=high, values=values, unit=unit, scope=scope))  # type: ignore[arg-type]
     return feats
 
 
-def cluster_spec(config: ClusterConfig | None = None) -> TwinSpec:
+def cluster_spec(config: ClusterConfig | None = None, declared: bool | None = None) -> TwinSpec:
     """The twin spec of the emulated cluster's logs.
 
-    No transition function is named: the site coupling makes the next state something the twin has
-    to learn. The reward weighs the offload ratio against SLO violations (`REWARD_WEIGHTS`).
+    With ``declared`` (default: ``config.declared``) the spec says what the operator knows: which
+    columns are the site's (`SITE_SCOPED`) and its own accounting (`DECLARED_DYNAMICS`: the site's
+    reservation ratio and its CPU as a fluid queue of the edge load). Without, every state column
+    is learned (the twin of issue 19's "before"). The reward weighs the offload ratio against SLO
+    violations (`REWARD_WEIGHTS`).
     """
+    from edgetwin.contract.dynamics import Declaration
+
     config = config or ClusterConfig()
+    declared = config.declared if declared is None else declared
     feats = (
-        _features("profile", PROFILE_FEATURES)
-        + _features("state", STATE_FEATURES)
-        + _features("action", ACTION_FEATURES)
-        + _features("response", RESPONSE_FEATURES)
-        + _features("kpi", KPI_FEATURES)
+        _features("profile", PROFILE_FEATURES + SITE_PROFILE_FEATURES, declared)
+        + _features("state", STATE_FEATURES, declared)
+        + _features("action", ACTION_FEATURES, declared)
+        + _features("response", RESPONSE_FEATURES, declared)
+        + _features("kpi", KPI_FEATURES, declared)
     )
+    dynamics = tuple(Declaration.parse(d, i) for i, d in enumerate(DECLARED_DYNAMICS, start=1)) if declared else ()
     return TwinSpec(
         features=tuple(feats),
         name="emulated-edge-cloud",
@@ -287,6 +326,7 @@ def cluster_spec(config: ClusterConfig | None = None) -> TwinSpec:
         transition=None,
         reward_weights=dict(config.reward_weights or REWARD_WEIGHTS),
         scenarios=SCENARIOS,
+        dynamics=dynamics,
     )
 
 
@@ -294,7 +334,10 @@ def _bounds(table: Sequence[tuple[str, str, float, float, str]]) -> tuple[np.nda
     return np.array([f[2] for f in table], dtype=np.float64), np.array([f[3] for f in table], dtype=np.float64)
 
 
-OBS_LOW, OBS_HIGH = (np.concatenate(p) for p in zip(_bounds(PROFILE_FEATURES), _bounds(STATE_FEATURES), strict=True))
+OBS_LOW, OBS_HIGH = (
+    np.concatenate(p)
+    for p in zip(_bounds(PROFILE_FEATURES + SITE_PROFILE_FEATURES), _bounds(STATE_FEATURES), strict=True)
+)
 
 
 ACT_LOW, ACT_HIGH = _bounds(ACTION_FEATURES)
@@ -540,8 +583,9 @@ class EdgeCluster:
             self.rtt_edge[sel],
             self.rtt_cloud[sel],
             self.site_ci[home],
+            self.site_bg[home],
         ]
-        obs = np.concatenate([self.profiles[sel], np.stack(cols, axis=1)], axis=1)
+        obs = np.concatenate([self.profiles[sel], self.vcpu[home][:, None], np.stack(cols, axis=1)], axis=1)
         return np.clip(obs, OBS_LOW, OBS_HIGH)
 
     # --- the hidden response and the KPIs -----------------------------------------------------
@@ -664,7 +708,11 @@ class EdgeCluster:
         self._acted[idx] = True
 
         responses = np.clip(np.stack([offload, demand], axis=1), RESP_LOW, RESP_HIGH)
-        kpis = np.clip(np.stack([task_time, slo_violation, energy, carbon, utilisation, revenue], axis=1), KPI_LOW, KPI_HIGH)
+        kpis = np.clip(
+            np.stack([task_time, slo_violation, energy, carbon, utilisation, revenue, alloc, cpu_edge], axis=1),
+            KPI_LOW,
+            KPI_HIGH,
+        )
         reward = np.zeros(len(responses))
         for role, j, w in self._reward_terms:
             reward = reward + w * (responses[:, j] if role == "response" else kpis[:, j])

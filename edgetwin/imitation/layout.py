@@ -186,6 +186,11 @@ class Layout:
             when the logs show it doing so exactly (e.g. "its offload ratio last tick"), else None;
             the twin copies its own output of the tick there, so a state that carries an agent's
             last response cannot disagree with the response the twin drew.
+        declared: per state column, whether the spec's ``[[dynamics]]`` compute it (the world
+            then sets it from the declaration every tick; a model's prediction for it is unused).
+        site_profile_columns: per profile column, whether it is a site constant
+            (``scope = "site"``): a generated world takes it from the logged site, not the
+            population model.
     """
 
     spec: TwinSpec
@@ -206,6 +211,8 @@ class Layout:
     site_profile: bool = False
     clock: list[float | None] = field(default_factory=list)
     echo: list[int | None] = field(default_factory=list)
+    declared: list[bool] = field(default_factory=list)
+    site_profile_columns: list[bool] = field(default_factory=list)
 
     @classmethod
     def fit(cls, log: pd.DataFrame, spec: TwinSpec, use_time: bool = True) -> Layout:
@@ -246,7 +253,11 @@ class Layout:
         }
         sizes = log.groupby(["episode", "t", "site"], sort=False).size().to_numpy()
         lengths = log.groupby("episode", sort=False)["t"].max().to_numpy() + 1
-        site_state = _site_level(log, state)
+        scoped = {f.name for f in spec.features if f.scope == "site"}
+        declared_names = set(spec.declared_columns)
+        # a column the spec says is the site's is the site's, whatever the logs show
+        site_state = [a or c in scoped for a, c in zip(_site_level(log, state), state, strict=True)]
+        declared = [c in declared_names for c in state]
         state_absolute = _weakly_persistent(log, state, scalers["state"])
         return cls(
             spec=spec,
@@ -265,8 +276,10 @@ class Layout:
             site_state=site_state,
             state_absolute=state_absolute,
             site_profile=True,
-            clock=_clocks(log, state, spec),
-            echo=_echoes(log, state, outputs),
+            clock=[None if d else c for c, d in zip(_clocks(log, state, spec), declared, strict=True)],
+            echo=[None if d else e for e, d in zip(_echoes(log, state, outputs), declared, strict=True)],
+            declared=declared,
+            site_profile_columns=[c in scoped for c in profile],
         )
 
     # --- widths ---------------------------------------------------------------------------
@@ -322,6 +335,8 @@ class Layout:
             "site_profile": self.site_profile,
             "clock": self.clock,
             "echo": self.echo,
+            "declared": self.declared,
+            "site_profile_columns": self.site_profile_columns,
         }
 
     @classmethod
@@ -345,7 +360,37 @@ class Layout:
             site_profile=bool(d.get("site_profile", False)),
             clock=[None if v is None else float(v) for v in d.get("clock", [])],
             echo=[None if v is None else int(v) for v in d.get("echo", [])],
+            declared=[bool(v) for v in d.get("declared", [])],
+            site_profile_columns=[bool(v) for v in d.get("site_profile_columns", [])],
         )
+
+    def apply_declared(
+        self,
+        profile: np.ndarray,
+        state: np.ndarray,
+        action: np.ndarray,
+        outputs: np.ndarray,
+        site: np.ndarray,
+        nxt: np.ndarray,
+    ) -> np.ndarray:
+        """``nxt (N, S)`` with every declared state column computed from the tick (raw units).
+
+        The declarations read the tick's raw ``profile (N, P)``, ``state (N, S)``, ``action (N, A)``
+        and the learned ``outputs (N, Y)``, so a declared site column sees what every agent of
+        its site did and answered at this tick (`edgetwin.contract.dynamics`).
+        """
+        dynamics = self.spec.declared_dynamics()
+        if dynamics is None or not any(self.declared):
+            return nxt
+        cols: dict[str, np.ndarray] = {}
+        for names, block in ((self.profile, profile), (self.state, state), (self.action, action), (self.outputs, outputs)):
+            for j, c in enumerate(names):
+                cols[c] = block[:, j]
+        values = dynamics.next_state(cols, site)
+        for j, c in enumerate(self.state):
+            if c in values:
+                nxt[:, j] = values[c]
+        return nxt
 
     def roll_clocks(self, state: np.ndarray, nxt: np.ndarray) -> np.ndarray:
         """``nxt (N, S)`` with every `clock` column set to ``state``'s value one step on (raw units)."""

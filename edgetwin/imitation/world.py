@@ -3,14 +3,15 @@
 The harness under MAIL-MMSG's training and the twin's simulation: agents interact only through
 their ``site`` (means over a site's agents at a tick, see `edgetwin.imitation.steps.client_features`),
 and the client model's outputs move the state (by the spec's transition, a learned one, the site
-means or, for the site-level columns, an optional `SiteStateModel`). `Composition` (which agents
+means or, for the site-level columns, an optional `SiteStateModel`; the spec's declared
+``[[dynamics]]`` columns are computed from the tick last, `Layout.apply_declared`). `Composition` (which agents
 share a site, as logged) and `InitialStates` (their logged first states) are where a world starts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -148,6 +149,8 @@ class World:
             nxt = lay.roll_echoes(out_raw, nxt)
         else:
             nxt = self.state.copy()
+        # the operator's accounting last: declared columns see every agent's outputs of the tick
+        nxt = lay.apply_declared(self.profile, self.state, action, out_raw, self.site, nxt)
         self.lag = site_now
         self.state = nxt
         self.t += 1
@@ -170,11 +173,23 @@ class World:
 class Composition:
     """How many agents of each scenario share a site, as logged; worlds are built from it.
 
+    A generated world is a set of logged site units: each generated site is one logged
+    (episode, site) at its first tick, with that site's name, its site constants (the
+    ``scope = "site"`` profile columns) and its site-level state at that tick, so that a what-if
+    naming a logged site works on a generated world and a site keeps the capacity it was logged with.
+
     Attributes:
         units: ``(U, n_scenarios)`` agent counts per logged (episode, site) at its first tick.
+        unit_sites: ``(U,)`` the logged site name of each unit (empty for twins saved before it).
+        unit_profile: ``(U, P)`` raw site-constant profile values per unit (NaN for agent columns).
+        unit_state: ``(U, S)`` raw site-level state values per unit at its first tick (NaN for
+            agent columns).
     """
 
     units: np.ndarray
+    unit_sites: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="U1"))
+    unit_profile: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    unit_state: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
     @classmethod
     def fit(cls, log: pd.DataFrame, layout: Layout) -> Composition:
@@ -185,7 +200,22 @@ class Composition:
             .unstack("scenario", fill_value=0)
             .reindex(columns=layout.scenarios, fill_value=0)
         )
-        return cls(units=counts.to_numpy(np.int64))
+        keys = counts.index.to_frame(index=False)
+        grouped = first.groupby(["episode", "site"], sort=True)
+        site_p = np.asarray(layout.site_profile_columns or [False] * len(layout.profile), dtype=bool)
+        site_s = np.asarray(layout.site_state or [False] * len(layout.state), dtype=bool)
+        unit_profile = np.full((len(keys), len(layout.profile)), np.nan)
+        unit_state = np.full((len(keys), len(layout.state)), np.nan)
+        if site_p.any():
+            unit_profile[:, site_p] = grouped[[c for c, k in zip(layout.profile, site_p, strict=True) if k]].mean().to_numpy(np.float64)
+        if site_s.any():
+            unit_state[:, site_s] = grouped[[c for c, k in zip(layout.state, site_s, strict=True) if k]].mean().to_numpy(np.float64)
+        return cls(
+            units=counts.to_numpy(np.int64),
+            unit_sites=keys["site"].astype(str).to_numpy().astype("U"),
+            unit_profile=unit_profile,
+            unit_state=unit_state,
+        )
 
     def sample(self, rng: np.random.Generator, n_agents: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Draw logged site units until ``n_agents`` agents (default: one unit's worth).
@@ -193,22 +223,61 @@ class Composition:
         Returns:
             ``(scenario (N,), site (N,))`` integer ids; sites are numbered ``0..``.
         """
+        scen, site, _ = self.sample_units(rng, n_agents)
+        return scen, site
+
+    def sample_units(
+        self, rng: np.random.Generator, n_agents: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """As `sample`, also returning ``units (n_sites,)``: the logged unit of each generated site."""
         target = int(self.units[rng.integers(len(self.units))].sum()) if n_agents is None else int(n_agents)
         if target < 1:
             raise InputError(f"n_agents must be >= 1, got {n_agents}", "n_agents")
         scen: list[np.ndarray] = []
         site: list[np.ndarray] = []
+        picked: list[int] = []
         total, k = 0, 0
         while total < target:
-            unit = self.units[rng.integers(len(self.units))]
+            u = int(rng.integers(len(self.units)))
+            unit = self.units[u]
             ids = np.repeat(np.arange(len(unit)), unit)
             ids = ids[: target - total]
             if len(ids):
                 scen.append(ids)
                 site.append(np.full(len(ids), k))
+                picked.append(u)
                 total += len(ids)
                 k += 1
-        return np.concatenate(scen), np.concatenate(site)
+        return np.concatenate(scen), np.concatenate(site), np.asarray(picked, np.int64)
+
+    def site_names(self, units: np.ndarray) -> list[str]:
+        """Names of generated sites from their logged units: the logged name, ``name#2``, ``name#3``
+        ... when a name repeats (``site<k>`` for twins saved without names)."""
+        if len(self.unit_sites) != len(self.units):
+            return [f"site{k}" for k in range(len(units))]
+        out: list[str] = []
+        seen: dict[str, int] = {}
+        for u in units:
+            name = str(self.unit_sites[u])
+            seen[name] = seen.get(name, 0) + 1
+            out.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+        return out
+
+    def site_values(self, values: np.ndarray, units: np.ndarray, site: np.ndarray, which: str) -> np.ndarray:
+        """``values (N, W)`` with the site-scoped columns set from each agent's site's logged unit.
+
+        Args:
+            values: raw ``profile`` (``which="profile"``) or ``state`` (``"state"``) rows.
+            units: ``(n_sites,)`` the logged unit of each generated site; site: ``(N,)`` site ids.
+        """
+        table = self.unit_profile if which == "profile" else self.unit_state
+        if table.shape != (len(self.units), values.shape[1]):
+            return values
+        fill = table[units[site]]
+        known = ~np.isnan(fill)
+        out = values.copy()
+        out[known] = fill[known]
+        return out
 
 
 @dataclass

@@ -134,7 +134,8 @@ class Simulation:
         if seed is not None:
             self.rng = np.random.default_rng(seed)
         lay = self.layout
-        scen, site = self.twin.composition.sample(self.rng, self.n_agents)
+        composition = self.twin.composition
+        scen, site, units = composition.sample_units(self.rng, self.n_agents)
         profile = np.zeros((len(scen), len(lay.profile)))
         retries = self.twin.profile_retries if lay.profile else 0
         redrawn, outside = 0, 0
@@ -144,7 +145,9 @@ class Simulation:
                 pop = self.twin.population.sample(
                     len(idx), scenario=lay.scenarios[s], seed=int(self.rng.integers(2**31))
                 )
-                profile[idx] = lay.scalers["profile"].legalise(pop[lay.profile].to_numpy(np.float64))
+                drawn = lay.scalers["profile"].legalise(pop[lay.profile].to_numpy(np.float64))
+                # a site constant is its logged site's, not the population model's
+                profile[idx] = composition.site_values(drawn, units, site[idx], "profile")
                 if retries == 0:
                     break
                 ok = self.twin.profile_support.inside(int(s), lay.scalers["profile"].transform(profile[idx]))
@@ -160,6 +163,8 @@ class Simulation:
         self.profile_redrawn = redrawn / max(1, len(scen))
         self.profile_outside = outside / max(1, len(scen))
         state = self.twin.initial.sample(lay, scen, profile, self.rng)
+        # a site-level state starts where its logged site started (one value for all its agents)
+        state = composition.site_values(state, units, site, "state")
         n_sites = int(site.max()) + 1
         self.member = (
             self.fixed_member
@@ -167,7 +172,7 @@ class Simulation:
             else int(self.rng.integers(self.twin.n_members))
         )
         self.place(World(lay, scen, site, profile, state, np.zeros((n_sites, lay.n_lag))))
-        self.site_names = [f"site{k}" for k in range(n_sites)]
+        self.site_names = composition.site_names(units)
         self.agent_names = [f"agent{i}" for i in range(len(scen))]
         return self.obs()
 

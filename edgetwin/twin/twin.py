@@ -427,6 +427,9 @@ class Twin:
         np.savez(
             path / "arrays.npz",
             units=self.composition.units,
+            unit_sites=self.composition.unit_sites,
+            unit_profile=self.composition.unit_profile,
+            unit_state=self.composition.unit_state,
             support_bank=self.support.bank,
             support_threshold=np.array(self.support.threshold),
             action_low=self.action_low,
@@ -473,7 +476,10 @@ class Twin:
             layout,
             members,
             population,
-            Composition(units=arr["units"]),
+            Composition(
+                units=arr["units"],
+                **{k: arr[k] for k in ("unit_sites", "unit_profile", "unit_state") if k in arr.files},
+            ),
             InitialStates.from_arrays(arr, n_scen),
             SupportIndex(bank=arr["support_bank"], threshold=float(arr["support_threshold"])),
             arr["action_low"],

@@ -52,7 +52,8 @@ class _Masks:
     def rows(self, p: Perturbation) -> np.ndarray:
         m = np.ones(len(self.scenario), dtype=bool)
         if p.sites is not None:
-            codes = [i for i, s in enumerate(self.site_names) if s in p.sites]
+            # a generated world names its sites after the logged ones (``edge-ams``, ``edge-ams#2``)
+            codes = [i for i, s in enumerate(self.site_names) if s.split("#")[0] in p.sites or s in p.sites]
             m &= np.isin(self.site, codes)
         if p.scenarios is not None:
             m &= np.isin(self.scenario, [self.labels.index(s) for s in p.scenarios])

@@ -126,6 +126,7 @@ def run_whatif(
         raise InputError(f"scenario names must be unique, got {[s.name for s in scen_list]}", "--scenario")
 
     recorded: list[LoggedEpisode] | None = None
+    known_sites: list[str] | None
     if log is not None:
         recorded = logged_episodes(log, twin, max_episodes=episodes, steps=steps)
         lengths = [ep.steps for ep in recorded]
@@ -137,7 +138,9 @@ def run_whatif(
             n_agents = max(1, int(round(twin.composition.units.sum() / n_ep)))
         run_steps = lay.horizon if steps is None else int(steps)
         lengths = [run_steps]
-        known_sites = None
+        comp = twin.composition
+        # generated worlds are built of logged site units and carry their names
+        known_sites = sorted({str(x) for x in comp.unit_sites}) if len(comp.unit_sites) == len(comp.units) else None
     for s in scen_list:
         s.check(spec, columns, min(lengths), lay.scenarios)
         for p in s.perturbations:
@@ -146,13 +149,12 @@ def run_whatif(
             if known_sites is not None:
                 unknown = sorted(set(p.sites) - set(known_sites))
                 if unknown:
-                    raise InputError(
-                        f"key 'sites': unknown site(s) {unknown}; the log has {known_sites}", p.where
-                    )
+                    where = "the log has" if recorded is not None else "the twin's logged sites are"
+                    raise InputError(f"key 'sites': unknown site(s) {unknown}; {where} {known_sites}", p.where)
             elif not all(x.startswith("site") and x[4:].isdigit() for x in p.sites):
                 raise InputError(
-                    f"key 'sites': generated worlds name their sites site0, site1, ...; got {list(p.sites)} "
-                    "(replay a log with --log to perturb named sites)",
+                    f"key 'sites': this twin was saved without site names, so its generated worlds name "
+                    f"their sites site0, site1, ...; got {list(p.sites)} (refit it, or replay a log with --log)",
                     p.where,
                 )
 
