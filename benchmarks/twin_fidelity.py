@@ -143,13 +143,37 @@ def ppo_in_twin(twin: Twin, n_agents: int, steps: int, seed: int, timesteps: int
     return SB3Policy(ppo)
 
 
-def ranking_scores(rank: pd.DataFrame, col: str) -> dict:  # type: ignore[type-arg]
-    """Spearman rho, mean relative error, regret and pick of one evaluator column against ``real``."""
-    rho = float(spearmanr(rank["real"], rank[col]).statistic)
-    rel = float((np.abs(rank[col] - rank["real"]) / np.abs(rank["real"]).clip(lower=1e-6)).mean())
-    pick = rank[col].idxmax()
-    return {"spearman": rho, "rel_err": rel, "regret": float(rank["real"].max() - rank.loc[pick, "real"]),
-            "pick": rank.loc[pick, "policy"]}
+def _scores(real: np.ndarray, est: np.ndarray) -> dict[str, float]:
+    """The off-policy-evaluation yardsticks of one evaluator (DOPE's protocol, Fu et al. 2021).
+
+    ``norm_abs_error`` and ``regret_at_1`` are normalised by the span of the real values, so they
+    compare across systems whose returns have different scales.
+    """
+    span = max(float(real.max() - real.min()), 1e-12)
+    pick = int(np.argmax(est))
+    rho = float(spearmanr(real, est).statistic) if len(np.unique(est)) > 1 and len(np.unique(real)) > 1 else 0.0
+    return {
+        "spearman": rho,
+        "rel_err": float((np.abs(est - real) / np.maximum(np.abs(real), 1e-6)).mean()),
+        "norm_abs_error": float(np.abs(est - real).mean() / span),
+        "regret": float(real.max() - real[pick]),
+        "regret_at_1": float((real.max() - real[pick]) / span),
+    }
+
+
+def ranking_scores(rank: pd.DataFrame, col: str, n_boot: int = 1000, seed: int = 0) -> dict:  # type: ignore[type-arg]
+    """Spearman rho, mean relative error, normalised absolute error and regret@1 (each with a 90 %
+    bootstrap interval over the policies), and the pick of one evaluator column against ``real``."""
+    real, est = rank["real"].to_numpy(np.float64), rank[col].to_numpy(np.float64)
+    out: dict = _scores(real, est)  # type: ignore[type-arg]
+    rng = np.random.default_rng(seed)
+    boots = [_scores(real[i], est[i]) for i in (rng.integers(len(real), size=len(real)) for _ in range(n_boot))]
+    for k in ("spearman", "rel_err", "norm_abs_error", "regret_at_1"):
+        vals = np.array([b[k] for b in boots])
+        out[f"{k}_ci90"] = [float(np.quantile(vals, 0.05)), float(np.quantile(vals, 0.95))]
+    out["mean_rel_error"] = out["rel_err"]
+    out["pick"] = rank.loc[rank[col].idxmax(), "policy"]
+    return out
 
 
 QUICK_SECTION = "### Quick ranking check"
@@ -177,6 +201,7 @@ KEEP_SUBSECTIONS = (
 
 def _site_flags(args: argparse.Namespace) -> str:
     flags = f" --logging {args.logging}" if args.logging != "random" else ""
+    flags += "" if getattr(args, "declared", True) else " --no-declared"
     if isinstance(args.site_model, list):
         return flags + f" --site-columns {','.join(args.site_model)}"
     return flags + (" --site-model" if args.site_model else "")
@@ -187,6 +212,8 @@ REGIME_TICKS, REGIME_WIDTH = 8, 0.3
 #: how each ``--logging`` choice is described in the docs
 LOGGING_TEXT = {
     "random": "logged under uniformly random actions",
+    "production": "logged under the SLO-aware heuristic with 10 % action noise (production-like: a deployed "
+                  "scheduler with a little exploration)",
     "regimes": f"logged under a regime-switching policy (uniform actions in a random box of {REGIME_WIDTH} x each "
                f"action's range, redrawn every {REGIME_TICKS} ticks: a scheduler whose configuration changes every "
                f"{REGIME_TICKS // 4} hours)",
@@ -197,6 +224,8 @@ def logging_policy(args: argparse.Namespace, spec, seed: int) -> PlatformPolicy:
     """The policy the training (and held-out) logs are taken under: ``--logging random|regimes``."""
     if args.logging == "regimes":
         return RegimePolicy(spec, seed=seed, every=REGIME_TICKS, width=REGIME_WIDTH)
+    if args.logging == "production":
+        return NoisyPolicy(SLOAwarePolicy(spec), spec, 0.1, seed)
     return RandomPolicy(spec, seed=seed)
 
 
@@ -207,7 +236,7 @@ def quick_ranking(args: argparse.Namespace) -> None:
     """
     n_agents, steps, eval_eps = 100, 96, 2
     hyper = {"rounds": 10, "bc_epochs": 10}
-    cfg = ClusterConfig(n_agents=n_agents, steps=steps)
+    cfg = ClusterConfig(n_agents=n_agents, steps=steps, declared=args.declared)
     t_all = time.perf_counter()
     spec = cluster_spec(cfg)
     train, _ = generate_logs(cfg, episodes=3, policy=logging_policy(args, spec, args.seed), seed=args.seed)
@@ -248,7 +277,11 @@ def quick_ranking(args: argparse.Namespace) -> None:
     L += [""]
     for col, sc in scores.items():
         L.append(f"{col}: Spearman rho {sc['spearman']:.2f}, mean relative error {100 * sc['rel_err']:.0f} %, "
-                 f"regret of its pick {sc['regret']:.3f} ({sc['pick']}).  ")
+                 f"normalised absolute error {sc['norm_abs_error']:.2f}, regret@1 {sc['regret_at_1']:.2f} "
+                 f"of the span ({sc['pick']}).  ")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "policies": rank.to_dict("records"),
+                                               "scores": scores}, indent=1, default=str))
     tt = pd.DataFrame(terms)
     names = [c for c in tt.columns if c not in ("policy", "mode")]
     if names:
@@ -290,6 +323,9 @@ def main() -> None:
     ap.add_argument("--logging", choices=sorted(LOGGING_TEXT), default="random",
                     help="the policy the training and held-out logs are taken under (default: uniformly random, "
                          "as in seed 004; regimes: a scheduler whose configuration changes every 2 hours)")
+    ap.add_argument("--no-declared", dest="declared", action="store_false",
+                    help="the spec declares nothing (every state column learned): the twin before declared dynamics")
+    ap.add_argument("--json", default=None, help="--quick: also write its numbers to this JSON file")
     ap.add_argument("--profile-retries", type=int, default=4,
                     help="redraws of generated profiles out of the logs' support (0: keep them all)")
     args = ap.parse_args()
@@ -305,7 +341,7 @@ def main() -> None:
     members = 3
     hyper = {"rounds": 10, "bc_epochs": 10}
     pop = {"steps": 1500}
-    cfg = ClusterConfig(n_agents=n_agents, steps=steps)
+    cfg = ClusterConfig(n_agents=n_agents, steps=steps, declared=args.declared)
     t_all = time.perf_counter()
 
     spec = cluster_spec(cfg)

@@ -188,6 +188,11 @@ class Layout:
             last response cannot disagree with the response the twin drew.
         declared: per state column, whether the spec's ``[[dynamics]]`` compute it (the world
             then sets it from the declaration every tick; a model's prediction for it is unused).
+        input_range: per state column, ``(low, high)`` of its logged values in z units: what the
+            learned models see of a *declared* column is clipped to it (`model_state`), since a
+            declared column goes where the logs never were by design (a backlog under an
+            overload) and a model fed a value it never saw extrapolates arbitrarily; the
+            declaration itself computes it exactly. Empty for twins saved before it.
         site_profile_columns: per profile column, whether it is a site constant
             (``scope = "site"``): a generated world takes it from the logged site, not the
             population model.
@@ -212,6 +217,7 @@ class Layout:
     clock: list[float | None] = field(default_factory=list)
     echo: list[int | None] = field(default_factory=list)
     declared: list[bool] = field(default_factory=list)
+    input_range: list[tuple[float, float]] = field(default_factory=list)
     site_profile_columns: list[bool] = field(default_factory=list)
 
     @classmethod
@@ -279,6 +285,7 @@ class Layout:
             clock=[None if d else c for c, d in zip(_clocks(log, state, spec), declared, strict=True)],
             echo=[None if d else e for e, d in zip(_echoes(log, state, outputs), declared, strict=True)],
             declared=declared,
+            input_range=_z_range(log, state, scalers["state"]),
             site_profile_columns=[c in scoped for c in profile],
         )
 
@@ -336,6 +343,7 @@ class Layout:
             "clock": self.clock,
             "echo": self.echo,
             "declared": self.declared,
+            "input_range": [list(r) for r in self.input_range],
             "site_profile_columns": self.site_profile_columns,
         }
 
@@ -361,8 +369,21 @@ class Layout:
             clock=[None if v is None else float(v) for v in d.get("clock", [])],
             echo=[None if v is None else int(v) for v in d.get("echo", [])],
             declared=[bool(v) for v in d.get("declared", [])],
+            input_range=[(float(a), float(b)) for a, b in d.get("input_range", [])],
             site_profile_columns=[bool(v) for v in d.get("site_profile_columns", [])],
         )
+
+    def model_state(self, zs: np.ndarray) -> np.ndarray:
+        """``zs (N, S)`` standardised states as the learned models see them: declared columns
+        clipped to their logged range (`input_range`), the others unchanged."""
+        if not any(self.declared) or len(self.input_range) != len(self.state):
+            return zs
+        cols = np.flatnonzero(self.declared)
+        lo = np.array([self.input_range[j][0] for j in cols])
+        hi = np.array([self.input_range[j][1] for j in cols])
+        out = np.array(zs, dtype=np.float64, copy=True)
+        out[:, cols] = np.clip(out[:, cols], lo, hi)
+        return out
 
     def apply_declared(
         self,
@@ -491,6 +512,14 @@ def _echoes(log: pd.DataFrame, state: list[str], outputs: list[str], tol: float 
                 break
         out.append(match)
     return out
+
+
+def _z_range(log: pd.DataFrame, state: list[str], scaler: ColumnScaler) -> list[tuple[float, float]]:
+    """Per state column, ``(min, max)`` of its logged values in z units."""
+    if not state:
+        return []
+    z = scaler.transform(log[state].to_numpy(np.float64))
+    return [(float(np.nanmin(z[:, j])), float(np.nanmax(z[:, j]))) for j in range(len(state))]
 
 
 def _site_level(log: pd.DataFrame, state: list[str], tol: float = 1e-9) -> list[bool]:

@@ -78,7 +78,7 @@ class World:
                 model is causal per agent).
         """
         sc = self.layout.scalers
-        zs_all = sc["state"].transform(self.state)
+        zs_all = self.layout.model_state(sc["state"].transform(self.state))
         means = group_means(np.asarray(zs_all, np.float64), self.site, self.n_sites)[self.site]
         r = np.arange(self.n) if rows is None else np.asarray(rows)
         return client_features(
