@@ -313,3 +313,22 @@ def test_cli_whatif_writes_a_self_contained_report(log_and_twin, tmp_path: Path,
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "bad.toml: scenario 'bad' perturbation #1: keys 'start'/'end'" in " ".join(err.split())
+
+
+def test_a_window_in_hours_holds_for_any_step_length(log_and_twin) -> None:  # noqa: ANN001
+    """The packaged scenarios give windows in hours: they resolve against the twin's step length,
+    and a window past the twin's episode is refused in hours too."""
+    _, twin, _ = log_and_twin
+    step_h = twin.spec.step_seconds / 3600.0
+    p = scen("s", {"kind": "burst", "column": "response.demand", "factor": 2, "start_hour": 2 * step_h, "end_hour": 5 * step_h})
+    p.check(twin.spec, [*twin.layout.outputs, *twin.layout.state], twin.layout.horizon, twin.layout.scenarios)
+    (pert,) = p.perturbations
+    assert (pert.start, pert.end) == (2, 5) and "start" not in pert.to_dict()
+    rnd = builtin_policy("random", twin)
+    res = run_whatif(twin, [rnd], [p], episodes=1, progress=False)
+    assert len(res.cells) == 2
+    late = scen("late", {"kind": "burst", "column": "response.demand", "factor": 2, "start_hour": 1000, "end_hour": 1001})
+    with pytest.raises(InputError, match=r"outside the episode of 24 steps \("):
+        run_whatif(twin, [rnd], [late], episodes=1, progress=False)
+    with pytest.raises(InputError, match="in steps or in hours, not both"):
+        scen("both", {"kind": "burst", "column": "response.demand", "factor": 2, "start": 1, "end_hour": 3})

@@ -320,11 +320,13 @@ def run_episode(
         legal = sim.pending_action
         state_now = w.state.copy()
         if appliers["output"]:
-            outputs, _ = appliers["output"].apply(outputs, t)
-            outputs = lay.scalers["outputs"].legalise(outputs)
-            # the next tick's site means (the client's lagged inputs) see the perturbed outputs
-            sim.override_outputs(rows, outputs)
-            reward = sim.reward_of(rows, state_now, legal, outputs)
+            outputs, done = appliers["output"].apply(outputs, t)
+            if done:  # only when a perturbation acts: the override's rescaling rounds the outputs
+                outputs = lay.scalers["outputs"].legalise(outputs)
+                # the next tick's site means (the client's lagged inputs) and the declared site
+                # accounting see the perturbed outputs
+                sim.override_outputs(rows, outputs)
+                reward = sim.reward_of(rows, state_now, legal, outputs)
         if appliers["reward"]:
             reward = appliers["reward"].apply(np.asarray(reward, np.float64)[:, None], t)[0][:, 0]
         cols: dict[str, np.ndarray] = {}

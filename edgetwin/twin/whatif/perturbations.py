@@ -29,7 +29,7 @@ KINDS: dict[str, tuple[str, ...]] = {
 }
 
 
-COMMON_KEYS = ("kind", "column", "start", "end", "sites", "scenarios", "label")
+COMMON_KEYS = ("kind", "column", "start", "end", "start_hour", "end_hour", "sites", "scenarios", "label")
 
 
 #: Kinds that act for the whole episode (no window, no site filter).
@@ -47,6 +47,9 @@ class Perturbation:
         factor, value, low, high, std, cv, hours, period: the kind's parameters.
         start, end: the window ``[start, end)`` in steps of the episode (None: from the start /
             to the end).
+        start_hour, end_hour: the window in hours since the episode began instead (e.g. 17.5 to
+            20 for an evening peak), so that a scenario holds for any step length; resolved to
+            ``start``/``end`` against the twin's ``step_seconds`` by `check`.
         sites, scenarios: act only on agents of these sites / scenarios (None: all).
         scenario_weights: the new scenario mix of a ``population_shift`` (normalised).
         label: a name for reports.
@@ -65,6 +68,8 @@ class Perturbation:
     period: float | None = None
     start: int | None = None
     end: int | None = None
+    start_hour: float | None = None
+    end_hour: float | None = None
     sites: tuple[str, ...] | None = None
     scenarios: tuple[str, ...] | None = None
     scenario_weights: Mapping[str, float] | None = None
@@ -95,7 +100,9 @@ class Perturbation:
                 parts.append(f"{key}={v:g}")
         if self.scenario_weights:
             parts.append("mix=" + ",".join(f"{k}:{v:g}" for k, v in self.scenario_weights.items()))
-        if self.start is not None or self.end is not None:
+        if self.start_hour is not None or self.end_hour is not None:
+            parts.append(f"h∈[{self.start_hour or 0:g},{'end' if self.end_hour is None else f'{self.end_hour:g}'})")
+        elif self.start is not None or self.end is not None:
             parts.append(f"t∈[{self.start or 0},{'end' if self.end is None else self.end})")
         if self.sites:
             parts.append("sites=" + ",".join(self.sites))
@@ -105,6 +112,9 @@ class Perturbation:
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if v is not None and k != "where" and v != ""}
+        if self.start_hour is not None or self.end_hour is not None:  # start/end are derived from them
+            d.pop("start", None)
+            d.pop("end", None)
         for k in ("sites", "scenarios"):
             if k in d:
                 d[k] = list(d[k])
@@ -163,6 +173,11 @@ class Perturbation:
         start, end = step("start"), step("end")
         if start is not None and end is not None and end <= start:
             raise InputError(f"keys 'start'/'end': empty window [{start}, {end})", where)
+        start_hour, end_hour = num("start_hour", lo=0.0), num("end_hour", lo=0.0)
+        if (start_hour is not None or end_hour is not None) and (start is not None or end is not None):
+            raise InputError("keys 'start'/'end' and 'start_hour'/'end_hour': give the window in steps or in hours, not both", where)
+        if start_hour is not None and end_hour is not None and end_hour <= start_hour:
+            raise InputError(f"keys 'start_hour'/'end_hour': empty window [{start_hour:g}, {end_hour:g}) h", where)
         p = cls(
             kind=kind,
             column=column,
@@ -176,6 +191,8 @@ class Perturbation:
             period=num("period", lo=0.0, strict=True),
             start=start,
             end=end,
+            start_hour=start_hour,
+            end_hour=end_hour,
             sites=names("sites"),
             scenarios=names("scenarios"),
             scenario_weights=_weights(d.get("scenario_weights"), where),
@@ -188,8 +205,8 @@ class Perturbation:
         w, k = self.where, self.kind
         if k in ("scale", "burst") and self.factor is None:
             raise InputError(f"key 'factor': kind {k!r} needs a factor (e.g. factor = 2)", w)
-        if k == "burst" and (self.start is None or self.end is None):
-            raise InputError("keys 'start'/'end': a burst needs a window (start = ..., end = ...)", w)
+        if k == "burst" and (self.start is None or self.end is None) and (self.start_hour is None or self.end_hour is None):
+            raise InputError("keys 'start'/'end': a burst needs a window (start = ..., end = ..., or start_hour/end_hour)", w)
         if k in ("add", "set") and self.value is None:
             raise InputError(f"key 'value': kind {k!r} needs a value", w)
         if k == "clip":
@@ -211,7 +228,7 @@ class Perturbation:
             if self.column is not None and self.factor is None:
                 raise InputError("key 'factor': a population_shift of a column needs a factor", w)
         if k in EPISODE_KINDS:
-            for key in ("start", "end", "sites"):
+            for key in ("start", "end", "start_hour", "end_hour", "sites"):
                 if getattr(self, key) is not None:
                     raise InputError(f"key {key!r}: kind {k!r} acts on the whole episode; remove {key!r}", w)
         elif self.column is None:
@@ -229,6 +246,19 @@ class Perturbation:
             scenario_labels: the twin's scenario labels.
         """
         w = self.where
+        if self.start_hour is not None or self.end_hour is not None:
+            # hours -> steps of this twin (the dataclass is frozen for users; this is its own derived window)
+            def to_step(h: float | None) -> int | None:
+                return None if h is None else int(round(h * 3600.0 / spec.step_seconds))
+
+            object.__setattr__(self, "start", to_step(self.start_hour))
+            object.__setattr__(self, "end", to_step(self.end_hour))
+            if self.start is not None and self.end is not None and self.end <= self.start:
+                raise InputError(
+                    f"keys 'start_hour'/'end_hour': [{self.start_hour:g}, {self.end_hour:g}) h is less than one "
+                    f"step of {spec.step_seconds:g} s",
+                    w,
+                )
         if self.column is not None:
             if self.column not in columns:
                 raise InputError(
@@ -255,7 +285,8 @@ class Perturbation:
                 v = getattr(self, key)
                 if v is not None and (v > steps or (key == "start" and v >= steps)):
                     raise InputError(
-                        f"key {key!r}: window [{self.start}, {self.end}) is outside the episode of {steps} steps",
+                        f"key {key!r}: window [{self.start}, {self.end}) is outside the episode of {steps} steps"
+                        + (f" ({steps * spec.step_seconds / 3600:g} h)" if self.start_hour is not None or self.end_hour is not None else ""),
                         w,
                     )
         for key, given in (("scenarios", self.scenarios), ("scenario_weights", self.scenario_weights)):
