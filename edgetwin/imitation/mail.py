@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.site_model import SiteStateModel
 from edgetwin.imitation.steps import StepTable, transition_features
-from edgetwin.imitation.world import Composition, InitialStates, World
+from edgetwin.imitation.world import Composition, InitialStates, World, site_consistent
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +242,8 @@ class ClientVecEnv(VecEnv):
             idx = np.flatnonzero(self.scenario == s)
             profile[idx] = self.profiles(len(idx), lay.scenarios[s], int(self.rng.integers(2**31)))
         state = self.initial.sample(lay, self.scenario, profile, self.rng)
+        profile = site_consistent(lay, profile, self.site, "profile")
+        state = site_consistent(lay, state, self.site, "state")
         n_sites = int(self.site.max()) + 1
         self.world = World(
             lay, self.scenario, self.site, profile, state, np.zeros((n_sites, lay.n_lag)), site_model=self.site_model

@@ -25,7 +25,7 @@ from edgetwin.imitation.steps import client_features, group_means, transition_fe
 
 # SiteStateModel is exported here too: twins saved before it had a module of its own pickled their
 # site model as edgetwin.imitation.world.SiteStateModel (tests/test_imitation.py loads one).
-__all__ = ["Composition", "InitialStates", "SiteStateModel", "World"]
+__all__ = ["Composition", "InitialStates", "SiteStateModel", "World", "site_consistent"]
 
 
 @dataclass
@@ -167,6 +167,19 @@ class World:
         size = np.bincount(self.site, minlength=n_sites).astype(np.float64)
         site_x = m.site_inputs(zs_site, self.lag, size, np.full(n_sites, self.t), self.layout.spec.step_seconds)
         return m.predict(who, did, self.site, site_x)
+
+
+def site_consistent(layout: Layout, values: np.ndarray, site: np.ndarray, which: str) -> np.ndarray:
+    """``values (N, W)`` raw profiles (``which="profile"``) or states (``"state"``) with every
+    site-scoped column set to its site's mean, so that a world drawn agent by agent (a population
+    model knows no sites) still has one value per site where the spec or the logs say so."""
+    flags = layout.site_profile_columns if which == "profile" else layout.site_state
+    cols = np.flatnonzero(np.asarray(flags, dtype=bool)) if flags else np.zeros(0, np.int64)
+    if not len(cols) or not len(site):
+        return values
+    out = values.copy()
+    out[:, cols] = group_means(np.asarray(values[:, cols], np.float64), site, int(site.max()) + 1)[site]
+    return out
 
 
 @dataclass
