@@ -238,6 +238,7 @@ def reward_terms(df: pd.DataFrame, spec) -> dict[str, float]:  # type: ignore[no
     return {c: float(w * df[c].mean()) for c, w in (spec.reward_weights or {}).items() if c in df}
 #: subsections written by hand (paired quick runs, the error decomposition); a full run keeps them
 KEEP_SUBSECTIONS = (
+    "### Declared site dynamics (issue 19)",
     "### Paired quick checks",
     "### Where the return error comes from",
     "### A site model linear in each agent's action",
