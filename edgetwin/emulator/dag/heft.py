@@ -103,6 +103,7 @@ def heft(
     ready: np.ndarray | None = None,
     release: float = 0.0,
     insertion: bool = True,
+    comm_mean: np.ndarray | None = None,
 ) -> HeftSchedule:
     """Schedule a DAG on heterogeneous processors with HEFT.
 
@@ -116,6 +117,8 @@ def heft(
         ready: (P,) time from which each processor is free (default 0).
         release: no task starts before this time (the job's arrival).
         insertion: use idle gaps between scheduled tasks (the paper's policy).
+        comm_mean: (n, n) mean communication costs for the ranks when ``comm_fn`` is given and
+            the caller knows them in closed form (else averaged over all processor pairs).
 
     Returns:
         The schedule (processor, start and finish of every task, order, ranks).
@@ -133,14 +136,14 @@ def heft(
         def comm_fn(i: int, j: int, p: int, q: int) -> float:  # noqa: ARG001
             return 0.0 if p == q else float(fixed[i, j])
 
-    elif comm_fn is not None:
+    elif comm_fn is not None and comm_mean is None:
         comm_mean = np.zeros((n, n))
         pairs = [(p, q) for p in range(n_proc) for q in range(n_proc) if p != q]
         if pairs:
             for i in range(n):
                 for j in succ[i]:
                     comm_mean[i, j] = float(np.mean([comm_fn(i, j, p, q) for p, q in pairs]))
-    else:
+    elif comm_fn is None:
         comm_mean = None
     rank = upward_ranks(cost, succ, comm_mean)
     order = tuple(sorted(range(n), key=lambda i: (-round(rank[i], 9), i)))
@@ -155,22 +158,29 @@ def heft(
     proc = np.full(n, -1, dtype=np.int64)
     start = np.zeros(n)
     finish = np.zeros(n)
+    local_only = comm_fn is None
     for i in order:
         if any(proc[k] < 0 for k in pred[i]):
             raise InputError("the task graph has a cycle or the ranks are not a topological order", "heft")
-        best = (np.inf, np.inf, -1)
-        for p in range(n_proc):
-            data_ready = max(
-                [release, free[p]]
-                + [finish[k] + (comm_fn(k, i, int(proc[k]), p) if comm_fn is not None else 0.0) for k in pred[i]]
+        if local_only:
+            # No communication: the data are ready at the same time on every processor.
+            dr = max([release] + [float(finish[k]) for k in pred[i]])
+            est_all = np.maximum(free, dr)
+        else:
+            assert comm_fn is not None
+            est_all = np.array(
+                [
+                    max([release, float(free[p])] + [float(finish[k]) + comm_fn(k, i, int(proc[k]), p) for k in pred[i]])
+                    for p in range(n_proc)
+                ]
             )
-            est = _earliest_start(busy[p], data_ready, cost[i, p], insertion, free[p])
-            eft = est + cost[i, p]
-            if eft < best[0] - 1e-12:
-                best = (eft, est, p)
-        eft, est, p = best
-        proc[i], start[i], finish[i] = p, est, eft
-        busy[p].append((est, eft))
+        for p in range(n_proc):
+            if busy[p]:
+                est_all[p] = _earliest_start(busy[p], float(est_all[p]), float(cost[i, p]), insertion, float(free[p]))
+        eft_all = est_all + cost[i]
+        p = int(np.argmin(eft_all))
+        proc[i], start[i], finish[i] = p, est_all[p], eft_all[p]
+        busy[p].append((float(est_all[p]), float(eft_all[p])))
         busy[p].sort()
     return HeftSchedule(proc=proc, start=start, finish=finish, order=order, rank_u=rank)
 
