@@ -199,9 +199,9 @@ def fit_from_batch_task(path: str | Path) -> dict[str, float | list[float]]:
     Returns ``task_count_pmf`` (k = 1..30), ``tail_share``, ``max_tasks``, ``log_mean``,
     ``log_total_std``, ``log_task_std`` (mean within-job std) and ``p999_s``.
     """
-    from edgetwin.emulator.traces import ALIBABA_BATCH_TASK_COLUMNS, read_alibaba_batch_task
-
     import pandas as pd
+
+    from edgetwin.emulator.traces import ALIBABA_BATCH_TASK_COLUMNS, read_alibaba_batch_task
 
     sample = read_alibaba_batch_task(path)  # validates the file (clear errors on bad rows)
     df = pd.read_csv(path, skipinitialspace=True, usecols=list(range(8)), header=0, names=ALIBABA_BATCH_TASK_COLUMNS)
