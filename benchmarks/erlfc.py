@@ -261,7 +261,7 @@ def main() -> None:
     t0 = time.perf_counter()
     steps = args.steps or (6_000 if args.quick else 30_000)
     eval_seeds = [10_000 + i for i in range(2 if args.quick else 4)]
-    twin_episodes, twin_steps, twin_model, twin_rounds = (2, 6_000, "bc", 0) if args.quick else (4, 30_000, "mail", 1)
+    twin_episodes, twin_steps, twin_model, twin_rounds = (2, 6_000, "bc", 0) if args.quick else (3, 30_000, "mail", 1)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in WORKLOADS]
     if bad:

@@ -146,7 +146,7 @@ def heft(
     elif comm_fn is None:
         comm_mean = None
     rank = upward_ranks(cost, succ, comm_mean)
-    order = tuple(sorted(range(n), key=lambda i: (-round(rank[i], 9), i)))
+    order = tuple(sorted(range(n), key=lambda i: (-round(float(rank[i]), 9), i)))
     pred: list[list[int]] = [[] for _ in range(n)]
     for i in range(n):
         for j in succ[i]:

@@ -7,7 +7,7 @@ job, 0 for the others), ``scenario`` = ``"datacentre"``, ``site`` = ``"federatio
 * ``profile.*``: the centre's constants (servers, mean speed, W per unit of work, idle W, cooling
   ratios, energy type);
 * ``state.*``: its waits, cooling in force, grid intensity now, share of the federation's energy,
-  and the arriving job (tasks, largest task, total work) with the hour of day;
+  and the arriving job (tasks, largest task, total work, time to its deadline) with the hour of day;
 * ``response.*``: what running (or not running) the job cost there: energy, carbon, the job's wait
   and whether it missed its deadline (all 0 where ``assign`` = 0);
 * ``reward``: `erlfc_reward`, ``assign · (ref − cost)``: the job's cost relative to what it
@@ -50,6 +50,7 @@ STATE = (
     ("job_tasks", "heavy_tailed", 1.0, 10000.0, "tasks"),
     ("job_max_task_s", "heavy_tailed", 0.0, None, "s"),
     ("job_work_s", "heavy_tailed", 0.0, None, "s"),
+    ("job_slack_s", "heavy_tailed", 0.0, None, "s"),
     ("hour_sin", "continuous", -1.0, 1.0, ""),
     ("hour_cos", "continuous", -1.0, 1.0, ""),
 )
@@ -93,7 +94,7 @@ def _scales() -> tuple[float, float, float, float]:
     return e0, g0, e0 / mean_work, g0 / mean_work
 
 
-def erlfc_reward(columns: Mapping[str, np.ndarray], miss_penalty: float = 1.0) -> np.ndarray:
+def erlfc_reward(columns: Mapping[str, np.ndarray], miss_penalty: float = 10.0) -> np.ndarray:
     """Per-centre reward ``assign · (ref − cost)`` over a step's columns, ``(N,)``.
 
     ``cost = (energy / E_0 + carbon / G_0) / 2 + miss_penalty · missed`` is the env's per-job cost
@@ -123,7 +124,7 @@ def centre_rows(env: ErlfcEnv) -> np.ndarray:
                 len(c.servers), float(c.speed.mean()), float(np.mean(c.p_peak / c.speed)), float(c.p_idle.mean()),
                 c.cooling.cr_air, c.cooling.cr_liquid, float(ENERGY_TYPES.index(c.energy_type)),
                 lo[k], hi[k], float(fed.liquid[k]), float(fed.intensity(now, k)), float(e[k] / max(e.sum(), 1e-9)),
-                float(job.n_tasks), job.max_task_s, job.total_work_s, np.sin(hour), np.cos(hour),
+                float(job.n_tasks), job.max_task_s, job.total_work_s, job.deadline_s - now, np.sin(hour), np.cos(hour),
             ]
         )
     return np.asarray(rows, dtype=np.float64)
