@@ -167,7 +167,7 @@ def section(results: dict[str, Any], cmd: str) -> str:
         SECTION,
         "",
         f"`{cmd}` ({results['wall_s'] / 60:.1f} min; {results['machine']}). Emulated federation: six data centres, one per "
-        "energy type of seed 002 (coal PL, solar US-CAL-CISO, wind DE, hydro SE, gas NL, nuclear FR), 64 heterogeneous "
+        "energy type of seed 002 (coal PL, solar US-CAL-CISO, wind DE, hydro SE, gas NL, nuclear FR), 68 heterogeneous "
         "servers (SPECpower curves), air/liquid cooling after seed 002, hourly Electricity Maps carbon intensity "
         f"({results['carbon_source']}); DAG jobs with Alibaba v2017 batch task counts and run times "
         "(`edgetwin/emulator/dag/`). HEFT places each job's subtasks inside the chosen centre. "

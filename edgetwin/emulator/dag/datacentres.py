@@ -99,7 +99,7 @@ def _room(model: str, speed: float, n: int) -> tuple[ServerModel, ...]:
 
 
 def default_centres() -> tuple[DataCentre, ...]:
-    """Six data centres, one per energy type of seed 002, 64 servers in all.
+    """Six data centres, one per energy type of seed 002, 68 servers in all.
 
     Speeds: Xeon X5670/X5675 (2010-11) 1.5/1.4, Xeon X3470/X3480 1.0, Xeon 3075 0.8, Pentium D 0.6.
     Cooling ratios (cooling energy / IT energy, i.e. PUE - 1): air 0.3-0.6, liquid 0.1-0.15;
