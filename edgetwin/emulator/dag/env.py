@@ -90,7 +90,7 @@ class ErlfcConfig:
         carbon_source: hourly carbon series (None: built-in real profiles; a directory of the
             Electricity Maps files for the full series).
         miss_penalty: cost of a job that misses its deadline, in average jobs' energy+carbon
-            (10: ten average jobs; with 3, PPO and A2C traded 25-35 points of misses for energy).
+            (10: ten average jobs; with 3, PPO and A2C missed 25-34 points more deadlines than round-robin).
         wait_scale_s: waits are divided by this in the observation.
         random_start: start each episode at a random hour of the year (else hour 0).
     """
