@@ -14,9 +14,11 @@ every claim about a twin can be checked against the truth. Nothing below layer 5
 * `edgetwin.emulator.energy`: node power (SPECpower curves), cooling and grid carbon intensity.
 * `edgetwin.emulator.traces`: adapters from real workload traces (Alibaba, Google, Azure, ...).
 * `edgetwin.emulator.vm_scheduling`: seed 000's VM task-scheduling MDP (PFRL-DM's environment).
+* `edgetwin.emulator.dag`: seed 002's DAG jobs, data-centre federation, HEFT and ERLFC env.
 """
 
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, cluster_kpi_columns, cluster_spec
+from edgetwin.emulator.dag import ErlfcConfig, ErlfcEnv, Federation, generate_dag_logs, heft
 from edgetwin.emulator.energy import CarbonSeries, Cooling, PowerModel, carbon_series_for
 from edgetwin.emulator.envs import EdgeClusterEnv
 from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs, plot_overview
@@ -33,6 +35,9 @@ __all__ = [
     "Drift",
     "EdgeCluster",
     "EdgeClusterEnv",
+    "ErlfcConfig",
+    "ErlfcEnv",
+    "Federation",
     "PowerModel",
     "SLOAwarePolicy",
     "Site",
@@ -43,7 +48,9 @@ __all__ = [
     "cluster_kpi_columns",
     "cluster_spec",
     "default_sites",
+    "generate_dag_logs",
     "generate_logs",
+    "heft",
     "plot_overview",
     "read_trace",
     "sample_profiles",
