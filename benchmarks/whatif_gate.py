@@ -246,6 +246,14 @@ def main() -> None:
         real_log, _ = generate_logs(cfg, episodes=2, policy=pol, seed=recent_seed)
         real_pol[name] = logged_episode_kpis(logged_episodes(real_log, twin, steps=steps), kpis, spec)
 
+    # every cell's (members x replicates) values and the truth, for analyses without a rerun
+    import pickle
+
+    (args.work / f"cells-{args.logging}{'-quick' if args.quick else ''}.pkl").write_bytes(pickle.dumps({
+        "values": {(p, k.name): res.cell(p, "nominal").values[k.name] for p in res.policies for k in kpis},
+        "oos": {p: res.cell(p, "nominal").oos for p in res.policies},
+        "real_base": real_base, "real_pol": real_pol, "calibration": cal.to_dict(),
+        "kpis": [(k.name, k.better) for k in kpis]}))  # fmt: skip
     by_method = {}
     for method in ("bootstrap", *METHODS):
         cal.method = method if method != "bootstrap" else "relative"

@@ -721,11 +721,27 @@ def policy_evaluate(
                           system_name=on, progress=not as_json)
     if plot is not None:
         plot_results([res], plot, title=f"{name} on {on}")
+    trust = None
+    if on == "twin":  # what the twin can vouch for: the return's 90 % interval over members x episodes
+        from edgetwin.policies.candidates import score_policies
+
+        sc = score_policies(system.twin, {name: pol}, episodes=episodes, seed=seed, steps=episode_steps,
+                            n_agents=agents)[0]  # fmt: skip
+        trust = {"return": sc.mean, "interval_90": [sc.low, sc.high], "out_of_support": sc.out_of_support,
+                 "interval": "90 % two-level bootstrap over every ensemble member x episode (generated worlds; "
+                             "not calibrated: give a held-out log to `edgetwin whatif` / `train --log` for that)"}
     if as_json:
-        emit_json(res.to_dict())
+        doc = res.to_dict()
+        if trust is not None:
+            doc["twin_return"] = trust
+        emit_json(doc)
     else:
         out.print(f"{name} on {on}: {episodes} episodes, seed {seed}")
         out.print(res.table())
+        if trust is not None:
+            lo, hi = trust["interval_90"]
+            out.print(f"return in the twin, all members: {trust['return']:.4g} [90 % interval {lo:.4g}, {hi:.4g}], "
+                      f"{100 * trust['out_of_support']:.0f} % of agent-steps outside the logs' support")
         if plot is not None:
             out.print(f"plot written to {plot}")
 

@@ -64,3 +64,52 @@ def test_change_interval_widens_by_both_numbers_error() -> None:
     assert change_interval((-0.02, 0.02), 110.0, 0.0, cal, "k") == (-0.02, 0.02)
     back = Calibration.from_dict(cal.to_dict())
     assert back.width("k") == pytest.approx(0.1)
+
+
+@pytest.fixture(scope="module")
+def small() -> dict:
+    import torch
+
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.twin.twin import Twin
+
+    torch.set_num_threads(1)
+    cfg = ClusterConfig(n_agents=24, steps=10)
+    log, spec = generate_logs(cfg, episodes=3, policy="random", seed=11)
+    twin = Twin.fit(log, spec, members=2, seed=0, progress=False, population_model="empirical", response_model="bc",
+                    bc_epochs=4)  # fmt: skip
+    held, _ = generate_logs(cfg, episodes=4, policy="random", seed=12)
+    return {"twin": twin, "held": held}
+
+
+def test_calibration_scores_the_ensemble_against_the_logged_kpis(small: dict) -> None:
+    from edgetwin.twin.intervals import calibration_from_result
+    from edgetwin.twin.whatif import builtin_policy, run_whatif
+
+    twin, held = small["twin"], small["held"]
+    res = run_whatif(twin, [builtin_policy("logged", twin)], [], episodes=4, seeds=1, log=held, progress=False)
+    # replaying the log's own actions calibrates the run by default
+    assert res.calibration is not None and "return" in res.calibration.quantile
+    cal = calibration_from_result(res)
+    v = res.cell("logged", "nominal").values["return"]
+    y = res.logged_kpis["return"]
+    centre = v.mean(axis=0)
+    manual = np.sort(np.abs(y - centre) / np.abs(centre))
+    assert sorted(cal.scores["return"]) == pytest.approx(list(manual))
+    assert cal.quantile["return"] == pytest.approx(manual[-1])  # 4 scores: too few for the rank, the largest
+    assert not cal.exact["return"]
+    s = res.summary("logged", "nominal", "return")
+    lo, hi = s["interval"]
+    plain = interval(v, None, "return", seed=0)
+    assert lo <= plain[0] and hi >= plain[1] and lo <= s["mean"] <= hi  # the bootstrap's, widened
+
+
+def test_held_out_coverage_is_cross_fitted(small: dict) -> None:
+    from edgetwin.twin.intervals import held_out_coverage
+
+    cov = held_out_coverage(small["twin"], small["held"], episodes=4, seeds=1)
+    assert cov["episodes"] == 4 and 0.0 <= cov["coverage"] <= 1.0 and 0.0 <= cov["coverage_plain"] <= 1.0
+    assert set(cov["per_kpi"]) >= {"return"}
+    # calibrated intervals contain the plain bootstrap ones: they cover at least as often
+    assert cov["coverage"] >= cov["coverage_plain"]
