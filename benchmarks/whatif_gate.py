@@ -53,7 +53,8 @@ from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
 from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs
 from edgetwin.policies.gate import DEFAULT_MARGIN, MAX_OUT_OF_SUPPORT, check_verdict
 from edgetwin.policies.heuristics import LeastLoaded, SchedulingView, Target
-from edgetwin.twin.intervals import METHODS, calibrate
+from edgetwin.twin.calibration import calibrate
+from edgetwin.twin.intervals import DEFAULT_METHOD, METHODS
 from edgetwin.twin.twin import Twin
 from edgetwin.twin.whatif import (
     builtin_policy,
@@ -73,8 +74,6 @@ LOGGING_TEXT = {
     "random": "uniformly random actions (the twin-fidelity benchmark's logs)",
     "production": "the SLO-aware heuristic with 10 % Gaussian exploration noise (production-like)",
 }
-#: the interval construction reported as the headline (see docs/benchmarks.md for how it was chosen)
-DEFAULT_METHOD = "relative"
 TARGETS = {"confident_agreement": 0.95, "abstention": 0.30, "coverage_90": 0.85}
 
 

@@ -641,9 +641,9 @@ def policy_train(
     if not support_penalty >= 0:
         raise InputError(f"expected a number >= 0, got {support_penalty}", "--support-penalty")
     twin = Twin.load(twin_dir)
-    held = load_log(log)[0] if log is not None else None
+    held = load_log(log, None)[0] if log is not None else None
     validation = Twin.load(validate_on) if validate_on is not None else None
-    opts = {k: v for k, v in {"n_agents": agents, "steps": episode_steps}.items() if v is not None}
+    opts: dict[str, Any] = {k: v for k, v in {"n_agents": agents, "steps": episode_steps}.items() if v is not None}
     opts["disagreement_penalty"] = support_penalty
     res = train_policy(
         twin, algo, steps=steps, seed=seed, out=out_dir, tensorboard_dir=tensorboard,  # type: ignore[arg-type]
@@ -721,7 +721,7 @@ def policy_evaluate(
                           system_name=on, progress=not as_json)
     if plot is not None:
         plot_results([res], plot, title=f"{name} on {on}")
-    trust = None
+    trust: dict[str, Any] | None = None
     if on == "twin":  # what the twin can vouch for: the return's 90 % interval over members x episodes
         from edgetwin.policies.candidates import score_policies
 
@@ -739,7 +739,7 @@ def policy_evaluate(
         out.print(f"{name} on {on}: {episodes} episodes, seed {seed}")
         out.print(res.table())
         if trust is not None:
-            lo, hi = trust["interval_90"]
+            lo, hi = (float(x) for x in trust["interval_90"])
             out.print(f"return in the twin, all members: {trust['return']:.4g} [90 % interval {lo:.4g}, {hi:.4g}], "
                       f"{100 * trust['out_of_support']:.0f} % of agent-steps outside the logs' support")
         if plot is not None:

@@ -56,10 +56,17 @@ def test_calibrated_interval_covers_the_truth_on_a_toy_where_the_bootstrap_does_
 
 
 def test_change_interval_widens_by_both_numbers_error() -> None:
-    cal = Calibration(quantile={"k": 0.1})
+    cal = Calibration(quantile={"k": 0.1}, method="relative")
     lo, hi = change_interval((-0.02, 0.02), candidate=110.0, baseline=100.0, calibration=cal, kpi="k")
     w = 0.1 * math.hypot(110.0, 100.0) / 100.0
     assert lo == pytest.approx(-0.02 - w) and hi == pytest.approx(0.02 + w)
+    # hybrid (the default): the relative error applied to the change, plus q_norm x the members' spread
+    hyb = Calibration(quantile={"k": 0.1}, quantile_norm={"k": 2.0})
+    va = np.array([[110.0, 110.0], [114.0, 114.0]])  # two members: changes +10 % and +14 %
+    vb = np.full((2, 2), 100.0)
+    lo, hi = change_interval((0.10, 0.14), va, vb, hyb, "k")
+    w = 0.1 * 0.12 + 2.0 * np.std([0.10, 0.14], ddof=1)
+    assert lo == pytest.approx(0.10 - w) and hi == pytest.approx(0.14 + w)
     assert change_interval((-0.02, 0.02), 110.0, 100.0, None, "k") == (-0.02, 0.02)
     assert change_interval((-0.02, 0.02), 110.0, 0.0, cal, "k") == (-0.02, 0.02)
     back = Calibration.from_dict(cal.to_dict())
@@ -84,7 +91,7 @@ def small() -> dict:
 
 
 def test_calibration_scores_the_ensemble_against_the_logged_kpis(small: dict) -> None:
-    from edgetwin.twin.intervals import calibration_from_result
+    from edgetwin.twin.calibration import calibration_from_result
     from edgetwin.twin.whatif import builtin_policy, run_whatif
 
     twin, held = small["twin"], small["held"]
@@ -106,7 +113,7 @@ def test_calibration_scores_the_ensemble_against_the_logged_kpis(small: dict) ->
 
 
 def test_held_out_coverage_is_cross_fitted(small: dict) -> None:
-    from edgetwin.twin.intervals import held_out_coverage
+    from edgetwin.twin.calibration import held_out_coverage
 
     cov = held_out_coverage(small["twin"], small["held"], episodes=4, seeds=1)
     assert cov["episodes"] == 4 and 0.0 <= cov["coverage"] <= 1.0 and 0.0 <= cov["coverage_plain"] <= 1.0

@@ -745,12 +745,10 @@ def promote(
         files["promotion"] = out / "promotion.json"
         if not decision.passed and not force:
             files["promotion"].write_text(json.dumps(result.to_dict(), indent=1, default=str))
-            err: RuntimeError
-            if decision.verdict == "abstain":
-                err = GateAbstained(f"{decision.reason()} (report: {files['html']})")
-            else:
-                err = GateRefused(f"{decision.reason()} (report: {files['html']})")
-            err.result = result  # type: ignore[attr-defined]
+            err: Any = (GateAbstained if decision.verdict == "abstain" else GateRefused)(
+                f"{decision.reason()} (report: {files['html']})"
+            )
+            err.result = result
             raise err
         if cand_version is None:
             cand_version = registry.publish(cand_path, md, signer)

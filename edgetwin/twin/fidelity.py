@@ -355,7 +355,7 @@ def fidelity_report(
         "n_twin_rows": len(virt),
     }
     if coverage:
-        from edgetwin.twin.intervals import held_out_coverage
+        from edgetwin.twin.calibration import held_out_coverage
 
         report["coverage"] = held_out_coverage(twin, log, seed=seed)
     if out_dir is not None:

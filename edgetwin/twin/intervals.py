@@ -34,34 +34,34 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # the what-if package uses this module: import it lazily
-    import pandas as pd
-
-    from edgetwin.twin.whatif import KpiDef, WhatIfResult
-
 __all__ = [
+    "DEFAULT_METHOD",
     "LEVEL",
     "METHODS",
     "Calibration",
-    "calibrate",
-    "calibration_from_result",
+    "bootstrap_ci",
+    "calibration_from_arrays",
     "change_interval",
     "conformal_quantile",
-    "held_out_coverage",
     "interval",
 ]
 
 #: The nominal level of every interval the twin reports.
 LEVEL = 0.90
 #: Interval constructions: ``"relative"`` (bootstrap widened by the conformal relative error of the
-#: ensemble's mean) and ``"normalized"`` (ensemble mean ± conformal multiple of the members' spread).
-METHODS = ("relative", "normalized")
+#: ensemble's mean), ``"normalized"`` (ensemble mean ± conformal multiple of the members' spread) and
+#: ``"hybrid"`` (the default; for a level, ``"relative"``; for a change, the paired bootstrap widened
+#: by the relative error applied to the size of the change plus the normalised multiple of the
+#: members' spread of the change). Chosen by measured coverage: docs/benchmarks.md, "What-if replay
+#: vs the emulated cluster (promotion gate)".
+METHODS = ("relative", "normalized", "hybrid")
+DEFAULT_METHOD = "hybrid"
 
 
 def conformal_quantile(scores: Sequence[float] | np.ndarray, level: float = LEVEL) -> tuple[float, bool]:
@@ -102,7 +102,7 @@ class Calibration:
     #: the members-normalised score's quantile per KPI (``|y - ŷ| / sd over members``)
     quantile_norm: dict[str, float] = field(default_factory=dict)
     #: which construction the intervals use: one of `METHODS`
-    method: str = "relative"
+    method: str = DEFAULT_METHOD
 
     def width(self, kpi: str) -> float:
         """``q_k`` of ``kpi`` (0 when it was not calibrated: the plain bootstrap then)."""
@@ -133,81 +133,78 @@ class Calibration:
             exact={str(k): bool(v) for k, v in dict(d.get("exact", {})).items()},
             source=str(d.get("source", "")),
             quantile_norm={str(k): float(v) for k, v in dict(d.get("quantile_norm", {})).items()},
-            method=str(d.get("method", "relative")),
+            method=str(d.get("method", DEFAULT_METHOD)),
         )
 
 
-def calibration_from_result(
-    result: WhatIfResult, policy: str = "logged", level: float = LEVEL, scenario: str = "nominal"
-) -> Calibration:
-    """A `Calibration` from a replay-mode what-if run that replayed the log's own actions.
+def bootstrap_ci(
+    values: np.ndarray,
+    stat: Callable[[np.ndarray], float] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of ``stat`` (default: the mean) of ``(M, R)`` values, resampling members
+    and replicates independently (two-level bootstrap): both the ensemble's disagreement and the
+    spread over worlds widen it. NaN entries are ignored."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim == 1:
+        v = v[None, :]
+    m, r = v.shape
+    fn = stat or (lambda a: float(np.nanmean(a)))
+    if m * r <= 1:
+        x = fn(v)
+        return x, x
+    rng = np.random.default_rng(seed)
+    mi = rng.integers(m, size=(n_boot, m))
+    ri = rng.integers(r, size=(n_boot, r))
+    if stat is None:  # the mean, vectorised over resamples: (B, M, R)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN resample gives NaN, dropped below
+            boots = np.nanmean(v[mi[:, :, None], ri[:, None, :]], axis=(1, 2))
+    else:
+        boots = np.array([fn(v[mi[b]][:, ri[b]]) for b in range(n_boot)])
+    boots = boots[np.isfinite(boots)]
+    if not len(boots):
+        return float("nan"), float("nan")
+    a = (1.0 - level) / 2.0
+    return float(np.quantile(boots, a)), float(np.quantile(boots, 1.0 - a))
 
-    ``result`` must be a counterfactual replay (``log=``) with ``policy`` (the built-in
-    ``"logged"``) among its policies; each (member, replicate) KPI is scored against the KPI the
-    log itself recorded for that episode.
+
+def calibration_from_arrays(
+    values: Mapping[str, np.ndarray], truth: Mapping[str, np.ndarray], level: float = LEVEL, source: str = ""
+) -> Calibration:
+    """A `Calibration` from the twin's ``(M, R)`` KPI values of replayed logged episodes and the
+    ``(E,)`` KPIs those episodes logged (replicates cycle over the episodes, seed-major).
+
+    Each replicate's ensemble answer (mean over members) is scored: ``|y - ŷ| / |ŷ|`` (relative)
+    and ``|y - ŷ| / sd over members`` (normalised).
     """
-    if not result.logged_kpis:
-        raise ValueError("calibration needs a replay of a log (run_whatif(..., log=...))")
-    cell = result.cell(policy, scenario)
-    n_eps = len(result.settings.get("recorded_episodes") or [])
-    out = Calibration(level=level, source=f"{n_eps} held-out logged episode(s) x {cell.oos.shape[0]} member(s)")
-    for k in result.kpis:
-        y = result.logged_kpis.get(k.name)
+    out = Calibration(level=level, source=source)
+    for name, v in values.items():
+        y = truth.get(name)
         if y is None or not len(y):
             continue
-        v = cell.values[k.name]  # (M, R): replicates cycle over the recorded episodes, seed-major
-        truth = np.resize(np.asarray(y, dtype=np.float64), v.shape[1])
+        v = np.asarray(v, dtype=np.float64)
+        t = np.resize(np.asarray(y, dtype=np.float64), v.shape[1])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            centre = np.nanmean(v, axis=0)  # the ensemble's answer per replicate
+            centre = np.nanmean(v, axis=0)
             spread = np.nanstd(v, axis=0, ddof=1) if v.shape[0] > 1 else np.zeros(v.shape[1])
         with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.abs(truth - centre) / np.abs(centre)
-            norm = np.abs(truth - centre) / np.maximum(spread, 1e-9 * np.abs(centre) + 1e-12)
+            rel = np.abs(t - centre) / np.abs(centre)
+            norm = np.abs(t - centre) / np.maximum(spread, 1e-9 * np.abs(centre) + 1e-12)
         scores = [float(x) for x in rel if math.isfinite(x)]
         q, exact = conformal_quantile(scores, level)
-        out.quantile[k.name], out.exact[k.name], out.scores[k.name] = q, exact, scores
-        out.quantile_norm[k.name] = conformal_quantile([float(x) for x in norm if math.isfinite(x)], level)[0]
+        out.quantile[name], out.exact[name], out.scores[name] = q, exact, scores
+        out.quantile_norm[name] = conformal_quantile([float(x) for x in norm if math.isfinite(x)], level)[0]
     return out
-
-
-def calibrate(
-    twin: Any,
-    log: pd.DataFrame,
-    kpis: Sequence[KpiDef] | None = None,
-    *,
-    episodes: int = 3,
-    seeds: int = 3,
-    seed: int = 0,
-    members: Sequence[int] | None = None,
-    steps: int | None = None,
-    level: float = LEVEL,
-    method: str = "relative",
-    progress: bool = False,
-) -> Calibration:
-    """Calibrate ``twin``'s intervals on held-out ``log`` (episodes it was not fitted on).
-
-    Replays the last ``episodes`` recorded episodes with their logged actions, ``seeds`` noise
-    seeds each, with every member, and scores each against the logged KPIs
-    (`calibration_from_result`).
-    """
-    from edgetwin.twin.whatif import builtin_policy, run_whatif
-
-    res = run_whatif(
-        twin, [builtin_policy("logged", twin)], [], kpis=kpis, episodes=episodes, seeds=seeds, seed=seed,
-        members=members, steps=steps, log=log, progress=progress,
-    )  # fmt: skip
-    cal = calibration_from_result(res, "logged", level)
-    cal.method = method
-    return cal
 
 
 def interval(
     values: np.ndarray, calibration: Calibration | None, kpi: str, seed: int = 0, level: float = LEVEL
 ) -> tuple[float, float]:
     """The calibrated interval of the mean of ``(M, R)`` ``values`` of one KPI (see module doc)."""
-    from edgetwin.twin.whatif.results import bootstrap_ci
-
     v = np.asarray(values, dtype=np.float64)
     lo, hi = bootstrap_ci(v, seed=seed, level=level)
     if calibration is None or not np.isfinite(v).any():
@@ -235,7 +232,10 @@ def change_interval(
 
     ``candidate`` and ``baseline`` are the ``(M, R)`` values (or their means, for ``"relative"``).
     ``"relative"``: ± ``q_k · sqrt(c² + b²) / |b|``; ``"normalized"``: the change's point estimate ±
-    ``q_norm · sd`` over members of each member's own paired change (at least the bootstrap).
+    ``q_norm · sd`` over members of each member's own paired change (at least the bootstrap);
+    ``"hybrid"``: ± ``(q_k · |change| + q_norm · sd)``. The pairing cancels the twin's error that is
+    shared by both policies (its level bias); what is left is an error in the *size* of the effect,
+    taken as the level's relative error applied to the change, and the members' disagreement on it.
     """
     lo, hi = float(change_ci[0]), float(change_ci[1])
     if calibration is None:
@@ -246,95 +246,14 @@ def change_interval(
         c, b = float(np.nanmean(va)), float(np.nanmean(vb))
         if not (math.isfinite(c) and math.isfinite(b)) or b == 0.0:
             return lo, hi
-        if calibration.method == "normalized":
+        if calibration.method in ("normalized", "hybrid"):
             per_member = (np.nanmean(va, axis=1) - np.nanmean(vb, axis=1)) / abs(b)
             sd = float(np.nanstd(per_member, ddof=1)) if len(per_member) > 1 else 0.0
-            w = calibration.width_norm(kpi) * sd
             mid = (c - b) / abs(b)
+            if calibration.method == "hybrid":
+                w = calibration.width(kpi) * abs(mid) + calibration.width_norm(kpi) * sd
+                return lo - w, hi + w
+            w = calibration.width_norm(kpi) * sd
             return min(lo, mid - w), max(hi, mid + w)
     w = calibration.width(kpi) * math.hypot(c, b) / abs(b)
     return lo - w, hi + w
-
-
-def held_out_coverage(
-    twin: Any,
-    log: pd.DataFrame,
-    kpis: Sequence[KpiDef] | None = None,
-    *,
-    episodes: int = 6,
-    seeds: int = 2,
-    seed: int = 0,
-    level: float = LEVEL,
-    method: str = "relative",
-) -> dict[str, Any]:
-    """How often a logged KPI falls inside the twin's calibrated interval, on held-out logs.
-
-    The last ``episodes`` recorded episodes of ``log`` are replayed with their logged actions
-    (every member, ``seeds`` noise seeds). Cross-fitted in two folds: the intervals of one half of
-    the episodes are calibrated on the other half, so no episode's truth widens its own interval.
-
-    Returns:
-        ``{"level", "coverage": share of (episode, KPI) pairs covered, "coverage_plain":
-        the same for the plain bootstrap, "per_kpi": {kpi: {"coverage", "coverage_plain",
-        "q"}}, "episodes", "calibration": the calibration on all episodes}``; coverage is NaN
-        with fewer than 2 episodes.
-    """
-    from edgetwin.twin.whatif import builtin_policy, run_whatif
-
-    res = run_whatif(
-        twin, [builtin_policy("logged", twin)], [], kpis=kpis, episodes=episodes, seeds=seeds, seed=seed,
-        log=log, progress=False,
-    )  # fmt: skip
-    names = list(res.settings.get("recorded_episodes") or [])
-    n_eps = len(names)
-    full = calibration_from_result(res, "logged", level)
-    full.method = method
-    out: dict[str, Any] = {"level": level, "episodes": n_eps, "calibration": full.to_dict(), "per_kpi": {}}
-    if n_eps < 2:
-        out.update(coverage=float("nan"), coverage_plain=float("nan"))
-        return out
-    cell = res.cell("logged", "nominal")
-    reps = cell.oos.shape[1]
-    ep_of_rep = np.arange(reps) % n_eps
-    folds = [np.arange(n_eps) % 2 == f for f in (0, 1)]
-    hits: list[bool] = []
-    plain: list[bool] = []
-    for k in res.kpis:
-        y = res.logged_kpis.get(k.name)
-        if y is None or len(y) != n_eps:
-            continue
-        v = cell.values[k.name]
-        kh: list[bool] = []
-        kp: list[bool] = []
-        for f in (0, 1):
-            cal_eps, test_eps = np.flatnonzero(~folds[f]), np.flatnonzero(folds[f])
-            cal_cols = np.isin(ep_of_rep, cal_eps)
-            truth = np.asarray(y, dtype=np.float64)[ep_of_rep[cal_cols]]
-            with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
-                warnings.simplefilter("ignore", RuntimeWarning)
-                centre = np.nanmean(v[:, cal_cols], axis=0)
-                spread = np.nanstd(v[:, cal_cols], axis=0, ddof=1) if v.shape[0] > 1 else np.zeros(len(centre))
-                rel = np.abs(truth - centre) / np.abs(centre)
-                norm = np.abs(truth - centre) / np.maximum(spread, 1e-9 * np.abs(centre) + 1e-12)
-            cal = Calibration(
-                level=level,
-                quantile={k.name: conformal_quantile(rel, level)[0]},
-                quantile_norm={k.name: conformal_quantile(norm, level)[0]},
-                method=method,
-            )
-            for e in test_eps:
-                ve = v[:, ep_of_rep == e]
-                lo, hi = interval(ve, cal, k.name, seed=seed, level=level)
-                lo0, hi0 = interval(ve, None, k.name, seed=seed, level=level)
-                kh.append(bool(lo <= y[e] <= hi))
-                kp.append(bool(lo0 <= y[e] <= hi0))
-        out["per_kpi"][k.name] = {
-            "coverage": float(np.mean(kh)),
-            "coverage_plain": float(np.mean(kp)),
-            "q": full.quantile.get(k.name, float("nan")),
-        }
-        hits += kh
-        plain += kp
-    out["coverage"] = float(np.mean(hits)) if hits else float("nan")
-    out["coverage_plain"] = float(np.mean(plain)) if plain else float("nan")
-    return out

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from edgetwin.twin.intervals import LEVEL, bootstrap_ci, change_interval, interval
 from edgetwin.twin.whatif.kpis import KpiDef
 from edgetwin.twin.whatif.scenarios import Scenario
 
@@ -32,42 +33,6 @@ class Cell:
     timeline: dict[str, np.ndarray]
     oos: np.ndarray
     oos_t: np.ndarray
-
-
-def bootstrap_ci(
-    values: np.ndarray,
-    stat: Callable[[np.ndarray], float] | None = None,
-    n_boot: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> tuple[float, float]:
-    """Percentile interval of ``stat`` (default: the mean) of ``(M, R)`` values, resampling members
-    and replicates independently (two-level bootstrap): both the ensemble's disagreement and the
-    spread over worlds widen it. NaN entries are ignored."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.ndim == 1:
-        v = v[None, :]
-    m, r = v.shape
-    fn = stat or (lambda a: float(np.nanmean(a)))
-    if m * r <= 1:
-        x = fn(v)
-        return x, x
-    rng = np.random.default_rng(seed)
-    mi = rng.integers(m, size=(n_boot, m))
-    ri = rng.integers(r, size=(n_boot, r))
-    if stat is None:  # the mean, vectorised over resamples: (B, M, R)
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN resample gives NaN, dropped below
-            boots = np.nanmean(v[mi[:, :, None], ri[:, None, :]], axis=(1, 2))
-    else:
-        boots = np.array([fn(v[mi[b]][:, ri[b]]) for b in range(n_boot)])
-    boots = boots[np.isfinite(boots)]
-    if not len(boots):
-        return float("nan"), float("nan")
-    a = (1.0 - level) / 2.0
-    return float(np.quantile(boots, a)), float(np.quantile(boots, 1.0 - a))
 
 
 @dataclass
@@ -126,6 +91,8 @@ class WhatIfResult:
         how = {
             "relative": "widened by the conformal quantile of the ensemble's relative error",
             "normalized": "ensemble mean ± the conformal multiple of the members' spread (at least the bootstrap)",
+            "hybrid": "levels widened by the conformal quantile of the ensemble's relative error, changes by that "
+            "error applied to the change plus the conformal multiple of the members' spread of the change",
         }.get(self.calibration.method, self.calibration.method)
         return f"90 % two-level bootstrap over members x replicates, {how} on {self.calibration.source}"
 
@@ -142,8 +109,6 @@ class WhatIfResult:
         lo, hi = bootstrap_ci(v, seed=int(self.settings.get("seed", 0)))
         member_means = np.nanmean(v, axis=1)
         oos = float(np.nanmean(c.oos))
-        from edgetwin.twin.intervals import interval
-
         i_lo, i_hi = interval(v, self.calibration, kpi, seed=int(self.settings.get("seed", 0)))
         return {
             "mean": float(np.nanmean(v)),
@@ -182,8 +147,6 @@ class WhatIfResult:
 
         both = np.stack([va, vb])  # (2, M, R): resampled jointly, so the comparison stays paired
         lo, hi = _paired_ci(both, rel, seed=int(self.settings.get("seed", 0)))
-        from edgetwin.twin.intervals import LEVEL, change_interval
-
         lo90, hi90 = _paired_ci(both, rel, seed=int(self.settings.get("seed", 0)), level=LEVEL)
         change = rel(both)
         sign = {"higher": -1.0, "lower": 1.0}.get(k.better or "", 0.0)

@@ -220,11 +220,14 @@ def run_whatif(
     }
     if calibration is None and recorded is not None:
         logged_names = [p.name for p in policies if p.factory is None]
-        if logged_names:
-            from edgetwin.twin.intervals import calibration_from_result
+        if logged_names and any(s.name == NOMINAL.name for s in scen_list):
+            from edgetwin.twin.intervals import calibration_from_arrays
 
-            probe = WhatIfResult(cells, order, baseline, candidate, scen_list, list(kpis), settings, logged_kpis)
-            calibration = calibration_from_result(probe, logged_names[0])
+            cell = cells[(logged_names[0], NOMINAL.name)]
+            calibration = calibration_from_arrays(
+                {k.name: cell.values[k.name] for k in kpis}, logged_kpis, source=(
+                    f"the replayed log's own actions ({len(recorded)} episode(s) x {len(members)} member(s))")
+            )  # fmt: skip
     return WhatIfResult(
         cells=cells,
         policies=order,
