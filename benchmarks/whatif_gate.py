@@ -74,6 +74,8 @@ LOGGING_TEXT = {
     "random": "uniformly random actions (the twin-fidelity benchmark's logs)",
     "production": "the SLO-aware heuristic with 10 % Gaussian exploration noise (production-like)",
 }
+#: hand-written subsections of the docs section that a rerun keeps
+KEEP = ("### How the interval construction was chosen",)
 TARGETS = {"confident_agreement": 0.95, "abstention": 0.30, "coverage_90": 0.85}
 
 
@@ -202,8 +204,17 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/edgetwin-whatif-gate"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    ap.add_argument("--docs-only", action="store_true",
+                    help="only rewrite the docs section from the results_<logging>.json files of earlier runs")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.docs_only:
+        last = json.loads((OUT / f"results_{args.logging}.json").read_text())
+        by_logging = {n: json.loads((OUT / f"results_{n}.json").read_text()) for n in LOGGING_TEXT
+                      if (OUT / f"results_{n}.json").is_file()}  # fmt: skip
+        args.quick = bool(last["quick"])
+        write_section(SECTION, section(by_logging, last, args, last["seconds"]["fit"]), keep=KEEP)
+        return
     args.work.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     cfg = ClusterConfig(n_agents=100, steps=96)
@@ -313,7 +324,7 @@ def main() -> None:
     text = section(by_logging, summary, args, fit_s)
     print(text)
     if not args.no_write:
-        write_section(SECTION, text)
+        write_section(SECTION, text, keep=KEEP)
 
 
 def section(by_logging: dict[str, Any], last: dict[str, Any], args: argparse.Namespace, fit_s: float) -> str:

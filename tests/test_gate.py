@@ -221,5 +221,6 @@ def test_cli_promote_exit_codes_and_force(world: dict[str, Any], tmp_path: Path,
     r = FileRegistry(reg)
     assert r.current("site/edge-ams") == "v2" and r.previous("site/edge-ams") == "v1"
     gate = r.manifest("v2").metadata["gate"]
-    assert gate["forced"] is True and gate["passed"] is False and gate["failures"]
+    assert gate["forced"] is True and gate["passed"] is False and gate["verdict"] in ("refuse", "abstain")
+    assert gate["failures"] if gate["verdict"] == "refuse" else gate["abstentions"]
     assert "overridden" in r.history("site/edge-ams")[-1].reason

@@ -735,6 +735,7 @@ def promote(
             "against": against_label,
             "scope": scope,
             "failures": [c.describe() for c in decision.failures],
+            "abstentions": [c.abstain_reason(decision.max_out_of_support) for c in decision.abstentions],
             "guards": {c.kpi: c.max_regression for c in decision.checks},
             "scenarios": [s.name for s in decision.result.scenarios],
             "report_sha256": report_sha,
