@@ -8,20 +8,21 @@ bootstrap interval of a twin's mean therefore covers the twin's own mean, not th
 on the emulated cluster it excluded the real change of a KPI in most (policy, KPI) pairs
 (docs/benchmarks.md, "What-if replay vs the emulated cluster").
 
-The construction used everywhere (`interval`, `change_interval`), chosen by measured coverage
-(`benchmarks/whatif_gate.py` reports the coverage of the plain bootstrap beside it):
+The construction used everywhere (`interval`, `change_interval`, method ``"hybrid"``), chosen by
+measured coverage (`benchmarks/whatif_gate.py` reports every construction's coverage side by side):
 
 1. the 90 % two-level bootstrap interval ``[lo, hi]`` of the twin's mean (members x replicates);
-2. widened on both sides by ``q_k · |value|``, where ``q_k`` is a split-conformal quantile
-   (finite-sample ``⌈(n+1)·0.9⌉``-th smallest score) of the twin's relative error on KPI ``k``
-   measured on **held-out logged episodes**: the twin replays each recorded episode with its
-   logged actions (`run_whatif` with the built-in ``"logged"`` policy), and each (member,
-   replicate)'s KPI is compared with the KPI the real system logged for that episode,
-   ``|y - ŷ| / |ŷ|``. This needs no access to the real system: the logging policy's own KPIs in
-   logs the twin was not fitted on are ground truth;
-3. for a relative change ``(c - b)/|b|`` of a candidate against a baseline, the paired bootstrap
-   interval of the change is widened by ``q_k · sqrt(c² + b²) / |b|`` (both numbers carry the
-   twin's error; the pairing removes the shared noise but not an error that differs between them).
+2. calibration (`edgetwin.twin.calibration.calibrate`) on **held-out logged episodes**: the twin
+   replays each recorded episode with its logged actions, and each replicate's ensemble answer ``ŷ``
+   is scored against the KPI the real system logged, ``|y - ŷ| / |ŷ|`` (relative) and
+   ``|y - ŷ| / sd over members`` (normalised); ``q_rel``, ``q_norm`` are their split-conformal
+   quantiles (finite-sample ``⌈(n+1)·0.9⌉``-th smallest). This needs no access to the real system: the
+   logging policy's own KPIs in logs the twin was not fitted on are ground truth;
+3. a level's interval is ``[lo, hi]`` widened by ``q_rel · |value|``;
+4. a relative change ``(c - b)/|b|`` against a baseline: the paired bootstrap interval widened by
+   ``q_rel · |change| + q_norm · sd_members(change)``. Pairing cancels the error both policies share
+   (the twin's level bias, which is large: widening a change by the level error abstained on almost
+   everything); what is left is an error in the size of the effect and the members' disagreement.
 
 The conformal step is valid for the logging policy (exchangeable held-out episodes); for another
 policy it is only as good as the twin's error there resembles its error on logged behaviour,
