@@ -435,7 +435,8 @@ def twin_fidelity(
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Score a twin against a held-out log: KL of outputs, time-of-day profile, compounding error."""
+    """Score a twin against a held-out log: KL of outputs, time-of-day profile, compounding error, and
+    how often the logged KPIs fall inside the twin's calibrated 90 % interval (coverage)."""
     import torch
 
     from edgetwin.twin.fidelity import fidelity_report
@@ -456,6 +457,13 @@ def twin_fidelity(
     out.print(f"compounding-error growth exponent: {report['growth_exponent']:.2f}")
     sup = report["support"]
     out.print(f"out of the logs' support: {100 * sup.get('out_of_support', float('nan')):.1f} % of steps")
+    cov = report.get("coverage") or {}
+    if cov:
+        out.print(
+            f"coverage of the 90 % interval on held-out episodes: {100 * cov['coverage']:.0f} % of "
+            f"{cov['episodes']} episode(s) x {len(cov['per_kpi'])} KPI(s) (plain bootstrap: "
+            f"{100 * cov['coverage_plain']:.0f} %; calibrated on the other half of the episodes)"
+        )
     if out_dir is not None:
         out.print(f"report and figures in {out_dir}")
 
@@ -596,7 +604,19 @@ def policy_train(
     steps: Annotated[int, typer.Option(help="Environment steps (transitions over all agents).")] = 50_000,
     agents: Annotated[int | None, typer.Option(help="Agents (= sub-envs) per twin episode.")] = None,
     episode_steps: Annotated[int | None, typer.Option(help="Ticks per twin episode.")] = None,
-    action_norm_lambda: Annotated[float, typer.Option(help="λ of the action-norm regulariser (seed 004 eq. 8).")] = 0.4,
+    action_norm_lambda: Annotated[
+        float, typer.Option(help="λ of seed 004's action-norm regulariser (eq. 8; 0.4 there). Off by default: the "
+                                 "support-aware penalty regularises instead.")
+    ] = 0.0,
+    support_penalty: Annotated[
+        float, typer.Option(help="Reward minus this x the ensemble's disagreement (MOPO-style; 0: off).")
+    ] = 1.0,
+    select: Annotated[
+        bool, typer.Option("--select/--no-select", help="Score the trained policy beside simple candidates in the "
+                           "twin and export the best by the lower bound of its 90 % interval of the return.")
+    ] = True,
+    view: Annotated[Path | None, typer.Option(help="Scheduling view (TOML/JSON): also score the heuristics.")] = None,
+    log: Annotated[Path | None, typer.Option("--log", help="Held-out log: score by replaying it (calibrated intervals).")] = None,
     validate_on: Annotated[Path | None, typer.Option(help="Held-out twin for early stopping.")] = None,
     patience: Annotated[int, typer.Option(help="Evaluations without a new best before stopping.")] = 3,
     eval_every: Annotated[int, typer.Option(help="Steps between validations.")] = 5_000,
@@ -606,28 +626,50 @@ def policy_train(
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Train a platform policy inside a twin and export it (checkpoints, resume, early stopping)."""
+    """Train a platform policy inside a twin and export it (checkpoints, resume, early stopping).
+
+    Then score it in the twin beside simple candidates (constant actions on a grid of the action box,
+    the logging clone, heuristics with --view), each with its 90 % interval of the return, and export
+    the best by its lower bound, saying so when that is not the trained network (--no-select: skip).
+    """
     import torch
 
     from edgetwin.policies.train import train_policy
-    from edgetwin.twin.twin import Twin
+    from edgetwin.twin.twin import Twin, load_log
 
     torch.set_num_threads(1)
+    if not support_penalty >= 0:
+        raise InputError(f"expected a number >= 0, got {support_penalty}", "--support-penalty")
     twin = Twin.load(twin_dir)
+    held = load_log(log, None)[0] if log is not None else None
     validation = Twin.load(validate_on) if validate_on is not None else None
-    opts = {k: v for k, v in {"n_agents": agents, "steps": episode_steps}.items() if v is not None}
+    opts: dict[str, Any] = {k: v for k, v in {"n_agents": agents, "steps": episode_steps}.items() if v is not None}
+    opts["disagreement_penalty"] = support_penalty
     res = train_policy(
         twin, algo, steps=steps, seed=seed, out=out_dir, tensorboard_dir=tensorboard,  # type: ignore[arg-type]
         checkpoint_every=checkpoint_every, resume=resume, action_norm_lambda=action_norm_lambda,
         early_stop_on=validation, eval_every=eval_every, patience=patience, twin_opts=opts, progress=not as_json,
     )
-    summary = {"policy": str(res.path), "algorithm": algo, "steps": res.steps, "stopped_early": res.stopped_early,
-               "best_validation_return": res.best_validation_return}
+    summary: dict[str, Any] = {"policy": str(res.path), "algorithm": algo, "steps": res.steps,
+                               "stopped_early": res.stopped_early, "best_validation_return": res.best_validation_return}
+    sel = None
+    if select:
+        from edgetwin.policies.candidates import select_export
+        from edgetwin.policies.gate import load_view
+
+        sel = select_export(twin, res.path, view=load_view(view) if view is not None else None, log=held, seed=seed,
+                            steps=episode_steps, n_agents=agents, progress=not as_json)  # fmt: skip
+        summary["selection"] = sel.to_dict()
     if as_json:
         emit_json(summary)
-    else:
-        out.print(f"policy written to {res.path} ({algo}, {res.steps} steps"
-                  + (", stopped early" if res.stopped_early else "") + ")")
+        return
+    out.print(f"trained {algo} for {res.steps} steps" + (", stopped early" if res.stopped_early else ""))
+    if sel is not None:
+        out.print("return in the twin (mean [90 % interval], out of support), best lower bound first:")
+        for sc in sel.scores:
+            out.print(f"  {sc.name:32s} {sc.mean:.4g} [{sc.low:.4g}, {sc.high:.4g}]  {100 * sc.out_of_support:.0f} %")
+        out.print(sel.note)
+    out.print(f"policy written to {res.path}")
 
 
 @app.command("evaluate")
@@ -679,11 +721,27 @@ def policy_evaluate(
                           system_name=on, progress=not as_json)
     if plot is not None:
         plot_results([res], plot, title=f"{name} on {on}")
+    trust: dict[str, Any] | None = None
+    if on == "twin":  # what the twin can vouch for: the return's 90 % interval over members x episodes
+        from edgetwin.policies.candidates import score_policies
+
+        sc = score_policies(system.twin, {name: pol}, episodes=episodes, seed=seed, steps=episode_steps,
+                            n_agents=agents)[0]  # fmt: skip
+        trust = {"return": sc.mean, "interval_90": [sc.low, sc.high], "out_of_support": sc.out_of_support,
+                 "interval": "90 % two-level bootstrap over every ensemble member x episode (generated worlds; "
+                             "not calibrated: give a held-out log to `edgetwin whatif` / `train --log` for that)"}
     if as_json:
-        emit_json(res.to_dict())
+        doc = res.to_dict()
+        if trust is not None:
+            doc["twin_return"] = trust
+        emit_json(doc)
     else:
         out.print(f"{name} on {on}: {episodes} episodes, seed {seed}")
         out.print(res.table())
+        if trust is not None:
+            lo, hi = (float(x) for x in trust["interval_90"])
+            out.print(f"return in the twin, all members: {trust['return']:.4g} [90 % interval {lo:.4g}, {hi:.4g}], "
+                      f"{100 * trust['out_of_support']:.0f} % of agent-steps outside the logs' support")
         if plot is not None:
             out.print(f"plot written to {plot}")
 
@@ -971,9 +1029,12 @@ def promote_cmd(
         list[Path] | None, typer.Option("--trust", help="More trusted public keys for fetching versions (default: --key's).")
     ] = None,
     refuse_out_of_support: Annotated[
-        bool, typer.Option(help="Also refuse when a guarded number rests on states outside the logs' support.")
+        bool, typer.Option(help="Refuse (instead of abstaining) when a guarded number rests on states outside the logs' support.")
     ] = False,
-    force: Annotated[bool, typer.Option("--force", help="Promote even if the gate refuses (recorded in the metadata).")] = False,
+    max_out_of_support: Annotated[
+        float, typer.Option(help="Abstain when more than this share of a number's agent-steps lie outside the logs' support.")
+    ] = 0.25,
+    force: Annotated[bool, typer.Option("--force", help="Promote even if the gate refuses or abstains (recorded in the metadata).")] = False,
     name: Annotated[str | None, typer.Option(help="Policy name in the registry.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for the gate's report.")] = Path("promotion-report"),
     bucket: BucketOpt = "edgetwin",
@@ -981,17 +1042,22 @@ def promote_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Replay POLICY and the current version in the twin on recent traffic and what-ifs; promote
-    (publish signed + move the scope's pointer with compare-and-swap) only if no guarded KPI regresses.
+    (publish signed + move the scope's pointer with compare-and-swap) only if no guarded KPI regresses,
+    judged by the twin's calibrated 90 % intervals (calibrated on the log's own actions).
 
-    Exit 1 with the KPIs that regressed (and by how much) when the gate refuses; nothing is published then.
+    Exit 1 with the KPIs that regressed (margin, interval) when the gate refuses; exit 3 with the reason
+    when it abstains (an interval straddles a margin, or the candidate's rollout lies outside the logs'
+    support); nothing is published then. --json says which KPIs drove the verdict.
     """
     from edgetwin.edge.registry import check_scope, metadata_from_policy_dir, open_registry
     from edgetwin.edge.signing import Signer, TrustStore
-    from edgetwin.policies.gate import parse_guards, promote
+    from edgetwin.policies.gate import GateAbstained, parse_guards, promote
 
     check_scope(scope)
     if not default_margin >= 0:  # also catches NaN
         raise InputError(f"expected a fraction >= 0, got {default_margin}", "--default-margin")
+    if not 0.0 <= max_out_of_support <= 1.0:
+        raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
     guards = parse_guards(max_regression or [])
     signer = Signer.from_pem(key)
     store = TrustStore.from_paths(trust) if trust else TrustStore()
@@ -1004,17 +1070,18 @@ def promote_cmd(
                 policy, reg, twin=twin, log=table, signer=signer, trust=store, scope=scope, against=against,
                 scenarios=scenarios, guards=guards or None, default_margin=default_margin, kpis=kpi_defs,
                 episodes=episodes, seeds=seeds, seed=seed, members=_members(members), steps=steps,
-                exogenous=exogenous or (), refuse_out_of_support=refuse_out_of_support, force=force,
-                out_dir=out_dir, name=name, metadata=base_md, progress=not as_json,
+                exogenous=exogenous or (), refuse_out_of_support=refuse_out_of_support,
+                max_out_of_support=max_out_of_support, force=force, out_dir=out_dir, name=name, metadata=base_md,
+                progress=not as_json,
             )  # fmt: skip
-        except GateRefused as e:
+        except (GateRefused, GateAbstained) as e:
             if as_json and hasattr(e, "result"):
                 emit_json(e.result.to_dict())
             raise
     if as_json:
         emit_json(result.to_dict())
         return
-    verdict = "passed" if result.decision.passed else "REFUSED, overridden with --force"
+    verdict = "passed" if result.decision.passed else f"{result.decision.verdict.upper()}, overridden with --force"
     out.print(
         f"gate {verdict}: {result.decision.reason()}\npromoted {result.version} to {scope} "
         f"(was {result.previous}); report: {result.report['html']}"
@@ -1138,7 +1205,7 @@ def agent(
 
 # ------------------------------------------------------------------------------------- entry
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: run the app and map errors to exit codes 1 / 2."""
+    """Console-script entry point: run the app and map errors to exit codes 1 / 2 / 3 (the gate abstained)."""
     debug = os.environ.get("EDGETWIN_DEBUG") == "1"
     try:
         rv = app(args=argv, prog_name="edgetwin", standalone_mode=False)
@@ -1163,6 +1230,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:  # one line, not a traceback, for anything unexpected
+        if type(e).__name__ == "GateAbstained":  # edgetwin.policies.gate (imported lazily): exit 3
+            console.print(f"[bold yellow]abstained:[/] {e}", highlight=False, soft_wrap=True)
+            sys.exit(3)
         if debug:
             traceback.print_exc()
         console.print(

@@ -213,7 +213,7 @@ def _promote_and_serve(
     from edgetwin.edge.runtime import EdgeRuntime
     from edgetwin.edge.signing import Signer, TrustStore
     from edgetwin.emulator.cluster import EdgeCluster
-    from edgetwin.policies.gate import promote
+    from edgetwin.policies.gate import GateAbstained, promote
 
     registry = FileRegistry(out / "registry")
     signer = Signer.generate()  # a demo key: real deployments keep theirs (edgetwin registry keygen)
@@ -231,6 +231,11 @@ def _promote_and_serve(
         numbers["promoted_version"] = None
         numbers["gate_refused"] = str(refused)
         log(f"    the gate refused the policy: {refused}")
+        return numbers
+    except GateAbstained as abstained:  # exit 3 on the CLI: the twin cannot vouch for the policy
+        numbers["promoted_version"] = None
+        numbers["gate_abstained"] = str(abstained)
+        log(f"    the gate abstained (the twin cannot tell; nothing promoted, nothing served): {abstained}")
         return numbers
 
     cluster = EdgeCluster(config)

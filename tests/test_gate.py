@@ -6,22 +6,32 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from edgetwin.cli import main
 from edgetwin.contract.errors import GateRefused, InputError
 from edgetwin.contract.logs import write_table
+from edgetwin.contract.policy import FunctionPolicy, NoisyPolicy
 from edgetwin.contract.spec import spec_path_for
 from edgetwin.edge.registry import CASConflict, FileRegistry
 from edgetwin.edge.signing import Signer, TrustStore, save_private_key
-from edgetwin.emulator.cluster import ClusterConfig
+from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
 from edgetwin.emulator.logs import generate_logs
 from edgetwin.policies.export import export_policy
-from edgetwin.policies.gate import Guard, parse_guards, promote, resolve_policy, run_gate
+from edgetwin.policies.gate import (
+    GateAbstained,
+    Guard,
+    check_verdict,
+    parse_guards,
+    promote,
+    resolve_policy,
+    run_gate,
+)
 from edgetwin.policies.heuristics import LeastLoaded, SchedulingView, Target
 from edgetwin.twin.twin import Twin
-from edgetwin.twin.whatif import scenario_from_dict
+from edgetwin.twin.whatif import fixed_policy, scenario_from_dict
 
 torch.set_num_threads(1)
 
@@ -74,27 +84,68 @@ def test_gate_decides_direction_aware(world: dict[str, Any]) -> None:
         {"name": "burst", "perturbation": [{"kind": "burst", "column": "response.demand", "factor": 2, "start": 2, "end": 6}]},
         "t.toml", "burst",
     )  # fmt: skip
-    d = run_gate(twin, bad, good, log=recent, scenarios=[burst], **GATE)
-    assert not d.passed and {c.scenario for c in d.failures} == {"nominal", "burst"}
+    # with support ignored, a clear regression is refused, naming KPI, margin and interval
+    d = run_gate(twin, bad, good, log=recent, scenarios=[burst], max_out_of_support=1.0, **GATE)
+    assert d.verdict == "refuse" and d.exit_code == 1 and not d.passed
+    assert {c.scenario for c in d.failures} == {"nominal", "burst"}
     by = {(c.scenario, c.kpi): c for c in d.checks}
     off = by[("nominal", "response.offload_ratio")]
     assert off.better == "higher" and off.candidate < off.baseline and off.breached and off.change < -0.05
+    assert off.verdict == "regress" and off.worsening_interval[0] > off.allowed_change  # the whole interval is worse
+    assert off.interval[0] <= off.change <= off.interval[1]
     slo = by[("nominal", "kpi.slo_violation")]
-    assert slo.better == "lower" and (slo.candidate > slo.baseline) == slo.breached
-    assert "response.offload_ratio fell" in d.reason() and "margin 5%" in d.reason()
-    # the same comparison the other way round passes, and a huge margin lets anything through
-    assert run_gate(twin, good, bad, log=recent, **GATE).passed
-    assert run_gate(twin, bad, good, log=recent, guards=[Guard("return", 50.0)], **GATE).passed
+    assert slo.better == "lower" and (slo.verdict == "regress") == slo.breached
+    assert "response.offload_ratio fell" in d.reason() and "margin 5%" in d.reason() and "90% interval" in d.reason()
+    assert {x["kpi"] for x in d.to_dict()["drivers"]} == {c.kpi for c in d.failures}
+    # the intervals were calibrated on the recent log's own actions (held out from the twin's fit)
+    assert d.result.calibration is not None and d.result.calibration.quantile["response.offload_ratio"] > 0
+    # the same comparison the other way round does not regress on the placement KPI
+    g = run_gate(twin, good, bad, log=recent, guards=[Guard("response.offload_ratio", 0.05)], max_out_of_support=1.0, **GATE)
+    assert g.verdict == "promote" and g.passed and g.exit_code == 0
+    # a huge margin lets anything through
+    assert run_gate(twin, bad, good, log=recent, guards=[Guard("return", 50.0)], max_out_of_support=1.0, **GATE).passed
     with pytest.raises(InputError, match="has no direction"):
         run_gate(twin, bad, good, log=recent, guards=[Guard("kpi.energy_j", 0.1)], **GATE)
+
+
+def _constant(edge: float, cap: float, price: float) -> FunctionPolicy:
+    return FunctionPolicy(lambda o: np.tile([edge, cap, price], (len(o), 1)), name=f"const({edge},{cap},{price})")
+
+
+def test_gate_abstains_on_a_candidate_outside_the_logs_support() -> None:
+    # logs of a scheduler that always did nearly the same thing: its support is a small corner of the box
+    logging = NoisyPolicy(_constant(0.1, 0.3, 0.2), cluster_spec(CONFIG), 0.02, seed=3)
+    log, spec = generate_logs(CONFIG, episodes=3, policy=logging, seed=3)
+    twin = Twin.fit(
+        log, spec, members=2, seed=0, progress=False, population_model="empirical", response_model="bc", bc_epochs=5
+    )
+    recent, _ = generate_logs(CONFIG, episodes=2, policy=logging, seed=4)
+    near = fixed_policy("near", _constant(0.1, 0.3, 0.2))
+    far = fixed_policy("far", _constant(0.9, 1.8, 0.9))  # the opposite corner: nothing logged there
+    d = run_gate(twin, far, near, log=recent, **GATE)
+    assert d.verdict == "abstain" and d.exit_code == 3 and not d.passed and not d.failures
+    assert all(c.verdict == "unsupported" and c.out_of_support > 0.9 for c in d.checks)
+    assert "outside the logs' support" in d.reason()
+    # asked to, the gate refuses instead of abstaining
+    r = run_gate(twin, far, near, log=recent, refuse_out_of_support=True, **GATE)
+    assert r.verdict == "refuse" and r.refused_out_of_support
+
+
+def test_check_verdict_three_ways() -> None:
+    assert check_verdict([0.10, 0.30], 0.05, 0.0, 0.25) == "regress"
+    assert check_verdict([-0.30, 0.04], 0.05, 0.0, 0.25) == "ok"
+    assert check_verdict([-0.10, 0.10], 0.05, 0.0, 0.25) == "straddle"
+    assert check_verdict([0.10, 0.30], 0.05, 0.5, 0.25) == "unsupported"
+    assert check_verdict([float("nan"), 0.1], 0.05, 0.0, 0.25) == "straddle"
 
 
 def test_promote_better_refuse_bad_pointer_moves_only_on_success(world: dict[str, Any], tmp_path: Path) -> None:
     twin, recent, signer, trust = world["twin"], world["recent"], world["signer"], world["trust"]
     reg = FileRegistry(tmp_path / "reg")
     kw = {"twin": twin, "log": recent, "signer": signer, "trust": trust, **GATE}
+    off = [Guard("response.offload_ratio", 0.05)]
     # first promotion: nothing is current, so the gate compares with the twin's clone of the logging policy
-    first = promote(world["dir"] / "good", reg, out_dir=tmp_path / "r1", **kw)
+    first = promote(world["dir"] / "good", reg, out_dir=tmp_path / "r1", guards=off, **kw)
     assert first.promoted and not first.forced and first.version == "v1" and first.previous is None
     assert reg.current("global") == "v1" and first.against.startswith("logging")
     md = reg.manifest("v1").metadata
@@ -102,11 +153,16 @@ def test_promote_better_refuse_bad_pointer_moves_only_on_success(world: dict[str
     assert (tmp_path / "r1" / "report.html").is_file()
     # the bad policy against the current one: refused, nothing published, pointer unchanged
     with pytest.raises(GateRefused, match=r"response\.offload_ratio fell -\d+\.\d%") as e:
-        promote(world["dir"] / "bad", reg, out_dir=tmp_path / "r2", **kw)
+        promote(world["dir"] / "bad", reg, out_dir=tmp_path / "r2", guards=off, max_out_of_support=1.0, **kw)
     assert e.value.result.promoted is False  # type: ignore[attr-defined]
     assert reg.current("global") == "v1" and reg.list_versions() == ["v1"]
     report = json.loads((tmp_path / "r2" / "whatif.json").read_text())
-    assert report["gate"]["passed"] is False and report["against"] == "v1"
+    assert report["gate"]["passed"] is False and report["gate"]["verdict"] == "refuse" and report["against"] == "v1"
+    # with the default support threshold the same candidate is abstained on: nothing published either
+    with pytest.raises(GateAbstained, match="outside the logs' support") as a:
+        promote(world["dir"] / "bad", reg, out_dir=tmp_path / "r2b", guards=off, **kw)
+    assert a.value.result.promoted is False  # type: ignore[attr-defined]
+    assert reg.current("global") == "v1" and reg.list_versions() == ["v1"]
     assert "REFUSED" in (tmp_path / "r2" / "whatif.md").read_text()
     # a promotion racing with another one loses the compare-and-swap instead of overwriting it
     other = reg.publish(world["dir"] / "good", {"name": "other"}, signer)
@@ -123,7 +179,8 @@ def test_promote_better_refuse_bad_pointer_moves_only_on_success(world: dict[str
             return self.inner.publish(*a, **k)
 
     with pytest.raises(CASConflict):
-        promote(world["dir"] / "good", Racing(reg), out_dir=tmp_path / "r3", name="good2", **kw)
+        promote(world["dir"] / "good", Racing(reg), out_dir=tmp_path / "r3", name="good2",
+                guards=[Guard("response.offload_ratio", 0.5)], **kw)
     assert reg.current("global") == other
 
 
@@ -138,13 +195,22 @@ def test_cli_promote_exit_codes_and_force(world: dict[str, Any], tmp_path: Path,
             main(["promote", *args, *base])
         return int(e.value.code)
 
-    assert run(str(d / "good"), "--out", str(tmp_path / "o1")) == 0
+    off = ["--max-regression", "response.offload_ratio=0.05"]
+    assert run(str(d / "good"), "--out", str(tmp_path / "o1"), *off) == 0
     pointer = FileRegistry(reg).current("site/edge-ams")
     assert pointer == "v1"
     capsys.readouterr()
-    code = run(str(d / "bad"), "--out", str(tmp_path / "o2"), "--max-regression", "return=0.05")
+    code = run(str(d / "bad"), "--out", str(tmp_path / "o2"), *off, "--max-out-of-support", "1")
     err = " ".join(capsys.readouterr().err.split())
-    assert code == 1 and "refused:" in err and "return fell" in err and "margin 5%" in err
+    assert code == 1 and "refused:" in err and "response.offload_ratio fell" in err and "margin 5%" in err
+    assert "90% interval" in err
+    # the twin cannot vouch for it under the default support threshold: exit 3, and --json says why
+    assert run(str(d / "bad"), "--out", str(tmp_path / "o2b"), *off, "--json") == 3
+    doc = json.loads(capsys.readouterr().out)
+    gate = doc["gate"]
+    assert gate["verdict"] == "abstain" and gate["exit_code"] == 3 and not doc["promoted"]
+    assert [x["kpi"] for x in gate["drivers"]] == ["response.offload_ratio"]
+    assert gate["drivers"][0]["verdict"] == "unsupported" and len(gate["drivers"][0]["interval"]) == 2
     assert FileRegistry(reg).current("site/edge-ams") == "v1" and FileRegistry(reg).list_versions() == ["v1"]
     # bad input is exit 2 before any replay
     assert run(str(d / "bad"), "--out", str(tmp_path / "o3"), "--max-regression", "nope=0.1") == 2
@@ -155,5 +221,6 @@ def test_cli_promote_exit_codes_and_force(world: dict[str, Any], tmp_path: Path,
     r = FileRegistry(reg)
     assert r.current("site/edge-ams") == "v2" and r.previous("site/edge-ams") == "v1"
     gate = r.manifest("v2").metadata["gate"]
-    assert gate["forced"] is True and gate["passed"] is False and gate["failures"]
+    assert gate["forced"] is True and gate["passed"] is False and gate["verdict"] in ("refuse", "abstain")
+    assert gate["failures"] if gate["verdict"] == "refuse" else gate["abstentions"]
     assert "overridden" in r.history("site/edge-ams")[-1].reason

@@ -32,7 +32,7 @@ from edgetwin.policies.heuristics import (
     UniformRandom,
 )
 from edgetwin.policies.shield import Budget, ShieldConfig, SLOGuard
-from edgetwin.policies.train import latest_checkpoint, train_policy
+from edgetwin.policies.train import SUPPORT_PENALTY, latest_checkpoint, train_policy
 from edgetwin.twin.twin import Twin
 
 torch.set_num_threads(1)
@@ -214,7 +214,9 @@ def test_export_load_round_trip_gives_identical_actions(tmp_path: Path, twin: Tw
     np.testing.assert_allclose(lp.shield.project(obs, lp.transform.apply(raw)), a, atol=1e-6)
     meta = json.loads((res.path / "policy.json").read_text())
     assert meta["algorithm"] == "ppo" and meta["spec_hash"] == SPEC.hash() and meta["metrics"] == {"note": 1}
-    assert meta["action_norm_lambda"] == 0.4
+    # in a twin the support-aware penalty is the default regulariser, seed 004's action-norm pull is off
+    assert meta["action_norm_lambda"] == 0.0
+    assert meta["support_penalty"] == (SUPPORT_PENALTY if twin.n_members > 1 else 0.0)
     # tampering is caught
     with (res.path / "model.zip").open("ab") as f:
         f.write(b"x")

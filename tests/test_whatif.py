@@ -302,6 +302,11 @@ def test_cli_whatif_writes_a_self_contained_report(log_and_twin, tmp_path: Path,
     assert "slo_rate" in {k["name"] for k in doc["kpis"]}
     res = doc["results"][0]["kpis"]["return"]
     assert res["ci_low"] <= res["mean"] <= res["ci_high"] and "out_of_support" in res and "flagged" in res
+    # every cell and every change carries a 90 % interval (plain bootstrap here: no logged actions replayed)
+    assert res["interval"][0] <= res["mean"] <= res["interval"][1]
+    cmp = doc["comparisons"][0]
+    assert cmp["change_interval"][0] <= cmp["change"] <= cmp["change_interval"][1]
+    assert doc["calibration"] is None and "not calibrated" in doc["interval_method"]
     assert (out / "whatif.md").is_file() and (out / "kpis_over_time_burst.png").stat().st_size > 5000
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 3 and "<img src=\"http" not in html and "slo_rate" in html

@@ -11,7 +11,11 @@ more than ``max_regression · |incumbent| + min_delta``, in the direction the KP
 gate, writes the report, and only if the gate passes (or ``force``) publishes the signed artifact
 and moves the scope's pointer with compare-and-swap on the version it read, so a promotion that
 raced with another fails instead of overwriting it. A refusal raises `GateRefused` (exit 1)
-naming each KPI, scenario and by how much.
+naming each KPI, scenario, margin and interval; an abstention raises `GateAbstained` (exit 3)
+with its reason (an interval that straddles the margin, or a candidate whose rollout lies too
+much outside the logs' support). Every interval is the twin's calibrated 90 % interval
+(`edgetwin.twin.intervals`): a gate that is wrong when it is sure is the worst failure it can
+have, so it says so when it cannot tell.
 
 Policies may not import `edgetwin.edge`, so the registry, signer and trust store are duck-typed
 (`RegistryLike`): pass `edgetwin.edge.registry.FileRegistry` / ``open_registry(...)``,
@@ -48,6 +52,13 @@ from edgetwin.twin.whatif import (
 )
 
 DEFAULT_MARGIN = 0.05
+
+
+class GateAbstained(RuntimeError):
+    """The gate cannot tell whether the candidate regresses: exit 3 (``.result`` may hold the
+    `PromotionResult`)."""
+
+    exit_code = 3
 _GUARD_RE = re.compile(
     r"^\s*(?P<name>[^=\s]+)\s*=\s*(?P<rel>[+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*(?P<pct>%?)\s*(?::\s*(?P<abs>\d+(?:\.\d*)?|\.\d+)\s*)?$"
 )
@@ -109,7 +120,15 @@ def parse_guards(items: Sequence[str]) -> list[Guard]:
 
 @dataclass
 class GuardCheck:
-    """One guarded KPI under one scenario."""
+    """One guarded KPI under one scenario, and what the twin can vouch for about it.
+
+    ``interval`` is the calibrated 90 % interval of the relative change (candidate vs baseline,
+    `edgetwin.twin.intervals`); ``worsening_interval`` the same signed so that positive is worse;
+    ``allowed_change`` the margin as a relative worsening. ``verdict``: ``"ok"`` (the whole
+    interval within the margin), ``"regress"`` (the whole interval beyond it), ``"straddle"`` (the
+    interval straddles the margin: the twin cannot tell) or ``"unsupported"`` (more than the gate's
+    ``max_out_of_support`` of the agent-steps behind it lie outside the logs' support).
+    """
 
     scenario: str
     kpi: str
@@ -125,6 +144,17 @@ class GuardCheck:
     out_of_support: float
     flagged: bool
     breached: bool
+    interval: list[float] = field(default_factory=list)
+    worsening_interval: list[float] = field(default_factory=list)
+    allowed_change: float = float("nan")
+    verdict: str = "ok"
+
+    def margin_text(self) -> str:
+        return f"margin {100 * self.max_regression:g}%" + (f" + {self.min_delta:g}" if self.min_delta else "")
+
+    def interval_text(self) -> str:
+        lo, hi = self.interval if self.interval else self.change_ci
+        return f"90% interval of the change [{100 * lo:+.1f}%, {100 * hi:+.1f}%]"
 
     def describe(self) -> str:
         rel = f"{100 * self.change:+.1f}%" if math.isfinite(self.change) else "n/a"
@@ -132,15 +162,37 @@ class GuardCheck:
         flag = " (rests on states outside the logs' support)" if self.flagged else ""
         return (
             f"{self.kpi} {word} {rel} under scenario {self.scenario!r}: {self.baseline:.4g} -> {self.candidate:.4g} "
-            f"({self.better} is better; margin {100 * self.max_regression:g}%"
-            + (f" + {self.min_delta:g}" if self.min_delta else "")
-            + f", 95% CI of the change [{100 * self.change_ci[0]:+.1f}%, {100 * self.change_ci[1]:+.1f}%]){flag}"
+            f"({self.better} is better; {self.margin_text()}, {self.interval_text()}){flag}"
         )
+
+    def abstain_reason(self, max_out_of_support: float) -> str:
+        """Why the twin cannot vouch for this check (``straddle`` / ``unsupported`` only)."""
+        if self.verdict == "unsupported":
+            return (
+                f"{self.kpi} under {self.scenario!r}: {100 * self.out_of_support:.0f}% of the candidate's agent-steps "
+                f"lie outside the logs' support (threshold {100 * max_out_of_support:.0f}%)"
+            )
+        return (
+            f"{self.kpi} under {self.scenario!r}: the {self.interval_text()} straddles the {self.margin_text()} "
+            f"({self.better} is better; point estimate {100 * self.change:+.1f}%)"
+        )
+
+
+#: Verdicts of the gate and their exit codes (0 ok / 1 failed / 3 abstained).
+VERDICTS = {"promote": 0, "refuse": 1, "abstain": 3}
+#: Default share of a check's agent-steps outside the logs' support above which the gate abstains.
+MAX_OUT_OF_SUPPORT = 0.25
 
 
 @dataclass
 class GateDecision:
-    """The gate's verdict with every check and the what-if result behind it."""
+    """The gate's verdict with every check and the what-if result behind it.
+
+    ``verdict``: ``"promote"`` (every check ``ok``), ``"refuse"`` (some KPI regresses beyond its
+    margin with its whole interval, or, with ``refuse_out_of_support``, rests on unsupported
+    states) or ``"abstain"`` (no confident regression, but some check straddles its margin or
+    lies outside the logs' support). ``drivers`` are the checks that decided it.
+    """
 
     passed: bool
     checks: list[GuardCheck]
@@ -148,28 +200,69 @@ class GateDecision:
     candidate: str
     baseline: str
     refused_out_of_support: list[GuardCheck] = field(default_factory=list)
+    verdict: str = "promote"
+    max_out_of_support: float = MAX_OUT_OF_SUPPORT
+
+    @property
+    def exit_code(self) -> int:
+        return VERDICTS[self.verdict]
 
     @property
     def failures(self) -> list[GuardCheck]:
         return [c for c in self.checks if c.breached]
 
+    @property
+    def abstentions(self) -> list[GuardCheck]:
+        return [c for c in self.checks if c.verdict in ("straddle", "unsupported") and c not in self.refused_out_of_support]
+
+    @property
+    def drivers(self) -> list[GuardCheck]:
+        """The checks behind the verdict: the regressions when refused, the uncertain ones when
+        abstaining, every check when promoted."""
+        if self.verdict == "refuse":
+            return self.failures + [c for c in self.refused_out_of_support if c not in self.failures]
+        if self.verdict == "abstain":
+            return self.abstentions
+        return list(self.checks)
+
     def reason(self) -> str:
-        if self.passed:
-            return f"{self.candidate} vs {self.baseline}: no guarded KPI regressed beyond its margin ({len(self.checks)} checks)"
+        head = f"{self.candidate} vs {self.baseline}: "
+        if self.verdict == "promote":
+            return head + f"no guarded KPI regressed beyond its margin, with 90% confidence ({len(self.checks)} checks)"
+        if self.verdict == "abstain":
+            return head + "the twin cannot tell: " + "; ".join(
+                c.abstain_reason(self.max_out_of_support) for c in self.abstentions
+            )
         parts = [c.describe() for c in self.failures]
         parts += [
-            f"{c.kpi} under {c.scenario!r} rests on states outside the logs' support"
-            for c in self.refused_out_of_support
+            f"{c.kpi} under {c.scenario!r} rests on states outside the logs' support" for c in self.refused_out_of_support
         ]
-        return f"{self.candidate} vs {self.baseline}: " + "; ".join(parts)
+        return head + "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
             "passed": self.passed,
             "candidate": self.candidate,
             "baseline": self.baseline,
             "reason": self.reason(),
+            "drivers": [
+                {
+                    "kpi": c.kpi,
+                    "scenario": c.scenario,
+                    "verdict": c.verdict,
+                    "change": c.change,
+                    "interval": c.interval,
+                    "margin": c.allowed_change,
+                    "out_of_support": c.out_of_support,
+                }
+                for c in self.drivers
+            ],
             "failures": [c.describe() for c in self.failures],
+            "abstentions": [c.abstain_reason(self.max_out_of_support) for c in self.abstentions],
+            "max_out_of_support": self.max_out_of_support,
+            "interval_method": self.result.interval_method,
             "checks": [asdict(c) for c in self.checks],
         }
 
@@ -198,21 +291,53 @@ def resolve_guards(
     return [(Guard(k.name, default_margin), k) for k in kpis if k.better is not None]
 
 
+def check_verdict(
+    worsening_interval: Sequence[float], allowed_change: float, out_of_support: float, max_out_of_support: float
+) -> str:
+    """One check's verdict from the signed (positive = worse) interval of the relative change."""
+    lo, hi = float(worsening_interval[0]), float(worsening_interval[1])
+    if out_of_support > max_out_of_support:
+        return "unsupported"
+    if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(allowed_change)):
+        return "straddle"
+    if lo > allowed_change + 1e-12:
+        return "regress"
+    if hi <= allowed_change + 1e-12:
+        return "ok"
+    return "straddle"
+
+
 def decide(
     result: WhatIfResult,
     guards: Sequence[Guard] | None = None,
     default_margin: float = DEFAULT_MARGIN,
     refuse_out_of_support: bool = False,
+    max_out_of_support: float = MAX_OUT_OF_SUPPORT,
 ) -> GateDecision:
-    """Check every guarded KPI under every scenario of a what-if run with a baseline and a candidate."""
+    """Check every guarded KPI under every scenario of a what-if run with a baseline and a candidate.
+
+    A KPI *regresses* when the whole calibrated 90 % interval of its relative change is worse than
+    ``max_regression + min_delta / |baseline|``; it is *ok* when the whole interval is within it.
+    Any regression refuses; else any check that straddles its margin or whose share of
+    out-of-support agent-steps exceeds ``max_out_of_support`` makes the gate abstain (with
+    ``refuse_out_of_support``, the latter refuses instead).
+    """
     if result.baseline is None or result.candidate is None:
         raise ValueError("the gate needs a what-if run with a baseline and a candidate")
+    if not 0.0 <= max_out_of_support <= 1.0:
+        raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
     checks = []
     for sc in result.scenarios:
         for g, k in resolve_guards(result.kpis, guards, default_margin):
             c = result.compare(sc.name, k.name)
             worse = float(c["worsening_abs"])
             allowed = g.allowed(c["baseline"])
+            sign = -1.0 if k.better == "higher" else 1.0
+            lo, hi = c["change_interval"]
+            w_int = sorted([sign * lo, sign * hi])
+            base = abs(float(c["baseline"]))
+            allowed_change = allowed / base if base > 0 else (0.0 if allowed == 0 else math.inf)
+            verdict = check_verdict(w_int, allowed_change, float(c["out_of_support"]), max_out_of_support)
             checks.append(
                 GuardCheck(
                     scenario=sc.name,
@@ -228,12 +353,23 @@ def decide(
                     min_delta=g.min_delta,
                     out_of_support=c["out_of_support"],
                     flagged=c["flagged"],
-                    breached=bool(not math.isfinite(worse) or worse > allowed + 1e-12),
+                    breached=verdict == "regress",
+                    interval=[float(lo), float(hi)],
+                    worsening_interval=w_int,
+                    allowed_change=allowed_change,
+                    verdict=verdict,
                 )
             )
-    oos = [c for c in checks if c.flagged] if refuse_out_of_support else []
-    passed = not any(c.breached for c in checks) and not oos
-    return GateDecision(passed, checks, result, result.candidate, result.baseline, oos)
+    oos = [c for c in checks if c.verdict == "unsupported"] if refuse_out_of_support else []
+    if any(c.breached for c in checks) or oos:
+        verdict = "refuse"
+    elif any(c.verdict in ("straddle", "unsupported") for c in checks):
+        verdict = "abstain"
+    else:
+        verdict = "promote"
+    return GateDecision(
+        verdict == "promote", checks, result, result.candidate, result.baseline, oos, verdict, max_out_of_support
+    )
 
 
 # ------------------------------------------------------------------------------------ policies
@@ -323,11 +459,18 @@ def run_gate(
     exogenous: Sequence[str] = (),
     refuse_out_of_support: bool = False,
     oos_tolerance: float = 0.05,
+    max_out_of_support: float = MAX_OUT_OF_SUPPORT,
+    calibration: Any = None,
     progress: bool = False,
 ) -> GateDecision:
     """Replay ``candidate`` and ``baseline`` in the twin (recent ``log``, nominal + ``scenarios``)
-    and check the guarded KPIs; see the module docstring. ``episodes`` recorded episodes (the last
-    of the log) are replayed with every member and ``seeds`` noise seeds."""
+    and check the guarded KPIs; see the module docstring and `decide`. ``episodes`` recorded
+    episodes (the last of the log) are replayed with every member and ``seeds`` noise seeds.
+
+    ``calibration`` (`edgetwin.twin.intervals.Calibration`) widens the intervals by the twin's
+    error on held-out logs; by default (with a log) the log's own actions are replayed too and the
+    twin is calibrated on them: the recent log is traffic the twin was not fitted on, and its
+    logged KPIs are the real system's answer for the logged actions."""
     if candidate.name == baseline.name:
         candidate = PolicySpec(f"{candidate.name} (candidate)", candidate.factory)
     if guards:  # fail on a bad guard before the long replay
@@ -340,9 +483,15 @@ def run_gate(
             else default_kpis(twin.spec, lay.outputs + ([] if lay.predict_reward else ["reward"]))
         )
         resolve_guards(ks, guards, default_margin)
+    pols = [baseline, candidate]
+    if calibration is None and log is not None and all(p.factory is not None for p in pols):
+        logged = builtin_policy("logged", twin)
+        while logged.name in (baseline.name, candidate.name):
+            logged.name += "_"
+        pols.append(logged)
     result = run_whatif(
         twin,
-        [baseline, candidate],
+        pols,
         scenarios,
         baseline=baseline.name,
         kpis=kpis,
@@ -355,8 +504,9 @@ def run_gate(
         exogenous=exogenous,
         oos_tolerance=oos_tolerance,
         progress=progress,
+        calibration=calibration,
     )
-    return decide(result, guards, default_margin, refuse_out_of_support)
+    return decide(result, guards, default_margin, refuse_out_of_support, max_out_of_support)
 
 
 def kpi_metrics(result: WhatIfResult, policy: str, scenario: str = NOMINAL.name) -> dict[str, float]:
@@ -371,19 +521,25 @@ def kpi_metrics(result: WhatIfResult, policy: str, scenario: str = NOMINAL.name)
 
 def gate_markdown(decision: GateDecision, promoted: str | None = None) -> str:
     """The verdict as Markdown (placed at the top of the promotion report)."""
-    head = "PASSED" if decision.passed else "REFUSED"
+    head = {"promote": "PASSED", "refuse": "REFUSED", "abstain": "ABSTAINED"}[decision.verdict]
     lines = [f"**Promotion gate: {head}** — {decision.candidate} vs {decision.baseline}.", ""]
     if promoted:
         lines += [promoted, ""]
-    if decision.failures or decision.refused_out_of_support:
+    if decision.verdict == "refuse":
         lines += [f"- {c.describe()}" for c in decision.failures]
         lines += [
             f"- {c.kpi} under {c.scenario!r}: rests on unsupported states"
             for c in decision.refused_out_of_support
         ]
+    elif decision.verdict == "abstain":
+        lines.append("The twin cannot vouch for the candidate; nothing regressed with confidence, but:")
+        lines += [f"- {c.abstain_reason(decision.max_out_of_support)}" for c in decision.abstentions]
     else:
         guarded = sorted({c.kpi for c in decision.checks})
-        lines.append(f"No guarded KPI regressed beyond its margin (guarded: {', '.join(guarded) or 'none'}).")
+        lines.append(
+            f"No guarded KPI regressed beyond its margin, with 90% confidence (guarded: {', '.join(guarded) or 'none'})."
+        )
+    lines += ["", f"Intervals: {decision.result.interval_method}."]
     return "\n".join(lines)
 
 
@@ -469,6 +625,8 @@ def promote(
     steps: int | None = None,
     exogenous: Sequence[str] = (),
     refuse_out_of_support: bool = False,
+    max_out_of_support: float = MAX_OUT_OF_SUPPORT,
+    calibration: Any = None,
     force: bool = False,
     out_dir: str | Path = "promotion-report",
     name: str | None = None,
@@ -496,6 +654,8 @@ def promote(
 
     Raises:
         GateRefused: a guarded KPI regressed (``.result`` holds the `PromotionResult`).
+        GateAbstained: the twin cannot tell (``.result`` holds the `PromotionResult`); nothing is
+            published unless ``force``.
         InputError: bad policy, scope, guard or log. The registry's CAS conflict propagates.
     """
     out = Path(out_dir)
@@ -544,7 +704,8 @@ def promote(
         decision = run_gate(
             twin, candidate, baseline, log=log, scenarios=scenarios, guards=guards, default_margin=default_margin,
             kpis=kpis, episodes=episodes, seeds=seeds, seed=seed, members=members, steps=steps, exogenous=exogenous,
-            refuse_out_of_support=refuse_out_of_support, progress=progress,
+            refuse_out_of_support=refuse_out_of_support, max_out_of_support=max_out_of_support,
+            calibration=calibration, progress=progress,
         )  # fmt: skip
 
         from edgetwin.twin.report import write_report
@@ -569,10 +730,12 @@ def promote(
         md["metrics"] = metrics
         md["gate"] = {
             "passed": decision.passed,
+            "verdict": decision.verdict,
             "forced": bool(force and not decision.passed),
             "against": against_label,
             "scope": scope,
             "failures": [c.describe() for c in decision.failures],
+            "abstentions": [c.abstain_reason(decision.max_out_of_support) for c in decision.abstentions],
             "guards": {c.kpi: c.max_regression for c in decision.checks},
             "scenarios": [s.name for s in decision.result.scenarios],
             "report_sha256": report_sha,
@@ -583,12 +746,14 @@ def promote(
         files["promotion"] = out / "promotion.json"
         if not decision.passed and not force:
             files["promotion"].write_text(json.dumps(result.to_dict(), indent=1, default=str))
-            err = GateRefused(f"{decision.reason()} (report: {files['html']})")
-            err.result = result  # type: ignore[attr-defined]
+            err: Any = (GateAbstained if decision.verdict == "abstain" else GateRefused)(
+                f"{decision.reason()} (report: {files['html']})"
+            )
+            err.result = result
             raise err
         if cand_version is None:
             cand_version = registry.publish(cand_path, md, signer)
-        reason = "gate passed" if decision.passed else f"gate overridden (--force): {decision.reason()}"
+        reason = "gate passed" if decision.passed else f"gate overridden (--force, {decision.verdict}): {decision.reason()}"
         registry.set_current(scope, cand_version, expected=expected, reason=reason[:500], kind="promote")
         result.version = cand_version
         result.promoted = True
@@ -599,6 +764,9 @@ def promote(
 
 __all__ = [
     "DEFAULT_MARGIN",
+    "MAX_OUT_OF_SUPPORT",
+    "VERDICTS",
+    "GateAbstained",
     "GateDecision",
     "Guard",
     "GuardCheck",
@@ -606,6 +774,7 @@ __all__ = [
     "RegistryLike",
     "decide",
     "gate_markdown",
+    "check_verdict",
     "kpi_metrics",
     "load_view",
     "parse_guards",

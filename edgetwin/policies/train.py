@@ -7,8 +7,12 @@ rescaling to [-1, 1] (or a grid for MaskablePPO), `VecMonitor`, `VecNormalize`, 
 (`EvalCallback` + `StopTrainingOnNoModelImprovement`), so that a policy that only looks good in the
 twin it trains in is caught. The result is exported with `edgetwin.policies.export`.
 
-Against twin error, the on-policy algorithms use the action-norm regulariser of seed 004 eq. 8
-(λ = 0.4 by default; `edgetwin.policies.regularised`).
+Against twin error, training in a twin is support-aware by default: every step's reward is
+reduced by ``SUPPORT_PENALTY`` x the ensemble's disagreement on it (MOPO-style, Yu et al. 2020:
+the members disagree where the logs are thin, so the policy is pulled toward what the twin can
+vouch for rather than toward the centre of the action box). Seed 004's action-norm regulariser
+(eq. 8, λ = 0.4, `edgetwin.policies.regularised`) stays an option (``action_norm_lambda``); it is
+the default only for environments that are not twins (no ensemble to disagree).
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ from edgetwin.policies.regularised import (
     RegularisedRecurrentPolicy,
 )
 from edgetwin.policies.shield import Shield, ShieldConfig, ShieldVecEnvWrapper
+
+#: Default weight of the ensemble-disagreement penalty when training in a twin (MOPO's λ = 1: the
+#: reward minus one unit per unit of the members' mean output standard deviation, in standardised units).
+SUPPORT_PENALTY = 1.0
 
 Algo = Literal["ppo", "a2c", "sac", "td3", "maskable_ppo", "recurrent_ppo", "dual_critic_ppo"]
 ON_POLICY = ("ppo", "a2c", "maskable_ppo", "recurrent_ppo", "dual_critic_ppo")
@@ -327,7 +335,7 @@ def train_policy(
     tensorboard_dir: str | Path | None = None,
     checkpoint_every: int = 10_000,
     resume: bool = True,
-    action_norm_lambda: float = ACTION_NORM_LAMBDA,
+    action_norm_lambda: float | None = None,
     early_stop_on: EnvSource | None = None,
     eval_every: int = 5_000,
     patience: int = 3,
@@ -358,7 +366,9 @@ def train_policy(
         tensorboard_dir: TensorBoard logs, if given.
         checkpoint_every: steps between checkpoints (0 = none).
         resume: continue from the newest checkpoint in ``out/checkpoints`` if there is one.
-        action_norm_lambda: λ of seed 004 eq. 8 for the on-policy algorithms (0 = off).
+        action_norm_lambda: λ of seed 004 eq. 8 for the on-policy algorithms (0 = off). Default:
+            0 when training in a twin (the support-aware penalty regularises instead), else
+            ``ACTION_NORM_LAMBDA`` (0.4).
         early_stop_on: a held-out validation env/twin; training stops after ``patience``
             evaluations (every ``eval_every`` steps) without a new best, and the best model on it
             is exported instead of the last.
@@ -394,6 +404,12 @@ def train_policy(
     hp = default_hyper(algo, n_envs)
     hp.update(hyper or {})
     topts = dict(twin_opts or {})
+    if _is_twin(env_or_twin):
+        topts.setdefault("disagreement_penalty", SUPPORT_PENALTY if env_or_twin.n_members > 1 else 0.0)
+        if action_norm_lambda is None:
+            action_norm_lambda = 0.0
+    elif action_norm_lambda is None:
+        action_norm_lambda = ACTION_NORM_LAMBDA
     grid = priority is not None
     chain = build_env(
         env_or_twin,
@@ -545,6 +561,7 @@ def train_policy(
         best_model_steps=int(model.num_timesteps),
         stopped_early=stopped_early,
         action_norm_lambda=action_norm_lambda if algo in ON_POLICY else None,
+        support_penalty=topts.get("disagreement_penalty"),
         best_validation_return=best,
         resumed_from=resumed_from,
         hyper=_jsonable(hp),
@@ -575,6 +592,7 @@ def set_torch_threads(n: int = 1) -> None:
 __all__ = [
     "EnvChain",
     "GridActionVecEnv",
+    "SUPPORT_PENALTY",
     "RescaleActionVecEnv",
     "TrainResult",
     "build_env",

@@ -301,6 +301,7 @@ def fidelity_report(
     episodes: int = 4,
     max_horizon: int = 100,
     out_dir: str | Path | None = None,
+    coverage: bool = True,
 ) -> dict[str, Any]:
     """Score a twin against a held-out log (under its logging policy); PNGs into ``out_dir``.
 
@@ -313,10 +314,14 @@ def fidelity_report(
         max_horizon: longest replay horizon for the compounding error.
         out_dir: where to write ``fidelity_kl.png``, ``fidelity_time_slices.png`` and
             ``fidelity_compounding.png`` (nothing written when None).
+        coverage: also measure how often the logged KPIs fall inside the twin's calibrated 90 %
+            interval (`edgetwin.twin.intervals.held_out_coverage`, cross-fitted over the log's
+            episodes).
 
     Returns:
         ``{"kl": {column: nats}, "mean_kl", "time_slices": {column: {"real", "twin"}},
-        "replay": [{h, outputs, state, n}], "growth_exponent", "support": {...}}``.
+        "replay": [{h, outputs, state, n}], "growth_exponent", "support": {...},
+        "coverage": {...}}``.
     """
     lay = twin.layout
     policy = policy or twin.logging_policy(seed=seed)
@@ -349,6 +354,10 @@ def fidelity_report(
         "n_real_rows": len(log),
         "n_twin_rows": len(virt),
     }
+    if coverage:
+        from edgetwin.twin.calibration import held_out_coverage
+
+        report["coverage"] = held_out_coverage(twin, log, seed=seed)
     if out_dir is not None:
         report["figures"] = _plots(report, Path(out_dir))
     return report

@@ -2,7 +2,7 @@
 
 `write_report(result, out_dir)` writes::
 
-    whatif.json                 every number, its 95 % interval, member spread, out-of-support share
+    whatif.json                 every number, its 90 % interval, member spread, out-of-support share
     whatif.md                   KPI tables per scenario (⚠ marks numbers resting on unsupported states)
     kpis_over_time_<s>.png      per-step means of the outputs, one line per policy, 10-90 % band
     kpi_changes.png             candidate vs baseline, relative change per KPI and scenario
@@ -59,7 +59,7 @@ def notes(result: WhatIfResult) -> list[str]:
     """Caveats a reader needs next to the numbers."""
     s = result.settings
     out = [
-        f"Intervals: 95 % two-level bootstrap over {len(s['members'])} ensemble member(s) x "
+        f"Intervals: {result.interval_method}; {len(s['members'])} ensemble member(s) x "
         f"{s['replicates']} replicate world(s) (mode: {s['mode']}); every policy and scenario ran on the "
         "same worlds and response noise, so differences are paired.",
         f"{FLAG} marks a number for which more than {100 * result.oos_tolerance:.0f} % of the agent-steps "
@@ -108,7 +108,7 @@ def markdown(result: WhatIfResult, title: str = "What-if report") -> str:
 
 def _value(d: Mapping[str, Any]) -> str:
     flag = f" {FLAG}" if d.get("flagged") else ""
-    return f"{_fmt(d['mean'])} [{_fmt(d['ci_low'], 3)}, {_fmt(d['ci_high'], 3)}]{flag}"
+    return f"{_fmt(d['mean'])} [{_fmt(d['interval'][0], 3)}, {_fmt(d['interval'][1], 3)}]{flag}"
 
 
 def _scenario_md(result: WhatIfResult, sc: Scenario) -> list[str]:
@@ -124,7 +124,7 @@ def _scenario_md(result: WhatIfResult, sc: Scenario) -> list[str]:
     if logged:
         cols.insert(2, "as logged")
     cands = result.candidates
-    cols += [f"{c} vs {result.baseline} (95 % CI)" for c in cands]
+    cols += [f"{c} vs {result.baseline} (90 % interval)" for c in cands]
     lines.append("| " + " | ".join(cols) + " |")
     lines.append("|" + "|".join(["---"] * 2 + ["---:"] * (len(cols) - 2)) + "|")
     for k in result.kpis:
@@ -138,12 +138,12 @@ def _scenario_md(result: WhatIfResult, sc: Scenario) -> list[str]:
             verdict = ""
             if c["worsening"] is not None and math.isfinite(c["worsening"]):
                 verdict = " worse" if c["worsening"] > 0 else (" better" if c["worsening"] < 0 else "")
-                lo, hi = c["change_ci"]
+                lo, hi = c["change_interval"]
                 if verdict and lo <= 0 <= hi:  # the interval straddles no change
                     verdict += " (n.s.)"
             flag = f" {FLAG}" if c["flagged"] else ""
             row.append(
-                f"{_pct(c['change'])} [{_pct(c['change_ci'][0])}, {_pct(c['change_ci'][1])}]{verdict}{flag}"
+                f"{_pct(c['change'])} [{_pct(c['change_interval'][0])}, {_pct(c['change_interval'][1])}]{verdict}{flag}"
             )
         lines.append("| " + " | ".join(row) + " |")
     oos = ", ".join(
@@ -217,7 +217,7 @@ def plot_timeline(result: WhatIfResult, scenario: str, path: str | Path) -> Path
 
 
 def plot_changes(result: WhatIfResult, path: str | Path) -> Path | None:
-    """Relative change (candidate vs baseline, 95 % CI) of every KPI, one group per scenario."""
+    """Relative change (candidate vs baseline, 90 % interval) of every KPI, one group per scenario."""
     if result.baseline is None or result.candidate is None:
         return None
     plt = _plt()
@@ -229,8 +229,8 @@ def plot_changes(result: WhatIfResult, path: str | Path) -> Path | None:
     for i, sc in enumerate(result.scenarios):
         cs = [result.compare(sc.name, k.name) for k in kpis]
         val = np.array([c["change"] for c in cs], dtype=np.float64) * 100
-        lo = np.array([c["change_ci"][0] for c in cs], dtype=np.float64) * 100
-        hi = np.array([c["change_ci"][1] for c in cs], dtype=np.float64) * 100
+        lo = np.array([c["change_interval"][0] for c in cs], dtype=np.float64) * 100
+        hi = np.array([c["change_interval"][1] for c in cs], dtype=np.float64) * 100
         val, lo, hi = (np.clip(np.nan_to_num(a, posinf=500, neginf=-500), -500, 500) for a in (val, lo, hi))
         err = np.stack([np.maximum(val - lo, 0), np.maximum(hi - val, 0)])
         ax.bar(
@@ -283,7 +283,7 @@ def _html_value(d: Mapping[str, Any]) -> str:
         if d.get("flagged")
         else ""
     )
-    return f"{_fmt(d['mean'])} <small>[{_fmt(d['ci_low'], 3)}, {_fmt(d['ci_high'], 3)}]</small>{flag}"
+    return f"{_fmt(d['mean'])} <small>[{_fmt(d['interval'][0], 3)}, {_fmt(d['interval'][1], 3)}]</small>{flag}"
 
 
 def html_report(
@@ -332,7 +332,7 @@ def html_report(
                 flag = f' <span class="flag">{FLAG}</span>' if c["flagged"] else ""
                 cells.append(
                     f"<span class='{cls}'>{_pct(c['change'])}</span> "
-                    f"<small>[{_pct(c['change_ci'][0])}, {_pct(c['change_ci'][1])}]</small>{flag}"
+                    f"<small>[{_pct(c['change_interval'][0])}, {_pct(c['change_interval'][1])}]</small>{flag}"
                 )
             parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         parts.append("</table>")

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from edgetwin.twin.intervals import LEVEL, bootstrap_ci, change_interval, interval
 from edgetwin.twin.whatif.kpis import KpiDef
 from edgetwin.twin.whatif.scenarios import Scenario
 
@@ -34,42 +35,6 @@ class Cell:
     oos_t: np.ndarray
 
 
-def bootstrap_ci(
-    values: np.ndarray,
-    stat: Callable[[np.ndarray], float] | None = None,
-    n_boot: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> tuple[float, float]:
-    """Percentile interval of ``stat`` (default: the mean) of ``(M, R)`` values, resampling members
-    and replicates independently (two-level bootstrap): both the ensemble's disagreement and the
-    spread over worlds widen it. NaN entries are ignored."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.ndim == 1:
-        v = v[None, :]
-    m, r = v.shape
-    fn = stat or (lambda a: float(np.nanmean(a)))
-    if m * r <= 1:
-        x = fn(v)
-        return x, x
-    rng = np.random.default_rng(seed)
-    mi = rng.integers(m, size=(n_boot, m))
-    ri = rng.integers(r, size=(n_boot, r))
-    if stat is None:  # the mean, vectorised over resamples: (B, M, R)
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN resample gives NaN, dropped below
-            boots = np.nanmean(v[mi[:, :, None], ri[:, None, :]], axis=(1, 2))
-    else:
-        boots = np.array([fn(v[mi[b]][:, ri[b]]) for b in range(n_boot)])
-    boots = boots[np.isfinite(boots)]
-    if not len(boots):
-        return float("nan"), float("nan")
-    a = (1.0 - level) / 2.0
-    return float(np.quantile(boots, a)), float(np.quantile(boots, 1.0 - a))
-
-
 @dataclass
 class WhatIfResult:
     """Every cell of a what-if run plus what it was run on; see `edgetwin.twin.report` for output.
@@ -83,6 +48,8 @@ class WhatIfResult:
         logged_kpis: replay mode: KPI name -> ``(R,)`` values of the recorded episodes themselves.
         settings: how it was run (seed, episodes, members, mode, ...).
         oos_tolerance: a number is flagged when more than this share of its agent-steps is out of support.
+        calibration: an `edgetwin.twin.intervals.Calibration` (the twin's error on held-out logged
+            episodes) that widens every 90 % interval; None: plain bootstrap intervals.
     """
 
     cells: dict[tuple[str, str], Cell]
@@ -94,6 +61,7 @@ class WhatIfResult:
     settings: dict[str, Any]
     logged_kpis: dict[str, np.ndarray] = field(default_factory=dict)
     oos_tolerance: float = 0.05
+    calibration: Any = None
     _memo: dict[tuple[str, ...], dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -110,8 +78,26 @@ class WhatIfResult:
                 return k
         raise KeyError(name)
 
+    def calibrate(self, calibration: Any) -> None:
+        """Use ``calibration`` (`edgetwin.twin.intervals.Calibration`) for every interval from now on."""
+        self.calibration = calibration
+        self._memo.clear()
+
+    @property
+    def interval_method(self) -> str:
+        """How the 90 % intervals are built (for reports)."""
+        if self.calibration is None:
+            return "90 % two-level bootstrap over members x replicates (not calibrated)"
+        how = {
+            "relative": "widened by the conformal quantile of the ensemble's relative error",
+            "normalized": "ensemble mean ± the conformal multiple of the members' spread (at least the bootstrap)",
+            "hybrid": "levels widened by the conformal quantile of the ensemble's relative error, changes by that "
+            "error applied to the change plus the conformal multiple of the members' spread of the change",
+        }.get(self.calibration.method, self.calibration.method)
+        return f"90 % two-level bootstrap over members x replicates, {how} on {self.calibration.source}"
+
     def summary(self, policy: str, scenario: str, kpi: str) -> dict[str, Any]:
-        """Mean, 95 % interval (members x replicates), member spread and support share of one number."""
+        """Mean, 95 % bootstrap CI, calibrated 90 % ``interval``, member spread and support share."""
         key = ("summary", policy, scenario, kpi)
         if key not in self._memo:
             self._memo[key] = self._summary(policy, scenario, kpi)
@@ -123,10 +109,12 @@ class WhatIfResult:
         lo, hi = bootstrap_ci(v, seed=int(self.settings.get("seed", 0)))
         member_means = np.nanmean(v, axis=1)
         oos = float(np.nanmean(c.oos))
+        i_lo, i_hi = interval(v, self.calibration, kpi, seed=int(self.settings.get("seed", 0)))
         return {
             "mean": float(np.nanmean(v)),
             "ci_low": lo,
             "ci_high": hi,
+            "interval": [i_lo, i_hi],
             "member_spread": float(np.std(member_means)) if len(member_means) > 1 else 0.0,
             "out_of_support": oos,
             "flagged": bool(oos > self.oos_tolerance),
@@ -159,6 +147,7 @@ class WhatIfResult:
 
         both = np.stack([va, vb])  # (2, M, R): resampled jointly, so the comparison stays paired
         lo, hi = _paired_ci(both, rel, seed=int(self.settings.get("seed", 0)))
+        lo90, hi90 = _paired_ci(both, rel, seed=int(self.settings.get("seed", 0)), level=LEVEL)
         change = rel(both)
         sign = {"higher": -1.0, "lower": 1.0}.get(k.better or "", 0.0)
         ma, mb = float(np.nanmean(va)), float(np.nanmean(vb))
@@ -172,6 +161,9 @@ class WhatIfResult:
             "delta": ma - mb,
             "change": change,
             "change_ci": [lo, hi],
+            "change_interval": list(
+                change_interval((lo90, hi90), va, vb, self.calibration, kpi)
+            ),
             "worsening": None if sign == 0.0 else sign * change,
             "worsening_abs": None if sign == 0.0 else sign * (ma - mb),
             "out_of_support": oos,
@@ -208,6 +200,8 @@ class WhatIfResult:
             "scenarios": [s.to_dict() for s in self.scenarios],
             "kpis": [k.to_dict() for k in self.kpis],
             "oos_tolerance": self.oos_tolerance,
+            "interval_method": self.interval_method,
+            "calibration": None if self.calibration is None else self.calibration.to_dict(),
             "results": results,
             "comparisons": comparisons,
             "logged": logged,
@@ -223,7 +217,7 @@ def _rel_change(cand: float, base: float) -> float:
 
 
 def _paired_ci(
-    both: np.ndarray, fn: Callable[[np.ndarray], float], seed: int, n_boot: int = 1000
+    both: np.ndarray, fn: Callable[[np.ndarray], float], seed: int, n_boot: int = 1000, level: float = 0.95
 ) -> tuple[float, float]:
     _, m, r = both.shape
     if m * r <= 1:
@@ -241,4 +235,5 @@ def _paired_ci(
     boots = boots[np.isfinite(boots)]
     if not len(boots):
         return float("nan"), float("nan")
-    return float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
+    a = (1.0 - level) / 2.0
+    return float(np.quantile(boots, a)), float(np.quantile(boots, 1.0 - a))

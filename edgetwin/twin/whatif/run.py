@@ -50,6 +50,7 @@ def run_whatif(
     include_nominal: bool = True,
     oos_tolerance: float = 0.05,
     progress: bool = True,
+    calibration: Any = None,
 ) -> WhatIfResult:
     """Run ``policies`` through ``twin`` under every scenario, over seeds, episodes and members.
 
@@ -73,6 +74,10 @@ def run_whatif(
         include_nominal: run the unperturbed scenario too.
         oos_tolerance: flag a number when more than this share of its agent-steps is out of support.
         progress: tqdm bar.
+        calibration: an `edgetwin.twin.intervals.Calibration` that widens every 90 % interval.
+            Default: in replay mode, when the log's own actions are among the policies (built-in
+            ``"logged"``), calibrated on them (the recorded episodes are held out from the twin's
+            fit unless the log is its training log); else plain bootstrap intervals.
 
     Raises:
         InputError: bad scenarios (naming file, entry and key), unknown KPI columns, bad options.
@@ -215,6 +220,16 @@ def run_whatif(
         # support, the reference for the shares of the simulated numbers
         "recorded_out_of_support": logged_oos,
     }
+    if calibration is None and recorded is not None:
+        logged_names = [p.name for p in policies if p.factory is None]
+        if logged_names and any(s.name == NOMINAL.name for s in scen_list):
+            from edgetwin.twin.intervals import calibration_from_arrays
+
+            cell = cells[(logged_names[0], NOMINAL.name)]
+            calibration = calibration_from_arrays(
+                {k.name: cell.values[k.name] for k in kpis}, logged_kpis, source=(
+                    f"the replayed log's own actions ({len(recorded)} episode(s) x {len(members)} member(s))")
+            )  # fmt: skip
     return WhatIfResult(
         cells=cells,
         policies=order,
@@ -225,4 +240,5 @@ def run_whatif(
         settings=settings,
         logged_kpis=logged_kpis,
         oos_tolerance=oos_tolerance,
+        calibration=calibration,
     )

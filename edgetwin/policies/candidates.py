@@ -1,0 +1,240 @@
+"""Simple candidate policies, and scoring policies in a twin by what it can vouch for.
+
+A policy trained in a twin can exploit the twin's errors; a constant action or the logging
+policy's clone cannot do much of that. `edgetwin train` therefore scores the trained policy beside
+a built-in set of simple candidates (`simple_candidates`: constant actions on a small grid of the
+action box, the twin's clone of the logging policy, heuristics that fit the spec when a
+`SchedulingView` is given) and exports the best by the *lower bound* of its 90 % interval of the
+return (`score_policies`, `best_by_lower_bound`), saying so when that is not the trained network.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from edgetwin.contract.spec import TwinSpec
+
+__all__ = [
+    "CandidateScore",
+    "ConstantPolicy",
+    "Selection",
+    "best_by_lower_bound",
+    "score_policies",
+    "select_export",
+    "simple_candidates",
+]
+
+
+class ConstantPolicy:
+    """Always the same action (in spec units); exportable (`to_config`)."""
+
+    def __init__(self, spec: TwinSpec, action: Sequence[float]) -> None:
+        self.spec = spec
+        self.action = [float(x) for x in action]
+        if len(self.action) != len(spec.action_columns):
+            raise ValueError(f"expected {len(spec.action_columns)} action values, got {len(self.action)}")
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        return np.tile(np.asarray(self.action, dtype=np.float64), (len(obs), 1))
+
+    def to_config(self) -> dict[str, Any]:
+        return {"action": list(self.action)}
+
+    @property
+    def name(self) -> str:
+        return "constant(" + ", ".join(f"{x:.3g}" for x in self.action) + ")"
+
+
+def _action_box(twin: Any) -> tuple[np.ndarray, np.ndarray]:
+    low = np.asarray(twin.action_low, dtype=np.float64)
+    high = np.asarray(twin.action_high, dtype=np.float64)
+    return low, high
+
+
+def simple_candidates(
+    twin: Any, view: Any = None, grid: Sequence[float] = (0.25, 0.75), max_constants: int = 16, seed: int = 0
+) -> dict[str, Any]:
+    """Built-in simple policies for ``twin``'s spec.
+
+    Constant actions at the centre of the action box and at every combination of the ``grid``
+    fractions of each action's range (``len(grid) ** A`` of them; beyond ``max_constants``, the
+    centre moved along one action at a time instead), the twin's deterministic clone of the
+    logging policy, and, with a `SchedulingView` ``view``, every heuristic of
+    `edgetwin.policies.heuristics` that fits the spec.
+    """
+    spec = twin.spec
+    low, high = _action_box(twin)
+    mid = (low + high) / 2.0
+    points = [mid]
+    if len(grid) ** len(low) <= max_constants:
+        points += [low + np.asarray(f) * (high - low) for f in itertools.product(grid, repeat=len(low))]
+    else:
+        for j in range(len(low)):
+            for f in grid:
+                p = mid.copy()
+                p[j] = low[j] + f * (high[j] - low[j])
+                points.append(p)
+    out: dict[str, Any] = {}
+    for p in points:
+        c = ConstantPolicy(spec, p)
+        out[c.name] = c
+    out["logging clone"] = twin.logging_policy(seed=seed, stochastic=False)
+    if view is not None:
+        from edgetwin.policies.heuristics import HEURISTICS, make_heuristic
+
+        for name in HEURISTICS:
+            try:
+                out[f"heuristic:{name}"] = make_heuristic(name, spec, view)
+            except Exception:  # a heuristic the spec or view does not fit: not a candidate
+                continue
+    return out
+
+
+@dataclass
+class CandidateScore:
+    """One policy's return in the twin: mean, calibrated 90 % interval, out-of-support share."""
+
+    name: str
+    mean: float
+    low: float
+    high: float
+    out_of_support: float
+    trained: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def score_policies(
+    twin: Any,
+    policies: Mapping[str, Any],
+    *,
+    log: pd.DataFrame | None = None,
+    calibration: Any = None,
+    episodes: int = 2,
+    seed: int = 0,
+    steps: int | None = None,
+    n_agents: int | None = None,
+    trained: Sequence[str] = (),
+    kpi: str = "return",
+    progress: bool = False,
+) -> list[CandidateScore]:
+    """Score every policy's ``kpi`` in the twin (all members, paired worlds), best lower bound first.
+
+    With a held-out ``log`` its episodes are replayed (and, without ``calibration``, the twin is
+    calibrated on its logged actions); else fresh worlds are generated.
+    """
+    from edgetwin.twin.whatif import builtin_policy, default_kpis, fixed_policy, run_whatif
+
+    lay = twin.layout
+    kpis = [k for k in default_kpis(twin.spec, lay.outputs + ([] if lay.predict_reward else ["reward"])) if k.name == kpi]
+    if not kpis:
+        raise ValueError(f"the twin computes no KPI {kpi!r}")
+    specs = [fixed_policy(n, p) for n, p in policies.items()]
+    if log is not None and calibration is None:
+        specs.append(builtin_policy("logged", twin))
+    res = run_whatif(
+        twin, specs, [], kpis=kpis, episodes=episodes, seeds=1, seed=seed, steps=steps, n_agents=n_agents,
+        log=log, calibration=calibration, progress=progress,
+    )  # fmt: skip
+    out = []
+    for name in policies:
+        s = res.summary(name, "nominal", kpi)
+        lo, hi = s["interval"]
+        out.append(CandidateScore(name, s["mean"], lo, hi, s["out_of_support"], name in trained))
+    out.sort(key=lambda c: -c.low if math.isfinite(c.low) else math.inf)
+    return out
+
+
+def best_by_lower_bound(scores: Sequence[CandidateScore]) -> CandidateScore:
+    """The policy whose 90 % interval's lower bound is highest (ties: the trained one)."""
+    return max(scores, key=lambda c: (c.low if math.isfinite(c.low) else -math.inf, c.trained))
+
+
+@dataclass
+class Selection:
+    """What `select_export` did: every score, the chosen policy, and where the trained one is."""
+
+    scores: list[CandidateScore]
+    chosen: str
+    trained: str
+    replaced: bool
+    path: str
+    trained_path: str
+    note: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scores": [s.to_dict() for s in self.scores],
+            "chosen": self.chosen,
+            "trained": self.trained,
+            "exported_trained_network": not self.replaced,
+            "path": self.path,
+            "trained_path": self.trained_path,
+            "note": self.note,
+        }
+
+
+def select_export(
+    twin: Any,
+    policy_dir: str | Path,
+    *,
+    view: Any = None,
+    log: pd.DataFrame | None = None,
+    episodes: int = 2,
+    seed: int = 0,
+    steps: int | None = None,
+    n_agents: int | None = None,
+    progress: bool = False,
+) -> Selection:
+    """Score the trained policy in ``policy_dir`` beside `simple_candidates` and keep the best by
+    the lower bound of its 90 % interval of the return.
+
+    When a simple candidate wins and can be exported (constants and heuristics can; the logging
+    clone cannot, so the best exportable one is taken), the trained network is moved to
+    ``<policy_dir>.trained`` and the winner exported to ``policy_dir`` (metadata
+    ``selected_over``); the `Selection`'s ``note`` says so.
+    """
+    import shutil
+
+    from edgetwin.policies.export import export_policy, load_policy
+
+    policy_dir = Path(policy_dir)
+    trained_name = "trained network"
+    pols: dict[str, Any] = {trained_name: load_policy(policy_dir)}
+    pols.update(simple_candidates(twin, view=view, seed=seed))
+    scores = score_policies(
+        twin, pols, log=log, episodes=episodes, seed=seed, steps=steps, n_agents=n_agents, trained=[trained_name],
+        progress=progress,
+    )  # fmt: skip
+    exportable = [s for s in scores if s.trained or hasattr(pols[s.name], "to_config")]
+    best = best_by_lower_bound(exportable)
+    overall = best_by_lower_bound(scores)
+    trained_path = policy_dir
+    note = f"exported the trained network: its 90 % interval's lower bound ({best.low:.4g}) is the best"
+    if not best.trained:
+        trained_path = policy_dir.with_name(policy_dir.name + ".trained")
+        if trained_path.exists():
+            shutil.rmtree(trained_path)
+        shutil.move(str(policy_dir), str(trained_path))
+        t = next(s for s in scores if s.trained)
+        export_policy(
+            pols[best.name], policy_dir, twin.spec,
+            metadata={"name": best.name, "selected_over": {"trained_network": str(trained_path),
+                      "trained_lower_bound": t.low, "chosen_lower_bound": best.low}},
+        )  # fmt: skip
+        note = (
+            f"exported {best.name!r}, NOT the trained network: its lower bound of the return ({best.low:.4g}) beats "
+            f"the trained network's ({t.low:.4g}); the trained network is kept in {trained_path}"
+        )
+    if overall.name != best.name:
+        note += f" ({overall.name!r} scored higher but cannot be exported)"
+    return Selection(scores, best.name, trained_name, not best.trained, str(policy_dir), str(trained_path), note)

@@ -1,0 +1,260 @@
+"""Calibrated 90 % intervals for what the twin says about a policy.
+
+A twin's number about a policy has two kinds of uncertainty. What varies anyway (populations,
+days, response noise) and what the twin does not know (its ensemble members disagree) are both
+in the two-level bootstrap over members x replicate worlds (`edgetwin.twin.whatif.bootstrap_ci`).
+What the bootstrap cannot see is the twin's *bias*: every member can be wrong the same way. A
+bootstrap interval of a twin's mean therefore covers the twin's own mean, not the real value, and
+on the emulated cluster it excluded the real change of a KPI in most (policy, KPI) pairs
+(docs/benchmarks.md, "What-if replay vs the emulated cluster").
+
+The construction used everywhere (`interval`, `change_interval`, method ``"hybrid"``), chosen by
+measured coverage (`benchmarks/whatif_gate.py` reports every construction's coverage side by side):
+
+1. the 90 % two-level bootstrap interval ``[lo, hi]`` of the twin's mean (members x replicates);
+2. calibration (`edgetwin.twin.calibration.calibrate`) on **held-out logged episodes**: the twin
+   replays each recorded episode with its logged actions, and each replicate's ensemble answer ``ŷ``
+   is scored against the KPI the real system logged, ``|y - ŷ| / |ŷ|`` (relative) and
+   ``|y - ŷ| / sd over members`` (normalised); ``q_rel``, ``q_norm`` are their split-conformal
+   quantiles (finite-sample ``⌈(n+1)·0.9⌉``-th smallest). This needs no access to the real system: the
+   logging policy's own KPIs in logs the twin was not fitted on are ground truth;
+3. a level's interval is ``[lo, hi]`` widened by ``q_rel · |value|``;
+4. a relative change ``(c - b)/|b|`` against a baseline: the paired bootstrap interval widened by
+   ``q_rel · |change| + q_norm · sd_members(change)``. Pairing cancels the error both policies share
+   (the twin's level bias, which is large: widening a change by the level error abstained on almost
+   everything); what is left is an error in the size of the effect and the members' disagreement.
+
+The conformal step is valid for the logging policy (exchangeable held-out episodes); for another
+policy it is only as good as the twin's error there resembles its error on logged behaviour,
+which holds where the candidate stays within the logs' support. Hence every number also carries
+its out-of-support share, and the promotion gate abstains when that share is high
+(`edgetwin.policies.gate`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_METHOD",
+    "LEVEL",
+    "METHODS",
+    "Calibration",
+    "bootstrap_ci",
+    "calibration_from_arrays",
+    "change_interval",
+    "conformal_quantile",
+    "interval",
+]
+
+#: The nominal level of every interval the twin reports.
+LEVEL = 0.90
+#: Interval constructions: ``"relative"`` (bootstrap widened by the conformal relative error of the
+#: ensemble's mean), ``"normalized"`` (ensemble mean ± conformal multiple of the members' spread) and
+#: ``"hybrid"`` (the default; for a level, ``"relative"``; for a change, the paired bootstrap widened
+#: by the relative error applied to the size of the change plus the normalised multiple of the
+#: members' spread of the change). Chosen by measured coverage: docs/benchmarks.md, "What-if replay
+#: vs the emulated cluster (promotion gate)".
+METHODS = ("relative", "normalized", "hybrid")
+DEFAULT_METHOD = "hybrid"
+
+
+def conformal_quantile(scores: Sequence[float] | np.ndarray, level: float = LEVEL) -> tuple[float, bool]:
+    """Split-conformal quantile of nonconformity ``scores``: the ``⌈(n+1)·level⌉``-th smallest.
+
+    Returns ``(q, exact)``; with too few scores for the finite-sample rank (``n < level/(1-level)``,
+    9 at 90 %) the largest score is returned and ``exact`` is False (the guarantee then does not hold,
+    and reports say so).
+    """
+    s = np.sort(np.asarray([x for x in scores if math.isfinite(x)], dtype=np.float64))
+    n = len(s)
+    if n == 0:
+        return float("nan"), False
+    k = int(math.ceil((n + 1) * level))
+    if k > n:
+        return float(s[-1]), False
+    return float(s[k - 1]), True
+
+
+@dataclass
+class Calibration:
+    """The twin's relative error per KPI on held-out logged episodes, and its conformal quantile.
+
+    Attributes:
+        level: nominal coverage (0.9).
+        quantile: KPI name -> ``q_k`` (a fraction of the value; 0.12 = the twin was within 12 %
+            on 90 % of held-out (member, episode) pairs).
+        exact: KPI name -> whether there were enough scores for the finite-sample guarantee.
+        scores: KPI name -> the relative errors it was computed from.
+        source: what it was calibrated on (for reports).
+    """
+
+    level: float = LEVEL
+    quantile: dict[str, float] = field(default_factory=dict)
+    exact: dict[str, bool] = field(default_factory=dict)
+    scores: dict[str, list[float]] = field(default_factory=dict)
+    source: str = ""
+    #: the members-normalised score's quantile per KPI (``|y - ŷ| / sd over members``)
+    quantile_norm: dict[str, float] = field(default_factory=dict)
+    #: which construction the intervals use: one of `METHODS`
+    method: str = DEFAULT_METHOD
+
+    def width(self, kpi: str) -> float:
+        """``q_k`` of ``kpi`` (0 when it was not calibrated: the plain bootstrap then)."""
+        q = self.quantile.get(kpi, 0.0)
+        return q if math.isfinite(q) else 0.0
+
+    def width_norm(self, kpi: str) -> float:
+        """The members-normalised quantile of ``kpi`` (0 when not calibrated)."""
+        q = self.quantile_norm.get(kpi, 0.0)
+        return q if math.isfinite(q) else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "level": self.level,
+            "method": self.method,
+            "quantile": dict(self.quantile),
+            "quantile_norm": dict(self.quantile_norm),
+            "exact": dict(self.exact),
+            "n": {k: len(v) for k, v in self.scores.items()},
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Calibration:
+        return cls(
+            level=float(d.get("level", LEVEL)),
+            quantile={str(k): float(v) for k, v in dict(d.get("quantile", {})).items()},
+            exact={str(k): bool(v) for k, v in dict(d.get("exact", {})).items()},
+            source=str(d.get("source", "")),
+            quantile_norm={str(k): float(v) for k, v in dict(d.get("quantile_norm", {})).items()},
+            method=str(d.get("method", DEFAULT_METHOD)),
+        )
+
+
+def bootstrap_ci(
+    values: np.ndarray,
+    stat: Callable[[np.ndarray], float] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of ``stat`` (default: the mean) of ``(M, R)`` values, resampling members
+    and replicates independently (two-level bootstrap): both the ensemble's disagreement and the
+    spread over worlds widen it. NaN entries are ignored."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim == 1:
+        v = v[None, :]
+    m, r = v.shape
+    fn = stat or (lambda a: float(np.nanmean(a)))
+    if m * r <= 1:
+        x = fn(v)
+        return x, x
+    rng = np.random.default_rng(seed)
+    mi = rng.integers(m, size=(n_boot, m))
+    ri = rng.integers(r, size=(n_boot, r))
+    if stat is None:  # the mean, vectorised over resamples: (B, M, R)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN resample gives NaN, dropped below
+            boots = np.nanmean(v[mi[:, :, None], ri[:, None, :]], axis=(1, 2))
+    else:
+        boots = np.array([fn(v[mi[b]][:, ri[b]]) for b in range(n_boot)])
+    boots = boots[np.isfinite(boots)]
+    if not len(boots):
+        return float("nan"), float("nan")
+    a = (1.0 - level) / 2.0
+    return float(np.quantile(boots, a)), float(np.quantile(boots, 1.0 - a))
+
+
+def calibration_from_arrays(
+    values: Mapping[str, np.ndarray], truth: Mapping[str, np.ndarray], level: float = LEVEL, source: str = ""
+) -> Calibration:
+    """A `Calibration` from the twin's ``(M, R)`` KPI values of replayed logged episodes and the
+    ``(E,)`` KPIs those episodes logged (replicates cycle over the episodes, seed-major).
+
+    Each replicate's ensemble answer (mean over members) is scored: ``|y - ŷ| / |ŷ|`` (relative)
+    and ``|y - ŷ| / sd over members`` (normalised).
+    """
+    out = Calibration(level=level, source=source)
+    for name, v in values.items():
+        y = truth.get(name)
+        if y is None or not len(y):
+            continue
+        v = np.asarray(v, dtype=np.float64)
+        t = np.resize(np.asarray(y, dtype=np.float64), v.shape[1])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            centre = np.nanmean(v, axis=0)
+            spread = np.nanstd(v, axis=0, ddof=1) if v.shape[0] > 1 else np.zeros(v.shape[1])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.abs(t - centre) / np.abs(centre)
+            norm = np.abs(t - centre) / np.maximum(spread, 1e-9 * np.abs(centre) + 1e-12)
+        scores = [float(x) for x in rel if math.isfinite(x)]
+        q, exact = conformal_quantile(scores, level)
+        out.quantile[name], out.exact[name], out.scores[name] = q, exact, scores
+        out.quantile_norm[name] = conformal_quantile([float(x) for x in norm if math.isfinite(x)], level)[0]
+    return out
+
+
+def interval(
+    values: np.ndarray, calibration: Calibration | None, kpi: str, seed: int = 0, level: float = LEVEL
+) -> tuple[float, float]:
+    """The calibrated interval of the mean of ``(M, R)`` ``values`` of one KPI (see module doc)."""
+    v = np.asarray(values, dtype=np.float64)
+    lo, hi = bootstrap_ci(v, seed=seed, level=level)
+    if calibration is None or not np.isfinite(v).any():
+        return lo, hi
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = float(np.nanmean(v))
+        members = np.nanmean(v, axis=1) if v.ndim == 2 else v
+    if calibration.method == "normalized":
+        sd = float(np.nanstd(members, ddof=1)) if len(members) > 1 else 0.0
+        w = calibration.width_norm(kpi) * sd
+        return min(lo, mean - w), max(hi, mean + w)
+    w = calibration.width(kpi) * abs(mean)
+    return lo - w, hi + w
+
+
+def change_interval(
+    change_ci: Sequence[float],
+    candidate: np.ndarray | float,
+    baseline: np.ndarray | float,
+    calibration: Calibration | None,
+    kpi: str,
+) -> tuple[float, float]:
+    """Widen the paired bootstrap interval of a relative change by the twin's calibrated error.
+
+    ``candidate`` and ``baseline`` are the ``(M, R)`` values (or their means, for ``"relative"``).
+    ``"relative"``: ± ``q_k · sqrt(c² + b²) / |b|``; ``"normalized"``: the change's point estimate ±
+    ``q_norm · sd`` over members of each member's own paired change (at least the bootstrap);
+    ``"hybrid"``: ± ``(q_k · |change| + q_norm · sd)``. The pairing cancels the twin's error that is
+    shared by both policies (its level bias); what is left is an error in the *size* of the effect,
+    taken as the level's relative error applied to the change, and the members' disagreement on it.
+    """
+    lo, hi = float(change_ci[0]), float(change_ci[1])
+    if calibration is None:
+        return lo, hi
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        va, vb = np.atleast_2d(np.asarray(candidate, np.float64)), np.atleast_2d(np.asarray(baseline, np.float64))
+        c, b = float(np.nanmean(va)), float(np.nanmean(vb))
+        if not (math.isfinite(c) and math.isfinite(b)) or b == 0.0:
+            return lo, hi
+        if calibration.method in ("normalized", "hybrid"):
+            per_member = (np.nanmean(va, axis=1) - np.nanmean(vb, axis=1)) / abs(b)
+            sd = float(np.nanstd(per_member, ddof=1)) if len(per_member) > 1 else 0.0
+            mid = (c - b) / abs(b)
+            if calibration.method == "hybrid":
+                w = calibration.width(kpi) * abs(mid) + calibration.width_norm(kpi) * sd
+                return lo - w, hi + w
+            w = calibration.width_norm(kpi) * sd
+            return min(lo, mid - w), max(hi, mid + w)
+    w = calibration.width(kpi) * math.hypot(c, b) / abs(b)
+    return lo - w, hi + w

@@ -1,0 +1,122 @@
+"""Calibrated intervals: coverage on a toy where the truth is known, and the conformal rank."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from edgetwin.twin.intervals import Calibration, change_interval, conformal_quantile, interval
+
+
+def test_conformal_quantile_rank_and_small_samples() -> None:
+    # n = 19 scores 1..19: the ceil(20 * 0.9) = 18th smallest
+    q, exact = conformal_quantile(np.arange(1.0, 20.0), 0.9)
+    assert q == 18.0 and exact
+    # too few scores for the finite-sample rank: the largest, flagged as not exact
+    q, exact = conformal_quantile([0.1, 0.3, 0.2], 0.9)
+    assert q == 0.3 and not exact
+    q, exact = conformal_quantile([float("nan")], 0.9)
+    assert math.isnan(q) and not exact
+
+
+def _toy_twin(rng: np.random.Generator, truth: float, members: int = 5, reps: int = 4) -> np.ndarray:
+    """A biased twin: every member is off by a shared relative bias (what the bootstrap cannot see)
+    plus its own small error, and each replicate adds noise."""
+    bias = rng.normal(0.0, 0.15)
+    member = rng.normal(0.0, 0.02, size=(members, 1))
+    noise = rng.normal(0.0, 0.02, size=(members, reps))
+    return truth * (1.0 + bias + member + noise)
+
+
+def test_calibrated_interval_covers_the_truth_on_a_toy_where_the_bootstrap_does_not() -> None:
+    rng = np.random.default_rng(0)
+    # calibration: held-out "episodes" of the logging policy, scored per (member, replicate)
+    scores: list[float] = []
+    for _ in range(40):
+        truth = rng.uniform(5.0, 50.0)
+        v = _toy_twin(rng, truth)
+        scores += list((np.abs(truth - v) / np.abs(v)).ravel())
+    q, exact = conformal_quantile(scores, 0.9)
+    assert exact
+    cal = Calibration(quantile={"kpi": q}, exact={"kpi": True})
+    covered = plain = 0
+    trials = 300
+    for i in range(trials):
+        truth = rng.uniform(5.0, 50.0)
+        v = _toy_twin(rng, truth)
+        lo, hi = interval(v, cal, "kpi", seed=i)
+        covered += lo <= truth <= hi
+        lo0, hi0 = interval(v, None, "kpi", seed=i)
+        plain += lo0 <= truth <= hi0
+    assert covered / trials >= 0.85  # the calibrated interval is valid
+    assert plain / trials < 0.5  # the plain bootstrap covers the twin's mean, not the truth
+    assert cal.width("unknown") == 0.0
+
+
+def test_change_interval_widens_by_both_numbers_error() -> None:
+    cal = Calibration(quantile={"k": 0.1}, method="relative")
+    lo, hi = change_interval((-0.02, 0.02), candidate=110.0, baseline=100.0, calibration=cal, kpi="k")
+    w = 0.1 * math.hypot(110.0, 100.0) / 100.0
+    assert lo == pytest.approx(-0.02 - w) and hi == pytest.approx(0.02 + w)
+    # hybrid (the default): the relative error applied to the change, plus q_norm x the members' spread
+    hyb = Calibration(quantile={"k": 0.1}, quantile_norm={"k": 2.0})
+    va = np.array([[110.0, 110.0], [114.0, 114.0]])  # two members: changes +10 % and +14 %
+    vb = np.full((2, 2), 100.0)
+    lo, hi = change_interval((0.10, 0.14), va, vb, hyb, "k")
+    w = 0.1 * 0.12 + 2.0 * np.std([0.10, 0.14], ddof=1)
+    assert lo == pytest.approx(0.10 - w) and hi == pytest.approx(0.14 + w)
+    assert change_interval((-0.02, 0.02), 110.0, 100.0, None, "k") == (-0.02, 0.02)
+    assert change_interval((-0.02, 0.02), 110.0, 0.0, cal, "k") == (-0.02, 0.02)
+    back = Calibration.from_dict(cal.to_dict())
+    assert back.width("k") == pytest.approx(0.1)
+
+
+@pytest.fixture(scope="module")
+def small() -> dict:
+    import torch
+
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.twin.twin import Twin
+
+    torch.set_num_threads(1)
+    cfg = ClusterConfig(n_agents=24, steps=10)
+    log, spec = generate_logs(cfg, episodes=3, policy="random", seed=11)
+    twin = Twin.fit(log, spec, members=2, seed=0, progress=False, population_model="empirical", response_model="bc",
+                    bc_epochs=4)  # fmt: skip
+    held, _ = generate_logs(cfg, episodes=4, policy="random", seed=12)
+    return {"twin": twin, "held": held}
+
+
+def test_calibration_scores_the_ensemble_against_the_logged_kpis(small: dict) -> None:
+    from edgetwin.twin.calibration import calibration_from_result
+    from edgetwin.twin.whatif import builtin_policy, run_whatif
+
+    twin, held = small["twin"], small["held"]
+    res = run_whatif(twin, [builtin_policy("logged", twin)], [], episodes=4, seeds=1, log=held, progress=False)
+    # replaying the log's own actions calibrates the run by default
+    assert res.calibration is not None and "return" in res.calibration.quantile
+    cal = calibration_from_result(res)
+    v = res.cell("logged", "nominal").values["return"]
+    y = res.logged_kpis["return"]
+    centre = v.mean(axis=0)
+    manual = np.sort(np.abs(y - centre) / np.abs(centre))
+    assert sorted(cal.scores["return"]) == pytest.approx(list(manual))
+    assert cal.quantile["return"] == pytest.approx(manual[-1])  # 4 scores: too few for the rank, the largest
+    assert not cal.exact["return"]
+    s = res.summary("logged", "nominal", "return")
+    lo, hi = s["interval"]
+    plain = interval(v, None, "return", seed=0)
+    assert lo <= plain[0] and hi >= plain[1] and lo <= s["mean"] <= hi  # the bootstrap's, widened
+
+
+def test_held_out_coverage_is_cross_fitted(small: dict) -> None:
+    from edgetwin.twin.calibration import held_out_coverage
+
+    cov = held_out_coverage(small["twin"], small["held"], episodes=4, seeds=1)
+    assert cov["episodes"] == 4 and 0.0 <= cov["coverage"] <= 1.0 and 0.0 <= cov["coverage_plain"] <= 1.0
+    assert set(cov["per_kpi"]) >= {"return"}
+    # calibrated intervals contain the plain bootstrap ones: they cover at least as often
+    assert cov["coverage"] >= cov["coverage_plain"]
