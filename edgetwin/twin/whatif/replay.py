@@ -148,7 +148,7 @@ def logged_support_share(twin: Any, episodes: Sequence[LoggedEpisode], seed: int
         z = np.concatenate(
             [
                 np.broadcast_to(lay.scalers["profile"].transform(ep.profile), (t, n, len(lay.profile))).reshape(t * n, -1),
-                lay.scalers["state"].transform(ep.state.reshape(t * n, -1)),
+                lay.model_state(lay.scalers["state"].transform(ep.state.reshape(t * n, -1))),  # declared columns as the models see them
                 lay.scalers["action"].transform(ep.action.reshape(t * n, -1)),
             ],
             axis=1,
