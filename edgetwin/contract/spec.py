@@ -142,6 +142,15 @@ class TwinSpec:
                 raise InputError(f"feature {f.name!r}: kind {f.kind!r} is not one of {KINDS}", "spec")
             if f.kind in ("discrete", "categorical") and not f.values:
                 raise InputError(f"feature {f.name!r}: kind {f.kind!r} needs 'values'", "spec")
+            for side, bound in (("low", f.low), ("high", f.high)):
+                if bound is not None and not np.isfinite(bound):
+                    # NaN would switch the bound check off without a word; inf means "no bound": omit it
+                    raise InputError(
+                        f"feature {f.name!r}: {side} = {bound} is not a finite number (omit it for no bound)",
+                        "spec",
+                    )
+            if f.values is not None and not all(np.isfinite(v) for v in f.values):
+                raise InputError(f"feature {f.name!r}: 'values' must be finite numbers, got {list(f.values)}", "spec")
             if f.low is not None and f.high is not None and f.low > f.high:
                 raise InputError(f"feature {f.name!r}: low {f.low} > high {f.high}", "spec")
             if f.name in seen:
@@ -318,14 +327,49 @@ def spec_path_for(log_path: str | Path) -> Path:
     return p.with_name(p.name.split(".")[0] + ".spec.toml")
 
 
-def _import_callable(ref: str, what: str) -> Any:
+def resolve_function_ref(ref: Any, *, spec_path: str | Path | None = None, entry: str = "function") -> Callable[..., Any]:
+    """Import and return the callable a spec names as ``"module:function"``.
+
+    Used when a spec is validated (so ``logs validate`` and ``fit`` catch a reference that cannot be
+    imported, instead of ``train`` failing later) and when the function is finally called.
+
+    Args:
+        ref: the reference from the spec, e.g. ``"mypkg.rewards:reward"``.
+        spec_path: the spec file, named in the error.
+        entry: which entry holds it, e.g. ``"[transition] function"`` or ``"[reward] function"``.
+
+    Raises:
+        InputError: naming the spec file and entry: not ``module:function``, the module cannot be
+            imported (or raises while importing), no such attribute, or it is not callable.
+    """
+    where = str(spec_path) if spec_path is not None else "spec"
+    if not isinstance(ref, str):
+        raise InputError(f"{entry} must be a 'module:function' string, got {ref!r}", where)
     module, _, attr = ref.partition(":")
     if not module or not attr:
-        raise InputError(f"{what} must be 'module:function', got {ref!r}", "spec")
+        raise InputError(f"{entry} must be 'module:function', got {ref!r}", where)
     try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise InputError(f"{what} function {ref!r} cannot be imported ({e})", "spec") from None
-    if not callable(fn):
-        raise InputError(f"{what} {ref!r} is not callable", "spec")
-    return fn
+        obj: Any = importlib.import_module(module)
+    except Exception as e:  # ImportError, or anything the module raises while importing
+        raise InputError(f"{entry} {ref!r}: module {module!r} cannot be imported ({type(e).__name__}: {e})", where) from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise InputError(f"{entry} {ref!r}: module {module!r} has no {attr!r}", where)
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise InputError(f"{entry} {ref!r} is not callable", where)
+    return obj
+
+
+def function_refs(spec: TwinSpec) -> list[tuple[str, str]]:
+    """``(entry, "module:function")`` of every function reference of a spec, for validation."""
+    refs = []
+    if spec.transition is not None:
+        refs.append(("[transition] function", spec.transition))
+    if spec.reward_function is not None:
+        refs.append(("[reward] function", spec.reward_function))
+    return refs
+
+
+def _import_callable(ref: str, what: str) -> Any:
+    return resolve_function_ref(ref, entry=f"{what} function")

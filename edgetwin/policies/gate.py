@@ -283,10 +283,11 @@ def resolve_policy(ref: str | Path, twin: Any, view: Any = None, name: str | Non
         return fixed_policy(name or text, h)
     path = Path(text)
     if path.is_dir():
-        from edgetwin.policies.export import load_policy
+        from edgetwin.policies.export import check_policy_spec, load_policy
 
         pol = load_policy(path)
         check_compatible(pol.spec, twin, str(path))
+        check_policy_spec(pol, twin.spec, str(path))
         return fixed_policy(name or path.name, pol)
     raise InputError(
         f"not a policy directory, built-in ({', '.join(BUILTIN_POLICIES)}) or heuristic:NAME: {text!r}",
