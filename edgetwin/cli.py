@@ -38,8 +38,8 @@ logs_app = typer.Typer(help="Generate, validate and inspect logs.", no_args_is_h
 app.add_typer(logs_app, name="logs")
 
 # markup off: file names and user text are printed literally ('x[bold]y.csv' stays as it is)
-console = Console(stderr=True, markup=False, highlight=False)
-out = Console(markup=False)
+console = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+out = Console(markup=False, soft_wrap=True)
 
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed; the same seed gives the same result.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]

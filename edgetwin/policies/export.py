@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.manifest import verify_manifest, write_manifest
+from edgetwin.contract.manifest import MANIFEST_FILE, verify_manifest, write_manifest
 from edgetwin.contract.spec import TwinSpec
 
 FORMAT = "edgetwin-policy/1"
@@ -313,6 +313,8 @@ def load_policy(path: str | Path) -> LoadedPolicy:
             action transform outside the spec's action bounds; a model file that cannot be read.
     """
     path = Path(path)
+    if not (path / "policy.json").is_file() and not (path / MANIFEST_FILE).is_file():
+        raise InputError("not an exported policy (no policy.json)", str(path))
     manifest = verify_manifest(path, "policy", require=_REQUIRED)
     doc_path = path / "policy.json"
     try:
