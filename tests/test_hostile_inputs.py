@@ -64,7 +64,10 @@ torch.set_num_threads(1)
 
 #: examples per property in the default run (fast) and under ``-m slow``
 FAST, MANY = 12, 150
-HYPO = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]}
+HYPO = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+}
 
 
 # ------------------------------------------------------------------------------------- fixtures
@@ -92,13 +95,29 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     write_table(log, d / "log.csv")
     spec.save(spec_path_for(d / "log.csv"))
     twin = Twin.fit(
-        log, spec, members=1, seed=0, progress=False, population_model="empirical", response_model="bc", bc_epochs=1
+        log,
+        spec,
+        members=1,
+        seed=0,
+        progress=False,
+        population_model="empirical",
+        response_model="bc",
+        bc_epochs=1,
     )
     twin.save(d / "twin")
     export_policy(UniformRandom(spec, seed=0), d / "heuristic", spec)
     low, high = spec.bounds("action")
-    model = PPO("MlpPolicy", _BoxEnv(len(spec.observation_columns), len(low)), n_steps=16, batch_size=16, seed=0, device="cpu")
-    export_policy(model, d / "ppo", spec, action_transform=ActionTransform("box", low.tolist(), high.tolist()))
+    model = PPO(
+        "MlpPolicy",
+        _BoxEnv(len(spec.observation_columns), len(low)),
+        n_steps=16,
+        batch_size=16,
+        seed=0,
+        device="cpu",
+    )
+    export_policy(
+        model, d / "ppo", spec, action_transform=ActionTransform("box", low.tolist(), high.tolist())
+    )
     signer = Signer.generate()
     save_private_key(signer.private_key, d / "key.pem")
     save_public_key(signer.public_key, d / "pub.pem")
@@ -180,7 +199,9 @@ def test_policy_json_files_map_deleted_is_refused(world: dict[str, Any], tmp_pat
     with pytest.raises(ArtifactTampered) as e:
         load_policy(p)
     assert e.value.file == p / "model.zip"
-    assert_bad_input(run("evaluate", str(p), "--episodes", "1", "--agents", "4", "--episode-steps", "2"), "model.zip")
+    assert_bad_input(
+        run("evaluate", str(p), "--episodes", "1", "--agents", "4", "--episode-steps", "2"), "model.zip"
+    )
 
 
 def test_policy_without_manifest_is_refused(world: dict[str, Any], tmp_path: Path) -> None:
@@ -206,7 +227,9 @@ def test_action_transform_edit_is_refused_even_if_resealed(world: dict[str, Any]
         load_policy(p)
 
 
-def test_altered_weights_are_never_evaluated_published_or_promoted(world: dict[str, Any], tmp_path: Path) -> None:
+def test_altered_weights_are_never_evaluated_published_or_promoted(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
     """model.zip that does not match its recorded sha256: evaluate, registry publish and promote all
     exit 2 naming model.zip, and nothing is signed."""
     d = world["dir"]
@@ -214,7 +237,9 @@ def test_altered_weights_are_never_evaluated_published_or_promoted(world: dict[s
     flip_byte(p / "model.zip")
     reg = tmp_path / "reg"
     assert_bad_input(run("evaluate", str(p), "--episodes", "1"), "model.zip")
-    assert_bad_input(run("registry", "publish", str(p), "--registry", str(reg), "--key", str(d / "key.pem")), "model.zip")
+    assert_bad_input(
+        run("registry", "publish", str(p), "--registry", str(reg), "--key", str(d / "key.pem")), "model.zip"
+    )
     assert registry_is_empty(reg)
     code, _, err = run(
         "promote", str(p), "--registry", str(reg), "--log", str(d / "log.csv"), "--twin", str(d / "twin"),
@@ -227,7 +252,9 @@ def test_altered_weights_are_never_evaluated_published_or_promoted(world: dict[s
 def test_registry_refuses_a_twin_and_a_bare_directory(world: dict[str, Any], tmp_path: Path) -> None:
     d = world["dir"]
     reg, key = str(tmp_path / "reg"), str(d / "key.pem")
-    err = assert_bad_input(run("registry", "publish", str(d / "twin"), "--registry", reg, "--key", key), "twin")
+    err = assert_bad_input(
+        run("registry", "publish", str(d / "twin"), "--registry", reg, "--key", key), "twin"
+    )
     assert "not a policy" in err
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -236,7 +263,9 @@ def test_registry_refuses_a_twin_and_a_bare_directory(world: dict[str, Any], tmp
     assert registry_is_empty(tmp_path / "reg")
 
 
-def test_registry_refuses_to_serve_a_signed_but_unsealed_artifact(world: dict[str, Any], tmp_path: Path) -> None:
+def test_registry_refuses_to_serve_a_signed_but_unsealed_artifact(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
     """An artifact signed by a publisher that skipped the check (an older edgetwin): signature fine,
     contents not: `fetch` (what `serve` and `registry show --trust` use) refuses it."""
     p = copy_of(world, "heuristic", tmp_path)
@@ -252,7 +281,15 @@ def test_registry_refuses_to_serve_a_signed_but_unsealed_artifact(world: dict[st
     assert e.value.reason is RejectReason.UNSEALED and "spec.toml" in e.value.detail
     assert not (tmp_path / "out").exists()
     err = assert_bad_input(
-        run("registry", "show", "v1", "--registry", str(tmp_path / "reg"), "--trust", str(world["dir"] / "pub.pem")),
+        run(
+            "registry",
+            "show",
+            "v1",
+            "--registry",
+            str(tmp_path / "reg"),
+            "--trust",
+            str(world["dir"] / "pub.pem"),
+        ),
         "spec.toml",
     )
     assert "intact" not in err
@@ -261,10 +298,15 @@ def test_registry_refuses_to_serve_a_signed_but_unsealed_artifact(world: dict[st
 def test_rejected_artifact_is_printed_once(world: dict[str, Any], tmp_path: Path) -> None:
     d = world["dir"]
     reg = str(tmp_path / "reg")
-    assert run("registry", "publish", str(d / "heuristic"), "--registry", reg, "--key", str(d / "key.pem"))[0] == 0
+    assert (
+        run("registry", "publish", str(d / "heuristic"), "--registry", reg, "--key", str(d / "key.pem"))[0]
+        == 0
+    )
     other = Signer.generate()
     save_public_key(other.public_key, tmp_path / "other.pem")
-    err = assert_bad_input(run("registry", "show", "v1", "--registry", reg, "--trust", str(tmp_path / "other.pem")))
+    err = assert_bad_input(
+        run("registry", "show", "v1", "--registry", reg, "--trust", str(tmp_path / "other.pem"))
+    )
     assert err.count("rejected") == 1 and err.startswith("refused:") and "failed" not in err
 
 
@@ -284,7 +326,10 @@ def test_edited_twin_spec_is_refused(world: dict[str, Any], tmp_path: Path) -> N
 def test_policy_for_another_spec_is_refused_by_the_twin(world: dict[str, Any], tmp_path: Path) -> None:
     """Same columns, another spec hash: refused where it would act (evaluate --on twin, what-if, promote)."""
     other = dataclasses.replace(world["spec"], name="another-system")
-    assert other.observation_columns == world["spec"].observation_columns and other.hash() != world["spec"].hash()
+    assert (
+        other.observation_columns == world["spec"].observation_columns
+        and other.hash() != world["spec"].hash()
+    )
     p = export_policy(UniformRandom(other, seed=0), tmp_path / "foreign", other)
     with pytest.raises(InputError, match="spec"):
         resolve_policy(str(p), world["twin"])
@@ -367,7 +412,9 @@ def manifest_not_json(root: Path) -> str:
 
 @pytest.mark.parametrize("how", sorted(TAMPERINGS))
 @pytest.mark.parametrize("artifact", ["ppo", "twin"])
-def test_every_tampering_is_refused_naming_the_file(world: dict[str, Any], tmp_path: Path, artifact: str, how: str) -> None:
+def test_every_tampering_is_refused_naming_the_file(
+    world: dict[str, Any], tmp_path: Path, artifact: str, how: str
+) -> None:
     root = copy_of(world, artifact, tmp_path)
     named = TAMPERINGS[how](root)
     load: Callable[[Path], Any] = load_policy if artifact == "ppo" else Twin.load
@@ -376,13 +423,17 @@ def test_every_tampering_is_refused_naming_the_file(world: dict[str, Any], tmp_p
     assert named in str(e.value), str(e.value)
     if artifact == "ppo":  # nor is it ever signed
         reg = tmp_path / "reg"
-        code, _, err = run("registry", "publish", str(root), "--registry", str(reg), "--key", str(world["dir"] / "key.pem"))
+        code, _, err = run(
+            "registry", "publish", str(root), "--registry", str(reg), "--key", str(world["dir"] / "key.pem")
+        )
         assert code == 2 and named in err and "Traceback" not in err, err
         assert registry_is_empty(reg)
 
 
 # ------------------------------------------------------------------------------------- 2. values
-def test_duplicate_csv_header_is_fatal_before_pandas_renames_it(world: dict[str, Any], tmp_path: Path) -> None:
+def test_duplicate_csv_header_is_fatal_before_pandas_renames_it(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
     log = world["log"]
     path = tmp_path / "dup.csv"
     log.to_csv(path, index=False)
@@ -428,7 +479,9 @@ def test_nan_bound_is_refused_naming_spec_and_feature(world: dict[str, Any], tmp
     with pytest.raises(InputError, match="not a finite number") as e:
         TwinSpec.load(spec)
     assert str(spec) in str(e.value) and "feature '" in str(e.value)
-    assert_bad_input(run("logs", "validate", str(world["dir"] / "log.csv"), "--spec", str(spec)), str(spec), "nan")
+    assert_bad_input(
+        run("logs", "validate", str(world["dir"] / "log.csv"), "--spec", str(spec)), str(spec), "nan"
+    )
 
 
 # ------------------------------------------------------------------------------------- 3. exit codes
@@ -442,7 +495,9 @@ def test_truncated_csv_gz_is_bad_input_naming_the_file(world: dict[str, Any], tm
 
 
 @pytest.mark.parametrize("command", ["fit", "train", "whatif"])
-def test_out_that_is_a_file_or_unwritable_is_bad_input(world: dict[str, Any], tmp_path: Path, command: str) -> None:
+def test_out_that_is_a_file_or_unwritable_is_bad_input(
+    world: dict[str, Any], tmp_path: Path, command: str
+) -> None:
     d = world["dir"]
     a_file = tmp_path / "taken"
     a_file.write_text("x")
@@ -518,7 +573,9 @@ def test_brackets_in_names_are_printed_literally(tmp_path: Path) -> None:
     empty.write_text("")
     log = tmp_path / "l.csv"
     log.write_text("episode,t,agent\n")
-    assert_bad_input(run("logs", "validate", str(log), "--spec", str(empty)), "[[features]]", "empty[1].spec.toml")
+    assert_bad_input(
+        run("logs", "validate", str(log), "--spec", str(empty)), "[[features]]", "empty[1].spec.toml"
+    )
 
 
 def test_undecodable_byte_names_the_line(world: dict[str, Any], tmp_path: Path) -> None:
@@ -531,8 +588,29 @@ def test_undecodable_byte_names_the_line(world: dict[str, Any], tmp_path: Path) 
 
 # ------------------------------------------------------------------------------------- hypothesis: logs
 HOSTILE_VALUES = st.one_of(
-    st.sampled_from(["", "nan", "NaN", "inf", "-inf", "1e20", "-1", "1e400", "9223372036854775808", "0x1F",
-                     "[bold]", "\u00e9t\u00e9", "1,5", '"', "None", "true", " 3 ", "007", "-0"]),  # fmt: skip
+    st.sampled_from(
+        [
+            "",
+            "nan",
+            "NaN",
+            "inf",
+            "-inf",
+            "1e20",
+            "-1",
+            "1e400",
+            "9223372036854775808",
+            "0x1F",
+            "[bold]",
+            "\u00e9t\u00e9",
+            "1,5",
+            '"',
+            "None",
+            "true",
+            " 3 ",
+            "007",
+            "-0",
+        ]
+    ),  # fmt: skip
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.integers(min_value=-(2**70), max_value=2**70).map(str),
     st.text(max_size=6),
@@ -558,7 +636,9 @@ def _check_log_contract(path: Path, raw: pd.DataFrame) -> None:
     for i, (e, t, a) in enumerate(zip(written["episode"], t_written, written["agent"], strict=True)):
         by_key.setdefault((e, float(t), a), i)  # a repeated key keeps its first row
     vals = {f.name: table[f.name].to_numpy() for f in spec.features}
-    idx = [by_key[(e, float(t), a)] for e, t, a in zip(table["episode"], table["t"], table["agent"], strict=True)]
+    idx = [
+        by_key[(e, float(t), a)] for e, t, a in zip(table["episode"], table["t"], table["agent"], strict=True)
+    ]
     for name, v in vals.items():
         raw_text = written.loc[idx, name].to_numpy()
         expected = np.array([float(x) for x in raw_text])
@@ -596,7 +676,9 @@ def _hostile_cells(world: dict[str, Any], data: st.DataObject) -> None:
 
 @settings(max_examples=FAST, **HYPO)
 @given(data=st.data())
-def test_property_corrupt_log_bytes_exit_0_or_2_naming_the_file(world: dict[str, Any], data: st.DataObject) -> None:
+def test_property_corrupt_log_bytes_exit_0_or_2_naming_the_file(
+    world: dict[str, Any], data: st.DataObject
+) -> None:
     _corrupt_bytes(world, data)
 
 
@@ -640,7 +722,9 @@ BAD_TOML_VALUES = ["nan", "inf", "-inf", '"x"', "[]", "1e400", "{}", "true", "-0
 
 @settings(max_examples=FAST * 2, **HYPO)
 @given(data=st.data())
-def test_property_corrupt_specs_are_input_errors_naming_the_file(world: dict[str, Any], data: st.DataObject) -> None:
+def test_property_corrupt_specs_are_input_errors_naming_the_file(
+    world: dict[str, Any], data: st.DataObject
+) -> None:
     lines = spec_path_for(world["dir"] / "log.csv").read_text().splitlines()
     for _ in range(data.draw(st.integers(1, 3))):
         i = data.draw(st.integers(0, len(lines) - 1))
@@ -712,19 +796,25 @@ def _tampered_artifacts(world: dict[str, Any], data: st.DataObject) -> None:
         msg = str(e.value)
         assert name.rstrip("~") in msg or MANIFEST_FILE in msg or "MANIFEST" in msg, (rel, msg)
         reg = Path(tmp) / "reg"
-        code, _, err = run("registry", "publish", str(root), "--registry", str(reg), "--key", str(world["dir"] / "key.pem"))
+        code, _, err = run(
+            "registry", "publish", str(root), "--registry", str(reg), "--key", str(world["dir"] / "key.pem")
+        )
         assert code == 2 and "Traceback" not in err, err
         assert registry_is_empty(reg)  # never signed
 
 
 @settings(max_examples=FAST * 2, **HYPO)
 @given(data=st.data())
-def test_property_no_tampered_artifact_is_loaded_or_signed(world: dict[str, Any], data: st.DataObject) -> None:
+def test_property_no_tampered_artifact_is_loaded_or_signed(
+    world: dict[str, Any], data: st.DataObject
+) -> None:
     _tampered_artifacts(world, data)
 
 
 @pytest.mark.slow
 @settings(max_examples=MANY, **HYPO)
 @given(data=st.data())
-def test_property_no_tampered_artifact_is_loaded_or_signed_many(world: dict[str, Any], data: st.DataObject) -> None:
+def test_property_no_tampered_artifact_is_loaded_or_signed_many(
+    world: dict[str, Any], data: st.DataObject
+) -> None:
     _tampered_artifacts(world, data)

@@ -90,7 +90,9 @@ def _walk(root: Path) -> Iterable[tuple[str, Path]]:
             mode = entry.stat(follow_symlinks=False).st_mode
             if stat.S_ISLNK(mode) or not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
                 raise ArtifactTampered(
-                    "is a symlink or special file; an artifact holds only regular files and directories", p, root
+                    "is a symlink or special file; an artifact holds only regular files and directories",
+                    p,
+                    root,
                 )
             if stat.S_ISDIR(mode):
                 stack.append(p)
@@ -179,7 +181,9 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
             or len(digest) != 64
             or not set(digest) <= _HEX64
         ):
-            raise ArtifactTampered(f"manifest entry {name!r}: {digest!r} is not a file and its sha256", path, root)
+            raise ArtifactTampered(
+                f"manifest entry {name!r}: {digest!r} is not a file and its sha256", path, root
+            )
     if doc.get("kind") not in KINDS:
         raise ArtifactTampered(f"manifest kind {doc.get('kind')!r} is not one of {KINDS}", path, root)
     return doc
@@ -210,7 +214,9 @@ def verify_manifest(directory: str | Path, kind: str, *, require: Iterable[str] 
     present = dict(_walk(root))
     for name in require:
         if name not in listed:
-            raise ArtifactTampered(f"the manifest does not list {name}, which every {kind} has", root / name, root)
+            raise ArtifactTampered(
+                f"the manifest does not list {name}, which every {kind} has", root / name, root
+            )
     for name in sorted(listed):
         if name not in present:
             raise ArtifactTampered(f"listed in {MANIFEST_FILE} but missing", root / name, root)
