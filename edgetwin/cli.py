@@ -242,7 +242,7 @@ def registry_show(
         str | None, typer.Option(help="Show a scope's pointer history instead: global, cluster/C or site/S.")
     ] = None,
     trust: Annotated[
-        list[Path] | None, typer.Option(help="Public key file or directory: also verify the artifact (exit 1 if refused).")
+        list[Path] | None, typer.Option(help="Public key file or directory: also verify the artifact (exit 2 if refused).")
     ] = None,
     bucket: BucketOpt = "edgetwin",
     as_json: JsonOpt = False,
@@ -270,7 +270,7 @@ def registry_show(
             result = describe_version(reg, version)
             if store is not None:
                 with tempfile.TemporaryDirectory() as tmp:
-                    reg.fetch(version, Path(tmp) / "policy", store)  # raises ArtifactRejected: exit 1
+                    reg.fetch(version, Path(tmp) / "policy", store)  # raises ArtifactRejected: exit 2
                 result["verified"] = True
     if as_json:
         emit_json(result)

@@ -383,9 +383,9 @@ def test_cli_keygen_publish_list_show(tmp_path: Path, policy: Path, capsys):
     other = tmp_path / "other"
     other.mkdir()
     save_private_key(Signer.generate().private_key, other / "x.key.pem")
-    # A trust store of someone else's key: refused, exit 1, the reason on stderr.
+    # A trust store of someone else's key: refused (a tampered or untrusted artifact is bad input: exit 2), the reason on stderr, once.
     save_public_key(Signer.generate().public_key, other / "x.pub.pem")
-    assert run_cli("registry", "show", "v1", "--registry", registry, "--trust", str(other)) == 1
+    assert run_cli("registry", "show", "v1", "--registry", registry, "--trust", str(other)) == 2
     assert "untrusted_key" in capsys.readouterr().err
 
     with open_registry(registry) as reg:
