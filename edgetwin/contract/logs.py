@@ -59,7 +59,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
         )
     except UnicodeDecodeError:
         raise InputError(_undecodable(path), str(path)) from None
-    except (OSError, EOFError, zlib.error, ValueError, pd.errors.ParserError) as e:
+    except Exception as e:  # untrusted bytes: truncated gzip (EOFError, zlib.error), parser errors, ...
         raise InputError(f"cannot read the table ({_one_line(e)})", str(path)) from None
 
 
@@ -111,17 +111,19 @@ def _undecodable(path: Path) -> str:
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         names = pq.read_schema(path).names
-    except (OSError, EOFError, ValueError, pa.ArrowException) as e:
+    except Exception as e:  # a broken footer: Arrow raises several kinds
         raise InputError(f"cannot read the table: not a readable Parquet file ({_one_line(e)})", str(path)) from None
     _check_unique(names, path)
     try:
+        # a full validation first: Arrow reads invalid UTF-8 in a string column without a word and
+        # fails only when the column is first used, deep inside validation
+        pq.read_table(path).validate(full=True)
         return pd.read_parquet(path)
-    except (OSError, EOFError, ValueError, TypeError, pa.ArrowException) as e:
+    except Exception as e:  # untrusted bytes: Arrow and pandas' metadata reader raise many kinds
         raise InputError(f"cannot read the table ({_one_line(e)})", str(path)) from None
 
 
