@@ -747,7 +747,10 @@ def test_property_corrupt_specs_are_input_errors_naming_the_file(
             break
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "s[1].spec.toml"
-        path.write_text("\n".join(lines))
+        blob = bytearray("\n".join(lines).encode())
+        if blob and data.draw(st.booleans()):  # and a byte that need not be text at all
+            blob[data.draw(st.integers(0, len(blob) - 1))] ^= data.draw(st.integers(1, 255))
+        path.write_bytes(bytes(blob))
         try:
             spec = TwinSpec.load(path)
         except InputError as e:

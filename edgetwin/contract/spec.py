@@ -304,9 +304,13 @@ class TwinSpec:
         if not path.is_file():
             raise InputError("spec file not found", str(path))
         try:
-            d = tomllib.loads(path.read_text())
+            d = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as e:
             raise InputError(f"not valid TOML ({e})", str(path)) from None
+        except UnicodeDecodeError as e:
+            raise InputError(f"not UTF-8 text (byte {e.start + 1})", str(path)) from None
+        except OSError as e:
+            raise InputError(f"cannot read the spec ({e.strerror or e})", str(path)) from None
         return cls.from_dict(d, source=str(path))
 
     def hash(self) -> str:
