@@ -332,7 +332,8 @@ def _run(
     check.run()
     for entry, ref in function_refs(spec_obj):  # now, not when `train` first calls it
         try:
-            resolve_function_ref(ref, spec_path=spec_source, entry=entry)
+            where = None if spec_source in ("given", "inferred") else spec_source
+            resolve_function_ref(ref, spec_path=where, entry=entry)
         except InputError as e:
             check.fatal("bad_function", str(e))
     if spec_source == "inferred":
