@@ -425,6 +425,7 @@ def twin_fit(
     as_json: JsonOpt = False,
 ) -> None:
     """Learn a twin from a log. Resumable: finished members are checkpointed in OUT/checkpoint."""
+    out_dir_arg(out_dir)  # before the heavy imports: a wrong --out is reported at once
     import torch
 
     from edgetwin.generative import MODELS
@@ -436,7 +437,6 @@ def twin_fit(
         raise InputError(
             f"expected one of {', '.join((*MODELS, 'empirical'))}, got {population_model!r}", "--population-model"
         )
-    out_dir_arg(out_dir)
     torch.set_num_threads(1)
     pop_hyper = {} if population_steps is None else {"steps": population_steps}
     twin = Twin.fit(
@@ -650,14 +650,14 @@ def policy_train(
     as_json: JsonOpt = False,
 ) -> None:
     """Train a platform policy inside a twin and export it (checkpoints, resume, early stopping)."""
+    if not action_norm_lambda >= 0:  # NaN passes click's range check
+        raise InputError(f"expected a number >= 0, got {action_norm_lambda}", "--action-norm-lambda")
+    out_dir_arg(out_dir)  # before the heavy imports
     import torch
 
     from edgetwin.policies.train import train_policy
     from edgetwin.twin.twin import Twin
 
-    if not action_norm_lambda >= 0:  # NaN passes click's range check
-        raise InputError(f"expected a number >= 0, got {action_norm_lambda}", "--action-norm-lambda")
-    out_dir_arg(out_dir)
     torch.set_num_threads(1)
     twin = Twin.load(twin_dir)
     validation = Twin.load(validate_on) if validate_on is not None else None
