@@ -2,8 +2,10 @@
 
 Every command has ``--help`` and ``--seed`` where it samples; ``--json`` where a script reads the
 result. Exit codes: 0 ok, 1 failed (a gate refused, a check did not pass, an unexpected error),
-2 bad input (a file, row, column or flag we cannot use). Errors are one line, not a traceback;
-set ``EDGETWIN_DEBUG=1`` to see the traceback.
+2 bad input (a file, row, column, flag or value we cannot use; a tampered, unsealed or untrusted
+artifact), 3 the gate abstained. `exit_code_of` is the one place that decides the code and
+`describe_error` the one line that is printed, literally (no console markup); set
+``EDGETWIN_DEBUG=1`` to also see the traceback.
 
 Commands live here, grouped by the part of the pipeline they drive; the work itself is in the
 subpackages, so each command is only argument handling and printing.
@@ -12,6 +14,7 @@ subpackages, so each command is only argument handling and printing.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import traceback
@@ -34,8 +37,9 @@ app = typer.Typer(
 logs_app = typer.Typer(help="Generate, validate and inspect logs.", no_args_is_help=True)
 app.add_typer(logs_app, name="logs")
 
-console = Console(stderr=True)
-out = Console()
+# markup off: file names and user text are printed literally ('x[bold]y.csv' stays as it is)
+console = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+out = Console(markup=False, soft_wrap=True)
 
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed; the same seed gives the same result.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
@@ -54,6 +58,30 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def out_dir_arg(path: Path, flag: str = "--out") -> Path:
+    """Check (and create) an output directory before any long work: exit 2 with one line if it is
+    an existing file or cannot be created or written, instead of a raw exception at the end."""
+    if path.exists() and not path.is_dir():
+        raise InputError("exists and is not a directory", f"{flag} {path}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the directory ({e.strerror or e})", f"{flag} {path}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError("the directory is not writable", f"{flag} {path}")
+    return path
+
+
+def out_file_arg(path: Path, flag: str = "--out") -> Path:
+    """Check an output file's place before any long work (exit 2 if it is a directory or unwritable)."""
+    if path.is_dir():
+        raise InputError("is a directory; expected a file name", f"{flag} {path}")
+    out_dir_arg(path.parent if str(path.parent) else Path("."), flag)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise InputError("the file exists and is not writable", f"{flag} {path}")
+    return path
 
 
 # ------------------------------------------------------------------------------------- logs
@@ -81,7 +109,7 @@ def logs_validate(
     if as_json:
         emit_json(report.to_dict())
     else:
-        out.print(report.summary())
+        out.print(report.summary(markup=False))
     raise typer.Exit(0 if report.usable else 2)
 
 
@@ -214,7 +242,7 @@ def registry_show(
         str | None, typer.Option(help="Show a scope's pointer history instead: global, cluster/C or site/S.")
     ] = None,
     trust: Annotated[
-        list[Path] | None, typer.Option(help="Public key file or directory: also verify the artifact (exit 1 if refused).")
+        list[Path] | None, typer.Option(help="Public key file or directory: also verify the artifact (exit 2 if refused).")
     ] = None,
     bucket: BucketOpt = "edgetwin",
     as_json: JsonOpt = False,
@@ -242,7 +270,7 @@ def registry_show(
             result = describe_version(reg, version)
             if store is not None:
                 with tempfile.TemporaryDirectory() as tmp:
-                    reg.fetch(version, Path(tmp) / "policy", store)  # raises ArtifactRejected: exit 1
+                    reg.fetch(version, Path(tmp) / "policy", store)  # raises ArtifactRejected: exit 2
                 result["verified"] = True
     if as_json:
         emit_json(result)
@@ -260,9 +288,9 @@ def registry_show(
 @logs_app.command("generate")
 def logs_generate(
     out_path: Annotated[Path, typer.Option("--out", help="Log to write (.parquet or .csv); LOG.spec.toml goes beside it.")],
-    agents: Annotated[int, typer.Option("--agents", help="Service groups per episode.")] = 200,
-    episodes: Annotated[int, typer.Option("--episodes", help="Episodes (days) to log.")] = 3,
-    steps: Annotated[int, typer.Option("--steps", help="Ticks per episode (96 x 15 min = a day).")] = 96,
+    agents: Annotated[int, typer.Option("--agents", min=1, help="Service groups per episode.")] = 200,
+    episodes: Annotated[int, typer.Option("--episodes", min=1, help="Episodes (days) to log.")] = 3,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Ticks per episode (96 x 15 min = a day).")] = 96,
     policy: Annotated[str, typer.Option("--policy", help="Logging policy: random | heuristic.")] = "random",
     drift: Annotated[str, typer.Option("--drift", help="Simulated time since day 0: 0d | 1d | 1w | 1m.")] = "0d",
     trace: Annotated[
@@ -293,6 +321,7 @@ def logs_generate(
         raise InputError("trace file not found", f"--trace {trace}")
     if carbon is not None and not carbon.exists():
         raise InputError("carbon intensity file not found", f"--carbon {carbon}")
+    out_file_arg(out_path)
     config = ClusterConfig(n_agents=agents, steps=steps, drift=drift, trace=trace, carbon=carbon)
     log, spec = generate_logs(config, episodes=episodes, policy=policy, seed=seed, progress=not as_json)
     write_table(log, out_path)
@@ -341,6 +370,7 @@ def demo(
     """The main job on the embedded defaults: emulated cluster -> logs -> twin -> policy -> what-if report."""
     from edgetwin.demo import run_demo
 
+    out_dir_arg(out_dir)
     result = run_demo(out_dir, seed=seed, agents=agents, episodes=episodes, steps=steps, log=console.print)
     if as_json:
         emit_json(result.to_dict())
@@ -369,12 +399,12 @@ def twin_fit(
     log: Annotated[Path, typer.Argument(help="Log table (.parquet or .csv).")],
     out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the twin to.")],
     spec: Annotated[Path | None, typer.Option(help="Twin spec (TOML); default LOG.spec.toml beside the log.")] = None,
-    members: Annotated[int, typer.Option(help="Ensemble members (bootstrap resamples of episodes).")] = 5,
-    rounds: Annotated[int, typer.Option(help="MAIL-MMSG adversarial rounds per scenario (0: BC only).")] = 10,
-    bc_epochs: Annotated[int, typer.Option(help="Behaviour-cloning epochs (engine and client pre-training).")] = 20,
+    members: Annotated[int, typer.Option(min=1, help="Ensemble members (bootstrap resamples of episodes).")] = 5,
+    rounds: Annotated[int, typer.Option(min=0, help="MAIL-MMSG adversarial rounds per scenario (0: BC only).")] = 10,
+    bc_epochs: Annotated[int, typer.Option(min=0, help="Behaviour-cloning epochs (engine and client pre-training).")] = 20,
     response_model: Annotated[str, typer.Option(help="mail | bc | supervised.")] = "mail",
     population_model: Annotated[str, typer.Option(help="gan-smmsg | gmm | gan | wgan | empirical.")] = "gan-smmsg",
-    population_steps: Annotated[int | None, typer.Option(help="Generator updates of the population model.")] = None,
+    population_steps: Annotated[int | None, typer.Option(min=0, help="Generator updates of the population model.")] = None,
     site_model: Annotated[
         bool,
         typer.Option(
@@ -395,10 +425,18 @@ def twin_fit(
     as_json: JsonOpt = False,
 ) -> None:
     """Learn a twin from a log. Resumable: finished members are checkpointed in OUT/checkpoint."""
+    out_dir_arg(out_dir)  # before the heavy imports: a wrong --out is reported at once
     import torch
 
-    from edgetwin.twin.twin import Twin
+    from edgetwin.generative import MODELS
+    from edgetwin.twin.twin import RESPONSE_MODELS, Twin
 
+    if response_model not in RESPONSE_MODELS:
+        raise InputError(f"expected one of {', '.join(RESPONSE_MODELS)}, got {response_model!r}", "--response-model")
+    if population_model not in (*MODELS, "empirical"):
+        raise InputError(
+            f"expected one of {', '.join((*MODELS, 'empirical'))}, got {population_model!r}", "--population-model"
+        )
     torch.set_num_threads(1)
     pop_hyper = {} if population_steps is None else {"steps": population_steps}
     twin = Twin.fit(
@@ -430,8 +468,8 @@ def twin_fidelity(
     log: Annotated[Path, typer.Argument(help="Held-out log of the real system under its logging policy.")],
     spec: Annotated[Path | None, typer.Option(help="Spec of the log; default LOG.spec.toml beside it.")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Directory for the PNGs and fidelity.json.")] = None,
-    episodes: Annotated[int, typer.Option(help="Twin episodes to roll out.")] = 4,
-    horizon: Annotated[int, typer.Option(help="Longest replay horizon for the compounding error.")] = 100,
+    episodes: Annotated[int, typer.Option(min=1, help="Twin episodes to roll out.")] = 4,
+    horizon: Annotated[int, typer.Option(min=1, help="Longest replay horizon for the compounding error.")] = 100,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -442,6 +480,8 @@ def twin_fidelity(
     from edgetwin.twin.fidelity import fidelity_report
     from edgetwin.twin.twin import Twin, load_log
 
+    if out_dir is not None:
+        out_dir_arg(out_dir)
     torch.set_num_threads(1)
     twin = Twin.load(twin_dir)
     df, _ = load_log(log, spec)
@@ -510,6 +550,7 @@ def population_fit(
         raise InputError(f"expected one of {', '.join(MODELS)}, got {model!r}", "--model")
     if steps is not None and (model == "gmm" or steps < 0):
         raise InputError("takes a non-negative number of generator updates, for the GAN models only", "--steps")
+    out_dir_arg(out_dir)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     profiles, sp = _population_table(log, spec)
     hyper = {} if steps is None else {"steps": steps}
@@ -601,15 +642,15 @@ def policy_train(
     twin_dir: Annotated[Path, typer.Argument(help="Twin directory (from `edgetwin fit`).")],
     out_dir: Annotated[Path, typer.Option("--out", help="Directory of the exported policy.")],
     algo: Annotated[str, typer.Option(help="ppo | a2c | sac | td3 | maskable_ppo | recurrent_ppo | dual_critic_ppo.")] = "ppo",
-    steps: Annotated[int, typer.Option(help="Environment steps (transitions over all agents).")] = 50_000,
-    agents: Annotated[int | None, typer.Option(help="Agents (= sub-envs) per twin episode.")] = None,
-    episode_steps: Annotated[int | None, typer.Option(help="Ticks per twin episode.")] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Environment steps (transitions over all agents).")] = 50_000,
+    agents: Annotated[int | None, typer.Option(min=1, help="Agents (= sub-envs) per twin episode.")] = None,
+    episode_steps: Annotated[int | None, typer.Option(min=1, help="Ticks per twin episode.")] = None,
     action_norm_lambda: Annotated[
-        float, typer.Option(help="λ of seed 004's action-norm regulariser (eq. 8; 0.4 there). Off by default: the "
+        float, typer.Option(min=0.0, help="λ of seed 004's action-norm regulariser (eq. 8; 0.4 there). Off by default: the "
                                  "support-aware penalty regularises instead.")
     ] = 0.0,
     support_penalty: Annotated[
-        float, typer.Option(help="Reward minus this x the ensemble's disagreement (MOPO-style; 0: off).")
+        float, typer.Option(min=0.0, help="Reward minus this x the ensemble's disagreement (MOPO-style; 0: off).")
     ] = 1.0,
     select: Annotated[
         bool, typer.Option("--select/--no-select", help="Score the trained policy beside simple candidates in the "
@@ -618,9 +659,9 @@ def policy_train(
     view: Annotated[Path | None, typer.Option(help="Scheduling view (TOML/JSON): also score the heuristics.")] = None,
     log: Annotated[Path | None, typer.Option("--log", help="Held-out log: score by replaying it (calibrated intervals).")] = None,
     validate_on: Annotated[Path | None, typer.Option(help="Held-out twin for early stopping.")] = None,
-    patience: Annotated[int, typer.Option(help="Evaluations without a new best before stopping.")] = 3,
-    eval_every: Annotated[int, typer.Option(help="Steps between validations.")] = 5_000,
-    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints (0: none).")] = 10_000,
+    patience: Annotated[int, typer.Option(min=1, help="Evaluations without a new best before stopping.")] = 3,
+    eval_every: Annotated[int, typer.Option(min=1, help="Steps between validations.")] = 5_000,
+    checkpoint_every: Annotated[int, typer.Option(min=0, help="Steps between checkpoints (0: none).")] = 10_000,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue from OUT/checkpoints.")] = True,
     tensorboard: Annotated[Path | None, typer.Option(help="TensorBoard log directory.")] = None,
     seed: SeedOpt = 0,
@@ -632,6 +673,9 @@ def policy_train(
     the logging clone, heuristics with --view), each with its 90 % interval of the return, and export
     the best by its lower bound, saying so when that is not the trained network (--no-select: skip).
     """
+    if not action_norm_lambda >= 0:  # NaN passes click's range check
+        raise InputError(f"expected a number >= 0, got {action_norm_lambda}", "--action-norm-lambda")
+    out_dir_arg(out_dir)  # before the heavy imports
     import torch
 
     from edgetwin.policies.train import train_policy
@@ -677,9 +721,9 @@ def policy_evaluate(
     policy: Annotated[str, typer.Argument(help="Exported policy directory, or 'random'.")],
     twin_dir: Annotated[Path | None, typer.Argument(help="Twin directory (with --on twin).")] = None,
     on: Annotated[str, typer.Option("--on", help="cluster (the emulated system) | twin.")] = "cluster",
-    episodes: Annotated[int, typer.Option(help="Episodes (independent seeds) for the confidence intervals.")] = 5,
-    agents: Annotated[int, typer.Option(help="Service groups per episode.")] = 100,
-    episode_steps: Annotated[int, typer.Option(help="Ticks per episode.")] = 96,
+    episodes: Annotated[int, typer.Option(min=1, help="Episodes (independent seeds) for the confidence intervals.")] = 5,
+    agents: Annotated[int, typer.Option(min=1, help="Service groups per episode.")] = 100,
+    episode_steps: Annotated[int, typer.Option(min=1, help="Ticks per episode.")] = 96,
     drift: Annotated[str, typer.Option(help="Cluster drift: 0d | 1d | 1w | 1m.")] = "0d",
     kpis: Annotated[Path | None, typer.Option(help="KPI column mapping (JSON/TOML of KpiColumns fields).")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of the KPIs here.")] = None,
@@ -717,6 +761,10 @@ def policy_evaluate(
         name = Path(policy).name
         if pol.spec.observation_columns != spec.observation_columns or pol.spec.action_columns != spec.action_columns:
             raise InputError(f"the policy acts on {pol.spec.name!r}, whose columns differ from the {on}'s", policy)
+        if on == "twin":
+            from edgetwin.policies.export import check_policy_spec
+
+            check_policy_spec(pol, spec, policy)
     res = evaluate_policy(pol, system, episodes=episodes, seed=seed, kpis=_load_kpis(kpis, spec), name=name,
                           system_name=on, progress=not as_json)
     if plot is not None:
@@ -940,11 +988,13 @@ def whatif_cmd(
     ] = None,
     spec: Annotated[Path | None, typer.Option(help="Spec of --log (default: beside it, else the twin's).")] = None,
     exogenous: ExogenousOpt = None,
-    episodes: Annotated[int, typer.Option(help="Episodes per seed (replay: the last E episodes of the log).")] = 2,
-    seeds: Annotated[int, typer.Option(help="Independent seeds of worlds and response noise.")] = 2,
+    episodes: Annotated[int, typer.Option(min=1, help="Episodes per seed (replay: the last E episodes of the log).")] = 2,
+    seeds: Annotated[int, typer.Option(min=1, help="Independent seeds of worlds and response noise.")] = 2,
     members: MembersOpt = None,
-    steps: Annotated[int | None, typer.Option(help="Steps per episode (default: the twin's horizon / the log's).")] = None,
-    agents: Annotated[int | None, typer.Option("--agents", help="Agents per generated world.")] = None,
+    steps: Annotated[
+        int | None, typer.Option(min=1, help="Steps per episode (default: the twin's horizon / the log's).")
+    ] = None,
+    agents: Annotated[int | None, typer.Option("--agents", min=1, help="Agents per generated world.")] = None,
     deterministic: Annotated[bool, typer.Option(help="Use the twin's mean responses (no response noise).")] = False,
     oos_tolerance: Annotated[
         float, typer.Option(help="Flag a number when more than this share of its agent-steps is out of support.")
@@ -958,6 +1008,9 @@ def whatif_cmd(
     from edgetwin.twin.report import write_report
     from edgetwin.twin.whatif import run_whatif
 
+    if not 0.0 <= oos_tolerance <= 1.0:
+        raise InputError(f"expected a share between 0 and 1, got {oos_tolerance}", "--oos-tolerance")
+    out_dir_arg(out_dir)
     twin, scenarios, kpi_defs, table = _whatif_inputs(twin_dir, scenario, kpis, log, spec)
     refs = list(policy)
     if baseline is not None and baseline not in refs:
@@ -1021,10 +1074,10 @@ def promote_cmd(
     kpis: KpisOpt = None,
     spec: Annotated[Path | None, typer.Option(help="Spec of --log (default: beside it, else the twin's).")] = None,
     exogenous: ExogenousOpt = None,
-    episodes: Annotated[int, typer.Option(help="Recorded episodes replayed (the last ones of the log).")] = 4,
-    seeds: Annotated[int, typer.Option(help="Response-noise seeds per episode.")] = 1,
+    episodes: Annotated[int, typer.Option(min=1, help="Recorded episodes replayed (the last ones of the log).")] = 4,
+    seeds: Annotated[int, typer.Option(min=1, help="Response-noise seeds per episode.")] = 1,
     members: MembersOpt = None,
-    steps: Annotated[int | None, typer.Option(help="Replay at most this many steps per episode.")] = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="Replay at most this many steps per episode.")] = None,
     trust: Annotated[
         list[Path] | None, typer.Option("--trust", help="More trusted public keys for fetching versions (default: --key's).")
     ] = None,
@@ -1059,6 +1112,7 @@ def promote_cmd(
     if not 0.0 <= max_out_of_support <= 1.0:
         raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
     guards = parse_guards(max_regression or [])
+    out_dir_arg(out_dir)
     signer = Signer.from_pem(key)
     store = TrustStore.from_paths(trust) if trust else TrustStore()
     store.add(signer.public_key)
@@ -1108,9 +1162,9 @@ def _strategy_arg(value: str, flag: str) -> Any:
 
 @app.command("federate")
 def federate(
-    sites: Annotated[int, typer.Option(help="Edge sites (one ESA each), heterogeneous by construction.")] = 4,
-    rounds: Annotated[int, typer.Option(help="Federated rounds.")] = 10,
-    clusters: Annotated[int, typer.Option(help="Cluster Orchestrator Agents (aggregation groups).")] = 1,
+    sites: Annotated[int, typer.Option(min=1, help="Edge sites (one ESA each), heterogeneous by construction.")] = 4,
+    rounds: Annotated[int, typer.Option(min=1, help="Federated rounds.")] = 10,
+    clusters: Annotated[int, typer.Option(min=1, help="Cluster Orchestrator Agents (aggregation groups).")] = 1,
     bus: Annotated[str, typer.Option(help="memory | nats://host:port (several comma-separated).")] = "memory",
     learner: Annotated[str, typer.Option(help="forecast (tiny MLP) | ppo | dual-critic (PFRL-DM).")] = "forecast",
     strategy: Annotated[str, typer.Option(help="Site-level strategy name or JSON table (fedavg, attention, median, ...).")] = "fedavg",
@@ -1147,6 +1201,9 @@ def federate(
             learner=_LEARNERS[learner], participation=participation, quorum=quorum, grace_s=grace, timeout_s=timeout,
             compression=compression, seed=seed,
         )
+    for flag, path in (("--out", out_file), ("--plot", plot), ("--save-config", save_config)):
+        if path is not None:
+            out_file_arg(path, flag)
     if save_config is not None:
         cfg.save(save_config)
     res = run_federation(cfg, bus=bus, processes=processes, progress=not as_json)
@@ -1204,44 +1261,93 @@ def agent(
 
 
 # ------------------------------------------------------------------------------------- entry
+def exit_code_of(error: BaseException) -> int:
+    """The exit code of an error that ended a command: the one place the contract is decided.
+
+    0 ok / 1 failed / 2 bad input / 3 the gate abstained. Errors say their code in ``exit_code``
+    (`InputError` and `ArtifactTampered`: 2, `ArtifactRejected`: 2, `GateRefused`: 1,
+    `GateAbstained`: 3); an OS error about a named file (a path that cannot be read or written) is
+    bad input, 2; click's usage errors carry their own (2); anything else is a failure, 1.
+    """
+    code = getattr(type(error), "exit_code", None)
+    if isinstance(code, int) and not isinstance(error, typer.Exit):
+        return code
+    if isinstance(error, typer.TyperException):  # click's usage errors: a bad flag or value
+        return int(getattr(error, "exit_code", 2))
+    if isinstance(error, OSError) and error.filename is not None:
+        return 2
+    return 1
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for a person: a label by exit code, then the error's own words (file names first)."""
+    code = exit_code_of(error)
+    if isinstance(error, typer.TyperException):
+        ctx = getattr(error, "ctx", None)
+        hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        return f"error: {error.format_message()}{hint}"
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"error: {error.filename}: {error.strerror or error}"
+    label = {2: "error", 3: "abstained"}.get(code, "refused" if isinstance(error, GateRefused) else "failed")
+    if code == 2 and type(error).__name__ == "ArtifactRejected":
+        label = "refused"
+    if code == 1 and not isinstance(error, GateRefused):
+        return f"failed: {type(error).__name__}: {error} (set EDGETWIN_DEBUG=1 for the traceback)"
+    return f"{label}: {error}"
+
+
+class _RaisedFilter(logging.Filter):
+    """Drop log records of errors that are also raised: the CLI prints those once, as the error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "raised", False)
+
+
+def _install_warning_handler() -> None:
+    """Warnings of edgetwin's loggers go to stderr literally, once (not through logging's last resort)."""
+    log = logging.getLogger("edgetwin")
+    if any(getattr(h, "_edgetwin_cli", False) for h in log.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("warning: %(message)s"))
+    handler.addFilter(_RaisedFilter())
+    # a command that configures logging itself (serve) prints through the root logger instead
+    handler.addFilter(lambda r: not logging.getLogger().handlers)
+    handler._edgetwin_cli = True  # type: ignore[attr-defined]
+    log.addHandler(handler)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: run the app and map errors to exit codes 1 / 2 / 3 (the gate abstained)."""
+    """Console-script entry point: run the app; every error is printed once, literally, one line,
+    and turned into its exit code by `exit_code_of`."""
     debug = os.environ.get("EDGETWIN_DEBUG") == "1"
+    _install_warning_handler()
     try:
         rv = app(args=argv, prog_name="edgetwin", standalone_mode=False)
-    except typer.Abort:
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort as e:
+        # click turns an EOFError raised anywhere in a command (a truncated .gz, say) into Abort:
+        # only a real interrupt is "aborted"
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, KeyboardInterrupt) or cause is None:
+            console.print("aborted")
+            sys.exit(130)
+        _fail(cause, debug)
+    except KeyboardInterrupt:
         console.print("aborted")
         sys.exit(130)
-    except typer.TyperException as e:  # typer's (vendored click's) usage errors: a bad flag
-        show = getattr(e, "show", None)
-        if callable(show):
-            show()
-        else:
-            console.print(f"[bold red]error:[/] {e}", highlight=False)
-        sys.exit(getattr(e, "exit_code", 2))
-    except InputError as e:
-        if debug:
-            traceback.print_exc()
-        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except GateRefused as e:
-        console.print(f"[bold red]refused:[/] {e}", highlight=False, soft_wrap=True)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as e:  # one line, not a traceback, for anything unexpected
-        if type(e).__name__ == "GateAbstained":  # edgetwin.policies.gate (imported lazily): exit 3
-            console.print(f"[bold yellow]abstained:[/] {e}", highlight=False, soft_wrap=True)
-            sys.exit(3)
-        if debug:
-            traceback.print_exc()
-        console.print(
-            f"[bold red]failed:[/] {type(e).__name__}: {e} (set EDGETWIN_DEBUG=1 for the traceback)",
-            highlight=False,
-            soft_wrap=True,
-        )
-        sys.exit(1)
+    except Exception as e:  # one line, not a traceback, for anything
+        _fail(e, debug)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _fail(error: BaseException, debug: bool) -> None:
+    if debug:
+        traceback.print_exception(error)
+    console.print(describe_error(error), markup=False, highlight=False, soft_wrap=True)
+    sys.exit(exit_code_of(error))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from edgetwin.edge.messages import Envelope, MessageRejected, decode, encode
 from edgetwin.federation.compression import UpdateCodec, decode_update, model_update
 
 
-def run(coro, timeout: float = 10.0):
+def run(coro, timeout: float = 60.0):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
@@ -34,7 +34,7 @@ def intent(site="s1", backlog=3.0, **extra):
     return Envelope("intent", f"esa/{site}", 1, payload)
 
 
-async def until(cond, timeout=5.0):
+async def until(cond, timeout=30.0):
     async def poll():
         while not cond():
             await asyncio.sleep(0.005)

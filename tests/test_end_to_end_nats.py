@@ -54,7 +54,7 @@ def promote_cli(policy: Path, url: str, key: Path, twin: Path, log: Path, out: P
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
-async def wait_for(cond: Any, timeout: float = 15.0) -> bool:
+async def wait_for(cond: Any, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
@@ -133,7 +133,7 @@ def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(nats_server, tmp
 
         async def drive(steps: int, obs: np.ndarray) -> np.ndarray:
             for _ in range(steps):
-                d = await request_decision(edge, SITE, obs)
+                d = await request_decision(edge, SITE, obs, timeout=30.0)
                 served.append(d.version)
                 obs, _, done, info = cluster.step(d.actions)
                 kpis = dict(zip(kpi_cols, info["kpis"].mean(axis=0), strict=True))

@@ -13,6 +13,7 @@ import pytest
 
 from edgetwin.cli import main as cli_main
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.manifest import write_manifest
 from edgetwin.edge.registry import (
     HISTORY_LIMIT,
     CASConflict,
@@ -40,6 +41,7 @@ def make_policy_dir(root: Path) -> Path:
     (d / "model").mkdir(parents=True)
     (d / "model" / "weights.bin").write_bytes(bytes(range(256)) * 40)
     (d / "policy.json").write_text('{"algorithm": "PPO", "obs_dim": 7}')
+    write_manifest(d, "policy")  # sealed, as every exported policy is
     return d
 
 
@@ -99,7 +101,8 @@ def test_auto_versions_count_up_in_publication_order(reg: FileRegistry, policy: 
 def test_versions_are_immutable(reg: FileRegistry, policy: Path, signer: Signer, trust: TrustStore, tmp_path):
     reg.publish(policy, {**MD, "version": "v1"}, signer)
     before = (reg.root / "versions" / "v1" / "artifact.tar.gz").read_bytes()
-    (policy / "policy.json").write_text('{"algorithm": "SAC"}')
+    (policy / "policy.json").write_text('{"algorithm": "PPO", "obs_dim": 8}')
+    write_manifest(policy, "policy")
     with pytest.raises(VersionExists, match="already published"):
         reg.publish(policy, {**MD, "version": "v1"}, signer)
     assert (reg.root / "versions" / "v1" / "artifact.tar.gz").read_bytes() == before
@@ -356,6 +359,7 @@ def test_cli_keygen_publish_list_show(tmp_path: Path, policy: Path, capsys):
         "format": "edgetwin-policy/1", "algorithm": "sac", "spec_hash": "h1", "training_data_sha256": "t1",
         "metrics": {"reward": 3, "note": "not a number"},
     }))  # fmt: skip
+    write_manifest(policy, "policy")
     (tmp_path / "md.json").write_text(json.dumps({"algorithm": "PPO"}))
     key = str(keys / "publisher.key.pem")
     common = ["--registry", registry, "--key", key]
@@ -379,9 +383,9 @@ def test_cli_keygen_publish_list_show(tmp_path: Path, policy: Path, capsys):
     other = tmp_path / "other"
     other.mkdir()
     save_private_key(Signer.generate().private_key, other / "x.key.pem")
-    # A trust store of someone else's key: refused, exit 1, the reason on stderr.
+    # A trust store of someone else's key: refused (a tampered or untrusted artifact is bad input: exit 2), the reason on stderr, once.
     save_public_key(Signer.generate().public_key, other / "x.pub.pem")
-    assert run_cli("registry", "show", "v1", "--registry", registry, "--trust", str(other)) == 1
+    assert run_cli("registry", "show", "v1", "--registry", registry, "--trust", str(other)) == 2
     assert "untrusted_key" in capsys.readouterr().err
 
     with open_registry(registry) as reg:

@@ -14,6 +14,7 @@ from typing import Any
 import nats
 import pytest
 
+from edgetwin.contract.manifest import write_manifest
 from edgetwin.edge.registry import (
     CASConflict,
     NatsRegistry,
@@ -36,6 +37,7 @@ def make_policy_dir(root: Path, size: int = 300_000) -> Path:
     (d / "model").mkdir(parents=True)
     (d / "model" / "weights.bin").write_bytes(bytes(i * 7 % 251 for i in range(size)))
     (d / "policy.json").write_text('{"algorithm": "PPO", "obs_dim": 7}')
+    write_manifest(d, "policy")  # sealed, as every exported policy is
     return d
 
 
@@ -88,7 +90,8 @@ def test_publish_fetch_roundtrip_and_immutability(nats_server, policy, signer, t
         assert tree(out) == tree(policy)
         m = await reg.manifest(v2)
         assert m.metadata["parent_version"] == "v1" and m.key_id == signer.key_id
-        (policy / "policy.json").write_text('{"algorithm": "SAC"}')
+        (policy / "policy.json").write_text('{"algorithm": "PPO", "obs_dim": 8}')
+        write_manifest(policy, "policy")
         with pytest.raises(VersionExists):
             await reg.publish(policy, {**MD, "version": "2.0"}, signer)
         assert (await reg.manifest(v2)).sha256 == m.sha256  # untouched

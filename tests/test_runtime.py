@@ -235,7 +235,7 @@ def test_shield_applies_to_every_returned_action(tmp_path: Path, reg: FileRegist
             np.testing.assert_allclose(a[:, 1], np.minimum(1.15 * util, high[1]))
             client = InMemoryBus(bus.broker, name="client")
             async with client:
-                d = await request_decision(client, SITE, obs)
+                d = await request_decision(client, SITE, obs, timeout=30.0)
             np.testing.assert_allclose(d.actions, a)
 
     run(main())
@@ -251,7 +251,7 @@ def test_bus_request_reply(tmp_path: Path, reg: FileRegistry, keys) -> None:
         broker = MemoryBroker()
         bus, client = InMemoryBus(broker, name="rt"), InMemoryBus(broker, name="client")
         async with bus, client, EdgeRuntime(SITE, reg, trust, bus=bus, kpi_guard=None) as rt:
-            d = await request_decision(client, SITE, obs_batch(4).astype(np.float32))
+            d = await request_decision(client, SITE, obs_batch(4).astype(np.float32), timeout=30.0)
             assert (d.version, d.scope, d.revision) == ("v1", SCOPE, 1)
             np.testing.assert_allclose(d.actions, np.tile([0.4, 0.6, 0.8], (4, 1)))
             with pytest.raises(RuntimeError, match="expected observations of shape"):
@@ -361,17 +361,24 @@ def test_python_api_threads_during_swaps(tmp_path: Path, reg: FileRegistry, keys
                 errors.append(repr(e))
             time.sleep(0.0005)  # a request stream, not a spin that starves the runtime's loop of the GIL
 
+    def wait_until(cond: Callable[[], bool], timeout: float = 60.0) -> None:
+        """Events, not sleeps: a loaded machine is slower here, never wrong (a fixed 0.15 s between
+        promotions let a busy poller skip v2 and see v1 -> v3 as one swap)."""
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, "condition not met within the timeout"
+            time.sleep(0.005)
+
     with rt.running_in_thread():
         threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
         for t in threads:
             t.start()
+        wait_until(lambda: rt.stats.by_version.get("v1", 0) > 0)  # v1 has served requests
         for v in ("v2", "v3"):
-            time.sleep(0.15)
             promote(reg, v)
-        deadline = time.monotonic() + 5
-        while rt.version != "v3" and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.1)
+            wait_until(lambda v=v: rt.version == v)  # each promotion is seen before the next
+        n = rt.stats.by_version.get("v3", 0)
+        wait_until(lambda: rt.stats.by_version.get("v3", 0) > n)  # and v3 serves requests
         stop.set()
         for t in threads:
             t.join()
@@ -437,7 +444,7 @@ def test_fail_static_when_registry_unreachable(tmp_path: Path, reg: FileRegistry
         async with EdgeRuntime(SITE, flaky, trust, kpi_guard=None, poll_interval=0.02, cache_dir=cache) as rt:
             flaky.down = True
             with caplog.at_level(logging.WARNING, logger="edgetwin.runtime"):
-                await asyncio.sleep(0.15)  # several failed polls
+                await until(lambda: rt.stats.registry_errors >= 2)  # several failed polls (events, not a sleep)
             assert rt.registry_reachable is False
             assert rt.stats.registry_errors >= 2
             assert sum(e.kind == "registry_unreachable" for e in rt.events) == 1  # logged once, not per poll
@@ -616,7 +623,7 @@ def test_kpis_over_the_bus_and_rollback_while_registry_is_down(tmp_path: Path, r
             for _ in range(3):
                 await sensor.publish(kpi_subject(SITE), kpi_report(SITE, {"kpi.x": 1.0}))
             await sensor.publish(kpi_subject(SITE), kpi_report(SITE, {"kpi.x": 9.0}, version="v0"))  # stale: ignored
-            await asyncio.sleep(0.05)
+            await until(lambda: rt.stats.kpi_reports + rt.stats.kpi_stale == 4)  # delivered, however slowly
             assert rt.stats.kpi_reports == 3 and rt.stats.kpi_stale == 1
             promote(reg, "v2")
             assert await rt.refresh() and rt.version == "v2"

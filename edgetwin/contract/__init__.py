@@ -7,8 +7,10 @@
   generic logging policies over a spec's action box (random, noisy, regimes).
 * `edgetwin.contract.metrics`: the fidelity yardstick (KL, MMD, C2ST, correlation distance) that
   the population models, the response models and the twin are all judged with.
-* `edgetwin.contract.errors`: `InputError` (exit 2) and `GateRefused` (exit 1), which the CLI turns
-  into one line and an exit code.
+* `edgetwin.contract.manifest`: artifact manifests, the one integrity mechanism of twins and
+  policies (sha256 of every file, metadata included; `verify_manifest` refuses anything else).
+* `edgetwin.contract.errors`: `InputError` (exit 2), `GateRefused` (exit 1) and `GateAbstained`
+  (exit 3), which the CLI turns into one line and an exit code.
 
 Nothing here imports another edgetwin subpackage, and nothing here assumes a system's column names.
 """
@@ -21,6 +23,8 @@ from edgetwin import lazy_exports
 _WHERE = {
     "Feature": "edgetwin.contract.spec",
     "FunctionPolicy": "edgetwin.contract.policy",
+    "ArtifactTampered": "edgetwin.contract.manifest",
+    "GateAbstained": "edgetwin.contract.errors",
     "GateRefused": "edgetwin.contract.errors",
     "InputError": "edgetwin.contract.errors",
     "NoisyPolicy": "edgetwin.contract.policy",
@@ -33,8 +37,11 @@ _WHERE = {
     "load_valid_log": "edgetwin.contract.validate",
     "read_table": "edgetwin.contract.logs",
     "resolve_spec": "edgetwin.contract.logs",
+    "resolve_function_ref": "edgetwin.contract.spec",
     "spec_path_for": "edgetwin.contract.spec",
+    "verify_manifest": "edgetwin.contract.manifest",
     "validate_log": "edgetwin.contract.validate",
+    "write_manifest": "edgetwin.contract.manifest",
     "write_table": "edgetwin.contract.logs",
 }
 __all__ = sorted(_WHERE)

@@ -38,7 +38,6 @@ through a fit. `agreement` measures how well declarations reproduce a log (the v
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.functions import resolve_function_ref
 
 __all__ = [
     "AGGREGATES",
@@ -305,14 +305,7 @@ class Declaration:
 
     def _import(self, where: str) -> DynamicsFn:
         if not self._fn:
-            module, _, attr = str(self.function).partition(":")
-            try:
-                fn = getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError) as e:
-                raise InputError(f"{where}: function {self.function!r} cannot be imported ({e})", "spec") from None
-            if not callable(fn):
-                raise InputError(f"{where}: {self.function!r} is not callable", "spec")
-            self._fn.append(fn)
+            self._fn.append(resolve_function_ref(self.function, entry=f"{where}: function"))
         return self._fn[0]
 
     def next_values(

@@ -40,7 +40,6 @@ vectors everywhere (``[profile.*, state.*]`` -> ``action.*``). ``[[dynamics]]`` 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -53,6 +52,7 @@ import tomli_w
 
 from edgetwin.contract.dynamics import Declaration, DeclaredDynamics
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.functions import resolve_function_ref
 
 Role = Literal["profile", "state", "action", "response", "kpi"]
 ROLES: tuple[Role, ...] = ("profile", "state", "action", "response", "kpi")
@@ -159,6 +159,15 @@ class TwinSpec:
                 raise InputError(f"feature {f.name!r}: kind {f.kind!r} is not one of {KINDS}", "spec")
             if f.kind in ("discrete", "categorical") and not f.values:
                 raise InputError(f"feature {f.name!r}: kind {f.kind!r} needs 'values'", "spec")
+            for side, bound in (("low", f.low), ("high", f.high)):
+                if bound is not None and not np.isfinite(bound):
+                    # NaN would switch the bound check off without a word; inf means "no bound": omit it
+                    raise InputError(
+                        f"feature {f.name!r}: {side} = {bound} is not a finite number (omit it for no bound)",
+                        "spec",
+                    )
+            if f.values is not None and not all(np.isfinite(v) for v in f.values):
+                raise InputError(f"feature {f.name!r}: 'values' must be finite numbers, got {list(f.values)}", "spec")
             if f.low is not None and f.high is not None and f.low > f.high:
                 raise InputError(f"feature {f.name!r}: low {f.low} > high {f.high}", "spec")
             if f.name in seen:
@@ -350,9 +359,13 @@ class TwinSpec:
         if not path.is_file():
             raise InputError("spec file not found", str(path))
         try:
-            d = tomllib.loads(path.read_text())
+            d = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as e:
             raise InputError(f"not valid TOML ({e})", str(path)) from None
+        except UnicodeDecodeError as e:
+            raise InputError(f"not UTF-8 text (byte {e.start + 1})", str(path)) from None
+        except OSError as e:
+            raise InputError(f"cannot read the spec ({e.strerror or e})", str(path)) from None
         return cls.from_dict(d, source=str(path))
 
     def hash(self) -> str:
@@ -373,14 +386,15 @@ def spec_path_for(log_path: str | Path) -> Path:
     return p.with_name(p.name.split(".")[0] + ".spec.toml")
 
 
+def function_refs(spec: TwinSpec) -> list[tuple[str, str]]:
+    """``(entry, "module:function")`` of every function reference of a spec, for validation."""
+    refs = []
+    if spec.transition is not None:
+        refs.append(("[transition] function", spec.transition))
+    if spec.reward_function is not None:
+        refs.append(("[reward] function", spec.reward_function))
+    return refs
+
+
 def _import_callable(ref: str, what: str) -> Any:
-    module, _, attr = ref.partition(":")
-    if not module or not attr:
-        raise InputError(f"{what} must be 'module:function', got {ref!r}", "spec")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise InputError(f"{what} function {ref!r} cannot be imported ({e})", "spec") from None
-    if not callable(fn):
-        raise InputError(f"{what} {ref!r} is not callable", "spec")
-    return fn
+    return resolve_function_ref(ref, entry=f"{what} function")

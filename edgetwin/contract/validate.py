@@ -49,6 +49,8 @@ from edgetwin.contract.spec import (
     REWARD_COLUMN,
     Feature,
     TwinSpec,
+    function_refs,
+    resolve_function_ref,
     role_of,
     spec_path_for,
 )
@@ -328,6 +330,12 @@ def _run(
 
     check = _Checker(table, spec_obj, min_usable_fraction)
     check.run()
+    for entry, ref in function_refs(spec_obj):  # now, not when `train` first calls it
+        try:
+            where = None if spec_source in ("given", "inferred") else spec_source
+            resolve_function_ref(ref, spec_path=where, entry=entry)
+        except InputError as e:
+            check.fatal("bad_function", str(e))
     if spec_source == "inferred":
         beside = f" ({spec_path_for(log_path)} not found)" if log_path is not None else ""
         check.warn(
@@ -509,13 +517,17 @@ class _Checker:
             ~finite | (np.floor(np.where(finite, t, 0.0)) != np.where(finite, t, 0.0))
         )
         negative = finite & ~non_integer & (t < 0)
+        # beyond 2**53 a float no longer holds every integer, and beyond 2**63 int64 wraps
+        # (1e20 became -9223372036854775808): such a t is not a step count
+        too_large = finite & ~non_integer & ~negative & (t >= 2.0**53)
         self.quarantine("empty_key", "t", missing, "with an empty key", "empty t")
         self.quarantine(
             "bad_type", "t", bad_type, "not a number (expected an integer step)", "t is not a number"
         )
         self.quarantine("non_integer_t", "t", non_integer, "not an integer", "t is not an integer")
         self.quarantine("negative_t", "t", negative, "negative (steps count from 0)", "t is negative")
-        self.key_bad |= missing | bad_type | non_integer | negative
+        self.quarantine("t_too_large", "t", too_large, "too large for a step (>= 2**53)", "t is too large")
+        self.key_bad |= missing | bad_type | non_integer | negative | too_large
         self.cols["t"] = np.where(self.key_bad, 0, np.where(finite, t, 0.0)).astype(np.int64)
 
     def check_meta(self) -> None:
@@ -818,7 +830,7 @@ def _key_strings(col: pd.Series) -> tuple[pd.Series, np.ndarray]:
     if pd.api.types.is_float_dtype(col.dtype):
         v = col.to_numpy(dtype=np.float64, na_value=np.nan)
         fin = v[np.isfinite(v)]
-        if len(fin) and np.all(fin == np.floor(fin)):
+        if len(fin) and np.all(fin == np.floor(fin)) and np.all(np.abs(fin) < 2.0**53):
             col = col.astype("Int64")
     values = col.astype(str).reset_index(drop=True)
     empty = missing | values.str.strip().eq("").fillna(True).to_numpy(dtype=bool)

@@ -2,7 +2,9 @@
 
 A policy travels to the edge as one *artifact*: the policy directory packed deterministically
 (`pack_directory`: a sorted tar with fixed mtimes, owners and modes, gzip with a fixed header, so
-the same directory always gives the same bytes) plus a `Manifest`:
+the same directory always gives the same bytes), sealed inside by its own ``MANIFEST.json`` (the
+sha256 of every file: `edgetwin.contract.manifest`, the one file-integrity mechanism of twins and
+policies), plus the signed envelope that travels beside it, the `Manifest` of this module:
 
 - ``metadata``: JSON (name, version, spec hash, algorithm, training data hash, metrics at promotion,
   created, parent version, and anything else the publisher adds),
@@ -74,16 +76,19 @@ class RejectReason(enum.StrEnum):
     CHECKSUM_MISMATCH = "checksum_mismatch"  # the packed bytes are not the ones that were signed
     VERSION_MISMATCH = "version_mismatch"  # a valid artifact served under another version's name
     MALFORMED = "malformed"  # the manifest or the archive cannot be read
+    UNSEALED = "unsealed"  # signed, but the packed directory fails its own MANIFEST.json (contract.manifest)
 
 
 class ArtifactRejected(RuntimeError):
-    """An artifact failed verification and must not be loaded.
+    """An artifact failed verification and must not be loaded (the CLI exits 2: refused input).
 
     Attributes:
         reason: the machine-readable `RejectReason`.
         detail: a sentence for a person.
         version: the version that was refused, if known.
     """
+
+    exit_code = 2
 
     def __init__(self, reason: RejectReason, detail: str, version: str | None = None) -> None:
         self.reason = RejectReason(reason)
@@ -95,7 +100,8 @@ class ArtifactRejected(RuntimeError):
 
 def _reject(reason: RejectReason, detail: str, version: str | None) -> ArtifactRejected:
     err = ArtifactRejected(reason, detail, version)
-    logger.warning("%s", err)
+    # ``raised``: the caller gets this as an exception too (the CLI prints it once, as the error)
+    logger.warning("%s", err, extra={"raised": True})
     return err
 
 

@@ -3,10 +3,16 @@
 Layout of an exported policy directory::
 
     policy.json      format, kind, algorithm, spec hash, training data hash, metrics at promotion,
-                     observation/action columns, the action transform, the shield, file hashes
+                     observation/action columns, the action transform, the shield
     spec.toml        the twin spec the policy acts in
     model.zip        SB3 model (kind "sb3")
     obs_norm.npz     VecNormalize's observation statistics, when training normalised observations
+    MANIFEST.json    sha256 of every file above (and of anything else in the directory, e.g.
+                     training checkpoints): `edgetwin.contract.manifest`
+
+`load_policy` verifies the manifest before it reads anything: a policy with a missing manifest,
+an added, missing or changed file (``policy.json`` included) is refused with exit 2 naming the
+file. Policies exported before manifests existed are refused too; re-export them.
 
 The loaded object works on raw, per-agent observations ``(N, O)`` in ``spec.observation_columns``
 order and returns actions ``(N, A)`` in spec units, exactly as the model acted during training:
@@ -17,7 +23,6 @@ exported. Heuristic baselines export as their class and configuration (kind "heu
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import time
@@ -29,9 +34,12 @@ from typing import Any
 import numpy as np
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.manifest import MANIFEST_FILE, verify_manifest, write_manifest
 from edgetwin.contract.spec import TwinSpec
 
 FORMAT = "edgetwin-policy/1"
+#: Files every exported policy has (the manifest must list them).
+_REQUIRED = ("policy.json", "spec.toml")
 
 #: SB3 / sb3-contrib algorithm classes by the name metadata records.
 ALGORITHMS: dict[str, str] = {
@@ -56,14 +64,6 @@ def algorithm_name(model: Any) -> str:
         if type(model) is _import(ref):
             return name
     raise InputError(f"cannot export a {type(model).__name__}: not one of {sorted(ALGORITHMS)}", "policy")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass
@@ -243,14 +243,12 @@ def export_policy(
         "observation_columns": spec.observation_columns,
         "action_columns": spec.action_columns,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "files": {},
     }
     spec.save(path / "spec.toml")
     if hasattr(model_or_policy, "save") and hasattr(model_or_policy, "policy"):
         doc["kind"] = "sb3"
         doc["algorithm"] = algorithm_name(model_or_policy)
         model_or_policy.save(path / "model.zip")
-        doc["files"]["model.zip"] = sha256_file(path / "model.zip")
     elif hasattr(model_or_policy, "act") and hasattr(model_or_policy, "to_config"):
         doc["kind"] = "heuristic"
         cls = type(model_or_policy)
@@ -277,7 +275,6 @@ def export_policy(
         # numpy's stub lets **kwds also match ``allow_pickle: bool``
         np.savez(path / "obs_norm.npz", **arrays)  # type: ignore[arg-type]
         doc["obs_norm"] = "obs_norm.npz"
-        doc["files"]["obs_norm.npz"] = sha256_file(path / "obs_norm.npz")
     doc["action_transform"] = (action_transform or ActionTransform()).to_dict()
     if shield is not None:
         cfg = getattr(shield, "config", shield)
@@ -291,8 +288,8 @@ def export_policy(
         doc["training_data_sha256"] = extra.pop("training_data_sha256", None)
         doc["metrics"] = extra.pop("metrics", {})
         doc.update(extra)
-    doc["files"]["spec.toml"] = sha256_file(path / "spec.toml")
     (path / "policy.json").write_text(json.dumps(doc, indent=2, default=_json_default))
+    write_manifest(path, "policy", require=_REQUIRED)  # last: seals every file, policy.json included
     return path
 
 
@@ -304,47 +301,118 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-def load_policy(path: str | Path, verify: bool = True) -> LoadedPolicy:
-    """Load an exported policy directory.
+def load_policy(path: str | Path) -> LoadedPolicy:
+    """Load an exported policy directory, after checking it against its manifest.
 
     Args:
         path: the directory written by :func:`export_policy`.
-        verify: check every file against the sha256 recorded in ``policy.json``.
 
     Raises:
-        InputError: not a policy directory, a file is missing or altered, an unknown format.
+        InputError: not a policy directory; its manifest is missing or a file is missing, added or
+            altered (`ArtifactTampered`, naming the file); an unknown format, kind or algorithm; an
+            action transform outside the spec's action bounds; a model file that cannot be read.
     """
     path = Path(path)
-    doc_path = path / "policy.json"
-    if not doc_path.is_file():
+    if not (path / "policy.json").is_file() and not (path / MANIFEST_FILE).is_file():
         raise InputError("not an exported policy (no policy.json)", str(path))
+    manifest = verify_manifest(path, "policy", require=_REQUIRED)
+    doc_path = path / "policy.json"
     try:
-        doc = json.loads(doc_path.read_text())
-    except json.JSONDecodeError as e:
+        doc = json.loads(doc_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"policy.json is not valid JSON ({e})", str(doc_path)) from None
+    if not isinstance(doc, dict):
+        raise InputError("policy.json is not a JSON object", str(doc_path))
     if doc.get("format") != FORMAT:
         raise InputError(f"unknown policy format {doc.get('format')!r}; expected {FORMAT!r}", str(doc_path))
-    if verify:
-        for name, digest in doc.get("files", {}).items():
-            f = path / name
-            if not f.is_file():
-                raise InputError(f"{name} is missing", str(path))
-            if sha256_file(f) != digest:
-                raise InputError(f"{name} does not match the sha256 recorded in policy.json", str(f))
     spec = TwinSpec.load(path / "spec.toml")
     if spec.hash() != doc.get("spec_hash"):
-        raise InputError("spec.toml does not match the policy's spec hash", str(path))
-    if doc["kind"] == "sb3":
-        algo = doc["algorithm"]
+        raise InputError("spec.toml does not match the policy's spec hash", str(path / "spec.toml"))
+    _check_transform(doc.get("action_transform"), spec, doc_path)
+    for key in ("obs_norm",):
+        name = doc.get(key)
+        if name is not None and (not isinstance(name, str) or name not in manifest["files"]):
+            raise InputError(f"{key} names {name!r}, which the manifest does not list", str(doc_path))
+    kind = doc.get("kind")
+    if kind == "sb3":
+        algo = doc.get("algorithm")
         if algo not in ALGORITHMS:
             raise InputError(f"unknown algorithm {algo!r}", str(doc_path))
-        impl = _import(ALGORITHMS[algo]).load(path / "model.zip", device="cpu")
-    elif doc["kind"] == "heuristic":
-        h = doc["heuristic"]
+        if "model.zip" not in manifest["files"]:
+            raise InputError("an sb3 policy needs model.zip, which the manifest does not list", str(path / "model.zip"))
+        try:
+            impl = _import(ALGORITHMS[algo]).load(path / "model.zip", device="cpu")
+        except Exception as e:  # a sealed but unreadable model (written by another SB3, say)
+            raise InputError(f"cannot load the model ({type(e).__name__}: {e})", str(path / "model.zip")) from None
+    elif kind == "heuristic":
+        h = doc.get("heuristic") or {}
         try:
             impl = _import(h["class"])(spec, **h["config"])
-        except (ImportError, AttributeError, TypeError) as e:
-            raise InputError(f"cannot rebuild heuristic {h['class']} ({e})", str(doc_path)) from None
+        except (ImportError, AttributeError, TypeError, KeyError, ValueError) as e:
+            raise InputError(f"cannot rebuild heuristic {h.get('class')} ({e})", str(doc_path)) from None
     else:
-        raise InputError(f"unknown policy kind {doc['kind']!r}", str(doc_path))
-    return LoadedPolicy(path, doc, spec, impl)
+        raise InputError(f"unknown policy kind {kind!r}", str(doc_path))
+    try:
+        return LoadedPolicy(path, doc, spec, impl)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise InputError(f"cannot load the policy ({type(e).__name__}: {e})", str(doc_path)) from None
+
+
+def check_policy_spec(policy: LoadedPolicy, spec: TwinSpec, where: str, *, against: str = "the twin") -> None:
+    """Refuse a policy exported for another spec than the one it is about to act in.
+
+    Same columns are not enough: a policy trained on a twin whose spec has other bounds, kinds or
+    reward acted in another world; evaluating or promoting it there would compare the wrong things.
+
+    Raises:
+        InputError: the spec hashes differ (both are named).
+    """
+    have, want = policy.metadata.get("spec_hash"), spec.hash()
+    if have != want:
+        raise InputError(
+            f"the policy was exported for spec {have} ({policy.spec.name!r}), but {against} has spec {want} "
+            f"({spec.name!r}); same columns are not the same spec — retrain or re-export it for this one",
+            where,
+        )
+
+
+def _check_transform(raw: Any, spec: TwinSpec, doc_path: Path) -> None:
+    """A box or grid action transform must map into the spec's action bounds (finite, low <= high).
+
+    The manifest already refuses an edited ``policy.json``; this refuses a policy whose writer put
+    actions outside what the spec allows, which no gate downstream would notice.
+    """
+    if raw is None:
+        return
+    if not isinstance(raw, dict):
+        raise InputError("action_transform is not an object", str(doc_path))
+    low, high = spec.bounds("action")
+    n = len(low)
+    kind = raw.get("kind", "identity")
+    where = str(doc_path)
+    try:
+        if kind == "box":
+            lo = np.asarray(raw.get("low"), dtype=np.float64)
+            hi = np.asarray(raw.get("high"), dtype=np.float64)
+            if lo.shape != (n,) or hi.shape != (n,):
+                raise InputError(f"action_transform low/high must have {n} values (the spec's actions)", where)
+            if not (np.isfinite(lo).all() and np.isfinite(hi).all()) or (lo > hi).any():
+                raise InputError("action_transform low/high must be finite with low <= high", where)
+            outside = (lo < low - 1e-9) | (hi > high + 1e-9)
+        elif kind == "grid":
+            grid = raw.get("grid")
+            if not isinstance(grid, list) or len(grid) != n:
+                raise InputError(f"action_transform grid must have {n} value lists (the spec's actions)", where)
+            g = [np.asarray(v, dtype=np.float64) for v in grid]
+            if any(v.ndim != 1 or not len(v) or not np.isfinite(v).all() for v in g):
+                raise InputError("action_transform grid values must be non-empty lists of finite numbers", where)
+            outside = np.array([bool((v < lo_ - 1e-9).any() or (v > hi_ + 1e-9).any()) for v, lo_, hi_ in zip(g, low, high, strict=True)])
+        elif kind == "identity":
+            return
+        else:
+            raise InputError(f"unknown action_transform kind {kind!r}", where)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"malformed action_transform ({e})", where) from None
+    if outside.any():
+        cols = [c for c, o in zip(spec.action_columns, outside, strict=True) if o]
+        raise InputError(f"action_transform maps outside the spec's bounds of {', '.join(cols)}", where)

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from edgetwin.contract.errors import GateRefused, InputError
+from edgetwin.contract.errors import GateAbstained, GateRefused, InputError
 from edgetwin.twin.whatif import (
     BUILTIN_POLICIES,
     NOMINAL,
@@ -54,11 +54,6 @@ from edgetwin.twin.whatif import (
 DEFAULT_MARGIN = 0.05
 
 
-class GateAbstained(RuntimeError):
-    """The gate cannot tell whether the candidate regresses: exit 3 (``.result`` may hold the
-    `PromotionResult`)."""
-
-    exit_code = 3
 _GUARD_RE = re.compile(
     r"^\s*(?P<name>[^=\s]+)\s*=\s*(?P<rel>[+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*(?P<pct>%?)\s*(?::\s*(?P<abs>\d+(?:\.\d*)?|\.\d+)\s*)?$"
 )
@@ -419,10 +414,11 @@ def resolve_policy(ref: str | Path, twin: Any, view: Any = None, name: str | Non
         return fixed_policy(name or text, h)
     path = Path(text)
     if path.is_dir():
-        from edgetwin.policies.export import load_policy
+        from edgetwin.policies.export import check_policy_spec, load_policy
 
         pol = load_policy(path)
         check_compatible(pol.spec, twin, str(path))
+        check_policy_spec(pol, twin.spec, str(path))
         return fixed_policy(name or path.name, pol)
     raise InputError(
         f"not a policy directory, built-in ({', '.join(BUILTIN_POLICIES)}) or heuristic:NAME: {text!r}",

@@ -34,6 +34,7 @@ import torch as th
 from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.manifest import MANIFEST_FILE, verify_manifest, write_manifest
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.contract.validate import load_valid_log
@@ -448,44 +449,69 @@ class Twin:
             if mdir.exists():
                 shutil.rmtree(mdir)
             m.save(mdir)
+        # last: seal every file (metadata included; a fit's checkpoint too) against later edits
+        write_manifest(path, "twin", require=_TWIN_FILES)
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> Twin:
-        """Read a twin written by `save`.
+        """Read a twin written by `save`, after checking every file against its manifest.
 
         Raises:
-            InputError: the directory is not a twin.
+            InputError: the directory is not a twin, its manifest is missing or a file is missing,
+                added or altered (`ArtifactTampered`, naming the file), or a sealed file cannot be
+                read (naming it).
         """
         path = Path(path)
-        if not (path / "meta.json").is_file() or not (path / "layout.json").is_file():
+        if not (path / "meta.json").is_file() and not (path / MANIFEST_FILE).is_file():
             raise InputError("not a twin directory (no meta.json / layout.json)", str(path))
-        meta = json.loads((path / "meta.json").read_text())
-        layout = Layout.from_dict(json.loads((path / "layout.json").read_text()))
-        arr = np.load(path / "arrays.npz")
+        manifest = verify_manifest(path, "twin", require=_TWIN_FILES)
+        meta = _read_sealed(path / "meta.json", lambda p: json.loads(p.read_text()))
+        layout = _read_sealed(path / "layout.json", lambda p: Layout.from_dict(json.loads(p.read_text())))
+        spec = _read_sealed(path / "spec.toml", TwinSpec.load)
+        if spec.hash() != layout.spec.hash():
+            raise InputError("spec.toml is not the spec the twin was fitted with", str(path / "spec.toml"))
+
+        def arrays(p: Path) -> dict[str, np.ndarray]:
+            with np.load(p) as z:
+                return {k: z[k] for k in z.files}
+
+        arr = _read_sealed(path / "arrays.npz", arrays)
         n_scen = len(layout.scenarios)
-        if (path / "population.kind").read_text().strip() == "empirical":
-            table = pd.read_parquet(path / "population" / "empirical.parquet")
+        kind = _read_sealed(path / "population.kind", lambda p: p.read_text().strip())
+        if kind == "empirical":
+            table = _read_sealed(path / "population" / "empirical.parquet", pd.read_parquet)
             population: Any = EmpiricalPopulation(table, layout.profile)
         else:
             from edgetwin.generative import load_population
 
-            population = load_population(path / "population")
-        members = [Member.load(path / f"member_{i}", n_scen) for i in range(int(meta["members"]))]
-        return cls(
-            layout,
-            members,
-            population,
-            Composition(
-                units=arr["units"],
-                **{k: arr[k] for k in ("unit_sites", "unit_profile", "unit_state") if k in arr.files},
-            ),
-            InitialStates.from_arrays(arr, n_scen),
-            SupportIndex(bank=arr["support_bank"], threshold=float(arr["support_threshold"])),
-            arr["action_low"],
-            arr["action_high"],
-            meta,
-        )
+            population = _read_sealed(path / "population", load_population)
+        n_members = meta.get("members") if isinstance(meta, dict) else None
+        if not isinstance(n_members, int) or n_members < 1:
+            raise InputError(f"'members' must be a positive integer, got {n_members!r}", str(path / "meta.json"))
+        for i in range(n_members):
+            if not any(f.startswith(f"member_{i}/") for f in manifest["files"]):
+                raise InputError(f"member_{i} is missing (meta.json says {n_members} members)", str(path / f"member_{i}"))
+        members = [
+            _read_sealed(path / f"member_{i}", lambda p: Member.load(p, n_scen)) for i in range(n_members)
+        ]
+        try:
+            return cls(
+                layout,
+                members,
+                population,
+                Composition(
+                    units=arr["units"],
+                    **{k: arr[k] for k in ("unit_sites", "unit_profile", "unit_state") if k in arr.files},
+                ),
+                InitialStates.from_arrays(arr, n_scen),
+                SupportIndex(bank=arr["support_bank"], threshold=float(arr["support_threshold"])),
+                arr["action_low"],
+                arr["action_high"],
+                meta,
+            )
+        except (KeyError, ValueError, TypeError, IndexError) as e:
+            raise InputError(f"inconsistent twin arrays ({type(e).__name__}: {e})", str(path / "arrays.npz")) from None
 
     # --- sampling --------------------------------------------------------------------------------
     def sample_population(self, n: int, scenario: str | None = None, seed: int = 0) -> pd.DataFrame:
@@ -589,3 +615,21 @@ class Twin:
 def set_torch_threads(n: int = 1) -> None:
     """Small MLPs on 2 shared cores run fastest single-threaded."""
     th.set_num_threads(n)
+
+
+#: Files every twin directory has (its manifest must list them).
+_TWIN_FILES = ("meta.json", "layout.json", "spec.toml", "arrays.npz", "population.kind")
+
+
+def _read_sealed(path: Path, read: Any) -> Any:
+    """``read(path)``, with any failure turned into an `InputError` naming ``path``.
+
+    The manifest has already vouched for the bytes, so a failure here means a file written by
+    another version of edgetwin or its libraries: say which file, not a raw exception.
+    """
+    try:
+        return read(path)
+    except InputError:
+        raise
+    except Exception as e:  # torch / pickle / numpy / pandas each raise their own kinds
+        raise InputError(f"cannot read it ({type(e).__name__}: {e})", str(path)) from None

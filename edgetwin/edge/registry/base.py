@@ -17,7 +17,11 @@ Two implementations of the same contract, one module each:
 async code, and `open_registry` (`edgetwin.edge.registry.access`) opens either from a path or a
 ``nats://`` URL, which is what the CLI uses.
 
-Every fetch verifies the artifact (`verify_artifact`) before anything is unpacked.
+Custody: `publish` verifies the policy directory against its manifest
+(`edgetwin.contract.manifest`) before it packs and signs anything, so the registry never signs a
+tampered, unsealed or non-policy directory; every fetch verifies the signature (`verify_artifact`)
+before anything is unpacked, and the unpacked directory against its manifest before it is handed
+over.
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.manifest import ArtifactTampered, verify_manifest
 from edgetwin.edge.signing import (
     ArtifactRejected,
     Manifest,
+    RejectReason,
     Signer,
     TrustStore,
     normalize_metadata,
@@ -183,8 +189,16 @@ def rollback_target(history: list[PointerChange]) -> str | None:
 def _prepare(policy_dir: str | Path, metadata: Mapping[str, Any], signer: Signer) -> tuple[bytes, dict[str, Any]]:
     if not isinstance(signer, Signer):
         raise InputError("publishing needs a Signer (a private key): the registry holds only signed artifacts")
+    policy_json = verify_policy_dir(policy_dir)  # before anything is packed or signed
     packed = pack_directory(policy_dir)
     md = dict(metadata)
+    # the signed metadata may add to policy.json, but not disown the spec the policy acts in
+    if md.get("spec_hash") is not None and policy_json.get("spec_hash") not in (None, md["spec_hash"]):
+        raise InputError(
+            f"metadata says spec_hash {md['spec_hash']!r} but the sealed policy.json says "
+            f"{policy_json['spec_hash']!r}",
+            where=str(Path(policy_dir) / "policy.json"),
+        )
     if md.get("version") is None:
         md["version"] = f"{AUTO_VERSION_PREFIX}0"  # placeholder so the rest is validated before a name is picked
         normalize_metadata(md)
@@ -192,6 +206,28 @@ def _prepare(policy_dir: str | Path, metadata: Mapping[str, Any], signer: Signer
     else:
         normalize_metadata(md)
     return packed, md
+
+
+def verify_policy_dir(policy_dir: str | Path) -> dict[str, Any]:
+    """Check a directory before it is signed: a sealed policy whose files all match its manifest.
+
+    Returns:
+        Its ``policy.json`` document (a JSON object).
+
+    Raises:
+        InputError: not a directory, no manifest, a twin or other artifact, a missing, added or
+            altered file (`ArtifactTampered`, naming the file), or a policy.json that is not an object.
+    """
+    root = Path(policy_dir)
+    verify_manifest(root, "policy", require=("policy.json",))
+    doc_path = root / "policy.json"
+    try:
+        doc = json.loads(doc_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"policy.json is not valid JSON ({e})", where=str(doc_path)) from None
+    if not isinstance(doc, dict):
+        raise InputError("policy.json is not a JSON object", where=str(doc_path))
+    return doc
 
 
 def _next_auto_version(existing: list[str]) -> str:
@@ -411,6 +447,11 @@ def _unpack_atomically(packed: bytes, dest: Path, version: str) -> Path:
             unpack_artifact(packed, tmp)
         except ArtifactRejected as e:
             raise ArtifactRejected(e.reason, e.detail, version) from None
+        try:  # signed, but was what got signed a sealed, intact policy?
+            verify_manifest(tmp, "policy", require=("policy.json",))
+        except ArtifactTampered as e:
+            rel = e.file.relative_to(tmp) if e.file.is_relative_to(tmp) else e.file.name
+            raise ArtifactRejected(RejectReason.UNSEALED, f"{rel}: {e.problem}", version) from None
         if dest.exists():
             dest.rmdir()  # empty (checked above)
         os.rename(tmp, dest)
