@@ -502,7 +502,7 @@ class Twin:
                 population,
                 Composition(
                     units=arr["units"],
-                    **{k: arr[k] for k in ("unit_sites", "unit_profile", "unit_state") if k in arr.files},
+                    **{k: arr[k] for k in ("unit_sites", "unit_profile", "unit_state") if k in arr},
                 ),
                 InitialStates.from_arrays(arr, n_scen),
                 SupportIndex(bank=arr["support_bank"], threshold=float(arr["support_threshold"])),
