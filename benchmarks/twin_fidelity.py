@@ -233,6 +233,34 @@ ONE_STEP_COL = "twin, one step (teacher forced)"
 EVALUATORS = ("twin", REPLAY_COL, UNDECLARED_COL, "supervised twin", "fqe", "fqe (trees)")
 
 
+def day_se(df: pd.DataFrame) -> float:
+    """Standard error of a policy's mean reward over its days (episodes): the real value's own noise."""
+    per_day = df.groupby("episode")["reward"].mean()
+    return float(per_day.std(ddof=1) / np.sqrt(len(per_day))) if len(per_day) > 1 else float("nan")
+
+
+def noise_floor(rank: pd.DataFrame) -> float:
+    """Mean relative error a perfect generated-population twin would still show (see `noise_floor_text`)."""
+    se = rank["real_se"].to_numpy(np.float64)
+    return float(np.nanmean(np.sqrt(2) * se * np.sqrt(2 / np.pi) / np.abs(rank["real"].to_numpy(np.float64))))
+
+
+def noise_floor_text(rank: pd.DataFrame, days: int) -> str:
+    """How far a *perfect* generated-population twin would still be from the measured real values.
+
+    Days differ (each has its own population and traffic), so a policy's real value over ``days``
+    days has a standard error ``se``, and a twin that draws its own ``days`` days has the same. Two
+    independent means then differ by ``sqrt(2)·se`` in standard deviation, ``sqrt(2)·se·sqrt(2/π)``
+    in expected absolute value: below that, an error in the *twin* column is not measurable.
+    """
+    se = rank["real_se"].to_numpy(np.float64)
+    floor = noise_floor(rank)
+    return (f"Noise floor: each policy's real value over {days} days has a standard error of "
+            f"{np.nanmean(se):.3f} on average (day-to-day spread of populations and traffic), so even a perfect "
+            f"twin drawing its own {days} days would show a mean relative error of about {100 * floor:.1f} % in the "
+            "MAIL twin column (the replay column shares the real days and has no such floor).")
+
+
 def reward_terms(df: pd.DataFrame, spec) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """Mean of each term ``weight x column`` of the spec's weighted reward (empty without weights)."""
     return {c: float(w * df[c].mean()) for c, w in (spec.reward_weights or {}).items() if c in df}
@@ -253,6 +281,8 @@ KEEP_SUBSECTIONS = (
 def _site_flags(args: argparse.Namespace) -> str:
     flags = f" --logging {args.logging}" if args.logging != "random" else ""
     flags += "" if getattr(args, "declared", True) else " --no-declared"
+    flags += f" --bc-epochs {args.bc_epochs}" if getattr(args, "bc_epochs", 10) != 10 else ""
+    flags += f" --eval-days {args.eval_days}" if getattr(args, "eval_days", 10) != 10 else ""
     if isinstance(args.site_model, list):
         return flags + f" --site-columns {','.join(args.site_model)}"
     return flags + (" --site-model" if args.site_model else "")
@@ -285,8 +315,8 @@ def quick_ranking(args: argparse.Namespace) -> None:
 
     Used to measure each change to the twin in a few minutes; the full run is the reference.
     """
-    n_agents, steps, eval_eps = 100, 96, 2
-    hyper = {"rounds": 10, "bc_epochs": 10}
+    n_agents, steps, eval_eps = 100, 96, args.eval_days
+    hyper = {"rounds": 10, "bc_epochs": args.bc_epochs}
     cfg = ClusterConfig(n_agents=n_agents, steps=steps, declared=args.declared)
     t_all = time.perf_counter()
     spec = cluster_spec(cfg)
@@ -307,7 +337,8 @@ def quick_ranking(args: argparse.Namespace) -> None:
         one_df = one_step_outputs(twin, real_df, seed=args.seed + 500 + i)
         for col, df in (("real", real_df), ("twin", twin_df), (REPLAY_COL, rep_df), (ONE_STEP_COL, one_df)):
             terms.append({"policy": name, "mode": col, **reward_terms(df, spec)})
-        rows.append({"policy": name, "real": float(real_df["reward"].mean()), "twin": float(twin_df["reward"].mean()),
+        rows.append({"policy": name, "real": float(real_df["reward"].mean()), "real_se": day_se(real_df),
+                     "twin": float(twin_df["reward"].mean()),
                      REPLAY_COL: float(rep_df["reward"].mean()), ONE_STEP_COL: float(one_df["reward"].mean()),
                      "out_of_support": twin_df.attrs["support"]["out_of_support"],
                      "profile_redrawn": twin_df.attrs["support"]["profile_redrawn"]})
@@ -318,21 +349,23 @@ def quick_ranking(args: argparse.Namespace) -> None:
          f"Command: `python benchmarks/twin_fidelity.py --quick --seed {args.seed}"
          f"{_site_flags(args)} --profile-retries {args.profile_retries}` (2 shared CPU cores; "
          f"{(time.perf_counter() - t_all) / 60:.0f} min, fit {fit_s:.0f} s). 3 training days, 1 member, "
-         f"{hyper['rounds']} GAIL rounds, GAN-SMMSG 500 steps, {eval_eps} evaluation days per policy, PPO 30k steps. "
+         f"{hyper['rounds']} GAIL rounds, {hyper['bc_epochs']} BC epochs, GAN-SMMSG 500 steps, {eval_eps} evaluation days per policy "
+         "(real and twin alike), PPO 30k steps. "
          "Smaller than the full run above, so its numbers are not comparable one to one.", "",
          f"| policy | real | twin | {REPLAY_COL} | {ONE_STEP_COL} | twin out-of-support |",
          "|---|---|---|---|---|---|"]
     for _, r in rank.iterrows():
         L.append(f"| {r['policy']} | {r['real']:.3f} | {r['twin']:.3f} | {r[REPLAY_COL]:.3f} | {r[ONE_STEP_COL]:.3f} | "
                  f"{100 * r['out_of_support']:.0f} % |")
-    L += [""]
+    L += ["", noise_floor_text(rank, eval_eps), ""]
     for col, sc in scores.items():
         L.append(f"{col}: Spearman rho {sc['spearman']:.2f}, mean relative error {100 * sc['rel_err']:.0f} %, "
                  f"normalised absolute error {sc['norm_abs_error']:.2f}, regret@1 {sc['regret_at_1']:.2f} "
                  f"of the span ({sc['pick']}).  ")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "policies": rank.to_dict("records"),
-                                               "scores": scores}, indent=1, default=str))
+                                               "scores": scores, "noise_floor_rel_err": noise_floor(rank)},
+                                              indent=1, default=str))
     tt = pd.DataFrame(terms)
     names = [c for c in tt.columns if c not in ("policy", "mode")]
     if names:
@@ -376,6 +409,12 @@ def main() -> None:
                          "as in seed 004; regimes: a scheduler whose configuration changes every 2 hours)")
     ap.add_argument("--no-declared", dest="declared", action="store_false",
                     help="the spec declares nothing (every state column learned): the twin before declared dynamics")
+    ap.add_argument("--bc-epochs", type=int, default=10,
+                    help="behaviour-cloning epochs of every twin (default 10; more fits the logged behaviour closer "
+                         "and extrapolated worse, docs/benchmarks.md)")
+    ap.add_argument("--eval-days", type=int, default=10,
+                    help="days each policy is scored on, on the cluster and in each twin (default 10; with 2 the "
+                         "day-to-day spread alone gives the generated-population twin a ~7 %% error)")
     ap.add_argument("--json", default=None, help="--quick: also write its numbers to this JSON file")
     ap.add_argument("--profile-retries", type=int, default=4,
                     help="redraws of generated profiles out of the logs' support (0: keep them all)")
@@ -389,8 +428,9 @@ def main() -> None:
     q = False
     n_agents, steps = 100, 96
     train_eps, held_eps, eval_eps = 6, 3, 2
+    rank_days = args.eval_days
     members = 3
-    hyper = {"rounds": 10, "bc_epochs": 10}
+    hyper = {"rounds": 10, "bc_epochs": args.bc_epochs}
     pop = {"steps": 1500}
     cfg = ClusterConfig(n_agents=n_agents, steps=steps, declared=args.declared)
     t_all = time.perf_counter()
@@ -443,16 +483,17 @@ def main() -> None:
 
     rows = []
     for i, (name, pol) in enumerate(policies.items()):
-        real_df, _ = generate_logs(cfg, episodes=eval_eps, policy=pol, seed=rng_seed)
-        twin_df = mail.rollout(pol, episodes=eval_eps, seed=rng_seed + i, n_agents=n_agents, steps=steps,
+        real_df, _ = generate_logs(cfg, episodes=rank_days, policy=pol, seed=rng_seed)
+        twin_df = mail.rollout(pol, episodes=rank_days, seed=rng_seed + i, n_agents=n_agents, steps=steps,
                                all_members=True)
-        sup_df = fits["supervised"].rollout(pol, episodes=eval_eps, seed=rng_seed + i, n_agents=n_agents, steps=steps)
+        sup_df = fits["supervised"].rollout(pol, episodes=rank_days, seed=rng_seed + i, n_agents=n_agents, steps=steps)
         rep_df = logged_rollout(mail, pol, real_df, seed=rng_seed + i, all_members=True)
-        und_df = undeclared.rollout(pol, episodes=eval_eps, seed=rng_seed + i, n_agents=n_agents, steps=steps,
+        und_df = undeclared.rollout(pol, episodes=rank_days, seed=rng_seed + i, n_agents=n_agents, steps=steps,
                                     all_members=True)
         rows.append({
             "policy": name,
             "real": float(real_df["reward"].mean()),
+            "real_se": day_se(real_df),
             "twin": float(twin_df["reward"].mean()),
             REPLAY_COL: float(rep_df["reward"].mean()),
             UNDECLARED_COL: float(und_df["reward"].mean()),
@@ -469,13 +510,13 @@ def main() -> None:
     tp = {n: throughput(mail, spec, n, 5 if q else 20) for n in ((200, 1000) if q else (1000, 10_000))}
 
     md = _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, expo, comp, rank, scores, tp,
-                   time.perf_counter() - t_all)
+                   time.perf_counter() - t_all, rank_days)
     print(md)
     if not q:
         _write_section(md)
         (FIG / "results.json").write_text(json.dumps(
             {"kl": {k: r["kl"] for k, r in reports.items()}, "growth_exponent": expo, "ranking": rows,
-             "scores": scores, "declared_spec": args.declared, "logging": args.logging, "throughput": {str(k): v for k, v in tp.items()}}, indent=1, default=float))
+             "scores": scores, "eval_days": rank_days, "noise_floor_rel_err": noise_floor(rank), "declared_spec": args.declared, "logging": args.logging, "throughput": {str(k): v for k, v in tp.items()}}, indent=1, default=float))
 
 
 def _plot_compounding(comp: dict[str, pd.DataFrame], expo: dict[str, float]) -> None:
@@ -496,7 +537,7 @@ def _plot_compounding(comp: dict[str, pd.DataFrame], expo: dict[str, float]) -> 
     plt.close(fig)
 
 
-def _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, expo, comp, rank, scores, tp, total) -> str:  # type: ignore[no-untyped-def]
+def _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, expo, comp, rank, scores, tp, total, rank_days) -> str:  # type: ignore[no-untyped-def]
     L = [SECTION, ""]
     flags = _site_flags(args) + (
         f" --profile-retries {args.profile_retries}" if args.profile_retries != 4 else "")
@@ -531,7 +572,8 @@ def _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, exp
     for name, c in comp.items():
         get = lambda h, c=c: c.loc[c["h"] == h, "outputs"].iloc[0] if (c["h"] == h).any() else float("nan")  # noqa: E731
         L.append(f"| {name} | {get(1):.3f} | {get(10):.3f} | {get(50):.3f} | {get(95):.3f} | {expo[name]:.2f} |")
-    L += ["", "**3. Policy ranking** (mean per-step reward = offload ratio - 0.5 SLO violation, per group and tick; "
+    L += ["", "**3. Policy ranking** (mean per-step reward = offload ratio - 0.5 SLO violation, per group and tick, "
+          f"over {rank_days} days of each policy on the cluster and {rank_days} generated days in each twin; "
           "the MAIL twin's value is the mean over all its ensemble members on the same populations):", "",
           "| policy | real | MAIL twin | MAIL twin, replaying the evaluation days' populations | MAIL twin, nothing "
           "declared | supervised twin | FQE (d3rlpy) | FQE (trees) | twin out-of-support |",
@@ -539,6 +581,7 @@ def _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, exp
     for _, r in rank.iterrows():
         L.append(f"| {r['policy']} | {r['real']:.3f} | {r['twin']:.3f} | {r[REPLAY_COL]:.3f} | {r[UNDECLARED_COL]:.3f} "
                  f"| {r['supervised twin']:.3f} | {r['fqe']:.3f} | {r['fqe (trees)']:.3f} | {100 * r['out_of_support']:.0f} % |")
+    L += ["", noise_floor_text(rank, rank_days)]
     L += ["", "Scored as the off-policy-evaluation literature does (DOPE, Fu et al. 2021): beside Spearman rho and the "
           "mean relative error, the mean absolute error and the regret of the evaluator's pick, both divided by the "
           "span of the real values; [90 % bootstrap intervals over the policies].", "",
