@@ -267,6 +267,7 @@ def reward_terms(df: pd.DataFrame, spec) -> dict[str, float]:  # type: ignore[no
 #: subsections written by hand (paired quick runs, the error decomposition); a full run keeps them
 KEEP_SUBSECTIONS = (
     "### Declared site dynamics (issue 19)",
+    "### Where the generated-population twin's error comes from (issue 19, second round)",
     "### Paired quick checks",
     "### Where the return error comes from",
     "### A site model linear in each agent's action",
