@@ -19,6 +19,7 @@ from edgetwin.contract.errors import InputError
 from edgetwin.contract.logs import ordered_columns
 from edgetwin.contract.policy import FunctionPolicy, RandomPolicy
 from edgetwin.contract.spec import Feature, TwinSpec
+from edgetwin.twin.intervals import Calibration
 from edgetwin.twin.twin import Twin
 
 torch.set_num_threads(1)
@@ -46,6 +47,22 @@ def test_rollout_is_a_log_in_the_contract(twin: Twin) -> None:
     assert np.allclose(df["reward"], -df["response.wait"] - 2 * df["kpi.drop"])
     sup = df.attrs["support"]
     assert 0.0 <= sup["out_of_support"] <= 1.0 and sup["disagreement"] > 0.0
+
+
+def test_rollout_summary_carries_a_90_percent_interval(twin: Twin) -> None:
+    df = twin.rollout(RandomPolicy(twin.spec, 0), episodes=3, seed=4, n_agents=20, steps=6, all_members=True)
+    summ = df.attrs["summary"]
+    assert set(summ) == {"reward", "response.wait", "kpi.drop"}
+    r = summ["reward"]
+    assert r["mean"] == pytest.approx(df["reward"].mean())  # every run has the same agent-steps
+    assert r["low"] < r["mean"] < r["high"] and r["level"] == 0.9 and not r["calibrated"]
+    # a calibration widens it by the twin's measured relative error, on each side
+    cal = Calibration(quantile={"reward": 0.5})
+    wide = twin.rollout(RandomPolicy(twin.spec, 0), episodes=3, seed=4, n_agents=20, steps=6, all_members=True,
+                        calibration=cal)
+    w = wide.attrs["summary"]["reward"]
+    assert w["calibrated"] and w["low"] == pytest.approx(r["low"] - 0.5 * abs(r["mean"]))
+    assert w["high"] == pytest.approx(r["high"] + 0.5 * abs(r["mean"]))
 
 
 def test_rollout_same_seed_same_table(twin: Twin) -> None:

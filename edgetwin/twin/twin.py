@@ -51,6 +51,7 @@ from edgetwin.imitation.site_model import SiteStateModel
 from edgetwin.imitation.steps import build_steps
 from edgetwin.imitation.world import Composition, InitialStates
 from edgetwin.twin.envs import TwinEnv, TwinParallelEnv, TwinVecEnv
+from edgetwin.twin.intervals import LEVEL, Calibration, interval
 from edgetwin.twin.member import Member
 from edgetwin.twin.simulation import RolloutRecord, Simulation
 from edgetwin.twin.support import ProfileSupport, SupportIndex
@@ -576,6 +577,7 @@ class Twin:
         stochastic: bool = True,
         progress: bool = False,
         all_members: bool = False,
+        calibration: Calibration | None = None,
     ) -> pd.DataFrame:
         """Run ``policy`` in the twin and return a log in the input format.
 
@@ -589,6 +591,9 @@ class Twin:
             all_members: run every episode once per ensemble member (same population and
                 seed), so that mean returns are the ensemble's mean rather than one member's;
                 episodes are then labelled ``twin-<seed>-<episode>-m<member>``.
+            calibration: the twin's calibration on held-out logs (`edgetwin.twin.calibration.calibrate`),
+                to widen the summary's intervals by the twin's measured error (default: none, the
+                intervals then cover only what the members and episodes disagree on).
 
         Returns:
             One row per ``(episode, t, agent)`` with the contract's columns and ``reward``;
@@ -596,7 +601,11 @@ class Twin:
             [profile, state, action] is beyond the logs' 99th-percentile nearest-neighbour
             distance, "median_distance": ..., "disagreement": mean ensemble disagreement,
             "profile_redrawn": share of generated profiles redrawn because they were out of the
-            logged profiles' support, "profile_outside": share still outside after the redraws}``.
+            logged profiles' support, "profile_outside": share still outside after the redraws}``;
+            ``df.attrs["summary"]`` = per column (``reward``, ``response.*``, ``kpi.*``) ``{"mean",
+            "low", "high", "level": 0.9, "calibrated"}``: the mean over every agent-step and its 90 %
+            interval (`edgetwin.twin.intervals.interval`: two-level bootstrap over members x
+            episodes, widened by ``calibration`` when given).
         """
         records = []
         runs = [(e, m) for e in range(episodes) for m in (range(self.n_members) if all_members else [None])]
@@ -609,7 +618,29 @@ class Twin:
             )
             name = f"twin-{seed}-{e}" if m is None else f"twin-{seed}-{e}-m{m}"
             records.append(sim.run(policy, steps=steps, episode=name))
-        return RolloutRecord.concat(records, self.support.threshold)
+        df = RolloutRecord.concat(records, self.support.threshold)
+        df.attrs["summary"] = self._summary(records, episodes, calibration, seed)
+        return df
+
+    def _summary(
+        self, records: list[RolloutRecord], episodes: int, calibration: Calibration | None, seed: int
+    ) -> dict[str, dict[str, Any]]:
+        """Each output column's mean and 90 % interval over ``records`` (member-major when there
+        are several members per episode; see `rollout`)."""
+        cols = ["reward", *self.spec.names("response"), *self.spec.names("kpi")]
+        per_run = np.array([[float(r.frame[c].mean()) if c in r.frame else np.nan for c in cols] for r in records])
+        members = len(records) // max(1, episodes)
+        # runs are ordered episode-major: (e0 m0, e0 m1, ..., e1 m0, ...) -> (M, R) per column
+        values = per_run.reshape(episodes, members, len(cols)).transpose(1, 0, 2)
+        out: dict[str, dict[str, Any]] = {}
+        for j, c in enumerate(cols):
+            v = values[:, :, j]
+            if not np.isfinite(v).any():
+                continue
+            lo, hi = interval(v, calibration, c, seed=seed)
+            out[c] = {"mean": float(np.nanmean(v)), "low": lo, "high": hi, "level": LEVEL,
+                      "calibrated": calibration is not None and c in calibration.quantile}
+        return out
 
 
 def set_torch_threads(n: int = 1) -> None:
