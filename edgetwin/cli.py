@@ -421,11 +421,26 @@ def twin_fit(
             "default: all of them).",
         ),
     ] = None,
+    federated: Annotated[
+        bool,
+        typer.Option(
+            "--federated",
+            help="Split the log by its site column and fit across the sites, one agent per site in this "
+            "process over the in-process bus: only statistics and parameters travel (docs/federation.md).",
+        ),
+    ] = False,
+    fed_rounds: Annotated[int, typer.Option(min=1, help="--federated: FedAvg rounds per member.")] = 8,
+    strategy: Annotated[str, typer.Option(help="--federated: fedavg | fedavgm | dp_gaussian.")] = "fedavg",
+    compression: Annotated[str, typer.Option(help="--federated: dense | int8 | topk+int8.")] = "dense",
+    secure: Annotated[bool, typer.Option("--secure", help="--federated: secure aggregation.")] = False,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Learn a twin from a log. Resumable: finished members are checkpointed in OUT/checkpoint."""
     out_dir_arg(out_dir)  # before the heavy imports: a wrong --out is reported at once
+    if federated:
+        _fit_federated(log, out_dir, spec, members, fed_rounds, strategy, compression, secure, seed, as_json)
+        return
     import torch
 
     from edgetwin.generative import MODELS
@@ -460,6 +475,41 @@ def twin_fit(
     else:
         out.print(f"twin written to {out_dir} ({twin.meta['members']} members, {twin.meta['n_rows']} rows, "
                   f"{twin.meta['fit_seconds']:.0f} s)")
+
+
+def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, rounds: int, strategy: str,
+                   compression: str, secure: bool, seed: int, as_json: bool) -> None:
+    """`edgetwin fit --federated`: one site agent per value of the log's site column, in-process."""
+    import torch
+
+    from edgetwin.federation.twin_fit import FitOptions
+    from edgetwin.federation.twin_runner import fit_federated, split_by_site
+    from edgetwin.twin.twin import load_log
+
+    torch.set_num_threads(1)
+    df, sp = load_log(log, spec)
+    parts = split_by_site(df)
+
+    def progress(rec: dict[str, Any]) -> None:
+        if not as_json:
+            out.print(f"round {rec['seq']:>3} {rec['phase']:<8} member {rec['member']} step {rec['step']:>2}: "
+                      f"{len(rec['sites'])}/{len(parts)} sites ({rec['reason']}, {rec['seconds']:.1f} s)"
+                      + (f", missing {rec['missing']}" if rec["missing"] else ""))
+
+    twin, rep = fit_federated(parts, sp, options=FitOptions(members=members, rounds=rounds, seed=seed),
+                              strategy=strategy, compression=compression, secure=secure, on_round=progress)
+    twin.save(out_dir)
+    summary = {"twin": str(out_dir), "sites": rep.sites, "rounds": len(rep.rounds), "bytes_up": rep.bytes_up,
+               "bytes_down": rep.bytes_down, "seconds": rep.seconds, "strategy": rep.strategy,
+               "compression": rep.compression, "secure": rep.secure, "secure_bytes": rep.secure_bytes,
+               "privacy": rep.privacy, "n_rows": twin.meta["n_rows"]}
+    if as_json:
+        emit_json(summary)
+    else:
+        for site, b in sorted(rep.bytes_up.items()):
+            out.print(f"  {site}: sent {b / 1e3:,.1f} kB in {rep.messages_up.get(site, 0)} messages")
+        out.print(f"twin written to {out_dir} ({len(rep.sites)} sites, {len(rep.rounds)} rounds, "
+                  f"{rep.bytes_down / 1e3:,.1f} kB of tasks, {rep.seconds:.0f} s; no row left its site)")
 
 
 @app.command("fidelity")

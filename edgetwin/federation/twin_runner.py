@@ -109,6 +109,9 @@ class FederatedFitReport:
     compression: str = "dense"
     secure: bool = False
     privacy: dict[str, Any] = field(default_factory=dict)
+    #: with secure aggregation: what each site's masked inputs and key shares come to (the masking
+    #: protocol runs in-process at the coordinator, as in the policy federation; see docs)
+    secure_bytes: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -344,7 +347,17 @@ class TwinCoordinator:
     def _sum(self, ups: list[ClientUpdate], size: int) -> np.ndarray:
         """The total of the sites' vectors (uniform FedAvg from 0 = their mean; times their count)."""
         res = self.stats_agg.aggregate(ups, np.zeros(size, np.float32), self.seq)
+        self._count_secure(self.stats_agg)
         return np.asarray(res.params, np.float64) * len(ups)
+
+    def _count_secure(self, agg: Aggregator) -> None:
+        tr = getattr(agg, "last_transcript", None)
+        if tr is None:
+            return
+        n = max(len(tr.masked), 1)
+        for cid, masked in tr.masked.items():
+            self.report.secure_bytes[cid] = self.report.secure_bytes.get(cid, 0) + int(masked.nbytes) + tr.ciphertext_bytes // n
+        agg.last_transcript = None  # type: ignore[attr-defined]
 
     async def run(self) -> Twin:
         """The whole fit; returns the twin (also publishes a final task so that site agents stop)."""
@@ -374,6 +387,7 @@ class TwinCoordinator:
             for r in range(o.rounds):
                 ups, _ = await self._round("weights", step=r, member=m, params=params)
                 res = self.weight_agg.aggregate(ups, np.zeros_like(params), self.seq)
+                self._count_secure(self.weight_agg)
                 params = self.asm.apply_weights(params, np.asarray(res.params, np.float64))
                 rounds.append({"round": r + 1, "sites": len(ups), "update_norm": float(res.info.get("update_norm", 0.0))})
             ups, _ = await self._round("residual", member=m, params=params)
@@ -391,12 +405,16 @@ class TwinCoordinator:
 
 # ------------------------------------------------------------------------------------ entry points
 async def fit_federated_async(
-    logs: Mapping[str, pd.DataFrame], spec: TwinSpec, bus: str = "memory", options: FitOptions | None = None,
+    logs: Mapping[str, pd.DataFrame], spec: TwinSpec, bus: str | Callable[[str], Bus] = "memory", options: FitOptions | None = None,
     strategy: str = "fedavg", secure: bool = False, dp: Mapping[str, Any] | None = None,
     compression: str = "dense", quorum: float | int = 1.0, grace_s: float = 2.0, timeout_s: float = 900.0,
     on_round: Callable[[dict[str, Any]], None] | None = None, fail_after: Mapping[str, int] | None = None,
 ) -> tuple[Twin, FederatedFitReport]:
-    """Fit a twin from per-site logs, each site an agent on its own bus client (in this process)."""
+    """Fit a twin from per-site logs, each site an agent on its own bus client (in this process).
+
+    ``bus``: ``"memory"`` (one in-process broker), ``"nats://..."``, or a factory ``name -> Bus``.
+    ``fail_after``: tests: site -> answers after which that site goes silent (a killed agent).
+    """
     if len(logs) < 1:
         raise InputError("a federated fit needs at least one site", where="sites")
     codec = _codec(compression)
@@ -407,7 +425,10 @@ async def fit_federated_async(
     broker = MemoryBroker() if bus == "memory" else None  # one broker shared by every in-process agent
 
     async def client(name: str) -> Bus:
-        b: Bus = InMemoryBus(broker, name=name) if broker is not None else make_bus(bus, name=name)
+        if broker is not None:
+            b: Bus = InMemoryBus(broker, name=name)
+        else:
+            b = bus(name) if callable(bus) else make_bus(bus, name=name)
         await b.connect()
         buses.append(b)
         return b
