@@ -117,6 +117,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parts", default="1,2,3")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--merge", action="store_true", help="keep the other parts' results from results.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
     parts = {int(p) for p in args.parts.split(",")}
@@ -181,6 +182,12 @@ def main() -> None:
         results["part3"] = {"modes": rows, "raw_log_one_day": {k: raw_sizes(v) for k, v in small.items()},
                             "raw_log_train": {k: raw_sizes(v) for k, v in logs.items()}}
     results["minutes"] = (time.perf_counter() - t_all) / 60
+    if args.merge and (OUT / "results.json").is_file():
+        old = json.loads((OUT / "results.json").read_text())
+        for k in ("part1", "part2", "part3"):
+            if k not in results and k in old:
+                results[k] = old[k]
+        results["minutes"] += float(old.get("minutes", 0.0))
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
     md = markdown(results, args)

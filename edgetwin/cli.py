@@ -1279,25 +1279,43 @@ def federate(
 
 @app.command("agent")
 def agent(
-    role: Annotated[str, typer.Argument(help="esa | coa | gca")],
-    config: Annotated[Path, typer.Option(help="Federation config JSON (`edgetwin federate --save-config`).")],
+    role: Annotated[str, typer.Argument(help="esa | coa | gca | twin-site | twin-coordinator")] = "twin-site",
+    config: Annotated[Path | None, typer.Option(help="Federation config JSON (`edgetwin federate --save-config`).")] = None,
     bus: Annotated[str, typer.Option(help="nats://host:port (or memory, for a lone agent in tests).")] = "nats://127.0.0.1:4222",
-    name: Annotated[str | None, typer.Option(help="The site (esa) or group (coa) this agent runs.")] = None,
+    name: Annotated[str | None, typer.Option(help="The site (esa, twin-site) or group (coa) this agent runs.")] = None,
     state_dir: Annotated[Path | None, typer.Option(help="ESA checkpoints: a restart finishes the round it was in.")] = None,
     result: Annotated[Path | None, typer.Option(help="GCA: write the federation result JSON here.")] = None,
+    fit_twin: Annotated[
+        Path | None, typer.Option("--fit-twin", help="twin-site: this site's own log; it never leaves the process.")
+    ] = None,
+    spec: Annotated[Path | None, typer.Option(help="twin-*: the shared twin spec (TOML).")] = None,
+    fit_id: Annotated[str, typer.Option(help="twin-*: the federated fit this agent takes part in.")] = "twin",
+    sites: Annotated[str | None, typer.Option(help="twin-coordinator: comma-separated site names.")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="twin-coordinator: where to save the twin.")] = None,
+    fed_rounds: Annotated[int, typer.Option(min=1, help="twin-coordinator: FedAvg rounds per member.")] = 8,
+    members: Annotated[int, typer.Option(min=1, help="twin-coordinator: ensemble members.")] = 1,
 ) -> None:
-    """Run one MA-FL agent until its federation closes; prints one JSON line per event."""
+    """Run one MA-FL agent until its federation closes; prints one JSON line per event.
+
+    ``--fit-twin LOCAL_LOG`` runs one site's side of a federated twin fit (`twin-site`, the default
+    role); ``twin-coordinator`` assembles and saves the twin (docs/federation.md).
+    """
     import asyncio
     import logging
 
     import torch
 
-    from edgetwin.federation.runner import FederationConfig, run_agent
-
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(name)s %(levelname)s %(message)s")
+    if role in ("twin-site", "twin-coordinator") or fit_twin is not None:
+        _twin_agent(role, bus, name, fit_twin, spec, fit_id, sites, out_dir, fed_rounds, members)
+        return
+    from edgetwin.federation.runner import FederationConfig, run_agent
+
     if role not in ("esa", "coa", "gca"):
-        raise InputError(f"role must be esa, coa or gca, got {role!r}", "ROLE")
+        raise InputError(f"role must be esa, coa, gca, twin-site or twin-coordinator, got {role!r}", "ROLE")
+    if config is None:
+        raise InputError(f"an {role} needs --config", "--config")
     if role in ("esa", "coa") and name is None:
         raise InputError(f"an {role} needs --name (its site or group)", "--name")
     cfg = FederationConfig.load(config)
@@ -1308,6 +1326,40 @@ def agent(
     doc = asyncio.run(run_agent(role, cfg, bus, name=name, state_dir=state_dir, result_path=result, emit=emit))
     emit({"event": "done", "agent": role if name is None else f"{role}/{name}",
           "rounds": len(doc.get("records", doc.get("rounds", [])))})
+
+
+def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, spec: Path | None, fit_id: str,
+                sites: str | None, out_dir: Path | None, rounds: int, members: int) -> None:
+    """`edgetwin agent --fit-twin LOG` (one site) and `edgetwin agent twin-coordinator` (the twin)."""
+    import asyncio
+
+    from edgetwin.contract.spec import TwinSpec
+    from edgetwin.federation.twin_fit import FitOptions
+    from edgetwin.federation.twin_runner import run_twin_coordinator, run_twin_site
+    from edgetwin.twin.twin import load_log
+
+    def emit(ev: dict[str, Any]) -> None:
+        print(json.dumps(ev, default=_json_default), flush=True)
+
+    if role != "twin-coordinator":
+        if fit_twin is None:
+            raise InputError("a twin-site needs --fit-twin LOCAL_LOG", "--fit-twin")
+        df, sp = load_log(fit_twin, spec)
+        site = name or (str(df["site"].iloc[0]) if df["site"].nunique() == 1 else None)
+        if site is None:
+            raise InputError("the log has several sites; name this one with --name", "--name")
+        n = asyncio.run(run_twin_site(df, sp, bus, site, fit_id, emit=emit))
+        emit({"event": "done", "agent": f"twin-site/{site}", "answered": n})
+        return
+    if spec is None or sites is None or out_dir is None:
+        raise InputError("a twin-coordinator needs --spec, --sites and --out", "--sites")
+    out_dir_arg(out_dir)
+    names = [s.strip() for s in sites.split(",") if s.strip()]
+    twin, rep = asyncio.run(run_twin_coordinator(TwinSpec.load(spec), names, bus, fit_id,
+                                                 FitOptions(members=members, rounds=rounds), on_round=emit))
+    twin.save(out_dir)
+    emit({"event": "done", "agent": "twin-coordinator", "twin": str(out_dir), "bytes_up": rep.bytes_up,
+          "bytes_down": rep.bytes_down, "rounds": len(rep.rounds)})
 
 
 # ------------------------------------------------------------------------------------- entry

@@ -52,7 +52,14 @@ from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
 from edgetwin.generative.gmm import GMMPopulation
 from edgetwin.generative.transform import ColumnCodec, ProfileTransformer
 from edgetwin.imitation.layout import ColumnScaler, Layout
-from edgetwin.imitation.mail import MIN_STD, GaussianModel, MailConfig, behaviour_clone, client_rows, gaussian_policy
+from edgetwin.imitation.mail import (
+    MIN_STD,
+    GaussianModel,
+    MailConfig,
+    behaviour_clone,
+    client_rows,
+    gaussian_policy,
+)
 from edgetwin.imitation.steps import build_steps
 from edgetwin.imitation.world import Composition, InitialStates
 from edgetwin.twin.member import Member
@@ -186,7 +193,7 @@ class TwinFitPlan:
     def size(self, phase: str) -> int:
         return int(sum(int(np.prod(s)) for s in self.shapes(phase).values()))
 
-    def pack(self, phase: str, parts: Mapping[str, np.ndarray]) -> np.ndarray:
+    def pack(self, phase: str, parts: Mapping[str, Any]) -> np.ndarray:
         shapes = self.shapes(phase)
         out = []
         for name, shape in shapes.items():
@@ -355,7 +362,8 @@ class SiteFitter:
     def stats1(self) -> np.ndarray:
         plan = self.plan
         assert plan is not None
-        df, parts = self.df, {}
+        df = self.df
+        parts: dict[str, Any] = {}
         for r in ROLES:
             x = self._role_values(r)
             ok = np.isfinite(x)
@@ -757,7 +765,7 @@ class TwinAssembler:
         st = plan.unpack("em", total)
         D = plan.d_pop
         new = []
-        for s, (w0, mu0, chol0) in enumerate(self.gmm):
+        for s, (_w0, mu0, chol0) in enumerate(self.gmm):
             nk = st["em.n"][s]
             w = nk / max(nk.sum(), 1e-12)
             mu, chol = mu0.copy(), chol0.copy()

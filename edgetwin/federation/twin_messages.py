@@ -40,8 +40,8 @@ TASK_KIND = "twin_task"
 UPDATE_KIND = "twin_update"
 
 #: every field a twin update may have: nothing else is accepted
-_UPDATE_FIELDS = {"fit": str, "phase": str, "step": int, "member": int, "num_samples": NUMBER, "codec": dict}
-_UPDATE_OPTIONAL = {"labels": dict, "seconds": NUMBER}
+_UPDATE_FIELDS: dict[str, type | tuple[type, ...]] = {"fit": str, "phase": str, "step": int, "member": int, "num_samples": NUMBER, "codec": dict}
+_UPDATE_OPTIONAL: dict[str, type | tuple[type, ...]] = {"labels": dict, "seconds": NUMBER}
 #: tensors an `UpdateCodec` produces
 _CODEC_TENSORS = frozenset({"values", "q", "idx", "mask", "bitmap", "indices"})
 #: the only strings a site ever sends (``labels`` of its ``hello``), and their limits

@@ -56,7 +56,7 @@ from edgetwin.imitation.layout import Layout
 from edgetwin.twin.twin import Twin
 
 __all__ = ["FederatedFitReport", "TwinCoordinator", "TwinSiteAgent", "fit_federated", "fit_federated_async",
-           "make_weight_aggregator", "split_by_site"]
+           "make_weight_aggregator", "run_twin_coordinator", "run_twin_site", "split_by_site"]
 
 log = logging.getLogger("edgetwin.federation.twin")
 
@@ -204,9 +204,8 @@ class TwinSiteAgent:
     def _plan(self, ctx: Mapping[str, Any]) -> TwinFitPlan:
         key = (tuple(ctx["scenarios"]), tuple(ctx["columns"]), ctx["has_reward"])
         if self.fitter.plan is None or self._plan_key != key:
-            plan = TwinFitPlan(self.spec, list(ctx["scenarios"]), list(ctx["columns"]), bool(ctx["has_reward"]),
-                               FitOptions.from_dict(ctx["options"]))
-            self.fitter.set_plan(plan)
+            self.fitter.set_plan(TwinFitPlan(self.spec, list(ctx["scenarios"]), list(ctx["columns"]),
+                                             bool(ctx["has_reward"]), FitOptions.from_dict(ctx["options"])))
             self._plan_key = key
         plan = self.fitter.plan
         assert plan is not None
@@ -468,3 +467,39 @@ def _codec(name: str) -> UpdateCodec | None:
     if name == "topk+int8":
         return UpdateCodec(topk=0.1, quantize_bits=8, error_feedback=True)
     raise InputError(f"unknown compression {name!r}; expected dense, int8 or topk+int8", where="--compression")
+
+
+# ------------------------------------------------------------------------------------ one process each
+async def run_twin_site(log: pd.DataFrame, spec: TwinSpec, bus: str, name: str, fit_id: str,
+                        compression: str = "dense", emit: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """One site's agent as its own process (`edgetwin agent --fit-twin`): answers until the fit ends.
+
+    Returns the number of tasks it answered.
+    """
+    b = make_bus(bus, name=f"twin-site-{name}")
+    await b.connect()
+    agent = TwinSiteAgent(name, log, spec, b, fit_id, _codec(compression))
+    try:
+        await agent.start()
+        if emit is not None:
+            emit({"event": "ready", "site": name, "fit": fit_id, "rows": len(log)})
+        await agent.done.wait()
+    finally:
+        await agent.stop()
+        await b.close()
+    return agent.answered
+
+
+async def run_twin_coordinator(spec: TwinSpec, sites: list[str], bus: str, fit_id: str,
+                               options: FitOptions | None = None, **kw: Any) -> tuple[Twin, FederatedFitReport]:
+    """The coordinator as its own process: drives the fit of ``sites`` and returns the twin."""
+    b = make_bus(bus, name="twin-coordinator")
+    await b.connect()
+    coord = TwinCoordinator(spec, sites, b, options, fit_id=fit_id, **kw)
+    try:
+        await coord.start()
+        twin = await coord.run()
+    finally:
+        await coord.stop()
+        await b.close()
+    return twin, coord.report
