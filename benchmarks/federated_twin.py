@@ -116,6 +116,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer days and rounds (a few minutes per part)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parts", default="1,2,3")
+    ap.add_argument("--train-days", type=int, default=None, help="training days of every site but the poor one")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--merge", action="store_true", help="keep the other parts' results from results.json")
     args = ap.parse_args()
@@ -123,6 +124,7 @@ def main() -> None:
     parts = {int(p) for p in args.parts.split(",")}
     n_agents, steps = (40, 96) if args.quick else (80, 96)
     train_days, poor_days, eval_days = (3, 1, 1) if args.quick else (7, 1, 2)
+    train_days = args.train_days or train_days
     o = FitOptions(members=1, rounds=6 if args.quick else 10, local_epochs=2, em_iters=10 if args.quick else 20,
                    seed=args.seed)
     cfgs = site_configs(n_agents, steps)
@@ -145,7 +147,8 @@ def main() -> None:
         results["part1"] = {"fit_seconds": {"federated": t_fed, "centralised": t_cen}, "policies": rank.to_dict("records"),
                             "scores": {k: {m: v[m] for m in ("spearman", "mean_rel_error", "spearman_ci90", "rel_err_ci90",
                                                              "regret_at_1")} for k, v in scores.items()},
-                            "bytes_up": rep.bytes_up, "bytes_down": rep.bytes_down, "rounds": len(rep.rounds)}
+                            "bytes_up": rep.bytes_up, "bytes_down": rep.bytes_down, "rounds": len(rep.rounds),
+                            "train_days": train_days}
         print(json.dumps(results["part1"]["scores"], indent=1), flush=True)
 
     if 2 in parts:
@@ -162,7 +165,7 @@ def main() -> None:
         rank2 = evaluate({"own logs alone": alone, "federated": fed2, "federated, personalised": pers}, policies,
                          {poor: cfgs[poor]}, 2, n_agents, steps, args.seed + 7, replay_only=True)
         sc2 = {c: ranking_scores(rank2, c) for c in rank2.columns if c not in ("policy", "real")}
-        results["part2"] = {"site": poor, "policies": rank2.to_dict("records"),
+        results["part2"] = {"site": poor, "policies": rank2.to_dict("records"), "other_days": train_days,
                             "scores": {k: {m: v[m] for m in ("spearman", "mean_rel_error", "norm_abs_error", "spearman_ci90",
                                                              "rel_err_ci90")} for k, v in sc2.items()}}
         print(json.dumps(results["part2"]["scores"], indent=1), flush=True)
@@ -174,10 +177,16 @@ def main() -> None:
         for label, kw in (("dense", {}), ("int8", {"compression": "int8"}), ("top-k 10 % + int8", {"compression": "topk+int8"}),
                           ("secure aggregation", {"secure": True})):
             _, r3 = fit_federated(small, spec, options=o3, **kw)
-            w = [x for x in r3.rounds if x["phase"] == "weights"]
+            n_sites = len(r3.bytes_up)
+            w_rounds = sum(1 for x in r3.rounds if x["phase"] == "weights")
             up = r3.secure_bytes if r3.secure else r3.bytes_up
-            rows.append({"mode": label, "total_up_per_site": float(np.mean(list(up.values()))),
-                         "rounds": len(r3.rounds), "weight_rounds": len(w), "bytes_down": r3.bytes_down})
+            total = float(np.mean(list(up.values())))
+            # secure: the masked inputs, split over the phases as the plain bytes are
+            scale = total / float(np.mean(list(r3.bytes_up.values()))) if r3.secure else 1.0
+            rows.append({"mode": label, "total_up_per_site": total, "rounds": len(r3.rounds), "weight_rounds": w_rounds,
+                         "weights_per_site_per_round": scale * r3.bytes_by_phase.get("weights", 0) / n_sites / max(w_rounds, 1),
+                         "statistics_per_site": scale * sum(v for k, v in r3.bytes_by_phase.items() if k != "weights") / n_sites,
+                         "bytes_down": r3.bytes_down, "bytes_by_phase": r3.bytes_by_phase})
             print(rows[-1], flush=True)
         results["part3"] = {"modes": rows, "raw_log_one_day": {k: raw_sizes(v) for k, v in small.items()},
                             "raw_log_train": {k: raw_sizes(v) for k, v in logs.items()}}
@@ -198,13 +207,15 @@ def main() -> None:
 
 def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
     L = [SECTION, "", f"Command: `python benchmarks/federated_twin.py{' --quick' if args.quick else ''} --seed {args.seed}` "
+         "(parts 2 and 3: `--quick --parts 2,3 --train-days 7 --merge`) "
          f"(2 shared CPU cores, {res['minutes']:.0f} min). {len(res['sites'])} sites, each an emulated cluster with one "
          f"edge site and its cloud ({', '.join(res['sites'])}), its own scenario mix, load (target utilisation 0.35-0.6) "
          f"and drift (0d / 0d / 1w / 1m); {res['n_agents']} service groups, logged under random actions, "
-         f"{res['train_days']} training days per site. No public system fits a simulator federatedly, so there is no "
+         f"{res.get('part1', {}).get('train_days', res['train_days'])} training days per site (part 1). No public system fits a simulator federatedly, so there is no "
          "paper number to put beside these; the yardstick is the centralised twin of the same model family "
          "(GMM population, behaviour-cloned responses, 1 member) on the pooled logs."
-         + (" **Quick variant**: fewer days and rounds than the issue asks (a week per site)." if args.quick else ""), ""]
+         + (" **Quick variant**: 40 service groups, fewer rounds, 1 evaluation day per site and policy; part 1 with "
+            "fewer days than the issue's week per site." if args.quick else ""), ""]
     if "part1" in res:
         p = res["part1"]
         L += ["### 1. Federated vs centralised", "",
@@ -224,7 +235,7 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
     if "part2" in res:
         p = res["part2"]
         L += ["### 2. The data-poor site", "",
-              f"Site {p['site']} has {res['poor_days']} day of logs, the others {res['train_days']}; scored on 2 held-out days "
+              f"Site {p['site']} has {res['poor_days']} day of logs, the others {p.get('other_days', res['train_days'])}; scored on 2 held-out days "
               "of that site, replaying their populations (so the site's own agents and capacity are simulated).", "",
               "| twin | Spearman ρ | mean relative error | normalised abs. error |", "|---|---|---|---|"]
         for k, v in p["scores"].items():
@@ -237,12 +248,23 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
         p = res["part3"]
         raw = np.mean([v["parquet"] for v in p["raw_log_one_day"].values()])
         raw_csv = np.mean([v["csv"] for v in p["raw_log_one_day"].values()])
-        L += ["### 3. Bytes", "", f"One day per site, 2 weight rounds (a small fit: bytes scale with rounds, not rows). "
-              f"A site's raw day: {raw / 1e3:.0f} kB Parquet, {raw_csv / 1e3:.0f} kB CSV.", "",
-              "| uplink | bytes per site (whole fit) | rounds | tasks downlink |", "|---|---|---|---|"]
+        raw_w = np.mean([v["parquet"] for v in p["raw_log_train"].values()])
+        L += ["### 3. Bytes", "", "Measured on a small fit (one day per site, 2 weight rounds, 3 EM iterations); what a site "
+              "sends does not depend on how many rows it has: per weight round it is one delta of the models, per "
+              "statistics phase a vector whose size the spec and the models fix. A whole fit sends "
+              "`statistics + rounds x weights` per site (the default, 8 rounds and 15 EM iterations, is in the JSON). "
+              f"A site's raw log: {raw / 1e3:.0f} kB Parquet ({raw_csv / 1e3:.0f} kB CSV) per day; "
+              f"{raw_w / 1e3:.0f} kB Parquet for its {res['train_days']} training days.", "",
+              "| uplink | per site per weight round | per site, statistics phases | per site, this whole fit | tasks downlink (all sites read them) |",
+              "|---|---|---|---|---|"]
         for r in p["modes"]:
-            L.append(f"| {r['mode']} | {r['total_up_per_site'] / 1e3:.0f} kB | {r['rounds']} | {r['bytes_down'] / 1e3:.0f} kB |")
-        L.append("")
+            L.append(f"| {r['mode']} | {r.get('weights_per_site_per_round', float('nan')) / 1e3:.0f} kB | "
+                     f"{r.get('statistics_per_site', float('nan')) / 1e3:.0f} kB | {r['total_up_per_site'] / 1e3:.0f} kB | "
+                     f"{r['bytes_down'] / 1e3:.0f} kB |")
+        L += ["", "Secure aggregation: the masked inputs are 64-bit fixed point (twice the float32 bytes) plus the key "
+              "shares; the protocol runs in-process at the coordinator (as in the policy federation), so these are the "
+              "bytes a deployed protocol would send, computed from its transcript. Compression applies to the weight "
+              "deltas only (statistics are sums and must stay exact).", ""]
     return "\n".join(L) + "\n"
 
 

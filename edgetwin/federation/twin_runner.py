@@ -104,6 +104,8 @@ class FederatedFitReport:
     bytes_up: dict[str, int] = field(default_factory=dict)
     bytes_down: int = 0
     messages_up: dict[str, int] = field(default_factory=dict)
+    #: bytes all sites sent, by phase (``weights``: every weight round of every member)
+    bytes_by_phase: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     strategy: str = "fedavg"
     compression: str = "dense"
@@ -285,6 +287,8 @@ class TwinCoordinator:
             sender = env.sender
             self.report.bytes_up[sender] = self.report.bytes_up.get(sender, 0) + rcv.nbytes
             self.report.messages_up[sender] = self.report.messages_up.get(sender, 0) + 1
+            phase = str(env.payload.get("phase"))
+            self.report.bytes_by_phase[phase] = self.report.bytes_by_phase.get(phase, 0) + rcv.nbytes
             col = self._collectors.get(env.round)
             if col is None or col.closed:
                 return
