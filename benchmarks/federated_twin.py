@@ -119,8 +119,14 @@ def main() -> None:
     ap.add_argument("--train-days", type=int, default=None, help="training days of every site but the poor one")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--merge", action="store_true", help="keep the other parts' results from results.json")
+    ap.add_argument("--markdown-only", action="store_true", help="rewrite the docs section from results.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.markdown_only:
+        res = json.loads((OUT / "results.json").read_text())
+        plot(res)
+        write_section(SECTION, markdown(res, argparse.Namespace(**{**vars(args), "quick": res["args"]["quick"]})))
+        return
     parts = {int(p) for p in args.parts.split(",")}
     n_agents, steps = (40, 96) if args.quick else (80, 96)
     train_days, poor_days, eval_days = (3, 1, 1) if args.quick else (7, 1, 2)
@@ -161,8 +167,10 @@ def main() -> None:
                          bc_epochs=o.rounds * o.local_epochs, net_arch=o.net_arch, engine_arch=o.engine_arch)
         fed2, _ = fit_federated(logs2, spec, options=o)
         pers = personalise(fed2, logs2[poor], epochs=4, seed=o.seed)
+        pooled = centralised(logs2, spec, o)  # diagnostic: is it federation, or pooling unlike sites?
         policies = ranking_policies(spec, alone)
-        rank2 = evaluate({"own logs alone": alone, "federated": fed2, "federated, personalised": pers}, policies,
+        rank2 = evaluate({"own logs alone": alone, "federated": fed2, "federated, personalised": pers,
+                          "centralised on the pooled logs (not private)": pooled}, policies,
                          {poor: cfgs[poor]}, 2, n_agents, steps, args.seed + 7, replay_only=True)
         sc2 = {c: ranking_scores(rank2, c) for c in rank2.columns if c not in ("policy", "real")}
         results["part2"] = {"site": poor, "policies": rank2.to_dict("records"), "other_days": train_days,
@@ -199,10 +207,40 @@ def main() -> None:
         results["minutes"] += float(old.get("minutes", 0.0))
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    plot(results)
     md = markdown(results, args)
     print(md)
     if not args.no_write:
         write_section(SECTION, md)
+
+
+def plot(res: dict[str, Any]) -> Path | None:
+    """Real vs twin returns per policy, parts 1 and 2 (docs/benchmarks/federated_twin/ranking.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(k, t) for k, t in (("part1", "1. all sites"), ("part2", "2. the data-poor site")) if k in res]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
+    for ax, (k, title) in zip(axes[0], panels, strict=True):
+        df = pd.DataFrame(res[k]["policies"])
+        for col in [c for c in df.columns if c not in ("policy", "real")]:
+            ax.scatter(df["real"], df[col], label=col, s=18)
+        lo, hi = float(df.drop(columns="policy").min().min()), float(df.drop(columns="policy").max().max())
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set_xlabel("return on the emulated cluster")
+        ax.set_ylabel("return in the twin")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / "ranking.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
@@ -242,6 +280,12 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
             L.append(f"| {k} | {v['spearman']:.2f} | {100 * v['mean_rel_error']:.0f} % | {v['norm_abs_error']:.2f} |")
         a = p["scores"]["own logs alone (replay)"]["mean_rel_error"]
         b = min(p["scores"]["federated (replay)"]["mean_rel_error"], p["scores"]["federated, personalised (replay)"]["mean_rel_error"])
+        pooled = p["scores"].get("centralised on the pooled logs (not private) (replay)")
+        if pooled is not None:
+            fe = p["scores"]["federated (replay)"]["mean_rel_error"]
+            L += ["", f"Diagnostic: the centralised twin of the same family on the same pooled logs (not private; the "
+                  f"best federation can match) has {100 * pooled['mean_rel_error']:.0f} % error on this site, the "
+                  f"federated one {100 * fe:.0f} %, the site's own {100 * a:.0f} %."]
         L += ["", f"Target: (b) or (c) at least 30 % lower error than (a): best of them {100 * b:.0f} % vs {100 * a:.0f} % "
               f"({100 * (1 - b / a) if a > 0 else 0:.0f} % lower).", ""]
     if "part3" in res:
@@ -265,6 +309,7 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
               "shares; the protocol runs in-process at the coordinator (as in the policy federation), so these are the "
               "bytes a deployed protocol would send, computed from its transcript. Compression applies to the weight "
               "deltas only (statistics are sums and must stay exact).", ""]
+    L += ["![real vs twin returns per policy](benchmarks/federated_twin/ranking.png)", ""]
     return "\n".join(L) + "\n"
 
 

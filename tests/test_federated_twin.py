@@ -38,7 +38,7 @@ TINY = FitOptions(rounds=2, local_epochs=1, em_iters=2, n_components=2, support_
 
 @pytest.fixture(scope="module")
 def site_logs():
-    df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=2, seed=3)
+    df, spec = generate_logs(ClusterConfig(n_agents=18, steps=10), episodes=2, seed=3)
     return df, spec, split_by_site(df)
 
 
