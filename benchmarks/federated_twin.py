@@ -246,10 +246,10 @@ def plot(res: dict[str, Any]) -> Path | None:
 def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
     L = [SECTION, "", f"Command: `python benchmarks/federated_twin.py{' --quick' if args.quick else ''} --seed {args.seed}` "
          "(parts 2 and 3: `--quick --parts 2,3 --train-days 7 --merge`) "
-         f"(2 shared CPU cores, {res['minutes']:.0f} min). {len(res['sites'])} sites, each an emulated cluster with one "
+         f"(2 shared CPU cores at load ~8, {res['minutes']:.0f} min over the runs that wrote it). {len(res['sites'])} sites, each an emulated cluster with one "
          f"edge site and its cloud ({', '.join(res['sites'])}), its own scenario mix, load (target utilisation 0.35-0.6) "
          f"and drift (0d / 0d / 1w / 1m); {res['n_agents']} service groups, logged under random actions, "
-         f"{res.get('part1', {}).get('train_days', res['train_days'])} training days per site (part 1). No public system fits a simulator federatedly, so there is no "
+         f"{res.get('part1', {}).get('train_days', res['train_days'])} training days per site in part 1. No public system fits a simulator federatedly, so there is no "
          "paper number to put beside these; the yardstick is the centralised twin of the same model family "
          "(GMM population, behaviour-cloned responses, 1 member) on the pooled logs."
          + (" **Quick variant**: 40 service groups, fewer rounds, 1 evaluation day per site and policy; part 1 with "
@@ -296,7 +296,7 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
         L += ["### 3. Bytes", "", "Measured on a small fit (one day per site, 2 weight rounds, 3 EM iterations); what a site "
               "sends does not depend on how many rows it has: per weight round it is one delta of the models, per "
               "statistics phase a vector whose size the spec and the models fix. A whole fit sends "
-              "`statistics + rounds x weights` per site (the default, 8 rounds and 15 EM iterations, is in the JSON). "
+              "`statistics + rounds x weights` per site. "
               f"A site's raw log: {raw / 1e3:.0f} kB Parquet ({raw_csv / 1e3:.0f} kB CSV) per day; "
               f"{raw_w / 1e3:.0f} kB Parquet for its {res['train_days']} training days.", "",
               "| uplink | per site per weight round | per site, statistics phases | per site, this whole fit | tasks downlink (all sites read them) |",
@@ -305,6 +305,12 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
             L.append(f"| {r['mode']} | {r.get('weights_per_site_per_round', float('nan')) / 1e3:.0f} kB | "
                      f"{r.get('statistics_per_site', float('nan')) / 1e3:.0f} kB | {r['total_up_per_site'] / 1e3:.0f} kB | "
                      f"{r['bytes_down'] / 1e3:.0f} kB |")
+        if "part1" in res:
+            b1 = np.mean(list(res["part1"]["bytes_up"].values()))
+            L += ["", f"At the size of part 1 ({res['part1']['rounds']} rounds: 6 weight rounds, 10 EM iterations, dense) "
+                  f"each site sent {b1 / 1e3:.0f} kB in all, for {res['part1'].get('train_days', '?')} days of raw log "
+                  f"(~{raw * res['part1'].get('train_days', 1) / 1e3:.0f} kB Parquet); the coordinator's tasks came to "
+                  f"{res['part1']['bytes_down'] / 1e3:.0f} kB."]
         L += ["", "Secure aggregation: the masked inputs are 64-bit fixed point (twice the float32 bytes) plus the key "
               "shares; the protocol runs in-process at the coordinator (as in the policy federation), so these are the "
               "bytes a deployed protocol would send, computed from its transcript. Compression applies to the weight "
