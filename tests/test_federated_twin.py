@@ -143,7 +143,9 @@ def test_data_locality_over_nats(site_logs, nats_server):
 
         await nc.subscribe("edgetwin.>", cb=record)
         try:
-            twin, rep = await fit_federated_async(parts, spec, bus=bus_factory, options=TINY, timeout_s=120)
+            twin, rep = await asyncio.wait_for(
+                fit_federated_async(parts, spec, bus=bus_factory, options=TINY, timeout_s=60), 240
+            )
             await nc.flush()
             await asyncio.sleep(0.5)
         finally:

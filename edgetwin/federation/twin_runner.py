@@ -449,12 +449,15 @@ async def fit_federated_async(
     try:
         twin = await coord.run()
     finally:
+        # bounded: a bus that does not close (a server gone mid-shutdown) must not hold the fit's result
         for a in agents:
-            await a.stop()
-        await coord.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(a.stop(), 10)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(coord.stop(), 10)
         for b in buses:
             with contextlib.suppress(Exception):
-                await b.close()
+                await asyncio.wait_for(b.close(), 10)
     return twin, coord.report
 
 
