@@ -421,11 +421,26 @@ def twin_fit(
             "default: all of them).",
         ),
     ] = None,
+    federated: Annotated[
+        bool,
+        typer.Option(
+            "--federated",
+            help="Split the log by its site column and fit across the sites, one agent per site in this "
+            "process over the in-process bus: only statistics and parameters travel (docs/federation.md).",
+        ),
+    ] = False,
+    fed_rounds: Annotated[int, typer.Option(min=1, help="--federated: FedAvg rounds per member.")] = 8,
+    strategy: Annotated[str, typer.Option(help="--federated: fedavg | fedavgm | dp_gaussian.")] = "fedavg",
+    compression: Annotated[str, typer.Option(help="--federated: dense | int8 | topk+int8.")] = "dense",
+    secure: Annotated[bool, typer.Option("--secure", help="--federated: secure aggregation.")] = False,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Learn a twin from a log. Resumable: finished members are checkpointed in OUT/checkpoint."""
     out_dir_arg(out_dir)  # before the heavy imports: a wrong --out is reported at once
+    if federated:
+        _fit_federated(log, out_dir, spec, members, fed_rounds, strategy, compression, secure, seed, as_json)
+        return
     import torch
 
     from edgetwin.generative import MODELS
@@ -460,6 +475,41 @@ def twin_fit(
     else:
         out.print(f"twin written to {out_dir} ({twin.meta['members']} members, {twin.meta['n_rows']} rows, "
                   f"{twin.meta['fit_seconds']:.0f} s)")
+
+
+def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, rounds: int, strategy: str,
+                   compression: str, secure: bool, seed: int, as_json: bool) -> None:
+    """`edgetwin fit --federated`: one site agent per value of the log's site column, in-process."""
+    import torch
+
+    from edgetwin.federation.twin_fit import FitOptions
+    from edgetwin.federation.twin_runner import fit_federated, split_by_site
+    from edgetwin.twin.twin import load_log
+
+    torch.set_num_threads(1)
+    df, sp = load_log(log, spec)
+    parts = split_by_site(df)
+
+    def progress(rec: dict[str, Any]) -> None:
+        if not as_json:
+            out.print(f"round {rec['seq']:>3} {rec['phase']:<8} member {rec['member']} step {rec['step']:>2}: "
+                      f"{len(rec['sites'])}/{len(parts)} sites ({rec['reason']}, {rec['seconds']:.1f} s)"
+                      + (f", missing {rec['missing']}" if rec["missing"] else ""))
+
+    twin, rep = fit_federated(parts, sp, options=FitOptions(members=members, rounds=rounds, seed=seed),
+                              strategy=strategy, compression=compression, secure=secure, on_round=progress)
+    twin.save(out_dir)
+    summary = {"twin": str(out_dir), "sites": rep.sites, "rounds": len(rep.rounds), "bytes_up": rep.bytes_up,
+               "bytes_down": rep.bytes_down, "seconds": rep.seconds, "strategy": rep.strategy,
+               "compression": rep.compression, "secure": rep.secure, "secure_bytes": rep.secure_bytes,
+               "privacy": rep.privacy, "n_rows": twin.meta["n_rows"]}
+    if as_json:
+        emit_json(summary)
+    else:
+        for site, b in sorted(rep.bytes_up.items()):
+            out.print(f"  {site}: sent {b / 1e3:,.1f} kB in {rep.messages_up.get(site, 0)} messages")
+        out.print(f"twin written to {out_dir} ({len(rep.sites)} sites, {len(rep.rounds)} rounds, "
+                  f"{rep.bytes_down / 1e3:,.1f} kB of tasks, {rep.seconds:.0f} s; no row left its site)")
 
 
 @app.command("fidelity")
@@ -1229,25 +1279,43 @@ def federate(
 
 @app.command("agent")
 def agent(
-    role: Annotated[str, typer.Argument(help="esa | coa | gca")],
-    config: Annotated[Path, typer.Option(help="Federation config JSON (`edgetwin federate --save-config`).")],
+    role: Annotated[str, typer.Argument(help="esa | coa | gca | twin-site | twin-coordinator")] = "twin-site",
+    config: Annotated[Path | None, typer.Option(help="Federation config JSON (`edgetwin federate --save-config`).")] = None,
     bus: Annotated[str, typer.Option(help="nats://host:port (or memory, for a lone agent in tests).")] = "nats://127.0.0.1:4222",
-    name: Annotated[str | None, typer.Option(help="The site (esa) or group (coa) this agent runs.")] = None,
+    name: Annotated[str | None, typer.Option(help="The site (esa, twin-site) or group (coa) this agent runs.")] = None,
     state_dir: Annotated[Path | None, typer.Option(help="ESA checkpoints: a restart finishes the round it was in.")] = None,
     result: Annotated[Path | None, typer.Option(help="GCA: write the federation result JSON here.")] = None,
+    fit_twin: Annotated[
+        Path | None, typer.Option("--fit-twin", help="twin-site: this site's own log; it never leaves the process.")
+    ] = None,
+    spec: Annotated[Path | None, typer.Option(help="twin-*: the shared twin spec (TOML).")] = None,
+    fit_id: Annotated[str, typer.Option(help="twin-*: the federated fit this agent takes part in.")] = "twin",
+    sites: Annotated[str | None, typer.Option(help="twin-coordinator: comma-separated site names.")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="twin-coordinator: where to save the twin.")] = None,
+    fed_rounds: Annotated[int, typer.Option(min=1, help="twin-coordinator: FedAvg rounds per member.")] = 8,
+    members: Annotated[int, typer.Option(min=1, help="twin-coordinator: ensemble members.")] = 1,
 ) -> None:
-    """Run one MA-FL agent until its federation closes; prints one JSON line per event."""
+    """Run one MA-FL agent until its federation closes; prints one JSON line per event.
+
+    ``--fit-twin LOCAL_LOG`` runs one site's side of a federated twin fit (`twin-site`, the default
+    role); ``twin-coordinator`` assembles and saves the twin (docs/federation.md).
+    """
     import asyncio
     import logging
 
     import torch
 
-    from edgetwin.federation.runner import FederationConfig, run_agent
-
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(name)s %(levelname)s %(message)s")
+    if role in ("twin-site", "twin-coordinator") or fit_twin is not None:
+        _twin_agent(role, bus, name, fit_twin, spec, fit_id, sites, out_dir, fed_rounds, members)
+        return
+    from edgetwin.federation.runner import FederationConfig, run_agent
+
     if role not in ("esa", "coa", "gca"):
-        raise InputError(f"role must be esa, coa or gca, got {role!r}", "ROLE")
+        raise InputError(f"role must be esa, coa, gca, twin-site or twin-coordinator, got {role!r}", "ROLE")
+    if config is None:
+        raise InputError(f"an {role} needs --config", "--config")
     if role in ("esa", "coa") and name is None:
         raise InputError(f"an {role} needs --name (its site or group)", "--name")
     cfg = FederationConfig.load(config)
@@ -1258,6 +1326,40 @@ def agent(
     doc = asyncio.run(run_agent(role, cfg, bus, name=name, state_dir=state_dir, result_path=result, emit=emit))
     emit({"event": "done", "agent": role if name is None else f"{role}/{name}",
           "rounds": len(doc.get("records", doc.get("rounds", [])))})
+
+
+def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, spec: Path | None, fit_id: str,
+                sites: str | None, out_dir: Path | None, rounds: int, members: int) -> None:
+    """`edgetwin agent --fit-twin LOG` (one site) and `edgetwin agent twin-coordinator` (the twin)."""
+    import asyncio
+
+    from edgetwin.contract.spec import TwinSpec
+    from edgetwin.federation.twin_fit import FitOptions
+    from edgetwin.federation.twin_runner import run_twin_coordinator, run_twin_site
+    from edgetwin.twin.twin import load_log
+
+    def emit(ev: dict[str, Any]) -> None:
+        print(json.dumps(ev, default=_json_default), flush=True)
+
+    if role != "twin-coordinator":
+        if fit_twin is None:
+            raise InputError("a twin-site needs --fit-twin LOCAL_LOG", "--fit-twin")
+        df, sp = load_log(fit_twin, spec)
+        site = name or (str(df["site"].iloc[0]) if df["site"].nunique() == 1 else None)
+        if site is None:
+            raise InputError("the log has several sites; name this one with --name", "--name")
+        n = asyncio.run(run_twin_site(df, sp, bus, site, fit_id, emit=emit))
+        emit({"event": "done", "agent": f"twin-site/{site}", "answered": n})
+        return
+    if spec is None or sites is None or out_dir is None:
+        raise InputError("a twin-coordinator needs --spec, --sites and --out", "--sites")
+    out_dir_arg(out_dir)
+    names = [s.strip() for s in sites.split(",") if s.strip()]
+    twin, rep = asyncio.run(run_twin_coordinator(TwinSpec.load(spec), names, bus, fit_id,
+                                                 FitOptions(members=members, rounds=rounds), on_round=emit))
+    twin.save(out_dir)
+    emit({"event": "done", "agent": "twin-coordinator", "twin": str(out_dir), "bytes_up": rep.bytes_up,
+          "bytes_down": rep.bytes_down, "rounds": len(rep.rounds)})
 
 
 # ------------------------------------------------------------------------------------- entry

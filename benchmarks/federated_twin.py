@@ -1,0 +1,323 @@
+"""Federated twin: a twin fitted across sites without moving a raw log, against the centralised one.
+
+Four heterogeneous sites, each its own emulated cluster (one edge site and its cloud region, its own
+scenario mix, provisioning and drift), logged under uniformly random actions. Measured:
+
+1. Federated vs centralised, same logs, same policy set as the twin-fidelity benchmark (its
+   `ranking_policies`, without the PPO policy): Spearman rho and mean relative error of each twin
+   against the clusters, from generated populations and replaying the evaluation days' populations.
+   Both twins are the same model family (GMM population, behaviour-cloned responses, 1 member), so
+   the difference is the cost of federation alone.
+2. The data-poor site: one site has a single day, the others several; on its own held-out days, the
+   ranking error of (a) a twin fitted on its logs alone, (b) the federated twin, (c) the federated
+   twin personalised to it (`personalise`).
+3. Bytes per site per round and in total, dense / int8 / top-k + int8 / secure aggregation, against
+   the size of the site's raw log (Parquet and CSV).
+
+Run: ``python benchmarks/federated_twin.py`` (``--quick``: fewer days and rounds; say so). Writes the
+``## Federated twin`` section of docs/benchmarks.md and docs/benchmarks/federated_twin/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _docs import write_section  # noqa: E402
+from twin_fidelity import ranking_policies, ranking_scores  # noqa: E402
+
+from edgetwin.emulator.cluster import ClusterConfig, cluster_spec  # noqa: E402
+from edgetwin.emulator.logs import generate_logs  # noqa: E402
+from edgetwin.emulator.sites import default_sites  # noqa: E402
+from edgetwin.federation.twin_fit import FitOptions, personalise  # noqa: E402
+from edgetwin.federation.twin_runner import fit_federated  # noqa: E402
+from edgetwin.twin.fidelity import logged_rollout  # noqa: E402
+from edgetwin.twin.twin import Twin  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "benchmarks" / "federated_twin"
+SECTION = "## Federated twin"
+
+
+def site_configs(n_agents: int, steps: int) -> dict[str, ClusterConfig]:
+    """Four heterogeneous sites: each one edge site + its cloud, its own mix, load and drift."""
+    base = {s.name: s for s in default_sites()}
+    edges = [base["edge-ams"], base["edge-fra"], base["edge-waw"], replace(base["edge-ams"], name="edge-lis")]
+    mixes = [{"mbb": 0.6, "iot": 0.3, "iov": 0.1}, {"mbb": 0.2, "iot": 0.6, "iov": 0.2},
+             {"mbb": 0.3, "iot": 0.2, "iov": 0.5}, {"mbb": 0.45, "iot": 0.35, "iov": 0.2}]
+    utils = [0.35, 0.5, 0.6, 0.45]
+    drifts = ["0d", "0d", "1w", "1m"]
+    out = {}
+    for e, mix, u, d in zip(edges, mixes, utils, drifts, strict=True):
+        cloud = base[e.cloud]
+        out[e.name] = ClusterConfig(n_agents=n_agents, steps=steps, sites=(replace(e, weight=1.0), cloud),
+                                    scenario_weights=mix, target_util=u, drift=d)
+    return out
+
+
+def site_logs(cfgs: dict[str, ClusterConfig], days: dict[str, int], policy: Any, seed: int) -> dict[str, pd.DataFrame]:
+    logs = {}
+    for k, (name, cfg) in enumerate(cfgs.items()):
+        if days.get(name, 0) < 1:
+            continue
+        df, _ = generate_logs(cfg, episodes=days[name], policy=policy, seed=seed + 37 * k)
+        df["episode"] = name + "/" + df["episode"].astype(str)
+        logs[name] = df
+    return logs
+
+
+def centralised(logs: dict[str, pd.DataFrame], spec: Any, o: FitOptions) -> Twin:
+    """The same model family fitted on the pooled rows (what federation must match)."""
+    df = pd.concat(logs.values(), ignore_index=True)
+    return Twin.fit(df, spec, seed=o.seed, members=o.members, response_model="bc", population_model="gmm",
+                    population_hyper={"n_components": o.n_components}, progress=False,
+                    bc_epochs=o.rounds * o.local_epochs, net_arch=o.net_arch, engine_arch=o.engine_arch)
+
+
+def evaluate(twins: dict[str, Twin], policies: dict[str, Any], cfgs: dict[str, ClusterConfig], eval_days: int,
+             n_agents: int, steps: int, seed: int, replay_only: bool = False) -> pd.DataFrame:
+    """Return of every policy on the clusters and in every twin (generated and replayed)."""
+    rows = []
+    for i, (pname, pol) in enumerate(policies.items()):
+        real = site_logs(cfgs, dict.fromkeys(cfgs, eval_days), pol, seed + 500 + i)
+        real_df = pd.concat(real.values(), ignore_index=True)
+        row = {"policy": pname, "real": float(real_df["reward"].mean())}
+        for tname, tw in twins.items():
+            if not replay_only:
+                gen = tw.rollout(pol, episodes=2, seed=seed + 900 + i, n_agents=n_agents, steps=steps, all_members=True)
+                row[f"{tname}"] = float(gen["reward"].mean())
+            rep = logged_rollout(tw, pol, real_df, seed=seed + 900 + i, all_members=True)
+            row[f"{tname} (replay)"] = float(rep["reward"].mean())
+        rows.append(row)
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    return pd.DataFrame(rows)
+
+
+def raw_sizes(df: pd.DataFrame) -> dict[str, int]:
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return {"parquet": len(buf.getvalue()), "csv": len(df.to_csv(index=False).encode())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer days and rounds (a few minutes per part)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parts", default="1,2,3")
+    ap.add_argument("--train-days", type=int, default=None, help="training days of every site but the poor one")
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--merge", action="store_true", help="keep the other parts' results from results.json")
+    ap.add_argument("--markdown-only", action="store_true", help="rewrite the docs section from results.json")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    if args.markdown_only:
+        res = json.loads((OUT / "results.json").read_text())
+        plot(res)
+        write_section(SECTION, markdown(res, argparse.Namespace(**{**vars(args), "quick": res["args"]["quick"]})))
+        return
+    parts = {int(p) for p in args.parts.split(",")}
+    n_agents, steps = (40, 96) if args.quick else (80, 96)
+    train_days, poor_days, eval_days = (3, 1, 1) if args.quick else (7, 1, 2)
+    train_days = args.train_days or train_days
+    o = FitOptions(members=1, rounds=6 if args.quick else 10, local_epochs=2, em_iters=10 if args.quick else 20,
+                   seed=args.seed)
+    cfgs = site_configs(n_agents, steps)
+    spec = cluster_spec(next(iter(cfgs.values())))
+    t_all = time.perf_counter()
+    results: dict[str, Any] = {"args": vars(args), "options": o.to_dict(), "sites": list(cfgs),
+                               "n_agents": n_agents, "train_days": train_days, "poor_days": poor_days}
+    logs = site_logs(cfgs, dict.fromkeys(cfgs, train_days), "random", args.seed)
+
+    if 1 in parts:
+        t0 = time.perf_counter()
+        fed, rep = fit_federated(logs, spec, options=o, on_round=lambda r: print("round", r, flush=True))
+        t_fed = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cen = centralised(logs, spec, o)
+        t_cen = time.perf_counter() - t0
+        policies = ranking_policies(spec, cen)
+        rank = evaluate({"federated": fed, "centralised": cen}, policies, cfgs, eval_days, n_agents, steps, args.seed)
+        scores = {c: ranking_scores(rank, c) for c in rank.columns if c not in ("policy", "real")}
+        results["part1"] = {"fit_seconds": {"federated": t_fed, "centralised": t_cen}, "policies": rank.to_dict("records"),
+                            "scores": {k: {m: v[m] for m in ("spearman", "mean_rel_error", "spearman_ci90", "rel_err_ci90",
+                                                             "regret_at_1")} for k, v in scores.items()},
+                            "bytes_up": rep.bytes_up, "bytes_down": rep.bytes_down, "rounds": len(rep.rounds),
+                            "train_days": train_days}
+        print(json.dumps(results["part1"]["scores"], indent=1), flush=True)
+
+    if 2 in parts:
+        poor = list(cfgs)[0]
+        days = dict.fromkeys(cfgs, train_days)
+        days[poor] = poor_days
+        logs2 = {k: (v[v["episode"].isin(v["episode"].unique()[:poor_days])] if k == poor else v) for k, v in logs.items()}
+        alone = Twin.fit(logs2[poor], spec, seed=o.seed, members=1, response_model="bc", population_model="gmm",
+                         population_hyper={"n_components": o.n_components}, progress=False,
+                         bc_epochs=o.rounds * o.local_epochs, net_arch=o.net_arch, engine_arch=o.engine_arch)
+        fed2, _ = fit_federated(logs2, spec, options=o)
+        pers = personalise(fed2, logs2[poor], epochs=4, seed=o.seed)
+        pooled = centralised(logs2, spec, o)  # diagnostic: is it federation, or pooling unlike sites?
+        policies = ranking_policies(spec, alone)
+        rank2 = evaluate({"own logs alone": alone, "federated": fed2, "federated, personalised": pers,
+                          "centralised on the pooled logs (not private)": pooled}, policies,
+                         {poor: cfgs[poor]}, 2, n_agents, steps, args.seed + 7, replay_only=True)
+        sc2 = {c: ranking_scores(rank2, c) for c in rank2.columns if c not in ("policy", "real")}
+        results["part2"] = {"site": poor, "policies": rank2.to_dict("records"), "other_days": train_days,
+                            "scores": {k: {m: v[m] for m in ("spearman", "mean_rel_error", "norm_abs_error", "spearman_ci90",
+                                                             "rel_err_ci90")} for k, v in sc2.items()}}
+        print(json.dumps(results["part2"]["scores"], indent=1), flush=True)
+
+    if 3 in parts:
+        small = {k: v[v["episode"].isin(v["episode"].unique()[:1])] for k, v in logs.items()}
+        o3 = replace(o, rounds=2, em_iters=3)
+        rows = []
+        for label, kw in (("dense", {}), ("int8", {"compression": "int8"}), ("top-k 10 % + int8", {"compression": "topk+int8"}),
+                          ("secure aggregation", {"secure": True})):
+            _, r3 = fit_federated(small, spec, options=o3, **kw)
+            n_sites = len(r3.bytes_up)
+            w_rounds = sum(1 for x in r3.rounds if x["phase"] == "weights")
+            up = r3.secure_bytes if r3.secure else r3.bytes_up
+            total = float(np.mean(list(up.values())))
+            # secure: the masked inputs, split over the phases as the plain bytes are
+            scale = total / float(np.mean(list(r3.bytes_up.values()))) if r3.secure else 1.0
+            rows.append({"mode": label, "total_up_per_site": total, "rounds": len(r3.rounds), "weight_rounds": w_rounds,
+                         "weights_per_site_per_round": scale * r3.bytes_by_phase.get("weights", 0) / n_sites / max(w_rounds, 1),
+                         "statistics_per_site": scale * sum(v for k, v in r3.bytes_by_phase.items() if k != "weights") / n_sites,
+                         "bytes_down": r3.bytes_down, "bytes_by_phase": r3.bytes_by_phase})
+            print(rows[-1], flush=True)
+        results["part3"] = {"modes": rows, "raw_log_one_day": {k: raw_sizes(v) for k, v in small.items()},
+                            "raw_log_train": {k: raw_sizes(v) for k, v in logs.items()}}
+    results["minutes"] = (time.perf_counter() - t_all) / 60
+    if args.merge and (OUT / "results.json").is_file():
+        old = json.loads((OUT / "results.json").read_text())
+        for k in ("part1", "part2", "part3"):
+            if k not in results and k in old:
+                results[k] = old[k]
+        results["minutes"] += float(old.get("minutes", 0.0))
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    plot(results)
+    md = markdown(results, args)
+    print(md)
+    if not args.no_write:
+        write_section(SECTION, md)
+
+
+def plot(res: dict[str, Any]) -> Path | None:
+    """Real vs twin returns per policy, parts 1 and 2 (docs/benchmarks/federated_twin/ranking.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(k, t) for k, t in (("part1", "1. all sites"), ("part2", "2. the data-poor site")) if k in res]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
+    for ax, (k, title) in zip(axes[0], panels, strict=True):
+        df = pd.DataFrame(res[k]["policies"])
+        for col in [c for c in df.columns if c not in ("policy", "real")]:
+            ax.scatter(df["real"], df[col], label=col, s=18)
+        lo, hi = float(df.drop(columns="policy").min().min()), float(df.drop(columns="policy").max().max())
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set_xlabel("return on the emulated cluster")
+        ax.set_ylabel("return in the twin")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / "ranking.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
+    L = [SECTION, "", f"Command: `python benchmarks/federated_twin.py{' --quick' if args.quick else ''} --seed {args.seed}` "
+         "(parts 2 and 3: `--quick --parts 2,3 --train-days 7 --merge`) "
+         f"(2 shared CPU cores at load ~8, {res['minutes']:.0f} min over the runs that wrote it). {len(res['sites'])} sites, each an emulated cluster with one "
+         f"edge site and its cloud ({', '.join(res['sites'])}), its own scenario mix, load (target utilisation 0.35-0.6) "
+         f"and drift (0d / 0d / 1w / 1m); {res['n_agents']} service groups, logged under random actions, "
+         f"{res.get('part1', {}).get('train_days', res['train_days'])} training days per site in part 1. No public system fits a simulator federatedly, so there is no "
+         "paper number to put beside these; the yardstick is the centralised twin of the same model family "
+         "(GMM population, behaviour-cloned responses, 1 member) on the pooled logs."
+         + (" **Quick variant**: 40 service groups, fewer rounds, 1 evaluation day per site and policy; part 1 with "
+            "fewer days than the issue's week per site." if args.quick else ""), ""]
+    if "part1" in res:
+        p = res["part1"]
+        L += ["### 1. Federated vs centralised", "",
+              f"Fit: federated {p['fit_seconds']['federated']:.0f} s ({p['rounds']} rounds over the in-process bus), "
+              f"centralised {p['fit_seconds']['centralised']:.0f} s. Policies: the twin-fidelity set without PPO.", "",
+              "| twin | Spearman ρ (90 % CI) | mean relative error (90 % CI) | regret@1 |", "|---|---|---|---|"]
+        for k, v in p["scores"].items():
+            L.append(f"| {k} | {v['spearman']:.2f} ({v['spearman_ci90'][0]:.2f}-{v['spearman_ci90'][1]:.2f}) | "
+                     f"{100 * v['mean_rel_error']:.0f} % ({100 * v['rel_err_ci90'][0]:.0f}-{100 * v['rel_err_ci90'][1]:.0f}) | "
+                     f"{v['regret_at_1']:.2f} |")
+        f, c = p["scores"]["federated"], p["scores"]["centralised"]
+        fr, cr = p["scores"]["federated (replay)"], p["scores"]["centralised (replay)"]
+        L += ["", f"Target: within 0.05 of ρ and 5 points of error. Generated populations: Δρ = "
+              f"{f['spearman'] - c['spearman']:+.2f}, Δerror = {100 * (f['mean_rel_error'] - c['mean_rel_error']):+.0f} points; "
+              f"replaying the evaluation days: Δρ = {fr['spearman'] - cr['spearman']:+.2f}, Δerror = "
+              f"{100 * (fr['mean_rel_error'] - cr['mean_rel_error']):+.0f} points.", ""]
+    if "part2" in res:
+        p = res["part2"]
+        L += ["### 2. The data-poor site", "",
+              f"Site {p['site']} has {res['poor_days']} day of logs, the others {p.get('other_days', res['train_days'])}; scored on 2 held-out days "
+              "of that site, replaying their populations (so the site's own agents and capacity are simulated).", "",
+              "| twin | Spearman ρ | mean relative error | normalised abs. error |", "|---|---|---|---|"]
+        for k, v in p["scores"].items():
+            L.append(f"| {k} | {v['spearman']:.2f} | {100 * v['mean_rel_error']:.0f} % | {v['norm_abs_error']:.2f} |")
+        a = p["scores"]["own logs alone (replay)"]["mean_rel_error"]
+        b = min(p["scores"]["federated (replay)"]["mean_rel_error"], p["scores"]["federated, personalised (replay)"]["mean_rel_error"])
+        pooled = p["scores"].get("centralised on the pooled logs (not private) (replay)")
+        if pooled is not None:
+            fe = p["scores"]["federated (replay)"]["mean_rel_error"]
+            L += ["", f"Diagnostic: the centralised twin of the same family on the same pooled logs (not private; the "
+                  f"best federation can match) has {100 * pooled['mean_rel_error']:.0f} % error on this site, the "
+                  f"federated one {100 * fe:.0f} %, the site's own {100 * a:.0f} %."]
+        L += ["", f"Target: (b) or (c) at least 30 % lower error than (a): best of them {100 * b:.0f} % vs {100 * a:.0f} % "
+              f"({100 * (1 - b / a) if a > 0 else 0:.0f} % lower).", ""]
+    if "part3" in res:
+        p = res["part3"]
+        raw = np.mean([v["parquet"] for v in p["raw_log_one_day"].values()])
+        raw_csv = np.mean([v["csv"] for v in p["raw_log_one_day"].values()])
+        raw_w = np.mean([v["parquet"] for v in p["raw_log_train"].values()])
+        L += ["### 3. Bytes", "", "Measured on a small fit (one day per site, 2 weight rounds, 3 EM iterations); what a site "
+              "sends does not depend on how many rows it has: per weight round it is one delta of the models, per "
+              "statistics phase a vector whose size the spec and the models fix. A whole fit sends "
+              "`statistics + rounds x weights` per site. "
+              f"A site's raw log: {raw / 1e3:.0f} kB Parquet ({raw_csv / 1e3:.0f} kB CSV) per day; "
+              f"{raw_w / 1e3:.0f} kB Parquet for its {res['train_days']} training days.", "",
+              "| uplink | per site per weight round | per site, statistics phases | per site, this whole fit | tasks downlink (all sites read them) |",
+              "|---|---|---|---|---|"]
+        for r in p["modes"]:
+            L.append(f"| {r['mode']} | {r.get('weights_per_site_per_round', float('nan')) / 1e3:.0f} kB | "
+                     f"{r.get('statistics_per_site', float('nan')) / 1e3:.0f} kB | {r['total_up_per_site'] / 1e3:.0f} kB | "
+                     f"{r['bytes_down'] / 1e3:.0f} kB |")
+        if "part1" in res:
+            b1 = np.mean(list(res["part1"]["bytes_up"].values()))
+            L += ["", f"At the size of part 1 ({res['part1']['rounds']} rounds: 6 weight rounds, 10 EM iterations, dense) "
+                  f"each site sent {b1 / 1e3:.0f} kB in all, for {res['part1'].get('train_days', '?')} days of raw log "
+                  f"(~{raw * res['part1'].get('train_days', 1) / 1e3:.0f} kB Parquet); the coordinator's tasks came to "
+                  f"{res['part1']['bytes_down'] / 1e3:.0f} kB."]
+        L += ["", "Secure aggregation: the masked inputs are 64-bit fixed point (twice the float32 bytes) plus the key "
+              "shares; the protocol runs in-process at the coordinator (as in the policy federation), so these are the "
+              "bytes a deployed protocol would send, computed from its transcript. Compression applies to the weight "
+              "deltas only (statistics are sums and must stay exact).", ""]
+    L += ["![real vs twin returns per policy](benchmarks/federated_twin/ranking.png)", ""]
+    return "\n".join(L) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,923 @@
+"""Fitting a twin across sites: what each site computes on its own rows, and how the coordinator
+turns the aggregates into an ordinary `edgetwin.twin.Twin`.
+
+The fit is a sequence of *phases*; in each, every site answers the coordinator's task with one flat
+vector whose size `TwinFitPlan` fixes from the spec, the layout and the models (never from the
+number of rows), and the coordinator aggregates the vectors with an existing rule
+(`edgetwin.federation.aggregation`: FedAvg by default):
+
+=============  ==========================================================  =====================
+phase          a site sends                                                aggregated as
+=============  ==========================================================  =====================
+``hello``      its row count (labels: scenario names, site, columns)       union of labels
+``stats1``     per column: count, sum, sum of log1p, non-negatives;        sums (uniform FedAvg
+               episode-length histogram; local structure votes (site-      x sites = the total)
+               level, clock, echo, persistence); profile sums
+``stats2``     per column: sum of squares about the pooled mean            sums
+``summary``    k-means centroids of its rows (each the mean of >= 5 rows)  pooled, then weighted
+               in the population space and the support space; its mean     k-means (population)
+               site unit                                                   or kept (support)
+``em``         EM sufficient statistics of the population mixture          sums
+``weights``    its behaviour-cloned engine and client models after a few   FedAvg / FedAvgM /
+               local epochs from the global ones, as a delta               secure / DP
+``residual``   sums of squared residuals of the global models              sums
+=============  ==========================================================  =====================
+
+What it learns: the layout and scalers from pooled statistics; the population as one Gaussian
+mixture per scenario over ``[profile codes, z(initial state)]`` (the GMM baseline of seed 004,
+fitted by federated EM), from which the twin's population model (its profile marginal) and its
+bank of initial states are sampled; the support index from pooled centroids; the client and
+engine models by FedAvg of behaviour cloning (MAIL's pre-training: the adversarial rounds are not
+federated, see the note in docs/federation.md). The result is a `Twin` like any other.
+"""
+
+from __future__ import annotations
+
+import copy
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch as th
+from scipy.linalg import solve_triangular
+from scipy.special import logsumexp
+from sklearn.cluster import KMeans, MiniBatchKMeans
+from threadpoolctl import threadpool_limits
+
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
+from edgetwin.generative.gmm import GMMPopulation
+from edgetwin.generative.transform import ColumnCodec, ProfileTransformer
+from edgetwin.imitation.layout import ColumnScaler, Layout
+from edgetwin.imitation.mail import (
+    MIN_STD,
+    GaussianModel,
+    MailConfig,
+    behaviour_clone,
+    client_rows,
+    gaussian_policy,
+)
+from edgetwin.imitation.steps import build_steps
+from edgetwin.imitation.world import Composition, InitialStates
+from edgetwin.twin.member import Member
+from edgetwin.twin.support import SupportIndex
+from edgetwin.twin.twin import FORMAT_VERSION, Twin, library_versions
+
+__all__ = ["FitOptions", "SiteFitter", "TwinAssembler", "TwinFitPlan", "personalise"]
+
+ROLES = ("profile", "state", "action", "outputs")
+#: episode lengths are counted in a histogram of this many bins (longer ones in the last)
+MAX_LEN = 1024
+#: a centroid is sent only when it is the mean of at least this many rows
+MIN_CLUSTER = 5
+
+
+@dataclass
+class FitOptions:
+    """Hyper-parameters of a federated fit (sizes every site must agree on).
+
+    Attributes:
+        members: ensemble size (each member: its own bootstrap of every site's episodes).
+        rounds: FedAvg rounds of the behaviour-cloned models per member.
+        local_epochs: behaviour-cloning epochs a site runs per round.
+        n_components: mixture components per scenario of the population model.
+        em_iters: federated EM iterations.
+        support_centroids: centroids per site of the support index.
+        bank: initial states sampled per scenario for the twin's bank.
+        net_arch, engine_arch: hidden layers of client and engine models (as `MailConfig`).
+        seed: the same seed and logs give the same twin.
+    """
+
+    members: int = 1
+    rounds: int = 8
+    local_epochs: int = 2
+    n_components: int = 5
+    em_iters: int = 15
+    support_centroids: int = 256
+    bank: int = 2000
+    net_arch: list[int] = field(default_factory=lambda: [64, 64])
+    engine_arch: list[int] = field(default_factory=lambda: [32, 32])
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FitOptions:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# ------------------------------------------------------------------------------------ the plan
+class TwinFitPlan:
+    """Names and shapes of every phase's vector: computed identically on both sides from the spec,
+    the scenario labels, the columns, the layout (after ``stats2``) and the options."""
+
+    def __init__(self, spec: TwinSpec, scenarios: list[str], columns: list[str], has_reward: bool,
+                 options: FitOptions) -> None:
+        self.spec = spec
+        self.scenarios = list(scenarios)
+        present = set(columns)
+        self.cols = {
+            "profile": [c for c in spec.names("profile") if c in present],
+            "state": [c for c in spec.names("state") if c in present],
+            "action": [c for c in spec.names("action") if c in present],
+        }
+        self.cols["outputs"] = (
+            [c for c in spec.names("response") if c in present]
+            + [c for c in spec.names("kpi") if c in present]
+            + ([REWARD_COLUMN] if has_reward else [])
+        )
+        self.has_reward = has_reward
+        self.options = options
+        self.layout: Layout | None = None
+        self._policy_names: list[tuple[str, int, list[str], list[tuple[int, ...]]]] | None = None
+
+    @property
+    def n_scen(self) -> int:
+        return len(self.scenarios)
+
+    def width(self, role: str) -> int:
+        return len(self.cols[role])
+
+    @property
+    def d_pop(self) -> int:
+        """Dimension of the population mixture: profile codes + z(initial state)."""
+        return self.width("profile") + self.width("state")
+
+    @property
+    def d_support(self) -> int:
+        return self.width("profile") + self.width("state") + self.width("action")
+
+    def shapes(self, phase: str) -> dict[str, tuple[int, ...]]:
+        P, S, Y, n = self.width("profile"), self.width("state"), self.width("outputs"), self.n_scen
+        K, D = self.options.n_components, self.d_pop
+        if phase == "hello":
+            return {"rows": (1,)}
+        if phase == "stats1":
+            out: dict[str, tuple[int, ...]] = {}
+            for r in ROLES:
+                w = self.width(r)
+                out.update({f"{r}.n": (w,), f"{r}.sum": (w,), f"{r}.lsum": (w,), f"{r}.nonneg": (w,)})
+            out.update({
+                "groups.n": (1,), "groups.logsize": (1,), "lengths": (MAX_LEN,), "sites": (1,),
+                "votes.multi": (1,), "votes.site_state": (S,), "votes.clock_n": (S,), "votes.clock_step": (S,),
+                "votes.echo": (S, max(Y, 1)), "votes.absolute": (S,), "agents.scen": (n,), "rows.scen": (n,),
+                "prof.sum": (P,), "prof.above_n": (P,), "prof.above_sum": (P,),
+            })
+            return out
+        if phase == "stats2":
+            out = {f"{r}.ss": (self.width(r),) for r in ROLES}
+            out.update({"prof.yc": (P,), "prof.yss": (P,)})
+            return out
+        if phase == "summary":
+            return {
+                "pop.c": (n, K, D), "pop.n": (n, K),
+                "support.c": (self.options.support_centroids, self.d_support),
+                "support.n": (self.options.support_centroids,), "support.q": (1,),
+                "unit.counts": (n,), "unit.profile": (P,), "unit.state": (S,),
+            }
+        if phase == "em":
+            return {"em.n": (n, K), "em.x": (n, K, D), "em.xx": (n, K, D, D), "em.ll": (1,)}
+        if phase == "weights":
+            return {"params": (self.policy_size + n,)}
+        if phase == "residual":
+            assert self.layout is not None
+            return {"client.ss": (n, self.layout.n_model_outputs), "client.n": (n,),
+                    "engine.ss": (n, self.width("action")), "engine.n": (n,)}
+        raise InputError(f"unknown phase {phase!r}", where="twin_task")
+
+    def size(self, phase: str) -> int:
+        return int(sum(int(np.prod(s)) for s in self.shapes(phase).values()))
+
+    def pack(self, phase: str, parts: Mapping[str, Any]) -> np.ndarray:
+        shapes = self.shapes(phase)
+        out = []
+        for name, shape in shapes.items():
+            a = np.asarray(parts[name], np.float64)
+            if a.shape != shape:
+                raise InputError(f"{phase}.{name} has shape {a.shape}, the plan declares {shape}", where="plan")
+            out.append(a.ravel())
+        return np.concatenate(out).astype(np.float32)
+
+    def unpack(self, phase: str, vector: np.ndarray) -> dict[str, np.ndarray]:
+        out, i = {}, 0
+        v = np.asarray(vector, np.float64)
+        for name, shape in self.shapes(phase).items():
+            k = int(np.prod(shape))
+            out[name] = v[i : i + k].reshape(shape)
+            i += k
+        return out
+
+    # --- the models whose weights travel -----------------------------------------------------
+    def new_policies(self, member: int) -> dict[str, Any]:
+        """Fresh engine and client models of one member (seeded: every party builds the same)."""
+        assert self.layout is not None, "the layout is fixed after stats2"
+        lay, o = self.layout, self.options
+        pols: dict[str, Any] = {}
+        for s in range(self.n_scen):
+            th.manual_seed(o.seed * 1000 + member * 17 + s)
+            pols[f"engine{s}"] = gaussian_policy(lay.n_engine_inputs, len(lay.action), list(o.engine_arch))
+            th.manual_seed(o.seed * 1000 + member * 17 + 100 + s)
+            pols[f"client{s}"] = gaussian_policy(lay.n_client_inputs, lay.n_model_outputs, list(o.net_arch))
+        return pols
+
+    @staticmethod
+    def _travels(name: str) -> bool:
+        # log_std is set from the pooled residuals; value heads are unused by behaviour cloning
+        return name != "log_std" and "value_net" not in name
+
+    @property
+    def policy_size(self) -> int:
+        pols = self.new_policies(0)
+        return int(sum(v.numel() for p in pols.values() for k, v in p.state_dict().items() if self._travels(k)))
+
+    def policy_vector(self, pols: Mapping[str, Any]) -> np.ndarray:
+        parts = []
+        for key in sorted(pols):
+            for k, v in pols[key].state_dict().items():
+                if self._travels(k):
+                    parts.append(v.detach().cpu().numpy().ravel())
+        return np.concatenate(parts).astype(np.float32)
+
+    def load_policy_vector(self, pols: Mapping[str, Any], vector: np.ndarray) -> None:
+        v = np.asarray(vector, np.float32)
+        i = 0
+        for key in sorted(pols):
+            sd = pols[key].state_dict()
+            new = {}
+            for k, t in sd.items():
+                if self._travels(k):
+                    n = t.numel()
+                    new[k] = th.as_tensor(v[i : i + n].reshape(tuple(t.shape)).copy())
+                    i += n
+            pols[key].load_state_dict(new, strict=False)
+        if i != self.policy_size:
+            raise InputError(f"parameter vector has {v.size} values, the models need {i}", where="weights")
+
+    def block_slices(self) -> list[tuple[int, slice]]:
+        """``(scenario, slice of the policy vector)`` of each scenario's engine and client blocks."""
+        pols = self.new_policies(0)
+        out, i = [], 0
+        for key in sorted(pols):
+            n = int(sum(v.numel() for k, v in pols[key].state_dict().items() if self._travels(k)))
+            out.append((int(key.removeprefix("engine").removeprefix("client")), slice(i, i + n)))
+            i += n
+        return out
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _log1p_pos(x: np.ndarray) -> np.ndarray:
+    return np.log1p(np.maximum(x, 0.0))
+
+
+def _heavy_low(spec: TwinSpec, name: str) -> float:
+    f = spec.feature(name)
+    return float(f.low) if f.low is not None else 0.0
+
+
+def _first_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Each (episode, agent)'s first row."""
+    return df[df["t"] == df.groupby(["episode", "agent"])["t"].transform("min")]
+
+
+def _component_logpdf(x: np.ndarray, w: np.ndarray, mu: np.ndarray, chol: np.ndarray) -> np.ndarray:
+    """``(N, K)`` log w_k N(x; mu_k, L_k L_k^T)."""
+    d = x.shape[1]
+    out = np.empty((len(x), len(w)))
+    for k in range(len(w)):
+        y = solve_triangular(chol[k], (x - mu[k]).T, lower=True)
+        logdet = 2.0 * np.log(np.diag(chol[k])).sum()
+        out[:, k] = np.log(max(w[k], 1e-300)) - 0.5 * ((y * y).sum(axis=0) + logdet + d * np.log(2 * np.pi))
+    return out
+
+
+def _kmeans(x: np.ndarray, k: int, seed: int, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Centroids ``(k', D)`` and the label of each row (k' <= k)."""
+    k = max(1, min(k, len(x)))
+    with threadpool_limits(limits=1):
+        if len(x) > 5000 and weights is None:
+            km: Any = MiniBatchKMeans(n_clusters=k, random_state=seed, n_init=3, batch_size=2048)
+        else:
+            km = KMeans(n_clusters=k, random_state=seed, n_init=3)
+        km.fit(x, sample_weight=weights)
+    return km.cluster_centers_, km.labels_
+
+
+def _bootstrap(df: pd.DataFrame, member: int, members: int, seed: int, site: str) -> pd.DataFrame:
+    """The member's bootstrap of this site's episodes (all of them when ``members == 1``)."""
+    if members == 1:
+        return df
+    episodes = df["episode"].unique()
+    rows = df.groupby("episode", sort=False).indices
+    rng = np.random.default_rng([seed, member, zlib.crc32(site.encode())])
+    pick = rng.choice(len(episodes), size=len(episodes), replace=True)
+    parts = []
+    for k, e in enumerate(pick):
+        part = df.iloc[rows[episodes[e]]].copy()
+        part["episode"] = f"{episodes[e]}#{k}"
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+# ------------------------------------------------------------------------------------ site side
+class SiteFitter:
+    """One site's side of the fit: answers each phase from its own rows only.
+
+    Args:
+        name: the site's name (also its client id).
+        log: the site's validated log (never leaves this object).
+        spec: the twin spec every site shares.
+    """
+
+    def __init__(self, name: str, log: pd.DataFrame, spec: TwinSpec) -> None:
+        self.name = name
+        self.df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+        self.spec = spec
+        self.plan: TwinFitPlan | None = None
+        self._steps: dict[int, Any] = {}
+        self._pols: dict[int, dict[str, Any]] = {}
+        self._codes: np.ndarray | None = None
+
+    # --- hello ------------------------------------------------------------------------------
+    def hello(self) -> tuple[np.ndarray, dict[str, Any]]:
+        labels = {
+            "scenarios": sorted(str(s) for s in self.df["scenario"].unique()),
+            "site": str(self.name),
+            "columns": [str(c) for c in self.df.columns],
+        }
+        return np.array([len(self.df)], np.float32), labels
+
+    def set_plan(self, plan: TwinFitPlan) -> None:
+        self.plan = plan
+
+    # --- statistics -------------------------------------------------------------------------
+    def _role_values(self, role: str) -> np.ndarray:
+        assert self.plan is not None
+        return self.df[self.plan.cols[role]].to_numpy(np.float64)
+
+    def stats1(self) -> np.ndarray:
+        plan = self.plan
+        assert plan is not None
+        df = self.df
+        parts: dict[str, Any] = {}
+        for r in ROLES:
+            x = self._role_values(r)
+            ok = np.isfinite(x)
+            xs = np.where(ok, x, 0.0)
+            parts[f"{r}.n"] = ok.sum(axis=0)
+            parts[f"{r}.sum"] = xs.sum(axis=0)
+            parts[f"{r}.lsum"] = np.where(ok, _log1p_pos(xs), 0.0).sum(axis=0)
+            parts[f"{r}.nonneg"] = (ok & (xs >= 0.0)).sum(axis=0)
+        sizes = df.groupby(["episode", "t", "site"], sort=False).size().to_numpy()
+        parts["groups.n"] = [len(sizes)]
+        parts["groups.logsize"] = [np.log1p(sizes).sum()]
+        lengths = df.groupby("episode", sort=False)["t"].max().to_numpy() + 1
+        parts["lengths"] = np.bincount(np.clip(lengths, 1, MAX_LEN) - 1, minlength=MAX_LEN)
+        parts["sites"] = [1.0]
+        # local structure, voted on by the sites (a property of the logs, not of a row)
+        local = Layout.fit(df, self.spec, use_time=True)
+        S, Y = plan.width("state"), plan.width("outputs")
+        multi = bool((df.groupby(["episode", "site", "t"], sort=False).size() > 1).any())
+        parts["votes.multi"] = [float(multi)]
+        parts["votes.site_state"] = np.asarray(local.site_state, float) if multi else np.zeros(S)
+        parts["votes.clock_n"] = np.array([c is not None for c in local.clock], float)
+        parts["votes.clock_step"] = np.array([0.0 if c is None else c for c in local.clock], float)
+        echo = np.zeros((S, max(Y, 1)))
+        for j, k in enumerate(local.echo):
+            if k is not None:
+                echo[j, k] = 1.0
+        parts["votes.echo"] = echo
+        parts["votes.absolute"] = np.asarray(local.state_absolute, float)
+        first = _first_rows(df)
+        pos = {s: i for i, s in enumerate(plan.scenarios)}
+        sc = first["scenario"].astype(str).map(pos).to_numpy()
+        parts["agents.scen"] = np.bincount(sc, minlength=plan.n_scen)
+        parts["rows.scen"] = np.bincount(df["scenario"].astype(str).map(pos).to_numpy(), minlength=plan.n_scen)
+        prof = first[plan.cols["profile"]].to_numpy(np.float64)
+        lows = np.array([_heavy_low(self.spec, c) for c in plan.cols["profile"]])
+        above = prof - lows > 0
+        parts["prof.sum"] = prof.sum(axis=0)
+        parts["prof.above_n"] = above.sum(axis=0)
+        parts["prof.above_sum"] = np.where(above, prof - lows, 0.0).sum(axis=0)
+        return plan.pack("stats1", parts)
+
+    def stats2(self, context: Mapping[str, Any]) -> np.ndarray:
+        plan = self.plan
+        assert plan is not None
+        parts: dict[str, Any] = {}
+        for r in ROLES:
+            x = self._role_values(r)
+            ok = np.isfinite(x)
+            mean = np.asarray(context["mean"][r])
+            logc = np.asarray(context["log"][r], bool)
+            lmean = np.asarray(context["lmean"][r])
+            v = np.where(logc, _log1p_pos(np.where(ok, x, 0.0)) - lmean, np.where(ok, x, 0.0) - mean)
+            parts[f"{r}.ss"] = np.where(ok, v * v, 0.0).sum(axis=0)
+        prof = _first_rows(self.df)[plan.cols["profile"]].to_numpy(np.float64)
+        y = _profile_y(self.spec, plan.cols["profile"], prof, context)
+        parts["prof.yc"] = y.sum(axis=0)
+        parts["prof.yss"] = (y * y).sum(axis=0)
+        return plan.pack("stats2", parts)
+
+    # --- centroids and units ------------------------------------------------------------------
+    def _population_rows(self, transformer: ProfileTransformer) -> tuple[np.ndarray, np.ndarray]:
+        """``(codes ++ z(initial state)) (N, D)`` of each agent's first row, and its scenario ids."""
+        plan = self.plan
+        assert plan is not None and plan.layout is not None
+        first = _first_rows(self.df)
+        codes = transformer.transform_codes(first[plan.cols["profile"]].reset_index(drop=True))
+        zs = plan.layout.scalers["state"].transform(first[plan.cols["state"]].to_numpy(np.float64))
+        pos = {s: i for i, s in enumerate(plan.scenarios)}
+        return np.concatenate([codes, zs], axis=1), first["scenario"].astype(str).map(pos).to_numpy()
+
+    def summary(self, transformer: ProfileTransformer) -> np.ndarray:
+        plan = self.plan
+        assert plan is not None and plan.layout is not None
+        lay, o = plan.layout, plan.options
+        K, D = o.n_components, plan.d_pop
+        x, sc = self._population_rows(transformer)
+        self._codes = x
+        pop_c, pop_n = np.zeros((plan.n_scen, K, D)), np.zeros((plan.n_scen, K))
+        for s in range(plan.n_scen):
+            xs = x[sc == s]
+            k = min(K, len(xs) // MIN_CLUSTER)
+            if k < 1:
+                continue
+            c, lab = _kmeans(xs, k, o.seed + s)
+            n = np.bincount(lab, minlength=len(c))
+            keep = n >= MIN_CLUSTER
+            pop_c[s, : keep.sum()], pop_n[s, : keep.sum()] = c[keep], n[keep]
+        steps = build_steps(self.df, lay)
+        z = np.concatenate([steps.x_engine, steps.za], axis=1).astype(np.float64)
+        rng = np.random.default_rng([o.seed, zlib.crc32(self.name.encode())])
+        if len(z) > 20_000:
+            z = z[rng.choice(len(z), 20_000, replace=False)]
+        Ks = o.support_centroids
+        sup_c, sup_n, q = np.zeros((Ks, plan.d_support)), np.zeros(Ks), 0.0
+        k = min(Ks, len(z) // MIN_CLUSTER)
+        if k >= 1:
+            c, lab = _kmeans(z, k, o.seed)
+            n = np.bincount(lab, minlength=len(c))
+            keep = n >= MIN_CLUSTER
+            sup_c[: keep.sum()], sup_n[: keep.sum()] = c[keep], n[keep]
+            if keep.any():
+                d = np.min(np.linalg.norm(z[:, None, :] - c[keep][None, :, :], axis=2), axis=1)
+                q = float(np.quantile(d, 0.99))
+        unit = Composition.fit(self.df, lay)
+        return plan.pack("summary", {
+            "pop.c": pop_c, "pop.n": pop_n, "support.c": sup_c, "support.n": sup_n, "support.q": [q],
+            "unit.counts": unit.units.mean(axis=0),
+            "unit.profile": _column_means(unit.unit_profile, plan.width("profile")),
+            "unit.state": _column_means(unit.unit_state, plan.width("state")),
+        })
+
+    def em(self, params: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], transformer: ProfileTransformer) -> np.ndarray:
+        plan = self.plan
+        assert plan is not None
+        K, D = plan.options.n_components, plan.d_pop
+        if self._codes is None:
+            self._codes, _ = self._population_rows(transformer)
+        x, sc = self._population_rows(transformer)
+        en, ex, exx, ll = np.zeros((plan.n_scen, K)), np.zeros((plan.n_scen, K, D)), np.zeros((plan.n_scen, K, D, D)), 0.0
+        for s, (w, mu, chol) in enumerate(params):
+            xs = x[sc == s]
+            if not len(xs):
+                continue
+            lp = _component_logpdf(xs, w, mu, chol)
+            tot = logsumexp(lp, axis=1)
+            r = np.exp(lp - tot[:, None])
+            ll += float(tot.sum())
+            en[s] = r.sum(axis=0)
+            ex[s] = r.T @ xs
+            exx[s] = np.einsum("nk,ni,nj->kij", r, xs, xs)
+        return plan.pack("em", {"em.n": en, "em.x": ex, "em.xx": exx, "em.ll": [ll]})
+
+    # --- models ---------------------------------------------------------------------------------
+    def _member_steps(self, member: int) -> Any:
+        plan = self.plan
+        assert plan is not None and plan.layout is not None
+        if member not in self._steps:
+            sub = _bootstrap(self.df, member, plan.options.members, plan.options.seed, self.name)
+            self._steps = {member: build_steps(sub, plan.layout)}  # one member at a time in memory
+        return self._steps[member]
+
+    def weights(self, member: int, step: int, global_vector: np.ndarray) -> tuple[np.ndarray, float]:
+        """Local behaviour-cloning epochs from the global models: ``(delta ++ block weights, rows)``.
+
+        Each scenario's block of the delta is scaled by this site's share of its own rows of that
+        scenario, and the shares are appended: FedAvg's sample-weighted mean of the blocks, divided
+        by the mean of the shares, is then the per-scenario FedAvg (a site without rows of a
+        scenario does not pull its models towards where they started).
+        """
+        plan = self.plan
+        assert plan is not None and plan.layout is not None
+        lay, o = plan.layout, plan.options
+        steps = self._member_steps(member)
+        if member not in self._pols:
+            self._pols = {member: plan.new_policies(member)}
+        pols = self._pols[member]
+        global_vector = np.asarray(global_vector, np.float32)[: plan.policy_size]
+        plan.load_policy_vector(pols, global_vector)
+        n_rows = np.zeros(plan.n_scen)
+        for s in range(plan.n_scen):
+            seed = o.seed * 1000 + member * 97 + step * 7 + s + zlib.crc32(self.name.encode()) % 10_000
+            rows = steps.rows(s)
+            if len(rows):
+                behaviour_clone(steps.x_engine[rows], steps.za[rows], pols[f"engine{s}"], o.local_epochs, seed)
+            crow = client_rows(steps, lay, s)
+            if len(crow):
+                behaviour_clone(steps.x_client[crow], steps.y_client[crow], pols[f"client{s}"], o.local_epochs, seed + 50)
+            n_rows[s] = len(crow)
+        delta = plan.policy_vector(pols).astype(np.float64) - np.asarray(global_vector, np.float64)
+        total = max(float(n_rows.sum()), 1.0)
+        share = n_rows / total
+        for s, sl in plan.block_slices():
+            delta[sl] *= share[s]
+        return np.concatenate([delta, share]).astype(np.float32), total
+
+    def residual(self, member: int, global_vector: np.ndarray) -> np.ndarray:
+        plan = self.plan
+        assert plan is not None and plan.layout is not None
+        lay = plan.layout
+        steps = self._member_steps(member)
+        pols = plan.new_policies(member)
+        plan.load_policy_vector(pols, np.asarray(global_vector, np.float32)[: plan.policy_size])
+        parts = {"client.ss": np.zeros((plan.n_scen, lay.n_model_outputs)), "client.n": np.zeros(plan.n_scen),
+                 "engine.ss": np.zeros((plan.n_scen, plan.width("action"))), "engine.n": np.zeros(plan.n_scen)}
+        for s in range(plan.n_scen):
+            rows = steps.rows(s)
+            if len(rows):
+                mu = GaussianModel(pols[f"engine{s}"]).mean(steps.x_engine[rows])
+                parts["engine.ss"][s] = ((steps.za[rows] - mu) ** 2).sum(axis=0)
+                parts["engine.n"][s] = len(rows)
+            crow = client_rows(steps, lay, s)
+            if len(crow):
+                y = np.clip(steps.y_client[crow], -10.0, 10.0)
+                mu = GaussianModel(pols[f"client{s}"]).mean(steps.x_client[crow])
+                parts["client.ss"][s] = ((y - mu) ** 2).sum(axis=0)
+                parts["client.n"][s] = len(crow)
+        return plan.pack("residual", parts)
+
+
+def _column_means(table: np.ndarray, width: int) -> np.ndarray:
+    """Column means of a site's units ``(U, W)`` ignoring NaN (0 for an all-NaN column)."""
+    if table.shape != (table.shape[0], width) or not len(table):
+        return np.zeros(width)
+    ok = np.isfinite(table)
+    return np.where(ok, table, 0.0).sum(axis=0) / np.maximum(ok.sum(axis=0), 1)
+
+
+def _profile_y(spec: TwinSpec, cols: list[str], prof: np.ndarray, context: Mapping[str, Any]) -> np.ndarray:
+    """Profile values in the space their code standardises, centred on the pooled centre ``prof_c``."""
+    from edgetwin.contract.metrics import log_space
+
+    y = np.zeros_like(prof)
+    for j, c in enumerate(cols):
+        f = spec.feature(c)
+        if f.kind == "heavy_tailed" and f.allowed_values() is None:
+            y[:, j] = log_space(prof[:, j], context["prof_low"][j], context["prof_offset"][j])
+        else:
+            y[:, j] = prof[:, j]
+    return y - np.asarray(context["prof_c"])
+
+
+# ------------------------------------------------------------------------------------ coordinator
+class TwinAssembler:
+    """The coordinator's side: turns aggregated statistics into the layout, the population, the
+    support and, finally, a `Twin`. Holds no row of any site."""
+
+    def __init__(self, spec: TwinSpec, options: FitOptions) -> None:
+        self.spec = spec
+        self.options = options
+        self.plan: TwinFitPlan | None = None
+        self.site_names: list[str] = []
+        self.s1: dict[str, np.ndarray] = {}
+        self.ctx2: dict[str, Any] = {}
+        self.transformer: ProfileTransformer | None = None
+        self.gmm: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.support: SupportIndex | None = None
+        self.units: list[np.ndarray] = []
+        self.unit_profile: list[np.ndarray] = []
+        self.unit_state: list[np.ndarray] = []
+        self.members: list[Member] = []
+        self.history: list[dict[str, Any]] = []
+
+    def hello(self, labels: Mapping[str, Mapping[str, Any]]) -> TwinFitPlan:
+        """The plan, from every site's labels (scenarios: the union; columns: the intersection)."""
+        if not labels:
+            raise InputError("no site answered the hello", where="federated fit")
+        scen = sorted({s for lab in labels.values() for s in lab["scenarios"]})
+        cols = set.intersection(*(set(lab["columns"]) for lab in labels.values()))
+        self.site_names = sorted(str(lab["site"]) for lab in labels.values())
+        self.plan = TwinFitPlan(self.spec, scen, sorted(cols), REWARD_COLUMN in cols, self.options)
+        return self.plan
+
+    def context1(self, total: np.ndarray) -> dict[str, Any]:
+        """After ``stats1``: pooled means and the log flags (the context of ``stats2``)."""
+        plan = self.plan
+        assert plan is not None
+        s1 = plan.unpack("stats1", total)
+        self.s1 = s1
+        mean, lmean, logf = {}, {}, {}
+        for r in ROLES:
+            n = np.maximum(s1[f"{r}.n"], 1.0)
+            feats = [self.spec.feature(c) if c != REWARD_COLUMN else None for c in plan.cols[r]]
+            logf[r] = [bool(f is not None and f.kind == "heavy_tailed" and s1[f"{r}.nonneg"][j] >= s1[f"{r}.n"][j])
+                       for j, f in enumerate(feats)]
+            mean[r] = (s1[f"{r}.sum"] / n).tolist()
+            lmean[r] = (s1[f"{r}.lsum"] / n).tolist()
+        agents = max(float(s1["agents.scen"].sum()), 1.0)
+        lows = [_heavy_low(self.spec, c) for c in plan.cols["profile"]]
+        offs = [0.01 * float(s1["prof.above_sum"][j] / s1["prof.above_n"][j]) if s1["prof.above_n"][j] > 0 else 1.0
+                for j in range(plan.width("profile"))]
+        pmean = s1["prof.sum"] / agents
+        from edgetwin.contract.metrics import log_space
+
+        centre = [float(log_space(np.array([pmean[j]]), lows[j], offs[j])[0])
+                  if self.spec.feature(c).kind == "heavy_tailed" and self.spec.feature(c).allowed_values() is None
+                  else float(pmean[j]) for j, c in enumerate(plan.cols["profile"])]
+        self.ctx2 = {"mean": mean, "lmean": lmean, "log": logf, "prof_low": lows, "prof_offset": offs,
+                     "prof_c": centre}
+        return self.ctx2
+
+    def layout2(self, total: np.ndarray) -> dict[str, Any]:
+        """After ``stats2``: the layout and the population encoding (the context of ``summary``)."""
+        plan = self.plan
+        assert plan is not None
+        s1, s2, c2 = self.s1, plan.unpack("stats2", total), self.ctx2
+        scalers = {}
+        for r in ROLES:
+            n = np.maximum(s1[f"{r}.n"], 1.0)
+            logf = np.asarray(c2["log"][r], bool)
+            mean = np.where(logf, c2["lmean"][r], c2["mean"][r])
+            std = np.sqrt(s2[f"{r}.ss"] / n)
+            std = np.where(np.isfinite(std) & (std > 1e-8), std, 1.0)
+            feats = [self.spec.feature(c) if c != REWARD_COLUMN else None for c in plan.cols[r]]
+            base = ColumnScaler.fit(pd.DataFrame({c: [0.0] for c in plan.cols[r]}), feats)
+            scalers[r] = ColumnScaler(list(plan.cols[r]), logf, mean, std, base.low, base.high, base.values)
+        sites = max(float(s1["sites"][0]), 1.0)
+        S = plan.width("state")
+        scoped = {f.name for f in self.spec.features if f.scope == "site"}
+        declared_names = set(self.spec.declared_columns)
+        multi = float(s1["votes.multi"][0])
+        site_state = [bool(multi > 0 and s1["votes.site_state"][j] >= multi) or c in scoped
+                      for j, c in enumerate(plan.cols["state"])]
+        declared = [c in declared_names for c in plan.cols["state"]]
+        clock = [None if declared[j] or s1["votes.clock_n"][j] < sites else float(s1["votes.clock_step"][j] / sites)
+                 for j in range(S)]
+        echo: list[int | None] = []
+        for j in range(S):
+            k = int(np.argmax(s1["votes.echo"][j])) if S else 0
+            echo.append(k if not declared[j] and s1["votes.echo"][j, k] >= sites else None)
+        lengths = s1["lengths"]
+        cum = np.cumsum(lengths)
+        horizon = int(np.searchsorted(cum, cum[-1] / 2.0) + 1) if cum[-1] > 0 else 1
+        spec = self.spec
+        layout = Layout(
+            spec=spec,
+            profile=list(plan.cols["profile"]),
+            state=list(plan.cols["state"]),
+            action=list(plan.cols["action"]),
+            response=[c for c in spec.names("response") if c in plan.cols["outputs"]],
+            kpi=[c for c in spec.names("kpi") if c in plan.cols["outputs"]],
+            predict_reward=plan.has_reward,
+            learn_transition=spec.transition is None and bool(plan.cols["state"]),
+            scenarios=list(plan.scenarios),
+            scalers=scalers,
+            log_size_center=float(s1["groups.logsize"][0] / max(s1["groups.n"][0], 1.0)),
+            use_time=True,
+            horizon=horizon,
+            site_state=site_state,
+            state_absolute=[bool(s1["votes.absolute"][j] * 2 >= sites) for j in range(S)],
+            site_profile=True,
+            clock=clock,
+            echo=echo,
+            declared=declared,
+            # pooled mean +- 4 sd: a min/max would be one site's single logged value
+            input_range=[(-4.0, 4.0)] * S,
+            site_profile_columns=[c in scoped for c in plan.cols["profile"]],
+        )
+        plan.layout = layout
+        # the population encoding ("standard" transform) from the pooled profile moments
+        agents = max(float(s1["agents.scen"].sum()), 1.0)
+        tr = ProfileTransformer(spec, method="standard")
+        for j, c in enumerate(plan.cols["profile"]):
+            f = spec.feature(c)
+            mean = float(c2["prof_c"][j] + s2["prof.yc"][j] / agents)
+            var = float(s2["prof.yss"][j] / agents - (s2["prof.yc"][j] / agents) ** 2)
+            sd = float(np.sqrt(var)) if var > 1e-16 else 1.0
+            allowed = f.allowed_values()
+            if allowed is not None:
+                vals = np.asarray(sorted(allowed), dtype=np.float64)
+                tr.codecs.append(ColumnCodec(f, width=len(vals), values=vals, mean=mean, std=sd))
+            else:
+                tr.codecs.append(ColumnCodec(f, width=1, mean=mean, std=sd, low=float(c2["prof_low"][j]),
+                                             offset=float(c2["prof_offset"][j])))
+        self.transformer = tr
+        return {"layout": layout.to_dict(), "transformer": _transformer_dict(tr)}
+
+    def summaries(self, per_site: Mapping[str, np.ndarray]) -> None:
+        """After ``summary``: mixture initialisation, the support index, the site units."""
+        plan = self.plan
+        assert plan is not None
+        K, D = self.options.n_components, plan.d_pop
+        parts = {k: plan.unpack("summary", v) for k, v in per_site.items()}
+        self.gmm = []
+        for s in range(plan.n_scen):
+            c = np.concatenate([p["pop.c"][s] for p in parts.values()])
+            n = np.concatenate([p["pop.n"][s] for p in parts.values()])
+            keep = n > 0
+            c, n = c[keep], n[keep]
+            if len(c) == 0:
+                c, n = np.zeros((1, D)), np.ones(1)
+            if len(c) > K:
+                mu, _ = _kmeans(c, K, self.options.seed + s, weights=n)
+            else:
+                mu = c
+            k = len(mu)
+            w = np.full(k, 1.0 / k)
+            chol = np.repeat(np.eye(D)[None] * 0.5, k, axis=0)
+            if k < K:  # pad: a component with no weight
+                mu = np.concatenate([mu, np.zeros((K - k, D))])
+                w = np.concatenate([w, np.full(K - k, 1e-12)])
+                w = w / w.sum()
+                chol = np.concatenate([chol, np.repeat(np.eye(D)[None], K - k, axis=0)])
+            self.gmm.append((w, mu, chol))
+        bank = np.concatenate([p["support.c"][p["support.n"] > 0] for p in parts.values()]).astype(np.float32)
+        ns = np.array([p["support.n"].sum() for p in parts.values()])
+        qs = np.array([p["support.q"][0] for p in parts.values()])
+        thr = float((ns * qs).sum() / ns.sum()) if ns.sum() > 0 else float("inf")
+        self.support = SupportIndex(bank=bank, threshold=thr)
+        names = sorted(parts)
+        self.unit_names = names
+        self.units = [parts[k]["unit.counts"] for k in names]
+        self.unit_profile = [parts[k]["unit.profile"] for k in names]
+        self.unit_state = [parts[k]["unit.state"] for k in names]
+
+    def em_step(self, total: np.ndarray, reg: float = 1e-3) -> float:
+        """One M-step from pooled sufficient statistics; returns the mean log-likelihood per agent."""
+        plan = self.plan
+        assert plan is not None
+        st = plan.unpack("em", total)
+        D = plan.d_pop
+        new = []
+        for s, (_w0, mu0, chol0) in enumerate(self.gmm):
+            nk = st["em.n"][s]
+            w = nk / max(nk.sum(), 1e-12)
+            mu, chol = mu0.copy(), chol0.copy()
+            for k in range(len(nk)):
+                if nk[k] < 1e-3:
+                    continue
+                mu[k] = st["em.x"][s, k] / nk[k]
+                cov = st["em.xx"][s, k] / nk[k] - np.outer(mu[k], mu[k]) + reg * np.eye(D)
+                cov = 0.5 * (cov + cov.T)
+                try:
+                    chol[k] = np.linalg.cholesky(cov)
+                except np.linalg.LinAlgError:
+                    chol[k] = np.linalg.cholesky(np.diag(np.maximum(np.diag(cov), reg)))
+            w = np.maximum(w, 1e-12)
+            new.append((w / w.sum(), mu, chol))
+        self.gmm = new
+        return float(st["em.ll"][0] / max(float(self.s1["agents.scen"].sum()), 1.0))
+
+    def gmm_context(self) -> dict[str, Any]:
+        return {"gmm": [[w.tolist(), mu.tolist(), chol.tolist()] for w, mu, chol in self.gmm]}
+
+    def initial_vector(self, member: int) -> np.ndarray:
+        plan = self.plan
+        assert plan is not None
+        return np.concatenate([plan.policy_vector(plan.new_policies(member)), np.zeros(plan.n_scen, np.float32)])
+
+    def apply_weights(self, params: np.ndarray, aggregated_delta_mean: np.ndarray) -> np.ndarray:
+        """Per-scenario FedAvg from the sample-weighted mean of the scaled deltas (see `SiteFitter.weights`)."""
+        plan = self.plan
+        assert plan is not None
+        n = plan.n_scen
+        share = aggregated_delta_mean[-n:]
+        out = params[:-n].astype(np.float64).copy()
+        for s, sl in plan.block_slices():
+            if share[s] > 1e-12:
+                out[sl] += aggregated_delta_mean[sl] / share[s]
+        return np.concatenate([out, np.zeros(n)]).astype(np.float32)
+
+    def add_member(self, member: int, params: np.ndarray, residual_total: np.ndarray, rounds: list[dict[str, Any]]) -> None:
+        plan = self.plan
+        assert plan is not None
+        pols = plan.new_policies(member)
+        plan.load_policy_vector(pols, params[: plan.policy_size])
+        r = plan.unpack("residual", residual_total)
+        with th.no_grad():
+            for s in range(plan.n_scen):
+                for kind in ("client", "engine"):
+                    n = max(float(r[f"{kind}.n"][s]), 1.0)
+                    rms = np.sqrt(r[f"{kind}.ss"][s] / n)
+                    pol = pols[f"{kind}{s}"]
+                    pol.log_std.copy_(th.as_tensor(np.log(np.maximum(rms, MIN_STD)), dtype=pol.log_std.dtype))
+        clients = {s: pols[f"client{s}"] for s in range(plan.n_scen)}
+        engines = {s: pols[f"engine{s}"] for s in range(plan.n_scen)}
+        self.members.append(Member(clients, engines, pd.DataFrame(rounds)))
+
+    def twin(self, meta_extra: Mapping[str, Any] | None = None) -> Twin:
+        """The fitted twin: an ordinary `Twin` (save/load, envs, what-ifs, training)."""
+        plan = self.plan
+        assert plan is not None and plan.layout is not None and self.transformer is not None
+        assert self.support is not None
+        lay, spec, o = plan.layout, self.spec, self.options
+        P = plan.width("profile")
+        props = self.s1["agents.scen"] / max(float(self.s1["agents.scen"].sum()), 1.0)
+        pop = GMMPopulation(spec=spec, scenarios=list(plan.scenarios), proportions=props, transformer=self.transformer,
+                            hyper={"n_components": o.n_components, "federated": True, "calibrate": False},
+                            meta={"n_train": int(self.s1["agents.scen"].sum()), "seed": o.seed, "federated": True})
+        marg = []
+        for w, mu, chol in self.gmm:
+            cov = np.einsum("kij,klj->kil", chol, chol)[:, :P, :P]
+            marg.append((w, mu[:, :P], np.linalg.cholesky(cov + 1e-9 * np.eye(P))))
+        pop.params = marg
+        # the bank of initial states: joint draws of (profile, initial state) from the mixture
+        rng = np.random.default_rng([o.seed, 0x1B])
+        zp, st = [], []
+        for w, mu, chol in self.gmm:
+            comp = rng.choice(len(w), size=o.bank, p=w)
+            x = mu[comp] + np.einsum("nij,nj->ni", chol[comp], rng.standard_normal((o.bank, mu.shape[1])))
+            prof = self.transformer.inverse_codes(x[:, :P])[lay.profile].to_numpy(np.float64)
+            zp.append(lay.scalers["profile"].transform(prof))
+            st.append(lay.scalers["state"].inverse(x[:, P:]))
+        initial = InitialStates(zp, st)
+        site_p = np.asarray(lay.site_profile_columns or [False] * P, bool)
+        site_s = np.asarray(lay.site_state or [False] * len(lay.state), bool)
+        units = np.maximum(np.rint(np.stack(self.units)), 0).astype(np.int64)
+        empty = units.sum(axis=1) == 0
+        units[empty, int(np.argmax(props))] = 1
+        up = np.where(site_p[None, :], np.stack(self.unit_profile), np.nan)
+        us = np.where(site_s[None, :], np.stack(self.unit_state), np.nan)
+        composition = Composition(units=units, unit_sites=np.asarray(self.unit_names).astype("U"),
+                                  unit_profile=up, unit_state=us)
+        a_low, a_high = spec.bounds("action")
+        sc = lay.scalers["action"]
+        a_low = np.where(np.isfinite(a_low), a_low, sc.inverse(np.full((1, sc.width), -4.0))[0])
+        a_high = np.where(np.isfinite(a_high), a_high, sc.inverse(np.full((1, sc.width), 4.0))[0])
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "seed": o.seed,
+            "members": len(self.members),
+            "response_model": "bc",
+            "transition_model": "client",
+            "site_model": False,
+            "population_model": "gmm",
+            "hyper": MailConfig(rounds=0, bc_epochs=o.local_epochs * o.rounds, net_arch=list(o.net_arch),
+                                engine_arch=list(o.engine_arch)).__dict__,
+            "data_sha256": "federated (no pooled data): " + ",".join(self.unit_names),
+            "n_rows": int(self.s1["rows.scen"].sum()),
+            "n_episodes": int(self.s1["lengths"].sum()),
+            "spec_hash": spec.hash(),
+            "versions": library_versions(),
+            "federated": {"sites": self.unit_names, "options": o.to_dict(), **dict(meta_extra or {})},
+        }
+        return Twin(lay, list(self.members), pop, composition, initial, self.support, a_low, a_high, meta)
+
+
+def _transformer_dict(tr: ProfileTransformer) -> dict[str, Any]:
+    return {c.feature.name: [c.mean, c.std, c.low, c.offset] for c in tr.codecs}
+
+
+def transformer_from_dict(spec: TwinSpec, d: Mapping[str, Any]) -> ProfileTransformer:
+    """The population encoding a coordinator's context describes (its inverse of `_transformer_dict`)."""
+    st = {f"{name}|ms": np.asarray(v, np.float64) for name, v in d.items()}
+    return ProfileTransformer.from_state(spec, "standard", st)
+
+
+def gmm_from_context(ctx: Mapping[str, Any]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    return [(np.asarray(w), np.asarray(mu), np.asarray(ch)) for w, mu, ch in ctx["gmm"]]
+
+
+# ------------------------------------------------------------------------------------ personalisation
+def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 5, seed: int = 0) -> Twin:
+    """A copy of ``twin`` whose engine and client models are fine-tuned on one site's own log.
+
+    Behaviour cloning from the federated weights for ``epochs`` epochs on the site's rows (its
+    variance re-estimated on them): the site keeps what the federation learned where it has no
+    data and moves towards its own behaviour where it has.
+    """
+    lay = twin.layout
+    df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+    steps = build_steps(df, lay)
+    members = []
+    for m, mem in enumerate(twin.members):
+        clients = {s: copy.deepcopy(c) for s, c in mem.clients.items()}
+        engines = {s: copy.deepcopy(e) for s, e in mem.engines.items()}
+        for s in range(len(lay.scenarios)):
+            rows = steps.rows(s)
+            if len(rows) >= 2:
+                behaviour_clone(steps.x_engine[rows], steps.za[rows], engines[s], epochs, seed * 100 + m * 10 + s)
+            crow = client_rows(steps, lay, s)
+            if len(crow) >= 2:
+                behaviour_clone(steps.x_client[crow], steps.y_client[crow], clients[s], epochs, seed * 100 + m * 10 + s + 5)
+        members.append(Member(clients, engines, mem.history.copy()))
+    meta = dict(twin.meta)
+    meta["personalised"] = {"epochs": epochs, "rows": len(df)}
+    return Twin(lay, members, twin.population, twin.composition, twin.initial, twin.support,
+                twin.action_low, twin.action_high, meta)

@@ -1,0 +1,145 @@
+"""The messages of a federated twin fit, and why they cannot carry a log's rows.
+
+Two kinds travel (registered with `edgetwin.edge.messages`, documented in ``docs/bus.md``):
+
+* ``twin_task`` (coordinator -> sites, durable on ``edgetwin.model.twin.<fit>``): which phase and
+  step to compute next, the aggregated context the sites need (the twin's layout, the population
+  encoding: aggregates, never rows) and, for the weight phases, the current global parameters.
+* ``twin_update`` (site -> coordinator, durable on ``edgetwin.update.twin.<fit>``): one site's
+  answer, a flat vector encoded by `edgetwin.federation.compression.UpdateCodec` (dense, top-k or
+  int8), and its FedAvg weight.
+
+A ``twin_update`` has a closed payload (no free-form field: extra keys are refused) and its vector
+must decode to exactly the size that `edgetwin.federation.twin_fit.TwinFitPlan` declares for its
+phase. Those sizes follow from the spec, the layout and the model architecture — never from how
+many rows a site has — so a site cannot put its rows in an update even by mistake: a vector the
+size of a row table is refused by the coordinator (`check_update_size`). The only strings a site
+sends are in its ``hello``: scenario labels, its site name and column names (the spec's roles).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from edgetwin.contract.errors import InputError
+from edgetwin.edge.messages import NUMBER, Envelope, KindSchema, register_kind, type_ok
+from edgetwin.federation.compression import EncodedUpdate, UpdateCodec
+
+__all__ = [
+    "TASK_KIND",
+    "UPDATE_KIND",
+    "check_update_size",
+    "make_task",
+    "make_update",
+    "read_update",
+]
+
+TASK_KIND = "twin_task"
+UPDATE_KIND = "twin_update"
+
+#: every field a twin update may have: nothing else is accepted
+_UPDATE_FIELDS: dict[str, type | tuple[type, ...]] = {"fit": str, "phase": str, "step": int, "member": int, "num_samples": NUMBER, "codec": dict}
+_UPDATE_OPTIONAL: dict[str, type | tuple[type, ...]] = {"labels": dict, "seconds": NUMBER}
+#: tensors an `UpdateCodec` produces
+_CODEC_TENSORS = frozenset({"values", "q", "idx", "mask", "bitmap", "indices"})
+#: the only strings a site ever sends (``labels`` of its ``hello``), and their limits
+_LABEL_KEYS = frozenset({"scenarios", "site", "columns", "has_reward"})
+_MAX_LABELS, _MAX_LABEL_CHARS = 512, 200
+
+
+def _check_update(env: Envelope) -> None:
+    extra = sorted(set(env.payload) - set(_UPDATE_FIELDS) - set(_UPDATE_OPTIONAL))
+    if extra:
+        raise ValueError(f"unexpected field(s) {extra}: a twin update carries statistics or parameters only")
+    bad = sorted(set(env.tensors) - _CODEC_TENSORS)
+    if bad:
+        raise ValueError(f"unexpected tensor(s) {bad}")
+    for name, arr in env.tensors.items():
+        if np.asarray(arr).ndim != 1:
+            raise ValueError(f"tensor {name!r} must be flat")
+    labels = env.payload.get("labels")
+    if labels is not None:
+        if env.payload["phase"] != "hello":
+            raise ValueError("only a hello carries labels")
+        if set(labels) - _LABEL_KEYS:
+            raise ValueError(f"unexpected label key(s) {sorted(set(labels) - _LABEL_KEYS)}")
+        for k in ("scenarios", "columns"):
+            v = labels.get(k, [])
+            if not isinstance(v, list) or len(v) > _MAX_LABELS or not all(
+                isinstance(s, str) and len(s) <= _MAX_LABEL_CHARS for s in v
+            ):
+                raise ValueError(f"labels.{k} must be a list of at most {_MAX_LABELS} short strings")
+        if not isinstance(labels.get("site", ""), str) or len(labels.get("site", "")) > _MAX_LABEL_CHARS:
+            raise ValueError("labels.site must be a short string")
+    try:
+        UpdateCodec.decode(EncodedUpdate(dict(env.tensors), env.payload["codec"]))
+    except (InputError, ValueError, IndexError, KeyError, TypeError) as e:
+        raise ValueError(f"update does not decode: {e}") from None
+
+
+def _check_task(env: Envelope) -> None:
+    if not type_ok(env.payload.get("context", {}), dict):
+        raise ValueError("context must be an object")
+
+
+register_kind(
+    UPDATE_KIND,
+    KindSchema(required=_UPDATE_FIELDS, optional=_UPDATE_OPTIONAL, check=_check_update),
+)
+register_kind(
+    TASK_KIND,
+    KindSchema(
+        required={"fit": str, "phase": str, "step": int, "member": int},
+        optional={"context": dict, "final": bool},
+        check=_check_task,
+    ),
+)
+
+
+def make_task(
+    sender: str, fit: str, seq: int, phase: str, step: int, member: int,
+    context: dict[str, Any] | None = None, params: np.ndarray | None = None, final: bool = False,
+) -> Envelope:
+    """A coordinator's task; ``seq`` (the envelope's round) orders tasks, ``params`` rides as float32."""
+    payload: dict[str, Any] = {"fit": fit, "phase": phase, "step": int(step), "member": int(member)}
+    if context:
+        payload["context"] = context
+    if final:
+        payload["final"] = True
+    tensors = {} if params is None else {"params": np.asarray(params, np.float32)}
+    return Envelope(kind=TASK_KIND, sender=sender, round=int(seq), payload=payload, tensors=tensors)
+
+
+def make_update(
+    sender: str, fit: str, seq: int, phase: str, step: int, member: int, vector: np.ndarray,
+    num_samples: float, codec: UpdateCodec | None = None, labels: dict[str, Any] | None = None,
+    seconds: float | None = None,
+) -> Envelope:
+    """A site's answer: ``vector (D,)`` encoded by ``codec`` (dense float32 when None)."""
+    codec = codec or UpdateCodec(topk=None, quantize_bits=None, error_feedback=False)
+    enc = codec.encode(f"{sender}/{phase}/{member}", np.asarray(vector, np.float32))
+    payload: dict[str, Any] = {
+        "fit": fit, "phase": phase, "step": int(step), "member": int(member),
+        "num_samples": float(num_samples), "codec": enc.meta,
+    }
+    if labels is not None:
+        payload["labels"] = labels
+    if seconds is not None:
+        payload["seconds"] = float(seconds)
+    return Envelope(kind=UPDATE_KIND, sender=sender, round=int(seq), payload=payload, tensors=dict(enc.tensors))
+
+
+def read_update(env: Envelope) -> np.ndarray:
+    """The dense float32 vector of a ``twin_update``."""
+    return UpdateCodec.decode(EncodedUpdate(dict(env.tensors), env.payload["codec"]))
+
+
+def check_update_size(vector: np.ndarray, expected: int, sender: str, phase: str) -> None:
+    """Refuse a vector whose size is not the one the plan declares for ``phase``."""
+    if vector.shape != (expected,):
+        raise InputError(
+            f"update of {sender!r} for phase {phase!r} has {vector.size} values, the plan declares {expected}",
+            where="twin_update",
+        )

@@ -1,0 +1,512 @@
+"""Run a federated twin fit over a bus: one `TwinSiteAgent` per site, one `TwinCoordinator`.
+
+    twin, report = fit_federated({"site-a": log_a, "site-b": log_b}, spec)      # in-process
+    twin, report = fit_federated(logs, spec, bus="nats://127.0.0.1:4222")       # over NATS
+
+Tasks go down durably on ``edgetwin.model.twin.<fit>``, answers come up durably on
+``edgetwin.update.twin.<fit>`` (JetStream on NATS: an accepted update survives a server restart).
+Each round closes with the policy federation's quorum + grace (`RoundCollector`): a site that
+drops out does not stop the others; when it comes back its durable consumer resumes, it skips the
+tasks it missed and answers the current one. Aggregation is an existing rule: FedAvg by default,
+FedAvgM, secure aggregation (`SecureAggregator`) and Gaussian DP with its RDP accountant as options.
+
+Only `edgetwin.federation.twin_fit` touches rows, inside `SiteFitter`; what crosses the bus is what
+`edgetwin.federation.twin_messages` lets through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import TwinSpec
+from edgetwin.edge.bus import Bus, Received, Subjects, make_bus
+from edgetwin.edge.messages import Envelope
+from edgetwin.federation.aggregation import (
+    Aggregator,
+    ClientUpdate,
+    FedAvg,
+    FedAvgM,
+    GaussianDP,
+    RoundCollector,
+    SecureAggregator,
+)
+from edgetwin.federation.compression import UpdateCodec
+from edgetwin.federation.twin_fit import (
+    FitOptions,
+    SiteFitter,
+    TwinAssembler,
+    TwinFitPlan,
+    gmm_from_context,
+    transformer_from_dict,
+)
+from edgetwin.federation.twin_messages import check_update_size, make_task, make_update, read_update
+from edgetwin.imitation.layout import Layout
+from edgetwin.twin.twin import Twin
+
+__all__ = ["FederatedFitReport", "TwinCoordinator", "TwinSiteAgent", "fit_federated", "fit_federated_async",
+           "make_weight_aggregator", "run_twin_coordinator", "run_twin_site", "split_by_site"]
+
+log = logging.getLogger("edgetwin.federation.twin")
+
+STRATEGIES = ("fedavg", "fedavgm", "dp_gaussian")
+
+
+def split_by_site(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """One log per value of its ``site`` column (what `edgetwin fit --federated` does)."""
+    if "site" not in df.columns:
+        raise InputError("the log has no 'site' column to split by", where="site")
+    return {str(s): part.reset_index(drop=True) for s, part in df.groupby(df["site"].astype(str), sort=True)}
+
+
+def make_weight_aggregator(strategy: str = "fedavg", secure: bool = False, dp: Mapping[str, Any] | None = None,
+                           seed: int = 0) -> Aggregator:
+    """The rule that averages the models' weights: FedAvg, FedAvgM or Gaussian DP, optionally secure."""
+    agg: Aggregator
+    if strategy == "fedavg":
+        agg = FedAvg()
+    elif strategy == "fedavgm":
+        agg = FedAvgM()
+    elif strategy == "dp_gaussian":
+        agg = GaussianDP(**dict(dp or {}))
+    else:
+        raise InputError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}", where="--strategy")
+    return SecureAggregator(agg, seed=seed) if secure else agg
+
+
+@dataclass
+class FederatedFitReport:
+    """What a federated fit did: rounds, bytes, timings (JSON-able via `to_dict`).
+
+    Attributes:
+        rounds: one record per closed round (phase, step, member, who answered, reason, seconds).
+        bytes_up: bytes each site sent (its ``twin_update`` frames as received).
+        bytes_down: bytes of the tasks the coordinator published (each read by every site).
+        messages_up: frames each site sent.
+        seconds: wall time of the fit.
+        privacy: epsilon of the DP accountant, when DP is on.
+    """
+
+    fit_id: str
+    sites: list[str]
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    bytes_up: dict[str, int] = field(default_factory=dict)
+    bytes_down: int = 0
+    messages_up: dict[str, int] = field(default_factory=dict)
+    #: bytes all sites sent, by phase (``weights``: every weight round of every member)
+    bytes_by_phase: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    strategy: str = "fedavg"
+    compression: str = "dense"
+    secure: bool = False
+    privacy: dict[str, Any] = field(default_factory=dict)
+    #: with secure aggregation: what each site's masked inputs and key shares come to (the masking
+    #: protocol runs in-process at the coordinator, as in the policy federation; see docs)
+    secure_bytes: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+# ------------------------------------------------------------------------------------ site agent
+class TwinSiteAgent:
+    """One site's agent: answers the coordinator's tasks from its own log (`SiteFitter`).
+
+    Args:
+        name: the site (client id; also its durable consumer's name).
+        log: the site's log (validated); it never leaves the process.
+        spec: the shared twin spec.
+        bus: a connected bus.
+        fit_id: which fit it takes part in.
+        codec: compresses its weight updates (None: dense float32).
+        fail_after: tests: stop answering after this many answers (a killed site).
+    """
+
+    def __init__(self, name: str, log: pd.DataFrame, spec: TwinSpec, bus: Bus, fit_id: str,
+                 codec: UpdateCodec | None = None, fail_after: int | None = None) -> None:
+        self.name = name
+        self.fitter = SiteFitter(name, log, spec)
+        self.spec = spec
+        self.bus = bus
+        self.fit_id = fit_id
+        self.codec = codec
+        self.fail_after = fail_after
+        self.answered = 0
+        self.done = asyncio.Event()
+        self._latest: Envelope | None = None
+        self._wake = asyncio.Event()
+        self._sub: Any = None
+        self._worker: asyncio.Task[None] | None = None
+        self._plan_key: tuple[Any, ...] | None = None
+        self.last_seq = 0
+
+    async def start(self) -> None:
+        async def on_task(rcv: Received) -> None:
+            env = rcv.envelope
+            if env.payload.get("fit") != self.fit_id:
+                return
+            if env.round > self.last_seq and (self._latest is None or env.round > self._latest.round):
+                self._latest = env
+                self._wake.set()
+
+        self._sub = await self.bus.subscribe_durable(
+            Subjects.model("twin", self.fit_id), f"twin-{self.fit_id}-{self.name}", on_task
+        )
+        self._worker = asyncio.create_task(self._work())
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._worker
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+
+    async def _work(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            env = self._latest
+            if env is None or env.round <= self.last_seq:
+                continue
+            if env.payload.get("final"):
+                self.last_seq = env.round
+                self.done.set()
+                return
+            if self.fail_after is not None and self.answered >= self.fail_after:
+                return  # a killed site: silent from here on
+            t0 = time.perf_counter()
+            try:
+                vector, weight, labels = await asyncio.to_thread(self._answer, env)
+            except Exception as e:  # a site that cannot answer stays silent; the round's quorum decides
+                log.error("site %s failed on %s: %r", self.name, env.payload.get("phase"), e, exc_info=True)
+                self.last_seq = env.round
+                continue
+            self.last_seq = env.round
+            if self._latest is not None and self._latest.round > env.round:
+                self._wake.set()  # a newer task arrived while computing: this answer is late anyway
+            codec = self.codec if env.payload["phase"] == "weights" else None
+            up = make_update(self.name, self.fit_id, env.round, env.payload["phase"], env.payload["step"],
+                             env.payload["member"], vector, weight, codec, labels, time.perf_counter() - t0)
+            await self.bus.publish_durable(Subjects.update("twin", self.fit_id), up)
+            self.answered += 1
+
+    def _plan(self, ctx: Mapping[str, Any]) -> TwinFitPlan:
+        key = (tuple(ctx["scenarios"]), tuple(ctx["columns"]), ctx["has_reward"])
+        if self.fitter.plan is None or self._plan_key != key:
+            self.fitter.set_plan(TwinFitPlan(self.spec, list(ctx["scenarios"]), list(ctx["columns"]),
+                                             bool(ctx["has_reward"]), FitOptions.from_dict(ctx["options"])))
+            self._plan_key = key
+        plan = self.fitter.plan
+        assert plan is not None
+        if "layout" in ctx and plan.layout is None:
+            plan.layout = Layout.from_dict(ctx["layout"])
+        return plan
+
+    def _answer(self, env: Envelope) -> tuple[np.ndarray, float, dict[str, Any] | None]:
+        phase, ctx = env.payload["phase"], env.payload.get("context", {})
+        f = self.fitter
+        if phase == "hello":
+            v, labels = f.hello()
+            return v, 1.0, labels
+        self._plan(ctx)
+        if phase == "stats1":
+            return f.stats1(), 1.0, None
+        if phase == "stats2":
+            return f.stats2(ctx["stats"]), 1.0, None
+        tr = transformer_from_dict(self.spec, ctx["transformer"])
+        if phase == "summary":
+            return f.summary(tr), 1.0, None
+        if phase == "em":
+            return f.em(gmm_from_context(ctx), tr), 1.0, None
+        params = np.asarray(env.tensors["params"], np.float32)
+        if phase == "weights":
+            v, n = f.weights(env.payload["member"], env.payload["step"], params)
+            return v, n, None
+        if phase == "residual":
+            return f.residual(env.payload["member"], params), 1.0, None
+        raise InputError(f"unknown phase {phase!r}", where="twin_task")
+
+
+# ------------------------------------------------------------------------------------ coordinator
+class TwinCoordinator:
+    """Drives the phases, aggregates each round with an existing rule and assembles the twin.
+
+    Args:
+        spec: the twin spec.
+        sites: the site names expected to take part.
+        bus: a connected bus.
+        options: the fit's hyper-parameters.
+        quorum: share (or count) of sites a round needs; grace_s / timeout_s: as `RoundCollector`.
+        strategy, secure, dp: how the models' weights are aggregated (`make_weight_aggregator`).
+        fit_id: names the fit's subjects and durable consumers.
+        on_round: called with each closed round's record (progress).
+    """
+
+    def __init__(self, spec: TwinSpec, sites: list[str], bus: Bus, options: FitOptions | None = None,
+                 quorum: float | int = 1.0, grace_s: float = 2.0, timeout_s: float = 900.0,
+                 strategy: str = "fedavg", secure: bool = False, dp: Mapping[str, Any] | None = None,
+                 fit_id: str | None = None, on_round: Callable[[dict[str, Any]], None] | None = None,
+                 compression: str = "dense") -> None:
+        self.spec = spec
+        self.sites = list(sites)
+        self.bus = bus
+        self.options = options or FitOptions()
+        self.quorum, self.grace_s, self.timeout_s = quorum, grace_s, timeout_s
+        self.weight_agg = make_weight_aggregator(strategy, secure, dp, self.options.seed)
+        self.stats_agg: Aggregator = SecureAggregator(FedAvg("uniform"), seed=self.options.seed) if secure else FedAvg("uniform")
+        self.secure = secure
+        self.fit_id = fit_id or uuid.uuid4().hex[:12]
+        self.on_round = on_round
+        self.asm = TwinAssembler(spec, self.options)
+        self.report = FederatedFitReport(self.fit_id, list(self.sites), strategy=strategy, compression=compression,
+                                         secure=secure)
+        self.seq = 0
+        self._collectors: dict[int, RoundCollector] = {}
+        self._envs: dict[int, dict[str, Envelope]] = defaultdict(dict)
+        self._sub: Any = None
+        self._base_ctx: dict[str, Any] = {}
+
+    async def start(self) -> None:
+        async def on_update(rcv: Received) -> None:
+            env = rcv.envelope
+            if env.payload.get("fit") != self.fit_id:
+                return
+            sender = env.sender
+            self.report.bytes_up[sender] = self.report.bytes_up.get(sender, 0) + rcv.nbytes
+            self.report.messages_up[sender] = self.report.messages_up.get(sender, 0) + 1
+            phase = str(env.payload.get("phase"))
+            self.report.bytes_by_phase[phase] = self.report.bytes_by_phase.get(phase, 0) + rcv.nbytes
+            col = self._collectors.get(env.round)
+            if col is None or col.closed:
+                return
+            try:
+                vec = read_update(env)
+            except InputError as e:
+                log.warning("refused update of %s: %s", sender, e)
+                return
+            if col.submit(ClientUpdate(sender, vec, float(env.payload["num_samples"]), env.round)):
+                self._envs[env.round][sender] = env
+
+        self._sub = await self.bus.subscribe_durable(
+            Subjects.update("twin", self.fit_id), f"twin-{self.fit_id}-coordinator", on_update
+        )
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+
+    async def _round(self, phase: str, step: int = 0, member: int = 0, context: dict[str, Any] | None = None,
+                     params: np.ndarray | None = None) -> tuple[list[ClientUpdate], dict[str, Envelope]]:
+        self.seq += 1
+        seq = self.seq
+        col = RoundCollector(seq, self.sites, self.quorum, self.grace_s, self.timeout_s)
+        self._collectors[seq] = col
+        ctx = {**self._base_ctx, **(context or {})}
+        task = make_task("twin/coordinator", self.fit_id, seq, phase, step, member, ctx, params)
+        before = self.bus.stats.bytes_out
+        await self.bus.publish_durable(Subjects.model("twin", self.fit_id), task)
+        self.report.bytes_down += self.bus.stats.bytes_out - before
+        t0 = time.perf_counter()
+        out = await col.wait()
+        envs = self._envs.pop(seq, {})
+        expected = self.plan_size(phase)
+        ups = []
+        for u in out.updates:
+            try:
+                if expected is not None:
+                    check_update_size(u.delta, expected, u.client_id, phase)
+                ups.append(u)
+            except InputError as e:
+                log.warning("%s", e)
+        rec = {"seq": seq, "phase": phase, "step": step, "member": member, "sites": sorted(u.client_id for u in ups),
+               "missing": out.missing, "reason": out.reason, "seconds": round(time.perf_counter() - t0, 3)}
+        if not out.quorum_met or not ups:
+            raise InputError(f"round {seq} ({phase}) closed without a quorum: {out.missing} missing "
+                             f"({out.reason})", where="federated fit")
+        self.report.rounds.append(rec)
+        if self.on_round is not None:
+            self.on_round(rec)
+        return ups, envs
+
+    def plan_size(self, phase: str) -> int | None:
+        if phase == "hello" or self.asm.plan is None:
+            return None
+        return self.asm.plan.size(phase)
+
+    def _sum(self, ups: list[ClientUpdate], size: int) -> np.ndarray:
+        """The total of the sites' vectors (uniform FedAvg from 0 = their mean; times their count)."""
+        res = self.stats_agg.aggregate(ups, np.zeros(size, np.float32), self.seq)
+        self._count_secure(self.stats_agg)
+        return np.asarray(res.params, np.float64) * len(ups)
+
+    def _count_secure(self, agg: Aggregator) -> None:
+        tr = getattr(agg, "last_transcript", None)
+        if tr is None:
+            return
+        n = max(len(tr.masked), 1)
+        for cid, masked in tr.masked.items():
+            self.report.secure_bytes[cid] = self.report.secure_bytes.get(cid, 0) + int(masked.nbytes) + tr.ciphertext_bytes // n
+        agg.last_transcript = None  # type: ignore[attr-defined]
+
+    async def run(self) -> Twin:
+        """The whole fit; returns the twin (also publishes a final task so that site agents stop)."""
+        t_start = time.perf_counter()
+        o = self.options
+        ups, envs = await self._round("hello")
+        labels = {k: e.payload["labels"] for k, e in envs.items()}
+        plan = self.asm.hello(labels)
+        self._base_ctx = {"scenarios": plan.scenarios, "columns": sorted(set.intersection(
+            *(set(lab["columns"]) for lab in labels.values()))), "has_reward": plan.has_reward,
+            "options": o.to_dict()}
+        ups, _ = await self._round("stats1")
+        ctx2 = self.asm.context1(self._sum(ups, plan.size("stats1")))
+        ups, _ = await self._round("stats2", context={"stats": ctx2})
+        enc = self.asm.layout2(self._sum(ups, plan.size("stats2")))
+        self._base_ctx.update(enc)
+        ups, _ = await self._round("summary")
+        self.asm.summaries({u.client_id: u.delta for u in ups})
+        ll = float("nan")
+        for it in range(o.em_iters):
+            ups, _ = await self._round("em", step=it, context=self.asm.gmm_context())
+            ll = self.asm.em_step(self._sum(ups, plan.size("em")))
+        self.report.rounds[-1]["loglik_per_agent"] = ll
+        for m in range(o.members):
+            params = self.asm.initial_vector(m)
+            rounds = []
+            for r in range(o.rounds):
+                ups, _ = await self._round("weights", step=r, member=m, params=params)
+                res = self.weight_agg.aggregate(ups, np.zeros_like(params), self.seq)
+                self._count_secure(self.weight_agg)
+                params = self.asm.apply_weights(params, np.asarray(res.params, np.float64))
+                rounds.append({"round": r + 1, "sites": len(ups), "update_norm": float(res.info.get("update_norm", 0.0))})
+            ups, _ = await self._round("residual", member=m, params=params)
+            self.asm.add_member(m, params, self._sum(ups, plan.size("residual")), rounds)
+        self.seq += 1
+        await self.bus.publish_durable(Subjects.model("twin", self.fit_id),
+                                       make_task("twin/coordinator", self.fit_id, self.seq, "done", 0, 0, final=True))
+        self.report.seconds = time.perf_counter() - t_start
+        if isinstance(self.weight_agg, GaussianDP) or isinstance(getattr(self.weight_agg, "inner", None), GaussianDP):
+            dp = self.weight_agg if isinstance(self.weight_agg, GaussianDP) else self.weight_agg.inner  # type: ignore[attr-defined]
+            self.report.privacy = {"epsilon": float(dp.epsilon()), "delta": float(getattr(dp, "delta", 0.0))}
+        return self.asm.twin({"report": {"bytes_up": self.report.bytes_up, "bytes_down": self.report.bytes_down,
+                                         "rounds": len(self.report.rounds)}})
+
+
+# ------------------------------------------------------------------------------------ entry points
+async def fit_federated_async(
+    logs: Mapping[str, pd.DataFrame], spec: TwinSpec, bus: str | Callable[[str], Bus] = "memory", options: FitOptions | None = None,
+    strategy: str = "fedavg", secure: bool = False, dp: Mapping[str, Any] | None = None,
+    compression: str = "dense", quorum: float | int = 1.0, grace_s: float = 2.0, timeout_s: float = 900.0,
+    on_round: Callable[[dict[str, Any]], None] | None = None, fail_after: Mapping[str, int] | None = None,
+) -> tuple[Twin, FederatedFitReport]:
+    """Fit a twin from per-site logs, each site an agent on its own bus client (in this process).
+
+    ``bus``: ``"memory"`` (one in-process broker), ``"nats://..."``, or a factory ``name -> Bus``.
+    ``fail_after``: tests: site -> answers after which that site goes silent (a killed agent).
+    """
+    if len(logs) < 1:
+        raise InputError("a federated fit needs at least one site", where="sites")
+    codec = _codec(compression)
+    fit_id = uuid.uuid4().hex[:12]
+    buses: list[Bus] = []
+    from edgetwin.edge.bus.memory_bus import InMemoryBus, MemoryBroker
+
+    broker = MemoryBroker() if bus == "memory" else None  # one broker shared by every in-process agent
+
+    async def client(name: str) -> Bus:
+        if broker is not None:
+            b: Bus = InMemoryBus(broker, name=name)
+        else:
+            b = bus(name) if callable(bus) else make_bus(bus, name=name)
+        await b.connect()
+        buses.append(b)
+        return b
+
+    coord = TwinCoordinator(spec, sorted(logs), await client("twin-coordinator"), options, quorum, grace_s,
+                            timeout_s, strategy, secure, dp, fit_id, on_round, compression)
+    await coord.start()
+    agents = []
+    for name, df in sorted(logs.items()):
+        a = TwinSiteAgent(name, df, spec, await client(f"twin-site-{name}"), fit_id,
+                          _codec(compression) if codec is not None else None,
+                          (fail_after or {}).get(name))
+        await a.start()
+        agents.append(a)
+    try:
+        twin = await coord.run()
+    finally:
+        # bounded: a bus that does not close (a server gone mid-shutdown) must not hold the fit's result
+        for a in agents:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(a.stop(), 10)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(coord.stop(), 10)
+        for b in buses:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(b.close(), 10)
+    return twin, coord.report
+
+
+def fit_federated(logs: Mapping[str, pd.DataFrame], spec: TwinSpec, **kw: Any) -> tuple[Twin, FederatedFitReport]:
+    """Synchronous `fit_federated_async`."""
+    return asyncio.run(fit_federated_async(logs, spec, **kw))
+
+
+def _codec(name: str) -> UpdateCodec | None:
+    if name == "dense":
+        return None
+    if name == "int8":
+        return UpdateCodec(topk=None, quantize_bits=8, error_feedback=True)
+    if name == "topk+int8":
+        return UpdateCodec(topk=0.1, quantize_bits=8, error_feedback=True)
+    raise InputError(f"unknown compression {name!r}; expected dense, int8 or topk+int8", where="--compression")
+
+
+# ------------------------------------------------------------------------------------ one process each
+async def run_twin_site(log: pd.DataFrame, spec: TwinSpec, bus: str, name: str, fit_id: str,
+                        compression: str = "dense", emit: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """One site's agent as its own process (`edgetwin agent --fit-twin`): answers until the fit ends.
+
+    Returns the number of tasks it answered.
+    """
+    b = make_bus(bus, name=f"twin-site-{name}")
+    await b.connect()
+    agent = TwinSiteAgent(name, log, spec, b, fit_id, _codec(compression))
+    try:
+        await agent.start()
+        if emit is not None:
+            emit({"event": "ready", "site": name, "fit": fit_id, "rows": len(log)})
+        await agent.done.wait()
+    finally:
+        await agent.stop()
+        await b.close()
+    return agent.answered
+
+
+async def run_twin_coordinator(spec: TwinSpec, sites: list[str], bus: str, fit_id: str,
+                               options: FitOptions | None = None, **kw: Any) -> tuple[Twin, FederatedFitReport]:
+    """The coordinator as its own process: drives the fit of ``sites`` and returns the twin."""
+    b = make_bus(bus, name="twin-coordinator")
+    await b.connect()
+    coord = TwinCoordinator(spec, sites, b, options, fit_id=fit_id, **kw)
+    try:
+        await coord.start()
+        twin = await coord.run()
+    finally:
+        await coord.stop()
+        await b.close()
+    return twin, coord.report
