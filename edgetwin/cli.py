@@ -873,11 +873,17 @@ def serve(
         kpi_guard = KPIGuard(margins, window=window, grace=grace, patience=patience, probation=probation, baseline=baseline)  # type: ignore[arg-type]
     cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgetwin" / "runtime" / site
 
+    import torch
+
+    # One intra-op thread: a policy network answers a few hundred rows at most, where a second
+    # thread costs a wake-up (a tail-latency risk on shared cores) and saves nothing.
+    torch.set_num_threads(1)
+
     async def run() -> dict[str, Any]:
         async with open_async_registry(registry, bucket=bucket) as reg:
             rt = EdgeRuntime(
                 site, reg, store, bus=bus, shield=shield_cfg, kpi_guard=kpi_guard,
-                cluster=cluster, poll_interval=poll, cache_dir=cache,
+                cluster=cluster, poll_interval=poll, cache_dir=cache, freeze_gc=True,
             )  # fmt: skip
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
