@@ -596,8 +596,8 @@ def latency_lines(
     ]
     for name in NATS_PATHS:
         cells = []
-        for n in ("1", str(BATCH)):
-            r = rat[name][n]
+        for key in ("1", str(BATCH)):
+            r = rat[name][key]
             cells += [f"{r['p50_over_in_process']:.2f}", f"{r['p99_over_in_process']:.2f}", f"{r['p50_over_echo']:.2f}",
                       f"{r['p99_over_echo']:.2f}", f"{r['p50_minus_echo_ms']:.3f}"]  # fmt: skip
         lines.append(f"| {name.split(', ', 1)[1].split(' (')[0]} | {' | '.join(cells)} |")
@@ -699,7 +699,7 @@ def main() -> None:
             f"| {i + 1} | {cadence} | {r['ticks_bad']} | {r['to_good_decision']:.3f} | "
             f"{r['to_registry_and_notice']:.3f} | {'46-61 (different event: recovery after an injected fault)' if i == 0 else ''} |"
         )
-    reason = re.sub(r"\s+", " ", runs[0]["reason"]) if runs else ""
+    reason = re.sub(r"\s+", " ", str(runs[0]["reason"])) if runs else ""
     lines += [
         "",
         f"Why (first run's notice): `{reason}`.",
