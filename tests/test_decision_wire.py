@@ -15,6 +15,7 @@ from test_runtime import SITE, SPEC, SLOAware, obs_batch, promote, publish
 
 from edgetwin.edge import decision_wire as W
 from edgetwin.edge.bus import InMemoryBus, MemoryBroker, RawMessage
+from edgetwin.edge.messages import decode
 from edgetwin.edge.registry import FileRegistry
 from edgetwin.edge.runtime import EdgeRuntime, request_decision
 from edgetwin.edge.signing import Signer, TrustStore
@@ -69,6 +70,7 @@ def test_runtime_answers_json_and_arrow_on_the_memory_bus_and_refuses_bad_reques
             out["not_arrow"] = await ask(client, b"\xff\xff\xff\xffgarbage", {"Content-Type": W.ARROW})
             out["too_big"] = await ask(client, json.dumps({"obs": np.zeros((4000, len(COLS))).tolist()}).encode(), jh)
             out["unknown"] = await ask(client, b"<xml/>", None)
+            out["bad_frame"] = await ask(client, b"ET\x01\x05\x00\x00\x00{oops", None)  # an edgetwin frame, broken
             out["expected"] = rt.decide(obs)
             out["frame"] = (await request_decision(client, SITE, obs)).actions
             out["stats"] = rt.stats.as_dict()
@@ -91,7 +93,9 @@ def test_runtime_answers_json_and_arrow_on_the_memory_bus_and_refuses_bad_reques
         body = json.loads(m.data)
         assert m.headers[W.ERROR_CODE] == code == str(body["code"]), (key, body)
         assert words in body["error"], (key, body)
-    assert out["stats"]["bus_errors"] == 5 and out["stats"]["bus_requests"] == 8
+    bad = decode(out["bad_frame"].data)  # answered in kind: an `error` envelope, not a timeout
+    assert bad.kind == "error" and "rejected frame: malformed" in bad.payload["reason"]
+    assert out["stats"]["bus_errors"] == 6 and out["stats"]["bus_requests"] == 9
 
 
 def test_parse_request_checks_what_it_is_given() -> None:

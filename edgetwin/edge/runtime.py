@@ -18,7 +18,9 @@ What it does:
   replaces (else it is refused as ``incompatible``), and must answer a warm-up call.
 - **Answers decisions** through `decide` (a batch ``(N, O)`` -> ``(N, A)``, callable from any
   thread) and over the bus (request/reply on ``Subjects.decision(site)``, kinds
-  ``decision_request`` -> ``decision_reply``, or ``error`` with the reason). Every action it
+  ``decision_request`` -> ``decision_reply``, or ``error`` with the reason; and, for clients that
+  are not edgetwin, JSON or Arrow IPC bodies with NATS headers, `edgetwin.edge.decision_wire`;
+  a bad request of any format gets an error reply at once). Every action it
   returns has gone through the safety shield, when one is configured (`Shield.project`).
 - **Hot-swaps** without dropping a request: the registry pointer is polled every
   ``poll_interval`` seconds, and at once when anything arrives on ``edgetwin.policy.>`` (a
@@ -615,7 +617,13 @@ class EdgeRuntime:
         reply with its reason and code."""
         assert self.bus is not None and self._answer_frame is not None
         if decision_wire.is_frame(msg.data, msg.headers):
-            await self.bus.deliver(msg, self._answer_frame)
+            rejected = await self.bus.deliver(msg, self._answer_frame)
+            if rejected is not None and msg.reply is not None:
+                # counted in bus.stats.rejected; the requester hears why now instead of timing out
+                self.stats.bus_requests += 1
+                self.stats.bus_errors += 1
+                reason = f"rejected frame: {rejected}"
+                await self.bus.publish(msg.reply, Envelope(kind="error", sender=self.name, payload={"reason": reason}))
             return
         self.stats.bus_requests += 1
         msg_id = decision_wire.request_id(msg.headers)

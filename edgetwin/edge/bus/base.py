@@ -351,11 +351,17 @@ class Bus(ABC):
 
         return handle
 
-    async def deliver(self, msg: RawMessage, handler: Handler) -> _Outcome:
+    async def deliver(self, msg: RawMessage, handler: Handler) -> MessageRejected | None:
         """Decode and validate a raw frame and hand it to ``handler`` as a `subscribe` would
         (rejections and handler errors counted the same way); for `subscribe_raw` handlers that
-        also accept edgetwin frames. ``stats.received`` was counted when ``msg`` arrived."""
-        return await self._dispatch(msg.subject, msg.data, msg.reply, handler, _counted=True)
+        also accept edgetwin frames. ``stats.received`` was counted when ``msg`` arrived.
+
+        Returns:
+            The rejection when the frame was not usable (the handler did not see it), else None.
+        """
+        rejected: list[MessageRejected] = []
+        await self._dispatch(msg.subject, msg.data, msg.reply, handler, _counted=True, _rejected=rejected)
+        return rejected[0] if rejected else None
 
     async def _dispatch_raw(self, msg: RawMessage, handler: RawHandler) -> None:
         """Count and hand one raw message to ``handler``; never raises (except cancellation)."""
@@ -374,7 +380,8 @@ class Bus(ABC):
         log.warning("%s: rejected message on %s: %s", self.name, subject, e)
 
     async def _dispatch(
-        self, subject: str, data: bytes, reply: str | None, handler: Handler, redelivered: int = 0, _counted: bool = False
+        self, subject: str, data: bytes, reply: str | None, handler: Handler, redelivered: int = 0,
+        _counted: bool = False, _rejected: list[MessageRejected] | None = None,
     ) -> _Outcome:
         """Decode, validate and hand one frame to ``handler``; never raises (except cancellation)."""
         if not _counted:
@@ -384,6 +391,8 @@ class Bus(ABC):
             env = decode(data, self.max_bytes)
         except MessageRejected as e:
             self._count_rejected(subject, e)
+            if _rejected is not None:
+                _rejected.append(e)
             return "term"
         try:
             await handler(Received(subject, env, reply, len(data), redelivered, self))
