@@ -835,7 +835,7 @@ def serve(
 ) -> None:
     """Run the edge runtime: serve the site's current signed policy until interrupted.
 
-    Decisions over the bus (request/reply on edgetwin.decision.<S>) and live KPIs on edgetwin.kpi.<S>; hot-swaps on promotion, keeps the last good policy when the registry or the bus is down, and rolls back when a guarded KPI regresses (notice on edgetwin.policy.rollback.<S>).
+    Decisions over the bus (request/reply on edgetwin.decision.<S>: the edgetwin frame, or a JSON / Arrow IPC body from any NATS client, see docs/bus.md) and live KPIs on edgetwin.kpi.<S>; hot-swaps on promotion, keeps the last good policy when the registry or the bus is down, and rolls back when a guarded KPI regresses (notice on edgetwin.policy.rollback.<S>).
     """
     import asyncio
     import contextlib
