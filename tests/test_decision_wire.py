@@ -114,6 +114,10 @@ def test_parse_request_checks_what_it_is_given() -> None:
         W.parse_request(json.dumps({"obs": [[1, 2]], "deadline_ms": "soon"}).encode(), {}, None, SITE)
     with pytest.raises(W.BadDecisionRequest, match="numeric"):
         W.parse_request(arrow_body(pa.record_batch([pa.array(["x"])], names=["a"])), {}, ["a"], SITE)
+    with pytest.raises(W.BadDecisionRequest, match="nested"):
+        W.parse_request(b'{"obs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}, None, SITE)
+    with pytest.raises(W.BadDecisionRequest, match="3 dimensions"):
+        W.parse_request(json.dumps({"obs": [[[1.0]]]}).encode(), {}, None, SITE)
     assert W.is_frame(b"ET\x01...", {}) and not W.is_frame(b"ET\x01", {"Content-Type": W.JSON})
     body, headers = W.encode_error(400, "two\nlines", "id-1")
     assert headers[W.ERROR] == "two lines" and json.loads(body) == {"error": "two\nlines", "code": 400}

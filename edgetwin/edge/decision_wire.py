@@ -159,6 +159,8 @@ def _parse_json(data: bytes, columns: Sequence[str] | None, site: str) -> np.nda
         doc = json.loads(data, parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as e:
         raise BadDecisionRequest(f"body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadDecisionRequest("body is JSON nested too deeply") from None
     if not isinstance(doc, dict):
         raise BadDecisionRequest('body must be a JSON object {"obs": [[...], ...]}')
     unknown = sorted(set(doc) - _JSON_FIELDS)
