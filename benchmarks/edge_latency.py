@@ -574,7 +574,7 @@ def latency_lines(
         parts = {"echo round trip (p50)": pct[ECHO][str(n)]["p50"], "client codec CPU": client[n],
                  "server codec CPU": srv[n], "EdgeRuntime.decide (p50, policy included)": pct[DECIDE][str(n)]["p50"]}  # fmt: skip
         parts["rest, by difference (event-loop hops in both processes, scheduling)"] = total - sum(parts.values())
-        breakdown[str(n)] = {"total_p50_ms": total, **parts}
+        breakdown[str(n)] = {"NATS decision, edgetwin frame (p50, the total)": total, **parts}
     lines = [
         f"| path | p50 ms (1) | p99 ms (1) | ratio (1) | p50 ms ({BATCH}) | p99 ms ({BATCH}) | ratio ({BATCH}) |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -614,7 +614,7 @@ def latency_lines(
         "What each body format costs, CPU µs per request (client: encode the request and decode the reply; server: "
         "parse and check the request, encode the reply), best of 5 x 200 calls, and the request's size:",
         "",
-        "| format, side | " + " | ".join(f"{n} rows" for n in sorted(next(iter(codec.values())))) + " |",
+        "| format, side | " + " | ".join(f"batch {n}" for n in sorted(next(iter(codec.values())))) + " |",
         "|---|" + "---:|" * len(next(iter(codec.values()))),
         *(f"| {k} | " + " | ".join(f"{v:.0f}" for _, v in sorted(by_n.items())) + " |" for k, by_n in codec.items()),
     ]
