@@ -118,6 +118,9 @@ def test_parse_request_checks_what_it_is_given() -> None:
         W.parse_request(b'{"obs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}, None, SITE)
     with pytest.raises(W.BadDecisionRequest, match="3 dimensions"):
         W.parse_request(json.dumps({"obs": [[[1.0]]]}).encode(), {}, None, SITE)
+    null_row = pa.FixedSizeListArray.from_arrays(pa.array([1.0, 2.0, 3.0, 4.0]), 2, mask=pa.array([False, True]))
+    with pytest.raises(W.BadDecisionRequest, match="null rows"):
+        W.parse_request(arrow_body(pa.record_batch([null_row], names=["obs"])), {}, None, SITE)
     assert W.is_frame(b"ET\x01...", {}) and not W.is_frame(b"ET\x01", {"Content-Type": W.JSON})
     body, headers = W.encode_error(400, "two\nlines", "id-1")
     assert headers[W.ERROR] == "two lines" and json.loads(body) == {"error": "two\nlines", "code": 400}

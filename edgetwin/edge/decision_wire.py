@@ -213,6 +213,8 @@ def _parse_arrow(data: bytes, columns: Sequence[str] | None) -> np.ndarray:
     types = schema.types
     if names == ["obs"] and (pa.types.is_fixed_size_list(types[0]) or pa.types.is_list(types[0])):
         flat = batch.column(0)
+        if flat.null_count:
+            raise BadDecisionRequest(f"Arrow column 'obs' has {flat.null_count} null rows")
         if pa.types.is_fixed_size_list(types[0]):
             width = types[0].list_size
         else:
@@ -272,10 +274,13 @@ def parse_request(
         raise BadDecisionRequest(f"request for site {hsite!r} reached {site!r}")
     ct = content_type(headers)
     fmt = ct if ct is not None else _sniff(data)
-    if fmt == JSON:
-        obs = _parse_json(data, columns, site)
-    elif fmt == ARROW:
-        obs = _parse_arrow(data, columns)
+    if fmt in (JSON, ARROW):
+        try:
+            obs = _parse_json(data, columns, site) if fmt == JSON else _parse_arrow(data, columns)
+        except BadDecisionRequest:
+            raise
+        except Exception as e:  # a malformed body no check above foresaw: the request's fault, not the policy's
+            raise BadDecisionRequest(f"could not read the {fmt} body: {type(e).__name__}: {e}") from None
     else:
         raise BadDecisionRequest(
             f"unsupported body ({'Content-Type ' + repr(ct) if ct else 'no Content-Type, not recognised'}): "
