@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_runtime import SITE, SPEC, SLOAware, obs_batch, promote, publish
 
 from edgetwin.edge import decision_wire as W
@@ -124,3 +126,26 @@ def test_parse_request_checks_what_it_is_given() -> None:
     assert W.is_frame(b"ET\x01...", {}) and not W.is_frame(b"ET\x01", {"Content-Type": W.JSON})
     body, headers = W.encode_error(400, "two\nlines", "id-1")
     assert headers[W.ERROR] == "two lines" and json.loads(body) == {"error": "two\nlines", "code": 400}
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["obs", "columns", "site", "x"]), inner, max_size=3),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(raw=st.binary(max_size=200), doc=_json)
+def test_any_body_is_parsed_or_refused_with_a_reason(raw: bytes, doc: Any) -> None:
+    """Hostile bodies (random bytes, random JSON, an Arrow marker in front of junk) never raise
+    anything but `BadDecisionRequest`: the runtime always has a reply to send."""
+    bodies = [raw, json.dumps(doc).encode(), b"\xff\xff\xff\xff" + raw, json.dumps({"obs": doc}).encode()]
+    for body in bodies:
+        for headers in ({}, {"Content-Type": W.JSON}, {"Content-Type": W.ARROW}):
+            try:
+                r = W.parse_request(body, headers, COLS, SITE)
+            except W.BadDecisionRequest as e:
+                assert e.reason and e.code in (400, 413, 415)
+                continue
+            assert r.obs.ndim == 2 and r.obs.dtype == np.float64
