@@ -149,3 +149,27 @@ def test_any_body_is_parsed_or_refused_with_a_reason(raw: bytes, doc: Any) -> No
                 assert e.reason and e.code in (400, 413, 415)
                 continue
             assert r.obs.ndim == 2 and r.obs.dtype == np.float64
+
+
+def test_freeze_gc_freezes_what_is_alive_after_a_load(tmp_path: Path) -> None:
+    """`EdgeRuntime(freeze_gc=True)` (what `edgetwin serve` uses) moves what is alive after a load out
+    of the collector's reach; off by default (it is process-wide)."""
+    import gc
+
+    signer = Signer.generate()
+    reg = FileRegistry(tmp_path / "registry")
+    publish(reg, tmp_path, SLOAware(SPEC), "v1", signer)
+    promote(reg, "v1")
+    gc.unfreeze()
+    try:
+
+        async def main(freeze: bool) -> int:
+            async with EdgeRuntime(SITE, reg, TrustStore([signer.public_key]), kpi_guard=None, freeze_gc=freeze,
+                                   cache_dir=tmp_path / f"cache-{freeze}") as rt:  # fmt: skip
+                assert rt.version == "v1"
+                return gc.get_freeze_count()
+
+        assert asyncio.run(main(False)) == 0
+        assert asyncio.run(main(True)) > 1000
+    finally:
+        gc.unfreeze()
