@@ -885,7 +885,7 @@ def serve(
 ) -> None:
     """Run the edge runtime: serve the site's current signed policy until interrupted.
 
-    Decisions over the bus (request/reply on edgetwin.decision.<S>) and live KPIs on edgetwin.kpi.<S>; hot-swaps on promotion, keeps the last good policy when the registry or the bus is down, and rolls back when a guarded KPI regresses (notice on edgetwin.policy.rollback.<S>).
+    Decisions over the bus (request/reply on edgetwin.decision.<S>: the edgetwin frame, or a JSON / Arrow IPC body from any NATS client, see docs/bus.md) and live KPIs on edgetwin.kpi.<S>; hot-swaps on promotion, keeps the last good policy when the registry or the bus is down, and rolls back when a guarded KPI regresses (notice on edgetwin.policy.rollback.<S>).
     """
     import asyncio
     import contextlib
@@ -923,11 +923,17 @@ def serve(
         kpi_guard = KPIGuard(margins, window=window, grace=grace, patience=patience, probation=probation, baseline=baseline)  # type: ignore[arg-type]
     cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgetwin" / "runtime" / site
 
+    import torch
+
+    # One intra-op thread: a policy network answers a few hundred rows at most, where a second
+    # thread costs a wake-up (a tail-latency risk on shared cores) and saves nothing.
+    torch.set_num_threads(1)
+
     async def run() -> dict[str, Any]:
         async with open_async_registry(registry, bucket=bucket) as reg:
             rt = EdgeRuntime(
                 site, reg, store, bus=bus, shield=shield_cfg, kpi_guard=kpi_guard,
-                cluster=cluster, poll_interval=poll, cache_dir=cache,
+                cluster=cluster, poll_interval=poll, cache_dir=cache, freeze_gc=True,
             )  # fmt: skip
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()

@@ -3,6 +3,8 @@
 * `edgetwin.edge.bus`: one async `Bus` interface, in-process (`InMemoryBus`) or NATS (`NatsBus`,
   JetStream for what must survive a restart); `make_bus("memory" | "nats://...")`.
 * `edgetwin.edge.messages`: the versioned `Envelope`, its binary frame and the kinds' schemas.
+* `edgetwin.edge.decision_wire`: the decision subject in JSON / Arrow IPC with NATS headers, for
+  clients that are not edgetwin (a Go scheduler plugin, say).
 * `edgetwin.edge.signing`: Ed25519 keys, `Signer` / `TrustStore`, packed and signed artifacts.
 * `edgetwin.edge.registry`: the policy registry (a directory, or NATS KV + Object Store) with
   versions, a scoped pointer, promotion and rollback.

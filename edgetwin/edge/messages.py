@@ -61,6 +61,11 @@ _PREFIX = struct.Struct("<2sBI")  # magic, v, header_len
 REASONS = ("oversized", "malformed", "unknown_version", "unknown_kind", "invalid_payload")
 # dtypes a tensor may have on the wire; anything else (object, strings, ...) is malformed.
 _DTYPES = frozenset({"float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"})
+# Per dtype name: (its little-endian wire dtype, its native dtype), and native dtype -> name. Looked
+# up once here: `np.dtype(...)`, `.newbyteorder` and `dtype.name` cost microseconds per call, and a
+# decision request / reply pays them on every tensor of both frames.
+_WIRE = {n: (np.dtype(n).newbyteorder("<"), np.dtype(n)) for n in _DTYPES}
+_NAME = {np.dtype(n): n for n in _DTYPES}
 _MAX_DIMS = 8
 
 
@@ -222,10 +227,13 @@ def encode(env: Envelope, max_bytes: int | None = None) -> bytes:
     table, blobs = [], []
     for name, arr in env.tensors.items():
         a = np.asarray(arr)
-        if a.dtype.name not in _DTYPES:
-            raise InputError(f"tensor {name!r} has dtype {a.dtype}, expected one of {sorted(_DTYPES)}", where="tensors")
-        a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
-        table.append([name, a.dtype.name, list(a.shape)])
+        dname = _NAME.get(a.dtype)  # native byte order; a big-endian array is looked up by name
+        if dname is None:
+            dname = a.dtype.name if a.dtype.name in _DTYPES else None
+            if dname is None:
+                raise InputError(f"tensor {name!r} has dtype {a.dtype}, expected one of {sorted(_DTYPES)}", where="tensors")
+        a = np.ascontiguousarray(a, dtype=_WIRE[dname][0])
+        table.append([name, dname, list(a.shape)])
         blobs.append(a.tobytes())
     header = {
         "kind": env.kind,
@@ -277,11 +285,12 @@ def decode(data: bytes, max_bytes: int | None = None) -> Envelope:
         name, dtype, shape = spec
         if not (isinstance(shape, list) and len(shape) <= _MAX_DIMS and all(type_ok(d, int) and d >= 0 for d in shape)):
             raise MessageRejected("malformed", f"tensor {name!r} has an invalid shape {shape!r}")
-        dt = np.dtype(dtype).newbyteorder("<")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        dt, native = _WIRE[dtype]
+        nbytes = math.prod(shape) * dt.itemsize
         if offset + nbytes > n:
             raise MessageRejected("malformed", f"tensor {name!r} needs {nbytes} bytes, frame ends first")
-        tensors[name] = np.frombuffer(data, dtype=dt, count=nbytes // dt.itemsize, offset=offset).reshape(shape).astype(dt.newbyteorder("="))
+        # a writable array in native byte order (a copy: the frame's bytes are read-only)
+        tensors[name] = np.frombuffer(data, dtype=dt, count=nbytes // dt.itemsize, offset=offset).reshape(shape).astype(native)
         offset += nbytes
     if offset != n:
         raise MessageRejected("malformed", f"{n - offset} trailing bytes after the tensors")

@@ -16,7 +16,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -31,6 +31,8 @@ __all__ = [
     "BusStats",
     "Handler",
     "NoResponders",
+    "RawHandler",
+    "RawMessage",
     "Received",
     "Responder",
     "Subjects",
@@ -193,6 +195,28 @@ class Received:
 Handler = Callable[[Received], Awaitable[None]]
 
 
+@dataclass
+class RawMessage:
+    """A message as it came off the wire, not decoded: for subjects that also speak formats other
+    than the edgetwin frame (the decision subject answers JSON and Arrow IPC too, see
+    `edgetwin.edge.decision_wire`).
+
+    Attributes:
+        subject: the subject it was published on.
+        data: its body (bytes).
+        headers: its NATS headers (``{}`` when it had none).
+        reply: where to answer (None unless it was a request).
+    """
+
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    reply: str | None
+
+
+RawHandler = Callable[[RawMessage], Awaitable[None]]
+
+
 Responder = Callable[[Received], Awaitable[Envelope | None]]
 
 
@@ -241,8 +265,17 @@ class Bus(ABC):
         """Stop all subscriptions and disconnect."""
 
     @abstractmethod
-    async def publish_raw(self, subject: str, data: bytes, reply: str | None = None) -> None:
-        """Send an already-encoded frame (relays, and tests that inject bad frames)."""
+    async def publish_raw(
+        self, subject: str, data: bytes, reply: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """Send already-encoded bytes, optionally with NATS headers (relays, replies in other
+        formats, and tests that inject bad frames)."""
+
+    @abstractmethod
+    async def subscribe_raw(self, subject: str, handler: RawHandler, queue: str | None = None) -> Subscription:
+        """Deliver every message on ``subject`` to ``handler`` as it came (`RawMessage`: bytes and
+        headers, nothing decoded or validated: the handler owns that), one at a time; counted in
+        ``stats.received`` / ``bytes_in``; a handler that raises is logged and counted."""
 
     @abstractmethod
     async def subscribe(self, subject: str, handler: Handler, queue: str | None = None) -> Subscription:
@@ -300,6 +333,11 @@ class Bus(ABC):
         If the responder raises, the requester gets an ``error`` envelope at once instead of
         waiting for its timeout.
         """
+        return await self.subscribe(subject, self.answering(subject, responder), queue=queue)
+
+    def answering(self, subject: str, responder: Responder) -> Handler:
+        """The handler `serve` subscribes: it sends ``responder``'s envelope (or an ``error`` one
+        when it raises) to the request's reply subject."""
 
         async def handle(rcv: Received) -> None:
             try:
@@ -311,20 +349,50 @@ class Bus(ABC):
             if answer is not None and rcv.reply is not None:
                 await rcv.respond(answer)
 
-        return await self.subscribe(subject, handle, queue=queue)
+        return handle
+
+    async def deliver(self, msg: RawMessage, handler: Handler) -> MessageRejected | None:
+        """Decode and validate a raw frame and hand it to ``handler`` as a `subscribe` would
+        (rejections and handler errors counted the same way); for `subscribe_raw` handlers that
+        also accept edgetwin frames. ``stats.received`` was counted when ``msg`` arrived.
+
+        Returns:
+            The rejection when the frame was not usable (the handler did not see it), else None.
+        """
+        rejected: list[MessageRejected] = []
+        await self._dispatch(msg.subject, msg.data, msg.reply, handler, _counted=True, _rejected=rejected)
+        return rejected[0] if rejected else None
+
+    async def _dispatch_raw(self, msg: RawMessage, handler: RawHandler) -> None:
+        """Count and hand one raw message to ``handler``; never raises (except cancellation)."""
+        self.stats.received += 1
+        self.stats.bytes_in += len(msg.data)
+        try:
+            await handler(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.stats.handler_errors += 1
+            log.exception("%s: raw handler for %s failed: %r", self.name, msg.subject, e)
 
     def _count_rejected(self, subject: str, e: MessageRejected) -> None:
         self.stats.rejected[e.reason] += 1
         log.warning("%s: rejected message on %s: %s", self.name, subject, e)
 
-    async def _dispatch(self, subject: str, data: bytes, reply: str | None, handler: Handler, redelivered: int = 0) -> _Outcome:
+    async def _dispatch(
+        self, subject: str, data: bytes, reply: str | None, handler: Handler, redelivered: int = 0,
+        _counted: bool = False, _rejected: list[MessageRejected] | None = None,
+    ) -> _Outcome:
         """Decode, validate and hand one frame to ``handler``; never raises (except cancellation)."""
-        self.stats.received += 1
-        self.stats.bytes_in += len(data)
+        if not _counted:
+            self.stats.received += 1
+            self.stats.bytes_in += len(data)
         try:
             env = decode(data, self.max_bytes)
         except MessageRejected as e:
             self._count_rejected(subject, e)
+            if _rejected is not None:
+                _rejected.append(e)
             return "term"
         try:
             await handler(Received(subject, env, reply, len(data), redelivered, self))

@@ -14,7 +14,7 @@ import itertools
 import logging
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -26,6 +26,8 @@ from edgetwin.edge.bus.base import (
     Bus,
     Handler,
     NoResponders,
+    RawHandler,
+    RawMessage,
     Subscription,
     check_durable_filter,
     check_durable_subject,
@@ -101,7 +103,7 @@ class MemoryBroker:
         """Drop a named broker (tests)."""
         cls._named.pop(name, None)
 
-    def route(self, subject: str, data: bytes, reply: str | None) -> int:
+    def route(self, subject: str, data: bytes, reply: str | None, headers: Mapping[str, str] | None = None) -> int:
         """Queue ``data`` for every matching subscription (one per queue group); returns how many."""
         matching = [s for s in self.subs if subject_matches(s.subject, subject)]
         plain = [s for s in matching if s.queue is None]
@@ -113,7 +115,7 @@ class MemoryBroker:
             rr = self._queue_rr.setdefault(qname, itertools.count())
             plain.append(members[next(rr) % len(members)])
         for s in plain:
-            s.offer(subject, data, reply)
+            s.offer(subject, data, reply, dict(headers) if headers else {})
         return len(plain)
 
     def append(self, subject: str, data: bytes, msg_id: str) -> int:
@@ -152,23 +154,30 @@ class MemoryBroker:
 
 
 class _MemSub(Subscription):
-    def __init__(self, bus: InMemoryBus, subject: str, handler: Handler, queue: str | None) -> None:
-        self.bus, self.subject, self.handler, self.queue = bus, subject, handler, queue
-        self.pending: asyncio.Queue[tuple[str, bytes, str | None]] = asyncio.Queue()
+    """A core subscription; ``raw`` handlers get `RawMessage` (bytes and headers, not decoded)."""
+
+    def __init__(
+        self, bus: InMemoryBus, subject: str, handler: Handler | RawHandler, queue: str | None, raw: bool = False
+    ) -> None:
+        self.bus, self.subject, self.handler, self.queue, self.raw = bus, subject, handler, queue, raw
+        self.pending: asyncio.Queue[tuple[str, bytes, str | None, dict[str, str]]] = asyncio.Queue()
         self.task = asyncio.create_task(self._run(), name=f"memsub:{subject}")
 
-    def offer(self, subject: str, data: bytes, reply: str | None) -> None:
+    def offer(self, subject: str, data: bytes, reply: str | None, headers: dict[str, str]) -> None:
         if self.pending.qsize() >= self.bus.broker.pending_limit:
             self.bus.stats.dropped += 1
             log.warning("%s: slow consumer on %s, dropped a message", self.bus.name, self.subject)
             return
-        self.pending.put_nowait((subject, data, reply))
+        self.pending.put_nowait((subject, data, reply, headers))
 
     async def _run(self) -> None:
         while True:
-            subject, data, reply = await self.pending.get()
+            subject, data, reply, headers = await self.pending.get()
             try:
-                await self.bus._dispatch(subject, data, reply, self.handler)
+                if self.raw:
+                    await self.bus._dispatch_raw(RawMessage(subject, data, headers, reply), self.handler)  # type: ignore[arg-type]
+                else:
+                    await self.bus._dispatch(subject, data, reply, self.handler)  # type: ignore[arg-type]
             finally:
                 self.pending.task_done()
 
@@ -258,16 +267,26 @@ class InMemoryBus(Bus):
         if not self._connected:
             raise RuntimeError(f"bus {self.name!r} is not connected (call connect() or use 'async with')")
 
-    async def publish_raw(self, subject: str, data: bytes, reply: str | None = None) -> None:
+    async def publish_raw(
+        self, subject: str, data: bytes, reply: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> None:
         self._require()
         self._count_out(subject, len(data))
-        self.broker.route(subject, bytes(data), reply)
+        self.broker.route(subject, bytes(data), reply, headers)
         await asyncio.sleep(0)  # let subscribers run, as a network round trip would
 
     async def subscribe(self, subject: str, handler: Handler, queue: str | None = None) -> Subscription:
         self._require()
         check_subject(subject, wildcards=True)
         sub = _MemSub(self, subject, handler, queue)
+        self.broker.subs.append(sub)
+        self._subs.append(sub)
+        return sub
+
+    async def subscribe_raw(self, subject: str, handler: RawHandler, queue: str | None = None) -> Subscription:
+        self._require()
+        check_subject(subject, wildcards=True)
+        sub = _MemSub(self, subject, handler, queue, raw=True)
         self.broker.subs.append(sub)
         self._subs.append(sub)
         return sub
@@ -282,7 +301,7 @@ class InMemoryBus(Bus):
             subject = inbox
 
             @staticmethod
-            def offer(_s: str, d: bytes, _r: str | None) -> None:
+            def offer(_s: str, d: bytes, _r: str | None, _h: dict[str, str]) -> None:
                 if not fut.done():
                     fut.set_result(d)
 

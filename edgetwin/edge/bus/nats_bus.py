@@ -27,6 +27,8 @@ from edgetwin.edge.bus.base import (
     Bus,
     Handler,
     NoResponders,
+    RawHandler,
+    RawMessage,
     Subscription,
     check_durable_filter,
     check_durable_subject,
@@ -405,14 +407,14 @@ class NatsBus(Bus):
             raise RuntimeError(f"bus {self.name!r} is not connected (call connect() or use 'async with')")
         return self.nc
 
-    async def publish_raw(self, subject: str, data: bytes, reply: str | None = None) -> None:
+    async def publish_raw(
+        self, subject: str, data: bytes, reply: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> None:
         nc = self._require()
-        await nc.publish(subject, bytes(data), reply=reply or "")
+        await nc.publish(subject, bytes(data), reply=reply or "", headers=dict(headers) if headers else None)
         self._count_out(subject, len(data))
 
     async def subscribe(self, subject: str, handler: Handler, queue: str | None = None) -> Subscription:
-        import nats.errors
-
         nc = self._require()
         check_subject(subject, wildcards=True)
 
@@ -421,6 +423,24 @@ class NatsBus(Bus):
 
         sub = _NatsSub(subject, await nc.subscribe(subject, queue=queue or "", cb=cb, pending_msgs_limit=65536))
         self._subs.append(sub)
+        await self._flush_interest(subject)
+        return sub
+
+    async def subscribe_raw(self, subject: str, handler: RawHandler, queue: str | None = None) -> Subscription:
+        nc = self._require()
+        check_subject(subject, wildcards=True)
+
+        async def cb(m: Any) -> None:
+            await self._dispatch_raw(RawMessage(m.subject, m.data, dict(m.headers or {}), m.reply or None), handler)
+
+        sub = _NatsSub(subject, await nc.subscribe(subject, queue=queue or "", cb=cb, pending_msgs_limit=65536))
+        self._subs.append(sub)
+        await self._flush_interest(subject)
+        return sub
+
+    async def _flush_interest(self, subject: str) -> None:
+        import nats.errors
+
         # Return only once the server holds the interest, so that a request sent by anyone after
         # this call finds the subscriber (no spurious NoResponders). While reconnecting the client
         # resends its subscriptions on reconnect, so a failed round trip here is not an error.
@@ -428,7 +448,6 @@ class NatsBus(Bus):
             await self.flush(timeout=self.config.connect_timeout_s)
         except (TimeoutError, nats.errors.Error) as e:
             log.info("%s: subscribed to %s while the server is unreachable (%r)", self.name, subject, e)
-        return sub
 
     async def request_raw(self, subject: str, data: bytes, timeout: float) -> bytes:
         import nats.errors
