@@ -7,9 +7,14 @@ its arguments only (every task carries its own seed), so the three give the same
 order of the tasks.
 
 Why processes, not threads: a member fit is Python-bound (SB3/imitation loops around small MLPs),
-so threads would share one interpreter lock. Each worker runs torch with
-``cores // workers`` threads (at least 1): small MLPs on a shared 2-core machine run fastest
-single-threaded, and two workers with two threads each would oversubscribe the cores.
+so threads would share one interpreter lock.
+
+Torch threads per worker: the caller's ``torch.get_num_threads()`` unless told otherwise. Not
+``cores // workers``, because torch's result depends on its thread count (a matrix product split
+over two threads sums in another order: a member fitted with 2 threads differs in the last bits
+from one fitted with 1, and GAIL amplifies that), and the same seed must give the same twin
+wherever it runs. The CLI sets 1 thread before it fits (small MLPs on a shared 2-core machine run
+fastest single-threaded), so its workers use 1 each and do not oversubscribe the cores.
 
 Ray is imported only when ``ray_address`` is given; without it nothing here touches Ray.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
@@ -26,7 +32,7 @@ from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
 
-__all__ = ["available_cores", "resolve_workers", "run_tasks"]
+__all__ = ["available_cores", "check_ray", "resolve_workers", "run_tasks"]
 
 
 def available_cores() -> int:
@@ -77,6 +83,7 @@ def run_tasks(
     desc: str = "tasks",
     shared: tuple[Any, ...] = (),
     on_result: Callable[[int, Any], None] | None = None,
+    torch_threads: int | None = None,
 ) -> list[Any]:
     """``[fn(*shared, *task) for task in tasks]``, serially, on a process pool or on Ray.
 
@@ -94,6 +101,8 @@ def run_tasks(
             worker on Ray (``ray.put``); on the pool, pickled with each task.
         on_result: called in this process as ``on_result(i, result)`` when task ``i`` finishes
             (e.g. to checkpoint it), in completion order.
+        torch_threads: torch threads in each worker (default: this process's count, so that a
+            task gives the same result as in this process).
 
     Returns:
         the results in the order of ``tasks``.
@@ -103,8 +112,12 @@ def run_tasks(
     """
     if not tasks:
         return []
+    if torch_threads is None:
+        import torch
+
+        torch_threads = torch.get_num_threads()
     if ray_address is not None:
-        return _run_ray(fn, tasks, ray_address, progress, desc, shared, on_result)
+        return _run_ray(fn, tasks, ray_address, progress, desc, shared, on_result, torch_threads)
     n = resolve_workers(workers, len(tasks))
     results: list[Any] = [None] * len(tasks)
     bar = tqdm(total=len(tasks), desc=desc, disable=not progress)
@@ -116,10 +129,9 @@ def run_tasks(
             bar.update(1)
         bar.close()
         return results
-    threads = max(1, available_cores() // n)
     # spawn, not fork: a forked child inherits torch's and OpenMP's thread state mid-flight
     ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_worker, initargs=(torch_threads,)) as pool:
         futures = {pool.submit(fn, *shared, *t): i for i, t in enumerate(tasks)}
         for fut in as_completed(futures):
             i = futures[fut]
@@ -131,6 +143,34 @@ def run_tasks(
     return results
 
 
+def check_ray(address: str) -> None:
+    """Before any long work: Ray is installed and something answers at ``address``.
+
+    Raises:
+        InputError: naming ``--ray``.
+    """
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise InputError('Ray is not installed; install the extra: pip install -e ".[ray]"', "--ray") from None
+    _check_reachable(address)
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail fast on a ``host:port`` / ``ray://host:port`` nobody answers (Ray itself retries for
+    minutes before it gives up)."""
+    if address in ("local", "auto"):
+        return
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(f"expected a Ray address like host:6379, ray://host:10001, auto or local; got {address!r}", "--ray")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise InputError(f"no Ray cluster answers at {address!r} ({e})", "--ray") from None
+
+
 def _run_ray(
     fn: Callable[..., Any],
     tasks: Sequence[tuple[Any, ...]],
@@ -139,6 +179,7 @@ def _run_ray(
     desc: str,
     shared: tuple[Any, ...],
     on_result: Callable[[int, Any], None] | None,
+    torch_threads: int,
 ) -> list[Any]:
     try:
         import ray
@@ -147,6 +188,7 @@ def _run_ray(
             'Ray is not installed; install the extra: pip install -e ".[ray]"', "--ray"
         ) from None
     if not ray.is_initialized():
+        _check_reachable(address)
         try:
             if address == "local":
                 ray.init(num_cpus=available_cores(), include_dashboard=False, log_to_driver=False)
@@ -156,7 +198,7 @@ def _run_ray(
             raise InputError(f"cannot connect to the Ray cluster at {address!r} ({e})", "--ray") from None
     remote = ray.remote(num_cpus=1)(_ray_call)
     shared_refs = [ray.put(s) for s in shared]
-    refs = [remote.remote(fn, 1, *shared_refs, *t) for t in tasks]
+    refs = [remote.remote(fn, torch_threads, *shared_refs, *t) for t in tasks]
     index = {r: i for i, r in enumerate(refs)}
     results: list[Any] = [None] * len(tasks)
     bar = tqdm(total=len(tasks), desc=desc, disable=not progress)

@@ -52,7 +52,7 @@ from edgetwin.imitation.steps import build_steps
 from edgetwin.imitation.world import Composition, InitialStates
 from edgetwin.twin.envs import TwinEnv, TwinParallelEnv, TwinVecEnv
 from edgetwin.twin.member import Member
-from edgetwin.twin.parallel import resolve_workers, run_tasks
+from edgetwin.twin.parallel import check_ray, resolve_workers, run_tasks
 from edgetwin.twin.simulation import RolloutRecord, Simulation
 from edgetwin.twin.support import ProfileSupport, SupportIndex
 
@@ -324,6 +324,9 @@ class Twin:
         if unknown:
             raise InputError(f"unknown hyper-parameter(s) {unknown}; known: {sorted(known)}", "hyper")
         cfg = MailConfig.from_hyper(hyper)
+        resolve_workers(workers, members)  # a bad count or Ray address fails before any fitting
+        if ray_address is not None:
+            check_ray(ray_address)
         if response_model == "bc":
             cfg.rounds = 0
         t_start = time.perf_counter()
