@@ -195,7 +195,7 @@ class ShuffledBatches:
         self.acts = th.as_tensor(np.asarray(y, np.float32))
         self.batch_size = int(batch_size)
 
-    def __iter__(self) -> Iterator[dict[str, th.Tensor]]:
+    def __iter__(self) -> Iterator[itypes.TransitionMapping]:
         n, b = len(self.obs), self.batch_size
         th.empty((), dtype=th.int64).random_()  # the DataLoader iterator's base seed (no workers: unused)
         generator = th.Generator()
