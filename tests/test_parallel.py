@@ -109,3 +109,27 @@ def test_same_twin_on_ray(small_log: tuple[Any, Any], tmp_path: Path) -> None:
     finally:
         ray.shutdown()
     assert twin_content(serial) == twin_content(on_ray)
+
+
+def test_fit_cli_refuses_a_ray_address_nobody_answers(small_log: tuple[Any, Any], tmp_path: Path) -> None:
+    """``--ray`` at a closed port: one line naming the flag, exit 2, before any fitting; the CLI's
+    ``--workers`` rejects a negative count the same way."""
+    import contextlib
+    import io
+    import socket
+
+    from edgetwin.cli import main
+
+    df, spec = small_log
+    df.to_parquet(tmp_path / "log.parquet")
+    spec.save(tmp_path / "log.spec.toml")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for extra, flag in ((["--ray", f"127.0.0.1:{port}"], "--ray"), (["--workers", "-1"], "--workers")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
+            main(["fit", str(tmp_path / "log.parquet"), "--out", str(tmp_path / "tw"), *extra])
+        assert e.value.code == 2
+        assert flag in err.getvalue() and "Traceback" not in err.getvalue()
+    assert not (tmp_path / "tw" / "MANIFEST.json").exists()
