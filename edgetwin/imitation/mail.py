@@ -191,8 +191,9 @@ class ShuffledBatches:
     """
 
     def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int) -> None:
-        self.obs = th.as_tensor(np.asarray(x, np.float32))
-        self.acts = th.as_tensor(np.asarray(y, np.float32))
+        # copies: imitation's Transitions froze the arrays, and torch warns on read-only memory
+        self.obs = th.from_numpy(np.array(x, np.float32))
+        self.acts = th.from_numpy(np.array(y, np.float32))
         self.batch_size = int(batch_size)
 
     def __iter__(self) -> Iterator[itypes.TransitionMapping]:
