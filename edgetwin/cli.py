@@ -433,6 +433,16 @@ def twin_fit(
     strategy: Annotated[str, typer.Option(help="--federated: fedavg | fedavgm | dp_gaussian.")] = "fedavg",
     compression: Annotated[str, typer.Option(help="--federated: dense | int8 | topk+int8.")] = "dense",
     secure: Annotated[bool, typer.Option("--secure", help="--federated: secure aggregation.")] = False,
+    workers: Annotated[
+        int,
+        typer.Option(min=0, help="Processes that fit ensemble members in parallel (0: one per core; 1: serially). "
+                     "The twin does not depend on it."),
+    ] = 0,
+    ray: Annotated[
+        str | None,
+        typer.Option("--ray", help="Fit the members on this Ray cluster (e.g. auto, ray://host:10001; local starts "
+                     "one here); needs pip install -e \".[ray]\". The twin does not depend on it."),
+    ] = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -467,6 +477,8 @@ def twin_fit(
         rounds=rounds,
         bc_epochs=bc_epochs,
         site_model=[c.strip() for c in site_columns.split(",") if c.strip()] if site_columns else site_model,
+        workers=workers,
+        ray_address=ray,
     )
     twin.save(out_dir)
     summary = {"twin": str(out_dir), **{k: twin.meta[k] for k in ("members", "data_sha256", "n_rows", "n_episodes", "fit_seconds")}}

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ from imitation.rewards.reward_nets import BasicRewardNet
 from imitation.util import logger as imit_logger
 from stable_baselines3 import PPO
 from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.preprocessing import preprocess_obs
 from stable_baselines3.common.vec_env import VecEnv
 from tqdm.auto import tqdm
 
@@ -86,9 +87,11 @@ class GaussianModel:
             assert shape is not None  # a Box action space always has a shape
             return np.zeros((0, shape[0]), dtype=np.float32)
         obs = th.as_tensor(np.array(x, dtype=np.float32))
-        dist = self.policy.get_distribution(obs).distribution
-        assert isinstance(dist, th.distributions.Distribution)  # a Box policy's: one Gaussian, not a list
-        return dist.mean.numpy()
+        # what `policy.get_distribution(obs).distribution.mean` computes, without building the
+        # distribution (whose argument checks cost more than the network on a twin's tick)
+        pol = self.policy
+        features = pol.pi_features_extractor(preprocess_obs(obs, pol.observation_space))
+        return pol.action_net(pol.mlp_extractor.forward_actor(features)).numpy()
 
     @property
     def std(self) -> np.ndarray:
@@ -158,6 +161,8 @@ def behaviour_clone(
         l2_weight=0.0,
         custom_logger=_quiet_logger(),
     )
+    # the same batches as imitation's DataLoader, gathered by index instead of sample by sample
+    trainer._demo_data_loader = ShuffledBatches(x, y, min(batch_size, len(x)))
     with warnings.catch_warnings():
         # imitation logs a grad-carrying tensor as float each batch (harmless, noisy)
         warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad")
@@ -168,6 +173,38 @@ def behaviour_clone(
         policy.log_std.copy_(th.as_tensor(np.log(np.maximum(rms, MIN_STD)), dtype=policy.log_std.dtype))
         _, logp, _ = policy.evaluate_actions(th.as_tensor(x.copy()), th.as_tensor(y.copy()))
     return {"neglogp": float(-logp.mean()), "mse": float(((mu - y) ** 2).mean())}
+
+
+class ShuffledBatches:
+    """The minibatches imitation's BC reads, as its own `DataLoader` would make them, but fast.
+
+    imitation wraps the demonstrations in a torch `DataLoader` (shuffled, last partial batch
+    dropped) whose collate step builds every sample as a Python dict and stacks them: on a large
+    log that was most of a twin's fit time (docs/benchmarks.md, "Scale"). This yields the same
+    batches by indexing two tensors with the same permutations, drawn the same way from torch's
+    global generator (per epoch: the loader iterator's base seed, then the sampler's seed, then
+    ``randperm`` on a generator seeded with it), so a fit gives the same weights as before
+    (tests/test_parallel.py checks the batches against the `DataLoader`'s).
+
+    Args:
+        x: ``(n, in)`` float32 inputs; y: ``(n, out)`` float32 targets; batch_size: rows per batch.
+    """
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int) -> None:
+        # copies: imitation's Transitions froze the arrays, and torch warns on read-only memory
+        self.obs = th.from_numpy(np.array(x, np.float32))
+        self.acts = th.from_numpy(np.array(y, np.float32))
+        self.batch_size = int(batch_size)
+
+    def __iter__(self) -> Iterator[itypes.TransitionMapping]:
+        n, b = len(self.obs), self.batch_size
+        th.empty((), dtype=th.int64).random_()  # the DataLoader iterator's base seed (no workers: unused)
+        generator = th.Generator()
+        generator.manual_seed(int(th.empty((), dtype=th.int64).random_().item()))
+        perm = th.randperm(n, generator=generator)
+        for k in range(n // b):
+            idx = perm[k * b : (k + 1) * b]
+            yield {"obs": self.obs[idx], "acts": self.acts[idx]}
 
 
 # --------------------------------------------------------------------------- the client's environment

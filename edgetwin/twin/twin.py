@@ -53,6 +53,7 @@ from edgetwin.imitation.world import Composition, InitialStates
 from edgetwin.twin.envs import TwinEnv, TwinParallelEnv, TwinVecEnv
 from edgetwin.twin.intervals import LEVEL, Calibration, interval
 from edgetwin.twin.member import Member
+from edgetwin.twin.parallel import check_ray, resolve_workers, run_tasks
 from edgetwin.twin.simulation import RolloutRecord, Simulation
 from edgetwin.twin.support import ProfileSupport, SupportIndex
 
@@ -121,6 +122,65 @@ class EmpiricalPopulation:
         path.mkdir(parents=True, exist_ok=True)
         self.table.to_parquet(path / "empirical.parquet", index=False)
         return path
+
+
+class PopulationSampler:
+    """``(n, scenario, seed) -> raw profiles (n, P)`` from a population model: the profile sampler
+    MAIL-MMSG's training worlds draw from (a class, not a closure, so a pool worker can unpickle it)."""
+
+    def __init__(self, population: Any, profile: list[str]) -> None:
+        self.population = population
+        self.profile = profile
+
+    def __call__(self, n: int, scenario: str, seed: int) -> np.ndarray:
+        return self.population.sample(n, scenario=scenario, seed=seed)[self.profile].to_numpy(np.float64)
+
+
+def bootstrap_episodes(df: pd.DataFrame, episodes: np.ndarray, pick: np.ndarray | None) -> pd.DataFrame:
+    """The log with episodes ``episodes[pick]`` in that order (all of it when ``pick`` is None);
+    the k-th drawn episode is renamed ``<episode>#k``, so a repeated episode becomes a distinct one."""
+    if pick is None:
+        return df
+    ep_rows = df.groupby("episode", sort=False).indices
+    parts = []
+    for k, e in enumerate(pick):
+        part = df.iloc[ep_rows[episodes[e]]].copy()
+        part["episode"] = f"{episodes[e]}#{k}"
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+def _fit_member_task(
+    df: pd.DataFrame,
+    episodes: np.ndarray,
+    layout: Layout,
+    response_model: str,
+    cfg: MailConfig,
+    sampler: PopulationSampler,
+    initial: InitialStates,
+    composition: Composition,
+    progress: bool,
+    transition_model: str,
+    site_model: bool | list[str],
+    m: int,
+    pick: np.ndarray | None,
+    seed: int,
+) -> Member:
+    """One ensemble member from the log, its bootstrap draw ``pick`` and its seed: a task of
+    `edgetwin.twin.parallel.run_tasks` (serial, pool or Ray give the same member)."""
+    return Twin._fit_member(
+        bootstrap_episodes(df, episodes, pick),
+        layout,
+        response_model,
+        cfg,
+        sampler,
+        initial,
+        composition,
+        seed,
+        progress,
+        transition_model,
+        site_model,
+    )
 
 
 class _Constant:
@@ -205,6 +265,8 @@ class Twin:
         use_time: bool = True,
         transition_model: str = "client",
         site_model: bool | Sequence[str] = False,
+        workers: int | None = 1,
+        ray_address: str | None = None,
         **hyper: Any,
     ) -> Twin:
         """Learn a twin from a log.
@@ -235,6 +297,12 @@ class Twin:
                 False (default): by the mean of the agents' own predictions. Off by default: on
                 the emulated cluster it did not rank policies better on every seed
                 (docs/benchmarks.md, "Paired quick checks").
+            workers: fit the ensemble members on a local process pool of this many processes
+                (``None``/0: one per core; 1: serially, in this process). The twin does not depend
+                on it: each member's data and seed are drawn before any is fitted
+                (`edgetwin.twin.parallel`).
+            ray_address: fit the members as tasks on this Ray cluster instead (``"local"`` starts
+                one here; needs ``pip install -e ".[ray]"``); the same twin again.
             **hyper: `edgetwin.imitation.mail.MailConfig` fields (``rounds``, ``bc_epochs``, ...).
 
         Raises:
@@ -257,6 +325,9 @@ class Twin:
         if unknown:
             raise InputError(f"unknown hyper-parameter(s) {unknown}; known: {sorted(known)}", "hyper")
         cfg = MailConfig.from_hyper(hyper)
+        resolve_workers(workers, members)  # a bad count or Ray address fails before any fitting
+        if ray_address is not None:
+            check_ray(ray_address)
         if response_model == "bc":
             cfg.rounds = 0
         t_start = time.perf_counter()
@@ -293,47 +364,45 @@ class Twin:
         composition = Composition.fit(df, layout)
         initial = InitialStates.fit(df, layout)
 
-        def sampler(n: int, scenario: str, s: int) -> np.ndarray:
-            return population.sample(n, scenario=scenario, seed=s)[layout.profile].to_numpy(np.float64)
-
+        sampler = PopulationSampler(population, layout.profile)
         episodes = df["episode"].unique()
-        ep_rows = df.groupby("episode", sort=False).indices
-        fitted: list[Member] = []
-        bar = tqdm(range(members), desc="twin members", disable=not progress)
-        for m in bar:
+        fitted: dict[int, Member] = {}
+        tasks: list[tuple[Any, ...]] = []
+        for m in range(members):
             mdir = ckpt / f"member_{m}" if ckpt is not None else None
             if mdir is not None and (mdir / "DONE").is_file():
-                fitted.append(Member.load(mdir, len(layout.scenarios)))
+                fitted[m] = Member.load(mdir, len(layout.scenarios))
                 continue
             rng = np.random.default_rng([seed, m])
-            if members == 1:
-                sub = df
-            else:  # bootstrap over episodes; a repeated episode becomes a distinct one
-                pick = rng.choice(len(episodes), size=len(episodes), replace=True)
-                parts = []
-                for k, e in enumerate(pick):
-                    part = df.iloc[ep_rows[episodes[e]]].copy()
-                    part["episode"] = f"{episodes[e]}#{k}"
-                    parts.append(part)
-                sub = pd.concat(parts, ignore_index=True)
-            member = cls._fit_member(
-                sub,
-                layout,
-                response_model,
-                cfg,
-                sampler,
-                initial,
-                composition,
-                seed * 1000 + m,
-                progress,
-                transition_model,
-                site_model,
-            )
+            # bootstrap over episodes (drawn here, in order, so that where a member is fitted does
+            # not change what it is fitted on); a repeated episode becomes a distinct one
+            pick = None if members == 1 else rng.choice(len(episodes), size=len(episodes), replace=True)
+            tasks.append((m, pick, seed * 1000 + m))
+
+        def finished(i: int, member: Member) -> None:
+            m = tasks[i][0]
+            fitted[m] = member
+            mdir = ckpt / f"member_{m}" if ckpt is not None else None
             if mdir is not None:
                 if mdir.exists():
                     shutil.rmtree(mdir)
                 member.save(mdir)
-            fitted.append(member)
+
+        n_workers = 1 if ray_address is None and len(tasks) <= 1 else resolve_workers(workers, len(tasks))
+        parallel = ray_address is not None or n_workers > 1
+        run_tasks(
+            _fit_member_task,
+            tasks,
+            workers=n_workers,
+            ray_address=ray_address,
+            progress=progress,
+            desc="twin members",
+            # inner progress bars of several processes would interleave: only serially
+            shared=(df, episodes, layout, response_model, cfg, sampler, initial, composition,
+                    progress and not parallel, transition_model, site_model),
+            on_result=finished,
+        )
+        fitted_list = [fitted[m] for m in range(members)]
         steps_all = build_steps(df, layout)
         z_support = np.concatenate(
             [steps_all.x_engine, steps_all.za], axis=1
@@ -359,7 +428,7 @@ class Twin:
             "versions": library_versions(),
             "fit_seconds": time.perf_counter() - t_start,
         }
-        return cls(layout, fitted, population, composition, initial, support, a_low, a_high, meta)
+        return cls(layout, fitted_list, population, composition, initial, support, a_low, a_high, meta)
 
     @staticmethod
     def _fit_population(

@@ -1,0 +1,294 @@
+"""Scale: how long a twin takes to fit as the logs grow, serially and on a process pool, and how
+fast the fitted twin steps against the emulated cluster it mimics.
+
+1. Fit wall time and peak memory (resident set of the fitting process and of its largest pool
+   worker) for logs of the emulated cluster of growing size, serially (``workers=1``) and on the
+   local process pool (``workers=0``: one per core), and the fitted exponent of time against
+   rows. Each fit runs in a fresh subprocess so that its peak memory is its own.
+   ``--compare-with DIR`` also fits the first size serially with another checkout of the package
+   (e.g. the code before a speed-up): a ratio in the same run, on the same loaded machine.
+2. Twin throughput (agent-steps/s, uniformly random actions, one process, 1 torch thread) at
+   1,000 and 10,000 agents against the emulated cluster in the same run, and the top entries of
+   a cProfile of the twin's tick.
+
+Targets (issue 22): 1M rows <= 15 min and <= 8 GiB on 2 cores; >= 500k agent-steps/s at 1k agents
+and >= the emulator's at 10k. The decision path's latency has its own section
+(benchmarks/edge_latency.py, "Edge decision latency").
+
+    python benchmarks/scale.py                       # 100k, 300k, 1M rows, default twin (hours on 2 cores)
+    python benchmarks/scale.py --quick               # small sizes and a small twin (minutes)
+    python benchmarks/scale.py --ray auto            # the pool fits on a Ray cluster instead
+
+Writes the ``## Scale`` section of docs/benchmarks.md and docs/benchmarks/scale/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _docs
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "benchmarks" / "scale"
+SECTION = "## Scale"
+AGENTS = 500  # service groups per logged episode; episodes = rows / (agents * 96)
+QUICK_AGENTS = 100
+
+
+def load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+# ------------------------------------------------------------------------------------ 1. fits
+def fit_once(rows: int, workers: int, hyper: dict, seed: int, ray: str | None, out: Path, agents: int = AGENTS) -> dict:
+    """Fit in this process (called in a subprocess by `timed_fit`); returns time and peak memory."""
+    import torch
+
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.twin.twin import Twin
+
+    torch.set_num_threads(1)
+    episodes = max(2, int(round(rows / (agents * 96))))
+    df, spec = generate_logs(ClusterConfig(n_agents=agents, steps=96), episodes=episodes, seed=seed)
+    kw = dict(hyper)
+    pop = {"steps": kw.pop("population_steps")} if "population_steps" in kw else {}
+    t0 = time.perf_counter()
+    if workers != 1 or ray is not None:  # (an older checkout of `--compare-with` knows neither)
+        kw.update(workers=workers, ray_address=ray)
+    twin = Twin.fit(df, spec, seed=seed, progress=False, population_hyper=pop, **kw)
+    secs = time.perf_counter() - t0
+    twin.save(out)
+    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    return {"rows": len(df), "episodes": episodes, "workers": workers, "seconds": secs,
+            "peak_gib_main": me, "peak_gib_worker": kids, "load_after": load()}
+
+
+def timed_fit(rows: int, workers: int, hyper: dict, seed: int, ray: str | None, pkg: Path | None,
+              out: Path) -> dict:
+    """`fit_once` in a fresh interpreter (its own peak memory); ``pkg``: import edgetwin from there."""
+    env = dict(os.environ)
+    if pkg is not None:
+        env["PYTHONPATH"] = str(pkg)
+    args = json.dumps({"rows": rows, "workers": workers, "hyper": hyper, "seed": seed, "ray": ray, "out": str(out),
+                       "agents": QUICK_AGENTS if hyper.get("quick") else AGENTS})
+    before = load()
+    res = subprocess.run([sys.executable, __file__, "--_fit", args], env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"fit of {rows} rows failed:\n{res.stderr[-3000:]}")
+    rec = json.loads(res.stdout.strip().splitlines()[-1])
+    rec["load_before"] = before
+    return rec
+
+
+# ------------------------------------------------------------------------------------ 2. rollout
+def throughput(twin_dir: Path, n: int, ticks: int, rounds: int = 3) -> dict:
+    """Best of ``rounds`` alternating runs of the twin and the cluster (each ``ticks`` ticks)."""
+    import torch
+
+    from edgetwin.contract.policy import RandomPolicy
+    from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
+    from edgetwin.twin.twin import Twin
+
+    torch.set_num_threads(1)
+    twin = Twin.load(twin_dir)
+    pol = RandomPolicy(twin.spec, 0)
+    best_t, best_c = 0.0, 0.0
+    for r in range(rounds):
+        sim = twin.simulation(n_agents=n, seed=r)
+        acts = [pol.act(sim.obs()) for _ in range(ticks)]
+        t0 = time.perf_counter()
+        for a in acts:
+            sim.step(a, with_disagreement=False)
+        best_t = max(best_t, n * ticks / (time.perf_counter() - t0))
+        cl = EdgeCluster(ClusterConfig(n_agents=n, steps=ticks + 1))
+        cl.reset(seed=r)
+        t0 = time.perf_counter()
+        for a in acts:
+            cl.step(a)
+        best_c = max(best_c, n * ticks / (time.perf_counter() - t0))
+    return {"agents": n, "twin": best_t, "emulator": best_c, "ratio": best_t / best_c, "load": load()}
+
+
+def profile_tick(twin_dir: Path, n: int, ticks: int, top: int = 12) -> list[dict]:
+    """cProfile of ``ticks`` twin ticks at ``n`` agents: the top entries by own time."""
+    from edgetwin.contract.policy import RandomPolicy
+    from edgetwin.twin.twin import Twin
+
+    twin = Twin.load(twin_dir)
+    sim = twin.simulation(n_agents=n, seed=0)
+    pol = RandomPolicy(twin.spec, 0)
+    acts = [pol.act(sim.obs()) for _ in range(ticks)]
+    prof = cProfile.Profile()
+    prof.enable()
+    for a in acts:
+        sim.step(a, with_disagreement=False)
+    prof.disable()
+    st = pstats.Stats(prof, stream=io.StringIO())
+    total = sum(v[2] for v in st.stats.values())  # type: ignore[attr-defined]
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]  # type: ignore[attr-defined]
+    return [{"function": f"{Path(f).name}:{line}({name})", "calls": v[1], "own_s": v[2], "share": v[2] / total}
+            for (f, line, name), v in rows]
+
+
+# ------------------------------------------------------------------------------------ report
+def exponent(rows: list[int], secs: list[float]) -> float:
+    return float(np.polyfit(np.log(rows), np.log(secs), 1)[0]) if len(rows) > 1 else float("nan")
+
+
+def section(res: dict) -> str:
+    m = res["machine"]
+    lines = [
+        SECTION, "",
+        f"Command: `{res['command']}`. Machine: {m}. Load average (1, 5, 15 min) is given beside every timing: "
+        "this machine is shared by several sessions, so absolute times are pessimistic; compare ratios within a row.",
+        "",
+        f"**1. Fit time and peak memory** (twin: {res['twin']}; emulated-cluster logs, {res['agents']} service groups x 96 "
+        "ticks per episode, random logging policy; each fit in a fresh process; peak = resident set of the fitting "
+        "process / of its largest child process, i.e. pool worker).",
+        "",
+        "| rows | mode | wall s | peak GiB (main / worker) | load before -> after |",
+        "|---:|---|---:|---|---|",
+    ]
+    for f in res["fits"]:
+        lines.append(f"| {f['rows']:,} | {f['mode']} | {f['seconds']:.0f} | {f['peak_gib_main']:.2f} / "
+                     f"{f['peak_gib_worker']:.2f} | {f['load_before']} -> {f['load_after']} |")
+    for mode, e in res["exponent"].items():
+        lines.append(f"\nTime ~ rows^{e:.2f} ({mode}).")
+    if res.get("speedup"):
+        lines.append("\n" + res["speedup"])
+    t = res["target_1m"]
+    lines += ["", f"Target 1M rows <= 15 min and <= 8 GiB on 2 cores: {t}", "",
+              "**2. Twin throughput** (agent-steps/s, uniformly random actions, one process, 1 torch thread, "
+              "no ensemble disagreement; best of 3 alternating runs of twin and emulator):", "",
+              "| agents | twin | emulated cluster | twin / emulator | load |", "|---:|---:|---:|---:|---|"]
+    for r in res["throughput"]:
+        lines.append(f"| {r['agents']:,} | {r['twin']:,.0f} | {r['emulator']:,.0f} | {r['ratio']:.2f} | {r['load']} |")
+    lines += ["", "Top of a cProfile of the twin's tick at 1,000 agents (own time):", "",
+              "| function | calls | own s | share |", "|---|---:|---:|---:|"]
+    for p in res["profile_tick"]:
+        lines.append(f"| `{p['function']}` | {p['calls']} | {p['own_s']:.3f} | {100 * p['share']:.0f} % |")
+    lines += ["", "The decision path's latency (NATS request/reply) is measured by benchmarks/edge_latency.py: see "
+              "its section, \"Edge decision latency\"."]
+    return "\n".join(lines)
+
+
+def target_1m(fits: list[dict], expo: dict[str, float]) -> tuple[str, float]:
+    """The 1M-row verdict: measured when a fit of ~1M rows ran, else extrapolated from the fastest
+    mode at the largest size when its exponent says time grows with rows (>= 0.5); below that the
+    sizes were dominated by fixed costs (population model, GAIL rounds, worker start-up) and any
+    extrapolation would be fiction."""
+    own = [f for f in fits if "," not in f["mode"]]
+    measured = [f for f in own if f["rows"] >= 950_000]
+    if measured:
+        f = min(measured, key=lambda f: f["seconds"])
+        peak = max(f["peak_gib_main"], f["peak_gib_worker"])
+        ok = f["seconds"] <= 900 and peak <= 8
+        return (f"measured {f['seconds'] / 60:.1f} min, {peak:.2f} GiB ({f['mode']}): {'met' if ok else 'MISSED'}.",
+                f["seconds"])
+    largest = max(f["rows"] for f in own)
+    best = min((f for f in own if f["rows"] == largest), key=lambda f: f["seconds"])
+    e = expo.get(best["mode"], float("nan"))
+    if not np.isfinite(e) or e < 0.5:
+        return (f"not measured at 1M rows in this run, and not extrapolated: at these sizes time hardly grows with "
+                f"rows (exponents {', '.join(f'{m} {v:.2f}' for m, v in expo.items())}; fixed costs and the load "
+                "dominate).", float("nan"))
+    est = best["seconds"] * (1_000_000 / best["rows"]) ** e
+    return (f"not measured at 1M rows in this run; extrapolated from {best['mode']} at {largest:,} rows with "
+            f"exponent {e:.2f}: {est / 60:.0f} min.", est)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes and a small twin (minutes)")
+    ap.add_argument("--rows", default=None, help="comma-separated log sizes (default 100000,300000,1000000)")
+    ap.add_argument("--modes", default="serial,pool", help="serial and/or pool")
+    ap.add_argument("--ray", default=None, help="fit the 'pool' rows on this Ray cluster instead")
+    ap.add_argument("--compare-with", type=Path, default=None,
+                    help="a checkout of the edgetwin package to fit the first size serially with (a before/after ratio)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--render", action="store_true", help="rewrite the section from results.json (no runs)")
+    ap.add_argument("--_fit", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.render:
+        res = json.loads((OUT / "results.json").read_text())
+        res["target_1m"], res["extrapolated_1m_seconds"] = target_1m(res["fits"], res["exponent"])
+        (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
+        _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+        return
+    if args._fit:
+        a = json.loads(args._fit)
+        hyper = {k: v for k, v in a["hyper"].items() if k != "quick"}
+        print(json.dumps(fit_once(a["rows"], a["workers"], hyper, a["seed"], a["ray"], Path(a["out"]), a["agents"])))
+        return
+    if args.quick:
+        rows = [int(x) for x in (args.rows or "19200,38400,76800").split(",")]
+        hyper = {"members": 2, "rounds": 2, "bc_epochs": 5, "population_steps": 300, "quick": True}
+        twin_desc = "quick: 2 members, 2 MAIL rounds, 5 BC epochs, 300 GAN steps"
+    else:
+        rows = [int(x) for x in (args.rows or "100000,300000,1000000").split(",")]
+        hyper = {"members": 5}
+        twin_desc = "defaults: 5 members, 10 MAIL rounds, 20 BC epochs, 3000 GAN steps"
+    modes = [m.strip() for m in args.modes.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="edgetwin-scale-"))
+    fits = []
+    if args.compare_with is not None:
+        rec = timed_fit(rows[0], 1, hyper, args.seed, None, args.compare_with, work / "before")
+        rec["mode"] = f"serial, {args.compare_with}"
+        fits.append(rec)
+        print(rec, flush=True)
+    for n in rows:
+        for mode in modes:
+            rec = timed_fit(n, 1 if mode == "serial" else 0, hyper, args.seed, args.ray if mode == "pool" else None,
+                            None, work / f"{mode}_{n}")
+            rec["mode"] = mode if mode == "serial" or not args.ray else f"Ray {args.ray}"
+            fits.append(rec)
+            print(rec, flush=True)
+    expo = {}
+    for mode in {f["mode"] for f in fits if "," not in f["mode"]}:
+        sel = [f for f in fits if f["mode"] == mode]
+        expo[mode] = exponent([f["rows"] for f in sel], [f["seconds"] for f in sel])
+    speed = ""
+    if args.compare_with is not None:
+        before = fits[0]
+        after = next(f for f in fits if f["mode"] == "serial" and f["rows"] == before["rows"])
+        speed = (f"Serial fit of {before['rows']:,} rows: {before['seconds']:.0f} s with {args.compare_with} vs "
+                 f"{after['seconds']:.0f} s now ({before['seconds'] / after['seconds']:.2f}x).")
+    target, est = target_1m(fits, expo)
+    twin_dir = work / f"{modes[0]}_{rows[0]}"
+    tp = [throughput(twin_dir, n, 20) for n in (1000, 10_000)]
+    prof = profile_tick(twin_dir, 1000, 40)
+    import torch
+
+    res = {
+        "command": "python benchmarks/scale.py" + (" --quick" if args.quick else "")
+        + (f" --compare-with {args.compare_with}" if args.compare_with else ""),
+        "machine": f"{os.cpu_count()} CPU cores shared with other sessions, {platform.machine()}, Python "
+        f"{platform.python_version()}, torch {torch.__version__}",
+        "twin": twin_desc, "agents": QUICK_AGENTS if args.quick else AGENTS, "fits": fits, "exponent": expo, "speedup": speed, "target_1m": target,
+        "extrapolated_1m_seconds": est, "throughput": tp, "profile_tick": prof,
+    }
+    print(json.dumps(res, indent=1, default=float))
+    if not args.no_write:
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
+        _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+
+
+if __name__ == "__main__":
+    main()
