@@ -64,7 +64,7 @@ from edgetwin.imitation.steps import build_steps
 from edgetwin.imitation.world import Composition, InitialStates
 from edgetwin.twin.member import Member
 from edgetwin.twin.support import SupportIndex
-from edgetwin.twin.twin import FORMAT_VERSION, Twin, library_versions
+from edgetwin.twin.twin import FORMAT_VERSION, Twin, bootstrap_episodes, library_versions
 
 __all__ = ["FitOptions", "SiteFitter", "TwinAssembler", "TwinFitPlan", "personalise"]
 
@@ -308,19 +308,13 @@ def _kmeans(x: np.ndarray, k: int, seed: int, weights: np.ndarray | None = None)
 
 
 def _bootstrap(df: pd.DataFrame, member: int, members: int, seed: int, site: str) -> pd.DataFrame:
-    """The member's bootstrap of this site's episodes (all of them when ``members == 1``)."""
+    """The member's bootstrap of this site's episodes (all of them when ``members == 1``), drawn
+    as `Twin.fit` draws a member's (`bootstrap_episodes`), from a seed of its own per site."""
     if members == 1:
         return df
     episodes = df["episode"].unique()
-    rows = df.groupby("episode", sort=False).indices
     rng = np.random.default_rng([seed, member, zlib.crc32(site.encode())])
-    pick = rng.choice(len(episodes), size=len(episodes), replace=True)
-    parts = []
-    for k, e in enumerate(pick):
-        part = df.iloc[rows[episodes[e]]].copy()
-        part["episode"] = f"{episodes[e]}#{k}"
-        parts.append(part)
-    return pd.concat(parts, ignore_index=True)
+    return bootstrap_episodes(df, episodes, rng.choice(len(episodes), size=len(episodes), replace=True))
 
 
 # ------------------------------------------------------------------------------------ site side
