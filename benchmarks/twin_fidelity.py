@@ -312,7 +312,7 @@ def logging_policy(args: argparse.Namespace, spec, seed: int) -> PlatformPolicy:
 
 
 def quick_ranking(args: argparse.Namespace) -> None:
-    """Section 3 only, small: 3 training days, 1 member, 2 evaluation days, PPO 30k steps, no FQE.
+    """Section 3 only, small: 3 training days, 1 member, `--eval-days` evaluation days (default 10), PPO 30k steps, no FQE.
 
     Used to measure each change to the twin in a few minutes; the full run is the reference.
     """
