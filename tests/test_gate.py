@@ -129,6 +129,11 @@ def test_gate_abstains_on_a_candidate_outside_the_logs_support() -> None:
     # asked to, the gate refuses instead of abstaining
     r = run_gate(twin, far, near, log=recent, refuse_out_of_support=True, **GATE)
     assert r.verdict == "refuse" and r.refused_out_of_support
+    # the logging scheduler itself, without its noise, on days the twin never saw, is inside the support:
+    # the threshold is calibrated on held-out episodes (a row-to-nearest-other-row threshold put 19 % of
+    # these steps outside, as one agent's adjacent ticks are near copies)
+    own = run_gate(twin, near, near, log=recent, **GATE)
+    assert own.verdict == "promote" and max(c.out_of_support for c in own.checks) < 0.05
 
 
 def test_check_verdict_three_ways() -> None:
@@ -142,8 +147,7 @@ def test_check_verdict_three_ways() -> None:
 def test_promote_better_refuse_bad_pointer_moves_only_on_success(world: dict[str, Any], tmp_path: Path) -> None:
     twin, recent, signer, trust = world["twin"], world["recent"], world["signer"], world["trust"]
     reg = FileRegistry(tmp_path / "reg")
-    # the pointer's moves are under test here, not the support check (its own test covers it): the
-    # least-loaded policy keeps ~27 % of its agent-steps outside this small twin's support
+    # the pointer's moves are under test here, not the support check (its own test covers it)
     kw = {"twin": twin, "log": recent, "signer": signer, "trust": trust, **GATE}
     off = [Guard("response.offload_ratio", 0.05)]
     # first promotion: nothing is current, so the gate compares with the twin's clone of the logging policy
@@ -160,9 +164,11 @@ def test_promote_better_refuse_bad_pointer_moves_only_on_success(world: dict[str
     assert reg.current("global") == "v1" and reg.list_versions() == ["v1"]
     report = json.loads((tmp_path / "r2" / "whatif.json").read_text())
     assert report["gate"]["passed"] is False and report["gate"]["verdict"] == "refuse" and report["against"] == "v1"
-    # with the default support threshold the same candidate is abstained on: nothing published either
+    # on uniformly random logs both heuristics stay inside the logs' support (under 1 % of their
+    # agent-steps outside); with no out-of-support budget at all the same candidate is abstained on,
+    # and nothing is published either
     with pytest.raises(GateAbstained, match="outside the logs' support") as a:
-        promote(world["dir"] / "bad", reg, out_dir=tmp_path / "r2b", guards=off, **kw)
+        promote(world["dir"] / "bad", reg, out_dir=tmp_path / "r2b", guards=off, max_out_of_support=0.0, **kw)
     assert a.value.result.promoted is False  # type: ignore[attr-defined]
     assert reg.current("global") == "v1" and reg.list_versions() == ["v1"]
     assert "REFUSED" in (tmp_path / "r2" / "whatif.md").read_text()
@@ -198,7 +204,7 @@ def test_cli_promote_exit_codes_and_force(world: dict[str, Any], tmp_path: Path,
         return int(e.value.code)
 
     off = ["--max-regression", "response.offload_ratio=0.05"]
-    # (the least-loaded policy keeps ~27 % of its steps outside this small twin's support; exit codes are under test)
+    # (exit codes are under test here, not the support check: see test_gate_abstains_on_a_candidate_outside...)
     assert run(str(d / "good"), "--out", str(tmp_path / "o1"), *off, "--max-out-of-support", "0.5") == 0
     pointer = FileRegistry(reg).current("site/edge-ams")
     assert pointer == "v1"
@@ -207,8 +213,8 @@ def test_cli_promote_exit_codes_and_force(world: dict[str, Any], tmp_path: Path,
     err = " ".join(capsys.readouterr().err.split())
     assert code == 1 and "refused:" in err and "response.offload_ratio fell" in err and "margin 5%" in err
     assert "90% interval" in err
-    # the twin cannot vouch for it under the default support threshold: exit 3, and --json says why
-    assert run(str(d / "bad"), "--out", str(tmp_path / "o2b"), *off, "--json") == 3
+    # with no out-of-support budget the twin cannot vouch for it: exit 3, and --json says why
+    assert run(str(d / "bad"), "--out", str(tmp_path / "o2b"), *off, "--max-out-of-support", "0", "--json") == 3
     doc = json.loads(capsys.readouterr().out)
     gate = doc["gate"]
     assert gate["verdict"] == "abstain" and gate["exit_code"] == 3 and not doc["promoted"]

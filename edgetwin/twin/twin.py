@@ -407,7 +407,7 @@ class Twin:
         z_support = np.concatenate(
             [steps_all.x_engine, steps_all.za], axis=1
         )  # [profile, state, action] standardised
-        support = SupportIndex.fit(z_support, seed=seed)
+        support = SupportIndex.fit(z_support, seed=seed, groups=steps_all.episode)
         a_low, a_high = spec.bounds("action")
         logged = df[layout.action].to_numpy(np.float64)
         a_low = np.where(np.isfinite(a_low), a_low, logged.min(axis=0))
