@@ -104,7 +104,7 @@ def main() -> None:
         "![energy and carbon](benchmarks/energy_carbon.png)",
     ])
     print(text)
-    dump(args.work / "energy_carbon.json", {"results": {k: v.to_dict() for k, v in results.items()}, "ratios": ratios})
+    dump(FIG / "energy_carbon" / "results.json", {"results": {k: v.to_dict() for k, v in results.items()}, "ratios": ratios})
     plot_results(list(results.values()), FIG / "energy_carbon.png",
                  kpis=["energy_j", "carbon_g", "energy_j_per_request", "slo_violation_rate", "offload_ratio"],
                  title="energy and carbon, emulated cluster")

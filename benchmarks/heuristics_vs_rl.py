@@ -117,7 +117,7 @@ def main() -> None:
         "", "![KPIs](benchmarks/heuristics_vs_rl.png)",
     ])
     print(text)
-    dump(args.work / "heuristics_vs_rl.json", {k: v.to_dict() for k, v in results.items()})
+    dump(FIG / "heuristics_vs_rl" / "results.json", {k: v.to_dict() for k, v in results.items()})
     plot_results(list(results.values()), FIG / "heuristics_vs_rl.png",
                  kpis=["return", "completion_time_mean", "energy_j_per_request", "slo_violation_rate",
                        "fairness_jain", "offload_ratio"], title="emulated cluster, 0 d")

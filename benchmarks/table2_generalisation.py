@@ -153,7 +153,7 @@ def main() -> None:
         "![improvement vs drift](benchmarks/table2_generalisation.png)",
     ])
     print(text)
-    dump(args.work / "table2.json", {"results": results, "paper": PAPER, "args": vars(args)})
+    dump(FIG / "table2_generalisation" / "results.json", {"results": results, "paper": PAPER, "args": vars(args)})
     _plot(results, FIG / "table2_generalisation.png")
     if not args.no_write:
         write_section(SECTION, text)

@@ -387,6 +387,14 @@ def test_cli_train_and_evaluate(tmp_path: Path, twin: Twin, capsys: pytest.Captu
     assert e.value.code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["episodes"] == 2 and "return" in doc["mean"] and (tmp_path / "k.png").is_file()
+    # in a twin every member plays the same 2 episodes: a 90 % interval over members x episodes per
+    # KPI, around the mean, and the share of agent-steps outside the logs' support
+    values = np.asarray(doc["per_member"]["return"])
+    assert values.shape[1] == 2 and values.shape[0] >= 1
+    assert doc["mean"]["return"] == pytest.approx(values.mean())
+    lo, hi = doc["interval_90"]["return"]
+    assert lo <= doc["mean"]["return"] <= hi and (values.size == 1 or lo < hi)
+    assert 0.0 <= doc["out_of_support"] <= 1.0
     with pytest.raises(SystemExit) as e:  # the twin's policy does not fit the emulated cluster
         main(
             [

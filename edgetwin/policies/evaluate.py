@@ -1,4 +1,4 @@
-"""Score a policy on a system (the emulated cluster or a twin): KPIs with 95 % confidence intervals.
+"""Score a policy on a system (the emulated cluster or a twin): KPIs with their intervals.
 
 A *system* is anything batched over agents with ``reset(seed) -> obs (N, O)`` and
 ``step(actions (N, A)) -> (obs, reward (N,), done, columns)`` where ``columns`` maps spec column
@@ -10,17 +10,22 @@ KPIs per episode (seeds 001, 003, 004): return (per agent), offload ratio, reven
 p99 completion time (request-weighted), SLO violation rate, energy per request (J), carbon (g and
 g/request), Jain's fairness index over agents, utilisation. Which column is which comes from a
 :class:`KpiColumns` in the spec's names; a KPI whose column is not given is left out. Episodes use
-independent seeds; the interval is Student's t over episodes.
+independent seeds. On a real system (or the emulated cluster) the interval is Student's t over
+episodes. On a twin (`evaluate_on_twin`) every ensemble member plays the same episodes, and each
+KPI carries the 90 % two-level bootstrap interval over members x episodes that every other number
+the twin reports carries (`edgetwin.twin.intervals`), and the share of agent-steps outside the
+logs' support.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 from tqdm.auto import tqdm
 
@@ -90,18 +95,43 @@ class TwinSystem:
     """A twin's `Simulation` as a `BatchSystem` (columns: profile, state, action, outputs)."""
 
     def __init__(
-        self, twin: Any, n_agents: int | None = None, steps: int | None = None, stochastic: bool = True
+        self,
+        twin: Any,
+        n_agents: int | None = None,
+        steps: int | None = None,
+        stochastic: bool = True,
+        member: int | None = None,
+        track_support: bool = False,
     ) -> None:
+        """``member``: simulate with that ensemble member only (default: the simulation's own
+        choice). ``track_support``: count the agent-steps outside the logs' support
+        (`out_of_support`)."""
         self.twin = twin
         self.spec = twin.spec
         self.n_agents = n_agents
         self.steps = twin.layout.horizon if steps is None else int(steps)
         self.stochastic = stochastic
+        self.member = member
+        self.track_support = track_support
         self.sim: Any = None
         self._t = 0
+        self._outside = 0.0
+        self._rows = 0
+
+    @property
+    def agent_steps(self) -> int:
+        """Agent-steps simulated since construction (counted with ``track_support``)."""
+        return self._rows
+
+    @property
+    def out_of_support(self) -> float:
+        """Share of the agent-steps simulated since construction outside the logs' support."""
+        return self._outside / self._rows if self._rows else 0.0
 
     def reset(self, seed: int) -> np.ndarray:
-        self.sim = self.twin.simulation(n_agents=self.n_agents, seed=int(seed), stochastic=self.stochastic)
+        self.sim = self.twin.simulation(
+            n_agents=self.n_agents, seed=int(seed), stochastic=self.stochastic, member=self.member
+        )
         self._t = 0
         return self.sim.obs().astype(np.float64)
 
@@ -117,6 +147,10 @@ class TwinSystem:
         for j, c in enumerate(lay.outputs):
             cols[c] = res.outputs[:, j]
         self._t += 1
+        if self.track_support:
+            n = len(res.action)
+            self._outside += n * self.sim.support_of(pd.DataFrame(cols))["out_of_support"]
+            self._rows += n
         return (
             self.sim.obs().astype(np.float64),
             np.asarray(res.reward, dtype=np.float64),
@@ -219,17 +253,41 @@ def episode_kpis(
 
 @dataclass
 class EvalResult:
-    """KPIs over episodes: ``per_episode[k]`` lists values, ``mean``/``ci95`` summarise them."""
+    """KPIs over episodes: ``per_episode[k]`` lists values, ``mean``/``ci95`` summarise them.
+
+    On a twin (`evaluate_on_twin`) ``per_member[k]`` holds the ``(M, E)`` values of every member
+    on the same ``E`` episodes, ``per_episode[k]`` their mean over members, `interval_90` the 90 %
+    two-level bootstrap interval over members x episodes and ``out_of_support`` the share of
+    agent-steps outside the logs' support.
+    """
 
     policy: str
     system: str
     episodes: int
     seed: int
     per_episode: dict[str, list[float]] = field(default_factory=dict)
+    per_member: dict[str, list[list[float]]] | None = None
+    out_of_support: float | None = None
 
     @property
     def mean(self) -> dict[str, float]:
         return {k: float(np.mean(v)) for k, v in self.per_episode.items()}
+
+    @property
+    def interval_90(self) -> dict[str, tuple[float, float]]:
+        """90 % interval of each KPI's mean: over members x episodes on a twin (two-level
+        bootstrap, `edgetwin.twin.intervals.interval`), Student's t over episodes elsewhere."""
+        from edgetwin.twin.intervals import interval
+
+        out: dict[str, tuple[float, float]] = {}
+        for k, v in self.per_episode.items():
+            if self.per_member is not None and k in self.per_member:
+                out[k] = interval(np.asarray(self.per_member[k], dtype=np.float64), None, k, seed=self.seed)
+                continue
+            m, n = float(np.mean(v)), len(v)
+            h = 0.0 if n < 2 else float(stats.t.ppf(0.95, n - 1) * np.std(v, ddof=1) / np.sqrt(n))
+            out[k] = (m - h, m + h)
+        return out
 
     @property
     def ci95(self) -> dict[str, float]:
@@ -242,14 +300,24 @@ class EvalResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        if self.per_member is None:
+            d.pop("per_member")
+            d.pop("out_of_support")
         d["mean"], d["ci95"] = self.mean, self.ci95
+        d["interval_90"] = {k: list(v) for k, v in self.interval_90.items()}
         return d
 
     def table(self) -> str:
-        """A Markdown table ``| KPI | mean | ± 95 % CI |``."""
-        rows = ["| KPI | mean | ± 95 % CI |", "|---|---:|---:|"]
-        m, c = self.mean, self.ci95
-        rows += [f"| {k} | {m[k]:.4g} | {c[k]:.2g} |" for k in self.per_episode]
+        """A Markdown table: ``| KPI | mean | ± 95 % CI |``, or on a twin ``| KPI | mean | 90 % interval |``."""
+        m = self.mean
+        if self.per_member is None:
+            c = self.ci95
+            rows = ["| KPI | mean | ± 95 % CI |", "|---|---:|---:|"]
+            rows += [f"| {k} | {m[k]:.4g} | {c[k]:.2g} |" for k in self.per_episode]
+            return "\n".join(rows)
+        iv = self.interval_90
+        rows = ["| KPI | mean | 90 % interval (members x episodes) |", "|---|---:|---:|"]
+        rows += [f"| {k} | {m[k]:.4g} | [{iv[k][0]:.4g}, {iv[k][1]:.4g}] |" for k in self.per_episode]
         return "\n".join(rows)
 
 
@@ -306,6 +374,40 @@ def evaluate_policy(
     return res
 
 
+def evaluate_on_twin(
+    make_policy: Callable[[], PlatformPolicy],
+    twin: Any,
+    episodes: int = 5,
+    seed: int = 0,
+    kpis: KpiColumns | None = None,
+    n_agents: int | None = None,
+    steps: int | None = None,
+    name: str = "policy",
+    progress: bool = False,
+) -> EvalResult:
+    """Score a policy in every member of a twin's ensemble on the same ``episodes`` worlds.
+
+    ``make_policy()`` is called once per member, so that a policy with its own random state acts
+    the same way in each (the members' answers are paired, as in a what-if). The result's
+    `EvalResult.interval_90` combines what the members disagree on and what varies over
+    episodes; ``out_of_support`` is the share of every simulated agent-step outside the logs.
+    """
+    n_members = len(twin.members)
+    res = EvalResult(policy=name, system="twin", episodes=episodes, seed=seed, per_member={})
+    outside = rows = 0.0
+    for m in tqdm(range(n_members), desc=f"evaluate {name} in the twin's members", disable=not progress, leave=False):
+        system = TwinSystem(twin, n_agents=n_agents, steps=steps, member=m, track_support=True)
+        r = evaluate_policy(make_policy(), system, episodes=episodes, seed=seed, kpis=kpis, name=name, system_name="twin")
+        for k, v in r.per_episode.items():
+            res.per_member.setdefault(k, []).append(list(v))  # type: ignore[union-attr]
+        outside += system.out_of_support * system.agent_steps
+        rows += system.agent_steps
+    assert res.per_member is not None
+    res.per_episode = {k: [float(x) for x in np.mean(np.asarray(v), axis=0)] for k, v in res.per_member.items()}
+    res.out_of_support = outside / rows if rows else 0.0
+    return res
+
+
 def improvement(policy: EvalResult, baseline: EvalResult, kpi: str = "offload_ratio") -> float:
     """Relative improvement ``(policy - baseline) / |baseline|`` of a KPI's mean (seed 004 Table 2)."""
     b = baseline.mean[kpi]
@@ -315,7 +417,8 @@ def improvement(policy: EvalResult, baseline: EvalResult, kpi: str = "offload_ra
 def plot_results(
     results: Sequence[EvalResult], path: str | Path, kpis: Sequence[str] | None = None, title: str = ""
 ) -> Path:
-    """Bar charts (mean ± 95 % CI) of the KPIs of several policies, one panel per KPI (PNG)."""
+    """Bar charts of the KPIs of several policies, one panel per KPI (PNG): mean ± its 95 % CI, or
+    its 90 % interval over members x episodes for a twin's result."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -327,9 +430,12 @@ def plot_results(
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows), squeeze=False)
     names = [r.policy for r in results]
     for ax, k in zip(axes.ravel(), keys, strict=False):
-        m = [r.mean.get(k, np.nan) for r in results]
-        c = [r.ci95.get(k, 0.0) for r in results]
-        ax.bar(range(len(results)), m, yerr=c, color="tab:blue", alpha=0.8, capsize=3)
+        m = np.asarray([r.mean.get(k, np.nan) for r in results])
+        # a twin's result: its 90 % interval over members x episodes; elsewhere ± the 95 % Student-t
+        lo = [r.interval_90[k][0] if r.per_member is not None and k in r.interval_90 else r.mean.get(k, np.nan) - r.ci95.get(k, 0.0) for r in results]
+        hi = [r.interval_90[k][1] if r.per_member is not None and k in r.interval_90 else r.mean.get(k, np.nan) + r.ci95.get(k, 0.0) for r in results]
+        err = np.vstack([np.maximum(m - np.asarray(lo), 0.0), np.maximum(np.asarray(hi) - m, 0.0)])
+        ax.bar(range(len(results)), m, yerr=err, color="tab:blue", alpha=0.8, capsize=3)
         ax.set_xticks(range(len(results)), names, rotation=45, ha="right", fontsize=7)
         ax.set_title(k, fontsize=9)
     for ax in axes.ravel()[len(keys) :]:
@@ -351,6 +457,7 @@ __all__ = [
     "KpiColumns",
     "TwinSystem",
     "episode_kpis",
+    "evaluate_on_twin",
     "evaluate_policy",
     "improvement",
     "plot_results",
