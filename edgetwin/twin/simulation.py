@@ -345,8 +345,8 @@ class Simulation:
             ],
             axis=1,
         )
-        d = self.twin.support.distance(z)
+        score = self.twin.support.score(z)  # distance from the logs in units of the threshold
         return {
-            "out_of_support": float((d > self.twin.support.threshold).mean()) if len(d) else 0.0,
-            "median_distance": float(np.median(d)) if len(d) else 0.0,
+            "out_of_support": float((score > 1.0).mean()) if len(score) else 0.0,
+            "median_distance": float(np.median(score)) if len(score) else 0.0,
         }

@@ -407,7 +407,7 @@ class Twin:
         z_support = np.concatenate(
             [steps_all.x_engine, steps_all.za], axis=1
         )  # [profile, state, action] standardised
-        support = SupportIndex.fit(z_support, seed=seed, groups=steps_all.episode)
+        support = SupportIndex.fit(z_support, seed=seed, groups=steps_all.episode, n_action=steps_all.za.shape[1])
         a_low, a_high = spec.bounds("action")
         logged = df[layout.action].to_numpy(np.float64)
         a_low = np.where(np.isfinite(a_low), a_low, logged.min(axis=0))
@@ -501,10 +501,9 @@ class Twin:
             unit_sites=self.composition.unit_sites,
             unit_profile=self.composition.unit_profile,
             unit_state=self.composition.unit_state,
-            support_bank=self.support.bank,
-            support_threshold=np.array(self.support.threshold),
             action_low=self.action_low,
             action_high=self.action_high,
+            **self.support.to_arrays(),  # type: ignore[arg-type]
             **self.initial.to_arrays(),  # type: ignore[arg-type]
         )
         pop_dir = path / "population"
@@ -575,7 +574,7 @@ class Twin:
                     **{k: arr[k] for k in ("unit_sites", "unit_profile", "unit_state") if k in arr},
                 ),
                 InitialStates.from_arrays(arr, n_scen),
-                SupportIndex(bank=arr["support_bank"], threshold=float(arr["support_threshold"])),
+                SupportIndex.from_arrays(arr),
                 arr["action_low"],
                 arr["action_high"],
                 meta,
@@ -666,9 +665,10 @@ class Twin:
 
         Returns:
             One row per ``(episode, t, agent)`` with the contract's columns and ``reward``;
-            ``df.attrs["support"]`` = ``{"out_of_support": fraction of sampled steps whose
-            [profile, state, action] is beyond the logs' 99th-percentile nearest-neighbour
-            distance, "median_distance": ..., "disagreement": mean ensemble disagreement,
+            ``df.attrs["support"]`` = ``{"out_of_support": fraction of sampled steps outside the
+            logs' support (`edgetwin.twin.support.SupportIndex`: a context or an action-in-context
+            farther from the logs than 99 % of an unseen logged day's steps), "median_distance": the
+            median of that distance in units of its threshold, "disagreement": mean ensemble disagreement,
             "profile_redrawn": share of generated profiles redrawn because they were out of the
             logged profiles' support, "profile_outside": share still outside after the redraws}``;
             ``df.attrs["summary"]`` = per column (``reward``, ``response.*``, ``kpi.*``) ``{"mean",

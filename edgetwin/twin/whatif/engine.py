@@ -375,8 +375,7 @@ def run_episode(
         for k in kpis
     }
     z = np.concatenate(z_rows)
-    d = twin.support.distance(z)
-    out = d > twin.support.threshold
+    out = twin.support.outside(z)
     tt = np.concatenate(z_t)
     oos_t = np.bincount(tt, weights=out.astype(float), minlength=steps) / np.maximum(
         np.bincount(tt, minlength=steps), 1

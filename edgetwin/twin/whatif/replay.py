@@ -159,4 +159,4 @@ def logged_support_share(twin: Any, episodes: Sequence[LoggedEpisode], seed: int
     z = np.concatenate(rows) if rows else np.zeros((0, 1))
     if not len(z):
         return 0.0
-    return float((twin.support.distance(z) > twin.support.threshold).mean())
+    return float(twin.support.outside(z).mean())
