@@ -268,6 +268,7 @@ def reward_terms(df: pd.DataFrame, spec) -> dict[str, float]:  # type: ignore[no
 KEEP_SUBSECTIONS = (
     "### Declared site dynamics (issue 19)",
     "### Where the generated-population twin's error comes from (issue 19, second round)",
+    "### The benchmarks that depend on the twin, rerun on the declared spec (issue 19)",
     "### Paired quick checks",
     "### Where the return error comes from",
     "### A site model linear in each agent's action",
