@@ -13,6 +13,7 @@ subpackages, so each command is only argument handling and printing.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -43,6 +44,16 @@ out = Console(markup=False, soft_wrap=True)
 
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed; the same seed gives the same result.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+TaskWorkersOpt = Annotated[
+    int,
+    typer.Option("--workers", min=0, help="Processes that run the independent episodes (1: serially in this process; "
+                 "0: one per core). The result does not depend on it."),
+]
+TaskRayOpt = Annotated[
+    str | None,
+    typer.Option("--ray", help="Run the episodes on this Ray cluster (e.g. auto, ray://host:10001; local starts one "
+                 "here); needs pip install -e \".[ray]\". The result does not depend on it."),
+]
 
 
 def emit_json(obj: Any) -> None:
@@ -789,14 +800,18 @@ def policy_evaluate(
     drift: Annotated[str, typer.Option(help="Cluster drift: 0d | 1d | 1w | 1m.")] = "0d",
     kpis: Annotated[Path | None, typer.Option(help="KPI column mapping (JSON/TOML of KpiColumns fields).")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of the KPIs here.")] = None,
+    workers: TaskWorkersOpt = 1,
+    ray: TaskRayOpt = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Score a policy on the emulated cluster or a twin: KPIs with 95 % confidence intervals."""
+    """Score a policy on the emulated cluster or a twin: KPIs with 95 % confidence intervals.
+
+    Every episode is built from the seed alone (its world, and its own seed for a policy that
+    samples), so --workers and --ray do not change the numbers."""
     import torch
 
-    from edgetwin.policies.evaluate import ArraySystem, TwinSystem, evaluate_policy, plot_results
-    from edgetwin.policies.export import load_policy
+    from edgetwin.policies.evaluate import ArraySystem, TwinSystem, evaluate_episodes, plot_results
     from edgetwin.policies.heuristics import UniformRandom
 
     torch.set_num_threads(1)
@@ -805,9 +820,7 @@ def policy_evaluate(
     if on == "twin":
         if twin_dir is None:
             raise InputError("--on twin needs the TWIN argument", "TWIN")
-        from edgetwin.twin.twin import Twin
-
-        twin = Twin.load(twin_dir)
+        twin = _loaded_twin(str(twin_dir))  # the episodes run in this process use the same one
         system: Any = TwinSystem(twin, n_agents=agents, steps=episode_steps)
     else:
         from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
@@ -819,7 +832,7 @@ def policy_evaluate(
         pol: Any = UniformRandom(spec, seed=seed)
         name = "random"
     else:
-        pol = load_policy(policy)
+        pol = _loaded_policy(policy)
         name = Path(policy).name
         if pol.spec.observation_columns != spec.observation_columns or pol.spec.action_columns != spec.action_columns:
             raise InputError(f"the policy acts on {pol.spec.name!r}, whose columns differ from the {on}'s", policy)
@@ -827,8 +840,15 @@ def policy_evaluate(
             from edgetwin.policies.export import check_policy_spec
 
             check_policy_spec(pol, spec, policy)
-    res = evaluate_policy(pol, system, episodes=episodes, seed=seed, kpis=_load_kpis(kpis, spec), name=name,
-                          system_name=on, progress=not as_json)
+    if ray is not None:
+        from edgetwin.twin.parallel import check_ray
+
+        check_ray(ray)
+    res = evaluate_episodes(
+        _EvalPolicy(policy), _EvalSystem(on, None if twin_dir is None else str(twin_dir), agents, episode_steps, drift),
+        episodes=episodes, seed=seed, kpis=_load_kpis(kpis, spec), name=name, system_name=on, workers=workers,
+        ray_address=ray, progress=not as_json,
+    )  # fmt: skip
     if plot is not None:
         plot_results([res], plot, title=f"{name} on {on}")
     trust: dict[str, Any] | None = None
@@ -854,6 +874,57 @@ def policy_evaluate(
                       f"{100 * trust['out_of_support']:.0f} % of agent-steps outside the logs' support")
         if plot is not None:
             out.print(f"plot written to {plot}")
+
+
+class _EvalPolicy:
+    """`evaluate`'s policy for one episode, ``(seed, spec) -> policy``: ``random`` seeded per episode,
+    else the exported policy, loaded once per process (a heuristic, which may sample, once per
+    episode). Picklable, for the episodes' worker processes."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+
+    def __call__(self, seed: int, spec: Any) -> Any:
+        if self.ref == "random":
+            from edgetwin.policies.heuristics import UniformRandom
+
+            return UniformRandom(spec, seed=seed)
+        from edgetwin.policies.export import load_policy
+
+        pol = _loaded_policy(self.ref)
+        return load_policy(self.ref) if pol.kind == "heuristic" else pol
+
+
+class _EvalSystem:
+    """`evaluate`'s system, fresh for each episode (the twin itself loaded once per process)."""
+
+    def __init__(self, on: str, twin_dir: str | None, agents: int, steps: int, drift: str) -> None:
+        self.on, self.twin_dir, self.agents, self.steps, self.drift = on, twin_dir, agents, steps, drift
+
+    def __call__(self) -> Any:
+        from edgetwin.policies.evaluate import ArraySystem, TwinSystem
+
+        if self.on == "twin":
+            assert self.twin_dir is not None
+            return TwinSystem(_loaded_twin(self.twin_dir), n_agents=self.agents, steps=self.steps)
+        from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
+
+        cluster = EdgeCluster(ClusterConfig(n_agents=self.agents, steps=self.steps, drift=self.drift))
+        return ArraySystem(cluster, cluster.spec)
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded_twin(path: str) -> Any:
+    from edgetwin.twin.twin import Twin
+
+    return Twin.load(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded_policy(path: str) -> Any:
+    from edgetwin.policies.export import load_policy
+
+    return load_policy(path)
 
 
 # ------------------------------------------------------------------------------------- serve (edge runtime)
@@ -1068,6 +1139,8 @@ def whatif_cmd(
         float, typer.Option(help="Flag a number when more than this share of its agent-steps is out of support.")
     ] = 0.05,
     view: Annotated[Path | None, typer.Option(help="SchedulingView (TOML/JSON) for heuristic:NAME policies.")] = None,
+    workers: TaskWorkersOpt = 1,
+    ray: TaskRayOpt = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -1079,6 +1152,10 @@ def whatif_cmd(
     if not 0.0 <= oos_tolerance <= 1.0:
         raise InputError(f"expected a share between 0 and 1, got {oos_tolerance}", "--oos-tolerance")
     out_dir_arg(out_dir)
+    if ray is not None:
+        from edgetwin.twin.parallel import check_ray
+
+        check_ray(ray)
     twin, scenarios, kpi_defs, table = _whatif_inputs(twin_dir, scenario, kpis, log, spec)
     refs = list(policy)
     if baseline is not None and baseline not in refs:
@@ -1093,7 +1170,7 @@ def whatif_cmd(
     result = run_whatif(
         twin, pols, scenarios, baseline=base_name, kpis=kpi_defs, episodes=episodes, seeds=seeds, seed=seed,
         members=_members(members), steps=steps, n_agents=agents, stochastic=not deterministic, log=table,
-        exogenous=exogenous or (), oos_tolerance=oos_tolerance, progress=not as_json,
+        exogenous=exogenous or (), oos_tolerance=oos_tolerance, progress=not as_json, workers=workers, ray_address=ray,
     )  # fmt: skip
     files = write_report(result, out_dir, title=f"What-if report: {', '.join(result.policies)}")
     if as_json:

@@ -87,8 +87,10 @@ class GaussianModel:
             shape = self.policy.action_space.shape
             assert shape is not None  # a Box action space always has a shape
             return np.zeros((0, shape[0]), dtype=np.float32)
-        # shares memory with x when it is already float32 and contiguous (read only below)
-        obs = th.as_tensor(np.ascontiguousarray(x, dtype=np.float32))
+        # shares memory with x when it is already float32, contiguous and writable (torch wants
+        # writable arrays); the network only reads it
+        arr = np.ascontiguousarray(x, dtype=np.float32)
+        obs = th.as_tensor(arr if arr.flags.writeable else arr.copy())
         pol = self.policy
         layers = _plain_actor(pol)
         if layers is not None:

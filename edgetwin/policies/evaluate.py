@@ -15,7 +15,7 @@ independent seeds; the interval is Student's t over episodes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -289,21 +289,94 @@ def evaluate_policy(
     for ep_seed in tqdm(
         episode_seeds(seed, episodes), desc=f"evaluate {name}", disable=not progress, leave=False
     ):
-        if hasattr(policy, "reset"):
-            policy.reset()
-        obs = system.reset(ep_seed)
-        frames, rewards = [], []
-        done, t = False, 0
-        while not done and (max_steps is None or t < max_steps):
-            obs, r, done, cols = system.step(np.asarray(policy.act(obs), dtype=np.float64))
-            if reward is not None:
-                r = np.asarray(reward(cols), dtype=np.float64)
-            frames.append(cols)
-            rewards.append(np.asarray(r, dtype=np.float64))
-            t += 1
-        for k, v in episode_kpis(frames, rewards, kpis, float(system.spec.step_seconds)).items():
+        for k, v in run_episode(policy, system, ep_seed, kpis, reward, max_steps).items():
             res.per_episode.setdefault(k, []).append(v)
     return res
+
+
+def run_episode(
+    policy: PlatformPolicy,
+    system: BatchSystem,
+    seed: int,
+    kpis: KpiColumns,
+    reward: RewardFn | None = None,
+    max_steps: int | None = None,
+) -> dict[str, float]:
+    """One episode of ``policy`` on ``system`` from ``system.reset(seed)``: its KPIs."""
+    if hasattr(policy, "reset"):
+        policy.reset()
+    obs = system.reset(seed)
+    frames, rewards = [], []
+    done, t = False, 0
+    while not done and (max_steps is None or t < max_steps):
+        obs, r, done, cols = system.step(np.asarray(policy.act(obs), dtype=np.float64))
+        if reward is not None:
+            r = np.asarray(reward(cols), dtype=np.float64)
+        frames.append(cols)
+        rewards.append(np.asarray(r, dtype=np.float64))
+        t += 1
+    return episode_kpis(frames, rewards, kpis, float(system.spec.step_seconds))
+
+
+#: Builds an episode's policy: ``(policy seed, spec) -> PlatformPolicy`` (picklable for a pool).
+PolicyMaker = Callable[[int, TwinSpec], PlatformPolicy]
+#: Builds a fresh `BatchSystem` for one episode (picklable for a pool).
+SystemMaker = Callable[[], BatchSystem]
+
+
+def evaluate_episodes(
+    make_policy: PolicyMaker,
+    make_system: SystemMaker,
+    episodes: int = 5,
+    seed: int = 0,
+    kpis: KpiColumns | None = None,
+    reward: RewardFn | None = None,
+    max_steps: int | None = None,
+    name: str = "policy",
+    system_name: str = "system",
+    workers: int | None = 1,
+    ray_address: str | None = None,
+    progress: bool = False,
+) -> EvalResult:
+    """As `evaluate_policy`, with every episode an independent task: serially (``workers=1``),
+    on a local process pool or on Ray (`edgetwin.twin.parallel.run_tasks`), same result.
+
+    An episode gets a fresh system (``make_system()``) reset with its seed (as in
+    `evaluate_policy`) and a policy built for it with its own seed derived from that one
+    (``make_policy(policy_seed, spec)``), so that a policy that samples (a random baseline)
+    does not carry its generator from one episode into the next: where an episode runs does not
+    change its numbers.
+    """
+    from edgetwin.twin.parallel import run_tasks
+
+    if episodes < 1:
+        raise InputError(f"episodes must be >= 1, got {episodes}", "--episodes")
+    kpis = kpis or KpiColumns()
+    seeds = episode_seeds(seed, episodes)
+    tasks = [(s, episode_seeds(s, 1)[0]) for s in seeds]  # (system seed, policy seed)
+    results = run_tasks(
+        _episode_task, tasks, workers=workers, ray_address=ray_address, progress=progress,
+        desc=f"evaluate {name}", shared=(make_policy, make_system, kpis, reward, max_steps),
+    )  # fmt: skip
+    res = EvalResult(policy=name, system=system_name, episodes=episodes, seed=seed)
+    for per in results:
+        for k, v in per.items():
+            res.per_episode.setdefault(k, []).append(v)
+    return res
+
+
+def _episode_task(
+    make_policy: PolicyMaker,
+    make_system: SystemMaker,
+    kpis: KpiColumns,
+    reward: RewardFn | None,
+    max_steps: int | None,
+    system_seed: int,
+    policy_seed: int,
+) -> dict[str, float]:
+    system = make_system()
+    kpis.check(system.spec)
+    return run_episode(make_policy(policy_seed, system.spec), system, system_seed, kpis, reward, max_steps)
 
 
 def improvement(policy: EvalResult, baseline: EvalResult, kpi: str = "offload_ratio") -> float:
@@ -351,7 +424,9 @@ __all__ = [
     "KpiColumns",
     "TwinSystem",
     "episode_kpis",
+    "evaluate_episodes",
     "evaluate_policy",
     "improvement",
     "plot_results",
+    "run_episode",
 ]
