@@ -46,8 +46,9 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed; the same seed
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 TaskWorkersOpt = Annotated[
     int,
-    typer.Option("--workers", min=0, help="Processes that run the independent episodes (1: serially in this process; "
-                 "0: one per core). The result does not depend on it."),
+    typer.Option("--workers", min=0, help="Processes that run the independent episodes (1, the default: serially in "
+                 "this process, as a worker's start-up costs ~10 s of imports; 0: one per core). The result does not "
+                 "depend on it."),
 ]
 TaskRayOpt = Annotated[
     str | None,
