@@ -108,23 +108,27 @@ def throughput(twin_dir: Path, n: int, ticks: int, rounds: int = 3, seed: int = 
     torch.set_num_threads(1)
     twin = Twin.load(twin_dir)
     pol = RandomPolicy(twin.spec, 0)
-    best_t, best_c = 0.0, 0.0
+    best_t, best_c, cpu_t, cpu_c = 0.0, 0.0, 0.0, 0.0
     for r in range(seed, seed + rounds):
         sim = twin.simulation(n_agents=n, seed=r)
         acts = [pol.act(sim.obs()) for _ in range(ticks)]
         for a in acts[: ticks // 4]:
             sim.step(a, with_disagreement=False)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for a in acts:
             sim.step(a, with_disagreement=False)
         best_t = max(best_t, n * ticks / (time.perf_counter() - t0))
+        cpu_t = max(cpu_t, n * ticks / max(time.process_time() - c0, 1e-9))
         cl = EdgeCluster(ClusterConfig(n_agents=n, steps=ticks + 1))
         cl.reset(seed=r)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for a in acts:
             cl.step(a)
         best_c = max(best_c, n * ticks / (time.perf_counter() - t0))
-    return {"agents": n, "twin": best_t, "emulator": best_c, "ratio": best_t / best_c, "load": load()}
+        cpu_c = max(cpu_c, n * ticks / max(time.process_time() - c0, 1e-9))
+    # per CPU-second too: on a shared machine the wall clock also counts the time other jobs held the core
+    return {"agents": n, "twin": best_t, "emulator": best_c, "ratio": best_t / best_c, "twin_cpu": cpu_t,
+            "emulator_cpu": cpu_c, "load": load()}
 
 
 def throughput_compared(twin_dir: Path, sizes: tuple[int, ...], ticks: int, before: Path | None,
@@ -135,6 +139,7 @@ def throughput_compared(twin_dir: Path, sizes: tuple[int, ...], ticks: int, befo
     out = []
     for n in sizes:
         best: dict[str, dict] = {}
+        runs: dict[str, list[dict]] = {"after": [], "before": []}
         for r in range(rounds):
             for tag, pkg in (("after", None), ("before", before)):
                 if tag == "before" and pkg is None:
@@ -148,25 +153,36 @@ def throughput_compared(twin_dir: Path, sizes: tuple[int, ...], ticks: int, befo
                 if res.returncode != 0:
                     raise SystemExit(f"throughput run failed:\n{res.stderr[-3000:]}")
                 rec = json.loads(res.stdout.strip().splitlines()[-1])
+                runs[tag].append(rec)
                 if tag not in best or rec["twin"] > best[tag]["twin"]:
                     best[tag] = rec
                 print(tag, rec, flush=True)
         row = dict(best["after"])
-        row["emulator"] = max(b["emulator"] for b in best.values())  # the emulator does not depend on the twin code
+        for k in ("emulator", "emulator_cpu"):  # the emulator does not depend on the twin code
+            row[k] = max(b[k] for b in best.values())
+        row["twin_cpu"] = max(b["twin_cpu"] for b in runs["after"])
         row["ratio"] = row["twin"] / row["emulator"]
+        row["ratio_cpu"] = row["twin_cpu"] / row["emulator_cpu"]
         if "before" in best:
             row["twin_before"] = best["before"]["twin"]
+            row["twin_cpu_before"] = max(b["twin_cpu"] for b in runs["before"])
             row["ratio_before"] = row["twin_before"] / row["emulator"]
+            row["ratio_cpu_before"] = row["twin_cpu_before"] / row["emulator_cpu"]
             row["speedup"] = row["twin"] / row["twin_before"]
+            row["speedup_cpu"] = row["twin_cpu"] / row["twin_cpu_before"]
         out.append(row)
     return out
 
 
 def profile_tick(twin_dir: Path, n: int, ticks: int, top: int = 12) -> list[dict]:
-    """cProfile of ``ticks`` twin ticks at ``n`` agents: the top entries by own time."""
+    """cProfile of ``ticks`` twin ticks at ``n`` agents (1 torch thread, as the throughput runs):
+    the top entries by own time."""
+    import torch
+
     from edgetwin.contract.policy import RandomPolicy
     from edgetwin.twin.twin import Twin
 
+    torch.set_num_threads(1)  # with 2 threads on a loaded 2-core machine the MLP's kernels spin-wait: 2-9x slower
     twin = Twin.load(twin_dir)
     sim = twin.simulation(n_agents=n, seed=0)
     pol = RandomPolicy(twin.spec, 0)
@@ -216,16 +232,22 @@ def section(res: dict) -> str:
               "| agents | twin | emulated cluster | twin / emulator | load |", "|---:|---:|---:|---:|---|"]
     before = [r for r in res["throughput"] if "twin_before" in r]
     if before:
-        lines[-3] = ("**2. Twin throughput** (agent-steps/s, uniformly random actions, one process, 1 torch thread, no "
+        lines[-4] = ("**2. Twin throughput** (agent-steps/s, uniformly random actions, one process, 1 torch thread, no "
                      "ensemble disagreement; each number the best of 3 runs, each run a fresh process that steps the "
                      f"twin and then the emulator; the code before ({res.get('throughput_before', 'another checkout')}) "
-                     "and this code alternate run by run on the same fitted twin):")
-        lines[-2:] = ["| agents | twin now | twin, code before | now / before | emulated cluster | twin / emulator now "
-                      "(before) | load |", "|---:|---:|---:|---:|---:|---|---|"]
+                     "and this code alternate run by run on the same fitted twin; *wall*: agent-steps per second of "
+                     "wall clock, *CPU*: per CPU-second of the stepping process, which leaves out the time other jobs "
+                     "held the core):")
+        lines[-2:] = ["| agents | clock | twin now | twin, code before | now / before | emulated cluster | twin / emulator "
+                      "now (before) | load |", "|---:|---|---:|---:|---:|---:|---|---|"]
     for r in res["throughput"]:
         if "twin_before" in r:
-            lines.append(f"| {r['agents']:,} | {r['twin']:,.0f} | {r['twin_before']:,.0f} | {r['speedup']:.2f}x | "
+            lines.append(f"| {r['agents']:,} | wall | {r['twin']:,.0f} | {r['twin_before']:,.0f} | {r['speedup']:.2f}x | "
                          f"{r['emulator']:,.0f} | {r['ratio']:.2f} ({r['ratio_before']:.2f}) | {r['load']} |")
+            if "twin_cpu" in r:
+                lines.append(f"| {r['agents']:,} | CPU | {r['twin_cpu']:,.0f} | {r['twin_cpu_before']:,.0f} | "
+                             f"{r['speedup_cpu']:.2f}x | {r['emulator_cpu']:,.0f} | {r['ratio_cpu']:.2f} "
+                             f"({r['ratio_cpu_before']:.2f}) | |")
         else:
             lines.append(f"| {r['agents']:,} | {r['twin']:,.0f} | {r['emulator']:,.0f} | {r['ratio']:.2f} | {r['load']} |")
     if res.get("throughput_twin"):
