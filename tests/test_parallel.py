@@ -224,3 +224,26 @@ def test_twin_evaluate_and_whatif_give_the_same_numbers_on_a_pool(
                   capsys)  # fmt: skip
         docs.append(json.loads((out / "whatif.json").read_text()))
     assert docs[0] == docs[1]
+
+
+def test_evaluate_and_whatif_refuse_a_ray_address_nobody_answers(tmp_path: Path) -> None:
+    """``--ray`` at a closed port on evaluate and whatif: one line naming the flag, exit 2."""
+    import contextlib
+    import io
+    import socket
+
+    from edgetwin.cli import main
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    runs = [
+        ["evaluate", "random", "--on", "cluster", *EVAL, "--ray", f"127.0.0.1:{port}"],
+        ["whatif", str(tmp_path / "no-twin"), "--policy", "random", "--out", str(tmp_path / "w"), "--ray", f"127.0.0.1:{port}"],
+    ]
+    for argv in runs:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        assert "--ray" in err.getvalue() and "Traceback" not in err.getvalue()
