@@ -13,6 +13,7 @@ subpackages, so each command is only argument handling and printing.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -43,6 +44,17 @@ out = Console(markup=False, soft_wrap=True)
 
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed; the same seed gives the same result.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+TaskWorkersOpt = Annotated[
+    int,
+    typer.Option("--workers", min=0, help="Processes that run the independent episodes (1, the default: serially in "
+                 "this process, as a worker's start-up costs ~10 s of imports; 0: one per core). The result does not "
+                 "depend on it."),
+]
+TaskRayOpt = Annotated[
+    str | None,
+    typer.Option("--ray", help="Run the episodes on this Ray cluster (e.g. auto, ray://host:10001; local starts one "
+                 "here); needs pip install -e \".[ray]\". The result does not depend on it."),
+]
 
 
 def emit_json(obj: Any) -> None:
@@ -789,6 +801,8 @@ def policy_evaluate(
     drift: Annotated[str, typer.Option(help="Cluster drift: 0d | 1d | 1w | 1m.")] = "0d",
     kpis: Annotated[Path | None, typer.Option(help="KPI column mapping (JSON/TOML of KpiColumns fields).")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of the KPIs here.")] = None,
+    workers: TaskWorkersOpt = 1,
+    ray: TaskRayOpt = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -797,12 +811,11 @@ def policy_evaluate(
     On the cluster, KPIs with 95 % Student-t intervals over episodes. In a twin, every ensemble
     member plays the same episodes and each KPI has its 90 % interval over members x episodes, with
     the share of agent-steps outside the logs' support (calibrated intervals against held-out logs:
-    `edgetwin whatif --log`)."""
+    `edgetwin whatif --log`). Every episode is built from the seed alone (its world, and its own
+    seed for a policy that samples), so --workers and --ray do not change the numbers."""
     import torch
 
-    from edgetwin.policies.evaluate import ArraySystem, evaluate_on_twin, evaluate_policy, plot_results
-    from edgetwin.policies.export import load_policy
-    from edgetwin.policies.heuristics import UniformRandom
+    from edgetwin.policies.evaluate import ArraySystem, evaluate_episodes, evaluate_on_twin, plot_results
 
     torch.set_num_threads(1)
     if on not in ("cluster", "twin"):
@@ -811,35 +824,38 @@ def policy_evaluate(
     if on == "twin":
         if twin_dir is None:
             raise InputError("--on twin needs the TWIN argument", "TWIN")
-        from edgetwin.twin.twin import Twin
-
-        twin = Twin.load(twin_dir)
+        twin = _loaded_twin(str(twin_dir))  # the episodes run in this process use the same one
         spec = twin.spec
     else:
         from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
 
         cluster = EdgeCluster(ClusterConfig(n_agents=agents, steps=episode_steps, drift=drift))
-        system = ArraySystem(cluster, cluster.spec)
-        spec = system.spec
-    if policy == "random":
-        make_policy: Any = lambda: UniformRandom(spec, seed=seed)  # noqa: E731
-        name = "random"
-    else:
-        loaded = load_policy(policy)
-        make_policy = lambda: loaded  # noqa: E731
+        spec = ArraySystem(cluster, cluster.spec).spec
+    name = "random"
+    if policy != "random":
+        pol = _loaded_policy(policy)
         name = Path(policy).name
-        if loaded.spec.observation_columns != spec.observation_columns or loaded.spec.action_columns != spec.action_columns:
-            raise InputError(f"the policy acts on {loaded.spec.name!r}, whose columns differ from the {on}'s", policy)
+        if pol.spec.observation_columns != spec.observation_columns or pol.spec.action_columns != spec.action_columns:
+            raise InputError(f"the policy acts on {pol.spec.name!r}, whose columns differ from the {on}'s", policy)
         if on == "twin":
             from edgetwin.policies.export import check_policy_spec
 
-            check_policy_spec(loaded, spec, policy)
+            check_policy_spec(pol, spec, policy)
+    if ray is not None:
+        from edgetwin.twin.parallel import check_ray
+
+        check_ray(ray)
+    make_system = _EvalSystem(on, None if twin_dir is None else str(twin_dir), agents, episode_steps, drift)
     if twin is not None:
-        res = evaluate_on_twin(make_policy, twin, episodes=episodes, seed=seed, kpis=_load_kpis(kpis, spec),
-                               n_agents=agents, steps=episode_steps, name=name, progress=not as_json)
+        res = evaluate_on_twin(
+            _EvalPolicy(policy), make_system, len(twin.members), episodes=episodes, seed=seed,
+            kpis=_load_kpis(kpis, spec), name=name, workers=workers, ray_address=ray, progress=not as_json,
+        )  # fmt: skip
     else:
-        res = evaluate_policy(make_policy(), system, episodes=episodes, seed=seed, kpis=_load_kpis(kpis, spec),
-                              name=name, system_name=on, progress=not as_json)
+        res = evaluate_episodes(
+            _EvalPolicy(policy), make_system, episodes=episodes, seed=seed, kpis=_load_kpis(kpis, spec), name=name,
+            system_name=on, workers=workers, ray_address=ray, progress=not as_json,
+        )  # fmt: skip
     if plot is not None:
         plot_results([res], plot, title=f"{name} on {on}")
     if as_json:
@@ -853,6 +869,60 @@ def policy_evaluate(
                       "(a high share: the twin cannot vouch for these numbers)")
         if plot is not None:
             out.print(f"plot written to {plot}")
+
+
+class _EvalPolicy:
+    """`evaluate`'s policy for one episode, ``(seed, spec) -> policy``: ``random`` seeded per episode,
+    else the exported policy, loaded once per process (a heuristic, which may sample, once per
+    episode). Picklable, for the episodes' worker processes."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+
+    def __call__(self, seed: int, spec: Any) -> Any:
+        if self.ref == "random":
+            from edgetwin.policies.heuristics import UniformRandom
+
+            return UniformRandom(spec, seed=seed)
+        from edgetwin.policies.export import load_policy
+
+        pol = _loaded_policy(self.ref)
+        return load_policy(self.ref) if pol.kind == "heuristic" else pol
+
+
+class _EvalSystem:
+    """`evaluate`'s system, fresh for each episode (the twin itself loaded once per process)."""
+
+    def __init__(self, on: str, twin_dir: str | None, agents: int, steps: int, drift: str) -> None:
+        self.on, self.twin_dir, self.agents, self.steps, self.drift = on, twin_dir, agents, steps, drift
+
+    def __call__(self, member: int | None = None) -> Any:
+        """A fresh system; in a twin, ``member`` simulates that ensemble member and counts its
+        agent-steps outside the logs' support."""
+        from edgetwin.policies.evaluate import ArraySystem, TwinSystem
+
+        if self.on == "twin":
+            assert self.twin_dir is not None
+            return TwinSystem(_loaded_twin(self.twin_dir), n_agents=self.agents, steps=self.steps, member=member,
+                              track_support=member is not None)  # fmt: skip
+        from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
+
+        cluster = EdgeCluster(ClusterConfig(n_agents=self.agents, steps=self.steps, drift=self.drift))
+        return ArraySystem(cluster, cluster.spec)
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded_twin(path: str) -> Any:
+    from edgetwin.twin.twin import Twin
+
+    return Twin.load(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded_policy(path: str) -> Any:
+    from edgetwin.policies.export import load_policy
+
+    return load_policy(path)
 
 
 # ------------------------------------------------------------------------------------- serve (edge runtime)
@@ -1067,6 +1137,8 @@ def whatif_cmd(
         float, typer.Option(help="Flag a number when more than this share of its agent-steps is out of support.")
     ] = 0.05,
     view: Annotated[Path | None, typer.Option(help="SchedulingView (TOML/JSON) for heuristic:NAME policies.")] = None,
+    workers: TaskWorkersOpt = 1,
+    ray: TaskRayOpt = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -1078,6 +1150,10 @@ def whatif_cmd(
     if not 0.0 <= oos_tolerance <= 1.0:
         raise InputError(f"expected a share between 0 and 1, got {oos_tolerance}", "--oos-tolerance")
     out_dir_arg(out_dir)
+    if ray is not None:
+        from edgetwin.twin.parallel import check_ray
+
+        check_ray(ray)
     twin, scenarios, kpi_defs, table = _whatif_inputs(twin_dir, scenario, kpis, log, spec)
     refs = list(policy)
     if baseline is not None and baseline not in refs:
@@ -1092,7 +1168,7 @@ def whatif_cmd(
     result = run_whatif(
         twin, pols, scenarios, baseline=base_name, kpis=kpi_defs, episodes=episodes, seeds=seeds, seed=seed,
         members=_members(members), steps=steps, n_agents=agents, stochastic=not deterministic, log=table,
-        exogenous=exogenous or (), oos_tolerance=oos_tolerance, progress=not as_json,
+        exogenous=exogenous or (), oos_tolerance=oos_tolerance, progress=not as_json, workers=workers, ray_address=ray,
     )  # fmt: skip
     files = write_report(result, out_dir, title=f"What-if report: {', '.join(result.policies)}")
     if as_json:

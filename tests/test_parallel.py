@@ -133,3 +133,117 @@ def test_fit_cli_refuses_a_ray_address_nobody_answers(small_log: tuple[Any, Any]
         assert e.value.code == 2
         assert flag in err.getvalue() and "Traceback" not in err.getvalue()
     assert not (tmp_path / "tw" / "MANIFEST.json").exists()
+
+
+# ------------------------------------------------------------------------------------ evaluate / whatif
+EVAL = ["--episodes", "3", "--agents", "10", "--episode-steps", "4", "--json"]
+
+
+def _cli_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    from edgetwin.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _eval_in_a_subprocess(argv: list[str]) -> dict[str, Any]:
+    """`edgetwin <argv>` in a fresh interpreter; also reports whether anything imported Ray."""
+    import subprocess
+    import sys
+
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from edgetwin.cli import main\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        "    try:\n"
+        f"        main({argv!r})\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, e.code\n"
+        "doc = json.loads(buf.getvalue())\n"
+        "doc['ray_imported'] = 'ray' in sys.modules\n"
+        "print(json.dumps(doc))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_evaluate_gives_the_same_kpis_serially_and_on_a_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    """A policy that samples (random) gets its own seed per episode, so the episodes are
+    independent tasks: the pool gives the serial numbers; without --ray nothing imports Ray."""
+    argv = ["evaluate", "random", "--on", "cluster", "--seed", "5", *EVAL]
+    serial = _cli_json([*argv, "--workers", "1"], capsys)
+    pooled = _eval_in_a_subprocess([*argv, "--workers", "2"])
+    assert pooled.pop("ray_imported") is False
+    assert pooled["per_episode"] == serial["per_episode"]
+    assert len(serial["per_episode"]["return"]) == 3
+    # the episodes differ from each other and another seed gives other numbers (the check can fail)
+    assert len(set(serial["per_episode"]["return"])) == 3
+    other = _cli_json(["evaluate", "random", "--on", "cluster", "--seed", "6", *EVAL], capsys)
+    assert other["per_episode"]["return"] != serial["per_episode"]["return"]
+
+
+def test_evaluate_gives_the_same_kpis_on_ray(capsys: pytest.CaptureFixture[str]) -> None:
+    ray = pytest.importorskip("ray", reason='Ray is an optional extra (pip install -e ".[ray]")')
+    argv = ["evaluate", "random", "--on", "cluster", "--seed", "5", *EVAL]
+    serial = _cli_json(argv, capsys)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        on_ray = _cli_json([*argv, "--ray", "local"], capsys)
+    finally:
+        ray.shutdown()
+    assert on_ray["per_episode"] == serial["per_episode"]
+
+
+@pytest.mark.slow  # a twin fit and two pools of spawned workers: ~2-3 min on the loaded 2-core machine
+def test_twin_evaluate_and_whatif_give_the_same_numbers_on_a_pool(
+    small_log: tuple[Any, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a twin: evaluate's episodes and the what-if cells (a policy built per episode, and one
+    exported policy object used in every episode) on a 2-process pool give the serial numbers."""
+    from edgetwin.policies.export import export_policy
+    from edgetwin.policies.heuristics import UniformRandom
+
+    df, spec = small_log
+    twin_dir = tmp_path / "twin"
+    Twin.fit(df, spec, seed=3, workers=1, **{**FIT, "members": 2}).save(twin_dir)
+    argv = ["evaluate", "random", str(twin_dir), "--on", "twin", "--seed", "2", *EVAL]
+    serial = _cli_json([*argv, "--workers", "1"], capsys)
+    pooled = _cli_json([*argv, "--workers", "2"], capsys)
+    assert pooled["per_episode"] == serial["per_episode"]
+
+    exported = export_policy(UniformRandom(spec, seed=9), tmp_path / "rnd", spec)  # samples across episodes
+    docs = []
+    for w in ("1", "2"):
+        out = tmp_path / f"whatif{w}"
+        _cli_json(["whatif", str(twin_dir), "--policy", "random", "--policy", str(exported), "--episodes", "2",
+                   "--seeds", "1", "--steps", "4", "--agents", "12", "--out", str(out), "--workers", w, "--json"],
+                  capsys)  # fmt: skip
+        docs.append(json.loads((out / "whatif.json").read_text()))
+    assert docs[0] == docs[1]
+
+
+def test_evaluate_and_whatif_refuse_a_ray_address_nobody_answers(tmp_path: Path) -> None:
+    """``--ray`` at a closed port on evaluate and whatif: one line naming the flag, exit 2."""
+    import contextlib
+    import io
+    import socket
+
+    from edgetwin.cli import main
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    runs = [
+        ["evaluate", "random", "--on", "cluster", *EVAL, "--ray", f"127.0.0.1:{port}"],
+        ["whatif", str(tmp_path / "no-twin"), "--policy", "random", "--out", str(tmp_path / "w"), "--ray", f"127.0.0.1:{port}"],
+    ]
+    for argv in runs:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        assert "--ray" in err.getvalue() and "Traceback" not in err.getvalue()

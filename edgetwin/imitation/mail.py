@@ -46,6 +46,7 @@ from imitation.util import logger as imit_logger
 from stable_baselines3 import PPO
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.preprocessing import preprocess_obs
+from stable_baselines3.common.torch_layers import FlattenExtractor
 from stable_baselines3.common.vec_env import VecEnv
 from tqdm.auto import tqdm
 
@@ -86,10 +87,21 @@ class GaussianModel:
             shape = self.policy.action_space.shape
             assert shape is not None  # a Box action space always has a shape
             return np.zeros((0, shape[0]), dtype=np.float32)
-        obs = th.as_tensor(np.array(x, dtype=np.float32))
+        # shares memory with x when it is already float32, contiguous and writable (torch wants
+        # writable arrays); the network only reads it
+        arr = np.ascontiguousarray(x, dtype=np.float32)
+        obs = th.as_tensor(arr if arr.flags.writeable else arr.copy())
+        pol = self.policy
+        layers = _plain_actor(pol)
+        if layers is not None:
+            # the same kernels on the same tensors as the modules' forward, without nn.Module's
+            # per-call hooks machinery (a twin's tick calls this once per scenario)
+            h = obs
+            for layer in layers:
+                h = layer(h) if callable(layer) else th.nn.functional.linear(h, layer[0], layer[1])
+            return h.numpy()
         # what `policy.get_distribution(obs).distribution.mean` computes, without building the
         # distribution (whose argument checks cost more than the network on a twin's tick)
-        pol = self.policy
         features = pol.pi_features_extractor(preprocess_obs(obs, pol.observation_space))
         return pol.action_net(pol.mlp_extractor.forward_actor(features)).numpy()
 
@@ -102,6 +114,36 @@ class GaussianModel:
         return np.clip(mu + self.std * rng.standard_normal(mu.shape), -OUTPUT_CLIP, OUTPUT_CLIP).astype(
             np.float32
         )
+
+
+_ACTIVATIONS: dict[type, Callable[[th.Tensor], th.Tensor]] = {th.nn.Tanh: th.tanh, th.nn.ReLU: th.relu}
+
+
+def _plain_actor(pol: ActorCriticPolicy) -> list[Any] | None:
+    """The actor of ``pol`` as ``[(weight, bias) | activation, ...]`` when it is a plain MLP on a
+    flat Box observation (SB3's default: ``Flatten`` extractor, ``Linear``/``Tanh``/``ReLU``
+    policy net, ``Linear`` action net), else None (then the modules are called as they are).
+
+    For such a policy ``preprocess_obs`` is ``obs.float()`` and ``Flatten`` of ``(N, in)`` is a
+    view, so applying these layers in order gives exactly the modules' numbers."""
+    if not (
+        isinstance(pol.pi_features_extractor, FlattenExtractor)
+        and isinstance(pol.observation_space, gym.spaces.Box)
+        and len(pol.observation_space.shape) == 1
+        and type(pol.action_net) is th.nn.Linear
+        and isinstance(pol.mlp_extractor.policy_net, th.nn.Sequential)
+    ):
+        return None
+    layers: list[Any] = []
+    for m in pol.mlp_extractor.policy_net:
+        if type(m) is th.nn.Linear:
+            layers.append((m.weight, m.bias))
+        elif type(m) in _ACTIVATIONS:
+            layers.append(_ACTIVATIONS[type(m)])
+        else:
+            return None
+    layers.append((pol.action_net.weight, pol.action_net.bias))
+    return layers
 
 
 def gaussian_policy(n_in: int, n_out: int, net_arch: list[int], lr: float = 1e-3) -> ActorCriticPolicy:

@@ -16,12 +16,21 @@ __all__ = ["StepTable", "build_steps", "client_features", "group_means", "transi
 
 
 def group_means(values: np.ndarray, codes: np.ndarray, n_groups: int) -> np.ndarray:
-    """Per-group means of ``values (N, D)`` by integer ``codes (N,)`` -> ``(n_groups, D)``."""
+    """Per-group means of ``values (N, D)`` by integer ``codes (N,)`` -> ``(n_groups, D)``.
+
+    One `np.bincount` over all columns at once (bin ``code * D + column``): it adds each bin's
+    values in row order, exactly as one bincount per column would, so the sums are the same to
+    the last bit; a tick computes several of these, and the per-column calls cost more than the
+    sums at a twin's sizes.
+    """
+    codes = np.asarray(codes)
     counts = np.bincount(codes, minlength=n_groups).astype(np.float64)
-    out = np.zeros((n_groups, values.shape[1]), dtype=np.float64)
-    for j in range(values.shape[1]):
-        out[:, j] = np.bincount(codes, weights=values[:, j], minlength=n_groups)
-    return out / np.maximum(counts, 1.0)[:, None]
+    d = values.shape[1]
+    if d == 0 or len(codes) == 0:
+        return np.zeros((n_groups, d), dtype=np.float64)
+    bins = (codes.astype(np.int64)[:, None] * d + np.arange(d)).ravel()
+    sums = np.bincount(bins, weights=np.asarray(values, np.float64).ravel(), minlength=n_groups * d)
+    return sums.reshape(n_groups, d) / np.maximum(counts, 1.0)[:, None]
 
 
 def client_features(

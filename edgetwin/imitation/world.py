@@ -10,7 +10,7 @@ share a site, as logged) and `InitialStates` (their logged first states) are whe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,12 @@ class World:
         t: the current tick.
         site_model: a `SiteStateModel` that moves the site-level state columns at the end of each
             tick from the whole site's tick; None: the mean of the agents' own predictions.
+
+    What is derived from ``profile``, ``state`` and ``site`` alone (their standardised values,
+    site means and sizes) is computed once per array and kept until the attribute is assigned
+    another array: a tick reads the state's z-values in `client_inputs` and again in `apply`, and
+    a profile does not change within an episode. The kept arrays are read-only; change a world by
+    assigning new arrays (as `apply` and the what-if engine do), never by writing into them.
     """
 
     layout: Layout
@@ -50,6 +56,9 @@ class World:
     lag: np.ndarray
     t: int = 0
     site_model: Any = None
+    _memo: dict[str, tuple[tuple[Any, ...], Any]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def n(self) -> int:
@@ -59,48 +68,98 @@ class World:
     def n_sites(self) -> int:
         return int(self.site.max()) + 1 if self.n else 0
 
+    def _kept(self, key: str, sources: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        """``compute()`` of the arrays ``sources``, recomputed only when one of them is another object."""
+        hit = self._memo.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
+            return hit[1]
+        value = compute()
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+        self._memo[key] = (sources, value)
+        return value
+
     def zprofile(self) -> np.ndarray:
-        return self.layout.scalers["profile"].transform(self.profile)
+        """``(N, P)`` standardised profiles (float32, read-only)."""
+        return self._kept("zp", (self.profile,), lambda: self.layout.scalers["profile"].transform(self.profile))
+
+    def zstate(self) -> np.ndarray:
+        """``(N, S)`` standardised states (float32, read-only)."""
+        return self._kept("zs", (self.state,), lambda: self.layout.scalers["state"].transform(self.state))
+
+    def scenario_rows(self) -> list[tuple[int, np.ndarray]]:
+        """``[(scenario id, rows of its agents)]`` in increasing id (the agents' scenarios only)."""
+        sc = self.scenario
+        return self._kept(
+            "scen", (sc,), lambda: [(int(s), np.flatnonzero(sc == s)) for s in np.unique(sc)]
+        )
+
+    def _site_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(model z(state) (N, S), its site means (N, S), site sizes (N,), z(profile) site means
+        (N, P) or None)`` of every agent at this tick."""
+        lay = self.layout
+        zs_all = self._kept("mzs", (self.state,), lambda: lay.model_state(self.zstate()))
+        n_sites = self.n_sites
+        means = self._kept(
+            "zs_means",
+            (self.state, self.site),
+            lambda: group_means(np.asarray(zs_all, np.float64), self.site, n_sites)[self.site],
+        )
+        size = self._kept("size", (self.site,), lambda: np.bincount(self.site, minlength=n_sites)[self.site])
+        pmeans = (
+            self._kept(
+                "zp_means",
+                (self.profile, self.site),
+                lambda: group_means(np.asarray(self.zprofile(), np.float64), self.site, n_sites)[self.site],
+            )
+            if lay.site_profile
+            else None
+        )
+        return zs_all, means, size, pmeans
 
     def engine_inputs(self) -> np.ndarray:
         """``(N, P+S)`` standardised ``[profile, state]``."""
-        sc = self.layout.scalers
-        return np.concatenate(
-            [sc["profile"].transform(self.profile), sc["state"].transform(self.state)], axis=1
-        )
+        return np.concatenate([self.zprofile(), self.zstate()], axis=1)
 
-    def client_inputs(self, action: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    def client_inputs(
+        self, action: np.ndarray, rows: np.ndarray | None = None, za: np.ndarray | None = None
+    ) -> np.ndarray:
         """Client inputs for raw actions taken at this tick.
 
         Args:
             action: ``(N, A)``, or ``(len(rows), A)`` when ``rows`` is given.
             rows: compute only these agents' inputs (the others' actions are not needed: the
                 model is causal per agent).
+            za: the standardised ``action``, when the caller has it already.
         """
-        sc = self.layout.scalers
-        zs_all = self.layout.model_state(sc["state"].transform(self.state))
-        means = group_means(np.asarray(zs_all, np.float64), self.site, self.n_sites)[self.site]
-        r = np.arange(self.n) if rows is None else np.asarray(rows)
+        zs_all, means, size, pmeans = self._site_inputs()
+        zp = self.zprofile()
+        site = self.site
+        if rows is not None:
+            r = np.asarray(rows)
+            zp, zs_all, means, size, site = zp[r], zs_all[r], means[r], size[r], site[r]
+            pmeans = None if pmeans is None else pmeans[r]
         return client_features(
             self.layout,
-            sc["profile"].transform(self.profile[r]),
-            zs_all[r],
-            sc["action"].transform(action),
-            self.site[r],
+            zp,
+            zs_all,
+            self.layout.scalers["action"].transform(action) if za is None else za,
+            site,
             self.n_sites,
-            self.lag[self.site[r]],
-            np.full(len(r), self.t),
-            state_means=means[r],
-            site_size=np.bincount(self.site, minlength=self.n_sites)[self.site[r]],
-            profile_means=(
-                group_means(np.asarray(self.zprofile(), np.float64), self.site, self.n_sites)[self.site[r]]
-                if self.layout.site_profile
-                else None
-            ),
+            self.lag[site],
+            np.full(len(site), self.t),
+            state_means=means,
+            site_size=size,
+            profile_means=pmeans,
         )
 
     def apply(
-        self, action: np.ndarray, y: np.ndarray, transition: Mapping[int, Any] | None = None
+        self,
+        action: np.ndarray,
+        y: np.ndarray,
+        transition: Mapping[int, Any] | None = None,
+        outputs: np.ndarray | None = None,
+        za: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Apply standardised model outputs ``y (N, n_model_outputs)`` of this tick.
 
@@ -110,16 +169,22 @@ class World:
             transition: per scenario id, a model with ``mean(x) -> Δz(state)`` over
                 `transition_features`; when given (and the transition is learned) it replaces the
                 client's ``Δstate``: it sees the whole site's actions and outputs of this tick.
+            outputs, za: the raw outputs ``inverse(y[:, :Y])`` and standardised ``action``, when
+                the caller has them already (exactly these values; they are not recomputed).
 
         Returns:
             ``(outputs_raw (N, Y), next_state_raw (N, S))``; the world moves to t+1.
         """
         lay = self.layout
         ny = lay.n_outputs
-        out_raw = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((self.n, 0))
-        zs = lay.scalers["state"].transform(self.state)
+        if outputs is not None:
+            out_raw = outputs
+        else:
+            out_raw = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((self.n, 0))
+        zs = self.zstate()
         zy = lay.scalers["outputs"].transform(out_raw) if ny else np.zeros((self.n, 0))
-        za = lay.scalers["action"].transform(action)
+        if za is None:
+            za = lay.scalers["action"].transform(action)
         site_now = group_means(np.concatenate([za, zy], axis=1).astype(np.float64), self.site, self.n_sites)
         fn = lay.spec.transition_fn()
         if fn is not None:
@@ -129,11 +194,10 @@ class World:
         elif lay.learn_transition:
             delta = np.asarray(y[:, ny:], dtype=np.float64)
             if transition is not None:
-                x = transition_features(self.client_inputs(action), zy, site_now[self.site])
+                x = transition_features(self.client_inputs(action, za=za), zy, site_now[self.site])
                 pred = np.zeros_like(delta)
-                for s in np.unique(self.scenario):
-                    idx = np.flatnonzero(self.scenario == s)
-                    pred[idx] = transition[int(s)].mean(x[idx])
+                for s, idx in self.scenario_rows():
+                    pred[idx] = transition[s].mean(x[idx])
                 absolute = np.asarray(lay.state_absolute or [False] * len(lay.state), dtype=bool)
                 delta = np.where(absolute, pred - zs, pred)
             z_next = zs + delta

@@ -357,55 +357,156 @@ def evaluate_policy(
     for ep_seed in tqdm(
         episode_seeds(seed, episodes), desc=f"evaluate {name}", disable=not progress, leave=False
     ):
-        if hasattr(policy, "reset"):
-            policy.reset()
-        obs = system.reset(ep_seed)
-        frames, rewards = [], []
-        done, t = False, 0
-        while not done and (max_steps is None or t < max_steps):
-            obs, r, done, cols = system.step(np.asarray(policy.act(obs), dtype=np.float64))
-            if reward is not None:
-                r = np.asarray(reward(cols), dtype=np.float64)
-            frames.append(cols)
-            rewards.append(np.asarray(r, dtype=np.float64))
-            t += 1
-        for k, v in episode_kpis(frames, rewards, kpis, float(system.spec.step_seconds)).items():
+        for k, v in run_episode(policy, system, ep_seed, kpis, reward, max_steps).items():
             res.per_episode.setdefault(k, []).append(v)
     return res
 
 
-def evaluate_on_twin(
-    make_policy: Callable[[], PlatformPolicy],
-    twin: Any,
+def run_episode(
+    policy: PlatformPolicy,
+    system: BatchSystem,
+    seed: int,
+    kpis: KpiColumns,
+    reward: RewardFn | None = None,
+    max_steps: int | None = None,
+) -> dict[str, float]:
+    """One episode of ``policy`` on ``system`` from ``system.reset(seed)``: its KPIs."""
+    if hasattr(policy, "reset"):
+        policy.reset()
+    obs = system.reset(seed)
+    frames, rewards = [], []
+    done, t = False, 0
+    while not done and (max_steps is None or t < max_steps):
+        obs, r, done, cols = system.step(np.asarray(policy.act(obs), dtype=np.float64))
+        if reward is not None:
+            r = np.asarray(reward(cols), dtype=np.float64)
+        frames.append(cols)
+        rewards.append(np.asarray(r, dtype=np.float64))
+        t += 1
+    return episode_kpis(frames, rewards, kpis, float(system.spec.step_seconds))
+
+
+#: Builds an episode's policy: ``(policy seed, spec) -> PlatformPolicy`` (picklable for a pool).
+PolicyMaker = Callable[[int, TwinSpec], PlatformPolicy]
+#: Builds a fresh `BatchSystem` for one episode (picklable for a pool).
+SystemMaker = Callable[[], BatchSystem]
+#: Builds a fresh `TwinSystem` that simulates one ensemble member and counts its agent-steps
+#: outside the logs' support (``track_support``), for one episode (picklable for a pool).
+MemberSystemMaker = Callable[[int], "TwinSystem"]
+
+
+def evaluate_episodes(
+    make_policy: PolicyMaker,
+    make_system: SystemMaker,
     episodes: int = 5,
     seed: int = 0,
     kpis: KpiColumns | None = None,
-    n_agents: int | None = None,
-    steps: int | None = None,
+    reward: RewardFn | None = None,
+    max_steps: int | None = None,
     name: str = "policy",
+    system_name: str = "system",
+    workers: int | None = 1,
+    ray_address: str | None = None,
+    progress: bool = False,
+) -> EvalResult:
+    """As `evaluate_policy`, with every episode an independent task: serially (``workers=1``),
+    on a local process pool or on Ray (`edgetwin.twin.parallel.run_tasks`), same result.
+
+    An episode gets a fresh system (``make_system()``) reset with its seed (as in
+    `evaluate_policy`) and a policy built for it with its own seed derived from that one
+    (``make_policy(policy_seed, spec)``), so that a policy that samples (a random baseline)
+    does not carry its generator from one episode into the next: where an episode runs does not
+    change its numbers.
+    """
+    from edgetwin.twin.parallel import run_tasks
+
+    if episodes < 1:
+        raise InputError(f"episodes must be >= 1, got {episodes}", "--episodes")
+    kpis = kpis or KpiColumns()
+    seeds = episode_seeds(seed, episodes)
+    tasks = [(s, episode_seeds(s, 1)[0]) for s in seeds]  # (system seed, policy seed)
+    results = run_tasks(
+        _episode_task, tasks, workers=workers, ray_address=ray_address, progress=progress,
+        desc=f"evaluate {name}", shared=(make_policy, make_system, kpis, reward, max_steps),
+    )  # fmt: skip
+    res = EvalResult(policy=name, system=system_name, episodes=episodes, seed=seed)
+    for per in results:
+        for k, v in per.items():
+            res.per_episode.setdefault(k, []).append(v)
+    return res
+
+
+def _episode_task(
+    make_policy: PolicyMaker,
+    make_system: SystemMaker,
+    kpis: KpiColumns,
+    reward: RewardFn | None,
+    max_steps: int | None,
+    system_seed: int,
+    policy_seed: int,
+) -> dict[str, float]:
+    system = make_system()
+    kpis.check(system.spec)
+    return run_episode(make_policy(policy_seed, system.spec), system, system_seed, kpis, reward, max_steps)
+
+
+def evaluate_on_twin(
+    make_policy: PolicyMaker,
+    make_system: MemberSystemMaker,
+    members: int,
+    episodes: int = 5,
+    seed: int = 0,
+    kpis: KpiColumns | None = None,
+    name: str = "policy",
+    workers: int | None = 1,
+    ray_address: str | None = None,
     progress: bool = False,
 ) -> EvalResult:
     """Score a policy in every member of a twin's ensemble on the same ``episodes`` worlds.
 
-    ``make_policy()`` is called once per member, so that a policy with its own random state acts
-    the same way in each (the members' answers are paired, as in a what-if). The result's
-    `EvalResult.interval_90` combines what the members disagree on and what varies over
-    episodes; ``out_of_support`` is the share of every simulated agent-step outside the logs.
+    Each (member, episode) is a task (`evaluate_episodes`' rules: serially, on a pool or on Ray,
+    same result). The episode's world seed and policy seed are the same for every member, so the
+    members' answers are paired, as in a what-if. The result's `EvalResult.interval_90` combines
+    what the members disagree on and what varies over episodes; ``out_of_support`` is the share
+    of every simulated agent-step outside the logs' support.
     """
-    n_members = len(twin.members)
-    res = EvalResult(policy=name, system="twin", episodes=episodes, seed=seed, per_member={})
+    from edgetwin.twin.parallel import run_tasks
+
+    if episodes < 1:
+        raise InputError(f"episodes must be >= 1, got {episodes}", "--episodes")
+    kpis = kpis or KpiColumns()
+    seeds = episode_seeds(seed, episodes)
+    tasks = [(m, s, episode_seeds(s, 1)[0]) for m in range(members) for s in seeds]
+    results = run_tasks(
+        _member_episode_task, tasks, workers=workers, ray_address=ray_address, progress=progress,
+        desc=f"evaluate {name} in {members} members", shared=(make_policy, make_system, kpis),
+    )  # fmt: skip
+    per_member: dict[str, list[list[float]]] = {}
     outside = rows = 0.0
-    for m in tqdm(range(n_members), desc=f"evaluate {name} in the twin's members", disable=not progress, leave=False):
-        system = TwinSystem(twin, n_agents=n_agents, steps=steps, member=m, track_support=True)
-        r = evaluate_policy(make_policy(), system, episodes=episodes, seed=seed, kpis=kpis, name=name, system_name="twin")
-        for k, v in r.per_episode.items():
-            res.per_member.setdefault(k, []).append(list(v))  # type: ignore[union-attr]
-        outside += system.out_of_support * system.agent_steps
-        rows += system.agent_steps
-    assert res.per_member is not None
-    res.per_episode = {k: [float(x) for x in np.mean(np.asarray(v), axis=0)] for k, v in res.per_member.items()}
+    for j, (per, out, n) in enumerate(results):
+        m = j // episodes
+        for k, v in per.items():
+            lists = per_member.setdefault(k, [[] for _ in range(members)])
+            lists[m].append(v)
+        outside, rows = outside + out, rows + n
+    res = EvalResult(policy=name, system="twin", episodes=episodes, seed=seed, per_member=per_member)
+    res.per_episode = {k: [float(x) for x in np.mean(np.asarray(v), axis=0)] for k, v in per_member.items()}
     res.out_of_support = outside / rows if rows else 0.0
     return res
+
+
+def _member_episode_task(
+    make_policy: PolicyMaker,
+    make_system: MemberSystemMaker,
+    kpis: KpiColumns,
+    member: int,
+    system_seed: int,
+    policy_seed: int,
+) -> tuple[dict[str, float], float, int]:
+    system = make_system(member)
+    kpis.check(system.spec)
+    per = run_episode(make_policy(policy_seed, system.spec), system, system_seed, kpis)
+    return per, system.out_of_support * system.agent_steps, system.agent_steps
 
 
 def improvement(policy: EvalResult, baseline: EvalResult, kpi: str = "offload_ratio") -> float:
@@ -457,8 +558,10 @@ __all__ = [
     "KpiColumns",
     "TwinSystem",
     "episode_kpis",
+    "evaluate_episodes",
     "evaluate_on_twin",
     "evaluate_policy",
     "improvement",
     "plot_results",
+    "run_episode",
 ]

@@ -156,6 +156,7 @@ class LoadedPolicy:
             self.shield = Shield(spec, ShieldConfig.from_dict(doc["shield"]))
         self._recurrent_state: Any = None
         self._episode_start: np.ndarray | None = None
+        self._actor = _gaussian_actor(impl) if doc["kind"] == "sb3" and doc.get("algorithm") in ("ppo", "a2c") else None
 
     @property
     def algorithm(self) -> str:
@@ -198,6 +199,8 @@ class LoadedPolicy:
                     x, state=self._recurrent_state, episode_start=self._episode_start, **kwargs
                 )
                 self._episode_start = np.zeros(len(obs), dtype=bool)
+            elif self._actor is not None:
+                raw = self._actor(x)
             else:
                 raw, _ = self._impl.predict(x, **kwargs)
             actions = self.transform.apply(np.asarray(raw).reshape(len(obs), -1))
@@ -207,6 +210,64 @@ class LoadedPolicy:
 
     def __repr__(self) -> str:
         return f"LoadedPolicy({self.algorithm}, {self.path})"
+
+
+class _GaussianActor:
+    """The deterministic action of an SB3 actor-critic policy with a diagonal Gaussian over a Box
+    (PPO / A2C without gSDE) whose actor is a plain MLP on a flat Box observation: what
+    ``model.predict(x, deterministic=True)`` returns — the Gaussian's mean, clipped to the action
+    space — computed directly (the same torch kernels on the same weights, so the same numbers),
+    without SB3's per-call checks, distribution objects and module hooks, which cost more than
+    the network for one observation at the edge."""
+
+    def __init__(self, layers: list[Any], low: np.ndarray, high: np.ndarray, shape: tuple[int, ...]) -> None:
+        self.layers, self.low, self.high, self.shape = layers, low, high, shape
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        import torch as th
+
+        with th.no_grad():
+            h = th.as_tensor(np.array(x, dtype=np.float32))
+            for layer in self.layers:
+                h = layer(h) if callable(layer) else th.nn.functional.linear(h, layer[0], layer[1])
+        return np.clip(h.numpy().reshape((-1, *self.shape)), self.low, self.high)
+
+
+def _gaussian_actor(model: Any) -> _GaussianActor | None:
+    """A `_GaussianActor` for ``model`` (an SB3 algorithm) when its policy is of that form, else None."""
+    import torch as th
+    from gymnasium import spaces
+    from stable_baselines3.common.distributions import DiagGaussianDistribution
+    from stable_baselines3.common.policies import ActorCriticPolicy
+    from stable_baselines3.common.torch_layers import FlattenExtractor
+
+    pol = getattr(model, "policy", None)
+    if not (
+        type(pol) is ActorCriticPolicy
+        and type(pol.action_dist) is DiagGaussianDistribution
+        and not pol.use_sde
+        and not pol.squash_output
+        and isinstance(pol.action_space, spaces.Box)
+        and isinstance(pol.observation_space, spaces.Box)
+        and len(pol.observation_space.shape) == 1
+        and type(pol.pi_features_extractor) is FlattenExtractor
+        and type(pol.action_net) is th.nn.Linear
+        and isinstance(pol.mlp_extractor.policy_net, th.nn.Sequential)
+    ):
+        return None
+    activations = {th.nn.Tanh: th.tanh, th.nn.ReLU: th.relu}
+    layers: list[Any] = []
+    for m in pol.mlp_extractor.policy_net:
+        if type(m) is th.nn.Linear:
+            layers.append((m.weight, m.bias))
+        elif type(m) in activations:
+            layers.append(activations[type(m)])
+        else:
+            return None
+    layers.append((pol.action_net.weight, pol.action_net.bias))
+    shape = pol.action_space.shape
+    assert shape is not None
+    return _GaussianActor(layers, pol.action_space.low, pol.action_space.high, tuple(shape))
 
 
 def export_policy(

@@ -17,6 +17,9 @@ wherever it runs. The CLI sets 1 thread before it fits (small MLPs on a shared 2
 fastest single-threaded), so its workers use 1 each and do not oversubscribe the cores.
 
 Ray is imported only when ``ray_address`` is given; without it nothing here touches Ray.
+
+Pool tasks travel with cloudpickle (as Ray's do), so a task may carry a closure, e.g. a what-if
+policy factory over the twin; a module-level function still travels by reference.
 """
 
 from __future__ import annotations
@@ -63,6 +66,14 @@ def _init_worker(torch_threads: int) -> None:
     import torch
 
     torch.set_num_threads(torch_threads)
+
+
+def _cloud_call(payload: bytes) -> Any:
+    """A pool task: ``fn(*args)`` from its cloudpickled ``(fn, args)``."""
+    import cloudpickle
+
+    fn, args = cloudpickle.loads(payload)
+    return fn(*args)
 
 
 def _ray_call(fn: Callable[..., Any], torch_threads: int, *args: Any) -> Any:
@@ -132,7 +143,9 @@ def run_tasks(
     # spawn, not fork: a forked child inherits torch's and OpenMP's thread state mid-flight
     ctx = mp.get_context("spawn")
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_worker, initargs=(torch_threads,)) as pool:
-        futures = {pool.submit(fn, *shared, *t): i for i, t in enumerate(tasks)}
+        import cloudpickle
+
+        futures = {pool.submit(_cloud_call, cloudpickle.dumps((fn, (*shared, *t)))): i for i, t in enumerate(tasks)}
         for fut in as_completed(futures):
             i = futures[fut]
             results[i] = fut.result()

@@ -184,8 +184,16 @@ class Simulation:
         """
         world.site_model = self.twin.members[self.member].site_model if self.twin.members else None
         self.world = world
-        self._pending_y = np.zeros((world.n, self.layout.n_model_outputs), np.float32)
-        self._pending_a = np.zeros((world.n, len(self.layout.action)))
+        lay = self.layout
+        self._pending_y = np.zeros((world.n, lay.n_model_outputs), np.float32)
+        self._pending_a = np.zeros((world.n, len(lay.action)))
+        # what `World.apply` would compute from the two above, kept row by row as they change:
+        # raw outputs = inverse(pending y), standardised actions = transform(pending a)
+        ny = lay.n_outputs
+        self._pending_out = (
+            lay.scalers["outputs"].inverse(self._pending_y[:, :ny]) if ny else np.zeros((world.n, 0))
+        )
+        self._pending_za = lay.scalers["action"].transform(self._pending_a)
         if len(self.agent_names) != world.n:
             self.agent_names = [f"agent{i}" for i in range(world.n)]
         if len(self.site_names) != world.n_sites:
@@ -216,19 +224,25 @@ class Simulation:
         lay, w = self.layout, self.world
         rows = np.asarray(rows, dtype=np.int64)
         action = self.legal_action(np.asarray(action).reshape(len(rows), -1))
-        x = w.client_inputs(action, rows)
+        za = lay.scalers["action"].transform(action)
+        everyone = len(rows) == w.n and bool(np.array_equal(rows, np.arange(w.n)))
+        x = w.client_inputs(action, None if everyone else rows, za=za)
         y = np.zeros((len(rows), lay.n_model_outputs), np.float32)
         disagreement = np.zeros(len(rows))
         models = self.twin.member_models
-        scen = w.scenario[rows]
-        for s in np.unique(scen):
-            idx = np.flatnonzero(scen == s)
+        if everyone:
+            groups = w.scenario_rows()
+        else:
+            scen = w.scenario[rows]
+            groups = [(int(s), np.flatnonzero(scen == s)) for s in np.unique(scen)]
+        for s, idx in groups:
+            xs = x[idx]
             if with_disagreement and len(models) > 1:
-                means = np.stack([m[s].mean(x[idx]) for m in models])  # (M, n_s, out)
+                means = np.stack([m[s].mean(xs) for m in models])  # (M, n_s, out)
                 mu = means[self.member]
                 disagreement[idx] = means.std(axis=0).mean(axis=1)
             else:
-                mu = models[self.member][s].mean(x[idx])
+                mu = models[self.member][s].mean(xs)
             if self.stochastic:
                 # noise on the outputs only: the client's Gaussian has one std per output for all
                 # inputs, and fed into Δstate it compounds into drift far beyond the logged noise
@@ -239,8 +253,10 @@ class Simulation:
             y[idx] = mu
         self._pending_y[rows] = y
         self._pending_a[rows] = action
+        self._pending_za[rows] = za
         ny = lay.n_outputs
         outputs = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((len(rows), 0))
+        self._pending_out[rows] = outputs
         reward = self.reward_of(rows, w.state[rows], action, outputs)
         return outputs, reward, disagreement
 
@@ -260,10 +276,17 @@ class Simulation:
         if ny:
             legal = self.layout.scalers["outputs"].legalise(np.asarray(outputs, np.float64).reshape(len(rows), ny))
             self._pending_y[rows, :ny] = self.layout.scalers["outputs"].transform(legal)
+            self._pending_out[rows] = self.layout.scalers["outputs"].inverse(self._pending_y[rows, :ny])
 
     def end_tick(self) -> np.ndarray:
         """Apply the tick's responses: every agent moves to its next state. Returns it ``(N, S)``."""
-        _, nxt = self.world.apply(self._pending_a, self._pending_y, self.twin.member_transitions[self.member])
+        _, nxt = self.world.apply(
+            self._pending_a,
+            self._pending_y,
+            self.twin.member_transitions[self.member],
+            outputs=self._pending_out,
+            za=self._pending_za,
+        )
         return nxt
 
     def step(self, action: np.ndarray, with_disagreement: bool = True) -> StepResult:

@@ -27,11 +27,14 @@ PolicyFactory = Callable[[int, int, np.ndarray], PlatformPolicy]
 class PolicySpec:
     """A policy under test: its name in reports and how to build it per episode.
 
-    ``factory`` is None for the built-in ``"logged"`` (replay the log's actions).
+    ``factory`` is None for the built-in ``"logged"`` (replay the log's actions). ``shared``: the
+    factory returns one object for every episode (`fixed_policy`), which may keep state between
+    episodes; its episodes are then run in one sequence, never split across workers.
     """
 
     name: str
     factory: PolicyFactory | None
+    shared: bool = False
 
 
 def builtin_policy(name: str, twin: Any) -> PolicySpec:
@@ -60,4 +63,4 @@ def fixed_policy(name: str, policy: PlatformPolicy) -> PolicySpec:
             policy.reset()
         return policy
 
-    return PolicySpec(name, same)
+    return PolicySpec(name, same, shared=True)

@@ -11,7 +11,8 @@ from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import REWARD_COLUMN
-from edgetwin.twin.whatif.engine import run_episode
+from edgetwin.twin.parallel import run_tasks
+from edgetwin.twin.whatif.engine import EpisodeOutcome, run_episode
 from edgetwin.twin.whatif.kpis import KpiDef, default_kpis
 from edgetwin.twin.whatif.policies import PolicySpec
 from edgetwin.twin.whatif.replay import (
@@ -29,6 +30,25 @@ __all__ = ["episode_seeds", "run_whatif"]
 def episode_seeds(seed: int, n: int) -> list[int]:
     """Independent, reproducible world seeds."""
     return [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(int(seed)).spawn(n)]
+
+
+def _cells_task(
+    twin: Any,
+    kpis: list[KpiDef],
+    members: list[int],
+    reps: list[tuple[int, LoggedEpisode | None]],
+    opts: dict[str, Any],
+    job: list[tuple[PolicySpec, Scenario]],
+) -> list[list[EpisodeOutcome]]:
+    """Each cell's episodes, member by member and replicate by replicate (the serial order)."""
+    return [
+        [
+            run_episode(twin, pol, scen, kpis, seed=wseed, member=m, logged=ep, **opts)
+            for m in members
+            for wseed, ep in reps
+        ]
+        for pol, scen in job
+    ]
 
 
 def run_whatif(
@@ -51,6 +71,8 @@ def run_whatif(
     oos_tolerance: float = 0.05,
     progress: bool = True,
     calibration: Any = None,
+    workers: int | None = 1,
+    ray_address: str | None = None,
 ) -> WhatIfResult:
     """Run ``policies`` through ``twin`` under every scenario, over seeds, episodes and members.
 
@@ -78,6 +100,8 @@ def run_whatif(
             Default: in replay mode, when the log's own actions are among the policies (built-in
             ``"logged"``), calibrated on them (the recorded episodes are held out from the twin's
             fit unless the log is its training log); else plain bootstrap intervals.
+        workers, ray_address: run the cells on a local process pool or a Ray cluster
+            (`edgetwin.twin.parallel.run_tasks`; default: serially); the result does not depend on it.
 
     Raises:
         InputError: bad scenarios (naming file, entry and key), unknown KPI columns, bad options.
@@ -174,26 +198,32 @@ def run_whatif(
             reps += [(w, ep) for w, ep in zip(episode_seeds(base_seed, len(recorded)), recorded, strict=True)]
     total = len(policies) * len(scen_list) * len(members) * len(reps)
     bar = tqdm(total=total, desc="what-if episodes", disable=not progress)
-    cells: dict[tuple[str, str], Cell] = {}
+    # the (policy, scenario) cells as tasks (serially, on a process pool or on Ray: same numbers).
+    # A policy used as one object in every episode (`fixed_policy`) may carry state from one
+    # episode into the next, so all its cells are one task, run in the serial order.
+    jobs: list[list[tuple[PolicySpec, Scenario]]] = []
     for pol in policies:
-        for scen in scen_list:
+        cells_of = [(pol, scen) for scen in scen_list]
+        jobs += [cells_of] if pol.shared else [[c] for c in cells_of]
+    opts = {"steps": steps, "n_agents": n_agents, "stochastic": stochastic, "exogenous": tuple(exogenous)}
+    outcomes = run_tasks(
+        _cells_task, [(job,) for job in jobs], workers=workers, ray_address=ray_address,
+        shared=(twin, list(kpis), members, reps, opts), on_result=lambda i, r: bar.update(sum(map(len, r))),
+    )  # fmt: skip
+    cells: dict[tuple[str, str], Cell] = {}
+    for job, job_out in zip(jobs, outcomes, strict=True):
+        for (pol, scen), episodes_out in zip(job, job_out, strict=True):
             vals = {k.name: np.full((len(members), len(reps)), np.nan) for k in kpis}
             tl = {c: np.full((len(members), len(reps), run_steps), np.nan) for c in outputs}
             oos = np.zeros((len(members), len(reps)))
             oos_t = np.full((len(members), len(reps), run_steps), np.nan)
-            for mi, m in enumerate(members):
-                for ri, (wseed, ep) in enumerate(reps):
-                    res = run_episode(
-                        twin, pol, scen, kpis, seed=wseed, member=m, steps=steps, n_agents=n_agents,
-                        stochastic=stochastic, logged=ep, exogenous=exogenous,
-                    )  # fmt: skip
-                    for name, value in res.kpis.items():
-                        vals[name][mi, ri] = value
-                    for c, series in res.timeline.items():
-                        tl[c][mi, ri, : len(series)] = series
-                    oos[mi, ri] = res.oos
-                    oos_t[mi, ri, : len(res.oos_t)] = res.oos_t
-                    bar.update(1)
+            for (mi, ri), res in zip(np.ndindex(len(members), len(reps)), episodes_out, strict=True):
+                for name, value in res.kpis.items():
+                    vals[name][mi, ri] = value
+                for c, series in res.timeline.items():
+                    tl[c][mi, ri, : len(series)] = series
+                oos[mi, ri] = res.oos
+                oos_t[mi, ri, : len(res.oos_t)] = res.oos_t
             cells[(pol.name, scen.name)] = Cell(pol.name, scen.name, vals, tl, oos, oos_t)
     bar.close()
     logged_kpis = logged_episode_kpis(recorded, kpis, spec) if recorded is not None else {}
