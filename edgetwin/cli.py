@@ -865,8 +865,12 @@ def policy_evaluate(
         out.print(f"{name} on {where}: {episodes} episodes, seed {seed}")
         out.print(res.table())
         if res.out_of_support is not None:
-            out.print(f"{100 * res.out_of_support:.1f} % of the agent-steps lie outside the logs' support "
-                      "(a high share: the twin cannot vouch for these numbers)")
+            from edgetwin.policies.gate import MAX_OUT_OF_SUPPORT
+
+            beyond = res.out_of_support > MAX_OUT_OF_SUPPORT
+            out.print(f"{100 * res.out_of_support:.1f} % of the agent-steps lie outside the logs' support"
+                      + (f", above the promotion gate's {100 * MAX_OUT_OF_SUPPORT:.0f} %: the twin cannot vouch for "
+                         "these numbers" if beyond else ""))
         if plot is not None:
             out.print(f"plot written to {plot}")
 
