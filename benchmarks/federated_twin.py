@@ -6,13 +6,15 @@ scenario mix, provisioning and drift), logged under uniformly random actions. Me
 1. Federated vs centralised, same logs, same policy set as the twin-fidelity benchmark (its
    `ranking_policies`, without the PPO policy): Spearman rho and mean relative error of each twin
    against the clusters, from generated populations and replaying the evaluation days' populations.
-   Both twins are the same model family (GMM population, behaviour-cloned responses, 1 member), so
-   the difference is the cost of federation alone.
+   Both twins are the default family of `Twin.fit` (GAN-SMMSG population, MAIL responses: behaviour
+   cloning then adversarial rounds; 1 member) with the same number of BC epochs, GAIL rounds and
+   GAN steps, so the difference is the cost of federation; the light federated family (BC +
+   mixture) is scored beside them.
 2. The data-poor site: one site has a single day, the others several; on its own held-out days, the
    ranking error of (a) a twin fitted on its logs alone, (b) the federated twin, (c) the federated
-   twin personalised to it (`personalise`).
-3. Bytes per site per round and in total, dense / int8 / top-k + int8 / secure aggregation, against
-   the size of the site's raw log (Parquet and CSV).
+   twin personalised to it (`personalise`: BC epochs then local GAIL rounds), all of the default family.
+3. Bytes per site per round of each phase and in total, dense / int8 / top-k + int8 / secure
+   aggregation, against the size of the site's raw log (Parquet and CSV).
 
 Run: ``python benchmarks/federated_twin.py`` (``--quick``: fewer days and rounds; say so). Writes the
 ``## Federated twin`` section of docs/benchmarks.md and docs/benchmarks/federated_twin/results.json.
@@ -42,7 +44,7 @@ from edgetwin.emulator.cluster import ClusterConfig, cluster_spec  # noqa: E402
 from edgetwin.emulator.logs import generate_logs  # noqa: E402
 from edgetwin.emulator.sites import default_sites  # noqa: E402
 from edgetwin.federation.twin_fit import FitOptions, personalise  # noqa: E402
-from edgetwin.federation.twin_runner import fit_federated  # noqa: E402
+from edgetwin.federation.twin_runner import MODEL_PHASES, fit_federated  # noqa: E402
 from edgetwin.twin.fidelity import logged_rollout  # noqa: E402
 from edgetwin.twin.twin import Twin  # noqa: E402
 
@@ -79,11 +81,22 @@ def site_logs(cfgs: dict[str, ClusterConfig], days: dict[str, int], policy: Any,
 
 
 def centralised(logs: dict[str, pd.DataFrame], spec: Any, o: FitOptions) -> Twin:
-    """The same model family fitted on the pooled rows (what federation must match)."""
+    """The same model family fitted on the pooled rows (what federation must match): the default
+    MAIL + GAN-SMMSG with as many BC epochs, GAIL rounds and GAN steps, or the light BC + GMM."""
     df = pd.concat(logs.values(), ignore_index=True)
-    return Twin.fit(df, spec, seed=o.seed, members=o.members, response_model="bc", population_model="gmm",
-                    population_hyper={"n_components": o.n_components}, progress=False,
-                    bc_epochs=o.rounds * o.local_epochs, net_arch=o.net_arch, engine_arch=o.engine_arch)
+    return fit_alone(df, spec, o)
+
+
+def fit_alone(df: pd.DataFrame, spec: Any, o: FitOptions) -> Twin:
+    """`Twin.fit` of ``o``'s family on one table."""
+    common = {"seed": o.seed, "members": o.members, "progress": False, "bc_epochs": o.rounds * o.local_epochs,
+              "net_arch": o.net_arch, "engine_arch": o.engine_arch}
+    if not o.adversarial and not o.gan_population:
+        return Twin.fit(df, spec, response_model="bc", population_model="gmm",
+                        population_hyper={"n_components": o.n_components}, **common)
+    return Twin.fit(df, spec, response_model="mail", population_model="gan-smmsg",
+                    population_hyper={"steps": o.gan_rounds * o.gan_local_steps, **o.gan},
+                    rounds=o.adv_rounds, **{**common, **o.mail})
 
 
 def evaluate(twins: dict[str, Twin], policies: dict[str, Any], cfgs: dict[str, ClusterConfig], eval_days: int,
@@ -132,7 +145,8 @@ def main() -> None:
     train_days, poor_days, eval_days = (3, 1, 1) if args.quick else (7, 1, 2)
     train_days = args.train_days or train_days
     o = FitOptions(members=1, rounds=6 if args.quick else 10, local_epochs=2, em_iters=10 if args.quick else 20,
-                   seed=args.seed)
+                   adv_rounds=10, gan_rounds=10, gan_local_steps=50, seed=args.seed)
+    light = FitOptions.light(**{k: v for k, v in o.to_dict().items() if k not in ("response_model", "population_model")})
     cfgs = site_configs(n_agents, steps)
     spec = cluster_spec(next(iter(cfgs.values())))
     t_all = time.perf_counter()
@@ -147,10 +161,17 @@ def main() -> None:
         t0 = time.perf_counter()
         cen = centralised(logs, spec, o)
         t_cen = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        fed_light, _ = fit_federated(logs, spec, options=light)
+        t_light = time.perf_counter() - t0
         policies = ranking_policies(spec, cen)
-        rank = evaluate({"federated": fed, "centralised": cen}, policies, cfgs, eval_days, n_agents, steps, args.seed)
+        rank = evaluate({"federated": fed, "centralised": cen, "federated, light family (BC + GMM)": fed_light},
+                        policies, cfgs, eval_days, n_agents, steps, args.seed)
         scores = {c: ranking_scores(rank, c) for c in rank.columns if c not in ("policy", "real")}
-        results["part1"] = {"fit_seconds": {"federated": t_fed, "centralised": t_cen}, "policies": rank.to_dict("records"),
+        results["part1"] = {"fit_seconds": {"federated": t_fed, "centralised": t_cen, "federated_light": t_light},
+                            "policies": rank.to_dict("records"), "bytes_by_phase": rep.bytes_by_phase,
+                            "phase_rounds": {ph: sum(1 for x in rep.rounds if x["phase"] == ph)
+                                             for ph in {x["phase"] for x in rep.rounds}},
                             "scores": {k: {m: v[m] for m in ("spearman", "mean_rel_error", "spearman_ci90", "rel_err_ci90",
                                                              "regret_at_1")} for k, v in scores.items()},
                             "bytes_up": rep.bytes_up, "bytes_down": rep.bytes_down, "rounds": len(rep.rounds),
@@ -162,11 +183,9 @@ def main() -> None:
         days = dict.fromkeys(cfgs, train_days)
         days[poor] = poor_days
         logs2 = {k: (v[v["episode"].isin(v["episode"].unique()[:poor_days])] if k == poor else v) for k, v in logs.items()}
-        alone = Twin.fit(logs2[poor], spec, seed=o.seed, members=1, response_model="bc", population_model="gmm",
-                         population_hyper={"n_components": o.n_components}, progress=False,
-                         bc_epochs=o.rounds * o.local_epochs, net_arch=o.net_arch, engine_arch=o.engine_arch)
+        alone = fit_alone(logs2[poor], spec, o)
         fed2, _ = fit_federated(logs2, spec, options=o)
-        pers = personalise(fed2, logs2[poor], epochs=4, seed=o.seed)
+        pers = personalise(fed2, logs2[poor], epochs=4, seed=o.seed)  # + local GAIL rounds (as many as the fit's)
         pooled = centralised(logs2, spec, o)  # diagnostic: is it federation, or pooling unlike sites?
         policies = ranking_policies(spec, alone)
         rank2 = evaluate({"own logs alone": alone, "federated": fed2, "federated, personalised": pers,
@@ -180,20 +199,23 @@ def main() -> None:
 
     if 3 in parts:
         small = {k: v[v["episode"].isin(v["episode"].unique()[:1])] for k, v in logs.items()}
-        o3 = replace(o, rounds=2, em_iters=3)
+        o3 = replace(o, rounds=2, em_iters=3, adv_rounds=2, gan_rounds=2, gan_local_steps=10)
         rows = []
         for label, kw in (("dense", {}), ("int8", {"compression": "int8"}), ("top-k 10 % + int8", {"compression": "topk+int8"}),
                           ("secure aggregation", {"secure": True})):
             _, r3 = fit_federated(small, spec, options=o3, **kw)
             n_sites = len(r3.bytes_up)
-            w_rounds = sum(1 for x in r3.rounds if x["phase"] == "weights")
+            n_rounds = {ph: sum(1 for x in r3.rounds if x["phase"] == ph) for ph in MODEL_PHASES}
             up = r3.secure_bytes if r3.secure else r3.bytes_up
             total = float(np.mean(list(up.values())))
             # secure: the masked inputs, split over the phases as the plain bytes are
             scale = total / float(np.mean(list(r3.bytes_up.values()))) if r3.secure else 1.0
-            rows.append({"mode": label, "total_up_per_site": total, "rounds": len(r3.rounds), "weight_rounds": w_rounds,
-                         "weights_per_site_per_round": scale * r3.bytes_by_phase.get("weights", 0) / n_sites / max(w_rounds, 1),
-                         "statistics_per_site": scale * sum(v for k, v in r3.bytes_by_phase.items() if k != "weights") / n_sites,
+            per_round = {ph: scale * r3.bytes_by_phase.get(ph, 0) / n_sites / max(n_rounds[ph], 1) for ph in MODEL_PHASES}
+            rows.append({"mode": label, "total_up_per_site": total, "rounds": len(r3.rounds), "model_rounds": n_rounds,
+                         "weight_rounds": n_rounds["weights"], "weights_per_site_per_round": per_round["weights"],
+                         "per_site_per_round": per_round,
+                         "statistics_per_site": scale * sum(v for k, v in r3.bytes_by_phase.items()
+                                                            if k not in MODEL_PHASES) / n_sites,
                          "bytes_down": r3.bytes_down, "bytes_by_phase": r3.bytes_by_phase})
             print(rows[-1], flush=True)
         results["part3"] = {"modes": rows, "raw_log_one_day": {k: raw_sizes(v) for k, v in small.items()},

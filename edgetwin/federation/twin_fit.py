@@ -56,6 +56,7 @@ from edgetwin.imitation.layout import ColumnScaler, Layout
 from edgetwin.imitation.mail import (
     MIN_STD,
     GaussianModel,
+    MailConfig,
     behaviour_clone,
     client_rows,
     gaussian_policy,
@@ -1066,16 +1067,26 @@ def gmm_from_context(ctx: Mapping[str, Any]) -> list[tuple[np.ndarray, np.ndarra
 
 
 # ------------------------------------------------------------------------------------ personalisation
-def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 5, seed: int = 0) -> Twin:
+def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 5, seed: int = 0, adversarial_rounds: int | None = None) -> Twin:
     """A copy of ``twin`` whose engine and client models are fine-tuned on one site's own log.
 
     Behaviour cloning from the federated weights for ``epochs`` epochs on the site's rows (its
     variance re-estimated on them): the site keeps what the federation learned where it has no
-    data and moves towards its own behaviour where it has.
+    data and moves towards its own behaviour where it has. A MAIL twin's clients are then refined
+    by ``adversarial_rounds`` local GAIL rounds on the same rows (`twin_mail.SiteAdversarial`,
+    fresh discriminators; default: as many as the twin's own adversarial rounds, 0 for a BC twin),
+    so that the personalised model stays in the family the federation fitted.
     """
+    from edgetwin.federation.twin_mail import SiteAdversarial
+
     lay = twin.layout
     df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
     steps = build_steps(df, lay)
+    hyper = dict(twin.meta.get("hyper") or {})
+    cfg = MailConfig.from_hyper(hyper)
+    cfg.disc_arch = tuple(int(h) for h in cfg.disc_arch)
+    if adversarial_rounds is None:
+        adversarial_rounds = int(hyper.get("rounds", 0)) if twin.meta.get("response_model") == "mail" else 0
     members = []
     for m, mem in enumerate(twin.members):
         clients = {s: copy.deepcopy(c) for s, c in mem.clients.items()}
@@ -1087,8 +1098,18 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 5, seed: int = 0) -
             crow = client_rows(steps, lay, s)
             if len(crow) >= 2:
                 behaviour_clone(steps.x_client[crow], steps.y_client[crow], clients[s], epochs, seed * 100 + m * 10 + s + 5)
-        members.append(Member(clients, engines, mem.history.copy()))
+        history = mem.history.copy()
+        if adversarial_rounds > 0:
+            local = SiteAdversarial("personalise", steps, df, twin.spec, lay, cfg, engines, seed * 100 + m)
+            for s, pol in clients.items():
+                local.learners.clients[s].load_state_dict(pol.state_dict())
+            recs = [{"round": r + 1, "phase": "personalised", **st}
+                    for r in range(adversarial_rounds) for st in local.local_round()]
+            for s in clients:
+                clients[s].load_state_dict(local.learners.clients[s].state_dict())
+            history = pd.concat([history, pd.DataFrame(recs)], ignore_index=True)
+        members.append(Member(clients, engines, history))
     meta = dict(twin.meta)
-    meta["personalised"] = {"epochs": epochs, "rows": len(df)}
+    meta["personalised"] = {"epochs": epochs, "rows": len(df), "adversarial_rounds": adversarial_rounds}
     return Twin(lay, members, twin.population, twin.composition, twin.initial, twin.support,
                 twin.action_low, twin.action_high, meta)

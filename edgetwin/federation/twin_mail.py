@@ -168,11 +168,15 @@ class SiteAdversarial:
             float,
         )
 
+    def local_round(self) -> list[dict[str, float]]:
+        """One GAIL round per scenario this site trains, from its current weights (no federation)."""
+        return [{"scenario": float(s), **gail_round(t, self.cfg)} for s, t in self.trainers.items()]
+
     def round(self, global_vector: np.ndarray) -> tuple[np.ndarray, float, list[dict[str, float]]]:
         """One adversarial round from the global parameters: ``(scaled delta ++ shares, rows, stats)``."""
         g = np.asarray(global_vector, np.float32)
         load_module_vector(self.modules, g)
-        stats = [{"scenario": float(s), **gail_round(t, self.cfg)} for s, t in self.trainers.items()]
+        stats = self.local_round()
         delta = module_vector(self.modules).astype(np.float64) - g.astype(np.float64)
         total = max(float(self.rows.sum()), 1.0)
         share = self.rows / total
