@@ -266,21 +266,32 @@ def plot(res: dict[str, Any]) -> Path | None:
 
 
 def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
-    L = [SECTION, "", f"Command: `python benchmarks/federated_twin.py{' --quick' if args.quick else ''} --seed {args.seed}` "
-         "(parts 2 and 3: `--quick --parts 2,3 --train-days 7 --merge`) "
-         f"(2 shared CPU cores at load ~8, {res['minutes']:.0f} min over the runs that wrote it). {len(res['sites'])} sites, each an emulated cluster with one "
+    o = res.get("options", {})
+    fam = (f"GAN-SMMSG population ({o.get('gan_rounds')} rounds x {o.get('gan_local_steps')} steps per site; centralised: "
+           f"the same {o.get('gan_rounds', 0) * o.get('gan_local_steps', 0)} steps), MAIL responses ({o.get('rounds')} FedAvg "
+           f"rounds x {o.get('local_epochs')} BC epochs, then {o.get('adv_rounds')} adversarial rounds; centralised: "
+           f"{o.get('rounds', 0) * o.get('local_epochs', 0)} BC epochs, {o.get('adv_rounds')} GAIL rounds), 1 member")
+    L = [SECTION, "", f"Command: `python benchmarks/federated_twin.py{' --quick' if args.quick else ''} --parts 1 --seed {args.seed}` "
+         "and `--quick --parts 2,3 --train-days 7` "
+         f"(2 shared CPU cores, load 3-6, {res['minutes']:.0f} min over the runs that wrote it). {len(res['sites'])} sites, each an emulated cluster with one "
          f"edge site and its cloud ({', '.join(res['sites'])}), its own scenario mix, load (target utilisation 0.35-0.6) "
          f"and drift (0d / 0d / 1w / 1m); {res['n_agents']} service groups, logged under random actions, "
          f"{res.get('part1', {}).get('train_days', res['train_days'])} training days per site in part 1. No public system fits a simulator federatedly, so there is no "
-         "paper number to put beside these; the yardstick is the centralised twin of the same model family "
-         "(GMM population, behaviour-cloned responses, 1 member) on the pooled logs."
-         + (" **Quick variant**: 40 service groups, fewer rounds, 1 evaluation day per site and policy; part 1 with "
-            "fewer days than the issue's week per site." if args.quick else ""), ""]
+         "paper number to put beside these; the yardstick is the centralised twin of **the same default family as "
+         f"`Twin.fit`** on the pooled logs: {fam}. What the federated fit does differently, each because it would need "
+         "rows in one place: the population encoding is the standard one from pooled moments (not the quantile map), "
+         "no marginal calibration layer, no checkpoint selection on a validation split, no EMA generator; each site's "
+         "GAIL training world is populated from its own logged profiles (centrally: from the GAN)."
+         + (" **Quick variant**: 40 service groups, fewer BC rounds and EM iterations, 1 evaluation day per site and "
+            "policy; part 1 with fewer days than the issue's week per site." if args.quick else ""), ""]
     if "part1" in res:
         p = res["part1"]
+        fs = p["fit_seconds"]
         L += ["### 1. Federated vs centralised", "",
-              f"Fit: federated {p['fit_seconds']['federated']:.0f} s ({p['rounds']} rounds over the in-process bus), "
-              f"centralised {p['fit_seconds']['centralised']:.0f} s. Policies: the twin-fidelity set without PPO.", "",
+              f"Fit: federated {fs['federated']:.0f} s ({p['rounds']} rounds over the in-process bus, the 4 sites' "
+              f"local work done one after the other on this machine), centralised {fs['centralised']:.0f} s"
+              + (f", federated light family {fs['federated_light']:.0f} s" if "federated_light" in fs else "")
+              + ". Policies: the twin-fidelity set without PPO.", "",
               "| twin | Spearman ρ (90 % CI) | mean relative error (90 % CI) | regret@1 |", "|---|---|---|---|"]
         for k, v in p["scores"].items():
             L.append(f"| {k} | {v['spearman']:.2f} ({v['spearman_ci90'][0]:.2f}-{v['spearman_ci90'][1]:.2f}) | "
@@ -296,7 +307,9 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
         p = res["part2"]
         L += ["### 2. The data-poor site", "",
               f"Site {p['site']} has {res['poor_days']} day of logs, the others {p.get('other_days', res['train_days'])}; scored on 2 held-out days "
-              "of that site, replaying their populations (so the site's own agents and capacity are simulated).", "",
+              "of that site, replaying their populations (so the site's own agents and capacity are simulated). Every "
+              "twin is of the default family; personalised = 4 BC epochs on the site's day, then as many local GAIL "
+              "rounds as the fit had.", "",
               "| twin | Spearman ρ | mean relative error | normalised abs. error |", "|---|---|---|---|"]
         for k, v in p["scores"].items():
             L.append(f"| {k} | {v['spearman']:.2f} | {100 * v['mean_rel_error']:.0f} % | {v['norm_abs_error']:.2f} |")
@@ -315,27 +328,36 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
         raw = np.mean([v["parquet"] for v in p["raw_log_one_day"].values()])
         raw_csv = np.mean([v["csv"] for v in p["raw_log_one_day"].values()])
         raw_w = np.mean([v["parquet"] for v in p["raw_log_train"].values()])
-        L += ["### 3. Bytes", "", "Measured on a small fit (one day per site, 2 weight rounds, 3 EM iterations); what a site "
-              "sends does not depend on how many rows it has: per weight round it is one delta of the models, per "
+        L += ["### 3. Bytes", "", "Measured on a small fit of the default family (one day per site, 2 rounds of each "
+              "model phase, 3 EM iterations); what a site sends does not depend on how many rows it has: per model "
+              "round it is one delta of the models (BC `weights`: engine and client policies; `adversarial`: client "
+              "actor-critics and discriminators; `population`: generator, instance and set discriminators), per "
               "statistics phase a vector whose size the spec and the models fix. A whole fit sends "
-              "`statistics + rounds x weights` per site. "
+              "`statistics + Σ rounds x per-round bytes` per site. "
               f"A site's raw log: {raw / 1e3:.0f} kB Parquet ({raw_csv / 1e3:.0f} kB CSV) per day; "
               f"{raw_w / 1e3:.0f} kB Parquet for its {res['train_days']} training days.", "",
-              "| uplink | per site per weight round | per site, statistics phases | per site, this whole fit | tasks downlink (all sites read them) |",
-              "|---|---|---|---|---|"]
+              "| uplink | BC weights, per site per round | adversarial, per site per round | population, per site per round "
+              "| statistics phases, per site | this whole fit, per site | tasks downlink (all sites read them) |",
+              "|---|---|---|---|---|---|---|"]
         for r in p["modes"]:
-            L.append(f"| {r['mode']} | {r.get('weights_per_site_per_round', float('nan')) / 1e3:.0f} kB | "
-                     f"{r.get('statistics_per_site', float('nan')) / 1e3:.0f} kB | {r['total_up_per_site'] / 1e3:.0f} kB | "
-                     f"{r['bytes_down'] / 1e3:.0f} kB |")
+            pr = r.get("per_site_per_round", {"weights": r.get("weights_per_site_per_round", float("nan"))})
+            cell = [f"{pr.get(ph, float('nan')) / 1e3:.0f} kB" for ph in ("weights", "adversarial", "population")]
+            L.append(f"| {r['mode']} | {' | '.join(cell)} | {r.get('statistics_per_site', float('nan')) / 1e3:.0f} kB | "
+                     f"{r['total_up_per_site'] / 1e3:.0f} kB | {r['bytes_down'] / 1e3:.0f} kB |")
         if "part1" in res:
             b1 = np.mean(list(res["part1"]["bytes_up"].values()))
-            L += ["", f"At the size of part 1 ({res['part1']['rounds']} rounds: 6 weight rounds, 10 EM iterations, dense) "
-                  f"each site sent {b1 / 1e3:.0f} kB in all, for {res['part1'].get('train_days', '?')} days of raw log "
-                  f"(~{raw * res['part1'].get('train_days', 1) / 1e3:.0f} kB Parquet); the coordinator's tasks came to "
-                  f"{res['part1']['bytes_down'] / 1e3:.0f} kB."]
+            n_sites = len(res["part1"]["bytes_up"])
+            byp = res["part1"].get("bytes_by_phase", {})
+            pr_ = res["part1"].get("phase_rounds", {})
+            split = ", ".join(f"{ph} {byp[ph] / n_sites / 1e3:.0f} kB ({pr_.get(ph, '?')} rounds)" for ph in
+                              ("weights", "adversarial", "population") if ph in byp)
+            L += ["", f"At the size of part 1 ({res['part1']['rounds']} rounds, dense) each site sent {b1 / 1e3:,.0f} kB in "
+                  f"all ({split}), for {res['part1'].get('train_days', '?')} days of raw log "
+                  f"(~{raw * res['part1'].get('train_days', 1) / 1e3:,.0f} kB Parquet); the coordinator's tasks came to "
+                  f"{res['part1']['bytes_down'] / 1e3:,.0f} kB."]
         L += ["", "Secure aggregation: the masked inputs are 64-bit fixed point (twice the float32 bytes) plus the key "
               "shares; the protocol runs in-process at the coordinator (as in the policy federation), so these are the "
-              "bytes a deployed protocol would send, computed from its transcript. Compression applies to the weight "
+              "bytes a deployed protocol would send, computed from its transcript. Compression applies to the model "
               "deltas only (statistics are sums and must stay exact).", ""]
     L += ["![real vs twin returns per policy](benchmarks/federated_twin/ranking.png)", ""]
     return "\n".join(L) + "\n"

@@ -39,6 +39,8 @@ TINY = FitOptions(rounds=2, local_epochs=1, em_iters=2, n_components=2, support_
                   mail={"world_agents": 16, "n_steps": 8, "disc_arch": [16, 16]},
                   gan={"hidden": 32, "d_hidden": 32, "set_hidden": 16, "batch_per_scenario": 32, "group_size": 16,
                        "noise_dim": 8})
+#: the light family (BC + mixture), where the test is about the rounds, not the models
+LIGHT = FitOptions.light(**{k: v for k, v in TINY.to_dict().items() if k not in ("response_model", "population_model")})
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +83,21 @@ def test_federated_fit_gives_an_ordinary_twin(site_logs, tmp_path):
     pd.testing.assert_frame_equal(out.reset_index(drop=True), again.reset_index(drop=True))
 
 
+def test_model_phases_go_through_secure_aggregation_and_dp(site_logs):
+    """The population and adversarial rounds use the weight rule too: DP accounts each of them, secure
+    aggregation masks them (its transcript's bytes), and the twin still rolls out."""
+    _, spec, parts = site_logs
+    twin, rep = fit_federated(parts, spec, options=TINY, strategy="dp_gaussian", secure=True)
+    eps = rep.privacy["epsilon_by_phase"]
+    assert set(eps) == {"weights", "adversarial", "population"} and all(e > 0 for e in eps.values())
+    assert rep.privacy["epsilon"] == pytest.approx(sum(eps.values()))
+    assert set(rep.secure_bytes) == set(parts) and all(b > 0 for b in rep.secure_bytes.values())
+    from edgetwin.contract.policy import RandomPolicy
+
+    out = twin.rollout(RandomPolicy(spec, 0), episodes=1, n_agents=12, steps=4, seed=1)
+    assert np.isfinite(out["reward"]).all()
+
+
 def test_update_schema_refuses_extra_fields_and_undeclared_sizes():
     env = make_update("s", "fit", 1, "stats1", 0, 0, np.zeros(4, np.float32), 1.0)
     env.payload["rows"] = [[1.0, 2.0]]  # a site trying to smuggle rows in a field of its own
@@ -93,7 +110,7 @@ def test_update_schema_refuses_extra_fields_and_undeclared_sizes():
 def test_a_silent_site_does_not_stop_the_fit(site_logs):
     _, spec, parts = site_logs
     victim = sorted(parts)[0]
-    twin, rep = fit_federated(parts, spec, options=TINY, quorum=0.6, grace_s=0.3, timeout_s=60,
+    twin, rep = fit_federated(parts, spec, options=LIGHT, quorum=0.6, grace_s=0.3, timeout_s=60,
                               fail_after={victim: 5})  # answers hello..em, then is killed
     weights = [r for r in rep.rounds if r["phase"] == "weights"]
     assert weights and all(victim in r["missing"] for r in weights)
