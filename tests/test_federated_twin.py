@@ -98,6 +98,22 @@ def test_model_phases_go_through_secure_aggregation_and_dp(site_logs):
     assert np.isfinite(out["reward"]).all()
 
 
+@pytest.mark.slow
+def test_same_seed_same_federated_twin(site_logs):
+    """Sites of one process compute one at a time and seed each GAIL / GAN round: the same seed and
+    logs give the same clients and population networks, whatever the threads' timing."""
+    from edgetwin.federation.twin_gan import gan_modules
+    from edgetwin.federation.twin_mail import module_vector
+
+    _, spec, parts = site_logs
+    out = []
+    for _ in range(2):
+        twin, _ = fit_federated(parts, spec, options=TINY)
+        clients = module_vector({f"c{s}": p for s, p in twin.members[0].clients.items()})
+        out.append((clients, module_vector(gan_modules(twin.population))))
+    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
+
+
 def test_update_schema_refuses_extra_fields_and_undeclared_sizes():
     env = make_update("s", "fit", 1, "stats1", 0, 0, np.zeros(4, np.float32), 1.0)
     env.payload["rows"] = [[1.0, 2.0]]  # a site trying to smuggle rows in a field of its own

@@ -36,6 +36,7 @@ import torch as th
 from imitation.algorithms.adversarial.gail import GAIL
 from imitation.rewards.reward_nets import BasicRewardNet
 from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.utils import set_random_seed
 from torch import nn
 
 from edgetwin.contract.spec import TwinSpec
@@ -148,6 +149,8 @@ class SiteAdversarial:
         self.cfg = cfg
         self.steps = steps
         seed = seed + zlib.crc32(name.encode()) % 10_000
+        self.seed = seed
+        self.rounds_done = 0
         population = EmpiricalPopulation(agent_profiles(log, spec), list(layout.profile))
         sampler = PopulationSampler(population, list(layout.profile))
         initial = InitialStates.fit(log, layout)
@@ -169,7 +172,13 @@ class SiteAdversarial:
         )
 
     def local_round(self) -> list[dict[str, float]]:
-        """One GAIL round per scenario this site trains, from its current weights (no federation)."""
+        """One GAIL round per scenario this site trains, from its current weights (no federation).
+
+        PPO's rollouts and minibatches and imitation's batches draw from the global torch / numpy
+        generators: they are seeded from this site's seed and round count first, so a round does
+        not depend on what ran before it in the process."""
+        set_random_seed(self.seed + 7919 * self.rounds_done)
+        self.rounds_done += 1
         return [{"scenario": float(s), **gail_round(t, self.cfg)} for s, t in self.trainers.items()]
 
     def round(self, global_vector: np.ndarray) -> tuple[np.ndarray, float, list[dict[str, float]]]:

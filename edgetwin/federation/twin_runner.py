@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -135,6 +136,10 @@ class TwinSiteAgent:
         fail_after: tests: stop answering after this many answers (a killed site).
     """
 
+    #: sites of one process compute one at a time: training draws from torch's and numpy's global
+    #: generators (PPO, imitation, BC), so concurrent threads would make a fit depend on timing
+    _compute = threading.Lock()
+
     def __init__(self, name: str, log: pd.DataFrame, spec: TwinSpec, bus: Bus, fit_id: str,
                  codec: UpdateCodec | None = None, fail_after: int | None = None) -> None:
         self.name = name
@@ -218,6 +223,10 @@ class TwinSiteAgent:
         return plan
 
     def _answer(self, env: Envelope) -> tuple[np.ndarray, float, dict[str, Any] | None]:
+        with TwinSiteAgent._compute:
+            return self._answer_locked(env)
+
+    def _answer_locked(self, env: Envelope) -> tuple[np.ndarray, float, dict[str, Any] | None]:
         phase, ctx = env.payload["phase"], env.payload.get("context", {})
         f = self.fitter
         if phase == "hello":
