@@ -454,7 +454,7 @@ def twin_fit(
     """Learn a twin from a log. Resumable: finished members are checkpointed in OUT/checkpoint."""
     out_dir_arg(out_dir)  # before the heavy imports: a wrong --out is reported at once
     if federated:
-        fam = {"response_model": "bc", "population_model": "gmm"} if light else {
+        fam: dict[str, Any] = {"response_model": "bc", "population_model": "gmm"} if light else {
             "response_model": response_model, "population_model": population_model, "adv_rounds": rounds}
         if population_steps is not None:
             fam["gan_rounds"] = max(1, population_steps // 50)
