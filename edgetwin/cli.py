@@ -445,6 +445,11 @@ def twin_fit(
     strategy: Annotated[str, typer.Option(help="--federated: fedavg | fedavgm | dp_gaussian.")] = "fedavg",
     compression: Annotated[str, typer.Option(help="--federated: dense | int8 | topk+int8.")] = "dense",
     secure: Annotated[bool, typer.Option("--secure", help="--federated: secure aggregation.")] = False,
+    light: Annotated[
+        bool,
+        typer.Option("--light", help="--federated: the light family (behaviour-cloned responses, mixture population) "
+                     "instead of the default MAIL + GAN-SMMSG."),
+    ] = False,
     workers: Annotated[
         int,
         typer.Option(min=0, help="Processes that fit ensemble members in parallel (0: one per core; 1: serially). "
@@ -461,7 +466,11 @@ def twin_fit(
     """Learn a twin from a log. Resumable: finished members are checkpointed in OUT/checkpoint."""
     out_dir_arg(out_dir)  # before the heavy imports: a wrong --out is reported at once
     if federated:
-        _fit_federated(log, out_dir, spec, members, fed_rounds, strategy, compression, secure, seed, as_json)
+        fam: dict[str, Any] = {"response_model": "bc", "population_model": "gmm"} if light else {
+            "response_model": response_model, "population_model": population_model, "adv_rounds": rounds}
+        if population_steps is not None:
+            fam["gan_rounds"] = max(1, population_steps // 50)
+        _fit_federated(log, out_dir, spec, members, fed_rounds, strategy, compression, secure, seed, as_json, fam)
         return
     import torch
 
@@ -502,8 +511,10 @@ def twin_fit(
 
 
 def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, rounds: int, strategy: str,
-                   compression: str, secure: bool, seed: int, as_json: bool) -> None:
-    """`edgetwin fit --federated`: one site agent per value of the log's site column, in-process."""
+                   compression: str, secure: bool, seed: int, as_json: bool, family: dict[str, Any]) -> None:
+    """`edgetwin fit --federated`: one site agent per value of the log's site column, in-process.
+
+    ``family``: `FitOptions` fields choosing the models (default MAIL + GAN-SMMSG, as `Twin.fit`)."""
     import torch
 
     from edgetwin.federation.twin_fit import FitOptions
@@ -516,17 +527,18 @@ def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, ro
 
     def progress(rec: dict[str, Any]) -> None:
         if not as_json:
-            out.print(f"round {rec['seq']:>3} {rec['phase']:<8} member {rec['member']} step {rec['step']:>2}: "
+            out.print(f"round {rec['seq']:>3} {rec['phase']:<11} member {rec['member']} step {rec['step']:>2}: "
                       f"{len(rec['sites'])}/{len(parts)} sites ({rec['reason']}, {rec['seconds']:.1f} s)"
                       + (f", missing {rec['missing']}" if rec["missing"] else ""))
 
-    twin, rep = fit_federated(parts, sp, options=FitOptions(members=members, rounds=rounds, seed=seed),
+    twin, rep = fit_federated(parts, sp, options=FitOptions(members=members, rounds=rounds, seed=seed, **family),
                               strategy=strategy, compression=compression, secure=secure, on_round=progress)
     twin.save(out_dir)
     summary = {"twin": str(out_dir), "sites": rep.sites, "rounds": len(rep.rounds), "bytes_up": rep.bytes_up,
                "bytes_down": rep.bytes_down, "seconds": rep.seconds, "strategy": rep.strategy,
                "compression": rep.compression, "secure": rep.secure, "secure_bytes": rep.secure_bytes,
-               "privacy": rep.privacy, "n_rows": twin.meta["n_rows"]}
+               "privacy": rep.privacy, "n_rows": twin.meta["n_rows"], "bytes_by_phase": rep.bytes_by_phase,
+               "response_model": twin.meta["response_model"], "population_model": twin.meta["population_model"]}
     if as_json:
         emit_json(summary)
     else:

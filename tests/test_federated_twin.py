@@ -1,7 +1,8 @@
 """Fitting a twin across sites (issue 21): an ordinary `Twin` from per-site logs, no row on the bus.
 
-- in-process: the federated fit gives a twin that rolls out, saves and loads; progress per round
-  and bytes per site are reported; the CLI's ``fit --federated`` writes one;
+- in-process: the federated fit of the default family (MAIL + GAN-SMMSG, as `Twin.fit`) gives a
+  twin that rolls out, saves and loads; progress per round and bytes per site are reported; the
+  CLI's ``fit --federated --light`` writes one of the light family (BC + mixture);
 - the update schema refuses free-form fields and vectors whose size the plan does not declare;
 - a site that goes silent mid-fit does not stop the others (quorum + grace);
 - over a real nats-server (JetStream): every message published during the fit is recorded; no
@@ -32,8 +33,14 @@ from edgetwin.twin.twin import Twin
 
 torch.set_num_threads(1)
 
+#: the default family (MAIL + GAN-SMMSG), small: 2 BC rounds, 2 adversarial rounds, 2 population rounds
 TINY = FitOptions(rounds=2, local_epochs=1, em_iters=2, n_components=2, support_centroids=16, bank=100,
-                  net_arch=[16, 16], engine_arch=[8])
+                  net_arch=[16, 16], engine_arch=[8], adv_rounds=2, gan_rounds=2, gan_local_steps=3,
+                  mail={"world_agents": 16, "n_steps": 8, "disc_arch": [16, 16]},
+                  gan={"hidden": 32, "d_hidden": 32, "set_hidden": 16, "batch_per_scenario": 32, "group_size": 16,
+                       "noise_dim": 8})
+#: the light family (BC + mixture), where the test is about the rounds, not the models
+LIGHT = FitOptions.light(**{k: v for k, v in TINY.to_dict().items() if k not in ("response_model", "population_model")})
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +55,17 @@ def test_federated_fit_gives_an_ordinary_twin(site_logs, tmp_path):
     twin, rep = fit_federated(parts, spec, options=TINY, on_round=seen.append)
     phases = [r["phase"] for r in seen]
     assert phases[:4] == ["hello", "stats1", "stats2", "summary"] and phases.count("weights") == TINY.rounds
+    # the default family, as Twin.fit's: GAN-SMMSG rounds after EM, MAIL's adversarial rounds after BC
+    assert phases.count("population") == TINY.gan_rounds and phases.count("adversarial") == TINY.adv_rounds
+    assert phases.index("population") > phases.index("em") and phases.index("adversarial") > phases.index("residual")
+    assert twin.meta["response_model"] == "mail" and twin.meta["population_model"] == "gan-smmsg"
+    assert rep.bytes_by_phase["adversarial"] > 0 and rep.bytes_by_phase["population"] > 0
+    hist = twin.members[0].history
+    adv = hist[hist["phase"] == "adversarial"]
+    assert len(adv) == TINY.adv_rounds and (adv["update_norm"] > 0).all() and (adv["sites"] == len(parts)).all()
+    # the population rounds moved the generator's residual off its zero start (the game was played)
+    last = twin.population.generator.residual[-1]
+    assert float(last.weight.abs().sum()) > 0
     assert set(rep.bytes_up) == set(parts) and all(b > 0 for b in rep.bytes_up.values()) and rep.bytes_down > 0
     # the pooled statistics are those of the pooled log (the scalers' means, in their own space)
     sc = twin.layout.scalers["action"]
@@ -65,6 +83,37 @@ def test_federated_fit_gives_an_ordinary_twin(site_logs, tmp_path):
     pd.testing.assert_frame_equal(out.reset_index(drop=True), again.reset_index(drop=True))
 
 
+def test_model_phases_go_through_secure_aggregation_and_dp(site_logs):
+    """The population and adversarial rounds use the weight rule too: DP accounts each of them, secure
+    aggregation masks them (its transcript's bytes), and the twin still rolls out."""
+    _, spec, parts = site_logs
+    twin, rep = fit_federated(parts, spec, options=TINY, strategy="dp_gaussian", secure=True)
+    eps = rep.privacy["epsilon_by_phase"]
+    assert set(eps) == {"weights", "adversarial", "population"} and all(e > 0 for e in eps.values())
+    assert rep.privacy["epsilon"] == pytest.approx(sum(eps.values()))
+    assert set(rep.secure_bytes) == set(parts) and all(b > 0 for b in rep.secure_bytes.values())
+    from edgetwin.contract.policy import RandomPolicy
+
+    out = twin.rollout(RandomPolicy(spec, 0), episodes=1, n_agents=12, steps=4, seed=1)
+    assert np.isfinite(out["reward"]).all()
+
+
+@pytest.mark.slow
+def test_same_seed_same_federated_twin(site_logs):
+    """Sites of one process compute one at a time and seed each GAIL / GAN round: the same seed and
+    logs give the same clients and population networks, whatever the threads' timing."""
+    from edgetwin.federation.twin_gan import gan_modules
+    from edgetwin.federation.twin_mail import module_vector
+
+    _, spec, parts = site_logs
+    out = []
+    for _ in range(2):
+        twin, _ = fit_federated(parts, spec, options=TINY)
+        clients = module_vector({f"c{s}": p for s, p in twin.members[0].clients.items()})
+        out.append((clients, module_vector(gan_modules(twin.population))))
+    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
+
+
 def test_update_schema_refuses_extra_fields_and_undeclared_sizes():
     env = make_update("s", "fit", 1, "stats1", 0, 0, np.zeros(4, np.float32), 1.0)
     env.payload["rows"] = [[1.0, 2.0]]  # a site trying to smuggle rows in a field of its own
@@ -77,7 +126,7 @@ def test_update_schema_refuses_extra_fields_and_undeclared_sizes():
 def test_a_silent_site_does_not_stop_the_fit(site_logs):
     _, spec, parts = site_logs
     victim = sorted(parts)[0]
-    twin, rep = fit_federated(parts, spec, options=TINY, quorum=0.6, grace_s=0.3, timeout_s=60,
+    twin, rep = fit_federated(parts, spec, options=LIGHT, quorum=0.6, grace_s=0.3, timeout_s=60,
                               fail_after={victim: 5})  # answers hello..em, then is killed
     weights = [r for r in rep.rounds if r["phase"] == "weights"]
     assert weights and all(victim in r["missing"] for r in weights)
@@ -93,7 +142,7 @@ def test_cli_fit_federated(site_logs, tmp_path):
     df.to_parquet(tmp_path / "log.parquet", index=False)
     spec.save(tmp_path / "log.spec.toml")
     res = CliRunner().invoke(app, ["fit", str(tmp_path / "log.parquet"), "--out", str(tmp_path / "twin"),
-                                   "--federated", "--members", "1", "--fed-rounds", "1", "--json"])
+                                   "--federated", "--light", "--members", "1", "--fed-rounds", "1", "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output[res.output.index("{"):])
     assert set(summary["bytes_up"]) == set(df["site"].astype(str).unique())
@@ -154,6 +203,8 @@ def test_data_locality_over_nats(site_logs, nats_server):
 
     twin, rep = asyncio.run(scenario())
     assert isinstance(twin, Twin) and recorded
+    # every phase of the default family went over the wire, the adversarial and population rounds too
+    assert {"weights", "adversarial", "population"} <= set(rep.bytes_by_phase)
     # the bytes each site sent, as recorded on the wire, are what the report says
     sent: dict[str, int] = {}
     for subject, data in recorded:

@@ -49,6 +49,7 @@ from threadpoolctl import threadpool_limits
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
+from edgetwin.federation.twin_mail import mail_config
 from edgetwin.generative.gmm import GMMPopulation
 from edgetwin.generative.transform import ColumnCodec, ProfileTransformer
 from edgetwin.imitation.layout import ColumnScaler, Layout
@@ -81,7 +82,7 @@ class FitOptions:
 
     Attributes:
         members: ensemble size (each member: its own bootstrap of every site's episodes).
-        rounds: FedAvg rounds of the behaviour-cloned models per member.
+        rounds: FedAvg rounds of the behaviour-cloned models per member (MAIL's pre-training).
         local_epochs: behaviour-cloning epochs a site runs per round.
         n_components: mixture components per scenario of the population model.
         em_iters: federated EM iterations.
@@ -89,6 +90,13 @@ class FitOptions:
         bank: initial states sampled per scenario for the twin's bank.
         net_arch, engine_arch: hidden layers of client and engine models (as `MailConfig`).
         seed: the same seed and logs give the same twin.
+        response_model: ``"mail"`` (default, as `Twin.fit`: behaviour cloning, then ``adv_rounds``
+            federated adversarial rounds, `edgetwin.federation.twin_mail`) or ``"bc"``.
+        population_model: ``"gan-smmsg"`` (default, as `Twin.fit`: ``gan_rounds`` federated rounds
+            of ``gan_local_steps`` steps per site, `edgetwin.federation.twin_gan`) or ``"gmm"``
+            (the federated-EM mixture alone).
+        mail: `MailConfig` overrides of the adversarial rounds (``world_agents``, ``n_steps``, ...).
+        gan: GAN-SMMSG hyper-parameter overrides (``hidden``, ``batch_per_scenario``, ...).
     """
 
     members: int = 1
@@ -101,6 +109,34 @@ class FitOptions:
     net_arch: list[int] = field(default_factory=lambda: [64, 64])
     engine_arch: list[int] = field(default_factory=lambda: [32, 32])
     seed: int = 0
+    response_model: str = "mail"
+    population_model: str = "gan-smmsg"
+    adv_rounds: int = 10
+    mail: dict[str, Any] = field(default_factory=dict)
+    gan_rounds: int = 10
+    gan_local_steps: int = 50
+    gan: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.response_model not in ("mail", "bc"):
+            raise InputError(f"response model must be 'mail' or 'bc', got {self.response_model!r}", where="--response-model")
+        if self.population_model not in ("gan-smmsg", "gmm"):
+            raise InputError(f"population model must be 'gan-smmsg' or 'gmm', got {self.population_model!r}",
+                             where="--population-model")
+
+    @property
+    def adversarial(self) -> bool:
+        """MAIL's adversarial rounds run (the default family); False: behaviour cloning only."""
+        return self.response_model == "mail" and self.adv_rounds > 0
+
+    @property
+    def gan_population(self) -> bool:
+        return self.population_model == "gan-smmsg" and self.gan_rounds > 0
+
+    @classmethod
+    def light(cls, **kw: Any) -> FitOptions:
+        """The light family: behaviour-cloned responses and the Gaussian-mixture population."""
+        return cls(**{"response_model": "bc", "population_model": "gmm", **kw})
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -134,6 +170,8 @@ class TwinFitPlan:
         self.has_reward = has_reward
         self.options = options
         self.layout: Layout | None = None
+        #: parameters of the federated GAN (set by whoever builds it, `twin_gan.gan_size`)
+        self.population_size: int | None = None
         self._policy_names: list[tuple[str, int, list[str], list[tuple[int, ...]]]] | None = None
 
     @property
@@ -184,6 +222,15 @@ class TwinFitPlan:
             return {"em.n": (n, K), "em.x": (n, K, D), "em.xx": (n, K, D, D), "em.ll": (1,)}
         if phase == "weights":
             return {"params": (self.policy_size + n,)}
+        if phase == "adversarial":
+            assert self.layout is not None
+            from edgetwin.federation.twin_mail import adversarial_size, mail_config
+
+            return {"params": (adversarial_size(self.layout, mail_config(self.options.to_dict())) + n,)}
+        if phase == "population":
+            if self.population_size is None:
+                raise InputError("the population model is built after em", where="twin_task")
+            return {"params": (self.population_size,)}
         if phase == "residual":
             assert self.layout is not None
             return {"client.ss": (n, self.layout.n_model_outputs), "client.n": (n,),
@@ -335,6 +382,8 @@ class SiteFitter:
         self._steps: dict[int, Any] = {}
         self._pols: dict[int, dict[str, Any]] = {}
         self._codes: np.ndarray | None = None
+        self._gan: Any = None
+        self._adv: dict[int, Any] = {}
 
     # --- hello ------------------------------------------------------------------------------
     def hello(self) -> tuple[np.ndarray, dict[str, Any]]:
@@ -556,6 +605,57 @@ class SiteFitter:
                 parts["client.n"][s] = len(crow)
         return plan.pack("residual", parts)
 
+    # --- the default family: GAN-SMMSG population, MAIL's adversarial rounds ------------------
+    def population(self, step: int, global_vector: np.ndarray, transformer: ProfileTransformer,
+                   gmm: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, float]:
+        """One round of the population game on this site's agents (`twin_gan.SiteGan`)."""
+        from edgetwin.federation.twin_gan import SiteGan, federated_gan
+
+        plan = self.plan
+        assert plan is not None
+        if self._gan is None:
+            pop = federated_gan(self.spec, plan.scenarios, np.ones(plan.n_scen) / plan.n_scen, transformer,
+                                profile_marginal(gmm, plan.width("profile")), plan.options.to_dict())
+            self._gan = SiteGan(self.name, self.df, pop, plan.options.to_dict())
+        delta, n, _ = self._gan.round(step, global_vector)
+        return delta, n
+
+    def adversarial(self, member: int, step: int, params: np.ndarray) -> tuple[np.ndarray, float]:
+        """One of MAIL's adversarial rounds on this site's rows (`twin_mail.SiteAdversarial`).
+
+        ``params``: the global client policies and discriminators (`TwinAssembler.adversarial_vector`,
+        shares slot included), then the member's engine policies."""
+        from edgetwin.federation.twin_mail import (
+            SiteAdversarial,
+            engine_modules,
+            load_module_vector,
+            mail_config,
+        )
+
+        plan = self.plan
+        assert plan is not None and plan.layout is not None
+        size = plan.size("adversarial")
+        if member not in self._adv:
+            engines = {s: p for s, p in plan.new_policies(member).items() if s.startswith("engine")}
+            mods = engine_modules({int(k.removeprefix("engine")): v for k, v in engines.items()})
+            load_module_vector(mods, np.asarray(params, np.float32)[size:])
+            seed = plan.options.seed * 1000 + member * 97 + 500
+            self._adv = {member: SiteAdversarial(self.name, self._member_steps(member), self.df, self.spec, plan.layout,
+                                                 mail_config(plan.options.to_dict()),
+                                                 {int(k.removeprefix("engine")): v for k, v in engines.items()}, seed)}
+        v, n, _ = self._adv[member].round(np.asarray(params, np.float32)[: size - plan.n_scen])
+        return v, n
+
+
+def profile_marginal(gmm: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], P: int
+                     ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each scenario's mixture over ``[profile codes, z(state)]`` marginalised to the first ``P`` dims."""
+    out = []
+    for w, mu, chol in gmm:
+        cov = np.einsum("kij,klj->kil", chol, chol)[:, :P, :P]
+        out.append((np.asarray(w), mu[:, :P], np.linalg.cholesky(cov + 1e-9 * np.eye(P))))
+    return out
+
 
 def _column_means(table: np.ndarray, width: int) -> np.ndarray:
     """Column means of a site's units ``(U, W)`` ignoring NaN (0 for an all-NaN column)."""
@@ -599,6 +699,7 @@ class TwinAssembler:
         self.unit_state: list[np.ndarray] = []
         self.members: list[Member] = []
         self.history: list[dict[str, Any]] = []
+        self.gan: Any = None
 
     def hello(self, labels: Mapping[str, Mapping[str, Any]]) -> TwinFitPlan:
         """The plan, from every site's labels (scenarios: the union; columns: the intersection)."""
@@ -790,13 +891,75 @@ class TwinAssembler:
         """Per-scenario FedAvg from the sample-weighted mean of the scaled deltas (see `SiteFitter.weights`)."""
         plan = self.plan
         assert plan is not None
-        n = plan.n_scen
-        share = aggregated_delta_mean[-n:]
-        out = params[:-n].astype(np.float64).copy()
-        for s, sl in plan.block_slices():
-            if share[s] > 1e-12:
-                out[sl] += aggregated_delta_mean[sl] / share[s]
-        return np.concatenate([out, np.zeros(n)]).astype(np.float32)
+        return apply_blocks(params, aggregated_delta_mean, plan.block_slices(), plan.n_scen)
+
+    # --- the default family ------------------------------------------------------------------
+    def build_population(self) -> Any:
+        """The federated GAN-SMMSG before its rounds (after ``em``): `twin_gan.federated_gan`."""
+        from edgetwin.federation.twin_gan import federated_gan, gan_size
+
+        plan = self.plan
+        assert plan is not None and self.transformer is not None
+        props = self.s1["agents.scen"] / max(float(self.s1["agents.scen"].sum()), 1.0)
+        self.gan = federated_gan(self.spec, plan.scenarios, props, self.transformer,
+                                 profile_marginal(self.gmm, plan.width("profile")), self.options.to_dict())
+        plan.population_size = gan_size(self.gan)
+        return self.gan
+
+    def population_vector(self) -> np.ndarray:
+        from edgetwin.federation.twin_gan import gan_modules
+        from edgetwin.federation.twin_mail import module_vector
+
+        return module_vector(gan_modules(self.gan))
+
+    def set_population(self, params: np.ndarray, rounds: list[dict[str, Any]]) -> None:
+        from edgetwin.federation.twin_gan import gan_modules
+        from edgetwin.federation.twin_mail import load_module_vector
+
+        load_module_vector(gan_modules(self.gan), params)
+        self.gan.history = rounds
+
+    def _adversarial_modules(self, member: int) -> dict[str, Any]:
+        from edgetwin.federation.twin_mail import adversarial_templates, mail_config
+
+        plan = self.plan
+        assert plan is not None and plan.layout is not None
+        mods = adversarial_templates(plan.layout, mail_config(self.options.to_dict()),
+                                     self.options.seed * 1000 + member * 17)
+        for s, pol in self.members[member].clients.items():
+            mods[f"client{s}"].load_state_dict(pol.state_dict())
+        return mods
+
+    def adversarial_vector(self, member: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(clients and discriminators ++ zero shares, engines)`` of a member after its BC phase."""
+        from edgetwin.federation.twin_mail import engine_modules, module_vector
+
+        plan = self.plan
+        assert plan is not None
+        mods = self._adversarial_modules(member)
+        adv = np.concatenate([module_vector(mods), np.zeros(plan.n_scen, np.float32)])
+        return adv, module_vector(engine_modules(self.members[member].engines))
+
+    def apply_adversarial(self, member: int, params: np.ndarray, aggregated_delta_mean: np.ndarray) -> np.ndarray:
+        from edgetwin.federation.twin_mail import module_blocks
+
+        plan = self.plan
+        assert plan is not None
+        return apply_blocks(params, aggregated_delta_mean, module_blocks(self._adversarial_modules(member)), plan.n_scen)
+
+    def finish_adversarial(self, member: int, params: np.ndarray, rounds: list[dict[str, Any]]) -> None:
+        """Load the aggregated client policies into the member (its discriminators are dropped, as
+        `fit_mail` drops them)."""
+        from edgetwin.federation.twin_mail import load_module_vector
+
+        plan = self.plan
+        assert plan is not None
+        mods = self._adversarial_modules(member)
+        load_module_vector(mods, np.asarray(params, np.float32)[: -plan.n_scen])
+        mem = self.members[member]
+        for s, pol in mem.clients.items():
+            pol.load_state_dict(mods[f"client{s}"].state_dict())
+        mem.history = pd.concat([mem.history, pd.DataFrame(rounds)], ignore_index=True)
 
     def add_member(self, member: int, params: np.ndarray, residual_total: np.ndarray, rounds: list[dict[str, Any]]) -> None:
         plan = self.plan
@@ -823,14 +986,16 @@ class TwinAssembler:
         lay, spec, o = plan.layout, self.spec, self.options
         P = plan.width("profile")
         props = self.s1["agents.scen"] / max(float(self.s1["agents.scen"].sum()), 1.0)
-        pop = GMMPopulation(spec=spec, scenarios=list(plan.scenarios), proportions=props, transformer=self.transformer,
-                            hyper={"n_components": o.n_components, "federated": True, "calibrate": False},
-                            meta={"n_train": int(self.s1["agents.scen"].sum()), "seed": o.seed, "federated": True})
-        marg = []
-        for w, mu, chol in self.gmm:
-            cov = np.einsum("kij,klj->kil", chol, chol)[:, :P, :P]
-            marg.append((w, mu[:, :P], np.linalg.cholesky(cov + 1e-9 * np.eye(P))))
-        pop.params = marg
+        pop: Any
+        if self.gan is not None:
+            pop = self.gan
+            pop.meta["n_train"] = int(self.s1["agents.scen"].sum())
+        else:
+            pop = GMMPopulation(spec=spec, scenarios=list(plan.scenarios), proportions=props,
+                                transformer=self.transformer,
+                                hyper={"n_components": o.n_components, "federated": True, "calibrate": False},
+                                meta={"n_train": int(self.s1["agents.scen"].sum()), "seed": o.seed, "federated": True})
+            pop.params = profile_marginal(self.gmm, P)
         # the bank of initial states: joint draws of (profile, initial state) from the mixture
         rng = np.random.default_rng([o.seed, 0x1B])
         zp, st = [], []
@@ -858,12 +1023,12 @@ class TwinAssembler:
             "format_version": FORMAT_VERSION,
             "seed": o.seed,
             "members": len(self.members),
-            "response_model": "bc",
+            "response_model": "mail" if o.adversarial else "bc",
             "transition_model": "client",
             "site_model": False,
-            "population_model": "gmm",
-            "hyper": MailConfig(rounds=0, bc_epochs=o.local_epochs * o.rounds, net_arch=list(o.net_arch),
-                                engine_arch=list(o.engine_arch)).__dict__,
+            "population_model": "gan-smmsg" if self.gan is not None else "gmm",
+            "hyper": {**mail_config(o.to_dict()).__dict__, "rounds": o.adv_rounds if o.adversarial else 0,
+                      "bc_epochs": o.local_epochs * o.rounds},
             "data_sha256": "federated (no pooled data): " + ",".join(self.unit_names),
             "n_rows": int(self.s1["rows.scen"].sum()),
             "n_episodes": int(self.s1["lengths"].sum()),
@@ -872,6 +1037,19 @@ class TwinAssembler:
             "federated": {"sites": self.unit_names, "options": o.to_dict(), **dict(meta_extra or {})},
         }
         return Twin(lay, list(self.members), pop, composition, initial, self.support, a_low, a_high, meta)
+
+
+def apply_blocks(params: np.ndarray, aggregated_delta_mean: np.ndarray, blocks: Sequence[tuple[int, slice]],
+                 n_scen: int) -> np.ndarray:
+    """Per-scenario FedAvg: each scenario's block moves by the sample-weighted mean of the sites'
+    share-scaled deltas divided by the mean of their shares (the last ``n_scen`` values); a
+    scenario no site trained stays where it was."""
+    share = aggregated_delta_mean[-n_scen:]
+    out = params[:-n_scen].astype(np.float64).copy()
+    for s, sl in blocks:
+        if share[s] > 1e-12:
+            out[sl] += aggregated_delta_mean[sl] / share[s]
+    return np.concatenate([out, np.zeros(n_scen)]).astype(np.float32)
 
 
 def _transformer_dict(tr: ProfileTransformer) -> dict[str, Any]:
@@ -889,16 +1067,26 @@ def gmm_from_context(ctx: Mapping[str, Any]) -> list[tuple[np.ndarray, np.ndarra
 
 
 # ------------------------------------------------------------------------------------ personalisation
-def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 5, seed: int = 0) -> Twin:
+def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 5, seed: int = 0, adversarial_rounds: int | None = None) -> Twin:
     """A copy of ``twin`` whose engine and client models are fine-tuned on one site's own log.
 
     Behaviour cloning from the federated weights for ``epochs`` epochs on the site's rows (its
     variance re-estimated on them): the site keeps what the federation learned where it has no
-    data and moves towards its own behaviour where it has.
+    data and moves towards its own behaviour where it has. A MAIL twin's clients are then refined
+    by ``adversarial_rounds`` local GAIL rounds on the same rows (`twin_mail.SiteAdversarial`,
+    fresh discriminators; default: as many as the twin's own adversarial rounds, 0 for a BC twin),
+    so that the personalised model stays in the family the federation fitted.
     """
+    from edgetwin.federation.twin_mail import SiteAdversarial
+
     lay = twin.layout
     df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
     steps = build_steps(df, lay)
+    hyper = dict(twin.meta.get("hyper") or {})
+    cfg = MailConfig.from_hyper(hyper)
+    cfg.disc_arch = tuple(int(h) for h in cfg.disc_arch)
+    if adversarial_rounds is None:
+        adversarial_rounds = int(hyper.get("rounds", 0)) if twin.meta.get("response_model") == "mail" else 0
     members = []
     for m, mem in enumerate(twin.members):
         clients = {s: copy.deepcopy(c) for s, c in mem.clients.items()}
@@ -910,8 +1098,18 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 5, seed: int = 0) -
             crow = client_rows(steps, lay, s)
             if len(crow) >= 2:
                 behaviour_clone(steps.x_client[crow], steps.y_client[crow], clients[s], epochs, seed * 100 + m * 10 + s + 5)
-        members.append(Member(clients, engines, mem.history.copy()))
+        history = mem.history.copy()
+        if adversarial_rounds > 0:
+            local = SiteAdversarial("personalise", steps, df, twin.spec, lay, cfg, engines, seed * 100 + m)
+            for s, pol in clients.items():
+                local.learners.clients[s].load_state_dict(pol.state_dict())
+            recs = [{"round": r + 1, "phase": "personalised", **st}
+                    for r in range(adversarial_rounds) for st in local.local_round()]
+            for s in clients:
+                clients[s].load_state_dict(local.learners.clients[s].state_dict())
+            history = pd.concat([history, pd.DataFrame(recs)], ignore_index=True)
+        members.append(Member(clients, engines, history))
     meta = dict(twin.meta)
-    meta["personalised"] = {"epochs": epochs, "rows": len(df)}
+    meta["personalised"] = {"epochs": epochs, "rows": len(df), "adversarial_rounds": adversarial_rounds}
     return Twin(lay, members, twin.population, twin.composition, twin.initial, twin.support,
                 twin.action_low, twin.action_high, meta)

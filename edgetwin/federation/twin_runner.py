@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -61,6 +62,8 @@ __all__ = ["FederatedFitReport", "TwinCoordinator", "TwinSiteAgent", "fit_federa
 log = logging.getLogger("edgetwin.federation.twin")
 
 STRATEGIES = ("fedavg", "fedavgm", "dp_gaussian")
+#: phases whose vectors are model parameters (aggregated by the weight rule, compressible)
+MODEL_PHASES = ("weights", "adversarial", "population")
 
 
 def split_by_site(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -133,6 +136,10 @@ class TwinSiteAgent:
         fail_after: tests: stop answering after this many answers (a killed site).
     """
 
+    #: sites of one process compute one at a time: training draws from torch's and numpy's global
+    #: generators (PPO, imitation, BC), so concurrent threads would make a fit depend on timing
+    _compute = threading.Lock()
+
     def __init__(self, name: str, log: pd.DataFrame, spec: TwinSpec, bus: Bus, fit_id: str,
                  codec: UpdateCodec | None = None, fail_after: int | None = None) -> None:
         self.name = name
@@ -197,7 +204,7 @@ class TwinSiteAgent:
             self.last_seq = env.round
             if self._latest is not None and self._latest.round > env.round:
                 self._wake.set()  # a newer task arrived while computing: this answer is late anyway
-            codec = self.codec if env.payload["phase"] == "weights" else None
+            codec = self.codec if env.payload["phase"] in MODEL_PHASES else None
             up = make_update(self.name, self.fit_id, env.round, env.payload["phase"], env.payload["step"],
                              env.payload["member"], vector, weight, codec, labels, time.perf_counter() - t0)
             await self.bus.publish_durable(Subjects.update("twin", self.fit_id), up)
@@ -216,6 +223,10 @@ class TwinSiteAgent:
         return plan
 
     def _answer(self, env: Envelope) -> tuple[np.ndarray, float, dict[str, Any] | None]:
+        with TwinSiteAgent._compute:
+            return self._answer_locked(env)
+
+    def _answer_locked(self, env: Envelope) -> tuple[np.ndarray, float, dict[str, Any] | None]:
         phase, ctx = env.payload["phase"], env.payload.get("context", {})
         f = self.fitter
         if phase == "hello":
@@ -237,6 +248,12 @@ class TwinSiteAgent:
             return v, n, None
         if phase == "residual":
             return f.residual(env.payload["member"], params), 1.0, None
+        if phase == "adversarial":
+            v, n = f.adversarial(env.payload["member"], env.payload["step"], params)
+            return v, n, None
+        if phase == "population":
+            v, n = f.population(env.payload["step"], params, tr, gmm_from_context(ctx))
+            return v, n, None
         raise InputError(f"unknown phase {phase!r}", where="twin_task")
 
 
@@ -266,6 +283,9 @@ class TwinCoordinator:
         self.options = options or FitOptions()
         self.quorum, self.grace_s, self.timeout_s = quorum, grace_s, timeout_s
         self.weight_agg = make_weight_aggregator(strategy, secure, dp, self.options.seed)
+        # one rule per model phase: FedAvgM's velocity and DP's accountant are per model
+        self.adv_agg = make_weight_aggregator(strategy, secure, dp, self.options.seed + 1)
+        self.gan_agg = make_weight_aggregator(strategy, secure, dp, self.options.seed + 2)
         self.stats_agg: Aggregator = SecureAggregator(FedAvg("uniform"), seed=self.options.seed) if secure else FedAvg("uniform")
         self.secure = secure
         self.fit_id = fit_id or uuid.uuid4().hex[:12]
@@ -384,6 +404,18 @@ class TwinCoordinator:
             ups, _ = await self._round("em", step=it, context=self.asm.gmm_context())
             ll = self.asm.em_step(self._sum(ups, plan.size("em")))
         self.report.rounds[-1]["loglik_per_agent"] = ll
+        if o.gan_population:
+            self.asm.build_population()
+            gan_ctx = self.asm.gmm_context()
+            params = self.asm.population_vector()
+            rounds: list[dict[str, Any]] = []
+            for r in range(o.gan_rounds):
+                ups, _ = await self._round("population", step=r, context=gan_ctx, params=params)
+                res = self.gan_agg.aggregate(ups, np.zeros_like(params), self.seq)
+                self._count_secure(self.gan_agg)
+                params = (params.astype(np.float64) + np.asarray(res.params, np.float64)).astype(np.float32)
+                rounds.append({"round": r + 1, "sites": len(ups), "update_norm": float(np.linalg.norm(res.params))})
+            self.asm.set_population(params, rounds)
         for m in range(o.members):
             params = self.asm.initial_vector(m)
             rounds = []
@@ -395,13 +427,34 @@ class TwinCoordinator:
                 rounds.append({"round": r + 1, "sites": len(ups), "update_norm": float(res.info.get("update_norm", 0.0))})
             ups, _ = await self._round("residual", member=m, params=params)
             self.asm.add_member(m, params, self._sum(ups, plan.size("residual")), rounds)
+            if o.adversarial:
+                adv, engines = self.asm.adversarial_vector(m)
+                rounds = []
+                for r in range(o.adv_rounds):
+                    ups, _ = await self._round("adversarial", step=r, member=m,
+                                               params=np.concatenate([adv, engines]))
+                    res = self.adv_agg.aggregate(ups, np.zeros_like(adv), self.seq)
+                    self._count_secure(self.adv_agg)
+                    adv = self.asm.apply_adversarial(m, adv, np.asarray(res.params, np.float64))
+                    rounds.append({"round": o.rounds + r + 1, "phase": "adversarial", "sites": len(ups),
+                                   "update_norm": float(np.linalg.norm(res.params))})
+                self.asm.finish_adversarial(m, adv, rounds)
         self.seq += 1
         await self.bus.publish_durable(Subjects.model("twin", self.fit_id),
                                        make_task("twin/coordinator", self.fit_id, self.seq, "done", 0, 0, final=True))
         self.report.seconds = time.perf_counter() - t_start
-        if isinstance(self.weight_agg, GaussianDP) or isinstance(getattr(self.weight_agg, "inner", None), GaussianDP):
-            dp = self.weight_agg if isinstance(self.weight_agg, GaussianDP) else self.weight_agg.inner  # type: ignore[attr-defined]
-            self.report.privacy = {"epsilon": float(dp.epsilon()), "delta": float(getattr(dp, "delta", 0.0))}
+        eps, delta = {}, 0.0
+        used = (("weights", self.weight_agg, True), ("adversarial", self.adv_agg, o.adversarial),
+                ("population", self.gan_agg, o.gan_population))
+        for phase, agg, ran in used:
+            dp = agg if isinstance(agg, GaussianDP) else getattr(agg, "inner", None)
+            if ran and isinstance(dp, GaussianDP):
+                eps[phase] = float(dp.epsilon())
+                delta = float(dp.delta)
+        if eps:
+            # three mechanisms on the same sites' data: sequential composition bounds the total by the sum
+            self.report.privacy = {"epsilon": float(sum(eps.values())), "epsilon_by_phase": dict(eps), "delta": delta,
+                                   "composition": "sum over phases (sequential composition, an upper bound)"}
         return self.asm.twin({"report": {"bytes_up": self.report.bytes_up, "bytes_down": self.report.bytes_down,
                                          "rounds": len(self.report.rounds)}})
 

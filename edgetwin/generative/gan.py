@@ -436,48 +436,23 @@ class GANPopulation(PopulationModel):
             xg = np.hstack([xg, (gen["scenario"].astype(str).to_numpy()[:, None] == names).astype(float)])
         return c2st_auc(xr, xg, seed=seed)
 
+    def training_steps(
+        self, profiles: pd.DataFrame, seed: int, total_steps: int | None = None, partial: bool = False
+    ) -> GanSteps:
+        """The training state on ``profiles``: optimisers, batch samplers and one step of the game
+        (`GanSteps.step`). `_train` loops over it; a federated site runs a few steps of it per round
+        on its own profiles (`edgetwin.federation.twin_gan`). ``partial``: scenarios without rows
+        are left out of the batches (a site that logged only some of them) instead of refused."""
+        return GanSteps(self, profiles, seed, int(self.hyper["steps"]) if total_steps is None else total_steps, partial)
+
     def _train(
         self, profiles: pd.DataFrame, seed: int, progress: bool, val: pd.DataFrame | None = None
     ) -> None:
         from tqdm.auto import trange
 
         h = self.hyper
-        rng = np.random.default_rng(seed)
-        x_all = torch.as_tensor(self.transformer.transform(profiles, rng=rng))
-        labels = profiles["scenario"].astype(str).to_numpy()
-        rows = [np.flatnonzero(labels == s) for s in self.scenarios]
-        n_s, b = len(self.scenarios), int(h["batch_per_scenario"])
-        cond = torch.repeat_interleave(torch.eye(n_s), b, dim=0)  # (S*b, S), scenario-major
-        tau = float(h["tau"])
-        smmsg = self.variant == "gan-smmsg"
-        wgan = self.variant == "wgan"
-        if smmsg:
-            m = int(h["group_size"])
-            if b % m:
-                raise InputError(f"batch_per_scenario {b} must be a multiple of group_size {m}", "group_size")
-            centres = torch.linspace(-float(h["hist_range"]), float(h["hist_range"]), int(h["hist_bins"]))
-            width = float(centres[1] - centres[0])
-            group_cond = torch.repeat_interleave(torch.eye(n_s), b // m, dim=0)  # (S*b/m, S)
-        d_params = list(self.discriminator.parameters())
-        if self.set_discriminator is not None:
-            d_params += list(self.set_discriminator.parameters())
-        opt_g = torch.optim.Adam(self.generator.parameters(), lr=float(h["lr_g"]), betas=h["betas"])
-        opt_d = torch.optim.Adam(d_params, lr=float(h["lr_d"]), betas=h["betas"])
-        noise_dim = self.generator.noise_in
-        steps = int(h["steps"])
-        n_critic = int(h.get("n_critic", 1))
-
-        def real_batch() -> torch.Tensor:
-            idx = np.concatenate([r[rng.integers(0, len(r), size=b)] for r in rows])
-            return x_all[idx]
-
-        def fake_batch() -> tuple[torch.Tensor, torch.Tensor]:
-            raw = self.generator(torch.randn(n_s * b, noise_dim), cond)
-            return self.layout.activate(raw, tau, hard=True), raw
-
-        def groups(x: torch.Tensor) -> torch.Tensor:
-            return x.reshape(n_s * b // m, m, x.shape[1])
-
+        game = self.training_steps(profiles, seed)
+        steps = game.total_steps
         self.history = []
         t0 = time.perf_counter()
         select_every = int(h.get("select_every", 0)) if val is not None else 0
@@ -495,82 +470,10 @@ class GANPopulation(PopulationModel):
         for step in bar:
             if select_every and step % select_every == 0:
                 checkpoint(step)
-            # --- discriminator / critic: eq. 3 on the instance head (and the set head) ---
-            for _ in range(n_critic):
-                xr = real_batch()
-                with torch.no_grad():
-                    xf, _ = fake_batch()
-                if wgan:
-                    loss_d = self.discriminator(xf, cond).mean() - self.discriminator(xr, cond).mean()
-                    eps = torch.rand(xr.shape[0], 1)
-                    xi = (eps * xr + (1 - eps) * xf).requires_grad_(True)
-                    grad = torch.autograd.grad(self.discriminator(xi, cond).sum(), xi, create_graph=True)[0]
-                    loss_d = loss_d + float(h["gp_lambda"]) * ((grad.norm(dim=1) - 1) ** 2).mean()
-                else:
-                    lr_, lf_ = self.discriminator(xr, cond), self.discriminator(xf, cond)
-                    loss_d = F.binary_cross_entropy_with_logits(lr_, torch.ones_like(lr_)) + (
-                        F.binary_cross_entropy_with_logits(lf_, torch.zeros_like(lf_))
-                    )
-                    if smmsg:
-                        assert self.set_discriminator is not None
-                        sr = self.set_discriminator(groups(xr), group_cond)
-                        sf = self.set_discriminator(groups(xf), group_cond)
-                        loss_d = (
-                            loss_d
-                            + F.binary_cross_entropy_with_logits(sr, torch.ones_like(sr))
-                            + (F.binary_cross_entropy_with_logits(sf, torch.zeros_like(sf)))
-                        )
-                opt_d.zero_grad(set_to_none=True)
-                loss_d.backward()
-                opt_d.step()
-
-            # --- generator: k steps of eq. 4 (or the plain GAN / WGAN generator loss) ---
-            for _ in range(int(h["g_steps"])):
-                xf, raw = fake_batch()
-                if wgan:
-                    loss_g = -self.discriminator(xf, cond).mean()
-                    ent = kl = torch.zeros(())
-                else:
-                    lf_ = self.discriminator(xf, cond)
-                    loss_g = F.binary_cross_entropy_with_logits(lf_, torch.ones_like(lf_))
-                    ent = kl = torch.zeros(())
-                    if smmsg:
-                        assert self.set_discriminator is not None
-                        sf = self.set_discriminator(groups(xf), group_cond)
-                        loss_g = loss_g + F.binary_cross_entropy_with_logits(sf, torch.ones_like(sf))
-                        xr = real_batch()
-                        probs = xf
-                        if self.layout.blocks:  # expected proportions: softmax of the logits
-                            probs = xf.clone()
-                            for s_, e_ in self.layout.blocks:
-                                probs[:, s_:e_] = F.softmax(raw[:, s_:e_], dim=1)
-                        vg = group_statistics(
-                            xf.view(n_s, b, -1), self.layout, centres, width, probs.view(n_s, b, -1)
-                        )
-                        vr = group_statistics(xr.view(n_s, b, -1), self.layout, centres, width)
-                        # Columns' statistics are taken as independent: H and KL of the product
-                        # are the sums over columns; averaged over scenarios.
-                        ent = torch.stack([_entropy(q) for q in vg]).sum(0).mean()
-                        kl = torch.stack([_kl(p, q) for p, q in zip(vr, vg, strict=True)]).sum(0).mean()
-                        alpha = float(h["alpha"])
-                        frac = float(h["alpha_anneal"])
-                        if frac > 0:
-                            alpha *= max(0.0, 1.0 - step / max(1.0, frac * steps))
-                        loss_g = loss_g - alpha * ent + float(h["beta"]) * kl
-                opt_g.zero_grad(set_to_none=True)
-                loss_g.backward()
-                opt_g.step()
-                if self.generator_ema is not None:
-                    self._update_ema(step)
+            losses = game.step(step)
             if step % 50 == 0 or step == steps - 1:
-                rec = {
-                    "step": step,
-                    "loss_d": float(loss_d.detach()),
-                    "loss_g": float(loss_g.detach()),
-                    "entropy": float(ent.detach()),
-                    "kl": float(kl.detach()),
-                }
-                self.history.append(rec)
+                rec = {k: float(v.detach()) for k, v in losses.items()}
+                self.history.append({"step": step, **rec})
                 bar.set_postfix(loss_d=f"{rec['loss_d']:.3f}", loss_g=f"{rec['loss_g']:.3f}")
         if select_every:
             checkpoint(steps)
@@ -636,6 +539,142 @@ class GANPopulation(PopulationModel):
             self.set_discriminator.load_state_dict(state["set_discriminator"])
         if self.generator_ema is not None:
             self.generator_ema.load_state_dict(state["generator_ema"])
+
+
+class GanSteps:
+    """The adversarial game of a `GANPopulation` on some profile rows, one step at a time.
+
+    Holds the encoded rows, the scenario-balanced batch samplers (numpy generator seeded by
+    ``seed``; noise from torch's global generator) and the two Adam optimisers. ``step(i)`` is one
+    iteration of Algorithm 1: ``n_critic`` discriminator updates (eq. 3, instance and set heads),
+    then ``g_steps`` generator updates (eq. 4 for GAN-SMMSG, with ``alpha`` annealed over
+    ``total_steps``), then the EMA update.
+
+    Args:
+        model: the population model whose networks are trained in place.
+        profiles: rows ``[scenario, profile.*]``.
+        seed: seeds the batch sampler.
+        total_steps: the length of the whole training (the entropy bonus's annealing schedule).
+        partial: leave scenarios without rows out of the batches instead of failing on them.
+    """
+
+    def __init__(self, model: GANPopulation, profiles: pd.DataFrame, seed: int, total_steps: int,
+                 partial: bool = False) -> None:
+        self.model = model
+        h = model.hyper
+        self.rng = np.random.default_rng(seed)
+        self.x_all = torch.as_tensor(model.transformer.transform(profiles, rng=self.rng))
+        labels = profiles["scenario"].astype(str).to_numpy()
+        rows = [np.flatnonzero(labels == s) for s in model.scenarios]
+        present = [i for i, r in enumerate(rows) if len(r) or not partial]
+        self.rows = [rows[i] for i in present]
+        n_all = len(model.scenarios)
+        self.n_s, self.b = len(present), int(h["batch_per_scenario"])
+        # (S*b, S), scenario-major; all scenarios: the identity's rows in order
+        self.cond = torch.repeat_interleave(torch.eye(n_all)[present], self.b, dim=0)
+        self.tau = float(h["tau"])
+        self.smmsg = model.variant == "gan-smmsg"
+        self.wgan = model.variant == "wgan"
+        if self.smmsg:
+            self.m = int(h["group_size"])
+            if self.b % self.m:
+                raise InputError(f"batch_per_scenario {self.b} must be a multiple of group_size {self.m}", "group_size")
+            self.centres = torch.linspace(-float(h["hist_range"]), float(h["hist_range"]), int(h["hist_bins"]))
+            self.width = float(self.centres[1] - self.centres[0])
+            self.group_cond = torch.repeat_interleave(torch.eye(n_all)[present], self.b // self.m, dim=0)
+        d_params = list(model.discriminator.parameters())
+        if model.set_discriminator is not None:
+            d_params += list(model.set_discriminator.parameters())
+        self.opt_g = torch.optim.Adam(model.generator.parameters(), lr=float(h["lr_g"]), betas=h["betas"])
+        self.opt_d = torch.optim.Adam(d_params, lr=float(h["lr_d"]), betas=h["betas"])
+        self.noise_dim = model.generator.noise_in
+        self.total_steps = int(total_steps)
+        self.n_critic = int(h.get("n_critic", 1))
+
+    def real_batch(self) -> torch.Tensor:
+        idx = np.concatenate([r[self.rng.integers(0, len(r), size=self.b)] for r in self.rows])
+        return self.x_all[idx]
+
+    def fake_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raw = self.model.generator(torch.randn(self.n_s * self.b, self.noise_dim), self.cond)
+        return self.model.layout.activate(raw, self.tau, hard=True), raw
+
+    def groups(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(self.n_s * self.b // self.m, self.m, x.shape[1])
+
+    def step(self, step: int) -> dict[str, torch.Tensor]:
+        """One iteration (``step`` counts from 0 over the whole training); returns its losses."""
+        model, h, cond = self.model, self.model.hyper, self.cond
+        n_s, b = self.n_s, self.b
+        # --- discriminator / critic: eq. 3 on the instance head (and the set head) ---
+        for _ in range(self.n_critic):
+            xr = self.real_batch()
+            with torch.no_grad():
+                xf, _ = self.fake_batch()
+            if self.wgan:
+                loss_d = model.discriminator(xf, cond).mean() - model.discriminator(xr, cond).mean()
+                eps = torch.rand(xr.shape[0], 1)
+                xi = (eps * xr + (1 - eps) * xf).requires_grad_(True)
+                grad = torch.autograd.grad(model.discriminator(xi, cond).sum(), xi, create_graph=True)[0]
+                loss_d = loss_d + float(h["gp_lambda"]) * ((grad.norm(dim=1) - 1) ** 2).mean()
+            else:
+                lr_, lf_ = model.discriminator(xr, cond), model.discriminator(xf, cond)
+                loss_d = F.binary_cross_entropy_with_logits(lr_, torch.ones_like(lr_)) + (
+                    F.binary_cross_entropy_with_logits(lf_, torch.zeros_like(lf_))
+                )
+                if self.smmsg:
+                    assert model.set_discriminator is not None
+                    sr = model.set_discriminator(self.groups(xr), self.group_cond)
+                    sf = model.set_discriminator(self.groups(xf), self.group_cond)
+                    loss_d = (
+                        loss_d
+                        + F.binary_cross_entropy_with_logits(sr, torch.ones_like(sr))
+                        + (F.binary_cross_entropy_with_logits(sf, torch.zeros_like(sf)))
+                    )
+            self.opt_d.zero_grad(set_to_none=True)
+            loss_d.backward()
+            self.opt_d.step()
+
+        # --- generator: k steps of eq. 4 (or the plain GAN / WGAN generator loss) ---
+        for _ in range(int(h["g_steps"])):
+            xf, raw = self.fake_batch()
+            if self.wgan:
+                loss_g = -model.discriminator(xf, cond).mean()
+                ent = kl = torch.zeros(())
+            else:
+                lf_ = model.discriminator(xf, cond)
+                loss_g = F.binary_cross_entropy_with_logits(lf_, torch.ones_like(lf_))
+                ent = kl = torch.zeros(())
+                if self.smmsg:
+                    assert model.set_discriminator is not None
+                    sf = model.set_discriminator(self.groups(xf), self.group_cond)
+                    loss_g = loss_g + F.binary_cross_entropy_with_logits(sf, torch.ones_like(sf))
+                    xr = self.real_batch()
+                    probs = xf
+                    if model.layout.blocks:  # expected proportions: softmax of the logits
+                        probs = xf.clone()
+                        for s_, e_ in model.layout.blocks:
+                            probs[:, s_:e_] = F.softmax(raw[:, s_:e_], dim=1)
+                    vg = group_statistics(
+                        xf.view(n_s, b, -1), model.layout, self.centres, self.width, probs.view(n_s, b, -1)
+                    )
+                    vr = group_statistics(xr.view(n_s, b, -1), model.layout, self.centres, self.width)
+                    # Columns' statistics are taken as independent: H and KL of the product
+                    # are the sums over columns; averaged over scenarios.
+                    ent = torch.stack([_entropy(q) for q in vg]).sum(0).mean()
+                    kl = torch.stack([_kl(p, q) for p, q in zip(vr, vg, strict=True)]).sum(0).mean()
+                    alpha = float(h["alpha"])
+                    frac = float(h["alpha_anneal"])
+                    if frac > 0:
+                        alpha *= max(0.0, 1.0 - step / max(1.0, frac * self.total_steps))
+                    loss_g = loss_g - alpha * ent + float(h["beta"]) * kl
+            self.opt_g.zero_grad(set_to_none=True)
+            loss_g.backward()
+            self.opt_g.step()
+            if model.generator_ema is not None:
+                model._update_ema(step)
+        return {"loss_d": loss_d, "loss_g": loss_g, "entropy": ent, "kl": kl}
+
 
 
 class GANSMMSGPopulation(GANPopulation):

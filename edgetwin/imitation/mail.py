@@ -506,6 +506,154 @@ def client_rows(steps: StepTable, layout: Layout, scenario: int) -> np.ndarray:
     return steps.rows(scenario, need_next=layout.learn_transition)
 
 
+def training_world(
+    steps: StepTable, layout: Layout, composition: Composition, cfg: MailConfig, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One world composition for all scenarios' client envs: ``(scenario (N,), site (N,))`` ids.
+
+    Drawn from the logged site units, large enough to hold every scenario that has client rows (a
+    rare scenario missing from the drawn units gets one site of its own).
+    """
+    rng = np.random.default_rng(seed)
+    scen, site = composition.sample(rng, cfg.world_agents)
+    for s in range(len(layout.scenarios)):
+        if not (scen == s).any() and len(client_rows(steps, layout, s)):
+            extra = max(1, int(composition.units[:, s].max()))
+            scen = np.concatenate([scen, np.full(extra, s)])
+            site = np.concatenate([site, np.full(extra, site.max() + 1)])
+    return scen, site
+
+
+@dataclass
+class ClientLearners:
+    """Per scenario: the client policy, and where the scenario has agents in the training world,
+    its `ClientVecEnv` and the PPO learner that owns the policy (the generator of GAIL).
+
+    ``models`` wraps each policy as a `GaussianModel`; the envs read it for non-learner agents,
+    so loading new weights into a policy in place is seen by every env.
+    """
+
+    clients: dict[int, ActorCriticPolicy]
+    models: dict[int, GaussianModel]
+    envs: dict[int, ClientVecEnv]
+    ppos: dict[int, PPO]
+
+
+def client_learners(
+    steps: StepTable,
+    layout: Layout,
+    scen: np.ndarray,
+    site: np.ndarray,
+    profiles: ProfileSampler,
+    initial: InitialStates,
+    engine_models: Mapping[int, GaussianModel],
+    cfg: MailConfig,
+    seed: int,
+    transition_models: Mapping[int, GaussianModel] | None = None,
+    site_model: SiteStateModel | None = None,
+    pretrain: Callable[[int, ActorCriticPolicy], None] | None = None,
+) -> ClientLearners:
+    """Build each scenario's client policy (a PPO learner's policy where the world has its agents,
+    a plain Gaussian policy otherwise), calling ``pretrain(s, policy)`` right after each is built.
+
+    MAIL-MMSG's pre-training is behaviour cloning (`fit_mail`); a federated site instead loads the
+    global weights. Seeds: scenario ``s`` draws from ``seed + 100 + s`` (policy) and ``seed + 200 + s``
+    (its env).
+    """
+    out = ClientLearners({}, {}, {}, {})
+    for s in range(len(layout.scenarios)):
+        th.manual_seed(seed + 100 + s)
+        if (scen == s).any():
+            out.envs[s] = ClientVecEnv(
+                layout,
+                s,
+                scen,
+                site,
+                profiles,
+                initial,
+                engine_models,
+                out.models,
+                layout.horizon,
+                seed + 200 + s,
+                transition_models,
+                site_model,
+            )
+            n_batch = cfg.n_steps * out.envs[s].num_envs
+            out.ppos[s] = PPO(
+                "MlpPolicy",
+                out.envs[s],
+                n_steps=cfg.n_steps,
+                batch_size=_minibatch(n_batch),
+                n_epochs=4,
+                learning_rate=cfg.learning_rate,
+                clip_range=0.1,
+                gamma=cfg.gamma,
+                ent_coef=0.0,
+                policy_kwargs={"net_arch": {"pi": cfg.net_arch, "vf": cfg.net_arch}},
+                seed=seed + 100 + s,
+                device="cpu",
+            )
+            policy = out.ppos[s].policy
+        else:
+            policy = gaussian_policy(layout.n_client_inputs, layout.n_model_outputs, cfg.net_arch)
+        if pretrain is not None:
+            pretrain(s, policy)
+        out.clients[s] = policy
+        out.models[s] = GaussianModel(policy)
+    return out
+
+
+def gail_trainers(steps: StepTable, layout: Layout, learners: ClientLearners, cfg: MailConfig) -> dict[int, GAIL]:
+    """One `imitation` GAIL trainer per scenario with a PPO learner and >= 2 logged client rows:
+    its demonstrations are the scenario's logged client steps, its discriminator a fresh
+    `BasicRewardNet` (``cfg.disc_arch``) drawn from torch's global generator."""
+    trainers: dict[int, GAIL] = {}
+    for s, ppo in learners.ppos.items():
+        rows = client_rows(steps, layout, s)
+        if len(rows) < 2:
+            continue
+        env = learners.envs[s]
+        nxt = np.where(steps.next_index[rows] >= 0, steps.next_index[rows], rows)
+        demos = itypes.Transitions(
+            obs=steps.x_client[rows],
+            acts=np.clip(steps.y_client[rows], -OUTPUT_CLIP, OUTPUT_CLIP),
+            next_obs=steps.x_client[nxt],
+            dones=~steps.has_next[rows],
+            infos=np.array([{}] * len(rows), dtype=object),
+        )
+        n_batch = cfg.n_steps * env.num_envs
+        reward_net = BasicRewardNet(
+            env.observation_space, env.action_space, use_next_state=False, hid_sizes=cfg.disc_arch
+        )
+        trainers[s] = GAIL(
+            demonstrations=demos,
+            demo_batch_size=min(cfg.demo_batch_size, len(rows), n_batch),
+            venv=env,
+            gen_algo=ppo,
+            reward_net=reward_net,
+            n_disc_updates_per_round=cfg.n_disc_updates,
+            custom_logger=_quiet_logger(),
+            allow_variable_horizon=False,
+        )
+    return trainers
+
+
+def gail_round(trainer: GAIL, cfg: MailConfig) -> dict[str, float]:
+    """One adversarial round of one scenario (Algorithm 2's inner step): a PPO update of the client
+    policy on the discriminator's reward over ``trainer.gen_train_timesteps`` steps, then
+    ``cfg.n_disc_updates`` discriminator updates. Returns the last update's statistics."""
+    trainer.train_gen(trainer.gen_train_timesteps)
+    stats: Mapping[str, float] = {}
+    for _ in range(cfg.n_disc_updates):
+        stats = trainer.train_disc()
+    return {
+        "disc_loss": float(stats.get("disc_loss", np.nan)),
+        "disc_acc": float(stats.get("disc_acc", np.nan)),
+        "disc_acc_expert": float(stats.get("disc_acc_expert", np.nan)),
+        "disc_acc_gen": float(stats.get("disc_acc_gen", np.nan)),
+    }
+
+
 def fit_mail(
     steps: StepTable,
     layout: Layout,
@@ -519,6 +667,10 @@ def fit_mail(
     site_model: SiteStateModel | None = None,
 ) -> MailResult:
     """Run MAIL-MMSG: BC pre-training, then ``cfg.rounds`` of GAIL per scenario, round-robin.
+
+    The steps are public (`training_world`, `client_learners`, `gail_trainers`, `gail_round`) so
+    that a federated fit runs the same rounds on each site's own logs
+    (`edgetwin.federation.twin_mail`).
 
     Args:
         steps: the training log as arrays (`edgetwin.imitation.steps.build_steps`).
@@ -540,59 +692,13 @@ def fit_mail(
     n_scen = len(layout.scenarios)
     engines = fit_engines(steps, layout, cfg, seed)
     engine_models = {s: GaussianModel(p) for s, p in engines.items()}
+    scen, site = training_world(steps, layout, composition, cfg, seed)
 
-    # one world composition for all scenarios' envs, large enough to hold every scenario
-    rng = np.random.default_rng(seed)
-    scen, site = composition.sample(rng, cfg.world_agents)
-    for s in range(n_scen):
-        if not (scen == s).any() and len(client_rows(steps, layout, s)):
-            # a rare scenario may miss from the drawn units: give it one site of its own
-            extra = max(1, int(composition.units[:, s].max()))
-            scen = np.concatenate([scen, np.full(extra, s)])
-            site = np.concatenate([site, np.full(extra, site.max() + 1)])
-
-    ppos: dict[int, PPO] = {}
-    clients: dict[int, ActorCriticPolicy] = {}
     history: list[dict[str, Any]] = []
     bar = tqdm(total=n_scen * (1 + cfg.rounds), desc="MAIL-MMSG", disable=not progress, leave=False)
-    envs: dict[int, ClientVecEnv] = {}
-    client_models: dict[int, GaussianModel] = {}
-    for s in range(n_scen):
+
+    def pretrain(s: int, policy: ActorCriticPolicy) -> None:
         rows = client_rows(steps, layout, s)
-        th.manual_seed(seed + 100 + s)
-        if (scen == s).any():
-            envs[s] = ClientVecEnv(
-                layout,
-                s,
-                scen,
-                site,
-                profiles,
-                initial,
-                engine_models,
-                client_models,
-                layout.horizon,
-                seed + 200 + s,
-                transition_models,
-                site_model,
-            )
-            n_batch = cfg.n_steps * envs[s].num_envs
-            ppos[s] = PPO(
-                "MlpPolicy",
-                envs[s],
-                n_steps=cfg.n_steps,
-                batch_size=_minibatch(n_batch),
-                n_epochs=4,
-                learning_rate=cfg.learning_rate,
-                clip_range=0.1,
-                gamma=cfg.gamma,
-                ent_coef=0.0,
-                policy_kwargs={"net_arch": {"pi": cfg.net_arch, "vf": cfg.net_arch}},
-                seed=seed + 100 + s,
-                device="cpu",
-            )
-            policy = ppos[s].policy
-        else:
-            policy = gaussian_policy(layout.n_client_inputs, layout.n_model_outputs, cfg.net_arch)
         fit = (
             behaviour_clone(steps.x_client[rows], steps.y_client[rows], policy, cfg.bc_epochs, seed + s)
             if len(rows)
@@ -601,58 +707,20 @@ def fit_mail(
         history.append(
             {"round": 0, "scenario": layout.scenarios[s], "bc_mse": fit["mse"], "bc_neglogp": fit["neglogp"]}
         )
-        clients[s] = policy
-        client_models[s] = GaussianModel(policy)
         bar.update(1)
 
+    learners = client_learners(
+        steps, layout, scen, site, profiles, initial, engine_models, cfg, seed, transition_models, site_model, pretrain
+    )
     if cfg.rounds > 0:
-        trainers: dict[int, GAIL] = {}
-        for s, ppo in ppos.items():
-            rows = client_rows(steps, layout, s)
-            if len(rows) < 2:
-                continue
-            nxt = np.where(steps.next_index[rows] >= 0, steps.next_index[rows], rows)
-            demos = itypes.Transitions(
-                obs=steps.x_client[rows],
-                acts=np.clip(steps.y_client[rows], -OUTPUT_CLIP, OUTPUT_CLIP),
-                next_obs=steps.x_client[nxt],
-                dones=~steps.has_next[rows],
-                infos=np.array([{}] * len(rows), dtype=object),
-            )
-            n_batch = cfg.n_steps * envs[s].num_envs
-            reward_net = BasicRewardNet(
-                envs[s].observation_space, envs[s].action_space, use_next_state=False, hid_sizes=cfg.disc_arch
-            )
-            trainers[s] = GAIL(
-                demonstrations=demos,
-                demo_batch_size=min(cfg.demo_batch_size, len(rows), n_batch),
-                venv=envs[s],
-                gen_algo=ppo,
-                reward_net=reward_net,
-                n_disc_updates_per_round=cfg.n_disc_updates,
-                custom_logger=_quiet_logger(),
-                allow_variable_horizon=False,
-            )
+        trainers = gail_trainers(steps, layout, learners, cfg)
         for r in range(1, cfg.rounds + 1):
             for s, trainer in trainers.items():
-                trainer.train_gen(trainer.gen_train_timesteps)
-                stats: Mapping[str, float] = {}
-                for _ in range(cfg.n_disc_updates):
-                    stats = trainer.train_disc()
-                history.append(
-                    {
-                        "round": r,
-                        "scenario": layout.scenarios[s],
-                        "disc_loss": float(stats.get("disc_loss", np.nan)),
-                        "disc_acc": float(stats.get("disc_acc", np.nan)),
-                        "disc_acc_expert": float(stats.get("disc_acc_expert", np.nan)),
-                        "disc_acc_gen": float(stats.get("disc_acc_gen", np.nan)),
-                    }
-                )
+                history.append({"round": r, "scenario": layout.scenarios[s], **gail_round(trainer, cfg)})
                 bar.update(1)
     bar.close()
     return MailResult(
-        clients=clients,
+        clients=learners.clients,
         engines=engines,
         history=pd.DataFrame(history),
         transition=dict(transition) if transition is not None else None,
