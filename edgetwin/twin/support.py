@@ -134,12 +134,6 @@ class SupportIndex:
         """``(N,)`` bool: the rows of ``z (N, D)`` outside the logs' support."""
         return self.score(z) > 1.0
 
-    def distance(self, z: np.ndarray) -> np.ndarray:
-        """``(N,)`` distance of each row's context to the nearest logged context (standardised units)."""
-        if len(self.bank) == 0 or len(z) == 0:
-            return np.zeros(len(z))
-        return self._distances(self.bank, z)[0]
-
     def to_arrays(self) -> dict[str, np.ndarray]:
         return {
             "support_bank": self.bank,
