@@ -45,8 +45,12 @@ def logging_policy(name: str, seed: int) -> str | NoisyPolicy:
 
 
 def fit_twin(work: Path, agents: int, days: int, seed: int, response_model: str = "mail", members: int = 2,
-             rounds: int = 4, bc_epochs: int = 15, population_steps: int = 1000, logging: str = "random") -> Twin:
-    """A twin of ``days`` days of cluster logs under the ``logging`` policy (cached in ``work``)."""
+             rounds: int = 4, bc_epochs: int = 15, population_steps: int = 1000, logging: str = "random",
+             scale: dict[str, Any] | None = None) -> Twin:
+    """A twin of ``days`` days of cluster logs under the ``logging`` policy (cached in ``work``).
+
+    ``scale``: `_scale_args.scale_kwargs` (where the members are fitted; the twin does not depend on it).
+    """
     key = f"twin-{response_model}-a{agents}-d{days}-s{seed}-m{members}-r{rounds}-e{bc_epochs}-p{population_steps}"
     if logging != "random":
         key += f"-{logging}"
@@ -60,7 +64,7 @@ def fit_twin(work: Path, agents: int, days: int, seed: int, response_model: str 
     log, spec = generate_logs(cfg, episodes=days, policy=logging_policy(logging, seed), seed=seed)
     twin = Twin.fit(log, spec, seed=seed, members=members, progress=True, response_model=response_model,
                     rounds=rounds, bc_epochs=bc_epochs, checkpoint_dir=work / f"{key}-ckpt",
-                    population_hyper={"steps": population_steps})
+                    population_hyper={"steps": population_steps}, **(scale or {}))
     twin.save(path)
     return twin
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from _docs import write_section
 from _policy_bench import FIG, KPIS, cluster_system, cluster_view, dump, fit_twin, machine
+from _scale_args import add_scale_args, scale_kwargs
 
 from edgetwin.policies.evaluate import evaluate_policy, plot_results
 from edgetwin.policies.export import load_policy
@@ -53,11 +54,12 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/edgetwin-policy-bench"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-write", action="store_true")
+    add_scale_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     agents, steps, episodes, rounds = (60, 20_000, 3, 2) if args.quick else (100, 150_000, 5, 4)
     t0 = time.perf_counter()
-    twin = fit_twin(args.work, agents, days=1, seed=args.seed, rounds=rounds)
+    twin = fit_twin(args.work, agents, days=1, seed=args.seed, rounds=rounds, scale=scale_kwargs(args))
     system = cluster_system("0d", agents)
     spec = system.spec
     # energy normaliser: the median energy of one agent-step under the logging policy

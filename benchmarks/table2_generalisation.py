@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from _docs import write_section
 from _policy_bench import FIG, KPIS, cluster_system, dump, fit_twin, machine, pct
+from _scale_args import add_scale_args, scale_kwargs
 
 from edgetwin.policies.evaluate import evaluate_policy, improvement
 from edgetwin.policies.export import load_policy
@@ -54,7 +55,7 @@ def run_setting(logging: str, args: argparse.Namespace, sizes: tuple[int, int, i
     policies = {}
     for kind, response_model in (("MAIL-MMSG", "mail"), ("BC", "bc")):
         twin = fit_twin(args.work, agents, days=1, seed=args.seed, response_model=response_model, rounds=rounds,
-                        logging=logging)
+                        logging=logging, scale=scale_kwargs(args))
         out = args.work / f"table2-{response_model}-{steps}-{logging}"
         opts: dict = {"n_agents": 64}  # type: ignore[type-arg]
         lam = {"support": 0.0, "action-norm": 0.4, "none": 0.0}[args.regulariser]
@@ -116,6 +117,7 @@ def main() -> None:
                     help="support: the support-aware penalty (edgetwin train's default); action-norm: seed 004's "
                          "λ = 0.4 (the paper's setting, this table's default); none: λ = 0")
     ap.add_argument("--no-write", action="store_true")
+    add_scale_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     settings = [x.strip() for x in args.logging.split(",") if x.strip()]

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from _docs import write_section
+from _scale_args import add_scale_args, scale_kwargs
 from whatif_gate import LOGGING_TEXT, fit_or_load, logging_policy
 
 from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
@@ -52,13 +53,14 @@ def main() -> None:
     ap.add_argument("--members", type=int, default=5)
     ap.add_argument("--work", type=Path, default=Path("/tmp/edgetwin-whatif-gate"))
     ap.add_argument("--no-write", action="store_true")
+    add_scale_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     t_all = time.perf_counter()
     cfg = ClusterConfig(n_agents=100, steps=96)
     spec = cluster_spec(cfg)
     train, _ = generate_logs(cfg, episodes=6, policy=logging_policy(args.logging, spec, 0), seed=0)
-    twin = fit_or_load(args.work, args.logging, args.members, train, spec)
+    twin = fit_or_load(args.work, args.logging, args.members, train, spec, scale_kwargs(args))
     eval_seed = 4242
     logging_real = real_return(cfg, logging_policy(args.logging, spec, eval_seed), eval_seed)
     simple = simple_candidates(twin, seed=0)

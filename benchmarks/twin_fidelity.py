@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from _scale_args import add_scale_args, scale_kwargs
 from scipy.stats import spearmanr
 from sklearn.ensemble import HistGradientBoostingRegressor
 from stable_baselines3 import PPO
@@ -420,6 +421,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="--quick: also write its numbers to this JSON file")
     ap.add_argument("--profile-retries", type=int, default=4,
                     help="redraws of generated profiles out of the logs' support (0: keep them all)")
+    add_scale_args(ap)
     args = ap.parse_args()
     if args.site_columns:
         args.site_model = [c.strip() for c in args.site_columns.split(",") if c.strip()]
@@ -452,7 +454,7 @@ def main() -> None:
     ):
         t0 = time.perf_counter()
         fits[name] = Twin.fit(train, spec, seed=args.seed, population_hyper=pop, progress=True,
-                              site_model=args.site_model, **kw, **hyper)
+                              site_model=args.site_model, **kw, **hyper, **scale_kwargs(args))
         fits[name].profile_retries = args.profile_retries
         secs[name] = time.perf_counter() - t0
         print(f"fit {name}: {secs[name]:.0f} s")
@@ -460,7 +462,8 @@ def main() -> None:
     # the same MAIL twin on a spec that declares nothing (every state column learned): the "before"
     t0 = time.perf_counter()
     undeclared = Twin.fit(train, cluster_spec(cfg, declared=False), seed=args.seed, population_hyper=pop, progress=True,
-                          site_model=args.site_model, response_model="mail", members=members, **hyper)
+                          site_model=args.site_model, response_model="mail", members=members, **hyper,
+                          **scale_kwargs(args))
     undeclared.profile_retries = args.profile_retries
     secs["mail, nothing declared"] = time.perf_counter() - t0
 

@@ -37,6 +37,7 @@ verdicts as the abstention threshold (interval width multiplier) moves.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -47,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 from _docs import write_section
+from _scale_args import add_scale_args, scale_kwargs
 
 from edgetwin.contract.policy import FunctionPolicy, NoisyPolicy, RandomPolicy
 from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
@@ -113,12 +115,15 @@ def candidates(spec: Any, twin: Twin, logging: str, seed: int) -> dict[str, Any]
     return pols
 
 
-def fit_or_load(work: Path, logging: str, members: int, train: Any, spec: Any) -> Twin:
+def fit_or_load(
+    work: Path, logging: str, members: int, train: Any, spec: Any, scale: dict[str, Any] | None = None
+) -> Twin:
+    """The benchmark's twin, cached in ``work``; ``scale``: `scale_kwargs` (where the members are fitted)."""
     path = work / f"twin-{logging}-m{members}"
     if (path / "meta.json").is_file():
         return Twin.load(path)
     twin = Twin.fit(train, spec, seed=0, members=members, progress=True, population_model="empirical", rounds=10,
-                    bc_epochs=10, checkpoint_dir=str(path) + "-ckpt")  # fmt: skip
+                    bc_epochs=10, checkpoint_dir=str(path) + "-ckpt", **(scale or {}))  # fmt: skip
     twin.save(path)
     return twin
 
@@ -206,7 +211,9 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     ap.add_argument("--docs-only", action="store_true",
                     help="only rewrite the docs section from the results_<logging>.json files of earlier runs")
+    add_scale_args(ap)
     args = ap.parse_args()
+    scale = scale_kwargs(args)
     torch.set_num_threads(1)
     if args.docs_only:
         last = json.loads((OUT / f"results_{args.logging}.json").read_text())
@@ -228,13 +235,13 @@ def main() -> None:
     recent_pol = logging_policy(args.logging, spec, recent_seed)
     recent, _ = generate_logs(cfg, episodes=2, policy=recent_pol, seed=recent_seed)
     t0 = time.perf_counter()
-    twin = fit_or_load(args.work, args.logging, args.members, train, spec)
+    twin = fit_or_load(args.work, args.logging, args.members, train, spec, scale)
     fit_s = time.perf_counter() - t0
     kpis = merge_kpis(default_kpis(spec, twin.layout.outputs), load_kpis(ROOT / "edgetwin" / "data" / "whatif" / "emulated_kpis.toml"))
     kpis = [k for k in kpis if k.better is not None]
 
     t0 = time.perf_counter()
-    cal = calibrate(twin, held, kpis, episodes=3, seeds=3, seed=args.seed, steps=steps, progress=True)
+    cal = calibrate(twin, held, kpis, episodes=3, seeds=3, seed=args.seed, steps=steps, progress=True, **scale)
     cal_s = time.perf_counter() - t0
     print("calibration:", json.dumps(cal.to_dict(), indent=1), flush=True)
 
@@ -243,16 +250,19 @@ def main() -> None:
     pols["PPO trained in the twin"] = train_ppo(twin, args.work, ppo_steps, args.seed)
     train_s = time.perf_counter() - t0
 
+    # the cluster runs get their own copies: a policy with a generator (uniform random) must act the
+    # same on the cluster whether the replay drew from it in this process or in a worker's copy
+    fresh = copy.deepcopy(pols)
     specs = [builtin_policy("logged", twin)] + [fixed_policy(n, p) for n, p in pols.items()]
     t0 = time.perf_counter()
     res = run_whatif(twin, specs, [], baseline="logged", kpis=kpis, episodes=2, seeds=1, seed=args.seed, log=recent,
-                     steps=steps, calibration=cal, progress=True)  # fmt: skip
+                     steps=steps, calibration=cal, progress=True, **scale)  # fmt: skip
     replay_s = time.perf_counter() - t0
 
     # the truth: the same days on the cluster (same seeds: same populations and noise) per policy
     real_base = logged_episode_kpis(logged_episodes(recent, twin, steps=steps), kpis, spec)
     real_pol: dict[str, dict[str, np.ndarray]] = {}
-    for name, pol in pols.items():
+    for name, pol in fresh.items():
         real_log, _ = generate_logs(cfg, episodes=2, policy=pol, seed=recent_seed)
         real_pol[name] = logged_episode_kpis(logged_episodes(real_log, twin, steps=steps), kpis, spec)
 

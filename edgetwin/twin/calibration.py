@@ -60,16 +60,19 @@ def calibrate(
     level: float = LEVEL,
     method: str = DEFAULT_METHOD,
     progress: bool = False,
+    workers: int | None = 1,
+    ray_address: str | None = None,
 ) -> Calibration:
     """Calibrate ``twin``'s intervals on held-out ``log`` (episodes it was not fitted on).
 
     Replays the last ``episodes`` recorded episodes with their logged actions, ``seeds`` noise
     seeds each, with every member, and scores each against the logged KPIs
-    (`calibration_from_result`).
+    (`calibration_from_result`). ``workers`` / ``ray_address``: where the replays run (`run_whatif`);
+    the result does not depend on it.
     """
     res = run_whatif(
         twin, [builtin_policy("logged", twin)], [], kpis=kpis, episodes=episodes, seeds=seeds, seed=seed,
-        members=members, steps=steps, log=log, progress=progress,
+        members=members, steps=steps, log=log, progress=progress, workers=workers, ray_address=ray_address,
     )  # fmt: skip
     cal = calibration_from_result(res, "logged", level)
     cal.method = method
