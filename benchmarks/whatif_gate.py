@@ -346,7 +346,7 @@ def section(by_logging: dict[str, Any], last: dict[str, Any], args: argparse.Nam
         f"Command: `python benchmarks/whatif_gate.py --logging {{random,production}}{' --quick' if args.quick else ''}` "
         f"(machine: {os.cpu_count()} CPU cores shared with other jobs, torch threads 1). Cluster: 100 service groups, "
         "96 ticks a day. Twin: MAIL-MMSG, "
-        f"{args.members} members, fitted on the twin-fidelity benchmark's 6 training days (fit {fit_s:.0f} s or cached); "
+        f"{args.members} members, fitted on the twin-fidelity benchmark's 6 training days (last run: {fit_s:.0f} s to fit or to load from the work directory); "
         "intervals calibrated on its 3 held-out days (logged actions replayed with every member, 3 days x 3 noise "
         "seeds; the ensemble's answer per replicate scored against the logged KPIs: split-conformal quantile per KPI, "
         f"`edgetwin/twin/intervals.py`; headline construction: `{DEFAULT_METHOD}`). Recent traffic: 2 other days; candidates replayed on them and run on the "
