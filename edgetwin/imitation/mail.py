@@ -226,8 +226,8 @@ def behaviour_clone(
     with warnings.catch_warnings():
         # imitation logs a grad-carrying tensor as float each batch (harmless, noisy)
         warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad")
-        steps = bc_steps(len(x), epochs, min(batch_size, len(x)), max_steps)
-        if steps < max(1, epochs) * (len(x) // min(batch_size, len(x))):
+        steps = bc_steps(len(x), epochs, batch_size, max_steps)
+        if steps < bc_steps(len(x), epochs, batch_size):
             trainer.train(n_batches=steps, progress_bar=False)
         else:  # the uncapped fit, exactly as before the cap existed
             trainer.train(n_epochs=max(1, epochs), progress_bar=False)
@@ -241,9 +241,9 @@ def behaviour_clone(
 
 def bc_steps(n: int, epochs: int, batch_size: int, max_steps: int | None = None) -> int:
     """Gradient steps `behaviour_clone` takes on ``n`` rows: ``max(1, epochs)`` passes of
-    ``n // batch_size`` full minibatches (a partial last batch is dropped), at most ``max_steps``
-    (None or 0: no cap)."""
-    full = max(1, epochs) * (n // max(1, batch_size))
+    ``n // min(batch_size, n)`` full minibatches (a partial last batch is dropped; fewer rows
+    than a batch make one batch), at most ``max_steps`` (None or 0: no cap)."""
+    full = max(1, epochs) * (n // max(1, min(batch_size, n)))
     return min(full, int(max_steps)) if max_steps else full
 
 
