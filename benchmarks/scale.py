@@ -229,6 +229,17 @@ def section(res: dict) -> str:
         lines.append(f"\nTime ~ rows^{e:.2f} ({mode}).")
     if res.get("speedup"):
         lines.append("\n" + res["speedup"])
+    for run in res.get("extra_runs", []):
+        lines += ["", f"Another run: `{run['command']}` (twin: {run['twin']}; {run['agents']} service groups x 96 ticks "
+                  "per episode):", "",
+                  "| rows | mode | wall s | CPU s (main / workers) | peak GiB (main / worker) | load before -> after |",
+                  "|---:|---|---:|---|---|---|"]
+        for f in run["fits"]:
+            cpu = f"{f['cpu_s_main']:.0f} / {f['cpu_s_workers']:.0f}" if "cpu_s_main" in f else "-"
+            lines.append(f"| {f['rows']:,} | {f['mode']} | {f['seconds']:.0f} | {cpu} | {f['peak_gib_main']:.2f} / "
+                         f"{f['peak_gib_worker']:.2f} | {f['load_before']} -> {f['load_after']} |")
+        if run.get("note"):
+            lines += ["", run["note"]]
     t = res["target_1m"]
     lines += ["", f"Target 1M rows <= 15 min and <= 8 GiB on 2 cores: {t}", "",
               "**2. Twin throughput** (agent-steps/s, uniformly random actions, one process, 1 torch thread, "
@@ -263,8 +274,8 @@ def section(res: dict) -> str:
               "| function | calls | own s | share |", "|---|---:|---:|---:|"]
     for p in res["profile_tick"]:
         lines.append(f"| `{p['function']}` | {p['calls']} | {p['own_s']:.3f} | {100 * p['share']:.0f} % |")
-    if res.get("cap_fidelity"):
-        lines += ["", cap_fidelity_text(res["cap_fidelity"])]
+    for cf in res.get("cap_fidelity", []):
+        lines += ["", cap_fidelity_text(cf)]
     lines += ["", "The decision path's latency (NATS request/reply) is measured by benchmarks/edge_latency.py: see "
               "its section, \"Edge decision latency\"."]
     return "\n".join(lines)
@@ -301,6 +312,7 @@ def cap_fit_eval(rows: int, cap: int, seed: int, agents: int = AGENTS, populatio
     twin = Twin.fit(df, spec, seed=seed, members=1, progress=False, population_hyper={"steps": population_steps},
                     bc_max_steps=cap)
     fit_s, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
+    n_rows = len(df)
     del df
     held, _ = generate_logs(cfg, episodes=2, policy=RandomPolicy(spec, seed + 1000), seed=seed + 1000)
     one = one_step_outputs(twin, held, seed=seed, stochastic=False)
@@ -315,7 +327,7 @@ def cap_fit_eval(rows: int, cap: int, seed: int, agents: int = AGENTS, populatio
         virt = twin.rollout(pol, episodes=2, seed=seed + 500 + i, n_agents=agents, steps=96)
         rank.append({"policy": name, "real": float(real["reward"].mean()), "twin": float(virt["reward"].mean())})
     sc = ranking_scores(pd.DataFrame(rank), "twin")
-    return {"rows": rows, "cap": cap, "fit_seconds": fit_s, "fit_cpu_seconds": fit_cpu,
+    return {"rows": n_rows, "cap": cap, "fit_seconds": fit_s, "fit_cpu_seconds": fit_cpu,
             "one_step_mean": float(np.mean(list(one_step.values()))), "one_step": one_step,
             "replay": {str(h): {"outputs": float(rep.loc[h, "outputs"]), "state": float(rep.loc[h, "state"])}
                        for h in (1, 24, 95) if h in rep.index},
@@ -421,6 +433,9 @@ def main() -> None:
                     help="a checkout of the edgetwin package to fit the first size serially with (a before/after ratio)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--append", action="store_true",
+                    help="keep results.json's runs and add this run's fits as a table of their own (e.g. the default "
+                         "twin on 1M rows beside the quick run)")
     ap.add_argument("--render", action="store_true", help="rewrite the section from results.json (no runs)")
     ap.add_argument("--throughput-only", action="store_true",
                     help="rerun part 2 only (a quick twin fitted on 19,200 rows unless --twin), keep part 1's fits "
@@ -451,7 +466,9 @@ def main() -> None:
         print(cap_fidelity_text(cf))
         if not args.no_write:
             res = json.loads((OUT / "results.json").read_text())
-            res["cap_fidelity"] = cf
+            # one entry per log size: a rerun at a size replaces that size's entry
+            res["cap_fidelity"] = sorted([c for c in res.get("cap_fidelity", []) if c["rows"] != cf["rows"]] + [cf],
+                                         key=lambda c: c["rows"])
             (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
             _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
         return
@@ -473,7 +490,7 @@ def main() -> None:
     else:
         rows = [int(x) for x in (args.rows or "100000,300000,1000000").split(",")]
         hyper = {"members": 5}
-        twin_desc = "defaults: 5 members, 10 MAIL rounds, 20 BC epochs, 3000 GAN steps"
+        twin_desc = "defaults: 5 members, 10 MAIL rounds, 20 BC epochs (at most 5000 gradient steps per model), 3000 GAN steps"
     modes = [m.strip() for m in args.modes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="edgetwin-scale-"))
     fits = []
@@ -507,6 +524,7 @@ def main() -> None:
 
     res = {
         "command": "python benchmarks/scale.py" + (" --quick" if args.quick else "")
+        + (f" --rows {args.rows}" if args.rows else "") + (f" --modes {args.modes}" if args.modes != "serial,pool" else "")
         + (f" --compare-with {args.compare_with}" if args.compare_with else ""),
         "machine": f"{os.cpu_count()} CPU cores shared with other sessions, {platform.machine()}, Python "
         f"{platform.python_version()}, torch {torch.__version__}",
@@ -516,8 +534,21 @@ def main() -> None:
     print(json.dumps(res, indent=1, default=float))
     if not args.no_write:
         OUT.mkdir(parents=True, exist_ok=True)
+        if args.append and (OUT / "results.json").is_file():
+            res = append_run(json.loads((OUT / "results.json").read_text()), res)
         (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
         _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+
+
+def append_run(res: dict, run: dict) -> dict:
+    """``res`` (results.json) with ``run``'s fits kept as an extra table (its own command, twin and
+    loads), and the 1M verdict over every fit; the rest of ``res`` (its throughput, profile) stays."""
+    extra = {k: run[k] for k in ("command", "twin", "agents", "fits", "throughput") if k in run}
+    extra["uptime_before"], extra["uptime_after"] = run.get("uptime_before"), run.get("uptime_after")
+    res.setdefault("extra_runs", []).append(extra)
+    every = res["fits"] + [f for r in res["extra_runs"] for f in r["fits"]]
+    res["target_1m"], res["extrapolated_1m_seconds"] = target_1m(every, res["exponent"])
+    return res
 
 
 if __name__ == "__main__":
