@@ -253,7 +253,8 @@ class NeglogpLoss:
 
     imitation's `BehaviorCloningLossCalculator` evaluates the whole actor-critic (the value network
     too), the entropy and the squared norm of every parameter at each minibatch, then multiplies
-    the last two by 0: on a 64-64 policy that was ~15 % of a behaviour-cloning step. This runs the
+    the last two by 0: on a 64-64 policy that was a third of a behaviour-cloning step's time
+    (2.15 -> 1.3-1.5 ms per 256-row step, 1 thread). This runs the
     same actor operations in the same order; the loss is ``-mean(log_prob)`` bit for bit (imitation
     adds ``±0.0`` twice) and each parameter's gradient is the same (imitation adds exact zeros to
     it), so the fitted weights do not change (tests/test_scale.py compares them).
