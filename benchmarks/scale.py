@@ -274,8 +274,10 @@ def section(res: dict) -> str:
               "| function | calls | own s | share |", "|---|---:|---:|---:|"]
     for p in res["profile_tick"]:
         lines.append(f"| `{p['function']}` | {p['calls']} | {p['own_s']:.3f} | {100 * p['share']:.0f} % |")
-    for cf in res.get("cap_fidelity", []):
-        lines += ["", cap_fidelity_text(cf)]
+    for k, cf in enumerate(res.get("cap_fidelity", [])):
+        text = cap_fidelity_text(cf)
+        lines += ["", text if k == 0 else text.replace("**3. The behaviour-cloning cap and fidelity**",
+                                                      "**3, on a larger log**", 1)]
     lines += ["", "The decision path's latency (NATS request/reply) is measured by benchmarks/edge_latency.py: see "
               "its section, \"Edge decision latency\"."]
     return "\n".join(lines)
@@ -525,7 +527,7 @@ def main() -> None:
     res = {
         "command": "python benchmarks/scale.py" + (" --quick" if args.quick else "")
         + (f" --rows {args.rows}" if args.rows else "") + (f" --modes {args.modes}" if args.modes != "serial,pool" else "")
-        + (f" --compare-with {args.compare_with}" if args.compare_with else ""),
+        + (f" --compare-with {args.compare_with}" if args.compare_with else "") + (" --append" if args.append else ""),
         "machine": f"{os.cpu_count()} CPU cores shared with other sessions, {platform.machine()}, Python "
         f"{platform.python_version()}, torch {torch.__version__}",
         "twin": twin_desc, "agents": QUICK_AGENTS if args.quick else AGENTS, "fits": fits, "exponent": expo, "speedup": speed, "target_1m": target,
