@@ -476,7 +476,8 @@ def main() -> None:
         return
     if args.render:
         res = json.loads((OUT / "results.json").read_text())
-        res["target_1m"], res["extrapolated_1m_seconds"] = target_1m(res["fits"], res["exponent"])
+        every = res["fits"] + [f for r in res.get("extra_runs", []) for f in r["fits"]]
+        res["target_1m"], res["extrapolated_1m_seconds"] = target_1m(every, res["exponent"])
         (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
         _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
         return
