@@ -72,10 +72,13 @@ def fit_once(rows: int, workers: int, hyper: dict, seed: int, ray: str | None, o
     twin = Twin.fit(df, spec, seed=seed, progress=False, population_hyper=pop, **kw)
     secs = time.perf_counter() - t0
     twin.save(out)
-    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    self_use, kids_use = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds (user + system) of the fitting process and of its finished pool workers: on a
+    # shared machine the wall clock also counts the time other jobs held the cores, these do not
     return {"rows": len(df), "episodes": episodes, "workers": workers, "seconds": secs,
-            "peak_gib_main": me, "peak_gib_worker": kids, "load_after": load()}
+            "peak_gib_main": self_use.ru_maxrss / 2**20, "peak_gib_worker": kids_use.ru_maxrss / 2**20,  # KiB -> GiB
+            "cpu_s_main": self_use.ru_utime + self_use.ru_stime, "cpu_s_workers": kids_use.ru_utime + kids_use.ru_stime,
+            "load_after": load()}
 
 
 def timed_fit(rows: int, workers: int, hyper: dict, seed: int, ray: str | None, pkg: Path | None,
@@ -215,16 +218,28 @@ def section(res: dict) -> str:
         "ticks per episode, random logging policy; each fit in a fresh process; peak = resident set of the fitting "
         "process / of its largest child process, i.e. pool worker).",
         "",
-        "| rows | mode | wall s | peak GiB (main / worker) | load before -> after |",
-        "|---:|---|---:|---|---|",
+        "| rows | mode | wall s | CPU s (main / workers) | peak GiB (main / worker) | load before -> after |",
+        "|---:|---|---:|---|---|---|",
     ]
     for f in res["fits"]:
-        lines.append(f"| {f['rows']:,} | {f['mode']} | {f['seconds']:.0f} | {f['peak_gib_main']:.2f} / "
+        cpu = f"{f['cpu_s_main']:.0f} / {f['cpu_s_workers']:.0f}" if "cpu_s_main" in f else "-"
+        lines.append(f"| {f['rows']:,} | {f['mode']} | {f['seconds']:.0f} | {cpu} | {f['peak_gib_main']:.2f} / "
                      f"{f['peak_gib_worker']:.2f} | {f['load_before']} -> {f['load_after']} |")
     for mode, e in res["exponent"].items():
         lines.append(f"\nTime ~ rows^{e:.2f} ({mode}).")
     if res.get("speedup"):
         lines.append("\n" + res["speedup"])
+    for run in res.get("extra_runs", []):
+        lines += ["", f"Another run: `{run['command']}` (twin: {run['twin']}; {run['agents']} service groups x 96 ticks "
+                  "per episode):", "",
+                  "| rows | mode | wall s | CPU s (main / workers) | peak GiB (main / worker) | load before -> after |",
+                  "|---:|---|---:|---|---|---|"]
+        for f in run["fits"]:
+            cpu = f"{f['cpu_s_main']:.0f} / {f['cpu_s_workers']:.0f}" if "cpu_s_main" in f else "-"
+            lines.append(f"| {f['rows']:,} | {f['mode']} | {f['seconds']:.0f} | {cpu} | {f['peak_gib_main']:.2f} / "
+                         f"{f['peak_gib_worker']:.2f} | {f['load_before']} -> {f['load_after']} |")
+        if run.get("note"):
+            lines += ["", run["note"]]
     t = res["target_1m"]
     lines += ["", f"Target 1M rows <= 15 min and <= 8 GiB on 2 cores: {t}", "",
               "**2. Twin throughput** (agent-steps/s, uniformly random actions, one process, 1 torch thread, "
@@ -259,8 +274,105 @@ def section(res: dict) -> str:
               "| function | calls | own s | share |", "|---|---:|---:|---:|"]
     for p in res["profile_tick"]:
         lines.append(f"| `{p['function']}` | {p['calls']} | {p['own_s']:.3f} | {100 * p['share']:.0f} % |")
+    for k, cf in enumerate(res.get("cap_fidelity", [])):
+        text = cap_fidelity_text(cf)
+        lines += ["", text if k == 0 else text.replace("**3. The behaviour-cloning cap and fidelity**",
+                                                      "**3, on a larger log**", 1)]
     lines += ["", "The decision path's latency (NATS request/reply) is measured by benchmarks/edge_latency.py: see "
               "its section, \"Edge decision latency\"."]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ 3. the BC cap's fidelity
+def cap_fit_eval(rows: int, cap: int, seed: int, agents: int = AGENTS, population_steps: int = 500) -> dict:
+    """Fit a 1-member default twin with ``bc_max_steps=cap`` (0: no cap) on ``rows`` rows of
+    emulated-cluster logs and score it on held-out days (run in a subprocess by `cap_fidelity`).
+
+    Scores: one-step (teacher-forced, mean response) error of every output on 2 held-out days of
+    the logging policy, in units of the output's held-out std; the replay error (own predictions
+    fed back, logged actions) at 1, 24 and 96 ticks (`replay_errors`, standardised units); and
+    the ranking of the quick twin-fidelity run's policies (2 evaluation days of ``agents`` agents
+    each, real cluster against the twin, the twin drawing its own population).
+    """
+    import pandas as pd
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from twin_fidelity import ranking_policies, ranking_scores
+
+    from edgetwin.contract.policy import RandomPolicy
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.twin.fidelity import one_step_outputs, replay_errors
+    from edgetwin.twin.twin import Twin
+
+    torch.set_num_threads(1)
+    cfg = ClusterConfig(n_agents=agents, steps=96)
+    episodes = max(2, int(round(rows / (agents * 96))))
+    df, spec = generate_logs(cfg, episodes=episodes, seed=seed)
+    t0, c0 = time.perf_counter(), time.process_time()
+    twin = Twin.fit(df, spec, seed=seed, members=1, progress=False, population_hyper={"steps": population_steps},
+                    bc_max_steps=cap)
+    fit_s, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
+    n_rows = len(df)
+    del df
+    held, _ = generate_logs(cfg, episodes=2, policy=RandomPolicy(spec, seed + 1000), seed=seed + 1000)
+    one = one_step_outputs(twin, held, seed=seed, stochastic=False)
+    keys = ["episode", "t", "agent"]
+    both = held.astype({k: str for k in keys}).merge(one.astype({k: str for k in keys}), on=keys, suffixes=("", "_twin"))
+    outs = [c for c in twin.layout.outputs if f"{c}_twin" in both]
+    one_step = {c: float((both[c] - both[f"{c}_twin"]).abs().mean() / max(both[c].std(), 1e-12)) for c in outs}
+    rep = replay_errors(twin, held, max_horizon=96, max_episodes=2).set_index("h")
+    rank = []
+    for i, (name, pol) in enumerate(ranking_policies(spec, twin).items()):
+        real, _ = generate_logs(cfg, episodes=2, policy=pol, seed=seed + 500)
+        virt = twin.rollout(pol, episodes=2, seed=seed + 500 + i, n_agents=agents, steps=96)
+        rank.append({"policy": name, "real": float(real["reward"].mean()), "twin": float(virt["reward"].mean())})
+    sc = ranking_scores(pd.DataFrame(rank), "twin")
+    return {"rows": n_rows, "cap": cap, "fit_seconds": fit_s, "fit_cpu_seconds": fit_cpu,
+            "one_step_mean": float(np.mean(list(one_step.values()))), "one_step": one_step,
+            "replay": {str(h): {"outputs": float(rep.loc[h, "outputs"]), "state": float(rep.loc[h, "state"])}
+                       for h in (1, 24, 95) if h in rep.index},
+            "spearman": sc["spearman"], "rel_err": sc["rel_err"], "regret_at_1": sc["regret_at_1"],
+            "policies": rank, "load_after": load()}
+
+
+def cap_fidelity(rows: int, seed: int, caps: tuple[int, ...]) -> dict:
+    """`cap_fit_eval` for each cap, each in its own process, all at once (one core each)."""
+    procs = []
+    for cap in caps:
+        args = json.dumps({"rows": rows, "cap": cap, "seed": seed})
+        procs.append(subprocess.Popen([sys.executable, __file__, "--_capfit", args], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    before = load()
+    out = []
+    for p in procs:
+        so, se = p.communicate()
+        if p.returncode != 0:
+            raise SystemExit(f"cap fidelity fit failed:\n{se[-3000:]}")
+        out.append(json.loads(so.strip().splitlines()[-1]))
+    return {"rows": rows, "seed": seed, "load_before": before, "runs": out,
+            "command": f"python benchmarks/scale.py --cap-fidelity {rows} --caps {','.join(map(str, caps))}"}
+
+
+def cap_fidelity_text(cf: dict) -> str:
+    runs = cf["runs"]
+    rows = runs[0]["rows"] if runs else cf["rows"]
+    lines = [f"**3. The behaviour-cloning cap and fidelity** (`{cf['command']}`: a 1-member twin with the default "
+             f"hyper-parameters but GAN-SMMSG 500 steps, fitted on {rows:,} rows with each cap, the fits side by side, "
+             "one core each; scored on 2 held-out days of the logging policy and on the quick fidelity run's 11 "
+             "policies, 2 days each; one-step: teacher-forced mean response, mean over outputs of |error| / held-out "
+             "std; replay: the twin's own predictions fed back under the logged actions, standardised units):", "",
+             "| bc_max_steps | fit s (CPU s) | one-step error | replay outputs / state, h=1 | h=24 | h=95 | "
+             "ranking Spearman | mean rel. error | regret@1 |",
+             "|---|---|---:|---|---|---|---:|---:|---:|"]
+    for r in runs:
+        rep = r["replay"]
+        cells = [f"{rep[h]['outputs']:.3f} / {rep[h]['state']:.3f}" if h in rep else "-" for h in ("1", "24", "95")]
+        lines.append(f"| {r['cap'] or 'none'} | {r['fit_seconds']:.0f} ({r['fit_cpu_seconds']:.0f}) | "
+                     f"{r['one_step_mean']:.4f} | {' | '.join(cells)} | {r['spearman']:.2f} | "
+                     f"{100 * r['rel_err']:.1f} % | {r['regret_at_1']:.2f} |")
+    lines.append(f"\nLoad before -> after: {cf['load_before']} -> {', '.join(r['load_after'] for r in runs)}.")
     return "\n".join(lines)
 
 
@@ -323,24 +435,49 @@ def main() -> None:
                     help="a checkout of the edgetwin package to fit the first size serially with (a before/after ratio)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--append", action="store_true",
+                    help="keep results.json's runs and add this run's fits as a table of their own (e.g. the default "
+                         "twin on 1M rows beside the quick run)")
     ap.add_argument("--render", action="store_true", help="rewrite the section from results.json (no runs)")
     ap.add_argument("--throughput-only", action="store_true",
                     help="rerun part 2 only (a quick twin fitted on 19,200 rows unless --twin), keep part 1's fits "
                          "from results.json; with --compare-with, the before code's twin throughput beside it")
     ap.add_argument("--twin", type=Path, default=None, help="--throughput-only: step this fitted twin")
+    ap.add_argument("--cap-fidelity", type=int, default=None, metavar="ROWS",
+                    help="part 3 only: fit a 1-member twin on ROWS rows with each --caps value of bc_max_steps and "
+                         "score them on held-out days; keeps the rest of results.json")
+    ap.add_argument("--caps", default="0,5000", help="--cap-fidelity: bc_max_steps values (0: no cap)")
     ap.add_argument("--_fit", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_capfit", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_throughput", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._throughput:
         a = json.loads(args._throughput)
         print(json.dumps(throughput(Path(a["twin"]), a["n"], a["ticks"], rounds=1, seed=a["seed"])))
         return
+    if args._capfit:
+        a = json.loads(args._capfit)
+        print(json.dumps(cap_fit_eval(a["rows"], a["cap"], a["seed"]), default=float))
+        return
     if args.throughput_only:
         throughput_only(args)
         return
+    if args.cap_fidelity:
+        cf = cap_fidelity(args.cap_fidelity, args.seed, tuple(int(c) for c in args.caps.split(",")))
+        print(json.dumps(cf, indent=1, default=float))
+        print(cap_fidelity_text(cf))
+        if not args.no_write:
+            res = json.loads((OUT / "results.json").read_text())
+            # one entry per log size: a rerun at a size replaces that size's entry
+            res["cap_fidelity"] = sorted([c for c in res.get("cap_fidelity", []) if c["rows"] != cf["rows"]] + [cf],
+                                         key=lambda c: c["rows"])
+            (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
+            _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+        return
     if args.render:
         res = json.loads((OUT / "results.json").read_text())
-        res["target_1m"], res["extrapolated_1m_seconds"] = target_1m(res["fits"], res["exponent"])
+        every = res["fits"] + [f for r in res.get("extra_runs", []) for f in r["fits"]]
+        res["target_1m"], res["extrapolated_1m_seconds"] = target_1m(every, res["exponent"])
         (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
         _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
         return
@@ -356,7 +493,7 @@ def main() -> None:
     else:
         rows = [int(x) for x in (args.rows or "100000,300000,1000000").split(",")]
         hyper = {"members": 5}
-        twin_desc = "defaults: 5 members, 10 MAIL rounds, 20 BC epochs, 3000 GAN steps"
+        twin_desc = "defaults: 5 members, 10 MAIL rounds, 20 BC epochs (at most 5000 gradient steps per model), 3000 GAN steps"
     modes = [m.strip() for m in args.modes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="edgetwin-scale-"))
     fits = []
@@ -390,7 +527,8 @@ def main() -> None:
 
     res = {
         "command": "python benchmarks/scale.py" + (" --quick" if args.quick else "")
-        + (f" --compare-with {args.compare_with}" if args.compare_with else ""),
+        + (f" --rows {args.rows}" if args.rows else "") + (f" --modes {args.modes}" if args.modes != "serial,pool" else "")
+        + (f" --compare-with {args.compare_with}" if args.compare_with else "") + (" --append" if args.append else ""),
         "machine": f"{os.cpu_count()} CPU cores shared with other sessions, {platform.machine()}, Python "
         f"{platform.python_version()}, torch {torch.__version__}",
         "twin": twin_desc, "agents": QUICK_AGENTS if args.quick else AGENTS, "fits": fits, "exponent": expo, "speedup": speed, "target_1m": target,
@@ -399,8 +537,21 @@ def main() -> None:
     print(json.dumps(res, indent=1, default=float))
     if not args.no_write:
         OUT.mkdir(parents=True, exist_ok=True)
+        if args.append and (OUT / "results.json").is_file():
+            res = append_run(json.loads((OUT / "results.json").read_text()), res)
         (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
         _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+
+
+def append_run(res: dict, run: dict) -> dict:
+    """``res`` (results.json) with ``run``'s fits kept as an extra table (its own command, twin and
+    loads), and the 1M verdict over every fit; the rest of ``res`` (its throughput, profile) stays."""
+    extra = {k: run[k] for k in ("command", "twin", "agents", "fits", "throughput") if k in run}
+    extra["uptime_before"], extra["uptime_after"] = run.get("uptime_before"), run.get("uptime_after")
+    res.setdefault("extra_runs", []).append(extra)
+    every = res["fits"] + [f for r in res["extra_runs"] for f in r["fits"]]
+    res["target_1m"], res["extrapolated_1m_seconds"] = target_1m(every, res["exponent"])
+    return res
 
 
 if __name__ == "__main__":

@@ -172,8 +172,17 @@ def behaviour_clone(
     epochs: int,
     seed: int,
     batch_size: int = 256,
+    max_steps: int | None = None,
 ) -> dict[str, float]:
     """Fit ``policy`` to ``(x, y)`` pairs by maximum likelihood with `imitation.algorithms.bc.BC`.
+
+    The budget is ``epochs`` passes over the pairs, but at most ``max_steps`` gradient steps
+    (minibatches) when given. Why a cap: the optimisation a small MLP needs does not grow with
+    the log, while a fixed number of epochs does (20 epochs over a million rows is 35 times the
+    steps of 20 over 29k, and was most of a default fit's time: docs/benchmarks.md, "Scale").
+    Below the cap the fit is exactly the ``epochs``-pass fit (same batches, same weights); above
+    it, training stops after ``max_steps`` minibatches of the same shuffled sequence (the last
+    pass partial), so every row is still seen about equally often.
 
     For a Gaussian policy this is eq. 7 of seed 004 (squared error to the logged action) with a
     learned variance. The variance ends at its closed-form maximum-likelihood value given the fitted
@@ -182,8 +191,14 @@ def behaviour_clone(
     times the logged residual inflates the mean of every heavy-tailed output (log-normal bias) and
     feeds that back through its state.
 
+    Args:
+        x: ``(n, in)`` inputs; y: ``(n, out)`` targets (standardised units).
+        epochs: passes over the data (at least 1).
+        max_steps: cap on gradient steps (None or 0: no cap).
+
     Returns:
-        ``{"neglogp": final mean negative log-likelihood, "mse": final squared error of the mean}``.
+        ``{"neglogp": final mean negative log-likelihood, "mse": final squared error of the mean,
+        "steps": gradient steps taken}``.
     """
     y = np.clip(y, -OUTPUT_CLIP, OUTPUT_CLIP).astype(np.float32)
     x = np.asarray(x, np.float32)
@@ -205,16 +220,58 @@ def behaviour_clone(
     )
     # the same batches as imitation's DataLoader, gathered by index instead of sample by sample
     trainer._demo_data_loader = ShuffledBatches(x, y, min(batch_size, len(x)))
+    if policy.share_features_extractor:
+        # the same loss and gradients without the terms that weigh 0 (see `NeglogpLoss`)
+        trainer.loss_calculator = NeglogpLoss()  # type: ignore[assignment]
     with warnings.catch_warnings():
         # imitation logs a grad-carrying tensor as float each batch (harmless, noisy)
         warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad")
-        trainer.train(n_epochs=max(1, epochs), progress_bar=False)
+        steps = bc_steps(len(x), epochs, batch_size, max_steps)
+        if steps < bc_steps(len(x), epochs, batch_size):
+            trainer.train(n_batches=steps, progress_bar=False)
+        else:  # the uncapped fit, exactly as before the cap existed
+            trainer.train(n_epochs=max(1, epochs), progress_bar=False)
     mu = GaussianModel(policy).mean(x)
     rms = np.sqrt(((y - mu) ** 2).mean(axis=0))
     with th.no_grad():
         policy.log_std.copy_(th.as_tensor(np.log(np.maximum(rms, MIN_STD)), dtype=policy.log_std.dtype))
         _, logp, _ = policy.evaluate_actions(th.as_tensor(x.copy()), th.as_tensor(y.copy()))
-    return {"neglogp": float(-logp.mean()), "mse": float(((mu - y) ** 2).mean())}
+    return {"neglogp": float(-logp.mean()), "mse": float(((mu - y) ** 2).mean()), "steps": float(steps)}
+
+
+def bc_steps(n: int, epochs: int, batch_size: int, max_steps: int | None = None) -> int:
+    """Gradient steps `behaviour_clone` takes on ``n`` rows: ``max(1, epochs)`` passes of
+    ``n // min(batch_size, n)`` full minibatches (a partial last batch is dropped; fewer rows
+    than a batch make one batch), at most ``max_steps`` (None or 0: no cap)."""
+    full = max(1, epochs) * (n // max(1, min(batch_size, n)))
+    return min(full, int(max_steps)) if max_steps else full
+
+
+class NeglogpLoss:
+    """imitation's BC loss with ``ent_weight = l2_weight = 0`` (how `behaviour_clone` calls it),
+    computed without its zero-weighted parts.
+
+    imitation's `BehaviorCloningLossCalculator` evaluates the whole actor-critic (the value network
+    too), the entropy and the squared norm of every parameter at each minibatch, then multiplies
+    the last two by 0: on a 64-64 policy that was a third of a behaviour-cloning step's time
+    (2.15 -> 1.3-1.5 ms per 256-row step, 1 thread). This runs the
+    same actor operations in the same order; the loss is ``-mean(log_prob)`` bit for bit (imitation
+    adds ``±0.0`` twice) and each parameter's gradient is the same (imitation adds exact zeros to
+    it), so the fitted weights do not change (tests/test_scale.py compares them).
+    """
+
+    def __call__(self, policy: ActorCriticPolicy, obs: Any, acts: Any) -> bc.BCTrainingMetrics:
+        obs_t = th.as_tensor(obs)
+        acts_t = th.as_tensor(acts)
+        features = policy.extract_features(obs_t)
+        latent_pi = policy.mlp_extractor.forward_actor(features)
+        log_prob = policy._get_action_dist_from_latent(latent_pi).log_prob(acts_t)
+        neglogp = -log_prob.mean()
+        zero = th.zeros(())
+        with th.no_grad():
+            prob_true_act = th.exp(log_prob).mean()
+        return bc.BCTrainingMetrics(neglogp=neglogp, entropy=None, ent_loss=zero, prob_true_act=prob_true_act,
+                                    l2_norm=zero, l2_loss=zero, loss=neglogp)
 
 
 class ShuffledBatches:
@@ -398,6 +455,10 @@ class MailConfig:
 
     Attributes:
         bc_epochs: epochs of behaviour cloning (engine policies and client pre-training).
+        bc_max_steps: cap on each behaviour-cloning fit's gradient steps (256-row minibatches;
+            0: no cap). ``bc_epochs`` sets the budget on small logs; past
+            ``bc_max_steps * 256 / bc_epochs`` rows of a scenario (64,000 at the defaults) the cap
+            does, so a fit's cost stops growing with rows x epochs (docs/benchmarks.md, "Scale").
         rounds: adversarial rounds; each is one GAIL round (PPO + discriminator) per scenario.
             0 gives the behaviour-cloned client only.
         world_agents: agents in each scenario's training world (drawn from logged site units).
@@ -411,6 +472,7 @@ class MailConfig:
     """
 
     bc_epochs: int = 20
+    bc_max_steps: int = 5000
     rounds: int = 10
     world_agents: int = 64
     n_steps: int = 32
@@ -459,7 +521,8 @@ def fit_engines(steps: StepTable, layout: Layout, cfg: MailConfig, seed: int) ->
         th.manual_seed(seed + s)
         pol = gaussian_policy(layout.n_engine_inputs, len(layout.action), cfg.engine_arch)
         if len(rows):
-            behaviour_clone(steps.x_engine[rows], steps.za[rows], pol, cfg.bc_epochs, seed + s)
+            behaviour_clone(steps.x_engine[rows], steps.za[rows], pol, cfg.bc_epochs, seed + s,
+                            max_steps=cfg.bc_max_steps)
         engines[s] = pol
     return engines
 
@@ -496,7 +559,7 @@ def fit_transition(
                 # weakly persistent columns: the next value itself (client inputs hold z(state))
                 zs = steps.x_client[rows, len(layout.profile) : len(layout.profile) + len(layout.state)]
                 target = np.where(np.asarray(layout.state_absolute, dtype=bool), zs + target, target)
-            behaviour_clone(x, target, pol, cfg.bc_epochs, seed + 300 + s)
+            behaviour_clone(x, target, pol, cfg.bc_epochs, seed + 300 + s, max_steps=cfg.bc_max_steps)
         models[s] = pol
     return models
 
@@ -700,7 +763,10 @@ def fit_mail(
     def pretrain(s: int, policy: ActorCriticPolicy) -> None:
         rows = client_rows(steps, layout, s)
         fit = (
-            behaviour_clone(steps.x_client[rows], steps.y_client[rows], policy, cfg.bc_epochs, seed + s)
+            behaviour_clone(
+                steps.x_client[rows], steps.y_client[rows], policy, cfg.bc_epochs, seed + s,
+                max_steps=cfg.bc_max_steps,
+            )
             if len(rows)
             else {"neglogp": float("nan"), "mse": float("nan")}
         )
