@@ -264,6 +264,7 @@ class NeglogpLoss:
         obs_t = th.as_tensor(obs)
         acts_t = th.as_tensor(acts)
         features = policy.extract_features(obs_t)
+        assert isinstance(features, th.Tensor)  # one shared extractor (`behaviour_clone` checks it)
         latent_pi = policy.mlp_extractor.forward_actor(features)
         log_prob = policy._get_action_dist_from_latent(latent_pi).log_prob(acts_t)
         neglogp = -log_prob.mean()
