@@ -54,6 +54,8 @@ from edgetwin.twin.twin import Twin  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks" / "federated_twin"
 SECTION = "## Federated twin"
+#: hand-written subsections a rerun keeps (`_docs.write_section`)
+KEEP = ("### What part 2 says",)
 
 
 def site_configs(n_agents: int, steps: int) -> dict[str, ClusterConfig]:
@@ -157,7 +159,7 @@ def main() -> None:
     if args.markdown_only:
         res = json.loads((OUT / "results.json").read_text())
         plot(res)
-        write_section(SECTION, markdown(res, argparse.Namespace(**{**vars(args), "quick": res["args"]["quick"]})))
+        write_section(SECTION, markdown(res, argparse.Namespace(**{**vars(args), "quick": res["args"]["quick"]})), keep=KEEP)
         return
     parts = {int(p) for p in args.parts.split(",")}
     n_agents, steps = (40, 96) if args.quick else (80, 96)
@@ -271,7 +273,7 @@ def main() -> None:
     md = markdown(results, args)
     print(md)
     if not args.no_write:
-        write_section(SECTION, md)
+        write_section(SECTION, md, keep=KEEP)
 
 
 def plot(res: dict[str, Any]) -> Path | None:
@@ -281,7 +283,8 @@ def plot(res: dict[str, Any]) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(k, t) for k, t in (("part1", "1. all sites"), ("part2", "2. the data-poor site")) if k in res]
+    panels = [(k, t) for k, t in (("part1", "1. all sites"), ("part2", "2. the data-poor site (1 day)"),
+                                  ("part2_6h", "2. the data-poor site (6 hours)")) if k in res]
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
@@ -384,14 +387,27 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
                 summary = "; ".join(f"{m}s: " + ", ".join(f"{c} {n}" for (mm, c), n in counts.items() if mm == m)
                                     for m in ("client", "engine"))
                 L += ["", f"Chosen per scenario on the held-out groups ({summary})."]
+            prev = res.get("previous_part2", {}).get("scores", {}).get("federated, personalised (replay)")
+            if key == "part2" and prev is not None:
+                L += ["", f"Before this personalisation (4 BC epochs from the federated weights, then the local GAIL "
+                      f"rounds; same seed and logs): ρ {prev['spearman']:.2f}, {100 * prev['mean_rel_error']:.1f} % error."]
             L += ["", f"Target: (b) or (c) at least 30 % lower error than (a): best {bname} {100 * b:.1f} % vs "
                   f"{100 * a:.1f} % ({abs(gain):.0f} % {'lower' if gain >= 0 else 'higher'}: "
                   f"{'met' if gain >= 30 else 'missed'}).", ""]
+        other = [(k, v) for k, v in res.items() if k.startswith("seed") and "part2" in k]
+        if other:
+            L += ["Other seeds (everything redrawn: logs, fits, held-out days), mean relative error (ρ):", "",
+                  "| run | " + " | ".join(n.removesuffix(" (replay)") for n in other[0][1]["scores"]) + " |",
+                  "|---|" + "---|" * len(other[0][1]["scores"])]
+            for k, v in other:
+                L.append(f"| `{v.get('command', k)}` | " + " | ".join(
+                    f"{100 * x['mean_rel_error']:.1f} % ({x['spearman']:.2f})" for x in v["scores"].values()) + " |")
+            L.append("")
         diag = pd.DataFrame(res[p2[0]].get("diagnostics", []))
         if len(diag):
             pick = [q for q in ("all edge, cap 1, price .5", "all cloud, cap 1, price .5", "heuristic (SLO-aware)")
                     if q in set(diag["policy"])]
-            cols = [c for c in DIAG_COLUMNS if c in diag.columns and c != "action.edge_share"]
+            cols = [c for c in DIAG_COLUMNS if c in diag.columns and c not in ("action.edge_share", "state.site_backlog_s")]
             L += ["Where the federated twin is off on this site (whole-day configuration; means over the replayed "
                   "days, real cluster first):", "",
                   "| policy | source | " + " | ".join(c.split(".", 1)[1] for c in cols) + " |",
