@@ -401,7 +401,14 @@ def test_personalise_a_federated_twin(site_logs):
     pers = personalise(twin, local, epochs=3, seed=0, local_epochs=3)
     ch = pers.meta["personalised"]["choices"]
     assert {c["model"] for c in ch} == {"engine", "client"} and all(c["losses"] for c in ch)
-    assert all(c["choice"] == min(c["losses"], key=c["losses"].get) for c in ch)
+    # the twin-level choice, by closed-loop error on the held-out groups, decides how each model is picked
+    meta = pers.meta["personalised"]
+    assert set(meta["twin_scores"]) == {"federated", "per model", "local only"}
+    assert all(np.isfinite(v) for v in meta["twin_scores"].values())
+    assert meta["twin_choice"] == min(meta["twin_scores"], key=meta["twin_scores"].get)
+    pick = {"per model": lambda c: min(c["losses"], key=c["losses"].get), "federated": lambda c: "federated",
+            "local only": lambda c: "local only"}[meta["twin_choice"]]
+    assert all(c["choice"] == pick(c) for c in ch)
     assert all(torch.equal(a, b) for a, b in zip(w0, twin.members[0].clients[0].parameters(), strict=True))
     out = pers.rollout(RandomPolicy(spec, 0), episodes=1, n_agents=8, steps=4, seed=1)
     assert len(out) == 8 * 4 and np.isfinite(out["reward"]).all()

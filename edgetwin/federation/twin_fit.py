@@ -1182,20 +1182,61 @@ def validation_agents(df: pd.DataFrame, fraction: float, seed: int) -> np.ndarra
     return out
 
 
+def model_candidates(fed: Any, x: np.ndarray, y: np.ndarray, held: np.ndarray, epochs: int, local_epochs: int,
+                     seed: int, prox_grid: Sequence[float] = PROX_GRID, fresh: Any = None) -> list[tuple[_Candidate, Any]]:
+    """The candidates of one model of one site, each trained on the rows not ``held`` and scored
+    by the fixed-variance Gaussian likelihood of the ``held`` rows: the federated model as it is;
+    for each ``mu`` in ``prox_grid``, fine-tuning from it with the proximal term, stopped at its
+    best epoch (up to ``epochs``); a fresh model (``fresh``, same architecture) trained on the
+    site's rows alone, at its best epoch (up to ``local_epochs``). Empty without held-out rows or
+    with fewer than two rows to fit. Returns ``(candidate, model trained on the kept rows)``."""
+    inv_var = np.exp(-2.0 * fed.log_std.detach().cpu().numpy().astype(np.float64))
+    fit, val = ~held, held
+    out: list[tuple[_Candidate, Any]] = []
+    if not val.any() or fit.sum() < 2:
+        return out
+    out.append((_Candidate("federated", "federated", 0.0, 0, _weighted_loss(fed, x[val], y[val], inv_var)), fed))
+    for j, mu in enumerate(prox_grid):
+        pol = copy.deepcopy(fed)
+        curve = proximal_fit(pol, fed, x[fit], y[fit], inv_var, epochs, mu, seed + 31 * j, x[val], y[val])
+        e = int(np.nanargmin(curve)) if curve else 0
+        # refit at the best epoch, so that the model returned is the one scored
+        pol = copy.deepcopy(fed)
+        proximal_fit(pol, fed, x[fit], y[fit], inv_var, e + 1, mu, seed + 31 * j)
+        _set_std(pol, x[fit], y[fit])
+        out.append((_Candidate(f"fine-tuned (mu={mu:g})", "federated", mu, e + 1,
+                               float(curve[e]) if curve else np.inf), pol))
+    if fresh is not None and local_epochs > 0:
+        pol = copy.deepcopy(fresh)
+        curve = proximal_fit(pol, fresh, x[fit], y[fit], inv_var, local_epochs, 0.0, seed + 997, x[val], y[val])
+        e = int(np.nanargmin(curve))
+        pol = copy.deepcopy(fresh)
+        proximal_fit(pol, fresh, x[fit], y[fit], inv_var, e + 1, 0.0, seed + 997)
+        _set_std(pol, x[fit], y[fit])
+        out.append((_Candidate("local only", "fresh", 0.0, e + 1, float(curve[e])), pol))
+    return out
+
+
+def refit(cand: _Candidate, fed: Any, fresh: Any, x: np.ndarray, y: np.ndarray, seed: int) -> Any:
+    """A candidate's recipe (start, proximal strength, epochs) applied to all the site's rows."""
+    start = fresh if cand.start == "fresh" else fed
+    model = copy.deepcopy(start)
+    if cand.epochs > 0 and len(x) >= 2:
+        inv_var = np.exp(-2.0 * fed.log_std.detach().cpu().numpy().astype(np.float64))
+        proximal_fit(model, start, x, y, inv_var, cand.epochs, cand.mu, seed + 7)
+        _set_std(model, x, y)
+    return model
+
+
 def select_and_fit(fed: Any, x: np.ndarray, y: np.ndarray, held: np.ndarray, epochs: int, local_epochs: int,
                    seed: int, prox_grid: Sequence[float] = PROX_GRID, fresh: Any = None) -> tuple[Any, dict[str, Any]]:
     """One model of one site: the federated one, a proximal fine-tuning of it, or a local-only
-    fit, whichever predicts the site's held-out rows best; the winner is then refitted on all rows.
+    fit, whichever predicts the site's held-out rows best (`model_candidates`); the winner's recipe
+    is then refitted on all rows.
 
-    Candidates, each scored by the fixed-variance Gaussian likelihood of the held-out rows
-    (``held``) after training on the others: the federated model as it is; for each ``mu`` in
-    ``prox_grid``, fine-tuning from it with the proximal term, stopped at its best epoch (up to
-    ``epochs``); a fresh model (``fresh``, same architecture) trained on the site's rows alone, at
-    its best epoch (up to ``local_epochs``). Why by held-out loss: whether the federation helps a
-    site depends on how much data it has and how unlike the others it is, which only its own
-    rows can tell; a site with plenty of data of its own picks its local fit, a data-poor one
-    the federated model or a fine-tuning close to it, so the result is never much worse than
-    either (up to the noise of the held-out estimate).
+    Why by held-out loss: whether the federation helps a site depends on how much data it has and
+    how unlike the others it is, which only its own rows can tell; a site with plenty of data of
+    its own picks its local fit, a data-poor one the federated model or a fine-tuning close to it.
 
     Args:
         fed: the federated model (not modified).
@@ -1203,37 +1244,51 @@ def select_and_fit(fed: Any, x: np.ndarray, y: np.ndarray, held: np.ndarray, epo
         held: ``(N,)`` bool, the held-out rows; with none (or no row to fit), the first proximal
             candidate with ``epochs`` epochs is used without selection.
         epochs, local_epochs: most epochs of fine-tuning and of the local fit.
-        seed: seeds batches and the fresh model's use.
+        seed: seeds batches.
         fresh: a freshly initialised model of the same architecture (None: no local candidate).
 
     Returns:
         ``(model, record)``: a new model, and ``{"choice", "epochs", "mu", "losses": {name: loss}}``.
     """
-    inv_var = np.exp(-2.0 * fed.log_std.detach().cpu().numpy().astype(np.float64))
-    fit, val = ~held, held
-    cands: list[_Candidate] = []
-    if val.any() and fit.sum() >= 2:
-        cands.append(_Candidate("federated", "federated", 0.0, 0, _weighted_loss(fed, x[val], y[val], inv_var)))
-        for j, mu in enumerate(prox_grid):
-            pol = copy.deepcopy(fed)
-            curve = proximal_fit(pol, fed, x[fit], y[fit], inv_var, epochs, mu, seed + 31 * j, x[val], y[val])
-            e = int(np.nanargmin(curve)) if curve else 0
-            cands.append(_Candidate(f"fine-tuned (mu={mu:g})", "federated", mu, e + 1, float(curve[e]) if curve else np.inf))
-        if fresh is not None and local_epochs > 0:
-            pol = copy.deepcopy(fresh)
-            curve = proximal_fit(pol, fresh, x[fit], y[fit], inv_var, local_epochs, 0.0, seed + 997, x[val], y[val])
-            e = int(np.nanargmin(curve))
-            cands.append(_Candidate("local only", "fresh", 0.0, e + 1, float(curve[e])))
+    cands = [c for c, _ in model_candidates(fed, x, y, held, epochs, local_epochs, seed, prox_grid, fresh)]
+    if cands:
         best = min(cands, key=lambda c: (c.loss if np.isfinite(c.loss) else np.inf))
     else:
         best = _Candidate(f"fine-tuned (mu={prox_grid[0]:g})", "federated", float(prox_grid[0]), epochs, float("nan"))
-    start = fresh if best.start == "fresh" else fed
-    model = copy.deepcopy(start)
-    if best.epochs > 0 and len(x) >= 2:
-        proximal_fit(model, start, x, y, inv_var, best.epochs, best.mu, seed + 7)
-        _set_std(model, x, y)
-    rec = {"choice": best.name, "epochs": best.epochs, "mu": best.mu, "losses": {c.name: c.loss for c in cands}}
-    return model, rec
+    model = refit(best, fed, fresh if fresh is not None else fed, x, y, seed)
+    return model, {"choice": best.name, "epochs": best.epochs, "mu": best.mu, "losses": {c.name: c.loss for c in cands}}
+
+
+#: twin-level candidates of `personalise`: which of each model's candidates each one takes
+TWIN_CHOICES = ("federated", "per model", "local only")
+
+
+def closed_loop_error(twin: Twin, log: pd.DataFrame, held: np.ndarray, policy: Any, seed: int) -> float:
+    """How far ``twin`` is from a site's logged outcomes on held-out service groups, in closed loop.
+
+    The twin runs the log's episodes (its populations and first states, `logged_rollout`) under
+    ``policy`` (a clone of the logging policy), every agent simulated; on the rows of the groups
+    ``held`` (the log's rows, ``(N,)`` bool) the mean of each output and of the reward is set
+    beside the logged mean: the score is the mean over those columns of ``((twin - log) / sd)^2``
+    (``sd``: the logged column's standard deviation). This is the error a twin is used for (mean
+    returns and KPIs over a day, with its own predictions feeding the next tick), on groups none
+    of the candidates was fitted on; a one-step likelihood can prefer a model with less variance
+    per row but a bias that every tick of a rollout adds up."""
+    from edgetwin.twin.fidelity import logged_rollout
+
+    lay = twin.layout
+    cols = [c for c in [*lay.outputs] if c in log.columns]
+    key = log["episode"].astype(str) + "\x1f" + log["agent"].astype(str)
+    held_keys = set(key[held])
+    rep = logged_rollout(twin, policy, log, seed=seed, all_members=True)
+    rkey = rep["episode"].astype(str).str.replace(r"-m\d+$", "", regex=True) + "\x1f" + rep["agent"].astype(str)
+    sim = rep[rkey.isin(held_keys).to_numpy()]
+    real = log[held]
+    if not len(sim) or not len(real):
+        return float("nan")
+    err = [((float(sim[c].mean()) - float(real[c].mean())) / max(float(real[c].std()), 1e-9)) ** 2
+           for c in cols if c in sim.columns]
+    return float(np.mean(err)) if err else float("nan")
 
 
 def _same_shape(fresh: Any, like: Any) -> Any:
@@ -1292,25 +1347,81 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
         local_epochs = int(hyper.get("bc_epochs", 12) or 12)
     net_arch = [int(h) for h in hyper.get("net_arch", [64, 64])]
     engine_arch = [int(h) for h in hyper.get("engine_arch", [32, 32])]
-    members, choices = [], []
+
+    def take(cands: list[tuple[_Candidate, Any]], how: str) -> tuple[_Candidate, Any] | None:
+        if not cands:
+            return None
+        if how == "federated":
+            return cands[0]
+        if how == "local only":
+            loc = [c for c in cands if c[0].start == "fresh"]
+            return loc[0] if loc else cands[0]
+        return min(cands, key=lambda c: (c[0].loss if np.isfinite(c[0].loss) else np.inf))
+
+    # per member, scenario and model: its candidates, trained on the groups not held out
+    slots: list[dict[str, Any]] = []
     for m, mem in enumerate(twin.members):
+        for s in range(len(lay.scenarios)):
+            for kind, rows, x, y, fed, fresh in (
+                ("engine", steps.rows(s), steps.x_engine, steps.za, mem.engines[s],
+                 (lay.n_engine_inputs, len(lay.action), engine_arch, 0)),
+                ("client", client_rows(steps, lay, s), steps.x_client, steps.y_client, mem.clients[s],
+                 (lay.n_client_inputs, lay.n_model_outputs, net_arch, 100)),
+            ):
+                if len(rows) < 2:
+                    continue
+                th.manual_seed(seed * 1000 + m * 17 + fresh[3] + s)
+                new = _same_shape(gaussian_policy(fresh[0], fresh[1], fresh[2]), fed)
+                sd = seed * 100 + m * 10 + s + (5 if kind == "client" else 0)
+                cands = model_candidates(fed, x[rows], y[rows], held_rows[rows], epochs, local_epochs, sd, prox_grid, new)
+                slots.append({"member": m, "scenario": s, "model": kind, "x": x[rows], "y": y[rows], "fed": fed,
+                              "fresh": new, "seed": sd, "cands": cands})
+
+    def assemble(pick: Any) -> list[Member]:
+        out = []
+        for m, mem in enumerate(twin.members):
+            clients, engines = dict(mem.clients), dict(mem.engines)
+            for sl in slots:
+                if sl["member"] == m:
+                    (clients if sl["model"] == "client" else engines)[sl["scenario"]] = pick(sl)
+            out.append(Member(clients, engines, mem.history))
+        return out
+
+    def as_twin(members: list[Member]) -> Twin:
+        return Twin(lay, members, twin.population, twin.composition, twin.initial, twin.support,
+                    twin.action_low, twin.action_high, dict(twin.meta))
+
+    # the twin-level choice: each way of combining the models, fitted without the held-out groups,
+    # run in closed loop on the site's episodes and scored on those groups (`closed_loop_error`)
+    scores: dict[str, float] = {}
+    how = "per model"
+    if held_rows.any() and any(sl["cands"] for sl in slots):
+        local_twin = as_twin(assemble(lambda sl: (take(sl["cands"], "local only") or (None, sl["fed"]))[1]))
+        policy = local_twin.logging_policy(seed=seed + 11)  # the site's own clone of its logging policy
+        for h in TWIN_CHOICES:
+            cand = local_twin if h == "local only" else as_twin(
+                assemble(lambda sl, h=h: (take(sl["cands"], h) or (None, sl["fed"]))[1]))
+            scores[h] = closed_loop_error(cand, df, held_rows, policy, seed + 13)
+        finite = {k: v for k, v in scores.items() if np.isfinite(v)}
+        if finite:
+            how = min(finite, key=finite.__getitem__)
+
+    choices, members = [], []
+    final = {}
+    for sl in slots:
+        c = take(sl["cands"], how)
+        if c is None:
+            best = _Candidate(f"fine-tuned (mu={prox_grid[0]:g})", "federated", float(prox_grid[0]), epochs, float("nan"))
+        else:
+            best = c[0]
+        final[id(sl)] = refit(best, sl["fed"], sl["fresh"] if sl["fresh"] is not None else sl["fed"], sl["x"], sl["y"],
+                              sl["seed"])
+        choices.append({"member": sl["member"], "scenario": lay.scenarios[sl["scenario"]], "model": sl["model"],
+                        "choice": best.name, "epochs": best.epochs, "mu": best.mu,
+                        "losses": {c.name: c.loss for c, _ in sl["cands"]}})
+    for m, mem in enumerate(assemble(lambda sl: final[id(sl)])):
         clients = {s: copy.deepcopy(c) for s, c in mem.clients.items()}
         engines = {s: copy.deepcopy(e) for s, e in mem.engines.items()}
-        for s in range(len(lay.scenarios)):
-            rows = steps.rows(s)
-            if len(rows) >= 2:
-                th.manual_seed(seed * 1000 + m * 17 + s)
-                fresh = _same_shape(gaussian_policy(lay.n_engine_inputs, len(lay.action), engine_arch), engines[s])
-                engines[s], rec = select_and_fit(engines[s], steps.x_engine[rows], steps.za[rows], held_rows[rows],
-                                                 epochs, local_epochs, seed * 100 + m * 10 + s, prox_grid, fresh)
-                choices.append({"member": m, "scenario": lay.scenarios[s], "model": "engine", **rec})
-            crow = client_rows(steps, lay, s)
-            if len(crow) >= 2:
-                th.manual_seed(seed * 1000 + m * 17 + 100 + s)
-                fresh = _same_shape(gaussian_policy(lay.n_client_inputs, lay.n_model_outputs, net_arch), clients[s])
-                clients[s], rec = select_and_fit(clients[s], steps.x_client[crow], steps.y_client[crow], held_rows[crow],
-                                                 epochs, local_epochs, seed * 100 + m * 10 + s + 5, prox_grid, fresh)
-                choices.append({"member": m, "scenario": lay.scenarios[s], "model": "client", **rec})
         history = mem.history.copy()
         if adversarial_rounds > 0:
             local = SiteAdversarial("personalise", steps, df, twin.spec, lay, cfg, engines, seed * 100 + m)
@@ -1324,6 +1435,7 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
         members.append(Member(clients, engines, history))
     meta = dict(twin.meta)
     meta["personalised"] = {"epochs": epochs, "rows": len(df), "adversarial_rounds": adversarial_rounds,
-                            "validation": validation, "prox_grid": list(prox_grid), "choices": choices}
+                            "validation": validation, "prox_grid": list(prox_grid), "twin_choice": how,
+                            "twin_scores": scores, "choices": choices}
     return Twin(lay, members, twin.population, twin.composition, twin.initial, twin.support,
                 twin.action_low, twin.action_high, meta)
