@@ -232,10 +232,13 @@ def main() -> None:
                          "load": [load0, os.getloadavg()[0]], "minutes": (time.perf_counter() - t_all) / 60,
                          "poor_rows": len(logs2[poor]), "poor_hours": args.poor_hours or 24.0,
                          "choices": pers.meta["personalised"]["choices"], "diagnostics": diag,
+                         "twin_choice": pers.meta["personalised"]["twin_choice"],
+                         "twin_scores": pers.meta["personalised"]["twin_scores"],
                          "scores": {k: {m: v[m] for m in ("spearman", "mean_rel_error", "norm_abs_error", "spearman_ci90",
                                                           "rel_err_ci90")} for k, v in sc2.items()}}
         print(json.dumps(results[key2]["scores"], indent=1), flush=True)
         print(pd.DataFrame(results[key2]["choices"])[["scenario", "model", "choice", "epochs"]].to_string(), flush=True)
+        print("twin-level choice:", results[key2]["twin_choice"], results[key2]["twin_scores"], flush=True)
 
     if 3 in parts:
         small = {k: v[v["episode"].isin(v["episode"].unique()[:1])] for k, v in logs.items()}
