@@ -12,8 +12,8 @@ scenario mix, provisioning and drift), logged under uniformly random actions. Me
    mixture) is scored beside them.
 2. The data-poor site: one site has a single day, the others several; on its own held-out days, the
    ranking error of (a) a twin fitted on its logs alone, (b) the federated twin, (c) the federated
-   twin personalised to it (`personalise`: per model, the federated one, a proximal fine-tuning of it
-   or a local-only fit, chosen on held-out service groups; then local GAIL rounds), all of the
+   twin personalised to it (`personalise`: the federated models, proximal fine-tunings of them or
+   local-only fits, chosen on held-out service groups in closed loop; then local GAIL rounds), all of the
    default family; ``--poor-hours 6``: the poor site logged only the first 6 hours of its day.
 3. Bytes per site per round of each phase and in total, dense / int8 / top-k + int8 / secure
    aggregation, against the size of the site's raw log (Parquet and CSV).
@@ -358,12 +358,15 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
               "Site edge-ams has 1 day of logs, the others "
               f"{res[p2[0]].get('other_days', res['train_days'])}; every twin is scored on 2 held-out days of that site, "
               "replaying their populations (so the site's own agents and capacity are simulated and only the response "
-              "model differs). Every twin is of the default family. **Personalised** (`personalise`): for each "
-              "scenario's client and engine model, the federated model as it is, proximal fine-tuning from it "
-              "(`mu/2 ||θ - θ_fed||²`, mu in {0, 0.1, 1, 10}, FedProx/Ditto style) or a fit of the site's rows alone, "
-              "whichever has the lowest loss on a quarter of the site's service groups held out (epochs chosen there "
-              "too), refitted on all the site's rows; then as many local GAIL rounds as the fit had (the row "
-              "'selection only' is the same without those rounds). Two configurations: the issue's (a whole day "
+              "model differs). Every twin is of the default family. **Personalised** (`personalise`, at the site, "
+              "nothing travels): a quarter of the site's service groups is held out; for each scenario's client and "
+              "engine model the candidates are the federated model, proximal fine-tuning from it "
+              "(`mu/2 ||θ - θ_fed||²`, mu in {0, 0.1, 1, 10}, FedProx/Ditto style) and a fit of the site's rows alone "
+              "(epochs chosen on the held-out rows' one-step likelihood); three twins are assembled from them (all "
+              "federated; per model the best one-step candidate; all local), run in closed loop on the site's day "
+              "under its cloned logging policy, and the one whose mean outputs and reward on the held-out groups are "
+              "closest to the logged ones is refitted on all the site's rows; then as many local GAIL rounds as "
+              "the fit had (the row 'selection only' is the same without those rounds). Two configurations: the issue's (a whole day "
               "of 40 service groups, 3,840 rows), and a genuinely small site, chosen before measuring and kept "
               "whichever way it came out: the same site logged only the first 6 hours of its day (a site that came "
               "online that morning; 960 rows, night hours only), everything else identical.", ""]
@@ -385,6 +388,9 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
             b = cands[bname]
             gain = 100 * (1 - b / a) if a > 0 else 0.0
             ch = pd.DataFrame(p.get("choices", []))
+            if "twin_choice" in p:
+                sc_ = ", ".join(f"{k} {v:.3f}" for k, v in p["twin_scores"].items())
+                L += ["", f"Twin-level choice: **{p['twin_choice']}** (closed-loop error on the held-out groups: {sc_})."]
             if len(ch):
                 counts = ch.groupby(["model", "choice"]).size()
                 summary = "; ".join(f"{m}s: " + ", ".join(f"{c} {n}" for (mm, c), n in counts.items() if mm == m)

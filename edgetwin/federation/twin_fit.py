@@ -1304,13 +1304,19 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
     """A copy of ``twin`` whose engine and client models are chosen and fitted for one site by its
     own log (which never leaves the site).
 
-    For each ensemble member, scenario and model (engine, client), `select_and_fit` keeps the
-    federated model, fine-tunes it with a proximal term towards the federated weights (FedProx /
-    Ditto), or fits the site's rows alone, whichever predicts the site's held-out service groups
-    best (``validation``: the fraction of each scenario's groups held out, `validation_agents`),
-    then refits the winner on all the site's rows. The operator's guarantee: the personalised
-    twin is not materially worse than one fitted on the site alone (that is a candidate), and
-    borrows from the federation where the site's rows are too few to stand alone.
+    A fraction ``validation`` of each scenario's service groups is held out (`validation_agents`).
+    For each ensemble member, scenario and model (engine, client), `model_candidates` fits on the
+    other groups the federated model as it is, proximal fine-tunings of it towards the federated
+    weights (FedProx / Ditto, ``prox_grid``) and a model of the site's rows alone, each at its best
+    epoch by the one-step likelihood of the held-out rows. Three twins are assembled from them
+    (`TWIN_CHOICES`: all federated; per model the best one-step candidate; all local), each runs
+    the site's episodes in closed loop under the site's cloned logging policy, and the one whose
+    mean outputs and reward on the held-out groups are closest to the logged ones
+    (`closed_loop_error`) is chosen: one-step likelihood alone can prefer a model whose small bias
+    a rollout adds up tick after tick. The chosen recipe is refitted on all the site's rows. The
+    operator's guarantee, up to the noise of the held-out groups: the personalised twin reproduces
+    the site no worse than one fitted on its rows alone (a candidate), and borrows from the
+    federation where that reproduces it better.
 
     A MAIL twin's clients are then refined by ``adversarial_rounds`` local GAIL rounds on the site's
     rows (`twin_mail.SiteAdversarial`, fresh discriminators; default: as many as the twin's own
@@ -1329,8 +1335,9 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
         local_epochs: most epochs of the local-only candidate (default: the twin's BC epochs).
 
     Returns:
-        The personalised twin; ``meta["personalised"]["choices"]`` records, per member, scenario
-        and model, the candidate chosen and every candidate's held-out loss.
+        The personalised twin; ``meta["personalised"]`` records the twin-level scores and choice
+        (``twin_scores``, ``twin_choice``) and, per member, scenario and model, the candidate taken
+        and every candidate's held-out loss (``choices``).
     """
     from edgetwin.federation.twin_mail import SiteAdversarial
 
