@@ -267,7 +267,7 @@ def main() -> None:
     if args.merge and (OUT / "results.json").is_file():
         old = json.loads((OUT / "results.json").read_text())
         for k in old:
-            if k.startswith("part") and k not in results:
+            if (k.startswith(("part", "seed")) or k == "previous_part2") and k not in results:
                 results[k] = old[k]
         results["minutes"] += float(old.get("minutes", 0.0))
     OUT.mkdir(parents=True, exist_ok=True)
@@ -374,7 +374,7 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
             p = res[key]
             hours = float(p.get("poor_hours", 24.0))
             label = "whole day (the issue's configuration)" if hours >= 24 else f"first {hours:g} hours of the day only"
-            run = (f" `{p['command']}`, load {p['load'][0]:.0f}-{p['load'][1]:.0f} on the 2 shared cores, "
+            run = (f" `{p['command']}`, 2 shared cores, load {p['load'][0]:.0f} at the start and {p['load'][1]:.0f} at the end, "
                    f"{p['minutes']:.0f} min" if "command" in p else "")
             L += [f"**{label}** ({p.get('poor_rows', '?')} rows of the site;{run}):", "",
                   "| twin | Spearman ρ | mean relative error | normalised abs. error |", "|---|---|---|---|"]
