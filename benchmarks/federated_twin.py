@@ -12,7 +12,9 @@ scenario mix, provisioning and drift), logged under uniformly random actions. Me
    mixture) is scored beside them.
 2. The data-poor site: one site has a single day, the others several; on its own held-out days, the
    ranking error of (a) a twin fitted on its logs alone, (b) the federated twin, (c) the federated
-   twin personalised to it (`personalise`: BC epochs then local GAIL rounds), all of the default family.
+   twin personalised to it (`personalise`: the federated models, proximal fine-tunings of them or
+   local-only fits, chosen on held-out service groups in closed loop; then local GAIL rounds), all of the
+   default family; ``--poor-hours 6``: the poor site logged only the first 6 hours of its day.
 3. Bytes per site per round of each phase and in total, dense / int8 / top-k + int8 / secure
    aggregation, against the size of the site's raw log (Parquet and CSV).
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -51,6 +54,8 @@ from edgetwin.twin.twin import Twin  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks" / "federated_twin"
 SECTION = "## Federated twin"
+#: hand-written subsections a rerun keeps (`_docs.write_section`)
+KEEP = ("### What part 2 says",)
 
 
 def site_configs(n_agents: int, steps: int) -> dict[str, ClusterConfig]:
@@ -99,20 +104,34 @@ def fit_alone(df: pd.DataFrame, spec: Any, o: FitOptions) -> Twin:
                     rounds=o.adv_rounds, **{**common, **o.mail})
 
 
+#: columns whose means per policy and twin part 2 records beside the reward (which of them is off)
+DIAG_COLUMNS = ("response.offload_ratio", "kpi.slo_violation", "state.site_util", "state.site_backlog_s",
+                "state.latency_ms", "action.edge_share")
+
+
 def evaluate(twins: dict[str, Twin], policies: dict[str, Any], cfgs: dict[str, ClusterConfig], eval_days: int,
-             n_agents: int, steps: int, seed: int, replay_only: bool = False) -> pd.DataFrame:
-    """Return of every policy on the clusters and in every twin (generated and replayed)."""
+             n_agents: int, steps: int, seed: int, replay_only: bool = False,
+             diagnostics: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+    """Return of every policy on the clusters and in every twin (generated and replayed); with
+    ``diagnostics``, the means of `DIAG_COLUMNS` on the cluster and in each twin's replay are
+    appended to it (one record per policy and source)."""
     rows = []
     for i, (pname, pol) in enumerate(policies.items()):
         real = site_logs(cfgs, dict.fromkeys(cfgs, eval_days), pol, seed + 500 + i)
         real_df = pd.concat(real.values(), ignore_index=True)
         row = {"policy": pname, "real": float(real_df["reward"].mean())}
+        if diagnostics is not None:
+            diagnostics.append({"policy": pname, "source": "real",
+                                **{c: float(real_df[c].mean()) for c in DIAG_COLUMNS if c in real_df}})
         for tname, tw in twins.items():
             if not replay_only:
                 gen = tw.rollout(pol, episodes=2, seed=seed + 900 + i, n_agents=n_agents, steps=steps, all_members=True)
                 row[f"{tname}"] = float(gen["reward"].mean())
             rep = logged_rollout(tw, pol, real_df, seed=seed + 900 + i, all_members=True)
             row[f"{tname} (replay)"] = float(rep["reward"].mean())
+            if diagnostics is not None:
+                diagnostics.append({"policy": pname, "source": tname,
+                                    **{c: float(rep[c].mean()) for c in DIAG_COLUMNS if c in rep}})
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     return pd.DataFrame(rows)
@@ -130,6 +149,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parts", default="1,2,3")
     ap.add_argument("--train-days", type=int, default=None, help="training days of every site but the poor one")
+    ap.add_argument("--poor-hours", type=float, default=None,
+                    help="part 2: the poor site logged only the first HOURS of its day (default: the whole day)")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--merge", action="store_true", help="keep the other parts' results from results.json")
     ap.add_argument("--markdown-only", action="store_true", help="rewrite the docs section from results.json")
@@ -138,7 +159,7 @@ def main() -> None:
     if args.markdown_only:
         res = json.loads((OUT / "results.json").read_text())
         plot(res)
-        write_section(SECTION, markdown(res, argparse.Namespace(**{**vars(args), "quick": res["args"]["quick"]})))
+        write_section(SECTION, markdown(res, argparse.Namespace(**{**vars(args), "quick": res["args"]["quick"]})), keep=KEEP)
         return
     parts = {int(p) for p in args.parts.split(",")}
     n_agents, steps = (40, 96) if args.quick else (80, 96)
@@ -150,6 +171,7 @@ def main() -> None:
     cfgs = site_configs(n_agents, steps)
     spec = cluster_spec(next(iter(cfgs.values())))
     t_all = time.perf_counter()
+    load0 = os.getloadavg()[0]
     results: dict[str, Any] = {"args": vars(args), "options": o.to_dict(), "sites": list(cfgs),
                                "n_agents": n_agents, "train_days": train_days, "poor_days": poor_days}
     logs = site_logs(cfgs, dict.fromkeys(cfgs, train_days), "random", args.seed)
@@ -183,19 +205,40 @@ def main() -> None:
         days = dict.fromkeys(cfgs, train_days)
         days[poor] = poor_days
         logs2 = {k: (v[v["episode"].isin(v["episode"].unique()[:poor_days])] if k == poor else v) for k, v in logs.items()}
+        key2 = "part2"
+        if args.poor_hours is not None:
+            # a genuinely small site: it logged only the first hours of its one day (a site that
+            # came online that morning); everything else as the whole-day configuration
+            ticks = max(1, int(round(args.poor_hours / 24.0 * steps)))
+            logs2[poor] = logs2[poor][logs2[poor]["t"] < ticks]
+            key2 = f"part2_{args.poor_hours:g}h"
         alone = fit_alone(logs2[poor], spec, o)
         fed2, _ = fit_federated(logs2, spec, options=o)
-        pers = personalise(fed2, logs2[poor], epochs=4, seed=o.seed)  # + local GAIL rounds (as many as the fit's)
+        bc_epochs = o.rounds * o.local_epochs
+        # chosen per model on held-out service groups, then as many local GAIL rounds as the fit had
+        pers = personalise(fed2, logs2[poor], epochs=bc_epochs, local_epochs=bc_epochs, seed=o.seed)
+        pers_bc = personalise(fed2, logs2[poor], epochs=bc_epochs, local_epochs=bc_epochs, seed=o.seed,
+                              adversarial_rounds=0)
         pooled = centralised(logs2, spec, o)  # diagnostic: is it federation, or pooling unlike sites?
         policies = ranking_policies(spec, alone)
+        diag: list[dict[str, Any]] = []
         rank2 = evaluate({"own logs alone": alone, "federated": fed2, "federated, personalised": pers,
+                          "federated, personalised, selection only (no local GAIL)": pers_bc,
                           "centralised on the pooled logs (not private)": pooled}, policies,
-                         {poor: cfgs[poor]}, 2, n_agents, steps, args.seed + 7, replay_only=True)
+                         {poor: cfgs[poor]}, 2, n_agents, steps, args.seed + 7, replay_only=True, diagnostics=diag)
         sc2 = {c: ranking_scores(rank2, c) for c in rank2.columns if c not in ("policy", "real")}
-        results["part2"] = {"site": poor, "policies": rank2.to_dict("records"), "other_days": train_days,
-                            "scores": {k: {m: v[m] for m in ("spearman", "mean_rel_error", "norm_abs_error", "spearman_ci90",
-                                                             "rel_err_ci90")} for k, v in sc2.items()}}
-        print(json.dumps(results["part2"]["scores"], indent=1), flush=True)
+        results[key2] = {"site": poor, "policies": rank2.to_dict("records"), "other_days": train_days,
+                         "command": "python benchmarks/federated_twin.py " + " ".join(sys.argv[1:]),
+                         "load": [load0, os.getloadavg()[0]], "minutes": (time.perf_counter() - t_all) / 60,
+                         "poor_rows": len(logs2[poor]), "poor_hours": args.poor_hours or 24.0,
+                         "choices": pers.meta["personalised"]["choices"], "diagnostics": diag,
+                         "twin_choice": pers.meta["personalised"]["twin_choice"],
+                         "twin_scores": pers.meta["personalised"]["twin_scores"],
+                         "scores": {k: {m: v[m] for m in ("spearman", "mean_rel_error", "norm_abs_error", "spearman_ci90",
+                                                          "rel_err_ci90")} for k, v in sc2.items()}}
+        print(json.dumps(results[key2]["scores"], indent=1), flush=True)
+        print(pd.DataFrame(results[key2]["choices"])[["scenario", "model", "choice", "epochs"]].to_string(), flush=True)
+        print("twin-level choice:", results[key2]["twin_choice"], results[key2]["twin_scores"], flush=True)
 
     if 3 in parts:
         small = {k: v[v["episode"].isin(v["episode"].unique()[:1])] for k, v in logs.items()}
@@ -223,8 +266,8 @@ def main() -> None:
     results["minutes"] = (time.perf_counter() - t_all) / 60
     if args.merge and (OUT / "results.json").is_file():
         old = json.loads((OUT / "results.json").read_text())
-        for k in ("part1", "part2", "part3"):
-            if k not in results and k in old:
+        for k in old:
+            if (k.startswith(("part", "seed")) or k == "previous_part2") and k not in results:
                 results[k] = old[k]
         results["minutes"] += float(old.get("minutes", 0.0))
     OUT.mkdir(parents=True, exist_ok=True)
@@ -233,7 +276,7 @@ def main() -> None:
     md = markdown(results, args)
     print(md)
     if not args.no_write:
-        write_section(SECTION, md)
+        write_section(SECTION, md, keep=KEEP)
 
 
 def plot(res: dict[str, Any]) -> Path | None:
@@ -243,7 +286,8 @@ def plot(res: dict[str, Any]) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(k, t) for k, t in (("part1", "1. all sites"), ("part2", "2. the data-poor site")) if k in res]
+    panels = [(k, t) for k, t in (("part1", "1. all sites"), ("part2", "2. the data-poor site (1 day)"),
+                                  ("part2_6h", "2. the data-poor site (6 hours)")) if k in res]
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
@@ -273,7 +317,8 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
            f"{o.get('rounds', 0) * o.get('local_epochs', 0)} BC epochs, {o.get('adv_rounds')} GAIL rounds), 1 member")
     L = [SECTION, "", f"Command: `python benchmarks/federated_twin.py{' --quick' if args.quick else ''} --parts 1 --seed {args.seed}` "
          "and `--quick --parts 2,3 --train-days 7` "
-         f"(2 shared CPU cores, load 6-9, the two runs in parallel, {res['minutes']:.0f} min wall clock). {len(res['sites'])} sites, each an emulated cluster with one "
+         "(2 shared CPU cores, load 6-9, the two runs in parallel, 28 min wall clock; part 2 rerun since, its "
+         "commands below). {len(res['sites'])} sites, each an emulated cluster with one "
          f"edge site and its cloud ({', '.join(res['sites'])}), its own scenario mix, load (target utilisation 0.35-0.6) "
          f"and drift (0d / 0d / 1w / 1m); {res['n_agents']} service groups, logged under random actions, "
          f"{res.get('part1', {}).get('train_days', res['train_days'])} training days per site in part 1. No public system fits a simulator federatedly, so there is no "
@@ -307,27 +352,81 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
               "generators in racing threads (fixed since; the fit is now deterministic) gave the federated twin "
               "ρ 0.74 / 14 % and the light family 0.95 / 15 % on generated populations (replay 0.92 / 8 % and "
               "0.89 / 8 %): differences below ~0.2 in ρ on generated populations are within run-to-run noise.", ""]
-    if "part2" in res:
-        p = res["part2"]
+    p2 = [k for k in ("part2", *sorted(k for k in res if k.startswith("part2_"))) if k in res]
+    if p2:
         L += ["### 2. The data-poor site", "",
-              f"Site {p['site']} has {res['poor_days']} day of logs, the others {p.get('other_days', res['train_days'])}; scored on 2 held-out days "
-              "of that site, replaying their populations (so the site's own agents and capacity are simulated). Every "
-              "twin is of the default family; personalised = 4 BC epochs on the site's day, then as many local GAIL "
-              "rounds as the fit had.", "",
-              "| twin | Spearman ρ | mean relative error | normalised abs. error |", "|---|---|---|---|"]
-        for k, v in p["scores"].items():
-            L.append(f"| {k} | {v['spearman']:.2f} | {100 * v['mean_rel_error']:.0f} % | {v['norm_abs_error']:.2f} |")
-        a = p["scores"]["own logs alone (replay)"]["mean_rel_error"]
-        b = min(p["scores"]["federated (replay)"]["mean_rel_error"], p["scores"]["federated, personalised (replay)"]["mean_rel_error"])
-        pooled = p["scores"].get("centralised on the pooled logs (not private) (replay)")
-        if pooled is not None:
-            fe = p["scores"]["federated (replay)"]["mean_rel_error"]
-            L += ["", f"Diagnostic: the centralised twin of the same family on the same pooled logs (not private; the "
-                  f"best federation can match) has {100 * pooled['mean_rel_error']:.0f} % error on this site, the "
-                  f"federated one {100 * fe:.0f} %, the site's own {100 * a:.0f} %."]
-        gain = 100 * (1 - b / a) if a > 0 else 0.0
-        L += ["", f"Target: (b) or (c) at least 30 % lower error than (a): best of them {100 * b:.1f} % vs {100 * a:.1f} % "
-              f"({abs(gain):.0f} % {'lower' if gain >= 0 else 'higher'}: {'met' if gain >= 30 else 'missed'}).", ""]
+              "Site edge-ams has 1 day of logs, the others "
+              f"{res[p2[0]].get('other_days', res['train_days'])}; every twin is scored on 2 held-out days of that site, "
+              "replaying their populations (so the site's own agents and capacity are simulated and only the response "
+              "model differs). Every twin is of the default family. **Personalised** (`personalise`, at the site, "
+              "nothing travels): a quarter of the site's service groups is held out; for each scenario's client and "
+              "engine model the candidates are the federated model, proximal fine-tuning from it "
+              "(`mu/2 ||θ - θ_fed||²`, mu in {0, 0.1, 1, 10}, FedProx/Ditto style) and a fit of the site's rows alone "
+              "(epochs chosen on the held-out rows' one-step likelihood); three twins are assembled from them (all "
+              "federated; per model the best one-step candidate; all local), run in closed loop on the site's day "
+              "under its cloned logging policy, and the one whose mean outputs and reward on the held-out groups are "
+              "closest to the logged ones is refitted on all the site's rows; then as many local GAIL rounds as "
+              "the fit had (the row 'selection only' is the same without those rounds). Two configurations: the issue's (a whole day "
+              "of 40 service groups, 3,840 rows), and a genuinely small site, chosen before measuring and kept "
+              "whichever way it came out: the same site logged only the first 6 hours of its day (a site that came "
+              "online that morning; 960 rows, night hours only), everything else identical.", ""]
+        for key in p2:
+            p = res[key]
+            hours = float(p.get("poor_hours", 24.0))
+            label = "whole day (the issue's configuration)" if hours >= 24 else f"first {hours:g} hours of the day only"
+            run = (f" `{p['command']}`, 2 shared cores, load {p['load'][0]:.0f} at the start and {p['load'][1]:.0f} at the end, "
+                   f"{p['minutes']:.0f} min" if "command" in p else "")
+            L += [f"**{label}** ({p.get('poor_rows', '?')} rows of the site;{run}):", "",
+                  "| twin | Spearman ρ | mean relative error | normalised abs. error |", "|---|---|---|---|"]
+            for k, v in p["scores"].items():
+                L.append(f"| {k} | {v['spearman']:.2f} | {100 * v['mean_rel_error']:.1f} % | {v['norm_abs_error']:.2f} |")
+            sc = p["scores"]
+            a = sc["own logs alone (replay)"]["mean_rel_error"]
+            cands = {k.removesuffix(" (replay)"): v["mean_rel_error"] for k, v in sc.items()
+                     if k.startswith("federated") and "pooled" not in k}
+            bname = min(cands, key=cands.__getitem__)
+            b = cands[bname]
+            gain = 100 * (1 - b / a) if a > 0 else 0.0
+            ch = pd.DataFrame(p.get("choices", []))
+            if "twin_choice" in p:
+                sc_ = ", ".join(f"{k} {v:.3f}" for k, v in p["twin_scores"].items())
+                L += ["", f"Twin-level choice: **{p['twin_choice']}** (closed-loop error on the held-out groups: {sc_})."]
+            if len(ch):
+                counts = ch.groupby(["model", "choice"]).size()
+                summary = "; ".join(f"{m}s: " + ", ".join(f"{c} {n}" for (mm, c), n in counts.items() if mm == m)
+                                    for m in ("client", "engine"))
+                L += ["", f"Chosen per scenario on the held-out groups ({summary})."]
+            prev = res.get("previous_part2", {}).get("scores", {}).get("federated, personalised (replay)")
+            if key == "part2" and prev is not None:
+                L += ["", f"Before this personalisation (4 BC epochs from the federated weights, then the local GAIL "
+                      f"rounds; same seed and logs): ρ {prev['spearman']:.2f}, {100 * prev['mean_rel_error']:.1f} % error."]
+            L += ["", f"Target: (b) or (c) at least 30 % lower error than (a): best {bname} {100 * b:.1f} % vs "
+                  f"{100 * a:.1f} % ({abs(gain):.0f} % {'lower' if gain >= 0 else 'higher'}: "
+                  f"{'met' if gain >= 30 else 'missed'}).", ""]
+        other = [(k, v) for k, v in res.items() if k.startswith("seed") and "part2" in k]
+        if other:
+            L += ["Other seeds (everything redrawn: logs, fits, held-out days), mean relative error (ρ):", "",
+                  "| run | " + " | ".join(n.removesuffix(" (replay)") for n in other[0][1]["scores"]) + " |",
+                  "|---|" + "---|" * len(other[0][1]["scores"])]
+            for k, v in other:
+                L.append(f"| `{v.get('command', k)}` | " + " | ".join(
+                    f"{100 * x['mean_rel_error']:.1f} % ({x['spearman']:.2f})" for x in v["scores"].values()) + " |")
+            L.append("")
+        diag = pd.DataFrame(res[p2[0]].get("diagnostics", []))
+        if len(diag):
+            pick = [q for q in ("all edge, cap 1, price .5", "all cloud, cap 1, price .5", "heuristic (SLO-aware)")
+                    if q in set(diag["policy"])]
+            cols = [c for c in DIAG_COLUMNS if c in diag.columns and c not in ("action.edge_share", "state.site_backlog_s")]
+            L += ["Where the federated twin is off on this site (whole-day configuration; means over the replayed "
+                  "days, real cluster first):", "",
+                  "| policy | source | " + " | ".join(c.split(".", 1)[1] for c in cols) + " |",
+                  "|---|---|" + "---|" * len(cols)]
+            for q in pick:
+                for _, r in diag[diag["policy"] == q].iterrows():
+                    if "selection only" in r["source"]:
+                        continue
+                    L.append(f"| {q} | {r['source']} | " + " | ".join(f"{r[c]:.3g}" for c in cols) + " |")
+            L.append("")
     if "part3" in res:
         p = res["part3"]
         raw = np.mean([v["parquet"] for v in p["raw_log_one_day"].values()])

@@ -313,3 +313,102 @@ def test_killed_site_rejoins_and_server_restart_loses_no_update(site_logs, nats_
     # after the restart, every round closed with every site: no accepted update was lost
     after = w[n_back + 1:]
     assert after and all(r["missing"] == [] for r in after[1:]), after
+
+
+# ------------------------------------------------------------------------------------ personalisation
+def _regression(fn, n, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-2, 2, size=(n, 3)).astype(np.float32)
+    return x, fn(x).astype(np.float32)
+
+
+def _global_fn(x):
+    return np.stack([np.sin(x[:, 0]) + 0.5 * x[:, 1], x[:, 2] ** 2 - 1.0], axis=1)
+
+
+def _site_fn(x):  # a site unlike the federation: shifted and with a different slope
+    return np.stack([np.sin(x[:, 0]) - 1.5 * x[:, 1] + 1.0, x[:, 2] ** 2 - 1.0 - x[:, 0]], axis=1)
+
+
+def _policy(seed):
+    from edgetwin.imitation.mail import gaussian_policy
+
+    torch.manual_seed(seed)
+    return gaussian_policy(3, 2, [16, 16])
+
+
+def _noisy(y, seed, sd=0.1):
+    return y + np.random.default_rng(seed).normal(0, sd, y.shape).astype(np.float32)
+
+
+def test_personalisation_choice_follows_the_sites_held_out_rows():
+    """`select_and_fit` keeps the federated model where the site is like the federation and has
+    few rows, and leaves it where the site is unlike it and has many; in both cases the chosen
+    model predicts fresh rows of the site no worse than the alternatives would (the choice is real:
+    the two settings choose differently)."""
+    from edgetwin.federation.twin_fit import _weighted_loss, proximal_fit, select_and_fit
+
+    fed = _policy(0)
+    xg, yg = _regression(_global_fn, 4000, 1)
+    proximal_fit(fed, fed, xg, _noisy(yg, 2), np.ones(2), 30, 0.0, 3)
+    with torch.no_grad():
+        fed.log_std.fill_(np.log(0.1))
+    before = {k: v.clone() for k, v in fed.state_dict().items()}
+    x_test, y_test = _regression(_site_fn, 2000, 9)
+    x_like, y_like = _regression(_global_fn, 2000, 10)
+    inv = np.full(2, 100.0)
+
+    # data-poor and like the federation: 24 rows, 6 held out -> the federated model or close to it
+    x, y = _regression(_global_fn, 24, 4)
+    held = np.arange(24) % 4 == 0
+    m_poor, rec_poor = select_and_fit(fed, x, _noisy(y, 5), held, 10, 30, seed=0, fresh=_policy(1))
+    assert rec_poor["choice"] != "local only"
+    assert set(rec_poor["losses"]) == {"federated", "local only", *(f"fine-tuned (mu={m:g})" for m in (0, 0.1, 1, 10))}
+    local = _policy(1)
+    proximal_fit(local, local, x, _noisy(y, 5), inv, 30, 0.0, 0)
+    assert _weighted_loss(m_poor, x_like, y_like, inv) < 0.5 * _weighted_loss(local, x_like, y_like, inv)
+
+    # data-rich and unlike the federation -> not the federated model, and much better than it there
+    x, y = _regression(_site_fn, 1500, 6)
+    held = np.arange(1500) % 4 == 0
+    m_rich, rec_rich = select_and_fit(fed, x, _noisy(y, 7), held, 10, 30, seed=0, fresh=_policy(1))
+    assert rec_rich["choice"] != "federated" and rec_rich["choice"] != rec_poor["choice"]
+    assert _weighted_loss(m_rich, x_test, y_test, inv) < 0.4 * _weighted_loss(fed, x_test, y_test, inv)
+    # the federated model itself is never modified, and the same seed gives the same choice
+    assert all(torch.equal(before[k], v) for k, v in fed.state_dict().items())
+    m2, rec2 = select_and_fit(fed, x, _noisy(y, 7), held, 10, 30, seed=0, fresh=_policy(1))
+    assert rec2 == rec_rich and all(torch.equal(a, b) for a, b in zip(m2.state_dict().values(),
+                                                                        m_rich.state_dict().values(), strict=True))
+
+
+def test_personalise_a_federated_twin(site_logs):
+    """`personalise` on one site's log: every model gets a recorded choice from held-out groups,
+    the twin rolls out, and the federated twin is untouched."""
+    from edgetwin.contract.policy import RandomPolicy
+    from edgetwin.federation.twin_fit import personalise, validation_agents
+
+    df, spec, parts = site_logs
+    twin, _ = fit_federated(parts, spec, options=LIGHT)
+    site = sorted(parts)[0]
+    local = parts[site]
+    held = validation_agents(local.reset_index(drop=True), 0.25, seed=0)
+    groups = local.reset_index(drop=True)[held].groupby(["episode", "agent"]).ngroups
+    assert 0 < held.mean() < 0.6 and groups >= 1
+    # whole groups are held out: no (episode, agent) has both held and fitted rows
+    key = local.reset_index(drop=True)["episode"].astype(str) + "/" + local.reset_index(drop=True)["agent"].astype(str)
+    assert not (set(key[held]) & set(key[~held]))
+    w0 = [p.clone() for p in twin.members[0].clients[0].parameters()]
+    pers = personalise(twin, local, epochs=3, seed=0, local_epochs=3)
+    ch = pers.meta["personalised"]["choices"]
+    assert {c["model"] for c in ch} == {"engine", "client"} and all(c["losses"] for c in ch)
+    # the twin-level choice, by closed-loop error on the held-out groups, decides how each model is picked
+    meta = pers.meta["personalised"]
+    assert set(meta["twin_scores"]) == {"federated", "per model", "local only"}
+    assert all(np.isfinite(v) for v in meta["twin_scores"].values())
+    assert meta["twin_choice"] == min(meta["twin_scores"], key=meta["twin_scores"].get)
+    pick = {"per model": lambda c: min(c["losses"], key=c["losses"].get), "federated": lambda c: "federated",
+            "local only": lambda c: "local only"}[meta["twin_choice"]]
+    assert all(c["choice"] == pick(c) for c in ch)
+    assert all(torch.equal(a, b) for a, b in zip(w0, twin.members[0].clients[0].parameters(), strict=True))
+    out = pers.rollout(RandomPolicy(spec, 0), episodes=1, n_agents=8, steps=4, seed=1)
+    assert len(out) == 8 * 4 and np.isfinite(out["reward"]).all()

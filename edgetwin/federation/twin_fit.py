@@ -55,6 +55,7 @@ from edgetwin.generative.transform import ColumnCodec, ProfileTransformer
 from edgetwin.imitation.layout import ColumnScaler, Layout
 from edgetwin.imitation.mail import (
     MIN_STD,
+    OUTPUT_CLIP,
     GaussianModel,
     MailConfig,
     behaviour_clone,
@@ -67,7 +68,8 @@ from edgetwin.twin.member import Member
 from edgetwin.twin.support import SupportIndex
 from edgetwin.twin.twin import FORMAT_VERSION, Twin, bootstrap_episodes, library_versions
 
-__all__ = ["FitOptions", "SiteFitter", "TwinAssembler", "TwinFitPlan", "personalise"]
+__all__ = ["FitOptions", "SiteFitter", "TwinAssembler", "TwinFitPlan", "personalise", "proximal_fit", "select_and_fit",
+           "validation_agents"]
 
 ROLES = ("profile", "state", "action", "outputs")
 #: episode lengths are counted in a histogram of this many bins (longer ones in the last)
@@ -1067,37 +1069,366 @@ def gmm_from_context(ctx: Mapping[str, Any]) -> list[tuple[np.ndarray, np.ndarra
 
 
 # ------------------------------------------------------------------------------------ personalisation
-def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 5, seed: int = 0, adversarial_rounds: int | None = None) -> Twin:
-    """A copy of ``twin`` whose engine and client models are fine-tuned on one site's own log.
+#: proximal strengths tried by `personalise` (0: plain fine-tuning; larger: closer to the federation)
+PROX_GRID = (0.0, 0.1, 1.0, 10.0)
 
-    Behaviour cloning from the federated weights for ``epochs`` epochs on the site's rows (its
-    variance re-estimated on them): the site keeps what the federation learned where it has no
-    data and moves towards its own behaviour where it has. A MAIL twin's clients are then refined
-    by ``adversarial_rounds`` local GAIL rounds on the same rows (`twin_mail.SiteAdversarial`,
-    fresh discriminators; default: as many as the twin's own adversarial rounds, 0 for a BC twin),
-    so that the personalised model stays in the family the federation fitted.
+
+@dataclass
+class _Candidate:
+    """One way of fitting a model on the site's rows: start (federated or fresh), proximal
+    strength, epochs, and the held-out loss it reached."""
+
+    name: str
+    start: str  # "federated" | "fresh"
+    mu: float
+    epochs: int
+    loss: float
+
+
+def _actor_mean(pol: Any, x: th.Tensor) -> th.Tensor:
+    """``(N, in) -> (N, out)`` the Gaussian policy's mean, with gradients (`GaussianModel.mean`
+    without ``no_grad``; Box observations need no preprocessing)."""
+    return pol.action_net(pol.mlp_extractor.forward_actor(pol.pi_features_extractor(x)))
+
+
+def _actor_params(pol: Any) -> list[tuple[str, th.nn.Parameter]]:
+    return [(n, p) for n, p in pol.named_parameters() if n != "log_std" and "value_net" not in n]
+
+
+def _weighted_loss(pol: Any, x: np.ndarray, y: np.ndarray, inv_var: np.ndarray) -> float:
+    """Mean Gaussian negative log-likelihood of ``y`` under ``pol``'s mean with a fixed variance
+    (``1 / inv_var``, per output), up to constants: ``0.5 * mean(sum((mu - y)^2 * inv_var))``."""
+    if len(x) == 0:
+        return float("nan")
+    with th.no_grad():
+        mu = _actor_mean(pol, th.as_tensor(np.asarray(x, np.float32)))
+        d = mu - th.as_tensor(np.asarray(y, np.float32))
+        return float(0.5 * (d * d * th.as_tensor(inv_var, dtype=d.dtype)).sum(dim=1).mean())
+
+
+def proximal_fit(pol: Any, anchor: Any, x: np.ndarray, y: np.ndarray, inv_var: np.ndarray, epochs: int, mu: float,
+                 seed: int, x_val: np.ndarray | None = None, y_val: np.ndarray | None = None,
+                 batch_size: int = 256, lr: float = 1e-3) -> list[float]:
+    """Fit ``pol``'s mean to ``(x, y)`` by Adam on the fixed-variance Gaussian likelihood plus the
+    proximal term ``mu/2 * ||theta - theta_anchor||^2`` (FedProx / Ditto: the site's model may move
+    as far from the federated one as its own rows justify, no further); ``mu = 0`` is plain
+    fine-tuning, and a fresh ``pol`` with ``mu = 0`` is a local-only fit.
+
+    Args:
+        pol, anchor: Gaussian policies of the same architecture (``anchor`` is not modified).
+        x, y: ``(N, in)``, ``(N, out)`` standardised inputs and targets (``y`` clipped to the
+            models' output range).
+        inv_var: ``(out,)`` per-output weights (inverse variances: the federated residuals).
+        epochs, mu, seed: epochs over ``x``; proximal strength; batches and init are seeded.
+        x_val, y_val: held-out rows; when given, their loss is recorded after every epoch.
+
+    Returns:
+        The held-out loss after each epoch (empty without held-out rows).
+    """
+    y = np.clip(np.asarray(y, np.float32), -OUTPUT_CLIP, OUTPUT_CLIP)
+    x = np.asarray(x, np.float32)
+    params = _actor_params(pol)
+    ref = dict(_actor_params(anchor))
+    ref_t = [ref[n].detach().clone() for n, _ in params]
+    opt = th.optim.Adam([p for _, p in params], lr=lr)
+    w = th.as_tensor(inv_var, dtype=th.float32)
+    xt, yt = th.as_tensor(x), th.as_tensor(y)
+    rng = np.random.default_rng(seed)
+    bs = max(1, min(batch_size, len(x)))
+    val: list[float] = []
+    for _ in range(max(0, int(epochs))):
+        order = rng.permutation(len(x))
+        for i in range(0, len(x), bs):
+            b = th.as_tensor(order[i : i + bs])
+            d = _actor_mean(pol, xt[b]) - yt[b]
+            loss = 0.5 * (d * d * w).sum(dim=1).mean()
+            if mu > 0:
+                loss = loss + 0.5 * mu * sum(((p - r) ** 2).sum() for (_, p), r in zip(params, ref_t, strict=True))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if x_val is not None and y_val is not None and len(x_val):
+            val.append(_weighted_loss(pol, x_val, np.clip(y_val, -OUTPUT_CLIP, OUTPUT_CLIP), inv_var))
+    return val
+
+
+def _set_std(pol: Any, x: np.ndarray, y: np.ndarray) -> None:
+    """The variance at its maximum-likelihood value given the mean (as `behaviour_clone` ends)."""
+    if len(x) == 0:
+        return
+    y = np.clip(np.asarray(y, np.float32), -OUTPUT_CLIP, OUTPUT_CLIP)
+    rms = np.sqrt(((y - GaussianModel(pol).mean(x)) ** 2).mean(axis=0))
+    with th.no_grad():
+        pol.log_std.copy_(th.as_tensor(np.log(np.maximum(rms, MIN_STD)), dtype=pol.log_std.dtype))
+
+
+def validation_agents(df: pd.DataFrame, fraction: float, seed: int) -> np.ndarray:
+    """``(N,)`` bool: the rows of held-out service groups (``(episode, agent)`` pairs), about
+    ``fraction`` of each scenario's groups and at least one of each scenario that has two or more,
+    drawn with ``seed``. Whole groups are held out (not ticks) so that the validation rows are
+    groups the fit never saw, as a held-out day's are."""
+    key = df["episode"].astype(str) + "\x1f" + df["agent"].astype(str)
+    out = np.zeros(len(df), bool)
+    if fraction <= 0:
+        return out
+    rng = np.random.default_rng([seed, 0x7A1])
+    for _, sub in df.groupby("scenario", sort=True):
+        groups = np.sort(key.loc[sub.index].unique())
+        if len(groups) < 2:
+            continue
+        k = min(len(groups) - 1, max(1, int(round(fraction * len(groups)))))
+        held = set(rng.choice(groups, size=k, replace=False))
+        out[sub.index.to_numpy()[key.loc[sub.index].isin(held).to_numpy()]] = True
+    return out
+
+
+def model_candidates(fed: Any, x: np.ndarray, y: np.ndarray, held: np.ndarray, epochs: int, local_epochs: int,
+                     seed: int, prox_grid: Sequence[float] = PROX_GRID, fresh: Any = None) -> list[tuple[_Candidate, Any]]:
+    """The candidates of one model of one site, each trained on the rows not ``held`` and scored
+    by the fixed-variance Gaussian likelihood of the ``held`` rows: the federated model as it is;
+    for each ``mu`` in ``prox_grid``, fine-tuning from it with the proximal term, stopped at its
+    best epoch (up to ``epochs``); a fresh model (``fresh``, same architecture) trained on the
+    site's rows alone, at its best epoch (up to ``local_epochs``). Empty without held-out rows or
+    with fewer than two rows to fit. Returns ``(candidate, model trained on the kept rows)``."""
+    inv_var = np.exp(-2.0 * fed.log_std.detach().cpu().numpy().astype(np.float64))
+    fit, val = ~held, held
+    out: list[tuple[_Candidate, Any]] = []
+    if not val.any() or fit.sum() < 2:
+        return out
+    out.append((_Candidate("federated", "federated", 0.0, 0, _weighted_loss(fed, x[val], y[val], inv_var)), fed))
+    for j, mu in enumerate(prox_grid):
+        pol = copy.deepcopy(fed)
+        curve = proximal_fit(pol, fed, x[fit], y[fit], inv_var, epochs, mu, seed + 31 * j, x[val], y[val])
+        e = int(np.nanargmin(curve)) if curve else 0
+        # refit at the best epoch, so that the model returned is the one scored
+        pol = copy.deepcopy(fed)
+        proximal_fit(pol, fed, x[fit], y[fit], inv_var, e + 1, mu, seed + 31 * j)
+        _set_std(pol, x[fit], y[fit])
+        out.append((_Candidate(f"fine-tuned (mu={mu:g})", "federated", mu, e + 1,
+                               float(curve[e]) if curve else np.inf), pol))
+    if fresh is not None and local_epochs > 0:
+        pol = copy.deepcopy(fresh)
+        curve = proximal_fit(pol, fresh, x[fit], y[fit], inv_var, local_epochs, 0.0, seed + 997, x[val], y[val])
+        e = int(np.nanargmin(curve))
+        pol = copy.deepcopy(fresh)
+        proximal_fit(pol, fresh, x[fit], y[fit], inv_var, e + 1, 0.0, seed + 997)
+        _set_std(pol, x[fit], y[fit])
+        out.append((_Candidate("local only", "fresh", 0.0, e + 1, float(curve[e])), pol))
+    return out
+
+
+def refit(cand: _Candidate, fed: Any, fresh: Any, x: np.ndarray, y: np.ndarray, seed: int) -> Any:
+    """A candidate's recipe (start, proximal strength, epochs) applied to all the site's rows."""
+    start = fresh if cand.start == "fresh" else fed
+    model = copy.deepcopy(start)
+    if cand.epochs > 0 and len(x) >= 2:
+        inv_var = np.exp(-2.0 * fed.log_std.detach().cpu().numpy().astype(np.float64))
+        proximal_fit(model, start, x, y, inv_var, cand.epochs, cand.mu, seed + 7)
+        _set_std(model, x, y)
+    return model
+
+
+def select_and_fit(fed: Any, x: np.ndarray, y: np.ndarray, held: np.ndarray, epochs: int, local_epochs: int,
+                   seed: int, prox_grid: Sequence[float] = PROX_GRID, fresh: Any = None) -> tuple[Any, dict[str, Any]]:
+    """One model of one site: the federated one, a proximal fine-tuning of it, or a local-only
+    fit, whichever predicts the site's held-out rows best (`model_candidates`); the winner's recipe
+    is then refitted on all rows.
+
+    Why by held-out loss: whether the federation helps a site depends on how much data it has and
+    how unlike the others it is, which only its own rows can tell; a site with plenty of data of
+    its own picks its local fit, a data-poor one the federated model or a fine-tuning close to it.
+
+    Args:
+        fed: the federated model (not modified).
+        x, y: ``(N, in)``, ``(N, out)`` the site's standardised rows (``y`` without NaN).
+        held: ``(N,)`` bool, the held-out rows; with none (or no row to fit), the first proximal
+            candidate with ``epochs`` epochs is used without selection.
+        epochs, local_epochs: most epochs of fine-tuning and of the local fit.
+        seed: seeds batches.
+        fresh: a freshly initialised model of the same architecture (None: no local candidate).
+
+    Returns:
+        ``(model, record)``: a new model, and ``{"choice", "epochs", "mu", "losses": {name: loss}}``.
+    """
+    cands = [c for c, _ in model_candidates(fed, x, y, held, epochs, local_epochs, seed, prox_grid, fresh)]
+    if cands:
+        best = min(cands, key=lambda c: (c.loss if np.isfinite(c.loss) else np.inf))
+    else:
+        best = _Candidate(f"fine-tuned (mu={prox_grid[0]:g})", "federated", float(prox_grid[0]), epochs, float("nan"))
+    model = refit(best, fed, fresh if fresh is not None else fed, x, y, seed)
+    return model, {"choice": best.name, "epochs": best.epochs, "mu": best.mu, "losses": {c.name: c.loss for c in cands}}
+
+
+#: twin-level candidates of `personalise`: which of each model's candidates each one takes
+TWIN_CHOICES = ("federated", "per model", "local only")
+
+
+def closed_loop_error(twin: Twin, log: pd.DataFrame, held: np.ndarray, policy: Any, seed: int) -> float:
+    """How far ``twin`` is from a site's logged outcomes on held-out service groups, in closed loop.
+
+    The twin runs the log's episodes (its populations and first states, `logged_rollout`) under
+    ``policy`` (a clone of the logging policy), every agent simulated; on the rows of the groups
+    ``held`` (the log's rows, ``(N,)`` bool) the mean of each output and of the reward is set
+    beside the logged mean: the score is the mean over those columns of ``((twin - log) / sd)^2``
+    (``sd``: the logged column's standard deviation). This is the error a twin is used for (mean
+    returns and KPIs over a day, with its own predictions feeding the next tick), on groups none
+    of the candidates was fitted on; a one-step likelihood can prefer a model with less variance
+    per row but a bias that every tick of a rollout adds up."""
+    from edgetwin.twin.fidelity import logged_rollout
+
+    lay = twin.layout
+    cols = [c for c in [*lay.outputs] if c in log.columns]
+    key = log["episode"].astype(str) + "\x1f" + log["agent"].astype(str)
+    held_keys = set(key[held])
+    rep = logged_rollout(twin, policy, log, seed=seed, all_members=True)
+    rkey = rep["episode"].astype(str).str.replace(r"-m\d+$", "", regex=True) + "\x1f" + rep["agent"].astype(str)
+    sim = rep[rkey.isin(held_keys).to_numpy()]
+    real = log[held]
+    if not len(sim) or not len(real):
+        return float("nan")
+    err = [((float(sim[c].mean()) - float(real[c].mean())) / max(float(real[c].std()), 1e-9)) ** 2
+           for c in cols if c in sim.columns]
+    return float(np.mean(err)) if err else float("nan")
+
+
+def _same_shape(fresh: Any, like: Any) -> Any:
+    """``fresh`` when its parameters have ``like``'s shapes (a local-only candidate must be the same
+    model family), else None (no local candidate)."""
+    a = {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
+    b = {k: tuple(v.shape) for k, v in like.state_dict().items()}
+    return fresh if a == b else None
+
+
+def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, adversarial_rounds: int | None = None,
+                validation: float = 0.25, prox_grid: Sequence[float] = PROX_GRID, local_epochs: int | None = None) -> Twin:
+    """A copy of ``twin`` whose engine and client models are chosen and fitted for one site by its
+    own log (which never leaves the site).
+
+    A fraction ``validation`` of each scenario's service groups is held out (`validation_agents`).
+    For each ensemble member, scenario and model (engine, client), `model_candidates` fits on the
+    other groups the federated model as it is, proximal fine-tunings of it towards the federated
+    weights (FedProx / Ditto, ``prox_grid``) and a model of the site's rows alone, each at its best
+    epoch by the one-step likelihood of the held-out rows. Three twins are assembled from them
+    (`TWIN_CHOICES`: all federated; per model the best one-step candidate; all local), each runs
+    the site's episodes in closed loop under the site's cloned logging policy, and the one whose
+    mean outputs and reward on the held-out groups are closest to the logged ones
+    (`closed_loop_error`) is chosen: one-step likelihood alone can prefer a model whose small bias
+    a rollout adds up tick after tick. The chosen recipe is refitted on all the site's rows. The
+    operator's guarantee, up to the noise of the held-out groups: the personalised twin reproduces
+    the site no worse than one fitted on its rows alone (a candidate), and borrows from the
+    federation where that reproduces it better.
+
+    A MAIL twin's clients are then refined by ``adversarial_rounds`` local GAIL rounds on the site's
+    rows (`twin_mail.SiteAdversarial`, fresh discriminators; default: as many as the twin's own
+    adversarial rounds, 0 for a BC twin), so that the personalised model stays in the family the
+    federation fitted.
+
+    Args:
+        twin: the (federated) twin.
+        log: the site's log, in the contract of the twin's spec.
+        epochs: most fine-tuning epochs (chosen on the held-out groups).
+        seed: the same seed and log give the same twin.
+        adversarial_rounds: local GAIL rounds after the selection (see above).
+        validation: fraction of service groups held out to choose; 0: no choice (proximal
+            fine-tuning with ``prox_grid[0]`` for ``epochs`` epochs).
+        prox_grid: proximal strengths tried.
+        local_epochs: most epochs of the local-only candidate (default: the twin's BC epochs).
+
+    Returns:
+        The personalised twin; ``meta["personalised"]`` records the twin-level scores and choice
+        (``twin_scores``, ``twin_choice``) and, per member, scenario and model, the candidate taken
+        and every candidate's held-out loss (``choices``).
     """
     from edgetwin.federation.twin_mail import SiteAdversarial
 
     lay = twin.layout
     df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
     steps = build_steps(df, lay)
+    held_rows = validation_agents(steps.frame, validation, seed)
     hyper = dict(twin.meta.get("hyper") or {})
     cfg = MailConfig.from_hyper(hyper)
     cfg.disc_arch = tuple(int(h) for h in cfg.disc_arch)
     if adversarial_rounds is None:
         adversarial_rounds = int(hyper.get("rounds", 0)) if twin.meta.get("response_model") == "mail" else 0
-    members = []
+    if local_epochs is None:
+        local_epochs = int(hyper.get("bc_epochs", 12) or 12)
+    net_arch = [int(h) for h in hyper.get("net_arch", [64, 64])]
+    engine_arch = [int(h) for h in hyper.get("engine_arch", [32, 32])]
+
+    def take(cands: list[tuple[_Candidate, Any]], how: str) -> tuple[_Candidate, Any] | None:
+        if not cands:
+            return None
+        if how == "federated":
+            return cands[0]
+        if how == "local only":
+            loc = [c for c in cands if c[0].start == "fresh"]
+            return loc[0] if loc else cands[0]
+        return min(cands, key=lambda c: (c[0].loss if np.isfinite(c[0].loss) else np.inf))
+
+    # per member, scenario and model: its candidates, trained on the groups not held out
+    slots: list[dict[str, Any]] = []
     for m, mem in enumerate(twin.members):
+        for s in range(len(lay.scenarios)):
+            for kind, rows, x, y, fed, fresh in (
+                ("engine", steps.rows(s), steps.x_engine, steps.za, mem.engines[s],
+                 (lay.n_engine_inputs, len(lay.action), engine_arch, 0)),
+                ("client", client_rows(steps, lay, s), steps.x_client, steps.y_client, mem.clients[s],
+                 (lay.n_client_inputs, lay.n_model_outputs, net_arch, 100)),
+            ):
+                if len(rows) < 2:
+                    continue
+                th.manual_seed(seed * 1000 + m * 17 + fresh[3] + s)
+                new = _same_shape(gaussian_policy(fresh[0], fresh[1], fresh[2]), fed)
+                sd = seed * 100 + m * 10 + s + (5 if kind == "client" else 0)
+                cands = model_candidates(fed, x[rows], y[rows], held_rows[rows], epochs, local_epochs, sd, prox_grid, new)
+                slots.append({"member": m, "scenario": s, "model": kind, "x": x[rows], "y": y[rows], "fed": fed,
+                              "fresh": new, "seed": sd, "cands": cands})
+
+    def assemble(pick: Any) -> list[Member]:
+        out = []
+        for m, mem in enumerate(twin.members):
+            clients, engines = dict(mem.clients), dict(mem.engines)
+            for sl in slots:
+                if sl["member"] == m:
+                    (clients if sl["model"] == "client" else engines)[sl["scenario"]] = pick(sl)
+            out.append(Member(clients, engines, mem.history))
+        return out
+
+    def as_twin(members: list[Member]) -> Twin:
+        return Twin(lay, members, twin.population, twin.composition, twin.initial, twin.support,
+                    twin.action_low, twin.action_high, dict(twin.meta))
+
+    # the twin-level choice: each way of combining the models, fitted without the held-out groups,
+    # run in closed loop on the site's episodes and scored on those groups (`closed_loop_error`)
+    scores: dict[str, float] = {}
+    how = "per model"
+    if held_rows.any() and any(sl["cands"] for sl in slots):
+        local_twin = as_twin(assemble(lambda sl: (take(sl["cands"], "local only") or (None, sl["fed"]))[1]))
+        policy = local_twin.logging_policy(seed=seed + 11)  # the site's own clone of its logging policy
+        for h in TWIN_CHOICES:
+            cand = local_twin if h == "local only" else as_twin(
+                assemble(lambda sl, h=h: (take(sl["cands"], h) or (None, sl["fed"]))[1]))
+            scores[h] = closed_loop_error(cand, df, held_rows, policy, seed + 13)
+        finite = {k: v for k, v in scores.items() if np.isfinite(v)}
+        if finite:
+            how = min(finite, key=finite.__getitem__)
+
+    choices, members = [], []
+    final = {}
+    for sl in slots:
+        c = take(sl["cands"], how)
+        if c is None:
+            best = _Candidate(f"fine-tuned (mu={prox_grid[0]:g})", "federated", float(prox_grid[0]), epochs, float("nan"))
+        else:
+            best = c[0]
+        final[id(sl)] = refit(best, sl["fed"], sl["fresh"] if sl["fresh"] is not None else sl["fed"], sl["x"], sl["y"],
+                              sl["seed"])
+        choices.append({"member": sl["member"], "scenario": lay.scenarios[sl["scenario"]], "model": sl["model"],
+                        "choice": best.name, "epochs": best.epochs, "mu": best.mu,
+                        "losses": {c.name: c.loss for c, _ in sl["cands"]}})
+    for m, mem in enumerate(assemble(lambda sl: final[id(sl)])):
         clients = {s: copy.deepcopy(c) for s, c in mem.clients.items()}
         engines = {s: copy.deepcopy(e) for s, e in mem.engines.items()}
-        for s in range(len(lay.scenarios)):
-            rows = steps.rows(s)
-            if len(rows) >= 2:
-                behaviour_clone(steps.x_engine[rows], steps.za[rows], engines[s], epochs, seed * 100 + m * 10 + s)
-            crow = client_rows(steps, lay, s)
-            if len(crow) >= 2:
-                behaviour_clone(steps.x_client[crow], steps.y_client[crow], clients[s], epochs, seed * 100 + m * 10 + s + 5)
         history = mem.history.copy()
         if adversarial_rounds > 0:
             local = SiteAdversarial("personalise", steps, df, twin.spec, lay, cfg, engines, seed * 100 + m)
@@ -1110,6 +1441,8 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 5, seed: int = 0, a
             history = pd.concat([history, pd.DataFrame(recs)], ignore_index=True)
         members.append(Member(clients, engines, history))
     meta = dict(twin.meta)
-    meta["personalised"] = {"epochs": epochs, "rows": len(df), "adversarial_rounds": adversarial_rounds}
+    meta["personalised"] = {"epochs": epochs, "rows": len(df), "adversarial_rounds": adversarial_rounds,
+                            "validation": validation, "prox_grid": list(prox_grid), "twin_choice": how,
+                            "twin_scores": scores, "choices": choices}
     return Twin(lay, members, twin.population, twin.composition, twin.initial, twin.support,
                 twin.action_low, twin.action_high, meta)
