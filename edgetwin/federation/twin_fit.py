@@ -61,6 +61,7 @@ from edgetwin.imitation.mail import (
     behaviour_clone,
     client_rows,
     gaussian_policy,
+    set_maximum_likelihood_std,
 )
 from edgetwin.imitation.steps import build_steps
 from edgetwin.imitation.world import Composition, InitialStates
@@ -1156,10 +1157,7 @@ def _set_std(pol: Any, x: np.ndarray, y: np.ndarray) -> None:
     """The variance at its maximum-likelihood value given the mean (as `behaviour_clone` ends)."""
     if len(x) == 0:
         return
-    y = np.clip(np.asarray(y, np.float32), -OUTPUT_CLIP, OUTPUT_CLIP)
-    rms = np.sqrt(((y - GaussianModel(pol).mean(x)) ** 2).mean(axis=0))
-    with th.no_grad():
-        pol.log_std.copy_(th.as_tensor(np.log(np.maximum(rms, MIN_STD)), dtype=pol.log_std.dtype))
+    set_maximum_likelihood_std(pol, x, np.clip(np.asarray(y, np.float32), -OUTPUT_CLIP, OUTPUT_CLIP))
 
 
 def validation_agents(df: pd.DataFrame, fraction: float, seed: int) -> np.ndarray:

@@ -231,12 +231,22 @@ def behaviour_clone(
             trainer.train(n_batches=steps, progress_bar=False)
         else:  # the uncapped fit, exactly as before the cap existed
             trainer.train(n_epochs=max(1, epochs), progress_bar=False)
+    mu = set_maximum_likelihood_std(policy, x, y)
+    with th.no_grad():
+        _, logp, _ = policy.evaluate_actions(th.as_tensor(x.copy()), th.as_tensor(y.copy()))
+    return {"neglogp": float(-logp.mean()), "mse": float(((mu - y) ** 2).mean()), "steps": float(steps)}
+
+
+def set_maximum_likelihood_std(policy: ActorCriticPolicy, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Set ``policy``'s std to its maximum-likelihood value given its fitted mean: the residual
+    RMS per output (floored at `MIN_STD`), as every fit of a Gaussian client ends (see
+    `behaviour_clone`). ``x`` ``(n, in)``, ``y`` ``(n, out)`` standardised (``y`` already clipped
+    to the output range). Returns the mean ``(n, out)``."""
     mu = GaussianModel(policy).mean(x)
     rms = np.sqrt(((y - mu) ** 2).mean(axis=0))
     with th.no_grad():
         policy.log_std.copy_(th.as_tensor(np.log(np.maximum(rms, MIN_STD)), dtype=policy.log_std.dtype))
-        _, logp, _ = policy.evaluate_actions(th.as_tensor(x.copy()), th.as_tensor(y.copy()))
-    return {"neglogp": float(-logp.mean()), "mse": float(((mu - y) ** 2).mean()), "steps": float(steps)}
+    return mu
 
 
 def bc_steps(n: int, epochs: int, batch_size: int, max_steps: int | None = None) -> int:
