@@ -39,6 +39,10 @@ OUT = ROOT / "docs" / "benchmarks" / "train_selection"
 SECTION = "## Training that stays where the twin is right (support-aware penalty, selection by lower bound)"
 
 
+#: hand-written subsections of the docs section that a rerun keeps
+KEEP = ("### Earlier runs",)
+
+
 def real_return(cfg: ClusterConfig, policy: Any, seed: int, episodes: int = 2) -> float:
     """Mean per-step reward over ``episodes`` days of the cluster under ``policy`` (paired seeds)."""
     log, _ = generate_logs(cfg, episodes=episodes, policy=policy, seed=seed)
@@ -100,13 +104,17 @@ def main() -> None:
     text = section(docs)
     print(text)
     if not args.no_write:
-        write_section(SECTION, text)
+        write_section(SECTION, text, keep=KEEP)
 
 
 def section(docs: dict[str, dict[str, Any]]) -> str:
+    steps = sorted({int(d["steps"]) for d in docs.values()})
+    minutes = " + ".join(f"{d['minutes']:.0f} min ({name})" for name, d in docs.items())
     lines = [
         SECTION, "",
-        "Command: `python benchmarks/train_selection.py --logging {random,production}` (2 shared CPU cores). The "
+        f"Command: `python benchmarks/train_selection.py --logging {{random,production}} --steps "
+        f"{'/'.join(str(s) for s in steps)}` ({minutes} on 2 shared CPU cores; the script's default is 40k PPO "
+        "steps). The "
         "whatif-gate benchmark's twin (MAIL-MMSG, 5 members, 6 logged days); PPO in it with 64 agents per episode; "
         "real return = mean per-step reward over 2 paired days of the cluster (100 service groups). *default* = "
         "`edgetwin train`'s defaults: support-aware penalty (1 x ensemble disagreement), no action-norm pull, then "
@@ -126,6 +134,20 @@ def section(docs: dict[str, dict[str, Any]]) -> str:
                 f"{'yes' if r['never_below_best_simple'] else '**no**'} |"
             )
     lines.append("")
+    for name, d in docs.items():
+        runs = d["runs"]
+        below = [r["seed"] for r in runs if not r["never_below_best_simple"]]
+        margin = min(r["default"]["exported_real"] - r["best_simple_real"] for r in runs)
+        lines.append(
+            f"Reading, *{name} logs* (mean reward per step on the cluster, seeds in order): default "
+            + " / ".join(f"{r['default']['exported_real']:.3f}" for r in runs) + ", λ = 0.4 "
+            + " / ".join(f"{r['lambda=0.4']['network_real']:.3f}" for r in runs) + ", λ = 0 "
+            + " / ".join(f"{r['lambda=0']['network_real']:.3f}" for r in runs)
+            + f"; best simple candidate {runs[0]['best_simple_real']:.3f}, logging policy {d['logging_real']:.3f}; "
+            f"below the best simple candidate on seed(s): {below or 'none'}; smallest margin over it "
+            f"{margin:+.4f}."
+        )
+        lines.append("")
     return "\n".join(lines)
 
 
