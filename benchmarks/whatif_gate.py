@@ -30,6 +30,13 @@ benchmark was run; the interval's width comes from held-out logs only. The risk-
 verdicts as the abstention threshold (interval width multiplier) moves.
 
     python benchmarks/whatif_gate.py [--logging random|production] [--quick] [--work DIR] [--no-write]
+        [--calibrate-on held|recent|both]
+
+``--calibrate-on recent`` calibrates on the replayed days themselves (their logged actions), which is
+what `edgetwin.policies.gate.run_gate` and ``edgetwin promote`` do when given a log and no calibration;
+``both`` on the held-out and the recent days. Those side runs write
+``results_<logging>_cal-<set>.json`` and a row of the section's calibration table; the headline stays
+the held-out calibration.
 
 ``--quick``: PPO 10k steps instead of 40k, and the replay cut to the first 48 ticks of each day.
 """
