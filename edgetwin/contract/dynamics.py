@@ -315,15 +315,30 @@ class Declaration:
         n_sites: int,
         step_seconds: float,
         high: float | None,
+        memo: dict[tuple[str, float], np.ndarray] | None = None,
     ) -> np.ndarray:
-        """``(N,)`` the column's values at ``t+1`` from the step's columns at ``t``."""
+        """``(N,)`` the column's values at ``t+1`` from the step's columns at ``t``.
+
+        ``memo``: expressions already evaluated on these same ``columns``, by (text, dt): a spec
+        often writes one expression twice (a site's load is both a column and a queue's
+        arrivals), and it has one value per tick.
+        """
+
+        def value(e: Expression, dt: float) -> np.ndarray:
+            if memo is None:
+                return e.evaluate(columns, site, n_sites, dt)
+            key = (e.text, float(dt))
+            if key not in memo:
+                memo[key] = e.evaluate(columns, site, n_sites, dt)
+            return memo[key].copy()
+
         if self.next is not None:
-            return self.next.evaluate(columns, site, n_sites, step_seconds)
+            return value(self.next, step_seconds)
         if self.arrivals is not None and self.service is not None:
             dt = self.dt if self.dt is not None else step_seconds
             cap = self.max if self.max is not None else (np.inf if high is None else high)
-            a = self.arrivals.evaluate(columns, site, n_sites, dt)
-            s = self.service.evaluate(columns, site, n_sites, dt)
+            a = value(self.arrivals, dt)
+            s = value(self.service, dt)
             now = np.asarray(columns[self.column], np.float64)
             return np.clip(now + (a - s) * dt, 0.0, cap)
         fn = self._import(f"[[dynamics]] {self.column}")
@@ -372,9 +387,13 @@ class DeclaredDynamics:
         """
         site = np.asarray(site, np.int64)
         n_sites = int(site.max()) + 1 if n_sites is None and len(site) else int(n_sites or 0)
+        memo: dict[tuple[str, float], np.ndarray] = {}  # every declaration reads the same step
         return {
             d.column: self.clip(
-                d.column, d.next_values(columns, site, n_sites, self.step_seconds, self.bounds.get(d.column, (None, None))[1])
+                d.column,
+                d.next_values(
+                    columns, site, n_sites, self.step_seconds, self.bounds.get(d.column, (None, None))[1], memo
+                ),
             )
             for d in self.declarations
         }

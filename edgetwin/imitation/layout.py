@@ -104,21 +104,51 @@ class ColumnScaler:
 
     def transform(self, raw: np.ndarray) -> np.ndarray:
         """Raw ``(N, D)`` -> standardised ``(N, D)`` float32."""
-        return ((_forward_log(np.asarray(raw, dtype=np.float64), self.log) - self.mean) / self.std).astype(
-            np.float32
-        )
+        z = _forward_log(np.asarray(raw, dtype=np.float64), self.log)  # a fresh float64 array
+        z -= self.mean  # in place: the same operations in the same order, one array fewer each
+        z /= self.std
+        return z.astype(np.float32)
 
     def inverse(self, z: np.ndarray) -> np.ndarray:
         """Standardised ``(N, D)`` -> raw ``(N, D)`` float64, clipped to bounds, discrete snapped."""
-        x = np.asarray(z, dtype=np.float64) * self.std + self.mean
+        x = np.array(z, dtype=np.float64)  # a copy, then worked on in place
+        x *= self.std
+        x += self.mean
         if self.log.any():
             # exp of a wild model output must not overflow to inf before clipping
             x[:, self.log] = np.expm1(np.clip(x[:, self.log], -50.0, 50.0))
-        return self.legalise(x)
+        return self._legalise(x, out=x)
 
     def legalise(self, x: np.ndarray) -> np.ndarray:
         """Clip raw values to bounds and snap discrete columns to their nearest allowed value."""
-        x = np.clip(x, self.low, self.high)
+        return self._legalise(x)
+
+    @property
+    def idempotent(self) -> bool:
+        """`legalise` of a legal array changes nothing: every allowed value of a discrete column
+        is within its bounds (else a snapped value would be clipped again)."""
+        return all(
+            vals is None or bool(np.all((vals >= lo) & (vals <= hi)))
+            for vals, lo, hi in zip(self.values, self.low, self.high, strict=True)
+        )
+
+    def legalise_columns(self, x: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """`legalise` of columns ``cols`` of ``x (N, D)`` in place (the same numbers as legalising
+        the whole array would give them); returns ``x``."""
+        if len(cols) == 0:
+            return x
+        sub = np.clip(x[:, cols], self.low[cols], self.high[cols])
+        for i, j in enumerate(cols):
+            vals = self.values[j]
+            if vals is not None and x.shape[0]:
+                idx = np.abs(sub[:, i : i + 1] - vals[None, :]).argmin(axis=1)
+                sub[:, i] = vals[idx]
+        x[:, cols] = sub
+        return x
+
+    def _legalise(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """`legalise`, into ``out`` (which may be ``x`` itself) when given."""
+        x = np.clip(x, self.low, self.high, out=out)
         for j, vals in enumerate(self.values):
             if vals is not None and x.shape[0]:
                 idx = np.abs(x[:, j : j + 1] - vals[None, :]).argmin(axis=1)
@@ -395,25 +425,60 @@ class Layout:
         outputs: np.ndarray,
         site: np.ndarray,
         nxt: np.ndarray,
+        n_sites: int | None = None,
     ) -> np.ndarray:
         """``nxt (N, S)`` with every declared state column computed from the tick (raw units).
 
         The declarations read the tick's raw ``profile (N, P)``, ``state (N, S)``, ``action (N, A)``
         and the learned ``outputs (N, Y)``, so a declared site column sees what every agent of
-        its site did and answered at this tick (`edgetwin.contract.dynamics`).
+        its site did and answered at this tick (`edgetwin.contract.dynamics`). ``n_sites``:
+        ``site.max() + 1`` when the caller knows it.
         """
-        dynamics = self.spec.declared_dynamics()
-        if dynamics is None or not any(self.declared):
+        if not any(self.declared):
+            return nxt
+        dynamics = self._runtime("dynamics", self.spec.declared_dynamics)
+        if dynamics is None:
             return nxt
         cols: dict[str, np.ndarray] = {}
         for names, block in ((self.profile, profile), (self.state, state), (self.action, action), (self.outputs, outputs)):
             for j, c in enumerate(names):
                 cols[c] = block[:, j]
-        values = dynamics.next_state(cols, site)
+        values = dynamics.next_state(cols, site, n_sites)
         for j, c in enumerate(self.state):
             if c in values:
                 nxt[:, j] = values[c]
         return nxt
+
+    def _runtime(self, key: str, compute: Any, source: Any = None) -> Any:
+        """``compute()`` kept on this layout while its spec (and ``source``) are the same objects:
+        a tick asks for the declared dynamics and column sets every time, and they do not change
+        under it (not pickled: `__getstate__`)."""
+        memo = self.__dict__.setdefault("_runtime_memo", {})
+        hit = memo.get(key)
+        if hit is None or hit[0] is not self.spec or hit[1] is not source:
+            hit = memo[key] = (self.spec, source, compute())
+        return hit[2]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_runtime_memo"}
+
+    @property
+    def site_state_columns(self) -> np.ndarray:
+        """Indices of the `site_state` columns (read-only)."""
+        return self._runtime(
+            "site_cols",
+            lambda: _frozen(np.flatnonzero(np.asarray(self.site_state, dtype=bool)) if self.site_state else np.zeros(0, np.int64)),
+            self.site_state,
+        )
+
+    @property
+    def clock_columns(self) -> np.ndarray:
+        """Indices of the `clock` columns (read-only)."""
+        return self._runtime(
+            "clock_cols",
+            lambda: _frozen(np.asarray([j for j, c in enumerate(self.clock) if c is not None], np.int64)),
+            self.clock,
+        )
 
     def roll_clocks(self, state: np.ndarray, nxt: np.ndarray) -> np.ndarray:
         """``nxt (N, S)`` with every `clock` column set to ``state``'s value one step on (raw units)."""
@@ -426,15 +491,34 @@ class Layout:
             nxt[:, j] = moved if period is None else low + np.mod(moved - low, period)
         return nxt
 
-    def roll_echoes(self, outputs: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+    def roll_echoes(
+        self, outputs: np.ndarray, nxt: np.ndarray, legal_but: np.ndarray | None = None
+    ) -> np.ndarray:
         """``nxt (N, S)`` with every `echo` column set to the tick's ``outputs (N, Y)`` it repeats
-        (raw units, legalised to the state column's bounds)."""
+        (raw units, legalised to the state column's bounds).
+
+        ``legal_but``: the columns of ``nxt`` that may be illegal besides the echoes (e.g. rolled
+        clocks), when the caller knows every other column is legal already (a fresh `inverse`):
+        then only those and the echoes are legalised, which gives the same array as legalising
+        all of them (clipping and snapping are idempotent when every allowed value is within
+        its bounds; otherwise all columns are legalised, as without it).
+        """
         cols = [(j, k) for j, k in enumerate(self.echo) if k is not None]
         if cols:
             for j, k in cols:
                 nxt[:, j] = outputs[:, k]
-            nxt[:] = self.scalers["state"].legalise(nxt)
+            sc = self.scalers["state"]
+            if legal_but is not None and sc.idempotent:
+                touched = np.union1d(np.asarray(legal_but, np.int64), [j for j, _ in cols])
+                sc.legalise_columns(nxt, touched)
+            else:
+                nxt[:] = sc.legalise(nxt)
         return nxt
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 #: A state column whose tick-to-tick change has less than this share of its variance is modelled
