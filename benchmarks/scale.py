@@ -99,16 +99,26 @@ def timed_fit(rows: int, workers: int, hyper: dict, seed: int, ray: str | None, 
 
 
 # ------------------------------------------------------------------------------------ 2. rollout
+def one_thread() -> None:
+    """One thread for torch (the client MLP) and numexpr (the declared dynamics), as "one process"
+    means: with 2 threads on a loaded 2-core machine the MLP's kernels spin-wait (2-9x slower),
+    and numexpr's second thread costs more than it saves on a twin's arrays (10,000 agents: 36 vs
+    21 us per expression on a quiet machine, far worse when the other core is busy)."""
+    import numexpr
+    import torch
+
+    torch.set_num_threads(1)
+    numexpr.set_num_threads(1)
+
+
 def throughput(twin_dir: Path, n: int, ticks: int, rounds: int = 3, seed: int = 0) -> dict:
     """Best of ``rounds`` alternating runs of the twin and the cluster (each ``ticks`` ticks, after
     ``ticks // 4`` warm-up ticks of the twin)."""
-    import torch
-
     from edgetwin.contract.policy import RandomPolicy
     from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
     from edgetwin.twin.twin import Twin
 
-    torch.set_num_threads(1)
+    one_thread()
     twin = Twin.load(twin_dir)
     pol = RandomPolicy(twin.spec, 0)
     best_t, best_c, cpu_t, cpu_c = 0.0, 0.0, 0.0, 0.0
@@ -180,12 +190,10 @@ def throughput_compared(twin_dir: Path, sizes: tuple[int, ...], ticks: int, befo
 def profile_tick(twin_dir: Path, n: int, ticks: int, top: int = 12) -> list[dict]:
     """cProfile of ``ticks`` twin ticks at ``n`` agents (1 torch thread, as the throughput runs):
     the top entries by own time."""
-    import torch
-
     from edgetwin.contract.policy import RandomPolicy
     from edgetwin.twin.twin import Twin
 
-    torch.set_num_threads(1)  # with 2 threads on a loaded 2-core machine the MLP's kernels spin-wait: 2-9x slower
+    one_thread()
     twin = Twin.load(twin_dir)
     sim = twin.simulation(n_agents=n, seed=0)
     pol = RandomPolicy(twin.spec, 0)

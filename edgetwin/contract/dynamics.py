@@ -167,8 +167,6 @@ class Expression:
         self, columns: Mapping[str, np.ndarray], site: np.ndarray, n_sites: int, dt: float
     ) -> np.ndarray:
         """``(N,)`` the expression per agent; aggregates are over each agent's site at the tick."""
-        import numexpr
-
         n = len(site)
 
         def local(names: Sequence[str], extra: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -179,12 +177,35 @@ class Expression:
 
         placeholders: dict[str, np.ndarray] = {}
         for k, ((op, inner), names) in enumerate(zip(self.aggregates, self.inner_names, strict=True)):
-            per_agent = np.broadcast_to(
-                np.asarray(numexpr.evaluate(inner, local_dict=local(names, {})), np.float64), (n,)
-            )
+            per_agent = np.broadcast_to(np.asarray(_numexpr(inner, local(names, {})), np.float64), (n,))
             placeholders[f"_agg{k}"] = _reduce(op, per_agent, site, n_sites)[site]
-        out = numexpr.evaluate(self.outer, local_dict=local(self.outer_names, placeholders))
+        out = _numexpr(self.outer, local(self.outer_names, placeholders))
         return np.broadcast_to(np.asarray(out, np.float64), (n,)).copy()
+
+
+#: numexpr text -> (its variable names, whether it uses VML, the compiled program)
+_COMPILED: dict[str, tuple[list[str], bool, Any]] = {}
+
+
+def _numexpr(text: str, local: Mapping[str, Any]) -> np.ndarray:
+    """``numexpr.evaluate(text, local_dict=local)`` for float64 variables, compiled once per text.
+
+    What `numexpr.evaluate` does (names, a signature, `numexpr.NumExpr`, then the call with its
+    default keywords), without its per-call parsing and cache look-ups, which cost more than the
+    arithmetic at a twin's sizes: the same program on the same arrays, so the same numbers.
+    """
+    hit = _COMPILED.get(text)
+    if hit is None:
+        import numexpr
+        from numexpr.necompiler import getContext, getExprNames, getType
+
+        context = getContext({})
+        names, uses_vml = getExprNames(text, context, sanitize=True)
+        signature = [(name, getType(np.zeros(1))) for name in names]  # every variable is float64
+        hit = _COMPILED[text] = (names, uses_vml, numexpr.NumExpr(text, signature, sanitize=True, **context))
+    names, uses_vml, program = hit
+    args = [np.asarray(local[name], np.float64) for name in names]
+    return program(*args, out=None, order="K", casting="safe", ex_uses_vml=uses_vml)
 
 
 def _reduce(op: str, values: np.ndarray, site: np.ndarray, n_sites: int) -> np.ndarray:

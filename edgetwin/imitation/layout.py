@@ -42,6 +42,8 @@ from edgetwin.contract.spec import REWARD_COLUMN, Feature, TwinSpec
 __all__ = ["DAY_SECONDS", "PERSISTENT_RATIO", "ColumnScaler", "Layout"]
 
 DAY_SECONDS = 86_400.0
+#: row counts for which `ColumnScaler` keeps its statistics repeated per row (a twin's ticks)
+_TILE_ROWS = (64, 16_384)
 
 
 @dataclass
@@ -66,6 +68,31 @@ class ColumnScaler:
     low: np.ndarray
     high: np.ndarray
     values: list[np.ndarray | None] = field(default_factory=list)
+    #: per statistic, ``(the (D,) array, it repeated as (n, D) rows)`` (see `_rows`)
+    _tiles: dict[str, tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: (v if k != "_tiles" else {}) for k, v in self.__dict__.items()}
+
+    def _rows(self, name: str, n: int) -> np.ndarray:
+        """``mean``/``std`` as ``(n, D)`` rows, kept for the last ``n`` (a twin
+        steps the same agents every tick), or the ``(D,)`` array itself for few or very many rows.
+
+        numpy applies a ``(D,)`` operand row by row, one short inner loop per row; a full
+        ``(n, D)`` operand is one long loop, about 3x faster at a twin's thousands of agents.
+        Every element meets the same value either way, so the results are the same to the bit.
+        """
+        v: np.ndarray = getattr(self, name)
+        if not _TILE_ROWS[0] <= n <= _TILE_ROWS[1]:
+            return v
+        hit = self._tiles.get(name)
+        if hit is None or hit[0] is not v or hit[1].shape[0] != n:
+            rows = np.tile(v, (n, 1))
+            rows.flags.writeable = False
+            hit = self._tiles[name] = (v, rows)
+        return hit[1]
 
     @classmethod
     def fit(cls, frame: pd.DataFrame, features: Sequence[Feature | None]) -> ColumnScaler:
@@ -105,15 +132,17 @@ class ColumnScaler:
     def transform(self, raw: np.ndarray) -> np.ndarray:
         """Raw ``(N, D)`` -> standardised ``(N, D)`` float32."""
         z = _forward_log(np.asarray(raw, dtype=np.float64), self.log)  # a fresh float64 array
-        z -= self.mean  # in place: the same operations in the same order, one array fewer each
-        z /= self.std
+        n = len(z)
+        z -= self._rows("mean", n)  # in place: the same operations in the same order
+        z /= self._rows("std", n)
         return z.astype(np.float32)
 
     def inverse(self, z: np.ndarray) -> np.ndarray:
         """Standardised ``(N, D)`` -> raw ``(N, D)`` float64, clipped to bounds, discrete snapped."""
         x = np.array(z, dtype=np.float64)  # a copy, then worked on in place
-        x *= self.std
-        x += self.mean
+        n = len(x)
+        x *= self._rows("std", n)
+        x += self._rows("mean", n)
         if self.log.any():
             # exp of a wild model output must not overflow to inf before clipping
             x[:, self.log] = np.expm1(np.clip(x[:, self.log], -50.0, 50.0))
@@ -123,31 +152,10 @@ class ColumnScaler:
         """Clip raw values to bounds and snap discrete columns to their nearest allowed value."""
         return self._legalise(x)
 
-    @property
-    def idempotent(self) -> bool:
-        """`legalise` of a legal array changes nothing: every allowed value of a discrete column
-        is within its bounds (else a snapped value would be clipped again)."""
-        return all(
-            vals is None or bool(np.all((vals >= lo) & (vals <= hi)))
-            for vals, lo, hi in zip(self.values, self.low, self.high, strict=True)
-        )
-
-    def legalise_columns(self, x: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        """`legalise` of columns ``cols`` of ``x (N, D)`` in place (the same numbers as legalising
-        the whole array would give them); returns ``x``."""
-        if len(cols) == 0:
-            return x
-        sub = np.clip(x[:, cols], self.low[cols], self.high[cols])
-        for i, j in enumerate(cols):
-            vals = self.values[j]
-            if vals is not None and x.shape[0]:
-                idx = np.abs(sub[:, i : i + 1] - vals[None, :]).argmin(axis=1)
-                sub[:, i] = vals[idx]
-        x[:, cols] = sub
-        return x
-
     def _legalise(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """`legalise`, into ``out`` (which may be ``x`` itself) when given."""
+        # (bounds as (D,), not `_rows`: np.clip breaks a tie between -0.0 and a 0.0 bound
+        # differently for a broadcast and a full bound array, and the numbers must not move)
         x = np.clip(x, self.low, self.high, out=out)
         for j, vals in enumerate(self.values):
             if vals is not None and x.shape[0]:
@@ -471,15 +479,6 @@ class Layout:
             self.site_state,
         )
 
-    @property
-    def clock_columns(self) -> np.ndarray:
-        """Indices of the `clock` columns (read-only)."""
-        return self._runtime(
-            "clock_cols",
-            lambda: _frozen(np.asarray([j for j, c in enumerate(self.clock) if c is not None], np.int64)),
-            self.clock,
-        )
-
     def roll_clocks(self, state: np.ndarray, nxt: np.ndarray) -> np.ndarray:
         """``nxt (N, S)`` with every `clock` column set to ``state``'s value one step on (raw units)."""
         for j, step in enumerate(self.clock):
@@ -491,28 +490,19 @@ class Layout:
             nxt[:, j] = moved if period is None else low + np.mod(moved - low, period)
         return nxt
 
-    def roll_echoes(
-        self, outputs: np.ndarray, nxt: np.ndarray, legal_but: np.ndarray | None = None
-    ) -> np.ndarray:
+    def roll_echoes(self, outputs: np.ndarray, nxt: np.ndarray) -> np.ndarray:
         """``nxt (N, S)`` with every `echo` column set to the tick's ``outputs (N, Y)`` it repeats
         (raw units, legalised to the state column's bounds).
 
-        ``legal_but``: the columns of ``nxt`` that may be illegal besides the echoes (e.g. rolled
-        clocks), when the caller knows every other column is legal already (a fresh `inverse`):
-        then only those and the echoes are legalised, which gives the same array as legalising
-        all of them (clipping and snapping are idempotent when every allowed value is within
-        its bounds; otherwise all columns are legalised, as without it).
+        Every column is legalised again, not only the echoes and clocks: the same values, but
+        np.clip breaks a tie between -0.0 and a 0.0 bound differently for a column slice than
+        for the whole array, and a rollout must stay the same to the bit.
         """
         cols = [(j, k) for j, k in enumerate(self.echo) if k is not None]
         if cols:
             for j, k in cols:
                 nxt[:, j] = outputs[:, k]
-            sc = self.scalers["state"]
-            if legal_but is not None and sc.idempotent:
-                touched = np.union1d(np.asarray(legal_but, np.int64), [j for j, _ in cols])
-                sc.legalise_columns(nxt, touched)
-            else:
-                nxt[:] = sc.legalise(nxt)
+            nxt[:] = self.scalers["state"].legalise(nxt)
         return nxt
 
 

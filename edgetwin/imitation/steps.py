@@ -42,9 +42,9 @@ def group_means(
         return np.zeros((n_groups, d), dtype=np.float64)
     if bins is None:
         bins = group_bins(codes, d)
-    sums = np.bincount(bins, weights=np.asarray(values, np.float64).ravel(), minlength=n_groups * d)
+    sums: np.ndarray = np.bincount(bins, weights=np.asarray(values, np.float64).ravel(), minlength=n_groups * d)
     sums = sums.reshape(n_groups, d)
-    sums /= np.maximum(counts, 1.0)[:, None]
+    sums /= np.maximum(counts, 1.0)[:, None]  # (float64 sums: bincount with weights)
     return sums
 
 
@@ -103,7 +103,7 @@ def client_features(
             2.0 * np.pi * ((np.asarray(t, np.float64) * layout.spec.step_seconds) % DAY_SECONDS) / DAY_SECONDS
         )
         parts += [np.sin(phase)[:, None], np.cos(phase)[:, None]]
-    widths = [int(np.prod(np.shape(p)[1:])) for p in parts]
+    widths = [p.shape[1] if np.ndim(p) == 2 else 1 for p in parts]  # (every part is (N,) or (N, w))
     x = np.empty((n, sum(widths)), dtype=np.float32)
     col = 0
     for p, w in zip(parts, widths, strict=True):

@@ -224,8 +224,7 @@ class World:
             if self.site_model is not None and len(site_cols):
                 z_next[:, self.site_model.columns] = self._site_next(zs, za, zy)[self.site]
             nxt = lay.roll_clocks(self.state, lay.scalers["state"].inverse(z_next))
-            # inverse made every column legal; only the rolled clocks and the echoes need it again
-            nxt = lay.roll_echoes(out_raw, nxt, legal_but=lay.clock_columns)
+            nxt = lay.roll_echoes(out_raw, nxt)
         else:
             nxt = self.state.copy()
         # the operator's accounting last: declared columns see every agent's outputs of the tick

@@ -205,7 +205,7 @@ class Simulation:
 
     def obs(self) -> np.ndarray:
         """``(N, P+S)`` raw ``[profile.*, state.*]``: what the platform policy sees."""
-        return np.concatenate([self.world.profile, self.world.state], axis=1).astype(np.float32)
+        return np.concatenate([self.world.profile, self.world.state], axis=1, dtype=np.float32)
 
     def legal_action(self, action: np.ndarray) -> np.ndarray:
         """Raw actions ``(n, A)`` clipped to the twin's action bounds, discrete ones snapped."""
