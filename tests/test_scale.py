@@ -1,4 +1,4 @@
-"""Behaviour cloning's budget on large logs (issue 22): a cap on gradient steps, and a leaner loss.
+"""Scale (issue 22): behaviour cloning's budget on large logs, and a twin tick's fast path.
 
 A fit of ``bc_epochs`` passes costs rows x epochs; `MailConfig.bc_max_steps` caps each behaviour-
 cloning fit's gradient steps so that a million-row log does not cost 35 times a 29k-row one. These
@@ -9,18 +9,26 @@ size changes nothing (the tests' and quick benchmarks' fits stay bit-identical),
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numexpr
 import numpy as np
+import pytest
 import torch
 from imitation.algorithms import bc
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import edgetwin.imitation.mail as mail
-from edgetwin.imitation.layout import Layout
+from edgetwin.contract.dynamics import Expression, _reduce
+from edgetwin.contract.policy import RandomPolicy
+from edgetwin.emulator.cluster import ClusterConfig
+from edgetwin.emulator.logs import generate_logs
+from edgetwin.imitation.layout import ColumnScaler, Layout, _forward_log
 from edgetwin.imitation.mail import MailConfig, bc_steps, behaviour_clone, fit_engines, gaussian_policy
-from edgetwin.imitation.steps import build_steps
+from edgetwin.imitation.steps import build_steps, client_features
+from edgetwin.twin.twin import Twin
 from tests.test_imitation import toy_log, toy_spec
 
 torch.set_num_threads(1)
@@ -112,3 +120,100 @@ def test_the_lean_loss_trains_the_same_weights_as_imitations(monkeypatch) -> Non
     w_imit, _, r_imit = fit(x, y, epochs=3, max_steps=None)
     assert all(torch.equal(a, b) for a, b in zip(w_lean, w_imit, strict=True))
     assert r_lean == r_imit
+
+
+# ------------------------------------------------------------------ the twin's tick (throughput)
+# A tick of `Simulation.step` works on whole arrays (no row index); these tests hold it to the
+# row-subset path and to the plain formulas it replaced, bit for bit: a faster tick must not move
+# a rollout (benchmarks/scale.py compares rollouts of the code before and after the same way).
+
+
+@pytest.fixture(scope="module")
+def cluster_twin() -> Twin:
+    """A tiny twin of the emulated cluster: declared dynamics, site-level state, a clock, echoes."""
+    df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
+    return Twin.fit(df, spec, members=2, seed=0, progress=False, population_model="empirical", bc_epochs=2,
+                    rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
+
+
+def test_a_tick_of_every_agent_is_the_tick_of_its_parts(cluster_twin: Twin) -> None:
+    whole = cluster_twin.simulation(n_agents=150, seed=3, stochastic=False, member=1)
+    parts = cluster_twin.simulation(n_agents=150, seed=3, stochastic=False, member=1)
+    pol = RandomPolicy(cluster_twin.spec, 1)
+    halves = (np.arange(0, 150, 2), np.arange(1, 150, 2))
+    for t in range(6):
+        a = pol.act(whole.obs())
+        if t == 2:
+            a = np.asarray(a, np.float64) * 3.0 - 1.0  # outside the bounds: clipped the same way
+        r = whole.step(a, with_disagreement=True)
+        out, rew, dis = np.zeros_like(r.outputs), np.zeros_like(r.reward), np.zeros_like(r.disagreement)
+        for h in halves:
+            out[h], rew[h], dis[h] = parts.respond(h, a[h], with_disagreement=True)
+        nxt = parts.end_tick()
+        for got, want in ((out, r.outputs), (rew, r.reward), (dis, r.disagreement), (nxt, r.next_state)):
+            assert got.tobytes() == want.tobytes()
+    assert parts.world.lag.tobytes() == whole.world.lag.tobytes() and dis.max() > 0
+
+
+def test_a_step_keeps_nothing_it_hands_out(cluster_twin: Twin) -> None:
+    """The arrays of a `StepResult` are its own: a later tick (whole or in parts) does not change them."""
+    sim = cluster_twin.simulation(n_agents=40, seed=0)
+    pol = RandomPolicy(cluster_twin.spec, 0)
+    r = sim.step(pol.act(sim.obs()))
+    kept = {k: getattr(r, k).copy() for k in ("obs", "action", "outputs", "next_state", "reward")}
+    sim.respond(np.arange(5), pol.act(sim.obs())[:5])
+    sim.override_outputs(np.arange(3), np.zeros((3, len(cluster_twin.layout.outputs))))
+    sim.end_tick()
+    sim.step(pol.act(sim.obs()))
+    for k, v in kept.items():
+        assert getattr(r, k).tobytes() == v.tobytes(), k
+
+
+def test_kept_scaler_rows_give_the_same_bits_as_broadcasting() -> None:
+    rng = np.random.default_rng(0)
+    specials = np.array([0.0, -0.0, 1e-300, -1e-300, 7.0, -3.5, 1e12])
+    sc = ColumnScaler(["a", "b", "c"], np.array([True, False, True]), np.array([0.5, -2.0, 1e-3]),
+                      np.array([1.5, 0.25, 3.0]), np.array([0.0, -np.inf, 0.0]), np.array([np.inf, 4.0, 1e6]),
+                      [None, None, None])
+    for n in (10, 64, 500, 3000):  # below and inside the rows it keeps
+        raw = np.where(rng.random((n, 3)) < 0.2, rng.choice(specials, (n, 3)), rng.lognormal(0, 2, (n, 3)))
+        z = rng.standard_normal((n, 3)).astype(np.float32) * 4
+        plain_t = ((_forward_log(raw, sc.log) - sc.mean) / sc.std).astype(np.float32)
+        x = z.astype(np.float64) * sc.std + sc.mean
+        x[:, sc.log] = np.expm1(np.clip(x[:, sc.log], -50.0, 50.0))
+        plain_i = np.clip(x, sc.low, sc.high)
+        for _ in range(2):  # the second time from the kept rows
+            assert sc.transform(raw).tobytes() == plain_t.tobytes()
+            assert sc.inverse(z).tobytes() == plain_i.tobytes()
+    assert pickle.loads(pickle.dumps(sc))._tiles == {}  # the kept rows do not travel
+
+
+def test_client_inputs_of_one_tick_take_its_time_once() -> None:
+    """``t`` as ``(1,)`` (a world's tick) gives the same inputs as ``t`` repeated per row."""
+    log = toy_log(episodes=2)
+    lay = Layout.fit(log, toy_spec())
+    rng = np.random.default_rng(1)
+    n, p, s, a = 37, len(lay.profile), len(lay.state), len(lay.action)
+    codes = rng.integers(0, 5, n)
+    args = (rng.standard_normal((n, p)), rng.standard_normal((n, s)), rng.standard_normal((n, a)), codes, 5,
+            rng.standard_normal((n, lay.n_lag)))
+    for t in (0, 7, 23, 1000):
+        one = client_features(lay, *args, np.full(1, t))
+        every = client_features(lay, *args, np.full(n, t))
+        assert one.dtype == np.float32 and one.tobytes() == every.tobytes()
+
+
+def test_compiled_declared_expressions_are_numexprs_numbers() -> None:
+    rng = np.random.default_rng(2)
+    site = rng.integers(0, 7, 500)
+    cols = {"kpi.x": rng.lognormal(0, 1, 500), "profile.cap": rng.uniform(1, 9, 500), "state.bg": rng.random(500)}
+    for text in ("sum(kpi.x) / profile.cap + state.bg", "max(kpi.x * dt) - 1", "1", "state.bg ** 2 / (dt + 1)"):
+        e = Expression.compile(text, "test")
+        got = e.evaluate(cols, site, 7, 900.0)
+        # the same through numexpr.evaluate itself
+        local = {k.replace(".", "__"): v for k, v in cols.items()} | {"dt": np.float64(900.0)}
+        for k, (op, inner) in enumerate(e.aggregates):
+            per = np.broadcast_to(np.asarray(numexpr.evaluate(inner, local_dict=dict(local)), np.float64), (500,))
+            local[f"_agg{k}"] = _reduce(op, per, site, 7)[site]
+        want = np.broadcast_to(np.asarray(numexpr.evaluate(e.outer, local_dict=local), np.float64), (500,))
+        assert got.tobytes() == np.ascontiguousarray(want).tobytes(), text

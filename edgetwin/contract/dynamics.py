@@ -167,8 +167,6 @@ class Expression:
         self, columns: Mapping[str, np.ndarray], site: np.ndarray, n_sites: int, dt: float
     ) -> np.ndarray:
         """``(N,)`` the expression per agent; aggregates are over each agent's site at the tick."""
-        import numexpr
-
         n = len(site)
 
         def local(names: Sequence[str], extra: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -179,12 +177,35 @@ class Expression:
 
         placeholders: dict[str, np.ndarray] = {}
         for k, ((op, inner), names) in enumerate(zip(self.aggregates, self.inner_names, strict=True)):
-            per_agent = np.broadcast_to(
-                np.asarray(numexpr.evaluate(inner, local_dict=local(names, {})), np.float64), (n,)
-            )
+            per_agent = np.broadcast_to(np.asarray(_numexpr(inner, local(names, {})), np.float64), (n,))
             placeholders[f"_agg{k}"] = _reduce(op, per_agent, site, n_sites)[site]
-        out = numexpr.evaluate(self.outer, local_dict=local(self.outer_names, placeholders))
+        out = _numexpr(self.outer, local(self.outer_names, placeholders))
         return np.broadcast_to(np.asarray(out, np.float64), (n,)).copy()
+
+
+#: numexpr text -> (its variable names, whether it uses VML, the compiled program)
+_COMPILED: dict[str, tuple[list[str], bool, Any]] = {}
+
+
+def _numexpr(text: str, local: Mapping[str, Any]) -> np.ndarray:
+    """``numexpr.evaluate(text, local_dict=local)`` for float64 variables, compiled once per text.
+
+    What `numexpr.evaluate` does (names, a signature, `numexpr.NumExpr`, then the call with its
+    default keywords), without its per-call parsing and cache look-ups, which cost more than the
+    arithmetic at a twin's sizes: the same program on the same arrays, so the same numbers.
+    """
+    hit = _COMPILED.get(text)
+    if hit is None:
+        import numexpr
+        from numexpr.necompiler import getContext, getExprNames, getType
+
+        context = getContext({})
+        names, uses_vml = getExprNames(text, context, sanitize=True)
+        signature = [(name, getType(np.zeros(1))) for name in names]  # every variable is float64
+        hit = _COMPILED[text] = (names, uses_vml, numexpr.NumExpr(text, signature, sanitize=True, **context))
+    names, uses_vml, program = hit
+    args = [np.asarray(local[name], np.float64) for name in names]
+    return program(*args, out=None, order="K", casting="safe", ex_uses_vml=uses_vml)
 
 
 def _reduce(op: str, values: np.ndarray, site: np.ndarray, n_sites: int) -> np.ndarray:
@@ -315,15 +336,30 @@ class Declaration:
         n_sites: int,
         step_seconds: float,
         high: float | None,
+        memo: dict[tuple[str, float], np.ndarray] | None = None,
     ) -> np.ndarray:
-        """``(N,)`` the column's values at ``t+1`` from the step's columns at ``t``."""
+        """``(N,)`` the column's values at ``t+1`` from the step's columns at ``t``.
+
+        ``memo``: expressions already evaluated on these same ``columns``, by (text, dt): a spec
+        often writes one expression twice (a site's load is both a column and a queue's
+        arrivals), and it has one value per tick.
+        """
+
+        def value(e: Expression, dt: float) -> np.ndarray:
+            if memo is None:
+                return e.evaluate(columns, site, n_sites, dt)
+            key = (e.text, float(dt))
+            if key not in memo:
+                memo[key] = e.evaluate(columns, site, n_sites, dt)
+            return memo[key].copy()
+
         if self.next is not None:
-            return self.next.evaluate(columns, site, n_sites, step_seconds)
+            return value(self.next, step_seconds)
         if self.arrivals is not None and self.service is not None:
             dt = self.dt if self.dt is not None else step_seconds
             cap = self.max if self.max is not None else (np.inf if high is None else high)
-            a = self.arrivals.evaluate(columns, site, n_sites, dt)
-            s = self.service.evaluate(columns, site, n_sites, dt)
+            a = value(self.arrivals, dt)
+            s = value(self.service, dt)
             now = np.asarray(columns[self.column], np.float64)
             return np.clip(now + (a - s) * dt, 0.0, cap)
         fn = self._import(f"[[dynamics]] {self.column}")
@@ -372,9 +408,13 @@ class DeclaredDynamics:
         """
         site = np.asarray(site, np.int64)
         n_sites = int(site.max()) + 1 if n_sites is None and len(site) else int(n_sites or 0)
+        memo: dict[tuple[str, float], np.ndarray] = {}  # every declaration reads the same step
         return {
             d.column: self.clip(
-                d.column, d.next_values(columns, site, n_sites, self.step_seconds, self.bounds.get(d.column, (None, None))[1])
+                d.column,
+                d.next_values(
+                    columns, site, n_sites, self.step_seconds, self.bounds.get(d.column, (None, None))[1], memo
+                ),
             )
             for d in self.declarations
         }

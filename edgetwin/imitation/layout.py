@@ -42,6 +42,8 @@ from edgetwin.contract.spec import REWARD_COLUMN, Feature, TwinSpec
 __all__ = ["DAY_SECONDS", "PERSISTENT_RATIO", "ColumnScaler", "Layout"]
 
 DAY_SECONDS = 86_400.0
+#: row counts for which `ColumnScaler` keeps its statistics repeated per row (a twin's ticks)
+_TILE_ROWS = (64, 16_384)
 
 
 @dataclass
@@ -66,6 +68,31 @@ class ColumnScaler:
     low: np.ndarray
     high: np.ndarray
     values: list[np.ndarray | None] = field(default_factory=list)
+    #: per statistic, ``(the (D,) array, it repeated as (n, D) rows)`` (see `_rows`)
+    _tiles: dict[str, tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: (v if k != "_tiles" else {}) for k, v in self.__dict__.items()}
+
+    def _rows(self, name: str, n: int) -> np.ndarray:
+        """``mean``/``std`` as ``(n, D)`` rows, kept for the last ``n`` (a twin
+        steps the same agents every tick), or the ``(D,)`` array itself for few or very many rows.
+
+        numpy applies a ``(D,)`` operand row by row, one short inner loop per row; a full
+        ``(n, D)`` operand is one long loop, about 3x faster at a twin's thousands of agents.
+        Every element meets the same value either way, so the results are the same to the bit.
+        """
+        v: np.ndarray = getattr(self, name)
+        if not _TILE_ROWS[0] <= n <= _TILE_ROWS[1]:
+            return v
+        hit = self._tiles.get(name)
+        if hit is None or hit[0] is not v or hit[1].shape[0] != n:
+            rows = np.tile(v, (n, 1))
+            rows.flags.writeable = False
+            hit = self._tiles[name] = (v, rows)
+        return hit[1]
 
     @classmethod
     def fit(cls, frame: pd.DataFrame, features: Sequence[Feature | None]) -> ColumnScaler:
@@ -104,21 +131,32 @@ class ColumnScaler:
 
     def transform(self, raw: np.ndarray) -> np.ndarray:
         """Raw ``(N, D)`` -> standardised ``(N, D)`` float32."""
-        return ((_forward_log(np.asarray(raw, dtype=np.float64), self.log) - self.mean) / self.std).astype(
-            np.float32
-        )
+        z = _forward_log(np.asarray(raw, dtype=np.float64), self.log)  # a fresh float64 array
+        n = len(z)
+        z -= self._rows("mean", n)  # in place: the same operations in the same order
+        z /= self._rows("std", n)
+        return z.astype(np.float32)
 
     def inverse(self, z: np.ndarray) -> np.ndarray:
         """Standardised ``(N, D)`` -> raw ``(N, D)`` float64, clipped to bounds, discrete snapped."""
-        x = np.asarray(z, dtype=np.float64) * self.std + self.mean
+        x = np.array(z, dtype=np.float64)  # a copy, then worked on in place
+        n = len(x)
+        x *= self._rows("std", n)
+        x += self._rows("mean", n)
         if self.log.any():
             # exp of a wild model output must not overflow to inf before clipping
             x[:, self.log] = np.expm1(np.clip(x[:, self.log], -50.0, 50.0))
-        return self.legalise(x)
+        return self._legalise(x, out=x)
 
     def legalise(self, x: np.ndarray) -> np.ndarray:
         """Clip raw values to bounds and snap discrete columns to their nearest allowed value."""
-        x = np.clip(x, self.low, self.high)
+        return self._legalise(x)
+
+    def _legalise(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """`legalise`, into ``out`` (which may be ``x`` itself) when given."""
+        # (bounds as (D,), not `_rows`: np.clip breaks a tie between -0.0 and a 0.0 bound
+        # differently for a broadcast and a full bound array, and the numbers must not move)
+        x = np.clip(x, self.low, self.high, out=out)
         for j, vals in enumerate(self.values):
             if vals is not None and x.shape[0]:
                 idx = np.abs(x[:, j : j + 1] - vals[None, :]).argmin(axis=1)
@@ -395,25 +433,51 @@ class Layout:
         outputs: np.ndarray,
         site: np.ndarray,
         nxt: np.ndarray,
+        n_sites: int | None = None,
     ) -> np.ndarray:
         """``nxt (N, S)`` with every declared state column computed from the tick (raw units).
 
         The declarations read the tick's raw ``profile (N, P)``, ``state (N, S)``, ``action (N, A)``
         and the learned ``outputs (N, Y)``, so a declared site column sees what every agent of
-        its site did and answered at this tick (`edgetwin.contract.dynamics`).
+        its site did and answered at this tick (`edgetwin.contract.dynamics`). ``n_sites``:
+        ``site.max() + 1`` when the caller knows it.
         """
-        dynamics = self.spec.declared_dynamics()
-        if dynamics is None or not any(self.declared):
+        if not any(self.declared):
+            return nxt
+        dynamics = self._runtime("dynamics", self.spec.declared_dynamics)
+        if dynamics is None:
             return nxt
         cols: dict[str, np.ndarray] = {}
         for names, block in ((self.profile, profile), (self.state, state), (self.action, action), (self.outputs, outputs)):
             for j, c in enumerate(names):
                 cols[c] = block[:, j]
-        values = dynamics.next_state(cols, site)
+        values = dynamics.next_state(cols, site, n_sites)
         for j, c in enumerate(self.state):
             if c in values:
                 nxt[:, j] = values[c]
         return nxt
+
+    def _runtime(self, key: str, compute: Any, source: Any = None) -> Any:
+        """``compute()`` kept on this layout while its spec (and ``source``) are the same objects:
+        a tick asks for the declared dynamics and column sets every time, and they do not change
+        under it (not pickled: `__getstate__`)."""
+        memo = self.__dict__.setdefault("_runtime_memo", {})
+        hit = memo.get(key)
+        if hit is None or hit[0] is not self.spec or hit[1] is not source:
+            hit = memo[key] = (self.spec, source, compute())
+        return hit[2]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_runtime_memo"}
+
+    @property
+    def site_state_columns(self) -> np.ndarray:
+        """Indices of the `site_state` columns (read-only)."""
+        return self._runtime(
+            "site_cols",
+            lambda: _frozen(np.flatnonzero(np.asarray(self.site_state, dtype=bool)) if self.site_state else np.zeros(0, np.int64)),
+            self.site_state,
+        )
 
     def roll_clocks(self, state: np.ndarray, nxt: np.ndarray) -> np.ndarray:
         """``nxt (N, S)`` with every `clock` column set to ``state``'s value one step on (raw units)."""
@@ -428,13 +492,23 @@ class Layout:
 
     def roll_echoes(self, outputs: np.ndarray, nxt: np.ndarray) -> np.ndarray:
         """``nxt (N, S)`` with every `echo` column set to the tick's ``outputs (N, Y)`` it repeats
-        (raw units, legalised to the state column's bounds)."""
+        (raw units, legalised to the state column's bounds).
+
+        Every column is legalised again, not only the echoes and clocks: the same values, but
+        np.clip breaks a tie between -0.0 and a 0.0 bound differently for a column slice than
+        for the whole array, and a rollout must stay the same to the bit.
+        """
         cols = [(j, k) for j, k in enumerate(self.echo) if k is not None]
         if cols:
             for j, k in cols:
                 nxt[:, j] = outputs[:, k]
             nxt[:] = self.scalers["state"].legalise(nxt)
         return nxt
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 #: A state column whose tick-to-tick change has less than this share of its variance is modelled

@@ -12,25 +12,45 @@ import pandas as pd
 from edgetwin.contract.errors import InputError
 from edgetwin.imitation.layout import DAY_SECONDS, Layout
 
-__all__ = ["StepTable", "build_steps", "client_features", "group_means", "transition_features"]
+__all__ = ["StepTable", "build_steps", "client_features", "group_bins", "group_means", "transition_features"]
 
 
-def group_means(values: np.ndarray, codes: np.ndarray, n_groups: int) -> np.ndarray:
+def group_means(
+    values: np.ndarray,
+    codes: np.ndarray,
+    n_groups: int,
+    bins: np.ndarray | None = None,
+    counts: np.ndarray | None = None,
+) -> np.ndarray:
     """Per-group means of ``values (N, D)`` by integer ``codes (N,)`` -> ``(n_groups, D)``.
 
     One `np.bincount` over all columns at once (bin ``code * D + column``): it adds each bin's
     values in row order, exactly as one bincount per column would, so the sums are the same to
     the last bit; a tick computes several of these, and the per-column calls cost more than the
     sums at a twin's sizes.
+
+    Args:
+        bins: ``(N * D,)`` the bin of every value, `group_bins` of these codes and D, and
+            counts: ``(n_groups,)`` float64 rows per group: when the caller keeps them (a world's
+            sites change once per episode, its means are taken every tick), else computed here.
     """
     codes = np.asarray(codes)
-    counts = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    if counts is None:
+        counts = np.bincount(codes, minlength=n_groups).astype(np.float64)
     d = values.shape[1]
     if d == 0 or len(codes) == 0:
         return np.zeros((n_groups, d), dtype=np.float64)
-    bins = (codes.astype(np.int64)[:, None] * d + np.arange(d)).ravel()
-    sums = np.bincount(bins, weights=np.asarray(values, np.float64).ravel(), minlength=n_groups * d)
-    return sums.reshape(n_groups, d) / np.maximum(counts, 1.0)[:, None]
+    if bins is None:
+        bins = group_bins(codes, d)
+    sums: np.ndarray = np.bincount(bins, weights=np.asarray(values, np.float64).ravel(), minlength=n_groups * d)
+    sums = sums.reshape(n_groups, d)
+    sums /= np.maximum(counts, 1.0)[:, None]  # (float64 sums: bincount with weights)
+    return sums
+
+
+def group_bins(codes: np.ndarray, d: int) -> np.ndarray:
+    """``(N * d,)`` int64 bins ``code * d + column`` of a row-major ``(N, d)`` array (`group_means`)."""
+    return (np.asarray(codes).astype(np.int64)[:, None] * d + np.arange(d)).ravel()
 
 
 def client_features(
@@ -45,6 +65,7 @@ def client_features(
     state_means: np.ndarray | None = None,
     site_size: np.ndarray | None = None,
     profile_means: np.ndarray | None = None,
+    log_size: np.ndarray | None = None,
 ) -> np.ndarray:
     """Assemble the client model's inputs ``X (N, layout.n_client_inputs)`` (float32).
 
@@ -53,24 +74,26 @@ def client_features(
         codes: ``(N,)`` id of the (site, tick) group each row belongs to, ``0..n_groups-1``.
         lag: ``(N, A+Y)`` site means of standardised actions and outputs at t-1 for each row's
             site (zeros at t = 0, the standardised mean).
-        t: ``(N,)`` step index, for the time-of-day inputs.
+        t: ``(N,)`` step index, for the time-of-day inputs, or ``(1,)`` when every row is at
+            the same tick (a world's tick: its sin and cos are then computed once).
         state_means, site_size: ``(N, S)`` site means of z(state) and ``(N,)`` agents per site,
             when the rows are a subset of their sites (default: computed from these rows).
         profile_means: ``(N, P)`` site means of z(profile), likewise (used when
             ``layout.site_profile``).
+        log_size: ``(N, 1)`` the size input ``log1p(site_size) - layout.log_size_center``, when
+            the caller keeps it (default: computed from ``site_size``).
+
+    Each part is written into one float32 array (the same float64 -> float32 rounding as
+    converting it on its own), not converted and then concatenated.
     """
-    if site_size is None:
-        site_size = np.bincount(codes, minlength=n_groups)[codes]
+    n = len(codes)
+    if log_size is None:
+        if site_size is None:
+            site_size = np.bincount(codes, minlength=n_groups)[codes]
+        log_size = (np.log1p(site_size) - layout.log_size_center)[:, None]
     if state_means is None:
         state_means = group_means(np.asarray(zs, np.float64), codes, n_groups)[codes]
-    parts = [
-        zp,
-        zs,
-        za,
-        state_means,
-        lag,
-        (np.log1p(site_size) - layout.log_size_center)[:, None],
-    ]
+    parts = [zp, zs, za, state_means, lag, log_size]
     if layout.site_profile:
         if profile_means is None:
             profile_means = group_means(np.asarray(zp, np.float64), codes, n_groups)[codes]
@@ -80,7 +103,14 @@ def client_features(
             2.0 * np.pi * ((np.asarray(t, np.float64) * layout.spec.step_seconds) % DAY_SECONDS) / DAY_SECONDS
         )
         parts += [np.sin(phase)[:, None], np.cos(phase)[:, None]]
-    return np.concatenate([np.asarray(p, dtype=np.float32).reshape(len(codes), -1) for p in parts], axis=1)
+    widths = [p.shape[1] if np.ndim(p) == 2 else 1 for p in parts]  # (every part is (N,) or (N, w))
+    x = np.empty((n, sum(widths)), dtype=np.float32)
+    col = 0
+    for p, w in zip(parts, widths, strict=True):
+        if w:
+            x[:, col : col + w] = np.asarray(p).reshape(-1, w)  # (1, w) broadcasts: one tick for all rows
+            col += w
+    return x
 
 
 @dataclass

@@ -21,7 +21,7 @@ from sklearn.neighbors import NearestNeighbors
 from edgetwin.contract.errors import InputError
 from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.site_model import SiteStateModel, site_element_features
-from edgetwin.imitation.steps import client_features, group_means, transition_features
+from edgetwin.imitation.steps import client_features, group_bins, group_means, transition_features
 
 # SiteStateModel is exported here too: twins saved before it had a module of its own pickled their
 # site model as edgetwin.imitation.world.SiteStateModel (tests/test_imitation.py loads one).
@@ -66,7 +66,7 @@ class World:
 
     @property
     def n_sites(self) -> int:
-        return int(self.site.max()) + 1 if self.n else 0
+        return self._kept("n_sites", (self.site,), lambda: int(self.site.max()) + 1 if self.n else 0)
 
     def _kept(self, key: str, sources: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
         """``compute()`` of the arrays ``sources``, recomputed only when one of them is another object."""
@@ -94,6 +94,17 @@ class World:
             "scen", (sc,), lambda: [(int(s), np.flatnonzero(sc == s)) for s in np.unique(sc)]
         )
 
+    def site_means(self, values: np.ndarray) -> np.ndarray:
+        """``(n_sites, D)`` per-site means of ``values (N, D)`` (`group_means` over ``site``, with
+        its bins and counts kept per ``site`` array: the same sums, without rebuilding them)."""
+        d = values.shape[1]
+        n_sites = self.n_sites
+        bins = self._kept(f"bins{d}", (self.site,), lambda: group_bins(self.site, d))
+        counts = self._kept(
+            "counts", (self.site,), lambda: np.bincount(self.site, minlength=n_sites).astype(np.float64)
+        )
+        return group_means(values, self.site, n_sites, bins=bins, counts=counts)
+
     def _site_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """``(model z(state) (N, S), its site means (N, S), site sizes (N,), z(profile) site means
         (N, P) or None)`` of every agent at this tick."""
@@ -103,14 +114,14 @@ class World:
         means = self._kept(
             "zs_means",
             (self.state, self.site),
-            lambda: group_means(np.asarray(zs_all, np.float64), self.site, n_sites)[self.site],
+            lambda: self.site_means(np.asarray(zs_all, np.float64))[self.site],
         )
         size = self._kept("size", (self.site,), lambda: np.bincount(self.site, minlength=n_sites)[self.site])
         pmeans = (
             self._kept(
                 "zp_means",
                 (self.profile, self.site),
-                lambda: group_means(np.asarray(self.zprofile(), np.float64), self.site, n_sites)[self.site],
+                lambda: self.site_means(np.asarray(self.zprofile(), np.float64))[self.site],
             )
             if lay.site_profile
             else None
@@ -135,9 +146,12 @@ class World:
         zs_all, means, size, pmeans = self._site_inputs()
         zp = self.zprofile()
         site = self.site
+        log_size = self._kept(
+            "log_size", (self.site,), lambda: (np.log1p(size) - self.layout.log_size_center)[:, None]
+        )
         if rows is not None:
             r = np.asarray(rows)
-            zp, zs_all, means, size, site = zp[r], zs_all[r], means[r], size[r], site[r]
+            zp, zs_all, means, size, site, log_size = zp[r], zs_all[r], means[r], size[r], site[r], log_size[r]
             pmeans = None if pmeans is None else pmeans[r]
         return client_features(
             self.layout,
@@ -147,10 +161,11 @@ class World:
             site,
             self.n_sites,
             self.lag[site],
-            np.full(len(site), self.t),
+            np.full(1, self.t),  # every agent is at this tick
             state_means=means,
             site_size=size,
             profile_means=pmeans,
+            log_size=log_size,
         )
 
     def apply(
@@ -185,14 +200,14 @@ class World:
         zy = lay.scalers["outputs"].transform(out_raw) if ny else np.zeros((self.n, 0))
         if za is None:
             za = lay.scalers["action"].transform(action)
-        site_now = group_means(np.concatenate([za, zy], axis=1).astype(np.float64), self.site, self.n_sites)
-        fn = lay.spec.transition_fn()
+        site_now = self.site_means(np.concatenate([za, zy], axis=1, dtype=np.float64))
+        fn = lay.spec.transition_fn() if lay.spec.transition is not None else None
         if fn is not None:
             resp = out_raw[:, : len(lay.response)]
             nxt = np.asarray(fn(self.state, action, resp), dtype=np.float64).reshape(self.n, len(lay.state))
             nxt = lay.scalers["state"].legalise(nxt)
         elif lay.learn_transition:
-            delta = np.asarray(y[:, ny:], dtype=np.float64)
+            delta = y[:, ny:]
             if transition is not None:
                 x = transition_features(self.client_inputs(action, za=za), zy, site_now[self.site])
                 pred = np.zeros_like(delta)
@@ -200,13 +215,12 @@ class World:
                     pred[idx] = transition[s].mean(x[idx])
                 absolute = np.asarray(lay.state_absolute or [False] * len(lay.state), dtype=bool)
                 delta = np.where(absolute, pred - zs, pred)
-            z_next = zs + delta
-            site_cols: np.ndarray | list[int] = (
-                np.flatnonzero(np.asarray(lay.site_state, dtype=bool)) if lay.site_state else []
-            )
+            # in float64 (z(state) is float32, a client's Δstate float32, a transition's float64)
+            z_next = np.add(zs, delta, dtype=np.float64)
+            site_cols = lay.site_state_columns
             if len(site_cols):
                 # a site's property is one value for all its agents: their mean prediction
-                z_next[:, site_cols] = group_means(z_next[:, site_cols], self.site, self.n_sites)[self.site]
+                z_next[:, site_cols] = self.site_means(z_next[:, site_cols])[self.site]
             if self.site_model is not None and len(site_cols):
                 z_next[:, self.site_model.columns] = self._site_next(zs, za, zy)[self.site]
             nxt = lay.roll_clocks(self.state, lay.scalers["state"].inverse(z_next))
@@ -214,7 +228,7 @@ class World:
         else:
             nxt = self.state.copy()
         # the operator's accounting last: declared columns see every agent's outputs of the tick
-        nxt = lay.apply_declared(self.profile, self.state, action, out_raw, self.site, nxt)
+        nxt = lay.apply_declared(self.profile, self.state, action, out_raw, self.site, nxt, n_sites=self.n_sites)
         self.lag = site_now
         self.state = nxt
         self.t += 1

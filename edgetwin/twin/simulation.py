@@ -14,12 +14,14 @@ from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
+import torch as th
+from stable_baselines3.common.policies import ActorCriticPolicy
 
 from edgetwin.contract.logs import ordered_columns
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
 from edgetwin.imitation.layout import Layout
-from edgetwin.imitation.mail import GaussianModel
+from edgetwin.imitation.mail import GaussianModel, _plain_actor
 from edgetwin.imitation.world import Composition, InitialStates, World
 from edgetwin.twin.member import Member
 from edgetwin.twin.support import ProfileSupport, SupportIndex
@@ -120,6 +122,8 @@ class Simulation:
             twin.spec.reward_fn() if (twin.spec.reward_weights or twin.spec.reward_function) else None
         )
         self.world: World
+        #: per client model: its plain-MLP layers and std, looked up once (see `_forward`)
+        self._layers: dict[Any, tuple[Any, Any]] = {}
         self.member = 0
         self.site_names: list[str] = []
         self.agent_names: list[str] = []
@@ -201,7 +205,7 @@ class Simulation:
 
     def obs(self) -> np.ndarray:
         """``(N, P+S)`` raw ``[profile.*, state.*]``: what the platform policy sees."""
-        return np.concatenate([self.world.profile, self.world.state], axis=1).astype(np.float32)
+        return np.concatenate([self.world.profile, self.world.state], axis=1, dtype=np.float32)
 
     def legal_action(self, action: np.ndarray) -> np.ndarray:
         """Raw actions ``(n, A)`` clipped to the twin's action bounds, discrete ones snapped."""
@@ -221,44 +225,91 @@ class Simulation:
         Returns:
             ``(raw outputs (n, Y), reward (n,), disagreement (n,))``.
         """
-        lay, w = self.layout, self.world
         rows = np.asarray(rows, dtype=np.int64)
-        action = self.legal_action(np.asarray(action).reshape(len(rows), -1))
+        everyone = len(rows) == self.world.n and bool(np.array_equal(rows, np.arange(self.world.n)))
+        return self._respond(None if everyone else rows, action, with_disagreement)
+
+    def _respond(
+        self, rows: np.ndarray | None, action: np.ndarray, with_disagreement: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`respond` of agents ``rows`` (None: every agent, in order, which a tick of `step` is:
+        then no row index is gathered or scattered, the arrays are used whole)."""
+        lay, w = self.layout, self.world
+        n = w.n if rows is None else len(rows)
+        action = self.legal_action(np.asarray(action).reshape(n, -1))
         za = lay.scalers["action"].transform(action)
-        everyone = len(rows) == w.n and bool(np.array_equal(rows, np.arange(w.n)))
-        x = w.client_inputs(action, None if everyone else rows, za=za)
-        y = np.zeros((len(rows), lay.n_model_outputs), np.float32)
-        disagreement = np.zeros(len(rows))
+        x = w.client_inputs(action, rows, za=za)
+        y = np.zeros((n, lay.n_model_outputs), np.float32)
+        disagreement = np.zeros(n)
         models = self.twin.member_models
-        if everyone:
+        if rows is None:
             groups = w.scenario_rows()
         else:
             scen = w.scenario[rows]
             groups = [(int(s), np.flatnonzero(scen == s)) for s in np.unique(scen)]
-        for s, idx in groups:
-            xs = x[idx]
-            if with_disagreement and len(models) > 1:
-                means = np.stack([m[s].mean(xs) for m in models])  # (M, n_s, out)
-                mu = means[self.member]
-                disagreement[idx] = means.std(axis=0).mean(axis=1)
-            else:
-                mu = models[self.member][s].mean(xs)
-            if self.stochastic:
-                # noise on the outputs only: the client's Gaussian has one std per output for all
-                # inputs, and fed into Δstate it compounds into drift far beyond the logged noise
-                ny = lay.n_outputs
-                std = np.asarray(models[self.member][s].std, dtype=np.float32)[:ny]
-                mu = mu.copy()
-                mu[:, :ny] = np.clip(mu[:, :ny] + std * self.rng.standard_normal((len(idx), ny)), -10.0, 10.0)
-            y[idx] = mu
-        self._pending_y[rows] = y
-        self._pending_a[rows] = action
-        self._pending_za[rows] = za
         ny = lay.n_outputs
-        outputs = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((len(rows), 0))
-        self._pending_out[rows] = outputs
-        reward = self.reward_of(rows, w.state[rows], action, outputs)
+        with th.no_grad():  # one grad-mode switch per tick, not one per network call
+            for s, idx in groups:
+                xs = x[idx]
+                if with_disagreement and len(models) > 1:
+                    means = np.stack([self._forward(m[s], xs) for m in models])  # (M, n_s, out)
+                    mu = means[self.member]
+                    disagreement[idx] = means.std(axis=0).mean(axis=1)
+                else:
+                    mu = self._forward(models[self.member][s], xs)
+                if self.stochastic:
+                    # noise on the outputs only: the client's Gaussian has one std per output for all
+                    # inputs, and fed into Δstate it compounds into drift far beyond the logged noise
+                    # (`mu` is this tick's own array: the network's fresh output or a slice of `means`)
+                    noise = self._std(models[self.member][s])[:ny] * self.rng.standard_normal((len(idx), ny))
+                    noise += mu[:, :ny]
+                    mu[:, :ny] = np.clip(noise, -10.0, 10.0, out=noise)
+                y[idx] = mu
+        outputs = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((n, 0))
+        if rows is None:
+            # whole arrays: slice assignment, not a scatter through ``arange(N)``
+            self._pending_y[:] = y
+            self._pending_a[:] = action
+            self._pending_za[:] = za
+            self._pending_out[:] = outputs
+            reward = self._reward(w.profile, w.state, action, outputs)
+        else:
+            self._pending_y[rows] = y
+            self._pending_a[rows] = action
+            self._pending_za[rows] = za
+            self._pending_out[rows] = outputs
+            reward = self._reward(w.profile[rows], w.state[rows], action, outputs)
         return outputs, reward, disagreement
+
+    def _forward(self, model: Any, x: np.ndarray) -> np.ndarray:
+        """``model.mean(x)``, the client network's mean ``(n, out)`` float32 (a fresh array).
+
+        For a plain MLP (SB3's default policy) its layers are looked up once per model and kept,
+        and applied here under the caller's ``no_grad``: the same kernels on the same tensors as
+        `GaussianModel.mean`, so the same numbers, without its per-call lookups (a tick makes one
+        call per scenario, and at 1,000 agents the lookups cost a tenth of the network).
+        """
+        layers = self._layers.get(id(model))
+        if layers is None or layers[0] is not model:
+            policy = getattr(model, "policy", None)
+            plain = _plain_actor(policy) if isinstance(policy, ActorCriticPolicy) else None
+            layers = self._layers[id(model)] = (model, plain)
+        plain = layers[1]
+        if plain is None or len(x) == 0:
+            return np.array(model.mean(x), dtype=np.float32)  # (a copy: the caller writes into it)
+        arr = np.ascontiguousarray(x, dtype=np.float32)
+        h = th.as_tensor(arr if arr.flags.writeable else arr.copy())
+        for layer in plain:
+            h = layer(h) if callable(layer) else th.nn.functional.linear(h, layer[0], layer[1])
+        return h.numpy()
+
+    def _std(self, model: Any) -> np.ndarray:
+        """``(out,)`` float32 std of a client model's Gaussian (kept per model, like its layers)."""
+        key = ("std", id(model))
+        hit = self._layers.get(key)
+        if hit is None or hit[0] is not model:
+            hit = self._layers[key] = (model, np.asarray(model.std, dtype=np.float32))
+        return hit[1]
 
     @property
     def pending_action(self) -> np.ndarray:
@@ -292,8 +343,7 @@ class Simulation:
     def step(self, action: np.ndarray, with_disagreement: bool = True) -> StepResult:
         """Apply raw platform actions ``(N, A)`` for all agents at this tick and advance."""
         obs = self.obs()
-        rows = np.arange(self.n)
-        outputs, reward, disagreement = self.respond(rows, action, with_disagreement)
+        outputs, reward, disagreement = self._respond(None, action, with_disagreement)
         legal = self._pending_a.copy()
         nxt = self.end_tick()
         return StepResult(obs, legal, outputs, nxt, reward, disagreement)
@@ -306,10 +356,16 @@ class Simulation:
         Uses the spec's reward function or weights when it has one, else the predicted ``reward``
         output (zeros when there is neither).
         """
+        return self._reward(self.world.profile[rows], state, action, outputs)
+
+    def _reward(
+        self, profile: np.ndarray, state: np.ndarray, action: np.ndarray, outputs: np.ndarray
+    ) -> np.ndarray:
+        """`reward_of` given the agents' raw profiles ``(n, P)`` themselves."""
         lay = self.layout
         cols: dict[str, np.ndarray] = {}
         for j, c in enumerate(lay.profile):
-            cols[c] = self.world.profile[rows, j]
+            cols[c] = profile[:, j]
         for j, c in enumerate(lay.state):
             cols[c] = state[:, j]
         for j, c in enumerate(lay.action):
