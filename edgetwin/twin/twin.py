@@ -142,12 +142,13 @@ def bootstrap_episodes(df: pd.DataFrame, episodes: np.ndarray, pick: np.ndarray 
     if pick is None:
         return df
     ep_rows = df.groupby("episode", sort=False).indices
-    parts = []
-    for k, e in enumerate(pick):
-        part = df.iloc[ep_rows[episodes[e]]].copy()
-        part["episode"] = f"{episodes[e]}#{k}"
-        parts.append(part)
-    return pd.concat(parts, ignore_index=True)
+    rows = [ep_rows[episodes[e]] for e in pick]
+    # one take of every drawn row (not a copy per draw and then their concatenation: at a million
+    # rows the parts and the result would sit in a pool worker's memory together)
+    out = df.take(np.concatenate(rows)).reset_index(drop=True)
+    out["episode"] = np.repeat(np.array([f"{episodes[e]}#{k}" for k, e in enumerate(pick)], dtype=object),
+                               [len(r) for r in rows])  # fmt: skip
+    return out
 
 
 def _fit_member_task(
@@ -459,6 +460,7 @@ class Twin:
         site_model: bool | list[str] = False,
     ) -> Member:
         steps = build_steps(sub, layout)
+        del sub  # the steps hold what the fit needs; a bootstrap copy of a large log would stay resident
         transition = fit_transition(steps, layout, cfg, seed) if transition_model == "site" else None
         sites = (
             SiteStateModel.fit(
