@@ -494,11 +494,12 @@ def target_1m(fits: list[dict], expo: dict[str, float]) -> tuple[str, float]:
     measured = [f for f in own if f["rows"] >= 950_000]
     if measured:
         f = min(measured, key=lambda f: f["seconds"])
-        # memory: the processes' combined peak where it was measured (the largest such), else the
-        # largest single process's (a fit's pool workers run beside its main process)
+        # memory: the processes' combined peak where it was measured (the latest such: runs are kept
+        # in the order they ran, and a later one measures the later code), else the largest single
+        # process's (a fit's pool workers run beside its main process)
         together = [g for g in measured if "peak_gib_total_pss" in g]
         if together:
-            g = max(together, key=lambda g: g["peak_gib_total_pss"])
+            g = together[-1]
             peak = g["peak_gib_total_pss"]
             what = f"the fitting process and its workers together, PSS, in a {g['seconds'] / 60:.1f}-min {g['mode']} fit"
         else:
