@@ -334,7 +334,7 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
     L = [SECTION, "", f"Command: `python benchmarks/federated_twin.py{' --quick' if args.quick else ''} --parts 1 --seed {args.seed}` "
          "and `--quick --parts 2,3 --train-days 7` "
          "(2 shared CPU cores, load 6-9, the two runs in parallel, 28 min wall clock; part 2 rerun since, its "
-         "commands below). {len(res['sites'])} sites, each an emulated cluster with one "
+         f"commands below). {len(res['sites'])} sites, each an emulated cluster with one "
          f"edge site and its cloud ({', '.join(res['sites'])}), its own scenario mix, load (target utilisation 0.35-0.6) "
          f"and drift (0d / 0d / 1w / 1m); {res['n_agents']} service groups, logged under random actions, "
          f"{res.get('part1', {}).get('train_days', res['train_days'])} training days per site in part 1. No public system fits a simulator federatedly, so there is no "
@@ -397,9 +397,11 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
             run = (f" `{p['command']}`, 2 shared cores, load {p['load'][0]:.0f} at the start and {p['load'][1]:.0f} at the end, "
                    f"{p['minutes']:.0f} min" if "command" in p else "")
             L += [f"**{label}** ({p.get('poor_rows', '?')} rows of the site;{run}):", "",
-                  "| twin | Spearman ρ | mean relative error | normalised abs. error |", "|---|---|---|---|"]
+                  "| twin | Spearman ρ | mean relative error (90 % CI) | normalised abs. error |", "|---|---|---|---|"]
             for k, v in p["scores"].items():
-                L.append(f"| {k} | {v['spearman']:.2f} | {100 * v['mean_rel_error']:.1f} % | {v['norm_abs_error']:.2f} |")
+                ci = v.get("rel_err_ci90")
+                ci_s = f" ({100 * ci[0]:.1f}-{100 * ci[1]:.1f})" if ci else ""
+                L.append(f"| {k} | {v['spearman']:.2f} | {100 * v['mean_rel_error']:.1f} %{ci_s} | {v['norm_abs_error']:.2f} |")
             sc = p["scores"]
             a = sc["own logs alone (replay)"]["mean_rel_error"]
             cands = {k.removesuffix(" (replay)"): v["mean_rel_error"] for k, v in sc.items()
@@ -431,12 +433,13 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
         other = [(k, v) for k, v in res.items() if k.startswith("seed") and "part2" in k]
         if other:
             names = [n for n in other[0][1]["scores"] if not n.startswith(CANDIDATE)]
-            L += ["Other seeds (everything redrawn: logs, fits, held-out days), mean relative error (ρ):", "",
+            L += ["Other seeds (everything redrawn: logs, fits, held-out days), mean relative error (90 % CI; ρ):", "",
                   "| run | " + " | ".join(n.removesuffix(" (replay)") for n in names) + " | choice |",
                   "|---|" + "---|" * (len(names) + 1)]
             for k, v in other:
                 L.append(f"| `{v.get('command', k)}` | " + " | ".join(
-                    f"{100 * v['scores'][n]['mean_rel_error']:.1f} % ({v['scores'][n]['spearman']:.2f})"
+                    f"{100 * v['scores'][n]['mean_rel_error']:.1f} % ({100 * v['scores'][n]['rel_err_ci90'][0]:.1f}-"
+                    f"{100 * v['scores'][n]['rel_err_ci90'][1]:.1f}; ρ {v['scores'][n]['spearman']:.2f})"
                     if n in v["scores"] else "-" for n in names) + f" | {v.get('twin_choice', '-')} |")
             L.append("")
         runs = [(k, res[k]) for k in p2] + other

@@ -1263,7 +1263,7 @@ TWIN_CHOICES = ("federated", "per model", "local only")
 #: the twin-level candidate that is the site's own twin, fitted on its rows alone (`personalise`)
 SITE_ALONE = "site alone"
 #: the selection criteria `personalise` computes for every twin-level candidate (`closed_loop_scores`)
-CRITERIA = ("closed loop", "closed loop by action")
+CRITERIA = ("closed loop", "closed loop by action", "closed loop, reward", "closed loop, reward by action")
 
 
 def closed_loop_scores(twin: Twin, log: pd.DataFrame, held: np.ndarray, policy: Any, seed: int,
@@ -1280,7 +1280,9 @@ def closed_loop_scores(twin: Twin, log: pd.DataFrame, held: np.ndarray, policy: 
       logged held-out rows' quantiles; the twin's rows binned by the actions its policy took),
       averaged over columns, actions and strata with at least ``min_rows`` rows on both sides. A
       policy other than the logging one moves the actions; a twin whose response to the action is
-      off can still match the mean under the logging policy, and this score sees it.
+      off can still match the mean under the logging policy, and this score sees it;
+    - ``"closed loop, reward"``, ``"closed loop, reward by action"``: the same two on the reward
+      column alone (what a ranking of policies by return depends on).
 
     This is the error a twin is used for (mean returns and KPIs over a day, with its own
     predictions feeding the next tick), on groups none of the candidates was fitted on; a one-step
@@ -1301,10 +1303,8 @@ def closed_loop_scores(twin: Twin, log: pd.DataFrame, held: np.ndarray, policy: 
         return nan
     cols = [c for c in cols if c in sim.columns]
     sd = {c: max(float(real[c].std()), 1e-9) for c in cols}
-    err = [((float(sim[c].mean()) - float(real[c].mean())) / sd[c]) ** 2 for c in cols]
-    out = dict(nan)
-    out["closed loop"] = float(np.mean(err)) if err else float("nan")
-    strat = []
+    err = {c: ((float(sim[c].mean()) - float(real[c].mean())) / sd[c]) ** 2 for c in cols}
+    strat: dict[str, list[float]] = {c: [] for c in cols}
     for a in [c for c in lay.action if c in real.columns and c in sim.columns]:
         edges = np.unique(np.quantile(real[a].to_numpy(np.float64), np.linspace(0, 1, strata + 1)[1:-1]))
         rb, sb = np.digitize(real[a].to_numpy(np.float64), edges), np.digitize(sim[a].to_numpy(np.float64), edges)
@@ -1312,9 +1312,16 @@ def closed_loop_scores(twin: Twin, log: pd.DataFrame, held: np.ndarray, policy: 
             r_, s_ = real[rb == b], sim[sb == b]
             if len(r_) < min_rows or len(s_) < min_rows:
                 continue
-            strat += [((float(s_[c].mean()) - float(r_[c].mean())) / sd[c]) ** 2 for c in cols]
-    out["closed loop by action"] = float(np.mean(strat)) if strat else float("nan")
-    return out
+            for c in cols:
+                strat[c].append(((float(s_[c].mean()) - float(r_[c].mean())) / sd[c]) ** 2)
+
+    def mean(v: list[float]) -> float:
+        return float(np.mean(v)) if v else float("nan")
+
+    rw = [REWARD_COLUMN] if REWARD_COLUMN in err else []
+    return {"closed loop": mean(list(err.values())), "closed loop by action": mean(sum(strat.values(), [])),
+            "closed loop, reward": mean([err[c] for c in rw]),
+            "closed loop, reward by action": mean(sum((strat[c] for c in rw), []))}
 
 
 def closed_loop_error(twin: Twin, log: pd.DataFrame, held: np.ndarray, policy: Any, seed: int) -> float:
