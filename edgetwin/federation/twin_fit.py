@@ -1347,21 +1347,25 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
     """A twin for one site, chosen by its own log (which never leaves the site) among the federated
     twin, adaptations of it, and — with ``site_alone`` — the site's own twin.
 
-    A fraction ``validation`` of each scenario's service groups is held out (`validation_agents`).
-    For each ensemble member, scenario and model (engine, client), `model_candidates` fits on the
-    other groups the federated model as it is, proximal fine-tunings of it towards the federated
-    weights (FedProx / Ditto, ``prox_grid``) and a model of the site's rows alone, each at its best
-    epoch by the one-step likelihood of the held-out rows. Twin-level candidates, all fitted
-    without the held-out groups: three assembled from those models (`TWIN_CHOICES`: all federated;
-    per model the best one-step candidate; all local), each with the local GAIL rounds below run on
-    the kept groups (``selection_adversarial``; False: scored as behaviour clones), and, with
+    A fraction ``validation`` of each scenario's service groups is held out for the twin-level
+    choice (`validation_agents`), and the same fraction of the remaining ("kept") groups for the
+    per-model choices. For each ensemble member, scenario and model (engine, client),
+    `model_candidates` fits on the kept groups less the inner ones the federated model as it is,
+    proximal fine-tunings of it towards the federated weights (FedProx / Ditto, ``prox_grid``) and a
+    model of the site's rows alone, each at its best epoch by the one-step likelihood of the inner
+    held-out groups. Twin-level candidates, all fitted on the kept groups (the recipes refitted on
+    all of them): three assembled from those models (`TWIN_CHOICES`: all federated; per model the
+    best one-step candidate; all local), each with the local GAIL rounds below run on the kept
+    groups (``selection_adversarial``; False: scored as behaviour clones), and, with
     ``site_alone``, ``site_alone(kept rows)``: the site's own full twin (e.g. ``Twin.fit`` with the
     federation's family and budget, adversarial stage included), `SITE_ALONE`. Each runs the site's
     episodes in closed loop under the site's cloned logging policy and is scored on the held-out
     groups (`closed_loop_scores`, every criterion of `CRITERIA` recorded; ``criterion`` chooses, the
     plain ``"closed loop"`` if it has no finite score):
     one-step likelihood alone can prefer a model whose small bias a rollout adds up tick after tick.
-    Only the site's own logged rows are used to choose. The winner is rebuilt on all the site's
+    Only the site's own logged rows are used to choose, and no candidate is tuned on the groups it
+    is scored on (with one hold-out for both, the per-model candidates' early stopping and choice
+    had seen the scoring groups, and "per model" won on every benchmark run). The winner is rebuilt on all the site's
     rows: its recipe refitted and then ``adversarial_rounds`` local GAIL rounds on the site's rows
     (`twin_mail.SiteAdversarial`, fresh discriminators; default: as many as the twin's own
     adversarial rounds, 0 for a BC twin), or, for `SITE_ALONE`, ``site_alone_twin`` (the site's twin
@@ -1410,7 +1414,15 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
     lay = twin.layout
     df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
     steps = build_steps(df, lay)
+    # nested hold-out: the twin-level choice is scored on groups ``held_rows`` that no candidate saw
+    # in any way; the per-model choices and early stopping use other groups (``inner``), so that
+    # no candidate is tuned on the groups it is scored on (the site's own twin is not tuned at all)
     held_rows = validation_agents(steps.frame, validation, seed)
+    inner = held_rows.copy()
+    if held_rows.any():
+        inner = np.zeros(len(held_rows), bool)
+        inner[np.flatnonzero(~held_rows)] = validation_agents(
+            steps.frame[~held_rows].reset_index(drop=True), validation, seed + 1)
     hyper = dict(twin.meta.get("hyper") or {})
     cfg = MailConfig.from_hyper(hyper)
     cfg.disc_arch = tuple(int(h) for h in cfg.disc_arch)
@@ -1446,9 +1458,11 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
                 th.manual_seed(seed * 1000 + m * 17 + fresh[3] + s)
                 new = _same_shape(gaussian_policy(fresh[0], fresh[1], fresh[2]), fed)
                 sd = seed * 100 + m * 10 + s + (5 if kind == "client" else 0)
-                cands = model_candidates(fed, x[rows], y[rows], held_rows[rows], epochs, local_epochs, sd, prox_grid, new)
+                keep = ~held_rows[rows] if held_rows.any() else np.ones(len(rows), bool)
+                cands = model_candidates(fed, x[rows][keep], y[rows][keep], inner[rows][keep], epochs, local_epochs, sd,
+                                         prox_grid, new)
                 slots.append({"member": m, "scenario": s, "model": kind, "x": x[rows], "y": y[rows], "fed": fed,
-                              "fresh": new, "seed": sd, "cands": cands})
+                              "fresh": new, "seed": sd, "cands": cands, "keep": keep})
 
     def assemble(pick: Any) -> list[Member]:
         out = []
@@ -1488,8 +1502,17 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
     by_crit: dict[str, dict[str, float]] = {c: {} for c in CRITERIA}
     how = "per model"
     kept = df[~held_rows].reset_index(drop=True)
+    def kept_fit(sl: dict[str, Any], h: str) -> Any:
+        """Candidate ``h``'s model of slot ``sl``: its recipe refitted on all the kept groups."""
+        c = take(sl["cands"], h)
+        if c is None:
+            return sl["fed"]
+        k = sl["keep"]
+        return refit(c[0], sl["fed"], sl["fresh"] if sl["fresh"] is not None else sl["fed"], sl["x"][k], sl["y"][k],
+                     sl["seed"])
+
     if held_rows.any() and any(sl["cands"] for sl in slots):
-        local_twin = as_twin(assemble(lambda sl: (take(sl["cands"], "local only") or (None, sl["fed"]))[1]))
+        local_twin = as_twin(assemble(lambda sl: kept_fit(sl, "local only")))
         policy = local_twin.logging_policy(seed=seed + 11)  # the site's own clone of its logging policy
         kept_steps = build_steps(kept, lay) if selection_adversarial and adversarial_rounds > 0 else None
         named: list[tuple[str, Any]] = [(h, h) for h in TWIN_CHOICES]
@@ -1499,7 +1522,7 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
             if h == SITE_ALONE:
                 cand = site_alone(kept)  # type: ignore[misc]
             else:
-                mems = assemble(lambda sl, h=h: (take(sl["cands"], h) or (None, sl["fed"]))[1])
+                mems = assemble(lambda sl, h=h: kept_fit(sl, h))
                 if kept_steps is not None:
                     mems = with_gail(mems, kept, kept_steps)
                 cand = as_twin(mems)
