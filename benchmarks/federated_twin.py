@@ -46,7 +46,7 @@ from twin_fidelity import ranking_policies, ranking_scores  # noqa: E402
 from edgetwin.emulator.cluster import ClusterConfig, cluster_spec  # noqa: E402
 from edgetwin.emulator.logs import generate_logs  # noqa: E402
 from edgetwin.emulator.sites import default_sites  # noqa: E402
-from edgetwin.federation.twin_fit import CRITERIA, SITE_ALONE, FitOptions, personalise  # noqa: E402
+from edgetwin.federation.twin_fit import CRITERIA, SITE_ALONE, FitOptions, personalise, validation_agents  # noqa: E402
 from edgetwin.federation.twin_runner import MODEL_PHASES, fit_federated  # noqa: E402
 from edgetwin.twin.fidelity import logged_rollout  # noqa: E402
 from edgetwin.twin.twin import Twin  # noqa: E402
@@ -153,6 +153,8 @@ def main() -> None:
     ap.add_argument("--train-days", type=int, default=None, help="training days of every site but the poor one")
     ap.add_argument("--poor-hours", type=float, default=None,
                     help="part 2: the poor site logged only the first HOURS of its day (default: the whole day)")
+    ap.add_argument("--hold-back", action="store_true",
+                    help="part 2: the poor site keeps personalise's held-out groups out of the federation")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--merge", action="store_true", help="keep the other parts' results from results.json")
     ap.add_argument("--markdown-only", action="store_true", help="rewrite the docs section from results.json")
@@ -216,8 +218,15 @@ def main() -> None:
             key2 = f"part2_{args.poor_hours:g}h"
         if args.seed:
             key2 = f"seed{args.seed}_{key2}"
+        fed_logs = logs2
+        if args.hold_back:
+            # the site draws the groups `personalise` will score on before it federates and keeps
+            # them back, so that no federation-derived candidate has seen them
+            srt = logs2[poor].sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+            fed_logs = {**logs2, poor: srt[~validation_agents(srt, 0.25, o.seed)]}
+            key2 += "_holdback"
         alone = fit_alone(logs2[poor], spec, o)
-        fed2, _ = fit_federated(logs2, spec, options=o)
+        fed2, _ = fit_federated(fed_logs, spec, options=o)
         bc_epochs = o.rounds * o.local_epochs
         # chosen on held-out service groups of the site's own log among the federated twin's
         # adaptations and the site's own twin (refitted on the kept groups to be scored), then
@@ -394,6 +403,8 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
             p = res[key]
             hours = float(p.get("poor_hours", 24.0))
             label = "whole day (the issue's configuration)" if hours >= 24 else f"first {hours:g} hours of the day only"
+            if key.endswith("_holdback"):
+                label = "whole day, the site's held-out groups kept out of the federation (`--hold-back`)"
             run = (f" `{p['command']}`, 2 shared cores, load {p['load'][0]:.0f} at the start and {p['load'][1]:.0f} at the end, "
                    f"{p['minutes']:.0f} min" if "command" in p else "")
             L += [f"**{label}** ({p.get('poor_rows', '?')} rows of the site;{run}):", "",

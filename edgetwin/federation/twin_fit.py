@@ -1378,10 +1378,8 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
     candidate's selection score is set beside its ranking error on held-out days) the fine-tuned
     "per model" twin had the best score under every criterion of `CRITERIA` in all four runs, and
     on one (seed 1, a whole day of the site) its error was 17.6 % against 6.4 % for the site's own
-    twin, which scored worst. The federation-derived candidates start from models that saw the
-    whole logged day (the site federated with all its groups), which flatters them on its held-out
-    groups; a criterion that sees another day, or a federation without those groups, would be
-    needed for the guarantee.
+    twin, which scored worst (keeping the held-out groups out of the federation changed neither).
+    A criterion that sees another logged day would be needed for the guarantee.
 
     Args:
         twin: the (federated) twin.
