@@ -46,7 +46,7 @@ from twin_fidelity import ranking_policies, ranking_scores  # noqa: E402
 from edgetwin.emulator.cluster import ClusterConfig, cluster_spec  # noqa: E402
 from edgetwin.emulator.logs import generate_logs  # noqa: E402
 from edgetwin.emulator.sites import default_sites  # noqa: E402
-from edgetwin.federation.twin_fit import FitOptions, personalise  # noqa: E402
+from edgetwin.federation.twin_fit import CRITERIA, SITE_ALONE, FitOptions, personalise, validation_agents  # noqa: E402
 from edgetwin.federation.twin_runner import MODEL_PHASES, fit_federated  # noqa: E402
 from edgetwin.twin.fidelity import logged_rollout  # noqa: E402
 from edgetwin.twin.twin import Twin  # noqa: E402
@@ -56,6 +56,8 @@ OUT = ROOT / "docs" / "benchmarks" / "federated_twin"
 SECTION = "## Federated twin"
 #: hand-written subsections a rerun keeps (`_docs.write_section`)
 KEEP = ("### What part 2 says",)
+#: part 2's columns of the personalisation candidates (each rebuilt on all the site's rows)
+CANDIDATE = "personalisation candidate: "
 
 
 def site_configs(n_agents: int, steps: int) -> dict[str, ClusterConfig]:
@@ -151,6 +153,8 @@ def main() -> None:
     ap.add_argument("--train-days", type=int, default=None, help="training days of every site but the poor one")
     ap.add_argument("--poor-hours", type=float, default=None,
                     help="part 2: the poor site logged only the first HOURS of its day (default: the whole day)")
+    ap.add_argument("--hold-back", action="store_true",
+                    help="part 2: the poor site keeps personalise's held-out groups out of the federation")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--merge", action="store_true", help="keep the other parts' results from results.json")
     ap.add_argument("--markdown-only", action="store_true", help="rewrite the docs section from results.json")
@@ -212,33 +216,54 @@ def main() -> None:
             ticks = max(1, int(round(args.poor_hours / 24.0 * steps)))
             logs2[poor] = logs2[poor][logs2[poor]["t"] < ticks]
             key2 = f"part2_{args.poor_hours:g}h"
+        if args.seed:
+            key2 = f"seed{args.seed}_{key2}"
+        fed_logs = logs2
+        if args.hold_back:
+            # the site draws the groups `personalise` will score on before it federates and keeps
+            # them back, so that no federation-derived candidate has seen them
+            srt = logs2[poor].sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+            fed_logs = {**logs2, poor: srt[~validation_agents(srt, 0.25, o.seed)]}
+            key2 += "_holdback"
         alone = fit_alone(logs2[poor], spec, o)
-        fed2, _ = fit_federated(logs2, spec, options=o)
+        fed2, _ = fit_federated(fed_logs, spec, options=o)
         bc_epochs = o.rounds * o.local_epochs
-        # chosen per model on held-out service groups, then as many local GAIL rounds as the fit had
-        pers = personalise(fed2, logs2[poor], epochs=bc_epochs, local_epochs=bc_epochs, seed=o.seed)
-        pers_bc = personalise(fed2, logs2[poor], epochs=bc_epochs, local_epochs=bc_epochs, seed=o.seed,
-                              adversarial_rounds=0)
+        # chosen on held-out service groups of the site's own log among the federated twin's
+        # adaptations and the site's own twin (refitted on the kept groups to be scored), then
+        # rebuilt on all its rows; every candidate is rebuilt too, to set its score beside its error
+        cands: dict[str, Twin] = {}
+        pers = personalise(fed2, logs2[poor], epochs=bc_epochs, local_epochs=bc_epochs, seed=o.seed,
+                           site_alone=lambda d: fit_alone(d, spec, o), site_alone_twin=alone, candidates=cands)
+        meta = pers.meta["personalised"]
         pooled = centralised(logs2, spec, o)  # diagnostic: is it federation, or pooling unlike sites?
         policies = ranking_policies(spec, alone)
         diag: list[dict[str, Any]] = []
-        rank2 = evaluate({"own logs alone": alone, "federated": fed2, "federated, personalised": pers,
-                          "federated, personalised, selection only (no local GAIL)": pers_bc,
+        cand_cols = {h: f"{CANDIDATE}{h}" for h in cands if h != SITE_ALONE}
+        rank2 = evaluate({"own logs alone": alone, "federated": fed2,
+                          **{cand_cols[h]: cands[h] for h in cand_cols},
                           "centralised on the pooled logs (not private)": pooled}, policies,
                          {poor: cfgs[poor]}, 2, n_agents, steps, args.seed + 7, replay_only=True, diagnostics=diag)
+        # the personalised twin is one of the candidates (the same object): its column is that one's
+        chosen_col = "own logs alone" if meta["twin_choice"] == SITE_ALONE else cand_cols[meta["twin_choice"]]
+        rank2.insert(4, "federated, personalised (replay)", rank2[f"{chosen_col} (replay)"])
+        diag += [{**d, "source": "federated, personalised"} for d in diag if d["source"] == chosen_col]
         sc2 = {c: ranking_scores(rank2, c) for c in rank2.columns if c not in ("policy", "real")}
+        selection = {h: {**{c: meta["twin_scores_by_criterion"][c].get(h) for c in CRITERIA},
+                         "mean_rel_error": sc2[("own logs alone" if h == SITE_ALONE else cand_cols[h]) + " (replay)"][
+                             "mean_rel_error"]} for h in cands}
         results[key2] = {"site": poor, "policies": rank2.to_dict("records"), "other_days": train_days,
                          "command": "python benchmarks/federated_twin.py " + " ".join(sys.argv[1:]),
                          "load": [load0, os.getloadavg()[0]], "minutes": (time.perf_counter() - t_all) / 60,
                          "poor_rows": len(logs2[poor]), "poor_hours": args.poor_hours or 24.0,
-                         "choices": pers.meta["personalised"]["choices"], "diagnostics": diag,
-                         "twin_choice": pers.meta["personalised"]["twin_choice"],
-                         "twin_scores": pers.meta["personalised"]["twin_scores"],
+                         "choices": meta["choices"], "diagnostics": diag,
+                         "twin_choice": meta["twin_choice"], "criterion": meta["criterion"],
+                         "twin_scores": meta["twin_scores"], "selection": selection,
                          "scores": {k: {m: v[m] for m in ("spearman", "mean_rel_error", "norm_abs_error", "spearman_ci90",
                                                           "rel_err_ci90")} for k, v in sc2.items()}}
         print(json.dumps(results[key2]["scores"], indent=1), flush=True)
-        print(pd.DataFrame(results[key2]["choices"])[["scenario", "model", "choice", "epochs"]].to_string(), flush=True)
-        print("twin-level choice:", results[key2]["twin_choice"], results[key2]["twin_scores"], flush=True)
+        if results[key2]["choices"]:
+            print(pd.DataFrame(results[key2]["choices"])[["scenario", "model", "choice", "epochs"]].to_string(), flush=True)
+        print("twin-level choice:", results[key2]["twin_choice"], json.dumps(selection, indent=1), flush=True)
 
     if 3 in parts:
         small = {k: v[v["episode"].isin(v["episode"].unique()[:1])] for k, v in logs.items()}
@@ -318,7 +343,7 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
     L = [SECTION, "", f"Command: `python benchmarks/federated_twin.py{' --quick' if args.quick else ''} --parts 1 --seed {args.seed}` "
          "and `--quick --parts 2,3 --train-days 7` "
          "(2 shared CPU cores, load 6-9, the two runs in parallel, 28 min wall clock; part 2 rerun since, its "
-         "commands below). {len(res['sites'])} sites, each an emulated cluster with one "
+         f"commands below). {len(res['sites'])} sites, each an emulated cluster with one "
          f"edge site and its cloud ({', '.join(res['sites'])}), its own scenario mix, load (target utilisation 0.35-0.6) "
          f"and drift (0d / 0d / 1w / 1m); {res['n_agents']} service groups, logged under random actions, "
          f"{res.get('part1', {}).get('train_days', res['train_days'])} training days per site in part 1. No public system fits a simulator federatedly, so there is no "
@@ -362,11 +387,15 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
               "nothing travels): a quarter of the site's service groups is held out; for each scenario's client and "
               "engine model the candidates are the federated model, proximal fine-tuning from it "
               "(`mu/2 ||θ - θ_fed||²`, mu in {0, 0.1, 1, 10}, FedProx/Ditto style) and a fit of the site's rows alone "
-              "(epochs chosen on the held-out rows' one-step likelihood); three twins are assembled from them (all "
-              "federated; per model the best one-step candidate; all local), run in closed loop on the site's day "
-              "under its cloned logging policy, and the one whose mean outputs and reward on the held-out groups are "
-              "closest to the logged ones is refitted on all the site's rows; then as many local GAIL rounds as "
-              "the fit had (the row 'selection only' is the same without those rounds). Two configurations: the issue's (a whole day "
+              "(epochs chosen on the one-step likelihood of a second quarter of the groups). Four twins compete, all fitted "
+              "without the held-out groups: three assembled from those models (all federated; per model the best one-step "
+              "candidate; all local), each with as many local GAIL rounds as the fit had, and the site's own twin "
+              "(`fit_alone` on the kept groups: `Twin.fit`, GAIL included). Each runs the site's day in closed loop "
+              "under its cloned logging policy; the one whose mean outputs and reward on the held-out groups are "
+              "closest to the logged ones (in logged standard deviations) is rebuilt on all the site's rows (the "
+              "site's own twin: the row 'own logs alone' itself). Only the site's own logged day is used to choose; "
+              "the held-out days below are not. Every candidate is also rebuilt on all rows and scored on the "
+              "held-out days (rows 'personalisation candidate'), to check the criterion. Two configurations: the issue's (a whole day "
               "of 40 service groups, 3,840 rows), and a genuinely small site, chosen before measuring and kept "
               "whichever way it came out: the same site logged only the first 6 hours of its day (a site that came "
               "online that morning; 960 rows, night hours only), everything else identical.", ""]
@@ -374,12 +403,16 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
             p = res[key]
             hours = float(p.get("poor_hours", 24.0))
             label = "whole day (the issue's configuration)" if hours >= 24 else f"first {hours:g} hours of the day only"
+            if key.endswith("_holdback"):
+                label = "whole day, the site's held-out groups kept out of the federation (`--hold-back`)"
             run = (f" `{p['command']}`, 2 shared cores, load {p['load'][0]:.0f} at the start and {p['load'][1]:.0f} at the end, "
                    f"{p['minutes']:.0f} min" if "command" in p else "")
             L += [f"**{label}** ({p.get('poor_rows', '?')} rows of the site;{run}):", "",
-                  "| twin | Spearman ρ | mean relative error | normalised abs. error |", "|---|---|---|---|"]
+                  "| twin | Spearman ρ | mean relative error (90 % CI) | normalised abs. error |", "|---|---|---|---|"]
             for k, v in p["scores"].items():
-                L.append(f"| {k} | {v['spearman']:.2f} | {100 * v['mean_rel_error']:.1f} % | {v['norm_abs_error']:.2f} |")
+                ci = v.get("rel_err_ci90")
+                ci_s = f" ({100 * ci[0]:.1f}-{100 * ci[1]:.1f})" if ci else ""
+                L.append(f"| {k} | {v['spearman']:.2f} | {100 * v['mean_rel_error']:.1f} %{ci_s} | {v['norm_abs_error']:.2f} |")
             sc = p["scores"]
             a = sc["own logs alone (replay)"]["mean_rel_error"]
             cands = {k.removesuffix(" (replay)"): v["mean_rel_error"] for k, v in sc.items()
@@ -388,7 +421,10 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
             b = cands[bname]
             gain = 100 * (1 - b / a) if a > 0 else 0.0
             ch = pd.DataFrame(p.get("choices", []))
-            if "twin_choice" in p:
+            if "selection" in p:
+                L += ["", f"Twin-level choice: **{p['twin_choice']}** (criterion: {p.get('criterion', 'closed loop')}; "
+                      "selection scores of every candidate beside its real error below)."]
+            elif "twin_choice" in p:
                 sc_ = ", ".join(f"{k} {v:.3f}" for k, v in p["twin_scores"].items())
                 L += ["", f"Twin-level choice: **{p['twin_choice']}** (closed-loop error on the held-out groups: {sc_})."]
             if len(ch):
@@ -400,17 +436,38 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
             if key == "part2" and prev is not None:
                 L += ["", f"Before this personalisation (4 BC epochs from the federated weights, then the local GAIL "
                       f"rounds; same seed and logs): ρ {prev['spearman']:.2f}, {100 * prev['mean_rel_error']:.1f} % error."]
+            pe = sc.get("federated, personalised (replay)", {}).get("mean_rel_error", float("nan"))
             L += ["", f"Target: (b) or (c) at least 30 % lower error than (a): best {bname} {100 * b:.1f} % vs "
                   f"{100 * a:.1f} % ({abs(gain):.0f} % {'lower' if gain >= 0 else 'higher'}: "
-                  f"{'met' if gain >= 30 else 'missed'}).", ""]
+                  f"{'met' if gain >= 30 else 'missed'}). Personalised no worse than the site alone: "
+                  f"{100 * pe:.1f} % vs {100 * a:.1f} % ({'holds' if pe <= a + 1e-12 else 'does not hold'}).", ""]
         other = [(k, v) for k, v in res.items() if k.startswith("seed") and "part2" in k]
         if other:
-            L += ["Other seeds (everything redrawn: logs, fits, held-out days), mean relative error (ρ):", "",
-                  "| run | " + " | ".join(n.removesuffix(" (replay)") for n in other[0][1]["scores"]) + " |",
-                  "|---|" + "---|" * len(other[0][1]["scores"])]
+            names = [n for n in other[0][1]["scores"] if not n.startswith(CANDIDATE)]
+            L += ["Other seeds (everything redrawn: logs, fits, held-out days), mean relative error (90 % CI; ρ):", "",
+                  "| run | " + " | ".join(n.removesuffix(" (replay)") for n in names) + " | choice |",
+                  "|---|" + "---|" * (len(names) + 1)]
             for k, v in other:
                 L.append(f"| `{v.get('command', k)}` | " + " | ".join(
-                    f"{100 * x['mean_rel_error']:.1f} % ({x['spearman']:.2f})" for x in v["scores"].values()) + " |")
+                    f"{100 * v['scores'][n]['mean_rel_error']:.1f} % ({100 * v['scores'][n]['rel_err_ci90'][0]:.1f}-"
+                    f"{100 * v['scores'][n]['rel_err_ci90'][1]:.1f}; ρ {v['scores'][n]['spearman']:.2f})"
+                    if n in v["scores"] else "-" for n in names) + f" | {v.get('twin_choice', '-')} |")
+            L.append("")
+        runs = [(k, res[k]) for k in p2] + other
+        if any("selection" in v for _, v in runs):
+            crit = list(CRITERIA)
+            L += ["Does the selection score predict the error on the held-out days? Per run, every candidate's "
+                  "closed-loop score on the site's held-out groups of its logged day (fitted without them; lower is "
+                  "better; the first is the criterion used) beside its mean relative error on the 2 held-out days "
+                  "(rebuilt on all the site's rows). **bold**: chosen.", "",
+                  "| run | candidate | " + " | ".join(crit) + " | real mean relative error |",
+                  "|---|---|" + "---|" * (len(crit) + 1)]
+            for k, v in runs:
+                for h, r in v.get("selection", {}).items():
+                    name = f"**{h}**" if h == v.get("twin_choice") else h
+                    cells = " | ".join("-" if r.get(c) is None else f"{r[c]:.4f}" for c in crit)
+                    L.append(f"| {v.get('command', k).removeprefix('python benchmarks/federated_twin.py ')} | {name} | "
+                             f"{cells} | {100 * r['mean_rel_error']:.1f} % |")
             L.append("")
         diag = pd.DataFrame(res[p2[0]].get("diagnostics", []))
         if len(diag):
@@ -423,7 +480,7 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
                   "|---|---|" + "---|" * len(cols)]
             for q in pick:
                 for _, r in diag[diag["policy"] == q].iterrows():
-                    if "selection only" in r["source"]:
+                    if "selection only" in r["source"] or r["source"].startswith(CANDIDATE):
                         continue
                     L.append(f"| {q} | {r['source']} | " + " | ".join(f"{r[c]:.3g}" for c in cols) + " |")
             L.append("")

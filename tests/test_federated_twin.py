@@ -412,3 +412,59 @@ def test_personalise_a_federated_twin(site_logs):
     assert all(torch.equal(a, b) for a, b in zip(w0, twin.members[0].clients[0].parameters(), strict=True))
     out = pers.rollout(RandomPolicy(spec, 0), episodes=1, n_agents=8, steps=4, seed=1)
     assert len(out) == 8 * 4 and np.isfinite(out["reward"]).all()
+
+
+def test_personalise_weighs_the_sites_own_twin(site_logs):
+    """With ``site_alone``, the site's own full twin competes with the federated adaptations: it is
+    scored after a fit on the kept groups only (the held-out groups' rows never reach it), the
+    twin chosen has the best selection score of the four, every candidate can be rebuilt on all
+    the site's rows, and the one chosen is what `personalise` returns."""
+    from edgetwin.federation.twin_fit import (
+        CRITERIA,
+        SITE_ALONE,
+        TWIN_CHOICES,
+        personalise,
+        validation_agents,
+    )
+
+    df, spec, parts = site_logs
+    twin, _ = fit_federated(parts, spec, options=LIGHT)
+    site = sorted(parts)[0]
+    local = parts[site]
+    seen: list[pd.DataFrame] = []
+
+    def alone(d: pd.DataFrame) -> Twin:
+        seen.append(d)
+        return Twin.fit(d, spec, seed=0, members=1, progress=False, response_model="bc", population_model="gmm",
+                        population_hyper={"n_components": 2}, bc_epochs=3, net_arch=[16, 16], engine_arch=[8])
+
+    full = alone(local)
+    seen.clear()
+    cands: dict[str, Twin] = {}
+    pers = personalise(twin, local, epochs=3, seed=0, local_epochs=3, site_alone=alone, site_alone_twin=full,
+                       candidates=cands)
+    meta = pers.meta["personalised"]
+    assert set(meta["twin_scores"]) == {*TWIN_CHOICES, SITE_ALONE} == set(cands)
+    assert set(meta["twin_scores_by_criterion"]) == set(CRITERIA)
+    assert all(np.isfinite(v) for v in meta["twin_scores"].values())
+    assert meta["twin_choice"] == min(meta["twin_scores"], key=meta["twin_scores"].get)
+    assert cands[meta["twin_choice"]] is pers
+    # honest: the site's own twin was scored after a fit on the kept groups only (the whole-log fit was given)
+    srt = local.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+    held = validation_agents(srt, 0.25, seed=0)
+    key = srt["episode"].astype(str) + "/" + srt["agent"].astype(str)
+    assert len(seen) == 1 and len(seen[0]) == (~held).sum()
+    assert not set(seen[0]["episode"].astype(str) + "/" + seen[0]["agent"].astype(str)) & set(key[held])
+    # the site's own candidate is the given whole-log twin itself
+    assert cands[SITE_ALONE].members is full.members
+    # another criterion chooses by its own scores; an unknown one is refused
+    p2 = personalise(twin, local, epochs=3, seed=0, local_epochs=3, site_alone=alone, site_alone_twin=full,
+                     criterion="closed loop by action")
+    m2 = p2.meta["personalised"]
+    finite = {k: v for k, v in m2["twin_scores_by_criterion"]["closed loop by action"].items() if np.isfinite(v)}
+    assert m2["criterion"] == ("closed loop by action" if finite else "closed loop")
+    assert m2["twin_choice"] == min(m2["twin_scores"], key=m2["twin_scores"].get)
+    # same seed, same scores (NaN where a criterion has no stratum with enough rows)
+    assert json.dumps(m2["twin_scores_by_criterion"]) == json.dumps(meta["twin_scores_by_criterion"])
+    with pytest.raises(InputError, match="criterion"):
+        personalise(twin, local, criterion="one step")
