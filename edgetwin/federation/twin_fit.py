@@ -1324,13 +1324,6 @@ def closed_loop_scores(twin: Twin, log: pd.DataFrame, held: np.ndarray, policy: 
             "closed loop, reward by action": mean(sum((strat[c] for c in rw), []))}
 
 
-def closed_loop_error(twin: Twin, log: pd.DataFrame, held: np.ndarray, policy: Any, seed: int) -> float:
-    """`closed_loop_scores`'s ``"closed loop"``: the mean over outputs and reward of the squared
-    difference, in logged standard deviations, between the twin's and the log's means on the
-    held-out groups ``held`` (``(N,)`` bool) when the twin runs the log's episodes under ``policy``."""
-    return closed_loop_scores(twin, log, held, policy, seed)["closed loop"]
-
-
 def _same_shape(fresh: Any, like: Any) -> Any:
     """``fresh`` when its parameters have ``like``'s shapes (a local-only candidate must be the same
     model family), else None (no local candidate)."""

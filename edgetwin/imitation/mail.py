@@ -89,21 +89,25 @@ class GaussianModel:
             return np.zeros((0, shape[0]), dtype=np.float32)
         # shares memory with x when it is already float32, contiguous and writable (torch wants
         # writable arrays); the network only reads it
+        layers = self.plain_layers()
+        if layers is not None:
+            return plain_forward(layers, x)
         arr = np.ascontiguousarray(x, dtype=np.float32)
         obs = th.as_tensor(arr if arr.flags.writeable else arr.copy())
         pol = self.policy
-        layers = _plain_actor(pol)
-        if layers is not None:
-            # the same kernels on the same tensors as the modules' forward, without nn.Module's
-            # per-call hooks machinery (a twin's tick calls this once per scenario)
-            h = obs
-            for layer in layers:
-                h = layer(h) if callable(layer) else th.nn.functional.linear(h, layer[0], layer[1])
-            return h.numpy()
         # what `policy.get_distribution(obs).distribution.mean` computes, without building the
         # distribution (whose argument checks cost more than the network on a twin's tick)
         features = pol.pi_features_extractor(preprocess_obs(obs, pol.observation_space))
         return pol.action_net(pol.mlp_extractor.forward_actor(features)).numpy()
+
+    def plain_layers(self) -> list[Any] | None:
+        """`_plain_actor` of the policy, looked up once per model: its entries are the policy's own
+        parameter tensors, so weights trained or loaded in place are seen (a model unpickled from
+        an older twin looks them up on first use)."""
+        if "_plain" not in self.__dict__:
+            self.__dict__["_plain"] = _plain_actor(self.policy)
+        plain: list[Any] | None = self.__dict__["_plain"]
+        return plain
 
     @property
     def std(self) -> np.ndarray:
@@ -117,6 +121,23 @@ class GaussianModel:
 
 
 _ACTIVATIONS: dict[type, Callable[[th.Tensor], th.Tensor]] = {th.nn.Tanh: th.tanh, th.nn.ReLU: th.relu}
+
+
+def plain_forward(layers: list[Any], x: np.ndarray) -> np.ndarray:
+    """``(N, in) -> (N, out)`` float32 (a fresh array): a plain actor's mean (`_plain_actor`'s
+    ``layers``, `GaussianModel.plain_layers`), to be called under ``torch.no_grad``.
+
+    The same kernels on the same tensors as the modules' forward, without nn.Module's per-call
+    hooks machinery (a twin's tick calls this once per scenario). ``x`` is shared, not copied,
+    when it is already float32, contiguous and writable (torch wants writable arrays); the
+    network only reads it.
+    """
+    arr = np.ascontiguousarray(x, dtype=np.float32)
+    h = th.as_tensor(arr if arr.flags.writeable else arr.copy())
+    for layer in layers:
+        h = layer(h) if callable(layer) else th.nn.functional.linear(h, layer[0], layer[1])
+    out: np.ndarray = h.numpy()
+    return out
 
 
 def _plain_actor(pol: ActorCriticPolicy) -> list[Any] | None:

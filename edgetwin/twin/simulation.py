@@ -15,13 +15,12 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 import torch as th
-from stable_baselines3.common.policies import ActorCriticPolicy
 
 from edgetwin.contract.logs import ordered_columns
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
 from edgetwin.imitation.layout import Layout
-from edgetwin.imitation.mail import GaussianModel, _plain_actor
+from edgetwin.imitation.mail import GaussianModel, plain_forward
 from edgetwin.imitation.world import Composition, InitialStates, World
 from edgetwin.twin.member import Member
 from edgetwin.twin.support import ProfileSupport, SupportIndex
@@ -122,8 +121,8 @@ class Simulation:
             twin.spec.reward_fn() if (twin.spec.reward_weights or twin.spec.reward_function) else None
         )
         self.world: World
-        #: per client model: its plain-MLP layers and std, looked up once (see `_forward`)
-        self._layers: dict[Any, tuple[Any, Any]] = {}
+        #: per client model: its std, looked up once (`_std`; a twin's models do not train)
+        self._stds: dict[int, tuple[Any, np.ndarray]] = {}
         self.member = 0
         self.site_names: list[str] = []
         self.agent_names: list[str] = []
@@ -284,31 +283,20 @@ class Simulation:
     def _forward(self, model: Any, x: np.ndarray) -> np.ndarray:
         """``model.mean(x)``, the client network's mean ``(n, out)`` float32 (a fresh array).
 
-        For a plain MLP (SB3's default policy) its layers are looked up once per model and kept,
-        and applied here under the caller's ``no_grad``: the same kernels on the same tensors as
-        `GaussianModel.mean`, so the same numbers, without its per-call lookups (a tick makes one
-        call per scenario, and at 1,000 agents the lookups cost a tenth of the network).
+        For a plain MLP (SB3's default policy) the model's kept layers run here under the caller's
+        ``no_grad`` (`plain_forward`, what `GaussianModel.mean` runs), without a grad-mode switch
+        per call (a tick makes one call per scenario).
         """
-        layers = self._layers.get(id(model))
-        if layers is None or layers[0] is not model:
-            policy = getattr(model, "policy", None)
-            plain = _plain_actor(policy) if isinstance(policy, ActorCriticPolicy) else None
-            layers = self._layers[id(model)] = (model, plain)
-        plain = layers[1]
+        plain = model.plain_layers() if isinstance(model, GaussianModel) else None
         if plain is None or len(x) == 0:
             return np.array(model.mean(x), dtype=np.float32)  # (a copy: the caller writes into it)
-        arr = np.ascontiguousarray(x, dtype=np.float32)
-        h = th.as_tensor(arr if arr.flags.writeable else arr.copy())
-        for layer in plain:
-            h = layer(h) if callable(layer) else th.nn.functional.linear(h, layer[0], layer[1])
-        return h.numpy()
+        return plain_forward(plain, x)
 
     def _std(self, model: Any) -> np.ndarray:
-        """``(out,)`` float32 std of a client model's Gaussian (kept per model, like its layers)."""
-        key = ("std", id(model))
-        hit = self._layers.get(key)
+        """``(out,)`` float32 std of a client model's Gaussian, kept per model."""
+        hit = self._stds.get(id(model))
         if hit is None or hit[0] is not model:
-            hit = self._layers[key] = (model, np.asarray(model.std, dtype=np.float32))
+            hit = self._stds[id(model)] = (model, np.asarray(model.std, dtype=np.float32))
         return hit[1]
 
     @property
