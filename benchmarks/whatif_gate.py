@@ -84,7 +84,11 @@ LOGGING_TEXT = {
     "production": "the SLO-aware heuristic with 10 % Gaussian exploration noise (production-like)",
 }
 #: hand-written subsections of the docs section that a rerun keeps
-KEEP = ("### How the interval construction was chosen", "### Where the tail KPIs' errors come from")
+KEEP = (
+    "### How the interval construction was chosen",
+    "### Where the tail KPIs' errors come from",
+    "### Where the energy and carbon KPIs' errors come from",
+)
 TARGETS = {"confident_agreement": 0.95, "abstention": 0.30, "coverage_90": 0.85}
 #: where the intervals are calibrated: 3 held-out days (the headline), the replayed recent days themselves
 #: (`edgetwin.policies.gate.check_candidate`'s default when it gets a log and no calibration), or both
