@@ -88,6 +88,21 @@ def test_run_tasks_orders_results_and_resolves_workers() -> None:
         resolve_workers(-1, 3)
 
 
+def test_pool_tasks_get_the_shared_arguments_from_a_file_they_leave_behind_nowhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's shared arguments travel through one temporary file (not as bytes with every
+    task, which kept a pickled copy of a large log beside its table in every process), and the
+    file is gone afterwards, also when a task fails."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert run_tasks(_square, [(k,) for k in range(5)], workers=2, shared=(100,)) == [100, 101, 104, 109, 116]
+    with pytest.raises(TypeError):
+        run_tasks(_square, [(1,), (2,)], workers=2, shared=(1, 2))  # one argument too many
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_same_twin_serially_and_on_a_pool(small_log: tuple[Any, Any], tmp_path: Path) -> None:
     df, spec = small_log
     serial = Twin.fit(df, spec, seed=3, workers=1, **FIT).save(tmp_path / "serial")

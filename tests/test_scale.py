@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import numexpr
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from imitation.algorithms import bc
@@ -217,3 +218,51 @@ def test_compiled_declared_expressions_are_numexprs_numbers() -> None:
             local[f"_agg{k}"] = _reduce(op, per, site, 7)[site]
         want = np.broadcast_to(np.asarray(numexpr.evaluate(e.outer, local_dict=local), np.float64), (500,))
         assert got.tobytes() == np.ascontiguousarray(want).tobytes(), text
+
+
+def test_a_members_bootstrap_of_a_sorted_log_is_sorted_so_its_step_table_copies_nothing() -> None:
+    """`bootstrap_episodes` hands `build_steps` its draw already in (episode, t, agent) order, so
+    the step table's frame is the draw itself, not one more copy of a million-row log in each pool
+    worker; the draw is the same rows as drawing the episodes in their drawn order."""
+    from edgetwin.twin.twin import bootstrap_episodes
+
+    df, spec = generate_logs(ClusterConfig(n_agents=12, steps=4), episodes=11, seed=2)
+    df = df.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+    episodes = df["episode"].unique()
+    pick = np.random.default_rng(5).choice(len(episodes), size=len(episodes), replace=True)
+    draw = bootstrap_episodes(df, episodes, pick)
+    steps = build_steps(draw, Layout.fit(df, spec))
+    assert np.shares_memory(steps.frame["t"].to_numpy(), draw["t"].to_numpy())
+    in_draw_order = pd.concat(
+        [df[df["episode"] == episodes[e]].assign(episode=f"{episodes[e]}#{k}") for k, e in enumerate(pick)]
+    ).sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(draw, in_draw_order, check_dtype=False)
+    assert draw["episode"].nunique() == len(pick)
+
+
+def test_a_model_run_in_chunks_gives_the_bits_of_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`GaussianModel.mean` and `log_likelihood` cut a large batch into `CHUNK_ROWS`-row passes
+    (so that behaviour cloning's final pass over a million rows does not hold every activation at
+    once); each row's numbers must be those of one pass over all rows, and the log-likelihood
+    that of SB3's `evaluate_actions`."""
+    torch.manual_seed(0)
+    pol = gaussian_policy(9, 4, [16, 16])
+    with torch.no_grad():
+        pol.log_std.copy_(torch.tensor([0.3, -0.2, 0.1, -0.5]))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2_500, 9)).astype(np.float32)
+    y = rng.standard_normal((2_500, 4)).astype(np.float32)
+    whole = mail.GaussianModel(pol).mean(x)
+    with torch.no_grad():
+        _, sb3_logp, _ = pol.evaluate_actions(torch.as_tensor(x.copy()), torch.as_tensor(y.copy()))
+    assert torch.equal(mail.log_likelihood(pol, x, y), sb3_logp)
+    monkeypatch.setattr(mail, "CHUNK_ROWS", 1_000)  # three passes, the last partial
+    chunked = mail.GaussianModel(pol).mean(x)
+    assert np.array_equal(chunked.view(np.uint32), whole.view(np.uint32))
+    assert torch.equal(mail.log_likelihood(pol, x, y), sb3_logp)
+    assert float(-mail.log_likelihood(pol, x, y).mean()) == float(-sb3_logp.mean())
+    # and the check can fail: another row's input changes that row's output only
+    x2 = x.copy()
+    x2[1_500] += 1.0
+    moved = np.flatnonzero((mail.GaussianModel(pol).mean(x2) != whole).any(axis=1))
+    assert moved.tolist() == [1_500]

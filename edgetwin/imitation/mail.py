@@ -68,6 +68,11 @@ ProfileSampler = Callable[[int, str, int], np.ndarray]
 
 
 # --------------------------------------------------------------------------- batched Gaussian models
+#: rows per forward pass when a model runs on more rows than this (`GaussianModel.mean`,
+#: `log_likelihood`): a twin's tick (up to 10k agents) runs in one pass
+CHUNK_ROWS = 65_536
+
+
 class GaussianModel:
     """A diagonal-Gaussian SB3 policy used as a batched sampler (numpy in, numpy out).
 
@@ -82,7 +87,16 @@ class GaussianModel:
 
     @th.no_grad()
     def mean(self, x: np.ndarray) -> np.ndarray:
-        """``(N, in) -> (N, out)`` the policy's mean output."""
+        """``(N, in) -> (N, out)`` the policy's mean output.
+
+        More than `CHUNK_ROWS` rows go through the network `CHUNK_ROWS` at a time: each row's
+        output depends on its own row only, so the numbers are the same to the bit
+        (tests/test_scale.py checks it), and a million-row call (the maximum-likelihood std at the
+        end of behaviour cloning) does not hold every hidden layer's activations of every row at
+        once (0.25 GiB per 64-unit layer).
+        """
+        if len(x) > CHUNK_ROWS:
+            return np.concatenate([self.mean(x[i : i + CHUNK_ROWS]) for i in range(0, len(x), CHUNK_ROWS)])
         if len(x) == 0:
             shape = self.policy.action_space.shape
             assert shape is not None  # a Box action space always has a shape
@@ -253,9 +267,23 @@ def behaviour_clone(
         else:  # the uncapped fit, exactly as before the cap existed
             trainer.train(n_epochs=max(1, epochs), progress_bar=False)
     mu = set_maximum_likelihood_std(policy, x, y)
-    with th.no_grad():
-        _, logp, _ = policy.evaluate_actions(th.as_tensor(x.copy()), th.as_tensor(y.copy()))
+    logp = log_likelihood(policy, x, y)
     return {"neglogp": float(-logp.mean()), "mse": float(((mu - y) ** 2).mean()), "steps": float(steps)}
+
+
+@th.no_grad()
+def log_likelihood(policy: ActorCriticPolicy, x: np.ndarray, y: np.ndarray) -> th.Tensor:
+    """``(n,)`` the log-density of each row's ``y (n, out)`` under ``policy`` at ``x (n, in)``,
+    `CHUNK_ROWS` rows at a time: `ActorCriticPolicy.evaluate_actions`' log-probabilities to the
+    bit (the actor's path is the same; tests/test_scale.py checks it), without the critic's
+    forward pass or every row's activations in memory at once."""
+    parts = [
+        policy.get_distribution(th.as_tensor(np.array(x[i : i + CHUNK_ROWS], np.float32))).log_prob(
+            th.as_tensor(np.array(y[i : i + CHUNK_ROWS], np.float32))
+        )
+        for i in range(0, len(x), CHUNK_ROWS)
+    ]
+    return th.cat(parts) if parts else th.zeros(0)
 
 
 def set_maximum_likelihood_std(policy: ActorCriticPolicy, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -708,11 +736,14 @@ def gail_trainers(steps: StepTable, layout: Layout, learners: ClientLearners, cf
         if len(rows) < 2:
             continue
         env = learners.envs[s]
-        nxt = np.where(steps.next_index[rows] >= 0, steps.next_index[rows], rows)
+        obs = steps.x_client[rows]
+        # the discriminator sees (obs, act) only (``use_next_state=False``), so next_obs is the
+        # obs array itself: `imitation` requires the field, and a copy of the next rows' inputs
+        # would be one more table the size of the client inputs in a worker (0.26 GiB at 1M rows)
         demos = itypes.Transitions(
-            obs=steps.x_client[rows],
+            obs=obs,
             acts=np.clip(steps.y_client[rows], -OUTPUT_CLIP, OUTPUT_CLIP),
-            next_obs=steps.x_client[nxt],
+            next_obs=obs,
             dones=~steps.has_next[rows],
             infos=np.array([{}] * len(rows), dtype=object),
         )

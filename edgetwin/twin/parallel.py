@@ -19,7 +19,10 @@ fastest single-threaded), so its workers use 1 each and do not oversubscribe the
 Ray is imported only when ``ray_address`` is given; without it nothing here touches Ray.
 
 Pool tasks travel with cloudpickle (as Ray's do), so a task may carry a closure, e.g. a what-if
-policy factory over the twin; a module-level function still travels by reference.
+policy factory over the twin; a module-level function still travels by reference. The arguments
+every task shares (a log) go once through a temporary file in the system's temp directory, which
+each worker reads once: a table that large should sit in a worker's memory once, not also as the
+bytes it arrived in.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import socket
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
@@ -68,12 +72,22 @@ def _init_worker(torch_threads: int) -> None:
     torch.set_num_threads(torch_threads)
 
 
-def _cloud_call(shared: bytes, payload: bytes) -> Any:
-    """A pool task: ``fn(*shared, *args)`` from the cloudpickled ``shared`` tuple and ``(fn, args)``."""
+#: the shared arguments this pool worker last read: ``(path, tuple)`` (`_cloud_call`)
+_SHARED: tuple[str, tuple[Any, ...]] | None = None
+
+
+def _cloud_call(shared_path: str, payload: bytes) -> Any:
+    """A pool task: ``fn(*shared, *args)``, ``shared`` read from the file ``run_tasks`` wrote (once
+    per worker and pool: a worker's later tasks reuse it) and ``(fn, args)`` cloudpickled."""
+    global _SHARED
     import cloudpickle
 
+    if _SHARED is None or _SHARED[0] != shared_path:
+        _SHARED = None  # the previous pool's tuple goes before this one is read
+        with open(shared_path, "rb") as fh:
+            _SHARED = (shared_path, tuple(cloudpickle.load(fh)))
     fn, args = cloudpickle.loads(payload)
-    return fn(*cloudpickle.loads(shared), *args)
+    return fn(*_SHARED[1], *args)
 
 
 def _ray_call(fn: Callable[..., Any], torch_threads: int, *args: Any) -> Any:
@@ -109,9 +123,11 @@ def run_tasks(
             process it is used as it is.
         progress: a tqdm bar over finished tasks.
         shared: leading arguments common to every task (a large table, a layout): sent once per
-            worker on Ray (``ray.put``); on the pool, pickled once and the same bytes sent with
-            each task (pickling a million-row log once per task held one copy per task in this
-            process: 1.8 GB for a 5-member fit).
+            worker on Ray (``ray.put``); on the pool, pickled once into a temporary file that each
+            worker reads once. Not as bytes with each task: pickling a million-row log once per
+            task held one copy per task in this process (1.8 GB for a 5-member fit), and one
+            pickle sent with every task still sat, as bytes, beside the unpickled table in this
+            process and in every worker for as long as a task ran (0.35 GiB each at 1M rows).
         on_result: called in this process as ``on_result(i, result)`` when task ``i`` finishes
             (e.g. to checkpoint it), in completion order.
         torch_threads: torch threads in each worker (default: this process's count, so that a
@@ -144,17 +160,24 @@ def run_tasks(
         return results
     # spawn, not fork: a forked child inherits torch's and OpenMP's thread state mid-flight
     ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_worker, initargs=(torch_threads,)) as pool:
-        import cloudpickle
+    import cloudpickle
 
-        blob = cloudpickle.dumps(tuple(shared))
-        futures = {pool.submit(_cloud_call, blob, cloudpickle.dumps((fn, tuple(t)))): i for i, t in enumerate(tasks)}
-        for fut in as_completed(futures):
-            i = futures[fut]
-            results[i] = fut.result()
-            if on_result is not None:
-                on_result(i, results[i])
-            bar.update(1)
+    fd, shared_path = tempfile.mkstemp(prefix="edgetwin-shared-", suffix=".pkl")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            cloudpickle.dump(tuple(shared), fh)
+        with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(torch_threads,)) as pool:
+            futures = {pool.submit(_cloud_call, shared_path, cloudpickle.dumps((fn, tuple(t)))): i
+                       for i, t in enumerate(tasks)}
+            for fut in as_completed(futures):
+                i = futures[fut]
+                results[i] = fut.result()
+                if on_result is not None:
+                    on_result(i, results[i])
+                bar.update(1)
+    finally:
+        os.unlink(shared_path)
     bar.close()
     return results
 

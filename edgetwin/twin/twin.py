@@ -137,17 +137,24 @@ class PopulationSampler:
 
 
 def bootstrap_episodes(df: pd.DataFrame, episodes: np.ndarray, pick: np.ndarray | None) -> pd.DataFrame:
-    """The log with episodes ``episodes[pick]`` in that order (all of it when ``pick`` is None);
-    the k-th drawn episode is renamed ``<episode>#k``, so a repeated episode becomes a distinct one."""
+    """The log with episodes ``episodes[pick]`` (all of it when ``pick`` is None); the k-th drawn
+    episode is renamed ``<episode>#k``, so a repeated episode becomes a distinct one.
+
+    The drawn episodes come in the order of their new names, each with its rows in ``df``'s
+    order: when ``df`` is sorted by (episode, t, agent), as `Twin.fit` sorts it, so is the draw,
+    and `build_steps`' sort of it is a view instead of one more copy of the draw (pandas
+    copy-on-write). Which rows are drawn, and so the member, does not depend on the order.
+    """
     if pick is None:
         return df
     ep_rows = df.groupby("episode", sort=False).indices
-    rows = [ep_rows[episodes[e]] for e in pick]
+    names = np.array([f"{episodes[e]}#{k}" for k, e in enumerate(pick)], dtype=object)
+    order = np.argsort(names, kind="stable")
+    rows = [ep_rows[episodes[pick[k]]] for k in order]
     # one take of every drawn row (not a copy per draw and then their concatenation: at a million
     # rows the parts and the result would sit in a pool worker's memory together)
     out = df.take(np.concatenate(rows)).reset_index(drop=True)
-    out["episode"] = np.repeat(np.array([f"{episodes[e]}#{k}" for k, e in enumerate(pick)], dtype=object),
-                               [len(r) for r in rows])  # fmt: skip
+    out["episode"] = np.repeat(names[order], [len(r) for r in rows])
     return out
 
 
