@@ -441,7 +441,10 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
                   f"{100 * a:.1f} % ({abs(gain):.0f} % {'lower' if gain >= 0 else 'higher'}: "
                   f"{'met' if gain >= 30 else 'missed'}). Personalised no worse than the site alone: "
                   f"{100 * pe:.1f} % vs {100 * a:.1f} % ({'holds' if pe <= a + 1e-12 else 'does not hold'}).", ""]
-        other = [(k, v) for k, v in res.items() if k.startswith("seed") and "part2" in k]
+        # by seed, then whole day / fewer hours / hold-back (results.json's order is that of the --merge runs)
+        other = sorted(((k, v) for k, v in res.items() if k.startswith("seed") and "part2" in k),
+                       key=lambda kv: (int(kv[0][4:].split("_", 1)[0]), -float(kv[1].get("poor_hours", 24.0)),
+                                       kv[0].endswith("_holdback")))
         if other:
             names = [n for n in other[0][1]["scores"] if not n.startswith(CANDIDATE)]
             L += ["Other seeds (everything redrawn: logs, fits, held-out days), mean relative error (90 % CI; ρ):", "",
