@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks" / "federated_twin"
 SECTION = "## Federated twin"
 #: hand-written subsections a rerun keeps (`_docs.write_section`)
-KEEP = ("### What part 2 says",)
+KEEP = ("### What part 2 says", "### What part 4 says")
 #: part 2's columns of the personalisation candidates (each rebuilt on all the site's rows)
 CANDIDATE = "personalisation candidate: "
 
