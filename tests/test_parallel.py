@@ -88,12 +88,12 @@ def test_run_tasks_orders_results_and_resolves_workers() -> None:
         resolve_workers(-1, 3)
 
 
-def test_pool_tasks_get_the_shared_arguments_from_a_file_they_leave_behind_nowhere(
+def test_pool_tasks_get_the_shared_arguments_and_the_pool_leaves_no_temporary_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The pool's shared arguments travel through one temporary file (not as bytes with every
-    task, which kept a pickled copy of a large log beside its table in every process), and the
-    file is gone afterwards, also when a task fails."""
+    """Every pool task receives the shared arguments (they travel through one temporary file, not
+    as bytes with every task, which kept a pickled copy of a large log beside its table in every
+    process), and the temporary directory is left as it was, also when a task fails."""
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
