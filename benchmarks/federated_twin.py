@@ -88,16 +88,16 @@ def site_logs(cfgs: dict[str, ClusterConfig], days: dict[str, int], policy: Any,
     return logs
 
 
-def centralised(logs: dict[str, pd.DataFrame], spec: Any, o: FitOptions) -> Twin:
+def centralised(logs: dict[str, pd.DataFrame], spec: Any, o: FitOptions, bc_epochs: int) -> Twin:
     """The same model family fitted on the pooled rows (what federation must match): the default
     MAIL + GAN-SMMSG with as many BC epochs, GAIL rounds and GAN steps, or the light BC + GMM."""
     df = pd.concat(logs.values(), ignore_index=True)
-    return fit_alone(df, spec, o)
+    return fit_alone(df, spec, o, bc_epochs)
 
 
-def fit_alone(df: pd.DataFrame, spec: Any, o: FitOptions) -> Twin:
-    """`Twin.fit` of ``o``'s family on one table."""
-    common = {"seed": o.seed, "members": o.members, "progress": False, "bc_epochs": o.rounds * o.local_epochs,
+def fit_alone(df: pd.DataFrame, spec: Any, o: FitOptions, bc_epochs: int) -> Twin:
+    """`Twin.fit` of ``o``'s family on one table, with ``bc_epochs`` behaviour-cloning epochs."""
+    common = {"seed": o.seed, "members": o.members, "progress": False, "bc_epochs": bc_epochs,
               "net_arch": o.net_arch, "engine_arch": o.engine_arch}
     if not o.adversarial and not o.gan_population:
         return Twin.fit(df, spec, response_model="bc", population_model="gmm",
@@ -207,8 +207,11 @@ def main() -> None:
     n_agents, steps = (40, 96) if args.quick else (80, 96)
     train_days, poor_days, eval_days = (3, 1, 1) if args.quick else (7, 1, 2)
     train_days = args.train_days or train_days
-    o = FitOptions(members=1, rounds=6 if args.quick else 10, local_epochs=2, em_iters=10 if args.quick else 20,
-                   adv_rounds=10, gan_rounds=10, gan_local_steps=50, seed=args.seed)
+    # the federated BC phase runs `FitOptions`' default schedule (many short rounds); the
+    # centralised and single-site fits get whole epochs: 12 (quick) or 20 (`Twin.fit`'s default)
+    o = FitOptions(members=1, em_iters=10 if args.quick else 20, adv_rounds=10, gan_rounds=10, gan_local_steps=50,
+                   seed=args.seed)
+    bc_epochs = 12 if args.quick else 20
     light = FitOptions.light(**{k: v for k, v in o.to_dict().items() if k not in ("response_model", "population_model")})
     cfgs = site_configs(n_agents, steps)
     spec = cluster_spec(next(iter(cfgs.values())))
@@ -223,7 +226,7 @@ def main() -> None:
         fed, rep = fit_federated(logs, spec, options=o, on_round=lambda r: print("round", r, flush=True))
         t_fed = time.perf_counter() - t0
         t0 = time.perf_counter()
-        cen = centralised(logs, spec, o)
+        cen = centralised(logs, spec, o, bc_epochs)
         t_cen = time.perf_counter() - t0
         t0 = time.perf_counter()
         fed_light, _ = fit_federated(logs, spec, options=light)
@@ -232,7 +235,8 @@ def main() -> None:
         rank = evaluate({"federated": fed, "centralised": cen, "federated, light family (BC + GMM)": fed_light},
                         policies, cfgs, eval_days, n_agents, steps, args.seed)
         scores = {c: ranking_scores(rank, c) for c in rank.columns if c not in ("policy", "real")}
-        results["part1"] = {"fit_seconds": {"federated": t_fed, "centralised": t_cen, "federated_light": t_light},
+        results["part1"] = {"options": o.to_dict(),
+                            "fit_seconds": {"federated": t_fed, "centralised": t_cen, "federated_light": t_light},
                             "policies": rank.to_dict("records"), "bytes_by_phase": rep.bytes_by_phase,
                             "phase_rounds": {ph: sum(1 for x in rep.rounds if x["phase"] == ph)
                                              for ph in {x["phase"] for x in rep.rounds}},
@@ -263,17 +267,16 @@ def main() -> None:
             srt = logs2[poor].sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
             fed_logs = {**logs2, poor: srt[~validation_agents(srt, 0.25, o.seed)]}
             key2 += "_holdback"
-        alone = fit_alone(logs2[poor], spec, o)
+        alone = fit_alone(logs2[poor], spec, o, bc_epochs)
         fed2, _ = fit_federated(fed_logs, spec, options=o)
-        bc_epochs = o.rounds * o.local_epochs
         # chosen on held-out service groups of the site's own log among the federated twin's
         # adaptations and the site's own twin (refitted on the kept groups to be scored), then
         # rebuilt on all its rows; every candidate is rebuilt too, to set its score beside its error
         cands: dict[str, Twin] = {}
         pers = personalise(fed2, logs2[poor], epochs=bc_epochs, local_epochs=bc_epochs, seed=o.seed,
-                           site_alone=lambda d: fit_alone(d, spec, o), site_alone_twin=alone, candidates=cands)
+                           site_alone=lambda d: fit_alone(d, spec, o, bc_epochs), site_alone_twin=alone, candidates=cands)
         meta = pers.meta["personalised"]
-        pooled = centralised(logs2, spec, o)  # diagnostic: is it federation, or pooling unlike sites?
+        pooled = centralised(logs2, spec, o, bc_epochs)  # diagnostic: is it federation, or pooling unlike sites?
         policies = ranking_policies(spec, alone)
         diag: list[dict[str, Any]] = []
         cand_cols = {h: f"{CANDIDATE}{h}" for h in cands if h != SITE_ALONE}
@@ -289,7 +292,8 @@ def main() -> None:
         selection = {h: {**{c: meta["twin_scores_by_criterion"][c].get(h) for c in CRITERIA},
                          "mean_rel_error": sc2[("own logs alone" if h == SITE_ALONE else cand_cols[h]) + " (replay)"][
                              "mean_rel_error"]} for h in cands}
-        results[key2] = {"site": poor, "policies": rank2.to_dict("records"), "other_days": train_days,
+        results[key2] = {"options": o.to_dict(), "site": poor, "policies": rank2.to_dict("records"),
+                         "other_days": train_days,
                          "command": "python benchmarks/federated_twin.py " + " ".join(sys.argv[1:]),
                          "load": [load0, os.getloadavg()[0]], "minutes": (time.perf_counter() - t_all) / 60,
                          "poor_rows": len(logs2[poor]), "poor_hours": args.poor_hours or 24.0,
@@ -329,11 +333,14 @@ def main() -> None:
     if 4 in parts:
         results["part4"] = options_cost(logs, spec, o, cfgs, eval_days, n_agents, steps, args.seed)
         results["part4_seed"] = args.seed
+        results["part4_options"] = o.to_dict()
     results["minutes"] = (time.perf_counter() - t_all) / 60
     if args.merge and (OUT / "results.json").is_file():
         old = json.loads((OUT / "results.json").read_text())
         for k in old:
             if (k.startswith(("part", "seed")) or k == "previous_part2") and k not in results:
+                if k == "part4" and "part4_options" not in old:  # run before the options were recorded
+                    results["part4_options"] = old.get("options", {})
                 results[k] = old[k]
         results["minutes"] += float(old.get("minutes", 0.0))
     OUT.mkdir(parents=True, exist_ok=True)
@@ -375,12 +382,28 @@ def plot(res: dict[str, Any]) -> Path | None:
     return path
 
 
+def schedule(o: dict[str, Any], short: bool = False) -> str:
+    """The federated behaviour-cloning schedule of a run's `FitOptions` (as stored in results.json)."""
+    if o.get("local_steps"):
+        if short:
+            return f"{o['rounds']} x {o['local_steps']} steps"
+        return (f"{o['rounds']} FedAvg rounds x {o['local_steps']} minibatches per site and model"
+                + (", Adam state kept between rounds" if o.get("keep_optimizer") else ""))
+    return f"{o.get('rounds')} x {o.get('local_epochs')} epochs" if short else \
+        f"{o.get('rounds')} FedAvg rounds x {o.get('local_epochs')} BC epochs per site"
+
+
+def centralised_epochs(o: dict[str, Any], quick: bool) -> int:
+    """The centralised fits' BC epochs of a run: whole-epoch rounds added up, else 12 / 20."""
+    return int(o.get("rounds", 0) * o.get("local_epochs", 0)) if not o.get("local_steps") else (12 if quick else 20)
+
+
 def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
     o = res.get("options", {})
     fam = (f"GAN-SMMSG population ({o.get('gan_rounds')} rounds x {o.get('gan_local_steps')} steps per site; centralised: "
-           f"the same {o.get('gan_rounds', 0) * o.get('gan_local_steps', 0)} steps), MAIL responses ({o.get('rounds')} FedAvg "
-           f"rounds x {o.get('local_epochs')} BC epochs, then {o.get('adv_rounds')} adversarial rounds; centralised: "
-           f"{o.get('rounds', 0) * o.get('local_epochs', 0)} BC epochs, {o.get('adv_rounds')} GAIL rounds), 1 member")
+           f"the same {o.get('gan_rounds', 0) * o.get('gan_local_steps', 0)} steps), MAIL responses ({schedule(o)}, "
+           f"then {o.get('adv_rounds')} adversarial rounds; centralised: {centralised_epochs(o, args.quick)} BC epochs, "
+           f"{o.get('adv_rounds')} GAIL rounds), 1 member. Runs of an earlier schedule say so where they are shown")
     L = [SECTION, "", f"Command: `python benchmarks/federated_twin.py{' --quick' if args.quick else ''} --parts 1 --seed {args.seed}` "
          "and `--quick --parts 2,3 --train-days 7` "
          "(2 shared CPU cores, load 6-9, the two runs in parallel, 28 min wall clock; part 2 rerun since, its "
@@ -399,6 +422,7 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
         p = res["part1"]
         fs = p["fit_seconds"]
         L += ["### 1. Federated vs centralised", "",
+              f"Federated behaviour cloning: {schedule(p.get('options', o))}. "
               f"Fit: federated {fs['federated']:.0f} s ({p['rounds']} rounds over the in-process bus, the 4 sites' "
               f"local work done one after the other on this machine), centralised {fs['centralised']:.0f} s"
               + (f", federated light family {fs['federated_light']:.0f} s" if "federated_light" in fs else "")
@@ -448,7 +472,8 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
                 label = "whole day, the site's held-out groups kept out of the federation (`--hold-back`)"
             run = (f" `{p['command']}`, 2 shared cores, load {p['load'][0]:.0f} at the start and {p['load'][1]:.0f} at the end, "
                    f"{p['minutes']:.0f} min" if "command" in p else "")
-            L += [f"**{label}** ({p.get('poor_rows', '?')} rows of the site;{run}):", "",
+            L += [f"**{label}** ({p.get('poor_rows', '?')} rows of the site;{run}; federated behaviour cloning: "
+                  f"{schedule(p.get('options', o))}):", "",
                   "| twin | Spearman ρ | mean relative error (90 % CI) | normalised abs. error |", "|---|---|---|---|"]
             for k, v in p["scores"].items():
                 ci = v.get("rel_err_ci90")
@@ -489,10 +514,10 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
         if other:
             names = [n for n in other[0][1]["scores"] if not n.startswith(CANDIDATE)]
             L += ["Other seeds (everything redrawn: logs, fits, held-out days), mean relative error (90 % CI; ρ):", "",
-                  "| run | " + " | ".join(n.removesuffix(" (replay)") for n in names) + " | choice |",
-                  "|---|" + "---|" * (len(names) + 1)]
+                  "| run | federated BC | " + " | ".join(n.removesuffix(" (replay)") for n in names) + " | choice |",
+                  "|---|---|" + "---|" * (len(names) + 1)]
             for k, v in other:
-                L.append(f"| `{v.get('command', k)}` | " + " | ".join(
+                L.append(f"| `{v.get('command', k)}` | {schedule(v.get('options', o), short=True)} | " + " | ".join(
                     f"{100 * v['scores'][n]['mean_rel_error']:.1f} % ({100 * v['scores'][n]['rel_err_ci90'][0]:.1f}-"
                     f"{100 * v['scores'][n]['rel_err_ci90'][1]:.1f}; ρ {v['scores'][n]['spearman']:.2f})"
                     if n in v["scores"] else "-" for n in names) + f" | {v.get('twin_choice', '-')} |")
@@ -567,7 +592,8 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
     if "part4" in res:
         L += ["### 4. What the weight-update options cost in fidelity", "",
               f"Part 1's federated fit (the same logs, {len(res['part4'])} options, seed "
-              f"{res.get('part4_seed', 0)}), once per option; "
+              f"{res.get('part4_seed', 0)}; federated behaviour cloning: {schedule(res.get('part4_options', o))}), "
+              "once per option; "
               "every twin is scored on the same days with a fresh copy of one policy set (the same policies and the same "
               "random draws), so the differences are the options' (`--parts 4`). Bytes: what a site sent in the whole fit "
               "(secure aggregation: its masked inputs and key shares). ε: the RDP accountant's, summed over the three model "

@@ -441,7 +441,9 @@ def twin_fit(
             "process over the in-process bus: only statistics and parameters travel (docs/federation.md).",
         ),
     ] = False,
-    fed_rounds: Annotated[int, typer.Option(min=1, help="--federated: FedAvg rounds per member.")] = 8,
+    fed_rounds: Annotated[
+        int | None, typer.Option(min=1, help="--federated: FedAvg rounds per member (default: FitOptions', 240).")
+    ] = None,
     strategy: Annotated[str, typer.Option(help="--federated: fedavg | fedavgm | dp_gaussian.")] = "fedavg",
     compression: Annotated[str, typer.Option(help="--federated: dense | int8 | topk+int8.")] = "dense",
     secure: Annotated[bool, typer.Option("--secure", help="--federated: secure aggregation.")] = False,
@@ -510,7 +512,16 @@ def twin_fit(
                   f"{twin.meta['fit_seconds']:.0f} s)")
 
 
-def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, rounds: int, strategy: str,
+def _rounds(rounds: int | None) -> dict[str, Any]:
+    """``--fed-rounds`` as `FitOptions` keywords: none when not given (its default schedule)."""
+    return {} if rounds is None else {"rounds": rounds}
+
+
+#: the behaviour-cloning phase's rounds shown by `edgetwin fit --federated` (one line in this many)
+WEIGHT_ROUNDS_SHOWN_EVERY = 20
+
+
+def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, rounds: int | None, strategy: str,
                    compression: str, secure: bool, seed: int, as_json: bool, family: dict[str, Any]) -> None:
     """`edgetwin fit --federated`: one site agent per value of the log's site column, in-process.
 
@@ -526,12 +537,13 @@ def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, ro
     parts = split_by_site(df)
 
     def progress(rec: dict[str, Any]) -> None:
-        if not as_json:
+        # the weights phase runs hundreds of short rounds (`FitOptions`): show one in 20
+        if not as_json and (rec["phase"] != "weights" or rec["step"] % WEIGHT_ROUNDS_SHOWN_EVERY == 0 or rec["missing"]):
             out.print(f"round {rec['seq']:>3} {rec['phase']:<11} member {rec['member']} step {rec['step']:>2}: "
                       f"{len(rec['sites'])}/{len(parts)} sites ({rec['reason']}, {rec['seconds']:.1f} s)"
                       + (f", missing {rec['missing']}" if rec["missing"] else ""))
 
-    twin, rep = fit_federated(parts, sp, options=FitOptions(members=members, rounds=rounds, seed=seed, **family),
+    twin, rep = fit_federated(parts, sp, options=FitOptions(members=members, seed=seed, **family, **_rounds(rounds)),
                               strategy=strategy, compression=compression, secure=secure, on_round=progress)
     twin.save(out_dir)
     summary = {"twin": str(out_dir), "sites": rep.sites, "rounds": len(rep.rounds), "bytes_up": rep.bytes_up,
@@ -1401,7 +1413,10 @@ def agent(
     fit_id: Annotated[str, typer.Option(help="twin-*: the federated fit this agent takes part in.")] = "twin",
     sites: Annotated[str | None, typer.Option(help="twin-coordinator: comma-separated site names.")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="twin-coordinator: where to save the twin.")] = None,
-    fed_rounds: Annotated[int, typer.Option(min=1, help="twin-coordinator: FedAvg rounds per member.")] = 8,
+    fed_rounds: Annotated[
+        int | None,
+        typer.Option(min=1, help="twin-coordinator: FedAvg rounds per member (default: FitOptions', 240)."),
+    ] = None,
     members: Annotated[int, typer.Option(min=1, help="twin-coordinator: ensemble members.")] = 1,
 ) -> None:
     """Run one MA-FL agent until its federation closes; prints one JSON line per event.
@@ -1438,7 +1453,7 @@ def agent(
 
 
 def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, spec: Path | None, fit_id: str,
-                sites: str | None, out_dir: Path | None, rounds: int, members: int) -> None:
+                sites: str | None, out_dir: Path | None, rounds: int | None, members: int) -> None:
     """`edgetwin agent --fit-twin LOG` (one site) and `edgetwin agent twin-coordinator` (the twin)."""
     import asyncio
 
@@ -1465,7 +1480,7 @@ def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, sp
     out_dir_arg(out_dir)
     names = [s.strip() for s in sites.split(",") if s.strip()]
     twin, rep = asyncio.run(run_twin_coordinator(TwinSpec.load(spec), names, bus, fit_id,
-                                                 FitOptions(members=members, rounds=rounds), on_round=emit))
+                                                 FitOptions(members=members, **_rounds(rounds)), on_round=emit))
     twin.save(out_dir)
     emit({"event": "done", "agent": "twin-coordinator", "twin": str(out_dir), "bytes_up": rep.bytes_up,
           "bytes_down": rep.bytes_down, "rounds": len(rep.rounds)})

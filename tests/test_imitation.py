@@ -181,6 +181,29 @@ def test_behaviour_clone_learns_a_mapping() -> None:
     assert fit["mse"] < 0.05 < before
 
 
+def test_behaviour_clone_carries_adams_state_between_calls() -> None:
+    """A federated site's short rounds (`FitOptions.keep_optimizer`): the second call resumes Adam
+    (its step count and moments) instead of starting fresh, so it moves the weights differently."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 3)).astype(np.float32)
+    y = np.stack([x[:, 0] - x[:, 1], np.tanh(x[:, 2])], 1).astype(np.float32)
+
+    def two_rounds(state: dict | None) -> np.ndarray:  # type: ignore[type-arg]
+        torch.manual_seed(0)
+        pol = gaussian_policy(3, 2, [16, 16])
+        for r in range(2):
+            behaviour_clone(x, y, pol, epochs=1, seed=r, max_steps=5, optimizer_state=state)
+        return torch.cat([p.detach().flatten() for p in pol.parameters()]).numpy()
+
+    state: dict = {}  # type: ignore[type-arg]
+    kept = two_rounds(state)
+    steps = {float(v["step"]) for v in state["state"].values()}
+    assert steps == {10.0}  # 2 rounds x 5 minibatches, every parameter
+    fresh = two_rounds(None)
+    assert not np.allclose(kept, fresh)
+    assert np.array_equal(kept, two_rounds({}))  # and deterministic
+
+
 def test_behaviour_clone_ends_with_the_maximum_likelihood_noise_per_output() -> None:
     # a sampled twin must draw each output with the logged residual spread, not SB3's initial std 1:
     # on a log1p column a std several times too wide inflates the raw mean (log-normal bias)

@@ -208,6 +208,7 @@ def behaviour_clone(
     seed: int,
     batch_size: int = 256,
     max_steps: int | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Fit ``policy`` to ``(x, y)`` pairs by maximum likelihood with `imitation.algorithms.bc.BC`.
 
@@ -230,6 +231,9 @@ def behaviour_clone(
         x: ``(n, in)`` inputs; y: ``(n, out)`` targets (standardised units).
         epochs: passes over the data (at least 1).
         max_steps: cap on gradient steps (None or 0: no cap).
+        optimizer_state: a dict that carries Adam's state from one call to the next on the same
+            policy (a federated site's rounds: `edgetwin.federation.twin_fit`): loaded when it
+            holds a state, replaced by the state after training. None: a fresh optimiser.
 
     Returns:
         ``{"neglogp": final mean negative log-likelihood, "mse": final squared error of the mean,
@@ -255,6 +259,8 @@ def behaviour_clone(
     )
     # the same batches as imitation's DataLoader, gathered by index instead of sample by sample
     trainer._demo_data_loader = ShuffledBatches(x, y, min(batch_size, len(x)))
+    if optimizer_state:
+        trainer.optimizer.load_state_dict(optimizer_state)
     if policy.share_features_extractor:
         # the same loss and gradients without the terms that weigh 0 (see `NeglogpLoss`)
         trainer.loss_calculator = NeglogpLoss()  # type: ignore[assignment]
@@ -266,6 +272,9 @@ def behaviour_clone(
             trainer.train(n_batches=steps, progress_bar=False)
         else:  # the uncapped fit, exactly as before the cap existed
             trainer.train(n_epochs=max(1, epochs), progress_bar=False)
+    if optimizer_state is not None:
+        optimizer_state.clear()
+        optimizer_state.update(trainer.optimizer.state_dict())
     mu = set_maximum_likelihood_std(policy, x, y)
     logp = log_likelihood(policy, x, y)
     return {"neglogp": float(-logp.mean()), "mse": float(((mu - y) ** 2).mean()), "steps": float(steps)}
