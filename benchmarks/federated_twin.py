@@ -48,7 +48,7 @@ from edgetwin.emulator.cluster import ClusterConfig, cluster_spec  # noqa: E402
 from edgetwin.emulator.logs import generate_logs  # noqa: E402
 from edgetwin.emulator.sites import default_sites  # noqa: E402
 from edgetwin.federation.twin_fit import CRITERIA, SITE_ALONE, FitOptions, personalise, validation_agents  # noqa: E402
-from edgetwin.federation.twin_runner import MODEL_PHASES, fit_federated  # noqa: E402
+from edgetwin.federation.twin_runner import MODEL_PHASES, FederatedFitDiverged, fit_federated  # noqa: E402
 from edgetwin.twin.fidelity import logged_rollout  # noqa: E402
 from edgetwin.twin.twin import Twin  # noqa: E402
 
@@ -161,7 +161,13 @@ def options_cost(logs: dict[str, pd.DataFrame], spec: Any, o: FitOptions, cfgs: 
     pristine: dict[str, Any] | None = None
     for label, kw in OPTIONS.items():
         t0 = time.perf_counter()
-        twin, rep = fit_federated(logs, spec, options=o, **kw)
+        try:
+            twin, rep = fit_federated(logs, spec, options=o, **kw)
+        except FederatedFitDiverged as e:
+            out[label] = {"options": kw, "diverged": str(e), "fit_seconds": time.perf_counter() - t0,
+                          "load": os.getloadavg()[0]}
+            print(label, "diverged:", e, flush=True)
+            continue
         secs = time.perf_counter() - t0
         if pristine is None:
             pristine = copy.deepcopy(ranking_policies(spec, twin))
@@ -338,7 +344,7 @@ def main() -> None:
     if args.merge and (OUT / "results.json").is_file():
         old = json.loads((OUT / "results.json").read_text())
         for k in old:
-            if (k.startswith(("part", "seed")) or k == "previous_part2") and k not in results:
+            if (k.startswith(("part", "seed")) or k in ("previous_part2", "before_schedule_change")) and k not in results:
                 if k == "part4" and "part4_options" not in old:  # run before the options were recorded
                     results["part4_options"] = old.get("options", {})
                 results[k] = old[k]
@@ -441,7 +447,13 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
               "wide: an earlier run of the same configuration whose in-process sites drew from shared random "
               "generators in racing threads (fixed since; the fit is now deterministic) gave the federated twin "
               "ρ 0.74 / 14 % and the light family 0.95 / 15 % on generated populations (replay 0.92 / 8 % and "
-              "0.89 / 8 %): differences below ~0.2 in ρ on generated populations are within run-to-run noise.", ""]
+              "0.89 / 8 %): differences below ~0.2 in ρ on generated populations are within run-to-run noise."]
+        b1 = res.get("before_schedule_change", {}).get("part1")
+        if b1 and b1["options"].get("local_steps") != p.get("options", {}).get("local_steps"):
+            L += ["", f"The same run before the federated behaviour-cloning schedule changed ({schedule(b1['options'])}): "
+                  + "; ".join(f"{k} ρ {v['spearman']:.2f} / {100 * v['mean_rel_error']:.0f} %" for k, v in b1["scores"].items()
+                              if k.startswith("federated")) + "."]
+        L.append("")
     p2 = [k for k in ("part2", *sorted(k for k in res if k.startswith("part2_"))) if k in res]
     if p2:
         L += ["### 2. The data-poor site", "",
@@ -553,6 +565,30 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
                         continue
                     L.append(f"| {q} | {r['source']} | " + " | ".join(f"{r[c]:.3g}" for c in cols) + " |")
             L.append("")
+    before = res.get("before_schedule_change", {})
+    if before:
+        L += ["**The same runs before and after the federated behaviour-cloning schedule changed** (the runs before: "
+              f"{schedule(next(iter(before.values()))['options'])}; after: {schedule(o)}; same seeds, logs, policies "
+              "and held-out days; mean relative error, ρ in brackets):", "",
+              "| run | federated: before | after | federated, personalised: before | after | own logs alone |",
+              "|---|---|---|---|---|---|"]
+        for k, b in before.items():
+            a = res.get(k, {})
+            if k == "part1":
+                continue  # in part 1's own paragraph
+            if not a or a.get("options", {}).get("local_steps") == b["options"].get("local_steps"):
+                continue  # not rerun on the new schedule
+
+            def cell(sc: dict[str, Any], name: str) -> str:
+                v = sc.get(name)
+                return "-" if v is None else f"{100 * v['mean_rel_error']:.1f} % ({v['spearman']:.2f})"
+
+            names = ("federated (replay)", "federated, personalised (replay)", "own logs alone (replay)")
+            cells = [cell(b["scores"], names[0]), cell(a["scores"], names[0]), cell(b["scores"], names[1]),
+                     cell(a["scores"], names[1]), cell(a["scores"], names[2])]
+            label = f"`{a.get('command', k).removeprefix('python benchmarks/federated_twin.py ')}`"
+            L.append(f"| {label} | " + " | ".join(cells) + " |")
+        L.append("")
     if "part3" in res:
         p = res["part3"]
         raw = np.mean([v["parquet"] for v in p["raw_log_one_day"].values()])
@@ -601,6 +637,9 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
               "| option | bytes up per site | ε | Spearman ρ (90 % CI) | mean relative error (90 % CI) | replay: ρ | replay: error |",
               "|---|---:|---:|---|---|---:|---|"]
         for label, d in res["part4"].items():
+            if "diverged" in d:  # the fit stopped: its models were no longer finite
+                L.append(f"| {label} | - | - | fit stopped: {d['diverged']} | | | |")
+                continue
             g, r = d["scores"]["generated"], d["scores"]["replay"]
             eps = d["privacy"].get("epsilon")
             L.append(f"| {label} | {d['bytes_up_per_site'] / 1e3:,.0f} kB | {'-' if eps is None else f'{eps:.1f}'} | "

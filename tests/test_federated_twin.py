@@ -98,6 +98,17 @@ def test_model_phases_go_through_secure_aggregation_and_dp(site_logs):
     assert np.isfinite(out["reward"]).all()
 
 
+def test_a_fit_whose_models_stop_being_finite_stops_with_one_clear_line(site_logs):
+    """DP noise large enough to overflow float32 weights: the coordinator stops at that round and
+    names the phase and the remedy, instead of sending NaN weights the sites then fail on."""
+    from edgetwin.federation.twin_runner import FederatedFitDiverged
+
+    _, spec, parts = site_logs
+    with pytest.raises(FederatedFitDiverged, match=r"weights models are no longer finite after round \d+ .*--fed-rounds"):
+        fit_federated(parts, spec, options=LIGHT, strategy="dp_gaussian",
+                      dp={"clip_norm": 1e30, "noise_multiplier": 1e30})
+
+
 @pytest.mark.slow
 def test_same_seed_same_federated_twin(site_logs):
     """Sites of one process compute one at a time and seed each GAIL / GAN round: the same seed and

@@ -56,7 +56,7 @@ from edgetwin.federation.twin_messages import check_update_size, make_task, make
 from edgetwin.imitation.layout import Layout
 from edgetwin.twin.twin import Twin
 
-__all__ = ["FederatedFitReport", "TwinCoordinator", "TwinSiteAgent", "fit_federated", "fit_federated_async",
+__all__ = ["FederatedFitDiverged", "FederatedFitReport", "TwinCoordinator", "TwinSiteAgent", "fit_federated", "fit_federated_async",
            "make_weight_aggregator", "run_twin_coordinator", "run_twin_site", "split_by_site"]
 
 log = logging.getLogger("edgetwin.federation.twin")
@@ -64,6 +64,11 @@ log = logging.getLogger("edgetwin.federation.twin")
 STRATEGIES = ("fedavg", "fedavgm", "dp_gaussian")
 #: phases whose vectors are model parameters (aggregated by the weight rule, compressible)
 MODEL_PHASES = ("weights", "adversarial", "population")
+
+
+class FederatedFitDiverged(RuntimeError):
+    """The aggregated models stopped being finite numbers (a failed fit: exit 1). Seen with Gaussian
+    DP over many rounds and a handful of sites, where the noise on the average swamps the updates."""
 
 
 def split_by_site(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -287,7 +292,7 @@ class TwinCoordinator:
         self.adv_agg = make_weight_aggregator(strategy, secure, dp, self.options.seed + 1)
         self.gan_agg = make_weight_aggregator(strategy, secure, dp, self.options.seed + 2)
         self.stats_agg: Aggregator = SecureAggregator(FedAvg("uniform"), seed=self.options.seed) if secure else FedAvg("uniform")
-        self.secure = secure
+        self.secure, self.strategy = secure, strategy
         self.fit_id = fit_id or uuid.uuid4().hex[:12]
         self.on_round = on_round
         self.asm = TwinAssembler(spec, self.options)
@@ -382,6 +387,16 @@ class TwinCoordinator:
             self.report.secure_bytes[cid] = self.report.secure_bytes.get(cid, 0) + int(masked.nbytes) + tr.ciphertext_bytes // n
         agg.last_transcript = None  # type: ignore[attr-defined]
 
+    def _check_finite(self, params: np.ndarray, phase: str, r: int, member: int) -> None:
+        """Stop the fit with one clear line when an aggregate is no longer finite (rather than
+        sending NaN weights to the sites, whose next round then fails and times out)."""
+        if np.isfinite(params).all():
+            return
+        hint = (": Gaussian DP's noise swamps the updates at this many rounds and sites; use fewer rounds "
+                "(--fed-rounds), a larger clip norm or more sites" if self.strategy == "dp_gaussian" else "")
+        raise FederatedFitDiverged(f"the federated {phase} models are no longer finite after round {r + 1} "
+                                   f"(member {member}){hint}")
+
     async def run(self) -> Twin:
         """The whole fit; returns the twin (also publishes a final task so that site agents stop)."""
         t_start = time.perf_counter()
@@ -414,6 +429,7 @@ class TwinCoordinator:
                 res = self.gan_agg.aggregate(ups, np.zeros_like(params), self.seq)
                 self._count_secure(self.gan_agg)
                 params = (params.astype(np.float64) + np.asarray(res.params, np.float64)).astype(np.float32)
+                self._check_finite(params, "population", r, 0)
                 rounds.append({"round": r + 1, "sites": len(ups), "update_norm": float(np.linalg.norm(res.params))})
             self.asm.set_population(params, rounds)
         for m in range(o.members):
@@ -424,6 +440,7 @@ class TwinCoordinator:
                 res = self.weight_agg.aggregate(ups, np.zeros_like(params), self.seq)
                 self._count_secure(self.weight_agg)
                 params = self.asm.apply_weights(params, np.asarray(res.params, np.float64))
+                self._check_finite(params, "weights", r, m)
                 rounds.append({"round": r + 1, "sites": len(ups), "update_norm": float(res.info.get("update_norm", 0.0))})
             ups, _ = await self._round("residual", member=m, params=params)
             self.asm.add_member(m, params, self._sum(ups, plan.size("residual")), rounds)
@@ -436,6 +453,7 @@ class TwinCoordinator:
                     res = self.adv_agg.aggregate(ups, np.zeros_like(adv), self.seq)
                     self._count_secure(self.adv_agg)
                     adv = self.asm.apply_adversarial(m, adv, np.asarray(res.params, np.float64))
+                    self._check_finite(adv, "adversarial", r, m)
                     rounds.append({"round": o.rounds + r + 1, "phase": "adversarial", "sites": len(ups),
                                    "update_norm": float(np.linalg.norm(res.params))})
                 self.asm.finish_adversarial(m, adv, rounds)
