@@ -412,8 +412,8 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
            f"{o.get('adv_rounds')} GAIL rounds), 1 member. Runs of an earlier schedule say so where they are shown")
     L = [SECTION, "", f"Command: `python benchmarks/federated_twin.py{' --quick' if args.quick else ''} --parts 1 --seed {args.seed}` "
          "and `--quick --parts 2,3 --train-days 7` "
-         "(2 shared CPU cores, load 6-9, the two runs in parallel, 28 min wall clock; part 2 rerun since, its "
-         f"commands below). {len(res['sites'])} sites, each an emulated cluster with one "
+         "(2 shared CPU cores; part 1 last run on 2026-11-26 with `--merge --no-write`, load 2, 10 min, beside a "
+         f"part 2 run; part 2's runs and their commands below). {len(res['sites'])} sites, each an emulated cluster with one "
          f"edge site and its cloud ({', '.join(res['sites'])}), its own scenario mix, load (target utilisation 0.35-0.6) "
          f"and drift (0d / 0d / 1w / 1m); {res['n_agents']} service groups, logged under random actions, "
          f"{res.get('part1', {}).get('train_days', res['train_days'])} training days per site in part 1. No public system fits a simulator federatedly, so there is no "
@@ -441,9 +441,9 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
         f, c = p["scores"]["federated"], p["scores"]["centralised"]
         fr, cr = p["scores"]["federated (replay)"], p["scores"]["centralised (replay)"]
         L += ["", f"Target: within 0.05 of ρ and 5 points of error. Generated populations: Δρ = "
-              f"{f['spearman'] - c['spearman']:+.2f}, Δerror = {100 * (f['mean_rel_error'] - c['mean_rel_error']):+.0f} points; "
+              f"{f['spearman'] - c['spearman']:+.2f}, Δerror = {100 * (f['mean_rel_error'] - c['mean_rel_error']):+.1f} points; "
               f"replaying the evaluation days: Δρ = {fr['spearman'] - cr['spearman']:+.2f}, Δerror = "
-              f"{100 * (fr['mean_rel_error'] - cr['mean_rel_error']):+.0f} points. With 11 policies the intervals are "
+              f"{100 * (fr['mean_rel_error'] - cr['mean_rel_error']):+.1f} points. With 11 policies the intervals are "
               "wide: an earlier run of the same configuration whose in-process sites drew from shared random "
               "generators in racing threads (fixed since; the fit is now deterministic) gave the federated twin "
               "ρ 0.74 / 14 % and the light family 0.95 / 15 % on generated populations (replay 0.92 / 8 % and "
@@ -572,7 +572,10 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
               "and held-out days; mean relative error, ρ in brackets):", "",
               "| run | federated: before | after | federated, personalised: before | after | own logs alone |",
               "|---|---|---|---|---|---|"]
-        for k, b in before.items():
+        def order(k: str) -> tuple[bool, int]:  # whole day first, then by seed
+            return ("_6h" in k, int(k[4:].split("_", 1)[0]) if k.startswith("seed") else 0)
+
+        for k, b in sorted(before.items(), key=lambda kv: order(kv[0])):
             a = res.get(k, {})
             if k == "part1":
                 continue  # in part 1's own paragraph
