@@ -214,10 +214,10 @@ def main() -> None:
     train_days, poor_days, eval_days = (3, 1, 1) if args.quick else (7, 1, 2)
     train_days = args.train_days or train_days
     # the federated BC phase runs `FitOptions`' default schedule (many short rounds); the
-    # centralised and single-site fits get whole epochs: 12 (quick) or 20 (`Twin.fit`'s default)
+    # centralised and single-site fits get whole epochs (`centralised_epochs`)
     o = FitOptions(members=1, em_iters=10 if args.quick else 20, adv_rounds=10, gan_rounds=10, gan_local_steps=50,
                    seed=args.seed)
-    bc_epochs = 12 if args.quick else 20
+    bc_epochs = centralised_epochs(o.to_dict(), args.quick)
     light = FitOptions.light(**{k: v for k, v in o.to_dict().items() if k not in ("response_model", "population_model")})
     cfgs = site_configs(n_agents, steps)
     spec = cluster_spec(next(iter(cfgs.values())))
@@ -395,12 +395,14 @@ def schedule(o: dict[str, Any], short: bool = False) -> str:
             return f"{o['rounds']} x {o['local_steps']} steps"
         return (f"{o['rounds']} FedAvg rounds x {o['local_steps']} minibatches per site and model"
                 + (", Adam state kept between rounds" if o.get("keep_optimizer") else ""))
-    return f"{o.get('rounds')} x {o.get('local_epochs')} epochs" if short else \
-        f"{o.get('rounds')} FedAvg rounds x {o.get('local_epochs')} BC epochs per site"
+    if short:
+        return f"{o.get('rounds')} x {o.get('local_epochs')} epochs"
+    return f"{o.get('rounds')} FedAvg rounds x {o.get('local_epochs')} BC epochs per site"
 
 
 def centralised_epochs(o: dict[str, Any], quick: bool) -> int:
-    """The centralised fits' BC epochs of a run: whole-epoch rounds added up, else 12 / 20."""
+    """The centralised and single-site fits' BC epochs for a run's federated options: as many as the
+    federated whole-epoch rounds add up to, else 12 (quick) or 20 (`Twin.fit`'s default)."""
     return int(o.get("rounds", 0) * o.get("local_epochs", 0)) if not o.get("local_steps") else (12 if quick else 20)
 
 

@@ -198,7 +198,7 @@ def test_behaviour_clone_carries_adams_state_between_calls() -> None:
     state: dict = {}  # type: ignore[type-arg]
     kept = two_rounds(state)
     steps = {float(v["step"]) for v in state["state"].values()}
-    assert steps == {10.0}  # 2 rounds x 5 minibatches, every parameter
+    assert steps == {10.0}  # 2 rounds x 5 minibatches, every parameter the loss trains
     fresh = two_rounds(None)
     assert not np.allclose(kept, fresh)
     assert np.array_equal(kept, two_rounds({}))  # and deterministic

@@ -56,8 +56,8 @@ from edgetwin.federation.twin_messages import check_update_size, make_task, make
 from edgetwin.imitation.layout import Layout
 from edgetwin.twin.twin import Twin
 
-__all__ = ["FederatedFitDiverged", "FederatedFitReport", "TwinCoordinator", "TwinSiteAgent", "fit_federated", "fit_federated_async",
-           "make_weight_aggregator", "run_twin_coordinator", "run_twin_site", "split_by_site"]
+__all__ = ["FederatedFitDiverged", "FederatedFitReport", "TwinCoordinator", "TwinSiteAgent", "fit_federated",
+           "fit_federated_async", "make_weight_aggregator", "run_twin_coordinator", "run_twin_site", "split_by_site"]
 
 log = logging.getLogger("edgetwin.federation.twin")
 
@@ -67,8 +67,9 @@ MODEL_PHASES = ("weights", "adversarial", "population")
 
 
 class FederatedFitDiverged(RuntimeError):
-    """The aggregated models stopped being finite numbers (a failed fit: exit 1). Seen with Gaussian
-    DP over many rounds and a handful of sites, where the noise on the average swamps the updates."""
+    """An aggregate of the models stopped being finite numbers (a failed fit: exit 1), e.g. Gaussian
+    DP noise far larger than the updates. Weights that stay finite but overflow in a site's own
+    forward pass are not caught here: that site's round fails and the round's quorum decides."""
 
 
 def split_by_site(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -387,15 +388,15 @@ class TwinCoordinator:
             self.report.secure_bytes[cid] = self.report.secure_bytes.get(cid, 0) + int(masked.nbytes) + tr.ciphertext_bytes // n
         agg.last_transcript = None  # type: ignore[attr-defined]
 
-    def _check_finite(self, params: np.ndarray, phase: str, r: int, member: int) -> None:
+    def _check_finite(self, params: np.ndarray, phase: str, r: int, member: int | None) -> None:
         """Stop the fit with one clear line when an aggregate is no longer finite (rather than
         sending NaN weights to the sites, whose next round then fails and times out)."""
         if np.isfinite(params).all():
             return
         hint = (": Gaussian DP's noise swamps the updates at this many rounds and sites; use fewer rounds "
                 "(--fed-rounds), a larger clip norm or more sites" if self.strategy == "dp_gaussian" else "")
-        raise FederatedFitDiverged(f"the federated {phase} models are no longer finite after round {r + 1} "
-                                   f"(member {member}){hint}")
+        which = "" if member is None else f" (member {member})"
+        raise FederatedFitDiverged(f"the federated {phase} models are no longer finite after round {r + 1}{which}{hint}")
 
     async def run(self) -> Twin:
         """The whole fit; returns the twin (also publishes a final task so that site agents stop)."""
@@ -429,7 +430,7 @@ class TwinCoordinator:
                 res = self.gan_agg.aggregate(ups, np.zeros_like(params), self.seq)
                 self._count_secure(self.gan_agg)
                 params = (params.astype(np.float64) + np.asarray(res.params, np.float64)).astype(np.float32)
-                self._check_finite(params, "population", r, 0)
+                self._check_finite(params, "population", r, None)  # one population for every member
                 rounds.append({"round": r + 1, "sites": len(ups), "update_norm": float(np.linalg.norm(res.params))})
             self.asm.set_population(params, rounds)
         for m in range(o.members):
