@@ -47,8 +47,15 @@ from twin_fidelity import ranking_policies, ranking_scores  # noqa: E402
 from edgetwin.emulator.cluster import ClusterConfig, cluster_spec  # noqa: E402
 from edgetwin.emulator.logs import generate_logs  # noqa: E402
 from edgetwin.emulator.sites import default_sites  # noqa: E402
-from edgetwin.federation.twin_fit import CRITERIA, SITE_ALONE, FitOptions, personalise, validation_agents  # noqa: E402
-from edgetwin.federation.twin_runner import MODEL_PHASES, FederatedFitDiverged, fit_federated  # noqa: E402
+from edgetwin.federation.twin_fit import (  # noqa: E402
+    CRITERIA,
+    DP_SCHEDULE,
+    SITE_ALONE,
+    FitOptions,
+    personalise,
+    validation_agents,
+)
+from edgetwin.federation.twin_runner import MODEL_PHASES, FederatedFitFailed, fit_federated  # noqa: E402
 from edgetwin.twin.fidelity import logged_rollout  # noqa: E402
 from edgetwin.twin.twin import Twin  # noqa: E402
 
@@ -156,16 +163,18 @@ def options_cost(logs: dict[str, pd.DataFrame], spec: Any, o: FitOptions, cfgs: 
     """Part 4: part 1's federated fit once per `OPTIONS` entry, on the same logs, each twin scored on
     the same days with a fresh copy of one policy set (built from the first twin, as part 1 builds
     it from one): every option faces the same policies and the same random draws, so the differences
-    are the options'. Returns, per option, its scores, the bytes a site sent and the DP budget."""
+    are the options'. Gaussian DP runs its own schedule (`DP_SCHEDULE`, what the CLI runs under DP
+    when no rounds are given). Returns, per option, its scores, the bytes a site sent and the DP budget."""
     out: dict[str, Any] = {}
     pristine: dict[str, Any] | None = None
     for label, kw in OPTIONS.items():
         t0 = time.perf_counter()
+        schedule = DP_SCHEDULE if kw.get("strategy") == "dp_gaussian" else {}
         try:
-            twin, rep = fit_federated(logs, spec, options=o, **kw)
-        except FederatedFitDiverged as e:
-            out[label] = {"options": kw, "diverged": str(e), "fit_seconds": time.perf_counter() - t0,
-                          "load": os.getloadavg()[0]}
+            twin, rep = fit_federated(logs, spec, options=FitOptions.from_dict({**o.to_dict(), **schedule}), **kw)
+        except FederatedFitFailed as e:
+            out[label] = {"options": kw, "schedule": schedule, "diverged": str(e),
+                          "fit_seconds": time.perf_counter() - t0, "load": os.getloadavg()[0]}
             print(label, "diverged:", e, flush=True)
             continue
         secs = time.perf_counter() - t0
@@ -174,7 +183,7 @@ def options_cost(logs: dict[str, pd.DataFrame], spec: Any, o: FitOptions, cfgs: 
         rank = evaluate({label: twin}, copy.deepcopy(pristine), cfgs, eval_days, n_agents, steps, seed)
         sc = {c: ranking_scores(rank, c) for c in rank.columns if c not in ("policy", "real")}
         up = rep.secure_bytes if rep.secure else rep.bytes_up
-        out[label] = {"options": kw, "fit_seconds": secs, "load": os.getloadavg()[0],
+        out[label] = {"options": kw, "schedule": schedule, "fit_seconds": secs, "load": os.getloadavg()[0],
                       "bytes_up_per_site": float(np.mean(list(up.values()))), "privacy": rep.privacy,
                       "scores": {("replay" if c.endswith("(replay)") else "generated"):
                                  {m: v[m] for m in ("spearman", "mean_rel_error", "spearman_ci90", "rel_err_ci90",
@@ -641,10 +650,16 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
               "phases, at δ = 1e-5.", "",
               "| option | bytes up per site | ε | Spearman ρ (90 % CI) | mean relative error (90 % CI) | replay: ρ | replay: error |",
               "|---|---:|---:|---|---|---:|---|"]
+        noise: list[str] = []
         for label, d in res["part4"].items():
-            if "diverged" in d:  # the fit stopped: its models were no longer finite
+            if d.get("schedule"):  # an option with its own behaviour-cloning schedule (DP)
+                label = f"{label}, {schedule({**res.get('part4_options', o), **d['schedule']})}"
+            if "diverged" in d:  # the fit stopped: its models were no longer finite, or its sites failed
                 L.append(f"| {label} | - | - | fit stopped: {d['diverged']} | | | |")
                 continue
+            nts = d["privacy"].get("noise_to_signal", {})
+            if nts:
+                noise.append(f"{label}: " + ", ".join(f"{k} {v:,.0f}x" for k, v in nts.items()))
             g, r = d["scores"]["generated"], d["scores"]["replay"]
             eps = d["privacy"].get("epsilon")
             L.append(f"| {label} | {d['bytes_up_per_site'] / 1e3:,.0f} kB | {'-' if eps is None else f'{eps:.1f}'} | "
@@ -653,6 +668,9 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
                      f"{r['spearman']:.2f} | {100 * r['mean_rel_error']:.1f} % ({100 * r['rel_err_ci90'][0]:.1f}-"
                      f"{100 * r['rel_err_ci90'][1]:.1f}) |")
         L.append("")
+        if noise:
+            L += ["How much larger each round's DP noise was than the largest update it protects (the noise's norm on "
+                  "the mean, z C sqrt(D) / n, over C): " + "; ".join(noise) + ".", ""]
     L += ["![real vs twin returns per policy](benchmarks/federated_twin/ranking.png)", ""]
     return "\n".join(L) + "\n"
 

@@ -543,7 +543,8 @@ def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, ro
                       f"{len(rec['sites'])}/{len(parts)} sites ({rec['reason']}, {rec['seconds']:.1f} s)"
                       + (f", missing {rec['missing']}" if rec["missing"] else ""))
 
-    twin, rep = fit_federated(parts, sp, options=FitOptions(members=members, seed=seed, **family, **_rounds(rounds)),
+    options = FitOptions.for_strategy(strategy, members=members, seed=seed, **family, **_rounds(rounds))
+    twin, rep = fit_federated(parts, sp, options=options,
                               strategy=strategy, compression=compression, secure=secure, on_round=progress)
     twin.save(out_dir)
     summary = {"twin": str(out_dir), "sites": rep.sites, "rounds": len(rep.rounds), "bytes_up": rep.bytes_up,
@@ -556,6 +557,10 @@ def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, ro
     else:
         for site, b in sorted(rep.bytes_up.items()):
             out.print(f"  {site}: sent {b / 1e3:,.1f} kB in {rep.messages_up.get(site, 0)} messages")
+        if rep.privacy:
+            nts = ", ".join(f"{k} {v:,.0f}x" for k, v in rep.privacy["noise_to_signal"].items())
+            out.print(f"Gaussian DP: epsilon {rep.privacy['epsilon']:,.1f} at delta {rep.privacy['delta']:g}; "
+                      f"each round's noise is this many times the largest mean update: {nts}")
         out.print(f"twin written to {out_dir} ({len(rep.sites)} sites, {len(rep.rounds)} rounds, "
                   f"{rep.bytes_down / 1e3:,.1f} kB of tasks, {rep.seconds:.0f} s; no row left its site)")
 

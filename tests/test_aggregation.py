@@ -395,3 +395,36 @@ def test_round_collector_complete_quorum_grace_and_timeout():
     assert out.reason == "timeout" and not out.quorum_met and out.missing == ["b", "c", "d"]
     with pytest.raises(InputError, match="quorum"):
         RoundCollector(0, ids, quorum=5)
+
+
+def test_round_collector_stops_waiting_for_clients_that_report_a_failure():
+    """A failure counts toward closing the round: with the others in it closes as complete (no
+    grace), and once the quorum is out of reach it closes at once, long before its timeout."""
+    ids = ["a", "b", "c", "d"]
+
+    async def one_fails():
+        rc = RoundCollector(1, ids, quorum=3, grace_s=600.0, timeout_s=600.0)
+        waiter = asyncio.create_task(rc.wait())
+        await asyncio.sleep(0)
+        assert rc.fail("b") and not rc.fail("b") and not rc.fail("zz")
+        for i in ("a", "c", "d"):
+            rc.submit(ClientUpdate(i, np.zeros(2, np.float32)))
+        assert not rc.submit(ClientUpdate("b", np.zeros(2, np.float32)))  # it said it failed
+        return await waiter
+
+    out = _run(one_fails())
+    assert out.reason == "complete" and out.quorum_met and out.failed == ["b"] and out.missing == ["b"]
+
+    async def too_many_fail():
+        rc = RoundCollector(2, ids, quorum=3, grace_s=600.0, timeout_s=600.0)
+        waiter = asyncio.create_task(rc.wait())
+        rc.submit(ClientUpdate("a", np.zeros(2, np.float32)))
+        await asyncio.sleep(0)
+        rc.fail("c")
+        await asyncio.sleep(0)
+        assert not waiter.done()  # 3 of 4 are still possible
+        rc.fail("d")
+        return await waiter
+
+    out = _run(too_many_fail(), timeout=5.0)  # a timeout here means it waited for its 600 s
+    assert out.reason == "failed" and not out.quorum_met and out.failed == ["c", "d"]

@@ -27,7 +27,7 @@ from edgetwin.edge.messages import encode
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import generate_logs
 from edgetwin.federation.twin_fit import FitOptions
-from edgetwin.federation.twin_messages import check_update_size, make_update
+from edgetwin.federation.twin_messages import check_update_size, make_failure, make_update
 from edgetwin.federation.twin_runner import fit_federated, fit_federated_async, split_by_site
 from edgetwin.twin.twin import Twin
 
@@ -91,6 +91,10 @@ def test_model_phases_go_through_secure_aggregation_and_dp(site_logs):
     eps = rep.privacy["epsilon_by_phase"]
     assert set(eps) == {"weights", "adversarial", "population"} and all(e > 0 for e in eps.values())
     assert rep.privacy["epsilon"] == pytest.approx(sum(eps.values()))
+    # z sqrt(D) / n: the noise on each mean against the largest mean of clipped updates; with
+    # hundreds of weights and a few sites the noise outweighs any update
+    nts = rep.privacy["noise_to_signal"]
+    assert set(nts) == set(eps) and all(v > 1 for v in nts.values())
     assert set(rep.secure_bytes) == set(parts) and all(b > 0 for b in rep.secure_bytes.values())
     from edgetwin.contract.policy import RandomPolicy
 
@@ -125,6 +129,40 @@ def test_same_seed_same_federated_twin(site_logs):
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
 
 
+def test_the_order_in_which_site_updates_arrive_does_not_change_the_twin(site_logs, monkeypatch):
+    """Sites answer in whatever order their threads get the compute lock (or the network delivers):
+    the coordinator must not depend on it. It used to, through the summary round (the sites'
+    centroids went into k-means in arrival order), so the population's base mixture, the GAN
+    trained on it and the bank of initial states changed from run to run with the same seed."""
+    from edgetwin.federation.aggregation import RoundCollector
+    from edgetwin.federation.twin_gan import gan_modules
+    from edgetwin.federation.twin_mail import module_vector
+
+    _, spec, parts = site_logs
+    wait = RoundCollector.wait
+
+    def fit(descending: bool) -> dict[str, np.ndarray]:
+        async def arrive_in_order(self):
+            out = await wait(self)
+            out.updates = sorted(out.updates, key=lambda u: u.client_id, reverse=descending)
+            return out
+
+        monkeypatch.setattr(RoundCollector, "wait", arrive_in_order)
+        twin, _ = fit_federated(parts, spec, options=TINY)
+        gen = twin.population.generator
+        return {"population": module_vector(gan_modules(twin.population)),
+                "mixture": np.concatenate([gen.cum_w.numpy().ravel(), gen.mu.numpy().ravel(), gen.chol.numpy().ravel()]),
+                "initial": np.concatenate([np.concatenate([z.ravel(), s.ravel()]) for z, s in
+                                           zip(twin.initial.zprofiles, twin.initial.states, strict=True)]),
+                "support": np.append(twin.support.bank.ravel(), twin.support.threshold),
+                "clients": module_vector({f"c{s}": p for s, p in twin.members[0].clients.items()})}
+
+    up, down = fit(False), fit(True)
+    assert len(parts) > 1
+    for k in up:
+        assert np.array_equal(up[k], down[k]), k
+
+
 def test_update_schema_refuses_extra_fields_and_undeclared_sizes():
     env = make_update("s", "fit", 1, "stats1", 0, 0, np.zeros(4, np.float32), 1.0)
     env.payload["rows"] = [[1.0, 2.0]]  # a site trying to smuggle rows in a field of its own
@@ -132,6 +170,12 @@ def test_update_schema_refuses_extra_fields_and_undeclared_sizes():
         encode(env)
     with pytest.raises(InputError, match="the plan declares 10"):
         check_update_size(np.zeros(12, np.float32), 10, "s", "stats1")
+    # a failure names its exception's type and nothing else: not its message, which could quote a value
+    fail = make_failure("s", "fit", 3, "weights", 1, 0, FloatingPointError("row 7 has 3.14159"))
+    assert fail.payload["failed"] == "FloatingPointError" and "3.14159" not in encode(fail).decode("latin-1")
+    fail.payload["failed"] = "row 7 has 3.14159"
+    with pytest.raises(InputError, match="exception type"):
+        encode(fail)
 
 
 def test_a_silent_site_does_not_stop_the_fit(site_logs):
@@ -142,6 +186,46 @@ def test_a_silent_site_does_not_stop_the_fit(site_logs):
     weights = [r for r in rep.rounds if r["phase"] == "weights"]
     assert weights and all(victim in r["missing"] for r in weights)
     assert all(victim not in r["sites"] for r in weights) and isinstance(twin, Twin)
+
+
+def _failing_weights(monkeypatch, victims):
+    """Sites in ``victims`` raise in every behaviour-cloning round (as a site whose weights overflow)."""
+    from edgetwin.federation.twin_fit import SiteFitter
+
+    real = SiteFitter.weights
+
+    def weights(self, member, step, params):
+        if self.name in victims:
+            raise FloatingPointError(f"an overflow at a value like {params[0]}")
+        return real(self, member, step, params)
+
+    monkeypatch.setattr(SiteFitter, "weights", weights)
+
+
+def test_sites_that_cannot_compute_a_round_stop_the_fit_at_once(site_logs, monkeypatch):
+    """A site whose round raises reports it (its error's type only); once the quorum is out of reach
+    the coordinator stops with one line naming the round, the sites and the error, instead of
+    waiting out its timeout (here 600 s: the test's own timeout would fail first)."""
+    from edgetwin.federation.twin_runner import FederatedFitFailed
+
+    _, spec, parts = site_logs
+    victims = sorted(parts)[:2]
+    _failing_weights(monkeypatch, victims)
+    with pytest.raises(FederatedFitFailed, match=rf"\(weights step 1, member 0\) failed at 2 of {len(parts)} sites: "
+                       rf"{victims[0]} \(FloatingPointError\), {victims[1]} \(FloatingPointError\); the quorum"):
+        asyncio.run(asyncio.wait_for(fit_federated_async(parts, spec, options=LIGHT, quorum=len(parts) - 1,
+                                                         timeout_s=600), 120))
+
+
+def test_a_site_that_fails_is_not_waited_for_when_the_quorum_holds(site_logs, monkeypatch):
+    _, spec, parts = site_logs
+    victim = sorted(parts)[-1]
+    _failing_weights(monkeypatch, [victim])
+    twin, rep = asyncio.run(asyncio.wait_for(fit_federated_async(parts, spec, options=LIGHT, quorum=len(parts) - 1,
+                                                                 grace_s=600, timeout_s=600), 120))
+    weights = [r for r in rep.rounds if r["phase"] == "weights"]
+    assert len(weights) == LIGHT.rounds and all(r["failed"] == {victim: "FloatingPointError"} for r in weights)
+    assert all(r["reason"] == "complete" and victim not in r["sites"] for r in weights) and isinstance(twin, Twin)
 
 
 def test_cli_fit_federated(site_logs, tmp_path):
@@ -158,6 +242,27 @@ def test_cli_fit_federated(site_logs, tmp_path):
     summary = json.loads(res.output[res.output.index("{"):])
     assert set(summary["bytes_up"]) == set(df["site"].astype(str).unique())
     assert Twin.load(tmp_path / "twin").meta["population_model"] == "gmm"
+
+
+def test_cli_fit_federated_under_dp_runs_dps_schedule_and_says_what_the_noise_costs(site_logs, tmp_path):
+    """Without --fed-rounds, Gaussian DP runs `DP_SCHEDULE` (few rounds of whole epochs), not the
+    default's hundreds of short rounds; the report gives epsilon and the noise-to-signal ratio."""
+    from typer.testing import CliRunner
+
+    from edgetwin.cli import app
+    from edgetwin.federation.twin_fit import DP_SCHEDULE
+
+    df, spec, parts = site_logs
+    df.to_parquet(tmp_path / "log.parquet", index=False)
+    spec.save(tmp_path / "log.spec.toml")
+    res = CliRunner().invoke(app, ["fit", str(tmp_path / "log.parquet"), "--out", str(tmp_path / "twin"),
+                                   "--federated", "--light", "--members", "1", "--strategy", "dp_gaussian"])
+    assert res.exit_code == 0, res.output
+    assert re.search(r"Gaussian DP: epsilon [\d.,]+ at delta 1e-05; .*: weights [\d,]+x", res.output), res.output
+    options = Twin.load(tmp_path / "twin").meta["federated"]["options"]
+    assert {k: options[k] for k in DP_SCHEDULE} == DP_SCHEDULE
+    assert FitOptions.for_strategy("dp_gaussian", rounds=3).rounds == 3
+    assert FitOptions.for_strategy("fedavg") == FitOptions()
 
 
 # ------------------------------------------------------------------------------------ over NATS

@@ -69,7 +69,7 @@ from edgetwin.twin.member import Member
 from edgetwin.twin.support import SupportIndex
 from edgetwin.twin.twin import FORMAT_VERSION, Twin, bootstrap_episodes, library_versions
 
-__all__ = ["FitOptions", "SiteFitter", "TwinAssembler", "TwinFitPlan", "personalise", "proximal_fit", "select_and_fit",
+__all__ = ["DP_SCHEDULE", "FitOptions", "SiteFitter", "TwinAssembler", "TwinFitPlan", "personalise", "proximal_fit", "select_and_fit",
            "validation_agents"]
 
 ROLES = ("profile", "state", "action", "outputs")
@@ -77,6 +77,14 @@ ROLES = ("profile", "state", "action", "outputs")
 MAX_LEN = 1024
 #: a centroid is sent only when it is the mean of at least this many rows
 MIN_CLUSTER = 5
+
+
+#: the behaviour-cloning schedule under Gaussian DP when none is given (`FitOptions.for_strategy`):
+#: few rounds of whole epochs, as before the many-short-rounds default. Every DP round adds noise of
+#: std ``noise_multiplier * clip_norm / sites`` to each weight and spends privacy budget, so the
+#: default's 240 rounds random-walked the weights to values whose forward passes overflowed in the
+#: sites' adversarial rounds (the fit failed); 8 rounds of 2 epochs complete (docs/federation.md).
+DP_SCHEDULE: dict[str, int] = {"rounds": 8, "local_epochs": 2, "local_steps": 0}
 
 
 @dataclass
@@ -153,6 +161,12 @@ class FitOptions:
     @property
     def gan_population(self) -> bool:
         return self.population_model == "gan-smmsg" and self.gan_rounds > 0
+
+    @classmethod
+    def for_strategy(cls, strategy: str, **kw: Any) -> FitOptions:
+        """The options with ``strategy``'s default schedule, ``kw`` over it: `DP_SCHEDULE` for
+        ``"dp_gaussian"``, the class defaults otherwise."""
+        return cls(**{**(DP_SCHEDULE if strategy == "dp_gaussian" else {}), **kw})
 
     @classmethod
     def light(cls, **kw: Any) -> FitOptions:
@@ -851,7 +865,8 @@ class TwinAssembler:
         plan = self.plan
         assert plan is not None
         K, D = self.options.n_components, plan.d_pop
-        parts = {k: plan.unpack("summary", v) for k, v in per_site.items()}
+        # by site name: the centroids' order seeds k-means, so it must not be the order they arrived in
+        parts = {k: plan.unpack("summary", per_site[k]) for k in sorted(per_site)}
         self.gmm = []
         for s in range(plan.n_scen):
             c = np.concatenate([p["pop.c"][s] for p in parts.values()])

@@ -7,18 +7,22 @@ Two kinds travel (registered with `edgetwin.edge.messages`, documented in ``docs
   encoding: aggregates, never rows) and, for the weight phases, the current global parameters.
 * ``twin_update`` (site -> coordinator, durable on ``edgetwin.update.twin.<fit>``): one site's
   answer, a flat vector encoded by `edgetwin.federation.compression.UpdateCodec` (dense, top-k or
-  int8), and its FedAvg weight.
+  int8), and its FedAvg weight — or, when the site could not compute the phase, only the name
+  of the exception's type (``failed``, an identifier: no message, which could quote a value) and
+  an empty vector, so that the coordinator stops waiting for it (`make_failure`).
 
 A ``twin_update`` has a closed payload (no free-form field: extra keys are refused) and its vector
 must decode to exactly the size that `edgetwin.federation.twin_fit.TwinFitPlan` declares for its
 phase. Those sizes follow from the spec, the layout and the model architecture — never from how
 many rows a site has — so a site cannot put its rows in an update even by mistake: a vector the
 size of a row table is refused by the coordinator (`check_update_size`). The only strings a site
-sends are in its ``hello``: scenario labels, its site name and column names (the spec's roles).
+sends are in its ``hello``: scenario labels, its site name and column names (the spec's roles),
+and the type name of a failure.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -31,6 +35,7 @@ __all__ = [
     "TASK_KIND",
     "UPDATE_KIND",
     "check_update_size",
+    "make_failure",
     "make_task",
     "make_update",
     "read_update",
@@ -41,7 +46,9 @@ UPDATE_KIND = "twin_update"
 
 #: every field a twin update may have: nothing else is accepted
 _UPDATE_FIELDS: dict[str, type | tuple[type, ...]] = {"fit": str, "phase": str, "step": int, "member": int, "num_samples": NUMBER, "codec": dict}
-_UPDATE_OPTIONAL: dict[str, type | tuple[type, ...]] = {"labels": dict, "seconds": NUMBER}
+_UPDATE_OPTIONAL: dict[str, type | tuple[type, ...]] = {"labels": dict, "seconds": NUMBER, "failed": str}
+#: what a failure may say: an exception type's (qualified) name
+_FAILURE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,99}")
 #: tensors an `UpdateCodec` produces
 _CODEC_TENSORS = frozenset({"values", "q", "idx", "mask", "bitmap", "indices"})
 #: the only strings a site ever sends (``labels`` of its ``hello``), and their limits
@@ -74,9 +81,14 @@ def _check_update(env: Envelope) -> None:
         if not isinstance(labels.get("site", ""), str) or len(labels.get("site", "")) > _MAX_LABEL_CHARS:
             raise ValueError("labels.site must be a short string")
     try:
-        UpdateCodec.decode(EncodedUpdate(dict(env.tensors), env.payload["codec"]))
+        vector = UpdateCodec.decode(EncodedUpdate(dict(env.tensors), env.payload["codec"]))
     except (InputError, ValueError, IndexError, KeyError, TypeError) as e:
         raise ValueError(f"update does not decode: {e}") from None
+    if "failed" in env.payload:
+        if not _FAILURE_NAME.fullmatch(env.payload["failed"]):
+            raise ValueError("failed must name an exception type (an identifier), nothing else")
+        if vector.size or labels is not None:
+            raise ValueError("a failure carries no vector and no labels")
 
 
 def _check_task(env: Envelope) -> None:
@@ -129,6 +141,14 @@ def make_update(
     if seconds is not None:
         payload["seconds"] = float(seconds)
     return Envelope(kind=UPDATE_KIND, sender=sender, round=int(seq), payload=payload, tensors=dict(enc.tensors))
+
+
+def make_failure(sender: str, fit: str, seq: int, phase: str, step: int, member: int, error: BaseException) -> Envelope:
+    """A site's report that it could not compute task ``seq``: the type of ``error`` only (its
+    message could quote a value of the site's log) and an empty vector."""
+    env = make_update(sender, fit, seq, phase, step, member, np.zeros(0, np.float32), 0.0)
+    env.payload["failed"] = type(error).__qualname__[:100]
+    return env
 
 
 def read_update(env: Envelope) -> np.ndarray:

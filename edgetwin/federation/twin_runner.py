@@ -7,8 +7,11 @@ Tasks go down durably on ``edgetwin.model.twin.<fit>``, answers come up durably 
 ``edgetwin.update.twin.<fit>`` (JetStream on NATS: an accepted update survives a server restart).
 Each round closes with the policy federation's quorum + grace (`RoundCollector`): a site that
 drops out does not stop the others; when it comes back its durable consumer resumes, it skips the
-tasks it missed and answers the current one. Aggregation is an existing rule: FedAvg by default,
-FedAvgM, secure aggregation (`SecureAggregator`) and Gaussian DP with its RDP accountant as options.
+tasks it missed and answers the current one. A site whose computation raises says so (the error's
+type only) and is not waited for; when the quorum is then out of reach the fit stops at once
+(`FederatedFitFailed`) rather than at the round's timeout. Aggregation is an existing rule: FedAvg
+by default, FedAvgM, secure aggregation (`SecureAggregator`) and Gaussian DP with its RDP
+accountant as options (Gaussian DP with its own default schedule, `FitOptions.for_strategy`).
 
 Only `edgetwin.federation.twin_fit` touches rows, inside `SiteFitter`; what crosses the bus is what
 `edgetwin.federation.twin_messages` lets through.
@@ -52,11 +55,17 @@ from edgetwin.federation.twin_fit import (
     gmm_from_context,
     transformer_from_dict,
 )
-from edgetwin.federation.twin_messages import check_update_size, make_task, make_update, read_update
+from edgetwin.federation.twin_messages import (
+    check_update_size,
+    make_failure,
+    make_task,
+    make_update,
+    read_update,
+)
 from edgetwin.imitation.layout import Layout
 from edgetwin.twin.twin import Twin
 
-__all__ = ["FederatedFitDiverged", "FederatedFitReport", "TwinCoordinator", "TwinSiteAgent", "fit_federated",
+__all__ = ["FederatedFitDiverged", "FederatedFitFailed", "FederatedFitReport", "TwinCoordinator", "TwinSiteAgent", "fit_federated",
            "fit_federated_async", "make_weight_aggregator", "run_twin_coordinator", "run_twin_site", "split_by_site"]
 
 log = logging.getLogger("edgetwin.federation.twin")
@@ -66,10 +75,15 @@ STRATEGIES = ("fedavg", "fedavgm", "dp_gaussian")
 MODEL_PHASES = ("weights", "adversarial", "population")
 
 
-class FederatedFitDiverged(RuntimeError):
-    """An aggregate of the models stopped being finite numbers (a failed fit: exit 1), e.g. Gaussian
-    DP noise far larger than the updates. Weights that stay finite but overflow in a site's own
-    forward pass are not caught here: that site's round fails and the round's quorum decides."""
+class FederatedFitFailed(RuntimeError):
+    """A federated fit that cannot go on (exit 1): too many sites reported that they could not
+    compute a round for its quorum to be reached (`RoundCollector.fail`)."""
+
+
+class FederatedFitDiverged(FederatedFitFailed):
+    """An aggregate of the models stopped being finite numbers, e.g. Gaussian DP noise far larger
+    than the updates. Weights that stay finite but overflow in a site's own forward pass are not
+    caught here: those sites report the failure and the round stops (`FederatedFitFailed`)."""
 
 
 def split_by_site(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -203,9 +217,12 @@ class TwinSiteAgent:
             t0 = time.perf_counter()
             try:
                 vector, weight, labels = await asyncio.to_thread(self._answer, env)
-            except Exception as e:  # a site that cannot answer stays silent; the round's quorum decides
+            except Exception as e:  # a site that cannot answer says so (its error's type only): the round's quorum decides
                 log.error("site %s failed on %s: %r", self.name, env.payload.get("phase"), e, exc_info=True)
                 self.last_seq = env.round
+                await self.bus.publish_durable(Subjects.update("twin", self.fit_id), make_failure(
+                    self.name, self.fit_id, env.round, env.payload["phase"], env.payload["step"],
+                    env.payload["member"], e))
                 continue
             self.last_seq = env.round
             if self._latest is not None and self._latest.round > env.round:
@@ -286,7 +303,7 @@ class TwinCoordinator:
         self.spec = spec
         self.sites = list(sites)
         self.bus = bus
-        self.options = options or FitOptions()
+        self.options = options or FitOptions.for_strategy(strategy)
         self.quorum, self.grace_s, self.timeout_s = quorum, grace_s, timeout_s
         self.weight_agg = make_weight_aggregator(strategy, secure, dp, self.options.seed)
         # one rule per model phase: FedAvgM's velocity and DP's accountant are per model
@@ -302,6 +319,7 @@ class TwinCoordinator:
         self.seq = 0
         self._collectors: dict[int, RoundCollector] = {}
         self._envs: dict[int, dict[str, Envelope]] = defaultdict(dict)
+        self._failures: dict[int, dict[str, str]] = defaultdict(dict)
         self._sub: Any = None
         self._base_ctx: dict[str, Any] = {}
 
@@ -317,6 +335,10 @@ class TwinCoordinator:
             self.report.bytes_by_phase[phase] = self.report.bytes_by_phase.get(phase, 0) + rcv.nbytes
             col = self._collectors.get(env.round)
             if col is None or col.closed:
+                return
+            if "failed" in env.payload:
+                if col.fail(sender):
+                    self._failures[env.round][sender] = str(env.payload["failed"])
                 return
             try:
                 vec = read_update(env)
@@ -348,10 +370,14 @@ class TwinCoordinator:
         self.report.bytes_down += self.bus.stats.bytes_out - before
         t0 = time.perf_counter()
         out = await col.wait()
-        envs = self._envs.pop(seq, {})
+        # by site, not in arrival order: which site answers first is the threads' (or the network's)
+        # timing, and what is built from the answers (k-means over the summaries' centroids, float
+        # sums) depends on their order; sorted, the same seed and logs give the same twin
+        envs = dict(sorted(self._envs.pop(seq, {}).items()))
+        failures = self._failures.pop(seq, {})
         expected = self.plan_size(phase)
         ups = []
-        for u in out.updates:
+        for u in sorted(out.updates, key=lambda u: u.client_id):
             try:
                 if expected is not None:
                     check_update_size(u.delta, expected, u.client_id, phase)
@@ -360,6 +386,13 @@ class TwinCoordinator:
                 log.warning("%s", e)
         rec = {"seq": seq, "phase": phase, "step": step, "member": member, "sites": sorted(u.client_id for u in ups),
                "missing": out.missing, "reason": out.reason, "seconds": round(time.perf_counter() - t0, 3)}
+        if failures:
+            rec["failed"] = dict(sorted(failures.items()))
+        if out.reason == "failed":
+            errors = ", ".join(f"{k} ({v})" for k, v in sorted(failures.items()))
+            which = "" if phase not in ("weights", "residual", "adversarial") else f", member {member}"
+            raise FederatedFitFailed(f"round {seq} ({phase} step {step + 1}{which}) failed at {len(failures)} of "
+                                     f"{len(self.sites)} sites: {errors}; the quorum cannot be reached{self._dp_hint()}")
         if not out.quorum_met or not ups:
             raise InputError(f"round {seq} ({phase}) closed without a quorum: {out.missing} missing "
                              f"({out.reason})", where="federated fit")
@@ -393,15 +426,22 @@ class TwinCoordinator:
         sending NaN weights to the sites, whose next round then fails and times out)."""
         if np.isfinite(params).all():
             return
-        hint = (": Gaussian DP's noise swamps the updates at this many rounds and sites; use fewer rounds "
-                "(--fed-rounds), a larger clip norm or more sites" if self.strategy == "dp_gaussian" else "")
         which = "" if member is None else f" (member {member})"
-        raise FederatedFitDiverged(f"the federated {phase} models are no longer finite after round {r + 1}{which}{hint}")
+        raise FederatedFitDiverged(f"the federated {phase} models are no longer finite after round {r + 1}{which}"
+                                   f"{self._dp_hint()}")
+
+    def _dp_hint(self) -> str:
+        """What to change when a fit under Gaussian DP fails ('' under any other rule)."""
+        if self.strategy != "dp_gaussian":
+            return ""
+        return ("; Gaussian DP's noise swamps the updates at this many rounds and sites: use fewer rounds "
+                "(--fed-rounds), a larger clip norm or more sites")
 
     async def run(self) -> Twin:
         """The whole fit; returns the twin (also publishes a final task so that site agents stop)."""
         t_start = time.perf_counter()
         o = self.options
+        dims: dict[str, int] = {}  # the size of each model phase's aggregated vector
         ups, envs = await self._round("hello")
         labels = {k: e.payload["labels"] for k, e in envs.items()}
         plan = self.asm.hello(labels)
@@ -424,6 +464,7 @@ class TwinCoordinator:
             self.asm.build_population()
             gan_ctx = self.asm.gmm_context()
             params = self.asm.population_vector()
+            dims["population"] = params.size
             rounds: list[dict[str, Any]] = []
             for r in range(o.gan_rounds):
                 ups, _ = await self._round("population", step=r, context=gan_ctx, params=params)
@@ -435,6 +476,7 @@ class TwinCoordinator:
             self.asm.set_population(params, rounds)
         for m in range(o.members):
             params = self.asm.initial_vector(m)
+            dims["weights"] = params.size
             rounds = []
             for r in range(o.rounds):
                 ups, _ = await self._round("weights", step=r, member=m, params=params)
@@ -447,6 +489,7 @@ class TwinCoordinator:
             self.asm.add_member(m, params, self._sum(ups, plan.size("residual")), rounds)
             if o.adversarial:
                 adv, engines = self.asm.adversarial_vector(m)
+                dims["adversarial"] = adv.size
                 rounds = []
                 for r in range(o.adv_rounds):
                     ups, _ = await self._round("adversarial", step=r, member=m,
@@ -462,7 +505,7 @@ class TwinCoordinator:
         await self.bus.publish_durable(Subjects.model("twin", self.fit_id),
                                        make_task("twin/coordinator", self.fit_id, self.seq, "done", 0, 0, final=True))
         self.report.seconds = time.perf_counter() - t_start
-        eps, delta = {}, 0.0
+        eps, nts, delta = {}, {}, 0.0
         used = (("weights", self.weight_agg, True), ("adversarial", self.adv_agg, o.adversarial),
                 ("population", self.gan_agg, o.gan_population))
         for phase, agg, ran in used:
@@ -470,10 +513,15 @@ class TwinCoordinator:
             if ran and isinstance(dp, GaussianDP):
                 eps[phase] = float(dp.epsilon())
                 delta = float(dp.delta)
+                # the noise's norm on the mean, z C sqrt(D) / n, over the largest norm the mean of
+                # clipped updates can have, C: above 1 the noise outweighs any update
+                n = dp.expected_clients or len(self.sites)
+                nts[phase] = float(dp.noise_multiplier * np.sqrt(dims[phase]) / n)
         if eps:
             # three mechanisms on the same sites' data: sequential composition bounds the total by the sum
             self.report.privacy = {"epsilon": float(sum(eps.values())), "epsilon_by_phase": dict(eps), "delta": delta,
-                                   "composition": "sum over phases (sequential composition, an upper bound)"}
+                                   "composition": "sum over phases (sequential composition, an upper bound)",
+                                   "noise_to_signal": nts}
         return self.asm.twin({"report": {"bytes_up": self.report.bytes_up, "bytes_down": self.report.bytes_down,
                                          "rounds": len(self.report.rounds)}})
 

@@ -4,7 +4,9 @@
 
 - all expected clients in -> closes at once;
 - ``quorum`` (k) in -> waits up to ``grace_s`` more for the rest, then closes;
-- ``timeout_s`` after opening -> closes with whatever it has (``quorum_met`` False if < k).
+- ``timeout_s`` after opening -> closes with whatever it has (``quorum_met`` False if < k);
+- a client that reports it cannot answer (`RoundCollector.fail`) is not waited for: once so many
+  have failed that k can no longer be reached, the round closes at once (reason ``"failed"``).
 
 Updates arriving after the close are kept in ``late`` (with their round) for staleness-aware
 mixing in a later round; duplicates and unknown senders are refused and counted.
@@ -33,8 +35,10 @@ class RoundOutcome:
         updates: the updates it closed with, in arrival order.
         missing: expected clients that did not report in time.
         quorum_met: at least ``quorum`` updates arrived.
-        reason: ``"complete"``, ``"quorum+grace"`` or ``"timeout"``.
+        reason: ``"complete"``, ``"quorum+grace"``, ``"timeout"`` or ``"failed"`` (too many
+            clients reported a failure for the quorum to be reached).
         elapsed_s: time from open to close.
+        failed: expected clients that reported they could not answer (also in ``missing``).
     """
 
     round: int
@@ -44,6 +48,7 @@ class RoundOutcome:
     reason: str
     elapsed_s: float
     refused: dict[str, int] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
 
 
 class RoundCollector:
@@ -75,6 +80,7 @@ class RoundCollector:
             raise InputError(f"need grace_s >= 0 and timeout_s > 0, got {grace_s}, {timeout_s}", where="timeout_s")
         self.round, self.quorum, self.grace_s, self.timeout_s = int(round), k, float(grace_s), float(timeout_s)
         self.updates: dict[str, ClientUpdate] = {}
+        self.failed: list[str] = []
         self.late: list[tuple[int, ClientUpdate]] = []
         self.refused: dict[str, int] = {"duplicate": 0, "unknown": 0}
         self._closed = False
@@ -92,10 +98,20 @@ class RoundCollector:
         if update.client_id not in self.expected:
             self.refused["unknown"] += 1
             return False
-        if update.client_id in self.updates:
+        if update.client_id in self.updates or update.client_id in self.failed:
             self.refused["duplicate"] += 1
             return False
         self.updates[update.client_id] = update
+        if self._changed is not None:
+            self._changed.set()
+        return True
+
+    def fail(self, client_id: str) -> bool:
+        """``client_id`` reports it cannot answer this round: stop waiting for it. True if it
+        counts (an expected client that has not answered yet, in an open round)."""
+        if self._closed or client_id not in self.expected or client_id in self.updates or client_id in self.failed:
+            return False
+        self.failed.append(client_id)
         if self._changed is not None:
             self._changed.set()
         return True
@@ -109,7 +125,10 @@ class RoundCollector:
         reason = "timeout"
         quorum_at: float | None = None
         while True:
-            if len(self.updates) == len(self.expected):
+            if len(self.expected) - len(self.failed) < self.quorum:
+                reason = "failed"
+                break
+            if len(self.updates) + len(self.failed) == len(self.expected):
                 reason = "complete"
                 break
             now = loop.time()
@@ -132,6 +151,7 @@ class RoundCollector:
             reason=reason,
             elapsed_s=loop.time() - start,
             refused=dict(self.refused),
+            failed=list(self.failed),
         )
 
     def summary(self) -> dict[str, Any]:
