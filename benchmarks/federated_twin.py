@@ -459,6 +459,23 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
               "generators in racing threads (fixed since; the fit is now deterministic) gave the federated twin "
               "ρ 0.74 / 14 % and the light family 0.95 / 15 % on generated populations (replay 0.92 / 8 % and "
               "0.89 / 8 %): differences below ~0.2 in ρ on generated populations are within run-to-run noise."]
+        seeds = {0: p, **{int(k[4:].split("_")[0]): res[k] for k in sorted(res) if k.startswith("seed") and k.endswith("_part1")}}
+        if len(seeds) > 1:
+            L += ["", "Per seed (other logs, fits and policy sets; `--parts 1 --seed S`), federated minus centralised:", "",
+                  "| seed | generated: Δρ | Δerror | replay: Δρ | Δerror | centralised, generated: ρ / error |",
+                  "|---|---:|---:|---:|---:|---|"]
+            deltas = []
+            for sd, q in sorted(seeds.items()):
+                sc = q["scores"]
+                d = [sc["federated"]["spearman"] - sc["centralised"]["spearman"],
+                     100 * (sc["federated"]["mean_rel_error"] - sc["centralised"]["mean_rel_error"]),
+                     sc["federated (replay)"]["spearman"] - sc["centralised (replay)"]["spearman"],
+                     100 * (sc["federated (replay)"]["mean_rel_error"] - sc["centralised (replay)"]["mean_rel_error"])]
+                deltas.append(d)
+                L.append(f"| {sd} | {d[0]:+.2f} | {d[1]:+.1f} | {d[2]:+.2f} | {d[3]:+.1f} | "
+                         f"{sc['centralised']['spearman']:.2f} / {100 * sc['centralised']['mean_rel_error']:.0f} % |")
+            m = np.mean(deltas, axis=0)
+            L.append(f"| mean | {m[0]:+.2f} | {m[1]:+.1f} | {m[2]:+.2f} | {m[3]:+.1f} | |")
         b1 = res.get("before_schedule_change", {}).get("part1")
         if b1 and b1["options"].get("local_steps") != p.get("options", {}).get("local_steps"):
             L += ["", f"The same run before the federated behaviour-cloning schedule changed ({schedule(b1['options'])}): "
