@@ -49,10 +49,10 @@ from edgetwin.emulator.logs import generate_logs  # noqa: E402
 from edgetwin.emulator.sites import default_sites  # noqa: E402
 from edgetwin.federation.twin_fit import (  # noqa: E402
     CRITERIA,
-    DP_SCHEDULE,
     SITE_ALONE,
     FitOptions,
     personalise,
+    strategy_schedule,
     validation_agents,
 )
 from edgetwin.federation.twin_runner import MODEL_PHASES, FederatedFitFailed, fit_federated  # noqa: E402
@@ -169,7 +169,7 @@ def options_cost(logs: dict[str, pd.DataFrame], spec: Any, o: FitOptions, cfgs: 
     pristine: dict[str, Any] | None = None
     for label, kw in OPTIONS.items():
         t0 = time.perf_counter()
-        schedule = DP_SCHEDULE if kw.get("strategy") == "dp_gaussian" else {}
+        schedule = strategy_schedule(kw.get("strategy", "fedavg"))
         try:
             twin, rep = fit_federated(logs, spec, options=FitOptions.from_dict({**o.to_dict(), **schedule}), **kw)
         except FederatedFitFailed as e:
@@ -250,7 +250,7 @@ def main() -> None:
         rank = evaluate({"federated": fed, "centralised": cen, "federated, light family (BC + GMM)": fed_light},
                         policies, cfgs, eval_days, n_agents, steps, args.seed)
         scores = {c: ranking_scores(rank, c) for c in rank.columns if c not in ("policy", "real")}
-        results["part1"] = {"options": o.to_dict(),
+        results["part1"] = {"options": o.to_dict(), "seed": args.seed,
                             "fit_seconds": {"federated": t_fed, "centralised": t_cen, "federated_light": t_light},
                             "policies": rank.to_dict("records"), "bytes_by_phase": rep.bytes_by_phase,
                             "phase_rounds": {ph: sum(1 for x in rep.rounds if x["phase"] == ph)
@@ -459,7 +459,7 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
               "generators in racing threads (fixed since; the fit is now deterministic) gave the federated twin "
               "ρ 0.74 / 14 % and the light family 0.95 / 15 % on generated populations (replay 0.92 / 8 % and "
               "0.89 / 8 %): differences below ~0.2 in ρ on generated populations are within run-to-run noise."]
-        seeds = {0: p, **{int(k[4:].split("_")[0]): res[k] for k in sorted(res) if k.startswith("seed") and k.endswith("_part1")}}
+        seeds = {int(p.get("seed", 0)): p, **{int(k[4:].split("_")[0]): res[k] for k in sorted(res) if k.startswith("seed") and k.endswith("_part1")}}
         if len(seeds) > 1:
             L += ["", "Per seed (other logs, fits and policy sets; `--parts 1 --seed S`), federated minus centralised:", "",
                   "| seed | generated: Δρ | Δerror | replay: Δρ | Δerror | centralised, generated: ρ / error |",

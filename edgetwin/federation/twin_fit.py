@@ -70,7 +70,7 @@ from edgetwin.twin.support import SupportIndex
 from edgetwin.twin.twin import FORMAT_VERSION, Twin, bootstrap_episodes, library_versions
 
 __all__ = ["DP_SCHEDULE", "FitOptions", "SiteFitter", "TwinAssembler", "TwinFitPlan", "personalise", "proximal_fit", "select_and_fit",
-           "validation_agents"]
+           "strategy_schedule", "validation_agents"]
 
 ROLES = ("profile", "state", "action", "outputs")
 #: episode lengths are counted in a histogram of this many bins (longer ones in the last)
@@ -85,6 +85,12 @@ MIN_CLUSTER = 5
 #: default's 240 rounds random-walked the weights to values whose forward passes overflowed in the
 #: sites' adversarial rounds (the fit failed); 8 rounds of 2 epochs complete (docs/federation.md).
 DP_SCHEDULE: dict[str, int] = {"rounds": 8, "local_epochs": 2, "local_steps": 0}
+
+
+def strategy_schedule(strategy: str) -> dict[str, int]:
+    """The `FitOptions` fields an aggregation rule sets by default: `DP_SCHEDULE` for
+    ``"dp_gaussian"``, none for the others."""
+    return dict(DP_SCHEDULE) if strategy == "dp_gaussian" else {}
 
 
 @dataclass
@@ -166,7 +172,7 @@ class FitOptions:
     def for_strategy(cls, strategy: str, **kw: Any) -> FitOptions:
         """The options with ``strategy``'s default schedule, ``kw`` over it: `DP_SCHEDULE` for
         ``"dp_gaussian"``, the class defaults otherwise."""
-        return cls(**{**(DP_SCHEDULE if strategy == "dp_gaussian" else {}), **kw})
+        return cls(**{**strategy_schedule(strategy), **kw})
 
     @classmethod
     def light(cls, **kw: Any) -> FitOptions:
