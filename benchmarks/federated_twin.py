@@ -47,7 +47,7 @@ from twin_fidelity import ranking_policies, ranking_scores  # noqa: E402
 from edgetwin.emulator.cluster import ClusterConfig, cluster_spec  # noqa: E402
 from edgetwin.emulator.logs import generate_logs  # noqa: E402
 from edgetwin.emulator.sites import default_sites  # noqa: E402
-from edgetwin.federation.twin_fit import (  # noqa: E402
+from edgetwin.federation.twin.fit import (  # noqa: E402
     CRITERIA,
     SITE_ALONE,
     FitOptions,
@@ -55,7 +55,7 @@ from edgetwin.federation.twin_fit import (  # noqa: E402
     strategy_schedule,
     validation_agents,
 )
-from edgetwin.federation.twin_runner import MODEL_PHASES, FederatedFitFailed, fit_federated  # noqa: E402
+from edgetwin.federation.twin.runner import MODEL_PHASES, FederatedFitFailed, fit_federated  # noqa: E402
 from edgetwin.twin.fidelity import logged_rollout  # noqa: E402
 from edgetwin.twin.twin import Twin  # noqa: E402
 

@@ -529,8 +529,8 @@ def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, ro
     ``family``: `FitOptions` fields choosing the models (default MAIL + GAN-SMMSG, as `Twin.fit`)."""
     import torch
 
-    from edgetwin.federation.twin_fit import FitOptions
-    from edgetwin.federation.twin_runner import fit_federated, split_by_site
+    from edgetwin.federation.twin.fit import FitOptions
+    from edgetwin.federation.twin.runner import fit_federated, split_by_site
     from edgetwin.twin.twin import load_log
 
     torch.set_num_threads(1)
@@ -1464,8 +1464,8 @@ def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, sp
     import asyncio
 
     from edgetwin.contract.spec import TwinSpec
-    from edgetwin.federation.twin_fit import FitOptions
-    from edgetwin.federation.twin_runner import run_twin_coordinator, run_twin_site
+    from edgetwin.federation.twin.fit import FitOptions
+    from edgetwin.federation.twin.runner import run_twin_coordinator, run_twin_site
     from edgetwin.twin.twin import load_log
 
     def emit(ev: dict[str, Any]) -> None:

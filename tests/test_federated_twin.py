@@ -26,9 +26,9 @@ from edgetwin.contract.errors import InputError
 from edgetwin.edge.messages import encode
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import generate_logs
-from edgetwin.federation.twin_fit import FitOptions
-from edgetwin.federation.twin_messages import check_update_size, make_failure, make_update
-from edgetwin.federation.twin_runner import fit_federated, fit_federated_async, split_by_site
+from edgetwin.federation.twin.fit import FitOptions
+from edgetwin.federation.twin.messages import check_update_size, make_failure, make_update
+from edgetwin.federation.twin.runner import fit_federated, fit_federated_async, split_by_site
 from edgetwin.twin.twin import Twin
 
 torch.set_num_threads(1)
@@ -105,7 +105,7 @@ def test_model_phases_go_through_secure_aggregation_and_dp(site_logs):
 def test_a_fit_whose_models_stop_being_finite_stops_with_one_clear_line(site_logs):
     """DP noise large enough to overflow float32 weights: the coordinator stops at that round and
     names the phase and the remedy, instead of sending NaN weights the sites then fail on."""
-    from edgetwin.federation.twin_runner import FederatedFitDiverged
+    from edgetwin.federation.twin.runner import FederatedFitDiverged
 
     _, spec, parts = site_logs
     with pytest.raises(FederatedFitDiverged, match=r"weights models are no longer finite after round \d+ .*--fed-rounds"):
@@ -117,8 +117,8 @@ def test_a_fit_whose_models_stop_being_finite_stops_with_one_clear_line(site_log
 def test_same_seed_same_federated_twin(site_logs):
     """Sites of one process compute one at a time and seed each GAIL / GAN round: the same seed and
     logs give the same clients and population networks, whatever the threads' timing."""
-    from edgetwin.federation.twin_gan import gan_modules
-    from edgetwin.federation.twin_mail import module_vector
+    from edgetwin.federation.twin.gan import gan_modules
+    from edgetwin.federation.twin.mail import module_vector
 
     _, spec, parts = site_logs
     out = []
@@ -135,8 +135,8 @@ def test_the_order_in_which_site_updates_arrive_does_not_change_the_twin(site_lo
     centroids went into k-means in arrival order), so the population's base mixture, the GAN
     trained on it and the bank of initial states changed from run to run with the same seed."""
     from edgetwin.federation.aggregation import RoundCollector
-    from edgetwin.federation.twin_gan import gan_modules
-    from edgetwin.federation.twin_mail import module_vector
+    from edgetwin.federation.twin.gan import gan_modules
+    from edgetwin.federation.twin.mail import module_vector
 
     _, spec, parts = site_logs
     wait = RoundCollector.wait
@@ -190,7 +190,7 @@ def test_a_silent_site_does_not_stop_the_fit(site_logs):
 
 def _failing_weights(monkeypatch, victims):
     """Sites in ``victims`` raise in every behaviour-cloning round (as a site whose weights overflow)."""
-    from edgetwin.federation.twin_fit import SiteFitter
+    from edgetwin.federation.twin.fit import SiteFitter
 
     real = SiteFitter.weights
 
@@ -206,7 +206,7 @@ def test_sites_that_cannot_compute_a_round_stop_the_fit_at_once(site_logs, monke
     """A site whose round raises reports it (its error's type only); once the quorum is out of reach
     the coordinator stops with one line naming the round, the sites and the error, instead of
     waiting out its timeout (here 600 s: the test's own timeout would fail first)."""
-    from edgetwin.federation.twin_runner import FederatedFitFailed
+    from edgetwin.federation.twin.runner import FederatedFitFailed
 
     _, spec, parts = site_logs
     victims = sorted(parts)[:2]
@@ -250,7 +250,7 @@ def test_cli_fit_federated_under_dp_runs_dps_schedule_and_says_what_the_noise_co
     from typer.testing import CliRunner
 
     from edgetwin.cli import app
-    from edgetwin.federation.twin_fit import DP_SCHEDULE
+    from edgetwin.federation.twin.fit import DP_SCHEDULE
 
     df, spec, parts = site_logs
     df.to_parquet(tmp_path / "log.parquet", index=False)
@@ -361,7 +361,7 @@ def test_killed_site_rejoins_and_server_restart_loses_no_update(site_logs, nats_
     import time
 
     from edgetwin.edge.bus import make_bus
-    from edgetwin.federation.twin_runner import TwinCoordinator, TwinSiteAgent
+    from edgetwin.federation.twin.runner import TwinCoordinator, TwinSiteAgent
 
     df, spec, parts = site_logs
     names = sorted(parts)
@@ -462,7 +462,7 @@ def test_personalisation_choice_follows_the_sites_held_out_rows():
     few rows, and leaves it where the site is unlike it and has many; in both cases the chosen
     model predicts fresh rows of the site no worse than the alternatives would (the choice is real:
     the two settings choose differently)."""
-    from edgetwin.federation.twin_fit import _weighted_loss, proximal_fit, select_and_fit
+    from edgetwin.federation.twin.fit import _weighted_loss, proximal_fit, select_and_fit
 
     fed = _policy(0)
     xg, yg = _regression(_global_fn, 4000, 1)
@@ -501,7 +501,7 @@ def test_personalise_a_federated_twin(site_logs):
     """`personalise` on one site's log: every model gets a recorded choice from held-out groups,
     the twin rolls out, and the federated twin is untouched."""
     from edgetwin.contract.policy import RandomPolicy
-    from edgetwin.federation.twin_fit import personalise, validation_agents
+    from edgetwin.federation.twin.fit import personalise, validation_agents
 
     df, spec, parts = site_logs
     twin, _ = fit_federated(parts, spec, options=LIGHT)
@@ -535,7 +535,7 @@ def test_personalise_weighs_the_sites_own_twin(site_logs):
     scored after a fit on the kept groups only (the held-out groups' rows never reach it), the
     twin chosen has the best selection score of the four, every candidate can be rebuilt on all
     the site's rows, and the one chosen is what `personalise` returns."""
-    from edgetwin.federation.twin_fit import (
+    from edgetwin.federation.twin.fit import (
         CRITERIA,
         SITE_ALONE,
         TWIN_CHOICES,

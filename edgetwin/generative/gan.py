@@ -441,7 +441,7 @@ class GANPopulation(PopulationModel):
     ) -> GanSteps:
         """The training state on ``profiles``: optimisers, batch samplers and one step of the game
         (`GanSteps.step`). `_train` loops over it; a federated site runs a few steps of it per round
-        on its own profiles (`edgetwin.federation.twin_gan`). ``partial``: scenarios without rows
+        on its own profiles (`edgetwin.federation.twin.gan`). ``partial``: scenarios without rows
         are left out of the batches (a site that logged only some of them) instead of refused."""
         return GanSteps(self, profiles, seed, int(self.hyper["steps"]) if total_steps is None else total_steps, partial)
 

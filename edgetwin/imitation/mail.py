@@ -232,7 +232,7 @@ def behaviour_clone(
         epochs: passes over the data (at least 1).
         max_steps: cap on gradient steps (None or 0: no cap).
         optimizer_state: a dict that carries Adam's state from one call to the next on the same
-            policy (a federated site's rounds: `edgetwin.federation.twin_fit`): loaded when it
+            policy (a federated site's rounds: `edgetwin.federation.twin.fit`): loaded when it
             holds a state, replaced by the state after training. None: a fresh optimiser.
 
     Returns:
@@ -805,7 +805,7 @@ def fit_mail(
 
     The steps are public (`training_world`, `client_learners`, `gail_trainers`, `gail_round`) so
     that a federated fit runs the same rounds on each site's own logs
-    (`edgetwin.federation.twin_mail`).
+    (`edgetwin.federation.twin.mail`).
 
     Args:
         steps: the training log as arrays (`edgetwin.imitation.steps.build_steps`).

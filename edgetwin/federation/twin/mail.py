@@ -1,6 +1,6 @@
 """MAIL's adversarial rounds, federated: each site runs GAIL on its own logs, the coordinator averages.
 
-After the federated behaviour-cloning phase (`edgetwin.federation.twin_fit`, phase ``weights``),
+After the federated behaviour-cloning phase (`edgetwin.federation.twin.fit`, phase ``weights``),
 a member's client models are refined adversarially as `edgetwin.imitation.mail.fit_mail` refines
 them centrally, in rounds of phase ``adversarial``:
 

@@ -12,7 +12,7 @@ Two kinds travel (registered with `edgetwin.edge.messages`, documented in ``docs
   an empty vector, so that the coordinator stops waiting for it (`make_failure`).
 
 A ``twin_update`` has a closed payload (no free-form field: extra keys are refused) and its vector
-must decode to exactly the size that `edgetwin.federation.twin_fit.TwinFitPlan` declares for its
+must decode to exactly the size that `edgetwin.federation.twin.fit.TwinFitPlan` declares for its
 phase. Those sizes follow from the spec, the layout and the model architecture — never from how
 many rows a site has — so a site cannot put its rows in an update even by mistake: a vector the
 size of a row table is refused by the coordinator (`check_update_size`). The only strings a site

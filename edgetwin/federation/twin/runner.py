@@ -13,8 +13,8 @@ type only) and is not waited for; when the quorum is then out of reach the fit s
 by default, FedAvgM, secure aggregation (`SecureAggregator`) and Gaussian DP with its RDP
 accountant as options (Gaussian DP with its own default schedule, `FitOptions.for_strategy`).
 
-Only `edgetwin.federation.twin_fit` touches rows, inside `SiteFitter`; what crosses the bus is what
-`edgetwin.federation.twin_messages` lets through.
+Only `edgetwin.federation.twin.fit` touches rows, inside `SiteFitter`; what crosses the bus is what
+`edgetwin.federation.twin.messages` lets through.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from edgetwin.federation.aggregation import (
     SecureAggregator,
 )
 from edgetwin.federation.compression import UpdateCodec
-from edgetwin.federation.twin_fit import (
+from edgetwin.federation.twin.fit import (
     FitOptions,
     SiteFitter,
     TwinAssembler,
@@ -55,7 +55,7 @@ from edgetwin.federation.twin_fit import (
     gmm_from_context,
     transformer_from_dict,
 )
-from edgetwin.federation.twin_messages import (
+from edgetwin.federation.twin.messages import (
     check_update_size,
     make_failure,
     make_task,

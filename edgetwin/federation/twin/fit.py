@@ -49,7 +49,7 @@ from threadpoolctl import threadpool_limits
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
-from edgetwin.federation.twin_mail import mail_config
+from edgetwin.federation.twin.mail import mail_config
 from edgetwin.generative.gmm import GMMPopulation
 from edgetwin.generative.transform import ColumnCodec, ProfileTransformer
 from edgetwin.imitation.layout import ColumnScaler, Layout
@@ -104,7 +104,7 @@ class FitOptions:
         local_steps: if > 0, at most this many minibatches per model and round instead of
             ``local_epochs`` (0: whole epochs).
         keep_optimizer: a site keeps each model's Adam state from one round to the next (as
-            its GAIL trainers do, `edgetwin.federation.twin_mail`); False: a fresh optimiser each
+            its GAIL trainers do, `edgetwin.federation.twin.mail`); False: a fresh optimiser each
             round.
 
             Why many short rounds with kept optimisers by default (240 x 5 minibatches): the
@@ -124,9 +124,9 @@ class FitOptions:
         net_arch, engine_arch: hidden layers of client and engine models (as `MailConfig`).
         seed: the same seed and logs give the same twin.
         response_model: ``"mail"`` (default, as `Twin.fit`: behaviour cloning, then ``adv_rounds``
-            federated adversarial rounds, `edgetwin.federation.twin_mail`) or ``"bc"``.
+            federated adversarial rounds, `edgetwin.federation.twin.mail`) or ``"bc"``.
         population_model: ``"gan-smmsg"`` (default, as `Twin.fit`: ``gan_rounds`` federated rounds
-            of ``gan_local_steps`` steps per site, `edgetwin.federation.twin_gan`) or ``"gmm"``
+            of ``gan_local_steps`` steps per site, `edgetwin.federation.twin.gan`) or ``"gmm"``
             (the federated-EM mixture alone).
         mail: `MailConfig` overrides of the adversarial rounds (``world_agents``, ``n_steps``, ...).
         gan: GAN-SMMSG hyper-parameter overrides (``hidden``, ``batch_per_scenario``, ...).
@@ -211,7 +211,7 @@ class TwinFitPlan:
         self.has_reward = has_reward
         self.options = options
         self.layout: Layout | None = None
-        #: parameters of the federated GAN (set by whoever builds it, `twin_gan.gan_size`)
+        #: parameters of the federated GAN (set by whoever builds it, `twin.gan.gan_size`)
         self.population_size: int | None = None
         self._policy_names: list[tuple[str, int, list[str], list[tuple[int, ...]]]] | None = None
 
@@ -265,7 +265,7 @@ class TwinFitPlan:
             return {"params": (self.policy_size + n,)}
         if phase == "adversarial":
             assert self.layout is not None
-            from edgetwin.federation.twin_mail import adversarial_size, mail_config
+            from edgetwin.federation.twin.mail import adversarial_size, mail_config
 
             return {"params": (adversarial_size(self.layout, mail_config(self.options.to_dict())) + n,)}
         if phase == "population":
@@ -659,8 +659,8 @@ class SiteFitter:
     # --- the default family: GAN-SMMSG population, MAIL's adversarial rounds ------------------
     def population(self, step: int, global_vector: np.ndarray, transformer: ProfileTransformer,
                    gmm: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, float]:
-        """One round of the population game on this site's agents (`twin_gan.SiteGan`)."""
-        from edgetwin.federation.twin_gan import SiteGan, federated_gan
+        """One round of the population game on this site's agents (`twin.gan.SiteGan`)."""
+        from edgetwin.federation.twin.gan import SiteGan, federated_gan
 
         plan = self.plan
         assert plan is not None
@@ -672,11 +672,11 @@ class SiteFitter:
         return delta, n
 
     def adversarial(self, member: int, step: int, params: np.ndarray) -> tuple[np.ndarray, float]:
-        """One of MAIL's adversarial rounds on this site's rows (`twin_mail.SiteAdversarial`).
+        """One of MAIL's adversarial rounds on this site's rows (`twin.mail.SiteAdversarial`).
 
         ``params``: the global client policies and discriminators (`TwinAssembler.adversarial_vector`,
         shares slot included), then the member's engine policies."""
-        from edgetwin.federation.twin_mail import (
+        from edgetwin.federation.twin.mail import (
             SiteAdversarial,
             engine_modules,
             load_module_vector,
@@ -947,8 +947,8 @@ class TwinAssembler:
 
     # --- the default family ------------------------------------------------------------------
     def build_population(self) -> Any:
-        """The federated GAN-SMMSG before its rounds (after ``em``): `twin_gan.federated_gan`."""
-        from edgetwin.federation.twin_gan import federated_gan, gan_size
+        """The federated GAN-SMMSG before its rounds (after ``em``): `twin.gan.federated_gan`."""
+        from edgetwin.federation.twin.gan import federated_gan, gan_size
 
         plan = self.plan
         assert plan is not None and self.transformer is not None
@@ -959,20 +959,20 @@ class TwinAssembler:
         return self.gan
 
     def population_vector(self) -> np.ndarray:
-        from edgetwin.federation.twin_gan import gan_modules
-        from edgetwin.federation.twin_mail import module_vector
+        from edgetwin.federation.twin.gan import gan_modules
+        from edgetwin.federation.twin.mail import module_vector
 
         return module_vector(gan_modules(self.gan))
 
     def set_population(self, params: np.ndarray, rounds: list[dict[str, Any]]) -> None:
-        from edgetwin.federation.twin_gan import gan_modules
-        from edgetwin.federation.twin_mail import load_module_vector
+        from edgetwin.federation.twin.gan import gan_modules
+        from edgetwin.federation.twin.mail import load_module_vector
 
         load_module_vector(gan_modules(self.gan), params)
         self.gan.history = rounds
 
     def _adversarial_modules(self, member: int) -> dict[str, Any]:
-        from edgetwin.federation.twin_mail import adversarial_templates, mail_config
+        from edgetwin.federation.twin.mail import adversarial_templates, mail_config
 
         plan = self.plan
         assert plan is not None and plan.layout is not None
@@ -984,7 +984,7 @@ class TwinAssembler:
 
     def adversarial_vector(self, member: int) -> tuple[np.ndarray, np.ndarray]:
         """``(clients and discriminators ++ zero shares, engines)`` of a member after its BC phase."""
-        from edgetwin.federation.twin_mail import engine_modules, module_vector
+        from edgetwin.federation.twin.mail import engine_modules, module_vector
 
         plan = self.plan
         assert plan is not None
@@ -993,7 +993,7 @@ class TwinAssembler:
         return adv, module_vector(engine_modules(self.members[member].engines))
 
     def apply_adversarial(self, member: int, params: np.ndarray, aggregated_delta_mean: np.ndarray) -> np.ndarray:
-        from edgetwin.federation.twin_mail import module_blocks
+        from edgetwin.federation.twin.mail import module_blocks
 
         plan = self.plan
         assert plan is not None
@@ -1002,7 +1002,7 @@ class TwinAssembler:
     def finish_adversarial(self, member: int, params: np.ndarray, rounds: list[dict[str, Any]]) -> None:
         """Load the aggregated client policies into the member (its discriminators are dropped, as
         `fit_mail` drops them)."""
-        from edgetwin.federation.twin_mail import load_module_vector
+        from edgetwin.federation.twin.mail import load_module_vector
 
         plan = self.plan
         assert plan is not None
@@ -1412,7 +1412,7 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
     is scored on (with one hold-out for both, the per-model candidates' early stopping and choice
     had seen the scoring groups, and "per model" won on every benchmark run). The winner is rebuilt on all the site's
     rows: its recipe refitted and then ``adversarial_rounds`` local GAIL rounds on the site's rows
-    (`twin_mail.SiteAdversarial`, fresh discriminators; default: as many as the twin's own
+    (`twin.mail.SiteAdversarial`, fresh discriminators; default: as many as the twin's own
     adversarial rounds, 0 for a BC twin), or, for `SITE_ALONE`, ``site_alone_twin`` (the site's twin
     already fitted on all its rows) or else ``site_alone(log)``.
 
@@ -1453,7 +1453,7 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
         member, scenario and model, the candidate taken and every candidate's held-out loss
         (``choices``).
     """
-    from edgetwin.federation.twin_mail import SiteAdversarial
+    from edgetwin.federation.twin.mail import SiteAdversarial
 
     if criterion not in CRITERIA:
         raise InputError(f"personalise: criterion must be one of {', '.join(CRITERIA)}, not {criterion!r}")

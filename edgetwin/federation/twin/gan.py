@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from edgetwin.contract.spec import TwinSpec
-from edgetwin.federation.twin_mail import load_module_vector, module_vector
+from edgetwin.federation.twin.mail import load_module_vector, module_vector
 from edgetwin.generative.fitting import agent_profiles
 from edgetwin.generative.gan import GANSMMSGPopulation, GanSteps
 from edgetwin.generative.transform import ProfileTransformer
