@@ -414,10 +414,14 @@ class EdgeRuntime:
         self.registry_reachable: bool | None = None
         self._active: ServedPolicy | None = None
         self._previous: ServedPolicy | None = None  # the local rollback target
-        self._loaded: dict[str, ServedPolicy] = {}  # versions kept in memory (active, previous, ...)
-        self._refused: dict[str, str] = {}  # version -> reason (versions are immutable: refused for good)
-        self._baselines: dict[str, tuple[dict[str, float] | None, str]] = {}
-        self._vetoed: tuple[str, str, int] | None = None  # (scope, version, revision) we rolled back from
+        # What is loaded is keyed by the artifact's signed digest, never by its name alone: a
+        # registry rebuilt after losing its store can give other bytes an old name (`_key`).
+        self._loaded: dict[str, ServedPolicy] = {}  # version@sha256 -> kept in memory (active, previous)
+        self._refused: dict[str, str] = {}  # version -> reason (the bytes of `_refused_digest`)
+        self._refused_digest: dict[str, str | None] = {}  # version -> sha256 refused (None: unknown)
+        self._baselines: dict[str, tuple[dict[str, float] | None, str]] = {}  # version@sha256 -> baseline
+        self._vetoed: tuple[str, str, int, str] | None = None  # (scope, version, revision, sha256) rolled back from
+        self._registry_empty = False  # the "registry lost its record" warning was given (once)
         self._pending_rollback: tuple[str, str, str] | None = None  # (scope, bad version, reason)
         self._rollback_outcomes: dict[str, tuple[str, str]] = {}  # bad version -> (outcome, target)
         self._state_lock = threading.RLock()
@@ -725,44 +729,74 @@ class EdgeRuntime:
             if self._pending_rollback is not None:
                 await self._complete_rollback(found)
                 found = await self._resolve()
-            if found is None:
-                return False  # nothing promoted anywhere: keep whatever we serve
+            if found is None:  # nothing promoted anywhere: keep whatever we serve
+                if self._active is not None:
+                    self._registry_lost(f"no pointer for scopes {', '.join(self.scopes)}")
+                return False
             scope, change = found
             version, revision = change.version, change.revision
-            if self._vetoed is not None and self._vetoed == (scope, version, revision):
+            # The registry's record of the version (its signed digest) decides what "the same
+            # version" means: a name alone may have been reused by a rebuilt registry.
+            try:
+                record = await self._call(self._areg.manifest(version))
+            except VersionNotFound:
+                self._registry_lost(f"{scope} points to {version!r}, which the registry no longer holds")
+                return False
+            self._registry_empty = False
+            sha = record.sha256
+            if self._vetoed is not None and self._vetoed == (scope, version, revision, sha):
                 return False  # the version we rolled back from, still current: do not serve it again
             a = self._active
-            if a is not None and a.version == version:
+            if a is not None and a.version == version and a.manifest.sha256 == sha:
                 if (a.scope, a.revision) != (scope, revision):
                     a.scope, a.revision = scope, revision
                 return False
-            if version in self._refused:
+            if version in self._refused and self._refused_digest.get(version) in (sha, None):
                 return False
-            served = self._loaded.get(version)
+            served = self._loaded.get(_key(version, sha))
             if served is None:
                 served = await self._fetch_and_load(scope, version, revision)
                 if served is None:
                     return False
+                if a is not None and a.version == version:
+                    log.warning(
+                        "%s: the registry's %s is other bytes than the %s served (sha256 %s... -> %s...); "
+                        "switching to the registry's record",
+                        self.site, version, version, a.manifest.sha256[:12], served.manifest.sha256[:12],
+                    )  # fmt: skip
             else:
                 served.scope, served.revision = scope, revision
             self._activate(served, change.kind, f"{scope} r{revision} ({change.kind})")
             return True
 
+    def _registry_lost(self, why: str) -> None:
+        """The registry answers but has no record for us: keep serving, and say so once."""
+        if self._registry_empty:
+            return
+        self._registry_empty = True
+        a = self._active
+        serving = f"keep serving {a.version} (sha256 {a.manifest.sha256[:12]}..., fail-static)" if a else (
+            "nothing to serve yet (fail-static)"
+        )
+        log.warning("%s: the registry lost its record (%s); %s", self.site, why, serving)
+        self._event("registry_lost", a.version if a else None, a.scope if a else None, why)
+
     async def _fetch_and_load(self, scope: str, version: str, revision: int) -> ServedPolicy | None:
         try:
             packed, manifest = await self._call(self._areg._load(version))
-        except VersionNotFound as e:  # a pointer to a version that is not there: refuse, not "registry down"
-            self._refuse(version, scope, f"not found: {e}")
+        except VersionNotFound as e:  # gone between the record and the bytes: not "registry down"
+            self._registry_lost(f"{scope} points to {version!r}, which the registry no longer holds ({e})")
             return None
         try:
             return await asyncio.to_thread(self._prepare, version, scope, revision, packed, manifest)
         except (ArtifactRejected, _Incompatible) as e:
             reason = e.reason.value if isinstance(e, ArtifactRejected) else "incompatible"
-            self._refuse(version, scope, f"{reason}: {getattr(e, 'detail', e)}")
+            self._refuse(version, scope, f"{reason}: {getattr(e, 'detail', e)}", manifest.sha256)
             return None
 
-    def _refuse(self, version: str, scope: str | None, reason: str) -> None:
+    def _refuse(self, version: str, scope: str | None, reason: str, sha256: str | None = None) -> None:
         self._refused[version] = reason
+        self._refused_digest[version] = sha256
         self.stats.refused += 1
         a = self._active
         keep = f"keeping {a.version}" if a else "nothing to serve yet"
@@ -774,7 +808,7 @@ class EdgeRuntime:
     ) -> ServedPolicy:
         """Verify, unpack, load, check and warm up one version (in a worker thread)."""
         verify_artifact(packed, manifest, self.trust, expected_version=version)
-        vdir = self.cache_dir / "versions" / version
+        vdir = self.cache_dir / "versions" / version  # the last verified bytes of that name
         policy_dir = vdir / "policy"
         if policy_dir.exists():
             shutil.rmtree(policy_dir)
@@ -857,10 +891,10 @@ class EdgeRuntime:
             # The local rollback target is the version this one replaced; after a rollback it is
             # unknown here (the registry's history knows it), never the version rolled back from.
             self._previous = None if kind == "rollback" else (old or self._previous)
-            self._loaded[served.version] = served
+            self._loaded[_key(served.version, served.manifest.sha256)] = served
             if self.freeze_gc:
                 gc.freeze()  # the policy just loaded, and everything before it, is long-lived
-            keep = {served.version} | ({self._previous.version} if self._previous is not None else set())
+            keep = {_key(x.version, x.manifest.sha256) for x in (served, self._previous) if x is not None}
             for v in [v for v in self._loaded if v not in keep]:
                 del self._loaded[v]
             self.stats.swaps += 1 if old is not None else 0
@@ -868,7 +902,8 @@ class EdgeRuntime:
                 baseline, source = self._choose_baseline(served, kind, baseline_prev)
                 self.watch.start(served.version, baseline, source, judge=kind != "rollback")
             _atomic_write(self.cache_dir / "last_good.json", json.dumps(
-                {"format": _CACHE_FORMAT, "version": served.version, "scope": served.scope, "site": self.site}
+                {"format": _CACHE_FORMAT, "version": served.version, "scope": served.scope, "site": self.site,
+                 "sha256": served.manifest.sha256}
             ).encode())  # fmt: skip
         log.info(
             "%s: serving %s (from %s; sha256 %s..., key %s)%s",
@@ -881,8 +916,9 @@ class EdgeRuntime:
         self, served: ServedPolicy, kind: str, prev_window: Mapping[str, float]
     ) -> tuple[dict[str, float] | None, str]:
         assert self.guard is not None and self.guard.margins is not None
-        if kind == "rollback" and served.version in self._baselines:
-            return self._baselines[served.version]  # a reinstated version keeps its own baseline
+        key = _key(served.version, served.manifest.sha256)
+        if kind == "rollback" and key in self._baselines:
+            return self._baselines[key]  # a reinstated version keeps its own baseline
         names = [m.kpi for m in self.guard.margins]
         metrics = served.manifest.metadata.get("metrics") or {}
         from_md = {k: v for k in names if (v := lookup_kpi(metrics, k)) is not None}
@@ -899,7 +935,7 @@ class EdgeRuntime:
             choice = (from_md, "metrics at promotion")
         else:
             choice = (None, "first_window")
-        self._baselines[served.version] = choice
+        self._baselines[key] = choice
         return choice
 
     def _active_prev_name(self) -> str:
@@ -921,6 +957,8 @@ class EdgeRuntime:
             vdir = self.cache_dir / "versions" / version
             packed = (vdir / "artifact.tar.gz").read_bytes()
             manifest = Manifest.from_json((vdir / "manifest.json").read_bytes(), version)
+            if doc.get("sha256", manifest.sha256) != manifest.sha256:  # other bytes cached under the name
+                raise ValueError(f"the cached {version} is not the last good one (sha256 differs)")
         except (OSError, ValueError, KeyError, ArtifactRejected) as e:
             log.warning("%s: the cached last good policy is unreadable (%s)", self.site, e)
             return
@@ -1000,7 +1038,7 @@ class EdgeRuntime:
         """Stop serving ``bad`` now: switch to the version it replaced when we still hold it."""
         self.stats.rollbacks += 1
         prev = self._previous
-        self._vetoed = (bad.scope, bad.version, bad.revision)
+        self._vetoed = (bad.scope, bad.version, bad.revision, bad.manifest.sha256)
         self._pending_rollback = (bad.scope, bad.version, breach.reason())
         if prev is not None and prev is not bad and prev.version != bad.version:
             self._activate(prev, "rollback", f"local rollback from {bad.version}")
@@ -1115,6 +1153,11 @@ def _probe_obs(spec: TwinSpec | None, width: int) -> np.ndarray:
         elif hi is not None:
             row[j] = hi - 1.0
     return row[None, :]
+
+
+def _key(version: str, sha256: str) -> str:
+    """What identifies a loaded version: its name *and* the signed digest of its bytes."""
+    return f"{version}@{sha256}"
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
