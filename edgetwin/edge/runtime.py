@@ -72,6 +72,16 @@ from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge import decision_wire
 from edgetwin.edge.bus import Bus, RawMessage, Received, Subjects, make_bus
+from edgetwin.edge.canary import (
+    Canary,
+    CanaryConfig,
+    CanaryResult,
+    RoutedDecision,
+    canary_log_subject,
+    segment_envelope,
+    unshipped_segments,
+)
+from edgetwin.edge.canary_guard import GuardStop
 from edgetwin.edge.kpi_watch import Breach, KPIGuard, KPIWatch, lookup_kpi
 from edgetwin.edge.messages import Envelope, KindSchema, register_kind
 from edgetwin.edge.registry import (
@@ -434,6 +444,10 @@ class EdgeRuntime:
         self._subs: list[Any] = []
         self._answer_frame: Callable[[Received], Awaitable[None]] | None = None
         self._started = False
+        # A canary (`start_canary`): its run, and the candidate version it serves to its slice.
+        self._canary: Canary | None = None
+        self._canary_policy: ServedPolicy | None = None
+        self._ship_lock: asyncio.Lock | None = None
 
     # ---------------------------------------------------------------- properties
     @property
@@ -506,11 +520,19 @@ class EdgeRuntime:
                 log.warning(
                     "%s: bus not reachable at startup (%r); serving the Python API meanwhile", self.site, e
                 )
+        self._ship_lock = asyncio.Lock()
+        if self.bus is not None and self._spooled():
+            self.call_soon(self._ship_spool())  # a canary log left by a runtime that died mid-canary
         self._poll_task = asyncio.create_task(self._poll_loop(), name=f"runtime-poll:{self.site}")
         self._started = True
 
     async def stop(self) -> None:
         """Stop polling and serving; wait briefly for rollback notices still being published."""
+        if self._canary is not None and self._canary.active:
+            self._end_canary("runtime", None)
+        if self.bus is not None and self._ship_lock is not None and self._spooled():
+            with contextlib.suppress(Exception):  # bounded: what is not shipped stays spooled
+                await asyncio.wait_for(self._ship_spool(), timeout=self.registry_timeout)
         if self._poll_task is not None:
             self._poll_task.cancel()
             # bounded: stopping must never hang on a registry call stuck in a worker thread
@@ -888,6 +910,8 @@ class EdgeRuntime:
                 self.guard = self.guard.resolve(getattr(served.policy, "spec", None) or self.spec)
                 self.watch = KPIWatch(self.guard)
             self._active = served  # the swap: requests that already read `old` finish on it
+            if self._canary is not None and self._canary.active and served.version != self._canary.current:
+                self._end_canary("swapped", None)  # its control arm is no longer the current policy
             # The local rollback target is the version this one replaced; after a rollback it is
             # unknown here (the registry's history knows it), never the version rolled back from.
             self._previous = None if kind == "rollback" else (old or self._previous)
@@ -976,6 +1000,8 @@ class EdgeRuntime:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval)
             self._wake.clear()
+            if self.bus is not None and self._spooled():
+                await self._ship_spool()  # segments a failed link left behind
             try:
                 await self.refresh()
             except asyncio.CancelledError:
@@ -987,6 +1013,176 @@ class EdgeRuntime:
         # A hint only: the registry pointer decides what is served.
         if self._wake is not None:
             self._wake.set()
+
+    # ---------------------------------------------------------------- canary
+    @property
+    def canary(self) -> Canary | None:
+        """The last canary started here (active or ended), or None."""
+        return self._canary
+
+    async def start_canary(self, config: CanaryConfig) -> Canary:
+        """Serve ``config.candidate`` to the candidate arm of ``config.slice`` (`edgetwin.edge.canary`).
+
+        The candidate is fetched from the registry and verified, unpacked, loaded and warmed up
+        like any version; the current policy keeps serving everyone else.
+
+        Raises:
+            InputError: no current policy, a canary already running, the candidate not in the
+                registry, refused (its reason) or the current version itself.
+        """
+        a = self._active
+        if a is None:
+            raise InputError(f"site {self.site!r} serves no policy yet: nothing to compare a canary with", where="canary")
+        if self._canary is not None and self._canary.active:
+            raise InputError(f"canary {self._canary.config.canary_id} is still running", where="canary")
+        if config.candidate == a.version:
+            raise InputError(f"the candidate {config.candidate!r} is the version already served", where="canary")
+        try:
+            packed, manifest = await self._call(self._areg._load(config.candidate))
+        except VersionNotFound as e:
+            raise InputError(f"candidate {config.candidate!r} is not in the registry ({e})", where="canary") from None
+        try:
+            served = await asyncio.to_thread(self._prepare, config.candidate, "canary", 0, packed, manifest)
+        except (ArtifactRejected, _Incompatible) as e:
+            reason = e.reason.value if isinstance(e, ArtifactRejected) else "incompatible"
+            raise InputError(
+                f"candidate {config.candidate!r} refused: {reason}: {getattr(e, 'detail', e)}", where="canary"
+            ) from None
+        canary = Canary(config, a.version, self.cache_dir / "canary")
+        with self._state_lock:
+            self._canary, self._canary_policy = canary, served
+        log.info(
+            "%s: canary %s: %s on %s (treat share %.0f%%) for %d ticks, guarding %s; current %s elsewhere",
+            self.site, config.canary_id, config.candidate, _describe_slice(config), 100 * config.slice.treat_share,
+            config.ticks, ", ".join(m.describe() for m in config.margins), a.version,
+        )  # fmt: skip
+        self._event("canary_started", config.candidate, "canary", config.canary_id)
+        return canary
+
+    def decide_for(self, obs: np.ndarray, agents: Any, sites: Any = None, scenarios: Any = None) -> RoutedDecision:
+        """Actions for N rows of named service groups, each served by its canary arm.
+
+        Args:
+            obs: (N, O) observations.
+            agents: (N,) the groups' ids (the log's ``agent``); sites, scenarios: (N,) theirs, or None.
+
+        Returns:
+            `RoutedDecision`: actions (N, A), and per row the policy (registry version) that
+            decided it, the probability of its action and its arm. Without an active canary every
+            row is the current policy's (arm ``"fleet"``).
+        """
+        x = self._check_obs(obs)
+        agent_ids = [str(v) for v in np.asarray(agents, dtype=object).ravel()]
+        site_ids = None if sites is None else [str(v) for v in np.asarray(sites, dtype=object).ravel()]
+        scen_ids = None if scenarios is None else [str(v) for v in np.asarray(scenarios, dtype=object).ravel()]
+        if len(agent_ids) != len(x) or any(v is not None and len(v) != len(x) for v in (site_ids, scen_ids)):
+            raise InputError(f"{len(x)} observations but {len(agent_ids)} agents / sites", where="agents")
+        with self._state_lock:  # one consistent view of (current, canary)
+            served, canary, cand = self._active, self._canary, self._canary_policy
+        if served is None:
+            raise NoPolicyLoaded(f"site {self.site!r} has no verified policy yet (scopes {self.scopes}); see the log")
+        if canary is None or not canary.active or cand is None or canary.in_pre_period:
+            arms = np.full(len(x), "fleet", dtype=object)
+            actions = served.act(x)
+            policy = np.full(len(x), served.version, dtype=object)
+            prop = np.ones(len(x))
+        else:
+            arms = canary.router.arms(agent_ids, site_ids, scen_ids)
+            on_cand = arms == "candidate"
+            actions = np.empty((len(x), len(served.action_columns)))
+            if (~on_cand).any():
+                actions[~on_cand] = served.act(x[~on_cand])
+            if on_cand.any():
+                actions[on_cand] = cand.act(x[on_cand])
+            policy = canary.router.policy_ids(arms)
+            policy[~on_cand] = served.version
+            prop = canary.router.assignment_propensity(arms)
+        for s_pol, mask in ((served, policy == served.version), (cand, policy != served.version)):
+            if s_pol is not None and mask.any() and hasattr(s_pol.policy, "action_probability"):
+                prop[mask] = prop[mask] * np.asarray(s_pol.policy.action_probability(x[mask], actions[mask]))
+        with self._stats_lock:
+            self.stats.decisions += 1
+            self.stats.rows += len(x)
+            for v, c in Counter(policy.tolist()).items():
+                self.stats.by_version[v] += c
+        return RoutedDecision(actions, policy, prop, arms)
+
+    def canary_report(self, rows: Any) -> GuardStop | None:
+        """One tick of the canary's log: its rows (the log contract with ``policy``, ``propensity``
+        and the guarded KPIs), spooled before this returns, then shipped and judged.
+
+        Returns:
+            The `GuardStop` when this tick made the guard stop the canary (the slice is already
+            back on the current policy when this returns).
+
+        Raises:
+            InputError: no canary was started, or rows that cannot be its log.
+        """
+        canary = self._canary
+        if canary is None:
+            raise InputError("no canary was started on this runtime", where="canary")
+        _, stop = canary.record(rows)
+        if not canary.active and canary.stop_reason in ("guard", "completed") and self._canary_policy is not None:
+            self._end_canary(canary.stop_reason, stop)
+        if self.bus is not None and self._loop is not None:
+            self.call_soon(self._ship_spool())
+        return stop
+
+    def stop_canary(self, reason: str = "operator") -> CanaryResult:
+        """End the canary now (the slice returns to the current policy); its result so far."""
+        if self._canary is None:
+            raise InputError("no canary was started on this runtime", where="canary")
+        if self._canary.active:
+            self._end_canary(reason, None)
+        return self._canary.result()
+
+    def canary_result(self) -> CanaryResult:
+        """The last canary's result (its log: every row reported, shipped or not)."""
+        if self._canary is None:
+            raise InputError("no canary was started on this runtime", where="canary")
+        return self._canary.result()
+
+    def _end_canary(self, reason: str, stop: GuardStop | None) -> None:
+        canary = self._canary
+        assert canary is not None
+        with self._state_lock:
+            canary.stop(reason)
+            self._canary_policy = None  # from here on the slice is served the current policy
+        if reason == "guard" and stop is not None:
+            log.warning("%s: canary %s stopped by its guard; slice back on %s: %s",
+                        self.site, canary.config.canary_id, canary.current, stop.reason())  # fmt: skip
+        elif reason in ("link", "runtime"):
+            log.warning("%s: canary %s stopped (%s); slice back on %s, its log stays spooled in %s until shipped",
+                        self.site, canary.config.canary_id, reason, canary.current, canary.dir)  # fmt: skip
+        else:
+            log.info("%s: canary %s ended (%s) after %d ticks", self.site, canary.config.canary_id, reason, canary.ticks)
+        self._event("canary_stopped", canary.config.candidate, "canary", f"{reason}: {stop.reason() if stop else ''}")
+
+    def _spooled(self) -> bool:
+        root = self.cache_dir / "canary"
+        return root.is_dir() and any(unshipped_segments(d) for d in root.iterdir() if d.is_dir())
+
+    async def _ship_spool(self) -> None:
+        """Ship every spooled, unacknowledged canary segment durably, in order; on a failure stop
+        the running canary (``link``) and leave the rest spooled for the next attempt."""
+        if self.bus is None or self._ship_lock is None:
+            return
+        async with self._ship_lock:
+            root = self.cache_dir / "canary"
+            for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+                for seg in unshipped_segments(d):
+                    env = segment_envelope(self.site, d.name, seg, self.name)
+                    try:
+                        await asyncio.wait_for(
+                            self.bus.publish_durable(canary_log_subject(self.site), env), self.registry_timeout
+                        )
+                    except Exception as e:  # the link: stop the canary, keep the rows spooled
+                        c = self._canary
+                        if c is not None and c.active:
+                            log.warning("%s: could not ship canary log (%s: %s)", self.site, type(e).__name__, e)
+                            self._end_canary("link", None)
+                        return
+                    _atomic_write(seg.with_suffix(".shipped"), b"")
 
     # ---------------------------------------------------------------- KPIs and rollback
     def report_kpis(self, kpis: Mapping[str, float], *, version: str | None = None) -> Breach | None:
@@ -1153,6 +1349,12 @@ def _probe_obs(spec: TwinSpec | None, width: int) -> np.ndarray:
         elif hi is not None:
             row[j] = hi - 1.0
     return row[None, :]
+
+
+def _describe_slice(config: CanaryConfig) -> str:
+    sl = config.slice
+    parts = ([f"{len(sl.agents)} groups"] if sl.agents else []) + ([f"sites {', '.join(sl.sites)}"] if sl.sites else [])
+    return " + ".join(parts)
 
 
 def _key(version: str, sha256: str) -> str:
