@@ -498,6 +498,19 @@ class Twin:
         )
         return Member(dict(res.clients), res.engines, res.history, transition, sites)
 
+    def update(
+        self,
+        new_logs: str | Path | pd.DataFrame,
+        old_logs: Sequence[str | Path | pd.DataFrame],
+        seed: int = 0,
+        **options: Any,
+    ) -> Twin:
+        """A new twin that also learned from ``new_logs`` (a canary's rows) without a refit: see
+        `edgetwin.twin.update.update_twin` (``old_logs``: this twin's training data)."""
+        from edgetwin.twin.update import update_twin
+
+        return update_twin(self, new_logs, old_logs, seed=seed, **options)  # type: ignore[no-any-return]
+
     # --- persistence ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write the twin to a directory (weights, spec, scalers, versions, data sha256)."""
