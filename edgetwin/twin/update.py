@@ -47,6 +47,7 @@ from edgetwin.contract.spec import TwinSpec, spec_path_for
 from edgetwin.imitation.mail import behaviour_clone, client_rows
 from edgetwin.imitation.steps import build_steps
 from edgetwin.imitation.world import Composition, InitialStates
+from edgetwin.twin.logdata import bootstrap_episodes, data_sha256, library_versions, load_log
 from edgetwin.twin.member import Member
 from edgetwin.twin.support import SupportIndex
 
@@ -69,8 +70,6 @@ def _sorted(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _read(log: Any, spec: TwinSpec, what: str) -> pd.DataFrame:
-    from edgetwin.twin.twin import load_log
-
     if isinstance(log, str | Path):
         beside = spec_path_for(log)
         if beside.is_file():  # a log that brings its own spec must bring this twin's
@@ -115,8 +114,6 @@ def update_twin(
         InputError: a log under another spec or with other scenarios, old logs that are not the
             twin's data, new rows that repeat rows of the twin's data, no usable new row.
     """
-    from edgetwin.twin.twin import Twin, data_sha256, library_versions
-
     if epochs < 1 or max_steps < 1:
         raise InputError(f"epochs and max_steps must be >= 1, got {epochs}, {max_steps}", "--update")
     t0 = time.perf_counter()
@@ -179,8 +176,6 @@ def update_twin(
         else:
             pick_old = np.random.default_rng([parent_seed, m]).choice(len(old_eps), size=len(old_eps), replace=True)
             pick_new = np.random.default_rng([seed, 7919, m]).choice(len(new_eps), size=len(new_eps), replace=True)
-        from edgetwin.twin.twin import bootstrap_episodes
-
         sub = pd.concat(
             [bootstrap_episodes(old_df, old_eps, pick_old),
              bootstrap_episodes(new_df, new_eps, pick_new).assign(episode=lambda d: "new:" + d["episode"].astype(str))],
@@ -227,4 +222,5 @@ def update_twin(
                    "neglogp": float(np.mean([f["neglogp"] for f in fit_stats])) if fit_stats else None,
                    "seconds": time.perf_counter() - t0},
     })  # fmt: skip
-    return Twin(layout, members, twin.population, composition, initial, support, a_low, a_high, meta)
+    # the parent's class (`edgetwin.twin.twin.Twin`), which this module does not import: Twin.update calls it
+    return type(twin)(layout, members, twin.population, composition, initial, support, a_low, a_high, meta)
