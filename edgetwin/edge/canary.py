@@ -75,7 +75,7 @@ def canary_log_subject(site: str) -> str:
 
 register_kind(
     "canary_log",
-    KindSchema(required={"site": str, "canary": str, "seq": int}, optional={"final": bool}, tensors=("parquet",)),
+    KindSchema(required={"site": str, "canary": str, "seq": int}, tensors=("parquet",)),
 )
 
 
