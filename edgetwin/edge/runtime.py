@@ -188,12 +188,23 @@ async def announce_policy(
 
 
 async def request_decision(
-    bus: Bus, site: str, obs: np.ndarray, *, timeout: float = 2.0, sender: str = "client"
+    bus: Bus,
+    site: str,
+    obs: np.ndarray,
+    *,
+    timeout: float = 2.0,
+    sender: str = "client",
+    agents: list[str] | None = None,
+    sites: list[str] | None = None,
+    scenarios: list[str] | None = None,
 ) -> Decision:
     """Ask ``site``'s runtime for actions over the bus.
 
     Args:
         obs: (N, O) observations in the policy's observation column order.
+        agents, sites, scenarios: the rows' service groups (one per row): during a canary the
+            rows of its slice are served by their arm's policy, and the `Decision` then names
+            each row's policy and propensity.
 
     Returns:
         The `Decision` (actions (N, A), version, scope).
@@ -203,9 +214,13 @@ async def request_decision(
         TimeoutError, NoResponders: see `Bus.request`.
     """
     obs = np.atleast_2d(np.asarray(obs, dtype=np.float64))
+    payload: dict[str, Any] = {"site": site}
+    for k, v in (("agents", agents), ("sites", sites), ("scenarios", scenarios)):
+        if v is not None:
+            payload[k] = [str(x) for x in v]
     reply = await bus.request(
         Subjects.decision(site),
-        Envelope(kind="decision_request", sender=sender, payload={"site": site}, tensors={"obs": obs}),
+        Envelope(kind="decision_request", sender=sender, payload=payload, tensors={"obs": obs}),
         timeout=timeout,
     )
     if reply.kind == "error":
@@ -217,6 +232,8 @@ async def request_decision(
         version=str(reply.payload.get("version", "")),
         scope=str(reply.payload.get("scope", "")),
         revision=int(reply.payload["policy_version"]),
+        policies=tuple(reply.payload["policies"]) if "policies" in reply.payload else None,
+        propensity=np.asarray(reply.tensors["propensity"]) if "propensity" in reply.tensors else None,
     )
 
 
@@ -271,12 +288,15 @@ class ServedPolicy:
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """Actions and the version that produced them."""
+    """Actions and the version that produced them (per row, when the request named its groups:
+    ``policies`` and ``propensity``, `EdgeRuntime.decide_for`)."""
 
     actions: np.ndarray
     version: str
     scope: str
     revision: int
+    policies: tuple[str, ...] | None = None
+    propensity: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -686,10 +706,23 @@ class EdgeRuntime:
                 raise InputError(
                     f"request for site {env.payload['site']!r} reached {self.site!r}", where=rcv.subject
                 )
-            d = self.decide_with_info(env.tensors["obs"])
+            if "agents" in env.payload:  # named groups: each row is served by its canary arm
+                routed = self._decide_named(env)
+            else:
+                d = self.decide_with_info(env.tensors["obs"])
         except Exception:
             self.stats.bus_errors += 1
             raise  # the bus answers with an "error" envelope carrying the reason
+        if "agents" in env.payload:
+            a = self._active
+            return Envelope(
+                kind="decision_reply",
+                sender=self.name,
+                round=env.round,
+                payload={"policy_version": int(a.revision if a else 0), "version": a.version if a else "",
+                         "scope": a.scope if a else "", "policies": [str(v) for v in routed.policy]},
+                tensors={"actions": routed.actions, "propensity": routed.propensity},
+            )  # fmt: skip
         return Envelope(
             kind="decision_reply",
             sender=self.name,
@@ -697,6 +730,19 @@ class EdgeRuntime:
             payload={"policy_version": int(d.revision), "version": d.version, "scope": d.scope},
             tensors={"actions": d.actions},
         )
+
+    def _decide_named(self, env: Envelope) -> RoutedDecision:
+        """`decide_for` on a request naming its rows' groups (checked: strings, one per row)."""
+        obs = np.atleast_2d(np.asarray(env.tensors["obs"]))
+        named: dict[str, Any] = {}
+        for k in ("agents", "sites", "scenarios"):
+            v = env.payload.get(k)
+            if v is None:
+                continue
+            if len(v) != len(obs) or not all(isinstance(x, str) for x in v):
+                raise InputError(f"{k} must be {len(obs)} strings, one per observation row", where="decision_request")
+            named[k] = v
+        return self.decide_for(obs, named["agents"], named.get("sites"), named.get("scenarios"))
 
     # ---------------------------------------------------------------- registry
     async def _call(self, coro: Awaitable[T]) -> T:
