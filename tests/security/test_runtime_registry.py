@@ -127,3 +127,60 @@ def test_same_name_same_bytes_is_not_reloaded(tmp_path: Path) -> None:
         for _ in range(3):
             refresh(rt)
         assert rt.version == "v1" and len(loads) == 1 and rt.stats.swaps == 0
+
+
+@pytest.mark.nats
+def test_over_nats_a_lost_and_rebuilt_store_with_a_reused_name_is_served_by_its_new_bytes(
+    nats_server: Any, tmp_path: Path
+) -> None:
+    """The reported case: `edgetwin serve` on a NATS registry whose JetStream store is lost and
+    rebuilt, and `promote` gives other bytes the old name v2."""
+    import nats
+
+    from edgetwin.edge.registry import DeferredNatsRegistry, NatsRegistry
+
+    signer = Signer.generate()
+    trust = TrustStore([signer.public_key])
+
+    async def publish_all(src: str, actions: list[list[float]]) -> str:
+        nc = await nats.connect(nats_server.url)
+        admin = NatsRegistry(nc)
+        for version, action in zip(("v1", "v2"), actions, strict=True):
+            d = constant_dir(tmp_path / src, version, action)
+            await admin.publish(d, {"name": "constant", "version": version}, signer)
+        await admin.set_current(SCOPE, "v1", expected=None)
+        await admin.set_current(SCOPE, "v2", expected="v1")
+        sha = (await admin.manifest("v2")).sha256
+        await nc.close()
+        return sha
+
+    async def wait_for(cond: Any, timeout: float = 60.0) -> bool:
+        for _ in range(int(timeout / 0.05)):
+            if cond():
+                return True
+            await asyncio.sleep(0.05)
+        return bool(cond())
+
+    async def main() -> None:
+        old_sha = await publish_all("a", [[0.1, 0.5, 0.1], [0.2, 0.6, 0.2]])
+        reg = DeferredNatsRegistry(nats_server.url)
+        await reg.open()
+        rt = EdgeRuntime(SITE, reg, trust, kpi_guard=None, poll_interval=0.1, registry_timeout=1.0, loader=load_constant)
+        async with rt:
+            assert await wait_for(lambda: rt.version == "v2")
+            assert rt.active is not None and rt.active.manifest.sha256 == old_sha
+            # the store is lost: same server address, an empty JetStream store
+            nats_server.stop()
+            shutil.rmtree(nats_server.store, ignore_errors=True)
+            nats_server.start()
+            np.testing.assert_allclose(rt.decide(obs()), np.tile([0.2, 0.6, 0.2], (3, 1)))  # fail-static
+            new_sha = await publish_all("b", [[0.7, 0.9, 0.3], [0.9, 1.1, 0.4]])
+            assert new_sha != old_sha
+            assert await wait_for(lambda: rt.active is not None and rt.active.manifest.sha256 == new_sha), (
+                "the runtime kept serving the lost registry's v2"
+            )
+            assert rt.version == "v2"
+            np.testing.assert_allclose(rt.decide(obs()), np.tile([0.9, 1.1, 0.4], (3, 1)))
+        await reg.close()
+
+    asyncio.run(asyncio.wait_for(main(), timeout=240))
