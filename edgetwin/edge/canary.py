@@ -93,11 +93,11 @@ class CanaryConfig:
         tick_seconds: the length of one reported tick (the emulated cluster's: 900 s).
         batch, min_reports: the guard's (`CanaryGuard`).
         pre_ticks: ticks at the start during which every group is still served the current policy:
-            each group's KPI means over them are its own baseline, subtracted from its KPIs during
-            the canary (a difference in differences). Groups differ far more than policies do (on
-            the emulated cluster the spread of groups' SLO violation is ~0.3 while policies move
-            its mean by ~0.05), so without this the guard's composition term swamps any effect.
-            The canary runs ``pre_ticks`` + its hours' ticks. 0: no baseline.
+            each group's KPI means over them are its own baseline, which explains most of how
+            groups differ (`Canary.composition`). Groups differ far more than policies do (on the
+            emulated cluster the spread of groups' SLO violation is ~0.3 while policies move its
+            mean by ~0.05), so without it the guard's composition term swamps any effect. The
+            canary runs ``pre_ticks`` + its hours' ticks. 0: no baseline (every group judged).
         canary_id: a name for logs and the bus (default: a hash of everything above).
     """
 
@@ -319,22 +319,15 @@ class Canary:
                 acc[0] += 1
                 acc[1:] += vals[i]
             return self.seq, None
-        adj, keep = self._adjusted(rows, kpis)
+        vals, keep = self._judged(rows, kpis)
         arms_k = arms[keep]
         cand_m, ctrl_m = arms_k == "candidate", arms_k == "control"
-        self._add_group_sums(rows[keep], arms_k, adj)
+        self._add_group_sums(rows[keep], arms_k, vals)
         if self.active:
             if cand_m.any() and ctrl_m.any():
-                # worsening is measured on baseline-adjusted values; the margin scales with the
-                # control arm's raw level this tick (what "10 % worse" is relative to)
-                raw_ctrl = rows.loc[keep, kpis].to_numpy(dtype=np.float64)[ctrl_m].mean(axis=0)
-                cand = {}
-                ctrl = {}
-                for j, k in enumerate(kpis):
-                    delta = float(adj[cand_m, j].mean() - adj[ctrl_m, j].mean())
-                    ctrl[k] = float(raw_ctrl[j])
-                    cand[k] = ctrl[k] + delta
-                stop = self.guard.observe(cand, ctrl, self.composition_se())
+                cand = {k: float(vals[cand_m, j].mean()) for j, k in enumerate(kpis)}
+                ctrl = {k: float(vals[ctrl_m, j].mean()) for j, k in enumerate(kpis)}
+                stop = self.guard.observe(cand, ctrl, self.composition())
             if stop is not None:
                 self.guard_stop = stop
                 self.stop("guard")
@@ -342,19 +335,14 @@ class Canary:
                 self.stop("completed")
         return self.seq, stop
 
-    def _adjusted(self, rows: pd.DataFrame, kpis: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(rows kept x KPIs) values minus each group's pre-period mean, and the kept-row mask
-        (groups with no pre-period rows are not judged; all rows when ``pre_ticks`` is 0)."""
+    def _judged(self, rows: pd.DataFrame, kpis: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(rows kept x KPIs) values, and the kept-row mask: groups with no pre-period rows have
+        no baseline and are not judged (all rows when ``pre_ticks`` is 0)."""
         vals = rows[kpis].to_numpy(dtype=np.float64)
         if int(self.config.pre_ticks) == 0:
             return vals, np.ones(len(rows), dtype=bool)
-        base = np.full_like(vals, np.nan)
-        for i, agent in enumerate(rows["agent"].astype(str)):
-            acc = self._pre_sums.get(agent)
-            if acc is not None:
-                base[i] = acc[1:] / acc[0]
-        keep = ~np.isnan(base).any(axis=1)
-        return (vals - base)[keep], keep
+        keep = rows["agent"].astype(str).map(lambda a: a in self._pre_sums).to_numpy(dtype=bool)
+        return vals[keep], keep
 
     def _add_group_sums(self, rows: pd.DataFrame, arms: np.ndarray, vals: np.ndarray) -> None:
         kpis = [m.kpi for m in self.config.margins]
@@ -367,21 +355,40 @@ class Canary:
             acc[0] += 1
             acc[1:] += vals[i]
 
-    def composition_se(self) -> dict[str, float]:
-        """Per guarded KPI, the standard error of (candidate arm's mean - control arm's mean) that
-        comes from which groups each arm drew: sqrt(s_c^2 / n_c + (1 + r)^2 s_0^2 / n_0) with s^2
-        the spread of the groups' own means within an arm and r the KPI's relative margin (the
-        margin moves with the control's mean). inf with fewer than 2 groups in an arm."""
+    def composition(self) -> dict[str, tuple[float, float]]:
+        """Per guarded KPI, what the arms' composition contributes to the candidate's measured
+        worsening: ``(offset, se)`` in the KPI's units.
+
+        Each group ``i`` has its canary mean ``y_i`` and (with ``pre_ticks``) its pre-canary mean
+        ``x_i``. ``theta`` = the least-squares slope of ``y`` on ``x`` over the *control* groups
+        (the candidate does not touch them; 0 without a baseline or with < 3 of them); the offset
+        is ``theta * (mean x over candidate groups - mean x over control groups)``, oriented as a
+        worsening, and ``se = sqrt(s_c^2 / n_c + (1 + r)^2 s_0^2 / n_0)`` with ``s^2`` the spread
+        of ``y_i - theta x_i`` within each arm and ``r`` the KPI's relative margin (the margin moves
+        with the control's mean): the part of the composition the baselines do not explain
+        (CUPED; Deng et al. 2013). se is inf with fewer than 2 groups in an arm.
+        """
         out = {}
         for j, m in enumerate(self.config.margins):
-            parts = []
-            for arm, scale in (("candidate", 1.0), ("control", 1.0 + m.max_regression)):
-                means = np.array([a[1 + j] / a[0] for (ar, _), a in self._group_sums.items() if ar == arm])
-                if len(means) < 2:
-                    parts.append(math.inf)
-                    continue
-                parts.append(scale * scale * float(np.var(means, ddof=1)) / len(means))
-            out[m.kpi] = math.sqrt(sum(parts))
+            groups = {arm: ([], []) for arm in ("candidate", "control")}  # type: dict[str, tuple[list[float], list[float]]]
+            for (arm, agent), acc in self._group_sums.items():
+                pre = self._pre_sums.get(agent)
+                groups[arm][0].append(acc[1 + j] / acc[0])
+                groups[arm][1].append(pre[1 + j] / pre[0] if pre is not None else 0.0)
+            yc, xc = (np.asarray(v) for v in groups["control"])
+            yt, xt = (np.asarray(v) for v in groups["candidate"])
+            theta = 0.0
+            if int(self.config.pre_ticks) > 0 and len(xc) >= 3 and float(np.var(xc)) > 0:
+                theta = float(np.cov(xc, yc, ddof=1)[0, 1] / np.var(xc, ddof=1))
+            if len(yc) < 2 or len(yt) < 2:
+                out[m.kpi] = (0.0, math.inf)
+                continue
+            comp = theta * (float(xt.mean()) - float(xc.mean()))  # candidate minus control, KPI units
+            offset = -comp if m.higher_is_better else comp
+            rt, rc = yt - theta * xt, yc - theta * xc
+            se = math.sqrt(float(np.var(rt, ddof=1)) / len(rt)
+                           + (1.0 + m.max_regression) ** 2 * float(np.var(rc, ddof=1)) / len(rc))  # fmt: skip
+            out[m.kpi] = (offset, se)
         return out
 
     def unshipped(self) -> list[Path]:

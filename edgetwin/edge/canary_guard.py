@@ -33,10 +33,12 @@ before it may stop, and `tests/test_canary.py` measures its false-stop rate over
 differ (one group's demand is ten times another's). The time average of ``d`` converges to the
 policy's effect *plus* the composition of the two arms, which no number of ticks removes: a
 no-change canary whose candidate arm drew the busier groups would be stopped with certainty. So the
-caller also gives, per KPI, the standard error of that composition term (from the spread of the
-groups' own KPI means within each arm, `Canary` computes it), and the guard stops only when the
-sequence's lower bound exceeds ``z * composition_se``: half of each KPI's alpha goes to the
-sequence over time, half to the composition (a normal bound over the random assignment).
+caller also gives, per KPI, the composition: the part of the arms' difference that the groups'
+own baselines explain (``offset``, in worsening units) and the standard error of what they leave
+(``se``; `Canary` computes both by regressing the groups' canary means on their pre-canary means,
+CUPED-style, on the control arm). The guard stops only when the sequence's lower bound, less the
+offset, exceeds ``z * se``: half of each KPI's alpha goes to the sequence over time, half to the
+composition (a normal bound over the random assignment).
 
 **Autocorrelation.** KPIs of consecutive ticks are correlated (load, queues, the groups' own
 inertia), which makes a per-tick variance too small and a sequence too narrow. The guard therefore
@@ -145,7 +147,8 @@ class GuardStop:
         lower, upper: the confidence sequence on E[d] at the stop (lower > 0).
         candidate, control: the KPI's mean per arm over the canary so far.
         margin: the margin, as `KPIMargin.describe` writes it.
-        alpha: the error level this KPI was given.
+        alpha: the error level this KPI was given (one-sided: the chance of a stop when the
+            candidate is within this margin).
     """
 
     kpi: str
@@ -162,7 +165,7 @@ class GuardStop:
         return (
             f"{self.kpi} regressed beyond its margin {self.margin}: candidate {self.candidate:.4g} vs control "
             f"{self.control:.4g}, excess worsening {self.estimate:.4g} in [{self.lower:.4g}, {self.upper:.4g}] "
-            f"(always-valid {100 * (1 - self.alpha):g}% confidence sequence, {self.reports} ticks)"
+            f"(always-valid one-sided bound at error {100 * self.alpha:g}%, {self.reports} ticks)"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -205,10 +208,14 @@ class CanaryGuard:
         self.min_reports = max(int(min_reports), 2 * self.batch)
         per_kpi = self.alpha / len(margins)
         n_star = max(1.0, t_star / self.batch)
-        # half of each KPI's alpha for the sequence over time, half for the arms' composition
-        self._cs = {m.kpi: ConfidenceSequence(per_kpi / 2, n_star) for m in margins}
-        self._z = float(norm.ppf(1.0 - per_kpi / 4))  # two-sided at per_kpi / 2
-        self._comp: dict[str, float] = {m.kpi: 0.0 for m in margins}
+        # The stop is one-sided (a regression, never an improvement, stops a canary): half of each
+        # KPI's alpha for the sequence over time (a two-sided sequence at level a errs below
+        # with probability <= a / 2), half for the arms' composition (a one-sided normal bound).
+        self._cs = {m.kpi: ConfidenceSequence(per_kpi, n_star) for m in margins}
+        self._z = float(norm.ppf(1.0 - per_kpi / 2))
+        self._alpha_kpi = per_kpi
+        self._comp: dict[str, float] = {m.kpi: 0.0 for m in margins}  # composition se
+        self._offset: dict[str, float] = {m.kpi: 0.0 for m in margins}  # composition offset
         self._pending: dict[str, list[float]] = {m.kpi: [] for m in margins}
         self._sum = {m.kpi: [0.0, 0.0, 0] for m in margins}  # candidate sum, control sum, count
         self.reports = 0
@@ -218,18 +225,20 @@ class CanaryGuard:
         self,
         candidate: Mapping[str, float],
         control: Mapping[str, float],
-        composition_se: Mapping[str, float] | None = None,
+        composition: Mapping[str, float | tuple[float, float]] | None = None,
     ) -> GuardStop | None:
-        """Feed one tick: each arm's mean of the guarded KPIs, and per KPI the standard error of
-        the arms' composition so far (KPI units; inf: too few groups to judge; None: 0, a
-        stream with no groups). Returns the `GuardStop` once (and then keeps returning it); a KPI
-        missing from either arm this tick is skipped."""
+        """Feed one tick: each arm's mean of the guarded KPIs, and per KPI the arms' composition
+        so far: ``(offset, se)`` or just ``se`` (KPI units; se inf: too few groups to judge;
+        None: no composition, a stream with no groups). Returns the `GuardStop` once (and then
+        keeps returning it); a KPI missing from either arm this tick is skipped."""
         if self.stopped is not None:
             return self.stopped
         self.reports += 1
-        for k, v in (composition_se or {}).items():
+        for k, v in (composition or {}).items():
             if k in self._comp:
-                self._comp[k] = float(v) if not math.isnan(v) else math.inf
+                off, se = (0.0, v) if isinstance(v, int | float) else v
+                self._comp[k] = float(se) if not math.isnan(se) else math.inf
+                self._offset[k] = float(off) if math.isfinite(off) else 0.0
         for m in self.margins:
             c, b = lookup_kpi(candidate, m.kpi), lookup_kpi(control, m.kpi)
             if c is None or b is None:
@@ -247,13 +256,14 @@ class CanaryGuard:
             return None
         for m in self.margins:
             lo, hi = self._cs[m.kpi].interval()
-            lo, hi = lo - self._z * self._comp[m.kpi], hi + self._z * self._comp[m.kpi]
+            w, off = self._z * self._comp[m.kpi], self._offset[m.kpi]
+            lo, hi = lo - off - w, hi - off + w
             if lo > 0.0:
                 s = self._sum[m.kpi]
                 self.stopped = GuardStop(
-                    kpi=m.kpi, reports=self.reports, estimate=self._cs[m.kpi].mean, lower=lo, upper=hi,
+                    kpi=m.kpi, reports=self.reports, estimate=self._cs[m.kpi].mean - off, lower=lo, upper=hi,
                     candidate=s[0] / s[2], control=s[1] / s[2], margin=m.describe(),
-                    alpha=2 * self._cs[m.kpi].alpha,
+                    alpha=self._alpha_kpi,
                 )  # fmt: skip
                 return self.stopped
         return None
@@ -264,7 +274,8 @@ class CanaryGuard:
         for m in self.margins:
             cs = self._cs[m.kpi]
             lo, hi = cs.interval()
-            w = self._z * self._comp[m.kpi]
-            out[m.kpi] = {"estimate": cs.mean, "lower": lo - w, "upper": hi + w, "observations": cs.n,
+            w, off = self._z * self._comp[m.kpi], self._offset[m.kpi]
+            out[m.kpi] = {"estimate": cs.mean - off, "lower": lo - off - w, "upper": hi - off + w,
+                          "observations": cs.n, "composition_offset": off,
                           "composition_se": self._comp[m.kpi]}  # fmt: skip
         return out
