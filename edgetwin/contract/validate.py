@@ -31,11 +31,12 @@ Everything is vectorised with pandas/numpy: a million rows validate in seconds.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 import pandas as pd
@@ -333,7 +334,8 @@ def _run(
     for entry, ref in function_refs(spec_obj):  # now, not when `train` first calls it
         try:
             where = None if spec_source in ("given", "inferred") else spec_source
-            resolve_function_ref(ref, spec_path=where, entry=entry)
+            fn = resolve_function_ref(ref, spec_path=where, entry=entry)
+            check.probe_function(entry, ref, fn, where or "spec")
         except InputError as e:
             check.fatal("bad_function", str(e))
     if spec_source == "inferred":
@@ -724,18 +726,35 @@ class _Checker:
                 )
 
     def check_declared_dynamics(self) -> None:
-        """Warn where the spec's ``[[dynamics]]`` do not reproduce the log's own transitions."""
-        from edgetwin.contract.dynamics import agreement
+        """Fatal where a ``[[dynamics]]`` declaration gives a value that is not finite on the log's
+        usable rows (NaN or ±inf past its bounds: the twin would compute it at every tick and the
+        fit would train on it); warn where the declarations do not reproduce the log's transitions."""
+        from edgetwin.contract.dynamics import agreement, replay
 
         dynamics = self.spec.declared_dynamics()
         if dynamics is None:
             return
         try:
-            table = self.typed_table()
-            result = agreement(table, dynamics)
+            table, rows = self.typed_table(with_rows=True)
+            replayed = replay(table, dynamics)
+            result = agreement(table, dynamics, replayed=replayed)
         except Exception as e:  # noqa: BLE001 - a user's function failing on the log is a finding, not a crash
             self.warn("dynamics_failed", f"the declared dynamics could not be checked on the log ({type(e).__name__}: {e})")
             return
+        for i, d in enumerate(self.spec.dynamics, start=1):
+            bad = ~np.isfinite(replayed.predicted[d.column])
+            if bad.any():
+                at = np.sort(rows[replayed.order[bad]])
+                self.problems.append(Problem(
+                    "dynamics_not_finite",
+                    "fatal",
+                    f"[[dynamics]] entry {i} ({d.column}) gives a value that is not a finite number (NaN or "
+                    f"inf) on {_rows(int(bad.sum()))} of {len(bad):,} usable; a declaration must be defined "
+                    "on every row of its log",
+                    d.column,
+                    int(bad.sum()),
+                    tuple(int(r) for r in at[:MAX_ROWS_LISTED]),
+                ))
         for column, (n, bad, median) in result.items():
             if n and bad:
                 self.warn(
@@ -791,8 +810,15 @@ class _Checker:
                 stats[key] = tuple(sorted(str(s) for s in values[ok].unique()))
         return stats
 
-    def typed_table(self) -> pd.DataFrame:
-        """The usable rows in the contract's columns and types, sorted by (episode, t, agent)."""
+    @overload
+    def typed_table(self, with_rows: Literal[False] = False) -> pd.DataFrame: ...
+
+    @overload
+    def typed_table(self, with_rows: Literal[True]) -> tuple[pd.DataFrame, np.ndarray]: ...
+
+    def typed_table(self, with_rows: bool = False) -> pd.DataFrame | tuple[pd.DataFrame, np.ndarray]:
+        """The usable rows in the contract's columns and types, sorted by (episode, t, agent);
+        ``with_rows``: also each of its rows' data row in the log (``(n,)`` 0-based)."""
         ok = self.usable_mask()
         n = int(ok.sum())
         out: dict[str, Any] = {}
@@ -813,7 +839,57 @@ class _Checker:
         ep_rank = pd.factorize(df["episode"], sort=True)[0]
         ag_rank = pd.factorize(df["agent"], sort=True)[0]
         order = np.lexsort((ag_rank, df["t"].to_numpy(), ep_rank))
-        return df.take(order).reset_index(drop=True)
+        typed = df.take(order).reset_index(drop=True)
+        return (typed, np.flatnonzero(ok)[order]) if with_rows else typed
+
+    def probe_function(self, entry: str, ref: str, fn: Any, where: str) -> None:
+        """Call a ``[transition]`` or ``[reward]`` function as the twin will, on 3 of the log's usable
+        rows, and refuse it (`InputError` naming the entry) if it cannot be called so, fails, or
+        returns another shape than the twin needs or values that are not finite.
+
+        The import alone says nothing of the signature (``math:sqrt`` imports and is callable, and
+        then fails in ``fit`` with a TypeError); 3 rows, because a function of a scalar accepts a
+        1-element array and would pass a probe of one.
+        """
+        ok = np.flatnonzero(self.usable_mask())
+        if len(ok) == 0:
+            return  # no usable row: fatal anyway, nothing to call it on
+        pick = np.resize(ok, 3)
+        cols = {f.name: self.cols[f.name][pick] for f in self.spec.features if self.cols.get(f.name) is not None}
+        if REWARD_COLUMN in self.cols:
+            cols[REWARD_COLUMN] = self.cols[REWARD_COLUMN][pick]
+        cols = {c: np.asarray(v, np.float64) for c, v in cols.items()}
+        n = 3
+        if entry.startswith("[transition]"):
+            if any(c not in cols for r in ("state", "action", "response") for c in self.spec.names(r)):
+                return  # a column is missing from the log: fatal anyway
+            role_arrays = [np.column_stack([cols[c] for c in self.spec.names(r)]) if self.spec.names(r)
+                           else np.zeros((n, 0)) for r in ("state", "action", "response")]
+            args: tuple[Any, ...] = tuple(role_arrays)
+            want, shape_text = n * len(self.spec.names("state")), f"({n}, {len(self.spec.names('state'))}): next state per agent"
+            calling = "fn(state (N, S), action (N, A), response (N, R))"
+        else:
+            args = (cols,)
+            want, shape_text = n, f"({n},): one reward per agent"
+            calling = "fn(columns: {name: (N,) array})"
+        try:
+            inspect.signature(fn).bind(*args)
+        except TypeError as e:
+            raise InputError(f"{entry} {ref!r} cannot be called as {calling} ({e})", where) from None
+        except ValueError:
+            pass  # no signature to read (some builtins): the call below decides
+        try:
+            out = np.asarray(fn(*args), dtype=np.float64)
+        except Exception as e:  # noqa: BLE001 - the user's function: report anything it raises
+            raise InputError(
+                f"{entry} {ref!r} failed when called as {calling} on {n} of the log's rows "
+                f"({type(e).__name__}: {e})",
+                where,
+            ) from None
+        if out.size != want:
+            raise InputError(f"{entry} {ref!r} returned shape {out.shape} for {n} agents; it must return {shape_text}", where)
+        if not np.isfinite(out).all():
+            raise InputError(f"{entry} {ref!r} returned values that are not finite numbers on {n} of the log's rows", where)
 
 
 # ------------------------------------------------------------------------------------- helpers
