@@ -436,7 +436,12 @@ class Replay:
 
 def replay(log: pd.DataFrame, dynamics: DeclaredDynamics) -> Replay:
     """Every declaration computed from every row's tick (aggregates over the agents logged at
-    that (episode, site, t)), beside the logged next value."""
+    that (episode, site, t)), beside the logged next value.
+
+    Raises:
+        InputError: naming the entry whose computation raised on the log (a declared function's
+            exception, whatever its type): the twin would call it on ticks like these.
+    """
     df = log.reset_index(drop=True).sort_values(["episode", "t", "agent"], kind="stable")
     order = df.index.to_numpy()
     df = df.reset_index(drop=True)
@@ -446,7 +451,21 @@ def replay(log: pd.DataFrame, dynamics: DeclaredDynamics) -> Replay:
     cols = {c: df[c].to_numpy(np.float64) for c in needed if c in df.columns}
     if any(d.function is not None for d in dynamics.declarations):
         cols.update({c: df[c].to_numpy(np.float64) for c in df.columns if "." in c and c not in cols})
-    pred = dynamics.next_state(cols, groups, int(groups.max()) + 1 if len(groups) else 0)
+    n_sites = int(groups.max()) + 1 if len(groups) else 0
+    memo: dict[tuple[str, float], np.ndarray] = {}
+    pred: dict[str, np.ndarray] = {}
+    for i, d in enumerate(dynamics.declarations, start=1):  # `DeclaredDynamics.next_state`, entry by entry
+        high = dynamics.bounds.get(d.column, (None, None))[1]
+        try:
+            with np.errstate(all="ignore"):  # a NaN or inf is reported by the caller, with its rows
+                pred[d.column] = dynamics.clip(
+                    d.column, d.next_values(cols, groups, n_sites, dynamics.step_seconds, high, memo)
+                )
+        except Exception as e:  # noqa: BLE001 - the operator's function on its own log: name the entry
+            raise InputError(
+                f"[[dynamics]] entry {i} ({d.column}) fails on the log's rows ({type(e).__name__}: {shown(str(e))})",
+                "spec",
+            ) from None
     by_agent = df.groupby(["episode", "agent"], sort=False)
     nxt = by_agent["t"].shift(-1)
     has_next = (nxt == df["t"] + 1).to_numpy()

@@ -726,9 +726,10 @@ class _Checker:
                 )
 
     def check_declared_dynamics(self) -> None:
-        """Fatal where a ``[[dynamics]]`` declaration gives a value that is not finite on the log's
-        usable rows (NaN or ±inf past its bounds: the twin would compute it at every tick and the
-        fit would train on it); warn where the declarations do not reproduce the log's transitions."""
+        """Fatal where a ``[[dynamics]]`` declaration raises, or gives a value that is not finite, on
+        the log's usable rows (NaN or ±inf past its bounds: the twin would compute it at every tick
+        and the fit would train on it); warn where the declarations do not reproduce the log's
+        transitions."""
         from edgetwin.contract.dynamics import agreement, replay
 
         dynamics = self.spec.declared_dynamics()
@@ -738,6 +739,9 @@ class _Checker:
             table, rows = self.typed_table(with_rows=True)
             replayed = replay(table, dynamics)
             result = agreement(table, dynamics, replayed=replayed)
+        except InputError as e:  # a declaration that raises on the log's own rows
+            self.fatal("dynamics_failed", str(e).removeprefix("spec: "))
+            return
         except Exception as e:  # noqa: BLE001 - a user's function failing on the log is a finding, not a crash
             self.warn("dynamics_failed", f"the declared dynamics could not be checked on the log ({type(e).__name__}: {e})")
             return

@@ -421,3 +421,23 @@ def test_every_shipped_expression_reads_and_gives_the_same_numbers() -> None:
         want = _old_evaluate(text, cols, site, n_sites, 300.0)
         assert got.tobytes() == np.ascontiguousarray(want).tobytes(), text
         assert np.isfinite(got).all(), text
+
+
+def test_a_declared_function_that_raises_on_the_log_is_refused_by_validate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It passes the spec's probe (3 agents of ones) and raises on the log's own rows: the twin
+    would call it on ticks like these, so validate names the entry (it was a warning)."""
+    (tmp_path / "toy_acct.py").write_text(
+        "import numpy as np\n"
+        "def backlog(columns, site):\n"
+        "    if (columns['kpi.cpu'] != 1.0).any():\n        raise ZeroDivisionError('no idle site')\n"
+        "    return np.zeros(len(site))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    log, spec = write_toy(tmp_path, toy_spec_dict([{"column": "state.backlog_s", "function": "toy_acct:backlog"}]))
+    code, out, err = run("logs", "validate", str(log), "--spec", str(spec), "--json")
+    assert code == 2, out + err
+    (p,) = [p for p in json.loads(out)["problems"] if p["code"] == "dynamics_failed"]
+    assert p["severity"] == "fatal"
+    assert p["message"] == "[[dynamics]] entry 1 (state.backlog_s) fails on the log's rows (ZeroDivisionError: no idle site)"
