@@ -14,14 +14,17 @@ line ``r + 2``. Problems have one of three severities:
     was) and left out of the usable table. Row-level: an empty key, ``t`` that is not an integer or
     is negative, a value that is not a number, NaN or infinite, outside the spec's bounds or not among
     a discrete feature's values, an empty scenario or site, a scenario the spec does not list, a
-    repeated ``(episode, t, agent)`` key (the first occurrence is kept). Episode-level, judged on
+    repeated ``(episode, t, agent)`` key (the first occurrence is kept), an empty ``policy``, a
+    ``propensity`` that is not a number, infinite, not above 0, or above 1 when every ``action.*``
+    feature is discrete (then it is a probability; with a continuous action it is a density). Episode-level, judged on
     the rows that passed the row-level checks: a gap in an episode's steps quarantines the episode
     from the first gap on (the contiguous beginning is kept), and an episode left with a single step
     is quarantined whole (a trajectory needs two steps for a transition).
 ``warning``
     reported, nothing removed: columns that are not in the contract or the spec (ignored), an absent
     ``scenario``/``site`` column (every row gets ``"default"``), a spec inferred because none was
-    found, an agent absent for some steps in the middle of its episode.
+    found, an agent absent for some steps in the middle of its episode, a ``propensity`` left empty
+    (unknown for that row: kept, as the contract allows).
 
 Nothing is dropped silently: ``n_usable + n_quarantined == n_rows`` always, and the log is *usable*
 (CLI exit 0) when no problem is fatal, even if some rows were quarantined.
@@ -47,6 +50,9 @@ from edgetwin.contract.logs import read_table
 from edgetwin.contract.spec import (
     KEY_COLUMNS,
     META_COLUMNS,
+    POLICY_COLUMN,
+    PROPENSITY_COLUMN,
+    PROVENANCE_COLUMNS,
     REWARD_COLUMN,
     Feature,
     TwinSpec,
@@ -132,6 +138,8 @@ class ValidationReport:
         quarantine_path: the quarantine CSV written, or None if none was written.
         n_episodes, n_agents: distinct episodes / (episode-independent) agents among usable rows.
         scenarios, sites: distinct labels among usable rows, sorted.
+        policies: distinct ``policy`` ids among usable rows, sorted; empty when the log has no
+            ``policy`` column (one unknown logging policy).
         min_usable_fraction: the share of usable rows below which the log is unusable.
         quarantined: the quarantined rows as they were, with ``row`` and ``reason`` in front.
     """
@@ -148,6 +156,7 @@ class ValidationReport:
     n_agents: int = 0
     scenarios: tuple[str, ...] = ()
     sites: tuple[str, ...] = ()
+    policies: tuple[str, ...] = ()
     min_usable_fraction: float = 0.5
     quarantined: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
 
@@ -202,7 +211,8 @@ class ValidationReport:
             style(e(self.source), "bold")
             + f": {_count(self.n_rows, 'row')}; the usable ones hold {_count(self.n_episodes, 'episode')}, "
             + f"{_count(self.n_agents, 'agent')}, scenarios {e(_listing(self.scenarios))}, "
-            + f"sites {e(_listing(self.sites))}",
+            + f"sites {e(_listing(self.sites))}"
+            + (f", policies {e(_listing(self.policies))}" if self.policies else ""),
             f"spec: {e(self.spec.name)} {e(origin)}, {_count(len(self.spec.features), 'feature')}",
         ]
         if self.problems:
@@ -235,6 +245,7 @@ class ValidationReport:
             "n_agents": self.n_agents,
             "scenarios": list(self.scenarios),
             "sites": list(self.sites),
+            "policies": list(self.policies),
             "min_usable_fraction": self.min_usable_fraction,
             "verdict": self.verdict(),
             "problems": [p.to_dict() for p in self.problems],
@@ -291,7 +302,8 @@ def load_valid_log(
 
     The table has the contract's columns only: ``episode``, ``t`` (int64), ``agent``, ``scenario``,
     ``site`` (str; ``"default"`` when the log has no such column), every spec feature in spec order
-    (float64), and ``reward`` (float64) if the log has it; sorted by ``(episode, t, agent)`` with a
+    (float64), ``reward`` (float64) if the log has it, ``policy`` (str) and ``propensity`` (float64,
+    NaN where unknown) if the log has them; sorted by ``(episode, t, agent)`` with a
     fresh RangeIndex. Every episode in it has contiguous steps and at least two of them.
 
     Quarantined rows are written to ``quarantine_path`` only if one is given (a library call does
@@ -451,6 +463,7 @@ class _Checker:
         self.check_columns()
         self.check_keys()
         self.check_meta()
+        self.check_provenance()
         for f in self.spec.features:
             if f.name in self.table.columns:
                 self.check_feature(f)
@@ -490,7 +503,7 @@ class _Checker:
                 "the spec's reward weights name it, but the log lacks it",
                 REWARD_COLUMN,
             )
-        known = {*KEY_COLUMNS, *META_COLUMNS, REWARD_COLUMN, *(f.name for f in self.spec.features)}
+        known = {*KEY_COLUMNS, *META_COLUMNS, REWARD_COLUMN, *PROVENANCE_COLUMNS, *(f.name for f in self.spec.features)}
         unknown_role = [c for c in cols if c not in known and role_of(c) is not None]
         outside = [c for c in cols if c not in known and role_of(c) is None]
         if unknown_role:
@@ -555,6 +568,55 @@ class _Checker:
                     f"not one of the spec's scenarios {{{_listing(self.spec.scenarios)}}}",
                     "scenario not in the spec",
                 )
+
+    def check_provenance(self) -> None:
+        """The optional ``policy`` and ``propensity`` columns: who decided, and how likely it was.
+
+        ``policy`` must be a non-empty id on every row (a row whose decision nobody owns cannot be
+        weighed against the others). ``propensity`` may be empty (unknown for that row: a warning,
+        kept); when given it must be a finite number above 0 (the logged action happened, so its
+        probability under its own policy cannot be 0), and at most 1 when every ``action.*`` feature
+        is discrete (a probability). With a continuous action feature it is a density and can
+        exceed 1 (a policy with 10 % Gaussian noise on a [0, 1] knob has densities near 4).
+        """
+        if POLICY_COLUMN in self.table.columns:
+            values, empty = _key_strings(self.table[POLICY_COLUMN])
+            self.cols[POLICY_COLUMN] = values
+            self.quarantine("empty_value", POLICY_COLUMN, empty, "empty", "empty policy")
+        if PROPENSITY_COLUMN not in self.table.columns:
+            return
+        raw = self.table[PROPENSITY_COLUMN]
+        v = _as_float(raw)
+        blank = raw.isna().to_numpy() | (raw.astype(str).str.strip().eq("").to_numpy(dtype=bool))
+        bad_type = np.isnan(v) & ~blank
+        finite = np.isfinite(v)
+        name = PROPENSITY_COLUMN
+        self.quarantine("bad_type", name, bad_type, "not a number", "propensity is not a number")
+        self.quarantine("non_finite", name, np.isinf(v), "infinite", "propensity is infinite")
+        self.quarantine(
+            "propensity_not_positive",
+            name,
+            finite & (v <= 0),
+            "not above 0 (the logged action cannot have probability 0 under the policy that took it)",
+            "propensity <= 0",
+        )
+        if self.spec.discrete_actions():
+            self.quarantine(
+                "propensity_above_one",
+                name,
+                finite & (v > 1.0 + 1e-9),
+                "above 1 (every action.* feature is discrete, so it is a probability)",
+                "propensity > 1 with discrete actions",
+            )
+        unknown = blank & ~bad_type
+        if unknown.any():
+            self.warn(
+                "propensity_unknown",
+                f"empty in {_rows(int(unknown.sum()))}: unknown there (kept; weighting methods skip them)",
+                name,
+                unknown,
+            )
+        self.cols[name] = np.where(blank, np.nan, v)
 
     def check_numeric(self, name: str) -> np.ndarray:
         """Type, NaN and infinity checks of a numeric column; returns it as float64."""
@@ -806,6 +868,9 @@ class _Checker:
         if self.keys_ok and ok.any():
             stats["n_episodes"] = int(self.cols["episode"][ok].nunique())
             stats["n_agents"] = int(self.cols["agent"][ok].nunique())
+        policy = self.cols.get(POLICY_COLUMN)
+        if policy is not None:
+            stats["policies"] = tuple(sorted(str(s) for s in policy[ok].unique()))
         for m, key in (("scenario", "scenarios"), ("site", "sites")):
             values = self.cols.get(m)
             if values is None:
@@ -838,6 +903,10 @@ class _Checker:
             out[f.name] = self.cols[f.name][ok]
         if REWARD_COLUMN in self.cols:
             out[REWARD_COLUMN] = self.cols[REWARD_COLUMN][ok]
+        if POLICY_COLUMN in self.cols:
+            out[POLICY_COLUMN] = self.cols[POLICY_COLUMN][ok].reset_index(drop=True).astype(str)
+        if PROPENSITY_COLUMN in self.cols:
+            out[PROPENSITY_COLUMN] = self.cols[PROPENSITY_COLUMN][ok]
         df = pd.DataFrame(out)
         # Sorting integer ranks is much faster than sorting strings; ranks keep string order.
         ep_rank = pd.factorize(df["episode"], sort=True)[0]
