@@ -197,7 +197,8 @@ def test_canary_on_the_cluster_stops_a_clearly_worse_candidate(caplog: pytest.Lo
     pre = log["t"] < 4
     assert set(log.loc[pre, "policy"]) == {"current"}
     assert set(log.loc[~pre, "policy"]) == {"current", "cand"}
-    np.testing.assert_allclose(log.loc[~pre & (log["policy"] == "cand"), "propensity"], 0.5)
+    # deterministic policies over continuous actions: no density, the contract's "unknown"
+    assert log["propensity"].isna().all()
     np.testing.assert_allclose(log.loc[~pre & (log["policy"] == "cand"), "action.edge_share"], 1.0)
 
 
@@ -303,6 +304,36 @@ def test_a_canary_killed_mid_way_loses_no_row_and_leaves_the_slice_on_the_curren
     assert got.equals(read_spool(cache / "canary" / run_id))
 
 
+def test_a_sampling_policy_logs_its_own_propensity(tmp_path: Path) -> None:
+    """A candidate that samples (`LoggingPolicy`) logs its density; the deterministic current
+    policy logs none (continuous actions)."""
+    from edgetwin.contract.policy import NoisyPolicy
+
+    signer = Signer.generate()
+    reg = FileRegistry(tmp_path / "registry")
+    for name in ("current", "cand"):
+        reg.publish(_stub_dir(tmp_path / "stubs", name, SPEC), {"name": name, "version": name}, signer)
+    reg.set_current("site/edge", "current", expected=None)
+    from edgetwin.edge.canary_emulated import _loader
+
+    noisy = NoisyPolicy(Constant([0.5, 1.0, 0.3]), SPEC, scale=0.1, seed=0)
+    loader = _loader({"current": SLOAwarePolicy(SPEC), "cand": noisy})
+    rt = EdgeRuntime("edge", reg, TrustStore([signer.public_key]), kpi_guard=None, poll_interval=3600,
+                     loader=loader, spec=SPEC)  # fmt: skip
+    em = EdgeCluster(CLUSTER)
+    obs = em.reset(seed=0)
+    with rt.running_in_thread():
+        asyncio.run_coroutine_threadsafe(
+            rt.start_canary(CanaryConfig("cand", CanarySlice(sites=tuple(em.site_names), seed=0), 1.0, GUARDED,
+                                         pre_ticks=0)), rt._loop  # type: ignore[arg-type]
+        ).result(30)  # fmt: skip
+        d = rt.decide_for(obs, em.agent_ids, [em.site_names[h] for h in em.home])
+    on = d.policy == "cand"
+    assert on.any() and (~on).any()
+    assert np.isfinite(d.propensity[on]).all() and (d.propensity[on] > 0).all()
+    assert np.isnan(d.propensity[~on]).all()
+
+
 def test_decisions_over_the_bus_follow_the_canary_slice(tmp_path: Path) -> None:
     from edgetwin.edge.runtime import request_decision
 
@@ -329,6 +360,7 @@ def test_decisions_over_the_bus_follow_the_canary_slice(tmp_path: Path) -> None:
         assert {"cand", "current"} == set(d.policies)
         np.testing.assert_allclose(d.actions, local.actions)
         np.testing.assert_allclose(d.propensity, local.propensity)  # type: ignore[arg-type]
+        np.testing.assert_allclose(local.assignment[local.arm == "candidate"], 0.5)
         # without group ids a request is the current policy's
         plain = asyncio.run_coroutine_threadsafe(request_decision(client, "edge", obs, timeout=10), loop).result(30)
         assert plain.policies is None and plain.version == "current"

@@ -6,9 +6,12 @@ like any version), and from then on `EdgeRuntime.decide_for` serves each row by 
 Whoever observes the outcomes (the emulated cluster's driver, `edgetwin.edge.canary_emulated`, or
 a site's collector) hands each tick's rows back with `EdgeRuntime.canary_report`; those rows are
 the canary's log: ordinary rows of the log contract, with ``policy`` (the registry version that
-made the decision) and ``propensity`` (the probability of the logged action: the assignment
-probability of the row's arm, times the policy's own probability of the action where the policy
-samples; a deterministic policy's action has probability 1 given its arm).
+made the decision) and ``propensity`` (as docs/log-format.md defines it: the probability or
+density of the logged action under that policy, given what it saw, where the policy says it
+(`edgetwin.contract.policy.LoggingPolicy`); for a deterministic policy 1 with discrete actions,
+empty (unknown) with continuous ones). Which arm a group was randomized to, and with what
+probability, is the plan's (`CanarySlice.treat_share`, `RoutedDecision.assignment`): a group keeps
+its arm for the whole canary, so the rows of the two arms are a randomized trial.
 
 **Durability.** Every reported tick is written to a spool segment (Parquet, in the runtime's cache
 directory) *before* `canary_report` returns, and only then shipped: over a bus as a durable
@@ -171,14 +174,17 @@ class RoutedDecision:
     Attributes:
         actions: (N, A) float64, spec units, shielded.
         policy: (N,) the registry version that decided each row.
-        propensity: (N,) the probability of each row's action (see the module docstring).
+        propensity: (N,) the probability / density of each row's action under its policy (NaN:
+            unknown; see the module docstring).
         arm: (N,) ``"candidate"`` / ``"control"`` / ``"fleet"`` (all ``"fleet"`` with no canary).
+        assignment: (N,) the probability of the row's arm given its group (1 outside the slice).
     """
 
     actions: np.ndarray
     policy: np.ndarray
     propensity: np.ndarray
     arm: np.ndarray
+    assignment: np.ndarray
 
 
 @dataclasses.dataclass

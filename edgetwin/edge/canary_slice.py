@@ -11,9 +11,9 @@ policy; the plan picks the slice where the twin is least sure, which is never a 
 
 The assignment is a pure function of ``(seed, group)`` (a keyed hash, not a draw from a stream),
 so it does not depend on the order groups show up in, is the same after a runtime restart, and
-needs no state. The probability of the arm a row was served by is its assignment propensity; the
-log's ``propensity`` column is that times the policy's own probability of its action where the
-policy samples (`edgetwin.edge.canary`).
+needs no state. The probability of the arm a row was served by is its assignment probability
+(`SliceRouter.assignment_propensity`); the log's ``propensity`` column is the policy's own
+probability of its action, as the log contract defines it (`edgetwin.edge.canary`).
 """
 
 from __future__ import annotations

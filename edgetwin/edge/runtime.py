@@ -69,6 +69,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.policy import LoggingPolicy
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge import decision_wire
 from edgetwin.edge.bus import Bus, RawMessage, Received, Subjects, make_bus
@@ -267,6 +268,22 @@ class ServedPolicy:
     path: Path
     loaded_at: float = dataclasses.field(default_factory=time.time)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+
+    def act_logged(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(actions (N, A), propensity (N,))`` for a log: the policy's own probability or density
+        of each action where it says it (`edgetwin.contract.policy.LoggingPolicy`, unshielded: a
+        shield's projection would move the action off the density), else as the contract reads a
+        deterministic policy: 1 when every action feature is discrete, NaN (unknown) otherwise."""
+        if self.shield is None and isinstance(self.policy, LoggingPolicy):
+            with self.lock:
+                a, p = self.policy.act_logged(obs)
+            a = np.asarray(a, dtype=np.float64).reshape(len(obs), -1)
+            if a.shape != (len(obs), len(self.action_columns)) or not np.isfinite(a).all():
+                raise RuntimeError(f"policy {self.version} returned actions of shape {a.shape} from act_logged")
+            return a, np.asarray(p, dtype=np.float64).reshape(len(obs))
+        spec = getattr(self.policy, "spec", None)
+        discrete = bool(spec.discrete_actions()) if isinstance(spec, TwinSpec) else False
+        return self.act(obs), np.full(len(obs), 1.0 if discrete else np.nan)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Shielded actions (N, A) float64 for (N, O) observations."""
@@ -1129,29 +1146,26 @@ class EdgeRuntime:
             raise NoPolicyLoaded(f"site {self.site!r} has no verified policy yet (scopes {self.scopes}); see the log")
         if canary is None or not canary.active or cand is None or canary.in_pre_period:
             arms = np.full(len(x), "fleet", dtype=object)
-            actions = served.act(x)
+            actions, prop = served.act_logged(x)
             policy = np.full(len(x), served.version, dtype=object)
-            prop = np.ones(len(x))
+            assign = np.ones(len(x))
         else:
             arms = canary.router.arms(agent_ids, site_ids, scen_ids)
             on_cand = arms == "candidate"
             actions = np.empty((len(x), len(served.action_columns)))
-            if (~on_cand).any():
-                actions[~on_cand] = served.act(x[~on_cand])
-            if on_cand.any():
-                actions[on_cand] = cand.act(x[on_cand])
+            prop = np.empty(len(x))
+            for pol, mask in ((served, ~on_cand), (cand, on_cand)):
+                if mask.any():
+                    actions[mask], prop[mask] = pol.act_logged(x[mask])
             policy = canary.router.policy_ids(arms)
             policy[~on_cand] = served.version
-            prop = canary.router.assignment_propensity(arms)
-        for s_pol, mask in ((served, policy == served.version), (cand, policy != served.version)):
-            if s_pol is not None and mask.any() and hasattr(s_pol.policy, "action_probability"):
-                prop[mask] = prop[mask] * np.asarray(s_pol.policy.action_probability(x[mask], actions[mask]))
+            assign = canary.router.assignment_propensity(arms)
         with self._stats_lock:
             self.stats.decisions += 1
             self.stats.rows += len(x)
             for v, c in Counter(policy.tolist()).items():
                 self.stats.by_version[v] += c
-        return RoutedDecision(actions, policy, prop, arms)
+        return RoutedDecision(actions, policy, prop, arms, assign)
 
     def canary_report(self, rows: Any) -> GuardStop | None:
         """One tick of the canary's log: its rows (the log contract with ``policy``, ``propensity``
