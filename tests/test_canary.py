@@ -154,6 +154,14 @@ def test_canary_config_checks_and_from_plan() -> None:
     assert cfg.slice.sites == ("edge-fra",) and cfg.slice.scenarios == ("iot",)
     assert cfg.margins[0].kpi == "kpi.slo_violation" and cfg.margins[0].max_regression == pytest.approx(0.05)
     assert cfg.canary_id == CanaryConfig.from_plan(Plan(), candidate="v3").canary_id  # deterministic
+    from edgetwin.policies.gate import Guard
+
+    class GatePlan(Plan):  # the gate's guards: direction from the spec's reward
+        margins = [Guard("kpi.revenue", 0.1), Guard("kpi.slo_violation", 0.05, min_delta=0.01)]
+
+    ms = {m.kpi: m for m in CanaryConfig.from_plan(GatePlan(), candidate="v3", spec=SPEC).margins}
+    assert ms["kpi.revenue"].higher_is_better == (SPEC.reward_weights.get("kpi.revenue", 0) > 0)
+    assert not ms["kpi.slo_violation"].higher_is_better and ms["kpi.slo_violation"].min_delta == 0.01
 
 
 # ------------------------------------------------------------------------------------- on the emulated cluster

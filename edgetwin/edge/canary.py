@@ -146,19 +146,24 @@ class CanaryConfig:
         return self.ticks + int(self.pre_ticks)
 
     @classmethod
-    def from_plan(cls, plan: Any, candidate: str, **overrides: Any) -> CanaryConfig:
+    def from_plan(cls, plan: Any, candidate: str, spec: Any = None, **overrides: Any) -> CanaryConfig:
         """From a canary *plan* (e.g. `edgetwin.policies`' plan): any object with ``hours``,
-        ``margins`` (`KPIMargin`s or ``"kpi<=+5%"`` strings) and either ``slice`` (a
-        `CanarySlice`) or ``agents`` / ``sites`` / ``scenarios`` lists (and optionally ``treat_share``, ``seed``)."""
+        ``margins`` (`KPIMargin`s, ``"kpi<=+5%"`` strings, or objects with ``kpi``,
+        ``max_regression`` and optionally ``min_delta`` / ``higher_is_better``, such as the gate's
+        guards: their direction then comes from ``spec``'s reward weights, a cost when the reward
+        does not weigh the KPI) and either ``slice`` (a
+        `CanarySlice`, or any object with those lists) or ``agents`` / ``sites`` / ``scenarios`` lists
+        (and optionally ``treat_share``, ``seed``)."""
         sl = getattr(plan, "slice", None)
         if not isinstance(sl, CanarySlice):
+            src = sl if sl is not None else plan  # a slice object of another module, or the plan itself
             sl = CanarySlice(
-                tuple(getattr(plan, "agents", ()) or ()), tuple(getattr(plan, "sites", ()) or ()),
-                float(getattr(plan, "treat_share", 0.5)), int(getattr(plan, "seed", 0)),
-                tuple(getattr(plan, "scenarios", ()) or ()),
+                tuple(getattr(src, "agents", ()) or ()), tuple(getattr(src, "sites", ()) or ()),
+                float(getattr(src, "treat_share", getattr(plan, "treat_share", 0.5))),
+                int(getattr(src, "seed", getattr(plan, "seed", 0))),
+                tuple(getattr(src, "scenarios", ()) or ()),
             )  # fmt: skip
-        margins = tuple(m if isinstance(m, KPIMargin) else KPIMargin.parse(str(m), where="canary plan")
-                        for m in getattr(plan, "margins", ()))  # fmt: skip
+        margins = tuple(_margin(m, spec) for m in getattr(plan, "margins", ()))
         kw: dict[str, Any] = {"candidate": candidate, "slice": sl, "hours": float(plan.hours), "margins": margins}
         for f in ("alpha", "tick_seconds"):
             if getattr(plan, f, None) is not None:
@@ -229,6 +234,22 @@ class CanaryResult:
 
 
 # ------------------------------------------------------------------------------------- the run
+def _margin(m: Any, spec: Any) -> KPIMargin:
+    if isinstance(m, KPIMargin):
+        return m
+    if isinstance(m, str):
+        return KPIMargin.parse(m, where="canary plan")
+    kpi = getattr(m, "kpi", None)
+    if not isinstance(kpi, str):
+        raise InputError(f"a canary plan's margin must name a KPI, got {m!r}", where="canary plan")
+    hib = getattr(m, "higher_is_better", None)
+    if hib is None:
+        weights = getattr(spec, "reward_weights", None) or {}
+        hib = float(weights.get(kpi, 0.0)) > 0
+    return KPIMargin(kpi, higher_is_better=bool(hib), max_regression=float(m.max_regression),
+                     min_delta=float(getattr(m, "min_delta", 0.0)))  # fmt: skip
+
+
 def _segment_bytes(rows: pd.DataFrame) -> bytes:
     buf = io.BytesIO()
     rows.to_parquet(buf, index=False)
