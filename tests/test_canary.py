@@ -375,6 +375,16 @@ def test_decisions_over_the_bus_follow_the_canary_slice(tmp_path: Path) -> None:
         np.testing.assert_allclose(plain.actions, SLOAwarePolicy(SPEC).act(obs))
 
 
+def test_without_a_bus_the_canary_log_outlives_the_runtime_s_temporary_cache(tmp_path: Path) -> None:
+    reg, trust, loader = _site(tmp_path)
+    rt = EdgeRuntime("edge", reg, trust, kpi_guard=None, poll_interval=3600, loader=loader, spec=SPEC)
+    with rt.running_in_thread():
+        r = run_emulated_canary(rt, cfg(0, hours=2.0), CLUSTER, seed=0)
+    assert r.stop_reason in ("completed", "guard") and len(r.log) > 0
+    assert not rt.cache_dir.exists()  # its own temporary cache is gone ...
+    assert rt.canary_result().log.equals(r.log)  # ... the result is kept
+
+
 def test_run_emulated_canary_refuses_what_it_cannot_run(tmp_path: Path) -> None:
     reg, trust, loader = _site(tmp_path)
     rt = EdgeRuntime("edge", reg, trust, kpi_guard=None, poll_interval=3600, loader=loader, spec=SPEC)

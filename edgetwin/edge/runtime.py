@@ -484,6 +484,7 @@ class EdgeRuntime:
         # A canary (`start_canary`): its run, and the candidate version it serves to its slice.
         self._canary: Canary | None = None
         self._canary_policy: ServedPolicy | None = None
+        self._canary_final: CanaryResult | None = None  # a canary's result kept when its spool is removed
         self._ship_lock: asyncio.Lock | None = None
 
     # ---------------------------------------------------------------- properties
@@ -587,6 +588,8 @@ class EdgeRuntime:
             await self.bus.close()
             self.bus = None
         if self._own_cache:
+            if self._canary is not None:  # its spool goes with the temporary cache: keep the result
+                self._canary_final = self._canary.result()
             shutil.rmtree(self.cache_dir, ignore_errors=True)
         self._started = False
 
@@ -1163,8 +1166,8 @@ class EdgeRuntime:
         with self._stats_lock:
             self.stats.decisions += 1
             self.stats.rows += len(x)
-            for v, c in Counter(policy.tolist()).items():
-                self.stats.by_version[v] += c
+            for v in set(policy.tolist()):  # decisions (calls) a version took part in
+                self.stats.by_version[v] += 1
         return RoutedDecision(actions, policy, prop, arms, assign)
 
     def canary_report(self, rows: Any) -> GuardStop | None:
@@ -1197,9 +1200,12 @@ class EdgeRuntime:
         return self._canary.result()
 
     def canary_result(self) -> CanaryResult:
-        """The last canary's result (its log: every row reported, shipped or not)."""
+        """The last canary's result (its log: every row reported, shipped or not; also after
+        `stop` removed a temporary cache directory)."""
         if self._canary is None:
             raise InputError("no canary was started on this runtime", where="canary")
+        if self._canary_final is not None and not self._canary.dir.exists():
+            return self._canary_final
         return self._canary.result()
 
     def _end_canary(self, reason: str, stop: GuardStop | None) -> None:
