@@ -5,7 +5,7 @@ applied to each tick (`run_episode`), generated or replaying a recorded episode.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,11 @@ class EpisodeOutcome:
     timeline: dict[str, np.ndarray]
     oos: float
     oos_t: np.ndarray
+    #: KPI column -> ``(T, N)`` per-agent values of the episode (for per-group predictions, e.g.
+    #: prediction-powered inference, `edgetwin.policies.ppi`); ``source``: ``(N,)`` row of the
+    #: replayed logged episode each agent copies (None for a generated world)
+    series: dict[str, np.ndarray] = field(default_factory=dict)
+    source: np.ndarray | None = None
 
 
 class _Masks:
@@ -385,6 +390,8 @@ def run_episode(
         timeline={c: np.asarray(v) for c, v in timeline.items()},
         oos=float(out.mean()) if len(out) else 0.0,
         oos_t=oos_t,
+        series={c: np.stack(v) for c, v in series.items()},
+        source=None if logged is None else np.asarray(source),
     )
 
 

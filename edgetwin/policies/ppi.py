@@ -1,0 +1,283 @@
+"""The prediction-powered verdict: the twin's fleet-wide prediction rectified by a canary's measurements.
+
+Prediction-powered inference (Angelopoulos et al. 2023) for a difference of means over service
+groups. Every group ``g`` of the fleet (``N`` of them) has the twin's predictions ``f_c(g)``,
+``f_b(g)`` of a KPI under the candidate and the baseline; a canary measured ``y(g)`` on a random
+slice, the candidate on its candidate arm (``n_c`` groups), the baseline on its control arm
+(``n_b``). The fleet-wide change ``θ = E[Y_c] − E[Y_b]`` is estimated by
+
+    θ̂ = mean_N(f_c − f_b) + mean_{cand}(y − f_c) − mean_{ctrl}(y − f_b)
+
+and the baseline level ``μ_b`` by ``mean_N(f_b) + mean_{ctrl}(y − f_b)``. The second and third
+terms (the *rectifier*) measure the twin's error where it was measured; because the slice's groups
+are a random draw from the fleet (`edgetwin.policies.canary_plan` draws them so) and the arms are
+randomized, the rectifier is unbiased for the twin's fleet-wide error, so θ̂ is unbiased **whatever
+the twin's bias**. Its 90 % interval is the CLT interval of the three independent-sample terms
+(``var(f_c − f_b)/N + var_cand(y − f_c)/n_c + var_ctrl(y − f_b)/n_b``); the relative change and its
+interval come from the delta method on ``θ̂ / μ̂_b``. When the twin is good, ``y − f`` varies less
+than ``y``, so the interval is narrower than the canary's own two-sample interval; when it is
+biased, the interval is still valid (the test with a twin biased by a known amount checks it).
+
+Why not ``ppi-python``: it pulls numba and gdown (and its datasets' downloader) for what is, for
+this estimator, the three lines above; its ``ppi_mean_ci`` also takes one labelled set, whereas a
+canary has two randomized arms whose rectifiers are differenced.
+
+`twin_group_predictions` computes ``f`` per service group by replaying the recent log's episodes in
+the twin (`edgetwin.twin.whatif.engine.run_episode`, every member), and `ppi_verdict` turns the
+intervals into the gate's verdicts (`edgetwin.policies.gate.check_verdict`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from edgetwin.contract.errors import InputError
+
+LEVEL = 0.90
+
+
+@dataclass
+class PPIEstimate:
+    """One KPI's prediction-powered estimate of the fleet-wide change (candidate − baseline).
+
+    Attributes:
+        kpi: the KPI (a log column). better: ``"higher"`` / ``"lower"``.
+        change, interval: relative change ``θ̂ / μ̂_b`` and its 90 % interval (fractions).
+        diff, diff_se: ``θ̂`` in the KPI's units and its standard error.
+        baseline: ``μ̂_b``. twin_change: the twin-alone relative change (``mean_N`` terms only).
+        rectifier: ``θ̂ − twin diff`` (the twin's measured error on the change, KPI units).
+        n_fleet, n_candidate, n_control: groups behind each term.
+        worsening_interval: the interval signed so that positive is worse.
+        allowed_change: the margin as a relative worsening; verdict: ``ok`` / ``regress`` / ``straddle``.
+    """
+
+    kpi: str
+    better: str
+    change: float
+    interval: list[float]
+    diff: float
+    diff_se: float
+    baseline: float
+    twin_change: float
+    rectifier: float
+    n_fleet: int
+    n_candidate: int
+    n_control: int
+    worsening_interval: list[float] = field(default_factory=list)
+    allowed_change: float = float("nan")
+    verdict: str = "straddle"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _var(x: np.ndarray) -> float:
+    return float(np.var(x, ddof=1)) if len(x) > 1 else float("inf")
+
+
+def ppi_mean_difference(
+    fleet_cand: np.ndarray,
+    fleet_base: np.ndarray,
+    y_cand: np.ndarray,
+    f_cand: np.ndarray,
+    y_ctrl: np.ndarray,
+    f_ctrl: np.ndarray,
+    level: float = LEVEL,
+) -> dict[str, float]:
+    """The PPI estimate of ``E[Y_c] − E[Y_b]`` and ``E[Y_b]`` (see the module docstring).
+
+    Args:
+        fleet_cand, fleet_base: ``(N,)`` the twin's per-group predictions over the fleet.
+        y_cand, f_cand: ``(n_c,)`` measured values and the twin's candidate predictions on the
+            candidate arm's groups; y_ctrl, f_ctrl: ``(n_b,)`` the same on the control arm
+            (baseline predictions).
+        level: two-sided level of the intervals.
+
+    Returns:
+        ``diff``, ``diff_se``, ``base``, ``base_se``, ``rel``, ``rel_lo``, ``rel_hi``, ``twin_diff``.
+    """
+    arrs = [np.asarray(a, dtype=np.float64) for a in (fleet_cand, fleet_base, y_cand, f_cand, y_ctrl, f_ctrl)]
+    fc, fb, yc, pc, yb, pb = arrs
+    if len(fc) != len(fb) or len(yc) != len(pc) or len(yb) != len(pb):
+        raise ValueError("prediction and measurement arrays must pair up")
+    if len(fc) < 2 or len(yc) < 2 or len(yb) < 2:
+        raise InputError(
+            f"prediction-powered inference needs >= 2 groups per term (fleet {len(fc)}, candidate arm "
+            f"{len(yc)}, control arm {len(yb)})", "canary"
+        )
+    twin_diff = float(np.mean(fc - fb))
+    rc, rb = yc - pc, yb - pb
+    diff = twin_diff + float(np.mean(rc) - np.mean(rb))
+    diff_var = _var(fc - fb) / len(fc) + _var(rc) / len(rc) + _var(rb) / len(rb)
+    base = float(np.mean(fb) + np.mean(rb))
+    base_var = _var(fb) / len(fb) + _var(rb) / len(rb)
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    denom = abs(base)
+    if denom <= 0 or not math.isfinite(denom):
+        rel, rel_se = float("nan"), float("inf")
+    else:
+        rel = diff / denom
+        # delta method for diff / |base|; the covariance of the two (both contain mean(rb)) is
+        # bounded by Cauchy-Schwarz, so the bound below is conservative
+        rel_se = math.sqrt(diff_var + rel * rel * base_var + 2 * abs(rel) * math.sqrt(diff_var * base_var)) / denom
+    return {
+        "diff": diff, "diff_se": math.sqrt(diff_var), "base": base, "base_se": math.sqrt(base_var),
+        "rel": rel, "rel_lo": rel - z * rel_se, "rel_hi": rel + z * rel_se,
+        "twin_diff": twin_diff, "twin_rel": twin_diff / denom if denom > 0 else float("nan"),
+    }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ twin predictions
+def twin_group_predictions(
+    twin: Any,
+    policies: Mapping[str, Any],
+    log: pd.DataFrame,
+    kpis: Sequence[str],
+    *,
+    episodes: int = 1,
+    seed: int = 0,
+    window: tuple[int, int] | None = None,
+    members: Sequence[int] | None = None,
+) -> pd.DataFrame:
+    """The twin's per-service-group prediction of each KPI under each policy.
+
+    Replays the log's last ``episodes`` episodes (their agents, sites, profiles, first states) with
+    every member (or ``members``) and averages each agent's KPI column over the ticks of
+    ``window`` (``[start, stop)``; default: the whole episode), then over members and episodes.
+
+    Args:
+        policies: name -> `edgetwin.twin.whatif.PolicySpec`.
+        kpis: KPI columns (``kpi.slo_violation``, ``reward``, ...): per-group means of the column.
+
+    Returns:
+        One row per agent, columns ``(policy, kpi)`` (a MultiIndex), index the agent ids.
+    """
+    from edgetwin.twin.whatif import NOMINAL
+    from edgetwin.twin.whatif.engine import run_episode
+    from edgetwin.twin.whatif.kpis import KpiDef
+    from edgetwin.twin.whatif.replay import logged_episodes
+
+    eps = logged_episodes(log, twin, max_episodes=episodes)
+    if not eps:
+        raise InputError("the log has no episode to replay", "--log")
+    kdefs = [KpiDef(k, k, "mean") for k in kpis]
+    mem = list(members) if members is not None else list(range(twin.n_members))
+    sums: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for e_i, ep in enumerate(eps):
+        for m in mem:
+            wseed = int(np.random.default_rng([seed, e_i, m]).integers(2**31))
+            for name, pol in policies.items():
+                out = run_episode(twin, pol, NOMINAL, kdefs, seed=wseed, member=m, logged=ep)
+                src = out.source if out.source is not None else np.arange(len(ep.agents))
+                agents = np.asarray(ep.agents)[src]
+                for k in kpis:
+                    arr = out.series[k]  # (T, N)
+                    lo, hi = window if window is not None else (0, arr.shape[0])
+                    per = np.nanmean(arr[lo:hi], axis=0)
+                    d = sums.setdefault((name, k), {})
+                    for a, v in zip(agents, per, strict=True):
+                        if math.isfinite(v):
+                            d.setdefault(str(a), []).append(float(v))
+    cols = {key: {a: float(np.mean(v)) for a, v in d.items()} for key, d in sums.items()}
+    df = pd.DataFrame(cols)
+    df.columns = pd.MultiIndex.from_tuples(df.columns)
+    return df.sort_index()
+
+
+def measured_group_means(canary_log: pd.DataFrame, kpis: Sequence[str], candidate: str, start_t: int = 0) -> pd.DataFrame:
+    """Per group of a canary's log: its arm (``candidate`` if the candidate decided its rows, else
+    ``control``) and each KPI's mean over ticks ``t >= start_t`` (after the pre-canary ticks)."""
+    missing = [c for c in ("agent", "t", "policy", *kpis) if c not in canary_log.columns]
+    if missing:
+        raise InputError(f"the canary log lacks column(s) {missing}", "canary log")
+    rows = canary_log[canary_log["t"] >= start_t]
+    if rows.empty:
+        raise InputError(f"the canary log has no row at t >= {start_t}", "canary log")
+    g = rows.groupby("agent")
+    out = g[list(kpis)].mean()
+    out["arm"] = np.where(g["policy"].agg(lambda s: (s.astype(str) == candidate).any()), "candidate", "control")
+    return out
+
+
+def ppi_estimates(
+    predictions: pd.DataFrame,
+    measured: pd.DataFrame,
+    kpis: Mapping[str, str],
+    candidate: str,
+    baseline: str,
+    level: float = LEVEL,
+) -> dict[str, dict[str, float]]:
+    """PPI for each KPI (name -> direction) from `twin_group_predictions` and `measured_group_means`.
+
+    Groups the canary measured but the twin has no prediction for are an error (the canary ran on
+    another fleet than the twin's log)."""
+    unknown = sorted(set(measured.index) - set(predictions.index))
+    if unknown:
+        raise InputError(
+            f"{len(unknown)} canary group(s) are not in the twin's log (e.g. {unknown[0]!r}): the canary ran on "
+            "another fleet", "canary log"
+        )
+    cand_ids = measured.index[measured["arm"] == "candidate"]
+    ctrl_ids = measured.index[measured["arm"] == "control"]
+    out = {}
+    for k in kpis:
+        out[k] = ppi_mean_difference(
+            predictions[(candidate, k)].to_numpy(), predictions[(baseline, k)].to_numpy(),
+            measured.loc[cand_ids, k].to_numpy(), predictions.loc[cand_ids, (candidate, k)].to_numpy(),
+            measured.loc[ctrl_ids, k].to_numpy(), predictions.loc[ctrl_ids, (baseline, k)].to_numpy(),
+            level,
+        )  # fmt: skip
+        out[k]["n_fleet"], out[k]["n_candidate"], out[k]["n_control"] = len(predictions), len(cand_ids), len(ctrl_ids)
+    return out
+
+
+def ppi_verdict(
+    estimates: Mapping[str, Mapping[str, float]], guards: Sequence[Any], better: Mapping[str, str]
+) -> tuple[str, list[PPIEstimate]]:
+    """The gate's three verdicts from PPI intervals: any KPI whose whole worsening interval lies
+    beyond its margin refuses; all within it promote; else abstain.
+
+    Args:
+        estimates: from `ppi_estimates`. guards: the gate's `Guard` s (``kpi``, ``max_regression``,
+            ``min_delta``). better: KPI -> ``"higher"`` / ``"lower"``.
+    """
+    from edgetwin.policies.gate import check_verdict
+
+    out = []
+    for g in guards:
+        if g.kpi not in estimates:
+            raise InputError(f"no prediction-powered estimate for guarded KPI {g.kpi!r}", "--max-regression")
+        e = estimates[g.kpi]
+        sign = -1.0 if better[g.kpi] == "higher" else 1.0
+        lo, hi = sorted((sign * e["rel_lo"], sign * e["rel_hi"]))
+        base = e["base"]
+        allowed = g.max_regression + (g.min_delta / abs(base) if base else float("inf"))
+        v = check_verdict([lo, hi], allowed, 0.0, 1.0)
+        out.append(PPIEstimate(
+            g.kpi, better[g.kpi], e["rel"], [e["rel_lo"], e["rel_hi"]], e["diff"], e["diff_se"], base,
+            e["twin_rel"], e["diff"] - e["twin_diff"], int(e["n_fleet"]), int(e["n_candidate"]),
+            int(e["n_control"]), [lo, hi], allowed, v,
+        ))  # fmt: skip
+    verdict = (
+        "refuse" if any(c.verdict == "regress" for c in out)
+        else "promote" if out and all(c.verdict == "ok" for c in out) else "abstain"
+    )  # fmt: skip
+    return verdict, out
+
+
+__all__ = [
+    "LEVEL",
+    "PPIEstimate",
+    "measured_group_means",
+    "ppi_estimates",
+    "ppi_mean_difference",
+    "ppi_verdict",
+    "twin_group_predictions",
+]
