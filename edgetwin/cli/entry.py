@@ -17,7 +17,7 @@ import typer
 
 # isort: off
 # importing a group module registers its commands on `app`, in the pipeline's order (the order of --help)
-from edgetwin.cli import logs, registry, demo, twin, policy, edge, federation  # noqa: F401
+from edgetwin.cli import logs, registry, demo, twin, policy, canary, edge, federation  # noqa: F401
 # isort: on
 from edgetwin.cli.common import app, console
 from edgetwin.contract.errors import GateRefused

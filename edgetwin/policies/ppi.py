@@ -135,7 +135,7 @@ def ppi_mean_difference(
 
 
 # ------------------------------------------------------------------------------ twin predictions
-def twin_group_predictions(
+def twin_group_series(
     twin: Any,
     policies: Mapping[str, Any],
     log: pd.DataFrame,
@@ -143,21 +143,20 @@ def twin_group_predictions(
     *,
     episodes: int = 1,
     seed: int = 0,
-    window: tuple[int, int] | None = None,
     members: Sequence[int] | None = None,
-) -> pd.DataFrame:
-    """The twin's per-service-group prediction of each KPI under each policy.
+) -> dict[tuple[str, str], pd.DataFrame]:
+    """The twin's per-service-group, per-tick prediction of each KPI column under each policy.
 
     Replays the log's last ``episodes`` episodes (their agents, sites, profiles, first states) with
-    every member (or ``members``) and averages each agent's KPI column over the ticks of
-    ``window`` (``[start, stop)``; default: the whole episode), then over members and episodes.
+    every member (or ``members``), on the same world seed for every policy (paired), and averages
+    each agent's per-tick values over members and episodes.
 
     Args:
         policies: name -> `edgetwin.twin.whatif.PolicySpec`.
-        kpis: KPI columns (``kpi.slo_violation``, ``reward``, ...): per-group means of the column.
+        kpis: per-step columns (``kpi.slo_violation``, ``reward``, ...).
 
     Returns:
-        One row per agent, columns ``(policy, kpi)`` (a MultiIndex), index the agent ids.
+        ``(policy, column)`` -> DataFrame, index the agent ids (sorted), columns the ticks ``0..T-1``.
     """
     from edgetwin.twin.whatif import NOMINAL
     from edgetwin.twin.whatif.engine import run_episode
@@ -169,26 +168,45 @@ def twin_group_predictions(
         raise InputError("the log has no episode to replay", "--log")
     kdefs = [KpiDef(k, k, "mean") for k in kpis]
     mem = list(members) if members is not None else list(range(twin.n_members))
-    sums: dict[tuple[str, str], dict[str, list[float]]] = {}
+    parts: dict[tuple[str, str], list[pd.DataFrame]] = {}
     for e_i, ep in enumerate(eps):
         for m in mem:
             wseed = int(np.random.default_rng([seed, e_i, m]).integers(2**31))
             for name, pol in policies.items():
                 out = run_episode(twin, pol, NOMINAL, kdefs, seed=wseed, member=m, logged=ep)
                 src = out.source if out.source is not None else np.arange(len(ep.agents))
-                agents = np.asarray(ep.agents)[src]
+                agents = np.asarray(ep.agents).astype(str)[src]
                 for k in kpis:
-                    arr = out.series[k]  # (T, N)
-                    lo, hi = window if window is not None else (0, arr.shape[0])
-                    per = np.nanmean(arr[lo:hi], axis=0)
-                    d = sums.setdefault((name, k), {})
-                    for a, v in zip(agents, per, strict=True):
-                        if math.isfinite(v):
-                            d.setdefault(str(a), []).append(float(v))
-    cols = {key: {a: float(np.mean(v)) for a, v in d.items()} for key, d in sums.items()}
+                    frame = pd.DataFrame(out.series[k].T, index=agents)  # (N, T)
+                    parts.setdefault((name, k), []).append(frame.groupby(level=0).mean())
+    return {key: pd.concat(fs).groupby(level=0).mean().sort_index() for key, fs in parts.items()}
+
+
+def twin_group_predictions(
+    twin: Any,
+    policies: Mapping[str, Any],
+    log: pd.DataFrame,
+    kpis: Sequence[str],
+    *,
+    episodes: int = 1,
+    seed: int = 0,
+    window: tuple[int, int] | None = None,
+    members: Sequence[int] | None = None,
+) -> pd.DataFrame:
+    """Per service group, the twin's mean of each KPI column under each policy over the ticks of
+    ``window`` (``[start, stop)``; default the whole episode): `twin_group_series` averaged.
+
+    Returns:
+        One row per agent (sorted ids), columns ``(policy, column)`` (a MultiIndex).
+    """
+    series = twin_group_series(twin, policies, log, kpis, episodes=episodes, seed=seed, members=members)
+    cols = {}
+    for key, f in series.items():
+        lo, hi = window if window is not None else (0, f.shape[1])
+        cols[key] = f.iloc[:, lo:hi].mean(axis=1)
     df = pd.DataFrame(cols)
-    df.columns = pd.MultiIndex.from_tuples(df.columns)
-    return df.sort_index()
+    df.columns = pd.MultiIndex.from_tuples(list(cols))
+    return df
 
 
 def measured_group_means(canary_log: pd.DataFrame, kpis: Sequence[str], candidate: str, start_t: int = 0) -> pd.DataFrame:
@@ -280,4 +298,5 @@ __all__ = [
     "ppi_mean_difference",
     "ppi_verdict",
     "twin_group_predictions",
+    "twin_group_series",
 ]

@@ -1,0 +1,111 @@
+"""``edgetwin canary plan``: from the gate's abstention, the slice and hours a canary should get."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from edgetwin.cli.common import JsonOpt, SeedOpt, app, emit_json, out
+from edgetwin.contract.errors import InputError
+
+canary_app = typer.Typer(help="Canaries: plan the slice and hours that settle the gate's abstention.",
+                         no_args_is_help=True)  # fmt: skip
+app.add_typer(canary_app, name="canary")
+
+
+def parse_budget(max_share: str, max_loss: list[str] | None, hours: float) -> Any:
+    """The operator's `PlanBudget` from the flags (exit 2 with one line on a bad one)."""
+    from edgetwin.policies.canary_plan import PlanBudget, parse_max_loss, parse_share
+
+    share = parse_share(max_share)
+    if not (hours > 0 and hours < float("inf")):  # also NaN
+        raise InputError(f"expected hours > 0, got {hours}", "--hours")
+    return PlanBudget(max_share=share, max_loss=parse_max_loss(max_loss or []), hours=hours)
+
+
+def resolve_baseline(ref: str, twin: Any, registry: str | None, scope: str, tmp: Path) -> Any:
+    """``current``: the registry's current version for ``scope`` (with --registry), else the twin's
+    clone of the logging policy (what the logs were made with); anything else: `resolve_policy`."""
+    from edgetwin.policies.gate import resolve_policy
+
+    if ref != "current":
+        return resolve_policy(ref, twin)
+    if registry is None:
+        return resolve_policy("logging", twin, name="current")
+    from edgetwin.edge.registry import open_registry
+    from edgetwin.edge.signing import TrustStore
+
+    with open_registry(registry) as reg:
+        version = reg.current(scope) or reg.current("global")
+        if version is None:
+            return resolve_policy("logging", twin, name="current")
+        d = reg.fetch(version, tmp / "current", TrustStore())
+    return resolve_policy(d, twin, name=f"current-{version}")
+
+
+@canary_app.command("plan")
+def canary_plan_cmd(
+    twin_dir: Annotated[Path, typer.Argument(help="Twin directory (from `edgetwin fit`).")],
+    policy: Annotated[str, typer.Option("--policy", help="The candidate: an exported policy directory.")],
+    log: Annotated[Path, typer.Option("--log", help="Recent log of the real system (its service groups are the fleet).")],
+    baseline: Annotated[
+        str, typer.Option("--baseline", help="current (the registry's current version with --registry, else the "
+                          "logging policy's clone), a policy directory or a built-in.")
+    ] = "current",
+    max_share: Annotated[str, typer.Option("--max-share", help="At most this share of the service groups (10% or 0.1).")] = "10%",
+    max_loss: Annotated[
+        list[str] | None,
+        typer.Option("--max-loss", help="KPI=0.5%: the largest fleet-wide worsening the canary may cause at worst; repeatable."),
+    ] = None,
+    hours: Annotated[float, typer.Option("--hours", help="At most this many hours.")] = 24.0,
+    max_regression: Annotated[
+        list[str] | None, typer.Option("--max-regression", help="Guarded KPI and margin, as for `edgetwin promote`; repeatable.")
+    ] = None,
+    registry: Annotated[str | None, typer.Option("--registry", help="Registry whose current version is --baseline current.")] = None,
+    scope: Annotated[str, typer.Option("--scope", help="Scope of the current version.")] = "global",
+    episodes: Annotated[int, typer.Option(min=1, help="Recorded episodes the gate replays.")] = 2,
+    plan_out: Annotated[Path | None, typer.Option("--out", help="Write the plan (JSON) here.")] = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the gate; when it abstains, plan the canary that should settle it: which service groups
+    (drawn at random from the fleet), how many hours, the interval the twin expects after it, the worst
+    case on the slice, and why — within --max-share, --max-loss and --hours. Exit 2 on a bad budget.
+    When the gate already decides, nothing is planned (the verdict is printed)."""
+    import tempfile
+
+    from edgetwin.cli.policy import _whatif_inputs
+    from edgetwin.policies.canary_plan import plan_canary
+    from edgetwin.policies.gate import parse_guards, resolve_guards, resolve_policy, run_gate
+
+    budget = parse_budget(max_share, max_loss, hours)  # before anything long
+    guards = parse_guards(max_regression or [])
+    twin, _scen, kpi_defs, table = _whatif_inputs(twin_dir, None, None, log, None)
+    known = {g.kpi for g, _k in resolve_guards(kpi_defs, guards or None)}
+    bad = sorted(set(budget.max_loss) - known)
+    if bad:
+        raise InputError(f"unknown KPI(s) {bad}; the gate guards {sorted(known)}", "--max-loss")
+    with tempfile.TemporaryDirectory(prefix="edgetwin-plan-") as tmp:
+        base = resolve_baseline(baseline, twin, registry, scope, Path(tmp))
+        cand = resolve_policy(policy, twin, name=Path(policy).name or "candidate")
+        if cand.name == base.name:
+            cand.name += "-candidate"
+        decision = run_gate(twin, cand, base, log=table, guards=guards or None, kpis=kpi_defs, episodes=episodes,
+                            seed=seed)  # fmt: skip
+        if decision.verdict != "abstain":
+            doc = {"plan": None, "gate": {"verdict": decision.verdict, "reason": decision.reason()}}
+            if as_json:
+                emit_json(doc)
+            else:
+                out.print(f"nothing to plan: the gate decides ({decision.verdict}): {decision.reason()}")
+            return
+        plan = plan_canary(decision, twin, table, cand, base, budget, seed=seed)
+    if plan_out is not None:
+        plan_out.parent.mkdir(parents=True, exist_ok=True)
+        plan_out.write_text(plan.to_json())
+    if as_json:
+        emit_json({"plan": plan.to_dict(), "gate": {"verdict": decision.verdict, "reason": decision.reason()}})
+    else:
+        out.print(plan.describe())

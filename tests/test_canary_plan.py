@@ -1,0 +1,119 @@
+"""The canary plan from the gate's abstention: within the budget, deterministic for a seed, readable
+by `CanaryConfig.from_plan`; bad budgets exit 2 with one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgetwin.contract.errors import InputError
+from edgetwin.edge.canary import CanaryConfig
+from edgetwin.emulator.cluster import ClusterConfig
+from edgetwin.emulator.logs import generate_logs
+from edgetwin.policies.canary_plan import CanaryPlan, PlanBudget, parse_max_loss, parse_share, plan_canary
+from edgetwin.policies.gate import resolve_policy, run_gate
+from edgetwin.twin.twin import Twin
+from edgetwin.twin.whatif import fixed_policy
+
+torch.set_num_threads(1)
+CLUSTER = ClusterConfig(n_agents=40, steps=24)
+
+
+class Constant:
+    def __init__(self, spec, action):  # type: ignore[no-untyped-def]
+        self.spec = spec
+        self.action = np.asarray(action, dtype=np.float64)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        return np.tile(self.action, (len(obs), 1))
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("plan")
+    log, spec = generate_logs(CLUSTER, 2, "random", seed=0)
+    log.to_parquet(root / "log.parquet")
+    spec.save(root / "log.spec.toml")
+    twin = Twin.fit(log, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2,
+                    population_model="empirical")  # fmt: skip
+    twin.save(root / "twin")
+    cand = fixed_policy("always-edge", Constant(spec, [1.0, 0.3, 0.2]))
+    base = resolve_policy("logging", twin, name="current")
+    decision = run_gate(twin, cand, base, log=log, episodes=1, seed=0)  # every KPI with a direction, 5 %
+    return {"root": root, "twin": twin, "log": log, "cand": cand, "base": base, "decision": decision, "spec": spec}
+
+
+def test_plan_is_within_budget_deterministic_and_feeds_the_canary(gated) -> None:  # type: ignore[no-untyped-def]
+    budget = PlanBudget(max_share=0.25, hours=24.0)
+    p1 = plan_canary(gated["decision"], gated["twin"], gated["log"], gated["cand"], gated["base"], budget, seed=3)
+    p2 = plan_canary(gated["decision"], gated["twin"], gated["log"], gated["cand"], gated["base"], budget, seed=3)
+    assert p1.to_dict() == p2.to_dict()  # same seed, same plan
+    assert 4 <= p1.n_groups <= 10 and len(p1.slice.agents) == p1.n_groups == len(set(p1.slice.agents))
+    assert set(p1.slice.agents) <= set(gated["log"]["agent"].astype(str))
+    assert 0 < p1.hours <= 24 * 4 / 4 - 1  # one 6 h episode minus the pre-canary hour
+    for k in p1.kpis:  # the expected interval is centred on the twin's estimate and reported with its worst case
+        assert k.expected[0] < k.expected[1] and np.isfinite(k.worst_on_slice) and k.fleet_loss >= 0
+    assert p1.why
+    # JSON round trip, and the edge's canary reads it
+    again = CanaryPlan.from_dict(json.loads(p1.to_json()))
+    assert again.to_dict() == p1.to_dict()
+    cfg = CanaryConfig.from_plan(again, "v-cand", spec=gated["spec"])
+    assert cfg.slice.agents == p1.slice.agents and cfg.hours == p1.hours
+    assert {m.kpi for m in cfg.margins} >= {"kpi.slo_violation"}
+    slo = next(m for m in cfg.margins if m.kpi == "kpi.slo_violation")
+    assert not slo.higher_is_better and slo.max_regression == pytest.approx(0.05)
+    p3 = plan_canary(gated["decision"], gated["twin"], gated["log"], gated["cand"], gated["base"], budget, seed=4)
+    assert p3.slice.agents != p1.slice.agents or p3.n_groups != p1.n_groups
+
+
+def test_a_loss_budget_caps_the_slice(gated) -> None:  # type: ignore[no-untyped-def]
+    free = plan_canary(gated["decision"], gated["twin"], gated["log"], gated["cand"], gated["base"],
+                       PlanBudget(max_share=0.25), seed=0)  # fmt: skip
+    k = next(k for k in free.kpis if k.worst_on_slice > 0)
+    tight = k.worst_on_slice * 2.5 / free.fleet_groups  # room for ~2 candidate groups only
+    capped = plan_canary(gated["decision"], gated["twin"], gated["log"], gated["cand"], gated["base"],
+                         PlanBudget(max_share=0.25, max_loss={k.kpi: tight}), seed=0)  # fmt: skip
+    kk = next(x for x in capped.kpis if x.kpi == k.kpi)
+    assert kk.fleet_loss <= tight + 1e-12 and capped.n_groups <= 5
+    with pytest.raises(InputError, match="loss budget"):
+        plan_canary(gated["decision"], gated["twin"], gated["log"], gated["cand"], gated["base"],
+                    PlanBudget(max_share=0.25, max_loss={k.kpi: tight / 10}), seed=0)  # fmt: skip
+    with pytest.raises(InputError, match="unknown KPI"):
+        plan_canary(gated["decision"], gated["twin"], gated["log"], gated["cand"], gated["base"],
+                    PlanBudget(max_loss={"kpi.nope": 0.01}), seed=0)  # fmt: skip
+
+
+def test_budget_parsing() -> None:
+    assert parse_share("10%") == pytest.approx(0.1) and parse_share("1") == 1.0
+    for bad in ("0", "0%", "150%", "1.5", "-5%", "ten"):
+        with pytest.raises(InputError):
+            parse_share(bad)
+    assert parse_max_loss(["kpi.slo_violation=0.5%"]) == {"kpi.slo_violation": pytest.approx(0.005)}
+    for bad in (["kpi.x=0"], ["kpi.x=-1%"], ["kpi.x"], ["kpi.x=1%", "kpi.x=2%"]):
+        with pytest.raises(InputError):
+            parse_max_loss(bad)
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--max-share", "0"], "--max-share"),
+        (["--max-share", "150%"], "--max-share"),
+        (["--max-loss", "kpi.slo_violation=0"], "--max-loss"),
+        (["--max-loss", "kpi.nope=0.5%"], "--max-loss"),
+        (["--hours", "0"], "--hours"),
+    ],
+)
+def test_cli_bad_budget_exits_2_with_one_line(gated, flags, needle, capsys) -> None:  # type: ignore[no-untyped-def]
+    from edgetwin.cli import main
+
+    root: Path = gated["root"]
+    with pytest.raises(SystemExit) as ex:
+        main(["canary", "plan", str(root / "twin"), "--policy", "random", "--log", str(root / "log.parquet"), *flags])
+    assert ex.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err
