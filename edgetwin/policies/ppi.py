@@ -90,6 +90,8 @@ def ppi_mean_difference(
     y_ctrl: np.ndarray,
     f_ctrl: np.ndarray,
     level: float = LEVEL,
+    x_cand: np.ndarray | None = None,
+    x_ctrl: np.ndarray | None = None,
 ) -> dict[str, float]:
     """The PPI estimate of ``E[Y_c] − E[Y_b]`` and ``E[Y_b]`` (see the module docstring).
 
@@ -99,6 +101,12 @@ def ppi_mean_difference(
             candidate arm's groups; y_ctrl, f_ctrl: ``(n_b,)`` the same on the control arm
             (baseline predictions).
         level: two-sided level of the intervals.
+        x_cand, x_ctrl: optional pre-treatment covariates of the same groups (their mean KPI over
+            the canary's pre-ticks, when every group was still on the current policy). Both arms'
+            residuals are adjusted by ``β·(x − mean x)`` (CUPED; ``β`` the pooled within-arm
+            regression slope): randomization makes ``mean x`` the same in expectation on both
+            arms, so the adjustment removes the groups' own levels from the rectifier's noise
+            without biasing it (the slope's estimation error is O(1/n)).
 
     Returns:
         ``diff``, ``diff_se``, ``base``, ``base_se``, ``rel``, ``rel_lo``, ``rel_hi``, ``twin_diff``.
@@ -114,24 +122,67 @@ def ppi_mean_difference(
         )
     twin_diff = float(np.mean(fc - fb))
     rc, rb = yc - pc, yb - pb
+    if x_cand is not None and x_ctrl is not None:
+        xc, xb = np.asarray(x_cand, dtype=np.float64), np.asarray(x_ctrl, dtype=np.float64)
+        if len(xc) != len(rc) or len(xb) != len(rb):
+            raise ValueError("covariates must pair up with the measurements")
+        if np.isfinite(xc).all() and np.isfinite(xb).all():
+            xm = float(np.mean(np.concatenate([xc, xb])))
+            xr = np.concatenate([xc - xc.mean(), xb - xb.mean()])
+            rr = np.concatenate([rc - rc.mean(), rb - rb.mean()])
+            sxx = float(xr @ xr)
+            beta = float(xr @ rr) / sxx if sxx > 0 else 0.0
+            rc, rb = rc - beta * (xc - xm), rb - beta * (xb - xm)
     diff = twin_diff + float(np.mean(rc) - np.mean(rb))
     diff_var = _var(fc - fb) / len(fc) + _var(rc) / len(rc) + _var(rb) / len(rb)
     base = float(np.mean(fb) + np.mean(rb))
     base_var = _var(fb) / len(fb) + _var(rb) / len(rb)
+    out = finish_estimate(diff, diff_var, base, base_var, level)
+    out["twin_diff"] = twin_diff
+    out["twin_rel"] = twin_diff / abs(base) if base else float("nan")
+    return out
+
+
+def finish_estimate(diff: float, diff_var: float, base: float, base_var: float, level: float = LEVEL) -> dict[str, float]:
+    """The relative change ``diff / |base|`` and its ``level`` interval by the delta method.
+
+    The covariance of ``diff`` and ``base`` (both contain the control arm's rectifier) is bounded
+    by Cauchy-Schwarz, so the interval is conservative."""
     z = float(stats.norm.ppf(0.5 + level / 2))
     denom = abs(base)
     if denom <= 0 or not math.isfinite(denom):
         rel, rel_se = float("nan"), float("inf")
     else:
         rel = diff / denom
-        # delta method for diff / |base|; the covariance of the two (both contain mean(rb)) is
-        # bounded by Cauchy-Schwarz, so the bound below is conservative
         rel_se = math.sqrt(diff_var + rel * rel * base_var + 2 * abs(rel) * math.sqrt(diff_var * base_var)) / denom
     return {
         "diff": diff, "diff_se": math.sqrt(diff_var), "base": base, "base_se": math.sqrt(base_var),
         "rel": rel, "rel_lo": rel - z * rel_se, "rel_hi": rel + z * rel_se,
-        "twin_diff": twin_diff, "twin_rel": twin_diff / denom if denom > 0 else float("nan"),
     }  # fmt: skip
+
+
+def combine_estimates(rounds: Sequence[Mapping[str, float]], level: float = LEVEL) -> dict[str, float]:
+    """Several rounds' estimates of one KPI (each from the twin *before* that round's canary, so that
+    no round's rectifier is computed with a twin fitted on its own measurements) combined by
+    inverse-variance weights; each round is unbiased, so is the combination."""
+    if len(rounds) == 1:
+        return dict(rounds[0])
+
+    def pool(key: str, se_key: str) -> tuple[float, float]:
+        w = np.array([1.0 / max(r[se_key] ** 2, 1e-300) for r in rounds])
+        v = np.array([r[key] for r in rounds])
+        return float(np.sum(w * v) / np.sum(w)), float(1.0 / np.sum(w))
+
+    diff, dv = pool("diff", "diff_se")
+    base, bv = pool("base", "base_se")
+    out = finish_estimate(diff, dv, base, bv, level)
+    tw = np.array([1.0 / max(r["diff_se"] ** 2, 1e-300) for r in rounds])
+    out["twin_diff"] = float(np.sum(tw * np.array([r["twin_diff"] for r in rounds])) / np.sum(tw))
+    out["twin_rel"] = out["twin_diff"] / abs(base) if base else float("nan")
+    for k in ("n_fleet", "n_candidate", "n_control"):
+        if all(k in r for r in rounds):
+            out[k] = float(max(r[k] for r in rounds)) if k == "n_fleet" else float(sum(r[k] for r in rounds))
+    return out
 
 
 # ------------------------------------------------------------------------------ twin predictions
@@ -211,7 +262,8 @@ def twin_group_predictions(
 
 def measured_group_means(canary_log: pd.DataFrame, kpis: Sequence[str], candidate: str, start_t: int = 0) -> pd.DataFrame:
     """Per group of a canary's log: its arm (``candidate`` if the candidate decided its rows, else
-    ``control``) and each KPI's mean over ticks ``t >= start_t`` (after the pre-canary ticks)."""
+    ``control``), each KPI's mean over ticks ``t >= start_t`` (after the pre-canary ticks) and, as
+    ``pre:<kpi>``, over the pre-canary ticks (NaN without them)."""
     missing = [c for c in ("agent", "t", "policy", *kpis) if c not in canary_log.columns]
     if missing:
         raise InputError(f"the canary log lacks column(s) {missing}", "canary log")
@@ -221,6 +273,9 @@ def measured_group_means(canary_log: pd.DataFrame, kpis: Sequence[str], candidat
     g = rows.groupby("agent")
     out = g[list(kpis)].mean()
     out["arm"] = np.where(g["policy"].agg(lambda s: (s.astype(str) == candidate).any()), "candidate", "control")
+    pre = canary_log[canary_log["t"] < start_t].groupby("agent")[list(kpis)].mean().reindex(out.index)
+    for k in kpis:
+        out[f"pre:{k}"] = pre[k]
     return out
 
 
@@ -242,17 +297,19 @@ def ppi_estimates(
             f"{len(unknown)} canary group(s) are not in the twin's log (e.g. {unknown[0]!r}): the canary ran on "
             "another fleet", "canary log"
         )
-    cand_ids = measured.index[measured["arm"] == "candidate"]
-    ctrl_ids = measured.index[measured["arm"] == "control"]
+    is_c = (measured["arm"] == "candidate").to_numpy()
+    at = predictions.reindex(measured.index)
     out = {}
     for k in kpis:
         out[k] = ppi_mean_difference(
             predictions[(candidate, k)].to_numpy(), predictions[(baseline, k)].to_numpy(),
-            measured.loc[cand_ids, k].to_numpy(), predictions.loc[cand_ids, (candidate, k)].to_numpy(),
-            measured.loc[ctrl_ids, k].to_numpy(), predictions.loc[ctrl_ids, (baseline, k)].to_numpy(),
+            measured[k].to_numpy()[is_c], at[(candidate, k)].to_numpy()[is_c],
+            measured[k].to_numpy()[~is_c], at[(baseline, k)].to_numpy()[~is_c],
             level,
+            *((measured[f"pre:{k}"].to_numpy()[is_c], measured[f"pre:{k}"].to_numpy()[~is_c])
+              if f"pre:{k}" in measured else (None, None)),
         )  # fmt: skip
-        out[k]["n_fleet"], out[k]["n_candidate"], out[k]["n_control"] = len(predictions), len(cand_ids), len(ctrl_ids)
+        out[k]["n_fleet"], out[k]["n_candidate"], out[k]["n_control"] = len(predictions), int(is_c.sum()), int((~is_c).sum())
     return out
 
 
@@ -293,6 +350,8 @@ def ppi_verdict(
 __all__ = [
     "LEVEL",
     "PPIEstimate",
+    "combine_estimates",
+    "finish_estimate",
     "measured_group_means",
     "ppi_estimates",
     "ppi_mean_difference",

@@ -1,0 +1,264 @@
+"""The loop: gate → canary plan → canary at the edge → `Twin.update` → prediction-powered verdict.
+
+When the gate abstains (the twin cannot tell), `canary_loop` asks the system: each round plans a
+canary from the gate's reasons (`edgetwin.policies.canary_plan`), serves the candidate to that
+slice through an edge runtime (`edgetwin.edge.canary_emulated.canary_on_cluster`: the emulated
+cluster stands for the real system), re-decides with the twin's fleet-wide predictions rectified by
+the canary's measurements (`edgetwin.policies.ppi`), and updates the twin with the canary's rows
+(`Twin.update`) for the next round — until a verdict or the budget (rounds; each round within the
+plan's share × hours × loss budget) is spent.
+
+**Validity across rounds.** A round's rectifier is computed with the twin *before* that round's
+canary (the twin never saw those rows), and rounds are pooled by inverse-variance weights
+(`edgetwin.policies.ppi.combine_estimates`), so the updated twin narrows later rounds without
+biasing any. A canary the guard stopped (a guarded KPI's regression beyond its margin is certain,
+always-valid) refuses at once.
+
+**The fleet.** ``fleet_log`` is the fleet's log on the current policy for the day the canaries run
+(its last episode's service groups are the fleet; on the emulated cluster it is
+``generate_logs(cluster, 1, current, seed=fleet_seed)``, whose population is the one
+``canary_on_cluster(..., seed=fleet_seed)`` serves). A canary log whose groups are not the fleet's,
+or whose columns are not the twin's, is refused (`check_canary_log`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from edgetwin.contract.errors import InputError
+
+
+@dataclass
+class LoopRound:
+    """One round: its plan, what the canary did, what the twin learned, and the verdict after it.
+
+    ``realised_loss``: per KPI, the measured relative worsening of the candidate arm against the
+    control arm times the candidate arm's share of the fleet (what the canary cost the fleet);
+    ``over_budget``: KPIs whose realised loss exceeded the plan's ``max_loss``.
+    """
+
+    round: int
+    plan: dict[str, Any]
+    stop_reason: str
+    canary_rows: int
+    candidate_agent_steps: int
+    estimates: dict[str, dict[str, float]]
+    verdict: str
+    checks: list[dict[str, Any]]
+    realised_loss: dict[str, float] = field(default_factory=dict)
+    over_budget: list[str] = field(default_factory=list)
+    twin_updated: bool = False
+
+    def describe(self) -> str:
+        p = self.plan
+        parts = [f"round {self.round}: {p['n_groups']} of {p['fleet_groups']} groups for {p['hours']:g} h "
+                 f"({self.candidate_agent_steps} candidate agent-steps; canary {self.stop_reason}) -> {self.verdict}"]  # fmt: skip
+        for c in self.checks:
+            lo, hi = c["interval"]
+            parts.append(f"  {c['kpi']}: {100 * c['change']:+.1f}% [{100 * lo:+.1f}%, {100 * hi:+.1f}%] "
+                         f"(twin alone {100 * c['twin_change']:+.1f}%; margin {100 * c['allowed_change']:g}%) "
+                         f"-> {c['verdict']}")  # fmt: skip
+        return "\n".join(parts)
+
+
+@dataclass
+class LoopResult:
+    """What the loop decided. ``verdict``: promote / refuse / abstain; ``gate``: the twin-alone
+    verdict it started from; ``twin``: the last (updated) twin."""
+
+    verdict: str
+    reason: str
+    gate: dict[str, Any]
+    rounds: list[LoopRound]
+    twin: Any = None
+
+    @property
+    def agent_steps(self) -> int:
+        return sum(r.candidate_agent_steps for r in self.rounds)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {
+            "verdict": self.verdict, "reason": self.reason, "gate": self.gate,
+            "rounds": [asdict(r) for r in self.rounds], "canary_agent_steps": self.agent_steps,
+        }  # fmt: skip
+
+    def describe(self) -> str:
+        return "\n".join([f"twin alone: {self.gate['verdict']}"] + [r.describe() for r in self.rounds]
+                         + [f"verdict: {self.verdict}: {self.reason}"])  # fmt: skip
+
+
+def check_canary_log(canary_log: pd.DataFrame, twin: Any, fleet: Sequence[str], columns: Sequence[str]) -> None:
+    """Refuse a canary log that is not of this twin's system or this fleet (one line, exit 2)."""
+    spec_cols = [f.name for f in twin.spec.features]
+    missing = [c for c in ("agent", "t", "policy", *columns) if c not in canary_log.columns]
+    if missing:
+        raise InputError(f"the canary log lacks column(s) {missing}: not a log of this twin's spec", "canary log")
+    extra = [c for c in canary_log.columns if c not in spec_cols and c not in
+             ("episode", "t", "agent", "site", "scenario", "policy", "propensity", "reward")]  # fmt: skip
+    if extra:
+        raise InputError(f"the canary log has column(s) {extra[:5]} the twin's spec does not declare: another spec",
+                         "canary log")  # fmt: skip
+    alien = sorted(set(canary_log["agent"].astype(str)) - set(map(str, fleet)))
+    if alien:
+        raise InputError(f"{len(alien)} canary group(s) are not in the fleet the twin judged (e.g. {alien[0]!r}): "
+                         "a canary of another fleet", "canary log")  # fmt: skip
+
+
+def canary_verdict(
+    twin: Any,
+    fleet_log: pd.DataFrame,
+    canary_log: pd.DataFrame,
+    plan: Any,
+    candidate: Any,
+    baseline: Any,
+    *,
+    candidate_version: str,
+    guards: Sequence[Any],
+    better: dict[str, str],
+    pre_ticks: int = 4,
+    ticks: int | None = None,
+    seed: int = 0,
+    members: Sequence[int] | None = None,
+) -> dict[str, dict[str, float]]:
+    """One round's PPI estimates per guarded KPI column (`edgetwin.policies.ppi.ppi_estimates`)."""
+    from edgetwin.policies.ppi import measured_group_means, ppi_estimates, twin_group_predictions
+
+    cols = [m.kpi for m in plan.margins]
+    fleet = sorted(pd.unique(fleet_log.loc[fleet_log["episode"] == fleet_log["episode"].iloc[-1], "agent"].astype(str)))
+    check_canary_log(canary_log, twin, fleet, cols)
+    ticks = ticks if ticks is not None else int(round(plan.hours * 4))
+    preds = twin_group_predictions(
+        twin, {"candidate": candidate, "baseline": baseline}, fleet_log, cols, episodes=1, seed=seed,
+        window=(pre_ticks, pre_ticks + ticks), members=members,
+    )  # fmt: skip
+    measured = measured_group_means(canary_log, cols, candidate_version, start_t=pre_ticks)
+    return ppi_estimates(preds, measured, {c: better[c] for c in cols}, "candidate", "baseline")
+
+
+def canary_loop(
+    twin: Any,
+    fleet_log: pd.DataFrame,
+    candidate: Any,
+    current: Any,
+    cluster: Any,
+    *,
+    candidate_spec: Any,
+    baseline_spec: Any,
+    budget: Any = None,
+    guards: Sequence[Any] | None = None,
+    max_rounds: int = 3,
+    seed: int = 0,
+    fleet_seed: int = 0,
+    old_logs: Sequence[Any] | None = None,
+    update_options: dict[str, Any] | None = None,
+    members: Sequence[int] | None = None,
+    gate_episodes: int = 1,
+    log: Any = print,
+) -> LoopResult:
+    """Plan → canary → update → verdict, until a verdict or ``max_rounds``.
+
+    Args:
+        twin: the twin; fleet_log: the fleet's log on the current policy (module docstring).
+        candidate, current: what the edge serves (policy directories or objects with ``act``).
+        cluster: the emulated cluster's `ClusterConfig` (the "real system").
+        candidate_spec, baseline_spec: the same two policies as the twin runs them (`PolicySpec`).
+        budget: the operator's `PlanBudget` per round. guards: the gate's guards (default: every
+            KPI with a direction at 5 %).
+        max_rounds: rounds at most. seed: plans, twin updates, predictions. fleet_seed: the day's
+            population (the seed ``fleet_log`` was generated with).
+        old_logs: the twin's training data (`Twin.update` needs it); None: the twin is not updated.
+        update_options: passed to `Twin.update` (e.g. ``epochs``, ``steps``).
+    """
+    from edgetwin.edge.canary import CanaryConfig
+    from edgetwin.edge.canary_emulated import canary_on_cluster
+    from edgetwin.policies.canary_plan import plan_canary
+    from edgetwin.policies.gate import run_gate
+    from edgetwin.policies.ppi import combine_estimates, ppi_verdict
+
+    decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards, episodes=gate_episodes,
+                        seed=seed, members=members)  # fmt: skip
+    gate = {"verdict": decision.verdict, "reason": decision.reason()}
+    if decision.verdict != "abstain":
+        return LoopResult(decision.verdict, "the twin alone decides: " + decision.reason(), gate, [], twin)
+    log(f"    the twin cannot tell: {decision.reason()}")
+    rounds: list[LoopRound] = []
+    per_round: list[dict[str, dict[str, float]]] = []
+    verdict, reason = "abstain", decision.reason()
+    all_logs = list(old_logs) if old_logs is not None else None
+    for r in range(1, max_rounds + 1):
+        plan = plan_canary(decision, twin, fleet_log, candidate_spec, baseline_spec, budget, seed=seed,
+                           members=members, round_no=r)  # fmt: skip
+        log("    " + plan.describe().replace("\n", "\n    "))
+        cfg = CanaryConfig.from_plan(plan, "candidate", spec=twin.spec)
+        res = canary_on_cluster(cluster, current, candidate, cfg, seed=fleet_seed, episode=f"canary-{seed}-{r}")
+        better = {m.kpi: ("higher" if m.higher_is_better else "lower") for m in plan.margins}
+        col_guards = [_ColumnGuard(m.kpi, m.max_regression, m.min_delta) for m in plan.margins]
+        c_rows = res.log[(res.log["policy"].astype(str) == "candidate") & (res.log["t"] >= cfg.pre_ticks)]
+        if res.stop_reason == "guard":
+            gs = res.guard_stop
+            verdict = "refuse"
+            reason = f"the canary's guard stopped it: {getattr(gs, 'kpi', '?')} regressed beyond its margin (always-valid, alpha {cfg.alpha})"
+            est: dict[str, dict[str, float]] = {}
+            checks: list[dict[str, Any]] = []
+        else:
+            est = canary_verdict(twin, fleet_log, res.log, plan, candidate_spec, baseline_spec,
+                                 candidate_version="candidate", guards=col_guards, better=better,
+                                 pre_ticks=cfg.pre_ticks, ticks=cfg.ticks, seed=seed, members=members)  # fmt: skip
+            per_round.append(est)
+            pooled = {k: combine_estimates([pr[k] for pr in per_round]) for k in est}
+            verdict, ests = ppi_verdict(pooled, col_guards, better)
+            checks = [e.to_dict() for e in ests]
+            reason = "; ".join(
+                f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
+                f"{100 * e.allowed_change:g}% ({e.verdict})" for e in ests
+            )
+        loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, better)
+        rounds.append(LoopRound(r, plan.to_dict(), res.stop_reason, len(res.log), len(c_rows), est, verdict, checks,
+                                loss, over))  # fmt: skip
+        log("    " + rounds[-1].describe().replace("\n", "\n    "))
+        if verdict != "abstain" or r == max_rounds:
+            break
+        if all_logs is not None:
+            twin = twin.update(res.log, all_logs, seed=seed + r, **(update_options or {}))
+            all_logs.append(res.log)
+            rounds[-1].twin_updated = True
+        decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
+                            episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
+    return LoopResult(verdict, reason, gate, rounds, twin)
+
+
+@dataclass(frozen=True)
+class _ColumnGuard:
+    kpi: str
+    max_regression: float
+    min_delta: float = 0.0
+
+
+def _realised_loss(
+    canary_log: pd.DataFrame, plan: Any, pre_ticks: int, better: dict[str, str]
+) -> tuple[dict[str, float], list[str]]:
+    rows = canary_log[canary_log["t"] >= pre_ticks]
+    is_c = rows["policy"].astype(str) == "candidate"
+    n_c = rows.loc[is_c, "agent"].nunique()
+    out, over = {}, []
+    for k, direction in better.items():
+        c, b = float(rows.loc[is_c, k].mean()), float(rows.loc[~is_c, k].mean())
+        if not (math.isfinite(c) and math.isfinite(b)) or b == 0:
+            continue
+        worse = (c - b) / abs(b) * (1.0 if direction == "lower" else -1.0)
+        out[k] = max(0.0, worse) * n_c / max(plan.fleet_groups, 1)
+        # the plan's budget is keyed by the gate's KPI names; its KPIs record their column
+        for pk in plan.kpis:
+            if pk.column == k and pk.budget is not None and out[k] > pk.budget:
+                over.append(pk.kpi)
+    return out, over
+
+
+__all__ = ["LoopResult", "LoopRound", "canary_loop", "canary_verdict", "check_canary_log"]
