@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
@@ -94,8 +95,12 @@ class LoopResult:
                          + [f"verdict: {self.verdict}: {self.reason}"])  # fmt: skip
 
 
-def check_canary_log(canary_log: pd.DataFrame, twin: Any, fleet: Sequence[str], columns: Sequence[str]) -> None:
-    """Refuse a canary log that is not of this twin's system or this fleet (one line, exit 2)."""
+def check_canary_log(canary_log: pd.DataFrame, twin: Any, fleet_log: pd.DataFrame, columns: Sequence[str]) -> None:
+    """Refuse a canary log that is not of this twin's system or of this fleet (one line, exit 2).
+
+    Of this twin's system: it has the KPI columns and no column the twin's spec does not declare.
+    Of this fleet: every group is a group of ``fleet_log``'s last episode with the same profile
+    (group ids alone repeat across populations: the profile says who a group is)."""
     spec_cols = [f.name for f in twin.spec.features]
     missing = [c for c in ("agent", "t", "policy", *columns) if c not in canary_log.columns]
     if missing:
@@ -105,10 +110,20 @@ def check_canary_log(canary_log: pd.DataFrame, twin: Any, fleet: Sequence[str], 
     if extra:
         raise InputError(f"the canary log has column(s) {extra[:5]} the twin's spec does not declare: another spec",
                          "canary log")  # fmt: skip
-    alien = sorted(set(canary_log["agent"].astype(str)) - set(map(str, fleet)))
+    last = fleet_log[fleet_log["episode"] == fleet_log["episode"].iloc[-1]]
+    alien = sorted(set(canary_log["agent"].astype(str)) - set(last["agent"].astype(str)))
     if alien:
         raise InputError(f"{len(alien)} canary group(s) are not in the fleet the twin judged (e.g. {alien[0]!r}): "
                          "a canary of another fleet", "canary log")  # fmt: skip
+    prof = [c for c in twin.spec.names("profile") if c in canary_log.columns and c in last.columns]
+    if prof:
+        a = canary_log.groupby(canary_log["agent"].astype(str))[prof].first().sort_index()
+        b = last.groupby(last["agent"].astype(str))[prof].first().reindex(a.index)
+        same = np.isclose(a.to_numpy(float), b.to_numpy(float), rtol=1e-6, atol=1e-9, equal_nan=True).all(axis=1)
+        if not same.all():
+            bad = a.index[~same][0]
+            raise InputError(f"canary group {bad!r} has another profile than the fleet's group of that name: a canary "
+                             "of another fleet", "canary log")  # fmt: skip
 
 
 def canary_verdict(
@@ -131,8 +146,7 @@ def canary_verdict(
     from edgetwin.policies.ppi import measured_group_means, ppi_estimates, twin_group_predictions
 
     cols = [m.kpi for m in plan.margins]
-    fleet = sorted(pd.unique(fleet_log.loc[fleet_log["episode"] == fleet_log["episode"].iloc[-1], "agent"].astype(str)))
-    check_canary_log(canary_log, twin, fleet, cols)
+    check_canary_log(canary_log, twin, fleet_log, cols)
     ticks = ticks if ticks is not None else int(round(plan.hours * 4))
     preds = twin_group_predictions(
         twin, {"candidate": candidate, "baseline": baseline}, fleet_log, cols, episodes=1, seed=seed,
