@@ -209,6 +209,7 @@ def _promote_and_serve(
     import numpy as np
 
     from edgetwin.contract.errors import GateRefused
+    from edgetwin.edge.canary_loop import promote_after_canary
     from edgetwin.edge.registry import FileRegistry, metadata_from_policy_dir
     from edgetwin.edge.runtime import EdgeRuntime
     from edgetwin.edge.signing import Signer, TrustStore
@@ -235,8 +236,15 @@ def _promote_and_serve(
     except GateAbstained as abstained:  # exit 3 on the CLI: the twin cannot vouch for the policy
         numbers["promoted_version"] = None
         numbers["gate_abstained"] = str(abstained)
-        log(f"    the gate abstained (the twin cannot tell; nothing promoted, nothing served): {abstained}")
-        return numbers
+        log(f"    the gate abstained (the twin cannot tell): {abstained}")
+        log("    asking the edge: a canary on <= 10% of the service groups for <= 1 simulated day")
+        verdict = _canary(twin, policy_dir, config, seed, out, numbers, log, getattr(abstained, "result", None))
+        if verdict is None:
+            return numbers
+        version = promote_after_canary(registry, policy_dir, verdict, signer, scope="global", expected=None,
+                                       metadata=metadata_from_policy_dir(policy_dir))  # fmt: skip
+        numbers["promoted_version"] = version
+        log(f"    promoted {version} on the canary's evidence (signed, published, global pointer moved)")
 
     cluster = EdgeCluster(config)
     obs = cluster.reset(seed + 20_000)
@@ -253,3 +261,51 @@ def _promote_and_serve(
     numbers["served_mean_reward"] = float(np.mean(rewards))
     log(f"    the edge runtime served {served:,} decisions to the emulated cluster")
     return numbers
+
+
+def _canary(
+    twin: Any, policy_dir: Path, config: Any, seed: int, out: Path, numbers: dict[str, Any],
+    log: Callable[[str], None], promotion: Any = None,
+) -> Any:
+    """The gate abstained: one canary round (<= 10 % of the service groups, <= 1 simulated day)
+    on the emulated cluster through an edge runtime, judged by prediction-powered inference.
+
+    Returns the `LoopResult` when its verdict is promote; else records the refusal or abstention
+    (with its reason) in ``numbers`` and returns None. The fleet is a day the twin never saw
+    (``seed + 30_000``), run by the logging policy (random) as the current policy. The plan starts
+    from the gate's own abstention (``promotion``: the `PromotionResult` the abstention carries)."""
+    from edgetwin.contract.errors import InputError
+    from edgetwin.edge.canary_loop import canary_loop
+    from edgetwin.emulator.logs import generate_logs, make_policy
+    from edgetwin.policies.canary_plan import PlanBudget
+    from edgetwin.policies.gate import resolve_policy
+
+    fleet_seed = seed + 30_000
+    fleet_log, spec = generate_logs(config, 1, "random", seed=fleet_seed)
+    try:
+        result = canary_loop(
+            twin, fleet_log, policy_dir, make_policy("random", spec, seed=seed), config,
+            candidate_spec=resolve_policy(policy_dir, twin, name="trained"),
+            baseline_spec=resolve_policy("logging", twin, name="current"),
+            budget=PlanBudget(max_share=0.10, hours=24.0), max_rounds=1, seed=seed, fleet_seed=fleet_seed,
+            decision=getattr(promotion, "decision", None), log=log,
+        )  # fmt: skip
+    except InputError as e:  # e.g. 10 % of a small fleet is fewer than the 4 groups a canary needs
+        numbers["canary"] = {"verdict": "abstain", "reason": f"no canary: {e}"}
+        log(f"    no canary possible ({e}); nothing promoted, nothing served")
+        return None
+    (out / "canary.json").write_text(json.dumps(result.to_dict(), indent=1, default=float))
+    numbers["canary"] = {
+        "verdict": result.verdict, "reason": result.reason, "rounds": len(result.rounds),
+        "share": result.rounds[0].plan["share"] if result.rounds else 0.0,
+        "hours": result.rounds[0].plan["hours"] if result.rounds else 0.0,
+        "candidate_agent_steps": result.agent_steps,
+    }  # fmt: skip
+    if result.verdict == "promote":
+        return result
+    if result.verdict == "refuse":
+        numbers["gate_refused"] = result.reason
+        log(f"    refused on the canary's evidence: {result.reason}")
+    else:
+        log(f"    the canary could not tell either (nothing promoted, nothing served): {result.reason}")
+    return None

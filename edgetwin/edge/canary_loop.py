@@ -174,6 +174,7 @@ def canary_loop(
     update_options: dict[str, Any] | None = None,
     members: Sequence[int] | None = None,
     gate_episodes: int = 1,
+    decision: Any = None,
     log: Any = print,
 ) -> LoopResult:
     """Plan → canary → update → verdict, until a verdict or ``max_rounds``.
@@ -188,7 +189,10 @@ def canary_loop(
         max_rounds: rounds at most. seed: plans, twin updates, predictions. fleet_seed: the day's
             population (the seed ``fleet_log`` was generated with).
         old_logs: the twin's training data (`Twin.update` needs it); None: the twin is not updated.
-        update_options: passed to `Twin.update` (e.g. ``epochs``, ``steps``).
+        update_options: passed to `Twin.update` (e.g. ``epochs``, ``max_steps``).
+        decision: the gate's abstaining `GateDecision` to start from (default: the gate is run on
+            ``fleet_log``); a caller that already has the gate's abstention passes it, so that the
+            verdict is not shopped for by re-running the gate on other traffic.
     """
     from edgetwin.edge.canary import CanaryConfig
     from edgetwin.edge.canary_emulated import canary_on_cluster
@@ -196,8 +200,9 @@ def canary_loop(
     from edgetwin.policies.gate import run_gate
     from edgetwin.policies.ppi import combine_estimates, ppi_verdict
 
-    decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards, episodes=gate_episodes,
-                        seed=seed, members=members)  # fmt: skip
+    if decision is None:
+        decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
+                            episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
     gate = {"verdict": decision.verdict, "reason": decision.reason()}
     if decision.verdict != "abstain":
         return LoopResult(decision.verdict, "the twin alone decides: " + decision.reason(), gate, [], twin)
@@ -209,6 +214,7 @@ def canary_loop(
     for r in range(1, max_rounds + 1):
         plan = plan_canary(decision, twin, fleet_log, candidate_spec, baseline_spec, budget, seed=seed,
                            members=members, round_no=r)  # fmt: skip
+        plan = balanced(plan)
         log("    " + plan.describe().replace("\n", "\n    "))
         cfg = CanaryConfig.from_plan(plan, "candidate", spec=twin.spec)
         res = canary_on_cluster(cluster, current, candidate, cfg, seed=fleet_seed, episode=f"canary-{seed}-{r}")
@@ -248,6 +254,30 @@ def canary_loop(
     return LoopResult(verdict, reason, gate, rounds, twin)
 
 
+def balanced(plan: Any, tries: int = 10_000) -> Any:
+    """The plan with its slice's assignment seed moved to the first one (from the plan's) whose
+    keyed-hash arms (`edgetwin.edge.canary_slice.SliceRouter`) split its groups as evenly as
+    ``treat_share`` asks (within one group).
+
+    Re-randomization (Morgan & Rubin 2012): with a handful of groups, independent coin flips often
+    leave one arm with one group, and neither arm's rectifier can be estimated; drawing the
+    assignment uniformly among the balanced ones keeps it random (each group equally likely on
+    each arm), so the prediction-powered estimate stays unbiased."""
+    from dataclasses import replace
+
+    from edgetwin.edge.canary_slice import CanarySlice, SliceRouter
+
+    sl = plan.slice
+    want = sl.treat_share * len(sl.agents)
+    for k in range(tries):
+        seed = int(sl.seed) + k
+        router = SliceRouter(CanarySlice(tuple(sl.agents), (), sl.treat_share, seed), "candidate", "current")
+        n_c = int(sum(router.arm(a) == "candidate" for a in sl.agents))
+        if abs(n_c - want) <= 1.0 and n_c >= 2 and len(sl.agents) - n_c >= 2:
+            return replace(plan, slice=replace(sl, seed=seed))
+    return plan
+
+
 @dataclass(frozen=True)
 class _ColumnGuard:
     kpi: str
@@ -275,4 +305,40 @@ def _realised_loss(
     return out, over
 
 
-__all__ = ["LoopResult", "LoopRound", "canary_loop", "canary_verdict", "check_canary_log"]
+
+
+def promote_after_canary(
+    registry: Any,
+    policy_dir: Any,
+    result: LoopResult,
+    signer: Any,
+    *,
+    scope: str = "global",
+    expected: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> str:
+    """Publish the candidate (signed) and move ``scope``'s pointer to it (compare-and-swap on
+    ``expected``) after the loop's verdict was *promote*; the metadata records the canary rounds.
+
+    Raises:
+        InputError: the loop's verdict was not promote (nothing is published)."""
+    if result.verdict != "promote":
+        raise InputError(f"the canary loop's verdict is {result.verdict}, not promote: {result.reason}", "promote --canary")
+    import re
+    from pathlib import Path
+
+    md = dict(metadata or {})
+    if not md.get("name"):
+        md["name"] = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(policy_dir).name).strip("-.") or "policy"
+    md["gate"] = {
+        "passed": True, "verdict": "promote", "forced": False, "via": "canary", "twin_alone": result.gate,
+        "reason": result.reason[:500], "canary_rounds": len(result.rounds), "canary_agent_steps": result.agent_steps,
+        "guards": {c["kpi"]: c["allowed_change"] for c in (result.rounds[-1].checks if result.rounds else [])},
+    }  # fmt: skip
+    version: str = registry.publish(policy_dir, md, signer)
+    registry.set_current(scope, version, expected=expected, reason=f"canary verdict: {result.reason}"[:500],
+                         kind="promote")  # fmt: skip
+    return version
+
+
+__all__ = ["LoopResult", "LoopRound", "balanced", "canary_loop", "canary_verdict", "check_canary_log", "promote_after_canary"]

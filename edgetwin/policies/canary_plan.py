@@ -25,8 +25,9 @@ groups and ``hours``.
 **Which option.** Over ``n`` (even numbers of groups up to the budget) and ``h`` (1, 2, 3, 6, 12,
 24 hours up to the budget and one episode), the cheapest option (least fleet loss, then fewest
 group-hours) whose expected interval decides every deciding KPI (lies wholly on one side of its
-margin); when none does, the option with the narrowest expected intervals the budget allows (the
-most evidence for the risk the operator accepts), and the plan says it may not decide.
+margin); when none does, the largest option the budget allows (most groups, then longest: the most
+evidence for the risk the operator accepts), and the plan says it may not decide. The expected
+interval ignores the pre-tick covariate the verdict uses (`edgetwin.policies.ppi`), so it errs wide.
 
 **Which groups.** Drawn uniformly at random (seeded) from the fleet: the PPI rectifier is unbiased
 for the fleet only when the slice is a random sample of it, so the plan does not pick the groups
@@ -414,8 +415,9 @@ def plan_canary(
         best = min(deciding_opts, key=lambda o: (o[1], o[2], o[4]))
         why.append("the cheapest slice (least worst-case loss, then fewest group-hours) whose expected interval decides")
     else:
-        best = min(options, key=lambda o: (o[3], o[1], o[2]))
-        why.append("no slice within the budget is expected to decide; this one narrows the intervals most within it")
+        best = min(options, key=lambda o: (-o[4], -o[5]))
+        why.append("no slice within the budget is expected to decide: the largest the budget allows (most groups, "
+                   "longest), the most evidence for the risk the operator accepts")
     _, _, _, _, n, h, planned = best
     for c in checks.values():
         if c.verdict == "unsupported":
