@@ -3,6 +3,9 @@ spec or fleet is refused."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -75,3 +78,54 @@ def test_a_canary_log_of_another_spec_or_fleet_is_refused(world) -> None:  # typ
         check_canary_log(canary.assign(**{"state.foreign": 1.0}), world["twin"], world["fleet"], ["kpi.slo_violation"])
     with pytest.raises(InputError, match="lacks"):
         check_canary_log(canary.drop(columns=["kpi.slo_violation"]), world["twin"], world["fleet"], ["kpi.slo_violation"])
+
+
+@pytest.fixture(scope="module")
+def promote_setup(world, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from edgetwin.edge.signing import Signer, save_private_key
+    from edgetwin.policies.train import train_policy
+
+    d = tmp_path_factory.mktemp("promote-canary")
+    world["twin"].save(d / "twin")
+    world["log"].to_parquet(d / "log.parquet")
+    world["spec"].save(d / "log.spec.toml")
+    tr = train_policy(world["twin"], algo="ppo", steps=256, seed=0, out=d / "policy", progress=False)
+    save_private_key(Signer.generate().private_key, d / "key.pem")
+    return d, Path(tr.path)
+
+
+def _promote(d: Path, policy: Path, reg: str, *extra: str) -> int:
+    from edgetwin.cli import main
+
+    with pytest.raises(SystemExit) as ex:
+        main(["promote", str(policy), "--registry", str(d / reg), "--log", str(d / "log.parquet"), "--twin",
+              str(d / "twin"), "--key", str(d / "key.pem"), "--episodes", "1", "--out", str(d / f"out-{reg}"),
+              "--json", *extra])  # fmt: skip
+    return int(ex.value.code or 0)
+
+
+def test_promote_canary_same_seed_same_rounds_and_verdict(promote_setup, capsys) -> None:  # type: ignore[no-untyped-def]
+    d, policy = promote_setup
+    flags = ("--canary", "--canary-rounds", "1", "--max-share", "25%", "--max-regression", "kpi.slo_violation=5%",
+             "--seed", "2")  # fmt: skip
+    code_a = _promote(d, policy, "reg-a", *flags)
+    doc_a = json.loads(capsys.readouterr().out)
+    code_b = _promote(d, policy, "reg-b", *flags)
+    doc_b = json.loads(capsys.readouterr().out)
+    assert code_a == code_b and code_a in (0, 1, 3)
+    assert "canary" in doc_a  # this tiny twin abstains: the canary ran, its rounds are reported
+    if "canary" in doc_a:
+        a, b = doc_a["canary"], doc_b["canary"]
+        assert a["verdict"] == b["verdict"] and a["rounds"] and len(a["rounds"]) <= 1
+        assert [r["plan"] for r in a["rounds"]] == [r["plan"] for r in b["rounds"]]
+        assert [r["estimates"] for r in a["rounds"]] == [r["estimates"] for r in b["rounds"]]
+        assert {0: "promote", 1: "refuse", 3: "abstain"}[code_a] == a["verdict"]
+
+
+@pytest.mark.parametrize("flags", [["--max-share", "0"], ["--max-share", "101%"], ["--max-loss", "kpi.slo_violation=0%"],
+                                   ["--hours", "0"]])  # fmt: skip
+def test_promote_canary_bad_budget_exits_2(promote_setup, flags, capsys) -> None:  # type: ignore[no-untyped-def]
+    d, policy = promote_setup
+    assert _promote(d, policy, "reg-bad", "--canary", *flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err

@@ -450,6 +450,23 @@ def promote_cmd(
         float, typer.Option(help="Abstain when more than this share of a number's agent-steps lie outside the logs' support.")
     ] = 0.25,
     force: Annotated[bool, typer.Option("--force", help="Promote even if the gate refuses or abstains (recorded in the metadata).")] = False,
+    canary: Annotated[
+        bool, typer.Option("--canary", help="When the gate abstains: plan -> canary on the emulated cluster -> Twin.update -> "
+                           "prediction-powered verdict, until a verdict or the budget is spent.")
+    ] = False,
+    canary_rounds: Annotated[int, typer.Option("--canary-rounds", min=1, help="--canary: rounds at most.")] = 3,
+    max_share: Annotated[str, typer.Option("--max-share", help="--canary: share of the service groups per round (10% or 0.1).")] = "10%",
+    max_loss: Annotated[
+        list[str] | None, typer.Option("--max-loss", help="--canary: KPI=0.5%, the largest fleet-wide worst-case worsening; repeatable.")
+    ] = None,
+    canary_hours: Annotated[float, typer.Option("--hours", help="--canary: hours per round at most.")] = 24.0,
+    canary_current: Annotated[
+        str, typer.Option("--canary-current", help="--canary: what the emulated cluster runs now: random, heuristic or a policy directory.")
+    ] = "random",
+    canary_agents: Annotated[int | None, typer.Option("--canary-agents", min=4, help="--canary: service groups of the emulated cluster (default: the log's).")] = None,
+    train_log: Annotated[
+        list[Path] | None, typer.Option("--train-log", help="--canary: the twin's training data (each part), so that Twin.update can learn from each canary.")
+    ] = None,
     name: Annotated[str | None, typer.Option(help="Policy name in the registry.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for the gate's report.")] = Path("promotion-report"),
     bucket: BucketOpt = "edgetwin",
@@ -474,6 +491,12 @@ def promote_cmd(
     if not 0.0 <= max_out_of_support <= 1.0:
         raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
     guards = parse_guards(max_regression or [])
+    if canary:
+        from edgetwin.cli.canary import parse_budget
+
+        budget = parse_budget(max_share, max_loss, canary_hours)  # exit 2 on a bad budget, before anything long
+        if not Path(policy).is_dir():
+            raise InputError("--canary needs an exported policy directory (the edge serves it)", str(policy))
     out_dir_arg(out_dir)
     signer = Signer.from_pem(key)
     store = TrustStore.from_paths(trust) if trust else TrustStore()
@@ -490,7 +513,17 @@ def promote_cmd(
                 max_out_of_support=max_out_of_support, force=force, out_dir=out_dir, name=name, metadata=base_md,
                 progress=not as_json,
             )  # fmt: skip
-        except (GateRefused, GateAbstained) as e:
+        except GateAbstained as e:
+            if not canary or not hasattr(e, "result"):
+                if as_json and hasattr(e, "result"):
+                    emit_json(e.result.to_dict())
+                raise
+            _promote_with_canary(
+                e.result, reg, policy, twin, table, signer, scope, base_md, budget, canary_rounds, canary_current,
+                canary_agents, train_log, seed, out_dir, as_json,
+            )  # fmt: skip
+            return
+        except GateRefused as e:
             if as_json and hasattr(e, "result"):
                 emit_json(e.result.to_dict())
             raise
@@ -504,3 +537,53 @@ def promote_cmd(
     )
 
 
+
+
+def _promote_with_canary(
+    promotion: Any, reg: Any, policy: str, twin: Any, table: Any, signer: Any, scope: str, base_md: dict[str, Any],
+    budget: Any, rounds: int, current: str, n_agents: int | None, train_log: list[Path] | None, seed: int,
+    out_dir: Path, as_json: bool,
+) -> None:
+    """The gate abstained and --canary was given: `edgetwin.edge.canary_loop.canary_loop` on the
+    emulated cluster (today's fleet: a day generated from --seed, run by --canary-current), then
+    publish + move the pointer on *promote*, exit 1 on *refuse*, exit 3 on *abstain*."""
+    from edgetwin.contract.errors import GateAbstained
+    from edgetwin.edge.canary_loop import canary_loop, promote_after_canary
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs, make_policy
+    from edgetwin.policies.gate import resolve_policy
+    from edgetwin.twin.twin import load_log
+
+    last = table[table["episode"] == table["episode"].iloc[-1]]
+    n = n_agents or int(last["agent"].nunique())
+    steps = int(last["t"].nunique())
+    cluster = ClusterConfig(n_agents=n, steps=steps)
+    fleet_seed = seed + 30_000
+    fleet_log, spec = generate_logs(cluster, 1, current if not Path(current).is_dir() else "random", seed=fleet_seed)
+    if list(spec.observation_columns) != list(twin.spec.observation_columns):
+        raise InputError("the emulated cluster's columns are not the twin's: --canary runs on the emulated cluster only",
+                         "--canary")  # fmt: skip
+    cur: Any = current if Path(current).is_dir() else make_policy(current, spec, seed=seed)
+    old = [load_log(p, twin.spec)[0] for p in train_log] if train_log else None
+    decision = promotion.decision
+    result = canary_loop(
+        twin, fleet_log, policy, cur, cluster, candidate_spec=resolve_policy(policy, twin, name="candidate"),
+        baseline_spec=resolve_policy("logging", twin, name="current"), budget=budget, max_rounds=rounds, seed=seed,
+        fleet_seed=fleet_seed, old_logs=old, decision=decision, log=(lambda _m: None) if as_json else out.print,
+    )  # fmt: skip
+    doc: dict[str, Any] = {"gate": promotion.to_dict(), "canary": result.to_dict()}
+    (Path(out_dir) / "canary.json").write_text(json.dumps(doc, indent=1, default=float))
+    if result.verdict == "promote":
+        version = promote_after_canary(reg, policy, result, signer, scope=scope, expected=promotion.previous,
+                                       metadata=base_md)  # fmt: skip
+        doc["promoted"], doc["version"] = True, version
+        if as_json:
+            emit_json(doc)
+        else:
+            out.print(f"promoted {version} to {scope} on the canary's evidence: {result.reason}")
+        return
+    if as_json:
+        emit_json(doc)
+    if result.verdict == "refuse":
+        raise GateRefused(f"refused on the canary's evidence: {result.reason}")
+    raise GateAbstained(f"the canary could not tell either ({len(result.rounds)} round(s)): {result.reason}")
