@@ -15,16 +15,6 @@ canary_app = typer.Typer(help="Canaries: plan the slice and hours that settle th
 app.add_typer(canary_app, name="canary")
 
 
-def parse_budget(max_share: str, max_loss: list[str] | None, hours: float) -> Any:
-    """The operator's `PlanBudget` from the flags (exit 2 with one line on a bad one)."""
-    from edgetwin.policies.canary_plan import PlanBudget, parse_max_loss, parse_share
-
-    share = parse_share(max_share)
-    if not (hours > 0 and hours < float("inf")):  # also NaN
-        raise InputError(f"expected hours > 0, got {hours}", "--hours")
-    return PlanBudget(max_share=share, max_loss=parse_max_loss(max_loss or []), hours=hours)
-
-
 def resolve_baseline(ref: str, twin: Any, registry: str | None, scope: str, tmp: Path) -> Any:
     """``current``: the registry's current version for ``scope`` (with --registry), else the twin's
     clone of the logging policy (what the logs were made with); anything else: `resolve_policy`."""
@@ -77,10 +67,10 @@ def canary_plan_cmd(
     import tempfile
 
     from edgetwin.cli.policy import _whatif_inputs
-    from edgetwin.policies.canary_plan import plan_canary
+    from edgetwin.policies.canary_plan import budget_from_flags, plan_canary
     from edgetwin.policies.gate import parse_guards, resolve_guards, resolve_policy, run_gate
 
-    budget = parse_budget(max_share, max_loss, hours)  # before anything long
+    budget = budget_from_flags(max_share, max_loss, hours)  # before anything long
     guards = parse_guards(max_regression or [])
     twin, _scen, kpi_defs, table = _whatif_inputs(twin_dir, None, None, log, None)
     known = {g.kpi for g, _k in resolve_guards(kpi_defs, guards or None)}

@@ -492,9 +492,9 @@ def promote_cmd(
         raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
     guards = parse_guards(max_regression or [])
     if canary:
-        from edgetwin.cli.canary import parse_budget
+        from edgetwin.policies.canary_plan import budget_from_flags
 
-        budget = parse_budget(max_share, max_loss, canary_hours)  # exit 2 on a bad budget, before anything long
+        budget = budget_from_flags(max_share, max_loss, canary_hours)  # exit 2 on a bad budget, before anything long
         if not Path(policy).is_dir():
             raise InputError("--canary needs an exported policy directory (the edge serves it)", str(policy))
     out_dir_arg(out_dir)

@@ -118,6 +118,14 @@ class PlanBudget:
                 raise InputError(f"{k}: the loss budget must be > 0, got {v}", "--max-loss")
 
 
+def budget_from_flags(max_share: str | float, max_loss: Sequence[str] | None, hours: float) -> PlanBudget:
+    """The operator's `PlanBudget` from command-line values (`InputError` naming the flag)."""
+    share = parse_share(max_share)
+    if not (hours > 0 and math.isfinite(hours)):  # also NaN
+        raise InputError(f"expected hours > 0, got {hours}", "--hours")
+    return PlanBudget(max_share=share, max_loss=parse_max_loss(max_loss or []), hours=hours)
+
+
 # ------------------------------------------------------------------------------------ the plan
 @dataclass(frozen=True)
 class PlanSlice:
@@ -446,6 +454,7 @@ __all__ = [
     "PlanMargin",
     "PlanSlice",
     "PlannedKPI",
+    "budget_from_flags",
     "parse_max_loss",
     "parse_share",
     "plan_canary",
