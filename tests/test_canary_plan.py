@@ -117,3 +117,22 @@ def test_cli_bad_budget_exits_2_with_one_line(gated, flags, needle, capsys) -> N
     assert ex.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_cli_plan_json_and_file(gated, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from edgetwin.cli import main
+    root: Path = gated["root"]
+    args = ["canary", "plan", str(root / "twin"), "--policy", "random", "--log", str(root / "log.parquet"),
+            "--max-share", "25%", "--episodes", "1", "--json", "--seed", "1", "--out", str(tmp_path / "plan.json")]
+    try:
+        main(args)
+    except SystemExit as ex:
+        assert not ex.code
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["gate"]["verdict"] in ("promote", "refuse", "abstain")
+    assert doc["plan"] is not None  # random vs the logging policy's clone: this twin cannot tell
+    if doc["plan"] is not None:  # abstained: the plan is printed and written, and loads back
+        plan = CanaryPlan.load(tmp_path / "plan.json")
+        assert json.loads(plan.to_json()) == doc["plan"] and plan.n_groups <= 10
+    else:
+        assert doc["gate"]["verdict"] != "abstain"
