@@ -59,7 +59,9 @@ from edgetwin.twin.support import ProfileSupport, SupportIndex
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+#: 2: every file is data (networks in safetensors, other models npz, metadata JSON / TOML); twins
+#: of format 1 pickled their models and are refused (`Twin.load`).
+FORMAT_VERSION = 2
 RESPONSE_MODELS = ("mail", "bc", "supervised")
 TRANSITION_MODELS = ("site", "client")
 
@@ -548,13 +550,21 @@ class Twin:
             raise InputError("not a twin directory (no meta.json / layout.json)", str(path))
         manifest = verify_manifest(path, "twin", require=_TWIN_FILES)
         meta = _read_sealed(path / "meta.json", lambda p: json.loads(p.read_text()))
+        version = meta.get("format_version") if isinstance(meta, dict) else None
+        if version != FORMAT_VERSION:
+            raise InputError(
+                f"twin format {version!r}, this edgetwin reads format {FORMAT_VERSION} (artifacts are data: "
+                "safetensors, JSON, npz; older twins pickled their models and are never loaded): refit it "
+                "with `edgetwin fit`",
+                str(path / "meta.json"),
+            )
         layout = _read_sealed(path / "layout.json", lambda p: Layout.from_dict(json.loads(p.read_text())))
         spec = _read_sealed(path / "spec.toml", TwinSpec.load)
         if spec.hash() != layout.spec.hash():
             raise InputError("spec.toml is not the spec the twin was fitted with", str(path / "spec.toml"))
 
         def arrays(p: Path) -> dict[str, np.ndarray]:
-            with np.load(p) as z:
+            with np.load(p, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
 
         arr = _read_sealed(path / "arrays.npz", arrays)
