@@ -114,7 +114,7 @@ def _decode_space(d: Mapping[str, Any]) -> Any:
     raise ValueError(f"unknown space {kind!r}")
 
 
-def _encode(value: Any, where: str) -> Any:
+def _encode(value: Any, where: str, safe: Mapping[str, type]) -> Any:
     """A constructor argument as JSON: spaces and allowed classes tagged, primitives as they are."""
     from gymnasium import spaces
 
@@ -125,38 +125,42 @@ def _encode(value: Any, where: str) -> Any:
     if isinstance(value, spaces.Space):
         return {"__space__": _encode_space(value)}
     if isinstance(value, type):
-        for name, cls in _classes().items():
+        for name, cls in {**_classes(), **safe}.items():
             if cls is value:
                 return {"__class__": name}
         raise ValueError(f"{where}: class {value.__qualname__} is not one edgetwin can save as data")
     if isinstance(value, list | tuple):
-        return [_encode(v, where) for v in value]
+        return [_encode(v, where, safe) for v in value]
     if isinstance(value, Mapping):
         if not all(isinstance(k, str) for k in value):
             raise ValueError(f"{where}: a mapping with non-string keys cannot be saved as data")
         if "__class__" in value or "__space__" in value:
             raise ValueError(f"{where}: reserved key in a mapping")
-        return {k: _encode(v, f"{where}.{k}") for k, v in value.items()}
+        return {k: _encode(v, f"{where}.{k}", safe) for k, v in value.items()}
     raise ValueError(f"{where}: a {type(value).__name__} cannot be saved as data")
 
 
-def _decode(value: Any) -> Any:
+def _decode(value: Any, safe: Mapping[str, type]) -> Any:
     if isinstance(value, list):
-        return [_decode(v) for v in value]
+        return [_decode(v, safe) for v in value]
     if isinstance(value, dict):
         if set(value) == {"__class__"}:
-            name = value["__class__"]
-            if not isinstance(name, str) or name not in _classes():
-                raise ValueError(f"class {name!r} is not one of {sorted(_classes())}")
-            return _classes()[name]
+            name, allowed = value["__class__"], {**_classes(), **safe}
+            if not isinstance(name, str) or name not in allowed:
+                raise ValueError(f"class {name!r} is not one of {sorted(allowed)}")
+            return allowed[name]
         if set(value) == {"__space__"}:
             return _decode_space(value["__space__"])
-        return {str(k): _decode(v) for k, v in value.items()}
+        return {str(k): _decode(v, safe) for k, v in value.items()}
     return value
 
 
 def save_network(
-    policy: Any, path: str | Path, classes: Mapping[str, type], extra: Mapping[str, Any] | None = None
+    policy: Any,
+    path: str | Path,
+    classes: Mapping[str, type],
+    extra: Mapping[str, Any] | None = None,
+    safe: Mapping[str, type] | None = None,
 ) -> Path:
     """Write ``policy`` (an SB3 ``BasePolicy``) as one safetensors file.
 
@@ -166,6 +170,8 @@ def save_network(
         classes: the kinds the reader will accept, by name (e.g. ``{"ActorCriticPolicy": ...}``).
         extra: constructor arguments that override the policy's own ``_get_constructor_parameters``
             (an algorithm's ``policy_kwargs``, which some sb3-contrib policies leave out of them).
+        safe: classes the arguments may name besides :data:`SAFE_CLASSES` (the caller's own, e.g.
+            an optimiser of a higher layer), by name; the reader must pass the same.
 
     Raises:
         ValueError: the class is not in ``classes``, or an argument is not JSON, a space or one of
@@ -179,7 +185,7 @@ def save_network(
     kwargs = dict(policy._get_constructor_parameters())
     kwargs.update(extra or {})
     kwargs.pop("lr_schedule", None)  # a function: rebuilt as SB3's _dummy_schedule, as SB3's load does
-    header = {"format": NETWORK_FORMAT, "class": name, "kwargs": _encode(kwargs, name)}
+    header = {"format": NETWORK_FORMAT, "class": name, "kwargs": _encode(kwargs, name, safe or {})}
     path = Path(path)
     save_model(policy, str(path), metadata={"edgetwin": json.dumps(header)}, force_contiguous=True)
     return path
@@ -205,12 +211,13 @@ def network_header(path: str | Path) -> dict[str, Any]:
     return header
 
 
-def load_network(path: str | Path, classes: Mapping[str, type]) -> Any:
+def load_network(path: str | Path, classes: Mapping[str, type], safe: Mapping[str, type] | None = None) -> Any:
     """Rebuild the network written by :func:`save_network`, on the CPU.
 
     Args:
         path: the safetensors file.
         classes: the kinds the caller accepts; the file's class name must be one of them.
+        safe: as in :func:`save_network`.
 
     Raises:
         ValueError: the class is not one of ``classes``, an argument names a class outside
@@ -225,7 +232,7 @@ def load_network(path: str | Path, classes: Mapping[str, type]) -> Any:
     name = header.get("class")
     if not isinstance(name, str) or name not in classes:
         raise ValueError(f"network class {name!r} is not one of {sorted(classes)}")
-    kwargs = _decode(header.get("kwargs") or {})
+    kwargs = _decode(header.get("kwargs") or {}, safe or {})
     if not isinstance(kwargs, dict):
         raise ValueError("network arguments are not an object")
     policy = classes[name](lr_schedule=BasePolicy._dummy_schedule, **kwargs)
