@@ -549,7 +549,10 @@ def test_nonsense_numbers_and_names_are_rejected_naming_the_flag(
     assert not (tmp_path / "out" / "meta.json").exists()  # nothing was written on a rejected flag
 
 
-def test_unimportable_function_refs_fail_validation(world: dict[str, Any], tmp_path: Path) -> None:
+def test_unimportable_function_refs_fail_validation(
+    world: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGETWIN_ALLOW_CODE", "json,no_such_module_xyz")  # allowed: then the import is checked
     base = spec_path_for(world["dir"] / "log.csv").read_text()
     no_weights = base.split("[reward.weights]")[0]
     for name, extra, entry in (

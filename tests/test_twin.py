@@ -24,6 +24,12 @@ from edgetwin.twin.twin import Twin
 
 torch.set_num_threads(1)
 
+@pytest.fixture(autouse=True)
+def _allow_spec_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The specs here name functions of these modules: allowed, as a user would (docs/log-format.md)."""
+    monkeypatch.setenv("EDGETWIN_ALLOW_CODE", "test_twin")
+
+
 TINY = {"bc_epochs": 15, "rounds": 1, "world_agents": 16, "n_steps": 12, "demo_batch_size": 64}
 
 

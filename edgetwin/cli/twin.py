@@ -79,9 +79,21 @@ def twin_fit(
                      "one here); needs pip install -e \".[ray]\". The twin does not depend on it."),
     ] = None,
     seed: SeedOpt = 0,
+    allow_code: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-code",
+            help="Allow this module (and its submodules) to run for the spec's function references "
+            "([[dynamics]] / [reward] / [transition] function); repeatable. Without it (or "
+            "EDGETWIN_ALLOW_CODE / the allow-list file, docs/log-format.md) a spec's module is never imported.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Learn a twin from a log. Resumable: finished members are checkpointed in OUT/checkpoint."""
+    from edgetwin.contract.functions import allow_code as allow
+
+    allow(allow_code or [])
     out_dir_arg(out_dir)  # before the heavy imports: a wrong --out is reported at once
     if federated:
         fam: dict[str, Any] = {"response_model": "bc", "population_model": "gmm"} if light else {
