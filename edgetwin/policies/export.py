@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.manifest import MANIFEST_FILE, verify_manifest, write_manifest
+from edgetwin.contract.manifest import MANIFEST_FILE, SIGNATURE_FILE, verify_manifest, write_manifest
 from edgetwin.contract.spec import TwinSpec
 
 FORMAT = "edgetwin-policy/2"
@@ -467,6 +467,7 @@ def export_policy(
         doc["metrics"] = extra.pop("metrics", {})
         doc.update(extra)
     (path / "policy.json").write_text(json.dumps(doc, indent=2, default=_json_default))
+    (path / SIGNATURE_FILE).unlink(missing_ok=True)  # a signature of what was here before no longer holds
     write_manifest(path, "policy", require=_REQUIRED)  # last: seals every file, policy.json included
     return path
 

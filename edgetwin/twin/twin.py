@@ -34,7 +34,7 @@ import torch as th
 from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.manifest import MANIFEST_FILE, verify_manifest, write_manifest
+from edgetwin.contract.manifest import MANIFEST_FILE, SIGNATURE_FILE, verify_manifest, write_manifest
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.contract.validate import load_valid_log
@@ -532,7 +532,9 @@ class Twin:
             if mdir.exists():
                 shutil.rmtree(mdir)
             m.save(mdir)
-        # last: seal every file (metadata included; a fit's checkpoint too) against later edits
+        # last: seal every file (metadata included; a fit's checkpoint too) against later edits; a
+        # signature of what was here before no longer holds
+        (path / SIGNATURE_FILE).unlink(missing_ok=True)
         write_manifest(path, "twin", require=_TWIN_FILES)
         return path
 
