@@ -9,8 +9,9 @@ runs code in the loader. Here a network is written as
   handles the tensors SB3 shares between its actor and critic modules), and
 * its architecture: the policy's constructor arguments as JSON in the safetensors header's
   metadata (key ``edgetwin``): spaces as their bounds, classes (activation, feature extractor,
-  optimiser) as names from :data:`SAFE_CLASSES`, everything else JSON numbers, strings, lists
-  and objects.
+  optimiser) as names from :data:`SAFE_CLASSES` (or the caller's ``safe`` classes, which may
+  also be frozen configuration dataclasses, saved as their JSON fields), everything else JSON
+  numbers, strings, lists and objects.
 
 Loading rebuilds the network from a class the *caller* allows (``classes``: the caller's fixed
 registry of edgetwin's own kinds, never a name that the file can add to) and these arguments, and
@@ -21,6 +22,7 @@ the file is imported, unpickled or evaluated. The optimiser is rebuilt fresh wit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -129,12 +131,19 @@ def _encode(value: Any, where: str, safe: Mapping[str, type]) -> Any:
             if cls is value:
                 return {"__class__": name}
         raise ValueError(f"{where}: class {value.__qualname__} is not one edgetwin can save as data")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for name, cls in safe.items():
+            if type(value) is cls:
+                fields = {f.name: _encode(getattr(value, f.name), f"{where}.{f.name}", safe)
+                          for f in dataclasses.fields(value)}  # fmt: skip
+                return {"__object__": name, "fields": fields}
+        raise ValueError(f"{where}: a {type(value).__qualname__} is not one edgetwin can save as data")
     if isinstance(value, list | tuple):
         return [_encode(v, where, safe) for v in value]
     if isinstance(value, Mapping):
         if not all(isinstance(k, str) for k in value):
             raise ValueError(f"{where}: a mapping with non-string keys cannot be saved as data")
-        if "__class__" in value or "__space__" in value:
+        if "__class__" in value or "__space__" in value or "__object__" in value:
             raise ValueError(f"{where}: reserved key in a mapping")
         return {k: _encode(v, f"{where}.{k}", safe) for k, v in value.items()}
     raise ValueError(f"{where}: a {type(value).__name__} cannot be saved as data")
@@ -151,8 +160,21 @@ def _decode(value: Any, safe: Mapping[str, type]) -> Any:
             return allowed[name]
         if set(value) == {"__space__"}:
             return _decode_space(value["__space__"])
+        if set(value) == {"__object__", "fields"}:
+            # a frozen dataclass of the caller's ``safe`` classes, rebuilt from JSON fields (lists as
+            # tuples: such configuration dataclasses hold tuples)
+            name, fields = value["__object__"], value["fields"]
+            if not isinstance(name, str) or name not in safe or not dataclasses.is_dataclass(safe[name]):
+                raise ValueError(f"object {name!r} is not one of {sorted(safe)}")
+            if not isinstance(fields, dict):
+                raise ValueError(f"object {name!r}: fields are not an object")
+            return safe[name](**{str(k): _as_tuples(_decode(v, safe)) for k, v in fields.items()})
         return {str(k): _decode(v, safe) for k, v in value.items()}
     return value
+
+
+def _as_tuples(v: Any) -> Any:
+    return tuple(_as_tuples(x) for x in v) if isinstance(v, list) else v
 
 
 def save_network(

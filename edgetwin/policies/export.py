@@ -72,12 +72,15 @@ ALGORITHMS: dict[str, str] = {
 #: of these; it cannot add one.
 NETWORK_CLASSES: dict[str, tuple[str, ...]] = {
     "ppo": ("stable_baselines3.common.policies:ActorCriticPolicy",
-            "edgetwin.policies.regularised:RegularisedActorCriticPolicy"),
+            "edgetwin.policies.regularised:RegularisedActorCriticPolicy",
+            "edgetwin.policies.priority:PriorityWeightedPolicy"),
     "a2c": ("stable_baselines3.common.policies:ActorCriticPolicy",
-            "edgetwin.policies.regularised:RegularisedActorCriticPolicy"),
+            "edgetwin.policies.regularised:RegularisedActorCriticPolicy",
+            "edgetwin.policies.priority:PriorityWeightedPolicy"),
     "sac": ("stable_baselines3.sac.policies:SACPolicy",),
     "td3": ("stable_baselines3.td3.policies:TD3Policy",),
-    "maskable_ppo": ("sb3_contrib.common.maskable.policies:MaskableActorCriticPolicy",),
+    "maskable_ppo": ("sb3_contrib.common.maskable.policies:MaskableActorCriticPolicy",
+                     "edgetwin.policies.priority:MaskablePriorityWeightedPolicy"),
     "recurrent_ppo": ("sb3_contrib.common.recurrent.policies:RecurrentActorCriticPolicy",
                       "edgetwin.policies.regularised:RegularisedRecurrentPolicy"),
     "dual_critic_ppo": ("edgetwin.policies.dual_critic:DualCriticPolicy",),
@@ -145,8 +148,12 @@ def network_classes(algorithm: str) -> dict[str, type]:
 
 
 #: Classes of edgetwin's own a network's arguments may name besides the torch / SB3 ones of
-#: `edgetwin.imitation.networks.SAFE_CLASSES` (the regularised policies' optimiser).
-_SAFE_EXTRA = {"AuxLossAdam": "edgetwin.policies.regularised:AuxLossAdam"}
+#: `edgetwin.imitation.networks.SAFE_CLASSES`: the regularised policies' optimiser, and the
+#: priority-weighted policies' scores (a frozen dataclass of column indices and weights).
+_SAFE_EXTRA = {
+    "AuxLossAdam": "edgetwin.policies.regularised:AuxLossAdam",
+    "PriorityScores": "edgetwin.policies.priority:PriorityScores",
+}
 
 
 def _safe_extra() -> dict[str, type]:
