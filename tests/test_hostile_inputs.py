@@ -249,13 +249,13 @@ def test_altered_weights_are_never_evaluated_published_or_promoted(
     assert registry_is_empty(reg)
 
 
-def test_registry_refuses_a_twin_and_a_bare_directory(world: dict[str, Any], tmp_path: Path) -> None:
+def test_registry_refuses_a_tampered_twin_and_a_bare_directory(world: dict[str, Any], tmp_path: Path) -> None:
+    """Twins are published like policies (issue 37), but only sealed and intact."""
     d = world["dir"]
     reg, key = str(tmp_path / "reg"), str(d / "key.pem")
-    err = assert_bad_input(
-        run("registry", "publish", str(d / "twin"), "--registry", reg, "--key", key), "twin"
-    )
-    assert "not a policy" in err
+    twin = copy_of(world, "twin", tmp_path)
+    flip_byte(twin / "layout.json")
+    assert_bad_input(run("registry", "publish", str(twin), "--registry", reg, "--key", key), "layout.json")
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "weights.bin").write_bytes(b"\x00" * 64)

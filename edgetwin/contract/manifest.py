@@ -219,7 +219,7 @@ def verify_manifest(directory: str | Path, kind: str, *, require: Iterable[str] 
     for name in require:
         if name not in listed:
             raise ArtifactTampered(
-                f"the manifest does not list {name}, which every {kind} has", root / name, root
+                f"{MANIFEST_FILE} does not list {name}, which every {kind} has", root / name, root
             )
     for name in sorted(listed):
         if name not in present:
