@@ -500,3 +500,17 @@ def test_a_twin_with_supervised_clients_and_a_site_model_round_trips_as_data(
     a = twin.rollout(RandomPolicy(twin.spec, 0), episodes=1, seed=3)
     b = back.rollout(RandomPolicy(twin.spec, 0), episodes=1, seed=3)
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_population_models_are_data_and_old_ones_are_refused(world: dict[str, Any], tmp_path: Path) -> None:
+    from edgetwin.generative import agent_profiles, fit_population, load_population
+
+    spec = world["spec"]
+    pm = fit_population(agent_profiles(world["log"], spec), spec, model="gan", seed=0, progress=False, steps=2)
+    path = pm.save(tmp_path / "pop")
+    assert (path / "weights.safetensors").is_file() and not (path / "weights.pt").exists()
+    pd.testing.assert_frame_equal(load_population(path).sample(5, seed=1), pm.sample(5, seed=1))
+    meta = json.loads((path / "population.json").read_text())
+    (path / "population.json").write_text(json.dumps({**meta, "format": "edgetwin.population/1"}))
+    with pytest.raises(InputError, match="refit it"):
+        load_population(path)
