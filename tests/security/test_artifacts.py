@@ -514,3 +514,15 @@ def test_population_models_are_data_and_old_ones_are_refused(world: dict[str, An
     (path / "population.json").write_text(json.dumps({**meta, "format": "edgetwin.population/1"}))
     with pytest.raises(InputError, match="refit it"):
         load_population(path)
+
+
+def test_train_resumes_from_checkpoints_as_data_only(world: dict[str, Any], tmp_path: Path, marker: Path) -> None:
+    """Checkpoints live inside the exported policy directory, which travels: resuming reads only
+    their tensors. A checkpoint whose pickled ``data`` carries a payload is refused, unrun."""
+    out = tmp_path / "policy"
+    (out / "checkpoints").mkdir(parents=True)
+    sb3_zip_payload(out / "checkpoints" / "ckpt_8_steps.zip", marker)
+    (out / "checkpoints" / "ckpt_vecnormalize_8_steps.pkl").write_bytes(__import__("pickle").dumps(Payload(marker)))
+    refused(run("train", str(world["dir"] / "twin"), "--out", str(out), "--steps", "16", "--no-select",
+                "--checkpoint-every", "8"), "ckpt_8_steps.zip")  # fmt: skip
+    assert not marker.exists()
