@@ -5,7 +5,7 @@ An artifact is a directory; its manifest, ``MANIFEST.json`` in that directory, l
 itself and its detached signature ``SIGNATURE.json`` excepted) and the kind of artifact it is::
 
     {"format": "edgetwin-manifest/1", "kind": "policy",
-     "files": {"model.zip": "<sha256>", "policy.json": "<sha256>", "spec.toml": "<sha256>"}}
+     "files": {"model.safetensors": "<sha256>", "policy.json": "<sha256>", "spec.toml": "<sha256>"}}
 
 `verify_manifest` refuses, with an `ArtifactTampered` (an `InputError`: exit 2) naming the file:
 
