@@ -97,7 +97,8 @@ class Member:
         if old:
             raise InputError(
                 f"{old[0]} is a pickle written by an older edgetwin; artifacts are data now (safetensors, JSON, "
-                "npz) and pickles are never loaded: refit the twin with `edgetwin fit`",
+                "npz) and pickles are never loaded: refit the twin with `edgetwin fit` (into a new directory, or "
+                "after removing this old fit's checkpoint)",
                 str(path / old[0]),
             )
 
