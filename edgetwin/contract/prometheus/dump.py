@@ -118,12 +118,12 @@ class MetricsDump:
                             "one on every sample (a single scrape has no time axis)",
                             str(self.path),
                         )
-                    ts = float(s.timestamp)  # OpenMetrics: a Timestamp; text format: seconds already
+                    when = float(s.timestamp)  # OpenMetrics: a Timestamp; text format: seconds already
                     labels = dict(s.labels)
                     labels["__name__"] = s.name
                     key = tuple(sorted(labels.items()))
                     bucket = raw[s.name].setdefault(key, ([], []))
-                    bucket[0].append(ts)
+                    bucket[0].append(when)
                     bucket[1].append(float(s.value))
         except InputError:
             raise
@@ -134,9 +134,9 @@ class MetricsDump:
         for name, by_key in raw.items():
             out = []
             for key, (ts_l, vs_l) in by_key.items():
-                ts, vs = np.asarray(ts_l), np.asarray(vs_l)
-                order = np.argsort(ts, kind="stable")
-                out.append((dict(key), ts[order], vs[order]))
+                times, vals = np.asarray(ts_l, dtype=np.float64), np.asarray(vs_l, dtype=np.float64)
+                order = np.argsort(times, kind="stable")
+                out.append((dict(key), times[order], vals[order]))
             self._series[name] = out
         self.n_samples = sum(len(v[1]) for s in self._series.values() for v in s)
 

@@ -15,7 +15,6 @@ the exposition side only); a dedicated API client would add a dependency for ~40
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.error
 import urllib.parse
@@ -123,7 +122,7 @@ class PrometheusHTTP:
                 if e.code == 429 or e.code >= 500:
                     continue
                 raise PrometheusUnreachable(f"{last} from {self.url}{path}") from None
-            except (urllib.error.URLError, TimeoutError, socket.timeout, ConnectionError) as e:
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
                 reason = getattr(e, "reason", e)
                 last = f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
                 continue
