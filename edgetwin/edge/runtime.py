@@ -410,6 +410,7 @@ class EdgeRuntime:
         self.name = name or f"runtime/{site}"
 
         self.stats = RuntimeStats()
+        self.metrics: Any = None  # a `edgetwin.edge.metrics.RuntimeMetrics`: `instrument(runtime)` sets it
         self.events: deque[RuntimeEvent] = deque(maxlen=1000)
         self.registry_reachable: bool | None = None
         self._active: ServedPolicy | None = None
@@ -592,7 +593,10 @@ class EdgeRuntime:
             raise NoPolicyLoaded(
                 f"site {self.site!r} has no verified policy yet (scopes {self.scopes}); see the log"
             )
+        t0 = time.perf_counter()
         actions = served.act(x)
+        if self.metrics is not None:
+            self.metrics.observe_decision(served.version, len(x), time.perf_counter() - t0)
         with self._stats_lock:  # `+=` from several threads would lose counts
             self.stats.decisions += 1
             self.stats.rows += len(x)
@@ -978,6 +982,8 @@ class EdgeRuntime:
                 self.stats.kpi_stale += 1
                 return None
             self.stats.kpi_reports += 1
+            if self.metrics is not None:
+                self.metrics.observe_kpis(kpis, a.version)
             was_accepted = self.watch.accepted
             breach = self.watch.observe(kpis)
             if breach is None:
