@@ -33,10 +33,12 @@ def backfill(openmetrics: Path, data_dir: Path) -> None:
     """``promtool tsdb create-blocks-from openmetrics FILE DIR``."""
     _, tool = binaries()
     data_dir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
+    done = subprocess.run(
         [tool, "tsdb", "create-blocks-from", "openmetrics", str(openmetrics), str(data_dir)],
-        check=True, capture_output=True, timeout=300,
+        capture_output=True, text=True, timeout=300,
     )  # fmt: skip
+    if done.returncode != 0:
+        pytest.fail(f"promtool could not backfill {openmetrics}: {done.stderr.strip()[-2000:]}")
 
 
 class PrometheusServer:

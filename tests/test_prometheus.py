@@ -233,3 +233,65 @@ def test_round_trip_through_a_real_prometheus(cluster_log, tmp_path: Path) -> No
     assert len(pop) == 5 and {c for c in pop.columns if c.startswith("profile.")} <= set(spec.names("profile"))
     rolled = twin.rollout(RandomPolicy(got_spec, 0), episodes=1, seed=0, n_agents=5, steps=3)
     assert len(rolled) == 15 and np.isfinite(rolled[spec.names("response")].to_numpy()).all()
+
+
+def docs_mapping() -> dict:
+    """The worked example of docs/log-format.md, "Importing from Prometheus", as written there."""
+    text = (REPO / "docs" / "log-format.md").read_text()
+    block = text.split("```toml\n# queue.mapping.toml", 1)[1].split("\n", 1)[1].split("```", 1)[0]
+    return tomllib.loads(block)
+
+
+def test_the_documented_mapping_imports_from_a_real_prometheus(tmp_path: Path) -> None:
+    """The docs' mapping (PromQL aggregations, label overrides, policy) on metrics as exporters write them."""
+    mapping = Mapping.from_dict(docs_mapping(), source="docs")
+    assert mapping.column_names[:3] == ["profile.arrival_rate", "profile.tier", "state.queue_len"]
+    assert mapping.step == 300 and mapping.labels_policy
+    # a day at 5 minutes of two services; two pods each; the scheduler labels by deployment and policy
+    steps, rng = 288, np.random.default_rng(0)
+    services = {"checkout": ("web", 1, "v1"), "nightly-etl": ("batch", 3, "v2")}
+    fams: dict[str, list[str]] = {}
+    truth = []
+    for svc, (tier_name, tier, pol) in services.items():
+        key = f'service="{svc}",cluster="north",tier="{tier_name}"'
+        for k in range(steps):
+            ts = DAY0 + 300 * k
+            q = rng.integers(0, 50, 2)
+            lat = rng.uniform(0.01, 0.5, 2)
+            row = {"agent": svc, "t": k, "profile.arrival_rate": 12.5 if tier == 1 else 0.2, "profile.tier": tier,
+                   "state.queue_len": float(q.sum()), "action.cpu_share": round(float(rng.uniform()), 3),
+                   "action.admit": float(rng.integers(0, 2)), "response.offload": round(float(rng.uniform()), 3),
+                   "kpi.latency_ms": 1000 * float(lat.mean()), "policy": pol}  # fmt: skip
+            truth.append(row)
+            add = fams.setdefault
+            add("service_arrival_rate", []).append(f"service_arrival_rate{{{key}}} {row['profile.arrival_rate']} {ts}")
+            add("service_tier", []).append(f"service_tier{{{key}}} {tier} {ts}")
+            for p in range(2):
+                add("queue_length", []).append(f'queue_length{{{key},pod="{p}"}} {q[p]} {ts}')
+                add("request_latency_seconds", []).append(f'request_latency_seconds{{{key},pod="{p}"}} {float(lat[p])!r} {ts}')
+            dep = f'deployment="{svc}",cluster="north",tier="{tier_name}",policy="{pol}"'
+            add("scheduler_cpu_share", []).append(f"scheduler_cpu_share{{{dep}}} {row['action.cpu_share']} {ts}")
+            add("scheduler_admit", []).append(f"scheduler_admit{{{dep}}} {row['action.admit']} {ts}")
+            add("service_offload_ratio", []).append(f"service_offload_ratio{{{key}}} {row['response.offload']} {ts}")
+    dump = tmp_path / "exporters.om"
+    # OpenMetrics keeps each series' samples together (a stable sort by series keeps their time order)
+    dump.write_text("".join(f"# TYPE {n} gauge\n" + "\n".join(sorted(lines, key=lambda ln: ln.rsplit(" ", 2)[0])) + "\n"
+                            for n, lines in fams.items()) + "# EOF\n")  # fmt: skip
+    path = write_mapping(tmp_path / "queue.mapping.toml", docs_mapping())
+    backfill(dump, tmp_path / "tsdb")
+    with PrometheusServer(tmp_path, tmp_path / "tsdb") as prom:
+        res = import_prometheus(path, tmp_path / "queue.parquet", start="2026-01-01T00:00:00Z",
+                                end="2026-01-02T00:00:00Z", url=prom.url)  # fmt: skip
+    assert res.report.usable and res.report.n_quarantined == 0 and not res.missing
+    got = res.table.sort_values(["agent", "t"]).reset_index(drop=True)
+    want = pd.DataFrame(truth).sort_values(["agent", "t"]).reset_index(drop=True)
+    assert (got["episode"] == "2026-01-01").all() and set(got["site"]) == {"north"}
+    assert got["scenario"].tolist() == want["agent"].map({s: v[0] for s, v in services.items()}).tolist()
+    assert got["policy"].tolist() == want["policy"].tolist()
+    for col in mapping.column_names:
+        np.testing.assert_allclose(got[col].to_numpy(float), want[col].to_numpy(float), rtol=1e-12, err_msg=col)
+    spec = TwinSpec.load(tmp_path / "queue.spec.toml")
+    assert spec.name == "queue-platform" and spec.step_seconds == 300 and spec.feature("profile.tier").values == (1, 2, 3)
+    # offline, the aggregations cannot run: the entry is named
+    with pytest.raises(InputError, match=r'columns\."state\.queue_len": offline'):
+        import_prometheus(path, tmp_path / "off.parquet", start=DAY0, end=DAY0 + 86400, from_file=dump)

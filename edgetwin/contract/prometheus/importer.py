@@ -274,17 +274,13 @@ def _assemble(
                 if not ep:
                     absent.append(("episode", m.episode_label))
                 key["episode"] = ep
-            policy = None
-            if "policy" in cq.keys:
-                policy = cq.keys["policy"].read(labels)
-                if policy is None:
-                    absent.append(("policy", str(cq.keys["policy"].label)))
+            # optional per row: a query without the label (a state, a KPI) says nothing about the policy
+            policy = cq.keys["policy"].read(labels) if "policy" in cq.keys else None
             uniq = ""
             if absent:
                 for a in absent:
                     lacking.setdefault(a, []).append(int(np.isfinite(values).sum()))
-                if any(name != "policy" for name, _ in absent):
-                    uniq = f"{_MISSING}{cq.column}:{j}"  # its own rows: never merged with another series
+                uniq = f"{_MISSING}{cq.column}:{j}"  # its own rows: never merged with another series
             ident = (uniq, key.get("episode", ""), key["agent"], key.get("site", ""), key.get("scenario", ""))
             idx = idents.setdefault(ident, len(idents))
             rows.append((idx, values, policy))
