@@ -295,3 +295,44 @@ def test_the_documented_mapping_imports_from_a_real_prometheus(tmp_path: Path) -
     # offline, the aggregations cannot run: the entry is named
     with pytest.raises(InputError, match=r'columns\."state\.queue_len": offline'):
         import_prometheus(path, tmp_path / "off.parquet", start=DAY0, end=DAY0 + 86400, from_file=dump)
+
+
+def test_http_client_retries_5xx_then_gives_up_in_one_line(tmp_path: Path) -> None:
+    """A server that answers 503 (a Prometheus restarting, a proxy in front of it) is asked again."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from edgetwin.contract.prometheus.grid import Grid
+    from edgetwin.contract.prometheus.http import PrometheusUnreachable
+
+    plan: list[int] = [503, 200]
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+            seen.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
+            code = plan.pop(0) if plan else 503
+            body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+                {"metric": {"agent": "a"}, "values": [[DAY0, "1.5"], [DAY0 + 60, "NaN"], [DAY0 + 120, "2"]]}]}})
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode() if code == 200 else b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        client = PrometheusHTTP(url, retries=2, backoff=0.01)
+        ((labels, values),) = client.series("up", Grid(DAY0, 60, 3))
+        assert client.requests == 2 and labels == {"agent": "a"}
+        np.testing.assert_array_equal(values, [1.5, np.nan, 2.0])
+        assert "query=up" in seen[0] and f"start={DAY0}" in seen[0] and "step=60" in seen[0]
+        with pytest.raises(PrometheusUnreachable, match=r"after 3 attempts \(HTTP 503"):
+            PrometheusHTTP(url, retries=2, backoff=0.01).series("up", Grid(DAY0, 60, 3))
+    finally:
+        server.shutdown()
