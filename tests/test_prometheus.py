@@ -336,3 +336,25 @@ def test_http_client_retries_5xx_then_gives_up_in_one_line(tmp_path: Path) -> No
             PrometheusHTTP(url, retries=2, backoff=0.01).series("up", Grid(DAY0, 60, 3))
     finally:
         server.shutdown()
+
+
+def test_unreadable_mapping_and_dump_files_are_named(tmp_path: Path) -> None:
+    bad = tmp_path / "m.toml"
+    bad.write_bytes(b"keys = {agent = \xff}")
+    with pytest.raises(InputError, match=r"m\.toml: not UTF-8"):
+        Mapping.load(bad)
+    bad.write_text("keys = [")
+    with pytest.raises(InputError, match=r"m\.toml: not valid TOML"):
+        Mapping.load(bad)
+    with pytest.raises(InputError, match=r"nope\.toml: mapping file not found"):
+        Mapping.load(tmp_path / "nope.toml")
+    good = write_mapping(tmp_path / "g.toml", {"keys": {"agent": "a"}, "columns": {"action.x": {"query": "x"}}})
+    dump = tmp_path / "d.om"
+    dump.write_text("# TYPE x gauge\nx{a=\"1\"} 1\n# EOF\n")  # a scrape: no timestamps
+    with pytest.raises(InputError, match=r"d\.om: sample x\{a=\"1\"\} has no timestamp"):
+        import_prometheus(good, tmp_path / "o.parquet", start=DAY0, end=DAY0 + 60, step=60, from_file=dump)
+    dump.write_text("x{a=\"1\" 1 1\n")
+    with pytest.raises(InputError, match=r"d\.om: cannot parse it as Prometheus text exposition"):
+        import_prometheus(good, tmp_path / "o.parquet", start=DAY0, end=DAY0 + 60, step=60, from_file=dump)
+    with pytest.raises(InputError, match=r"--start: expected a time"):
+        import_prometheus(good, tmp_path / "o.parquet", start="yesterday", end=DAY0 + 60, step=60, from_file=dump)

@@ -18,7 +18,7 @@ from edgetwin.cli.common import (
 )
 from edgetwin.contract.errors import InputError
 
-logs_app = typer.Typer(help="Generate, validate and inspect logs.", no_args_is_help=True)
+logs_app = typer.Typer(help="Generate, validate, inspect and import logs.", no_args_is_help=True)
 app.add_typer(logs_app, name="logs")
 
 
