@@ -141,6 +141,7 @@ def logs_import_prometheus(
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per HTTP request.")] = 60.0,
     retries: Annotated[int, typer.Option("--retries", min=0, help="Extra attempts after a connection error, a timeout, HTTP 429 or 5xx.")] = 3,
     max_points: Annotated[int, typer.Option("--max-points", min=1, max=11000, help="Steps per request (Prometheus answers at most 11,000 points per series).")] = 11000,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=16, help="Queries in flight at once (the server evaluates one while edgetwin reads another).")] = 2,
     min_usable: Annotated[float, typer.Option("--min-usable", help="The log is unusable below this share of usable rows (0..1).")] = 0.5,
     as_json: JsonOpt = False,
 ) -> None:
@@ -163,7 +164,7 @@ def logs_import_prometheus(
             raise InputError(str(e), "--url") from None
     result = import_prometheus(
         mapping, out_path, start=start, end=end, step=step, client=client, from_file=from_file,
-        progress=not as_json, min_usable_fraction=min_usable,
+        progress=not as_json, min_usable_fraction=min_usable, concurrency=concurrency,
     )  # fmt: skip
     if as_json:
         emit_json(result.to_dict())

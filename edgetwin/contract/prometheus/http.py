@@ -15,6 +15,7 @@ the exposition side only); a dedicated API client would add a dependency for ~40
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -70,6 +71,7 @@ class PrometheusHTTP:
         self.max_points = min(int(max_points), MAX_POINTS)
         self.headers = dict(headers or {})
         self.requests = 0  # HTTP requests made (retries included): the benchmark reports it
+        self._count_lock = threading.Lock()  # `series` may run in several threads at once
 
     def series(self, query: str, grid: Grid, on_chunk: Callable[[], None] | None = None) -> list[Series]:
         """Every series the query returns over the grid, one value per step (NaN where absent).
@@ -110,7 +112,8 @@ class PrometheusHTTP:
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
-            self.requests += 1
+            with self._count_lock:
+                self.requests += 1
             req = urllib.request.Request(self.url + path, data=body, headers=headers, method="POST")
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:

@@ -23,7 +23,9 @@ mistake in the mapping and stops the import, naming the entry and the label to a
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -141,6 +143,7 @@ def import_prometheus(
     client: PrometheusHTTP | None = None,
     progress: bool = False,
     min_usable_fraction: float = 0.5,
+    concurrency: int = 2,
 ) -> PrometheusImport:
     """Run a mapping against a server (``url``/``client``) or a dump (``from_file``); write, validate.
 
@@ -154,6 +157,7 @@ def import_prometheus(
         from_file: an OpenMetrics / text-exposition dump instead of a server.
         progress: a tqdm bar over queries (and their chunks).
         min_usable_fraction: as in `validate_log`.
+        concurrency: queries in flight at once (the first error, in mapping order, is raised).
 
     Raises:
         InputError: a bad mapping, range or step; an unreachable server; a query the server rejects;
@@ -199,18 +203,35 @@ def import_prometheus(
                 raise InputError(f"the server rejected the query: {e}", cq.entry) from None
 
     bar = tqdm(total=len(m.columns) * units_per_query, desc="prometheus", unit="query", disable=not progress)
+    lock = threading.Lock()
+
+    def tick() -> None:
+        with lock:
+            bar.update(1)
+
+    def one(cq: ColumnQuery) -> list[Series]:
+        series = [(lab, v) for lab, v in fetch(cq, tick) if np.isfinite(v).any()]
+        if not series:
+            raise InputError(
+                f"the query returned no series with a value in {_iso(grid.start)} .. {_iso(grid.start + grid.n * grid.step)}"
+                f" (query: {cq.query})",
+                cq.entry,
+            )
+        return series
+
     try:
-        per_column = []
-        for cq in m.columns:
-            bar.set_postfix_str(cq.column, refresh=False)
-            series = [(lab, v) for lab, v in fetch(cq, lambda: bar.update(1)) if np.isfinite(v).any()]
-            if not series:
-                raise InputError(
-                    f"the query returned no series with a value in {_iso(grid.start)} .. {_iso(grid.start + grid.n * grid.step)}"
-                    f" (query: {cq.query})",
-                    cq.entry,
-                )
-            per_column.append((cq, series))
+        if concurrency <= 1 or len(m.columns) == 1 or from_file is not None:  # a file: one thread is as fast
+            per_column = [(cq, one(cq)) for cq in m.columns]
+        else:
+            # the server evaluates and encodes one query while this process decodes another's JSON
+            with ThreadPoolExecutor(max_workers=int(concurrency), thread_name_prefix="prometheus") as pool:
+                futures = [pool.submit(one, cq) for cq in m.columns]
+                try:
+                    per_column = [(cq, f.result()) for cq, f in zip(m.columns, futures, strict=True)]
+                except BaseException:
+                    for f in futures:
+                        f.cancel()
+                    raise
     finally:
         bar.close()
 
