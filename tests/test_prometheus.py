@@ -358,3 +358,22 @@ def test_unreadable_mapping_and_dump_files_are_named(tmp_path: Path) -> None:
         import_prometheus(good, tmp_path / "o.parquet", start=DAY0, end=DAY0 + 60, step=60, from_file=dump)
     with pytest.raises(InputError, match=r"--start: expected a time"):
         import_prometheus(good, tmp_path / "o.parquet", start="yesterday", end=DAY0 + 60, step=60, from_file=dump)
+
+
+def test_policy_label_switch_gives_the_policy_column_and_lookback_overlap_is_refused(tmp_path: Path) -> None:
+    """A decision series whose policy label changes mid-day: one agent, two series, in turn."""
+
+    def dump(interval: int) -> Path:
+        lines = [f'act{{svc="a",policy="{"v1" if k < 5 else "v2"}"}} {k} {DAY0 + interval * k}' for k in range(10)]
+        lines.sort(key=lambda ln: ln.rsplit(" ", 2)[0])  # series by series (OpenMetrics)
+        path = tmp_path / f"d{interval}.om"
+        path.write_text("# TYPE act gauge\n" + "\n".join(lines) + "\n# EOF\n")
+        return path
+
+    m = write_mapping(tmp_path / "m.toml", {"keys": {"agent": "svc", "policy": "policy"},
+                                            "columns": {"action.x": {"query": "act"}}})  # fmt: skip
+    res = import_prometheus(m, tmp_path / "a.parquet", start=DAY0, end=DAY0 + 6000, step=600, from_file=dump(600))
+    assert res.table["policy"].tolist() == ["v1"] * 5 + ["v2"] * 5 and res.table["action.x"].tolist() == list(range(10))
+    # sampled every minute, the old series is still visible for the 5-minute lookback: refused, named
+    with pytest.raises(InputError, match=r'columns\."action\.x": the query returns several series for agent \'a\''):
+        import_prometheus(m, tmp_path / "b.parquet", start=DAY0, end=DAY0 + 600, step=60, from_file=dump(60))
