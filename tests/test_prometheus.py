@@ -377,3 +377,20 @@ def test_policy_label_switch_gives_the_policy_column_and_lookback_overlap_is_ref
     # sampled every minute, the old series is still visible for the 5-minute lookback: refused, named
     with pytest.raises(InputError, match=r'columns\."action\.x": the query returns several series for agent \'a\''):
         import_prometheus(m, tmp_path / "b.parquet", start=DAY0, end=DAY0 + 600, step=60, from_file=dump(60))
+
+
+def test_logs_generate_writes_openmetrics_that_imports_back(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from edgetwin.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["logs", "generate", "--out", str(tmp_path / "g.parquet"), "--agents", "4", "--episodes", "2",
+                              "--steps", "3", "--no-plot", "--openmetrics", str(tmp_path / "g.om"), "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["logs", "import", "prometheus", "--mapping", str(tmp_path / "g.mapping.toml"),
+                              "--from-file", str(tmp_path / "g.om"), "--start", "2026-01-01", "--end", "2026-01-03",
+                              "--out", str(tmp_path / "back.csv"), "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    original = pd.read_parquet(tmp_path / "g.parquet")
+    assert_same_log(pd.read_csv(tmp_path / "back.csv"), original, TwinSpec.load(tmp_path / "g.spec.toml"))

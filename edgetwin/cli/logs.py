@@ -66,6 +66,11 @@ def logs_generate(
         Path | None, typer.Option("--carbon", help="Carbon-intensity file or folder (<zone>_*.parquet); default built-in.")
     ] = None,
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Also write LOG.overview.png (KPIs by hour).")] = True,
+    openmetrics: Annotated[
+        Path | None,
+        typer.Option("--openmetrics", help="Also write the log as OpenMetrics (episode e = day 2026-01-01 + e) and "
+                     "its import mapping beside it (for promtool backfill / logs import prometheus)."),
+    ] = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -88,15 +93,24 @@ def logs_generate(
     if carbon is not None and not carbon.exists():
         raise InputError("carbon intensity file not found", f"--carbon {carbon}")
     out_file_arg(out_path)
+    if openmetrics is not None:
+        out_file_arg(openmetrics, "--openmetrics")
     config = ClusterConfig(n_agents=agents, steps=steps, drift=drift, trace=trace, carbon=carbon)
     log, spec = generate_logs(config, episodes=episodes, policy=policy, seed=seed, progress=not as_json)
     write_table(log, out_path)
     spec_path = spec.save(spec_path_for(out_path))
     png = plot_overview(log, out_path.with_name(out_path.name.split(".")[0] + ".overview.png")) if plot else None
+    om = None
+    if openmetrics is not None:
+        from edgetwin.emulator.logs import write_openmetrics_logs
+
+        om = write_openmetrics_logs(log, spec, openmetrics)
     summary = {
         "log": str(out_path),
         "spec": str(spec_path),
         "plot": None if png is None else str(png),
+        "openmetrics": None if om is None else str(om[0]),
+        "mapping": None if om is None else str(om[1]),
         "rows": len(log),
         "episodes": episodes,
         "agents": agents,
@@ -114,6 +128,7 @@ def logs_generate(
         emit_json(summary)
     else:
         where = f"spec: {spec_path}" + (f"\nplot: {png}" if png else "")
+        where += f"\nOpenMetrics: {om[0]} (import mapping {om[1]})" if om else ""
         out.print(
             f"wrote {summary['rows']:,} rows ({episodes} episodes x {steps} steps x {agents} service groups) "
             f"to {out_path}\n{where}\nmean offload ratio {summary['mean_offload_ratio']:.3f}, "
