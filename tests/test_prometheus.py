@@ -50,13 +50,16 @@ def assert_same_log(imported: pd.DataFrame, original: pd.DataFrame, spec: TwinSp
     assert days == [f"2026-01-0{i + 1}" for i in range(original["episode"].nunique())]
     got = imported.assign(episode=imported["episode"].map({d: i for i, d in enumerate(days)}))
     want = original.copy()
-    cols = KEYS + [f.name for f in spec.features] + ["reward"]
+    extra = [c for c in ("policy", "propensity") if c in original.columns]
+    cols = KEYS + extra[:1] + [f.name for f in spec.features] + ["reward"] + extra[1:]
     assert set(got.columns) == set(cols)
     got = got.astype({"episode": np.int64}).sort_values(["episode", "t", "agent"]).reset_index(drop=True)
     want = want.astype({"episode": np.int64}).sort_values(["episode", "t", "agent"]).reset_index(drop=True)
     assert len(got) == len(want)
-    pd.testing.assert_frame_equal(got[KEYS], want[KEYS], check_dtype=False)
-    np.testing.assert_allclose(got[cols[5:]].to_numpy(float), want[cols[5:]].to_numpy(float), rtol=1e-12, atol=0)
+    keys = KEYS + extra[:1]
+    pd.testing.assert_frame_equal(got[keys], want[keys], check_dtype=False)
+    values = cols[len(keys):]
+    np.testing.assert_allclose(got[values].to_numpy(float), want[values].to_numpy(float), rtol=1e-12, atol=0)
 
 
 def write_mapping(path: Path, data: dict) -> Path:
