@@ -91,6 +91,7 @@ def test_missing_label_rows_are_quarantined_and_counted(cluster_log, tmp_path: P
     text = text.replace(f'edgetwin_action_price{{agent="{victim}",site="', f'edgetwin_action_price{{agent="{victim}",zone="')
     rest = tmp_path / "rest.om"
     cols = [f.name for f in spec.features if f.name != "action.price"] + ["reward"]
+    cols += [c for c in ("propensity",) if c in bad.columns]
     write_openmetrics(bad, rest, start=DAY0, step_seconds=900, columns=cols)
     dump.write_text(rest.read_text().replace("# EOF\n", "") + text)
     res = import_prometheus(mapping, tmp_path / "x.parquet", start=DAY0, end=DAY0 + 2 * 86400, from_file=dump)
