@@ -381,6 +381,13 @@ def test_policy_label_switch_gives_the_policy_column_and_lookback_overlap_is_ref
     # sampled every minute, the old series is still visible for the 5-minute lookback: refused, named
     with pytest.raises(InputError, match=r'columns\."action\.x": the query returns several series for agent \'a\''):
         import_prometheus(m, tmp_path / "b.parquet", start=DAY0, end=DAY0 + 600, step=60, from_file=dump(60))
+    # two decision queries that disagree on who decided: refused, naming the later entry
+    two = dump(600).read_text().replace("# EOF\n", "")
+    (tmp_path / "two.om").write_text(two + two.replace("act", "act2").replace('policy="v1"', 'policy="v3"') + "# EOF\n")
+    m2 = write_mapping(tmp_path / "m2.toml", {"keys": {"agent": "svc", "policy": "policy"},
+                                              "columns": {"action.x": {"query": "act"}, "action.y": {"query": "act2"}}})  # fmt: skip
+    with pytest.raises(InputError, match=r'columns\."action\.y": series for agent \'a\' name policy \'v3\' where .* \'v1\''):
+        import_prometheus(m2, tmp_path / "c.parquet", start=DAY0, end=DAY0 + 6000, step=600, from_file=tmp_path / "two.om")
 
 
 def test_logs_generate_writes_openmetrics_that_imports_back(tmp_path: Path) -> None:

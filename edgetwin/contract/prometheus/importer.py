@@ -313,14 +313,17 @@ def _assemble(
     n_id = len(idents)
     present = np.zeros((n_id, grid.n), dtype=bool)
     matrices: dict[str, np.ndarray] = {}
-    policy_m = np.full((n_id, grid.n), None, dtype=object) if with_policy else None
+    # policies as codes (0: none named) so that agreement is checked with array operations
+    policy_ids: dict[str, int] = {}
+    policy_m = np.zeros((n_id, grid.n), dtype=np.int32) if with_policy else None
     for cq, rows in keyed:
         mat = np.full((n_id, grid.n), np.nan)
         for idx, values, policy in rows:
             ok = np.isfinite(values)
             mat[idx, ok] = values[ok]
             if policy_m is not None and policy is not None:
-                _set_policy(policy_m, idx, ok, policy, cq, idents)
+                code = policy_ids.setdefault(policy, len(policy_ids) + 1)
+                _set_policy(policy_m, idx, ok, code, policy_ids, cq, idents)
         present |= np.isfinite(mat)
         matrices[cq.column] = mat
     ids, ks = np.nonzero(present)
@@ -343,7 +346,8 @@ def _assemble(
         if k in want:
             data[k] = np.array([key[pos] for key in keys], dtype=object)[ids]
     if policy_m is not None:
-        data["policy"] = policy_m[ids, ks]
+        policy_names = np.array([None, *policy_ids], dtype=object)  # code -> name; 0 -> None (empty policy)
+        data["policy"] = policy_names[policy_m[ids, ks]]
     for col, mat in matrices.items():
         data[col] = mat[ids, ks]
     table = pd.DataFrame(data)
@@ -381,18 +385,21 @@ def _check_one_series_per_agent(
         seen[(ep, agent)] = (prev[0], prev[1] | ok)
 
 
-def _set_policy(policy_m: np.ndarray, idx: int, ok: np.ndarray, policy: str, cq: ColumnQuery, idents: dict) -> None:
+def _set_policy(
+    policy_m: np.ndarray, idx: int, ok: np.ndarray, code: int, policy_ids: dict[str, int], cq: ColumnQuery, idents: dict
+) -> None:
     cur = policy_m[idx, ok]
-    clash = np.array([c is not None and c != policy for c in cur], dtype=bool)
+    clash = (cur != 0) & (cur != code)
     if clash.any():
-        other = cur[clash][0]
+        other = next(name for name, c in policy_ids.items() if c == cur[clash][0])
+        policy = next(name for name, c in policy_ids.items() if c == code)
         agent = list(idents)[idx][2]
         raise InputError(
             f"series for agent {agent!r} name policy {policy!r} where an earlier column's series name {other!r} "
             "at the same steps; every query must agree on which policy decided",
             cq.entry,
         )
-    policy_m[idx, ok] = policy
+    policy_m[idx, ok] = code
 
 
 def _iso(ts: float) -> str:
