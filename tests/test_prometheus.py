@@ -360,6 +360,8 @@ def test_unreadable_mapping_and_dump_files_are_named(tmp_path: Path) -> None:
     dump.write_text("x{a=\"1\" 1 1\n")
     with pytest.raises(InputError, match=r"d\.om: cannot parse it as Prometheus text exposition"):
         import_prometheus(good, tmp_path / "o.parquet", start=DAY0, end=DAY0 + 60, step=60, from_file=dump)
+    with pytest.raises(InputError, match=r"o\.txt: unknown log format"):
+        import_prometheus(good, tmp_path / "o.txt", start=DAY0, end=DAY0 + 60, step=60, url="http://127.0.0.1:9")
     with pytest.raises(InputError, match=r"--start: expected a time"):
         import_prometheus(good, tmp_path / "o.parquet", start="yesterday", end=DAY0 + 60, step=60, from_file=dump)
 

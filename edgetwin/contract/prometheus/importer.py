@@ -36,7 +36,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.logs import write_table
+from edgetwin.contract.logs import LOG_SUFFIXES, write_table
 from edgetwin.contract.prometheus.dump import MetricsDump
 from edgetwin.contract.prometheus.grid import Grid, parse_time
 from edgetwin.contract.prometheus.http import (
@@ -172,6 +172,8 @@ def import_prometheus(
     step_s = parse_duration(step if step is not None else m.step, step_source)  # type: ignore[arg-type]
     grid = Grid.over(parse_time(start, "--start"), parse_time(end, "--end"), step_s, step_source)
     out = Path(out)
+    if not out.name.lower().endswith(LOG_SUFFIXES):  # before any query: not after minutes of them
+        raise InputError(f"unknown log format; expected one of {', '.join(LOG_SUFFIXES)}", str(out))
 
     fetch: Callable[[ColumnQuery, Callable[[], None]], list[Series]]
     if from_file is not None:
