@@ -38,6 +38,7 @@ import pandas as pd
 from edgetwin.contract.logs import read_table, write_table
 from edgetwin.contract.prometheus.http import PrometheusHTTP
 from edgetwin.contract.prometheus.importer import import_prometheus
+from edgetwin.contract.prometheus.mapping import Mapping
 from edgetwin.contract.validate import validate_log
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import generate_logs, write_openmetrics_logs
@@ -128,9 +129,10 @@ def main() -> None:
     try:
         t_emul, (log, spec) = timed(lambda: generate_logs(
             ClusterConfig(n_agents=args.agents, steps=args.steps, step_seconds=args.step_seconds), episodes=1, seed=args.seed))
-        rows, n_cols = len(log), len(spec.features) + 1
-        print(f"emulated {rows:,} rows x {n_cols} value columns in {t_emul:.1f}s", flush=True)
         t_om, (dump, mapping) = timed(lambda: write_openmetrics_logs(log, spec, tmp / "day.om", start=DAY0))
+        value_cols = Mapping.load(mapping).column_names  # every feature, reward, propensity: one query each
+        rows, n_cols = len(log), len(value_cols)
+        print(f"emulated {rows:,} rows x {n_cols} value columns (+ the policy label) in {t_emul:.1f}s", flush=True)
         dump_mb = dump.stat().st_size / 1e6
         print(f"OpenMetrics: {dump_mb:,.0f} MB in {t_om:.1f}s", flush=True)
         t_fill, _ = timed(lambda: subprocess.run(
@@ -163,9 +165,12 @@ def main() -> None:
             print(f"offline import: {t_offline:.1f}s", flush=True)
         got = res.table.sort_values(["t", "agent"]).reset_index(drop=True)
         want = log.sort_values(["t", "agent"]).reset_index(drop=True)
-        cols = [f.name for f in spec.features] + ["reward"]
+        cols = value_cols
         same_rows = len(got) == len(want) and (got["agent"].to_numpy() == want["agent"].to_numpy()).all()
-        max_diff = float(np.max(np.abs(got[cols].to_numpy(float) - want[cols].to_numpy(float)))) if same_rows else float("nan")
+        same_rows = same_rows and (got["policy"].to_numpy() == want["policy"].to_numpy()).all()
+        diff = np.abs(got[cols].to_numpy(float) - want[cols].to_numpy(float))
+        same_nan = (np.isnan(got[cols].to_numpy(float)) == np.isnan(want[cols].to_numpy(float))).all()
+        max_diff = float(np.nanmax(diff)) if same_rows and same_nan else float("nan")
         assert same_rows and max_diff == 0.0 and res.report.n_quarantined == 0, (len(got), len(want), max_diff)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -213,7 +218,7 @@ def main() -> None:
 
 Command: `{cmd}`. Machine: {machine}; load average {result['load_before'][0]} before, {result['load_after'][0]} after (other jobs shared the cores: times are upper bounds).
 
-No source paper measures this. A day of the emulated cluster — {args.agents:,} service groups x {args.steps:,} steps of {args.step_seconds:g} s = {rows:,} rows x {n_cols} value columns ({rows * n_cols:,} samples) — written as OpenMetrics, backfilled with `promtool tsdb create-blocks-from openmetrics` into a real Prometheus on a loopback port, and imported back with `edgetwin logs import prometheus`'s library call over `/api/v1/query_range` ({result['http_requests']} requests: {result['http_requests'] // n_cols} per column, at most 11,000 points per series each). The import is end to end: HTTP + JSON, the table, Parquet write, spec skeleton, validation; its result is checked equal to the emulator's log (same rows, values identical, nothing quarantined). Ratios are against reading the same rows from Parquet in the same run.{size_note}
+No source paper measures this. A day of the emulated cluster — {args.agents:,} service groups x {args.steps:,} steps of {args.step_seconds:g} s = {rows:,} rows x {n_cols} value columns ({rows * n_cols:,} samples; each series also labelled with its `policy`) — written as OpenMetrics, backfilled with `promtool tsdb create-blocks-from openmetrics` into a real Prometheus on a loopback port, and imported back with `edgetwin logs import prometheus`'s library call over `/api/v1/query_range` ({result['http_requests']} requests: {result['http_requests'] // n_cols} per column, at most 11,000 points per series each). The import is end to end: HTTP + JSON, the table, Parquet write, spec skeleton, validation; its result is checked equal to the emulator's log (same rows, values identical, nothing quarantined). Ratios are against reading the same rows from Parquet in the same run.{size_note}
 
 | what | seconds | rows/s | vs Parquet read |
 |---|---:|---:|---:|
