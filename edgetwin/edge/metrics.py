@@ -1,8 +1,9 @@
 """The edge runtime's ``/metrics``: what Prometheus, Grafana and a Kayenta-style canary judge read.
 
 `instrument(runtime)` attaches a `RuntimeMetrics` to an `edgetwin.edge.runtime.EdgeRuntime`; the
-runtime calls two narrow hooks (`RuntimeMetrics.observe_decision` around each decision,
-`RuntimeMetrics.observe_kpis` for each live KPI report), and everything else is read from
+runtime calls narrow hooks (`RuntimeMetrics.observe_decision` around each decision and
+`observe_routed` around each decision routed by a canary's arms, `observe_kpis` for each live KPI
+report, `observe_canary_rows` for each tick of a canary's log), and everything else is read from
 ``runtime.status()`` when Prometheus scrapes (a custom collector: no state is copied, so nothing can
 drift from what the runtime itself reports). `serve_metrics` exposes the registry over HTTP
 (``edgetwin serve --metrics-port``), with prometheus-client's own server.
@@ -26,19 +27,24 @@ Families (every one carries ``site``):
 | ``edgetwin_policy_refused_total`` | counter | | versions refused (signature, integrity, contract) |
 | ``edgetwin_registry_reachable`` | gauge | | 1 reachable, 0 not (absent before the first call) |
 
-**Arms.** ``arm="baseline"`` is what the site serves to everyone (the control); a canary slice
-reports under ``arm="canary"`` with its own ``policy``. A canary judge compares the same family
-across the two scopes — e.g. Kayenta's control scope ``{site="s", arm="baseline"}`` against the
-experiment scope ``{site="s", arm="canary"}`` on ``edgetwin_kpi{kpi="kpi.slo_violation"}`` or on
+**Arms** are the runtime's own (`edgetwin.edge.canary`): ``fleet`` is what the site serves outside
+any canary slice; inside a slice each service group is randomized to ``candidate`` (the version
+under test) or ``control`` (the current version), for the whole canary. A canary judge compares
+the same family across the two arms of the slice — e.g. Kayenta's control scope
+``{site="s", arm="control"}`` against the experiment scope ``{site="s", arm="candidate"}`` on
+``edgetwin_kpi{kpi="kpi.slo_violation"}`` (the tick's mean over the arm's rows), or on
 ``histogram_quantile(0.99, sum by (le, arm) (rate(edgetwin_decision_latency_seconds_bucket[5m])))``.
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
+from collections import Counter as Tally
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -48,8 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ARMS", "LATENCY_BUCKETS", "RuntimeMetrics", "instrument", "serve_metrics"]
 
-#: The slices a runtime reports under: the control every site serves, and a canary slice.
-ARMS: tuple[str, ...] = ("baseline", "canary")
+#: The arms a runtime reports under: outside a canary slice, and its two randomized arms inside one.
+ARMS: tuple[str, ...] = ("fleet", "control", "candidate")
 #: Decision latency buckets in seconds: 50 us .. 2.5 s, dense where an edge decision lives (< 10 ms).
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -81,14 +87,41 @@ class RuntimeMetrics:
         self.registry.register(_StatusCollector(runtime))
         self._lock = threading.Lock()
 
-    def observe_decision(self, policy: str, rows: int, seconds: float, arm: str = "baseline") -> None:
+    def observe_decision(self, policy: str, rows: int, seconds: float, arm: str = "fleet") -> None:
         """One decision call: ``rows`` decided by ``policy`` in ``seconds`` (the runtime's hook)."""
         self.decisions.labels(self.site, policy, arm).inc()
         self.rows.labels(self.site, policy, arm).inc(rows)
         self.latency.labels(self.site, policy, arm).observe(seconds)
 
-    def observe_kpis(self, kpis: Mapping[str, float], policy: str, arm: str = "baseline") -> None:
-        """One live KPI report of ``policy``'s slice (the runtime's hook; a canary reports ``arm="canary"``)."""
+    def observe_routed(self, policy: Any, arms: Any, seconds: float) -> None:
+        """One decision call routed by a canary (`EdgeRuntime.decide_for`): rows per (policy, arm),
+        each group's decision counted once with the call's latency."""
+        pol = np.asarray(policy, dtype=object).astype(str)
+        arm = np.asarray(arms, dtype=object).astype(str)
+        for (p, a), n in Tally(zip(pol.tolist(), arm.tolist(), strict=True)).items():
+            self.observe_decision(p, n, seconds, arm=a)
+
+    def observe_canary_rows(self, canary: Any, rows: Any) -> None:
+        """One tick of a canary's log (`EdgeRuntime.canary_report`): the mean of each guarded KPI
+        over each arm's rows, under the arm's policy (what a judge compares, tick by tick)."""
+        kpis = [m.kpi for m in canary.config.margins]
+        scen = rows["scenario"].astype(str).tolist() if "scenario" in rows.columns else None
+        arms = np.asarray(canary.router.arms(rows["agent"].astype(str).tolist(), rows["site"].astype(str).tolist(), scen))
+        policy = rows["policy"].astype(str).to_numpy()
+        values = rows[kpis].to_numpy(dtype=np.float64)
+        for a in ARMS:
+            mask = arms == a
+            if not mask.any():
+                continue
+            for p in sorted(set(policy[mask].tolist())):
+                sel = mask & (policy == p)
+                with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # a KPI all NaN on this arm: not reported
+                    means = np.nanmean(values[sel], axis=0)
+                self.observe_kpis({k: float(v) for k, v in zip(kpis, means, strict=True) if np.isfinite(v)}, p, arm=a)
+
+    def observe_kpis(self, kpis: Mapping[str, float], policy: str, arm: str = "fleet") -> None:
+        """One live KPI report of ``policy`` on ``arm`` (the runtime's hooks)."""
         with self._lock:  # the gauges of one report change together
             for name, value in kpis.items():
                 self.kpi.labels(self.site, policy, arm, name).set(float(value))
