@@ -54,6 +54,8 @@ _CODEC_TENSORS = frozenset({"values", "q", "idx", "mask", "bitmap", "indices"})
 #: the only strings a site ever sends (``labels`` of its ``hello``), and their limits
 _LABEL_KEYS = frozenset({"scenarios", "site", "columns", "has_reward"})
 _MAX_LABELS, _MAX_LABEL_CHARS = 512, 200
+#: the most values an update may have before the plan exists (a hello sends one: its row count)
+_HELLO_VALUES = 16
 
 
 def _check_update(env: Envelope) -> None:
@@ -80,14 +82,14 @@ def _check_update(env: Envelope) -> None:
                 raise ValueError(f"labels.{k} must be a list of at most {_MAX_LABELS} short strings")
         if not isinstance(labels.get("site", ""), str) or len(labels.get("site", "")) > _MAX_LABEL_CHARS:
             raise ValueError("labels.site must be a short string")
-    try:
-        vector = UpdateCodec.decode(EncodedUpdate(dict(env.tensors), env.payload["codec"]))
+    try:  # without allocating: the receiver checks the size against the plan (`read_update`)
+        size = UpdateCodec.check(EncodedUpdate(dict(env.tensors), env.payload["codec"]))
     except (InputError, ValueError, IndexError, KeyError, TypeError) as e:
         raise ValueError(f"update does not decode: {e}") from None
     if "failed" in env.payload:
         if not _FAILURE_NAME.fullmatch(env.payload["failed"]):
             raise ValueError("failed must name an exception type (an identifier), nothing else")
-        if vector.size or labels is not None:
+        if size or labels is not None:
             raise ValueError("a failure carries no vector and no labels")
 
 
@@ -151,9 +153,13 @@ def make_failure(sender: str, fit: str, seq: int, phase: str, step: int, member:
     return env
 
 
-def read_update(env: Envelope) -> np.ndarray:
-    """The dense float32 vector of a ``twin_update``."""
-    return UpdateCodec.decode(EncodedUpdate(dict(env.tensors), env.payload["codec"]))
+def read_update(env: Envelope, expected: int | None) -> np.ndarray:
+    """The dense float32 vector of a ``twin_update``, whose declared size must be ``expected``
+    (the plan's for its phase; None before the plan exists: the hello, a few values) — checked
+    before anything is allocated (`InputError` otherwise)."""
+    limit = _HELLO_VALUES if expected is None else expected
+    enc = EncodedUpdate(dict(env.tensors), env.payload["codec"])
+    return UpdateCodec.decode(enc, expected_size=expected, max_size=limit)
 
 
 def check_update_size(vector: np.ndarray, expected: int, sender: str, phase: str) -> None:
