@@ -1,0 +1,262 @@
+"""Promises of the federation (DESIGN.md, "Federation, including the twin itself"), one test each:
+
+* a site speaks only for itself: an update signed by site A that claims to be site B is refused,
+  and B's real update still counts;
+* sites take tasks only from the coordinator: a task not signed by the coordinator's key is refused;
+* decoders check sizes before they allocate, and nothing a message does ends a subscription: the
+  allocation-bomb update (316 bytes declaring 2**40 values) and a compressed decision request that
+  decodes past the limit are refused, and the next valid message is delivered — on the in-process
+  bus and on a real nats-server;
+* no service group's profile leaves its site: a curious coordinator, holding everything sites
+  publish and the final twin, recovers no agent's profile closer than a stated distance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import math
+import struct
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from edgetwin.edge.bus import Bus, InMemoryBus, MemoryBroker, Subjects, make_bus
+from edgetwin.edge.message_auth import FederationKeys, MessageAuth
+from edgetwin.edge.messages import MAGIC, SCHEMA_VERSION, signing_payload
+from edgetwin.edge.signing import Signer
+from edgetwin.emulator.cluster import ClusterConfig
+from edgetwin.emulator.logs import generate_logs
+from edgetwin.federation.twin.fit import FitOptions
+from edgetwin.federation.twin.messages import make_task, make_update
+from edgetwin.federation.twin.runner import COORDINATOR, TwinCoordinator, TwinSiteAgent, split_by_site
+
+torch.set_num_threads(1)
+
+LIGHT = FitOptions.light(rounds=2, local_epochs=1, em_iters=2, n_components=2, support_centroids=16, bank=100,
+                         net_arch=[16, 16], engine_arch=[8])
+
+
+@pytest.fixture(scope="module")
+def two_sites() -> tuple[Any, dict[str, Any]]:
+    df, spec = generate_logs(ClusterConfig(n_agents=18, steps=10), episodes=2, seed=3)
+    parts = split_by_site(df)
+    a, b = sorted(parts)[:2]
+    return spec, {a: parts[a], b: parts[b]}
+
+
+@pytest.fixture(params=["memory", pytest.param("nats", marks=pytest.mark.nats)])
+def bus_factory(request: pytest.FixtureRequest) -> Callable[[str], Bus]:
+    """Clients of one in-process broker, or of a real nats-server (tests/conftest.py)."""
+    if request.param == "memory":
+        broker = MemoryBroker()
+        return lambda name: InMemoryBus(broker, name=name)
+    server = request.getfixturevalue("nats_server")
+    return lambda name: make_bus(server.url, name=name, reconnect_backoff_s=0.05, reconnect_backoff_max_s=0.5,
+                                 fetch_timeout_s=0.2)
+
+
+async def _client(factory: Callable[[str], Bus], name: str, auth: MessageAuth) -> Bus:
+    b = factory(name)
+    b.auth = auth
+    await b.connect()
+    return b
+
+
+def signed_frame(header: dict[str, Any], tensors: dict[str, np.ndarray], signer: Signer) -> bytes:
+    """A frame as a hostile (but key-holding) sender writes it by hand: no schema check on the way out."""
+    table, blobs = [], []
+    for name, arr in tensors.items():
+        a = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        table.append([name, a.dtype.name, list(a.shape)])
+        blobs.append(a.tobytes())
+    header = {**header, "tensors": table}
+    header["auth"] = {"alg": "ed25519", "sig": base64.b64encode(signer.sign(signing_payload(header, b"".join(blobs)))).decode()}
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join([struct.pack("<2sBI", MAGIC, SCHEMA_VERSION, len(hb)), hb, *blobs])
+
+
+async def inject(bus: Bus, subject: str, data: bytes) -> None:
+    """Put raw bytes into the durable stream of ``subject`` (what a raw publish does on JetStream)."""
+    if isinstance(bus, InMemoryBus):
+        bus.broker.append(subject, data, uuid.uuid4().hex)
+    else:
+        await bus.publish_raw(subject, data)
+        await bus.flush()
+
+
+async def _hello_round(factory: Callable[[str], Bus], spec: Any, logs: dict[str, Any],
+                       before_sites: Callable[[FederationKeys, str, TwinCoordinator], Any]) -> tuple[Any, TwinCoordinator]:
+    """The coordinator's first round with the real sites, after ``before_sites`` has had its go."""
+    keys = FederationKeys.generate([COORDINATOR, *sorted(logs)])
+    fit = uuid.uuid4().hex[:12]
+    cbus = await _client(factory, "coordinator", keys.auth(COORDINATOR))
+    coord = TwinCoordinator(spec, sorted(logs), cbus, LIGHT, grace_s=0.5, timeout_s=20, fit_id=fit)
+    await coord.start()
+    buses, sites = [cbus], []
+    try:
+        hello = asyncio.create_task(coord._round("hello"))
+        while 1 not in coord._collectors:
+            await asyncio.sleep(0.01)
+        await before_sites(keys, fit, coord)
+        await asyncio.sleep(0.3)  # the hostile message is in before the real ones
+        for name, df in sorted(logs.items()):
+            b = await _client(factory, f"site-{name}", keys.auth(name))
+            buses.append(b)
+            s = TwinSiteAgent(name, df, spec, b, fit)
+            await s.start()
+            sites.append(s)
+        ups, envs = await asyncio.wait_for(hello, 30)
+        return (ups, envs), coord
+    finally:
+        for s in sites:
+            await s.stop()
+        await coord.stop()
+        for b in buses:
+            await b.close()
+
+
+# ------------------------------------------------------------------------------------ who speaks
+def test_an_update_signed_by_site_a_claiming_site_b_is_refused_and_bs_real_update_counts(two_sites, bus_factory):
+    spec, logs = two_sites
+    a, b = sorted(logs)
+
+    async def forge(keys: FederationKeys, fit: str, coord: TwinCoordinator) -> None:
+        # site A's machine signs with its own key and says it is B (its bus maps B to A's key)
+        liar = await _client(bus_factory, "liar", MessageAuth(keys.keyring, {b: keys.private[a]}))
+        fake = make_update(b, fit, 1, "hello", 0, 0, np.array([7.0], np.float32), 1.0,
+                           labels={"scenarios": ["x"], "site": b, "columns": ["episode"]})
+        await liar.publish_durable(Subjects.update("twin", fit), fake)
+        await liar.flush()
+        await liar.close()
+
+    (ups, envs), coord = asyncio.run(_hello_round(bus_factory, spec, logs, forge))
+    got = {u.client_id: float(u.delta[0]) for u in ups}
+    assert got == {a: float(len(logs[a])), b: float(len(logs[b]))}  # B's real row count, not the forger's 7
+    assert envs[b].payload["labels"]["columns"] != ["episode"]
+    assert coord.bus.stats.rejected["unauthenticated"] == 1
+
+
+def test_a_twin_task_not_signed_by_the_coordinator_is_refused_by_a_site(two_sites, bus_factory):
+    spec, logs = two_sites
+    a, b = sorted(logs)
+
+    async def scenario() -> tuple[int, int, int, list[str]]:
+        keys = FederationKeys.generate([COORDINATOR, a, b])
+        fit = uuid.uuid4().hex[:12]
+        site_bus = await _client(bus_factory, "site-b", keys.auth(b))
+        site = TwinSiteAgent(b, logs[b], spec, site_bus, fit)
+        await site.start()
+        # A's key pretending to be the coordinator, then A as itself sending a task
+        impostor = await _client(bus_factory, "impostor", MessageAuth(keys.keyring, {COORDINATOR: keys.private[a]}))
+        await impostor.publish_durable(Subjects.model("twin", fit), make_task(COORDINATOR, fit, 1, "hello", 0, 0))
+        rogue = await _client(bus_factory, "rogue", keys.auth(a))
+        await rogue.publish_durable(Subjects.model("twin", fit), make_task(a, fit, 2, "hello", 0, 0))
+        await asyncio.sleep(1.0)
+        answered_forged = site.answered
+        # the real coordinator's task is still answered
+        cbus = await _client(bus_factory, "coordinator", keys.auth(COORDINATOR))
+        coord = TwinCoordinator(spec, [b], cbus, LIGHT, grace_s=0.5, timeout_s=20, fit_id=fit)
+        coord.seq = 2
+        await coord.start()
+        ups, _ = await asyncio.wait_for(coord._round("hello"), 30)
+        await site.stop()
+        await coord.stop()
+        rejected = site_bus.stats.rejected["unauthenticated"]
+        for x in (site_bus, impostor, rogue, cbus):
+            await x.close()
+        return answered_forged, rejected, site.refused, [u.client_id for u in ups]
+
+    answered_forged, rejected, refused, real = asyncio.run(scenario())
+    assert answered_forged == 0
+    assert rejected == 1 and refused == 1  # the forged signature, and A's own task (A is no coordinator)
+    assert real == [b]
+
+
+# ------------------------------------------------------------------------------------ bounded decoding
+def test_the_allocation_bomb_update_is_refused_and_the_next_valid_update_is_delivered(two_sites, bus_factory):
+    spec, logs = two_sites
+    a, b = sorted(logs)
+
+    async def bombs(keys: FederationKeys, fit: str, coord: TwinCoordinator) -> None:
+        bus = await _client(bus_factory, "bomber", keys.auth(a))  # a compromised site: its own, valid key
+        for size in (2**40, (1 << 26) - 1):  # above any plan, and within the global cap but not the plan's
+            header = {"kind": "twin_update", "sender": a, "round": 1, "ts": 1.0, "id": uuid.uuid4().hex,
+                      "payload": {"fit": fit, "phase": "hello", "step": 0, "member": 0, "num_samples": 1.0,
+                                  "codec": {"codec": "topk", "size": size},
+                                  "labels": {"scenarios": [], "site": a, "columns": []}}}
+            frame = signed_frame(header, {"values": np.ones(1, np.float32), "indices": np.zeros(1, np.int32)},
+                                 keys.private[a])
+            if size == 2**40:
+                assert len(frame) < 500  # the issue's bomb: a few hundred bytes
+            await inject(bus, Subjects.update("twin", fit), frame)
+        await bus.close()
+
+    (ups, _), coord = asyncio.run(_hello_round(bus_factory, spec, logs, bombs))
+    assert sorted(u.client_id for u in ups) == [a, b]  # the valid updates after the bombs were delivered
+    assert coord.bus.stats.rejected["invalid_payload"] == 1  # 2**40: refused by the schema, nothing allocated
+    assert coord.refused["wrong_size"] == 1  # 2**26 - 1: refused against the plan before decoding
+
+
+def _arrow(n_rows: int, width: int, compression: str | None) -> bytes:
+    obs = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(n_rows * width)), width)
+    batch = pa.record_batch([obs], names=["obs"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
+        w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def test_a_compressed_decision_request_past_the_limit_is_refused_and_the_next_is_answered(tmp_path: Path,
+                                                                                          bus_factory):
+    from gymnasium.wrappers import RescaleAction
+    from stable_baselines3 import PPO
+
+    from edgetwin.edge.registry import FileRegistry, metadata_from_policy_dir
+    from edgetwin.edge.runtime import EdgeRuntime
+    from edgetwin.edge.signing import TrustStore, save_public_key
+    from edgetwin.emulator.cluster import EdgeCluster, cluster_spec
+    from edgetwin.emulator.envs import EdgeClusterEnv
+    from edgetwin.policies.export import ActionTransform, export_policy
+
+    spec = cluster_spec(ClusterConfig(n_agents=4))
+    low, high = spec.bounds("action")
+    model = PPO("MlpPolicy", RescaleAction(EdgeClusterEnv(ClusterConfig(n_agents=4)), -1.0, 1.0), n_steps=64, seed=0,
+                device="cpu")
+    policy = export_policy(model, tmp_path / "ppo", spec, action_transform=ActionTransform("box", low.tolist(), high.tolist()))
+    signer = Signer.generate()
+    save_public_key(signer.public_key, tmp_path / "pub.pem")
+    reg = FileRegistry(tmp_path / "registry")
+    reg.publish(policy, {**metadata_from_policy_dir(policy), "name": "ppo", "version": "v1"}, signer)
+    reg.set_current("site/s1", "v1", expected=None)
+    obs = EdgeCluster(ClusterConfig(n_agents=5, steps=4)).reset(seed=3)
+    width = obs.shape[1]
+    bomb = _arrow(math.ceil(600e6 / 8 / width), width, "zstd")  # 600 MB of float64 once decoded
+    assert len(bomb) < 40_000
+
+    async def scenario() -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+        rt_bus = bus_factory("runtime")
+        client = bus_factory("client")
+        rt = EdgeRuntime("s1", reg, TrustStore.from_paths([tmp_path / "pub.pem"]), bus=rt_bus, kpi_guard=None,
+                         poll_interval=60)
+        async with rt_bus, client, rt:
+            refused = json.loads(await client.request_raw("edgetwin.decision.s1", bomb, timeout=20))
+            table = pa.table({"obs": pa.FixedSizeListArray.from_arrays(pa.array(obs.ravel()), width)})
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as w:
+                w.write_table(table)
+            reply = await client.request_raw("edgetwin.decision.s1", sink.getvalue().to_pybytes(), timeout=20)
+            got = pa.ipc.open_stream(reply).read_all()
+            expected = rt.decide(obs)
+        return refused, np.column_stack([got.column(i).to_numpy() for i in range(got.num_columns)]), expected
+
+    refused, got, expected = asyncio.run(scenario())
+    assert refused["code"] == 413 and "decodes to more than" in refused["error"]
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
