@@ -49,6 +49,7 @@ from edgetwin.federation.aggregation import (
 )
 from edgetwin.federation.compression import UpdateCodec
 from edgetwin.federation.twin.fit import (
+    MIN_AGENTS,
     FitOptions,
     SiteFitter,
     TwinAssembler,
@@ -157,6 +158,8 @@ class TwinSiteAgent:
         fit_id: which fit it takes part in.
         codec: compresses its weight updates (None: dense float32).
         fail_after: tests: stop answering after this many answers (a killed site).
+        min_agents: the site's privacy setting (`SiteFitter`): every statistic it sends is an
+            aggregate over at least this many agents.
     """
 
     #: sites of one process compute one at a time: training draws from torch's and numpy's global
@@ -164,9 +167,9 @@ class TwinSiteAgent:
     _compute = threading.Lock()
 
     def __init__(self, name: str, log: pd.DataFrame, spec: TwinSpec, bus: Bus, fit_id: str,
-                 codec: UpdateCodec | None = None, fail_after: int | None = None) -> None:
+                 codec: UpdateCodec | None = None, fail_after: int | None = None, min_agents: int = MIN_AGENTS) -> None:
         self.name = name
-        self.fitter = SiteFitter(name, log, spec)
+        self.fitter = SiteFitter(name, log, spec, min_agents)
         self.spec = spec
         self.bus = bus
         self.fit_id = fit_id
@@ -565,7 +568,7 @@ async def fit_federated_async(
     strategy: str = "fedavg", secure: bool = False, dp: Mapping[str, Any] | None = None,
     compression: str = "dense", quorum: float | int = 1.0, grace_s: float = 2.0, timeout_s: float = 900.0,
     on_round: Callable[[dict[str, Any]], None] | None = None, fail_after: Mapping[str, int] | None = None,
-    keys: FederationKeys | None = None,
+    keys: FederationKeys | None = None, min_agents: int = MIN_AGENTS,
 ) -> tuple[Twin, FederatedFitReport]:
     """Fit a twin from per-site logs, each site an agent on its own bus client (in this process).
 
@@ -573,6 +576,7 @@ async def fit_federated_async(
     ``fail_after``: tests: site -> answers after which that site goes silent (a killed agent).
     ``keys``: every party's key (`COORDINATOR` and each site's name); None: fresh keys for all of
     them. Every message is signed by its sender and checked on receipt (`edgetwin.edge.message_auth`).
+    ``min_agents``: every site's privacy setting (`SiteFitter`).
     """
     if len(logs) < 1:
         raise InputError("a federated fit needs at least one site", where="sites")
@@ -601,7 +605,7 @@ async def fit_federated_async(
     for name, df in sorted(logs.items()):
         a = TwinSiteAgent(name, df, spec, await client(f"twin-site-{name}", name), fit_id,
                           _codec(compression) if codec is not None else None,
-                          (fail_after or {}).get(name))
+                          (fail_after or {}).get(name), min_agents)
         await a.start()
         agents.append(a)
     try:
@@ -645,7 +649,8 @@ def _process_auth(identity: str) -> MessageAuth | None:
 
 
 async def run_twin_site(log: pd.DataFrame, spec: TwinSpec, bus: str, name: str, fit_id: str,
-                        compression: str = "dense", emit: Callable[[dict[str, Any]], None] | None = None) -> int:
+                        compression: str = "dense", emit: Callable[[dict[str, Any]], None] | None = None,
+                        min_agents: int = MIN_AGENTS) -> int:
     """One site's agent as its own process (`edgetwin agent --fit-twin`): answers until the fit ends.
 
     Returns the number of tasks it answered.
@@ -653,7 +658,7 @@ async def run_twin_site(log: pd.DataFrame, spec: TwinSpec, bus: str, name: str, 
     b = make_bus(bus, name=f"twin-site-{name}")
     b.auth = _process_auth(name)
     await b.connect()
-    agent = TwinSiteAgent(name, log, spec, b, fit_id, _codec(compression))
+    agent = TwinSiteAgent(name, log, spec, b, fit_id, _codec(compression), min_agents=min_agents)
     try:
         await agent.start()
         if emit is not None:
