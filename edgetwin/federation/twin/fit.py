@@ -500,6 +500,8 @@ class SiteFitter:
         #: per member, each model's Adam state between rounds (`FitOptions.keep_optimizer`)
         self._optim: dict[int, dict[str, dict[str, Any]]] = {}
         self._codes: np.ndarray | None = None
+        #: per scenario, the group of each (episode, agent) point in EM (fixed at the first EM round)
+        self._em_groups: list[np.ndarray] | None = None
         self._gan: Any = None
         self._adv: dict[int, Any] = {}
 
@@ -685,30 +687,47 @@ class SiteFitter:
         return float(np.quantile(np.concatenate(d_ctx), quantile)), float(np.quantile(np.concatenate(d_act), quantile))
 
     def em(self, params: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], transformer: ProfileTransformer) -> np.ndarray:
+        """EM sufficient statistics of the population mixture over this site's *groups* of agents.
+
+        Agents are partitioned once per scenario into groups of at least ``min_agents`` effective
+        agents (`agent_clusters`, as many as the count allows); each group's responsibilities are
+        those of its mean (its expected log-likelihood under each component: the Gaussian at its
+        mean less half the trace of the component's precision times the group's covariance), and
+        its count, sum and sum of outer products go into the statistics whole. So whatever the
+        coordinator does with the statistics of several iterations, differences included, it can
+        isolate at most one group's moments: with one responsibility per row, an agent that
+        changed component between two iterations was the difference of their sums (a curious
+        coordinator recovered an agent's profile that way).
+        """
         plan = self.plan
         assert plan is not None
         K, D = plan.options.n_components, plan.d_pop
         self._require_agents()
         x, sc, agents = self._population_rows(transformer)
         self._codes = x
+        if self._em_groups is None:
+            self._em_groups = []
+            for s in range(plan.n_scen):
+                rows = sc == s
+                k = len(np.unique(agents[rows])) // self.min_agents
+                lab = (agent_clusters(x[rows], agents[rows], k, self.min_agents, plan.options.seed + 31 + s)[2]
+                       if k >= 1 else np.full(int(rows.sum()), -1))
+                self._em_groups.append(lab)
         en, ex, exx, ll = np.zeros((plan.n_scen, K)), np.zeros((plan.n_scen, K, D)), np.zeros((plan.n_scen, K, D, D)), 0.0
         for s, (w, mu, chol) in enumerate(params):
-            xs = x[sc == s]
-            if not len(xs):
-                continue
-            lp = _component_logpdf(xs, w, mu, chol)
-            tot = logsumexp(lp, axis=1)
-            r = np.exp(lp - tot[:, None])
-            ll += float(tot.sum())
-            # a component whose responsibilities here rest on fewer than min_agents effective agents
-            # sends nothing (its mean would be those agents' profile)
-            codes = pd.factorize(agents[sc == s])[0]
-            for k in range(r.shape[1]):
-                if effective_agents(np.bincount(codes, weights=r[:, k])) < self.min_agents:
-                    r[:, k] = 0.0
-            en[s] = r.sum(axis=0)
-            ex[s] = r.T @ xs
-            exx[s] = np.einsum("nk,ni,nj->kij", r, xs, xs)
+            xs, lab = x[sc == s], self._em_groups[s]
+            prec = [np.linalg.inv(c @ c.T) for c in chol]
+            for g in np.unique(lab[lab >= 0]):
+                xg = xs[lab == g]
+                n, tot, outer = float(len(xg)), xg.sum(axis=0), xg.T @ xg
+                mean = tot / n
+                cov = outer / n - np.outer(mean, mean)
+                lp = _component_logpdf(mean[None, :], w, mu, chol)[0] - 0.5 * np.array([np.trace(p @ cov) for p in prec])
+                r = np.exp(lp - logsumexp(lp))
+                ll += n * float(logsumexp(lp))
+                en[s] += r * n
+                ex[s] += r[:, None] * tot[None, :]
+                exx[s] += r[:, None, None] * outer[None, :, :]
         return plan.pack("em", {"em.n": en, "em.x": ex, "em.xx": exx, "em.ll": [ll]})
 
     # --- models ---------------------------------------------------------------------------------
