@@ -14,10 +14,12 @@ phase          a site sends                                                aggre
                episode-length histogram; local structure votes (site-      x sites = the total)
                level, clock, echo, persistence); profile sums
 ``stats2``     per column: sum of squares about the pooled mean            sums
-``summary``    k-means centroids of its rows (each the mean of >= 5 rows)  pooled, then weighted
-               in the population space and the support space; its mean     k-means (population)
-               site unit                                                   or kept (support)
-``em``         EM sufficient statistics of the population mixture          sums
+``summary``    k-means centroids, each a mean over >= ``min_agents``         pooled, then weighted
+               effective agents, in the population space and the support   k-means (population)
+               space; support thresholds from unseen episodes; its mean    or kept (support)
+               site unit
+``em``         EM sufficient statistics of the population mixture over     sums
+               fixed groups of >= ``min_agents`` agents
 ``weights``    its behaviour-cloned engine and client models after a few   FedAvg / FedAvgM /
                local epochs from the global ones, as a delta               secure / DP
 ``residual``   sums of squared residuals of the global models              sums
@@ -26,7 +28,8 @@ phase          a site sends                                                aggre
 What it learns: the layout and scalers from pooled statistics; the population as one Gaussian
 mixture per scenario over ``[profile codes, z(initial state)]`` (the GMM baseline of seed 004,
 fitted by federated EM), from which the twin's population model (its profile marginal) and its
-bank of initial states are sampled; the support index from pooled centroids; the client and
+bank of initial states are sampled; the support index from the sites' aggregates (no logged row)
+with thresholds the sites measured on unseen episodes; the client and
 engine models by FedAvg of behaviour cloning (MAIL's pre-training: the adversarial rounds are not
 federated, see the note in docs/federation.md). The result is a `Twin` like any other.
 """

@@ -1,5 +1,8 @@
 """The messages of a federated twin fit, and why they cannot carry a log's rows.
 
+Both kinds are signed by their sender on an authenticated bus (`edgetwin.edge.message_auth`):
+sites take tasks only from the coordinator, the coordinator an update only from the site it names.
+
 Two kinds travel (registered with `edgetwin.edge.messages`, documented in ``docs/bus.md``):
 
 * ``twin_task`` (coordinator -> sites, durable on ``edgetwin.model.twin.<fit>``): which phase and
@@ -13,7 +16,8 @@ Two kinds travel (registered with `edgetwin.edge.messages`, documented in ``docs
 
 A ``twin_update`` has a closed payload (no free-form field: extra keys are refused) and its vector
 must decode to exactly the size that `edgetwin.federation.twin.fit.TwinFitPlan` declares for its
-phase. Those sizes follow from the spec, the layout and the model architecture — never from how
+phase (checked before the vector is allocated: the schema only checks that the encoding is
+consistent, `UpdateCodec.check`). Those sizes follow from the spec, the layout and the model architecture — never from how
 many rows a site has — so a site cannot put its rows in an update even by mistake: a vector the
 size of a row table is refused by the coordinator (`check_update_size`). The only strings a site
 sends are in its ``hello``: scenario labels, its site name and column names (the spec's roles),
