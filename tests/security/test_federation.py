@@ -1,7 +1,7 @@
 """Promises of the federation (DESIGN.md, "Federation, including the twin itself"), one test each:
 
 * a site speaks only for itself: an update signed by site A that claims to be site B is refused,
-  and B's real update still counts;
+  and B's real update still counts (in the twin fit and in the policy federation);
 * sites take tasks only from the coordinator: a task not signed by the coordinator's key is refused;
 * decoders check sizes before they allocate, and nothing a message does ends a subscription: the
   allocation-bomb update (316 bytes declaring 2**40 values) and a compressed decision request that
@@ -333,3 +333,38 @@ def test_a_curious_coordinator_recovers_no_agents_profile(monkeypatch):
     d = np.minimum(_rms_to_nearest(z, in_z), _rms_to_nearest(codes, in_codes))
     recovered = int((d < RECOVERED).sum())
     assert recovered == 0, f"{recovered} of {len(z)} agents recovered (closest at {d.min():.2g})"
+
+
+def test_in_the_policy_federation_a_site_cannot_send_another_sites_update():
+    """The same promise in `edgetwin federate` (ESA -> aggregator): site-0's key claiming site-1."""
+    from edgetwin.federation.compression import UpdateCodec, model_update
+    from edgetwin.federation.runner import build_federation, make_federation_config
+
+    cfg = make_federation_config(sites=4, rounds=1, clusters=1, strategy="fedavg", global_strategy="fedavg",
+                                 compression=False, timeout_s=20.0, seed=0, hierarchy=False)
+
+    async def scenario() -> tuple[Any, np.ndarray, np.ndarray, int]:
+        fed = await build_federation(cfg, "memory")
+        start = fed.gca.params.copy()
+        own = fed.esas[0].bus.auth
+        assert own is not None and fed.esas[0].name == "esa/site-0"
+        liar = InMemoryBus(fed.gca.bus.broker, name="liar")  # type: ignore[attr-defined]
+        liar.auth = MessageAuth(own.keyring, {"esa/site-1": own.own["esa/site-0"]})
+        await liar.connect()
+        poison = UpdateCodec(topk=None, quantize_bits=None, error_feedback=False).encode(
+            "x", np.full(start.size, 1000.0, np.float32))
+        env = model_update("esa/site-1", 0, poison, num_samples=10_000, level="site", group=fed.gca.node.name)
+        env.payload["run"] = cfg.run
+        await liar.publish_durable(Subjects.update("site", fed.gca.node.name), env)
+        try:
+            recs = await fed.gca.run(cfg.rounds)
+        finally:
+            for a in [*fed.esas, *fed.coas, fed.gca]:
+                await a.stop()
+            await liar.close()
+        return recs, start, fed.gca.params, fed.gca.bus.stats.rejected["unauthenticated"]
+
+    recs, start, end, rejected = asyncio.run(scenario())
+    assert rejected == 1
+    assert "site-1" in recs[0].weights  # site-1's real update counted
+    assert np.abs(end - start).max() < 100.0  # the poison (1000 per weight) never reached the model
