@@ -4,6 +4,10 @@ Wire frame (all integers little-endian)::
 
     b"ET" | v: u8 | header_len: u32 | header: UTF-8 JSON (header_len bytes) | tensor bytes
 
+A signed frame's header also has ``auth`` (``{"alg": "ed25519", "sig": base64}``) over
+`signing_payload`; `decode` keeps the signature and what it covers on the envelope, and a bus with
+``auth`` set checks it (`edgetwin.edge.message_auth`), rejecting as ``unauthenticated``.
+
 The JSON header holds ``kind``, ``sender``, ``round``, ``ts`` (unix seconds), ``id`` (unique per
 message; JetStream de-duplicates retried publishes by it), ``payload`` (a JSON object whose fields
 depend on ``kind``) and ``tensors``: ``[[name, dtype, shape], ...]`` describing the raw arrays that
