@@ -43,11 +43,6 @@ TINY = FitOptions(rounds=2, local_epochs=1, em_iters=2, n_components=2, support_
 LIGHT = FitOptions.light(**{k: v for k, v in TINY.to_dict().items() if k not in ("response_model", "population_model")})
 
 
-#: the privacy setting these tests' sites run with: their logs have 6 agents a site (the default,
-#: 10, is exercised by tests/security/test_federation.py and by the CLI tests below)
-SMALL_SITE = 3
-
-
 @pytest.fixture(scope="module")
 def site_logs():
     df, spec = generate_logs(ClusterConfig(n_agents=18, steps=10), episodes=2, seed=3)
@@ -57,7 +52,7 @@ def site_logs():
 def test_federated_fit_gives_an_ordinary_twin(site_logs, tmp_path):
     df, spec, parts = site_logs
     seen = []
-    twin, rep = fit_federated(parts, spec, min_agents=SMALL_SITE, options=TINY, on_round=seen.append)
+    twin, rep = fit_federated(parts, spec, options=TINY, on_round=seen.append)
     phases = [r["phase"] for r in seen]
     assert phases[:4] == ["hello", "stats1", "stats2", "summary"] and phases.count("weights") == TINY.rounds
     # the default family, as Twin.fit's: GAN-SMMSG rounds after EM, MAIL's adversarial rounds after BC
@@ -92,7 +87,7 @@ def test_model_phases_go_through_secure_aggregation_and_dp(site_logs):
     """The population and adversarial rounds use the weight rule too: DP accounts each of them, secure
     aggregation masks them (its transcript's bytes), and the twin still rolls out."""
     _, spec, parts = site_logs
-    twin, rep = fit_federated(parts, spec, min_agents=SMALL_SITE, options=TINY, strategy="dp_gaussian", secure=True)
+    twin, rep = fit_federated(parts, spec, options=TINY, strategy="dp_gaussian", secure=True)
     eps = rep.privacy["epsilon_by_phase"]
     assert set(eps) == {"weights", "adversarial", "population"} and all(e > 0 for e in eps.values())
     assert rep.privacy["epsilon"] == pytest.approx(sum(eps.values()))
@@ -114,7 +109,7 @@ def test_a_fit_whose_models_stop_being_finite_stops_with_one_clear_line(site_log
 
     _, spec, parts = site_logs
     with pytest.raises(FederatedFitDiverged, match=r"weights models are no longer finite after round \d+ .*--fed-rounds"):
-        fit_federated(parts, spec, min_agents=SMALL_SITE, options=LIGHT, strategy="dp_gaussian",
+        fit_federated(parts, spec, options=LIGHT, strategy="dp_gaussian",
                       dp={"clip_norm": 1e30, "noise_multiplier": 1e30})
 
 
@@ -128,7 +123,7 @@ def test_same_seed_same_federated_twin(site_logs):
     _, spec, parts = site_logs
     out = []
     for _ in range(2):
-        twin, _ = fit_federated(parts, spec, min_agents=SMALL_SITE, options=TINY)
+        twin, _ = fit_federated(parts, spec, options=TINY)
         clients = module_vector({f"c{s}": p for s, p in twin.members[0].clients.items()})
         out.append((clients, module_vector(gan_modules(twin.population))))
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
@@ -153,7 +148,7 @@ def test_the_order_in_which_site_updates_arrive_does_not_change_the_twin(site_lo
             return out
 
         monkeypatch.setattr(RoundCollector, "wait", arrive_in_order)
-        twin, _ = fit_federated(parts, spec, min_agents=SMALL_SITE, options=TINY)
+        twin, _ = fit_federated(parts, spec, options=TINY)
         gen = twin.population.generator
         return {"population": module_vector(gan_modules(twin.population)),
                 "mixture": np.concatenate([gen.cum_w.numpy().ravel(), gen.mu.numpy().ravel(), gen.chol.numpy().ravel()]),
@@ -186,7 +181,7 @@ def test_update_schema_refuses_extra_fields_and_undeclared_sizes():
 def test_a_silent_site_does_not_stop_the_fit(site_logs):
     _, spec, parts = site_logs
     victim = sorted(parts)[0]
-    twin, rep = fit_federated(parts, spec, min_agents=SMALL_SITE, options=LIGHT, quorum=0.6, grace_s=0.3, timeout_s=60,
+    twin, rep = fit_federated(parts, spec, options=LIGHT, quorum=0.6, grace_s=0.3, timeout_s=60,
                               fail_after={victim: 5})  # answers hello..em, then is killed
     weights = [r for r in rep.rounds if r["phase"] == "weights"]
     assert weights and all(victim in r["missing"] for r in weights)
@@ -218,7 +213,7 @@ def test_sites_that_cannot_compute_a_round_stop_the_fit_at_once(site_logs, monke
     _failing_weights(monkeypatch, victims)
     with pytest.raises(FederatedFitFailed, match=rf"\(weights step 1, member 0\) failed at 2 of {len(parts)} sites: "
                        rf"{victims[0]} \(FloatingPointError\), {victims[1]} \(FloatingPointError\); the quorum"):
-        asyncio.run(asyncio.wait_for(fit_federated_async(parts, spec, min_agents=SMALL_SITE, options=LIGHT, quorum=len(parts) - 1,
+        asyncio.run(asyncio.wait_for(fit_federated_async(parts, spec, options=LIGHT, quorum=len(parts) - 1,
                                                          timeout_s=600), 120))
 
 
@@ -226,26 +221,19 @@ def test_a_site_that_fails_is_not_waited_for_when_the_quorum_holds(site_logs, mo
     _, spec, parts = site_logs
     victim = sorted(parts)[-1]
     _failing_weights(monkeypatch, [victim])
-    twin, rep = asyncio.run(asyncio.wait_for(fit_federated_async(parts, spec, min_agents=SMALL_SITE, options=LIGHT, quorum=len(parts) - 1,
+    twin, rep = asyncio.run(asyncio.wait_for(fit_federated_async(parts, spec, options=LIGHT, quorum=len(parts) - 1,
                                                                  grace_s=600, timeout_s=600), 120))
     weights = [r for r in rep.rounds if r["phase"] == "weights"]
     assert len(weights) == LIGHT.rounds and all(r["failed"] == {victim: "FloatingPointError"} for r in weights)
     assert all(r["reason"] == "complete" and victim not in r["sites"] for r in weights) and isinstance(twin, Twin)
 
 
-@pytest.fixture(scope="module")
-def cli_logs():
-    """11 agents a site: `edgetwin fit --federated` runs with the default privacy setting (10)."""
-    df, spec = generate_logs(ClusterConfig(n_agents=33, steps=10), episodes=2, seed=3)
-    return df, spec, split_by_site(df)
-
-
-def test_cli_fit_federated(cli_logs, tmp_path):
+def test_cli_fit_federated(site_logs, tmp_path):
     from typer.testing import CliRunner
 
     from edgetwin.cli import app
 
-    df, spec, _ = cli_logs
+    df, spec, _ = site_logs
     df.to_parquet(tmp_path / "log.parquet", index=False)
     spec.save(tmp_path / "log.spec.toml")
     res = CliRunner().invoke(app, ["fit", str(tmp_path / "log.parquet"), "--out", str(tmp_path / "twin"),
@@ -256,7 +244,7 @@ def test_cli_fit_federated(cli_logs, tmp_path):
     assert Twin.load(tmp_path / "twin").meta["population_model"] == "gmm"
 
 
-def test_cli_fit_federated_under_dp_runs_dps_schedule_and_says_what_the_noise_costs(cli_logs, tmp_path):
+def test_cli_fit_federated_under_dp_runs_dps_schedule_and_says_what_the_noise_costs(site_logs, tmp_path):
     """Without --fed-rounds, Gaussian DP runs `DP_SCHEDULE` (few rounds of whole epochs), not the
     default's hundreds of short rounds; the report gives epsilon and the noise-to-signal ratio."""
     from typer.testing import CliRunner
@@ -264,7 +252,7 @@ def test_cli_fit_federated_under_dp_runs_dps_schedule_and_says_what_the_noise_co
     from edgetwin.cli import app
     from edgetwin.federation.twin.fit import DP_SCHEDULE
 
-    df, spec, parts = cli_logs
+    df, spec, parts = site_logs
     df.to_parquet(tmp_path / "log.parquet", index=False)
     spec.save(tmp_path / "log.spec.toml")
     res = CliRunner().invoke(app, ["fit", str(tmp_path / "log.parquet"), "--out", str(tmp_path / "twin"),
@@ -321,7 +309,7 @@ def test_data_locality_over_nats(site_logs, nats_server):
         await nc.subscribe("edgetwin.>", cb=record)
         try:
             twin, rep = await asyncio.wait_for(
-                fit_federated_async(parts, spec, min_agents=SMALL_SITE, bus=bus_factory, options=TINY, timeout_s=60), 240
+                fit_federated_async(parts, spec, bus=bus_factory, options=TINY, timeout_s=60), 240
             )
             await nc.flush()
             await asyncio.sleep(0.5)
@@ -402,7 +390,7 @@ def test_killed_site_rejoins_and_server_restart_loses_no_update(site_logs, nats_
         coord = TwinCoordinator(spec, names, buses[0], opts, quorum=0.6, grace_s=0.5, timeout_s=120,
                                 fit_id=fit_id, on_round=records.append)
         await coord.start()
-        agents = [TwinSiteAgent(n, parts[n], spec, b, fit_id, min_agents=SMALL_SITE) for n, b in zip(names[1:], buses[1:], strict=True)]
+        agents = [TwinSiteAgent(n, parts[n], spec, b, fit_id) for n, b in zip(names[1:], buses[1:], strict=True)]
         for a in agents:
             await a.start()
         proc = await asyncio.to_thread(spawn)
@@ -516,7 +504,7 @@ def test_personalise_a_federated_twin(site_logs):
     from edgetwin.federation.twin.fit import personalise, validation_agents
 
     df, spec, parts = site_logs
-    twin, _ = fit_federated(parts, spec, min_agents=SMALL_SITE, options=LIGHT)
+    twin, _ = fit_federated(parts, spec, options=LIGHT)
     site = sorted(parts)[0]
     local = parts[site]
     held = validation_agents(local.reset_index(drop=True), 0.25, seed=0)
@@ -556,7 +544,7 @@ def test_personalise_weighs_the_sites_own_twin(site_logs):
     )
 
     df, spec, parts = site_logs
-    twin, _ = fit_federated(parts, spec, min_agents=SMALL_SITE, options=LIGHT)
+    twin, _ = fit_federated(parts, spec, options=LIGHT)
     site = sorted(parts)[0]
     local = parts[site]
     seen: list[pd.DataFrame] = []

@@ -368,3 +368,25 @@ def test_in_the_policy_federation_a_site_cannot_send_another_sites_update():
     assert rejected == 1
     assert "site-1" in recs[0].weights  # site-1's real update counted
     assert np.abs(end - start).max() < 100.0  # the poison (1000 per weight) never reached the model
+
+
+def test_cli_a_site_below_min_agents_sends_nothing_and_keys_are_made_for_the_parties(tmp_path: Path):
+    """`edgetwin fit --federated` on sites of 4 and 2 agents: refused at the first statistic under
+    the default setting (10), fitted with --min-agents 2; `edgetwin agent-keys` writes the pairs."""
+    from typer.testing import CliRunner
+
+    from edgetwin.cli import app
+
+    df, spec = generate_logs(ClusterConfig(n_agents=6, steps=10), episodes=1, seed=3)
+    assert df.groupby("site")["agent"].nunique().max() < 10
+    df.to_parquet(tmp_path / "log.parquet", index=False)
+    spec.save(tmp_path / "log.spec.toml")
+    base = ["fit", str(tmp_path / "log.parquet"), "--federated", "--light", "--fed-rounds", "1"]
+    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "refused")])
+    assert res.exit_code == 1 and "TooFewAgents" in f"{res.output} {res.exception}", res.output
+    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "twin"), "--min-agents", "2"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(app, ["agent-keys", "twin/coordinator", "edge-ams", "--out", str(tmp_path / "keys")])
+    assert res.exit_code == 0, res.output
+    keys = FederationKeys.load(tmp_path / "keys", ["edge-ams"])
+    assert set(keys.keyring.keys) == {"twin/coordinator", "edge-ams"} and (tmp_path / "keys" / "twin--coordinator.key.pem").stat().st_mode & 0o077 == 0
