@@ -6,7 +6,7 @@ system (7 features + reward, 100 agents per step) with 0.1 % of its cells corrup
 Parquet and CSV. Each timing is the median of ``--repeat`` runs; the ratio is against reading the
 same file with `edgetwin.contract.logs.read_table` in the same run.
 
-    python benchmarks/bench_validate.py            # 100k and 1M rows, writes docs/benchmarks.md
+    python benchmarks/bench_validate.py            # 100k and 1M rows, writes docs/benchmarks/validate/README.md
     python benchmarks/bench_validate.py --rows 100000 --no-write
 """
 
@@ -32,7 +32,7 @@ from edgetwin.contract.spec import Feature, TwinSpec, spec_path_for
 from edgetwin.contract.validate import QuarantineWarning, load_valid_log, validate_log
 
 SECTION = "## Log validation"
-DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "validate" / "README.md"
 
 
 def toy_spec() -> TwinSpec:
@@ -144,22 +144,17 @@ def markdown(results: list[Timing], command: str, repeat: int) -> str:
 
 
 def write_section(text: str, doc: Path = DOC) -> None:
-    """Replace this script's section of docs/benchmarks.md (or append it), in one write."""
-    current = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    start = current.find(SECTION + "\n")
-    if start < 0:
-        new = current.rstrip("\n") + "\n\n" + text
-    else:
-        end = current.find("\n## ", start + len(SECTION))
-        new = current[:start] + text + ("" if end < 0 else current[end:])
-    doc.write_text(new)
+    """Replace this script's section of its page, docs/benchmarks/validate/README.md, in one write."""
+    import _docs
+
+    _docs.write_section(SECTION, text, doc)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks/validate/README.md alone")
     args = parser.parse_args()
     command = "python benchmarks/bench_validate.py"
     if args.rows != [100_000, 1_000_000]:

@@ -19,7 +19,7 @@ and >= the emulator's at 10k. The decision path's latency has its own section
     python benchmarks/scale.py --quick               # small sizes and a small twin (minutes)
     python benchmarks/scale.py --ray auto            # the pool fits on a Ray cluster instead
 
-Writes the ``## Scale`` section of docs/benchmarks.md and docs/benchmarks/scale/results.json.
+Writes the ``## Scale`` section of docs/benchmarks/scale/README.md and docs/benchmarks/scale/results.json.
 """
 
 from __future__ import annotations
