@@ -110,4 +110,4 @@ def write_section(heading: str, text: str, doc: Path | None = None, keep: Sequen
     block = "\n\n".join([text.rstrip(), *kept]) + "\n\n"
     new = pattern.sub(lambda _: block, current) if section else current.rstrip() + "\n\n" + block
     doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(new.rstrip() + "\n")
+    doc.write_text(new)
