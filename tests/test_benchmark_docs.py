@@ -79,7 +79,7 @@ def field(data: object, path: str) -> object:
     return data
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(path: Path) -> object:
     """A JSON file, read once per test session (several lines read the same file)."""
     return json.loads(path.read_text())
