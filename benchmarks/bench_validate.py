@@ -13,6 +13,7 @@ same file with `edgetwin.contract.logs.read_table` in the same run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -20,7 +21,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from edgetwin.contract.validate import QuarantineWarning, load_valid_log, valida
 
 SECTION = "## Log validation"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "validate" / "README.md"
+RESULTS = DOC.parent / "results.json"  # the page's numbers, for the at-a-glance table
 
 
 def toy_spec() -> TwinSpec:
@@ -161,11 +163,19 @@ def main() -> None:
         command += " --rows " + " ".join(map(str, args.rows))
     if args.repeat != 3:
         command += f" --repeat {args.repeat}"
-    text = markdown(run(args.rows, args.repeat), command, args.repeat)
+    results = run(args.rows, args.repeat)
+    text = markdown(results, command, args.repeat)
     print(text)
     if not args.no_write:
         write_section(text)
-        print(f"wrote section {SECTION!r} of {DOC}")
+        numbers = {
+            "command": command, "repeat": args.repeat,
+            "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, Python {platform.python_version()}, "
+                       f"pandas {pd.__version__}",
+            "rows": [{**asdict(r), "validate_rows_per_s": r.rows / r.validate_s} for r in results],
+        }
+        RESULTS.write_text(json.dumps(numbers, indent=1) + "\n")
+        print(f"wrote section {SECTION!r} of {DOC} and {RESULTS}")
 
 
 if __name__ == "__main__":

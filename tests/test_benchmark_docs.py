@@ -152,3 +152,25 @@ def test_every_page_a_script_writes_exists() -> None:
         page = BENCH_DOCS / name / "README.md"
         assert page.is_file(), f"no page for {heading!r}"
         assert re.search(rf"^{re.escape(heading)}$", page.read_text(), re.M), f"{page} lacks {heading!r}"
+
+
+def test_a_script_writes_its_section_into_its_page_with_links_relative_to_the_page(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import _docs
+    finally:
+        sys.path.pop(0)
+    page = tmp_path / "scale" / "README.md"
+    text = "## Scale\n\n![fit](benchmarks/scale/fit.png) ![other](benchmarks/erlfc/erlfc.png) [log](log-format.md)\n"
+    _docs.write_section("## Scale", text, page)
+    _docs.write_section("## Scale", text, page)  # a rerun replaces, it does not append
+    out = page.read_text()
+    assert out.startswith("# Scale\n\n[All benchmarks](../README.md)\n")
+    assert out.count("## Scale") == 1
+    # relative to docs/benchmarks/<name>/ as the real page would be
+    assert _docs.relink("![fit](benchmarks/scale/fit.png)", _docs.page("## Scale")) == "![fit](./fit.png)"
+    assert _docs.relink("[l](log-format.md#x)", _docs.page("## Scale")) == "[l](../../log-format.md#x)"
+    assert _docs.relink("[a](../README.md) [w](https://x.org/a)", _docs.page("## Scale")) == (
+        "[a](../README.md) [w](https://x.org/a)")
