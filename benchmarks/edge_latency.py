@@ -709,7 +709,7 @@ def main() -> None:
         "local rollback, which is why the notice can arrive first. Seed 003 reports no rollback time; its "
         "closest number is the time to recover the SLO after an injected fault, a different event.",
         "",
-        f"![latency and rollback]({PNG.relative_to(DOC.parent).as_posix()})",
+        f"![latency and rollback]({PNG.relative_to(ROOT / 'docs').as_posix()})",
         "",
     ]
     text = "\n".join(lines)

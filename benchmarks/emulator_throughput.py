@@ -219,7 +219,7 @@ def main() -> None:
         )
     lines += [
         "",
-        f"![offload ratio over the day]({PNG.relative_to(DOC.parent).as_posix()})",
+        f"![offload ratio over the day]({PNG.relative_to(ROOT / 'docs').as_posix()})",
         "",
     ]
     text = "\n".join(lines)
