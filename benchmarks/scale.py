@@ -335,17 +335,25 @@ def section(res: dict) -> str:
         lines.append(f"\nTime ~ rows^{e:.2f} ({mode}).")
     if res.get("speedup"):
         lines.append("\n" + res["speedup"])
-    for run in res.get("extra_runs", []):
-        lines += ["", f"Another run: `{run['command']}` (twin: {run['twin']}; {run['agents']} service groups x 96 ticks "
-                  "per episode):", "",
-                  "| rows | mode | wall s | CPU s (main / workers) | peak GiB (main / worker / all together) | load before -> after |",
-                  "|---:|---|---:|---|---|---|"]
-        for f in run["fits"]:
-            cpu = f"{f['cpu_s_main']:.0f} / {f['cpu_s_workers']:.0f}" if "cpu_s_main" in f else "-"
-            lines.append(f"| {f['rows']:,} | {f['mode']} | {f['seconds']:.0f} | {cpu} | {peaks(f)} | "
-                         f"{f['load_before']} -> {f['load_after']} |")
-        if run.get("note"):
-            lines += ["", run["note"]]
+    extra = res.get("extra_runs", [])
+    if extra:
+        # one table of the other runs (results.json keeps them in the order they ran, with each run's
+        # note); the page shows the latest run's note only: the earlier ones are history
+        same = len({(r["twin"], r["agents"]) for r in extra}) == 1
+        what = (f"twin: {extra[0]['twin']}; {extra[0]['agents']} service groups x 96 ticks per episode" if same
+                else "twin and service groups per run")
+        lines += ["", f"Other runs, oldest first (`extra_runs[i]` in results.json; {what}):", "",
+                  "| run | command |" + ("" if same else " twin | groups |") + " rows | mode | wall s | "
+                  "CPU s (main / workers) | peak GiB (main / worker / all together) | load before -> after |",
+                  "|---:|---|" + ("" if same else "---|---:|") + "---:|---|---:|---|---|---|"]
+        for i, run in enumerate(extra):
+            for f in run["fits"]:
+                cpu = f"{f['cpu_s_main']:.0f} / {f['cpu_s_workers']:.0f}" if "cpu_s_main" in f else "-"
+                who = "" if same else f" {run['twin']} | {run['agents']} |"
+                lines.append(f"| {i} | `{run['command']}` |{who} {f['rows']:,} | {f['mode']} | "
+                             f"{f['seconds']:.0f} | {cpu} | {peaks(f)} | {f['load_before']} -> {f['load_after']} |")
+        if extra[-1].get("note"):
+            lines += ["", f"Run {len(extra) - 1}: {extra[-1]['note']}"]
     t = res["target_1m"]
     lines += ["", f"Target 1M rows <= 15 min and <= 8 GiB on 2 cores: {t}", "",
               "**2. Twin throughput** (agent-steps/s, uniformly random actions, one process, one thread each for torch, numexpr and the BLAS, "
