@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import platform
 import time
@@ -43,6 +44,7 @@ SECTION = "## Emulated cluster throughput"
 ROOT = Path(__file__).resolve().parents[1]
 DOC = _docs.page(SECTION)  # docs/benchmarks/<name>/README.md
 PNG = ROOT / "docs" / "benchmarks" / "emulated_cluster" / "offload_by_slice.png"
+RESULTS = PNG.parent / "results.json"  # the page's numbers, for the at-a-glance table
 PAPER_TABLE2 = {"BC": (21.45, 8.36, 1.05, 0.54), "MAIL-MMSG": (18.57, 16.68, 8.44, 8.47)}
 DRIFTS = ("0d", "1d", "1w", "1m")
 
@@ -226,7 +228,16 @@ def main() -> None:
     print(text)
     if not args.no_write:
         write_section(text)
-        print(f"wrote {DOC} and {PNG}")
+        numbers = {
+            "command": cmd, "machine": machine,
+            "throughput": [{"what": name, "service_groups": n, "ticks": steps, "seconds": secs,
+                            "agent_steps_per_s": rate, "vs_batch_1000": rate / base}
+                           for name, n, steps, secs, rate in rows],
+            "drift": {"groups": n_drift, "ticks": steps_drift, "eval_seeds": len(evals), "rule": rule_name,
+                      "by_drift": dict(zip(DRIFTS, drift_rows, strict=True))},
+        }
+        RESULTS.write_text(json.dumps(numbers, indent=1, default=float) + "\n")
+        print(f"wrote {DOC}, {PNG} and {RESULTS}")
 
 
 if __name__ == "__main__":
