@@ -406,7 +406,7 @@ def main() -> None:
                     help="the spec declares nothing (every state column learned): the twin before declared dynamics")
     ap.add_argument("--bc-epochs", type=int, default=10,
                     help="behaviour-cloning epochs of every twin (default 10; more fits the logged behaviour closer "
-                         "and extrapolated worse, docs/benchmarks/twin_fidelity/README.md)")
+                         "and extrapolated worse, docs/benchmarks/CHANGELOG.md)")
     ap.add_argument("--eval-days", type=int, default=10,
                     help="days each policy is scored on, on the cluster and in each twin (default 10; with 2 the "
                          "day-to-day spread alone gives the generated-population twin a ~7 %% error)")

@@ -1,7 +1,7 @@
 """Site-level state: does the twin's `SiteStateModel` follow a policy it never saw in the logs?
 
 A site property (here the emulated cluster's ``state.site_reserved``, reserved / total vCPU at an
-edge site) is what the twin drifts on most in free runs (docs/benchmarks/twin_site_state/README.md, "Where the return
+edge site) is what the twin drifts on most in free runs (docs/benchmarks/twin_fidelity/README.md, "Where the return
 error comes from"). This isolates that one model: it is fitted on 3 days logged under uniformly
 random actions, then, teacher forced (the real run's states, actions and outputs of each tick as
 inputs), predicts every (episode, site, tick)'s next value on 2 other days run under six platform
