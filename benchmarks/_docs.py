@@ -36,6 +36,7 @@ PAGES: dict[str, str] = {
         "train_selection",
     "## Federated twin": "federated_twin",
     "## Scale": "scale",
+    "## Twin update from a canary": "twin_update",
 }
 
 #: page directory -> its title (the page's ``# `` line)
@@ -55,12 +56,18 @@ TITLES: dict[str, str] = {
     "train_selection": "Training that stays where the twin is right",
     "federated_twin": "Federated twin",
     "scale": "Scale",
+    "twin_update": "Twin update from a canary",
 }
+#: the single file the pages replaced; a write aimed at it goes to the section's page
+OLD_DOC = ROOT / "docs" / "benchmarks.md"
 
 
 def page(heading: str) -> Path:
-    """The page that holds the section ``heading`` (a key of `PAGES`)."""
-    return BENCH_DOCS / PAGES[heading] / "README.md"
+    """The page that holds the section ``heading``: its `PAGES` entry, else a directory named after
+    the heading (``## Causal twin`` -> docs/benchmarks/causal_twin/README.md), so that a new
+    benchmark gets its own page without an entry here."""
+    name = PAGES.get(heading) or re.sub(r"[^a-z0-9]+", "_", heading.lstrip("#").strip().lower()).strip("_")
+    return BENCH_DOCS / name / "README.md"
 
 
 def relink(text: str, doc: Path) -> str:
@@ -90,12 +97,14 @@ def write_section(heading: str, text: str, doc: Path | None = None, keep: Sequen
         heading: the section's heading line, e.g. ``"## Emulated cluster throughput"``.
         text: the whole section, starting with that heading; links relative to docs/ are rewritten
             relative to the page (`relink`).
-        doc: the Markdown file (default: the section's page, `page`).
+        doc: the Markdown file (default, and instead of the former docs/benchmarks.md: the
+            section's page, `page`).
         keep: starts of ``### `` headings of hand-written subsections (analyses of where edgetwin
             loses) that a rerun keeps: each found in the current section is appended, up to the
             next ``### ``.
     """
-    doc = page(heading) if doc is None else doc
+    if doc is None or doc.resolve() == OLD_DOC.resolve():
+        doc = page(heading)
     name = doc.parent.name
     header = f"# {TITLES.get(name, name)}\n\n[All benchmarks](../README.md)\n"
     current = doc.read_text() if doc.is_file() else header

@@ -174,3 +174,5 @@ def test_a_script_writes_its_section_into_its_page_with_links_relative_to_the_pa
     assert _docs.relink("[l](log-format.md#x)", _docs.page("## Scale")) == "[l](../../log-format.md#x)"
     assert _docs.relink("[a](../README.md) [w](https://x.org/a)", _docs.page("## Scale")) == (
         "[a](../README.md) [w](https://x.org/a)")
+    # a benchmark without a PAGES entry gets a page named after its heading
+    assert _docs.page("## Causal twin: do() vs the cluster") == _docs.BENCH_DOCS / "causal_twin_do_vs_the_cluster" / "README.md"

@@ -31,14 +31,25 @@ def logs_validate(
     min_usable: Annotated[
         float, typer.Option("--min-usable", help="The log is unusable below this share of usable rows (0..1).")
     ] = 0.5,
+    allow_code: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-code",
+            help="Allow this module (and its submodules) to run for the spec's function references "
+            "([[dynamics]] / [reward] / [transition] function); repeatable. Without it (or "
+            "EDGETWIN_ALLOW_CODE / the allow-list file, docs/log-format.md) a spec's module is never imported.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Report every problem of a log at once; exit 0 if it is usable, 2 if it is not.
 
     Unusable rows go to the quarantine file with their row number and reason; see docs/log-format.md.
     """
+    from edgetwin.contract.functions import allow_code as allow
     from edgetwin.contract.validate import validate_log
 
+    allow(allow_code or [])
     if not 0.0 <= min_usable <= 1.0:
         raise InputError(f"must be between 0 and 1, got {min_usable}", "--min-usable")
     report = validate_log(log, spec=spec, quarantine_path=quarantine, min_usable_fraction=min_usable)

@@ -18,6 +18,7 @@ from edgetwin.cli.common import (
     out_dir_arg,
     rounds_option,
 )
+from edgetwin.cli.trust import TwinTrustOpt, check_twin_trust
 from edgetwin.contract.errors import InputError
 
 
@@ -78,17 +79,60 @@ def twin_fit(
         typer.Option("--ray", help="Fit the members on this Ray cluster (e.g. auto, ray://host:10001; local starts "
                      "one here); needs pip install -e \".[ray]\". The twin does not depend on it."),
     ] = None,
+    key: Annotated[
+        Path | None,
+        typer.Option("--key", help="Ed25519 private key (PEM): sign the twin (its SIGNATURE.json) so that commands "
+                     "given --trust accept it."),
+    ] = None,
+    update: Annotated[
+        Path | None,
+        typer.Option("--update", help="Update this twin with the rows of LOG (e.g. a canary's log) instead of "
+                     "fitting a new one: response models warm-started and fine-tuned on old + new rows, support "
+                     "rebuilt; the new twin names its parent. Needs the twin's own log(s) with --log."),
+    ] = None,
+    old_logs: Annotated[
+        list[Path] | None,
+        typer.Option("--log", help="--update: the twin's training log (repeat, in order, for a twin that was "
+                     "itself updated: its meta.json data_parts)."),
+    ] = None,
+    update_epochs: Annotated[int, typer.Option(min=1, help="--update: fine-tune passes per response model.")] = 5,
+    update_steps: Annotated[int, typer.Option(min=1, help="--update: at most this many gradient steps per model.")] = 1000,
     seed: SeedOpt = 0,
+    allow_code: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-code",
+            help="Allow this module (and its submodules) to run for the spec's function references "
+            "([[dynamics]] / [reward] / [transition] function); repeatable. Without it (or "
+            "EDGETWIN_ALLOW_CODE / the allow-list file, docs/log-format.md) a spec's module is never imported.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Learn a twin from a log. Resumable: finished members are checkpointed in OUT/checkpoint."""
+    """Learn a twin from a log (or, with --update TWIN, update TWIN with LOG's rows). Resumable:
+    finished members are checkpointed in OUT/checkpoint."""
+    from edgetwin.contract.functions import allow_code as allow
+
+    allow(allow_code or [])
     out_dir_arg(out_dir)  # before the heavy imports: a wrong --out is reported at once
+    signer = None
+    if key is not None:
+        from edgetwin.edge.signing import Signer
+
+        signer = Signer.from_pem(key)  # a bad key fails before the fit, not after it
+    if update is not None:
+        _fit_update(update, log, out_dir, spec, old_logs or [], update_epochs, update_steps, seed, as_json)
+        _sign_twin(out_dir, signer, as_json)
+        return
+    if old_logs:
+        raise InputError("--log goes with --update (the twin's training log)", "--log")
     if federated:
         fam: dict[str, Any] = {"response_model": "bc", "population_model": "gmm"} if light else {
             "response_model": response_model, "population_model": population_model, "adv_rounds": rounds}
         if population_steps is not None:
             fam["gan_rounds"] = max(1, population_steps // 50)
         _fit_federated(log, out_dir, spec, members, fed_rounds, strategy, compression, secure, seed, as_json, fam)
+        _sign_twin(out_dir, signer, as_json)
         return
     import torch
 
@@ -121,11 +165,58 @@ def twin_fit(
     )
     twin.save(out_dir)
     summary = {"twin": str(out_dir), **{k: twin.meta[k] for k in ("members", "data_sha256", "n_rows", "n_episodes", "fit_seconds")}}
+    if signer is not None:
+        _sign_twin(out_dir, signer, True)
+        summary["signed_by"] = signer.key_id
     if as_json:
         emit_json(summary)
     else:
         out.print(f"twin written to {out_dir} ({twin.meta['members']} members, {twin.meta['n_rows']} rows, "
-                  f"{twin.meta['fit_seconds']:.0f} s)")
+                  f"{twin.meta['fit_seconds']:.0f} s)" + (f", signed by key {signer.key_id}" if signer else ""))
+
+
+def _sign_twin(out_dir: Path, signer: Any, quiet: bool) -> None:
+    """Write the twin's SIGNATURE.json (`edgetwin.edge.signed_dirs`) when ``signer`` is given."""
+    if signer is None:
+        return
+    from edgetwin.edge.signed_dirs import sign_directory
+
+    sign_directory(out_dir, "twin", signer, {"publisher": signer.key_id})
+    if not quiet:
+        out.print(f"signed by key {signer.key_id}")
+
+
+def _fit_update(twin_dir: Path, new_log: Path, out_dir: Path, spec: Path | None, old_logs: list[Path],
+                epochs: int, max_steps: int, seed: int, as_json: bool) -> None:
+    import torch
+
+    from edgetwin.contract.spec import TwinSpec
+    from edgetwin.twin.twin import Twin
+    from edgetwin.twin.update import manifest_sha256, update_twin
+
+    if not old_logs:
+        raise InputError("--update needs the twin's training log (--log OLD): a twin does not keep its raw logs, "
+                         "and fine-tuning on the new rows alone forgets the old ones", "--log")
+    if out_dir.resolve() == twin_dir.resolve():
+        raise InputError("--out must differ from --update: the parent twin stays as it is", "--out")
+    for p in (new_log, *old_logs):
+        if not p.is_file():
+            raise InputError("no such log file", str(p))
+    torch.set_num_threads(1)
+    parent = Twin.load(twin_dir)
+    if spec is not None and TwinSpec.load(spec).hash() != parent.spec.hash():
+        raise InputError("this spec is not the twin's: the new rows must be logged under the twin's spec", str(spec))
+    child = update_twin(parent, new_log, old_logs, seed=seed, epochs=epochs, max_steps=max_steps,
+                        parent_manifest=manifest_sha256(twin_dir))  # fmt: skip
+    child.save(out_dir)
+    u = child.meta["update"]
+    summary = {"twin": str(out_dir), "parent": child.meta["parent"], "new_rows": u["new_rows"],
+               "n_rows": child.meta["n_rows"], "update_seconds": u["seconds"], "data_sha256": child.meta["data_sha256"]}
+    if as_json:
+        emit_json(summary)
+    else:
+        out.print(f"twin written to {out_dir}: {parent.meta.get('n_rows')} + {u['new_rows']} rows, updated in "
+                  f"{u['seconds']:.0f} s; parent {str(child.meta['parent']['manifest_sha256'])[:12]}... ({twin_dir})")
 
 
 #: the behaviour-cloning phase's rounds shown by `edgetwin fit --federated` (one line in this many)
@@ -184,6 +275,7 @@ def twin_fidelity(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Directory for the PNGs and fidelity.json.")] = None,
     episodes: Annotated[int, typer.Option(min=1, help="Twin episodes to roll out.")] = 4,
     horizon: Annotated[int, typer.Option(min=1, help="Longest replay horizon for the compounding error.")] = 100,
+    trust: TwinTrustOpt = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -197,6 +289,7 @@ def twin_fidelity(
     if out_dir is not None:
         out_dir_arg(out_dir)
     torch.set_num_threads(1)
+    check_twin_trust(twin_dir, trust)
     twin = Twin.load(twin_dir)
     df, _ = load_log(log, spec)
     report = fidelity_report(twin, df, seed=seed, episodes=episodes, max_horizon=horizon, out_dir=out_dir)

@@ -19,7 +19,6 @@ log contract, `edgetwin.contract`) and never `policies`, `emulator`, `edge` or `
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -34,10 +33,9 @@ import torch as th
 from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.manifest import MANIFEST_FILE, verify_manifest, write_manifest
+from edgetwin.contract.manifest import MANIFEST_FILE, SIGNATURE_FILE, verify_manifest, write_manifest
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import TwinSpec
-from edgetwin.contract.validate import load_valid_log
 from edgetwin.imitation.baselines import ClonedPlatformPolicy, SupervisedResponseModel
 from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.mail import (
@@ -52,6 +50,7 @@ from edgetwin.imitation.steps import build_steps
 from edgetwin.imitation.world import Composition, InitialStates
 from edgetwin.twin.envs import TwinEnv, TwinParallelEnv, TwinVecEnv
 from edgetwin.twin.intervals import LEVEL, Calibration, interval
+from edgetwin.twin.logdata import bootstrap_episodes, data_sha256, library_versions, load_log
 from edgetwin.twin.member import Member
 from edgetwin.twin.parallel import check_ray, resolve_workers, run_tasks
 from edgetwin.twin.simulation import RolloutRecord, Simulation
@@ -59,49 +58,14 @@ from edgetwin.twin.support import ProfileSupport, SupportIndex
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+#: 2: every file is data (networks in safetensors, other models npz, metadata JSON / TOML); twins
+#: of format 1 pickled their models and are refused (`Twin.load`).
+FORMAT_VERSION = 2
 RESPONSE_MODELS = ("mail", "bc", "supervised")
 TRANSITION_MODELS = ("site", "client")
 
 
 # ------------------------------------------------------------------------------------ helpers
-def data_sha256(df: pd.DataFrame) -> str:
-    """sha256 of a table's content (row order and column order included)."""
-    h = hashlib.sha256()
-    h.update(json.dumps([str(c) for c in df.columns]).encode())
-    h.update(pd.util.hash_pandas_object(df, index=False).to_numpy().tobytes())
-    return h.hexdigest()
-
-
-def library_versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {}
-    for pkg in (
-        "edgetwin",
-        "torch",
-        "stable-baselines3",
-        "imitation",
-        "scikit-learn",
-        "numpy",
-        "pandas",
-        "gymnasium",
-    ):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "absent"
-    return out
-
-
-def load_log(
-    log: str | Path | pd.DataFrame, spec: str | Path | TwinSpec | None
-) -> tuple[pd.DataFrame, TwinSpec]:
-    """A usable log table and its spec, validated (`edgetwin.contract.validate.load_valid_log`)."""
-    df, sp, _ = load_valid_log(log, spec)
-    return df, sp
-
-
 class EmpiricalPopulation:
     """Resamples logged profiles per scenario (the "database sampling" baseline of seed 004)."""
 
@@ -134,28 +98,6 @@ class PopulationSampler:
 
     def __call__(self, n: int, scenario: str, seed: int) -> np.ndarray:
         return self.population.sample(n, scenario=scenario, seed=seed)[self.profile].to_numpy(np.float64)
-
-
-def bootstrap_episodes(df: pd.DataFrame, episodes: np.ndarray, pick: np.ndarray | None) -> pd.DataFrame:
-    """The log with episodes ``episodes[pick]`` (all of it when ``pick`` is None); the k-th drawn
-    episode is renamed ``<episode>#k``, so a repeated episode becomes a distinct one.
-
-    The drawn episodes come in the order of their new names, each with its rows in ``df``'s
-    order: when ``df`` is sorted by (episode, t, agent), as `Twin.fit` sorts it, so is the draw,
-    and `build_steps`' sort of it is a view instead of one more copy of the draw (pandas
-    copy-on-write). Which rows are drawn, and so the member, does not depend on the order.
-    """
-    if pick is None:
-        return df
-    ep_rows = df.groupby("episode", sort=False).indices
-    names = np.array([f"{episodes[e]}#{k}" for k, e in enumerate(pick)], dtype=object)
-    order = np.argsort(names, kind="stable")
-    rows = [ep_rows[episodes[pick[k]]] for k in order]
-    # one take of every drawn row (not a copy per draw and then their concatenation: at a million
-    # rows the parts and the result would sit in a pool worker's memory together)
-    out = df.take(np.concatenate(rows)).reset_index(drop=True)
-    out["episode"] = np.repeat(names[order], [len(r) for r in rows])
-    return out
 
 
 def _fit_member_task(
@@ -498,6 +440,19 @@ class Twin:
         )
         return Member(dict(res.clients), res.engines, res.history, transition, sites)
 
+    def update(
+        self,
+        new_logs: str | Path | pd.DataFrame,
+        old_logs: Sequence[str | Path | pd.DataFrame],
+        seed: int = 0,
+        **options: Any,
+    ) -> Twin:
+        """A new twin that also learned from ``new_logs`` (a canary's rows) without a refit: see
+        `edgetwin.twin.update.update_twin` (``old_logs``: this twin's training data)."""
+        from edgetwin.twin.update import update_twin
+
+        return update_twin(self, new_logs, old_logs, seed=seed, **options)  # type: ignore[no-any-return]
+
     # --- persistence ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write the twin to a directory (weights, spec, scalers, versions, data sha256)."""
@@ -530,7 +485,9 @@ class Twin:
             if mdir.exists():
                 shutil.rmtree(mdir)
             m.save(mdir)
-        # last: seal every file (metadata included; a fit's checkpoint too) against later edits
+        # last: seal every file (metadata included; a fit's checkpoint too) against later edits; a
+        # signature of what was here before no longer holds
+        (path / SIGNATURE_FILE).unlink(missing_ok=True)
         write_manifest(path, "twin", require=_TWIN_FILES)
         return path
 
@@ -548,13 +505,21 @@ class Twin:
             raise InputError("not a twin directory (no meta.json / layout.json)", str(path))
         manifest = verify_manifest(path, "twin", require=_TWIN_FILES)
         meta = _read_sealed(path / "meta.json", lambda p: json.loads(p.read_text()))
+        version = meta.get("format_version") if isinstance(meta, dict) else None
+        if version != FORMAT_VERSION:
+            raise InputError(
+                f"twin format {version!r}, this edgetwin reads format {FORMAT_VERSION} (artifacts are data: "
+                "safetensors, JSON, npz; older twins pickled their models and are never loaded): refit it "
+                "with `edgetwin fit`",
+                str(path / "meta.json"),
+            )
         layout = _read_sealed(path / "layout.json", lambda p: Layout.from_dict(json.loads(p.read_text())))
         spec = _read_sealed(path / "spec.toml", TwinSpec.load)
         if spec.hash() != layout.spec.hash():
             raise InputError("spec.toml is not the spec the twin was fitted with", str(path / "spec.toml"))
 
         def arrays(p: Path) -> dict[str, np.ndarray]:
-            with np.load(p) as z:
+            with np.load(p, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
 
         arr = _read_sealed(path / "arrays.npz", arrays)
