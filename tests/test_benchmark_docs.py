@@ -132,7 +132,7 @@ def test_line_is_regenerated_by_its_command_and_json(row: list[str]) -> None:
 
 
 def test_links_of_the_benchmark_pages_resolve() -> None:
-    pages = [README, BENCH_DOCS / "CHANGELOG.md", *sorted(BENCH_DOCS.glob("*/README.md"))]
+    pages = [README, BENCH_DOCS / "CHANGELOG.md", ROOT / "docs" / "benchmarks.md", *sorted(BENCH_DOCS.glob("*/README.md"))]
     for page in pages:
         for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", page.read_text()):
             if re.match(r"[a-z]+:", target):
