@@ -14,7 +14,7 @@ the emulator's log, no row quarantined. The baseline is reading the same rows fr
 
 Optional ``--offline`` also times ``--from-file`` (prometheus-client's pure-Python parser) on the
 same dump. Writes ``docs/benchmarks/prometheus_import/results.json`` and the "Prometheus import"
-section of docs/benchmarks.md.
+section of docs/benchmarks/prometheus_import/README.md (its page).
 """
 
 from __future__ import annotations

@@ -85,7 +85,6 @@ LOGGING_TEXT = {
 }
 #: hand-written subsections of the docs section that a rerun keeps
 KEEP = (
-    "### How the interval construction was chosen",
     "### Where the tail KPIs' errors come from",
     "### Where the energy and carbon KPIs' errors come from",
 )
@@ -240,7 +239,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="PPO 10k steps, replay the first 48 ticks of each day")
     ap.add_argument("--work", type=Path, default=Path("/tmp/edgetwin-whatif-gate"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    ap.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks/whatif_gate/README.md")
     ap.add_argument("--calibrate-on", choices=CALIBRATION_SETS, default="held",
                     help="the logged days the intervals are calibrated on: held (3 held-out days, the headline), "
                          "recent (the replayed days themselves: what `check_candidate` does by default), or both")

@@ -1574,7 +1574,7 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
     What is measured, and what is not guaranteed: the choice is the candidate closest to the site's
     unseen groups of its logged days under its logging policy, which is all the site can check
     with its own logs. It is *not* "never worse than the site's own twin" on other days and
-    policies: on the federated-twin benchmark (docs/benchmarks.md, "The data-poor site", where each
+    policies: on the federated-twin benchmark (docs/benchmarks/federated_twin/README.md, "The data-poor site", where each
     candidate's selection score is set beside its ranking error on held-out days) the fine-tuned
     "per model" twin had the best score under every criterion of `CRITERIA` in all four runs, and
     on one (seed 1, a whole day of the site) its error was 17.6 % against 6.4 % for the site's own
