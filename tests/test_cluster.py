@@ -96,7 +96,8 @@ def test_vecenv_trains_with_sb3() -> None:
 # ------------------------------------------------------------------------------------ logs
 def test_logs_follow_the_contract() -> None:
     log, spec = generate_logs(ClusterConfig(n_agents=12, steps=8), episodes=2, seed=3)
-    assert list(log.columns) == ordered_columns(spec, ["reward"])
+    assert list(log.columns) == ordered_columns(spec, ["reward", "policy", "propensity"])
+    assert (log["policy"] == "random").all() and np.allclose(log["propensity"], log["propensity"].iloc[0])
     assert spec.transition is None and spec.reward_weights
     assert not log.duplicated(list(KEY_COLUMNS)).any()
     assert len(log) == 2 * 8 * 12

@@ -80,3 +80,42 @@ def test_ready_and_release_shift_the_schedule() -> None:
 def test_cycle_is_refused() -> None:
     with pytest.raises(InputError):
         heft(np.ones((2, 1)), [[1], [0]])
+
+
+def test_a_complete_dag_listed_in_descending_order_is_not_a_cycle() -> None:
+    """Every i -> j with i < j, successors listed from the last: the old guard (a walk's stack
+    longer than 2n) called this a cycle at 6 tasks. Listing order changes nothing."""
+    n = 6
+    rng = np.random.default_rng(0)
+    cost = rng.uniform(1, 10, (n, 3))
+    comm = np.triu(rng.uniform(1, 5, (n, n)), 1)
+    desc = [list(range(n - 1, i, -1)) for i in range(n)]
+    asc = [list(range(i + 1, n)) for i in range(n)]
+    a, b = heft(cost, desc, comm=comm), heft(cost, asc, comm=comm)
+    assert a.order == b.order == tuple(range(n))  # a chain through every task: only one order
+    assert np.array_equal(a.rank_u, b.rank_u) and np.array_equal(a.finish, b.finish)
+    for i in range(n):
+        for j in asc[i]:
+            assert a.start[j] >= a.finish[i] - 1e-9
+
+
+@pytest.mark.parametrize(
+    "succ, match",
+    [
+        ([[1], [2], [3], [1]], r"cycle \(not a DAG\): (1 -> 2 -> 3 -> 1|2 -> 3 -> 1 -> 2|3 -> 1 -> 2 -> 3)"),
+        ([[0]], r"cycle \(not a DAG\): 0 -> 0"),
+        ([[5], []], r"task 0 has successor 5, which is not a task 0..1"),
+        ([[-1], []], r"successor -1"),
+    ],
+)
+def test_a_graph_that_is_not_a_dag_is_refused_naming_why(succ: list[list[int]], match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        heft(np.ones((len(succ), 2)), succ)
+
+
+def test_a_zero_cost_task_still_runs_before_its_successor() -> None:
+    """A zero-cost task ties in rank with its successor; with the successor at the lower index the
+    plain sort by (rank, index) put it first and the schedule refused the valid DAG."""
+    s = heft(np.array([[2.0, 3.0], [0.0, 0.0], [1.0, 1.0]]), [[], [0], [1]])
+    assert s.order == (2, 1, 0)
+    assert s.start[1] >= s.finish[2] and s.start[0] >= s.finish[1]

@@ -7,7 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from edgetwin.twin.intervals import Calibration, change_interval, conformal_quantile, interval
+from edgetwin.twin.intervals import (
+    Calibration,
+    calibration_from_arrays,
+    change_interval,
+    conformal_quantile,
+    interval,
+)
 
 
 def test_conformal_quantile_rank_and_small_samples() -> None:
@@ -31,16 +37,22 @@ def _toy_twin(rng: np.random.Generator, truth: float, members: int = 5, reps: in
 
 
 def test_calibrated_interval_covers_the_truth_on_a_toy_where_the_bootstrap_does_not() -> None:
+    """Calibrated as production calibrates (`calibration_from_arrays`, what `calibrate` and the
+    what-if run call): the replayed held-out episodes' ``(M, R)`` values, replicates cycling over
+    the episodes, each replicate's *ensemble mean* scored against the logged KPI."""
     rng = np.random.default_rng(0)
-    # calibration: held-out "episodes" of the logging policy, scored per (member, replicate)
-    scores: list[float] = []
-    for _ in range(40):
-        truth = rng.uniform(5.0, 50.0)
-        v = _toy_twin(rng, truth)
-        scores += list((np.abs(truth - v) / np.abs(v)).ravel())
-    q, exact = conformal_quantile(scores, 0.9)
-    assert exact
-    cal = Calibration(quantile={"kpi": q}, exact={"kpi": True})
+    # 100 episodes: the replicates of one episode share its bias, so the quantile rests on ~100
+    # independent draws; with 40 the coverage given one calibration spreads by ±5 points (0.84-0.95
+    # over seeds 0-5), with 100 it is 0.89-0.97
+    n_eps, reps = 100, 4
+    truths = rng.uniform(5.0, 50.0, n_eps)
+    runs = [_toy_twin(rng, t, reps=reps) for t in truths]  # (members, reps) per episode
+    # replicate r replays episode r % n_eps (seed-major), as run_whatif lays them out
+    values = np.stack([runs[r % n_eps][:, r // n_eps] for r in range(n_eps * reps)], axis=1)
+    cal = calibration_from_arrays({"kpi": values}, {"kpi": truths})
+    centre = values.mean(axis=0)  # the ensemble's answer per replicate: what is scored
+    assert sorted(cal.scores["kpi"]) == pytest.approx(sorted(np.abs(np.resize(truths, n_eps * reps) - centre) / centre))
+    assert len(cal.scores["kpi"]) == n_eps * reps and cal.exact["kpi"]
     covered = plain = 0
     trials = 300
     for i in range(trials):
@@ -117,6 +129,40 @@ def test_held_out_coverage_is_cross_fitted(small: dict) -> None:
 
     cov = held_out_coverage(small["twin"], small["held"], episodes=4, seeds=1)
     assert cov["episodes"] == 4 and 0.0 <= cov["coverage"] <= 1.0 and 0.0 <= cov["coverage_plain"] <= 1.0
+    # cross-fitted: in each fold the calibration and test episodes are disjoint, and every episode
+    # is tested exactly once
+    episodes = set(small["held"]["episode"].astype(str).unique())
+    tested: list[str] = []
+    for fold in cov["folds"]:
+        assert not set(fold["calibrate"]) & set(fold["test"]), fold
+        assert set(fold["calibrate"]) | set(fold["test"]) == episodes and fold["calibrate"]
+        tested += fold["test"]
+    assert sorted(tested) == sorted(episodes)
     assert set(cov["per_kpi"]) >= {"return"}
     # calibrated intervals contain the plain bootstrap ones: they cover at least as often
     assert cov["coverage"] >= cov["coverage_plain"]
+
+
+def test_cross_fitting_keeps_an_episode_out_of_its_own_calibration() -> None:
+    """An episode whose logged KPI is far off every member's answer: calibrated on the other
+    episodes it is not covered; were it in its own calibration (folds that are not disjoint), its
+    own score would widen its interval to cover it. The check `held_out_coverage` relies on."""
+    from edgetwin.twin.calibration import cross_fitted_hits, two_folds
+
+    rng = np.random.default_rng(5)
+    n_eps, members, reps = 6, 3, 12
+    truth = rng.uniform(10.0, 20.0, n_eps)
+    truth[3] *= 50.0  # the outlier
+    ep_of_rep = np.arange(reps) % n_eps
+    base = np.where(np.arange(n_eps) == 3, truth / 50.0, truth)
+    values = base[ep_of_rep] * (1.0 + rng.normal(0.0, 0.05, (members, reps)))
+    folds = two_folds(n_eps)
+    for cal, test in folds:
+        assert not set(cal) & set(test)
+    assert sorted(np.concatenate([t for _, t in folds]).tolist()) == list(range(n_eps))
+    hits, _ = cross_fitted_hits(values, truth, ep_of_rep, "kpi", folds)
+    tested = np.concatenate([t for _, t in folds])
+    assert not hits[int(np.flatnonzero(tested == 3)[0])]  # the outlier, calibrated without itself
+    leaky = [(np.arange(n_eps), np.arange(n_eps))]
+    hits_leaky, _ = cross_fitted_hits(values, truth, ep_of_rep, "kpi", leaky)
+    assert hits_leaky[3]  # ... and covered by its own score: what disjoint folds prevent

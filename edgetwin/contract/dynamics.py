@@ -26,19 +26,21 @@ column moves from tick ``t`` to ``t+1``, in one of three forms::
 Every name in an expression is a column of the step at ``t`` (``profile.*``, ``state.*``,
 ``action.*``, and the tick's learned ``response.*`` / ``kpi.*`` / ``reward``) or ``dt``. So a
 declared site column *sees the learned per-agent outputs of the same tick*: the twin first draws
-every agent's response, then computes the declared columns from them. Expressions are compiled and
-evaluated by numexpr (its own parser and virtual machine, a fixed set of arithmetic functions),
-never by Python's ``eval``. A site-scoped column's expression may use agent-scoped columns only
-inside an aggregate, so that it is one value per site.
+every agent's response, then computes the declared columns from them. Expressions are parsed by
+`edgetwin.contract.expressions` into a strict grammar (numbers, columns, arithmetic, comparisons,
+a fixed list of functions, the aggregates) and refused otherwise before any library sees them;
+numexpr then evaluates the text re-printed from the validated tree, never the spec's text (numexpr
+itself hands its input to Python's ``eval`` behind a blacklist that can be bypassed). A
+site-scoped column's expression may use agent-scoped columns only inside an aggregate, so that it
+is one value per site.
 
-Unknown names, an aggregate inside an aggregate, a function that cannot be imported, or one that
-returns the wrong shape are errors naming the spec entry when the spec is read, not halfway
-through a fit. `agreement` measures how well declarations reproduce a log (the validator reports it).
+Anything outside the grammar, unknown names, an aggregate inside an aggregate, a function that
+cannot be imported, or one that returns the wrong shape are errors naming the spec entry when the
+spec is read, not halfway through a fit. `agreement` measures how well declarations reproduce a log (the validator reports it).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -47,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.expressions import AGGREGATES, Parsed, parse_expression, shown, variable
 from edgetwin.contract.functions import resolve_function_ref
 
 __all__ = [
@@ -55,49 +58,29 @@ __all__ = [
     "Declaration",
     "DeclaredDynamics",
     "Expression",
+    "Replay",
     "agreement",
+    "replay",
 ]
 
 Scope = Literal["agent", "site"]
 
-#: Reductions over a site's agents that an expression may use.
-AGGREGATES: tuple[str, ...] = ("sum", "mean", "min", "max")
 #: The name of the step length (seconds, the spec's ``step_seconds`` unless a queue sets ``dt``).
 DT_NAME = "dt"
-_ROLE_NAME = re.compile(r"\b(profile|state|action|response|kpi)\.([A-Za-z_][A-Za-z0-9_]*)")
-_AGG_OPEN = re.compile(r"\b(" + "|".join(AGGREGATES) + r")\s*\(")
 
 #: ``fn(columns: {name: (N,) array at t}, site: (N,) int ids) -> (N,) next values``.
 DynamicsFn = Callable[[Mapping[str, np.ndarray], np.ndarray], np.ndarray]
 
 
-def _sanitise(text: str) -> str:
-    """``kpi.edge_cpu`` -> ``kpi__edge_cpu``: numexpr names cannot hold a dot."""
-    return _ROLE_NAME.sub(lambda m: f"{m.group(1)}__{m.group(2)}", text)
-
-
-def _original(name: str) -> str:
-    role, sep, rest = name.partition("__")
-    return f"{role}.{rest}" if sep and role in ("profile", "state", "action", "response", "kpi") else name
-
-
-def _names(text: str, where: str) -> list[str]:
-    """The variable names of a numexpr expression (original spelling), or an error naming ``where``."""
-    from numexpr.necompiler import getExprNames
-
-    try:
-        names, _ = getExprNames(text, {})
-    except (SyntaxError, ValueError, TypeError, KeyError, AttributeError, NotImplementedError) as e:
-        raise InputError(f"{where}: cannot read expression {text!r} ({type(e).__name__}: {e})", "spec") from None
-    return [_original(n) for n in names]
-
-
 @dataclass(frozen=True)
 class Expression:
-    """An expression over a step's columns, with site aggregates, compiled for numexpr.
+    """An expression over a step's columns, with site aggregates, validated and compiled for numexpr.
+
+    Built only by `compile`, from a tree that `edgetwin.contract.expressions` checked against the
+    grammar: ``outer`` and the aggregates' texts are printed from that tree, never the spec's text.
 
     Attributes:
-        text: the expression as written.
+        text: the expression as written (or, for an ``aggregate`` block, as its keys compose it).
         outer: the numexpr text with every aggregate replaced by a placeholder ``_agg<k>``.
         aggregates: per placeholder, ``(reduction, inner numexpr text)``.
         outer_names, inner_names: the column names each part reads (original spelling).
@@ -110,35 +93,41 @@ class Expression:
     inner_names: tuple[tuple[str, ...], ...]
 
     @classmethod
-    def compile(cls, text: str, where: str) -> Expression:
-        if not isinstance(text, str) or not text.strip():
-            raise InputError(f"{where}: an expression must be a non-empty string, got {text!r}", "spec")
-        outer: list[str] = []
-        aggs: list[tuple[str, str]] = []
-        inner_names: list[tuple[str, ...]] = []
-        pos = 0
-        for m in _AGG_OPEN.finditer(text):
-            if m.start() < pos:
-                continue
-            depth, end = 1, m.end()
-            while end < len(text) and depth:
-                depth += {"(": 1, ")": -1}.get(text[end], 0)
-                end += 1
-            if depth:
-                raise InputError(f"{where}: unbalanced parentheses in {text!r}", "spec")
-            inner = text[m.end() : end - 1]
-            if _AGG_OPEN.search(inner):
-                raise InputError(f"{where}: an aggregate inside an aggregate in {text!r}", "spec")
-            k = len(aggs)
-            outer.append(text[pos : m.start()] + f"_agg{k}")
-            sane = _sanitise(inner)
-            aggs.append((m.group(1), sane))
-            inner_names.append(tuple(_names(sane, where)))
-            pos = end
-        outer.append(text[pos:])
-        outer_text = _sanitise("".join(outer))
-        outer_names = tuple(n for n in _names(outer_text, where) if not re.fullmatch(r"_agg\d+", n))
-        return cls(text, outer_text, tuple(aggs), outer_names, tuple(inner_names))
+    def compile(cls, text: object, where: str, key: str = "next") -> Expression:
+        """Parse ``text`` on the grammar, then compile its re-printed parts for numexpr.
+
+        Raises:
+            InputError: naming ``where`` and ``key``: outside the grammar (`parse_expression`), or
+                a valid tree numexpr cannot compile or run (e.g. more variables than the 64
+                operands numpy's iterator takes), now rather than on the first tick.
+        """
+        parsed = parse_expression(text, where, key)
+        return cls._from(parsed, text if isinstance(text, str) else parsed.printed, where, key)
+
+    @classmethod
+    def _from(cls, parsed: Parsed, text: str, where: str, key: str) -> Expression:
+        for part in (parsed.outer, *(inner for _, inner in parsed.aggregates)):
+            try:  # compiled and run once on one agent: numexpr's limits (e.g. 64 operands) show now
+                names = _program(part)[0]
+                with np.errstate(all="ignore"):
+                    _numexpr(part, {n: np.ones(1) for n in names})
+            except Exception as e:  # noqa: BLE001 - numexpr on our own validated text: any failure is the spec's
+                raise InputError(
+                    f"{where}: cannot compile expression {key} = {shown(text)!r} ({type(e).__name__}: {shown(str(e))})",
+                    "spec",
+                ) from None
+        return cls(text, parsed.outer, parsed.aggregates, parsed.outer_names, parsed.inner_names)
+
+    @classmethod
+    def aggregate(cls, op: str, of: object, divide_by: object | None, where: str) -> Expression:
+        """``op(of)`` or ``op(of) / divide_by`` from an ``aggregate`` block, each key parsed on its own
+        (the keys are never pasted together as text: ``of = 'x) + sum(y'`` is refused, not composed)."""
+        inner = parse_expression(of, where, "of", aggregates=False)
+        text = f"{op}({inner.printed})"
+        if divide_by is not None:
+            div = parse_expression(divide_by, where, "divide_by")
+            text = f"{text} / {div.printed}"
+        return cls._from(parse_expression(text, where, "aggregate"), text, where, "aggregate")
 
     @property
     def names(self) -> set[str]:
@@ -150,7 +139,7 @@ class Expression:
         unknown = sorted(self.names - allowed)
         if unknown:
             raise InputError(
-                f"{where}: unknown name(s) {unknown} in {self.text!r}; an expression reads the spec's "
+                f"{where}: unknown name(s) {unknown} in {shown(self.text)!r}; an expression reads the spec's "
                 f"profile/state/action/response/kpi columns, 'reward' and '{DT_NAME}'",
                 "spec",
             )
@@ -170,7 +159,7 @@ class Expression:
         n = len(site)
 
         def local(names: Sequence[str], extra: Mapping[str, np.ndarray]) -> dict[str, Any]:
-            d: dict[str, Any] = {_sanitise(c): np.asarray(columns[c], np.float64) for c in names if c != DT_NAME}
+            d: dict[str, Any] = {variable(c): np.asarray(columns[c], np.float64) for c in names if c != DT_NAME}
             d[DT_NAME] = np.float64(dt)
             d.update(extra)
             return d
@@ -187,13 +176,9 @@ class Expression:
 _COMPILED: dict[str, tuple[list[str], bool, Any]] = {}
 
 
-def _numexpr(text: str, local: Mapping[str, Any]) -> np.ndarray:
-    """``numexpr.evaluate(text, local_dict=local)`` for float64 variables, compiled once per text.
-
-    What `numexpr.evaluate` does (names, a signature, `numexpr.NumExpr`, then the call with its
-    default keywords), without its per-call parsing and cache look-ups, which cost more than the
-    arithmetic at a twin's sizes: the same program on the same arrays, so the same numbers.
-    """
+def _program(text: str) -> tuple[list[str], bool, Any]:
+    """numexpr's program for ``text``, compiled once per text; ``text`` is always one that
+    `edgetwin.contract.expressions` printed from a validated tree (`Expression` has no other source)."""
     hit = _COMPILED.get(text)
     if hit is None:
         import numexpr
@@ -203,7 +188,17 @@ def _numexpr(text: str, local: Mapping[str, Any]) -> np.ndarray:
         names, uses_vml = getExprNames(text, context, sanitize=True)
         signature = [(name, getType(np.zeros(1))) for name in names]  # every variable is float64
         hit = _COMPILED[text] = (names, uses_vml, numexpr.NumExpr(text, signature, sanitize=True, **context))
-    names, uses_vml, program = hit
+    return hit
+
+
+def _numexpr(text: str, local: Mapping[str, Any]) -> np.ndarray:
+    """``numexpr.evaluate(text, local_dict=local)`` for float64 variables, compiled once per text.
+
+    What `numexpr.evaluate` does (names, a signature, `numexpr.NumExpr`, then the call with its
+    default keywords), without its per-call parsing and cache look-ups, which cost more than the
+    arithmetic at a twin's sizes: the same program on the same arrays, so the same numbers.
+    """
+    names, uses_vml, program = _program(text)
     args = [np.asarray(local[name], np.float64) for name in names]
     return program(*args, out=None, order="K", casting="safe", ex_uses_vml=uses_vml)
 
@@ -261,17 +256,14 @@ class Declaration:
             raise InputError(f"{where}: unknown keys {unknown}", "spec")
         form = forms[0]
         if form == "next":
-            return cls(column, dict(raw), next=Expression.compile(raw["next"], where))
+            return cls(column, dict(raw), next=Expression.compile(raw["next"], where, "next"))
         if form == "aggregate":
             op = raw["aggregate"]
             if op not in AGGREGATES:
                 raise InputError(f"{where}: aggregate must be one of {list(AGGREGATES)}, got {op!r}", "spec")
             if "of" not in raw:
                 raise InputError(f"{where}: an aggregate needs 'of', the expression it reduces", "spec")
-            text = f"{op}({raw['of']})"
-            if raw.get("divide_by") is not None:
-                text = f"({text}) / ({raw['divide_by']})"
-            return cls(column, dict(raw), next=Expression.compile(text, where))
+            return cls(column, dict(raw), next=Expression.aggregate(op, raw["of"], raw.get("divide_by"), where))
         if form == "queue":
             q = raw["queue"]
             if not isinstance(q, Mapping) or "arrivals" not in q or "service" not in q:
@@ -284,8 +276,8 @@ class Declaration:
             return cls(
                 column,
                 dict(raw),
-                arrivals=Expression.compile(str(q["arrivals"]), where),
-                service=Expression.compile(str(q["service"]), where),
+                arrivals=Expression.compile(q["arrivals"], where, "queue.arrivals"),
+                service=Expression.compile(q["service"], where, "queue.service"),
                 dt=dt,
                 max=cap,
             )
@@ -425,14 +417,70 @@ class DeclaredDynamics:
         return np.clip(values, -np.inf if low is None else low, np.inf if high is None else high)
 
 
+@dataclass(frozen=True)
+class Replay:
+    """The declarations replayed on a log: per row at ``t``, the declared value at ``t+1``.
+
+    Attributes:
+        order: ``(n,)`` positions in the given log of the rows below, sorted by (episode, t, agent).
+        predicted: per declared column ``(n,)`` its declared next value, clipped to its bounds.
+        logged_next: per declared column ``(n,)`` the logged value at ``t+1`` (NaN without one).
+        has_next: ``(n,)`` whether the row's (episode, agent) has a row at ``t+1``.
+    """
+
+    order: np.ndarray
+    predicted: dict[str, np.ndarray]
+    logged_next: dict[str, np.ndarray]
+    has_next: np.ndarray
+
+
+def replay(log: pd.DataFrame, dynamics: DeclaredDynamics) -> Replay:
+    """Every declaration computed from every row's tick (aggregates over the agents logged at
+    that (episode, site, t)), beside the logged next value.
+
+    Raises:
+        InputError: naming the entry whose computation raised on the log (a declared function's
+            exception, whatever its type): the twin would call it on ticks like these.
+    """
+    df = log.reset_index(drop=True).sort_values(["episode", "t", "agent"], kind="stable")
+    order = df.index.to_numpy()
+    df = df.reset_index(drop=True)
+    groups = pd.factorize(pd.MultiIndex.from_frame(df[["episode", "t", "site"]].astype(str)))[0]
+    needed = set().union(*[e.names for d in dynamics.declarations for e in d.expressions] or [set()])
+    needed |= set(dynamics.columns)
+    cols = {c: df[c].to_numpy(np.float64) for c in needed if c in df.columns}
+    if any(d.function is not None for d in dynamics.declarations):
+        cols.update({c: df[c].to_numpy(np.float64) for c in df.columns if "." in c and c not in cols})
+    n_sites = int(groups.max()) + 1 if len(groups) else 0
+    memo: dict[tuple[str, float], np.ndarray] = {}
+    pred: dict[str, np.ndarray] = {}
+    for i, d in enumerate(dynamics.declarations, start=1):  # `DeclaredDynamics.next_state`, entry by entry
+        high = dynamics.bounds.get(d.column, (None, None))[1]
+        try:
+            with np.errstate(all="ignore"):  # a NaN or inf is reported by the caller, with its rows
+                pred[d.column] = dynamics.clip(
+                    d.column, d.next_values(cols, groups, n_sites, dynamics.step_seconds, high, memo)
+                )
+        except Exception as e:  # noqa: BLE001 - the operator's function on its own log: name the entry
+            raise InputError(
+                f"[[dynamics]] entry {i} ({d.column}) fails on the log's rows ({type(e).__name__}: {shown(str(e))})",
+                "spec",
+            ) from None
+    by_agent = df.groupby(["episode", "agent"], sort=False)
+    nxt = by_agent["t"].shift(-1)
+    has_next = (nxt == df["t"] + 1).to_numpy()
+    logged = {c: np.where(has_next, by_agent[c].shift(-1).to_numpy(np.float64), np.nan) for c in pred}
+    return Replay(order, pred, logged, has_next)
+
+
 def agreement(
-    log: pd.DataFrame, dynamics: DeclaredDynamics, tolerance: float = 1e-3
+    log: pd.DataFrame, dynamics: DeclaredDynamics, tolerance: float = 1e-3, replayed: Replay | None = None
 ) -> dict[str, tuple[int, int, float]]:
     """How well the declarations reproduce a log's transitions.
 
     For every (episode, agent) row at ``t`` with a row at ``t+1``, the declared next value
     (computed from the whole site's tick, aggregates over the agents logged at that
-    (episode, site, t)) against the logged one.
+    (episode, site, t)) against the logged one. ``replayed``: `replay` of the same log, if done.
 
     Returns:
         per declared column ``(transitions, mismatches, median relative error)``; a mismatch is
@@ -440,21 +488,12 @@ def agreement(
     """
     if not dynamics.declarations or log.empty:
         return {}
-    df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
-    groups = pd.factorize(pd.MultiIndex.from_frame(df[["episode", "t", "site"]].astype(str)))[0]
-    needed = set().union(*[e.names for d in dynamics.declarations for e in d.expressions] or [set()])
-    needed |= set(dynamics.columns)
-    cols = {c: df[c].to_numpy(np.float64) for c in needed if c in df.columns}
-    if any(d.function is not None for d in dynamics.declarations):
-        cols.update({c: df[c].to_numpy(np.float64) for c in df.columns if "." in c and c not in cols})
-    pred = dynamics.next_state(cols, groups, int(groups.max()) + 1)
-    nxt = df.groupby(["episode", "agent"], sort=False)["t"].shift(-1)
-    has_next = (nxt == df["t"] + 1).to_numpy()
+    r = replayed if replayed is not None else replay(log, dynamics)
     out: dict[str, tuple[int, int, float]] = {}
-    for c, p in pred.items():
-        logged = df.groupby(["episode", "agent"], sort=False)[c].shift(-1).to_numpy(np.float64)[has_next]
-        guess = p[has_next]
+    for c, p in r.predicted.items():
+        logged = r.logged_next[c][r.has_next]
+        guess = p[r.has_next]
         scale = max(float(np.nanmax(np.abs(logged))) if len(logged) else 1.0, 1e-12)
         rel = np.abs(guess - logged) / np.maximum(np.abs(logged), 1e-6 * scale)
-        out[c] = (int(has_next.sum()), int((rel > tolerance).sum()), float(np.median(rel)) if len(rel) else 0.0)
+        out[c] = (int(r.has_next.sum()), int((rel > tolerance).sum()), float(np.median(rel)) if len(rel) else 0.0)
     return out

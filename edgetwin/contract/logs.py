@@ -16,7 +16,16 @@ from typing import IO
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.spec import KEY_COLUMNS, META_COLUMNS, REWARD_COLUMN, TwinSpec, role_of, spec_path_for
+from edgetwin.contract.spec import (
+    KEY_COLUMNS,
+    META_COLUMNS,
+    POLICY_COLUMN,
+    PROVENANCE_COLUMNS,
+    REWARD_COLUMN,
+    TwinSpec,
+    role_of,
+    spec_path_for,
+)
 
 LOG_SUFFIXES = (".parquet", ".pq", ".csv", ".csv.gz")
 
@@ -54,7 +63,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
         # Keys stay strings so that '007' and 7 are not silently merged; validation types them.
         return pd.read_csv(
             path,
-            dtype={"episode": str, "agent": str, "scenario": str, "site": str},
+            dtype={"episode": str, "agent": str, "scenario": str, "site": str, POLICY_COLUMN: str},
             encoding="utf-8",
         )
     except UnicodeDecodeError:
@@ -159,12 +168,14 @@ def resolve_spec(log_path: str | Path, spec: str | Path | TwinSpec | None, colum
 
 
 def ordered_columns(spec: TwinSpec, extra: list[str] | None = None) -> list[str]:
-    """The contract's column order: keys, meta, features in spec order, reward, then extras."""
+    """The contract's column order: keys, meta, features in spec order, reward, policy, propensity,
+    then extras (reward, policy and propensity only when in ``extra``)."""
     cols = [*KEY_COLUMNS, *META_COLUMNS, *(f.name for f in spec.features)]
     extra = [c for c in (extra or []) if c not in cols]
-    if REWARD_COLUMN in extra:
-        extra.remove(REWARD_COLUMN)
-        cols.append(REWARD_COLUMN)
+    for c in (REWARD_COLUMN, *PROVENANCE_COLUMNS):
+        if c in extra:
+            extra.remove(c)
+            cols.append(c)
     return cols + extra
 
 

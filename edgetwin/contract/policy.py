@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from scipy.stats import norm
 
 from edgetwin.contract.spec import TwinSpec
 
@@ -22,6 +23,32 @@ class PlatformPolicy(Protocol):
     """
 
     def act(self, obs: np.ndarray) -> np.ndarray: ...
+
+
+@runtime_checkable
+class LoggingPolicy(Protocol):
+    """A policy that can say how likely each action it took was (the log's ``propensity`` column).
+
+    ``act_logged(obs)`` acts like ``act(obs)`` and also returns ``(N,)`` the probability (every
+    action feature discrete) or density (any continuous one) of each returned action under the
+    policy, given ``obs``; NaN where it is not known.
+    """
+
+    def act_logged(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def act_logged(policy: PlatformPolicy, obs: np.ndarray, spec: TwinSpec) -> tuple[np.ndarray, np.ndarray]:
+    """``(actions (N, A), propensity (N,))`` of any policy on ``obs``, for a log.
+
+    A `LoggingPolicy` says its own propensities. Any other policy is taken as deterministic: its
+    action has probability 1 when every action feature is discrete; with a continuous one a
+    deterministic action has no density, so the propensity is NaN (unknown, as the contract allows).
+    """
+    if isinstance(policy, LoggingPolicy):
+        a, p = policy.act_logged(obs)
+        return np.asarray(a, dtype=np.float64), np.asarray(p, dtype=np.float64).reshape(len(a))
+    a = np.asarray(policy.act(obs), dtype=np.float64)
+    return a, np.full(len(a), 1.0 if spec.discrete_actions() else np.nan)
 
 
 class RandomPolicy:
@@ -45,6 +72,14 @@ class RandomPolicy:
             if values is not None:
                 a[:, j] = self.rng.choice(np.asarray(values), size=n)
         return a
+
+    def act_logged(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Uniform: ``prod_j 1 / width_j`` (continuous) times ``1 / count_j`` (discrete), every row."""
+        a = self.act(obs)
+        p = 1.0
+        for j, values in enumerate(self._values):
+            p *= 1.0 / len(values) if values is not None else 1.0 / max(self.high[j] - self.low[j], 1e-12)
+        return a, np.full(len(a), p)
 
 
 class FunctionPolicy:
@@ -75,9 +110,27 @@ class NoisyPolicy:
         self.rng = np.random.default_rng(seed)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        a = np.asarray(self.base.act(obs), dtype=np.float64)
-        noise = self.scale * self._width * self.rng.standard_normal(a.shape)
-        return np.clip(a + noise, self.low, self.high)
+        return self.act_logged(obs)[0]
+
+    def act_logged(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The noisy actions and their density given the base policy's action ``m``.
+
+        Per action feature with ``σ = scale x width``: inside the bounds the Gaussian density
+        ``φ((a - m) / σ) / σ``; at a bound (where clipping piles up the tail) the tail's probability
+        ``Φ((low - m) / σ)`` or ``1 - Φ((high - m) / σ)`` — a density w.r.t. Lebesgue measure inside
+        plus a point mass at each bound. The product over features (independent noise). With
+        ``scale = 0`` the policy is deterministic: NaN (no density).
+        """
+        m = np.asarray(self.base.act(obs), dtype=np.float64)
+        sigma = self.scale * self._width
+        a = np.clip(m + sigma * self.rng.standard_normal(m.shape), self.low, self.high)
+        if self.scale == 0:
+            return a, np.full(len(a), np.nan)
+        at_low, at_high = a <= self.low, a >= self.high
+        dens = norm.pdf(a, loc=m, scale=sigma)
+        dens = np.where(at_low, norm.cdf((self.low - m) / sigma), dens)
+        dens = np.where(at_high, norm.sf((self.high - m) / sigma), dens)
+        return a, np.prod(dens, axis=1)
 
 
 class RegimePolicy(RandomPolicy):
@@ -127,3 +180,12 @@ class RegimePolicy(RandomPolicy):
             if subset is not None:
                 a[:, j] = self.rng.choice(subset, size=n)
         return a
+
+    def act_logged(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Uniform over the current regime's box: ``prod_j 1 / span_j`` times ``1 / len(subset_j)``."""
+        a = self.act(obs)
+        span = self._box[1] - self._box[0]
+        p = 1.0
+        for j, subset in enumerate(self._subsets):
+            p *= 1.0 / len(subset) if subset is not None else 1.0 / max(float(span[j]), 1e-12)
+        return a, np.full(len(a), p)

@@ -65,6 +65,16 @@ SCOPES: tuple[Scope, ...] = ("agent", "site")
 KEY_COLUMNS: tuple[str, ...] = ("episode", "t", "agent")
 META_COLUMNS: tuple[str, ...] = ("scenario", "site")
 REWARD_COLUMN = "reward"
+#: Optional: the id of the policy that made the row's decision (a registry version, ``logging``, a
+#: canary arm). With several policies in one log, response models can tell the system's laws from a
+#: scheduler's habits (the causal twin); without it a log is read as one unknown logging policy.
+POLICY_COLUMN = "policy"
+#: Optional: the probability (all ``action.*`` features discrete) or density (any continuous) of the
+#: row's logged action under its policy, where known; empty where not known.
+PROPENSITY_COLUMN = "propensity"
+#: The provenance columns: who decided, and how likely that decision was. Recognised by exact name
+#: (no role prefix, so `role_of` gives None and no spec lists them); never features.
+PROVENANCE_COLUMNS: tuple[str, ...] = (POLICY_COLUMN, PROPENSITY_COLUMN)
 
 #: ``fn(state (N,S), action (N,A), response (N,R)) -> next_state (N,S)``, arrays in spec order.
 TransitionFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -211,6 +221,15 @@ class TwinSpec:
     @property
     def action_columns(self) -> list[str]:
         return self.names("action")
+
+    def discrete_actions(self) -> bool:
+        """True when every ``action.*`` feature is discrete, categorical or binary.
+
+        Then an action has a probability and ``propensity`` is at most 1; with any continuous action
+        feature, ``propensity`` is a density (w.r.t. counting measure on the discrete features times
+        Lebesgue measure on the continuous ones) and can exceed 1.
+        """
+        return all(f.is_discrete for f in self.by_role("action"))
 
     def feature(self, name: str) -> Feature:
         for f in self.features:

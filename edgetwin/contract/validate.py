@@ -14,14 +14,17 @@ line ``r + 2``. Problems have one of three severities:
     was) and left out of the usable table. Row-level: an empty key, ``t`` that is not an integer or
     is negative, a value that is not a number, NaN or infinite, outside the spec's bounds or not among
     a discrete feature's values, an empty scenario or site, a scenario the spec does not list, a
-    repeated ``(episode, t, agent)`` key (the first occurrence is kept). Episode-level, judged on
+    repeated ``(episode, t, agent)`` key (the first occurrence is kept), an empty ``policy``, a
+    ``propensity`` that is not a number, infinite, not above 0, or above 1 when every ``action.*``
+    feature is discrete (then it is a probability; with a continuous action it is a density). Episode-level, judged on
     the rows that passed the row-level checks: a gap in an episode's steps quarantines the episode
     from the first gap on (the contiguous beginning is kept), and an episode left with a single step
     is quarantined whole (a trajectory needs two steps for a transition).
 ``warning``
     reported, nothing removed: columns that are not in the contract or the spec (ignored), an absent
     ``scenario``/``site`` column (every row gets ``"default"``), a spec inferred because none was
-    found, an agent absent for some steps in the middle of its episode.
+    found, an agent absent for some steps in the middle of its episode, a ``propensity`` left empty
+    (unknown for that row: kept, as the contract allows).
 
 Nothing is dropped silently: ``n_usable + n_quarantined == n_rows`` always, and the log is *usable*
 (CLI exit 0) when no problem is fatal, even if some rows were quarantined.
@@ -31,11 +34,12 @@ Everything is vectorised with pandas/numpy: a million rows validate in seconds.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 import pandas as pd
@@ -46,6 +50,9 @@ from edgetwin.contract.logs import read_table
 from edgetwin.contract.spec import (
     KEY_COLUMNS,
     META_COLUMNS,
+    POLICY_COLUMN,
+    PROPENSITY_COLUMN,
+    PROVENANCE_COLUMNS,
     REWARD_COLUMN,
     Feature,
     TwinSpec,
@@ -131,6 +138,8 @@ class ValidationReport:
         quarantine_path: the quarantine CSV written, or None if none was written.
         n_episodes, n_agents: distinct episodes / (episode-independent) agents among usable rows.
         scenarios, sites: distinct labels among usable rows, sorted.
+        policies: distinct ``policy`` ids among usable rows, sorted; empty when the log has no
+            ``policy`` column (one unknown logging policy).
         min_usable_fraction: the share of usable rows below which the log is unusable.
         quarantined: the quarantined rows as they were, with ``row`` and ``reason`` in front.
     """
@@ -147,6 +156,7 @@ class ValidationReport:
     n_agents: int = 0
     scenarios: tuple[str, ...] = ()
     sites: tuple[str, ...] = ()
+    policies: tuple[str, ...] = ()
     min_usable_fraction: float = 0.5
     quarantined: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
 
@@ -201,7 +211,8 @@ class ValidationReport:
             style(e(self.source), "bold")
             + f": {_count(self.n_rows, 'row')}; the usable ones hold {_count(self.n_episodes, 'episode')}, "
             + f"{_count(self.n_agents, 'agent')}, scenarios {e(_listing(self.scenarios))}, "
-            + f"sites {e(_listing(self.sites))}",
+            + f"sites {e(_listing(self.sites))}"
+            + (f", policies {e(_listing(self.policies))}" if self.policies else ""),
             f"spec: {e(self.spec.name)} {e(origin)}, {_count(len(self.spec.features), 'feature')}",
         ]
         if self.problems:
@@ -234,6 +245,7 @@ class ValidationReport:
             "n_agents": self.n_agents,
             "scenarios": list(self.scenarios),
             "sites": list(self.sites),
+            "policies": list(self.policies),
             "min_usable_fraction": self.min_usable_fraction,
             "verdict": self.verdict(),
             "problems": [p.to_dict() for p in self.problems],
@@ -290,7 +302,8 @@ def load_valid_log(
 
     The table has the contract's columns only: ``episode``, ``t`` (int64), ``agent``, ``scenario``,
     ``site`` (str; ``"default"`` when the log has no such column), every spec feature in spec order
-    (float64), and ``reward`` (float64) if the log has it; sorted by ``(episode, t, agent)`` with a
+    (float64), ``reward`` (float64) if the log has it, ``policy`` (str) and ``propensity`` (float64,
+    NaN where unknown) if the log has them; sorted by ``(episode, t, agent)`` with a
     fresh RangeIndex. Every episode in it has contiguous steps and at least two of them.
 
     Quarantined rows are written to ``quarantine_path`` only if one is given (a library call does
@@ -333,7 +346,8 @@ def _run(
     for entry, ref in function_refs(spec_obj):  # now, not when `train` first calls it
         try:
             where = None if spec_source in ("given", "inferred") else spec_source
-            resolve_function_ref(ref, spec_path=where, entry=entry)
+            fn = resolve_function_ref(ref, spec_path=where, entry=entry)
+            check.probe_function(entry, ref, fn, where or "spec")
         except InputError as e:
             check.fatal("bad_function", str(e))
     if spec_source == "inferred":
@@ -449,6 +463,7 @@ class _Checker:
         self.check_columns()
         self.check_keys()
         self.check_meta()
+        self.check_provenance()
         for f in self.spec.features:
             if f.name in self.table.columns:
                 self.check_feature(f)
@@ -488,7 +503,7 @@ class _Checker:
                 "the spec's reward weights name it, but the log lacks it",
                 REWARD_COLUMN,
             )
-        known = {*KEY_COLUMNS, *META_COLUMNS, REWARD_COLUMN, *(f.name for f in self.spec.features)}
+        known = {*KEY_COLUMNS, *META_COLUMNS, REWARD_COLUMN, *PROVENANCE_COLUMNS, *(f.name for f in self.spec.features)}
         unknown_role = [c for c in cols if c not in known and role_of(c) is not None]
         outside = [c for c in cols if c not in known and role_of(c) is None]
         if unknown_role:
@@ -553,6 +568,55 @@ class _Checker:
                     f"not one of the spec's scenarios {{{_listing(self.spec.scenarios)}}}",
                     "scenario not in the spec",
                 )
+
+    def check_provenance(self) -> None:
+        """The optional ``policy`` and ``propensity`` columns: who decided, and how likely it was.
+
+        ``policy`` must be a non-empty id on every row (a row whose decision nobody owns cannot be
+        weighed against the others). ``propensity`` may be empty (unknown for that row: a warning,
+        kept); when given it must be a finite number above 0 (the logged action happened, so its
+        probability under its own policy cannot be 0), and at most 1 when every ``action.*`` feature
+        is discrete (a probability). With a continuous action feature it is a density and can
+        exceed 1 (a policy with 10 % Gaussian noise on a [0, 1] knob has densities near 4).
+        """
+        if POLICY_COLUMN in self.table.columns:
+            values, empty = _key_strings(self.table[POLICY_COLUMN])
+            self.cols[POLICY_COLUMN] = values
+            self.quarantine("empty_value", POLICY_COLUMN, empty, "empty", "empty policy")
+        if PROPENSITY_COLUMN not in self.table.columns:
+            return
+        raw = self.table[PROPENSITY_COLUMN]
+        v = _as_float(raw)
+        blank = raw.isna().to_numpy() | (raw.astype(str).str.strip().eq("").to_numpy(dtype=bool))
+        bad_type = np.isnan(v) & ~blank
+        finite = np.isfinite(v)
+        name = PROPENSITY_COLUMN
+        self.quarantine("bad_type", name, bad_type, "not a number", "propensity is not a number")
+        self.quarantine("non_finite", name, np.isinf(v), "infinite", "propensity is infinite")
+        self.quarantine(
+            "propensity_not_positive",
+            name,
+            finite & (v <= 0),
+            "not above 0 (the logged action cannot have probability 0 under the policy that took it)",
+            "propensity <= 0",
+        )
+        if self.spec.discrete_actions():
+            self.quarantine(
+                "propensity_above_one",
+                name,
+                finite & (v > 1.0 + 1e-9),
+                "above 1 (every action.* feature is discrete, so it is a probability)",
+                "propensity > 1 with discrete actions",
+            )
+        unknown = blank & ~bad_type
+        if unknown.any():
+            self.warn(
+                "propensity_unknown",
+                f"empty in {_rows(int(unknown.sum()))}: unknown there (kept; weighting methods skip them)",
+                name,
+                unknown,
+            )
+        self.cols[name] = np.where(blank, np.nan, v)
 
     def check_numeric(self, name: str) -> np.ndarray:
         """Type, NaN and infinity checks of a numeric column; returns it as float64."""
@@ -724,18 +788,39 @@ class _Checker:
                 )
 
     def check_declared_dynamics(self) -> None:
-        """Warn where the spec's ``[[dynamics]]`` do not reproduce the log's own transitions."""
-        from edgetwin.contract.dynamics import agreement
+        """Fatal where a ``[[dynamics]]`` declaration raises, or gives a value that is not finite, on
+        the log's usable rows (NaN or ±inf past its bounds: the twin would compute it at every tick
+        and the fit would train on it); warn where the declarations do not reproduce the log's
+        transitions."""
+        from edgetwin.contract.dynamics import agreement, replay
 
         dynamics = self.spec.declared_dynamics()
         if dynamics is None:
             return
         try:
-            table = self.typed_table()
-            result = agreement(table, dynamics)
+            table, rows = self.typed_table(with_rows=True)
+            replayed = replay(table, dynamics)
+            result = agreement(table, dynamics, replayed=replayed)
+        except InputError as e:  # a declaration that raises on the log's own rows
+            self.fatal("dynamics_failed", str(e).removeprefix("spec: "))
+            return
         except Exception as e:  # noqa: BLE001 - a user's function failing on the log is a finding, not a crash
             self.warn("dynamics_failed", f"the declared dynamics could not be checked on the log ({type(e).__name__}: {e})")
             return
+        for i, d in enumerate(self.spec.dynamics, start=1):
+            bad = ~np.isfinite(replayed.predicted[d.column])
+            if bad.any():
+                at = np.sort(rows[replayed.order[bad]])
+                self.problems.append(Problem(
+                    "dynamics_not_finite",
+                    "fatal",
+                    f"[[dynamics]] entry {i} ({d.column}) gives a value that is not a finite number (NaN or "
+                    f"inf) on {_rows(int(bad.sum()))} of {len(bad):,} usable; a declaration must be defined "
+                    "on every row of its log",
+                    d.column,
+                    int(bad.sum()),
+                    tuple(int(r) for r in at[:MAX_ROWS_LISTED]),
+                ))
         for column, (n, bad, median) in result.items():
             if n and bad:
                 self.warn(
@@ -783,6 +868,9 @@ class _Checker:
         if self.keys_ok and ok.any():
             stats["n_episodes"] = int(self.cols["episode"][ok].nunique())
             stats["n_agents"] = int(self.cols["agent"][ok].nunique())
+        policy = self.cols.get(POLICY_COLUMN)
+        if policy is not None:
+            stats["policies"] = tuple(sorted(str(s) for s in policy[ok].unique()))
         for m, key in (("scenario", "scenarios"), ("site", "sites")):
             values = self.cols.get(m)
             if values is None:
@@ -791,8 +879,15 @@ class _Checker:
                 stats[key] = tuple(sorted(str(s) for s in values[ok].unique()))
         return stats
 
-    def typed_table(self) -> pd.DataFrame:
-        """The usable rows in the contract's columns and types, sorted by (episode, t, agent)."""
+    @overload
+    def typed_table(self, with_rows: Literal[False] = False) -> pd.DataFrame: ...
+
+    @overload
+    def typed_table(self, with_rows: Literal[True]) -> tuple[pd.DataFrame, np.ndarray]: ...
+
+    def typed_table(self, with_rows: bool = False) -> pd.DataFrame | tuple[pd.DataFrame, np.ndarray]:
+        """The usable rows in the contract's columns and types, sorted by (episode, t, agent);
+        ``with_rows``: also each of its rows' data row in the log (``(n,)`` 0-based)."""
         ok = self.usable_mask()
         n = int(ok.sum())
         out: dict[str, Any] = {}
@@ -808,12 +903,66 @@ class _Checker:
             out[f.name] = self.cols[f.name][ok]
         if REWARD_COLUMN in self.cols:
             out[REWARD_COLUMN] = self.cols[REWARD_COLUMN][ok]
+        if POLICY_COLUMN in self.cols:
+            out[POLICY_COLUMN] = self.cols[POLICY_COLUMN][ok].reset_index(drop=True).astype(str)
+        if PROPENSITY_COLUMN in self.cols:
+            out[PROPENSITY_COLUMN] = self.cols[PROPENSITY_COLUMN][ok]
         df = pd.DataFrame(out)
         # Sorting integer ranks is much faster than sorting strings; ranks keep string order.
         ep_rank = pd.factorize(df["episode"], sort=True)[0]
         ag_rank = pd.factorize(df["agent"], sort=True)[0]
         order = np.lexsort((ag_rank, df["t"].to_numpy(), ep_rank))
-        return df.take(order).reset_index(drop=True)
+        typed = df.take(order).reset_index(drop=True)
+        return (typed, np.flatnonzero(ok)[order]) if with_rows else typed
+
+    def probe_function(self, entry: str, ref: str, fn: Any, where: str) -> None:
+        """Call a ``[transition]`` or ``[reward]`` function as the twin will, on 3 of the log's usable
+        rows, and refuse it (`InputError` naming the entry) if it cannot be called so, fails, or
+        returns another shape than the twin needs or values that are not finite.
+
+        The import alone says nothing of the signature (``math:sqrt`` imports and is callable, and
+        then fails in ``fit`` with a TypeError); 3 rows, because a function of a scalar accepts a
+        1-element array and would pass a probe of one.
+        """
+        ok = np.flatnonzero(self.usable_mask())
+        if len(ok) == 0:
+            return  # no usable row: fatal anyway, nothing to call it on
+        pick = np.resize(ok, 3)
+        cols = {f.name: self.cols[f.name][pick] for f in self.spec.features if self.cols.get(f.name) is not None}
+        if REWARD_COLUMN in self.cols:
+            cols[REWARD_COLUMN] = self.cols[REWARD_COLUMN][pick]
+        cols = {c: np.asarray(v, np.float64) for c, v in cols.items()}
+        n = 3
+        if entry.startswith("[transition]"):
+            if any(c not in cols for r in ("state", "action", "response") for c in self.spec.names(r)):
+                return  # a column is missing from the log: fatal anyway
+            role_arrays = [np.column_stack([cols[c] for c in self.spec.names(r)]) if self.spec.names(r)
+                           else np.zeros((n, 0)) for r in ("state", "action", "response")]
+            args: tuple[Any, ...] = tuple(role_arrays)
+            want, shape_text = n * len(self.spec.names("state")), f"({n}, {len(self.spec.names('state'))}): next state per agent"
+            calling = "fn(state (N, S), action (N, A), response (N, R))"
+        else:
+            args = (cols,)
+            want, shape_text = n, f"({n},): one reward per agent"
+            calling = "fn(columns: {name: (N,) array})"
+        try:
+            inspect.signature(fn).bind(*args)
+        except TypeError as e:
+            raise InputError(f"{entry} {ref!r} cannot be called as {calling} ({e})", where) from None
+        except ValueError:
+            pass  # no signature to read (some builtins): the call below decides
+        try:
+            out = np.asarray(fn(*args), dtype=np.float64)
+        except Exception as e:  # noqa: BLE001 - the user's function: report anything it raises
+            raise InputError(
+                f"{entry} {ref!r} failed when called as {calling} on {n} of the log's rows "
+                f"({type(e).__name__}: {e})",
+                where,
+            ) from None
+        if out.size != want:
+            raise InputError(f"{entry} {ref!r} returned shape {out.shape} for {n} agents; it must return {shape_text}", where)
+        if not np.isfinite(out).all():
+            raise InputError(f"{entry} {ref!r} returned values that are not finite numbers on {n} of the log's rows", where)
 
 
 # ------------------------------------------------------------------------------------- helpers

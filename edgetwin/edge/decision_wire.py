@@ -154,6 +154,17 @@ def _reorder(obs: np.ndarray, sent: Sequence[str], columns: Sequence[str]) -> np
     return obs[:, [where[c] for c in columns]]
 
 
+def _has_bool(obs: object, data: bytes) -> bool:
+    """Whether JSON ``true``/``false`` sit among the numbers of ``obs``: numpy reads ``[1, true, 2]``
+    as ``[1, 1, 2]`` (and ``[1.5, true]`` as ``[1.5, 1.0]``) without a word. The walk runs only when
+    the body holds the word at all (``obs`` is at most numpy's 64 dimensions deep by now)."""
+    if b"true" not in data and b"false" not in data:
+        return False
+    if isinstance(obs, bool):
+        return True
+    return isinstance(obs, list) and any(_has_bool(v, data) for v in obs)
+
+
 def _parse_json(data: bytes, columns: Sequence[str] | None, site: str) -> np.ndarray:
     try:
         doc = json.loads(data, parse_constant=_reject_constant)
@@ -182,6 +193,8 @@ def _parse_json(data: bytes, columns: Sequence[str] | None, site: str) -> np.nda
         raise BadDecisionRequest(f'"obs" must be rows of equal length: {e}') from None
     if obs.dtype.kind not in "iuf" or obs.size == 0:
         raise BadDecisionRequest('"obs" must be a non-empty list of numbers or of rows of numbers')
+    if _has_bool(doc["obs"], data):
+        raise BadDecisionRequest('"obs" holds true/false, which are not numbers (send 1/0 if that is what you mean)')
     if obs.ndim == 1:
         obs = obs[None, :]
     if obs.ndim != 2:

@@ -169,8 +169,14 @@ for _kind, _schema in {
     "policy_version": KindSchema(
         required={"version": int, "uri": str, "sha256": str}, optional={"metrics": dict, "spec_hash": str}
     ),
-    "decision_request": KindSchema(required={"site": str}, optional={"deadline_ms": NUMBER}, tensors=("obs",)),
-    "decision_reply": KindSchema(required={"policy_version": int}, tensors=("actions",)),
+    # agents / sites / scenarios (one per row): the rows' service groups, so that a canary's slice
+    # gets its arm's policy; the reply then names each row's policy (and carries `propensity`)
+    "decision_request": KindSchema(
+        required={"site": str},
+        optional={"deadline_ms": NUMBER, "agents": list, "sites": list, "scenarios": list},
+        tensors=("obs",),
+    ),
+    "decision_reply": KindSchema(required={"policy_version": int}, optional={"policies": list}, tensors=("actions",)),
     "round_control": KindSchema(
         required={"level": str, "group": str, "action": str},
         optional={"deadline_s": NUMBER, "participants": list},

@@ -69,9 +69,20 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.policy import LoggingPolicy
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge import decision_wire
 from edgetwin.edge.bus import Bus, RawMessage, Received, Subjects, make_bus
+from edgetwin.edge.canary import (
+    Canary,
+    CanaryConfig,
+    CanaryResult,
+    RoutedDecision,
+    canary_log_subject,
+    segment_envelope,
+    unshipped_segments,
+)
+from edgetwin.edge.canary_guard import GuardStop
 from edgetwin.edge.kpi_watch import Breach, KPIGuard, KPIWatch, lookup_kpi
 from edgetwin.edge.messages import Envelope, KindSchema, register_kind
 from edgetwin.edge.registry import (
@@ -178,12 +189,23 @@ async def announce_policy(
 
 
 async def request_decision(
-    bus: Bus, site: str, obs: np.ndarray, *, timeout: float = 2.0, sender: str = "client"
+    bus: Bus,
+    site: str,
+    obs: np.ndarray,
+    *,
+    timeout: float = 2.0,
+    sender: str = "client",
+    agents: list[str] | None = None,
+    sites: list[str] | None = None,
+    scenarios: list[str] | None = None,
 ) -> Decision:
     """Ask ``site``'s runtime for actions over the bus.
 
     Args:
         obs: (N, O) observations in the policy's observation column order.
+        agents, sites, scenarios: the rows' service groups (one per row): during a canary the
+            rows of its slice are served by their arm's policy, and the `Decision` then names
+            each row's policy and propensity.
 
     Returns:
         The `Decision` (actions (N, A), version, scope).
@@ -193,9 +215,13 @@ async def request_decision(
         TimeoutError, NoResponders: see `Bus.request`.
     """
     obs = np.atleast_2d(np.asarray(obs, dtype=np.float64))
+    payload: dict[str, Any] = {"site": site}
+    for k, v in (("agents", agents), ("sites", sites), ("scenarios", scenarios)):
+        if v is not None:
+            payload[k] = [str(x) for x in v]
     reply = await bus.request(
         Subjects.decision(site),
-        Envelope(kind="decision_request", sender=sender, payload={"site": site}, tensors={"obs": obs}),
+        Envelope(kind="decision_request", sender=sender, payload=payload, tensors={"obs": obs}),
         timeout=timeout,
     )
     if reply.kind == "error":
@@ -207,6 +233,8 @@ async def request_decision(
         version=str(reply.payload.get("version", "")),
         scope=str(reply.payload.get("scope", "")),
         revision=int(reply.payload["policy_version"]),
+        policies=tuple(reply.payload["policies"]) if "policies" in reply.payload else None,
+        propensity=np.asarray(reply.tensors["propensity"]) if "propensity" in reply.tensors else None,
     )
 
 
@@ -241,6 +269,22 @@ class ServedPolicy:
     loaded_at: float = dataclasses.field(default_factory=time.time)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
+    def act_logged(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(actions (N, A), propensity (N,))`` for a log: the policy's own probability or density
+        of each action where it says it (`edgetwin.contract.policy.LoggingPolicy`, unshielded: a
+        shield's projection would move the action off the density), else as the contract reads a
+        deterministic policy: 1 when every action feature is discrete, NaN (unknown) otherwise."""
+        if self.shield is None and isinstance(self.policy, LoggingPolicy):
+            with self.lock:
+                a, p = self.policy.act_logged(obs)
+            a = np.asarray(a, dtype=np.float64).reshape(len(obs), -1)
+            if a.shape != (len(obs), len(self.action_columns)) or not np.isfinite(a).all():
+                raise RuntimeError(f"policy {self.version} returned actions of shape {a.shape} from act_logged")
+            return a, np.asarray(p, dtype=np.float64).reshape(len(obs))
+        spec = getattr(self.policy, "spec", None)
+        discrete = bool(spec.discrete_actions()) if isinstance(spec, TwinSpec) else False
+        return self.act(obs), np.full(len(obs), 1.0 if discrete else np.nan)
+
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Shielded actions (N, A) float64 for (N, O) observations."""
         # One call at a time per version: policies and shields keep state (recurrent memory,
@@ -261,12 +305,15 @@ class ServedPolicy:
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """Actions and the version that produced them."""
+    """Actions and the version that produced them (per row, when the request named its groups:
+    ``policies`` and ``propensity``, `EdgeRuntime.decide_for`)."""
 
     actions: np.ndarray
     version: str
     scope: str
     revision: int
+    policies: tuple[str, ...] | None = None
+    propensity: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,10 +461,14 @@ class EdgeRuntime:
         self.registry_reachable: bool | None = None
         self._active: ServedPolicy | None = None
         self._previous: ServedPolicy | None = None  # the local rollback target
-        self._loaded: dict[str, ServedPolicy] = {}  # versions kept in memory (active, previous, ...)
-        self._refused: dict[str, str] = {}  # version -> reason (versions are immutable: refused for good)
-        self._baselines: dict[str, tuple[dict[str, float] | None, str]] = {}
-        self._vetoed: tuple[str, str, int] | None = None  # (scope, version, revision) we rolled back from
+        # What is loaded is keyed by the artifact's signed digest, never by its name alone: a
+        # registry rebuilt after losing its store can give other bytes an old name (`_key`).
+        self._loaded: dict[str, ServedPolicy] = {}  # version@sha256 -> kept in memory (active, previous)
+        self._refused: dict[str, str] = {}  # version -> reason (the bytes of `_refused_digest`)
+        self._refused_digest: dict[str, str | None] = {}  # version -> sha256 refused (None: unknown)
+        self._baselines: dict[str, tuple[dict[str, float] | None, str]] = {}  # version@sha256 -> baseline
+        self._vetoed: tuple[str, str, int, str] | None = None  # (scope, version, revision, sha256) rolled back from
+        self._registry_empty = False  # the "registry lost its record" warning was given (once)
         self._pending_rollback: tuple[str, str, str] | None = None  # (scope, bad version, reason)
         self._rollback_outcomes: dict[str, tuple[str, str]] = {}  # bad version -> (outcome, target)
         self._state_lock = threading.RLock()
@@ -430,6 +481,11 @@ class EdgeRuntime:
         self._subs: list[Any] = []
         self._answer_frame: Callable[[Received], Awaitable[None]] | None = None
         self._started = False
+        # A canary (`start_canary`): its run, and the candidate version it serves to its slice.
+        self._canary: Canary | None = None
+        self._canary_policy: ServedPolicy | None = None
+        self._canary_final: CanaryResult | None = None  # a canary's result kept when its spool is removed
+        self._ship_lock: asyncio.Lock | None = None
 
     # ---------------------------------------------------------------- properties
     @property
@@ -502,11 +558,19 @@ class EdgeRuntime:
                 log.warning(
                     "%s: bus not reachable at startup (%r); serving the Python API meanwhile", self.site, e
                 )
+        self._ship_lock = asyncio.Lock()
+        if self.bus is not None and self._spooled():
+            self.call_soon(self._ship_spool())  # a canary log left by a runtime that died mid-canary
         self._poll_task = asyncio.create_task(self._poll_loop(), name=f"runtime-poll:{self.site}")
         self._started = True
 
     async def stop(self) -> None:
         """Stop polling and serving; wait briefly for rollback notices still being published."""
+        if self._canary is not None and self._canary.active:
+            self._end_canary("runtime", None)
+        if self.bus is not None and self._ship_lock is not None and self._spooled():
+            with contextlib.suppress(Exception):  # bounded: what is not shipped stays spooled
+                await asyncio.wait_for(self._ship_spool(), timeout=self.registry_timeout)
         if self._poll_task is not None:
             self._poll_task.cancel()
             # bounded: stopping must never hang on a registry call stuck in a worker thread
@@ -524,6 +588,8 @@ class EdgeRuntime:
             await self.bus.close()
             self.bus = None
         if self._own_cache:
+            if self._canary is not None:  # its spool goes with the temporary cache: keep the result
+                self._canary_final = self._canary.result()
             shutil.rmtree(self.cache_dir, ignore_errors=True)
         self._started = False
 
@@ -660,10 +726,23 @@ class EdgeRuntime:
                 raise InputError(
                     f"request for site {env.payload['site']!r} reached {self.site!r}", where=rcv.subject
                 )
-            d = self.decide_with_info(env.tensors["obs"])
+            if "agents" in env.payload:  # named groups: each row is served by its canary arm
+                routed = self._decide_named(env)
+            else:
+                d = self.decide_with_info(env.tensors["obs"])
         except Exception:
             self.stats.bus_errors += 1
             raise  # the bus answers with an "error" envelope carrying the reason
+        if "agents" in env.payload:
+            a = self._active
+            return Envelope(
+                kind="decision_reply",
+                sender=self.name,
+                round=env.round,
+                payload={"policy_version": int(a.revision if a else 0), "version": a.version if a else "",
+                         "scope": a.scope if a else "", "policies": [str(v) for v in routed.policy]},
+                tensors={"actions": routed.actions, "propensity": routed.propensity},
+            )  # fmt: skip
         return Envelope(
             kind="decision_reply",
             sender=self.name,
@@ -671,6 +750,19 @@ class EdgeRuntime:
             payload={"policy_version": int(d.revision), "version": d.version, "scope": d.scope},
             tensors={"actions": d.actions},
         )
+
+    def _decide_named(self, env: Envelope) -> RoutedDecision:
+        """`decide_for` on a request naming its rows' groups (checked: strings, one per row)."""
+        obs = np.atleast_2d(np.asarray(env.tensors["obs"]))
+        named: dict[str, Any] = {}
+        for k in ("agents", "sites", "scenarios"):
+            v = env.payload.get(k)
+            if v is None:
+                continue
+            if len(v) != len(obs) or not all(isinstance(x, str) for x in v):
+                raise InputError(f"{k} must be {len(obs)} strings, one per observation row", where="decision_request")
+            named[k] = v
+        return self.decide_for(obs, named["agents"], named.get("sites"), named.get("scenarios"))
 
     # ---------------------------------------------------------------- registry
     async def _call(self, coro: Awaitable[T]) -> T:
@@ -725,44 +817,74 @@ class EdgeRuntime:
             if self._pending_rollback is not None:
                 await self._complete_rollback(found)
                 found = await self._resolve()
-            if found is None:
-                return False  # nothing promoted anywhere: keep whatever we serve
+            if found is None:  # nothing promoted anywhere: keep whatever we serve
+                if self._active is not None:
+                    self._registry_lost(f"no pointer for scopes {', '.join(self.scopes)}")
+                return False
             scope, change = found
             version, revision = change.version, change.revision
-            if self._vetoed is not None and self._vetoed == (scope, version, revision):
+            # The registry's record of the version (its signed digest) decides what "the same
+            # version" means: a name alone may have been reused by a rebuilt registry.
+            try:
+                record = await self._call(self._areg.manifest(version))
+            except VersionNotFound:
+                self._registry_lost(f"{scope} points to {version!r}, which the registry no longer holds")
+                return False
+            self._registry_empty = False
+            sha = record.sha256
+            if self._vetoed is not None and self._vetoed == (scope, version, revision, sha):
                 return False  # the version we rolled back from, still current: do not serve it again
             a = self._active
-            if a is not None and a.version == version:
+            if a is not None and a.version == version and a.manifest.sha256 == sha:
                 if (a.scope, a.revision) != (scope, revision):
                     a.scope, a.revision = scope, revision
                 return False
-            if version in self._refused:
+            if version in self._refused and self._refused_digest.get(version) in (sha, None):
                 return False
-            served = self._loaded.get(version)
+            served = self._loaded.get(_key(version, sha))
             if served is None:
                 served = await self._fetch_and_load(scope, version, revision)
                 if served is None:
                     return False
+                if a is not None and a.version == version:
+                    log.warning(
+                        "%s: the registry's %s is other bytes than the %s served (sha256 %s... -> %s...); "
+                        "switching to the registry's record",
+                        self.site, version, version, a.manifest.sha256[:12], served.manifest.sha256[:12],
+                    )  # fmt: skip
             else:
                 served.scope, served.revision = scope, revision
             self._activate(served, change.kind, f"{scope} r{revision} ({change.kind})")
             return True
 
+    def _registry_lost(self, why: str) -> None:
+        """The registry answers but has no record for us: keep serving, and say so once."""
+        if self._registry_empty:
+            return
+        self._registry_empty = True
+        a = self._active
+        serving = f"keep serving {a.version} (sha256 {a.manifest.sha256[:12]}..., fail-static)" if a else (
+            "nothing to serve yet (fail-static)"
+        )
+        log.warning("%s: the registry lost its record (%s); %s", self.site, why, serving)
+        self._event("registry_lost", a.version if a else None, a.scope if a else None, why)
+
     async def _fetch_and_load(self, scope: str, version: str, revision: int) -> ServedPolicy | None:
         try:
             packed, manifest = await self._call(self._areg._load(version))
-        except VersionNotFound as e:  # a pointer to a version that is not there: refuse, not "registry down"
-            self._refuse(version, scope, f"not found: {e}")
+        except VersionNotFound as e:  # gone between the record and the bytes: not "registry down"
+            self._registry_lost(f"{scope} points to {version!r}, which the registry no longer holds ({e})")
             return None
         try:
             return await asyncio.to_thread(self._prepare, version, scope, revision, packed, manifest)
         except (ArtifactRejected, _Incompatible) as e:
             reason = e.reason.value if isinstance(e, ArtifactRejected) else "incompatible"
-            self._refuse(version, scope, f"{reason}: {getattr(e, 'detail', e)}")
+            self._refuse(version, scope, f"{reason}: {getattr(e, 'detail', e)}", manifest.sha256)
             return None
 
-    def _refuse(self, version: str, scope: str | None, reason: str) -> None:
+    def _refuse(self, version: str, scope: str | None, reason: str, sha256: str | None = None) -> None:
         self._refused[version] = reason
+        self._refused_digest[version] = sha256
         self.stats.refused += 1
         a = self._active
         keep = f"keeping {a.version}" if a else "nothing to serve yet"
@@ -774,7 +896,7 @@ class EdgeRuntime:
     ) -> ServedPolicy:
         """Verify, unpack, load, check and warm up one version (in a worker thread)."""
         verify_artifact(packed, manifest, self.trust, expected_version=version)
-        vdir = self.cache_dir / "versions" / version
+        vdir = self.cache_dir / "versions" / version  # the last verified bytes of that name
         policy_dir = vdir / "policy"
         if policy_dir.exists():
             shutil.rmtree(policy_dir)
@@ -854,13 +976,15 @@ class EdgeRuntime:
                 self.guard = self.guard.resolve(getattr(served.policy, "spec", None) or self.spec)
                 self.watch = KPIWatch(self.guard)
             self._active = served  # the swap: requests that already read `old` finish on it
+            if self._canary is not None and self._canary.active and served.version != self._canary.current:
+                self._end_canary("swapped", None)  # its control arm is no longer the current policy
             # The local rollback target is the version this one replaced; after a rollback it is
             # unknown here (the registry's history knows it), never the version rolled back from.
             self._previous = None if kind == "rollback" else (old or self._previous)
-            self._loaded[served.version] = served
+            self._loaded[_key(served.version, served.manifest.sha256)] = served
             if self.freeze_gc:
                 gc.freeze()  # the policy just loaded, and everything before it, is long-lived
-            keep = {served.version} | ({self._previous.version} if self._previous is not None else set())
+            keep = {_key(x.version, x.manifest.sha256) for x in (served, self._previous) if x is not None}
             for v in [v for v in self._loaded if v not in keep]:
                 del self._loaded[v]
             self.stats.swaps += 1 if old is not None else 0
@@ -868,7 +992,8 @@ class EdgeRuntime:
                 baseline, source = self._choose_baseline(served, kind, baseline_prev)
                 self.watch.start(served.version, baseline, source, judge=kind != "rollback")
             _atomic_write(self.cache_dir / "last_good.json", json.dumps(
-                {"format": _CACHE_FORMAT, "version": served.version, "scope": served.scope, "site": self.site}
+                {"format": _CACHE_FORMAT, "version": served.version, "scope": served.scope, "site": self.site,
+                 "sha256": served.manifest.sha256}
             ).encode())  # fmt: skip
         log.info(
             "%s: serving %s (from %s; sha256 %s..., key %s)%s",
@@ -881,8 +1006,9 @@ class EdgeRuntime:
         self, served: ServedPolicy, kind: str, prev_window: Mapping[str, float]
     ) -> tuple[dict[str, float] | None, str]:
         assert self.guard is not None and self.guard.margins is not None
-        if kind == "rollback" and served.version in self._baselines:
-            return self._baselines[served.version]  # a reinstated version keeps its own baseline
+        key = _key(served.version, served.manifest.sha256)
+        if kind == "rollback" and key in self._baselines:
+            return self._baselines[key]  # a reinstated version keeps its own baseline
         names = [m.kpi for m in self.guard.margins]
         metrics = served.manifest.metadata.get("metrics") or {}
         from_md = {k: v for k in names if (v := lookup_kpi(metrics, k)) is not None}
@@ -899,7 +1025,7 @@ class EdgeRuntime:
             choice = (from_md, "metrics at promotion")
         else:
             choice = (None, "first_window")
-        self._baselines[served.version] = choice
+        self._baselines[key] = choice
         return choice
 
     def _active_prev_name(self) -> str:
@@ -921,6 +1047,8 @@ class EdgeRuntime:
             vdir = self.cache_dir / "versions" / version
             packed = (vdir / "artifact.tar.gz").read_bytes()
             manifest = Manifest.from_json((vdir / "manifest.json").read_bytes(), version)
+            if doc.get("sha256", manifest.sha256) != manifest.sha256:  # other bytes cached under the name
+                raise ValueError(f"the cached {version} is not the last good one (sha256 differs)")
         except (OSError, ValueError, KeyError, ArtifactRejected) as e:
             log.warning("%s: the cached last good policy is unreadable (%s)", self.site, e)
             return
@@ -938,6 +1066,8 @@ class EdgeRuntime:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval)
             self._wake.clear()
+            if self.bus is not None and self._spooled():
+                await self._ship_spool()  # segments a failed link left behind
             try:
                 await self.refresh()
             except asyncio.CancelledError:
@@ -949,6 +1079,176 @@ class EdgeRuntime:
         # A hint only: the registry pointer decides what is served.
         if self._wake is not None:
             self._wake.set()
+
+    # ---------------------------------------------------------------- canary
+    @property
+    def canary(self) -> Canary | None:
+        """The last canary started here (active or ended), or None."""
+        return self._canary
+
+    async def start_canary(self, config: CanaryConfig) -> Canary:
+        """Serve ``config.candidate`` to the candidate arm of ``config.slice`` (`edgetwin.edge.canary`).
+
+        The candidate is fetched from the registry and verified, unpacked, loaded and warmed up
+        like any version; the current policy keeps serving everyone else.
+
+        Raises:
+            InputError: no current policy, a canary already running, the candidate not in the
+                registry, refused (its reason) or the current version itself.
+        """
+        a = self._active
+        if a is None:
+            raise InputError(f"site {self.site!r} serves no policy yet: nothing to compare a canary with", where="canary")
+        if self._canary is not None and self._canary.active:
+            raise InputError(f"canary {self._canary.config.canary_id} is still running", where="canary")
+        if config.candidate == a.version:
+            raise InputError(f"the candidate {config.candidate!r} is the version already served", where="canary")
+        try:
+            packed, manifest = await self._call(self._areg._load(config.candidate))
+        except VersionNotFound as e:
+            raise InputError(f"candidate {config.candidate!r} is not in the registry ({e})", where="canary") from None
+        try:
+            served = await asyncio.to_thread(self._prepare, config.candidate, "canary", 0, packed, manifest)
+        except (ArtifactRejected, _Incompatible) as e:
+            reason = e.reason.value if isinstance(e, ArtifactRejected) else "incompatible"
+            raise InputError(
+                f"candidate {config.candidate!r} refused: {reason}: {getattr(e, 'detail', e)}", where="canary"
+            ) from None
+        canary = Canary(config, a.version, self.cache_dir / "canary")
+        with self._state_lock:
+            self._canary, self._canary_policy = canary, served
+        log.info(
+            "%s: canary %s: %s on %s (treat share %.0f%%) for %d ticks, guarding %s; current %s elsewhere",
+            self.site, config.canary_id, config.candidate, _describe_slice(config), 100 * config.slice.treat_share,
+            config.ticks, ", ".join(m.describe() for m in config.margins), a.version,
+        )  # fmt: skip
+        self._event("canary_started", config.candidate, "canary", config.canary_id)
+        return canary
+
+    def decide_for(self, obs: np.ndarray, agents: Any, sites: Any = None, scenarios: Any = None) -> RoutedDecision:
+        """Actions for N rows of named service groups, each served by its canary arm.
+
+        Args:
+            obs: (N, O) observations.
+            agents: (N,) the groups' ids (the log's ``agent``); sites, scenarios: (N,) theirs, or None.
+
+        Returns:
+            `RoutedDecision`: actions (N, A), and per row the policy (registry version) that
+            decided it, the probability of its action and its arm. Without an active canary every
+            row is the current policy's (arm ``"fleet"``).
+        """
+        x = self._check_obs(obs)
+        agent_ids = [str(v) for v in np.asarray(agents, dtype=object).ravel()]
+        site_ids = None if sites is None else [str(v) for v in np.asarray(sites, dtype=object).ravel()]
+        scen_ids = None if scenarios is None else [str(v) for v in np.asarray(scenarios, dtype=object).ravel()]
+        if len(agent_ids) != len(x) or any(v is not None and len(v) != len(x) for v in (site_ids, scen_ids)):
+            raise InputError(f"{len(x)} observations but {len(agent_ids)} agents / sites", where="agents")
+        with self._state_lock:  # one consistent view of (current, canary)
+            served, canary, cand = self._active, self._canary, self._canary_policy
+        if served is None:
+            raise NoPolicyLoaded(f"site {self.site!r} has no verified policy yet (scopes {self.scopes}); see the log")
+        if canary is None or not canary.active or cand is None or canary.in_pre_period:
+            arms = np.full(len(x), "fleet", dtype=object)
+            actions, prop = served.act_logged(x)
+            policy = np.full(len(x), served.version, dtype=object)
+            assign = np.ones(len(x))
+        else:
+            arms = canary.router.arms(agent_ids, site_ids, scen_ids)
+            on_cand = arms == "candidate"
+            actions = np.empty((len(x), len(served.action_columns)))
+            prop = np.empty(len(x))
+            for pol, mask in ((served, ~on_cand), (cand, on_cand)):
+                if mask.any():
+                    actions[mask], prop[mask] = pol.act_logged(x[mask])
+            policy = canary.router.policy_ids(arms)
+            policy[~on_cand] = served.version
+            assign = canary.router.assignment_propensity(arms)
+        with self._stats_lock:
+            self.stats.decisions += 1
+            self.stats.rows += len(x)
+            for v in set(policy.tolist()):  # decisions (calls) a version took part in
+                self.stats.by_version[v] += 1
+        return RoutedDecision(actions, policy, prop, arms, assign)
+
+    def canary_report(self, rows: Any) -> GuardStop | None:
+        """One tick of the canary's log: its rows (the log contract with ``policy``, ``propensity``
+        and the guarded KPIs), spooled before this returns, then shipped and judged.
+
+        Returns:
+            The `GuardStop` when this tick made the guard stop the canary (the slice is already
+            back on the current policy when this returns).
+
+        Raises:
+            InputError: no canary was started, or rows that cannot be its log.
+        """
+        canary = self._canary
+        if canary is None:
+            raise InputError("no canary was started on this runtime", where="canary")
+        _, stop = canary.record(rows)
+        if not canary.active and canary.stop_reason in ("guard", "completed") and self._canary_policy is not None:
+            self._end_canary(canary.stop_reason, stop)
+        if self.bus is not None and self._loop is not None:
+            self.call_soon(self._ship_spool())
+        return stop
+
+    def stop_canary(self, reason: str = "operator") -> CanaryResult:
+        """End the canary now (the slice returns to the current policy); its result so far."""
+        if self._canary is None:
+            raise InputError("no canary was started on this runtime", where="canary")
+        if self._canary.active:
+            self._end_canary(reason, None)
+        return self._canary.result()
+
+    def canary_result(self) -> CanaryResult:
+        """The last canary's result (its log: every row reported, shipped or not; also after
+        `stop` removed a temporary cache directory)."""
+        if self._canary is None:
+            raise InputError("no canary was started on this runtime", where="canary")
+        if self._canary_final is not None and not self._canary.dir.exists():
+            return self._canary_final
+        return self._canary.result()
+
+    def _end_canary(self, reason: str, stop: GuardStop | None) -> None:
+        canary = self._canary
+        assert canary is not None
+        with self._state_lock:
+            canary.stop(reason)
+            self._canary_policy = None  # from here on the slice is served the current policy
+        if reason == "guard" and stop is not None:
+            log.warning("%s: canary %s stopped by its guard; slice back on %s: %s",
+                        self.site, canary.config.canary_id, canary.current, stop.reason())  # fmt: skip
+        elif reason in ("link", "runtime"):
+            log.warning("%s: canary %s stopped (%s); slice back on %s, its log stays spooled in %s until shipped",
+                        self.site, canary.config.canary_id, reason, canary.current, canary.dir)  # fmt: skip
+        else:
+            log.info("%s: canary %s ended (%s) after %d ticks", self.site, canary.config.canary_id, reason, canary.ticks)
+        self._event("canary_stopped", canary.config.candidate, "canary", f"{reason}: {stop.reason() if stop else ''}")
+
+    def _spooled(self) -> bool:
+        root = self.cache_dir / "canary"
+        return root.is_dir() and any(unshipped_segments(d) for d in root.iterdir() if d.is_dir())
+
+    async def _ship_spool(self) -> None:
+        """Ship every spooled, unacknowledged canary segment durably, in order; on a failure stop
+        the running canary (``link``) and leave the rest spooled for the next attempt."""
+        if self.bus is None or self._ship_lock is None:
+            return
+        async with self._ship_lock:
+            root = self.cache_dir / "canary"
+            for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+                for seg in unshipped_segments(d):
+                    env = segment_envelope(self.site, d.name, seg, self.name)
+                    try:
+                        await asyncio.wait_for(
+                            self.bus.publish_durable(canary_log_subject(self.site), env), self.registry_timeout
+                        )
+                    except Exception as e:  # the link: stop the canary, keep the rows spooled
+                        c = self._canary
+                        if c is not None and c.active:
+                            log.warning("%s: could not ship canary log (%s: %s)", self.site, type(e).__name__, e)
+                            self._end_canary("link", None)
+                        return
+                    _atomic_write(seg.with_suffix(".shipped"), b"")
 
     # ---------------------------------------------------------------- KPIs and rollback
     def report_kpis(self, kpis: Mapping[str, float], *, version: str | None = None) -> Breach | None:
@@ -1000,7 +1300,7 @@ class EdgeRuntime:
         """Stop serving ``bad`` now: switch to the version it replaced when we still hold it."""
         self.stats.rollbacks += 1
         prev = self._previous
-        self._vetoed = (bad.scope, bad.version, bad.revision)
+        self._vetoed = (bad.scope, bad.version, bad.revision, bad.manifest.sha256)
         self._pending_rollback = (bad.scope, bad.version, breach.reason())
         if prev is not None and prev is not bad and prev.version != bad.version:
             self._activate(prev, "rollback", f"local rollback from {bad.version}")
@@ -1115,6 +1415,17 @@ def _probe_obs(spec: TwinSpec | None, width: int) -> np.ndarray:
         elif hi is not None:
             row[j] = hi - 1.0
     return row[None, :]
+
+
+def _describe_slice(config: CanaryConfig) -> str:
+    sl = config.slice
+    parts = ([f"{len(sl.agents)} groups"] if sl.agents else []) + ([f"sites {', '.join(sl.sites)}"] if sl.sites else [])
+    return " + ".join(parts)
+
+
+def _key(version: str, sha256: str) -> str:
+    """What identifies a loaded version: its name *and* the signed digest of its bytes."""
+    return f"{version}@{sha256}"
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -1,10 +1,17 @@
 """Logging the emulated cluster: its logging policies (uniform random, or the SLO-aware heuristic
 `SLOAwarePolicy`), `generate_logs` (a log in the contract and its spec, one episode a day) and a
 plot of a log's daily shape (`plot_overview`).
+
+Every row says who decided (``policy``) and, where the deciding policy samples, how likely its
+action was (``propensity``). `Regime` lets one log hold what a real operator's logs hold: several
+schedulers one after the other (v1 for four days, then v2 for two), and randomized trials (each
+day, a random share of the service groups assigned at random to one of K arms, as a canary does).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +20,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.policy import PlatformPolicy, RandomPolicy
-from edgetwin.contract.spec import TwinSpec
+from edgetwin.contract.policy import NoisyPolicy, PlatformPolicy, RandomPolicy, act_logged
+from edgetwin.contract.spec import POLICY_COLUMN, PROPENSITY_COLUMN, TwinSpec
 from edgetwin.emulator.cluster import (
     ACTION_NAMES,
     KPI_NAMES,
@@ -28,7 +35,7 @@ from edgetwin.emulator.population import (
     SCENARIOS,
 )
 
-__all__ = ["SLOAwarePolicy", "episode_seed", "generate_logs", "make_policy", "plot_overview"]
+__all__ = ["Regime", "SLOAwarePolicy", "episode_seed", "generate_logs", "make_policy", "plot_overview"]
 
 
 class SLOAwarePolicy:
@@ -78,6 +85,38 @@ def make_policy(policy: str | PlatformPolicy, spec: TwinSpec, seed: int = 0) -> 
     return policy
 
 
+@dataclass(frozen=True)
+class Regime:
+    """A stretch of ``days`` episodes logged under one policy, optionally with a randomized trial.
+
+    Attributes:
+        policy: ``"random"``, ``"heuristic"`` or any `PlatformPolicy` (a `LoggingPolicy` also says
+            its propensities; any other is taken as deterministic).
+        days: episodes (days) of this regime.
+        noise: Gaussian exploration noise, a share of each action's bound width (`NoisyPolicy`):
+            ``0.1`` is "heuristic + 10 % noise"; 0: none.
+        name: the id written in the ``policy`` column (default: ``policy`` if a string, else the
+            class name, with ``+noise0.1`` when noisy).
+        arms: a randomized trial on each of these days: arm id -> policy. Each day, every service
+            group independently joins the trial with probability ``arm_share`` and then one arm
+            uniformly at random; the others stay on the regime's policy.
+        arm_share: the share of service groups in the trial (e.g. 0.1).
+    """
+
+    policy: str | PlatformPolicy
+    days: int
+    noise: float = 0.0
+    name: str | None = None
+    arms: Mapping[str, str | PlatformPolicy] = field(default_factory=dict)
+    arm_share: float = 0.1
+
+    def policy_id(self) -> str:
+        if self.name:
+            return self.name
+        base = self.policy if isinstance(self.policy, str) else type(self.policy).__name__
+        return f"{base}+noise{self.noise:g}" if self.noise > 0 else base
+
+
 def episode_seed(seed: int, episode: int) -> int:
     """Independent, reproducible seed of one episode of a run."""
     return int(np.random.SeedSequence([int(seed), int(episode)]).generate_state(1, dtype=np.uint64)[0] >> 1)
@@ -85,29 +124,54 @@ def episode_seed(seed: int, episode: int) -> int:
 
 def generate_logs(
     config: ClusterConfig,
-    episodes: int,
+    episodes: int | None = None,
     policy: str | PlatformPolicy = "random",
     seed: int = 0,
     progress: bool = False,
+    regimes: Sequence[Regime] | None = None,
 ) -> tuple[pd.DataFrame, TwinSpec]:
-    """Run the cluster under a logging policy and return its log (the contract) and spec.
+    """Run the cluster under logging policies and return its log (the contract) and spec.
 
     Args:
         config: the emulated system.
-        episodes: episodes (days, by default) to log; each samples a fresh population.
+        episodes: episodes (days, by default) to log under ``policy``; each samples a fresh
+            population. Ignored (may be None) when ``regimes`` is given.
         policy: ``"random"``, ``"heuristic"`` or any `PlatformPolicy` on ``[profile.*, state.*]``.
         seed: the same seed gives the same log.
         progress: show a tqdm bar over ticks.
+        regimes: instead of one policy, these `Regime` one after the other (episodes numbered on
+            across them), each with its optional randomized trial.
 
     Returns:
         ``(log, spec)``: one row per (episode, t, agent) with columns episode, t, agent, scenario,
-        site, profile.*, state.*, action.*, response.*, kpi.*, reward; and `cluster_spec(config)`.
+        site, profile.*, state.*, action.*, response.*, kpi.*, reward, ``policy`` (the id of the
+        policy that decided) and ``propensity`` (its action's probability / density, NaN where the
+        policy is deterministic over continuous actions); and `cluster_spec(config)`.
     """
-    if int(episodes) < 1:
-        raise InputError(f"episodes must be >= 1, got {episodes}", "--episodes")
+    if regimes is None:
+        if episodes is None or int(episodes) < 1:
+            raise InputError(f"episodes must be >= 1, got {episodes}", "--episodes")
+        regimes = [Regime(policy, int(episodes))]
+    if not regimes:
+        raise InputError("regimes must name at least one regime", "regimes")
+    for reg in regimes:
+        if int(reg.days) < 1:
+            raise InputError(f"regime {reg.policy_id()!r}: days must be >= 1, got {reg.days}", "regimes")
+        if not reg.noise >= 0:
+            raise InputError(f"regime {reg.policy_id()!r}: noise must be >= 0, got {reg.noise}", "regimes")
+        if reg.arms and not 0.0 < reg.arm_share <= 1.0:
+            raise InputError(f"regime {reg.policy_id()!r}: arm_share must be in (0, 1], got {reg.arm_share}", "regimes")
+    episodes = sum(int(r.days) for r in regimes)
     cluster = EdgeCluster(config)
     spec = cluster.spec
-    pol = make_policy(policy, spec, seed=seed)
+    # one policy object per regime and arm, seeded apart, kept across the regime's days
+    plan: list[tuple[str, PlatformPolicy, list[tuple[str, PlatformPolicy]]]] = []
+    for i, reg in enumerate(regimes):
+        pol = make_policy(reg.policy, spec, seed=seed if i == 0 else seed + 7919 * i)
+        if reg.noise > 0:
+            pol = NoisyPolicy(pol, spec, reg.noise, seed=seed + 104729 + i)
+        arms = [(str(k), make_policy(v, spec, seed=seed + 31 * (i + 1) + j)) for j, (k, v) in enumerate(reg.arms.items())]
+        plan.extend([(reg.policy_id(), pol, arms)] * int(reg.days))
     n, steps = cluster.n, cluster.steps
     rows = episodes * steps * n
     o_dim, a_dim, r_dim, k_dim = len(OBS_LOW), len(ACTION_NAMES), len(RESPONSE_NAMES), len(KPI_NAMES)
@@ -116,6 +180,8 @@ def generate_logs(
     resp_buf = np.empty((rows, r_dim))
     kpi_buf = np.empty((rows, k_dim))
     rew_buf = np.empty(rows)
+    prop_buf = np.empty(rows)
+    policy_col = np.empty(rows, dtype=object)
     episode_col = np.repeat(np.arange(episodes, dtype=np.int64), steps * n)
     t_col = np.tile(np.repeat(np.arange(steps, dtype=np.int64), n), episodes)
     agent_col = np.empty(rows, dtype=object)
@@ -125,18 +191,32 @@ def generate_logs(
     site_names = np.array(cluster.site_names, dtype=object)
     bar = tqdm(total=episodes * steps, desc="emulating", unit="tick", disable=not progress)
     for e in range(episodes):
+        policy_id, pol, arms = plan[e]
         obs = cluster.reset(seed=episode_seed(seed, e), day=config.start_day + config.drift_days + e)
         base = e * steps * n
         block = slice(base, base + steps * n)
         agent_col[block] = np.tile(cluster.agent_ids, steps)
         scen_col[block] = np.tile(scen_names[cluster.scenario], steps)
         site_col[block] = np.tile(site_names[cluster.home], steps)
+        # the day's trial: which service groups follow which arm (-1: the regime's policy)
+        arm_of = np.full(n, -1)
+        if arms:
+            trial_rng = np.random.default_rng([seed, e, 2])
+            joined = trial_rng.random(n) < regimes_share(regimes, e)
+            arm_of[joined] = trial_rng.integers(len(arms), size=int(joined.sum()))
+        ids = np.array([policy_id, *(k for k, _ in arms)], dtype=object)[arm_of + 1]
         for t in range(steps):
-            act = np.asarray(pol.act(obs), dtype=np.float64)
+            act, prop = act_logged(pol, obs, spec)
+            for j, (_, arm) in enumerate(arms):
+                rows_j = np.flatnonzero(arm_of == j)
+                if len(rows_j):
+                    act[rows_j], prop[rows_j] = act_logged(arm, obs[rows_j], spec)
             act = check_actions(act, n)
             r = slice(base + t * n, base + (t + 1) * n)
             obs_buf[r] = obs
             act_buf[r] = act
+            prop_buf[r] = prop
+            policy_col[r] = ids
             obs, reward, _, info = cluster.step(act)
             resp_buf[r] = info["responses"]
             kpi_buf[r] = info["kpis"]
@@ -150,7 +230,20 @@ def generate_logs(
         for j, c in enumerate(block_cols):
             data[c] = buf[:, j]
     data["reward"] = rew_buf
+    data[POLICY_COLUMN] = policy_col
+    if not np.isnan(prop_buf).all():  # a deterministic policy over continuous actions has no density
+        data[PROPENSITY_COLUMN] = prop_buf
     return pd.DataFrame(data), spec
+
+
+def regimes_share(regimes: Sequence[Regime], episode: int) -> float:
+    """The trial share of the regime that holds ``episode`` (episodes are numbered across regimes)."""
+    first = 0
+    for r in regimes:
+        if episode < first + int(r.days):
+            return float(r.arm_share)
+        first += int(r.days)
+    raise IndexError(episode)
 
 
 def plot_overview(log: pd.DataFrame, path: str | Path, title: str = "emulated edge-cloud cluster") -> Path:

@@ -8,7 +8,6 @@ constructions themselves are in `edgetwin.twin.intervals`.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,12 +19,11 @@ from edgetwin.twin.intervals import (
     LEVEL,
     Calibration,
     calibration_from_arrays,
-    conformal_quantile,
     interval,
 )
 from edgetwin.twin.whatif import KpiDef, WhatIfResult, builtin_policy, run_whatif
 
-__all__ = ["calibrate", "calibration_from_result", "held_out_coverage"]
+__all__ = ["calibrate", "calibration_from_result", "cross_fitted_hits", "held_out_coverage", "two_folds"]
 
 
 def calibration_from_result(
@@ -79,6 +77,55 @@ def calibrate(
     return cal
 
 
+def two_folds(n_episodes: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``[(calibrate, test)]`` episode indices of the two cross-fitting folds: alternate episodes
+    (0, 2, 4, ... tested in the first fold, 1, 3, ... in the second), so the two sets of a fold are
+    disjoint and every episode is tested exactly once, calibrated on episodes other than itself."""
+    tested = np.arange(n_episodes) % 2 == 0
+    return [(np.flatnonzero(~t), np.flatnonzero(t)) for t in (tested, ~tested)]
+
+
+def cross_fitted_hits(
+    values: np.ndarray,
+    truth: Sequence[float] | np.ndarray,
+    ep_of_rep: np.ndarray,
+    kpi: str,
+    folds: Sequence[tuple[np.ndarray, np.ndarray]],
+    level: float = LEVEL,
+    method: str = DEFAULT_METHOD,
+    seed: int = 0,
+) -> tuple[list[bool], list[bool]]:
+    """Whether each tested episode's logged KPI falls inside its interval, calibrated on its fold's
+    other episodes, and inside the plain bootstrap one.
+
+    Args:
+        values: ``(M, R)`` the KPI of every (member, replicate); replicate ``r`` replays episode
+            ``ep_of_rep[r]``.
+        truth: ``(E,)`` the KPI each episode logged.
+        folds: ``(calibrate, test)`` episode indices (`two_folds`).
+
+    Returns:
+        ``(calibrated, plain)``: one bool per tested episode, in the folds' order. A fold's
+        calibration is `calibration_from_arrays` on its calibration episodes' replicates: the
+        ensemble's mean per replicate scored against the logged KPI, as `calibrate` does.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    y = np.asarray(truth, dtype=np.float64)
+    hits: list[bool] = []
+    plain: list[bool] = []
+    for cal_eps, test_eps in folds:
+        cal_cols = np.isin(ep_of_rep, cal_eps)
+        cal = calibration_from_arrays({kpi: v[:, cal_cols]}, {kpi: y[ep_of_rep[cal_cols]]}, level)
+        cal.method = method
+        for e in test_eps:
+            ve = v[:, ep_of_rep == e]
+            lo, hi = interval(ve, cal, kpi, seed=seed, level=level)
+            lo0, hi0 = interval(ve, None, kpi, seed=seed, level=level)
+            hits.append(bool(lo <= y[e] <= hi))
+            plain.append(bool(lo0 <= y[e] <= hi0))
+    return hits, plain
+
+
 def held_out_coverage(
     twin: Any,
     log: pd.DataFrame,
@@ -99,8 +146,9 @@ def held_out_coverage(
     Returns:
         ``{"level", "coverage": share of (episode, KPI) pairs covered, "coverage_plain":
         the same for the plain bootstrap, "per_kpi": {kpi: {"coverage", "coverage_plain",
-        "q"}}, "episodes", "calibration": the calibration on all episodes}``; coverage is NaN
-        with fewer than 2 episodes.
+        "q"}}, "episodes", "folds": [{"calibrate": [episode], "test": [episode]}] (`two_folds`),
+        "calibration": the calibration on all episodes}``; coverage is NaN with fewer than 2
+        episodes.
     """
     res = run_whatif(
         twin, [builtin_policy("logged", twin)], [], kpis=kpis, episodes=episodes, seeds=seeds, seed=seed,
@@ -117,38 +165,15 @@ def held_out_coverage(
     cell = res.cell("logged", "nominal")
     reps = cell.oos.shape[1]
     ep_of_rep = np.arange(reps) % n_eps
-    folds = [np.arange(n_eps) % 2 == f for f in (0, 1)]
+    folds = two_folds(n_eps)
+    out["folds"] = [{"calibrate": [str(names[e]) for e in cal], "test": [str(names[e]) for e in test]} for cal, test in folds]
     hits: list[bool] = []
     plain: list[bool] = []
     for k in res.kpis:
         y = res.logged_kpis.get(k.name)
         if y is None or len(y) != n_eps:
             continue
-        v = cell.values[k.name]
-        kh: list[bool] = []
-        kp: list[bool] = []
-        for f in (0, 1):
-            cal_eps, test_eps = np.flatnonzero(~folds[f]), np.flatnonzero(folds[f])
-            cal_cols = np.isin(ep_of_rep, cal_eps)
-            truth = np.asarray(y, dtype=np.float64)[ep_of_rep[cal_cols]]
-            with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
-                warnings.simplefilter("ignore", RuntimeWarning)
-                centre = np.nanmean(v[:, cal_cols], axis=0)
-                spread = np.nanstd(v[:, cal_cols], axis=0, ddof=1) if v.shape[0] > 1 else np.zeros(len(centre))
-                rel = np.abs(truth - centre) / np.abs(centre)
-                norm = np.abs(truth - centre) / np.maximum(spread, 1e-9 * np.abs(centre) + 1e-12)
-            cal = Calibration(
-                level=level,
-                quantile={k.name: conformal_quantile(rel, level)[0]},
-                quantile_norm={k.name: conformal_quantile(norm, level)[0]},
-                method=method,
-            )
-            for e in test_eps:
-                ve = v[:, ep_of_rep == e]
-                lo, hi = interval(ve, cal, k.name, seed=seed, level=level)
-                lo0, hi0 = interval(ve, None, k.name, seed=seed, level=level)
-                kh.append(bool(lo <= y[e] <= hi))
-                kp.append(bool(lo0 <= y[e] <= hi0))
+        kh, kp = cross_fitted_hits(cell.values[k.name], y, ep_of_rep, k.name, folds, level, method, seed)
         out["per_kpi"][k.name] = {
             "coverage": float(np.mean(kh)),
             "coverage_plain": float(np.mean(kp)),

@@ -19,7 +19,6 @@ log contract, `edgetwin.contract`) and never `policies`, `emulator`, `edge` or `
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -37,7 +36,6 @@ from edgetwin.contract.errors import InputError
 from edgetwin.contract.manifest import MANIFEST_FILE, verify_manifest, write_manifest
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import TwinSpec
-from edgetwin.contract.validate import load_valid_log
 from edgetwin.imitation.baselines import ClonedPlatformPolicy, SupervisedResponseModel
 from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.mail import (
@@ -52,6 +50,7 @@ from edgetwin.imitation.steps import build_steps
 from edgetwin.imitation.world import Composition, InitialStates
 from edgetwin.twin.envs import TwinEnv, TwinParallelEnv, TwinVecEnv
 from edgetwin.twin.intervals import LEVEL, Calibration, interval
+from edgetwin.twin.logdata import bootstrap_episodes, data_sha256, library_versions, load_log
 from edgetwin.twin.member import Member
 from edgetwin.twin.parallel import check_ray, resolve_workers, run_tasks
 from edgetwin.twin.simulation import RolloutRecord, Simulation
@@ -65,43 +64,6 @@ TRANSITION_MODELS = ("site", "client")
 
 
 # ------------------------------------------------------------------------------------ helpers
-def data_sha256(df: pd.DataFrame) -> str:
-    """sha256 of a table's content (row order and column order included)."""
-    h = hashlib.sha256()
-    h.update(json.dumps([str(c) for c in df.columns]).encode())
-    h.update(pd.util.hash_pandas_object(df, index=False).to_numpy().tobytes())
-    return h.hexdigest()
-
-
-def library_versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {}
-    for pkg in (
-        "edgetwin",
-        "torch",
-        "stable-baselines3",
-        "imitation",
-        "scikit-learn",
-        "numpy",
-        "pandas",
-        "gymnasium",
-    ):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "absent"
-    return out
-
-
-def load_log(
-    log: str | Path | pd.DataFrame, spec: str | Path | TwinSpec | None
-) -> tuple[pd.DataFrame, TwinSpec]:
-    """A usable log table and its spec, validated (`edgetwin.contract.validate.load_valid_log`)."""
-    df, sp, _ = load_valid_log(log, spec)
-    return df, sp
-
-
 class EmpiricalPopulation:
     """Resamples logged profiles per scenario (the "database sampling" baseline of seed 004)."""
 
@@ -134,28 +96,6 @@ class PopulationSampler:
 
     def __call__(self, n: int, scenario: str, seed: int) -> np.ndarray:
         return self.population.sample(n, scenario=scenario, seed=seed)[self.profile].to_numpy(np.float64)
-
-
-def bootstrap_episodes(df: pd.DataFrame, episodes: np.ndarray, pick: np.ndarray | None) -> pd.DataFrame:
-    """The log with episodes ``episodes[pick]`` (all of it when ``pick`` is None); the k-th drawn
-    episode is renamed ``<episode>#k``, so a repeated episode becomes a distinct one.
-
-    The drawn episodes come in the order of their new names, each with its rows in ``df``'s
-    order: when ``df`` is sorted by (episode, t, agent), as `Twin.fit` sorts it, so is the draw,
-    and `build_steps`' sort of it is a view instead of one more copy of the draw (pandas
-    copy-on-write). Which rows are drawn, and so the member, does not depend on the order.
-    """
-    if pick is None:
-        return df
-    ep_rows = df.groupby("episode", sort=False).indices
-    names = np.array([f"{episodes[e]}#{k}" for k, e in enumerate(pick)], dtype=object)
-    order = np.argsort(names, kind="stable")
-    rows = [ep_rows[episodes[pick[k]]] for k in order]
-    # one take of every drawn row (not a copy per draw and then their concatenation: at a million
-    # rows the parts and the result would sit in a pool worker's memory together)
-    out = df.take(np.concatenate(rows)).reset_index(drop=True)
-    out["episode"] = np.repeat(names[order], [len(r) for r in rows])
-    return out
 
 
 def _fit_member_task(
@@ -497,6 +437,19 @@ class Twin:
             site_model=sites,
         )
         return Member(dict(res.clients), res.engines, res.history, transition, sites)
+
+    def update(
+        self,
+        new_logs: str | Path | pd.DataFrame,
+        old_logs: Sequence[str | Path | pd.DataFrame],
+        seed: int = 0,
+        **options: Any,
+    ) -> Twin:
+        """A new twin that also learned from ``new_logs`` (a canary's rows) without a refit: see
+        `edgetwin.twin.update.update_twin` (``old_logs``: this twin's training data)."""
+        from edgetwin.twin.update import update_twin
+
+        return update_twin(self, new_logs, old_logs, seed=seed, **options)  # type: ignore[no-any-return]
 
     # --- persistence ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

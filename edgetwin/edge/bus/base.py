@@ -50,7 +50,7 @@ log = logging.getLogger("edgetwin.bus")
 DEFAULT_MAX_BYTES = 1 << 20  # nats-server's default max_payload
 
 
-DEFAULT_DURABLE_SUBJECTS = ("edgetwin.update.>", "edgetwin.model.>", "edgetwin.policy.>")
+DEFAULT_DURABLE_SUBJECTS = ("edgetwin.update.>", "edgetwin.model.>", "edgetwin.policy.>", "edgetwin.canary.>")
 
 
 INBOX = "_INBOX"

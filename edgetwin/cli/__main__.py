@@ -1,0 +1,5 @@
+"""``python -m edgetwin.cli``."""
+
+from edgetwin.cli.entry import main
+
+main()

@@ -1,0 +1,96 @@
+"""What every command group shares: the root `app`, the consoles, the common options, JSON output
+and the early checks of output paths (a wrong ``--out`` is reported before any long work)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from edgetwin.contract.errors import InputError
+
+app = typer.Typer(
+    name="edgetwin",
+    help="Learn a digital twin of an edge-cloud scheduling system from its logs, train policies "
+    "offline in it, replay what-ifs and promote to the edge.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# markup off: file names and user text are printed literally ('x[bold]y.csv' stays as it is)
+console = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+out = Console(markup=False, soft_wrap=True)
+
+SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed; the same seed gives the same result.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+TaskWorkersOpt = Annotated[
+    int,
+    typer.Option("--workers", min=0, help="Processes that run the independent episodes (1, the default: serially in "
+                 "this process, as a worker's start-up costs ~10 s of imports; 0: one per core). The result does not "
+                 "depend on it."),
+]
+TaskRayOpt = Annotated[
+    str | None,
+    typer.Option("--ray", help="Run the episodes on this Ray cluster (e.g. auto, ray://host:10001; local starts one "
+                 "here); needs pip install -e \".[ray]\". The result does not depend on it."),
+]
+
+RegistryOpt = Annotated[
+    str,
+    typer.Option(
+        "--registry",
+        envvar="EDGETWIN_REGISTRY",
+        help="Registry: a directory (created on publish) or a nats://host:port URL (JetStream).",
+    ),
+]
+BucketOpt = Annotated[str, typer.Option("--bucket", help="NATS bucket prefix of the registry.")]
+
+
+def emit_json(obj: Any) -> None:
+    """Print a JSON document on stdout (numbers that numpy made are converted)."""
+    print(json.dumps(obj, indent=2, default=json_default))
+
+
+def json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def out_dir_arg(path: Path, flag: str = "--out") -> Path:
+    """Check (and create) an output directory before any long work: exit 2 with one line if it is
+    an existing file or cannot be created or written, instead of a raw exception at the end."""
+    if path.exists() and not path.is_dir():
+        raise InputError("exists and is not a directory", f"{flag} {path}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the directory ({e.strerror or e})", f"{flag} {path}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError("the directory is not writable", f"{flag} {path}")
+    return path
+
+
+def out_file_arg(path: Path, flag: str = "--out") -> Path:
+    """Check an output file's place before any long work (exit 2 if it is a directory or unwritable)."""
+    if path.is_dir():
+        raise InputError("is a directory; expected a file name", f"{flag} {path}")
+    out_dir_arg(path.parent if str(path.parent) else Path("."), flag)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise InputError("the file exists and is not writable", f"{flag} {path}")
+    return path
+
+
+
+def rounds_option(rounds: int | None) -> dict[str, Any]:
+    """``--fed-rounds`` as `FitOptions` keywords: none when not given (its default schedule)."""
+    return {} if rounds is None else {"rounds": rounds}

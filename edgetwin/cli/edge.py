@@ -1,0 +1,146 @@
+"""``edgetwin serve``: the edge runtime."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from edgetwin.cli.common import (
+    BucketOpt,
+    JsonOpt,
+    RegistryOpt,
+    app,
+    emit_json,
+    out,
+)
+from edgetwin.contract.errors import InputError
+
+
+@app.command("serve")
+def serve(
+    site: Annotated[str, typer.Option("--site", help="This edge site's name: serves scope site/<S> (then cluster, global).")],
+    registry: RegistryOpt,
+    trust: Annotated[
+        list[Path], typer.Option("--trust", help="Trusted publisher public key (PEM) or a directory of them; repeatable.")
+    ],
+    bus: Annotated[
+        str, typer.Option("--bus", help="memory | memory://NAME | nats://host:port[,nats://...]: where decisions are served.")
+    ] = "memory",
+    shield: Annotated[
+        Path | None, typer.Option("--shield", help="Safety shield applied to every action: a JSON ShieldConfig file.")
+    ] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="The site's cluster (fallback scope cluster/<C>).")] = None,
+    guard: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--guard",
+            help="Guarded live KPI: NAME<=+P% (lower is better) or NAME>=-P% (higher is better); repeatable. "
+            "Default: the kpi.* columns the policy's reward weighs, 10%.",
+        ),
+    ] = None,
+    no_watch: Annotated[bool, typer.Option("--no-kpi-watch", help="Do not watch KPIs (never roll back by itself).")] = False,
+    window: Annotated[int, typer.Option(help="KPI reports per sliding window.")] = 20,
+    grace: Annotated[int, typer.Option(help="KPI reports ignored after a swap.")] = 2,
+    patience: Annotated[int, typer.Option(help="Consecutive regressed windows before rolling back.")] = 2,
+    probation: Annotated[int, typer.Option(help="KPI reports during which a new version is judged, then accepted.")] = 100,
+    baseline: Annotated[str, typer.Option(help="auto | previous | metadata | first_window (see KPIGuard).")] = "auto",
+    poll: Annotated[float, typer.Option("--poll", help="Seconds between registry polls.")] = 2.0,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option("--cache-dir", help="Verified last good policies (fail-static restarts); default ~/.cache/edgetwin/runtime/<S>."),
+    ] = None,
+    bucket: BucketOpt = "edgetwin",
+    duration: Annotated[float, typer.Option(help="Stop after this many seconds (0: run until interrupted).")] = 0.0,
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING.")] = "INFO",
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the edge runtime: serve the site's current signed policy until interrupted.
+
+    Decisions over the bus (request/reply on edgetwin.decision.<S>: the edgetwin frame, or a JSON / Arrow IPC body from any NATS client, see docs/bus.md) and live KPIs on edgetwin.kpi.<S>; hot-swaps on promotion, keeps the last good policy when the registry or the bus is down, and rolls back when a guarded KPI regresses (notice on edgetwin.policy.rollback.<S>).
+    """
+    import asyncio
+    import contextlib
+    import re
+    import signal
+
+    from edgetwin.edge.kpi_watch import KPIGuard, KPIMargin
+    from edgetwin.edge.registry import open_async_registry
+    from edgetwin.edge.runtime import EdgeRuntime
+    from edgetwin.edge.signing import TrustStore
+
+    for flag, name in (("--site", site), ("--cluster", cluster)):
+        if name is not None and not re.fullmatch(r"[A-Za-z0-9_\-]{1,64}", name):
+            raise InputError(f"expected 1-64 letters, digits, '_' or '-', got {name!r}", flag)
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise InputError(f"expected DEBUG, INFO, WARNING or ERROR, got {log_level!r}", "--log-level")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if poll <= 0 or duration < 0:
+        raise InputError("--poll must be > 0 and --duration >= 0", "--poll/--duration")
+    store = TrustStore.from_paths(trust)
+    shield_cfg = None
+    if shield is not None:
+        from edgetwin.policies.shield import ShieldConfig
+
+        try:
+            shield_cfg = ShieldConfig.from_dict(json.loads(shield.read_text()))
+        except (OSError, ValueError) as e:
+            raise InputError(f"expected a JSON shield configuration ({e})", str(shield)) from None
+    kpi_guard: Any
+    if no_watch:
+        kpi_guard = None
+    else:
+        margins = tuple(KPIMargin.parse(g) for g in guard) if guard else None  # None: the reward's KPIs
+        kpi_guard = KPIGuard(margins, window=window, grace=grace, patience=patience, probation=probation, baseline=baseline)  # type: ignore[arg-type]
+    cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgetwin" / "runtime" / site
+
+    import torch
+
+    # One intra-op thread: a policy network answers a few hundred rows at most, where a second
+    # thread costs a wake-up (a tail-latency risk on shared cores) and saves nothing.
+    torch.set_num_threads(1)
+
+    async def run() -> dict[str, Any]:
+        async with open_async_registry(registry, bucket=bucket) as reg:
+            rt = EdgeRuntime(
+                site, reg, store, bus=bus, shield=shield_cfg, kpi_guard=kpi_guard,
+                cluster=cluster, poll_interval=poll, cache_dir=cache, freeze_gc=True,
+            )  # fmt: skip
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, stop.set)
+            async with rt:
+                a = rt.active
+                serving = (
+                    f"serving {a.version} (scope {a.scope} r{a.revision}, key {a.manifest.key_id}, sha256 {a.manifest.sha256[:12]})"
+                    if a else f"no policy yet: waiting for a promotion to {', '.join(rt.scopes)}"
+                )  # fmt: skip
+                out.print(
+                    f"edgetwin serve: site {site} {serving}; decisions on edgetwin.decision.{site} via {bus}; "
+                    f"registry {registry} polled every {poll:g}s; shield: {'on' if shield_cfg else 'off'}; "
+                    f"KPI guard: {rt.guard.describe() if rt.guard else 'off'}; "
+                    + (f"stopping after {duration:g}s" if duration else "Ctrl-C to stop"),
+                    highlight=False, soft_wrap=True,
+                )  # fmt: skip
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), duration or None)
+                return rt.status()
+
+    status = asyncio.run(run())
+    if as_json:
+        emit_json(status)
+    else:
+        out.print(
+            f"edgetwin serve: stopped; served {status['stats']['decisions']} decisions "
+            f"({status['stats']['rows']} rows), {status['stats']['rollbacks']} rollbacks, now {status['version']}",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
+
+

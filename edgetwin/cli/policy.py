@@ -1,0 +1,506 @@
+"""``edgetwin train``, ``evaluate``, ``whatif`` and ``promote``: policies trained, scored, compared and gated."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from edgetwin.cli.common import (
+    BucketOpt,
+    JsonOpt,
+    RegistryOpt,
+    SeedOpt,
+    TaskRayOpt,
+    TaskWorkersOpt,
+    app,
+    emit_json,
+    out,
+    out_dir_arg,
+)
+from edgetwin.contract.errors import GateRefused, InputError
+
+
+def cluster_kpi_columns() -> Any:
+    """Which emulated-cluster columns are which KPI (defined beside the cluster)."""
+    from edgetwin.emulator.cluster import cluster_kpi_columns as kpis
+
+    return kpis()
+
+
+def _load_kpis(path: Path | None, spec: Any) -> Any:
+    from edgetwin.policies.evaluate import KpiColumns
+
+    if path is None:
+        cols = {f.name for f in spec.features}
+        default = cluster_kpi_columns()
+        # the cluster's mapping fits any log with the cluster's columns; otherwise only the return
+        return default if all(c in cols for c in default.__dict__.values() if isinstance(c, str)) else KpiColumns()
+    if not path.is_file():
+        raise InputError("KPI mapping file not found", str(path))
+    try:
+        import tomllib
+
+        d = json.loads(path.read_text()) if path.suffix == ".json" else tomllib.loads(path.read_text())
+    except ValueError as e:
+        raise InputError(f"cannot parse the KPI mapping ({e})", str(path)) from None
+    return KpiColumns.from_dict(d)
+
+
+@app.command("train")
+def policy_train(
+    twin_dir: Annotated[Path, typer.Argument(help="Twin directory (from `edgetwin fit`).")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory of the exported policy.")],
+    algo: Annotated[str, typer.Option(help="ppo | a2c | sac | td3 | maskable_ppo | recurrent_ppo | dual_critic_ppo.")] = "ppo",
+    steps: Annotated[int, typer.Option(min=1, help="Environment steps (transitions over all agents).")] = 50_000,
+    agents: Annotated[int | None, typer.Option(min=1, help="Agents (= sub-envs) per twin episode.")] = None,
+    episode_steps: Annotated[int | None, typer.Option(min=1, help="Ticks per twin episode.")] = None,
+    action_norm_lambda: Annotated[
+        float, typer.Option(min=0.0, help="λ of seed 004's action-norm regulariser (eq. 8; 0.4 there). Off by default: the "
+                                 "support-aware penalty regularises instead.")
+    ] = 0.0,
+    support_penalty: Annotated[
+        float, typer.Option(min=0.0, help="Reward minus this x the ensemble's disagreement (MOPO-style; 0: off).")
+    ] = 1.0,
+    select: Annotated[
+        bool, typer.Option("--select/--no-select", help="Score the trained policy beside simple candidates in the "
+                           "twin and export the best by the lower bound of its 90 % interval of the return.")
+    ] = True,
+    view: Annotated[Path | None, typer.Option(help="Scheduling view (TOML/JSON): also score the heuristics.")] = None,
+    log: Annotated[Path | None, typer.Option("--log", help="Held-out log: score by replaying it (calibrated intervals).")] = None,
+    validate_on: Annotated[Path | None, typer.Option(help="Held-out twin for early stopping.")] = None,
+    patience: Annotated[int, typer.Option(min=1, help="Evaluations without a new best before stopping.")] = 3,
+    eval_every: Annotated[int, typer.Option(min=1, help="Steps between validations.")] = 5_000,
+    checkpoint_every: Annotated[int, typer.Option(min=0, help="Steps between checkpoints (0: none).")] = 10_000,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue from OUT/checkpoints.")] = True,
+    tensorboard: Annotated[Path | None, typer.Option(help="TensorBoard log directory.")] = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train a platform policy inside a twin and export it (checkpoints, resume, early stopping).
+
+    Then score it in the twin beside simple candidates (constant actions on a grid of the action box,
+    the logging clone, heuristics with --view), each with its 90 % interval of the return, and export
+    the best by its lower bound, saying so when that is not the trained network (--no-select: skip).
+    """
+    if not action_norm_lambda >= 0:  # NaN passes click's range check
+        raise InputError(f"expected a number >= 0, got {action_norm_lambda}", "--action-norm-lambda")
+    out_dir_arg(out_dir)  # before the heavy imports
+    import torch
+
+    from edgetwin.policies.train import train_policy
+    from edgetwin.twin.twin import Twin, load_log
+
+    torch.set_num_threads(1)
+    if not support_penalty >= 0:
+        raise InputError(f"expected a number >= 0, got {support_penalty}", "--support-penalty")
+    twin = Twin.load(twin_dir)
+    held = load_log(log, None)[0] if log is not None else None
+    validation = Twin.load(validate_on) if validate_on is not None else None
+    opts: dict[str, Any] = {k: v for k, v in {"n_agents": agents, "steps": episode_steps}.items() if v is not None}
+    opts["disagreement_penalty"] = support_penalty
+    res = train_policy(
+        twin, algo, steps=steps, seed=seed, out=out_dir, tensorboard_dir=tensorboard,  # type: ignore[arg-type]
+        checkpoint_every=checkpoint_every, resume=resume, action_norm_lambda=action_norm_lambda,
+        early_stop_on=validation, eval_every=eval_every, patience=patience, twin_opts=opts, progress=not as_json,
+    )
+    summary: dict[str, Any] = {"policy": str(res.path), "algorithm": algo, "steps": res.steps,
+                               "stopped_early": res.stopped_early, "best_validation_return": res.best_validation_return}
+    sel = None
+    if select:
+        from edgetwin.policies.candidates import select_export
+        from edgetwin.policies.gate import load_view
+
+        sel = select_export(twin, res.path, view=load_view(view) if view is not None else None, log=held, seed=seed,
+                            steps=episode_steps, n_agents=agents, progress=not as_json)  # fmt: skip
+        summary["selection"] = sel.to_dict()
+    if as_json:
+        emit_json(summary)
+        return
+    out.print(f"trained {algo} for {res.steps} steps" + (", stopped early" if res.stopped_early else ""))
+    if sel is not None:
+        out.print("return in the twin (mean [90 % interval], out of support), best lower bound first:")
+        for sc in sel.scores:
+            out.print(f"  {sc.name:32s} {sc.mean:.4g} [{sc.low:.4g}, {sc.high:.4g}]  {100 * sc.out_of_support:.0f} %")
+        out.print(sel.note)
+    out.print(f"policy written to {res.path}")
+
+
+@app.command("evaluate")
+def policy_evaluate(
+    policy: Annotated[str, typer.Argument(help="Exported policy directory, or 'random'.")],
+    twin_dir: Annotated[Path | None, typer.Argument(help="Twin directory (with --on twin).")] = None,
+    on: Annotated[str, typer.Option("--on", help="cluster (the emulated system) | twin.")] = "cluster",
+    episodes: Annotated[int, typer.Option(min=1, help="Episodes (independent seeds) for the confidence intervals.")] = 5,
+    agents: Annotated[int, typer.Option(min=1, help="Service groups per episode.")] = 100,
+    episode_steps: Annotated[int, typer.Option(min=1, help="Ticks per episode.")] = 96,
+    drift: Annotated[str, typer.Option(help="Cluster drift: 0d | 1d | 1w | 1m.")] = "0d",
+    kpis: Annotated[Path | None, typer.Option(help="KPI column mapping (JSON/TOML of KpiColumns fields).")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG of the KPIs here.")] = None,
+    workers: TaskWorkersOpt = 1,
+    ray: TaskRayOpt = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Score a policy on the emulated cluster or a twin.
+
+    On the cluster, KPIs with 95 % Student-t intervals over episodes. In a twin, every ensemble
+    member plays the same episodes and each KPI has its 90 % interval over members x episodes, with
+    the share of agent-steps outside the logs' support (calibrated intervals against held-out logs:
+    `edgetwin whatif --log`). Every episode is built from the seed alone (its world, and its own
+    seed for a policy that samples), so --workers and --ray do not change the numbers."""
+    import torch
+
+    from edgetwin.policies.evaluate import ArraySystem, evaluate_episodes, evaluate_on_twin, plot_results
+
+    torch.set_num_threads(1)
+    if on not in ("cluster", "twin"):
+        raise InputError(f"--on must be 'cluster' or 'twin', got {on!r}", "--on")
+    twin: Any = None
+    if on == "twin":
+        if twin_dir is None:
+            raise InputError("--on twin needs the TWIN argument", "TWIN")
+        twin = _loaded_twin(str(twin_dir))  # the episodes run in this process use the same one
+        spec = twin.spec
+    else:
+        from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
+
+        cluster = EdgeCluster(ClusterConfig(n_agents=agents, steps=episode_steps, drift=drift))
+        spec = ArraySystem(cluster, cluster.spec).spec
+    name = "random"
+    if policy != "random":
+        pol = _loaded_policy(policy)
+        name = Path(policy).name
+        if pol.spec.observation_columns != spec.observation_columns or pol.spec.action_columns != spec.action_columns:
+            raise InputError(f"the policy acts on {pol.spec.name!r}, whose columns differ from the {on}'s", policy)
+        if on == "twin":
+            from edgetwin.policies.export import check_policy_spec
+
+            check_policy_spec(pol, spec, policy)
+    if ray is not None:
+        from edgetwin.twin.parallel import check_ray
+
+        check_ray(ray)
+    make_system = _EvalSystem(on, None if twin_dir is None else str(twin_dir), agents, episode_steps, drift)
+    if twin is not None:
+        res = evaluate_on_twin(
+            _EvalPolicy(policy), make_system, len(twin.members), episodes=episodes, seed=seed,
+            kpis=_load_kpis(kpis, spec), name=name, workers=workers, ray_address=ray, progress=not as_json,
+        )  # fmt: skip
+    else:
+        res = evaluate_episodes(
+            _EvalPolicy(policy), make_system, episodes=episodes, seed=seed, kpis=_load_kpis(kpis, spec), name=name,
+            system_name=on, workers=workers, ray_address=ray, progress=not as_json,
+        )  # fmt: skip
+    if plot is not None:
+        plot_results([res], plot, title=f"{name} on {on}")
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        where = f"all {len(twin.members)} members of the twin" if twin is not None else on
+        out.print(f"{name} on {where}: {episodes} episodes, seed {seed}")
+        out.print(res.table())
+        if res.out_of_support is not None:
+            from edgetwin.policies.gate import MAX_OUT_OF_SUPPORT
+
+            beyond = res.out_of_support > MAX_OUT_OF_SUPPORT
+            out.print(f"{100 * res.out_of_support:.1f} % of the agent-steps lie outside the logs' support"
+                      + (f", above the promotion gate's {100 * MAX_OUT_OF_SUPPORT:.0f} %: the twin cannot vouch for "
+                         "these numbers" if beyond else ""))
+        if plot is not None:
+            out.print(f"plot written to {plot}")
+
+
+class _EvalPolicy:
+    """`evaluate`'s policy for one episode, ``(seed, spec) -> policy``: ``random`` seeded per episode,
+    else the exported policy, loaded once per process (a heuristic, which may sample, once per
+    episode). Picklable, for the episodes' worker processes."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+
+    def __call__(self, seed: int, spec: Any) -> Any:
+        if self.ref == "random":
+            from edgetwin.policies.heuristics import UniformRandom
+
+            return UniformRandom(spec, seed=seed)
+        from edgetwin.policies.export import load_policy
+
+        pol = _loaded_policy(self.ref)
+        return load_policy(self.ref) if pol.kind == "heuristic" else pol
+
+
+class _EvalSystem:
+    """`evaluate`'s system, fresh for each episode (the twin itself loaded once per process)."""
+
+    def __init__(self, on: str, twin_dir: str | None, agents: int, steps: int, drift: str) -> None:
+        self.on, self.twin_dir, self.agents, self.steps, self.drift = on, twin_dir, agents, steps, drift
+
+    def __call__(self, member: int | None = None) -> Any:
+        """A fresh system; in a twin, ``member`` simulates that ensemble member and counts its
+        agent-steps outside the logs' support."""
+        from edgetwin.policies.evaluate import ArraySystem, TwinSystem
+
+        if self.on == "twin":
+            assert self.twin_dir is not None
+            return TwinSystem(_loaded_twin(self.twin_dir), n_agents=self.agents, steps=self.steps, member=member,
+                              track_support=member is not None)  # fmt: skip
+        from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
+
+        cluster = EdgeCluster(ClusterConfig(n_agents=self.agents, steps=self.steps, drift=self.drift))
+        return ArraySystem(cluster, cluster.spec)
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded_twin(path: str) -> Any:
+    from edgetwin.twin.twin import Twin
+
+    return Twin.load(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded_policy(path: str) -> Any:
+    from edgetwin.policies.export import load_policy
+
+    return load_policy(path)
+
+
+
+def _whatif_inputs(
+    twin_dir: Path, scenario: list[Path] | None, kpis: Path | None, log: Path | None, spec: Path | None
+) -> tuple[Any, list[Any], list[Any], Any]:
+    """Twin, scenarios, KPI definitions (defaults + files) and the replay log of what-if commands."""
+    import torch
+
+    from edgetwin.contract.spec import REWARD_COLUMN
+    from edgetwin.twin.twin import Twin, load_log
+    from edgetwin.twin.whatif import default_kpis, kpis_from_dicts, load_kpis, load_scenarios, merge_kpis
+
+    torch.set_num_threads(1)
+    twin = Twin.load(twin_dir)
+    scenarios: list[Any] = []
+    extra: list[Any] = []
+    for path in scenario or []:
+        scenarios += load_scenarios(path)
+        doc = path.read_text()
+        if "[[kpi]]" in doc or '"kpi"' in doc:  # a scenario file may carry its KPIs
+            import tomllib
+
+            raw = json.loads(doc) if path.suffix.lower() == ".json" else tomllib.loads(doc)
+            extra += kpis_from_dicts(raw.get("kpi", []), str(path))
+    names = [s.name for s in scenarios]
+    if len(set(names)) != len(names):
+        raise InputError(f"scenario names must be unique across files, got {names}", "--scenario")
+    if kpis is not None:
+        extra += load_kpis(kpis)
+    lay = twin.layout
+    base = default_kpis(twin.spec, lay.outputs + ([] if lay.predict_reward else [REWARD_COLUMN]))
+    table = None
+    if log is not None:
+        table, _ = load_log(log, spec if spec is not None else twin.spec)
+    return twin, scenarios, merge_kpis(base, extra), table
+
+
+def _members(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"expected comma-separated member indices, got {text!r}", "--members") from None
+
+
+ScenarioOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--scenario", help="Scenario file (TOML/JSON with perturbation or scenario tables); repeatable."),
+]
+KpisOpt = Annotated[Path | None, typer.Option("--kpis", help="KPI definitions (TOML/JSON kpi tables) added to the defaults.")]
+ExogenousOpt = Annotated[
+    list[str] | None, typer.Option("--exogenous", help="Replay: a state column taken from the log at every tick; repeatable.")
+]
+MembersOpt = Annotated[str | None, typer.Option("--members", help="Ensemble members to run, e.g. 0,1,2 (default: all).")]
+
+
+@app.command("whatif")
+def whatif_cmd(
+    twin_dir: Annotated[Path, typer.Argument(help="A twin directory (from `edgetwin fit`).")],
+    policy: Annotated[
+        list[str],
+        typer.Option(
+            "--policy",
+            help="Policy directory, or logging (the twin's clone of the logging policy), logged (the log's "
+            "actions, with --log), random, heuristic:NAME (with --view); repeatable.",
+        ),
+    ],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for whatif.json/.md, PNGs and report.html.")],
+    baseline: Annotated[str | None, typer.Option("--baseline", help="Policy the others are compared with.")] = None,
+    scenario: ScenarioOpt = None,
+    kpis: KpisOpt = None,
+    log: Annotated[
+        Path | None, typer.Option("--log", help="Counterfactual replay of this log's episodes instead of generated worlds.")
+    ] = None,
+    spec: Annotated[Path | None, typer.Option(help="Spec of --log (default: beside it, else the twin's).")] = None,
+    exogenous: ExogenousOpt = None,
+    episodes: Annotated[int, typer.Option(min=1, help="Episodes per seed (replay: the last E episodes of the log).")] = 2,
+    seeds: Annotated[int, typer.Option(min=1, help="Independent seeds of worlds and response noise.")] = 2,
+    members: MembersOpt = None,
+    steps: Annotated[
+        int | None, typer.Option(min=1, help="Steps per episode (default: the twin's horizon / the log's).")
+    ] = None,
+    agents: Annotated[int | None, typer.Option("--agents", min=1, help="Agents per generated world.")] = None,
+    deterministic: Annotated[bool, typer.Option(help="Use the twin's mean responses (no response noise).")] = False,
+    oos_tolerance: Annotated[
+        float, typer.Option(help="Flag a number when more than this share of its agent-steps is out of support.")
+    ] = 0.05,
+    view: Annotated[Path | None, typer.Option(help="SchedulingView (TOML/JSON) for heuristic:NAME policies.")] = None,
+    workers: TaskWorkersOpt = 1,
+    ray: TaskRayOpt = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run policies through a twin under what-if scenarios; write a KPI report with intervals and plots."""
+    from edgetwin.policies.gate import PolicySpec, resolve_policy
+    from edgetwin.twin.report import write_report
+    from edgetwin.twin.whatif import run_whatif
+
+    if not 0.0 <= oos_tolerance <= 1.0:
+        raise InputError(f"expected a share between 0 and 1, got {oos_tolerance}", "--oos-tolerance")
+    out_dir_arg(out_dir)
+    if ray is not None:
+        from edgetwin.twin.parallel import check_ray
+
+        check_ray(ray)
+    twin, scenarios, kpi_defs, table = _whatif_inputs(twin_dir, scenario, kpis, log, spec)
+    refs = list(policy)
+    if baseline is not None and baseline not in refs:
+        refs.insert(0, baseline)
+    pols: list[PolicySpec] = []
+    for ref in refs:
+        p = resolve_policy(ref, twin, view=view)
+        if p.name in [q.name for q in pols]:
+            raise InputError(f"policy {ref!r} is given twice (or two policies share the name {p.name!r})", "--policy")
+        pols.append(p)
+    base_name = None if baseline is None else pols[refs.index(baseline)].name
+    result = run_whatif(
+        twin, pols, scenarios, baseline=base_name, kpis=kpi_defs, episodes=episodes, seeds=seeds, seed=seed,
+        members=_members(members), steps=steps, n_agents=agents, stochastic=not deterministic, log=table,
+        exogenous=exogenous or (), oos_tolerance=oos_tolerance, progress=not as_json, workers=workers, ray_address=ray,
+    )  # fmt: skip
+    files = write_report(result, out_dir, title=f"What-if report: {', '.join(result.policies)}")
+    if as_json:
+        doc = result.to_dict()
+        doc["files"] = {k: str(v) for k, v in files.items()}
+        emit_json(doc)
+        return
+    flagged = sum(
+        result.summary(p, s.name, k.name)["flagged"] for p in result.policies for s in result.scenarios for k in result.kpis
+    )
+    out.print(
+        f"{len(result.policies)} policies x {len(result.scenarios)} scenarios x {result.settings['replicates']} worlds x "
+        f"{len(result.settings['members'])} members; {flagged} numbers flagged as outside the logs' support"
+    )
+    out.print(f"report: {files['html']}\ntables: {files['markdown']}")
+
+
+@app.command("promote")
+def promote_cmd(
+    policy: Annotated[str, typer.Argument(help="Exported policy directory (or a version already in the registry).")],
+    registry: RegistryOpt,
+    log: Annotated[Path, typer.Option("--log", help="Recent log of the real system: the traffic replayed in the twin.")],
+    twin_dir: Annotated[Path, typer.Option("--twin", help="Twin directory to replay in.")],
+    key: Annotated[
+        Path, typer.Option("--key", envvar="EDGETWIN_SIGNING_KEY", help="Ed25519 private key (PEM) that signs the artifact.")
+    ],
+    against: Annotated[
+        str,
+        typer.Option(
+            "--against",
+            help="auto (the scope's current version, else global's, else the logging policy), a registry "
+            "version, a policy directory or a built-in (logging, random).",
+        ),
+    ] = "auto",
+    scope: Annotated[str, typer.Option("--scope", help="global, cluster/NAME or site/NAME.")] = "global",
+    scenario: ScenarioOpt = None,
+    max_regression: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--max-regression",
+            help="Guarded KPI and its margin: KPI=0.05, KPI=5% or KPI=0.05:ABS; repeatable "
+            "(default: every KPI with a direction, at --default-margin).",
+        ),
+    ] = None,
+    default_margin: Annotated[float, typer.Option(help="Margin of the default guards (a fraction).")] = 0.05,
+    kpis: KpisOpt = None,
+    spec: Annotated[Path | None, typer.Option(help="Spec of --log (default: beside it, else the twin's).")] = None,
+    exogenous: ExogenousOpt = None,
+    episodes: Annotated[int, typer.Option(min=1, help="Recorded episodes replayed (the last ones of the log).")] = 4,
+    seeds: Annotated[int, typer.Option(min=1, help="Response-noise seeds per episode.")] = 1,
+    members: MembersOpt = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="Replay at most this many steps per episode.")] = None,
+    trust: Annotated[
+        list[Path] | None, typer.Option("--trust", help="More trusted public keys for fetching versions (default: --key's).")
+    ] = None,
+    refuse_out_of_support: Annotated[
+        bool, typer.Option(help="Refuse (instead of abstaining) when a guarded number rests on states outside the logs' support.")
+    ] = False,
+    max_out_of_support: Annotated[
+        float, typer.Option(help="Abstain when more than this share of a number's agent-steps lie outside the logs' support.")
+    ] = 0.25,
+    force: Annotated[bool, typer.Option("--force", help="Promote even if the gate refuses or abstains (recorded in the metadata).")] = False,
+    name: Annotated[str | None, typer.Option(help="Policy name in the registry.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for the gate's report.")] = Path("promotion-report"),
+    bucket: BucketOpt = "edgetwin",
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay POLICY and the current version in the twin on recent traffic and what-ifs; promote
+    (publish signed + move the scope's pointer with compare-and-swap) only if no guarded KPI regresses,
+    judged by the twin's calibrated 90 % intervals (calibrated on the log's own actions).
+
+    Exit 1 with the KPIs that regressed (margin, interval) when the gate refuses; exit 3 with the reason
+    when it abstains (an interval straddles a margin, or the candidate's rollout lies outside the logs'
+    support); nothing is published then. --json says which KPIs drove the verdict.
+    """
+    from edgetwin.edge.registry import check_scope, metadata_from_policy_dir, open_registry
+    from edgetwin.edge.signing import Signer, TrustStore
+    from edgetwin.policies.gate import GateAbstained, parse_guards, promote
+
+    check_scope(scope)
+    if not default_margin >= 0:  # also catches NaN
+        raise InputError(f"expected a fraction >= 0, got {default_margin}", "--default-margin")
+    if not 0.0 <= max_out_of_support <= 1.0:
+        raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
+    guards = parse_guards(max_regression or [])
+    out_dir_arg(out_dir)
+    signer = Signer.from_pem(key)
+    store = TrustStore.from_paths(trust) if trust else TrustStore()
+    store.add(signer.public_key)
+    twin, scenarios, kpi_defs, table = _whatif_inputs(twin_dir, scenario, kpis, log, spec)
+    base_md = metadata_from_policy_dir(policy) if Path(policy).is_dir() else {}
+    with open_registry(registry, bucket=bucket) as reg:
+        try:
+            result = promote(
+                policy, reg, twin=twin, log=table, signer=signer, trust=store, scope=scope, against=against,
+                scenarios=scenarios, guards=guards or None, default_margin=default_margin, kpis=kpi_defs,
+                episodes=episodes, seeds=seeds, seed=seed, members=_members(members), steps=steps,
+                exogenous=exogenous or (), refuse_out_of_support=refuse_out_of_support,
+                max_out_of_support=max_out_of_support, force=force, out_dir=out_dir, name=name, metadata=base_md,
+                progress=not as_json,
+            )  # fmt: skip
+        except (GateRefused, GateAbstained) as e:
+            if as_json and hasattr(e, "result"):
+                emit_json(e.result.to_dict())
+            raise
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    verdict = "passed" if result.decision.passed else f"{result.decision.verdict.upper()}, overridden with --force"
+    out.print(
+        f"gate {verdict}: {result.decision.reason()}\npromoted {result.version} to {scope} "
+        f"(was {result.previous}); report: {result.report['html']}"
+    )
+
+

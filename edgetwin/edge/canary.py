@@ -1,0 +1,495 @@
+"""A canary at the edge: its order, its run (slice router + guard + log) and its result.
+
+`EdgeRuntime.start_canary(CanaryConfig)` fetches the candidate version from the registry (verified
+like any version), and from then on `EdgeRuntime.decide_for` serves each row by its group's arm
+(`edgetwin.edge.canary_slice`): the candidate on the candidate arm, the current policy elsewhere.
+Whoever observes the outcomes (the emulated cluster's driver, `edgetwin.edge.canary_emulated`, or
+a site's collector) hands each tick's rows back with `EdgeRuntime.canary_report`; those rows are
+the canary's log: ordinary rows of the log contract, with ``policy`` (the registry version that
+made the decision) and ``propensity`` (as docs/log-format.md defines it: the probability or
+density of the logged action under that policy, given what it saw, where the policy says it
+(`edgetwin.contract.policy.LoggingPolicy`); for a deterministic policy 1 with discrete actions,
+empty (unknown) with continuous ones). Which arm a group was randomized to, and with what
+probability, is the plan's (`CanarySlice.treat_share`, `RoutedDecision.assignment`): a group keeps
+its arm for the whole canary, so the rows of the two arms are a randomized trial.
+
+**Durability.** Every reported tick is written to a spool segment (Parquet, in the runtime's cache
+directory) *before* `canary_report` returns, and only then shipped: over a bus as a durable
+``canary_log`` message (JetStream on NATS; de-duplicated by its id ``<canary>-<seq>`` when a
+retry re-sends it), a segment marked shipped once the bus acknowledged it. If the link fails, the
+canary stops at once (``link``: nobody can watch it) and the slice returns to the current policy;
+the unshipped segments are re-sent when the bus works again, or by the next runtime started on the
+same cache directory (``runtime``: a runtime that died mid-canary restarts on the current policy;
+the canary is never resumed). So a canary killed mid-way loses no row it reported.
+
+The cloud side reads the log with `CanaryLogCollector` (a durable subscription on
+``edgetwin.canary.log.>``), which keeps each segment once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from edgetwin.contract.errors import InputError
+from edgetwin.edge.bus import Received, Subjects
+from edgetwin.edge.canary_guard import CanaryGuard, GuardStop
+from edgetwin.edge.canary_slice import CanarySlice, SliceRouter
+from edgetwin.edge.kpi_watch import KPIMargin
+from edgetwin.edge.messages import Envelope, KindSchema, register_kind
+
+__all__ = [
+    "STOP_REASONS",
+    "Canary",
+    "CanaryConfig",
+    "CanaryLogCollector",
+    "CanaryResult",
+    "RoutedDecision",
+    "canary_log_subject",
+    "read_spool",
+]
+
+log = logging.getLogger("edgetwin.runtime")
+
+#: why a canary ended: it ran its hours; the guard stopped it; the link (bus) failed; an operator
+#: stopped it; the runtime stopped (or died) before it ended; the current policy changed meanwhile
+STOP_REASONS = ("completed", "guard", "link", "operator", "runtime", "swapped")
+
+#: columns every reported canary row must have (besides the guarded KPIs)
+_REQUIRED = ("episode", "t", "agent", "site", "policy", "propensity")
+
+
+def canary_log_subject(site: str) -> str:
+    """Where ``site``'s runtime ships its canary log (durable)."""
+    Subjects.decision(site)  # a valid subject token
+    return f"{Subjects.PREFIX}.canary.log.{site}"
+
+
+register_kind(
+    "canary_log",
+    KindSchema(required={"site": str, "canary": str, "seq": int}, tensors=("parquet",)),
+)
+
+
+# ------------------------------------------------------------------------------------- the order
+@dataclasses.dataclass(frozen=True)
+class CanaryConfig:
+    """What a canary is asked to do.
+
+    Attributes:
+        candidate: the registry version served to the candidate arm (published and signed).
+        slice: the service groups / sites taking part, and the candidate's share of them.
+        hours: how long it runs (in the system's time: ticks of ``tick_seconds``).
+        margins: the guarded KPIs and how far each may regress (relative to the control arm).
+        alpha: the chance that the guard stops a canary whose candidate is within its margins.
+        tick_seconds: the length of one reported tick (the emulated cluster's: 900 s).
+        batch, min_reports: the guard's (`CanaryGuard`).
+        pre_ticks: ticks at the start during which every group is still served the current policy:
+            each group's KPI means over them are its own baseline, which explains most of how
+            groups differ (`Canary.composition`). Groups differ far more than policies do (on the
+            emulated cluster the spread of groups' SLO violation is ~0.3 while policies move its
+            mean by ~0.05), so without it the guard's composition term swamps any effect. The
+            canary runs ``pre_ticks`` + its hours' ticks. 0: no baseline (every group judged).
+        canary_id: a name for logs and the bus (default: a hash of everything above).
+    """
+
+    candidate: str
+    slice: CanarySlice
+    hours: float
+    margins: tuple[KPIMargin, ...]
+    alpha: float = 0.05
+    tick_seconds: float = 900.0
+    batch: int = 4
+    min_reports: int = 8
+    pre_ticks: int = 4
+    canary_id: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "margins", tuple(self.margins))
+        if not self.candidate:
+            raise InputError("a canary needs a candidate version", where="canary")
+        if not (math.isfinite(self.hours) and self.hours > 0):
+            raise InputError(f"a canary's hours must be > 0, got {self.hours}", where="canary")
+        if not (math.isfinite(self.tick_seconds) and self.tick_seconds > 0):
+            raise InputError(f"tick_seconds must be > 0, got {self.tick_seconds}", where="canary")
+        if not self.margins:
+            raise InputError("a canary needs at least one guarded KPI (margins)", where="canary")
+        if int(self.pre_ticks) < 0:
+            raise InputError(f"pre_ticks must be >= 0, got {self.pre_ticks}", where="canary")
+        if not self.canary_id:
+            doc = json.dumps(
+                {"candidate": self.candidate, "slice": self.slice.to_dict(), "hours": self.hours,
+                 "margins": [dataclasses.asdict(m) for m in self.margins], "alpha": self.alpha},
+                sort_keys=True,
+            )  # fmt: skip
+            object.__setattr__(self, "canary_id", "c" + hashlib.sha256(doc.encode()).hexdigest()[:12])
+        Subjects.decision(self.canary_id)  # a subject token: it names the bus messages
+
+    @property
+    def ticks(self) -> int:
+        """Ticks the candidate is served for (at least one), after the ``pre_ticks``."""
+        return max(1, math.ceil(self.hours * 3600.0 / self.tick_seconds - 1e-9))
+
+    @property
+    def total_ticks(self) -> int:
+        return self.ticks + int(self.pre_ticks)
+
+    @classmethod
+    def from_plan(cls, plan: Any, candidate: str, spec: Any = None, **overrides: Any) -> CanaryConfig:
+        """From a canary *plan* (e.g. `edgetwin.policies`' plan): any object with ``hours``,
+        ``margins`` (`KPIMargin`s, ``"kpi<=+5%"`` strings, or objects with ``kpi``,
+        ``max_regression`` and optionally ``min_delta`` / ``higher_is_better``, such as the gate's
+        guards: their direction then comes from ``spec``'s reward weights, a cost when the reward
+        does not weigh the KPI) and either ``slice`` (a
+        `CanarySlice`, or any object with those lists) or ``agents`` / ``sites`` / ``scenarios`` lists
+        (and optionally ``treat_share``, ``seed``)."""
+        sl = getattr(plan, "slice", None)
+        if not isinstance(sl, CanarySlice):
+            src = sl if sl is not None else plan  # a slice object of another module, or the plan itself
+            sl = CanarySlice(
+                tuple(getattr(src, "agents", ()) or ()), tuple(getattr(src, "sites", ()) or ()),
+                float(getattr(src, "treat_share", getattr(plan, "treat_share", 0.5))),
+                int(getattr(src, "seed", getattr(plan, "seed", 0))),
+                tuple(getattr(src, "scenarios", ()) or ()),
+            )  # fmt: skip
+        margins = tuple(_margin(m, spec) for m in getattr(plan, "margins", ()))
+        kw: dict[str, Any] = {"candidate": candidate, "slice": sl, "hours": float(plan.hours), "margins": margins}
+        for f in ("alpha", "tick_seconds"):
+            if getattr(plan, f, None) is not None:
+                kw[f] = getattr(plan, f)
+        kw.update(overrides)
+        return cls(**kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutedDecision:
+    """Actions for N rows and who made them.
+
+    Attributes:
+        actions: (N, A) float64, spec units, shielded.
+        policy: (N,) the registry version that decided each row.
+        propensity: (N,) the probability / density of each row's action under its policy (NaN:
+            unknown; see the module docstring).
+        arm: (N,) ``"candidate"`` / ``"control"`` / ``"fleet"`` (all ``"fleet"`` with no canary).
+        assignment: (N,) the probability of the row's arm given its group (1 outside the slice).
+    """
+
+    actions: np.ndarray
+    policy: np.ndarray
+    propensity: np.ndarray
+    arm: np.ndarray
+    assignment: np.ndarray
+
+
+@dataclasses.dataclass
+class CanaryResult:
+    """What a canary did.
+
+    Attributes:
+        canary_id, candidate, current: who took part; run_id: this run of it (the key of its
+            log on the bus and in the spool).
+        stop_reason: one of `STOP_REASONS`.
+        guard_stop: the guard's `GuardStop` when ``stop_reason == "guard"``.
+        ticks: ticks reported; ``planned_ticks``: ticks it was to run.
+        log: the canary's rows (the log contract, ``policy`` / ``propensity`` included), in order.
+        intervals: the guard's confidence sequences at the end (per KPI: estimate, lower, upper).
+        arms: groups per arm among the reported rows.
+    """
+
+    canary_id: str
+    run_id: str
+    candidate: str
+    current: str
+    stop_reason: str
+    guard_stop: GuardStop | None
+    ticks: int
+    planned_ticks: int
+    log: pd.DataFrame
+    intervals: dict[str, dict[str, float]]
+    arms: dict[str, int]
+
+    @property
+    def stopped_by_guard(self) -> bool:
+        return self.stop_reason == "guard"
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able, without the log."""
+        return {
+            "canary": self.canary_id, "run": self.run_id, "candidate": self.candidate, "current": self.current,
+            "stop_reason": self.stop_reason, "ticks": self.ticks, "planned_ticks": self.planned_ticks,
+            "rows": len(self.log), "arms": self.arms, "intervals": self.intervals,
+            "guard_stop": self.guard_stop.to_dict() if self.guard_stop else None,
+        }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- the run
+def _margin(m: Any, spec: Any) -> KPIMargin:
+    if isinstance(m, KPIMargin):
+        return m
+    if isinstance(m, str):
+        return KPIMargin.parse(m, where="canary plan")
+    kpi = getattr(m, "kpi", None)
+    if not isinstance(kpi, str):
+        raise InputError(f"a canary plan's margin must name a KPI, got {m!r}", where="canary plan")
+    hib = getattr(m, "higher_is_better", None)
+    if hib is None:
+        weights = getattr(spec, "reward_weights", None) or {}
+        hib = float(weights.get(kpi, 0.0)) > 0
+    return KPIMargin(kpi, higher_is_better=bool(hib), max_regression=float(m.max_regression),
+                     min_delta=float(getattr(m, "min_delta", 0.0)))  # fmt: skip
+
+
+def _segment_bytes(rows: pd.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    rows.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class Canary:
+    """One canary in a runtime: routes rows, keeps its spooled log, feeds its guard.
+
+    Args:
+        config: the order.
+        current: the current policy's version (served to the control and fleet arms).
+        spool_dir: where its log segments are written before they are shipped.
+    """
+
+    def __init__(self, config: CanaryConfig, current: str, spool_dir: Path) -> None:
+        self.config = config
+        self.current = current
+        self.router = SliceRouter(config.slice, config.candidate, current)
+        self.guard = CanaryGuard(
+            config.margins, alpha=config.alpha, t_star=config.ticks, batch=config.batch,
+            min_reports=config.min_reports,
+        )  # fmt: skip
+        # One run of a canary: the same order run twice is two runs (two spools, and bus message
+        # ids that JetStream's de-duplication does not confuse).
+        self.run_id = f"{config.canary_id}-{uuid.uuid4().hex[:8]}"
+        self.dir = Path(spool_dir) / self.run_id
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.dir / "canary.json", json.dumps(
+            {"canary": config.canary_id, "run": self.run_id, "candidate": config.candidate, "current": current}
+        ).encode())  # fmt: skip
+        self.ticks = 0
+        self.seq = 0
+        self.stop_reason: str | None = None
+        self.guard_stop: GuardStop | None = None
+        self._arm_groups: dict[str, set[str]] = {"candidate": set(), "control": set(), "fleet": set()}
+        # per (arm, group): rows and the sum of each guarded KPI, for the composition's spread
+        self._group_sums: dict[tuple[str, str], np.ndarray] = {}
+        self._pre_sums: dict[str, np.ndarray] = {}  # group -> rows, sum of each KPI during pre_ticks
+
+    @property
+    def active(self) -> bool:
+        """The canary runs (not stopped); the candidate is served once `in_pre_period` is over."""
+        return self.stop_reason is None
+
+    @property
+    def in_pre_period(self) -> bool:
+        """Every group is still on the current policy (its baseline is being measured)."""
+        return self.ticks < int(self.config.pre_ticks)
+
+    def stop(self, reason: str) -> None:
+        if reason not in STOP_REASONS:
+            raise ValueError(reason)
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            _atomic_write(self.dir / "stopped.json", json.dumps({"reason": reason}).encode())
+
+    def record(self, rows: pd.DataFrame) -> tuple[int, GuardStop | None]:
+        """Spool one tick's rows (durably, first) and feed the guard; returns (segment seq, stop).
+
+        Raises:
+            InputError: rows missing a contract column or a guarded KPI, or naming a policy that
+                is neither the candidate nor the current one.
+        """
+        missing = [c for c in (*_REQUIRED, *(m.kpi for m in self.config.margins)) if c not in rows.columns]
+        if missing:
+            raise InputError(f"canary rows lack column(s) {missing}", where=f"canary {self.config.canary_id}")
+        bad = sorted(set(rows["policy"].astype(str)) - {self.config.candidate, self.current})
+        if bad:
+            raise InputError(
+                f"canary rows name policies {bad}, expected {self.config.candidate!r} or {self.current!r}",
+                where=f"canary {self.config.canary_id}",
+            )
+        self.seq += 1
+        seg = self.dir / f"seg-{self.seq:06d}.parquet"
+        _atomic_write(seg, _segment_bytes(rows.reset_index(drop=True)))
+        self.ticks += 1
+        scen = rows["scenario"].astype(str).tolist() if "scenario" in rows.columns else None
+        arms = self.router.arms(rows["agent"].astype(str).tolist(), rows["site"].astype(str).tolist(), scen)
+        for a in ("candidate", "control", "fleet"):
+            self._arm_groups[a].update(rows["agent"].astype(str)[arms == a])
+        stop = None
+        kpis = [m.kpi for m in self.config.margins]
+        if self.ticks <= int(self.config.pre_ticks):  # this tick was served before the candidate
+            vals = rows[kpis].to_numpy(dtype=np.float64)
+            for i, agent in enumerate(rows["agent"].astype(str)):
+                acc = self._pre_sums.setdefault(agent, np.zeros(len(kpis) + 1))
+                acc[0] += 1
+                acc[1:] += vals[i]
+            return self.seq, None
+        vals, keep = self._judged(rows, kpis)
+        arms_k = arms[keep]
+        cand_m, ctrl_m = arms_k == "candidate", arms_k == "control"
+        self._add_group_sums(rows[keep], arms_k, vals)
+        if self.active:
+            if cand_m.any() and ctrl_m.any():
+                cand = {k: float(vals[cand_m, j].mean()) for j, k in enumerate(kpis)}
+                ctrl = {k: float(vals[ctrl_m, j].mean()) for j, k in enumerate(kpis)}
+                stop = self.guard.observe(cand, ctrl, self.composition())
+            if stop is not None:
+                self.guard_stop = stop
+                self.stop("guard")
+            elif self.ticks >= self.config.total_ticks:
+                self.stop("completed")
+        return self.seq, stop
+
+    def _judged(self, rows: pd.DataFrame, kpis: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(rows kept x KPIs) values, and the kept-row mask: groups with no pre-period rows have
+        no baseline and are not judged (all rows when ``pre_ticks`` is 0)."""
+        vals = rows[kpis].to_numpy(dtype=np.float64)
+        if int(self.config.pre_ticks) == 0:
+            return vals, np.ones(len(rows), dtype=bool)
+        keep = rows["agent"].astype(str).map(lambda a: a in self._pre_sums).to_numpy(dtype=bool)
+        return vals[keep], keep
+
+    def _add_group_sums(self, rows: pd.DataFrame, arms: np.ndarray, vals: np.ndarray) -> None:
+        kpis = [m.kpi for m in self.config.margins]
+        for i, (agent, arm) in enumerate(zip(rows["agent"].astype(str), arms, strict=True)):
+            if arm == "fleet":
+                continue
+            acc = self._group_sums.get((arm, agent))
+            if acc is None:
+                acc = self._group_sums[(arm, agent)] = np.zeros(len(kpis) + 1)
+            acc[0] += 1
+            acc[1:] += vals[i]
+
+    def composition(self) -> dict[str, tuple[float, float]]:
+        """Per guarded KPI, what the arms' composition contributes to the candidate's measured
+        worsening: ``(offset, se)`` in the KPI's units.
+
+        Each group ``i`` has its canary mean ``y_i`` and (with ``pre_ticks``) its pre-canary mean
+        ``x_i``. ``theta`` = the least-squares slope of ``y`` on ``x`` over the *control* groups
+        (the candidate does not touch them; 0 without a baseline or with < 3 of them); the offset
+        is ``theta * (mean x over candidate groups - mean x over control groups)``, oriented as a
+        worsening, and ``se = sqrt(s_c^2 / n_c + (1 + r)^2 s_0^2 / n_0)`` with ``s^2`` the spread
+        of ``y_i - theta x_i`` within each arm and ``r`` the KPI's relative margin (the margin moves
+        with the control's mean): the part of the composition the baselines do not explain
+        (CUPED; Deng et al. 2013). se is inf with fewer than 2 groups in an arm.
+        """
+        out = {}
+        for j, m in enumerate(self.config.margins):
+            groups = {arm: ([], []) for arm in ("candidate", "control")}  # type: dict[str, tuple[list[float], list[float]]]
+            for (arm, agent), acc in self._group_sums.items():
+                pre = self._pre_sums.get(agent)
+                groups[arm][0].append(acc[1 + j] / acc[0])
+                groups[arm][1].append(pre[1 + j] / pre[0] if pre is not None else 0.0)
+            yc, xc = (np.asarray(v) for v in groups["control"])
+            yt, xt = (np.asarray(v) for v in groups["candidate"])
+            theta = 0.0
+            if int(self.config.pre_ticks) > 0 and len(xc) >= 3 and float(np.var(xc)) > 0:
+                theta = float(np.cov(xc, yc, ddof=1)[0, 1] / np.var(xc, ddof=1))
+            if len(yc) < 2 or len(yt) < 2:
+                out[m.kpi] = (0.0, math.inf)
+                continue
+            comp = theta * (float(xt.mean()) - float(xc.mean()))  # candidate minus control, KPI units
+            offset = -comp if m.higher_is_better else comp
+            rt, rc = yt - theta * xt, yc - theta * xc
+            se = math.sqrt(float(np.var(rt, ddof=1)) / len(rt)
+                           + (1.0 + m.max_regression) ** 2 * float(np.var(rc, ddof=1)) / len(rc))  # fmt: skip
+            out[m.kpi] = (offset, se)
+        return out
+
+    def unshipped(self) -> list[Path]:
+        return unshipped_segments(self.dir)
+
+    def result(self) -> CanaryResult:
+        return CanaryResult(
+            canary_id=self.config.canary_id, run_id=self.run_id, candidate=self.config.candidate, current=self.current,
+            stop_reason=self.stop_reason or "runtime", guard_stop=self.guard_stop, ticks=self.ticks,
+            planned_ticks=self.config.total_ticks, log=read_spool(self.dir), intervals=self.guard.intervals(),
+            arms={k: len(v) for k, v in self._arm_groups.items()},
+        )  # fmt: skip
+
+
+def unshipped_segments(canary_dir: Path) -> list[Path]:
+    """Spooled segments of one canary that no bus has acknowledged yet, in order."""
+    return sorted(p for p in canary_dir.glob("seg-*.parquet") if not p.with_suffix(".shipped").exists())
+
+
+def read_spool(canary_dir: str | Path) -> pd.DataFrame:
+    """A canary's log from its spool directory (every reported row, shipped or not), in order."""
+    segs = sorted(Path(canary_dir).glob("seg-*.parquet"))
+    if not segs:
+        return pd.DataFrame()
+    return pd.concat([pd.read_parquet(p) for p in segs], ignore_index=True)
+
+
+def segment_envelope(site: str, run_id: str, seg: Path, sender: str) -> Envelope:
+    """The ``canary_log`` message of one spooled segment of canary run ``run_id`` (its id makes a
+    re-send a duplicate)."""
+    seq = int(seg.stem.split("-")[1])
+    data = np.frombuffer(seg.read_bytes(), dtype=np.uint8)
+    return Envelope(
+        kind="canary_log", sender=sender, payload={"site": site, "canary": run_id, "seq": seq},
+        tensors={"parquet": data}, msg_id=f"{run_id}-{seq}",
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- the cloud side
+class CanaryLogCollector:
+    """Collects canary logs shipped by runtimes (call `handle` from a bus subscription).
+
+    Each (site, canary run, seq) is kept once, however often it is delivered; `log` assembles a
+    canary run's rows in order (``run_id``: `CanaryResult.run_id`).
+    """
+
+    def __init__(self) -> None:
+        self.segments: dict[tuple[str, str], dict[int, pd.DataFrame]] = {}
+        self.duplicates = 0
+
+    async def handle(self, rcv: Received) -> None:
+        env = rcv.envelope
+        if env.kind != "canary_log":
+            return
+        key = (str(env.payload["site"]), str(env.payload["canary"]))
+        seq = int(env.payload["seq"])
+        got = self.segments.setdefault(key, {})
+        if seq in got:
+            self.duplicates += 1
+            return
+        got[seq] = pd.read_parquet(io.BytesIO(np.asarray(env.tensors["parquet"], dtype=np.uint8).tobytes()))
+
+    async def subscribe(self, bus: Any, durable_name: str = "canary-collector") -> Any:
+        """A durable subscription on every site's canary log."""
+        return await bus.subscribe_durable(f"{Subjects.PREFIX}.canary.log.>", durable_name, self.handle)
+
+    def rows(self, site: str, run_id: str) -> int:
+        return sum(len(df) for df in self.segments.get((site, run_id), {}).values())
+
+    def seqs(self, site: str, run_id: str) -> list[int]:
+        return sorted(self.segments.get((site, run_id), {}))
+
+    def log(self, site: str, run_id: str) -> pd.DataFrame:
+        segs = self.segments.get((site, run_id), {})
+        if not segs:
+            return pd.DataFrame()
+        return pd.concat([segs[k] for k in sorted(segs)], ignore_index=True)

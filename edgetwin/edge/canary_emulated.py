@@ -1,0 +1,237 @@
+"""Run a canary on the emulated cluster ("the real system") through a real edge runtime.
+
+`run_emulated_canary` drives a running `EdgeRuntime`: each tick the cluster's observations go to
+`EdgeRuntime.decide_for` (the slice's candidate arm gets the candidate, everyone else the current
+policy), the cluster steps, and the tick's rows of the slice (the log contract, with ``policy`` and
+``propensity``) go back through `EdgeRuntime.canary_report`, which spools, ships and guards them.
+When the guard stops the canary, the rest of the hours run on the current policy and are not
+part of the canary's log.
+
+`canary_on_cluster` does the whole set-up for a caller that holds policies rather than a site
+(the closed loop of ``edgetwin promote --canary``, the demo, benchmarks): a signed registry in a
+temporary directory with the current policy promoted at the site and the candidate published, an
+in-process bus with a `CanaryLogCollector` on it (so the log takes the same path as over NATS), a
+runtime, the canary, and the log as the collector received it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.manifest import write_manifest
+from edgetwin.edge.canary import CanaryConfig, CanaryLogCollector, CanaryResult
+from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, check_actions
+from edgetwin.emulator.logs import episode_seed
+from edgetwin.emulator.population import SCENARIOS
+
+__all__ = ["canary_on_cluster", "run_emulated_canary"]
+
+
+def _rows(
+    cluster: EdgeCluster, episode: Any, t: int, obs: np.ndarray, actions: np.ndarray, info: dict[str, Any],
+    reward: np.ndarray, policy: np.ndarray, propensity: np.ndarray, keep: np.ndarray,
+) -> pd.DataFrame:  # fmt: skip
+    """One tick's rows in the log contract (the rows of ``keep`` only)."""
+    spec = cluster.spec
+    data: dict[str, Any] = {
+        "episode": np.full(int(keep.sum()), episode, dtype=object if isinstance(episode, str) else np.int64),
+        "t": np.full(int(keep.sum()), t, dtype=np.int64),
+        "agent": cluster.agent_ids[keep],
+        "scenario": np.array(SCENARIOS, dtype=object)[cluster.scenario[keep]],
+        "site": np.array(cluster.site_names, dtype=object)[cluster.home[keep]],
+    }
+    for j, c in enumerate(spec.observation_columns):
+        data[c] = obs[keep, j]
+    for j, c in enumerate(spec.action_columns):
+        data[c] = actions[keep, j]
+    for j, c in enumerate(spec.names("response")):
+        data[c] = info["responses"][keep, j]
+    for j, c in enumerate(spec.names("kpi")):
+        data[c] = info["kpis"][keep, j]
+    data["reward"] = reward[keep]
+    data["policy"] = policy[keep].astype(str)
+    data["propensity"] = propensity[keep]
+    return pd.DataFrame(data)
+
+
+def run_emulated_canary(
+    runtime: Any,
+    config: CanaryConfig,
+    cluster: ClusterConfig | EdgeCluster,
+    *,
+    seed: int = 0,
+    day: float | None = None,
+    episode: int | str = 0,
+    timeout: float = 120.0,
+) -> CanaryResult:
+    """Run ``config`` on the emulated cluster through ``runtime`` (running in its own thread,
+    `EdgeRuntime.running_in_thread`) for ``config.hours`` of one episode.
+
+    Args:
+        runtime: the site's `EdgeRuntime`, serving the current policy.
+        config: the canary; its ``tick_seconds`` must be the cluster's tick.
+        cluster: the emulated system (a fresh population is sampled from ``seed``).
+        seed: the episode's seed (`episode_seed(seed, 0)` is used, as `generate_logs` does).
+        day: the day of the carbon series (default the config's start day).
+        episode: the ``episode`` value written in the log.
+
+    Returns:
+        The `CanaryResult` (its log: the slice's rows while the canary ran).
+    """
+    em = cluster if isinstance(cluster, EdgeCluster) else EdgeCluster(cluster)
+    if abs(em.dt - config.tick_seconds) > 1e-9:
+        raise InputError(f"the canary's tick is {config.tick_seconds} s but the cluster's is {em.dt} s", "canary")
+    if config.total_ticks > em.steps:
+        raise InputError(
+            f"the canary runs {config.total_ticks} ticks ({config.pre_ticks} before the candidate, then "
+            f"{config.hours} h) but an episode of the cluster has {em.steps}",
+            where="canary",
+        )
+    loop = runtime._loop
+    if loop is None:
+        raise InputError("start the runtime first (EdgeRuntime.running_in_thread)", where="canary")
+    asyncio.run_coroutine_threadsafe(runtime.start_canary(config), loop).result(timeout)
+    canary = runtime.canary
+    obs = em.reset(seed=episode_seed(seed, 0), day=day)
+    scen = np.array(SCENARIOS, dtype=object)[em.scenario]
+    sites = np.array(em.site_names, dtype=object)[em.home]
+    in_slice = canary.router.arms(em.agent_ids.tolist(), sites.tolist(), scen.tolist()) != "fleet"
+    if not in_slice.any():
+        runtime.stop_canary("operator")
+        raise InputError(f"no service group of the cluster is in the canary's slice {config.slice.to_dict()}", "canary")
+    for t in range(em.steps):
+        if not canary.active:
+            break
+        d = runtime.decide_for(obs, em.agent_ids, sites, scen)
+        actions = check_actions(d.actions, em.n)
+        new_obs, reward, done, info = em.step(actions)
+        runtime.canary_report(_rows(em, episode, t, obs, actions, info, reward, d.policy, d.propensity, in_slice))
+        obs = new_obs
+        if done:
+            break
+    if canary.active:
+        runtime.stop_canary("completed" if canary.ticks >= config.total_ticks else "operator")
+    return runtime.canary_result()
+
+
+def _stub_dir(root: Path, name: str, spec: Any) -> Path:
+    """A sealed directory standing for an in-process policy (its name only; nothing to execute)."""
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "policy.json").write_text(json.dumps({"format": "edgetwin-inprocess/1", "name": name}))
+    spec.save(d / "spec.toml")
+    write_manifest(d, "policy", require=("policy.json",))
+    return d
+
+
+def canary_on_cluster(
+    cluster: ClusterConfig,
+    current: Any,
+    candidate: Any,
+    config: CanaryConfig,
+    *,
+    seed: int = 0,
+    day: float | None = None,
+    episode: int | str = 0,
+    site: str = "edge",
+    workdir: str | Path | None = None,
+) -> CanaryResult:
+    """Set up a site around ``current`` and ``candidate`` and run ``config`` on the emulated cluster.
+
+    Args:
+        cluster: the emulated system.
+        current, candidate: each an exported policy directory (loaded by
+            `edgetwin.policies.load_policy`, verified and signed like any version) or an
+            in-process policy object with ``act(obs) -> actions`` (published as a sealed stub
+            that the runtime's loader maps back to the object: for callers in this process only).
+        config: the canary; ``config.candidate`` names the candidate's registry version
+            (the current one is published as ``"current"``; the names must differ).
+        seed, day, episode: see `run_emulated_canary`.
+        site: the runtime's site name.
+        workdir: where the registry and the runtime's spool go (a temporary directory by default).
+
+    Returns:
+        The `CanaryResult`; its ``log`` is the log as the collector received it over the bus
+        (equal to the runtime's spool: a test checks it).
+    """
+    from edgetwin.edge.registry import FileRegistry, metadata_from_policy_dir
+    from edgetwin.edge.runtime import EdgeRuntime
+    from edgetwin.edge.signing import Signer, TrustStore
+
+    if config.candidate == "current":
+        raise InputError("the candidate's version may not be named 'current'", where="canary")
+    em_spec = EdgeCluster(cluster).spec
+    tmp = tempfile.TemporaryDirectory(prefix="edgetwin-canary-") if workdir is None else None
+    root = Path(workdir) if workdir is not None else Path(tmp.name)  # type: ignore[union-attr]
+    try:
+        signer = Signer.generate()
+        reg = FileRegistry(root / "registry")
+        objects: dict[str, Any] = {}
+        for name, pol in (("current", current), (config.candidate, candidate)):
+            if isinstance(pol, str | Path):
+                d = Path(pol)
+            else:
+                if not hasattr(pol, "act"):
+                    raise InputError(f"{name}: expected a policy directory or an object with act(obs)", "canary")
+                objects[name] = pol
+                d = _stub_dir(root / "stubs", name, getattr(pol, "spec", None) or em_spec)
+            reg.publish(d, {**metadata_from_policy_dir(d), "name": name, "version": name}, signer)
+        reg.set_current(f"site/{site}", "current", expected=None)
+        loader = _loader(objects)
+        bus_name = f"memory://canary-{uuid.uuid4().hex}"  # a broker of its own
+        rt = EdgeRuntime(
+            site, reg, TrustStore([signer.public_key]), bus=bus_name, kpi_guard=None, poll_interval=3600.0,
+            cache_dir=root / "runtime", loader=loader, spec=em_spec,
+        )  # fmt: skip
+        collector = CanaryLogCollector()
+        with rt.running_in_thread():
+            assert rt._loop is not None and rt.bus is not None
+            asyncio.run_coroutine_threadsafe(collector.subscribe(rt.bus), rt._loop).result(30)
+            result = run_emulated_canary(rt, config, cluster, seed=seed, day=day, episode=episode)
+            asyncio.run_coroutine_threadsafe(rt._ship_spool(), rt._loop).result(60)
+            _wait(lambda: collector.rows(site, result.run_id) >= len(result.log), rt._loop)
+        shipped = collector.log(site, result.run_id)
+        if len(shipped) != len(result.log):
+            raise RuntimeError(
+                f"canary {result.run_id}: {len(result.log)} rows spooled but {len(shipped)} received over the bus"
+            )
+        result.log = shipped
+        return result
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _loader(objects: dict[str, Any]) -> Callable[[Path], Any]:
+    def load(path: Path) -> Any:
+        doc_path = path / "policy.json"
+        doc = json.loads(doc_path.read_text()) if doc_path.is_file() else {}
+        if doc.get("format") == "edgetwin-inprocess/1":
+            name = str(doc.get("name"))
+            if name not in objects:
+                raise InputError(f"no in-process policy named {name!r}", where=str(doc_path))
+            return objects[name]
+        from edgetwin.policies.export import load_policy
+
+        return load_policy(path)
+
+    return load
+
+
+def _wait(cond: Callable[[], bool], loop: asyncio.AbstractEventLoop, timeout: float = 30.0) -> None:
+    async def until() -> None:
+        deadline = loop.time() + timeout
+        while not cond() and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
+    asyncio.run_coroutine_threadsafe(until(), loop).result(timeout + 5)
