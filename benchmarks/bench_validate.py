@@ -144,15 +144,10 @@ def markdown(results: list[Timing], command: str, repeat: int) -> str:
 
 
 def write_section(text: str, doc: Path = DOC) -> None:
-    """Replace this script's section of docs/benchmarks.md (or append it), in one write."""
-    current = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    start = current.find(SECTION + "\n")
-    if start < 0:
-        new = current.rstrip("\n") + "\n\n" + text
-    else:
-        end = current.find("\n## ", start + len(SECTION))
-        new = current[:start] + text + ("" if end < 0 else current[end:])
-    doc.write_text(new)
+    """Replace this script's page (`_docs.write_section`: docs/benchmarks/<name>/README.md), in one write."""
+    import _docs
+
+    _docs.write_section(SECTION, text, doc)
 
 
 def main() -> None:

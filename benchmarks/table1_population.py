@@ -431,15 +431,11 @@ def _winners(res: dict[str, Any]) -> str:
 
 
 def write_section(md: str, path: Path) -> None:
-    """Replace (or append) this benchmark's section of docs/benchmarks.md, in one write."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = text.find(SECTION)
-    if start < 0:
-        new = text.rstrip("\n") + "\n\n" + md
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        new = text[:start] + md + ("" if nxt < 0 else "\n" + text[nxt + 1 :])
-    path.write_text(new)
+    """Replace this benchmark's page (`_docs.write_section`: docs/benchmarks/<name>/README.md), in one write."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _docs
+
+    _docs.write_section(SECTION, md, path)
 
 
 def main(argv: list[str] | None = None) -> None:
