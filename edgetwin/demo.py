@@ -154,7 +154,9 @@ class DemoSizes:
 
 WHATIF_SCENARIOS = "emulated_cluster.toml"
 #: the default demo's phases, seconds on a quiet 2-core machine (issue 38's measurement, 3 min 19 s
-#: in all); `DemoSizes.budget_line` prints them. Remeasure when the sizes or a phase change.
+#: in all, with torch's default two threads; `edgetwin demo` now runs one, which is 4-6x faster on a
+#: loaded machine and not yet remeasured on a quiet one); `DemoSizes.budget_line` prints them.
+#: Remeasure when the sizes or a phase change.
 QUIET_SECONDS = {"twin": 84, "what-if": 80, "promotion": 16, "log, training and scoring": 19}
 
 
