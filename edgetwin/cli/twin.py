@@ -37,7 +37,7 @@ def twin_fit(
         typer.Option(
             "--site-model",
             help="Learn how site-level state columns (one value per site and tick) follow the whole site's "
-            "actions (`SiteStateModel`); off by default, see docs/benchmarks.md.",
+            "actions (`SiteStateModel`); off by default, see docs/benchmarks/twin_site_state/README.md.",
         ),
     ] = False,
     site_columns: Annotated[

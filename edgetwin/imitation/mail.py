@@ -276,7 +276,7 @@ def behaviour_clone(
     The budget is ``epochs`` passes over the pairs, but at most ``max_steps`` gradient steps
     (minibatches) when given. Why a cap: the optimisation a small MLP needs does not grow with
     the log, while a fixed number of epochs does (20 epochs over a million rows is 35 times the
-    steps of 20 over 29k, and was most of a default fit's time: docs/benchmarks.md, "Scale").
+    steps of 20 over 29k, and was most of a default fit's time: docs/benchmarks/scale/README.md).
     Below the cap the fit is exactly the ``epochs``-pass fit (same batches, same weights); above
     it, training stops after ``max_steps`` minibatches of the same shuffled sequence (the last
     pass partial), so every row is still seen about equally often.
@@ -409,7 +409,7 @@ class ShuffledBatches:
 
     imitation wraps the demonstrations in a torch `DataLoader` (shuffled, last partial batch
     dropped) whose collate step builds every sample as a Python dict and stacks them: on a large
-    log that was most of a twin's fit time (docs/benchmarks.md, "Scale"). This yields the same
+    log that was most of a twin's fit time (docs/benchmarks/scale/README.md). This yields the same
     batches by indexing two tensors with the same permutations, drawn the same way from torch's
     global generator (per epoch: the loader iterator's base seed, then the sampler's seed, then
     ``randperm`` on a generator seeded with it), so a fit gives the same weights as before
@@ -588,7 +588,7 @@ class MailConfig:
         bc_max_steps: cap on each behaviour-cloning fit's gradient steps (256-row minibatches;
             0: no cap). ``bc_epochs`` sets the budget on small logs; past
             ``bc_max_steps * 256 / bc_epochs`` rows of a scenario (64,000 at the defaults) the cap
-            does, so a fit's cost stops growing with rows x epochs (docs/benchmarks.md, "Scale").
+            does, so a fit's cost stops growing with rows x epochs (docs/benchmarks/scale/README.md).
         rounds: adversarial rounds; each is one GAIL round (PPO + discriminator) per scenario.
             0 gives the behaviour-cloned client only.
         world_agents: agents in each scenario's training world (drawn from logged site units).
