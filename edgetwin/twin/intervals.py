@@ -59,8 +59,8 @@ LEVEL = 0.90
 #: ensemble's mean), ``"normalized"`` (ensemble mean ± conformal multiple of the members' spread) and
 #: ``"hybrid"`` (the default; for a level, ``"relative"``; for a change, the paired bootstrap widened
 #: by the relative error applied to the size of the change plus the normalised multiple of the
-#: members' spread of the change). Chosen by measured coverage (docs/benchmarks/whatif_gate/README.md;
-#: how: docs/benchmarks/CHANGELOG.md).
+#: members' spread of the change). Chosen by measured coverage on the what-if-gate benchmark's rows
+#: (docs/benchmarks/whatif_gate/README.md, which also reports a choice made on half of its candidates).
 METHODS = ("relative", "normalized", "hybrid")
 DEFAULT_METHOD = "hybrid"
 
