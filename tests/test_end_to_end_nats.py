@@ -21,7 +21,6 @@ import nats
 import numpy as np
 import pytest
 import torch
-from test_runtime import ConstantPolicy
 
 from edgetwin.contract.logs import write_table
 from edgetwin.contract.spec import spec_path_for
@@ -34,6 +33,7 @@ from edgetwin.edge.runtime import EdgeRuntime, kpi_report, kpi_subject, request_
 from edgetwin.edge.signing import Signer, TrustStore, save_private_key, save_public_key
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
 from edgetwin.emulator.logs import generate_logs
+from edgetwin.policies.candidates import ConstantPolicy
 from edgetwin.policies.export import export_policy, load_policy
 from edgetwin.policies.train import train_policy
 from edgetwin.twin.report import write_report
@@ -49,7 +49,6 @@ SCENARIOS, KPIS = DATA / "emulated_cluster.toml", DATA / "emulated_kpis.toml"
 def promote_cli(policy: Path, url: str, key: Path, twin: Path, log: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "edgetwin.cli", "promote", str(policy), "--registry", url, "--key", str(key),
            "--twin", str(twin), "--log", str(log), "--scope", SCOPE, "--episodes", "1", "--out", str(out), *extra]
-    # the bad policy is a test heuristic (test_runtime:ConstantPolicy): the subprocess must import it
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 

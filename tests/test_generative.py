@@ -347,7 +347,7 @@ def test_cli_fit_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
             ]
         )
     assert e.value.code == 0
-    assert (out / "population.json").is_file() and (out / "weights.pt").is_file()
+    assert (out / "population.json").is_file() and (out / "weights.safetensors").is_file()
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         main(

@@ -195,12 +195,12 @@ def test_policy_json_files_map_deleted_is_refused(world: dict[str, Any], tmp_pat
     with pytest.raises(ArtifactTampered, match="sha256 does not match") as e:
         load_policy(p)
     assert e.value.file == p / "policy.json"
-    flip_byte(p / "model.zip")  # ... and altered the actor's weights
+    flip_byte(p / "model.safetensors")  # ... and altered the actor's weights
     with pytest.raises(ArtifactTampered) as e:
         load_policy(p)
-    assert e.value.file == p / "model.zip"
+    assert e.value.file == p / "model.safetensors"
     assert_bad_input(
-        run("evaluate", str(p), "--episodes", "1", "--agents", "4", "--episode-steps", "2"), "model.zip"
+        run("evaluate", str(p), "--episodes", "1", "--agents", "4", "--episode-steps", "2"), "model.safetensors"
     )
 
 
@@ -230,32 +230,32 @@ def test_action_transform_edit_is_refused_even_if_resealed(world: dict[str, Any]
 def test_altered_weights_are_never_evaluated_published_or_promoted(
     world: dict[str, Any], tmp_path: Path
 ) -> None:
-    """model.zip that does not match its recorded sha256: evaluate, registry publish and promote all
-    exit 2 naming model.zip, and nothing is signed."""
+    """model.safetensors that does not match its recorded sha256: evaluate, registry publish and promote all
+    exit 2 naming model.safetensors, and nothing is signed."""
     d = world["dir"]
     p = copy_of(world, "ppo", tmp_path)
-    flip_byte(p / "model.zip")
+    flip_byte(p / "model.safetensors")
     reg = tmp_path / "reg"
-    assert_bad_input(run("evaluate", str(p), "--episodes", "1"), "model.zip")
+    assert_bad_input(run("evaluate", str(p), "--episodes", "1"), "model.safetensors")
     assert_bad_input(
-        run("registry", "publish", str(p), "--registry", str(reg), "--key", str(d / "key.pem")), "model.zip"
+        run("registry", "publish", str(p), "--registry", str(reg), "--key", str(d / "key.pem")), "model.safetensors"
     )
     assert registry_is_empty(reg)
     code, _, err = run(
         "promote", str(p), "--registry", str(reg), "--log", str(d / "log.csv"), "--twin", str(d / "twin"),
         "--key", str(d / "key.pem"), "--episodes", "1", "--steps", "2", "--out", str(tmp_path / "report"),
     )  # fmt: skip
-    assert code == 2 and "model.zip" in err and "Traceback" not in err, err
+    assert code == 2 and "model.safetensors" in err and "Traceback" not in err, err
     assert registry_is_empty(reg)
 
 
-def test_registry_refuses_a_twin_and_a_bare_directory(world: dict[str, Any], tmp_path: Path) -> None:
+def test_registry_refuses_a_tampered_twin_and_a_bare_directory(world: dict[str, Any], tmp_path: Path) -> None:
+    """Twins are published like policies (issue 37), but only sealed and intact."""
     d = world["dir"]
     reg, key = str(tmp_path / "reg"), str(d / "key.pem")
-    err = assert_bad_input(
-        run("registry", "publish", str(d / "twin"), "--registry", reg, "--key", key), "twin"
-    )
-    assert "not a policy" in err
+    twin = copy_of(world, "twin", tmp_path)
+    flip_byte(twin / "layout.json")
+    assert_bad_input(run("registry", "publish", str(twin), "--registry", reg, "--key", key), "layout.json")
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "weights.bin").write_bytes(b"\x00" * 64)
@@ -549,7 +549,10 @@ def test_nonsense_numbers_and_names_are_rejected_naming_the_flag(
     assert not (tmp_path / "out" / "meta.json").exists()  # nothing was written on a rejected flag
 
 
-def test_unimportable_function_refs_fail_validation(world: dict[str, Any], tmp_path: Path) -> None:
+def test_unimportable_function_refs_fail_validation(
+    world: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGETWIN_ALLOW_CODE", "json,no_such_module_xyz")  # allowed: then the import is checked
     base = spec_path_for(world["dir"] / "log.csv").read_text()
     no_weights = base.split("[reward.weights]")[0]
     for name, extra, entry in (

@@ -111,7 +111,7 @@ def test_same_twin_serially_and_on_a_pool(small_log: tuple[Any, Any], tmp_path: 
     assert a == b
     # and a different seed gives a different twin (the comparison can fail)
     other = Twin.fit(df, spec, seed=4, workers=1, **FIT).save(tmp_path / "other")
-    assert twin_content(other)["member_1/client_0.pt"] != a["member_1/client_0.pt"]
+    assert twin_content(other)["member_1/client_0.safetensors"] != a["member_1/client_0.safetensors"]
 
 
 def test_same_twin_on_ray(small_log: tuple[Any, Any], tmp_path: Path) -> None:

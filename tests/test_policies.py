@@ -218,7 +218,7 @@ def test_export_load_round_trip_gives_identical_actions(tmp_path: Path, twin: Tw
     assert meta["action_norm_lambda"] == 0.0
     assert meta["support_penalty"] == (SUPPORT_PENALTY if twin.n_members > 1 else 0.0)
     # tampering is caught
-    with (res.path / "model.zip").open("ab") as f:
+    with (res.path / "model.safetensors").open("ab") as f:
         f.write(b"x")
     with pytest.raises(InputError, match="sha256"):
         load_policy(res.path)

@@ -36,7 +36,7 @@ from edgetwin.edge.runtime import (
 from edgetwin.edge.signing import Signer, TrustStore, save_public_key, sign_artifact
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, cluster_spec
 from edgetwin.emulator.logs import SLOAwarePolicy
-from edgetwin.policies.export import export_policy
+from edgetwin.policies.export import export_policy, register_policy_kind
 from edgetwin.policies.shield import ShieldConfig, SLOGuard
 
 torch.set_num_threads(1)
@@ -76,6 +76,10 @@ class SLOAware:
     def to_config(self) -> dict[str, Any]:
         return {}
 
+
+# a policy's class is never imported from its directory: the test's own kinds are registered by code
+register_policy_kind(ConstantPolicy, "tests.test_runtime.ConstantPolicy")
+register_policy_kind(SLOAware, "tests.test_runtime.SLOAware")
 
 SPEC = cluster_spec(ClusterConfig(n_agents=8))
 OBS_DIM, A = len(SPEC.observation_columns), len(SPEC.action_columns)

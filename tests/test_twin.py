@@ -24,6 +24,12 @@ from edgetwin.twin.twin import Twin
 
 torch.set_num_threads(1)
 
+@pytest.fixture(autouse=True)
+def _allow_spec_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The specs here name functions of these modules: allowed, as a user would (docs/log-format.md)."""
+    monkeypatch.setenv("EDGETWIN_ALLOW_CODE", "test_twin")
+
+
 TINY = {"bc_epochs": 15, "rounds": 1, "world_agents": 16, "n_steps": 12, "demo_batch_size": 64}
 
 
@@ -179,9 +185,9 @@ def test_checkpoints_resume_finished_members(tmp_path: Path) -> None:
     kw["rounds"] = 0
     first = Twin.fit(df, spec, **kw)
     (tmp_path / "member_1" / "DONE").unlink()  # as if interrupted during member 1
-    stamp = (tmp_path / "member_0" / "engine_0.pt").stat().st_mtime_ns
+    stamp = (tmp_path / "member_0" / "engine_0.safetensors").stat().st_mtime_ns
     again = Twin.fit(df, spec, **kw)
-    assert (tmp_path / "member_0" / "engine_0.pt").stat().st_mtime_ns == stamp  # reused, not refitted
+    assert (tmp_path / "member_0" / "engine_0.safetensors").stat().st_mtime_ns == stamp  # reused, not refitted
     pol = RandomPolicy(spec, 0)
     pd.testing.assert_frame_equal(first.rollout(pol, seed=1), again.rollout(RandomPolicy(spec, 0), seed=1))
     with pytest.raises(InputError, match="different fit"):
@@ -332,13 +338,13 @@ def test_cli_fit_and_fidelity(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert ex.value.code == 0
     assert json.loads(capsys.readouterr().out)["members"] == 1
     assert (tmp_path / "tw" / "checkpoint" / "member_0" / "DONE").is_file()
-    assert not list((tmp_path / "tw").rglob("site_model.pkl"))  # opt-in only
+    assert not list((tmp_path / "tw").rglob("site_model.safetensors"))  # opt-in only
     with pytest.raises(SystemExit) as ex:
         main(["fit", str(log), "--out", str(tmp_path / "tw-site"), "--members", "1", "--rounds", "0",
               "--bc-epochs", "3", "--population-model", "empirical", "--json", "--site-model"])
     assert ex.value.code == 0
     capsys.readouterr()
-    assert list((tmp_path / "tw-site").rglob("site_model.pkl"))
+    assert list((tmp_path / "tw-site").rglob("site_model.safetensors"))
     held = tmp_path / "held.csv"
     toy_log(episodes=2, seed=3).to_csv(held, index=False)
     with pytest.raises(SystemExit) as ex:

@@ -21,6 +21,7 @@ from edgetwin.cli.common import (
     out,
     out_dir_arg,
 )
+from edgetwin.cli.trust import TwinTrustOpt, check_twin_trust
 from edgetwin.contract.errors import GateRefused, InputError
 
 
@@ -77,6 +78,7 @@ def policy_train(
     checkpoint_every: Annotated[int, typer.Option(min=0, help="Steps between checkpoints (0: none).")] = 10_000,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue from OUT/checkpoints.")] = True,
     tensorboard: Annotated[Path | None, typer.Option(help="TensorBoard log directory.")] = None,
+    trust: TwinTrustOpt = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -97,6 +99,9 @@ def policy_train(
     torch.set_num_threads(1)
     if not support_penalty >= 0:
         raise InputError(f"expected a number >= 0, got {support_penalty}", "--support-penalty")
+    check_twin_trust(twin_dir, trust)
+    if validate_on is not None:
+        check_twin_trust(validate_on, trust)
     twin = Twin.load(twin_dir)
     held = load_log(log, None)[0] if log is not None else None
     validation = Twin.load(validate_on) if validate_on is not None else None
@@ -142,6 +147,7 @@ def policy_evaluate(
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of the KPIs here.")] = None,
     workers: TaskWorkersOpt = 1,
     ray: TaskRayOpt = None,
+    trust: TwinTrustOpt = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -163,6 +169,7 @@ def policy_evaluate(
     if on == "twin":
         if twin_dir is None:
             raise InputError("--on twin needs the TWIN argument", "TWIN")
+        check_twin_trust(twin_dir, trust)
         twin = _loaded_twin(str(twin_dir))  # the episodes run in this process use the same one
         spec = twin.spec
     else:
@@ -358,6 +365,7 @@ def whatif_cmd(
     view: Annotated[Path | None, typer.Option(help="SchedulingView (TOML/JSON) for heuristic:NAME policies.")] = None,
     workers: TaskWorkersOpt = 1,
     ray: TaskRayOpt = None,
+    trust: TwinTrustOpt = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -373,6 +381,7 @@ def whatif_cmd(
         from edgetwin.twin.parallel import check_ray
 
         check_ray(ray)
+    check_twin_trust(twin_dir, trust)
     twin, scenarios, kpi_defs, table = _whatif_inputs(twin_dir, scenario, kpis, log, spec)
     refs = list(policy)
     if baseline is not None and baseline not in refs:
@@ -441,7 +450,9 @@ def promote_cmd(
     members: MembersOpt = None,
     steps: Annotated[int | None, typer.Option(min=1, help="Replay at most this many steps per episode.")] = None,
     trust: Annotated[
-        list[Path] | None, typer.Option("--trust", help="More trusted public keys for fetching versions (default: --key's).")
+        list[Path] | None,
+        typer.Option("--trust", help="More trusted public keys for fetching versions (default: --key's). Given, the "
+                     "--twin must be signed by one of them or --key's key (its SIGNATURE.json), else exit 2."),
     ] = None,
     refuse_out_of_support: Annotated[
         bool, typer.Option(help="Refuse (instead of abstaining) when a guarded number rests on states outside the logs' support.")
@@ -501,6 +512,8 @@ def promote_cmd(
     signer = Signer.from_pem(key)
     store = TrustStore.from_paths(trust) if trust else TrustStore()
     store.add(signer.public_key)
+    if trust:
+        check_twin_trust(twin_dir, store)
     twin, scenarios, kpi_defs, table = _whatif_inputs(twin_dir, scenario, kpis, log, spec)
     base_md = metadata_from_policy_dir(policy) if Path(policy).is_dir() else {}
     with open_registry(registry, bucket=bucket) as reg:

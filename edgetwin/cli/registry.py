@@ -18,7 +18,9 @@ from edgetwin.cli.common import (
 )
 from edgetwin.contract.errors import InputError
 
-registry_app = typer.Typer(help="Signed policy registry: keys, publish, list, show.", no_args_is_help=True)
+registry_app = typer.Typer(
+    help="Signed registry of policies and twins: keys, sign, publish, list, show, fetch.", no_args_is_help=True
+)
 app.add_typer(registry_app, name="registry")
 
 
@@ -48,7 +50,7 @@ def registry_keygen(
 
 @registry_app.command("publish")
 def registry_publish(
-    policy_dir: Annotated[Path, typer.Argument(help="Exported policy directory.")],
+    policy_dir: Annotated[Path, typer.Argument(help="Exported policy or twin directory.")],
     registry: RegistryOpt,
     key: Annotated[
         Path, typer.Option("--key", envvar="EDGETWIN_SIGNING_KEY", help="Ed25519 private key (PEM) that signs.")
@@ -63,10 +65,12 @@ def registry_publish(
     bucket: BucketOpt = "edgetwin",
     as_json: JsonOpt = False,
 ) -> None:
-    """Pack, sign and publish a policy directory as a new immutable version.
+    """Pack, sign and publish a policy or twin directory as a new immutable version.
 
     Metadata comes from the policy's own policy.json (algorithm, spec hash, training data hash,
-    metrics), then --metadata, then the flags, each overriding the one before.
+    metrics) or the twin's meta.json (spec hash, data hash), then --metadata, then the flags, each
+    overriding the one before. A twin is also signed as a directory (its SIGNATURE.json travels
+    with it), so `registry fetch` gives a twin that `whatif --trust` and the others accept.
     """
     from edgetwin.edge.registry import describe_version, metadata_from_policy_dir, open_registry
     from edgetwin.edge.signing import Signer
@@ -163,8 +167,13 @@ def registry_show(
             assert version is not None  # exactly one of version / scope, checked above
             result = describe_version(reg, version)
             if store is not None:
+                kind = result.get("kind") or "policy"
                 with tempfile.TemporaryDirectory() as tmp:
-                    reg.fetch(version, Path(tmp) / "policy", store)  # raises ArtifactRejected: exit 2
+                    fetched = reg.fetch(version, Path(tmp) / kind, store, kind=kind)  # ArtifactRejected: exit 2
+                    if kind == "twin":  # and the twin's own directory signature, as --trust will check it
+                        from edgetwin.edge.signed_dirs import verify_directory
+
+                        verify_directory(fetched, "twin", store)
                 result["verified"] = True
     if as_json:
         emit_json(result)
@@ -178,3 +187,61 @@ def registry_show(
             out.print(f"verified: signed by trusted key {result['key_id']}, checksum and metadata intact")
 
 
+
+
+@registry_app.command("sign")
+def registry_sign(
+    artifact_dir: Annotated[Path, typer.Argument(help="Sealed twin or policy directory to sign in place.")],
+    key: Annotated[
+        Path, typer.Option("--key", envvar="EDGETWIN_SIGNING_KEY", help="Ed25519 private key (PEM) that signs.")
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """Sign a twin or policy directory where it is: write its SIGNATURE.json over its manifest.
+
+    The directory is verified against its manifest first (nothing tampered is signed). Commands
+    given --trust KEYS (whatif, train, evaluate --on twin, promote --twin) then accept it when
+    KEYS hold the matching public key; see docs/log-format.md, "Artifacts are data".
+    """
+    from edgetwin.edge.registry import artifact_kind
+    from edgetwin.edge.signed_dirs import sign_directory
+    from edgetwin.edge.signing import Signer
+
+    signer = Signer.from_pem(key)
+    kind = artifact_kind(artifact_dir)
+    path = sign_directory(artifact_dir, kind, signer, {"publisher": signer.key_id})
+    result = {"signed": str(artifact_dir), "kind": kind, "key_id": signer.key_id, "signature": str(path)}
+    if as_json:
+        emit_json(result)
+    else:
+        out.print(f"signed {kind} {artifact_dir} with key {signer.key_id} ({path.name})")
+
+
+@registry_app.command("fetch")
+def registry_fetch(
+    registry: RegistryOpt,
+    version: Annotated[str, typer.Argument(help="Version to fetch.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to unpack into (must not exist or be empty).")],
+    trust: Annotated[
+        list[Path], typer.Option(help="Public key file or directory: the artifact must be signed by one of them.")
+    ],
+    bucket: BucketOpt = "edgetwin",
+    as_json: JsonOpt = False,
+) -> None:
+    """Verify a version against trusted keys and unpack it: a policy or a twin, ready to use."""
+    from edgetwin.edge.registry import describe_version, open_registry
+    from edgetwin.edge.signing import TrustStore
+
+    store = TrustStore.from_paths(trust)
+    with open_registry(registry, create=False, bucket=bucket) as reg:
+        kind = describe_version(reg, version).get("kind") or "policy"
+        reg.fetch(version, out_dir, store, kind=kind)  # raises ArtifactRejected: exit 2
+    if kind == "twin":
+        from edgetwin.edge.signed_dirs import verify_directory
+
+        verify_directory(out_dir, "twin", store)
+    result = {"version": version, "kind": kind, "out": str(out_dir), "verified": True}
+    if as_json:
+        emit_json(result)
+    else:
+        out.print(f"fetched {kind} {version} into {out_dir} (signature verified)")

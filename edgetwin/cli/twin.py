@@ -18,6 +18,7 @@ from edgetwin.cli.common import (
     out_dir_arg,
     rounds_option,
 )
+from edgetwin.cli.trust import TwinTrustOpt, check_twin_trust
 from edgetwin.contract.errors import InputError
 
 
@@ -37,7 +38,7 @@ def twin_fit(
         typer.Option(
             "--site-model",
             help="Learn how site-level state columns (one value per site and tick) follow the whole site's "
-            "actions (`SiteStateModel`); off by default, see docs/benchmarks.md.",
+            "actions (`SiteStateModel`); off by default, see docs/benchmarks/twin_site_state/README.md.",
         ),
     ] = False,
     site_columns: Annotated[
@@ -61,6 +62,10 @@ def twin_fit(
                             "with dp_gaussian 8 of 2 epochs, DP_SCHEDULE).")
     ] = None,
     strategy: Annotated[str, typer.Option(help="--federated: fedavg | fedavgm | dp_gaussian.")] = "fedavg",
+    min_agents: Annotated[
+        int, typer.Option(min=1, help="--federated: every statistic a site sends is an aggregate over at least this "
+                          "many agents; a site with fewer sends none (docs/federation.md).")
+    ] = 10,
     compression: Annotated[str, typer.Option(help="--federated: dense | int8 | topk+int8.")] = "dense",
     secure: Annotated[bool, typer.Option("--secure", help="--federated: secure aggregation.")] = False,
     light: Annotated[
@@ -78,6 +83,11 @@ def twin_fit(
         typer.Option("--ray", help="Fit the members on this Ray cluster (e.g. auto, ray://host:10001; local starts "
                      "one here); needs pip install -e \".[ray]\". The twin does not depend on it."),
     ] = None,
+    key: Annotated[
+        Path | None,
+        typer.Option("--key", help="Ed25519 private key (PEM): sign the twin (its SIGNATURE.json) so that commands "
+                     "given --trust accept it."),
+    ] = None,
     update: Annotated[
         Path | None,
         typer.Option("--update", help="Update this twin with the rows of LOG (e.g. a canary's log) instead of "
@@ -92,13 +102,31 @@ def twin_fit(
     update_epochs: Annotated[int, typer.Option(min=1, help="--update: fine-tune passes per response model.")] = 5,
     update_steps: Annotated[int, typer.Option(min=1, help="--update: at most this many gradient steps per model.")] = 1000,
     seed: SeedOpt = 0,
+    allow_code: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-code",
+            help="Allow this module (and its submodules) to run for the spec's function references "
+            "([[dynamics]] / [reward] / [transition] function); repeatable. Without it (or "
+            "EDGETWIN_ALLOW_CODE / the allow-list file, docs/log-format.md) a spec's module is never imported.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Learn a twin from a log (or, with --update TWIN, update TWIN with LOG's rows). Resumable:
     finished members are checkpointed in OUT/checkpoint."""
+    from edgetwin.contract.functions import allow_code as allow
+
+    allow(allow_code or [])
     out_dir_arg(out_dir)  # before the heavy imports: a wrong --out is reported at once
+    signer = None
+    if key is not None:
+        from edgetwin.edge.signing import Signer
+
+        signer = Signer.from_pem(key)  # a bad key fails before the fit, not after it
     if update is not None:
         _fit_update(update, log, out_dir, spec, old_logs or [], update_epochs, update_steps, seed, as_json)
+        _sign_twin(out_dir, signer, as_json)
         return
     if old_logs:
         raise InputError("--log goes with --update (the twin's training log)", "--log")
@@ -107,7 +135,9 @@ def twin_fit(
             "response_model": response_model, "population_model": population_model, "adv_rounds": rounds}
         if population_steps is not None:
             fam["gan_rounds"] = max(1, population_steps // 50)
-        _fit_federated(log, out_dir, spec, members, fed_rounds, strategy, compression, secure, seed, as_json, fam)
+        _fit_federated(log, out_dir, spec, members, fed_rounds, strategy, compression, secure, seed, as_json, fam,
+                       min_agents)
+        _sign_twin(out_dir, signer, as_json)
         return
     import torch
 
@@ -140,11 +170,25 @@ def twin_fit(
     )
     twin.save(out_dir)
     summary = {"twin": str(out_dir), **{k: twin.meta[k] for k in ("members", "data_sha256", "n_rows", "n_episodes", "fit_seconds")}}
+    if signer is not None:
+        _sign_twin(out_dir, signer, True)
+        summary["signed_by"] = signer.key_id
     if as_json:
         emit_json(summary)
     else:
         out.print(f"twin written to {out_dir} ({twin.meta['members']} members, {twin.meta['n_rows']} rows, "
-                  f"{twin.meta['fit_seconds']:.0f} s)")
+                  f"{twin.meta['fit_seconds']:.0f} s)" + (f", signed by key {signer.key_id}" if signer else ""))
+
+
+def _sign_twin(out_dir: Path, signer: Any, quiet: bool) -> None:
+    """Write the twin's SIGNATURE.json (`edgetwin.edge.signed_dirs`) when ``signer`` is given."""
+    if signer is None:
+        return
+    from edgetwin.edge.signed_dirs import sign_directory
+
+    sign_directory(out_dir, "twin", signer, {"publisher": signer.key_id})
+    if not quiet:
+        out.print(f"signed by key {signer.key_id}")
 
 
 def _fit_update(twin_dir: Path, new_log: Path, out_dir: Path, spec: Path | None, old_logs: list[Path],
@@ -185,7 +229,8 @@ WEIGHT_ROUNDS_SHOWN_EVERY = 20
 
 
 def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, rounds: int | None, strategy: str,
-                   compression: str, secure: bool, seed: int, as_json: bool, family: dict[str, Any]) -> None:
+                   compression: str, secure: bool, seed: int, as_json: bool, family: dict[str, Any],
+                   min_agents: int = 10) -> None:
     """`edgetwin fit --federated`: one site agent per value of the log's site column, in-process.
 
     ``family``: `FitOptions` fields choosing the models (default MAIL + GAN-SMMSG, as `Twin.fit`)."""
@@ -208,7 +253,8 @@ def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, ro
 
     options = FitOptions.for_strategy(strategy, members=members, seed=seed, **family, **rounds_option(rounds))
     twin, rep = fit_federated(parts, sp, options=options,
-                              strategy=strategy, compression=compression, secure=secure, on_round=progress)
+                              strategy=strategy, compression=compression, secure=secure, on_round=progress,
+                              min_agents=min_agents)
     twin.save(out_dir)
     summary = {"twin": str(out_dir), "sites": rep.sites, "rounds": len(rep.rounds), "bytes_up": rep.bytes_up,
                "bytes_down": rep.bytes_down, "seconds": rep.seconds, "strategy": rep.strategy,
@@ -236,6 +282,7 @@ def twin_fidelity(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Directory for the PNGs and fidelity.json.")] = None,
     episodes: Annotated[int, typer.Option(min=1, help="Twin episodes to roll out.")] = 4,
     horizon: Annotated[int, typer.Option(min=1, help="Longest replay horizon for the compounding error.")] = 100,
+    trust: TwinTrustOpt = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -249,6 +296,7 @@ def twin_fidelity(
     if out_dir is not None:
         out_dir_arg(out_dir)
     torch.set_num_threads(1)
+    check_twin_trust(twin_dir, trust)
     twin = Twin.load(twin_dir)
     df, _ = load_log(log, spec)
     report = fidelity_report(twin, df, seed=seed, episodes=episodes, max_horizon=horizon, out_dir=out_dir)

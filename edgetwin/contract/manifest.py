@@ -2,10 +2,10 @@
 
 An artifact is a directory; its manifest, ``MANIFEST.json`` in that directory, lists the sha256 of
 **every** file under it (metadata such as ``policy.json`` or ``meta.json`` included; the manifest
-itself excepted) and the kind of artifact it is::
+itself and its detached signature ``SIGNATURE.json`` excepted) and the kind of artifact it is::
 
     {"format": "edgetwin-manifest/1", "kind": "policy",
-     "files": {"model.zip": "<sha256>", "policy.json": "<sha256>", "spec.toml": "<sha256>"}}
+     "files": {"model.safetensors": "<sha256>", "policy.json": "<sha256>", "spec.toml": "<sha256>"}}
 
 `verify_manifest` refuses, with an `ArtifactTampered` (an `InputError`: exit 2) naming the file:
 
@@ -41,6 +41,9 @@ from edgetwin.contract.errors import InputError
 
 #: File name of the manifest inside an artifact directory.
 MANIFEST_FILE = "MANIFEST.json"
+#: File name of a directory's detached signature over its manifest (`edgetwin.edge.signed_dirs`):
+#: like the manifest itself, outside what the manifest lists (a manifest cannot seal its signature).
+SIGNATURE_FILE = "SIGNATURE.json"
 #: Format tag; bump when the layout changes (older manifests are then refused, never guessed at).
 MANIFEST_FORMAT = "edgetwin-manifest/1"
 #: The kinds of artifacts that carry a manifest.
@@ -74,7 +77,8 @@ def sha256_file(path: str | Path) -> str:
 
 
 def _walk(root: Path) -> Iterable[tuple[str, Path]]:
-    """(posix path relative to ``root``, path) of every entry below ``root`` except the manifest.
+    """(posix path relative to ``root``, path) of every entry below ``root`` except the manifest
+    and its signature.
 
     Directories are descended into (not yielded); symlinks and special files raise: they are never
     part of an artifact.
@@ -85,7 +89,7 @@ def _walk(root: Path) -> Iterable[tuple[str, Path]]:
         for entry in sorted(os.scandir(d), key=lambda e: e.name):
             p = Path(entry.path)
             rel = p.relative_to(root).as_posix()
-            if rel == MANIFEST_FILE:
+            if rel in (MANIFEST_FILE, SIGNATURE_FILE):
                 continue
             mode = entry.stat(follow_symlinks=False).st_mode
             if stat.S_ISLNK(mode) or not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
@@ -176,7 +180,7 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
             or not name
             or name.startswith(("/", "\\"))
             or ".." in parts
-            or name == MANIFEST_FILE
+            or name in (MANIFEST_FILE, SIGNATURE_FILE)
             or not isinstance(digest, str)
             or len(digest) != 64
             or not set(digest) <= _HEX64
@@ -215,7 +219,7 @@ def verify_manifest(directory: str | Path, kind: str, *, require: Iterable[str] 
     for name in require:
         if name not in listed:
             raise ArtifactTampered(
-                f"the manifest does not list {name}, which every {kind} has", root / name, root
+                f"{MANIFEST_FILE} does not list {name}, which every {kind} has", root / name, root
             )
     for name in sorted(listed):
         if name not in present:

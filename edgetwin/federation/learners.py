@@ -15,7 +15,6 @@ starts quickly.
 from __future__ import annotations
 
 import contextlib
-import pickle
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -277,7 +276,8 @@ class ForecastLearner:
     def load(self, path: Path) -> None:
         import torch
 
-        state = torch.load(path, weights_only=False)
+        # plain state dicts and the generator's byte tensor: read as data, never unpickled as objects
+        state = torch.load(path, weights_only=True)
         self.net.load_state_dict(state["net"])
         self.opt.load_state_dict(state["opt"])
         self.gen.set_state(state["gen"])
@@ -450,29 +450,52 @@ class SB3Learner:
         return out
 
     def save(self, path: Path) -> None:
-
+        """The model's parameters (SB3's zip; `load` reads only its tensors, with
+        ``weights_only=True``) and the learner's own state as npz (no pickle)."""
         self.model.save(path.with_suffix(".zip"))
-        with path.with_suffix(".state").open("wb") as f:
-            pickle.dump(
-                {
-                    "rng": (self._rng[0].numpy(), self._rng[1]),
-                    "episodes": self.episodes,
-                    "normalize": self.normalize,
-                },
-                f,
-            )
+        name, keys, pos, has_gauss, cached = self._rng[1]
+        arrays: dict[str, np.ndarray] = {
+            "torch_rng": self._rng[0].numpy(),
+            "np_rng_name": np.asarray(str(name)),
+            "np_rng_keys": np.asarray(keys),
+            "np_rng_rest": np.asarray([pos, has_gauss], np.int64),
+            "np_rng_cached": np.asarray(cached, np.float64),
+            "episodes": np.asarray(self.episodes, np.int64),
+        }
+        if self.normalize is not None:
+            for which in ("obs_rms", "ret_rms"):
+                rms = getattr(self.normalize, which)
+                arrays[f"{which}.mean"] = np.asarray(rms.mean)
+                arrays[f"{which}.var"] = np.asarray(rms.var)
+                arrays[f"{which}.count"] = np.asarray(rms.count, np.float64)
+        with path.with_suffix(".state.npz").open("wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # the stub lets **kwds fill allow_pickle
 
     def load(self, path: Path) -> None:
         import torch as th
 
+        from edgetwin.contract.errors import InputError
+
+        state = path.with_suffix(".state.npz")
+        if not state.is_file() and path.with_suffix(".state").is_file():
+            raise InputError(
+                "a learner state pickled by an older edgetwin; states are data now and pickles are never "
+                "loaded: remove the agent's state directory to start it afresh",
+                str(path.with_suffix(".state")),
+            )
         self.model.set_parameters(str(path.with_suffix(".zip")), exact_match=False, device="cpu")
-        with path.with_suffix(".state").open("rb") as f:
-            st = pickle.load(f)
+        with np.load(state, allow_pickle=False) as z:
+            st = {k: z[k] for k in z.files}
         self.episodes = int(st["episodes"])
-        self._rng = (th.as_tensor(st["rng"][0]), st["rng"][1])
-        if st.get("normalize") is not None and self.normalize is not None:
-            self.normalize.obs_rms = st["normalize"].obs_rms
-            self.normalize.ret_rms = st["normalize"].ret_rms
+        pos, has_gauss = (int(v) for v in st["np_rng_rest"])
+        np_state = (str(st["np_rng_name"]), st["np_rng_keys"], pos, has_gauss, float(st["np_rng_cached"]))
+        self._rng = (th.as_tensor(st["torch_rng"]), np_state)
+        if "obs_rms.mean" in st and self.normalize is not None:
+            for which in ("obs_rms", "ret_rms"):
+                rms = getattr(self.normalize, which)
+                rms.mean = st[f"{which}.mean"]
+                rms.var = st[f"{which}.var"]
+                rms.count = float(st[f"{which}.count"])
 
 
 class PPOLearner(SB3Learner):

@@ -9,8 +9,12 @@ On disk a model is a directory::
                       # transform method, library versions, training-data hash, fit time
     spec.toml         # the twin spec it was fitted with
     transform.npz     # the fitted column encodings (`ProfileTransformer.state`)
-    weights.pt | gmm.npz   # the model's parameters (torch state dicts / mixture arrays)
+    weights.safetensors | gmm.npz   # the model's parameters (torch state dicts / mixture arrays)
     calibration.npz        # only if fitted: the marginal calibration (`MarginalCalibration`)
+
+Every file is data (JSON, TOML, npz read with ``allow_pickle=False``, safetensors): a model
+directory may come from anyone (it is inside every twin), so reading it runs no code. Format 1
+(``weights.pt``, a torch pickle) is refused with a line that says to refit.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from edgetwin.contract.spec import TwinSpec
 from edgetwin.generative.calibration import MarginalCalibration
 from edgetwin.generative.transform import Method, ProfileTransformer
 
-FORMAT = "edgetwin.population/1"
+FORMAT = "edgetwin.population/2"
+#: Formats of older edgetwins, refused with "refit" (format 1 kept GAN weights in a torch pickle).
+OLD_FORMATS = ("edgetwin.population/1",)
 META_FILE = "population.json"
 SPEC_FILE = "spec.toml"
 TRANSFORM_FILE = "transform.npz"
@@ -214,6 +220,13 @@ class PopulationModel(ABC):
             meta = json.loads(meta_path.read_text())
         except json.JSONDecodeError as e:
             raise InputError(f"{META_FILE} is not valid JSON ({e})", str(meta_path)) from None
+        if meta.get("format") in OLD_FORMATS:
+            raise InputError(
+                f"population format {meta.get('format')!r} was written by an older edgetwin (a torch pickle); "
+                f"this edgetwin reads {FORMAT!r}, where every file is data: refit it (`edgetwin population fit` "
+                "or `edgetwin fit`)",
+                str(meta_path),
+            )
         if meta.get("format") != FORMAT:
             raise InputError(f"unknown format {meta.get('format')!r}, expected {FORMAT!r}", str(meta_path))
         model_cls = PopulationModel.registry.get(meta.get("model", ""))
@@ -223,7 +236,7 @@ class PopulationModel(ABC):
             raise InputError(f"{path} holds a {meta['model']!r} model, not {cls.name!r}", str(path))
         spec = TwinSpec.load(path / SPEC_FILE)
         method: Method = meta["transform"]
-        with np.load(path / TRANSFORM_FILE) as z:
+        with np.load(path / TRANSFORM_FILE, allow_pickle=False) as z:
             transformer = ProfileTransformer.from_state(spec, method, {k: z[k] for k in z.files})
         model = model_cls(
             spec=spec,
@@ -235,7 +248,7 @@ class PopulationModel(ABC):
         )
         model._load_params(path)
         if (path / CALIBRATION_FILE).is_file():
-            with np.load(path / CALIBRATION_FILE) as z:
+            with np.load(path / CALIBRATION_FILE, allow_pickle=False) as z:
                 model.calibration = MarginalCalibration.from_state({k: z[k] for k in z.files})
         return model
 

@@ -44,7 +44,7 @@ from torch.nn import functional as F
 from edgetwin.contract.errors import InputError
 from edgetwin.generative.base import PopulationModel
 
-WEIGHTS_FILE = "weights.pt"
+WEIGHTS_FILE = "weights.safetensors"
 
 #: Defaults shared by the three GAN variants; `VARIANT_DEFAULTS` overrides per variant.
 GAN_DEFAULTS: dict[str, Any] = {
@@ -528,11 +528,20 @@ class GANPopulation(PopulationModel):
             state["set_discriminator"] = self.set_discriminator.state_dict()
         if self.generator_ema is not None:
             state["generator_ema"] = self.generator_ema.state_dict()
-        torch.save(state, path / WEIGHTS_FILE)
+        from safetensors.torch import save_file
+
+        # one flat file of tensors, "<module>.<parameter>": data, not a pickle (`PopulationModel`)
+        flat = {f"{m}.{k}": v.detach().contiguous() for m, sd in state.items() for k, v in sd.items()}
+        save_file(flat, str(path / WEIGHTS_FILE))
         (path / "history.json").write_text(pd.DataFrame(self.history).to_json(orient="records"))
 
     def _load_params(self, path: Path) -> None:
-        state = torch.load(path / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+        from safetensors.torch import load_file
+
+        state: dict[str, dict[str, torch.Tensor]] = {}
+        for name, t in load_file(str(path / WEIGHTS_FILE), device="cpu").items():
+            module, _, key = name.partition(".")
+            state.setdefault(module, {})[key] = t
         self.generator.load_state_dict(state["generator"])
         self.discriminator.load_state_dict(state["discriminator"])
         if self.set_discriminator is not None:

@@ -154,5 +154,5 @@ class GMMPopulation(PopulationModel):
         np.savez(path / GMM_FILE, **arrays)  # type: ignore[arg-type]
 
     def _load_params(self, path: Path) -> None:
-        with np.load(path / GMM_FILE) as z:
+        with np.load(path / GMM_FILE, allow_pickle=False) as z:
             self.params = [(z[f"{s}|w"], z[f"{s}|mu"], z[f"{s}|chol"]) for s in range(len(self.scenarios))]

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,45 @@ class SupervisedResponseModel:
     @property
     def std(self) -> np.ndarray:
         return self.noise_std
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The fitted model as plain arrays (saved as npz, no pickle); `from_arrays` inverts it."""
+        reg = self.reg
+        out = {f"coef_{i}": np.asarray(c) for i, c in enumerate(reg.coefs_)}
+        out.update({f"intercept_{i}": np.asarray(b) for i, b in enumerate(reg.intercepts_)})
+        out["noise_std"] = np.asarray(self.noise_std)
+        out["activation"] = np.asarray(str(reg.activation))
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> SupervisedResponseModel:
+        """The model `to_arrays` wrote: the same weights, so the same predictions.
+
+        Raises:
+            KeyError, ValueError: an array is missing, misshapen or names an unknown activation.
+        """
+        n = sum(1 for k in arrays if k.startswith("coef_"))
+        coefs = [np.asarray(arrays[f"coef_{i}"]) for i in range(n)]
+        intercepts = [np.asarray(arrays[f"intercept_{i}"]) for i in range(n)]
+        if any(a.dtype.kind != "f" for a in (*coefs, *intercepts)):
+            raise ValueError("weights must be floating point")
+        activation = str(arrays["activation"])
+        if activation not in ("identity", "logistic", "tanh", "relu"):
+            raise ValueError(f"unknown activation {activation!r}")
+        if n < 1 or any(c.ndim != 2 for c in coefs) or any(
+            a.shape[1] != b.shape[0] for a, b in zip(coefs, coefs[1:], strict=False)
+        ) or any(b.shape != (c.shape[1],) for c, b in zip(coefs, intercepts, strict=True)):
+            raise ValueError("inconsistent layer shapes")
+        m = cls(tuple(c.shape[1] for c in coefs[:-1]))
+        reg = m.reg
+        reg.activation = activation
+        reg.coefs_, reg.intercepts_ = coefs, intercepts
+        reg.n_layers_ = n + 1
+        reg.n_outputs_ = coefs[-1].shape[1]
+        reg.n_features_in_ = coefs[0].shape[0]
+        reg.out_activation_ = "identity"
+        m.noise_std = np.asarray(arrays["noise_std"])
+        return m
 
     def sample(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         mu = self.mean(x)

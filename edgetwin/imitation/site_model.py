@@ -346,3 +346,56 @@ class SiteStateModel:
             # a column that hardly moves on the held-out episodes has no meaningful R²
             model.val_r2 = np.where(var > 1e-6, 1.0 - ((pred - truth) ** 2).mean(0) / np.maximum(var, 1e-12), np.nan)
         return model
+
+    # --- persistence as data (no pickle: a twin directory is read by whoever is sent it) ---------
+    def to_data(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """``(arrays, tensors)``: the model's numpy attributes and its torch parameters, each
+        savable without pickle (npz and safetensors); `from_data` rebuilds the same model."""
+        arrays = {
+            "columns": np.asarray(self.columns, np.int64),
+            "absolute": np.asarray(self.absolute, bool),
+            "z_low": np.asarray(self.z_low, np.float64),
+            "z_high": np.asarray(self.z_high, np.float64),
+            "val_r2": np.asarray(self.val_r2, np.float64),
+            "products": np.asarray(self.products, bool),
+            "log_size_center": np.asarray(self.log_size_center, np.float64),
+            "use_time": np.asarray(bool(self.use_time)),
+            "interactions": np.asarray(bool(self.interactions)),
+        }
+        tensors = {k: v.detach().clone().contiguous() for k, v in self.net.state_dict().items()}
+        return arrays, tensors
+
+    @classmethod
+    def from_data(cls, arrays: dict[str, np.ndarray], tensors: dict[str, Any]) -> SiteStateModel:
+        """The model `to_data` described; the layers' sizes come from the tensors' shapes.
+
+        Raises:
+            KeyError, ValueError, RuntimeError: an array or tensor is missing or misshapen.
+        """
+        import torch as th
+
+        m = cls.__new__(cls)
+        m.columns = np.asarray(arrays["columns"], np.int64)
+        m.absolute = np.asarray(arrays["absolute"], bool)
+        m.z_low = np.asarray(arrays["z_low"], np.float64)
+        m.z_high = np.asarray(arrays["z_high"], np.float64)
+        m.val_r2 = np.asarray(arrays["val_r2"], np.float64)
+        m.products = np.asarray(arrays["products"], bool)
+        m.log_size_center = float(arrays["log_size_center"])
+        m.use_time = bool(arrays["use_time"])
+        m.interactions = bool(arrays["interactions"])
+        k_mag, n_who = tensors["magnitude.weight"].shape
+        k_lin, m.n_did = tensors["linear.weight"].shape
+        k2, n_ctx = tensors["context.weight"].shape
+        m.k = int(k_mag)
+        if not (k_lin == m.k and k2 == 2 * m.k and len(m.columns) == m.k):
+            raise ValueError("site-state model tensors disagree on the number of columns")
+        m.net = th.nn.ModuleDict(
+            {
+                "magnitude": th.nn.Linear(n_who, m.k),
+                "linear": th.nn.Linear(m.n_did, m.k, bias=False),
+                "context": th.nn.Linear(n_ctx, 2 * m.k),
+            }
+        )
+        m.net.load_state_dict(tensors, strict=True)
+        return m

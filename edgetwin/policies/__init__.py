@@ -10,7 +10,8 @@ Import-light: a submodule pulls in torch / SB3 only when one of its names is fir
 * `edgetwin.policies.dual_critic`: `DualCriticPPO` (seed 000 eqs. 10-17).
 * `edgetwin.policies.priority`: the priority-weighted softmax (seed 001 eq. 10).
 * `edgetwin.policies.train`: `train_policy`; `edgetwin.policies.evaluate`: KPIs with CIs.
-* `edgetwin.policies.export`: `export_policy`, `load_policy`.
+* `edgetwin.policies.export`: `export_policy`, `load_policy` (data only: safetensors, JSON, npz),
+  `register_policy_kind` (a heuristic class of your own, exportable and loadable in this process).
 * `edgetwin.policies.gate`: `promote`, the twin-gated promotion of a policy.
 """
 
@@ -26,6 +27,7 @@ _WHERE = {
     "export_policy": "edgetwin.policies.export",
     "load_policy": "edgetwin.policies.export",
     "promote": "edgetwin.policies.gate",
+    "register_policy_kind": "edgetwin.policies.export",
     "train_policy": "edgetwin.policies.train",
 }
 __all__ = sorted(_WHERE)

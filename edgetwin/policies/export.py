@@ -5,7 +5,9 @@ Layout of an exported policy directory::
     policy.json      format, kind, algorithm, spec hash, training data hash, metrics at promotion,
                      observation/action columns, the action transform, the shield
     spec.toml        the twin spec the policy acts in
-    model.zip        SB3 model (kind "sb3")
+    model.safetensors  the SB3 policy network (kind "sb3"): its state dict, and its architecture
+                     (spaces, layer sizes, activation) as JSON in the header
+                     (`edgetwin.imitation.networks`)
     obs_norm.npz     VecNormalize's observation statistics, when training normalised observations
     MANIFEST.json    sha256 of every file above (and of anything else in the directory, e.g.
                      training checkpoints): `edgetwin.contract.manifest`
@@ -13,6 +15,15 @@ Layout of an exported policy directory::
 `load_policy` verifies the manifest before it reads anything: a policy with a missing manifest,
 an added, missing or changed file (``policy.json`` included) is refused with exit 2 naming the
 file. Policies exported before manifests existed are refused too; re-export them.
+
+**A policy is data, never code.** A manifest proves a directory intact, not who wrote it, so
+nothing in it is unpickled, imported or evaluated: the network's class comes from the fixed
+registry of the algorithm's policy classes (:data:`ALGORITHMS`, :func:`network_classes`) and its
+weights from safetensors; a heuristic's class from :data:`POLICY_KINDS` by the kind's name (code
+registers more with :func:`register_policy_kind`; a file only chooses among them); every array is
+read with ``allow_pickle=False``. Policies of format ``edgetwin-policy/1`` (an SB3 ``model.zip``,
+which SB3 reads with ``torch.load(weights_only=False)`` and cloudpickle, or a heuristic named by
+``module:class``) are refused with a line that says to re-export them.
 
 The loaded object works on raw, per-agent observations ``(N, O)`` in ``spec.observation_columns``
 order and returns actions ``(N, A)`` in spec units, exactly as the model acted during training:
@@ -34,10 +45,14 @@ from typing import Any
 import numpy as np
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.manifest import MANIFEST_FILE, verify_manifest, write_manifest
+from edgetwin.contract.manifest import MANIFEST_FILE, SIGNATURE_FILE, verify_manifest, write_manifest
 from edgetwin.contract.spec import TwinSpec
 
-FORMAT = "edgetwin-policy/1"
+FORMAT = "edgetwin-policy/2"
+#: Formats of older edgetwins that are refused with "re-export it" (they held pickles / class paths).
+OLD_FORMATS = ("edgetwin-policy/1",)
+#: The network file of an "sb3" policy.
+MODEL_FILE = "model.safetensors"
 #: Files every exported policy has (the manifest must list them).
 _REQUIRED = ("policy.json", "spec.toml")
 
@@ -53,9 +68,107 @@ ALGORITHMS: dict[str, str] = {
 }
 
 
+#: Per algorithm, the SB3 policy (network) classes it may hold, by name. A network file names one
+#: of these; it cannot add one.
+NETWORK_CLASSES: dict[str, tuple[str, ...]] = {
+    "ppo": ("stable_baselines3.common.policies:ActorCriticPolicy",
+            "edgetwin.policies.regularised:RegularisedActorCriticPolicy",
+            "edgetwin.policies.priority:PriorityWeightedPolicy"),
+    "a2c": ("stable_baselines3.common.policies:ActorCriticPolicy",
+            "edgetwin.policies.regularised:RegularisedActorCriticPolicy",
+            "edgetwin.policies.priority:PriorityWeightedPolicy"),
+    "sac": ("stable_baselines3.sac.policies:SACPolicy",),
+    "td3": ("stable_baselines3.td3.policies:TD3Policy",),
+    "maskable_ppo": ("sb3_contrib.common.maskable.policies:MaskableActorCriticPolicy",
+                     "edgetwin.policies.priority:MaskablePriorityWeightedPolicy"),
+    "recurrent_ppo": ("sb3_contrib.common.recurrent.policies:RecurrentActorCriticPolicy",
+                      "edgetwin.policies.regularised:RegularisedRecurrentPolicy"),
+    "dual_critic_ppo": ("edgetwin.policies.dual_critic:DualCriticPolicy",),
+}
+
+#: Exportable non-network policies ("heuristic" kind) by the name ``policy.json`` records: edgetwin's
+#: heuristics and candidates. `register_policy_kind` adds more, from code only.
+POLICY_KINDS: dict[str, str] = {
+    "RoundRobin": "edgetwin.policies.heuristics:RoundRobin",
+    "LeastLoaded": "edgetwin.policies.heuristics:LeastLoaded",
+    "BestFit": "edgetwin.policies.heuristics:BestFit",
+    "ShortestJobFirst": "edgetwin.policies.heuristics:ShortestJobFirst",
+    "LongestJobFirst": "edgetwin.policies.heuristics:LongestJobFirst",
+    "GreedyLowestCarbon": "edgetwin.policies.heuristics:GreedyLowestCarbon",
+    "UniformRandom": "edgetwin.policies.heuristics:UniformRandom",
+    "ConstantPolicy": "edgetwin.policies.candidates:ConstantPolicy",
+}
+_REGISTERED: dict[str, type] = {}
+
+
 def _import(ref: str) -> Any:
+    """The object a *fixed* reference of this module names (never one read from a file)."""
     module, _, attr = ref.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def register_policy_kind(cls: type, name: str | None = None) -> str:
+    """Make ``cls`` (with ``act(obs)``, ``to_config()`` and ``cls(spec, **config)``) exportable and
+    loadable as a "heuristic" policy under ``name`` (default: its class name), in this process.
+
+    This is how code outside edgetwin (an operator's own rule, a test's) becomes a policy kind: the
+    loader of a policy directory chooses among registered kinds by name and never imports a class
+    a file names.
+
+    Raises:
+        ValueError: ``name`` is already a different kind.
+    """
+    key = name or cls.__name__
+    known = _REGISTERED.get(key) or (_import(POLICY_KINDS[key]) if key in POLICY_KINDS else None)
+    if known is not None and known is not cls:
+        raise ValueError(f"policy kind {key!r} is already {known.__module__}.{known.__qualname__}")
+    _REGISTERED[key] = cls
+    return key
+
+
+def _policy_kind(name: Any) -> type | None:
+    if not isinstance(name, str):
+        return None
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    return _import(POLICY_KINDS[name]) if name in POLICY_KINDS else None
+
+
+def _kind_name(cls: type) -> str | None:
+    for key, known in _REGISTERED.items():
+        if known is cls:
+            return key
+    key = cls.__name__
+    return key if key in POLICY_KINDS and _import(POLICY_KINDS[key]) is cls else None
+
+
+def network_classes(algorithm: str) -> dict[str, type]:
+    """The policy network classes an ``algorithm`` of :data:`ALGORITHMS` may hold, by class name."""
+    return {ref.rpartition(":")[2]: _import(ref) for ref in NETWORK_CLASSES[algorithm]}
+
+
+#: Classes of edgetwin's own a network's arguments may name besides the torch / SB3 ones of
+#: `edgetwin.imitation.networks.SAFE_CLASSES`: the regularised policies' optimiser, and the
+#: priority-weighted policies' scores (a frozen dataclass of column indices and weights).
+_SAFE_EXTRA = {
+    "AuxLossAdam": "edgetwin.policies.regularised:AuxLossAdam",
+    "PriorityScores": "edgetwin.policies.priority:PriorityScores",
+}
+
+
+def _safe_extra() -> dict[str, type]:
+    return {k: _import(v) for k, v in _SAFE_EXTRA.items()}
+
+
+class ExportedNetwork:
+    """An exported SB3 policy network, rebuilt from data: ``predict`` as the algorithm's
+    ``model.predict`` (which only delegates to its policy), and the ``policy`` itself."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+
+    def predict(self, observation: np.ndarray, **kwargs: Any) -> tuple[np.ndarray, Any]:
+        return self.policy.predict(observation, **kwargs)  # type: ignore[no-any-return]
 
 
 def algorithm_name(model: Any) -> str:
@@ -147,7 +260,7 @@ class LoadedPolicy:
         self.transform = ActionTransform(**doc.get("action_transform") or {})
         self.obs_norm: dict[str, np.ndarray] | None = None
         if doc.get("obs_norm"):
-            with np.load(path / doc["obs_norm"]) as z:
+            with np.load(path / doc["obs_norm"], allow_pickle=False) as z:
                 self.obs_norm = {k: z[k] for k in z.files}
         self.shield = None
         if doc.get("shield") is not None:
@@ -307,17 +420,28 @@ def export_policy(
     }
     spec.save(path / "spec.toml")
     if hasattr(model_or_policy, "save") and hasattr(model_or_policy, "policy"):
+        from edgetwin.imitation.networks import save_network
+
         doc["kind"] = "sb3"
-        doc["algorithm"] = algorithm_name(model_or_policy)
-        model_or_policy.save(path / "model.zip")
+        doc["algorithm"] = algo = algorithm_name(model_or_policy)
+        try:
+            save_network(model_or_policy.policy, path / MODEL_FILE, network_classes(algo),
+                         extra=dict(getattr(model_or_policy, "policy_kwargs", None) or {}), safe=_safe_extra())  # fmt: skip
+        except ValueError as e:
+            raise InputError(f"cannot export the {algo} policy as data ({e})", "policy") from None
+        doc["model"] = MODEL_FILE
     elif hasattr(model_or_policy, "act") and hasattr(model_or_policy, "to_config"):
         doc["kind"] = "heuristic"
         cls = type(model_or_policy)
+        name = _kind_name(cls)
+        if name is None:
+            raise InputError(
+                f"cannot export a {cls.__qualname__}: not a policy kind edgetwin knows ({sorted(POLICY_KINDS)}); "
+                "register it with edgetwin.policies.export.register_policy_kind",
+                "policy",
+            )
         doc["algorithm"] = getattr(model_or_policy, "name", cls.__name__)
-        doc["heuristic"] = {
-            "class": f"{cls.__module__}:{cls.__qualname__}",
-            "config": model_or_policy.to_config(),
-        }
+        doc["heuristic"] = {"kind": name, "config": model_or_policy.to_config()}
     else:
         raise InputError(
             f"cannot export {type(model_or_policy).__name__}: need an SB3 model or a heuristic with to_config()",
@@ -350,6 +474,7 @@ def export_policy(
         doc["metrics"] = extra.pop("metrics", {})
         doc.update(extra)
     (path / "policy.json").write_text(json.dumps(doc, indent=2, default=_json_default))
+    (path / SIGNATURE_FILE).unlink(missing_ok=True)  # a signature of what was here before no longer holds
     write_manifest(path, "policy", require=_REQUIRED)  # last: seals every file, policy.json included
     return path
 
@@ -384,6 +509,13 @@ def load_policy(path: str | Path) -> LoadedPolicy:
         raise InputError(f"policy.json is not valid JSON ({e})", str(doc_path)) from None
     if not isinstance(doc, dict):
         raise InputError("policy.json is not a JSON object", str(doc_path))
+    if doc.get("format") in OLD_FORMATS:
+        raise InputError(
+            f"policy format {doc.get('format')!r} was written by an older edgetwin (an SB3 pickle or a class path); "
+            f"this edgetwin reads {FORMAT!r}, where a policy is data: re-export it (`edgetwin train`, or "
+            "export_policy) with this edgetwin",
+            str(doc_path),
+        )
     if doc.get("format") != FORMAT:
         raise InputError(f"unknown policy format {doc.get('format')!r}; expected {FORMAT!r}", str(doc_path))
     spec = TwinSpec.load(path / "spec.toml")
@@ -396,21 +528,36 @@ def load_policy(path: str | Path) -> LoadedPolicy:
             raise InputError(f"{key} names {name!r}, which the manifest does not list", str(doc_path))
     kind = doc.get("kind")
     if kind == "sb3":
+        from edgetwin.imitation.networks import load_network
+
         algo = doc.get("algorithm")
         if algo not in ALGORITHMS:
             raise InputError(f"unknown algorithm {algo!r}", str(doc_path))
-        if "model.zip" not in manifest["files"]:
-            raise InputError("an sb3 policy needs model.zip, which the manifest does not list", str(path / "model.zip"))
+        model = path / MODEL_FILE
+        if MODEL_FILE not in manifest["files"] or doc.get("model") != MODEL_FILE:
+            raise InputError(f"an sb3 policy needs {MODEL_FILE}, which the manifest or policy.json does not list",
+                             str(model))  # fmt: skip
         try:
-            impl = _import(ALGORITHMS[algo]).load(path / "model.zip", device="cpu")
-        except Exception as e:  # a sealed but unreadable model (written by another SB3, say)
-            raise InputError(f"cannot load the model ({type(e).__name__}: {e})", str(path / "model.zip")) from None
+            impl: Any = ExportedNetwork(load_network(model, network_classes(algo), safe=_safe_extra()))
+        except Exception as e:  # not safetensors, another class, tensors that do not fit the network
+            raise InputError(f"cannot load the network ({type(e).__name__}: {e})", str(model)) from None
     elif kind == "heuristic":
-        h = doc.get("heuristic") or {}
+        h = doc.get("heuristic")
+        h = h if isinstance(h, dict) else {}
+        cls = _policy_kind(h.get("kind"))
+        if cls is None:
+            raise InputError(
+                f"unknown heuristic kind {h.get('kind')!r}; known: {sorted({*POLICY_KINDS, *_REGISTERED})} "
+                "(a policy's class is never imported from the file; code registers kinds with register_policy_kind)",
+                str(doc_path),
+            )
+        config = h.get("config")
+        if not isinstance(config, dict):
+            raise InputError("heuristic config is not an object", str(doc_path))
         try:
-            impl = _import(h["class"])(spec, **h["config"])
-        except (ImportError, AttributeError, TypeError, KeyError, ValueError) as e:
-            raise InputError(f"cannot rebuild heuristic {h.get('class')} ({e})", str(doc_path)) from None
+            impl = cls(spec, **config)
+        except (TypeError, KeyError, ValueError, InputError) as e:
+            raise InputError(f"cannot rebuild heuristic {h.get('kind')} ({e})", str(doc_path)) from None
     else:
         raise InputError(f"unknown policy kind {kind!r}", str(doc_path))
     try:

@@ -260,13 +260,25 @@ def build_env(
 # ------------------------------------------------------------------------------- training
 
 
+def minibatch_size(buffer: int, target: int = 128) -> int:
+    """A mini-batch size for an on-policy rollout of ``buffer`` transitions: ``buffer`` itself when
+    it is at most ``target``, else the divisor of ``buffer`` in ``[target/2, 2·target]`` closest
+    to ``target`` (SB3 warns, and trains on a truncated last mini-batch, when the size does not
+    divide the rollout: a twin's env count is its agents, e.g. 100 agents x 8 steps = 800 is not
+    a multiple of 128, but of 100), and ``target`` when no such divisor exists."""
+    if buffer <= target:
+        return buffer
+    near = [d for d in range(target // 2, 2 * target + 1) if buffer % d == 0]
+    return min(near, key=lambda d: (abs(d - target), d)) if near else target
+
+
 #: Small-problem defaults per algorithm (per sub-env rollout lengths scale with the env count).
 def default_hyper(algo: Algo, n_envs: int) -> dict[str, Any]:
     if algo == "recurrent_ppo":  # sequences make each epoch costly: fewer, shorter
         n_steps = max(16, 512 // n_envs)
         return {
             "n_steps": n_steps,
-            "batch_size": min(128, n_steps * n_envs),
+            "batch_size": minibatch_size(n_steps * n_envs),
             "n_epochs": 3,
             "learning_rate": 3e-4,
             "gamma": 0.95,
@@ -274,7 +286,7 @@ def default_hyper(algo: Algo, n_envs: int) -> dict[str, Any]:
     if algo in ("ppo", "maskable_ppo", "dual_critic_ppo"):
         # short rollouts (~512 transitions) give many updates per step budget on small twins
         n_steps = max(8, 512 // n_envs)
-        batch = min(128, n_steps * n_envs)
+        batch = minibatch_size(n_steps * n_envs)
         return {"n_steps": n_steps, "batch_size": batch, "n_epochs": 5, "learning_rate": 1e-3, "gamma": 0.95}
     if algo == "a2c":
         return {"n_steps": 8, "learning_rate": 1e-3, "gamma": 0.95}
@@ -315,6 +327,75 @@ class _AuxLossLogger(BaseCallback):
 
 
 _CKPT = re.compile(r"ckpt_(\d+)_steps\.zip$")
+
+
+class _DataCheckpoint(CheckpointCallback):
+    """SB3's checkpoints, resumable as data: the model's zip (of which `train_policy` reads only the
+    tensors, with ``weights_only=True``: never the pickled ``data`` entry) and VecNormalize's
+    statistics as npz. The replay buffer (a pickle in SB3) is not kept: an off-policy run resumes
+    with its weights and an empty buffer. A checkpoint directory ends up inside the exported policy,
+    which travels; so nothing in it may be code."""
+
+    def _on_step(self) -> bool:
+        if self.n_calls % self.save_freq == 0:
+            self.model.save(self._checkpoint_path(extension="zip"))
+            norm = self.model.get_vec_normalize_env()
+            if norm is not None:
+                arrays = {f"{which}.{k}": np.asarray(getattr(getattr(norm, which), k), np.float64)
+                          for which in ("obs_rms", "ret_rms") for k in ("mean", "var", "count")}  # fmt: skip
+                with open(self._checkpoint_path("vecnormalize_", extension="npz"), "wb") as f:
+                    np.savez(f, **arrays)  # type: ignore[arg-type]  # the stub lets **kwds fill allow_pickle
+        return True
+
+
+def _load_checkpoint_weights(model: BaseAlgorithm, path: Path) -> None:
+    """Copy a checkpoint's tensors into a freshly built ``model``: its state dicts (networks and
+    optimisers, ``exact_match``: exactly the model's own) and its torch variables (e.g. SAC's
+    entropy coefficient), read by ``torch.load(weights_only=True)``; the zip's pickled ``data`` is
+    never read (`load_from_zip_file(load_data=False)`).
+
+    Raises:
+        InputError: the checkpoint is not one of this model (naming it).
+    """
+    from stable_baselines3.common.save_util import load_from_zip_file
+    from stable_baselines3.common.utils import get_device
+
+    try:
+        _, params, variables = load_from_zip_file(path, load_data=False, device=get_device("cpu"))
+        model.set_parameters(params, exact_match=True, device="cpu")
+        for name in model._get_torch_save_params()[1]:
+            if variables is not None and name in variables:
+                target = model
+                *parents, last = name.split(".")
+                for part in parents:
+                    target = getattr(target, part)
+                getattr(target, last).data.copy_(variables[name].data)
+    except Exception as e:  # a checkpoint of another run, algorithm or SB3
+        raise InputError(f"cannot resume from this checkpoint ({type(e).__name__}: {e})", str(path)) from None
+
+
+def _checkpoint_steps(path: Path, default: int) -> int:
+    """The ``num_timesteps`` a checkpoint zip records, read from its JSON ``data`` as plain JSON
+    (SB3 writes it as a number; nothing there is unpickled); ``default`` if absent."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            value = json.loads(z.read("data")).get("num_timesteps")
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return default
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _load_normalize_stats(norm: VecNormalize, path: Path) -> None:
+    """VecNormalize's running statistics from a checkpoint's npz (no pickle), when it has one."""
+    if not path.is_file():
+        return
+    with np.load(path, allow_pickle=False) as z:
+        for which in ("obs_rms", "ret_rms"):
+            rms = getattr(norm, which)
+            rms.mean, rms.var = z[f"{which}.mean"], z[f"{which}.var"]
+            rms.count = float(z[f"{which}.count"])
 
 
 def latest_checkpoint(directory: Path) -> tuple[Path, int] | None:
@@ -459,45 +540,33 @@ def train_policy(
 
     resumed_from = None
     found = latest_checkpoint(ckpt_dir) if resume and ckpt_dir.is_dir() else None
+    model = cls(
+        policy,
+        venv,
+        seed=seed,
+        device="cpu",
+        verbose=verbose,
+        policy_kwargs=pk or None,
+        tensorboard_log=None if tensorboard_dir is None else str(tensorboard_dir),
+        **hp,
+    )
     if found is not None:
         path, done = found
-        vn = ckpt_dir / f"ckpt_vecnormalize_{done}_steps.pkl"
-        if chain.normalize is not None and vn.is_file():
-            chain.normalize = VecNormalize.load(str(vn), chain.normalize.venv)
-            venv = chain.venv = chain.normalize
-        model = cls.load(
-            path,
-            env=venv,
-            device="cpu",
-            tensorboard_log=None if tensorboard_dir is None else str(tensorboard_dir),
-        )
-        rb = ckpt_dir / f"ckpt_replay_buffer_{done}_steps.pkl"
-        if rb.is_file() and hasattr(model, "load_replay_buffer"):
-            model.load_replay_buffer(rb)
+        if chain.normalize is not None:
+            _load_normalize_stats(chain.normalize, ckpt_dir / f"ckpt_vecnormalize_{done}_steps.npz")
+        _load_checkpoint_weights(model, path)
+        model.num_timesteps = done
         resumed_from = str(path)
-    else:
-        model = cls(
-            policy,
-            venv,
-            seed=seed,
-            device="cpu",
-            verbose=verbose,
-            policy_kwargs=pk or None,
-            tensorboard_log=None if tensorboard_dir is None else str(tensorboard_dir),
-            **hp,
-        )
     if tensorboard_dir is None:
         model.set_logger(quiet_logger(verbose))
 
     callbacks: list[BaseCallback] = [_AuxLossLogger()]
     if checkpoint_every > 0:
         callbacks.append(
-            CheckpointCallback(
+            _DataCheckpoint(
                 save_freq=max(checkpoint_every // venv.num_envs, 1),
                 save_path=str(ckpt_dir),
                 name_prefix="ckpt",
-                save_replay_buffer=algo in ("sac", "td3"),
-                save_vecnormalize=chain.normalize is not None,
             )
         )
     eval_cb = None
@@ -550,7 +619,8 @@ def train_policy(
     best = None
     if eval_cb is not None and (out / "best" / "best_model.zip").is_file():
         best = float(eval_cb.best_mean_reward)
-        model = cls.load(out / "best" / "best_model.zip", env=venv, device="cpu")
+        _load_checkpoint_weights(model, out / "best" / "best_model.zip")
+        model.num_timesteps = _checkpoint_steps(out / "best" / "best_model.zip", model.num_timesteps)
 
     meta = dict(metadata or {})
     meta.setdefault("metrics", {})
@@ -597,6 +667,7 @@ __all__ = [
     "TrainResult",
     "build_env",
     "default_hyper",
+    "minibatch_size",
     "latest_checkpoint",
     "spec_of",
     "train_policy",

@@ -2,19 +2,47 @@
 
 from __future__ import annotations
 
-import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from stable_baselines3.common.policies import ActorCriticPolicy
 
 from edgetwin.contract.errors import InputError
+from edgetwin.imitation.baselines import SupervisedResponseModel
 from edgetwin.imitation.mail import GaussianModel
+from edgetwin.imitation.networks import load_network, save_network
 from edgetwin.imitation.site_model import SiteStateModel
 
-__all__ = ["Member"]
+__all__ = ["NETWORK_CLASSES", "Member"]
+
+#: The only network classes a member's files may name (clients, engines and transitions are all
+#: SB3 actor-critic policies): a file chooses among these, never adds to them.
+NETWORK_CLASSES: dict[str, type] = {"ActorCriticPolicy": ActorCriticPolicy}
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    # the numpy stub lets **kwds fill `allow_pickle: bool`: a false arg-type error
+    np.savez(path, **arrays)  # type: ignore[arg-type]
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _read(path: Path, read: Callable[[Path], Any]) -> Any:
+    """``read(path)``, any failure an `InputError` naming ``path`` (one line)."""
+    try:
+        return read(path)
+    except InputError:
+        raise
+    except Exception as e:  # numpy / safetensors / torch each raise their own kinds
+        msg = " ".join(str(e).split())
+        raise InputError(f"cannot read it ({type(e).__name__}: {msg})", str(path)) from None
 
 
 @dataclass
@@ -30,53 +58,79 @@ class Member:
     site_model: SiteStateModel | None = None
 
     def save(self, path: Path) -> None:
+        """Write the member as data: networks in safetensors (`edgetwin.imitation.networks`),
+        other models as npz, the history as CSV; no pickle (see `load`)."""
+        from safetensors.torch import save_file
+
         path.mkdir(parents=True, exist_ok=True)
         for s, c in self.clients.items():
             if isinstance(c, ActorCriticPolicy):
-                c.save(str(path / f"client_{s}.pt"))
+                save_network(c, path / f"client_{s}.safetensors", NETWORK_CLASSES)
+            elif isinstance(c, SupervisedResponseModel):
+                _save_npz(path / f"client_{s}.npz", c.to_arrays())
             else:
-                with open(path / f"client_{s}.pkl", "wb") as fh:
-                    pickle.dump(c, fh)
+                raise TypeError(f"cannot save a {type(c).__name__} client model as data")
         for s, e in self.engines.items():
-            e.save(str(path / f"engine_{s}.pt"))
+            save_network(e, path / f"engine_{s}.safetensors", NETWORK_CLASSES)
         for s, tr in (self.transition or {}).items():
-            tr.save(str(path / f"transition_{s}.pt"))
+            save_network(tr, path / f"transition_{s}.safetensors", NETWORK_CLASSES)
         if self.site_model is not None:
-            with open(path / "site_model.pkl", "wb") as fh:
-                pickle.dump(self.site_model, fh)
+            arrays, tensors = self.site_model.to_data()
+            _save_npz(path / "site_model.npz", arrays)
+            save_file(tensors, str(path / "site_model.safetensors"))
         self.history.to_csv(path / "history.csv", index=False)
         (path / "DONE").write_text("ok\n")
 
     @classmethod
     def load(cls, path: Path, n_scenarios: int) -> Member:
+        """Read a member written by `save`. Only data is read: a network's class is one of
+        :data:`NETWORK_CLASSES` and its tensors come from safetensors, other arrays from npz with
+        ``allow_pickle=False``. A member written by an edgetwin that pickled its models (``.pt`` /
+        ``.pkl`` files) is refused: refit the twin.
+
+        Raises:
+            InputError: an old-format member, or a file that is not what it should be (naming it).
+        """
+        from safetensors.torch import load_file
+
+        old = sorted(p.name for p in path.iterdir() if p.suffix in (".pt", ".pkl"))
+        if old:
+            raise InputError(
+                f"{old[0]} is a pickle written by an older edgetwin; artifacts are data now (safetensors, JSON, "
+                "npz) and pickles are never loaded: refit the twin with `edgetwin fit` (into a new directory, or "
+                "after removing this old fit's checkpoint)",
+                str(path / old[0]),
+            )
+
+        def network(name: str) -> ActorCriticPolicy:
+            f = path / name
+            try:
+                net: ActorCriticPolicy = load_network(f, NETWORK_CLASSES)
+            except FileNotFoundError:
+                raise InputError("missing network file", str(f)) from None
+            except Exception as e:  # safetensors / torch / a rebuilt network that does not fit
+                raise InputError(f"cannot read it as a network ({type(e).__name__}: {e})", str(f)) from None
+            return net
+
         clients: dict[int, Any] = {}
         engines: dict[int, ActorCriticPolicy] = {}
         for s in range(n_scenarios):
-            if (path / f"client_{s}.pt").is_file():
-                clients[s] = ActorCriticPolicy.load(str(path / f"client_{s}.pt"), device="cpu")
+            if (path / f"client_{s}.npz").is_file():
+                clients[s] = _read(path / f"client_{s}.npz", lambda p: SupervisedResponseModel.from_arrays(_load_npz(p)))
             else:
-                with open(path / f"client_{s}.pkl", "rb") as fh:
-                    clients[s] = pickle.load(fh)
-            engines[s] = ActorCriticPolicy.load(str(path / f"engine_{s}.pt"), device="cpu")
+                clients[s] = network(f"client_{s}.safetensors")
+            engines[s] = network(f"engine_{s}.safetensors")
         transition: dict[int, ActorCriticPolicy] | None = None
-        if (path / "transition_0.pt").is_file():
-            transition = {
-                s: ActorCriticPolicy.load(str(path / f"transition_{s}.pt"), device="cpu")
-                for s in range(n_scenarios)
-            }
+        if (path / "transition_0.safetensors").is_file():
+            transition = {s: network(f"transition_{s}.safetensors") for s in range(n_scenarios)}
         hist = (
             pd.read_csv(path / "history.csv") if (path / "history.csv").stat().st_size > 1 else pd.DataFrame()
         )
         site_model = None
-        if (path / "site_model.pkl").is_file():
-            with open(path / "site_model.pkl", "rb") as fh:
-                site_model = pickle.load(fh)
-            if not hasattr(site_model, "net"):  # the per-agent MLP form before the log-linear one
-                raise InputError(
-                    f"{path / 'site_model.pkl'}: a site-state model of an older edgetwin (no log-linear "
-                    "'net'); refit the twin with --site-model / --site-columns",
-                    str(path / "site_model.pkl"),
-                )
+        if (path / "site_model.npz").is_file():
+            arrays = _read(path / "site_model.npz", _load_npz)
+            tensors = _read(path / "site_model.safetensors", lambda p: load_file(str(p), device="cpu"))
+            site_model = _read(path / "site_model.safetensors", lambda _: SiteStateModel.from_data(arrays, tensors))
         return cls(clients, engines, hist, transition, site_model)
 
     def models(self) -> dict[int, Any]:

@@ -33,7 +33,7 @@ import torch as th
 from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.manifest import MANIFEST_FILE, verify_manifest, write_manifest
+from edgetwin.contract.manifest import MANIFEST_FILE, SIGNATURE_FILE, verify_manifest, write_manifest
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.imitation.baselines import ClonedPlatformPolicy, SupervisedResponseModel
@@ -58,7 +58,9 @@ from edgetwin.twin.support import ProfileSupport, SupportIndex
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+#: 2: every file is data (networks in safetensors, other models npz, metadata JSON / TOML); twins
+#: of format 1 pickled their models and are refused (`Twin.load`).
+FORMAT_VERSION = 2
 RESPONSE_MODELS = ("mail", "bc", "supervised")
 TRANSITION_MODELS = ("site", "client")
 
@@ -238,13 +240,13 @@ class Twin:
                 ``"client"`` (default: the client model's own ``Δstate``) or ``"site"`` (a
                 separate model that also sees the agent's own outputs and its site's actions and
                 outputs of the tick, `edgetwin.imitation.mail.fit_transition`; on the emulated
-                cluster it ranked policies worse, see docs/benchmarks.md).
+                cluster it ranked policies worse, see docs/benchmarks/CHANGELOG.md).
             site_model: when the log has site-level state columns (one value per site and tick),
                 move them by a `SiteStateModel` that sees the whole site's tick (every agent's
                 action and output): True for all of them, or a list of those column names;
                 False (default): by the mean of the agents' own predictions. Off by default: on
                 the emulated cluster it did not rank policies better on every seed
-                (docs/benchmarks.md, "Paired quick checks").
+                (docs/benchmarks/twin_site_state/README.md; docs/benchmarks/CHANGELOG.md).
             workers: fit the ensemble members on a local process pool of this many processes
                 (``None``/0: one per core; 1: serially, in this process). The twin does not depend
                 on it: each member's data and seed are drawn before any is fitted
@@ -483,7 +485,9 @@ class Twin:
             if mdir.exists():
                 shutil.rmtree(mdir)
             m.save(mdir)
-        # last: seal every file (metadata included; a fit's checkpoint too) against later edits
+        # last: seal every file (metadata included; a fit's checkpoint too) against later edits; a
+        # signature of what was here before no longer holds
+        (path / SIGNATURE_FILE).unlink(missing_ok=True)
         write_manifest(path, "twin", require=_TWIN_FILES)
         return path
 
@@ -501,13 +505,21 @@ class Twin:
             raise InputError("not a twin directory (no meta.json / layout.json)", str(path))
         manifest = verify_manifest(path, "twin", require=_TWIN_FILES)
         meta = _read_sealed(path / "meta.json", lambda p: json.loads(p.read_text()))
+        version = meta.get("format_version") if isinstance(meta, dict) else None
+        if version != FORMAT_VERSION:
+            raise InputError(
+                f"twin format {version!r}, this edgetwin reads format {FORMAT_VERSION} (artifacts are data: "
+                "safetensors, JSON, npz; older twins pickled their models and are never loaded): refit it "
+                "with `edgetwin fit`",
+                str(path / "meta.json"),
+            )
         layout = _read_sealed(path / "layout.json", lambda p: Layout.from_dict(json.loads(p.read_text())))
         spec = _read_sealed(path / "spec.toml", TwinSpec.load)
         if spec.hash() != layout.spec.hash():
             raise InputError("spec.toml is not the spec the twin was fitted with", str(path / "spec.toml"))
 
         def arrays(p: Path) -> dict[str, np.ndarray]:
-            with np.load(p) as z:
+            with np.load(p, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
 
         arr = _read_sealed(path / "arrays.npz", arrays)

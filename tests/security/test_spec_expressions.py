@@ -139,6 +139,13 @@ def test_the_payload_never_runs_in_logs_validate(tmp_path: Path) -> None:
     assert "[[dynamics]] entry 1 (state.backlog_s)" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.fixture(autouse=True)
+def _allow_spec_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The specs here name functions of these modules: allowed, as a user would (issue 37.2: a spec's
+    module is imported only where allowed; tests/security/test_artifacts.py tests the refusal)."""
+    monkeypatch.setenv("EDGETWIN_ALLOW_CODE", "math,toy_fns,toy_acct")
+
+
 @pytest.fixture(scope="module")
 def sealed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A small real twin of the emulated cluster (its spec declares three columns) and a policy."""

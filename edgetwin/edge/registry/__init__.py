@@ -39,8 +39,10 @@ from edgetwin.edge.registry.base import (
     RegistryError,
     VersionExists,
     VersionNotFound,
+    artifact_kind,
     check_scope,
     rollback_target,
+    verify_twin_dir,
 )
 from edgetwin.edge.registry.file_registry import (
     FileRegistry,
@@ -67,6 +69,7 @@ __all__ = [
     "ThreadedRegistry",
     "VersionExists",
     "VersionNotFound",
+    "artifact_kind",
     "check_scope",
     "describe_registry",
     "describe_version",
@@ -75,4 +78,5 @@ __all__ = [
     "open_async_registry",
     "open_registry",
     "rollback_target",
+    "verify_twin_dir",
 ]

@@ -94,7 +94,7 @@ def metadata_from_policy_dir(policy_dir: str | Path) -> dict[str, Any]:
     """
     doc_path = Path(policy_dir) / "policy.json"
     if not doc_path.is_file():
-        return {}
+        return _metadata_from_twin_dir(Path(policy_dir))
     try:
         doc = json.loads(doc_path.read_text())
     except (OSError, ValueError) as e:
@@ -116,12 +116,32 @@ def metadata_from_policy_dir(policy_dir: str | Path) -> dict[str, Any]:
     return md
 
 
+def _metadata_from_twin_dir(twin_dir: Path) -> dict[str, Any]:
+    """Registry metadata defaults of a twin directory, from its ``meta.json``: its spec hash and the
+    sha256 of the data it was fitted on (``training_data_hash``), and ``algorithm`` "twin"."""
+    meta_path = twin_dir / "meta.json"
+    if not meta_path.is_file():
+        return {}
+    try:
+        doc = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"meta.json is not valid JSON ({e})", where=str(meta_path)) from None
+    if not isinstance(doc, dict):
+        return {}
+    md: dict[str, Any] = {"algorithm": "twin"}
+    for src, dst in (("spec_hash", "spec_hash"), ("data_sha256", "training_data_hash")):
+        if isinstance(doc.get(src), str):
+            md[dst] = doc[src]
+    return md
+
+
 def describe_version(registry: PolicyRegistry, version: str) -> dict[str, Any]:
     """One version's manifest as a flat dict (for `edgetwin registry show` / ``list``), unverified."""
     m = registry.manifest(version)
     return {
         "version": version,
         "name": m.metadata.get("name"),
+        "kind": m.metadata.get("kind") or "policy",
         "algorithm": m.metadata.get("algorithm"),
         "created": m.metadata.get("created"),
         "parent_version": m.metadata.get("parent_version"),

@@ -17,11 +17,13 @@ Two implementations of the same contract, one module each:
 async code, and `open_registry` (`edgetwin.edge.registry.access`) opens either from a path or a
 ``nats://`` URL, which is what the CLI uses.
 
-Custody: `publish` verifies the policy directory against its manifest
+Custody: `publish` verifies the policy or twin directory against its manifest
 (`edgetwin.contract.manifest`) before it packs and signs anything, so the registry never signs a
-tampered, unsealed or non-policy directory; every fetch verifies the signature (`verify_artifact`)
-before anything is unpacked, and the unpacked directory against its manifest before it is handed
-over.
+tampered or unsealed directory; every fetch verifies the signature (`verify_artifact`) before
+anything is unpacked, the signed kind against the one asked for (a twin is never handed over as a
+policy), and the unpacked directory against its manifest before it is handed over. A twin is also
+signed *as a directory* when it is published (`edgetwin.edge.signed_dirs`: its ``SIGNATURE.json``
+travels in the packed bytes), so a fetched twin verifies offline with ``--trust`` wherever it goes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.manifest import ArtifactTampered, verify_manifest
+from edgetwin.contract.manifest import KINDS, ArtifactTampered, read_manifest, verify_manifest
 from edgetwin.edge.signing import (
     ArtifactRejected,
     Manifest,
@@ -189,15 +191,22 @@ def rollback_target(history: list[PointerChange]) -> str | None:
 def _prepare(policy_dir: str | Path, metadata: Mapping[str, Any], signer: Signer) -> tuple[bytes, dict[str, Any]]:
     if not isinstance(signer, Signer):
         raise InputError("publishing needs a Signer (a private key): the registry holds only signed artifacts")
-    policy_json = verify_policy_dir(policy_dir)  # before anything is packed or signed
-    packed = pack_directory(policy_dir)
+    kind = artifact_kind(policy_dir)
+    if kind == "twin":
+        doc = verify_twin_dir(policy_dir)  # before anything is packed or signed
+        packed = _pack_signed_twin(Path(policy_dir), signer, metadata)
+        doc = {"spec_hash": doc.get("spec_hash")}
+    else:
+        doc = verify_policy_dir(policy_dir)  # before anything is packed or signed
+        packed = pack_directory(policy_dir)
     md = dict(metadata)
-    # the signed metadata may add to policy.json, but not disown the spec the policy acts in
-    if md.get("spec_hash") is not None and policy_json.get("spec_hash") not in (None, md["spec_hash"]):
+    md["kind"] = kind
+    # the signed metadata may add to policy.json / meta.json, but not disown the spec it acts in
+    if md.get("spec_hash") is not None and doc.get("spec_hash") not in (None, md["spec_hash"]):
+        what = "meta.json" if kind == "twin" else "policy.json"
         raise InputError(
-            f"metadata says spec_hash {md['spec_hash']!r} but the sealed policy.json says "
-            f"{policy_json['spec_hash']!r}",
-            where=str(Path(policy_dir) / "policy.json"),
+            f"metadata says spec_hash {md['spec_hash']!r} but the sealed {what} says {doc['spec_hash']!r}",
+            where=str(Path(policy_dir) / what),
         )
     if md.get("version") is None:
         md["version"] = f"{AUTO_VERSION_PREFIX}0"  # placeholder so the rest is validated before a name is picked
@@ -206,6 +215,50 @@ def _prepare(policy_dir: str | Path, metadata: Mapping[str, Any], signer: Signer
     else:
         normalize_metadata(md)
     return packed, md
+
+
+def artifact_kind(directory: str | Path) -> str:
+    """``"policy"`` or ``"twin"``: the kind its manifest records (read, not yet verified).
+
+    Raises:
+        InputError: not a directory, or no readable manifest (`ArtifactTampered`).
+    """
+    return str(read_manifest(directory)["kind"])
+
+
+def verify_twin_dir(twin_dir: str | Path) -> dict[str, Any]:
+    """Check a twin directory before it is signed: sealed, every file matching its manifest.
+
+    Returns:
+        Its ``meta.json`` document (a JSON object).
+
+    Raises:
+        InputError: no manifest, another kind, a missing, added or altered file (naming it), or a
+            meta.json that is not a JSON object.
+    """
+    root = Path(twin_dir)
+    verify_manifest(root, "twin", require=("meta.json", "spec.toml"))
+    try:
+        doc = json.loads((root / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"meta.json is not valid JSON ({e})", where=str(root / "meta.json")) from None
+    if not isinstance(doc, dict):
+        raise InputError("meta.json is not a JSON object", where=str(root / "meta.json"))
+    return doc
+
+
+def _pack_signed_twin(root: Path, signer: Signer, metadata: Mapping[str, Any]) -> bytes:
+    """The twin's packed bytes with a fresh ``SIGNATURE.json`` by ``signer`` inside (the source
+    directory is not touched): the directory signature travels with the twin."""
+    import tempfile
+
+    from edgetwin.edge.signed_dirs import sign_directory
+
+    with tempfile.TemporaryDirectory(prefix="edgetwin-twin-") as tmp:
+        copy = Path(tmp) / "twin"
+        shutil.copytree(root, copy, symlinks=True)
+        sign_directory(copy, "twin", signer, {"name": metadata.get("name"), "publisher": signer.key_id})
+        return pack_directory(copy)
 
 
 def verify_policy_dir(policy_dir: str | Path) -> dict[str, Any]:
@@ -331,19 +384,24 @@ class PolicyRegistry(abc.ABC):
             return manifest.version
         raise RegistryError("could not pick a free version name after 100 attempts")
 
-    def fetch(self, version: str, dest_dir: str | Path, trust: TrustStore) -> Path:
+    def fetch(self, version: str, dest_dir: str | Path, trust: TrustStore, kind: str = "policy") -> Path:
         """Verify ``version`` against ``trust`` and unpack it into ``dest_dir``.
 
         ``dest_dir`` must not exist or be empty; nothing is written there unless the artifact is
         verified. Returns ``dest_dir``.
 
+        Args:
+            kind: ``"policy"`` or ``"twin"``: what the caller will load; another kind is refused.
+
         Raises:
-            ArtifactRejected: unsigned, untrusted key, bad signature, checksum or version mismatch.
+            ArtifactRejected: unsigned, untrusted key, bad signature, checksum or version mismatch,
+                another kind than ``kind``.
             VersionNotFound: no such version.
         """
         packed, manifest = self._load(version)
         verify_artifact(packed, manifest, trust, expected_version=version)
-        return _unpack_atomically(packed, Path(dest_dir), version)
+        _check_kind(manifest, kind, version)
+        return _unpack_atomically(packed, Path(dest_dir), version, kind)
 
     def previous(self, scope: str) -> str | None:
         """The version a rollback of ``scope`` would return to (see `rollback_target`)."""
@@ -414,11 +472,12 @@ class AsyncPolicyRegistry(abc.ABC):
             return manifest.version
         raise RegistryError("could not pick a free version name after 100 attempts")
 
-    async def fetch(self, version: str, dest_dir: str | Path, trust: TrustStore) -> Path:
+    async def fetch(self, version: str, dest_dir: str | Path, trust: TrustStore, kind: str = "policy") -> Path:
         """See `PolicyRegistry.fetch`."""
         packed, manifest = await self._load(version)
         verify_artifact(packed, manifest, trust, expected_version=version)
-        return await asyncio.to_thread(_unpack_atomically, packed, Path(dest_dir), version)
+        _check_kind(manifest, kind, version)
+        return await asyncio.to_thread(_unpack_atomically, packed, Path(dest_dir), version, kind)
 
     async def previous(self, scope: str) -> str | None:
         return rollback_target(await self.history(check_scope(scope)))
@@ -436,7 +495,16 @@ class AsyncPolicyRegistry(abc.ABC):
         return target
 
 
-def _unpack_atomically(packed: bytes, dest: Path, version: str) -> Path:
+def _check_kind(manifest: Manifest, kind: str, version: str) -> None:
+    """Refuse a verified artifact of another kind than the caller's (a twin fetched as a policy)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown artifact kind {kind!r}; expected one of {KINDS}")
+    have = manifest.metadata.get("kind") or "policy"  # versions published before kinds were policies
+    if have != kind:
+        raise ArtifactRejected(RejectReason.MALFORMED, f"version {version} is a {have}, not a {kind}", version)
+
+
+def _unpack_atomically(packed: bytes, dest: Path, version: str, kind: str = "policy") -> Path:
     """Unpack into a temporary sibling, then rename, so ``dest`` is either complete or absent."""
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InputError("destination exists and is not an empty directory", where=str(dest))
@@ -447,8 +515,8 @@ def _unpack_atomically(packed: bytes, dest: Path, version: str) -> Path:
             unpack_artifact(packed, tmp)
         except ArtifactRejected as e:
             raise ArtifactRejected(e.reason, e.detail, version) from None
-        try:  # signed, but was what got signed a sealed, intact policy?
-            verify_manifest(tmp, "policy", require=("policy.json",))
+        try:  # signed, but was what got signed a sealed, intact policy (twin)?
+            verify_manifest(tmp, kind, require=("policy.json",) if kind == "policy" else ("meta.json", "spec.toml"))
         except ArtifactTampered as e:
             rel = e.file.relative_to(tmp) if e.file.is_relative_to(tmp) else e.file.name
             raise ArtifactRejected(RejectReason.UNSEALED, f"{rel}: {e.problem}", version) from None
