@@ -106,14 +106,16 @@ def _promote(d: Path, policy: Path, reg: str, *extra: str) -> int:
 
 def test_promote_canary_same_seed_same_rounds_and_verdict(promote_setup, capsys) -> None:  # type: ignore[no-untyped-def]
     d, policy = promote_setup
-    flags = ("--canary", "--canary-rounds", "1", "--max-share", "25%", "--max-regression", "kpi.slo_violation=5%",
+    flags = ("--canary", "--canary-rounds", "1", "--max-share", "25%", "--max-regression", "kpi.slo_violation=0",
              "--seed", "2")  # fmt: skip
     code_a = _promote(d, policy, "reg-a", *flags)
     doc_a = json.loads(capsys.readouterr().out)
     code_b = _promote(d, policy, "reg-b", *flags)
     doc_b = json.loads(capsys.readouterr().out)
     assert code_a == code_b and code_a in (0, 1, 3)
-    assert "canary" in doc_a  # this tiny twin abstains: the canary ran, its rounds are reported
+    # a margin of 0 on a candidate trained 256 steps (about the logging policy): the interval of a
+    # near-zero change straddles it, the gate abstains, the canary runs and its rounds are reported
+    assert "canary" in doc_a
     if "canary" in doc_a:
         a, b = doc_a["canary"], doc_b["canary"]
         assert a["verdict"] == b["verdict"] and a["rounds"] and len(a["rounds"]) <= 1
