@@ -26,8 +26,8 @@ groups and ``hours``.
 24 hours up to the budget and one episode), the cheapest option (least fleet loss, then fewest
 group-hours) whose expected interval decides every deciding KPI (lies wholly on one side of its
 margin); when none does, the largest option the budget allows (most groups, then longest: the most
-evidence for the risk the operator accepts), and the plan says it may not decide. The expected
-interval ignores the pre-tick covariate the verdict uses (`edgetwin.policies.ppi`), so it errs wide.
+evidence for the risk the operator accepts), and the plan says it may not decide. The residual
+spread is taken after the same pre-tick covariate adjustment the verdict makes (`edgetwin.policies.ppi`).
 
 **Which groups.** Drawn uniformly at random (seeded) from the fleet: the PPI rectifier is unbiased
 for the fleet only when the slice is a random sample of it, so the plan does not pick the groups
@@ -266,10 +266,13 @@ def _kpi_column(kdef: Any) -> str | None:
 
 
 def _residual_spread(
-    twin: Any, log: pd.DataFrame, columns: Sequence[str], hours: Sequence[float], seed: int, members: Any
+    twin: Any, log: pd.DataFrame, columns: Sequence[str], hours: Sequence[float], seed: int, members: Any,
+    pre_ticks: int = 4,
 ) -> dict[tuple[str, float], float]:
     """Per column and window length: the standard deviation over groups of the twin's per-group
-    error for the logged actions on the log's last episode (what ``var(y − f)`` will be)."""
+    error for the logged actions on the log's last episode over the ticks a canary of that length
+    would judge (after ``pre_ticks``), less each group's own pre-tick level (the covariate the
+    verdict uses, `edgetwin.policies.ppi`): what ``var(y − f)`` will be."""
     from edgetwin.policies.ppi import twin_group_series
     from edgetwin.twin.whatif import builtin_policy
 
@@ -281,13 +284,20 @@ def _residual_spread(
         f = series[("logged", c)]  # agents x T
         y = last.pivot_table(index="agent", columns="t", values=c, aggfunc="mean")
         y = y.reindex(index=f.index)
-        t0 = int(min(y.columns)) if len(y.columns) else 0
+        ts = sorted(y.columns)
+        x = y.loc[:, ts[:pre_ticks]].mean(axis=1).to_numpy() if pre_ticks > 0 else None
         for h in hours:
             n_t = max(1, int(round(h * 4)))
-            yw = y.loc[:, [t for t in y.columns if t - t0 < n_t]].mean(axis=1).to_numpy()
-            fw = f.iloc[:, :n_t].mean(axis=1).to_numpy()
+            yw = y.loc[:, ts[pre_ticks:pre_ticks + n_t]].mean(axis=1).to_numpy()
+            fw = f.iloc[:, pre_ticks:pre_ticks + n_t].mean(axis=1).to_numpy()
             r = yw - fw
-            r = r[np.isfinite(r)]
+            ok = np.isfinite(r) & (np.isfinite(x) if x is not None else True)
+            r = r[ok]
+            if x is not None and ok.sum() > 2:
+                xc = x[ok] - x[ok].mean()
+                sxx = float(xc @ xc)
+                if sxx > 0:
+                    r = r - float(xc @ (r - r.mean())) / sxx * xc
             out[(c, h)] = float(np.std(r, ddof=1)) if len(r) > 1 else float("inf")
     return out
 
@@ -376,7 +386,7 @@ def plan_canary(
     preds = twin_group_predictions(
         twin, {"candidate": candidate, "baseline": baseline}, log, columns, episodes=1, seed=seed, members=members
     )
-    resid = _residual_spread(twin, log, columns, hours_opts, seed, members)
+    resid = _residual_spread(twin, log, columns, hours_opts, seed, members, pre_ticks)
     z = float(stats.norm.ppf(0.5 + LEVEL / 2))
 
     def option(n: int, h: float) -> tuple[bool, float, float, list[PlannedKPI]]:
