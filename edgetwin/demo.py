@@ -110,7 +110,10 @@ def run_demo(
 
     t0 = time.perf_counter()
     log("[7] promotion through the gate to a signed registry, then serving the cluster from an edge runtime")
-    res.numbers.update(_promote_and_serve(twin, df, Path(trained.path), out, config, seed, log))
+    # the gate calibrates on traffic the twin was not fitted on (it refuses its training log): the
+    # cluster's next day, still under the logging policy
+    recent, _ = generate_logs(config, episodes=2, policy="random", seed=seed + 10_000, progress=False)
+    res.numbers.update(_promote_and_serve(twin, recent, Path(trained.path), out, config, seed, log))
     res.artifacts["registry"] = out / "registry"
     res.artifacts["promotion_report"] = out / "promotion"
     res.seconds["promote_and_serve"] = time.perf_counter() - t0

@@ -94,7 +94,16 @@ class WhatIfResult:
             "hybrid": "levels widened by the conformal quantile of the ensemble's relative error, changes by that "
             "error applied to the change plus the conformal multiple of the members' spread of the change",
         }.get(self.calibration.method, self.calibration.method)
-        return f"90 % two-level bootstrap over members x replicates, {how} on {self.calibration.source}"
+        cal = self.calibration
+        text = f"two-level bootstrap over members x replicates, {how} on {cal.source}"
+        attained = min((cal.attained(k) for k in cal.quantile), default=cal.level)
+        if attained < cal.level - 1e-12:
+            n = min(cal.n_independent.get(k, 0) for k in cal.quantile)
+            return (
+                f"{100 * attained:.0f} % intervals ({100 * cal.level:.0f} % asked; {n} independent calibration "
+                f"episode(s) support no more): {text}"
+            )
+        return f"{100 * cal.level:.0f} % intervals: {text}"
 
     def summary(self, policy: str, scenario: str, kpi: str) -> dict[str, Any]:
         """Mean, 95 % bootstrap CI, calibrated 90 % ``interval``, member spread and support share."""
