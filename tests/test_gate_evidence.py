@@ -60,7 +60,7 @@ def test_a_gate_with_no_guarded_kpi_refuses_to_run(world: dict[str, Any]) -> Non
         decide(res)
 
 
-def test_the_level_is_what_the_independent_episodes_support(world: dict[str, Any]) -> None:
+def test_the_level_is_what_the_independent_episodes_support(world: dict[str, Any], tmp_path: Path) -> None:
     dec = world["decision"]
     cal = dec.result.calibration
     # one score per episode: its 3 noise seeds are one sample, not three
@@ -73,6 +73,10 @@ def test_the_level_is_what_the_independent_episodes_support(world: dict[str, Any
     assert "90% interval" not in text and "90% confidence" not in text and "90 % intervals" not in text
     assert "80%" in text and "4 independent calibration episode(s)" in text
     assert dec.verdict == "promote"  # with the margin this wide, at the level it states
+    from edgetwin.twin.report import write_report
+
+    md = write_report(dec.result, tmp_path / "report", title="t")["markdown"].read_text()
+    assert "(80 % interval)" in md and "(90 % interval)" not in md and "80 % intervals (90 % asked" in md
 
 
 def test_dropped_or_infinite_calibration_scores_abstain(world: dict[str, Any]) -> None:

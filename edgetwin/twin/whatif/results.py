@@ -84,6 +84,22 @@ class WhatIfResult:
         self._memo.clear()
 
     @property
+    def level(self) -> float:
+        """The level the intervals attain: the calibration's lowest attained level over its KPIs
+        (`edgetwin.twin.intervals.attained_level` of its independent episodes), else the nominal one."""
+        cal = self.calibration
+        if cal is None:
+            return LEVEL
+        return min((min(cal.level, cal.attained(k)) for k in cal.quantile), default=cal.level)
+
+    @property
+    def interval_label(self) -> str:
+        """``"80 % interval"``, or ``"90 % plain bootstrap interval"`` when not calibrated (reports)."""
+        if self.calibration is None:
+            return f"{100 * LEVEL:.0f} % plain bootstrap interval"
+        return f"{100 * self.level:.0f} % interval"
+
+    @property
     def interval_method(self) -> str:
         """How the 90 % intervals are built (for reports)."""
         if self.calibration is None:
