@@ -2,7 +2,7 @@
 
 Logs of the emulated cluster under its random logging policy, twins fitted on them (cached by
 their arguments under ``--work``), the cluster's scheduling view for the heuristics, and writing a
-section of docs/benchmarks.md.
+section of its page, docs/benchmarks/<name>/README.md.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from edgetwin.policies.heuristics import SchedulingView, Target
 from edgetwin.twin.twin import Twin
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
 FIG = ROOT / "docs" / "benchmarks"
 KPIS = cluster_kpi_columns()
 

@@ -6,13 +6,14 @@ system (7 features + reward, 100 agents per step) with 0.1 % of its cells corrup
 Parquet and CSV. Each timing is the median of ``--repeat`` runs; the ratio is against reading the
 same file with `edgetwin.contract.logs.read_table` in the same run.
 
-    python benchmarks/bench_validate.py            # 100k and 1M rows, writes docs/benchmarks.md
+    python benchmarks/bench_validate.py            # 100k and 1M rows, writes docs/benchmarks/validate/README.md
     python benchmarks/bench_validate.py --rows 100000 --no-write
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -20,7 +21,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,8 @@ from edgetwin.contract.spec import Feature, TwinSpec, spec_path_for
 from edgetwin.contract.validate import QuarantineWarning, load_valid_log, validate_log
 
 SECTION = "## Log validation"
-DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "validate" / "README.md"
+RESULTS = DOC.parent / "results.json"  # the page's numbers, for the at-a-glance table
 
 
 def toy_spec() -> TwinSpec:
@@ -144,33 +146,36 @@ def markdown(results: list[Timing], command: str, repeat: int) -> str:
 
 
 def write_section(text: str, doc: Path = DOC) -> None:
-    """Replace this script's section of docs/benchmarks.md (or append it), in one write."""
-    current = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    start = current.find(SECTION + "\n")
-    if start < 0:
-        new = current.rstrip("\n") + "\n\n" + text
-    else:
-        end = current.find("\n## ", start + len(SECTION))
-        new = current[:start] + text + ("" if end < 0 else current[end:])
-    doc.write_text(new)
+    """Replace this script's section of its page, docs/benchmarks/validate/README.md, in one write."""
+    import _docs
+
+    _docs.write_section(SECTION, text, doc)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks/validate/README.md alone")
     args = parser.parse_args()
     command = "python benchmarks/bench_validate.py"
     if args.rows != [100_000, 1_000_000]:
         command += " --rows " + " ".join(map(str, args.rows))
     if args.repeat != 3:
         command += f" --repeat {args.repeat}"
-    text = markdown(run(args.rows, args.repeat), command, args.repeat)
+    results = run(args.rows, args.repeat)
+    text = markdown(results, command, args.repeat)
     print(text)
     if not args.no_write:
         write_section(text)
-        print(f"wrote section {SECTION!r} of {DOC}")
+        numbers = {
+            "command": command, "repeat": args.repeat,
+            "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, Python {platform.python_version()}, "
+                       f"pandas {pd.__version__}",
+            "rows": [{**asdict(r), "validate_rows_per_s": r.rows / r.validate_s} for r in results],
+        }
+        RESULTS.write_text(json.dumps(numbers, indent=1) + "\n")
+        print(f"wrote section {SECTION!r} of {DOC} and {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@
    after the registry's compare-and-swap rollback) arrives. Runs at full speed (the runtime's own
    overhead) and at the paper's ESA cadence of one decision per 250 ms.
 
-    python benchmarks/edge_latency.py            # writes docs/benchmarks.md and
+    python benchmarks/edge_latency.py            # writes docs/benchmarks/edge_runtime/README.md and
                                                  # docs/benchmarks/edge_runtime/results.json
     python benchmarks/edge_latency.py --quick --no-write
 """
@@ -74,11 +74,10 @@ from edgetwin.policies.shield import ShieldConfig, SLOGuard
 
 SECTION = "## Edge decision latency and rollback"
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
+DOC = _docs.page(SECTION)  # docs/benchmarks/<name>/README.md
 PNG = ROOT / "docs" / "benchmarks" / "edge_runtime" / "latency_and_rollback.png"
 RESULTS = ROOT / "docs" / "benchmarks" / "edge_runtime" / "results.json"
 ECHO_SUBJECT = "bench.echo"
-KEEP = "### What was measured and cut"  # a hand-written subsection that reruns keep
 TARGETS_MS = {"nats_p99_1": 3.0, "nats_p99_256": 5.0, "in_process_p99_1": 1.0}
 SITE = "bench"
 SCOPE = f"site/{SITE}"
@@ -629,7 +628,7 @@ def latency_lines(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke test of the script)")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks/edge_runtime/README.md alone")
     parser.add_argument("--echo", metavar="URL", help=argparse.SUPPRESS)  # internal: the echo responder process
     args = parser.parse_args()
     if args.echo:
@@ -710,7 +709,7 @@ def main() -> None:
         "local rollback, which is why the notice can arrive first. Seed 003 reports no rollback time; its "
         "closest number is the time to recover the SLO after an injected fault, a different event.",
         "",
-        f"![latency and rollback]({PNG.relative_to(DOC.parent).as_posix()})",
+        f"![latency and rollback]({PNG.relative_to(ROOT / 'docs').as_posix()})",
         "",
     ]
     text = "\n".join(lines)
@@ -720,7 +719,7 @@ def main() -> None:
         "rollback": [{k: r[k] for k in ("cadence", "ticks_bad", "to_good_decision", "to_registry_and_notice")} for r in runs],
     })  # fmt: skip
     if not args.no_write:
-        _docs.write_section(SECTION, text, DOC, keep=(KEEP,))
+        _docs.write_section(SECTION, text, DOC)
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(numbers, indent=1) + "\n")
         print(f"wrote {DOC} ({SECTION}) and {RESULTS}")

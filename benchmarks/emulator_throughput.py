@@ -10,7 +10,7 @@
    twins, so only the trend is comparable).
 3. A Fig. 4-style PNG: offload ratio over 12 slices of a day per scenario, random vs heuristic.
 
-    python benchmarks/emulator_throughput.py             # writes docs/benchmarks.md + PNG
+    python benchmarks/emulator_throughput.py             # writes docs/benchmarks/emulated_cluster/README.md + PNG
     python benchmarks/emulator_throughput.py --quick --no-write
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import platform
 import time
@@ -41,8 +42,9 @@ from edgetwin.emulator.population import SCENARIOS  # noqa: E402
 
 SECTION = "## Emulated cluster throughput"
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
+DOC = _docs.page(SECTION)  # docs/benchmarks/<name>/README.md
 PNG = ROOT / "docs" / "benchmarks" / "emulated_cluster" / "offload_by_slice.png"
+RESULTS = PNG.parent / "results.json"  # the page's numbers, for the at-a-glance table
 PAPER_TABLE2 = {"BC": (21.45, 8.36, 1.05, 0.54), "MAIL-MMSG": (18.57, 16.68, 8.44, 8.47)}
 DRIFTS = ("0d", "1d", "1w", "1m")
 
@@ -145,14 +147,14 @@ def offload_figure(n: int, path: Path) -> None:
 
 # ------------------------------------------------------------------------------------ report
 def write_section(text: str, doc: Path = DOC) -> None:
-    """Replace this script's section of docs/benchmarks.md (or append it), in one write."""
+    """Replace this script's section of docs/benchmarks/emulated_cluster/README.md (or append it), in one write."""
     _docs.write_section(SECTION, text, doc)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs (a smoke test of the script)")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks/emulated_cluster/README.md alone")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -219,14 +221,23 @@ def main() -> None:
         )
     lines += [
         "",
-        f"![offload ratio over the day]({PNG.relative_to(DOC.parent).as_posix()})",
+        f"![offload ratio over the day]({PNG.relative_to(ROOT / 'docs').as_posix()})",
         "",
     ]
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
         write_section(text)
-        print(f"wrote {DOC} and {PNG}")
+        numbers = {
+            "command": cmd, "machine": machine,
+            "throughput": [{"what": name, "service_groups": n, "ticks": steps, "seconds": secs,
+                            "agent_steps_per_s": rate, "vs_batch_1000": rate / base}
+                           for name, n, steps, secs, rate in rows],
+            "drift": {"groups": n_drift, "ticks": steps_drift, "eval_seeds": len(evals), "rule": rule_name,
+                      "by_drift": dict(zip(DRIFTS, drift_rows, strict=True))},
+        }
+        RESULTS.write_text(json.dumps(numbers, indent=1, default=float) + "\n")
+        print(f"wrote {DOC}, {PNG} and {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ beside Round-Robin, Random and the greedy lowest-carbon heuristic. Reported as s
 many times more energy and emissions Round-Robin and Random use than the carbon-aware policy.
 
 Run:  python benchmarks/energy_carbon.py [--quick] [--work DIR] [--no-write]
-Writes the `## Seed 002-style energy and carbon` section of docs/benchmarks.md and
+Writes the `## Seed 002-style energy and carbon` section of docs/benchmarks/energy_carbon/README.md and
 docs/benchmarks/energy_carbon.png.
 """
 

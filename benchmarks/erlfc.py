@@ -14,7 +14,7 @@ random centre choice (`generate_dag_logs`), a `Twin` is fitted on those logs wit
 emulator (`TwinScorePolicy`).
 
 Run:  python benchmarks/erlfc.py [--quick] [--algo ppo|a2c] [--work DIR] [--no-write]
-Writes the `## ERLFC: DAG jobs to data centres (seed 002)` section of docs/benchmarks.md,
+Writes the `## ERLFC: DAG jobs to data centres (seed 002)` section of docs/benchmarks/erlfc/README.md,
 docs/benchmarks/erlfc/results.json and docs/benchmarks/erlfc/erlfc.png.
 """
 
@@ -344,7 +344,7 @@ def main() -> None:
         (OUT / "results.json").write_text(json.dumps(results, indent=2, default=str))
         plot(results, OUT / "erlfc.png")
         write_section(SECTION, section(results, cmd))
-        log(f"wrote {OUT / 'results.json'}, {OUT / 'erlfc.png'} and docs/benchmarks.md ({SECTION[3:]})")
+        log(f"wrote {OUT / 'results.json'}, {OUT / 'erlfc.png'} and docs/benchmarks/erlfc/README.md ({SECTION[3:]})")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ scenario mix, provisioning and drift), logged under uniformly random actions. Me
    aggregation, against the size of the site's raw log (Parquet and CSV).
 
 Run: ``python benchmarks/federated_twin.py`` (``--quick``: fewer days and rounds; say so). Writes the
-``## Federated twin`` section of docs/benchmarks.md and docs/benchmarks/federated_twin/results.json.
+``## Federated twin`` section of docs/benchmarks/federated_twin/README.md and docs/benchmarks/federated_twin/results.json.
 """
 
 from __future__ import annotations

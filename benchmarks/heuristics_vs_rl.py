@@ -10,7 +10,7 @@ for it), Jain fairness of SLO attainment across service groups, and the WA3C rew
 cluster's columns.
 
 Run:  python benchmarks/heuristics_vs_rl.py [--quick] [--work DIR] [--no-write]
-Writes the `## Seed 001-style comparison: heuristics vs DRL` section of docs/benchmarks.md and
+Writes the `## Seed 001-style comparison: heuristics vs DRL` section of docs/benchmarks/heuristics_vs_rl/README.md and
 docs/benchmarks/heuristics_vs_rl.png.
 """
 

@@ -16,7 +16,7 @@
    and ALIE (Baruch et al. 2019: every attacker sends mean - z·std of the honest updates, z from the
    number of clients) against FedAvg, coordinate median, trimmed mean, multi-Krum and norm clipping.
 
-    python benchmarks/mafl_scale.py                   # writes docs/benchmarks.md + PNG
+    python benchmarks/mafl_scale.py                   # writes docs/benchmarks/mafl/README.md + PNG
     python benchmarks/mafl_scale.py --quick --no-write
 """
 
@@ -52,7 +52,7 @@ from edgetwin.federation.sites import heterogeneous_sites  # noqa: E402
 
 SECTION = "## MA-FL: scalability over NATS and Byzantine clients (seed 003 Table 4)"
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
+DOC = _docs.page(SECTION)  # docs/benchmarks/<name>/README.md
 OUT = ROOT / "docs" / "benchmarks" / "mafl"
 PAPER_T4 = {30: ("38 ± 5", "0.6 ± 0.1"), 120: ("44 ± 6", "1.1 ± 0.2"), 300: ("51 ± 7", "1.8 ± 0.3")}
 BACKHAUL_BPS = 10e6 / 8  # 10 Mbit/s in bytes/s
@@ -174,7 +174,7 @@ def byzantine_run(sites, data, rule, attack: str, byz: set[str], rounds: int, se
 
 
 def write_section(text: str, doc: Path = DOC) -> None:
-    """Replace this script's section of docs/benchmarks.md (or append it), in one write."""
+    """Replace this script's section of docs/benchmarks/mafl/README.md (or append it), in one write."""
     _docs.write_section(SECTION, text, doc)
 
 

@@ -20,7 +20,7 @@ completion time, SLO-violation rate, throughput, energy per request, edge CPU ut
 used share of reserved capacity. The paper's numbers (seed 003 Tables 1-3) come from a Kubernetes
 testbed with its own workloads: only the ordering and rough ratios are comparable.
 
-    python benchmarks/mafl_tables.py                  # writes docs/benchmarks.md + PNG
+    python benchmarks/mafl_tables.py                  # writes docs/benchmarks/mafl/README.md + PNG
     python benchmarks/mafl_tables.py --quick --no-write
 """
 
@@ -50,7 +50,7 @@ from edgetwin.federation.sites import heterogeneous_sites  # noqa: E402
 
 SECTION = "## MA-FL: seed 003 Tables 1-3 on the emulated cluster"
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
+DOC = _docs.page(SECTION)  # docs/benchmarks/<name>/README.md
 OUT = ROOT / "docs" / "benchmarks" / "mafl"
 
 PAPER = {  # seed 003 Tables 1-3: heuristic, non-federated MARL, MA-FL
@@ -156,7 +156,7 @@ async def _run_mafl(cfg, learners):
 
 
 def write_section(text: str, doc: Path = DOC) -> None:
-    """Replace this script's section of docs/benchmarks.md (or append it), in one write."""
+    """Replace this script's section of docs/benchmarks/mafl/README.md (or append it), in one write."""
     _docs.write_section(SECTION, text, doc)
 
 

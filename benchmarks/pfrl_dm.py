@@ -31,7 +31,7 @@ than FedAvg and independent PPO and that FedAvg ends lower.
 (`edgetwin.emulator.vm_scheduling`); there the evaluation scores the policy's sampled actions (seeded),
 because its greedy policy repeats denied placements (`scheduler_evaluator`).
 
-    python benchmarks/pfrl_dm.py                    # writes docs/benchmarks.md + PNG
+    python benchmarks/pfrl_dm.py                    # writes docs/benchmarks/mafl/README.md + PNG
     python benchmarks/pfrl_dm.py --quick --no-write
 """
 
@@ -68,7 +68,7 @@ from edgetwin.federation.sites import SiteSpec, heterogeneous_sites  # noqa: E40
 SECTION = "## MA-FL: PFRL-DM personalised federated RL (seed 000)"
 SECTION_VM = "## MA-FL: PFRL-DM on seed 000's own task-scheduling MDP"
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
+DOC = _docs.page(SECTION)  # docs/benchmarks/<name>/README.md
 OUT = ROOT / "docs" / "benchmarks" / "mafl"
 #: Offset of the evaluation episodes' seeds from the site's training seed (held-out populations).
 EVAL_SEED_OFFSET = 7919
@@ -376,7 +376,7 @@ KEEP_SUBSECTIONS = (
 
 
 def write_section(text: str, doc: Path = DOC, section: str = SECTION) -> None:
-    """Replace this script's section of docs/benchmarks.md (or append it), keeping `KEEP_SUBSECTIONS`."""
+    """Replace this script's section of docs/benchmarks/mafl/README.md (or append it), keeping `KEEP_SUBSECTIONS`."""
     _docs.write_section(section, text, doc, keep=KEEP_SUBSECTIONS)
 
 
@@ -508,7 +508,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3, help="PPO learning rate (every method)")
     parser.add_argument("--epochs", type=int, default=10, help="PPO epochs per rollout (every method)")
     parser.add_argument("--quick", action="store_true", help="tiny run (a smoke test of the script)")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks/mafl/README.md alone")
     parser.add_argument(
         "--traces", nargs="+", default=None, metavar="PATH",
         help="real traces (any format of edgetwin.emulator.traces) for task shapes and arrivals, one per site round-robin "

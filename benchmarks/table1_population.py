@@ -27,7 +27,7 @@ Usage::
     python benchmarks/table1_population.py            # full: ~60k cluster agents, 100k generated
     python benchmarks/table1_population.py --quick    # minutes: fewer agents, steps and samples
 
-Writes the Markdown table into docs/benchmarks.md under "## Table 1 — population (GAN-SMMSG)"
+Writes the Markdown table into docs/benchmarks/table1/README.md under "## Table 1 — population (GAN-SMMSG)"
 (replacing only that section) and PNGs of the marginals to docs/img/.
 """
 
@@ -431,15 +431,10 @@ def _winners(res: dict[str, Any]) -> str:
 
 
 def write_section(md: str, path: Path) -> None:
-    """Replace (or append) this benchmark's section of docs/benchmarks.md, in one write."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = text.find(SECTION)
-    if start < 0:
-        new = text.rstrip("\n") + "\n\n" + md
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        new = text[:start] + md + ("" if nxt < 0 else "\n" + text[nxt + 1 :])
-    path.write_text(new)
+    """Replace (or append) this benchmark's section of its page, docs/benchmarks/table1/README.md, in one write."""
+    import _docs
+
+    _docs.write_section(SECTION, md, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -456,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--datasets", default="cluster,alibaba")
     p.add_argument(
-        "--no-write", action="store_true", help="print only; do not touch docs/benchmarks.md or the PNGs"
+        "--no-write", action="store_true", help="print only; do not touch docs/benchmarks/table1/README.md or the PNGs"
     )
     p.add_argument("--json", type=Path, default=None, help="also write this run's numbers to this JSON file")
     p.add_argument(
@@ -518,8 +513,8 @@ def main(argv: list[str] | None = None) -> None:
     md = markdown(results)
     print("\n" + md)
     if not args.no_write:
-        write_section(md, REPO / "docs" / "benchmarks.md")
-        print(f"wrote {SECTION!r} in docs/benchmarks.md")
+        write_section(md, REPO / "docs" / "benchmarks" / "table1" / "README.md")
+        print(f"wrote {SECTION!r} in docs/benchmarks/table1/README.md")
 
 
 def _json_default(o: Any) -> Any:

@@ -11,7 +11,7 @@ same with a twin whose client model is behaviour cloning only (MAIL's pre-traini
 as the paper substitutes BC for MAIL in the simulator.
 
 Run:  python benchmarks/table2_generalisation.py [--quick] [--logging random,heuristic-noise] [--work DIR] [--no-write]
-Writes the `## Seed 004 Table 2: generalisation under drift` section of docs/benchmarks.md and
+Writes the `## Seed 004 Table 2: generalisation under drift` section of docs/benchmarks/table2_generalisation/README.md and
 docs/benchmarks/table2_generalisation.png.
 """
 

@@ -16,7 +16,7 @@ under a uniformly random platform policy (as in seed 004 §4.1; `--logging regim
 4. throughput: agent-steps/s of the twin and of the cluster at 1,000 and 10,000 agents.
 
 Run (2 CPU cores, ~30 min):  python benchmarks/twin_fidelity.py
-Writes the `## Twin fidelity (MAIL-MMSG)` section of docs/benchmarks.md and PNGs under
+Writes the `## Twin fidelity (MAIL-MMSG)` section of docs/benchmarks/twin_fidelity/README.md and PNGs under
 docs/benchmarks/twin_fidelity/. `--quick` runs part 3 only, small (1 member, 3 training days, no FQE;
 a few minutes), to measure a change; `--write-quick` also writes it as a subsection.
 """
@@ -51,7 +51,7 @@ from edgetwin.twin.fidelity import (
 from edgetwin.twin.twin import Twin
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
+DOC = ROOT / "docs" / "benchmarks" / "twin_fidelity" / "README.md"  # _docs.PAGES
 FIG = ROOT / "docs" / "benchmarks" / "twin_fidelity"
 SECTION = "## Twin fidelity (MAIL-MMSG)"
 
@@ -265,19 +265,11 @@ def noise_floor_text(rank: pd.DataFrame, days: int) -> str:
 def reward_terms(df: pd.DataFrame, spec) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """Mean of each term ``weight x column`` of the spec's weighted reward (empty without weights)."""
     return {c: float(w * df[c].mean()) for c, w in (spec.reward_weights or {}).items() if c in df}
-#: subsections written by hand (paired quick runs, the error decomposition); a full run keeps them
+#: subsections written by hand (where the twin errs, the error decomposition); a full run keeps them
 KEEP_SUBSECTIONS = (
-    "### Declared site dynamics (issue 19)",
-    "### Where the generated-population twin's error comes from (issue 19, second round)",
-    "### The benchmarks that depend on the twin, rerun on the declared spec (issue 19)",
-    "### Paired quick checks",
+    "### Declared site dynamics",
+    "### Where the generated-population twin's error comes from",
     "### Where the return error comes from",
-    "### A site model linear in each agent's action",
-    "### A log-linear site model",
-    "### Clocks rolled exactly",
-    "### Logs under a regime-switching policy",
-    "### Products of action and response in the site model",
-    "### Last tick's response and the response noise",
 )
 
 
@@ -389,7 +381,7 @@ def quick_ranking(args: argparse.Namespace) -> None:
             sec = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
             m = sec.search(text)
             if m is None:
-                raise SystemExit(f"docs/benchmarks.md has no {SECTION!r} section")
+                raise SystemExit(f"docs/benchmarks/twin_fidelity/README.md has no {SECTION!r} section")
             text = text[: m.end()].rstrip("\n") + "\n\n" + md + "\n" + text[m.end():]
         DOC.write_text(text)
 
@@ -400,7 +392,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="policy ranking only: 3 training days, 1 member, no FQE (a few minutes; not written "
                          "to the docs unless --write-quick)")
-    ap.add_argument("--write-quick", action="store_true", help="write the quick ranking into docs/benchmarks.md")
+    ap.add_argument("--write-quick", action="store_true", help="write the quick ranking into docs/benchmarks/twin_fidelity/README.md")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--site-model", action="store_true",
                     help="move site-level state by a SiteStateModel (default: the agents' mean prediction)")
@@ -414,7 +406,7 @@ def main() -> None:
                     help="the spec declares nothing (every state column learned): the twin before declared dynamics")
     ap.add_argument("--bc-epochs", type=int, default=10,
                     help="behaviour-cloning epochs of every twin (default 10; more fits the logged behaviour closer "
-                         "and extrapolated worse, docs/benchmarks.md)")
+                         "and extrapolated worse, docs/benchmarks/CHANGELOG.md)")
     ap.add_argument("--eval-days", type=int, default=10,
                     help="days each policy is scored on, on the cluster and in each twin (default 10; with 2 the "
                          "day-to-day spread alone gives the generated-population twin a ~7 %% error)")

@@ -1,7 +1,7 @@
 """Site-level state: does the twin's `SiteStateModel` follow a policy it never saw in the logs?
 
 A site property (here the emulated cluster's ``state.site_reserved``, reserved / total vCPU at an
-edge site) is what the twin drifts on most in free runs (docs/benchmarks.md, "Where the return
+edge site) is what the twin drifts on most in free runs (docs/benchmarks/twin_fidelity/README.md, "Where the return
 error comes from"). This isolates that one model: it is fitted on 3 days logged under uniformly
 random actions, then, teacher forced (the real run's states, actions and outputs of each tick as
 inputs), predicts every (episode, site, tick)'s next value on 2 other days run under six platform
@@ -9,7 +9,7 @@ policies. Baseline in the same run: the training days' mean level, which is wher
 agents (the twin's default, the mean of its agents' predictions) drifts back to.
 
 Run (2 CPU cores, ~2 min a seed):  python benchmarks/twin_site_state.py --seeds 0 1 2
-Writes the `## Twin site-level state (SiteStateModel)` section of docs/benchmarks.md.
+Writes the `## Twin site-level state (SiteStateModel)` section of docs/benchmarks/twin_site_state/README.md.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ timed in the same process (the ratio is the number), and the candidate rolled ou
 the updated and the refitted twin: its out-of-support share and the width of its 90 % intervals
 (per guarded KPI, mean over the KPIs and the reward) before and after.
 
-    python benchmarks/twin_update.py            # writes docs/benchmarks.md (section) and
+    python benchmarks/twin_update.py            # writes docs/benchmarks/twin_update/README.md and
                                                 # docs/benchmarks/twin_update/results.json
     python benchmarks/twin_update.py --quick    # smaller (a minute), same outputs
 """

@@ -285,7 +285,9 @@ def test_a_wrong_size_or_non_finite_update_is_refused_without_costing_the_round(
                 },
                 tensors={"values": vec},
             )
-            await fed.gca.bus.publish_durable(Subjects.update("site", group), env)
+            # sent by the site itself (a faulty site): on the authenticated bus nobody else can
+            esa = next(a for a in fed.esas if a.name == sender)
+            await esa.bus.publish_durable(Subjects.update("site", group), env)
         try:
             recs = await fed.gca.run(cfg.rounds)
         finally:
@@ -295,8 +297,8 @@ def test_a_wrong_size_or_non_finite_update_is_refused_without_costing_the_round(
 
     recs, refused = asyncio.run(scenario())
     assert all(r.aggregated for r in recs)
-    # the wrong-size one is refused on receipt; the NaN one took site-0's slot in round 0 (senders are
-    # not authenticated here) and is refused at aggregation: the round goes on with the others
+    # the wrong-size one is refused on receipt; the NaN one (site-0's own, signed by it) took its slot
+    # in round 0 and is refused at aggregation: the round goes on with the others
     assert refused["non_finite"] == 1 and refused["wrong_size"] == 1
     assert sorted(recs[0].weights) == ["site-1", "site-2", "site-3"]
 

@@ -13,8 +13,12 @@ from edgetwin.demo import DemoSizes, run_demo
 def test_demo_runs_every_stage_and_reports_where_things_went(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     # 96 steps: the shipped what-if scenarios have windows up to step 60 of a 96-step day.
-    res = run_demo(tmp_path / "demo", seed=3, agents=20, episodes=2, steps=96, log=lambda _m: None,
+    lines: list[str] = []
+    res = run_demo(tmp_path / "demo", seed=3, agents=20, episodes=2, steps=96, log=lines.append,
                    sizes=DemoSizes.tiny())
+    assert lines[0].startswith("time budget: not measured for these sizes")  # the first line it prints
+    default = DemoSizes().budget_line(100, 3, 96)
+    assert default.startswith("time budget: ~199 s") and "twin 84 s" in default
     for name in ("log", "spec", "twin", "policy", "whatif_report", "summary"):
         assert Path(res.artifacts[name]).exists(), name
     assert res.numbers["log_rows"] == 20 * 2 * 96

@@ -16,18 +16,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-@pytest.fixture(autouse=True)
-def _allow_spec_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The specs here name functions of these modules: allowed, as a user would (docs/log-format.md)."""
-    monkeypatch.setenv("EDGETWIN_ALLOW_CODE", "toy_accounting,toy_bad,edgetwin.nowhere")
-
-
 from edgetwin.contract.dynamics import agreement
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.policy import FunctionPolicy
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.contract.validate import validate_log
 from edgetwin.twin.twin import Twin
+
+
+@pytest.fixture(autouse=True)
+def _allow_spec_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The specs here name functions of these modules: allowed, as a user would (docs/log-format.md)."""
+    monkeypatch.setenv("EDGETWIN_ALLOW_CODE", "toy_accounting,toy_bad,edgetwin.nowhere")
 
 STEP_S = 60.0
 QUEUE = {"arrivals": "sum(kpi.site_cpu) / profile.vcpu", "service": "1"}

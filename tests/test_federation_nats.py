@@ -220,6 +220,7 @@ def test_esa_crashed_mid_round_rejoins_and_its_stale_update_is_discounted(nats_s
             await asyncio.sleep(0.02)
         # restart: a fresh learner and connection; the checkpoint says round 2 was under way
         bus = fast_bus(nats_server.url)(f"esa-{victim}-restarted")
+        bus.auth = old.bus.auth  # the restarted site signs with its own key, as before the crash
         await bus.connect()
         fed.buses.append(bus)
         site = next(s for s in cfg.site_specs() if s.name == victim)

@@ -156,7 +156,9 @@ def test_promote_better_refuse_bad_pointer_moves_only_on_success(world: dict[str
     assert reg.current("global") == "v1" and first.against.startswith("logging")
     md = reg.manifest("v1").metadata
     assert md["gate"]["passed"] and md["metrics"]["response.offload_ratio"] > 0.45 and "kpi.slo_violation" in md["metrics"]
-    assert (tmp_path / "r1" / "report.html").is_file()
+    page = (tmp_path / "r1" / "report.html").read_text()
+    # the verdict is rendered, not shown as Markdown source
+    assert "<strong>Promotion gate: PASSED</strong>" in page and "**" not in page
     # the bad policy against the current one: refused, nothing published, pointer unchanged
     with pytest.raises(GateRefused, match=r"response\.offload_ratio fell -\d+\.\d%") as e:
         promote(world["dir"] / "bad", reg, out_dir=tmp_path / "r2", guards=off, max_out_of_support=1.0, **kw)

@@ -7,15 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgetwin.contract.errors import InputError
+from edgetwin.contract.logs import resolve_spec
+from edgetwin.contract.spec import Feature, TwinSpec, role_of, spec_path_for
+
+
 @pytest.fixture(autouse=True)
 def _allow_spec_code(monkeypatch: pytest.MonkeyPatch) -> None:
     """The specs here name functions of these modules: allowed, as a user would (docs/log-format.md)."""
     monkeypatch.setenv("EDGETWIN_ALLOW_CODE", "numpy,no_such_module_xyz")
-
-
-from edgetwin.contract.errors import InputError
-from edgetwin.contract.logs import resolve_spec
-from edgetwin.contract.spec import Feature, TwinSpec, role_of, spec_path_for
 
 EXAMPLE = """
 name = "toy-queue"

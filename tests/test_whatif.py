@@ -20,7 +20,7 @@ from edgetwin.contract.logs import write_table
 from edgetwin.contract.spec import spec_path_for
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import generate_logs
-from edgetwin.twin.report import FLAG, write_report
+from edgetwin.twin.report import FLAG, NO_DIRECTION, kpi_axis_label, write_report
 from edgetwin.twin.twin import Twin
 from edgetwin.twin.whatif import (
     KpiDef,
@@ -238,6 +238,13 @@ def test_out_of_support_numbers_are_flagged(log_and_twin, tmp_path: Path) -> Non
     md = files["markdown"].read_text()
     nominal, _, perturbed = md.partition("## Scenario `rtt-x5`")
     assert FLAG not in nominal.split("## Notes")[0] and FLAG in perturbed.split("## Notes")[0]
+    # a KPI nobody gave a direction is said to be unguarded, in the tables and under the plot
+    undirected = [k for k in r.kpis if k.better is None]
+    assert undirected and "(· better)" not in md
+    rows = [line for line in md.splitlines() if line.startswith(f"| {undirected[0].name}")]
+    assert rows and all(line.split(" | ")[1] == NO_DIRECTION for line in rows)
+    assert kpi_axis_label("x", None) == "x\n(no direction declared,\nnot guarded)"
+    assert kpi_axis_label("x", "lower") == "x\n(↓ better)"
 
 
 # ------------------------------------------------------------------------------------ counterfactual replay

@@ -13,6 +13,33 @@ from rich.console import Console
 
 from edgetwin.contract.errors import InputError
 
+
+def _flags_without_a_type() -> None:
+    """Help shows no type for a flag (``--help``, ``--json``, ``--x/--no-x``): it takes no value.
+
+    typer 0.29's help (with click 8.2+) labels every option with its Python type, ``<bool>`` for
+    flags too, which reads as if ``--help`` wanted a value; no typer release leaves flags out yet,
+    so its `TyperOption.display_type_rich` is wrapped here, for flags only (value options keep
+    ``<int>``, ``<path>``, ...). Idempotent; a typer without that method is left alone.
+    """
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "_edgetwin_flags", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        if self.is_flag and self.metavar is None:
+            return None
+        result: str | None = shown(self, ctx)
+        return result
+
+    display_type_rich._edgetwin_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_without_a_type()
+
 app = typer.Typer(
     name="edgetwin",
     help="Learn a digital twin of an edge-cloud scheduling system from its logs, train policies "

@@ -30,10 +30,18 @@ def demo(
     as_json: JsonOpt = False,
 ) -> None:
     """The main job on the embedded defaults: emulated cluster -> logs -> twin -> policy -> what-if report."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
     from edgetwin.demo import run_demo
 
     out_dir_arg(out_dir)
-    result = run_demo(out_dir, seed=seed, agents=agents, episodes=episodes, steps=steps, log=console.print)
+    # one thread for torch and for the native pools (BLAS, scikit-learn's OpenMP): the demo's networks
+    # are small (64 units), and on a shared 2-core machine a second thread spin-waits for the first
+    # (20 GAN-SMMSG steps at load 12: 27 s with torch's default 2 threads, 4.5-6.2 s with one)
+    torch.set_num_threads(1)
+    with threadpool_limits(1):
+        result = run_demo(out_dir, seed=seed, agents=agents, episodes=episodes, steps=steps, log=console.print)
     if as_json:
         emit_json(result.to_dict())
         return

@@ -56,6 +56,12 @@ def serve(
         typer.Option("--cache-dir", help="Verified last good policies (fail-static restarts); default ~/.cache/edgetwin/runtime/<S>."),
     ] = None,
     bucket: BucketOpt = "edgetwin",
+    metrics_port: Annotated[
+        int, typer.Option("--metrics-port", min=0, max=65535, help="Serve Prometheus /metrics on this port (0: off); see docs/bus.md, \"Metrics\".")
+    ] = 0,
+    metrics_addr: Annotated[
+        str, typer.Option("--metrics-addr", help="Address /metrics listens on (0.0.0.0 for a Prometheus on another host).")
+    ] = "127.0.0.1",
     duration: Annotated[float, typer.Option(help="Stop after this many seconds (0: run until interrupted).")] = 0.0,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING.")] = "INFO",
     as_json: JsonOpt = False,
@@ -111,6 +117,14 @@ def serve(
                 site, reg, store, bus=bus, shield=shield_cfg, kpi_guard=kpi_guard,
                 cluster=cluster, poll_interval=poll, cache_dir=cache, freeze_gc=True,
             )  # fmt: skip
+            metrics_server = None
+            if metrics_port:
+                from edgetwin.edge.metrics import instrument, serve_metrics
+
+                try:
+                    metrics_server, _ = serve_metrics(instrument(rt), metrics_port, metrics_addr)
+                except OSError as e:
+                    raise InputError(f"cannot listen on {metrics_addr}:{metrics_port} ({e.strerror or e})", "--metrics-port") from None
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -126,11 +140,16 @@ def serve(
                     f"edgetwin serve: site {site} {serving}; decisions on edgetwin.decision.{site} via {bus}; "
                     f"registry {registry} polled every {poll:g}s; shield: {'on' if shield_cfg else 'off'}; "
                     f"KPI guard: {rt.guard.describe() if rt.guard else 'off'}; "
+                    + (f"metrics on http://{metrics_addr}:{metrics_port}/metrics; " if metrics_port else "")
                     + (f"stopping after {duration:g}s" if duration else "Ctrl-C to stop"),
                     highlight=False, soft_wrap=True,
                 )  # fmt: skip
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), duration or None)
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), duration or None)
+                finally:
+                    if metrics_server is not None:
+                        metrics_server.shutdown()
                 return rt.status()
 
     status = asyncio.run(run())

@@ -126,6 +126,16 @@ def agent(
         typer.Option(min=1, help="twin-coordinator: FedAvg rounds per member (default: FitOptions', 240)."),
     ] = None,
     members: Annotated[int, typer.Option(min=1, help="twin-coordinator: ensemble members.")] = 1,
+    keys: Annotated[
+        Path | None,
+        typer.Option(help="Keys directory (`edgetwin agent-keys`): every party's *.pub.pem and this agent's "
+                     "*.key.pem; its messages are signed, others' checked (default: $EDGETWIN_FEDERATION_KEYS; "
+                     "neither: unauthenticated, said in one warning line)."),
+    ] = None,
+    min_agents: Annotated[
+        int, typer.Option(min=1, help="twin-site: every statistic this site sends is an aggregate over at least "
+                          "this many agents (docs/federation.md).")
+    ] = 10,
 ) -> None:
     """Run one MA-FL agent until its federation closes; prints one JSON line per event.
 
@@ -138,8 +148,16 @@ def agent(
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(name)s %(levelname)s %(message)s")
+    if keys is not None:
+        import os
+
+        from edgetwin.edge.message_auth import KEYS_ENV
+
+        if not keys.is_dir():
+            raise InputError("no such keys directory", str(keys))
+        os.environ[KEYS_ENV] = str(keys)  # read where each agent's bus is made (run_agent, run_twin_*)
     if role in ("twin-site", "twin-coordinator") or fit_twin is not None:
-        _twin_agent(role, bus, name, fit_twin, spec, fit_id, sites, out_dir, fed_rounds, members)
+        _twin_agent(role, bus, name, fit_twin, spec, fit_id, sites, out_dir, fed_rounds, members, min_agents)
         return
     from edgetwin.federation.runner import FederationConfig, run_agent
 
@@ -160,7 +178,7 @@ def agent(
 
 
 def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, spec: Path | None, fit_id: str,
-                sites: str | None, out_dir: Path | None, rounds: int | None, members: int) -> None:
+                sites: str | None, out_dir: Path | None, rounds: int | None, members: int, min_agents: int = 10) -> None:
     """`edgetwin agent --fit-twin LOG` (one site) and `edgetwin agent twin-coordinator` (the twin)."""
     import asyncio
 
@@ -179,7 +197,7 @@ def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, sp
         site = name or (str(df["site"].iloc[0]) if df["site"].nunique() == 1 else None)
         if site is None:
             raise InputError("the log has several sites; name this one with --name", "--name")
-        n = asyncio.run(run_twin_site(df, sp, bus, site, fit_id, emit=emit))
+        n = asyncio.run(run_twin_site(df, sp, bus, site, fit_id, emit=emit, min_agents=min_agents))
         emit({"event": "done", "agent": f"twin-site/{site}", "answered": n})
         return
     if spec is None or sites is None or out_dir is None:
@@ -193,3 +211,16 @@ def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, sp
           "bytes_down": rep.bytes_down, "rounds": len(rep.rounds)})
 
 
+@app.command("agent-keys")
+def agent_keys(
+    identities: Annotated[list[str], typer.Argument(help="The parties: twin/coordinator and each site's name "
+                                                    "(twin fit); agg/<group> and esa/<site> (edgetwin federate).")],
+    out_dir: Annotated[Path, typer.Option("--out", help="The keys directory to write.")],
+) -> None:
+    """Make a keys directory for a federation: one Ed25519 pair per party. Copy every *.pub.pem to
+    every machine and each *.key.pem only to the machine of its party; point `edgetwin agent --keys`
+    (or $EDGETWIN_FEDERATION_KEYS) at it (docs/bus.md, "Authenticated senders")."""
+    from edgetwin.edge.message_auth import write_keys
+
+    d = write_keys(out_dir, identities)
+    out.print(f"{len(identities)} key pairs written to {d}")

@@ -1,4 +1,5 @@
-"""``edgetwin logs``: generate logs on the emulated cluster and validate a log (every problem at once)."""
+"""``edgetwin logs``: generate logs on the emulated cluster, validate a log (every problem at once), and
+import one from Prometheus (``logs import prometheus``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from edgetwin.cli.common import (
 )
 from edgetwin.contract.errors import InputError
 
-logs_app = typer.Typer(help="Generate, validate and inspect logs.", no_args_is_help=True)
+logs_app = typer.Typer(help="Generate, validate, inspect and import logs.", no_args_is_help=True)
 app.add_typer(logs_app, name="logs")
 
 
@@ -76,6 +77,11 @@ def logs_generate(
         Path | None, typer.Option("--carbon", help="Carbon-intensity file or folder (<zone>_*.parquet); default built-in.")
     ] = None,
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Also write LOG.overview.png (KPIs by hour).")] = True,
+    openmetrics: Annotated[
+        Path | None,
+        typer.Option("--openmetrics", help="Also write the log as OpenMetrics (episode e = day 2026-01-01 + e) and "
+                     "its import mapping beside it (for promtool backfill / logs import prometheus)."),
+    ] = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -98,15 +104,24 @@ def logs_generate(
     if carbon is not None and not carbon.exists():
         raise InputError("carbon intensity file not found", f"--carbon {carbon}")
     out_file_arg(out_path)
+    if openmetrics is not None:
+        out_file_arg(openmetrics, "--openmetrics")
     config = ClusterConfig(n_agents=agents, steps=steps, drift=drift, trace=trace, carbon=carbon)
     log, spec = generate_logs(config, episodes=episodes, policy=policy, seed=seed, progress=not as_json)
     write_table(log, out_path)
     spec_path = spec.save(spec_path_for(out_path))
     png = plot_overview(log, out_path.with_name(out_path.name.split(".")[0] + ".overview.png")) if plot else None
+    om = None
+    if openmetrics is not None:
+        from edgetwin.emulator.logs import write_openmetrics_logs
+
+        om = write_openmetrics_logs(log, spec, openmetrics)
     summary = {
         "log": str(out_path),
         "spec": str(spec_path),
         "plot": None if png is None else str(png),
+        "openmetrics": None if om is None else str(om[0]),
+        "mapping": None if om is None else str(om[1]),
         "rows": len(log),
         "episodes": episodes,
         "agents": agents,
@@ -124,6 +139,7 @@ def logs_generate(
         emit_json(summary)
     else:
         where = f"spec: {spec_path}" + (f"\nplot: {png}" if png else "")
+        where += f"\nOpenMetrics: {om[0]} (import mapping {om[1]})" if om else ""
         out.print(
             f"wrote {summary['rows']:,} rows ({episodes} episodes x {steps} steps x {agents} service groups) "
             f"to {out_path}\n{where}\nmean offload ratio {summary['mean_offload_ratio']:.3f}, "
@@ -131,3 +147,53 @@ def logs_generate(
         )
 
 
+
+
+import_app = typer.Typer(help="Import a log from where operators keep it.", no_args_is_help=True)
+logs_app.add_typer(import_app, name="import")
+
+
+@import_app.command("prometheus")
+def logs_import_prometheus(
+    mapping: Annotated[Path, typer.Option("--mapping", help="The import mapping (TOML): a query per contract column, the key labels; see docs/log-format.md.")],
+    out_path: Annotated[Path, typer.Option("--out", help="Log to write (.parquet or .csv); LOG.spec.toml and LOG.quarantine.csv go beside it.")],
+    start: Annotated[str, typer.Option("--start", help="First step: RFC 3339 (2026-03-01T00:00:00Z; no zone = UTC) or unix seconds.")],
+    end: Annotated[str, typer.Option("--end", help="End of the range, exclusive (same forms as --start).")],
+    step: Annotated[str | None, typer.Option("--step", help="Seconds per t (60, 60s, 1m, 1h); must divide the range; default the mapping's step.")] = None,
+    url: Annotated[str | None, typer.Option("--url", help="The Prometheus server, e.g. http://127.0.0.1:9090 (/api/v1/query_range).")] = None,
+    from_file: Annotated[
+        Path | None, typer.Option("--from-file", help="An OpenMetrics / text-exposition dump with timestamps instead of a server (queries: plain selectors).")
+    ] = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per HTTP request.")] = 60.0,
+    retries: Annotated[int, typer.Option("--retries", min=0, help="Extra attempts after a connection error, a timeout, HTTP 429 or 5xx.")] = 3,
+    max_points: Annotated[int, typer.Option("--max-points", min=1, max=11000, help="Steps per request (Prometheus answers at most 11,000 points per series).")] = 11000,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=16, help="Queries in flight at once (the server evaluates one while edgetwin reads another).")] = 2,
+    min_usable: Annotated[float, typer.Option("--min-usable", help="The log is unusable below this share of usable rows (0..1).")] = 0.5,
+    as_json: JsonOpt = False,
+) -> None:
+    """Import a log from Prometheus: run the mapping's queries over [START, END) every STEP, write the
+    log and its spec skeleton, and validate it (exit 0 usable, 2 not, or a bad mapping, range or server).
+    """
+    from edgetwin.contract.prometheus.http import PrometheusHTTP
+    from edgetwin.contract.prometheus.importer import import_prometheus
+
+    if not 0.0 <= min_usable <= 1.0:
+        raise InputError(f"must be between 0 and 1, got {min_usable}", "--min-usable")
+    if (url is None) == (from_file is None):
+        raise InputError("give exactly one source: a server (--url) or a dump (--from-file)", "--url")
+    out_file_arg(out_path)
+    client = None
+    if url is not None:
+        try:
+            client = PrometheusHTTP(url, timeout=timeout, retries=retries, max_points=max_points)
+        except ValueError as e:
+            raise InputError(str(e), "--url") from None
+    result = import_prometheus(
+        mapping, out_path, start=start, end=end, step=step, client=client, from_file=from_file,
+        progress=not as_json, min_usable_fraction=min_usable, concurrency=concurrency,
+    )  # fmt: skip
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        out.print(result.summary())
+    raise typer.Exit(0 if result.report.usable else 2)

@@ -38,7 +38,7 @@ def twin_fit(
         typer.Option(
             "--site-model",
             help="Learn how site-level state columns (one value per site and tick) follow the whole site's "
-            "actions (`SiteStateModel`); off by default, see docs/benchmarks.md.",
+            "actions (`SiteStateModel`); off by default, see docs/benchmarks/twin_site_state/README.md.",
         ),
     ] = False,
     site_columns: Annotated[
@@ -62,6 +62,10 @@ def twin_fit(
                             "with dp_gaussian 8 of 2 epochs, DP_SCHEDULE).")
     ] = None,
     strategy: Annotated[str, typer.Option(help="--federated: fedavg | fedavgm | dp_gaussian.")] = "fedavg",
+    min_agents: Annotated[
+        int, typer.Option(min=1, help="--federated: every statistic a site sends is an aggregate over at least this "
+                          "many agents; a site with fewer sends none (docs/federation.md).")
+    ] = 10,
     compression: Annotated[str, typer.Option(help="--federated: dense | int8 | topk+int8.")] = "dense",
     secure: Annotated[bool, typer.Option("--secure", help="--federated: secure aggregation.")] = False,
     light: Annotated[
@@ -131,7 +135,8 @@ def twin_fit(
             "response_model": response_model, "population_model": population_model, "adv_rounds": rounds}
         if population_steps is not None:
             fam["gan_rounds"] = max(1, population_steps // 50)
-        _fit_federated(log, out_dir, spec, members, fed_rounds, strategy, compression, secure, seed, as_json, fam)
+        _fit_federated(log, out_dir, spec, members, fed_rounds, strategy, compression, secure, seed, as_json, fam,
+                       min_agents)
         _sign_twin(out_dir, signer, as_json)
         return
     import torch
@@ -224,7 +229,8 @@ WEIGHT_ROUNDS_SHOWN_EVERY = 20
 
 
 def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, rounds: int | None, strategy: str,
-                   compression: str, secure: bool, seed: int, as_json: bool, family: dict[str, Any]) -> None:
+                   compression: str, secure: bool, seed: int, as_json: bool, family: dict[str, Any],
+                   min_agents: int = 10) -> None:
     """`edgetwin fit --federated`: one site agent per value of the log's site column, in-process.
 
     ``family``: `FitOptions` fields choosing the models (default MAIL + GAN-SMMSG, as `Twin.fit`)."""
@@ -247,7 +253,8 @@ def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, ro
 
     options = FitOptions.for_strategy(strategy, members=members, seed=seed, **family, **rounds_option(rounds))
     twin, rep = fit_federated(parts, sp, options=options,
-                              strategy=strategy, compression=compression, secure=secure, on_round=progress)
+                              strategy=strategy, compression=compression, secure=secure, on_round=progress,
+                              min_agents=min_agents)
     twin.save(out_dir)
     summary = {"twin": str(out_dir), "sites": rep.sites, "rounds": len(rep.rounds), "bytes_up": rep.bytes_up,
                "bytes_down": rep.bytes_down, "seconds": rep.seconds, "strategy": rep.strategy,

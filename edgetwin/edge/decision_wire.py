@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -209,9 +210,83 @@ def _parse_json(data: bytes, columns: Sequence[str] | None, site: str) -> np.nda
     return obs
 
 
-def _parse_arrow(data: bytes, columns: Sequence[str] | None) -> np.ndarray:
+def _u32(b: bytes, i: int) -> int:
+    if i < 0 or i + 4 > len(b):
+        raise ValueError("flatbuffer offset out of range")
+    return int(struct.unpack_from("<I", b, i)[0])
+
+
+def _field(b: bytes, table: int, index: int) -> int | None:
+    """Absolute position of field ``index`` of the flatbuffer table at ``table`` (None: absent)."""
+    vt = table - struct.unpack_from("<i", b, table)[0]
+    if vt < 0 or vt + 4 > len(b):
+        raise ValueError("flatbuffer vtable out of range")
+    vt_size = struct.unpack_from("<H", b, vt)[0]
+    if 4 + 2 * index + 2 > vt_size:
+        return None
+    off = struct.unpack_from("<H", b, vt + 4 + 2 * index)[0]
+    return None if off == 0 else table + off
+
+
+def _batch_decoded_bytes(metadata: bytes, body: bytes) -> int:
+    """The bytes a record-batch message's buffers take once decoded, read from its flatbuffer
+    metadata (Arrow's ``Message.fbs``: Message.header -> RecordBatch.buffers, .compression) and,
+    for compressed buffers, from the uncompressed length each one starts with, before anything
+    is decompressed."""
+    root = _u32(metadata, 0)
+    header = _field(metadata, root, 2)  # Message.header (a union's value: offset to RecordBatch)
+    if header is None:
+        raise ValueError("record batch message without a header")
+    rb = header + _u32(metadata, header)
+    compressed = _field(metadata, rb, 3) is not None  # RecordBatch.compression
+    bufs = _field(metadata, rb, 2)  # RecordBatch.buffers: [Buffer {offset: long, length: long}]
+    if bufs is None:
+        return 0
+    vec = bufs + _u32(metadata, bufs)
+    n = _u32(metadata, vec)
+    if vec + 4 + 16 * n > len(metadata):
+        raise ValueError("buffer table runs past the metadata")
+    total = 0
+    for k in range(n):
+        offset, length = struct.unpack_from("<qq", metadata, vec + 4 + 16 * k)
+        if offset < 0 or length < 0 or offset + length > len(body):
+            raise ValueError("a buffer lies outside the message body")
+        if compressed and length >= 8:
+            raw = struct.unpack_from("<q", body, offset)[0]
+            total += length - 8 if raw == -1 else raw
+        else:
+            total += length
+    return total
+
+
+def _check_arrow_size(data: bytes, max_decoded: int) -> None:
+    """Refuse an Arrow stream whose record batches would decode to more than ``max_decoded``
+    bytes (a zstd- or lz4-compressed body can be thousands of times smaller than what it
+    decodes to: 18.9 KB became 600 MB), or that carries dictionary batches (observations are
+    numbers), before pyarrow decompresses anything."""
     import pyarrow as pa
 
+    try:
+        total = 0
+        for msg in pa.ipc.MessageReader.open_stream(pa.py_buffer(data)):
+            if msg.type == "dictionary batch":
+                raise BadDecisionRequest("Arrow dictionary batches are not accepted (send numeric columns)")
+            if msg.type == "record batch":
+                body = msg.body.to_pybytes() if msg.body is not None else b""
+                total += _batch_decoded_bytes(msg.metadata.to_pybytes(), body)
+                if total > max_decoded:
+                    raise BadDecisionRequest(f"the Arrow body decodes to more than max_bytes={max_decoded}", 413)
+    except BadDecisionRequest:
+        raise
+    except (pa.ArrowException, OSError, ValueError, struct.error) as e:
+        raise BadDecisionRequest(f"body is not an Arrow IPC stream: {e}") from None
+
+
+def _parse_arrow(data: bytes, columns: Sequence[str] | None, max_decoded: int | None = None) -> np.ndarray:
+    import pyarrow as pa
+
+    if max_decoded is not None:
+        _check_arrow_size(data, max_decoded)
     try:
         with pa.ipc.open_stream(pa.py_buffer(data)) as reader:
             batches = list(reader)
@@ -272,7 +347,8 @@ def parse_request(
         columns: the served policy's observation columns (named columns are checked against them
             and reordered to them); None when no policy is loaded (rows are then taken as sent).
         site: this runtime's site (a request naming another site is refused).
-        max_bytes: the largest body accepted.
+        max_bytes: the largest body accepted, and the most bytes an Arrow body may decode to
+            (checked before anything is decompressed).
 
     Returns:
         The `WireRequest`; its ``obs`` still goes through the runtime's width / finiteness checks.
@@ -289,7 +365,7 @@ def parse_request(
     fmt = ct if ct is not None else _sniff(data)
     if fmt in (JSON, ARROW):
         try:
-            obs = _parse_json(data, columns, site) if fmt == JSON else _parse_arrow(data, columns)
+            obs = _parse_json(data, columns, site) if fmt == JSON else _parse_arrow(data, columns, max_bytes)
         except BadDecisionRequest:
             raise
         except Exception as e:  # a malformed body no check above foresaw: the request's fault, not the policy's

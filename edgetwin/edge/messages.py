@@ -4,6 +4,10 @@ Wire frame (all integers little-endian)::
 
     b"ET" | v: u8 | header_len: u32 | header: UTF-8 JSON (header_len bytes) | tensor bytes
 
+A signed frame's header also has ``auth`` (``{"alg": "ed25519", "sig": base64}``) over
+`signing_payload`; `decode` keeps the signature and what it covers on the envelope, and a bus with
+``auth`` set checks it (`edgetwin.edge.message_auth`), rejecting as ``unauthenticated``.
+
 The JSON header holds ``kind``, ``sender``, ``round``, ``ts`` (unix seconds), ``id`` (unique per
 message; JetStream de-duplicates retried publishes by it), ``payload`` (a JSON object whose fields
 depend on ``kind``) and ``tensors``: ``[[name, dtype, shape], ...]`` describing the raw arrays that
@@ -25,6 +29,8 @@ others (``model_update`` / ``global_model`` by `edgetwin.federation.compression`
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
 import struct
@@ -49,6 +55,7 @@ __all__ = [
     "NUMBER",
     "decode",
     "encode",
+    "signing_payload",
     "register_kind",
     "type_ok",
     "validate",
@@ -58,7 +65,10 @@ MAGIC = b"ET"
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({1})
 _PREFIX = struct.Struct("<2sBI")  # magic, v, header_len
-REASONS = ("oversized", "malformed", "unknown_version", "unknown_kind", "invalid_payload")
+REASONS = ("oversized", "malformed", "unknown_version", "unknown_kind", "invalid_payload", "unauthenticated")
+#: what a signature covers: this tag, then the SHA-256 of the canonical header (sorted keys, without
+#: ``auth``) followed by the raw tensor bytes (`signing_payload`)
+AUTH_FORMAT = b"edgetwin-envelope/1\n"
 # dtypes a tensor may have on the wire; anything else (object, strings, ...) is malformed.
 _DTYPES = frozenset({"float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"})
 # Per dtype name: (its little-endian wire dtype, its native dtype), and native dtype -> name. Looked
@@ -102,6 +112,10 @@ class Envelope:
     v: int = SCHEMA_VERSION
     ts: float = field(default_factory=time.time)
     msg_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: set by `decode`: the Ed25519 signature the frame carried (None: unsigned) and the bytes it
+    #: must verify over (`signing_payload`); checked by `edgetwin.edge.message_auth.MessageAuth`
+    signature: bytes | None = field(default=None, compare=False, repr=False)
+    signed_payload: bytes | None = field(default=None, compare=False, repr=False)
 
 
 # ------------------------------------------------------------------------------ schemas
@@ -219,8 +233,19 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"non-finite number {name}")
 
 
-def encode(env: Envelope, max_bytes: int | None = None) -> bytes:
-    """Serialise ``env`` into one frame.
+def signing_payload(header: Mapping[str, Any], tensor_bytes: bytes) -> bytes:
+    """What an envelope's signature covers: `AUTH_FORMAT` and the SHA-256 of the header as canonical
+    JSON (sorted keys, ``auth`` left out) followed by the tensors' raw little-endian bytes. Computed
+    from parsed values on both sides, so a receiver does not depend on the sender's JSON spacing."""
+    h = {k: v for k, v in header.items() if k != "auth"}
+    digest = hashlib.sha256()
+    digest.update(json.dumps(h, sort_keys=True, separators=(",", ":"), allow_nan=False).encode())
+    digest.update(tensor_bytes)
+    return AUTH_FORMAT + digest.digest()
+
+
+def encode(env: Envelope, max_bytes: int | None = None, sign: Callable[[bytes], bytes] | None = None) -> bytes:
+    """Serialise ``env`` into one frame (signed with ``sign`` when given: header field ``auth``).
 
     Raises:
         InputError: the envelope does not fit its kind's schema, or the frame exceeds ``max_bytes``
@@ -251,6 +276,8 @@ def encode(env: Envelope, max_bytes: int | None = None) -> bytes:
         "tensors": table,
     }
     try:
+        if sign is not None:
+            header["auth"] = {"alg": "ed25519", "sig": base64.b64encode(sign(signing_payload(header, b"".join(blobs)))).decode()}
         hb = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     except (TypeError, ValueError) as e:
         raise InputError(f"payload is not JSON-serialisable with finite numbers: {e}", where=f"message {env.kind!r}") from None
@@ -300,6 +327,17 @@ def decode(data: bytes, max_bytes: int | None = None) -> Envelope:
         offset += nbytes
     if offset != n:
         raise MessageRejected("malformed", f"{n - offset} trailing bytes after the tensors")
+    signature, signed = None, None
+    auth = header.get("auth")
+    if auth is not None:
+        if not (isinstance(auth, dict) and auth.get("alg") == "ed25519" and isinstance(auth.get("sig"), str)
+                and len(auth["sig"]) <= 128):
+            raise MessageRejected("malformed", "header field 'auth' is not {alg: ed25519, sig: base64}")
+        try:
+            signature = base64.b64decode(auth["sig"], validate=True)
+        except ValueError:
+            raise MessageRejected("malformed", "header field 'auth.sig' is not base64") from None
+        signed = signing_payload(header, bytes(data[_PREFIX.size + hlen :]))
     env = Envelope(
         kind=header["kind"],
         sender=header["sender"],
@@ -309,6 +347,8 @@ def decode(data: bytes, max_bytes: int | None = None) -> Envelope:
         v=v,
         ts=float(header["ts"]),
         msg_id=header["id"],
+        signature=signature,
+        signed_payload=signed,
     )
     validate(env)
     return env

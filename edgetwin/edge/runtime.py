@@ -457,6 +457,7 @@ class EdgeRuntime:
         self.name = name or f"runtime/{site}"
 
         self.stats = RuntimeStats()
+        self.metrics: Any = None  # a `edgetwin.edge.metrics.RuntimeMetrics`: `instrument(runtime)` sets it
         self.events: deque[RuntimeEvent] = deque(maxlen=1000)
         self.registry_reachable: bool | None = None
         self._active: ServedPolicy | None = None
@@ -658,7 +659,10 @@ class EdgeRuntime:
             raise NoPolicyLoaded(
                 f"site {self.site!r} has no verified policy yet (scopes {self.scopes}); see the log"
             )
+        t0 = time.perf_counter()
         actions = served.act(x)
+        if self.metrics is not None:
+            self.metrics.observe_decision(served.version, len(x), time.perf_counter() - t0, arm="fleet")
         with self._stats_lock:  # `+=` from several threads would lose counts
             self.stats.decisions += 1
             self.stats.rows += len(x)
@@ -1137,6 +1141,7 @@ class EdgeRuntime:
             decided it, the probability of its action and its arm. Without an active canary every
             row is the current policy's (arm ``"fleet"``).
         """
+        t0 = time.perf_counter()
         x = self._check_obs(obs)
         agent_ids = [str(v) for v in np.asarray(agents, dtype=object).ravel()]
         site_ids = None if sites is None else [str(v) for v in np.asarray(sites, dtype=object).ravel()]
@@ -1168,6 +1173,8 @@ class EdgeRuntime:
             self.stats.rows += len(x)
             for v in set(policy.tolist()):  # decisions (calls) a version took part in
                 self.stats.by_version[v] += 1
+        if self.metrics is not None:
+            self.metrics.observe_routed(policy, arms, time.perf_counter() - t0)
         return RoutedDecision(actions, policy, prop, arms, assign)
 
     def canary_report(self, rows: Any) -> GuardStop | None:
@@ -1185,6 +1192,8 @@ class EdgeRuntime:
         if canary is None:
             raise InputError("no canary was started on this runtime", where="canary")
         _, stop = canary.record(rows)
+        if self.metrics is not None:
+            self.metrics.observe_canary_rows(canary, rows)
         if not canary.active and canary.stop_reason in ("guard", "completed") and self._canary_policy is not None:
             self._end_canary(canary.stop_reason, stop)
         if self.bus is not None and self._loop is not None:
@@ -1278,6 +1287,8 @@ class EdgeRuntime:
                 self.stats.kpi_stale += 1
                 return None
             self.stats.kpi_reports += 1
+            if self.metrics is not None:
+                self.metrics.observe_kpis(kpis, a.version, arm="fleet")
             was_accepted = self.watch.accepted
             breach = self.watch.observe(kpis)
             if breach is None:

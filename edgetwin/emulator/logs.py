@@ -1,6 +1,7 @@
 """Logging the emulated cluster: its logging policies (uniform random, or the SLO-aware heuristic
-`SLOAwarePolicy`), `generate_logs` (a log in the contract and its spec, one episode a day) and a
-plot of a log's daily shape (`plot_overview`).
+`SLOAwarePolicy`), `generate_logs` (a log in the contract and its spec, one episode a day), the
+same log as OpenMetrics with the mapping that imports it back (`write_openmetrics_logs`: what a
+Prometheus would hold of the cluster) and a plot of a log's daily shape (`plot_overview`).
 
 Every row says who decided (``policy``) and, where the deciding policy samples, how likely its
 action was (``propensity``). `Regime` lets one log hold what a real operator's logs hold: several
@@ -35,7 +36,15 @@ from edgetwin.emulator.population import (
     SCENARIOS,
 )
 
-__all__ = ["Regime", "SLOAwarePolicy", "episode_seed", "generate_logs", "make_policy", "plot_overview"]
+__all__ = [
+    "Regime",
+    "SLOAwarePolicy",
+    "episode_seed",
+    "generate_logs",
+    "make_policy",
+    "plot_overview",
+    "write_openmetrics_logs",
+]
 
 
 class SLOAwarePolicy:
@@ -244,6 +253,43 @@ def regimes_share(regimes: Sequence[Regime], episode: int) -> float:
             return float(r.arm_share)
         first += int(r.days)
     raise IndexError(episode)
+
+
+def write_openmetrics_logs(
+    log: pd.DataFrame,
+    spec: TwinSpec,
+    path: str | Path,
+    *,
+    start: float = 1767225600.0,
+    prefix: str = "edgetwin_",
+) -> tuple[Path, Path]:
+    """Write a cluster log as OpenMetrics (one gauge per column) and the import mapping beside it.
+
+    Episode ``e`` becomes the UTC day ``start + e days`` (``start`` a midnight; default
+    2026-01-01), tick ``t`` is ``t * spec.step_seconds`` into it, and every series is labelled
+    ``agent``, ``site``, ``scenario`` and ``policy`` (who decided; the ``propensity`` column is a
+    gauge of its own): what the cluster's exporters would have left in Prometheus.
+    ``promtool tsdb create-blocks-from openmetrics PATH DIR`` backfills it; ``edgetwin logs import
+    prometheus --mapping PATH.mapping.toml`` (from that server, or ``--from-file PATH``) gives
+    the log back, its spec skeleton carrying the spec's kinds and bounds.
+
+    Returns:
+        ``(dump, mapping)``: the OpenMetrics file and ``<dump stem>.mapping.toml`` beside it.
+    """
+    import tomli_w
+
+    from edgetwin.contract.prometheus.exposition import mapping_for, write_openmetrics
+
+    if float(start) % 86400.0:
+        raise InputError(f"start must be a UTC midnight (a multiple of 86400 s), got {start}", "start")
+    path = Path(path)
+    columns = [*(f.name for f in spec.features), *(c for c in ("reward", PROPENSITY_COLUMN) if c in log.columns)]
+    write_openmetrics(log, path, start=float(start), step_seconds=spec.step_seconds, columns=columns, prefix=prefix)
+    mapping = mapping_for(columns, spec, prefix=prefix, name=spec.name, step=spec.step_seconds,
+                          policy=POLICY_COLUMN in log.columns)  # fmt: skip
+    mapping_path = path.with_name(path.name.split(".")[0] + ".mapping.toml")
+    mapping_path.write_text(tomli_w.dumps(mapping), encoding="utf-8")
+    return path, mapping_path
 
 
 def plot_overview(log: pd.DataFrame, path: str | Path, title: str = "emulated edge-cloud cluster") -> Path:

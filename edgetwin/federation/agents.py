@@ -175,6 +175,16 @@ class _AgentBase:
             return True
         return False
 
+    def _from_parent(self, env: Envelope) -> bool:
+        """Whether ``env`` was sent by this agent's parent group (its models and round controls
+        come from nobody else; on an authenticated bus the sender is who signed it)."""
+        parent = getattr(self, "parent", None)
+        if parent is None or env.sender == f"agg/{parent[1]}":
+            return True
+        self.refused["not_parent"] += 1
+        log.warning("%s: %s from %s, not from its parent agg/%s", self.name, env.kind, env.sender, parent[1])
+        return False
+
     async def stop(self) -> None:
         """Cancel this agent's tasks and subscriptions (the bus stays open)."""
         for t in list(self._tasks):
@@ -242,6 +252,7 @@ class EdgeServiceAgent(_AgentBase):
         self._training = False
         self._started_rounds: set[int] = set()
         self._final_version: int | None = None
+        self._size = int(np.asarray(learner.get_params()).size)  # the model's size: what a global model must have
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -262,7 +273,7 @@ class EdgeServiceAgent(_AgentBase):
     # --- handlers -------------------------------------------------------------------------------
     async def _on_model(self, rcv: Received) -> None:
         env = rcv.envelope
-        if env.kind != "global_model" or self._foreign(env):
+        if env.kind != "global_model" or self._foreign(env) or not self._from_parent(env):
             return
         fc = env.payload.get("for_client")
         if fc is not None and fc != self.site.name:
@@ -270,7 +281,12 @@ class EdgeServiceAgent(_AgentBase):
         v = int(env.payload["version"])
         if v <= self.version:
             return
-        params = decode_update(env)
+        try:  # the size is checked against this site's model before anything is allocated
+            params = decode_update(env, self._size)
+        except InputError as e:
+            self.refused["model_shape"] += 1
+            log.warning("%s: refused model v%d: %s", self.name, v, e)
+            return
         if self._training:
             # Mid-training: install after this round's update is out (it was computed from the old one).
             if self._deferred is None or v > self._deferred[0]:
@@ -291,7 +307,7 @@ class EdgeServiceAgent(_AgentBase):
 
     async def _on_round(self, rcv: Received) -> None:
         env = rcv.envelope
-        if env.kind != "round_control" or self._foreign(env):
+        if env.kind != "round_control" or self._foreign(env) or not self._from_parent(env):
             return
         if env.payload["action"] == "close":
             self._final_version = env.round
@@ -312,7 +328,7 @@ class EdgeServiceAgent(_AgentBase):
 
     async def _on_summary(self, rcv: Received) -> None:
         env = rcv.envelope
-        if env.kind == "summary" and not self._foreign(env):
+        if env.kind == "summary" and not self._foreign(env) and env.sender == f"agg/{env.payload['cluster']}":
             prices = env.payload["stats"].get("prices", {})
             if isinstance(prices, dict):
                 self.prices = {str(k): float(v) for k, v in prices.items() if isinstance(v, int | float)}
@@ -534,12 +550,18 @@ class AggregatorAgent(_AgentBase):
             return
         self.received_ids.add(env.msg_id)
         self._bytes_up += rcv.nbytes
-        client = env.sender.split("/", 1)[-1]
-        if client not in self.inputs or env.payload["group"] != self.node.name:
+        kind, _, client = env.sender.partition("/")
+        if (client not in self.inputs or kind != ("esa" if self.node.members else "agg")
+                or env.payload["group"] != self.node.name):
             self.refused["unknown_sender"] += 1
             log.warning("%s: update from %s, not an input of %s", self.name, env.sender, self.node.name)
             return
-        delta = decode_update(env)
+        try:  # against the model's size before anything is allocated
+            delta = decode_update(env, None if self.params is None else int(self.params.size))
+        except InputError as e:
+            self.refused["wrong_size"] += 1
+            log.warning("%s: update from %s refused: %s", self.name, client, e)
+            return
         if self.params is not None and delta.shape != self.params.shape:
             self.refused["wrong_size"] += 1
             log.warning(
@@ -576,24 +598,31 @@ class AggregatorAgent(_AgentBase):
 
     async def _on_intent(self, rcv: Received) -> None:
         env = rcv.envelope
-        if env.kind == "intent" and not self._foreign(env) and env.payload["site"] in self.inputs:
+        if (env.kind == "intent" and not self._foreign(env) and env.payload["site"] in self.inputs
+                and env.sender == f"esa/{env.payload['site']}"):
             self._intents[env.round][env.payload["site"]] = env.payload
 
     async def _on_parent_model(self, rcv: Received) -> None:
         env = rcv.envelope
-        if env.kind != "global_model" or self._foreign(env):
+        if env.kind != "global_model" or self._foreign(env) or not self._from_parent(env):
             return
         fc = env.payload.get("for_client")
         if fc is not None and fc != self.node.name:
             return
         v = int(env.payload["version"])
         if self._parent_model is None or v > self._parent_model[0]:
-            self._parent_model = (v, decode_update(env))
+            try:
+                params = decode_update(env, None if self.params is None else int(self.params.size))
+            except InputError as e:
+                self.refused["model_shape"] += 1
+                log.warning("%s: refused parent model v%d: %s", self.name, v, e)
+                return
+            self._parent_model = (v, params)
             self._parent_event.set()
 
     async def _on_parent_round(self, rcv: Received) -> None:
         env = rcv.envelope
-        if env.kind != "round_control" or self._foreign(env):
+        if env.kind != "round_control" or self._foreign(env) or not self._from_parent(env):
             return
         if env.payload["action"] == "close":
             self._spawn(self._close_down(env.round), "close")
@@ -889,7 +918,7 @@ class GlobalCoordinationAgent(AggregatorAgent):
 
     async def _on_summary(self, rcv: Received) -> None:
         env = rcv.envelope
-        if env.kind == "summary" and not self._foreign(env):
+        if env.kind == "summary" and not self._foreign(env) and env.sender == f"agg/{env.payload['cluster']}":
             self.summaries[env.payload["cluster"]].append(env.payload["stats"])
 
     async def run(self, rounds: int) -> list[RoundRecord]:

@@ -31,6 +31,7 @@ from edgetwin.contract.errors import InputError
 from edgetwin.edge.messages import NUMBER, Envelope, KindSchema, register_kind, type_ok
 
 __all__ = [
+    "MAX_UPDATE_VALUES",
     "DampedErrorFeedbackCodec",
     "EncodedUpdate",
     "Int8Quantizer",
@@ -59,6 +60,11 @@ class EncodedUpdate:
         """Bytes on the wire for this update: array bytes plus the compact JSON of ``meta``."""
         meta_bytes = len(json.dumps(self.meta, separators=(",", ":")).encode())
         return int(sum(a.nbytes for a in self.tensors.values())) + meta_bytes
+
+
+#: the most values any update may declare (64 Mi floats, 256 MiB dense): a ceiling for receivers
+#: that do not know the model's size; those that do pass it (`UpdateCodec.decode`'s ``expected_size``)
+MAX_UPDATE_VALUES = 1 << 26
 
 
 def dense_nbytes(size: int) -> int:
@@ -231,26 +237,76 @@ class UpdateCodec:
         return enc
 
     @staticmethod
-    def decode(enc: EncodedUpdate) -> np.ndarray:
-        """Dense (D,) float32 from any `UpdateCodec` encoding (server side; no state)."""
+    def check(enc: EncodedUpdate, max_size: int = MAX_UPDATE_VALUES, expected_size: int | None = None) -> int:
+        """Check an encoding without allocating its dense vector; returns its size D.
+
+        What a receiver runs before `decode` (and all that a message schema runs): the declared
+        size is an int within ``[0, max_size]`` (and equal to ``expected_size``, the plan's, when
+        given), the values are a flat int8 ``q`` or float32 ``values`` array, and the indices or
+        bitmap agree with the values and the size. Every array it builds is at most as large as
+        the frame itself (a bitmap's bits), so a small frame that declares a huge size costs
+        nothing (a 316-byte update declaring 2**40 values was a MemoryError inside `decode`).
+
+        Raises:
+            InputError: naming what does not fit.
+        """
         meta, tensors = enc.meta, enc.tensors
-        try:
-            size = int(meta["size"])
-            if "q" in tensors:
-                values = Int8Quantizer.decode_values(tensors["q"], float(meta["scale"]), float(meta["zero"]))
-            else:
-                values = np.asarray(tensors["values"], dtype=np.float32)
-            if "indices" in tensors or "bitmap" in tensors:
-                idx = TopKSparsifier.unpack_indices(tensors, size)
-                if idx.size != values.size:
-                    raise InputError(f"{idx.size} indices for {values.size} values", where="update")
-                out = np.zeros(size, dtype=np.float32)
-                out[idx] = values
-                return out
-        except KeyError as e:
-            raise InputError(f"encoded update lacks {e.args[0]!r}", where="update") from None
-        if values.size != size:
+        size = meta.get("size") if isinstance(meta, dict) else None
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise InputError("codec.size must be a non-negative int", where="update")
+        if expected_size is not None and size != expected_size:
+            raise InputError(f"update declares {size} values, the plan expects {expected_size}", where="update")
+        if size > max_size:
+            raise InputError(f"update declares {size} values, above the limit of {max_size}", where="update")
+        if "q" in tensors:
+            values = tensors["q"]
+            if np.asarray(values).dtype != np.int8:
+                raise InputError("int8 values must be int8", where="update.q")
+            for key in ("scale", "zero"):
+                v = meta.get(key)
+                if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v):
+                    raise InputError(f"codec.{key} must be a finite number", where="update")
+        elif "values" in tensors:
+            values = tensors["values"]
+        else:
+            raise InputError("encoded update lacks 'values' or 'q'", where="update")
+        values = np.asarray(values)
+        if values.ndim != 1:
+            raise InputError("update values must be flat", where="update")
+        if "indices" in tensors:
+            idx = np.asarray(tensors["indices"])
+            if idx.ndim != 1 or idx.dtype.kind not in "iu":
+                raise InputError("indices must be a flat integer array", where="update.indices")
+            if idx.size != values.size:
+                raise InputError(f"{idx.size} indices for {values.size} values", where="update")
+            if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= size):
+                raise InputError(f"sparse index outside [0, {size})", where="update.indices")
+        elif "bitmap" in tensors:
+            bm = np.asarray(tensors["bitmap"])
+            if bm.ndim != 1 or bm.dtype != np.uint8 or bm.size != (size + 7) // 8:
+                raise InputError(f"bitmap must be {(size + 7) // 8} uint8 bytes for {size} values", where="update.bitmap")
+            n = int(np.unpackbits(bm, count=size).sum()) if size else 0
+            if n != values.size:
+                raise InputError(f"{n} indices for {values.size} values", where="update")
+        elif values.size != size:
             raise InputError(f"dense update has {values.size} values, meta says {size}", where="update")
+        return size
+
+    @staticmethod
+    def decode(enc: EncodedUpdate, expected_size: int | None = None, max_size: int = MAX_UPDATE_VALUES) -> np.ndarray:
+        """Dense (D,) float32 from any `UpdateCodec` encoding (server side; no state), after
+        `check` (nothing is allocated for a size beyond ``max_size`` or other than ``expected_size``)."""
+        size = UpdateCodec.check(enc, max_size, expected_size)
+        meta, tensors = enc.meta, enc.tensors
+        if "q" in tensors:
+            values = Int8Quantizer.decode_values(tensors["q"], float(meta["scale"]), float(meta["zero"]))
+        else:
+            values = np.asarray(tensors["values"], dtype=np.float32)
+        if "indices" in tensors or "bitmap" in tensors:
+            idx = TopKSparsifier.unpack_indices(tensors, size)
+            out = np.zeros(size, dtype=np.float32)
+            out[idx] = values
+            return out
         return values
 
 
@@ -326,9 +382,11 @@ def model_update(
     return Envelope(kind="model_update", sender=sender, round=round, payload=payload, tensors=dict(update.tensors))
 
 
-def decode_update(env: Envelope) -> np.ndarray:
-    """The dense float32 vector (D,) of a ``model_update`` or ``global_model`` envelope."""
-    return UpdateCodec.decode(EncodedUpdate(env.tensors, env.payload["codec"]))
+def decode_update(env: Envelope, expected_size: int | None = None) -> np.ndarray:
+    """The dense float32 vector (D,) of a ``model_update`` or ``global_model`` envelope; with
+    ``expected_size`` (the receiver's model size) any other declared size is refused before
+    anything is allocated (`InputError`)."""
+    return UpdateCodec.decode(EncodedUpdate(env.tensors, env.payload["codec"]), expected_size)
 
 
 def _check_codec(env: Envelope) -> None:
@@ -343,8 +401,8 @@ def _check_codec(env: Envelope) -> None:
         raise ValueError("int8 values need codec.scale and codec.zero")
     if "q" not in env.tensors and "values" not in env.tensors:
         raise ValueError("a model carries tensor 'values' or 'q'")
-    try:
-        UpdateCodec.decode(EncodedUpdate(env.tensors, codec))
+    try:  # without allocating the dense vector: its size is checked against the model by the receiver
+        UpdateCodec.check(EncodedUpdate(env.tensors, codec))
     except (InputError, ValueError, IndexError) as e:
         raise ValueError(f"update does not decode: {e}") from None
 

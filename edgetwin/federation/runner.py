@@ -44,6 +44,7 @@ import numpy as np
 
 from edgetwin.contract.errors import InputError
 from edgetwin.edge.bus import Bus, make_bus
+from edgetwin.edge.message_auth import KEYS_ENV, FederationKeys, auth_from_env, write_keys
 from edgetwin.federation.agents import (
     AggregatorAgent,
     ClusterOrchestratorAgent,
@@ -478,8 +479,15 @@ async def build_federation(
     progress: bool = False,
     exclude_sites: Sequence[str] = (),
     state_dir: str | Path | None = None,
+    keys: FederationKeys | None = None,
 ) -> Federation:
     """Build and start every agent of ``cfg`` in this process (without running rounds).
+
+    Every message is signed by its sender's key and checked against the keyring on receipt
+    (`edgetwin.edge.message_auth`): ``keys`` holds every agent's public key and the private keys
+    of the agents built here; None: fresh keys for every agent (all in this process). With
+    ``exclude_sites`` and no ``keys``, the agents elsewhere hold no key of this keyring, so the
+    federation then runs unauthenticated (one warning line): pass ``keys`` from a keys directory.
 
     Args:
         bus: ``"memory"`` (a fresh in-process broker), ``"nats://..."``, or a factory
@@ -508,13 +516,16 @@ async def build_federation(
         factory = bus
     buses: list[Bus] = []
     shared: dict[str, Bus] = {}
+    speaks: dict[int, list[str]] = defaultdict(list)  # id(bus) -> identities it signs for
 
-    async def client(name: str, key: str | None = None) -> Bus:
+    async def client(name: str, key: str | None = None, identity: str = "") -> Bus:
         if key is not None and key in shared:
+            speaks[id(shared[key])].append(identity)
             return shared[key]
         b = factory(name)
         await b.connect()
         buses.append(b)
+        speaks[id(b)].append(identity)
         if key is not None:
             shared[key] = b
         return b
@@ -532,7 +543,7 @@ async def build_federation(
         else make_learner(cfg.learner, sites[0]).get_params()
     )
     gca = GlobalCoordinationAgent(
-        await client("gca", "all" if share_bus == "all" else None),
+        await client("gca", "all" if share_bus == "all" else None, f"agg/{root.name}"),
         root,
         cfg.run,
         initial_params=init,
@@ -546,7 +557,7 @@ async def build_federation(
         key = "all" if share_bus == "all" else (node.name if share_bus == "cluster" else None)
         coas.append(
             ClusterOrchestratorAgent(
-                await client(f"coa-{node.name}", key),
+                await client(f"coa-{node.name}", key, f"agg/{node.name}"),
                 node,
                 cfg.run,
                 parent=(parent.level, parent.name),
@@ -566,7 +577,7 @@ async def build_federation(
         attack = Attack(**cfg.attacks[s.name]) if s.name in cfg.attacks else None
         esas.append(
             EdgeServiceAgent(
-                await client(f"esa-{s.name}", key),
+                await client(f"esa-{s.name}", key, f"esa/{s.name}"),
                 s,
                 ln,
                 parent=(leaf.level, leaf.name),
@@ -579,6 +590,13 @@ async def build_federation(
                 seed=cfg.seed * 1000 + i,
             )
         )
+    if keys is None and not exclude_sites:
+        keys = FederationKeys.generate(i for ids in speaks.values() for i in ids)
+    if keys is None:
+        log.warning("federation %s runs unauthenticated: agents outside this process and no keys directory", cfg.run)
+    else:
+        for b in buses:
+            b.auth = keys.auth(*speaks[id(b)])
     # Subscribe bottom-up so that nobody misses the first round's messages.
     for a in esas:
         await a.start()
@@ -741,7 +759,12 @@ async def run_agent(
     if role not in ("esa", "coa", "gca"):
         raise InputError(f"role must be esa, coa or gca, got {role!r}", where="ROLE")
     sites = {s.name: s for s in cfg.site_specs()}
+    identity = f"esa/{name}" if role == "esa" else f"agg/{name}" if role == "coa" else f"agg/{root.name}"
+    auth = auth_from_env(identity)
+    if auth is None:
+        log.warning("%s %s runs unauthenticated: set %s to a keys directory (docs/bus.md)", role, name or "", KEYS_ENV)
     bus = make_bus(bus_spec, name=f"{role}-{name or 'global'}")
+    bus.auth = auth
     await bus.connect()
     t0 = time.perf_counter()
     try:
@@ -886,6 +909,9 @@ async def _run_processes(
     wd.mkdir(parents=True, exist_ok=True)
     cfg_path = cfg.save(wd / "federation.json")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if not env.get(KEYS_ENV):  # every agent on this machine: one keys directory with all their keys
+        ids = [f"agg/{n.name}" for n in root.walk()] + [f"esa/{s.name}" for s in cfg.site_specs()]
+        env[KEYS_ENV] = str(write_keys(wd / "keys", ids, overwrite=True))
     procs: list[asyncio.subprocess.Process] = []
     logs = []
 

@@ -123,6 +123,16 @@ class GaussianModel:
         plain: list[Any] | None = self.__dict__["_plain"]
         return plain
 
+    def numpy_layers(self) -> list[Any] | None:
+        """`numpy_actor` of `plain_layers`, looked up once per model (None when the actor is not
+        a plain MLP). Its arrays are views of the policy's parameter tensors: weights trained or
+        loaded in place are seen."""
+        if "_numpy" not in self.__dict__:
+            plain = self.plain_layers()
+            self.__dict__["_numpy"] = None if plain is None else numpy_actor(plain)
+        layers: list[Any] | None = self.__dict__["_numpy"]
+        return layers
+
     @property
     def std(self) -> np.ndarray:
         return th.exp(self.policy.log_std).detach().numpy()
@@ -150,6 +160,57 @@ def plain_forward(layers: list[Any], x: np.ndarray) -> np.ndarray:
     h = th.as_tensor(arr if arr.flags.writeable else arr.copy())
     for layer in layers:
         h = layer(h) if callable(layer) else th.nn.functional.linear(h, layer[0], layer[1])
+    out: np.ndarray = h.numpy()
+    return out
+
+
+def _np_tanh(h: np.ndarray) -> None:
+    np.tanh(h, out=h)
+
+
+def _np_relu(h: np.ndarray) -> None:
+    np.maximum(h, 0.0, out=h)
+
+
+#: the in-place numpy kernel of each of `_ACTIVATIONS`' torch functions
+_NUMPY_ACTIVATIONS: dict[Any, Callable[[np.ndarray], None]] = {th.tanh: _np_tanh, th.relu: _np_relu}
+
+
+def numpy_actor(layers: list[Any]) -> list[Any] | None:
+    """`_plain_actor`'s ``layers`` with each activation replaced by its in-place numpy kernel
+    (`numpy_forward`); the linear layers stay the policy's own parameter tensors (weights trained
+    or loaded in place are seen). None when an activation has no numpy kernel here."""
+    out: list[Any] = []
+    for layer in layers:
+        if callable(layer):
+            fn = _NUMPY_ACTIVATIONS.get(layer)
+            if fn is None:
+                return None
+            out.append(fn)
+        else:
+            out.append(layer)
+    return out
+
+
+def numpy_forward(layers: list[Any], x: np.ndarray) -> np.ndarray:
+    """``(N, in) -> (N, out)`` float32 (a fresh array): `plain_forward` with numpy activations
+    (`numpy_actor`'s ``layers``), the inference path of a twin's tick; call under ``torch.no_grad``.
+
+    Why: at a twin's sizes (10,000 agents, 64-unit layers) torch's CPU ``tanh`` took half the
+    client network's time, and numpy's vectorised float32 ``tanh`` is ~13x faster. The linear
+    layers stay torch's (its GEMM gives a row the same bits whatever the other rows, which a
+    tick of all agents and `Simulation.respond` on a subset rely on; numpy's BLAS does not), and
+    the activation runs in place on the tensor's own memory (no copy either way). The numbers are
+    not torch's ``tanh`` to the bit: it differs by at most one ulp on ~30 % of activations
+    (~1e-7 relative). Deterministic: the same inputs give the same bits.
+    """
+    arr = np.ascontiguousarray(x, dtype=np.float32)
+    h = th.as_tensor(arr if arr.flags.writeable else arr.copy())
+    for layer in layers:
+        if callable(layer):
+            layer(h.numpy())  # in place: the array is the tensor's memory
+        else:
+            h = th.nn.functional.linear(h, layer[0], layer[1])
     out: np.ndarray = h.numpy()
     return out
 
@@ -215,7 +276,7 @@ def behaviour_clone(
     The budget is ``epochs`` passes over the pairs, but at most ``max_steps`` gradient steps
     (minibatches) when given. Why a cap: the optimisation a small MLP needs does not grow with
     the log, while a fixed number of epochs does (20 epochs over a million rows is 35 times the
-    steps of 20 over 29k, and was most of a default fit's time: docs/benchmarks.md, "Scale").
+    steps of 20 over 29k, and was most of a default fit's time: docs/benchmarks/scale/README.md).
     Below the cap the fit is exactly the ``epochs``-pass fit (same batches, same weights); above
     it, training stops after ``max_steps`` minibatches of the same shuffled sequence (the last
     pass partial), so every row is still seen about equally often.
@@ -348,7 +409,7 @@ class ShuffledBatches:
 
     imitation wraps the demonstrations in a torch `DataLoader` (shuffled, last partial batch
     dropped) whose collate step builds every sample as a Python dict and stacks them: on a large
-    log that was most of a twin's fit time (docs/benchmarks.md, "Scale"). This yields the same
+    log that was most of a twin's fit time (docs/benchmarks/scale/README.md). This yields the same
     batches by indexing two tensors with the same permutations, drawn the same way from torch's
     global generator (per epoch: the loader iterator's base seed, then the sampler's seed, then
     ``randperm`` on a generator seeded with it), so a fit gives the same weights as before
@@ -527,7 +588,7 @@ class MailConfig:
         bc_max_steps: cap on each behaviour-cloning fit's gradient steps (256-row minibatches;
             0: no cap). ``bc_epochs`` sets the budget on small logs; past
             ``bc_max_steps * 256 / bc_epochs`` rows of a scenario (64,000 at the defaults) the cap
-            does, so a fit's cost stops growing with rows x epochs (docs/benchmarks.md, "Scale").
+            does, so a fit's cost stops growing with rows x epochs (docs/benchmarks/scale/README.md).
         rounds: adversarial rounds; each is one GAIL round (PPO + discriminator) per scenario.
             0 gives the behaviour-cloned client only.
         world_agents: agents in each scenario's training world (drawn from logged site units).

@@ -810,7 +810,7 @@ def promote(
             calibration=calibration, progress=progress,
         )  # fmt: skip
 
-        from edgetwin.twin.report import write_report
+        from edgetwin.twin.report import markdown_html, write_report
 
         gate_doc = decision.to_dict()
         verdict_md = gate_markdown(decision)
@@ -820,7 +820,7 @@ def promote(
             title=f"Promotion gate: {candidate.name} vs {against_label} ({scope})",
             extra={"gate": gate_doc, "scope": scope, "against": against_label, "forced": force},
             preamble_md=verdict_md,
-            preamble_html="<p>" + verdict_md.replace("\n\n", "</p><p>").replace("\n- ", "<br>• ") + "</p>",
+            preamble_html=markdown_html(verdict_md),
         )
         report_sha = hashlib.sha256(files["json"].read_bytes()).hexdigest()
         md = dict(metadata or {})

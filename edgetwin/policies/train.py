@@ -260,13 +260,25 @@ def build_env(
 # ------------------------------------------------------------------------------- training
 
 
+def minibatch_size(buffer: int, target: int = 128) -> int:
+    """A mini-batch size for an on-policy rollout of ``buffer`` transitions: ``buffer`` itself when
+    it is at most ``target``, else the divisor of ``buffer`` in ``[target/2, 2·target]`` closest
+    to ``target`` (SB3 warns, and trains on a truncated last mini-batch, when the size does not
+    divide the rollout: a twin's env count is its agents, e.g. 100 agents x 8 steps = 800 is not
+    a multiple of 128, but of 100), and ``target`` when no such divisor exists."""
+    if buffer <= target:
+        return buffer
+    near = [d for d in range(target // 2, 2 * target + 1) if buffer % d == 0]
+    return min(near, key=lambda d: (abs(d - target), d)) if near else target
+
+
 #: Small-problem defaults per algorithm (per sub-env rollout lengths scale with the env count).
 def default_hyper(algo: Algo, n_envs: int) -> dict[str, Any]:
     if algo == "recurrent_ppo":  # sequences make each epoch costly: fewer, shorter
         n_steps = max(16, 512 // n_envs)
         return {
             "n_steps": n_steps,
-            "batch_size": min(128, n_steps * n_envs),
+            "batch_size": minibatch_size(n_steps * n_envs),
             "n_epochs": 3,
             "learning_rate": 3e-4,
             "gamma": 0.95,
@@ -274,7 +286,7 @@ def default_hyper(algo: Algo, n_envs: int) -> dict[str, Any]:
     if algo in ("ppo", "maskable_ppo", "dual_critic_ppo"):
         # short rollouts (~512 transitions) give many updates per step budget on small twins
         n_steps = max(8, 512 // n_envs)
-        batch = min(128, n_steps * n_envs)
+        batch = minibatch_size(n_steps * n_envs)
         return {"n_steps": n_steps, "batch_size": batch, "n_epochs": 5, "learning_rate": 1e-3, "gamma": 0.95}
     if algo == "a2c":
         return {"n_steps": 8, "learning_rate": 1e-3, "gamma": 0.95}
@@ -655,6 +667,7 @@ __all__ = [
     "TrainResult",
     "build_env",
     "default_hyper",
+    "minibatch_size",
     "latest_checkpoint",
     "spec_of",
     "train_policy",

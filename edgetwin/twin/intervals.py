@@ -6,7 +6,7 @@ in the two-level bootstrap over members x replicate worlds (`edgetwin.twin.whati
 What the bootstrap cannot see is the twin's *bias*: every member can be wrong the same way. A
 bootstrap interval of a twin's mean therefore covers the twin's own mean, not the real value, and
 on the emulated cluster it excluded the real change of a KPI in most (policy, KPI) pairs
-(docs/benchmarks.md, "What-if replay vs the emulated cluster").
+(docs/benchmarks/whatif_gate/README.md).
 
 The construction used everywhere (`interval`, `change_interval`, method ``"hybrid"``), chosen by
 measured coverage (`benchmarks/whatif_gate.py` reports every construction's coverage side by side):
@@ -60,8 +60,8 @@ LEVEL = 0.90
 #: ensemble's mean), ``"normalized"`` (ensemble mean ± conformal multiple of the members' spread) and
 #: ``"hybrid"`` (the default; for a level, ``"relative"``; for a change, the paired bootstrap widened
 #: by the relative error applied to the size of the change plus the normalised multiple of the
-#: members' spread of the change). Chosen by measured coverage: docs/benchmarks.md, "What-if replay
-#: vs the emulated cluster (promotion gate)".
+#: members' spread of the change). Chosen by measured coverage on the what-if-gate benchmark's rows
+#: (docs/benchmarks/whatif_gate/README.md, which also reports a choice made on half of its candidates).
 METHODS = ("relative", "normalized", "hybrid")
 DEFAULT_METHOD = "hybrid"
 

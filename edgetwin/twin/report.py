@@ -85,6 +85,27 @@ def notes(result: WhatIfResult) -> list[str]:
     return out
 
 
+#: what a report says of a KPI whose direction (higher or lower is better) nobody declared: the
+#: gate guards only KPIs with a direction (`edgetwin.policies.gate`), so such a KPI is shown, not judged
+NO_DIRECTION = "no direction declared (not guarded)"
+
+
+def kpi_axis_label(name: str, better: str | None) -> str:
+    """A KPI's label under the changes plot: its name and its direction (↑ / ↓ better), or
+    `NO_DIRECTION` over two lines."""
+    if better in ("higher", "lower"):
+        return f"{name}\n({'↑' if better == 'higher' else '↓'} better)"
+    return f"{name}\n(no direction declared,\nnot guarded)"
+
+
+def markdown_html(md: str) -> str:
+    """Markdown (a report's prose: paragraphs, lists, emphasis, code) as an HTML fragment, by
+    markdown-it-py (CommonMark), raw HTML in the text escaped rather than passed through."""
+    from markdown_it import MarkdownIt
+
+    return str(MarkdownIt("commonmark", {"html": False}).render(md))
+
+
 # ------------------------------------------------------------------------------------ markdown
 def markdown(result: WhatIfResult, title: str = "What-if report") -> str:
     """KPI tables per scenario, the comparison when there is a baseline, and the notes."""
@@ -128,7 +149,7 @@ def _scenario_md(result: WhatIfResult, sc: Scenario) -> list[str]:
     lines.append("| " + " | ".join(cols) + " |")
     lines.append("|" + "|".join(["---"] * 2 + ["---:"] * (len(cols) - 2)) + "|")
     for k in result.kpis:
-        row = [k.name + (f" ({k.unit})" if k.unit else ""), k.better or "-"]
+        row = [k.name + (f" ({k.unit})" if k.unit else ""), k.better or NO_DIRECTION]
         if logged:
             v = result.logged_kpis.get(k.name)
             row.append(_fmt(float(np.nanmean(v))) if v is not None and len(v) else "n/a")
@@ -247,10 +268,7 @@ def plot_changes(result: WhatIfResult, path: str | Path) -> Path | None:
             if c["flagged"]:
                 ax.annotate(FLAG, (x[j] + i * width, val[j]), ha="center", fontsize=8)
     ax.axhline(0, color="black", lw=0.8)
-    labels = [
-        f"{k.name}\n({'↑' if k.better == 'higher' else '↓' if k.better == 'lower' else '·'} better)"
-        for k in kpis
-    ]
+    labels = [kpi_axis_label(k.name, k.better) for k in kpis]
     ax.set_xticks(x + width * (len(result.scenarios) - 1) / 2, labels, rotation=45, ha="right", fontsize=7)
     ax.set_ylabel(f"{result.candidate} vs {result.baseline} (%)")
     ax.legend(fontsize=7)
@@ -319,7 +337,7 @@ def html_report(
         head += [f"{c} vs {result.baseline}" for c in cands]
         parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
         for k in result.kpis:
-            cells = [e(k.name + (f" ({k.unit})" if k.unit else "")), e(k.better or "-")]
+            cells = [e(k.name + (f" ({k.unit})" if k.unit else "")), e(k.better or NO_DIRECTION)]
             if logged:
                 v = result.logged_kpis.get(k.name)
                 cells.append(_fmt(float(np.nanmean(v))) if v is not None and len(v) else "n/a")
@@ -389,4 +407,14 @@ def write_report(
     return paths
 
 
-__all__ = ["html_report", "markdown", "notes", "plot_changes", "plot_timeline", "write_report"]
+__all__ = [
+    "NO_DIRECTION",
+    "html_report",
+    "kpi_axis_label",
+    "markdown",
+    "markdown_html",
+    "notes",
+    "plot_changes",
+    "plot_timeline",
+    "write_report",
+]

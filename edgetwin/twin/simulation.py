@@ -20,7 +20,7 @@ from edgetwin.contract.logs import ordered_columns
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
 from edgetwin.imitation.layout import Layout
-from edgetwin.imitation.mail import GaussianModel, plain_forward
+from edgetwin.imitation.mail import GaussianModel, numpy_forward
 from edgetwin.imitation.world import Composition, InitialStates, World
 from edgetwin.twin.member import Member
 from edgetwin.twin.support import ProfileSupport, SupportIndex
@@ -259,10 +259,13 @@ class Simulation:
                 if self.stochastic:
                     # noise on the outputs only: the client's Gaussian has one std per output for all
                     # inputs, and fed into Δstate it compounds into drift far beyond the logged noise
-                    # (`mu` is this tick's own array: the network's fresh output or a slice of `means`)
-                    noise = self._std(models[self.member][s])[:ny] * self.rng.standard_normal((len(idx), ny))
+                    # (`mu` is this tick's own array: the network's fresh output or a slice of `means`).
+                    # float32 throughout, as `y` is kept: numpy's float32 normals (another stream
+                    # than float64's, the same seed still the same draws) and no float64 temporaries
+                    noise = self.rng.standard_normal((len(idx), ny), dtype=np.float32)
+                    noise *= self._std(models[self.member][s])[:ny]
                     noise += mu[:, :ny]
-                    mu[:, :ny] = np.clip(noise, -10.0, 10.0, out=noise)
+                    np.clip(noise, -10.0, 10.0, out=mu[:, :ny])
                 y[idx] = mu
         outputs = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((n, 0))
         if rows is None:
@@ -283,14 +286,14 @@ class Simulation:
     def _forward(self, model: Any, x: np.ndarray) -> np.ndarray:
         """``model.mean(x)``, the client network's mean ``(n, out)`` float32 (a fresh array).
 
-        For a plain MLP (SB3's default policy) the model's kept layers run here under the caller's
-        ``no_grad`` (`plain_forward`, what `GaussianModel.mean` runs), without a grad-mode switch
-        per call (a tick makes one call per scenario).
+        For a plain MLP (SB3's default policy) the model's layers run here under the caller's
+        ``no_grad`` with numpy's activations (`numpy_forward`: torch's linear layers, numpy's
+        float32 ``tanh``, within one ulp of `GaussianModel.mean`'s), one call per scenario of a tick.
         """
-        plain = model.plain_layers() if isinstance(model, GaussianModel) else None
-        if plain is None or len(x) == 0:
+        layers = model.numpy_layers() if isinstance(model, GaussianModel) else None
+        if layers is None or len(x) == 0:
             return np.array(model.mean(x), dtype=np.float32)  # (a copy: the caller writes into it)
-        return plain_forward(plain, x)
+        return numpy_forward(layers, x)
 
     def _std(self, model: Any) -> np.ndarray:
         """``(out,)`` float32 std of a client model's Gaussian, kept per model."""

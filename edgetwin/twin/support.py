@@ -36,9 +36,9 @@ class SupportIndex:
     context: in the joint space the profile and state columns outnumber the action columns, and a
     threshold loose enough for new agents lets any action through (uniformly random actions under a
     noisy heuristic's logs: 0.4 % outside in the joint space); what a twin cannot vouch for is an
-    action that was never taken *in such a context* (docs/benchmarks.md, "What-if replay vs the
-    emulated cluster"). `outside` says which rows; `score` is the larger of the two distances in
-    units of its threshold (> 1: outside).
+    action that was never taken *in such a context* (docs/benchmarks/whatif_gate/README.md).
+    `outside` says which rows; `score` is the larger of the two distances in units of its
+    threshold (> 1: outside).
     """
 
     bank: np.ndarray

@@ -247,13 +247,13 @@ class Twin:
                 ``"client"`` (default: the client model's own ``Δstate``) or ``"site"`` (a
                 separate model that also sees the agent's own outputs and its site's actions and
                 outputs of the tick, `edgetwin.imitation.mail.fit_transition`; on the emulated
-                cluster it ranked policies worse, see docs/benchmarks.md).
+                cluster it ranked policies worse, see docs/benchmarks/CHANGELOG.md).
             site_model: when the log has site-level state columns (one value per site and tick),
                 move them by a `SiteStateModel` that sees the whole site's tick (every agent's
                 action and output): True for all of them, or a list of those column names;
                 False (default): by the mean of the agents' own predictions. Off by default: on
                 the emulated cluster it did not rank policies better on every seed
-                (docs/benchmarks.md, "Paired quick checks").
+                (docs/benchmarks/twin_site_state/README.md; docs/benchmarks/CHANGELOG.md).
             workers: fit the ensemble members on a local process pool of this many processes
                 (``None``/0: one per core; 1: serially, in this process). The twin does not depend
                 on it: each member's data and seed are drawn before any is fitted

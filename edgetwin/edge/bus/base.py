@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from edgetwin.contract.errors import InputError
+from edgetwin.edge.message_auth import MessageAuth
 from edgetwin.edge.messages import Envelope, MessageRejected, decode, encode
 
 __all__ = [
@@ -247,6 +249,9 @@ class Bus(ABC):
         self.max_bytes = int(max_bytes)
         self.name = name
         self.stats = BusStats()
+        #: when set, every envelope sent is signed by its sender's key and every one received must
+        #: be signed by the key its ``sender`` names (`edgetwin.edge.message_auth`)
+        self.auth: MessageAuth | None = None
 
     async def __aenter__(self) -> Bus:
         await self.connect()
@@ -301,10 +306,33 @@ class Bus(ABC):
         """Wait until what this client published has reached the server / subscribers' queues."""
 
     # ---- shared behaviour
+    def encode(self, msg: Envelope) -> bytes:
+        """``msg`` as a frame of at most ``max_bytes``, signed by its sender's key when ``auth`` is set."""
+        sign = None if self.auth is None else self.auth.sign_for(msg.sender).sign
+        return encode(msg, self.max_bytes, sign=sign)
+
+    def decode(self, data: bytes) -> Envelope:
+        """A received frame as a validated (and, with ``auth``, authenticated) envelope.
+
+        Raises:
+            MessageRejected: not usable, for one of `REASONS`. Anything else a decoder raises on
+                hostile bytes (a MemoryError, a bug) is turned into ``malformed``, so that no frame
+                can end a subscription.
+        """
+        try:
+            env = decode(data, self.max_bytes)
+        except MessageRejected:
+            raise
+        except Exception as e:
+            raise MessageRejected("malformed", f"frame could not be decoded ({type(e).__name__})") from None
+        if self.auth is not None:
+            self.auth.verify(env)
+        return env
+
     async def publish(self, subject: str, msg: Envelope) -> None:
         """Validate, encode and send ``msg`` on ``subject`` (no wildcards)."""
         check_subject(subject, wildcards=False)
-        data = encode(msg, self.max_bytes)
+        data = self.encode(msg)
         await self.publish_raw(subject, data)
 
     async def request(self, subject: str, msg: Envelope, timeout: float = 2.0) -> Envelope:
@@ -318,11 +346,11 @@ class Bus(ABC):
         check_subject(subject, wildcards=False)
         if timeout <= 0:
             raise InputError(f"timeout must be positive, got {timeout}", where="timeout")
-        data = await self.request_raw(subject, encode(msg, self.max_bytes), timeout)
+        data = await self.request_raw(subject, self.encode(msg), timeout)
         self.stats.received += 1
         self.stats.bytes_in += len(data)
         try:
-            return decode(data, self.max_bytes)
+            return self.decode(data)
         except MessageRejected as e:
             self._count_rejected(subject, e)
             raise
@@ -373,7 +401,7 @@ class Bus(ABC):
             raise
         except Exception as e:
             self.stats.handler_errors += 1
-            log.exception("%s: raw handler for %s failed: %r", self.name, msg.subject, e)
+            log.error("%s: raw handler for %s failed: %r", self.name, msg.subject, e, exc_info=_debug())
 
     def _count_rejected(self, subject: str, e: MessageRejected) -> None:
         self.stats.rejected[e.reason] += 1
@@ -388,7 +416,7 @@ class Bus(ABC):
             self.stats.received += 1
             self.stats.bytes_in += len(data)
         try:
-            env = decode(data, self.max_bytes)
+            env = self.decode(data)
         except MessageRejected as e:
             self._count_rejected(subject, e)
             if _rejected is not None:
@@ -400,7 +428,9 @@ class Bus(ABC):
             raise
         except Exception as e:
             self.stats.handler_errors += 1
-            log.exception("%s: handler for %s failed on %s from %s: %r", self.name, subject, env.kind, env.sender, e)
+            # one line (a hostile message must not fill the log with tracebacks); EDGETWIN_DEBUG=1 adds it
+            log.error("%s: handler for %s failed on %s from %s: %r", self.name, subject, env.kind, env.sender, e,
+                      exc_info=_debug())
             return "nak"
         return "ack"
 
@@ -409,6 +439,10 @@ class Bus(ABC):
         self.stats.bytes_out += nbytes
         # Reply inboxes are unique per request: pool them so the counter stays small.
         self.stats.bytes_out_by_subject[INBOX if subject.startswith(INBOX + ".") else subject] += nbytes
+
+
+def _debug() -> bool:
+    return os.environ.get("EDGETWIN_DEBUG", "") not in ("", "0")
 
 
 def check_durable_subject(subject: str, patterns: Iterable[str]) -> None:

@@ -34,7 +34,7 @@ from edgetwin.edge.bus.base import (
     check_subject,
     subject_matches,
 )
-from edgetwin.edge.messages import Envelope, encode
+from edgetwin.edge.messages import Envelope
 
 __all__ = ["InMemoryBus", "MemoryBroker"]
 
@@ -319,7 +319,7 @@ class InMemoryBus(Bus):
         self._require()
         check_subject(subject, wildcards=False)
         check_durable_subject(subject, self.broker.durable_subjects)
-        data = encode(msg, self.max_bytes)
+        data = self.encode(msg)
         seq = self.broker.append(subject, data, msg.msg_id)
         self._count_out(subject, len(data))
         self.stats.durable_published += 1

@@ -34,7 +34,7 @@ from edgetwin.edge.bus.base import (
     check_durable_subject,
     check_subject,
 )
-from edgetwin.edge.messages import Envelope, encode
+from edgetwin.edge.messages import Envelope
 
 __all__ = ["NatsBus", "NatsConfig"]
 
@@ -496,7 +496,7 @@ class NatsBus(Bus):
         self._require()
         check_subject(subject, wildcards=False)
         check_durable_subject(subject, self.config.durable_subjects)
-        data = encode(msg, self.max_bytes)
+        data = self.encode(msg)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.durable_publish_timeout_s
         attempt = 0

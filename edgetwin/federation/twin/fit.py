@@ -14,10 +14,12 @@ phase          a site sends                                                aggre
                episode-length histogram; local structure votes (site-      x sites = the total)
                level, clock, echo, persistence); profile sums
 ``stats2``     per column: sum of squares about the pooled mean            sums
-``summary``    k-means centroids of its rows (each the mean of >= 5 rows)  pooled, then weighted
-               in the population space and the support space; its mean     k-means (population)
-               site unit                                                   or kept (support)
-``em``         EM sufficient statistics of the population mixture          sums
+``summary``    k-means centroids, each a mean over >= ``min_agents``         pooled, then weighted
+               effective agents, in the population space and the support   k-means (population)
+               space; support thresholds from unseen episodes; its mean    or kept (support)
+               site unit
+``em``         EM sufficient statistics of the population mixture over     sums
+               fixed groups of >= ``min_agents`` agents
 ``weights``    its behaviour-cloned engine and client models after a few   FedAvg / FedAvgM /
                local epochs from the global ones, as a delta               secure / DP
 ``residual``   sums of squared residuals of the global models              sums
@@ -26,7 +28,8 @@ phase          a site sends                                                aggre
 What it learns: the layout and scalers from pooled statistics; the population as one Gaussian
 mixture per scenario over ``[profile codes, z(initial state)]`` (the GMM baseline of seed 004,
 fitted by federated EM), from which the twin's population model (its profile marginal) and its
-bank of initial states are sampled; the support index from pooled centroids; the client and
+bank of initial states are sampled; the support index from the sites' aggregates (no logged row)
+with thresholds the sites measured on unseen episodes; the client and
 engine models by FedAvg of behaviour cloning (MAIL's pre-training: the adversarial rounds are not
 federated, see the note in docs/federation.md). The result is a `Twin` like any other.
 """
@@ -69,14 +72,25 @@ from edgetwin.twin.member import Member
 from edgetwin.twin.support import SupportIndex
 from edgetwin.twin.twin import FORMAT_VERSION, Twin, bootstrap_episodes, library_versions
 
-__all__ = ["DP_SCHEDULE", "FitOptions", "SiteFitter", "TwinAssembler", "TwinFitPlan", "personalise", "proximal_fit", "select_and_fit",
+__all__ = ["DP_SCHEDULE", "MIN_AGENTS", "FitOptions", "SiteFitter", "TooFewAgents", "agent_clusters", "effective_agents", "TwinAssembler", "TwinFitPlan", "personalise", "proximal_fit", "select_and_fit",
            "strategy_schedule", "validation_agents"]
 
 ROLES = ("profile", "state", "action", "outputs")
 #: episode lengths are counted in a histogram of this many bins (longer ones in the last)
 MAX_LEN = 1024
-#: a centroid is sent only when it is the mean of at least this many rows
-MIN_CLUSTER = 5
+#: the default of a site's ``min_agents``: every statistic a site sends is an aggregate over at least
+#: this many distinct agents (service groups), counted as an effective number (`effective_agents`)
+MIN_AGENTS = 10
+#: the support index's action check: an action is compared with those of this many nearest contexts
+#: (of the bank of aggregates; the centralised index compares with 20 logged rows)
+SUPPORT_K = 5
+#: the most episode folds a site uses to measure its support thresholds on unseen episodes
+SUPPORT_FOLDS = 3
+
+
+class TooFewAgents(ValueError):
+    """A site whose log has fewer distinct agents than its ``min_agents``: it sends no statistic
+    (the coordinator hears the type of this error only, not the count)."""
 
 
 #: the behaviour-cloning schedule under Gaussian DP when none is given (`FitOptions.for_strategy`):
@@ -256,7 +270,7 @@ class TwinFitPlan:
             return {
                 "pop.c": (n, K, D), "pop.n": (n, K),
                 "support.c": (self.options.support_centroids, self.d_support),
-                "support.n": (self.options.support_centroids,), "support.q": (1,),
+                "support.n": (self.options.support_centroids,), "support.q": (2,),
                 "unit.counts": (n,), "unit.profile": (P,), "unit.state": (S,),
             }
         if phase == "em":
@@ -395,6 +409,61 @@ def _kmeans(x: np.ndarray, k: int, seed: int, weights: np.ndarray | None = None)
     return km.cluster_centers_, km.labels_
 
 
+def effective_agents(weights_by_agent: np.ndarray) -> float:
+    """Kish's effective number of agents ``(sum w)^2 / sum w^2`` of a group whose agents carry
+    ``weights_by_agent`` (rows, or responsibilities, per agent): 10 agents with one row each give
+    10; one agent with 100 rows and 9 with one row each give about 1.2 — what a mean over the
+    group reveals of its largest contributor."""
+    w = np.asarray(weights_by_agent, np.float64)
+    ss = float((w * w).sum())
+    return float(w.sum() ** 2 / ss) if ss > 0 else 0.0
+
+
+def agent_clusters(x: np.ndarray, agents: np.ndarray, k: int, min_agents: int, seed: int,
+                   weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Centroids of ``x (N, D)`` that are each a mean over at least ``min_agents`` effective agents.
+
+    k-means with ``k`` clusters, then, while some cluster's `effective_agents` (rows per agent
+    ``agents (N,)``) is below ``min_agents``, that cluster is merged into the cluster with the
+    nearest centroid: no centroid is one agent's profile, however many rows it logged (an agent's
+    consecutive ticks are near copies, so a centroid "of at least 5 rows" was often one agent).
+
+    Returns:
+        ``(centroids (C, D), rows (C,), labels (N,))``; C = 0 when all rows together are fewer than
+        ``min_agents`` effective agents. ``labels`` is -1 for rows of no kept cluster.
+    """
+    codes = pd.factorize(np.asarray(agents))[0]
+    n_agents = int(codes.max()) + 1 if len(codes) else 0
+    if n_agents == 0 or effective_agents(np.bincount(codes)) < min_agents:
+        return np.zeros((0, x.shape[1])), np.zeros(0), np.full(len(x), -1)
+    k = max(1, min(k, len(x)))
+    _, lab = _kmeans(x, k, seed, weights)
+    lab = np.asarray(lab).copy()
+
+    def stats(c: int) -> tuple[np.ndarray, float]:
+        rows = lab == c
+        return x[rows].mean(axis=0), effective_agents(np.bincount(codes[rows], minlength=n_agents))
+
+    live = {int(c): stats(int(c)) for c in np.unique(lab)}
+    while len(live) > 1:
+        worst = min(live, key=lambda c: (live[c][1], c))
+        if live[worst][1] >= min_agents:
+            break
+        mu = live[worst][0]
+        target = min((c for c in live if c != worst), key=lambda c: (float(np.linalg.norm(live[c][0] - mu)), c))
+        lab[lab == worst] = target
+        del live[worst]
+        live[target] = stats(target)
+    order = sorted(live)
+    if live[order[0]][1] < min_agents:  # a single cluster left, and it is too few agents
+        return np.zeros((0, x.shape[1])), np.zeros(0), np.full(len(x), -1)
+    remap = np.full(int(lab.max()) + 1, -1)
+    remap[order] = np.arange(len(order))
+    lab = remap[lab]
+    cent = np.stack([live[c][0] for c in order])
+    return cent, np.bincount(lab, minlength=len(order)).astype(np.float64), lab
+
+
 def _bootstrap(df: pd.DataFrame, member: int, members: int, seed: int, site: str) -> pd.DataFrame:
     """The member's bootstrap of this site's episodes (all of them when ``members == 1``), drawn
     as `Twin.fit` draws a member's (`bootstrap_episodes`), from a seed of its own per site."""
@@ -413,18 +482,29 @@ class SiteFitter:
         name: the site's name (also its client id).
         log: the site's validated log (never leaves this object).
         spec: the twin spec every site shares.
+        min_agents: the site's privacy setting: every statistic it sends is an aggregate over at
+            least this many distinct agents (`effective_agents`; rows of one agent are not
+            independent); a log with fewer agents sends none (`TooFewAgents`). Model updates
+            (``weights``, ``adversarial``, ``population``) are gradients of models trained on the
+            rows: what they reveal is bounded only by Gaussian DP (docs/federation.md).
     """
 
-    def __init__(self, name: str, log: pd.DataFrame, spec: TwinSpec) -> None:
+    def __init__(self, name: str, log: pd.DataFrame, spec: TwinSpec, min_agents: int = MIN_AGENTS) -> None:
+        if min_agents < 1:
+            raise InputError(f"min_agents must be at least 1, got {min_agents}", where="min_agents")
         self.name = name
         self.df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
         self.spec = spec
+        #: every statistic sent is an aggregate over at least this many (effective) agents
+        self.min_agents = int(min_agents)
         self.plan: TwinFitPlan | None = None
         self._steps: dict[int, Any] = {}
         self._pols: dict[int, dict[str, Any]] = {}
         #: per member, each model's Adam state between rounds (`FitOptions.keep_optimizer`)
         self._optim: dict[int, dict[str, dict[str, Any]]] = {}
         self._codes: np.ndarray | None = None
+        #: per scenario, the group of each (episode, agent) point in EM (fixed at the first EM round)
+        self._em_groups: list[np.ndarray] | None = None
         self._gan: Any = None
         self._adv: dict[int, Any] = {}
 
@@ -445,9 +525,16 @@ class SiteFitter:
         assert self.plan is not None
         return self.df[self.plan.cols[role]].to_numpy(np.float64)
 
+    def _require_agents(self) -> None:
+        """Refuse to send a statistic over fewer than ``min_agents`` agents (the sums of ``stats1``,
+        ``stats2``, ``em`` and ``residual`` are over all the site's agents)."""
+        if self.df["agent"].nunique() < self.min_agents:
+            raise TooFewAgents(f"site {self.name!r} has fewer than {self.min_agents} agents")
+
     def stats1(self) -> np.ndarray:
         plan = self.plan
         assert plan is not None
+        self._require_agents()
         df = self.df
         parts: dict[str, Any] = {}
         for r in ROLES:
@@ -494,6 +581,7 @@ class SiteFitter:
     def stats2(self, context: Mapping[str, Any]) -> np.ndarray:
         plan = self.plan
         assert plan is not None
+        self._require_agents()
         parts: dict[str, Any] = {}
         for r in ROLES:
             x = self._role_values(r)
@@ -510,76 +598,139 @@ class SiteFitter:
         return plan.pack("stats2", parts)
 
     # --- centroids and units ------------------------------------------------------------------
-    def _population_rows(self, transformer: ProfileTransformer) -> tuple[np.ndarray, np.ndarray]:
-        """``(codes ++ z(initial state)) (N, D)`` of each agent's first row, and its scenario ids."""
+    def _population_rows(self, transformer: ProfileTransformer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(codes ++ z(initial state)) (N, D)`` of each (episode, agent)'s first row, its scenario
+        ids and its agents."""
         plan = self.plan
         assert plan is not None and plan.layout is not None
         first = _first_rows(self.df)
         codes = transformer.transform_codes(first[plan.cols["profile"]].reset_index(drop=True))
         zs = plan.layout.scalers["state"].transform(first[plan.cols["state"]].to_numpy(np.float64))
         pos = {s: i for i, s in enumerate(plan.scenarios)}
-        return np.concatenate([codes, zs], axis=1), first["scenario"].astype(str).map(pos).to_numpy()
+        return (np.concatenate([codes, zs], axis=1), first["scenario"].astype(str).map(pos).to_numpy(),
+                first["agent"].astype(str).to_numpy())
 
     def summary(self, transformer: ProfileTransformer) -> np.ndarray:
+        """Centroids of the population space and of the support space, each a mean over at least
+        ``min_agents`` effective agents (`agent_clusters`), the support thresholds measured on
+        unseen episodes (`support_thresholds`) and the site's unit composition (site-level)."""
         plan = self.plan
         assert plan is not None and plan.layout is not None
+        self._require_agents()
         lay, o = plan.layout, plan.options
         K, D = o.n_components, plan.d_pop
-        x, sc = self._population_rows(transformer)
+        x, sc, agents = self._population_rows(transformer)
         self._codes = x
         pop_c, pop_n = np.zeros((plan.n_scen, K, D)), np.zeros((plan.n_scen, K))
         for s in range(plan.n_scen):
-            xs = x[sc == s]
-            k = min(K, len(xs) // MIN_CLUSTER)
+            rows = sc == s
+            n_agents = len(np.unique(agents[rows]))
+            k = min(K, n_agents // self.min_agents)
             if k < 1:
                 continue
-            c, lab = _kmeans(xs, k, o.seed + s)
-            n = np.bincount(lab, minlength=len(c))
-            keep = n >= MIN_CLUSTER
-            pop_c[s, : keep.sum()], pop_n[s, : keep.sum()] = c[keep], n[keep]
-        steps = build_steps(self.df, lay)
-        z = np.concatenate([steps.x_engine, steps.za], axis=1).astype(np.float64)
-        rng = np.random.default_rng([o.seed, zlib.crc32(self.name.encode())])
-        if len(z) > 20_000:
-            z = z[rng.choice(len(z), 20_000, replace=False)]
+            c, n, _ = agent_clusters(x[rows], agents[rows], k, self.min_agents, o.seed + s)
+            pop_c[s, : len(c)], pop_n[s, : len(c)] = c, n
+        z, agent_of, episode_of = self._support_rows()
         Ks = o.support_centroids
-        sup_c, sup_n, q = np.zeros((Ks, plan.d_support)), np.zeros(Ks), 0.0
-        k = min(Ks, len(z) // MIN_CLUSTER)
-        if k >= 1:
-            c, lab = _kmeans(z, k, o.seed)
-            n = np.bincount(lab, minlength=len(c))
-            keep = n >= MIN_CLUSTER
-            sup_c[: keep.sum()], sup_n[: keep.sum()] = c[keep], n[keep]
-            if keep.any():
-                d = np.min(np.linalg.norm(z[:, None, :] - c[keep][None, :, :], axis=2), axis=1)
-                q = float(np.quantile(d, 0.99))
+        sup_c, sup_n = np.zeros((Ks, plan.d_support)), np.zeros(Ks)
+        c, n, _ = agent_clusters(z, agent_of, Ks, self.min_agents, o.seed)
+        sup_c[: len(c)], sup_n[: len(c)] = c, n
+        q = self.support_thresholds(z, agent_of, episode_of) if len(c) else (0.0, 0.0)
         unit = Composition.fit(self.df, lay)
         return plan.pack("summary", {
-            "pop.c": pop_c, "pop.n": pop_n, "support.c": sup_c, "support.n": sup_n, "support.q": [q],
+            "pop.c": pop_c, "pop.n": pop_n, "support.c": sup_c, "support.n": sup_n, "support.q": list(q),
             "unit.counts": unit.units.mean(axis=0),
             "unit.profile": _column_means(unit.unit_profile, plan.width("profile")),
             "unit.state": _column_means(unit.unit_state, plan.width("state")),
         })
 
+    def _support_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``[context, action] (N, Dsup)`` of the site's rows (at most 20,000, a seeded subset), with
+        each row's agent and episode."""
+        plan = self.plan
+        assert plan is not None and plan.layout is not None
+        o = plan.options
+        steps = build_steps(self.df, plan.layout)
+        z = np.concatenate([steps.x_engine, steps.za], axis=1).astype(np.float64)
+        frame = steps.frame
+        agent_of = frame["agent"].astype(str).to_numpy()
+        episode_of = frame["episode"].astype(str).to_numpy()
+        if len(z) > 20_000:
+            rng = np.random.default_rng([o.seed, zlib.crc32(self.name.encode())])
+            keep = np.sort(rng.choice(len(z), 20_000, replace=False))
+            z, agent_of, episode_of = z[keep], agent_of[keep], episode_of[keep]
+        return z, agent_of, episode_of
+
+    def support_thresholds(self, z: np.ndarray, agent_of: np.ndarray, episode_of: np.ndarray,
+                           quantile: float = 0.99) -> tuple[float, float]:
+        """``(context, action)`` thresholds of the federated support index, measured as the
+        centralised index measures its own (`SupportIndex.fit`): the ``quantile`` of the distances
+        from rows of episodes the bank did not see to a bank built like the one sent (centroids
+        over ``min_agents`` agents) from the other episodes — the context's distance to the nearest
+        centroid, the action's to the actions of its `SUPPORT_K` nearest. Episodes are grouped
+        into at most `SUPPORT_FOLDS` folds; a site with one episode folds by agent instead."""
+        plan = self.plan
+        assert plan is not None
+        o, A = plan.options, plan.width("action")
+        groups = episode_of if len(np.unique(episode_of)) >= 2 else agent_of
+        codes, uniq = pd.factorize(groups)
+        folds = codes % min(SUPPORT_FOLDS, len(uniq))
+        d_ctx, d_act = [], []
+        for f in np.unique(folds):
+            held = folds == f
+            c, _, _ = agent_clusters(z[~held], agent_of[~held], o.support_centroids, self.min_agents, o.seed + 1 + int(f))
+            if not len(c):
+                continue
+            idx = SupportIndex(bank=c.astype(np.float32), threshold=1.0, n_action=A, k=SUPPORT_K)
+            dc, da = idx._distances(idx.bank, z[held])
+            d_ctx.append(dc)
+            d_act.append(da)
+        if not d_ctx:
+            return 0.0, 0.0
+        return float(np.quantile(np.concatenate(d_ctx), quantile)), float(np.quantile(np.concatenate(d_act), quantile))
+
     def em(self, params: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], transformer: ProfileTransformer) -> np.ndarray:
+        """EM sufficient statistics of the population mixture over this site's *groups* of agents.
+
+        Agents are partitioned once per scenario into groups of at least ``min_agents`` effective
+        agents (`agent_clusters`, as many as the count allows); each group's responsibilities are
+        those of its mean (its expected log-likelihood under each component: the Gaussian at its
+        mean less half the trace of the component's precision times the group's covariance), and
+        its count, sum and sum of outer products go into the statistics whole. So whatever the
+        coordinator does with the statistics of several iterations, differences included, it can
+        isolate at most one group's moments: with one responsibility per row, an agent that
+        changed component between two iterations was the difference of their sums (a curious
+        coordinator recovered an agent's profile that way).
+        """
         plan = self.plan
         assert plan is not None
         K, D = plan.options.n_components, plan.d_pop
-        if self._codes is None:
-            self._codes, _ = self._population_rows(transformer)
-        x, sc = self._population_rows(transformer)
+        self._require_agents()
+        x, sc, agents = self._population_rows(transformer)
+        self._codes = x
+        if self._em_groups is None:
+            self._em_groups = []
+            for s in range(plan.n_scen):
+                rows = sc == s
+                k = len(np.unique(agents[rows])) // self.min_agents
+                lab = (agent_clusters(x[rows], agents[rows], k, self.min_agents, plan.options.seed + 31 + s)[2]
+                       if k >= 1 else np.full(int(rows.sum()), -1))
+                self._em_groups.append(lab)
         en, ex, exx, ll = np.zeros((plan.n_scen, K)), np.zeros((plan.n_scen, K, D)), np.zeros((plan.n_scen, K, D, D)), 0.0
         for s, (w, mu, chol) in enumerate(params):
-            xs = x[sc == s]
-            if not len(xs):
-                continue
-            lp = _component_logpdf(xs, w, mu, chol)
-            tot = logsumexp(lp, axis=1)
-            r = np.exp(lp - tot[:, None])
-            ll += float(tot.sum())
-            en[s] = r.sum(axis=0)
-            ex[s] = r.T @ xs
-            exx[s] = np.einsum("nk,ni,nj->kij", r, xs, xs)
+            xs, lab = x[sc == s], self._em_groups[s]
+            prec = [np.linalg.inv(c @ c.T) for c in chol]
+            for g in np.unique(lab[lab >= 0]):
+                xg = xs[lab == g]
+                n, tot, outer = float(len(xg)), xg.sum(axis=0), xg.T @ xg
+                mean = tot / n
+                cov = outer / n - np.outer(mean, mean)
+                lp = _component_logpdf(mean[None, :], w, mu, chol)[0] - 0.5 * np.array([np.trace(p @ cov) for p in prec])
+                r = np.exp(lp - logsumexp(lp))
+                ll += n * float(logsumexp(lp))
+                en[s] += r * n
+                ex[s] += r[:, None] * tot[None, :]
+                exx[s] += r[:, None, None] * outer[None, :, :]
         return plan.pack("em", {"em.n": en, "em.x": ex, "em.xx": exx, "em.ll": [ll]})
 
     # --- models ---------------------------------------------------------------------------------
@@ -636,6 +787,7 @@ class SiteFitter:
     def residual(self, member: int, global_vector: np.ndarray) -> np.ndarray:
         plan = self.plan
         assert plan is not None and plan.layout is not None
+        self._require_agents()
         lay = plan.layout
         steps = self._member_steps(member)
         pols = plan.new_policies(member)
@@ -894,11 +1046,14 @@ class TwinAssembler:
                 w = w / w.sum()
                 chol = np.concatenate([chol, np.repeat(np.eye(D)[None], K - k, axis=0)])
             self.gmm.append((w, mu, chol))
+        # the bank: the sites' centroids (each a mean over >= min_agents agents of that site), no
+        # logged row; the thresholds: the sites' held-out-episode quantiles, weighted by rows
         bank = np.concatenate([p["support.c"][p["support.n"] > 0] for p in parts.values()]).astype(np.float32)
         ns = np.array([p["support.n"].sum() for p in parts.values()])
-        qs = np.array([p["support.q"][0] for p in parts.values()])
-        thr = float((ns * qs).sum() / ns.sum()) if ns.sum() > 0 else float("inf")
-        self.support = SupportIndex(bank=bank, threshold=thr)
+        qs = np.array([p["support.q"] for p in parts.values()]).reshape(len(parts), 2)
+        thr = (ns[:, None] * qs).sum(axis=0) / ns.sum() if ns.sum() > 0 else np.full(2, np.inf)
+        self.support = SupportIndex(bank=bank, threshold=float(thr[0]), n_action=plan.width("action"),
+                                    action_threshold=float(thr[1]), k=SUPPORT_K)
         names = sorted(parts)
         self.unit_names = names
         self.units = [parts[k]["unit.counts"] for k in names]
@@ -1419,7 +1574,7 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
     What is measured, and what is not guaranteed: the choice is the candidate closest to the site's
     unseen groups of its logged days under its logging policy, which is all the site can check
     with its own logs. It is *not* "never worse than the site's own twin" on other days and
-    policies: on the federated-twin benchmark (docs/benchmarks.md, "The data-poor site", where each
+    policies: on the federated-twin benchmark (docs/benchmarks/federated_twin/README.md, "The data-poor site", where each
     candidate's selection score is set beside its ranking error on held-out days) the fine-tuned
     "per model" twin had the best score under every criterion of `CRITERIA` in all four runs, and
     on one (seed 1, a whole day of the site) its error was 17.6 % against 6.4 % for the site's own

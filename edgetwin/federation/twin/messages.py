@@ -1,5 +1,8 @@
 """The messages of a federated twin fit, and why they cannot carry a log's rows.
 
+Both kinds are signed by their sender on an authenticated bus (`edgetwin.edge.message_auth`):
+sites take tasks only from the coordinator, the coordinator an update only from the site it names.
+
 Two kinds travel (registered with `edgetwin.edge.messages`, documented in ``docs/bus.md``):
 
 * ``twin_task`` (coordinator -> sites, durable on ``edgetwin.model.twin.<fit>``): which phase and
@@ -13,7 +16,8 @@ Two kinds travel (registered with `edgetwin.edge.messages`, documented in ``docs
 
 A ``twin_update`` has a closed payload (no free-form field: extra keys are refused) and its vector
 must decode to exactly the size that `edgetwin.federation.twin.fit.TwinFitPlan` declares for its
-phase. Those sizes follow from the spec, the layout and the model architecture — never from how
+phase (checked before the vector is allocated: the schema only checks that the encoding is
+consistent, `UpdateCodec.check`). Those sizes follow from the spec, the layout and the model architecture — never from how
 many rows a site has — so a site cannot put its rows in an update even by mistake: a vector the
 size of a row table is refused by the coordinator (`check_update_size`). The only strings a site
 sends are in its ``hello``: scenario labels, its site name and column names (the spec's roles),
@@ -54,6 +58,8 @@ _CODEC_TENSORS = frozenset({"values", "q", "idx", "mask", "bitmap", "indices"})
 #: the only strings a site ever sends (``labels`` of its ``hello``), and their limits
 _LABEL_KEYS = frozenset({"scenarios", "site", "columns", "has_reward"})
 _MAX_LABELS, _MAX_LABEL_CHARS = 512, 200
+#: the most values an update may have before the plan exists (a hello sends one: its row count)
+_HELLO_VALUES = 16
 
 
 def _check_update(env: Envelope) -> None:
@@ -80,14 +86,14 @@ def _check_update(env: Envelope) -> None:
                 raise ValueError(f"labels.{k} must be a list of at most {_MAX_LABELS} short strings")
         if not isinstance(labels.get("site", ""), str) or len(labels.get("site", "")) > _MAX_LABEL_CHARS:
             raise ValueError("labels.site must be a short string")
-    try:
-        vector = UpdateCodec.decode(EncodedUpdate(dict(env.tensors), env.payload["codec"]))
+    try:  # without allocating: the receiver checks the size against the plan (`read_update`)
+        size = UpdateCodec.check(EncodedUpdate(dict(env.tensors), env.payload["codec"]))
     except (InputError, ValueError, IndexError, KeyError, TypeError) as e:
         raise ValueError(f"update does not decode: {e}") from None
     if "failed" in env.payload:
         if not _FAILURE_NAME.fullmatch(env.payload["failed"]):
             raise ValueError("failed must name an exception type (an identifier), nothing else")
-        if vector.size or labels is not None:
+        if size or labels is not None:
             raise ValueError("a failure carries no vector and no labels")
 
 
@@ -151,9 +157,13 @@ def make_failure(sender: str, fit: str, seq: int, phase: str, step: int, member:
     return env
 
 
-def read_update(env: Envelope) -> np.ndarray:
-    """The dense float32 vector of a ``twin_update``."""
-    return UpdateCodec.decode(EncodedUpdate(dict(env.tensors), env.payload["codec"]))
+def read_update(env: Envelope, expected: int | None) -> np.ndarray:
+    """The dense float32 vector of a ``twin_update``, whose declared size must be ``expected``
+    (the plan's for its phase; None before the plan exists: the hello, a few values) — checked
+    before anything is allocated (`InputError` otherwise)."""
+    limit = _HELLO_VALUES if expected is None else expected
+    enc = EncodedUpdate(dict(env.tensors), env.payload["codec"])
+    return UpdateCodec.decode(enc, expected_size=expected, max_size=limit)
 
 
 def check_update_size(vector: np.ndarray, expected: int, sender: str, phase: str) -> None:

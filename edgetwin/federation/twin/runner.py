@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +36,7 @@ import pandas as pd
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge.bus import Bus, Received, Subjects, make_bus
+from edgetwin.edge.message_auth import KEYS_ENV, FederationKeys, MessageAuth, auth_from_env
 from edgetwin.edge.messages import Envelope
 from edgetwin.federation.aggregation import (
     Aggregator,
@@ -48,6 +49,7 @@ from edgetwin.federation.aggregation import (
 )
 from edgetwin.federation.compression import UpdateCodec
 from edgetwin.federation.twin.fit import (
+    MIN_AGENTS,
     FitOptions,
     SiteFitter,
     TwinAssembler,
@@ -65,12 +67,14 @@ from edgetwin.federation.twin.messages import (
 from edgetwin.imitation.layout import Layout
 from edgetwin.twin.twin import Twin
 
-__all__ = ["FederatedFitDiverged", "FederatedFitFailed", "FederatedFitReport", "TwinCoordinator", "TwinSiteAgent", "fit_federated",
+__all__ = ["COORDINATOR", "FederatedFitDiverged", "FederatedFitFailed", "FederatedFitReport", "TwinCoordinator", "TwinSiteAgent", "fit_federated",
            "fit_federated_async", "make_weight_aggregator", "run_twin_coordinator", "run_twin_site", "split_by_site"]
 
 log = logging.getLogger("edgetwin.federation.twin")
 
 STRATEGIES = ("fedavg", "fedavgm", "dp_gaussian")
+#: the coordinator's identity: the ``sender`` of every task, the key sites accept tasks under
+COORDINATOR = "twin/coordinator"
 #: phases whose vectors are model parameters (aggregated by the weight rule, compressible)
 MODEL_PHASES = ("weights", "adversarial", "population")
 
@@ -154,6 +158,8 @@ class TwinSiteAgent:
         fit_id: which fit it takes part in.
         codec: compresses its weight updates (None: dense float32).
         fail_after: tests: stop answering after this many answers (a killed site).
+        min_agents: the site's privacy setting (`SiteFitter`): every statistic it sends is an
+            aggregate over at least this many agents.
     """
 
     #: sites of one process compute one at a time: training draws from torch's and numpy's global
@@ -161,9 +167,9 @@ class TwinSiteAgent:
     _compute = threading.Lock()
 
     def __init__(self, name: str, log: pd.DataFrame, spec: TwinSpec, bus: Bus, fit_id: str,
-                 codec: UpdateCodec | None = None, fail_after: int | None = None) -> None:
+                 codec: UpdateCodec | None = None, fail_after: int | None = None, min_agents: int = MIN_AGENTS) -> None:
         self.name = name
-        self.fitter = SiteFitter(name, log, spec)
+        self.fitter = SiteFitter(name, log, spec, min_agents)
         self.spec = spec
         self.bus = bus
         self.fit_id = fit_id
@@ -177,11 +183,18 @@ class TwinSiteAgent:
         self._worker: asyncio.Task[None] | None = None
         self._plan_key: tuple[Any, ...] | None = None
         self.last_seq = 0
+        #: tasks refused because they did not come from the coordinator
+        self.refused = 0
 
     async def start(self) -> None:
         async def on_task(rcv: Received) -> None:
             env = rcv.envelope
             if env.payload.get("fit") != self.fit_id:
+                return
+            if env.sender != COORDINATOR:  # on an authenticated bus the sender is who signed it
+                self.refused += 1
+                log.warning("site %s: refused a twin_task from %r (tasks come from %s only)", self.name, env.sender,
+                            COORDINATOR)
                 return
             if env.round > self.last_seq and (self._latest is None or env.round > self._latest.round):
                 self._latest = env
@@ -322,6 +335,10 @@ class TwinCoordinator:
         self._failures: dict[int, dict[str, str]] = defaultdict(dict)
         self._sub: Any = None
         self._base_ctx: dict[str, Any] = {}
+        self._phase_of: dict[int, str] = {}
+        self._expected: dict[int, int | None] = {}
+        #: updates refused on receipt, by reason
+        self.refused: Counter[str] = Counter()
 
     async def start(self) -> None:
         async def on_update(rcv: Received) -> None:
@@ -336,13 +353,28 @@ class TwinCoordinator:
             col = self._collectors.get(env.round)
             if col is None or col.closed:
                 return
+            if sender not in self.sites:  # authenticated: the sender signed it; it must be a site of the fit
+                self.refused["unknown_sender"] += 1
+                log.warning("refused update of %r: not a site of this fit", sender)
+                return
+            if phase != self._phase_of.get(env.round):
+                self.refused["wrong_phase"] += 1
+                log.warning("refused update of %s: phase %r for round %d of phase %r", sender, phase, env.round,
+                            self._phase_of.get(env.round))
+                return
             if "failed" in env.payload:
                 if col.fail(sender):
                     self._failures[env.round][sender] = str(env.payload["failed"])
                 return
-            try:
-                vec = read_update(env)
+            labels = env.payload.get("labels")
+            if phase == "hello" and (not isinstance(labels, dict) or labels.get("site") != sender):
+                self.refused["wrong_site"] += 1
+                log.warning("refused hello of %s: it speaks for site %r", sender, (labels or {}).get("site"))
+                return
+            try:  # the plan's size for the phase is checked before anything is allocated
+                vec = read_update(env, self._expected.get(env.round))
             except InputError as e:
+                self.refused["wrong_size"] += 1
                 log.warning("refused update of %s: %s", sender, e)
                 return
             if col.submit(ClientUpdate(sender, vec, float(env.payload["num_samples"]), env.round)):
@@ -363,8 +395,12 @@ class TwinCoordinator:
         seq = self.seq
         col = RoundCollector(seq, self.sites, self.quorum, self.grace_s, self.timeout_s)
         self._collectors[seq] = col
+        self._phase_of[seq] = phase
+        # computed here, not per update: sizing the adversarial phase builds (seeded) modules, which
+        # must not run on this thread while a site's thread trains (torch's generator is global)
+        self._expected[seq] = self.plan_size(phase)
         ctx = {**self._base_ctx, **(context or {})}
-        task = make_task("twin/coordinator", self.fit_id, seq, phase, step, member, ctx, params)
+        task = make_task(COORDINATOR, self.fit_id, seq, phase, step, member, ctx, params)
         before = self.bus.stats.bytes_out
         await self.bus.publish_durable(Subjects.model("twin", self.fit_id), task)
         self.report.bytes_down += self.bus.stats.bytes_out - before
@@ -375,7 +411,7 @@ class TwinCoordinator:
         # sums) depends on their order; sorted, the same seed and logs give the same twin
         envs = dict(sorted(self._envs.pop(seq, {}).items()))
         failures = self._failures.pop(seq, {})
-        expected = self.plan_size(phase)
+        expected = self._expected[seq]
         ups = []
         for u in sorted(out.updates, key=lambda u: u.client_id):
             try:
@@ -503,7 +539,7 @@ class TwinCoordinator:
                 self.asm.finish_adversarial(m, adv, rounds)
         self.seq += 1
         await self.bus.publish_durable(Subjects.model("twin", self.fit_id),
-                                       make_task("twin/coordinator", self.fit_id, self.seq, "done", 0, 0, final=True))
+                                       make_task(COORDINATOR, self.fit_id, self.seq, "done", 0, 0, final=True))
         self.report.seconds = time.perf_counter() - t_start
         eps, nts, delta = {}, {}, 0.0
         used = (("weights", self.weight_agg, True), ("adversarial", self.adv_agg, o.adversarial),
@@ -532,11 +568,15 @@ async def fit_federated_async(
     strategy: str = "fedavg", secure: bool = False, dp: Mapping[str, Any] | None = None,
     compression: str = "dense", quorum: float | int = 1.0, grace_s: float = 2.0, timeout_s: float = 900.0,
     on_round: Callable[[dict[str, Any]], None] | None = None, fail_after: Mapping[str, int] | None = None,
+    keys: FederationKeys | None = None, min_agents: int = MIN_AGENTS,
 ) -> tuple[Twin, FederatedFitReport]:
     """Fit a twin from per-site logs, each site an agent on its own bus client (in this process).
 
     ``bus``: ``"memory"`` (one in-process broker), ``"nats://..."``, or a factory ``name -> Bus``.
     ``fail_after``: tests: site -> answers after which that site goes silent (a killed agent).
+    ``keys``: every party's key (`COORDINATOR` and each site's name); None: fresh keys for all of
+    them. Every message is signed by its sender and checked on receipt (`edgetwin.edge.message_auth`).
+    ``min_agents``: every site's privacy setting (`SiteFitter`).
     """
     if len(logs) < 1:
         raise InputError("a federated fit needs at least one site", where="sites")
@@ -546,24 +586,26 @@ async def fit_federated_async(
     from edgetwin.edge.bus.memory_bus import InMemoryBus, MemoryBroker
 
     broker = MemoryBroker() if bus == "memory" else None  # one broker shared by every in-process agent
+    keys = keys or FederationKeys.generate([COORDINATOR, *sorted(logs)])
 
-    async def client(name: str) -> Bus:
+    async def client(name: str, identity: str) -> Bus:
         if broker is not None:
             b: Bus = InMemoryBus(broker, name=name)
         else:
             b = bus(name) if callable(bus) else make_bus(bus, name=name)
+        b.auth = keys.auth(identity)
         await b.connect()
         buses.append(b)
         return b
 
-    coord = TwinCoordinator(spec, sorted(logs), await client("twin-coordinator"), options, quorum, grace_s,
+    coord = TwinCoordinator(spec, sorted(logs), await client("twin-coordinator", COORDINATOR), options, quorum, grace_s,
                             timeout_s, strategy, secure, dp, fit_id, on_round, compression)
     await coord.start()
     agents = []
     for name, df in sorted(logs.items()):
-        a = TwinSiteAgent(name, df, spec, await client(f"twin-site-{name}"), fit_id,
+        a = TwinSiteAgent(name, df, spec, await client(f"twin-site-{name}", name), fit_id,
                           _codec(compression) if codec is not None else None,
-                          (fail_after or {}).get(name))
+                          (fail_after or {}).get(name), min_agents)
         await a.start()
         agents.append(a)
     try:
@@ -597,15 +639,26 @@ def _codec(name: str) -> UpdateCodec | None:
 
 
 # ------------------------------------------------------------------------------------ one process each
+def _process_auth(identity: str) -> MessageAuth | None:
+    """The keys of a party run as its own process: from the keys directory in `KEYS_ENV`
+    (every party's ``*.pub.pem`` and this one's ``*.key.pem``); unset: unauthenticated, said once."""
+    auth = auth_from_env(identity)
+    if auth is None:
+        log.warning("%s runs unauthenticated: set %s to a keys directory (docs/bus.md)", identity, KEYS_ENV)
+    return auth
+
+
 async def run_twin_site(log: pd.DataFrame, spec: TwinSpec, bus: str, name: str, fit_id: str,
-                        compression: str = "dense", emit: Callable[[dict[str, Any]], None] | None = None) -> int:
+                        compression: str = "dense", emit: Callable[[dict[str, Any]], None] | None = None,
+                        min_agents: int = MIN_AGENTS) -> int:
     """One site's agent as its own process (`edgetwin agent --fit-twin`): answers until the fit ends.
 
     Returns the number of tasks it answered.
     """
     b = make_bus(bus, name=f"twin-site-{name}")
+    b.auth = _process_auth(name)
     await b.connect()
-    agent = TwinSiteAgent(name, log, spec, b, fit_id, _codec(compression))
+    agent = TwinSiteAgent(name, log, spec, b, fit_id, _codec(compression), min_agents=min_agents)
     try:
         await agent.start()
         if emit is not None:
@@ -621,6 +674,7 @@ async def run_twin_coordinator(spec: TwinSpec, sites: list[str], bus: str, fit_i
                                options: FitOptions | None = None, **kw: Any) -> tuple[Twin, FederatedFitReport]:
     """The coordinator as its own process: drives the fit of ``sites`` and returns the twin."""
     b = make_bus(bus, name="twin-coordinator")
+    b.auth = _process_auth(COORDINATOR)
     await b.connect()
     coord = TwinCoordinator(spec, sites, b, options, fit_id=fit_id, **kw)
     try:
