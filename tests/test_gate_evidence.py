@@ -178,3 +178,14 @@ def test_evaluate_on_twin_labels_its_interval_plain(world: dict[str, Any], capsy
               "--agents", "8", "--episode-steps", "6"])  # fmt: skip
     assert e.value.code == 0
     assert "90 % plain bootstrap interval (members x episodes; not calibrated)" in capsys.readouterr().out
+
+
+def test_an_updated_twin_records_its_new_episodes(world: dict[str, Any]) -> None:
+    """`Twin.update` (a canary's rows) adds the new episodes' hashes: the gate refuses them as a
+    calibration log afterwards, as it refuses the original training data."""
+    twin, recent = world["twin"], world["recent"]
+    new = recent[recent["episode"].isin(pd.unique(recent["episode"])[:1])]
+    up = twin.update(new, [world["log"]], seed=1, epochs=1, max_steps=5)
+    assert len(up.meta["episode_sha256"]) == 4
+    with pytest.raises(InputError, match="training data"):
+        run_gate(up, world["cand"], world["base"], log=new, episodes=1, guards=WIDE, **GATE)
