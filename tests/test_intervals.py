@@ -50,9 +50,11 @@ def test_calibrated_interval_covers_the_truth_on_a_toy_where_the_bootstrap_does_
     # replicate r replays episode r % n_eps (seed-major), as run_whatif lays them out
     values = np.stack([runs[r % n_eps][:, r // n_eps] for r in range(n_eps * reps)], axis=1)
     cal = calibration_from_arrays({"kpi": values}, {"kpi": truths})
-    centre = values.mean(axis=0)  # the ensemble's answer per replicate: what is scored
-    assert sorted(cal.scores["kpi"]) == pytest.approx(sorted(np.abs(np.resize(truths, n_eps * reps) - centre) / centre))
-    assert len(cal.scores["kpi"]) == n_eps * reps and cal.exact["kpi"]
+    # the ensemble's answer per *episode* (its replicates averaged: they share its bias, so they are
+    # one independent sample, not four): what is scored
+    centre = np.array([values[:, e::n_eps].mean() for e in range(n_eps)])
+    assert sorted(cal.scores["kpi"]) == pytest.approx(sorted(np.abs(truths - centre) / centre))
+    assert len(cal.scores["kpi"]) == n_eps and cal.n_independent["kpi"] == n_eps and cal.exact["kpi"]
     covered = plain = 0
     trials = 300
     for i in range(trials):

@@ -127,7 +127,8 @@ def policy_train(
         return
     out.print(f"trained {algo} for {res.steps} steps" + (", stopped early" if res.stopped_early else ""))
     if sel is not None:
-        out.print("return in the twin (mean [90 % interval], out of support), best lower bound first:")
+        label = sel.scores[0].interval_label() if sel.scores else "interval"
+        out.print(f"return in the twin (mean [{label}], out of support), best lower bound first:")
         for sc in sel.scores:
             out.print(f"  {sc.name:32s} {sc.mean:.4g} [{sc.low:.4g}, {sc.high:.4g}]  {100 * sc.out_of_support:.0f} %")
         out.print(sel.note)

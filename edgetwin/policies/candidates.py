@@ -108,6 +108,17 @@ class CandidateScore:
     high: float
     out_of_support: float
     trained: bool = False
+    #: the interval is calibrated on held-out logs (``False``: the plain two-level bootstrap over
+    #: members x worlds, which covers the twin's mean, not the real system's)
+    calibrated: bool = False
+    #: the level the interval attains (`edgetwin.twin.intervals.attained_level`; the bootstrap's
+    #: nominal 90 % when not calibrated)
+    level: float = 0.9
+
+    def interval_label(self) -> str:
+        """``"80 % calibrated interval"`` or ``"90 % plain bootstrap interval (not calibrated)"``."""
+        pct = f"{100 * self.level:.0f} %"
+        return f"{pct} calibrated interval" if self.calibrated else f"{pct} plain bootstrap interval (not calibrated)"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,7 +160,11 @@ def score_policies(
     for name in policies:
         s = res.summary(name, "nominal", kpi)
         lo, hi = s["interval"]
-        out.append(CandidateScore(name, s["mean"], lo, hi, s["out_of_support"], name in trained))
+        cal = res.calibration
+        level = 0.9 if cal is None else min(cal.level, cal.attained(kpi))
+        out.append(
+            CandidateScore(name, s["mean"], lo, hi, s["out_of_support"], name in trained, cal is not None, level)
+        )
     out.sort(key=lambda c: -c.low if math.isfinite(c.low) else math.inf)
     return out
 
@@ -170,6 +185,10 @@ class Selection:
     path: str
     trained_path: str
     note: str
+    #: every exportable candidate was beyond the support limit: the export rests on states the logs
+    #: never showed (the note says so)
+    unsupported: bool = False
+    max_out_of_support: float = 0.25
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -180,6 +199,10 @@ class Selection:
             "path": self.path,
             "trained_path": self.trained_path,
             "note": self.note,
+            "unsupported": self.unsupported,
+            "max_out_of_support": self.max_out_of_support,
+            "interval": self.scores[0].interval_label() if self.scores else "",
+            "calibrated": bool(self.scores and self.scores[0].calibrated),
         }
 
 
@@ -194,6 +217,7 @@ def select_export(
     steps: int | None = None,
     n_agents: int | None = None,
     progress: bool = False,
+    max_out_of_support: float | None = None,
 ) -> Selection:
     """Score the trained policy in ``policy_dir`` beside `simple_candidates` and keep the best by
     the lower bound of its 90 % interval of the return.
@@ -202,7 +226,16 @@ def select_export(
     clone cannot, so the best exportable one is taken), the trained network is moved to
     ``<policy_dir>.trained`` and the winner exported to ``policy_dir`` (metadata
     ``selected_over``); the `Selection`'s ``note`` says so.
+
+    The gate's support rule applies (``max_out_of_support``, default
+    `edgetwin.policies.gate.MAX_OUT_OF_SUPPORT`): a candidate with a larger share of its
+    agent-steps outside the logs' support is not eligible, since its interval is only as good as
+    the twin off its data; when no exportable candidate is within it, the best is exported anyway
+    and the note says so loudly (``Selection.unsupported``).
     """
+    from edgetwin.policies.gate import MAX_OUT_OF_SUPPORT
+
+    limit = MAX_OUT_OF_SUPPORT if max_out_of_support is None else float(max_out_of_support)
     import shutil
 
     from edgetwin.policies.export import export_policy, load_policy
@@ -216,10 +249,12 @@ def select_export(
         progress=progress,
     )  # fmt: skip
     exportable = [s for s in scores if s.trained or hasattr(pols[s.name], "to_config")]
-    best = best_by_lower_bound(exportable)
-    overall = best_by_lower_bound(scores)
+    supported = [s for s in exportable if s.out_of_support <= limit]
+    best = best_by_lower_bound(supported or exportable)
+    overall = best_by_lower_bound([s for s in scores if s.out_of_support <= limit] or scores)
+    label = best.interval_label()
     trained_path = policy_dir
-    note = f"exported the trained network: its 90 % interval's lower bound ({best.low:.4g}) is the best"
+    note = f"exported the trained network: the lower bound of its {label} ({best.low:.4g}) is the best"
     if not best.trained:
         trained_path = policy_dir.with_name(policy_dir.name + ".trained")
         if trained_path.exists():
@@ -232,9 +267,25 @@ def select_export(
                       "trained_lower_bound": t.low, "chosen_lower_bound": best.low}},
         )  # fmt: skip
         note = (
-            f"exported {best.name!r}, NOT the trained network: its lower bound of the return ({best.low:.4g}) beats "
+            f"exported {best.name!r}, NOT the trained network: the lower bound of its {label} of the return "
+            f"({best.low:.4g}) beats "
             f"the trained network's ({t.low:.4g}); the trained network is kept in {trained_path}"
         )
     if overall.name != best.name:
         note += f" ({overall.name!r} scored higher but cannot be exported)"
-    return Selection(scores, best.name, trained_name, not best.trained, str(policy_dir), str(trained_path), note)
+    skipped = [s.name for s in exportable if s.out_of_support > limit and s.low > best.low]
+    if supported and skipped:
+        note += (
+            f"; not eligible, more than {100 * limit:.0f} % of their agent-steps outside the logs' support "
+            f"(the gate's rule): {', '.join(skipped)}"
+        )
+    if not supported:
+        note = (
+            f"WARNING: NO candidate stays within the logs' support: every exportable one has more than "
+            f"{100 * limit:.0f} % of its agent-steps outside it (the gate's rule; {best.name!r}: "
+            f"{100 * best.out_of_support:.0f} %), so the twin cannot vouch for any; the gate will abstain on it. "
+        ) + note
+    return Selection(
+        scores, best.name, trained_name, not best.trained, str(policy_dir), str(trained_path), note,
+        unsupported=not supported, max_out_of_support=limit,
+    )  # fmt: skip

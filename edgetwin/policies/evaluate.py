@@ -251,6 +251,12 @@ def episode_kpis(
     return out
 
 
+#: What a twin's `EvalResult` interval is: the bootstrap over members x episodes, which covers the
+#: twin's own mean and not the real system's (no held-out log is replayed here; `edgetwin whatif
+#: --log` and `edgetwin train --log` give calibrated ones)
+PLAIN_LABEL = "90 % plain bootstrap interval (members x episodes; not calibrated)"
+
+
 @dataclass
 class EvalResult:
     """KPIs over episodes: ``per_episode[k]`` lists values, ``mean``/``ci95`` summarise them.
@@ -305,6 +311,9 @@ class EvalResult:
             d.pop("out_of_support")
         d["mean"], d["ci95"] = self.mean, self.ci95
         d["interval_90"] = {k: list(v) for k, v in self.interval_90.items()}
+        if self.per_member is not None:
+            d["interval_kind"] = PLAIN_LABEL
+            d["calibrated"] = False
         return d
 
     def table(self) -> str:
@@ -316,7 +325,8 @@ class EvalResult:
             rows += [f"| {k} | {m[k]:.4g} | {c[k]:.2g} |" for k in self.per_episode]
             return "\n".join(rows)
         iv = self.interval_90
-        rows = ["| KPI | mean | 90 % interval (members x episodes) |", "|---|---:|---:|"]
+        # never calibrated (no held-out log here): say so where the numbers are printed
+        rows = [f"| KPI | mean | {PLAIN_LABEL} |", "|---|---:|---:|"]
         rows += [f"| {k} | {m[k]:.4g} | [{iv[k][0]:.4g}, {iv[k][1]:.4g}] |" for k in self.per_episode]
         return "\n".join(rows)
 

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from edgetwin.contract.errors import GateAbstained, GateRefused, InputError
+from edgetwin.twin.intervals import LEVEL
 from edgetwin.twin.whatif import (
     BUILTIN_POLICIES,
     NOMINAL,
@@ -143,13 +144,18 @@ class GuardCheck:
     worsening_interval: list[float] = field(default_factory=list)
     allowed_change: float = float("nan")
     verdict: str = "ok"
+    #: the level the interval attains (`edgetwin.twin.intervals.attained_level` of the independent
+    #: calibration episodes behind it), not the level asked for
+    level: float = LEVEL
+    #: ``verdict == "no_evidence"``: why the twin's number cannot back a verdict
+    note: str = ""
 
     def margin_text(self) -> str:
         return f"margin {100 * self.max_regression:g}%" + (f" + {self.min_delta:g}" if self.min_delta else "")
 
     def interval_text(self) -> str:
         lo, hi = self.interval if self.interval else self.change_ci
-        return f"90% interval of the change [{100 * lo:+.1f}%, {100 * hi:+.1f}%]"
+        return f"{level_text(self.level)} interval of the change [{100 * lo:+.1f}%, {100 * hi:+.1f}%]"
 
     def describe(self) -> str:
         rel = f"{100 * self.change:+.1f}%" if math.isfinite(self.change) else "n/a"
@@ -161,7 +167,10 @@ class GuardCheck:
         )
 
     def abstain_reason(self, max_out_of_support: float) -> str:
-        """Why the twin cannot vouch for this check (``straddle`` / ``unsupported`` only)."""
+        """Why the twin cannot vouch for this check (``straddle`` / ``unsupported`` /
+        ``no_evidence`` only)."""
+        if self.verdict == "no_evidence":
+            return f"{self.kpi} under {self.scenario!r}: {self.note}"
         if self.verdict == "unsupported":
             return (
                 f"{self.kpi} under {self.scenario!r}: {100 * self.out_of_support:.0f}% of the candidate's agent-steps "
@@ -171,6 +180,15 @@ class GuardCheck:
             f"{self.kpi} under {self.scenario!r}: the {self.interval_text()} straddles the {self.margin_text()} "
             f"({self.better} is better; point estimate {100 * self.change:+.1f}%)"
         )
+
+
+def level_text(level: float) -> str:
+    """``0.9`` -> ``"90%"``, ``0.8`` -> ``"80%"``, ``2/3`` -> ``"67%"``."""
+    return f"{100 * level:.0f}%"
+
+
+#: Check verdicts on which the twin cannot vouch (the gate abstains on them)
+UNCERTAIN = ("straddle", "unsupported", "no_evidence")
 
 
 #: Verdicts of the gate and their exit codes (0 ok / 1 failed / 3 abstained).
@@ -208,7 +226,12 @@ class GateDecision:
 
     @property
     def abstentions(self) -> list[GuardCheck]:
-        return [c for c in self.checks if c.verdict in ("straddle", "unsupported") and c not in self.refused_out_of_support]
+        return [c for c in self.checks if c.verdict in UNCERTAIN and c not in self.refused_out_of_support]
+
+    @property
+    def level(self) -> float:
+        """The level the verdict holds at: the lowest attained level of its checks."""
+        return min((c.level for c in self.checks), default=0.0)
 
     @property
     def drivers(self) -> list[GuardCheck]:
@@ -223,7 +246,10 @@ class GateDecision:
     def reason(self) -> str:
         head = f"{self.candidate} vs {self.baseline}: "
         if self.verdict == "promote":
-            return head + f"no guarded KPI regressed beyond its margin, with 90% confidence ({len(self.checks)} checks)"
+            return head + (
+                f"no guarded KPI regressed beyond its margin, with {level_text(self.level)} confidence "
+                f"({len(self.checks)} checks{self._level_note()})"
+            )
         if self.verdict == "abstain":
             return head + "the twin cannot tell: " + "; ".join(
                 c.abstain_reason(self.max_out_of_support) for c in self.abstentions
@@ -234,9 +260,22 @@ class GateDecision:
         ]
         return head + "; ".join(parts)
 
+    def _level_note(self) -> str:
+        cal = self.result.calibration
+        if cal is None or self.level >= cal.level - 1e-12:
+            return ""
+        n = min((cal.n_independent.get(c.kpi, 0) for c in self.checks), default=0)
+        return (
+            f"; {level_text(cal.level)} was asked, but {n} independent calibration episode(s) support at most "
+            f"{level_text(self.level)}; {math.ceil(cal.level / (1 - cal.level))} are needed for {level_text(cal.level)}"
+        )
+
     def to_dict(self) -> dict[str, Any]:
+        cal = self.result.calibration
         return {
             "verdict": self.verdict,
+            "level": self.level,
+            "level_requested": LEVEL if cal is None else cal.level,
             "exit_code": self.exit_code,
             "passed": self.passed,
             "candidate": self.candidate,
@@ -251,6 +290,8 @@ class GateDecision:
                     "interval": c.interval,
                     "margin": c.allowed_change,
                     "out_of_support": c.out_of_support,
+                    "level": c.level,
+                    "note": c.note,
                 }
                 for c in self.drivers
             ],
@@ -258,6 +299,7 @@ class GateDecision:
             "abstentions": [c.abstain_reason(self.max_out_of_support) for c in self.abstentions],
             "max_out_of_support": self.max_out_of_support,
             "interval_method": self.result.interval_method,
+            "calibrated": cal is not None,
             "checks": [asdict(c) for c in self.checks],
         }
 
@@ -283,7 +325,34 @@ def resolve_guards(
                 )
             out.append((g, k))
         return out
-    return [(Guard(k.name, default_margin), k) for k in kpis if k.better is not None]
+    out = [(Guard(k.name, default_margin), k) for k in kpis if k.better is not None]
+    if not out:
+        raise InputError(
+            f"nothing to guard: none of the KPIs {sorted(by_name)} has a direction; give --max-regression KPI=FRACTION "
+            "for a KPI with one, or better = 'higher' / 'lower' in a KPI file (--kpis); a gate with no guarded KPI "
+            "would promote anything",
+            "--max-regression",
+        )
+    return out
+
+
+def evidence_problem(result: WhatIfResult, kpi: str, compared: Mapping[str, Any]) -> str | None:
+    """Why the twin's number about ``kpi`` cannot back a verdict, or None.
+
+    No calibration on held-out logs (the plain bootstrap covers the twin's mean, not the real
+    system's); the KPI's calibration scores dropped or infinite (`Calibration.problem`); or both
+    policies predicted exactly 0 (the twin shows no effect it could measure, and a relative change
+    of 0 vs 0 is no evidence of none).
+    """
+    if float(compared["baseline"]) == 0.0 and float(compared["candidate"]) == 0.0:
+        return f"both policies predict {kpi} as exactly 0: the twin measures nothing to compare"
+    cal = result.calibration
+    if cal is None:
+        return (
+            "the intervals are the plain bootstrap, not calibrated on held-out logs (they cover the twin's "
+            "mean, not the real system's); replay a recent log the twin was not fitted on"
+        )
+    return cal.problem(kpi)
 
 
 def check_verdict(
@@ -333,6 +402,11 @@ def decide(
             base = abs(float(c["baseline"]))
             allowed_change = allowed / base if base > 0 else (0.0 if allowed == 0 else math.inf)
             verdict = check_verdict(w_int, allowed_change, float(c["out_of_support"]), max_out_of_support)
+            note = evidence_problem(result, k.name, c) or ""
+            if note and verdict in ("ok", "straddle"):  # a confident regression still refuses
+                verdict = "no_evidence"
+            cal = result.calibration
+            level = LEVEL if cal is None else min(cal.level, cal.attained(k.name))
             checks.append(
                 GuardCheck(
                     scenario=sc.name,
@@ -353,12 +427,14 @@ def decide(
                     worsening_interval=w_int,
                     allowed_change=allowed_change,
                     verdict=verdict,
+                    level=level,
+                    note=note,
                 )
             )
     oos = [c for c in checks if c.verdict == "unsupported"] if refuse_out_of_support else []
     if any(c.breached for c in checks) or oos:
         verdict = "refuse"
-    elif any(c.verdict in ("straddle", "unsupported") for c in checks):
+    elif any(c.verdict in UNCERTAIN for c in checks):
         verdict = "abstain"
     else:
         verdict = "promote"
@@ -437,6 +513,34 @@ def check_compatible(spec: Any, twin: Any, where: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ the gate
+def check_held_out(twin: Any, log: pd.DataFrame | None, episodes: int, calibration: Any = None) -> None:
+    """The gate calibrates on held-out traffic: refuse (`InputError`, exit 2) when the episodes it
+    would calibrate on, the last ``episodes`` of ``log`` (or those ``calibration`` records), are
+    episodes the twin was fitted on (`edgetwin.twin.logdata.overlapping_episodes`): scored on its
+    own training data, the twin's error looks smaller than it is, and so do the intervals."""
+    from edgetwin.twin.logdata import overlapping_episodes
+
+    meta = getattr(twin, "meta", {}) or {}
+    train = set((meta.get("episode_sha256") or {}).values())
+    if calibration is not None and getattr(calibration, "episode_sha256", None) and train:
+        bad = sorted(n for n, h in calibration.episode_sha256.items() if h in train)
+        if bad:
+            raise InputError(
+                f"the calibration was computed on episode(s) {bad} of the twin's training data; calibrate on a log "
+                "the twin was not fitted on",
+                "--calibration",
+            )
+    if calibration is None and log is not None and "episode" in log.columns:
+        names = [str(x) for x in pd.unique(log["episode"])][-int(episodes) :]
+        bad = overlapping_episodes(meta, log, names, getattr(twin, "spec", None))
+        if bad:
+            raise InputError(
+                f"episode(s) {bad} of the log are the twin's training data; the gate calibrates on them, so give a "
+                "recent log the twin was not fitted on",
+                "--log",
+            )
+
+
 def run_gate(
     twin: Any,
     candidate: PolicySpec,
@@ -469,16 +573,17 @@ def run_gate(
     logged KPIs are the real system's answer for the logged actions."""
     if candidate.name == baseline.name:
         candidate = PolicySpec(f"{candidate.name} (candidate)", candidate.factory)
-    if guards:  # fail on a bad guard before the long replay
-        from edgetwin.twin.whatif import default_kpis
+    # fail on a bad guard, or none, before the long replay
+    from edgetwin.twin.whatif import default_kpis
 
-        lay = twin.layout
-        ks = (
-            list(kpis)
-            if kpis is not None
-            else default_kpis(twin.spec, lay.outputs + ([] if lay.predict_reward else ["reward"]))
-        )
-        resolve_guards(ks, guards, default_margin)
+    lay = twin.layout
+    ks = (
+        list(kpis)
+        if kpis is not None
+        else default_kpis(twin.spec, lay.outputs + ([] if lay.predict_reward else ["reward"]))
+    )
+    resolve_guards(ks, guards, default_margin)
+    check_held_out(twin, log, episodes, calibration)
     pols = [baseline, candidate]
     if calibration is None and log is not None and all(p.factory is not None for p in pols):
         logged = builtin_policy("logged", twin)
@@ -533,7 +638,8 @@ def gate_markdown(decision: GateDecision, promoted: str | None = None) -> str:
     else:
         guarded = sorted({c.kpi for c in decision.checks})
         lines.append(
-            f"No guarded KPI regressed beyond its margin, with 90% confidence (guarded: {', '.join(guarded) or 'none'})."
+            f"No guarded KPI regressed beyond its margin, with {level_text(decision.level)} confidence "
+            f"(guarded: {', '.join(guarded) or 'none'}{decision._level_note()})."
         )
     lines += ["", f"Intervals: {decision.result.interval_method}."]
     return "\n".join(lines)
@@ -770,7 +876,10 @@ __all__ = [
     "RegistryLike",
     "decide",
     "gate_markdown",
+    "check_held_out",
     "check_verdict",
+    "evidence_problem",
+    "level_text",
     "kpi_metrics",
     "load_view",
     "parse_guards",

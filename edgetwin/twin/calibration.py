@@ -8,6 +8,7 @@ constructions themselves are in `edgetwin.twin.intervals`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from edgetwin.twin.intervals import (
     calibration_from_arrays,
     interval,
 )
+from edgetwin.twin.logdata import episode_hashes
 from edgetwin.twin.whatif import KpiDef, WhatIfResult, builtin_policy, run_whatif
 
 __all__ = ["calibrate", "calibration_from_result", "cross_fitted_hits", "held_out_coverage", "two_folds"]
@@ -74,6 +76,11 @@ def calibrate(
     )  # fmt: skip
     cal = calibration_from_result(res, "logged", level)
     cal.method = method
+    names = set(map(str, res.settings.get("recorded_episodes") or []))
+    cols = list(twin.meta.get("episode_hash_columns") or [])
+    if cols:  # what it was calibrated on, for the gate's overlap check against the twin's data
+        with contextlib.suppress(KeyError):  # a log without the twin's columns failed the replay already
+            cal.episode_sha256 = {n: h for n, h in episode_hashes(log, cols).items() if n in names}
     return cal
 
 
@@ -115,7 +122,7 @@ def cross_fitted_hits(
     plain: list[bool] = []
     for cal_eps, test_eps in folds:
         cal_cols = np.isin(ep_of_rep, cal_eps)
-        cal = calibration_from_arrays({kpi: v[:, cal_cols]}, {kpi: y[ep_of_rep[cal_cols]]}, level)
+        cal = calibration_from_arrays({kpi: v[:, cal_cols]}, {kpi: y}, level, groups=ep_of_rep[cal_cols])
         cal.method = method
         for e in test_eps:
             ve = v[:, ep_of_rep == e]

@@ -44,6 +44,7 @@ import numpy as np
 __all__ = [
     "DEFAULT_METHOD",
     "LEVEL",
+    "attained_level",
     "METHODS",
     "Calibration",
     "bootstrap_ci",
@@ -68,11 +69,13 @@ DEFAULT_METHOD = "hybrid"
 def conformal_quantile(scores: Sequence[float] | np.ndarray, level: float = LEVEL) -> tuple[float, bool]:
     """Split-conformal quantile of nonconformity ``scores``: the ``⌈(n+1)·level⌉``-th smallest.
 
+    ``+inf`` scores are scores (the twin predicted 0 where the real system did not: the largest
+    error there is) and are ranked, never dropped; only NaN (nothing to score) is left out.
     Returns ``(q, exact)``; with too few scores for the finite-sample rank (``n < level/(1-level)``,
-    9 at 90 %) the largest score is returned and ``exact`` is False (the guarantee then does not hold,
-    and reports say so).
+    9 at 90 %) the largest score is returned and ``exact`` is False: its interval then covers at
+    ``n/(n+1)`` (`attained_level`), which reports state instead of the requested level.
     """
-    s = np.sort(np.asarray([x for x in scores if math.isfinite(x)], dtype=np.float64))
+    s = np.sort(np.asarray([x for x in scores if not math.isnan(x)], dtype=np.float64))
     n = len(s)
     if n == 0:
         return float("nan"), False
@@ -80,6 +83,15 @@ def conformal_quantile(scores: Sequence[float] | np.ndarray, level: float = LEVE
     if k > n:
         return float(s[-1]), False
     return float(s[k - 1]), True
+
+
+def attained_level(n: int, level: float = LEVEL) -> float:
+    """The coverage split-conformal guarantees with ``n`` exchangeable (independent) scores when
+    ``level`` is asked for: ``level`` when ``⌈(n+1)·level⌉ <= n``, else ``n/(n+1)`` (the largest
+    score's rank), 0 with no score. 4 episodes support 80 %, never 90 %."""
+    if n <= 0:
+        return 0.0
+    return float(level) if math.ceil((n + 1) * level) <= n else n / (n + 1.0)
 
 
 @dataclass
@@ -104,16 +116,47 @@ class Calibration:
     quantile_norm: dict[str, float] = field(default_factory=dict)
     #: which construction the intervals use: one of `METHODS`
     method: str = DEFAULT_METHOD
+    #: KPI name -> how many *independent* scores (logged episodes) the quantile rests on; noise
+    #: seeds of one episode are one score (their mean), not several
+    n_independent: dict[str, int] = field(default_factory=dict)
+    #: KPI name -> how many episodes had nothing to score (NaN: a KPI the log or the twin lacks)
+    dropped: dict[str, int] = field(default_factory=dict)
+    #: episode name -> sha256 of its rows (`edgetwin.twin.logdata.episode_hashes`): what it was
+    #: calibrated on, compared with the twin's training episodes by the gate
+    episode_sha256: dict[str, str] = field(default_factory=dict)
+
+    def attained(self, kpi: str) -> float:
+        """The level ``kpi``'s intervals attain: `attained_level` of its independent scores (0 when
+        it was not calibrated)."""
+        n = self.n_independent.get(kpi, len(self.scores.get(kpi, [])))
+        return attained_level(n, self.level)
+
+    def problem(self, kpi: str) -> str | None:
+        """Why ``kpi``'s calibration cannot back a verdict (None when it can): not calibrated,
+        scores dropped, or an infinite quantile."""
+        if kpi not in self.quantile:
+            return f"{kpi} was not calibrated (the calibration log has no value of it)"
+        if self.dropped.get(kpi, 0):
+            n = self.dropped[kpi] + self.n_independent.get(kpi, 0)
+            return f"{self.dropped[kpi]} of {n} calibration episode(s) of {kpi} had nothing to score (missing values)"
+        q = self.quantile[kpi]
+        if not math.isfinite(q):
+            return (
+                f"the calibration of {kpi} has infinite scores (the twin predicted exactly 0 where the log did not), "
+                "so its interval is unbounded"
+            )
+        return None
 
     def width(self, kpi: str) -> float:
-        """``q_k`` of ``kpi`` (0 when it was not calibrated: the plain bootstrap then)."""
+        """``q_k`` of ``kpi`` (0 when it was not calibrated: the plain bootstrap then; ``inf`` when
+        a score was infinite, never 0: an unbounded error does not narrow to none)."""
         q = self.quantile.get(kpi, 0.0)
-        return q if math.isfinite(q) else 0.0
+        return 0.0 if math.isnan(q) else q
 
     def width_norm(self, kpi: str) -> float:
         """The members-normalised quantile of ``kpi`` (0 when not calibrated)."""
         q = self.quantile_norm.get(kpi, 0.0)
-        return q if math.isfinite(q) else 0.0
+        return 0.0 if math.isnan(q) else q
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -123,6 +166,10 @@ class Calibration:
             "quantile_norm": dict(self.quantile_norm),
             "exact": dict(self.exact),
             "n": {k: len(v) for k, v in self.scores.items()},
+            "n_independent": dict(self.n_independent),
+            "dropped": dict(self.dropped),
+            "attained_level": {k: self.attained(k) for k in self.quantile},
+            "episode_sha256": dict(self.episode_sha256),
             "source": self.source,
         }
 
@@ -135,6 +182,9 @@ class Calibration:
             source=str(d.get("source", "")),
             quantile_norm={str(k): float(v) for k, v in dict(d.get("quantile_norm", {})).items()},
             method=str(d.get("method", DEFAULT_METHOD)),
+            n_independent={str(k): int(v) for k, v in dict(d.get("n_independent", d.get("n", {}))).items()},
+            dropped={str(k): int(v) for k, v in dict(d.get("dropped", {})).items()},
+            episode_sha256={str(k): str(v) for k, v in dict(d.get("episode_sha256", {})).items()},
         )
 
 
@@ -173,13 +223,23 @@ def bootstrap_ci(
 
 
 def calibration_from_arrays(
-    values: Mapping[str, np.ndarray], truth: Mapping[str, np.ndarray], level: float = LEVEL, source: str = ""
+    values: Mapping[str, np.ndarray],
+    truth: Mapping[str, np.ndarray],
+    level: float = LEVEL,
+    source: str = "",
+    groups: np.ndarray | None = None,
 ) -> Calibration:
     """A `Calibration` from the twin's ``(M, R)`` KPI values of replayed logged episodes and the
-    ``(E,)`` KPIs those episodes logged (replicates cycle over the episodes, seed-major).
+    ``(E,)`` KPIs those episodes logged.
 
-    Each replicate's ensemble answer (mean over members) is scored: ``|y - ŷ| / |ŷ|`` (relative)
-    and ``|y - ŷ| / sd over members`` (normalised).
+    ``groups``: ``(R,)`` which episode (index into ``truth``) each replicate replays; default
+    ``r % E`` (replicates cycle over the episodes, seed-major, as `run_whatif` lays them out).
+    One score per *episode*: the replicates of an episode (its noise seeds) are one sample of the
+    twin's error, not several, so they are averaged first (split-conformal's guarantee counts
+    exchangeable samples, and seeds of one episode share its world and its truth). The ensemble's
+    answer ``ŷ`` (mean over members and the episode's replicates) is scored ``|y - ŷ| / |ŷ|``
+    (relative; ``+inf`` when ``ŷ = 0 != y``, 0 when both are 0) and ``|y - ŷ| / sd over members``
+    (normalised). Episodes with nothing to score (NaN) are counted in ``dropped``.
     """
     out = Calibration(level=level, source=source)
     for name, v in values.items():
@@ -187,18 +247,25 @@ def calibration_from_arrays(
         if y is None or not len(y):
             continue
         v = np.asarray(v, dtype=np.float64)
-        t = np.resize(np.asarray(y, dtype=np.float64), v.shape[1])
+        y = np.asarray(y, dtype=np.float64)
+        g = np.arange(v.shape[1]) % len(y) if groups is None else np.asarray(groups, dtype=np.int64)
+        eps = np.unique(g)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            centre = np.nanmean(v, axis=0)
-            spread = np.nanstd(v, axis=0, ddof=1) if v.shape[0] > 1 else np.zeros(v.shape[1])
+            per_member = np.stack([np.nanmean(v[:, g == e], axis=1) for e in eps], axis=1)  # (M, E')
+            centre = np.nanmean(per_member, axis=0)
+            spread = np.nanstd(per_member, axis=0, ddof=1) if v.shape[0] > 1 else np.zeros(len(eps))
+        t = y[eps]
+        err = np.abs(t - centre)
         with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.abs(t - centre) / np.abs(centre)
-            norm = np.abs(t - centre) / np.maximum(spread, 1e-9 * np.abs(centre) + 1e-12)
-        scores = [float(x) for x in rel if math.isfinite(x)]
+            rel = np.where(err == 0, 0.0, err / np.abs(centre))
+            norm = np.where(err == 0, 0.0, err / np.maximum(spread, 1e-9 * np.abs(centre) + 1e-12))
+        scores = [float(x) for x in rel if not math.isnan(x)]
         q, exact = conformal_quantile(scores, level)
         out.quantile[name], out.exact[name], out.scores[name] = q, exact, scores
-        out.quantile_norm[name] = conformal_quantile([float(x) for x in norm if math.isfinite(x)], level)[0]
+        out.n_independent[name] = len(scores)
+        out.dropped[name] = int(len(rel) - len(scores))
+        out.quantile_norm[name] = conformal_quantile([float(x) for x in norm if not math.isnan(x)], level)[0]
     return out
 
 

@@ -5,9 +5,12 @@ federated fit; re-exported by `edgetwin.twin.twin`."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -15,7 +18,15 @@ import pandas as pd
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.contract.validate import load_valid_log
 
-__all__ = ["bootstrap_episodes", "data_sha256", "library_versions", "load_log"]
+__all__ = [
+    "bootstrap_episodes",
+    "data_sha256",
+    "episode_hash_columns",
+    "episode_hashes",
+    "library_versions",
+    "load_log",
+    "overlapping_episodes",
+]
 
 
 def data_sha256(df: pd.DataFrame) -> str:
@@ -24,6 +35,73 @@ def data_sha256(df: pd.DataFrame) -> str:
     h.update(json.dumps([str(c) for c in df.columns]).encode())
     h.update(pd.util.hash_pandas_object(df, index=False).to_numpy().tobytes())
     return h.hexdigest()
+
+
+def episode_hash_columns(layout: Any) -> list[str]:
+    """The columns an episode's hash covers: its time, agents, sites and the twin's profile, state
+    and action columns (not its name: a renamed copy of a training episode is still one)."""
+    return list(dict.fromkeys(["t", "agent", "site", *layout.profile, *layout.state, *layout.action]))
+
+
+def episode_hashes(df: pd.DataFrame, columns: Sequence[str]) -> dict[str, str]:
+    """``{episode: sha256}`` of each episode's rows over ``columns``, rows in (t, agent) order.
+
+    Numbers are hashed as float64 and everything else as text, so the same rows read from CSV or
+    Parquet hash alike. One row hash per row (`pandas.util.hash_pandas_object`, vectorised) and
+    one sha256 per episode over its rows' hashes: cheap next to a fit (a second at a million rows).
+    Raises KeyError naming a missing column.
+    """
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise KeyError(f"the log lacks column(s) {missing}")
+    d = df.sort_values(["episode", "t", "agent"], kind="stable")
+    frame = pd.DataFrame(
+        {
+            c: (d[c].astype(np.float64) if pd.api.types.is_numeric_dtype(d[c]) else d[c].astype(str))
+            for c in columns
+        }
+    )
+    rows = pd.util.hash_pandas_object(frame, index=False).to_numpy()
+    out = {}
+    for name, ix in d.reset_index(drop=True).groupby("episode", sort=False).indices.items():
+        out[str(name)] = hashlib.sha256(rows[ix].tobytes()).hexdigest()
+    return out
+
+
+def overlapping_episodes(
+    twin_meta: Mapping[str, Any],
+    df: pd.DataFrame,
+    episodes: Sequence[str] | None = None,
+    spec: TwinSpec | None = None,
+) -> list[str]:
+    """The episodes of ``df`` (only ``episodes`` when given) whose rows the twin was fitted on.
+
+    Compared episode by episode with the twin's ``meta["episode_sha256"]`` (recorded at fit time);
+    a twin saved before it records only ``data_sha256``, and then the whole table is compared (a
+    log that *is* the training data overlaps in every episode). Returns the names, sorted.
+    """
+    known = twin_meta.get("episode_sha256")
+    if isinstance(known, Mapping) and known:
+        cols = list(twin_meta.get("episode_hash_columns") or [])
+        try:
+            mine = episode_hashes(df, cols)
+        except KeyError:
+            return []
+        train = set(known.values())
+        names = set(map(str, episodes)) if episodes is not None else set(mine)
+        return sorted(n for n, h in mine.items() if n in names and h in train)
+    sha = twin_meta.get("data_sha256")
+    if sha and {"episode", "t", "agent"} <= set(df.columns):
+        tables = [df]
+        if spec is not None:  # the fit hashed the validated table (`load_log`), as the CLI reads a log
+            # a log that does not validate is not the twin's training data
+            with contextlib.suppress(Exception):
+                tables.append(load_log(df, spec)[0])
+        for t in tables:
+            d = t.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+            if data_sha256(d) == sha:
+                return sorted(map(str, episodes if episodes is not None else pd.unique(df["episode"])))
+    return []
 
 
 def library_versions() -> dict[str, str]:

@@ -145,7 +145,7 @@ def _scenario_md(result: WhatIfResult, sc: Scenario) -> list[str]:
     if logged:
         cols.insert(2, "as logged")
     cands = result.candidates
-    cols += [f"{c} vs {result.baseline} (90 % interval)" for c in cands]
+    cols += [f"{c} vs {result.baseline} ({result.interval_label})" for c in cands]
     lines.append("| " + " | ".join(cols) + " |")
     lines.append("|" + "|".join(["---"] * 2 + ["---:"] * (len(cols) - 2)) + "|")
     for k in result.kpis:

@@ -50,7 +50,14 @@ from edgetwin.imitation.steps import build_steps
 from edgetwin.imitation.world import Composition, InitialStates
 from edgetwin.twin.envs import TwinEnv, TwinParallelEnv, TwinVecEnv
 from edgetwin.twin.intervals import LEVEL, Calibration, interval
-from edgetwin.twin.logdata import bootstrap_episodes, data_sha256, library_versions, load_log
+from edgetwin.twin.logdata import (
+    bootstrap_episodes,
+    data_sha256,
+    episode_hash_columns,
+    episode_hashes,
+    library_versions,
+    load_log,
+)
 from edgetwin.twin.member import Member
 from edgetwin.twin.parallel import check_ray, resolve_workers, run_tasks
 from edgetwin.twin.simulation import RolloutRecord, Simulation
@@ -375,6 +382,9 @@ class Twin:
             "population_model": population_model,
             "hyper": cfg.__dict__,
             "data_sha256": sha,
+            # per-episode hashes: the gate refuses to calibrate on episodes the twin was fitted on
+            "episode_hash_columns": episode_hash_columns(layout),
+            "episode_sha256": episode_hashes(df, episode_hash_columns(layout)),
             "n_rows": len(df),
             "n_episodes": len(episodes),
             "spec_hash": spec.hash(),

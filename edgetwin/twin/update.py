@@ -47,7 +47,7 @@ from edgetwin.contract.spec import TwinSpec, spec_path_for
 from edgetwin.imitation.mail import behaviour_clone, client_rows
 from edgetwin.imitation.steps import build_steps
 from edgetwin.imitation.world import Composition, InitialStates
-from edgetwin.twin.logdata import bootstrap_episodes, data_sha256, library_versions, load_log
+from edgetwin.twin.logdata import bootstrap_episodes, data_sha256, episode_hashes, library_versions, load_log
 from edgetwin.twin.member import Member
 from edgetwin.twin.support import SupportIndex
 
@@ -209,6 +209,11 @@ def update_twin(
     a_low = np.where(np.isfinite(lo_spec), lo_spec, a_low)
     a_high = np.where(np.isfinite(hi_spec), hi_spec, a_high)
     meta = dict(twin.meta)
+    if meta.get("episode_hash_columns"):  # the new rows are training data too: the gate must see them
+        meta["episode_sha256"] = {
+            **dict(meta.get("episode_sha256") or {}),
+            **episode_hashes(new_df, list(meta["episode_hash_columns"])),
+        }
     meta.update({
         "data_sha256": data_sha256(union),
         "data_parts": [*parts_expected, new_sha],

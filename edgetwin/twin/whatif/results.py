@@ -84,6 +84,22 @@ class WhatIfResult:
         self._memo.clear()
 
     @property
+    def level(self) -> float:
+        """The level the intervals attain: the calibration's lowest attained level over its KPIs
+        (`edgetwin.twin.intervals.attained_level` of its independent episodes), else the nominal one."""
+        cal = self.calibration
+        if cal is None:
+            return LEVEL
+        return min((min(cal.level, cal.attained(k)) for k in cal.quantile), default=cal.level)
+
+    @property
+    def interval_label(self) -> str:
+        """``"80 % interval"``, or ``"90 % plain bootstrap interval"`` when not calibrated (reports)."""
+        if self.calibration is None:
+            return f"{100 * LEVEL:.0f} % plain bootstrap interval"
+        return f"{100 * self.level:.0f} % interval"
+
+    @property
     def interval_method(self) -> str:
         """How the 90 % intervals are built (for reports)."""
         if self.calibration is None:
@@ -94,7 +110,16 @@ class WhatIfResult:
             "hybrid": "levels widened by the conformal quantile of the ensemble's relative error, changes by that "
             "error applied to the change plus the conformal multiple of the members' spread of the change",
         }.get(self.calibration.method, self.calibration.method)
-        return f"90 % two-level bootstrap over members x replicates, {how} on {self.calibration.source}"
+        cal = self.calibration
+        text = f"two-level bootstrap over members x replicates, {how} on {cal.source}"
+        attained = min((cal.attained(k) for k in cal.quantile), default=cal.level)
+        if attained < cal.level - 1e-12:
+            n = min(cal.n_independent.get(k, 0) for k in cal.quantile)
+            return (
+                f"{100 * attained:.0f} % intervals ({100 * cal.level:.0f} % asked; {n} independent calibration "
+                f"episode(s) support no more): {text}"
+            )
+        return f"{100 * cal.level:.0f} % intervals: {text}"
 
     def summary(self, policy: str, scenario: str, kpi: str) -> dict[str, Any]:
         """Mean, 95 % bootstrap CI, calibrated 90 % ``interval``, member spread and support share."""
