@@ -87,7 +87,7 @@ def promote_setup(world, tmp_path_factory: pytest.TempPathFactory):  # type: ign
 
     d = tmp_path_factory.mktemp("promote-canary")
     world["twin"].save(d / "twin")
-    world["log"].to_parquet(d / "log.parquet")
+    world["fleet"].to_parquet(d / "log.parquet")  # recent traffic: not the twin's training data
     world["spec"].save(d / "log.spec.toml")
     tr = train_policy(world["twin"], algo="ppo", steps=256, seed=0, out=d / "policy", progress=False)
     save_private_key(Signer.generate().private_key, d / "key.pem")
