@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
         twin = Twin.fit(df, spec, seed=a.seed, members=2, progress=False, rounds=0, bc_epochs=2,
                         population_model="empirical")  # fmt: skip
         pol = train_policy(twin, algo="ppo", steps=a.train_steps, seed=a.seed, out=out / "policy", progress=False)
-        nums = _promote_and_serve(twin, df, Path(pol.path), out, cfg, a.seed, print)
+        recent, _ = generate_logs(cfg, 2, "random", seed=a.seed + 10_000)  # the gate's recent log, as the demo's
+        nums = _promote_and_serve(twin, recent, Path(pol.path), out, cfg, a.seed, print)
         canary = json.loads((out / "canary.json").read_text()) if (out / "canary.json").exists() else None
         # truth: the candidate and the current (random) policy on the whole cluster for one day
         system = ArraySystem(EdgeCluster(cfg), EdgeCluster(cfg).spec)
