@@ -207,8 +207,28 @@ def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, sp
     twin, rep = asyncio.run(run_twin_coordinator(TwinSpec.load(spec), names, bus, fit_id,
                                                  FitOptions(members=members, **rounds_option(rounds)), on_round=emit))
     twin.save(out_dir)
+    signed_by = _sign_as_coordinator(out_dir)
     emit({"event": "done", "agent": "twin-coordinator", "twin": str(out_dir), "bytes_up": rep.bytes_up,
-          "bytes_down": rep.bytes_down, "rounds": len(rep.rounds)})
+          "bytes_down": rep.bytes_down, "rounds": len(rep.rounds), "signed_by": signed_by})
+
+
+def _sign_as_coordinator(out_dir: Path) -> str | None:
+    """The federated twin leaves the coordinator signed by it: with a keys directory holding the
+    coordinator's private key (`KEYS_ENV`, ``--keys``), the saved twin gets its SIGNATURE.json under that
+    key, so a site (or anyone) checks it with the coordinator's public key (``--trust``). Returns the
+    key id, or None when the coordinator runs without its key (unauthenticated, already warned)."""
+    import os
+
+    from edgetwin.edge.message_auth import KEYS_ENV, FederationKeys
+    from edgetwin.edge.signed_dirs import sign_directory
+    from edgetwin.federation.twin.runner import COORDINATOR
+
+    directory = os.environ.get(KEYS_ENV)
+    if not directory:
+        return None
+    signer = FederationKeys.load(directory, own=[COORDINATOR]).private[COORDINATOR]
+    sign_directory(out_dir, "twin", signer, {"publisher": signer.key_id, "role": COORDINATOR})
+    return str(signer.key_id)
 
 
 @app.command("agent-keys")

@@ -390,3 +390,34 @@ def test_cli_a_site_below_min_agents_sends_nothing_and_keys_are_made_for_the_par
     assert res.exit_code == 0, res.output
     keys = FederationKeys.load(tmp_path / "keys", ["edge-ams"])
     assert set(keys.keyring.keys) == {"twin/coordinator", "edge-ams"} and (tmp_path / "keys" / "twin--coordinator.key.pem").stat().st_mode & 0o077 == 0
+
+
+def test_the_federated_twin_leaves_the_coordinator_signed_by_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`edgetwin agent twin-coordinator --keys DIR` saves the twin signed by the coordinator's own key:
+    a site that trusts only the coordinator's public key accepts it, a twin re-sealed after that is refused,
+    and a coordinator run without keys leaves it unsigned (and says so)."""
+    from edgetwin.cli.federation import _sign_as_coordinator
+    from edgetwin.contract.manifest import write_manifest
+    from edgetwin.edge.message_auth import KEYS_ENV, write_keys
+    from edgetwin.edge.signed_dirs import verify_directory
+    from edgetwin.edge.signing import ArtifactRejected, TrustStore, load_public_key
+    from edgetwin.federation.twin.runner import COORDINATOR
+
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    (twin / "meta.json").write_text('{"members": 1}')
+    write_manifest(twin, "twin")
+    monkeypatch.delenv(KEYS_ENV, raising=False)
+    assert _sign_as_coordinator(twin) is None
+    keys = write_keys(tmp_path / "keys", [COORDINATOR, "edge-ams"])
+    monkeypatch.setenv(KEYS_ENV, str(keys))
+    kid = _sign_as_coordinator(twin)
+    coordinator_pub = next(keys.glob("twin*coordinator.pub.pem"))
+    assert verify_directory(twin, "twin", TrustStore([load_public_key(coordinator_pub)]))["publisher"] == kid
+    site_pub = next(keys.glob("edge-ams.pub.pem"))
+    with pytest.raises(ArtifactRejected):
+        verify_directory(twin, "twin", TrustStore([load_public_key(site_pub)]))  # not the coordinator's key
+    (twin / "meta.json").write_text('{"members": 2}')
+    write_manifest(twin, "twin")  # re-sealed after signing: the signature no longer matches
+    with pytest.raises(ArtifactRejected):
+        verify_directory(twin, "twin", TrustStore([load_public_key(coordinator_pub)]))
