@@ -82,3 +82,24 @@ def test_deterministic_given_the_seed() -> None:
     b = CausalResponseModel((16,), steps=50, seed=4).fit(x, y, policy).mean(x)
     c = CausalResponseModel((16,), steps=50, seed=5).fit(x, y, policy).mean(x)
     assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_twin_fit_chooses_the_causal_model_when_the_logs_allow_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two logged policies with overlap: ``Twin.fit``'s default is the causal response model, the
+    overlap report is in the twin's meta, and the twin saves, loads and rolls out."""
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import Regime, SLOAwarePolicy, generate_logs
+    from edgetwin.twin.twin import Twin
+
+    regimes = [Regime("heuristic", 2, noise=0.1), Regime("heuristic", 1, noise=0.1, arms={"r": "random"}, arm_share=0.3)]
+    log, spec = generate_logs(ClusterConfig(n_agents=16, steps=8), regimes=regimes, seed=0)
+    twin = Twin.fit(log, spec, members=1, progress=False, population_model="empirical", bc_epochs=1, bc_max_steps=20)
+    assert twin.meta["response_model"] == "causal"
+    assert twin.meta["overlap"]["verdict"] == "some" and set(twin.meta["overlap"]["policies"]) == {
+        "heuristic+noise0.1",
+        "r",
+    }
+    assert all(isinstance(c, CausalResponseModel) for c in twin.members[0].clients.values())
+    again = Twin.load(twin.save(tmp_path / "twin"))
+    df = again.rollout(SLOAwarePolicy(spec), episodes=1, seed=0)
+    assert len(df) and np.isfinite(df["reward"]).all()

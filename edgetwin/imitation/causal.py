@@ -81,7 +81,19 @@ class CausalResponseModel:
         self.history: list[tuple[float, float]] = []  # (error, penalty) every 50 steps
 
     def fit(self, x: np.ndarray, y: np.ndarray, policy: Sequence[object] | np.ndarray | None = None) -> CausalResponseModel:
-        """Fit on ``x (N, in)`` -> ``y (N, out)``; ``policy (N,)`` says which policy decided each row."""
+        """Fit on ``x (N, in)`` -> ``y (N, out)``; ``policy (N,)`` says which policy decided each row.
+
+        Runs on one torch thread (restored after): the net is small, and on a shared 2-core machine
+        two threads made a 250-step fit 15 times slower, not faster.
+        """
+        threads = th.get_num_threads()
+        th.set_num_threads(1)
+        try:
+            return self._fit(x, y, policy)
+        finally:
+            th.set_num_threads(threads)
+
+    def _fit(self, x: np.ndarray, y: np.ndarray, policy: Sequence[object] | np.ndarray | None) -> CausalResponseModel:
         x = np.asarray(x, np.float32)
         y = np.clip(np.asarray(y, np.float32), -OUTPUT_CLIP, OUTPUT_CLIP)
         if y.ndim == 1:

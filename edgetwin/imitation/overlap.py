@@ -138,9 +138,12 @@ def estimated_propensity(
         rows = np.flatnonzero(policy == pid)
         fit_rows = rows if len(rows) <= max_rows else rng.choice(rows, max_rows, replace=False)
         for j in range(a.shape[1]):
-            reg = HistGradientBoostingRegressor(max_iter=40, random_state=seed)
-            reg.fit(x[fit_rows], a[fit_rows, j])
-            mu = reg.predict(x[rows])
+            if len(fit_rows) >= 20:
+                reg = HistGradientBoostingRegressor(max_iter=40, random_state=seed)
+                reg.fit(x[fit_rows], a[fit_rows, j])
+                mu = reg.predict(x[rows])
+            else:  # too few rows to regress on: the policy's mean action
+                mu = np.full(len(rows), a[rows, j].mean())
             sd = max(float(np.std(a[rows, j] - mu)), float(floor[j]))
             dens = norm.pdf(a[rows, j], mu, sd)
             dens = np.where(on_low[rows, j], norm.cdf((low[j] - mu) / sd), dens)
