@@ -117,7 +117,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke-sized configuration (see the module docstring)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--logs", default=",".join(LOGS), help="which logs, comma-separated (a,b,c1,c2,c3)")
+    ap.add_argument("--page-only", action="store_true", help="rewrite README.md from results.json and stop")
     args = ap.parse_args()
+    if args.page_only:
+        (OUT / "README.md").write_text(page(json.loads((OUT / "results.json").read_text())))
+        return
     if args.quick:
         cfg, days, eval_days, members = ClusterConfig(n_agents=30, steps=24), 3, 2, 2
         hyper: dict[str, Any] = {"rounds": 2, "bc_epochs": 2, "bc_max_steps": 200}
@@ -169,6 +173,32 @@ def write(args: argparse.Namespace, cfg: ClusterConfig, days: int, eval_days: in
            "targets": TARGETS, "results": results,
            "policies": {k: v.to_dict("records") for k, v in tables.items()}}
     (OUT / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    (OUT / "README.md").write_text(page(doc))
+
+
+METRICS = ("spearman", "mean_rel_error", "norm_abs_error", "regret_at_1", "coverage_90", "median_width")
+
+
+def page(doc: dict[str, Any]) -> str:
+    """The benchmark's page from its results.json (also for a partial run: the logs it reached)."""
+    c = doc["config"]
+    cmd = "python benchmarks/causal_twin.py" + (" --quick" if c["quick"] else "") + (f" --seed {c['seed']}" if c["seed"] else "")
+    L = ["# Causal twin (issue 36)", "", __doc__.split("\n\n", 1)[1].split("Run:")[0].strip(), "",
+         f"This run: `{cmd}` ({c['n_agents']} agents x {c['steps']} ticks, log a {c['log_a_days']} days, "
+         f"{c['eval_days']} evaluation days per policy, {c['members']} members, hyper {c['hyper']}; "
+         f"{c['minutes']:.0f} min on 2 shared cores).", "",
+         "Full run (not run here: hours on this machine): `python benchmarks/causal_twin.py`.", "",
+         f"Targets: {doc['targets']}.", ""]
+    for mode in ("generated", "replay"):
+        L += [f"## {mode} mode", "", "| logs | model | " + " | ".join(METRICS) + " | overlap (verdict, ESS) |",
+              "|---|---|" + "---|" * len(METRICS) + "---|"]
+        for lname, per in doc["results"].items():
+            for mname, r in per.items():
+                o = r["overlap"]
+                L.append(f"| {lname} | {mname} | " + " | ".join(f"{r[mode][k]:.2f}" for k in METRICS)
+                         + f" | {o['verdict']}, {o['ess_share']:.0%} |")
+        L.append("")
+    return "\n".join(L) + "\n"
 
 
 if __name__ == "__main__":
