@@ -54,3 +54,8 @@ def test_weights_make_actions_independent_of_the_context() -> None:
     grid = np.linspace(-1, 1, 4001)[1:-1, None]
     assert f.mass_low[0] > 0 and f.mass_high[0] > 0
     assert f(grid).mean() * 2 + f.mass_low[0] + f.mass_high[0] == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_deterministic_policy_beside_a_random_one_is_not_nothing() -> None:
+    o = report([Regime("heuristic", 2), Regime("random", 1)])
+    assert o.n_policies == 2 and not o.says_nothing

@@ -35,7 +35,7 @@ from edgetwin.contract.spec import POLICY_COLUMN, PROPENSITY_COLUMN, TwinSpec
 
 #: Below this mean unexplained share, actions are a function of the context: the logs say nothing.
 NOTHING = 0.005
-#: Below this effective-sample share, too: a deterministic policy's actions, explained by the context
+#: Below this effective-sample share with one logged policy, too: a deterministic policy's actions, explained by the context
 #: up to the regression's own error (a few % on the emulated cluster's heuristic), still leave the
 #: weights nothing to work with (0.0 % there, against 10-12 % with 10 % noise).
 NOTHING_ESS = 0.01
@@ -321,7 +321,7 @@ def _overlap_report(table: pd.DataFrame, spec: TwinSpec, seed: int, max_rows: in
     w = balancing_weights(x, a, low, high, pol, prop, seed=seed)
     known = float(np.isfinite(table[PROPENSITY_COLUMN]).mean()) if PROPENSITY_COLUMN in table else 0.0
     mean_unexplained = float(np.mean(list(unexplained.values()))) if unexplained else 0.0
-    if mean_unexplained < NOTHING or w.ess_share < NOTHING_ESS:
+    if mean_unexplained < NOTHING or (w.ess_share < NOTHING_ESS and len(policies) < 2):
         verdict = "none"
     elif mean_unexplained < WEAK or w.ess_share < WEAK_ESS:
         verdict = "weak"
