@@ -30,7 +30,8 @@ def twin_fit(
     members: Annotated[int, typer.Option(min=1, help="Ensemble members (bootstrap resamples of episodes).")] = 5,
     rounds: Annotated[int, typer.Option(min=0, help="MAIL-MMSG adversarial rounds per scenario (0: BC only).")] = 10,
     bc_epochs: Annotated[int, typer.Option(min=0, help="Behaviour-cloning epochs (engine and client pre-training).")] = 20,
-    response_model: Annotated[str, typer.Option(help="mail | bc | supervised.")] = "mail",
+    response_model: Annotated[str, typer.Option(help="mail | bc | supervised | causal (learns the actions' effects across the log's policy ids) | "
+                                                    "auto (causal when the log holds several policies with overlap, else mail).")] = "mail",
     population_model: Annotated[str, typer.Option(help="gan-smmsg | gmm | gan | wgan | empirical.")] = "gan-smmsg",
     population_steps: Annotated[int | None, typer.Option(min=0, help="Generator updates of the population model.")] = None,
     site_model: Annotated[
@@ -144,8 +145,9 @@ def twin_fit(
     from edgetwin.generative import MODELS
     from edgetwin.twin.twin import RESPONSE_MODELS, Twin
 
-    if response_model not in RESPONSE_MODELS:
-        raise InputError(f"expected one of {', '.join(RESPONSE_MODELS)}, got {response_model!r}", "--response-model")
+    if response_model not in (*RESPONSE_MODELS, "auto"):
+        raise InputError(f"expected one of {', '.join((*RESPONSE_MODELS, 'auto'))}, got {response_model!r}",
+                         "--response-model")
     if population_model not in (*MODELS, "empirical"):
         raise InputError(
             f"expected one of {', '.join((*MODELS, 'empirical'))}, got {population_model!r}", "--population-model"
@@ -169,7 +171,8 @@ def twin_fit(
         ray_address=ray,
     )
     twin.save(out_dir)
-    summary = {"twin": str(out_dir), **{k: twin.meta[k] for k in ("members", "data_sha256", "n_rows", "n_episodes", "fit_seconds")}}
+    summary = {"twin": str(out_dir), **{k: twin.meta[k] for k in ("members", "data_sha256", "n_rows", "n_episodes", "fit_seconds")},
+               "response_model": twin.meta["response_model"], "overlap": twin.meta.get("overlap")}
     if signer is not None:
         _sign_twin(out_dir, signer, True)
         summary["signed_by"] = signer.key_id
@@ -178,6 +181,17 @@ def twin_fit(
     else:
         out.print(f"twin written to {out_dir} ({twin.meta['members']} members, {twin.meta['n_rows']} rows, "
                   f"{twin.meta['fit_seconds']:.0f} s)" + (f", signed by key {signer.key_id}" if signer else ""))
+        if overlap_text(twin.meta):
+            out.print(overlap_text(twin.meta))
+
+
+def overlap_text(meta: dict[str, Any]) -> str:
+    """What the twin's training logs say about the effect of actions (`overlap_report`, kept in its
+    meta at fit time), for people; empty for a twin fitted before the report existed."""
+    from edgetwin.imitation.overlap import Overlap
+
+    doc = meta.get("overlap")
+    return Overlap(**doc).summary() if isinstance(doc, dict) else ""
 
 
 def _sign_twin(out_dir: Path, signer: Any, quiet: bool) -> None:
@@ -302,9 +316,12 @@ def twin_fidelity(
     report = fidelity_report(twin, df, seed=seed, episodes=episodes, max_horizon=horizon, out_dir=out_dir)
     if out_dir is not None:
         (out_dir / "fidelity.json").write_text(json.dumps(report, indent=1, default=json_default))
+    report["training_overlap"] = twin.meta.get("overlap")
     if as_json:
         emit_json(report)
         return
+    if overlap_text(twin.meta):
+        out.print(overlap_text(twin.meta).replace("overlap:", "overlap of the twin's training logs:", 1))
     out.print(f"mean KL(real || twin) over outputs: {report['mean_kl']:.3f} nats")
     for c, v in report["kl"].items():
         out.print(f"  {c:32s} {v:.3f}")

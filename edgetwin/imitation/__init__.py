@@ -4,6 +4,9 @@
   policy per scenario trained round-robin in a shared world of sites (`ClientVecEnv`).
 * `SupervisedResponseModel`, `ClonedPlatformPolicy` (`edgetwin.imitation.baselines`): the one-step
   regression and behaviour-cloning baselines in the same harness.
+* `CausalResponseModel` (`edgetwin.imitation.causal`): one-step regression whose residuals are
+  invariant across the log's ``policy`` ids (effects, not the logging policies' habits), and
+  `overlap_report` (`edgetwin.imitation.overlap`): how much a log says about the effect of actions.
 * The world they share, generic over the log contract: `Layout` (`edgetwin.imitation.layout`: roles,
   scalers and the structure found in a log), `build_steps` (`edgetwin.imitation.steps`: a log as
   training arrays), `World` (`edgetwin.imitation.world`: one tick of a batch of agents on sites)

@@ -13,6 +13,7 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 
 from edgetwin.contract.errors import InputError
 from edgetwin.imitation.baselines import SupervisedResponseModel
+from edgetwin.imitation.causal import CausalResponseModel
 from edgetwin.imitation.mail import GaussianModel
 from edgetwin.imitation.networks import load_network, save_network
 from edgetwin.imitation.site_model import SiteStateModel
@@ -68,6 +69,8 @@ class Member:
                 save_network(c, path / f"client_{s}.safetensors", NETWORK_CLASSES)
             elif isinstance(c, SupervisedResponseModel):
                 _save_npz(path / f"client_{s}.npz", c.to_arrays())
+            elif isinstance(c, CausalResponseModel):
+                _save_npz(path / f"client_{s}.causal.npz", c.to_arrays())
             else:
                 raise TypeError(f"cannot save a {type(c).__name__} client model as data")
         for s, e in self.engines.items():
@@ -117,6 +120,8 @@ class Member:
         for s in range(n_scenarios):
             if (path / f"client_{s}.npz").is_file():
                 clients[s] = _read(path / f"client_{s}.npz", lambda p: SupervisedResponseModel.from_arrays(_load_npz(p)))
+            elif (path / f"client_{s}.causal.npz").is_file():
+                clients[s] = _read(path / f"client_{s}.causal.npz", lambda p: CausalResponseModel.from_arrays(_load_npz(p)))
             else:
                 clients[s] = network(f"client_{s}.safetensors")
             engines[s] = network(f"engine_{s}.safetensors")
