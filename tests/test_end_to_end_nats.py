@@ -95,13 +95,17 @@ def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(nats_server, tmp
     save_public_key(signer.public_key, tmp_path / "keys" / "pub.pub.pem")
     trust = TrustStore([signer.public_key])
 
+    # the gate replays recent traffic the twin was not fitted on (its training log is refused, exit 2)
+    recent, _ = generate_logs(config, episodes=2, policy="random", seed=12)
+    recent_path = write_table(recent, tmp_path / "recent.parquet")
+    spec.save(spec_path_for(recent_path))
     # the gate with wide margins: a 1,000-step policy is not expected to beat the logging policy by
     # much, only not to be catastrophic; the bad policy below is promoted with the gate overridden
-    good = promote_cli(Path(trained.path), nats_server.url, key, Path(twin_dir), log_path, tmp_path / "gate-good",
+    good = promote_cli(Path(trained.path), nats_server.url, key, Path(twin_dir), recent_path, tmp_path / "gate-good",
                        "--default-margin", "1.0", "--name", "trained", "--max-out-of-support", "1", "--json")
     assert good.returncode == 0, good.stderr[-2000:]
     bad_dir = export_policy(ConstantPolicy(spec, [0.0, 0.05, 1.0]), tmp_path / "bad", spec)
-    refused = promote_cli(bad_dir, nats_server.url, key, Path(twin_dir), log_path, tmp_path / "gate-bad",
+    refused = promote_cli(bad_dir, nats_server.url, key, Path(twin_dir), recent_path, tmp_path / "gate-bad",
                           "--name", "bad", "--kpis", str(KPIS), "--max-regression", "return=10%",
                           "--max-out-of-support", "1")  # a corner of the box: else the gate abstains (exit 3)
     # the gate refuses a policy that sends all to the cloud at the full price: on the cluster its
@@ -146,7 +150,7 @@ def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(nats_server, tmp
             obs = await drive(12, cluster.reset(seed=5))
             assert rt.version == good_version
             forced = await asyncio.to_thread(
-                promote_cli, bad_dir, nats_server.url, key, Path(twin_dir), log_path, tmp_path / "gate-forced",
+                promote_cli, bad_dir, nats_server.url, key, Path(twin_dir), recent_path, tmp_path / "gate-forced",
                 "--name", "bad", "--force",
             )
             assert forced.returncode == 0, forced.stderr[-2000:]
