@@ -156,11 +156,12 @@ class DemoSizes:
 
 
 WHATIF_SCENARIOS = "emulated_cluster.toml"
-#: the default demo's phases, seconds on a quiet 2-core machine (issue 38's measurement, 3 min 19 s
-#: in all, with torch's default two threads; `edgetwin demo` now runs one, which is 4-6x faster on a
-#: loaded machine and not yet remeasured on a quiet one); `DemoSizes.budget_line` prints them.
-#: Remeasure when the sizes or a phase change.
-QUIET_SECONDS = {"twin": 84, "what-if": 80, "promotion": 16, "log, training and scoring": 19}
+#: the default demo's phases, seconds on a quiet 2-core machine (load 0.9; `/usr/bin/time edgetwin demo`
+#: took 62 s wall in all, imports included; the phases as `demo-summary.json` records them: twin 30.9,
+#: what-if 18.2, promotion with its canary round and serving 6.7, log + training + scoring 3.2; one
+#: thread for torch and the native pools); `DemoSizes.budget_line` prints them. Remeasure when the
+#: sizes or a phase change.
+QUIET_SECONDS = {"twin": 31, "what-if": 18, "promotion (gate, canary, serving)": 7, "log, training and scoring": 3}
 
 
 def _fit_twin(log_path: Path, spec: Any, seed: int, sizes: DemoSizes) -> Any:

@@ -18,7 +18,7 @@ def test_demo_runs_every_stage_and_reports_where_things_went(tmp_path: Path) -> 
                    sizes=DemoSizes.tiny())
     assert lines[0].startswith("time budget: not measured for these sizes")  # the first line it prints
     default = DemoSizes().budget_line(100, 3, 96)
-    assert default.startswith("time budget: ~199 s") and "twin 84 s" in default
+    assert default.startswith("time budget: ~59 s") and "twin 31 s" in default
     for name in ("log", "spec", "twin", "policy", "whatif_report", "summary"):
         assert Path(res.artifacts[name]).exists(), name
     assert res.numbers["log_rows"] == 20 * 2 * 96
