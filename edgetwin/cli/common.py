@@ -20,7 +20,8 @@ def _flags_without_a_type() -> None:
     typer 0.29's help (with click 8.2+) labels every option with its Python type, ``<bool>`` for
     flags too, which reads as if ``--help`` wanted a value; no typer release leaves flags out yet,
     so its `TyperOption.display_type_rich` is wrapped here, for flags only (value options keep
-    ``<int>``, ``<path>``, ...). Idempotent; a typer without that method is left alone.
+    ``<int>``, ``<path>``, ...); a repeatable option shows its value's type (``<path>``, not
+    ``<list[Path]>``). Idempotent; a typer without that method is left alone.
     """
     from typer.core import TyperOption
 
@@ -32,6 +33,9 @@ def _flags_without_a_type() -> None:
         if self.is_flag and self.metavar is None:
             return None
         result: str | None = shown(self, ctx)
+        if result and result.startswith("<list[") and result.endswith("]>"):
+            # a repeatable option takes one value each time: show that value's type, as for the others
+            result = "<" + result[len("<list["):-2].lower() + ">"
         return result
 
     display_type_rich._edgetwin_flags = True  # type: ignore[attr-defined]
@@ -67,6 +71,15 @@ TaskRayOpt = Annotated[
                  "here); needs pip install -e \".[ray]\". The result does not depend on it."),
 ]
 
+AllowCodeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-code",
+        help="Allow this module (and its submodules) to run for the spec's function references "
+        "([[dynamics]] / [reward] / [transition] function); repeatable. Without it (or "
+        "EDGETWIN_ALLOW_CODE / the allow-list file, docs/log-format.md) a spec's module is never imported.",
+    ),
+]
 RegistryOpt = Annotated[
     str,
     typer.Option(

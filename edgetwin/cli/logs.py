@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from edgetwin.cli.common import (
+    AllowCodeOpt,
     JsonOpt,
     SeedOpt,
     app,
@@ -32,15 +33,7 @@ def logs_validate(
     min_usable: Annotated[
         float, typer.Option("--min-usable", help="The log is unusable below this share of usable rows (0..1).")
     ] = 0.5,
-    allow_code: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--allow-code",
-            help="Allow this module (and its submodules) to run for the spec's function references "
-            "([[dynamics]] / [reward] / [transition] function); repeatable. Without it (or "
-            "EDGETWIN_ALLOW_CODE / the allow-list file, docs/log-format.md) a spec's module is never imported.",
-        ),
-    ] = None,
+    allow_code: AllowCodeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Report every problem of a log at once; exit 0 if it is usable, 2 if it is not.

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from edgetwin.cli.common import (
+    AllowCodeOpt,
     JsonOpt,
     SeedOpt,
     app,
@@ -103,15 +104,7 @@ def twin_fit(
     update_epochs: Annotated[int, typer.Option(min=1, help="--update: fine-tune passes per response model.")] = 5,
     update_steps: Annotated[int, typer.Option(min=1, help="--update: at most this many gradient steps per model.")] = 1000,
     seed: SeedOpt = 0,
-    allow_code: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--allow-code",
-            help="Allow this module (and its submodules) to run for the spec's function references "
-            "([[dynamics]] / [reward] / [transition] function); repeatable. Without it (or "
-            "EDGETWIN_ALLOW_CODE / the allow-list file, docs/log-format.md) a spec's module is never imported.",
-        ),
-    ] = None,
+    allow_code: AllowCodeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Learn a twin from a log (or, with --update TWIN, update TWIN with LOG's rows). Resumable:
