@@ -19,27 +19,34 @@ def _flags_without_a_type() -> None:
 
     typer 0.29's help (with click 8.2+) labels every option with its Python type, ``<bool>`` for
     flags too, which reads as if ``--help`` wanted a value; no typer release leaves flags out yet,
-    so its `TyperOption.display_type_rich` is wrapped here, for flags only (value options keep
-    ``<int>``, ``<path>``, ...); a repeatable option shows its value's type (``<path>``, not
-    ``<list[Path]>``). Idempotent; a typer without that method is left alone.
+    so `TyperOption.display_type_rich` is wrapped here, for flags only (value options keep
+    ``<int>``, ``<path>``, ...); a repeatable option or a variadic argument shows its value's type
+    (``<path>``, not ``<list[Path]>``; `TyperArgument` too). Idempotent; a typer without that
+    method is left alone.
     """
-    from typer.core import TyperOption
+    from typer.core import TyperArgument, TyperOption
 
-    shown = getattr(TyperOption, "display_type_rich", None)
-    if shown is None or getattr(shown, "_edgetwin_flags", False):
-        return
+    for cls in (TyperOption, TyperArgument):
+        shown = getattr(cls, "display_type_rich", None)
+        if shown is None or getattr(shown, "_edgetwin_flags", False):
+            continue
+        cls.display_type_rich = _without_flag_or_list_type(shown)  # type: ignore[method-assign]
 
-    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
-        if self.is_flag and self.metavar is None:
+
+def _without_flag_or_list_type(shown: Any) -> Any:
+    """``shown`` (typer's `display_type_rich`) with flags untyped and ``<list[T]>`` shown as ``<t>``."""
+
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        if getattr(self, "is_flag", False) and self.metavar is None:
             return None
         result: str | None = shown(self, ctx)
         if result and result.startswith("<list[") and result.endswith("]>"):
-            # a repeatable option takes one value each time: show that value's type, as for the others
+            # one value each time the option is given (or each argument): show that value's type
             result = "<" + result[len("<list["):-2].lower() + ">"
         return result
 
     display_type_rich._edgetwin_flags = True  # type: ignore[attr-defined]
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    return display_type_rich
 
 
 _flags_without_a_type()
