@@ -764,42 +764,12 @@ def promote(
     expected = registry.current(scope)  # read before the long replay: the CAS compares against it
     versions = set(registry.list_versions())
     with tempfile.TemporaryDirectory(prefix="edgetwin-promote-") as tmp:
-        # -- the candidate
-        cand_path = Path(policy)
-        cand_version: str | None = None
-        if not cand_path.is_dir():
-            if str(policy) in versions:
-                cand_version = str(policy)
-                cand_path = registry.fetch(cand_version, Path(tmp) / "candidate", trust)
-            else:
-                raise InputError("not a policy directory nor a version in the registry", str(policy))
-        cand_name = name or (metadata or {}).get("name") or (cand_version or cand_path.name)
-        cand_name = _NAME_SAFE.sub("-", str(cand_name)).strip("-.") or "policy"
-        candidate = resolve_policy(cand_path, twin, name=cand_name)
-
-        # -- what it is compared with
-        against_label: str
-        parent: str | None = None
-        if against == "auto":
-            current = next(
-                (v for s in _fallback_scopes(scope) if (v := registry.current(s)) is not None), None
-            )
-            if current is None:
-                baseline = resolve_policy("logging", twin, name="logging")
-                against_label = "logging (nothing promoted yet: the twin's clone of the logging policy)"
-            else:
-                parent = current
-                inc = registry.fetch(current, Path(tmp) / "incumbent", trust)
-                baseline = resolve_policy(inc, twin, name=f"current-{current}")
-                against_label = current
-        elif against in versions:
-            parent = against
-            inc = registry.fetch(against, Path(tmp) / "incumbent", trust)
-            baseline = resolve_policy(inc, twin, name=f"version-{against}")
-            against_label = against
-        else:
-            baseline = resolve_policy(against, twin, view=view)
-            against_label = str(against)
+        cand_path, cand_version, cand_name, candidate = _resolve_candidate(
+            policy, registry, versions, Path(tmp), trust=trust, twin=twin, name=name, metadata=metadata
+        )
+        baseline, against_label, parent = _resolve_baseline(
+            against, scope, registry, versions, Path(tmp), trust=trust, twin=twin, view=view
+        )
         if baseline.name == candidate.name:
             baseline.name = f"{baseline.name}-baseline"
 
@@ -810,38 +780,12 @@ def promote(
             calibration=calibration, progress=progress,
         )  # fmt: skip
 
-        from edgetwin.twin.report import markdown_html, write_report
-
-        gate_doc = decision.to_dict()
-        verdict_md = gate_markdown(decision)
-        files = write_report(
-            decision.result,
-            out,
-            title=f"Promotion gate: {candidate.name} vs {against_label} ({scope})",
-            extra={"gate": gate_doc, "scope": scope, "against": against_label, "forced": force},
-            preamble_md=verdict_md,
-            preamble_html=markdown_html(verdict_md),
-        )
-        report_sha = hashlib.sha256(files["json"].read_bytes()).hexdigest()
-        md = dict(metadata or {})
-        md["name"] = cand_name
-        if md.get("parent_version") is None:
-            md["parent_version"] = parent
-        metrics = dict(md.get("metrics") or {})
-        metrics.update(kpi_metrics(decision.result, candidate.name))
-        md["metrics"] = metrics
-        md["gate"] = {
-            "passed": decision.passed,
-            "verdict": decision.verdict,
-            "forced": bool(force and not decision.passed),
-            "against": against_label,
-            "scope": scope,
-            "failures": [c.describe() for c in decision.failures],
-            "abstentions": [c.abstain_reason(decision.max_out_of_support) for c in decision.abstentions],
-            "guards": {c.kpi: c.max_regression for c in decision.checks},
-            "scenarios": [s.name for s in decision.result.scenarios],
-            "report_sha256": report_sha,
-        }
+        files = _write_gate_report(decision, out, candidate.name, against_label, scope, force)
+        md = _promotion_metadata(
+            decision, metadata, cand_name=cand_name, candidate_label=candidate.name, parent=parent,
+            against_label=against_label, scope=scope, force=force,
+            report_sha=hashlib.sha256(files["json"].read_bytes()).hexdigest(),
+        )  # fmt: skip
         result = PromotionResult(
             decision, False, False, scope, cand_version, expected, against_label, files, md
         )
@@ -853,15 +797,167 @@ def promote(
             )
             err.result = result
             raise err
-        if cand_version is None:
-            cand_version = registry.publish(cand_path, md, signer)
-        reason = "gate passed" if decision.passed else f"gate overridden (--force, {decision.verdict}): {decision.reason()}"
-        registry.set_current(scope, cand_version, expected=expected, reason=reason[:500], kind="promote")
-        result.version = cand_version
-        result.promoted = True
-        result.forced = bool(force and not decision.passed)
+        _publish_and_set_current(result, registry, cand_path, signer, expected=expected, force=force)
         files["promotion"].write_text(json.dumps(result.to_dict(), indent=1, default=str))
         return result
+
+
+def _resolve_candidate(
+    policy: str | Path,
+    registry: RegistryLike,
+    versions: set[str],
+    tmp: Path,
+    *,
+    trust: Any,
+    twin: Any,
+    name: str | None,
+    metadata: Mapping[str, Any] | None,
+) -> tuple[Path, str | None, str, Any]:
+    """Step 1 of `promote`: find the candidate (a directory, or a registry version fetched into
+    ``tmp``), give it a registry-safe name and load it as a policy.
+
+    Separate because a candidate may already be published (its version is then re-pointed, not
+    re-published), which the later publish step must know.
+
+    Returns:
+        (its directory, its registry version or None, its sanitised name, the loaded policy).
+    """
+    cand_path = Path(policy)
+    cand_version: str | None = None
+    if not cand_path.is_dir():
+        if str(policy) in versions:
+            cand_version = str(policy)
+            cand_path = registry.fetch(cand_version, tmp / "candidate", trust)
+        else:
+            raise InputError("not a policy directory nor a version in the registry", str(policy))
+    cand_name = name or (metadata or {}).get("name") or (cand_version or cand_path.name)
+    cand_name = _NAME_SAFE.sub("-", str(cand_name)).strip("-.") or "policy"
+    return cand_path, cand_version, cand_name, resolve_policy(cand_path, twin, name=cand_name)
+
+
+def _resolve_baseline(
+    against: str,
+    scope: str,
+    registry: RegistryLike,
+    versions: set[str],
+    tmp: Path,
+    *,
+    trust: Any,
+    twin: Any,
+    view: Any,
+) -> tuple[Any, str, str | None]:
+    """Step 2 of `promote`: what the candidate is compared with.
+
+    ``"auto"`` walks the scope's serving fallback (scope, then global) and falls back to the
+    twin's clone of the logging policy when nothing is promoted yet; a registry version is
+    fetched into ``tmp``; anything else is a directory or a built-in. Separate because the
+    choice also fixes the lineage (``parent``) recorded in the published metadata.
+
+    Returns:
+        (the baseline policy, its label for the report, the parent version or None).
+    """
+    parent: str | None = None
+    if against == "auto":
+        current = next(
+            (v for s in _fallback_scopes(scope) if (v := registry.current(s)) is not None), None
+        )
+        if current is None:
+            baseline = resolve_policy("logging", twin, name="logging")
+            return baseline, "logging (nothing promoted yet: the twin's clone of the logging policy)", None
+        parent = current
+        inc = registry.fetch(current, tmp / "incumbent", trust)
+        return resolve_policy(inc, twin, name=f"current-{current}"), current, parent
+    if against in versions:
+        parent = against
+        inc = registry.fetch(against, tmp / "incumbent", trust)
+        return resolve_policy(inc, twin, name=f"version-{against}"), against, parent
+    return resolve_policy(against, twin, view=view), str(against), None
+
+
+def _write_gate_report(
+    decision: GateDecision, out: Path, candidate_label: str, against_label: str, scope: str, force: bool
+) -> dict[str, Path]:
+    """Step 4 of `promote`: write the report (HTML, Markdown, JSON) with the verdict on top.
+
+    Separate because the report is written whatever the verdict: a refused or abstaining
+    candidate leaves the evidence behind, and the JSON's hash is recorded in the metadata.
+    """
+    from edgetwin.twin.report import markdown_html, write_report
+
+    verdict_md = gate_markdown(decision)
+    return write_report(
+        decision.result,
+        out,
+        title=f"Promotion gate: {candidate_label} vs {against_label} ({scope})",
+        extra={"gate": decision.to_dict(), "scope": scope, "against": against_label, "forced": force},
+        preamble_md=verdict_md,
+        preamble_html=markdown_html(verdict_md),
+    )
+
+
+def _promotion_metadata(
+    decision: GateDecision,
+    metadata: Mapping[str, Any] | None,
+    *,
+    cand_name: str,
+    candidate_label: str,
+    parent: str | None,
+    against_label: str,
+    scope: str,
+    force: bool,
+    report_sha: str,
+) -> dict[str, Any]:
+    """Step 5 of `promote`: the registry metadata — the caller's, plus the name, the lineage,
+    the candidate's KPI means and the ``gate`` record (verdict, guards, report hash).
+
+    Separate because it is what an auditor reads in the registry: everything the gate decided
+    is gathered here in one place.
+    """
+    md = dict(metadata or {})
+    md["name"] = cand_name
+    if md.get("parent_version") is None:
+        md["parent_version"] = parent
+    metrics = dict(md.get("metrics") or {})
+    metrics.update(kpi_metrics(decision.result, candidate_label))
+    md["metrics"] = metrics
+    md["gate"] = {
+        "passed": decision.passed,
+        "verdict": decision.verdict,
+        "forced": bool(force and not decision.passed),
+        "against": against_label,
+        "scope": scope,
+        "failures": [c.describe() for c in decision.failures],
+        "abstentions": [c.abstain_reason(decision.max_out_of_support) for c in decision.abstentions],
+        "guards": {c.kpi: c.max_regression for c in decision.checks},
+        "scenarios": [s.name for s in decision.result.scenarios],
+        "report_sha256": report_sha,
+    }
+    return md
+
+
+def _publish_and_set_current(
+    result: PromotionResult,
+    registry: RegistryLike,
+    cand_path: Path,
+    signer: Any,
+    *,
+    expected: str | None,
+    force: bool,
+) -> None:
+    """Step 7 of `promote` (the gate passed, or ``force``): publish the candidate unless it is
+    already a registry version, then compare-and-set the scope's pointer against ``expected``
+    (read before the replay, so a concurrent promotion makes this fail rather than be lost).
+    Updates ``result`` in place.
+    """
+    decision = result.decision
+    cand_version = result.version
+    if cand_version is None:
+        cand_version = registry.publish(cand_path, result.metadata, signer)
+    reason = "gate passed" if decision.passed else f"gate overridden (--force, {decision.verdict}): {decision.reason()}"
+    registry.set_current(result.scope, cand_version, expected=expected, reason=reason[:500], kind="promote")
+    result.version = cand_version
+    result.promoted = True
+    result.forced = bool(force and not decision.passed)
 
 
 __all__ = [

@@ -470,27 +470,14 @@ def train_policy(
     Returns:
         A :class:`TrainResult` (the model, the export path, steps done, whether it stopped early).
     """
-    if algo not in ALGORITHMS:
-        raise InputError(f"unknown algorithm {algo!r}; expected one of {sorted(ALGORITHMS)}", "--algo")
-    if steps < 1:
-        raise InputError(f"steps must be >= 1, got {steps}", "--steps")
-    if priority is not None and algo not in ("ppo", "a2c", "maskable_ppo"):
-        raise InputError(
-            f"the priority-weighted softmax works with ppo, a2c and maskable_ppo, not {algo}", "--algo"
-        )
+    _check_train_args(algo, steps, priority)
     spec = spec_of(env_or_twin, spec)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out / "checkpoints"
     hp = default_hyper(algo, n_envs)
     hp.update(hyper or {})
-    topts = dict(twin_opts or {})
-    if _is_twin(env_or_twin):
-        topts.setdefault("disagreement_penalty", SUPPORT_PENALTY if env_or_twin.n_members > 1 else 0.0)
-        if action_norm_lambda is None:
-            action_norm_lambda = 0.0
-    elif action_norm_lambda is None:
-        action_norm_lambda = ACTION_NORM_LAMBDA
+    topts, action_norm_lambda = _twin_defaults(env_or_twin, twin_opts, action_norm_lambda)
     grid = priority is not None
     chain = build_env(
         env_or_twin,
@@ -512,33 +499,9 @@ def train_policy(
         n_envs = venv.num_envs
         hp = {**default_hyper(algo, n_envs), **(hyper or {})}
 
-    pk = dict(policy_kwargs or {})
-    # small networks suit per-agent observations of tens of columns on a CPU
-    if algo in ("sac", "td3"):
-        pk.setdefault("net_arch", [64, 64])
-    if algo == "recurrent_ppo":
-        pk.setdefault("lstm_hidden_size", 64)
     cls = _import(ALGORITHMS[algo])
-    policy: Any = "MlpPolicy"
-    if priority is not None:
-        if not isinstance(venv.action_space, spaces.Discrete):
-            raise InputError(
-                "the priority-weighted softmax needs a spec with one action column (options)", "priority"
-            )
-        from edgetwin.policies.priority import MaskablePriorityWeightedPolicy, PriorityWeightedPolicy
+    policy, pk = _policy_and_kwargs(algo, venv, priority, policy_kwargs, action_norm_lambda, hp)
 
-        policy = MaskablePriorityWeightedPolicy if algo == "maskable_ppo" else PriorityWeightedPolicy
-        pk.setdefault("priority", priority)
-    elif algo in ("ppo", "a2c"):
-        policy = RegularisedActorCriticPolicy
-        pk.setdefault("action_norm_lambda", action_norm_lambda)
-    elif algo == "recurrent_ppo":
-        policy = RegularisedRecurrentPolicy
-        pk.setdefault("action_norm_lambda", action_norm_lambda)
-    elif algo == "dual_critic_ppo":
-        hp.setdefault("action_norm_lambda", action_norm_lambda)
-
-    resumed_from = None
     found = latest_checkpoint(ckpt_dir) if resume and ckpt_dir.is_dir() else None
     model = cls(
         policy,
@@ -550,13 +513,7 @@ def train_policy(
         tensorboard_log=None if tensorboard_dir is None else str(tensorboard_dir),
         **hp,
     )
-    if found is not None:
-        path, done = found
-        if chain.normalize is not None:
-            _load_normalize_stats(chain.normalize, ckpt_dir / f"ckpt_vecnormalize_{done}_steps.npz")
-        _load_checkpoint_weights(model, path)
-        model.num_timesteps = done
-        resumed_from = str(path)
+    resumed_from = _resume_from(model, chain, ckpt_dir, found)
     if tensorboard_dir is None:
         model.set_logger(quiet_logger(verbose))
 
@@ -571,38 +528,10 @@ def train_policy(
         )
     eval_cb = None
     if early_stop_on is not None:
-        eval_chain = build_env(
-            early_stop_on,
-            spec,
-            algo,
-            n_envs,
-            seed + 10_007,
-            shield,
-            normalize,
-            False,
-            grid_bins,
-            reward,
-            gamma=hp.get("gamma", 0.99),
-            grid=grid,
-            **topts,
-        )
-        stop = StopTrainingOnNoModelImprovement(
-            max_no_improvement_evals=patience, min_evals=1, verbose=verbose
-        )
-        eval_cls = EvalCallback
-        if algo == "maskable_ppo":
-            from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
-
-            eval_cls = MaskableEvalCallback
-        eval_cb = eval_cls(
-            eval_chain.venv,
-            callback_after_eval=stop,
-            n_eval_episodes=max(eval_chain.venv.num_envs, 2),
-            eval_freq=max(eval_every // venv.num_envs, 1),
-            best_model_save_path=str(out / "best"),
-            deterministic=True,
-            verbose=verbose,
-        )
+        eval_cb = _early_stop_callback(
+            early_stop_on, spec, algo, n_envs, seed, shield, normalize, grid_bins, reward, hp, grid, topts,
+            train_envs=venv.num_envs, eval_every=eval_every, patience=patience, out=out, verbose=verbose,
+        )  # fmt: skip
         callbacks.append(eval_cb)
 
     remaining = max(0, steps - model.num_timesteps)
@@ -616,11 +545,7 @@ def train_policy(
         )
     trained_steps = int(model.num_timesteps)
     stopped_early = trained_steps < steps
-    best = None
-    if eval_cb is not None and (out / "best" / "best_model.zip").is_file():
-        best = float(eval_cb.best_mean_reward)
-        _load_checkpoint_weights(model, out / "best" / "best_model.zip")
-        model.num_timesteps = _checkpoint_steps(out / "best" / "best_model.zip", model.num_timesteps)
+    best = _restore_best(model, eval_cb, out)
 
     meta = dict(metadata or {})
     meta.setdefault("metrics", {})
@@ -648,6 +573,176 @@ def train_policy(
         shield=chain.shield,
     )
     return TrainResult(model, out, trained_steps, stopped_early, best, meta)
+
+
+def _check_train_args(algo: str, steps: int, priority: Any) -> None:
+    """`train_policy`'s argument checks, before anything is built or written: one-line
+    `InputError`s naming the flag, so a bad command fails before minutes of setup."""
+    if algo not in ALGORITHMS:
+        raise InputError(f"unknown algorithm {algo!r}; expected one of {sorted(ALGORITHMS)}", "--algo")
+    if steps < 1:
+        raise InputError(f"steps must be >= 1, got {steps}", "--steps")
+    if priority is not None and algo not in ("ppo", "a2c", "maskable_ppo"):
+        raise InputError(
+            f"the priority-weighted softmax works with ppo, a2c and maskable_ppo, not {algo}", "--algo"
+        )
+
+
+def _twin_defaults(
+    env_or_twin: EnvSource, twin_opts: Mapping[str, Any] | None, action_norm_lambda: float | None
+) -> tuple[dict[str, Any], float]:
+    """The regulariser defaults, which depend on what is trained in.
+
+    In a twin the support-aware disagreement penalty regularises (on when the twin has more than
+    one member) and the action-norm λ defaults to 0; elsewhere λ defaults to
+    ``ACTION_NORM_LAMBDA``. Separate because both the training and the validation env use the
+    resulting ``twin_opts``, and the λ goes into the policy and the exported metadata.
+
+    Returns:
+        (the ``make_vec_env`` options, the action-norm λ).
+    """
+    topts = dict(twin_opts or {})
+    if _is_twin(env_or_twin):
+        topts.setdefault("disagreement_penalty", SUPPORT_PENALTY if env_or_twin.n_members > 1 else 0.0)
+        if action_norm_lambda is None:
+            action_norm_lambda = 0.0
+    elif action_norm_lambda is None:
+        action_norm_lambda = ACTION_NORM_LAMBDA
+    return topts, action_norm_lambda
+
+
+def _policy_and_kwargs(
+    algo: str,
+    venv: Any,
+    priority: Any,
+    policy_kwargs: Mapping[str, Any] | None,
+    action_norm_lambda: float,
+    hp: dict[str, Any],
+) -> tuple[Any, dict[str, Any]]:
+    """The SB3 policy class and its ``policy_kwargs`` for ``algo``.
+
+    The priority-weighted softmax (seed 001) when ``priority`` is given, the action-norm
+    regularised actor-critics (seed 004 eq. 8) for the on-policy algorithms, SB3's MlpPolicy
+    otherwise; dual-critic PPO takes λ as an algorithm argument, so it goes into ``hp`` (updated
+    in place). Separate because this is the one place where the algorithm decides the network.
+    """
+    pk = dict(policy_kwargs or {})
+    # small networks suit per-agent observations of tens of columns on a CPU
+    if algo in ("sac", "td3"):
+        pk.setdefault("net_arch", [64, 64])
+    if algo == "recurrent_ppo":
+        pk.setdefault("lstm_hidden_size", 64)
+    policy: Any = "MlpPolicy"
+    if priority is not None:
+        if not isinstance(venv.action_space, spaces.Discrete):
+            raise InputError(
+                "the priority-weighted softmax needs a spec with one action column (options)", "priority"
+            )
+        from edgetwin.policies.priority import MaskablePriorityWeightedPolicy, PriorityWeightedPolicy
+
+        policy = MaskablePriorityWeightedPolicy if algo == "maskable_ppo" else PriorityWeightedPolicy
+        pk.setdefault("priority", priority)
+    elif algo in ("ppo", "a2c"):
+        policy = RegularisedActorCriticPolicy
+        pk.setdefault("action_norm_lambda", action_norm_lambda)
+    elif algo == "recurrent_ppo":
+        policy = RegularisedRecurrentPolicy
+        pk.setdefault("action_norm_lambda", action_norm_lambda)
+    elif algo == "dual_critic_ppo":
+        hp.setdefault("action_norm_lambda", action_norm_lambda)
+    return policy, pk
+
+
+def _resume_from(model: Any, chain: Any, ckpt_dir: Path, found: tuple[Path, int] | None) -> str | None:
+    """Load the newest checkpoint's weights, VecNormalize statistics and step count into the
+    freshly built ``model``, if there is one; returns its path (for the metadata) or None.
+
+    Separate because resuming is the only path where a model's state comes from disk before
+    training; the weights are read from data files, never unpickled.
+    """
+    if found is None:
+        return None
+    path, done = found
+    if chain.normalize is not None:
+        _load_normalize_stats(chain.normalize, ckpt_dir / f"ckpt_vecnormalize_{done}_steps.npz")
+    _load_checkpoint_weights(model, path)
+    model.num_timesteps = done
+    return str(path)
+
+
+def _early_stop_callback(
+    early_stop_on: EnvSource,
+    spec: TwinSpec,
+    algo: Algo,
+    n_envs: int,
+    seed: int,
+    shield: ShieldConfig | None,
+    normalize: bool,
+    grid_bins: int,
+    reward: RewardFn | None,
+    hp: Mapping[str, Any],
+    grid: bool,
+    topts: Mapping[str, Any],
+    *,
+    train_envs: int,
+    eval_every: int,
+    patience: int,
+    out: Path,
+    verbose: int,
+) -> BaseCallback:
+    """The validation callback: the held-out env built like the training one (seed
+    ``seed + 10_007``, statistics not updated), evaluated every ``eval_every`` steps, saving the
+    best model to ``out/best`` and stopping after ``patience`` evaluations without a new best.
+
+    Separate because the held-out env is a second env chain with its own seed; the maskable
+    algorithm needs SB3-contrib's evaluator to apply the masks.
+    """
+    eval_chain = build_env(
+        early_stop_on,
+        spec,
+        algo,
+        n_envs,
+        seed + 10_007,
+        shield,
+        normalize,
+        False,
+        grid_bins,
+        reward,
+        gamma=hp.get("gamma", 0.99),
+        grid=grid,
+        **topts,
+    )
+    stop = StopTrainingOnNoModelImprovement(
+        max_no_improvement_evals=patience, min_evals=1, verbose=verbose
+    )
+    eval_cls = EvalCallback
+    if algo == "maskable_ppo":
+        from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
+
+        eval_cls = MaskableEvalCallback
+    return eval_cls(
+        eval_chain.venv,
+        callback_after_eval=stop,
+        n_eval_episodes=max(eval_chain.venv.num_envs, 2),
+        eval_freq=max(eval_every // train_envs, 1),
+        best_model_save_path=str(out / "best"),
+        deterministic=True,
+        verbose=verbose,
+    )
+
+
+def _restore_best(model: Any, eval_cb: Any, out: Path) -> float | None:
+    """With early stopping, swap the best model on the validation env back into ``model`` (with
+    the step count it was saved at); returns its mean validation return, or None.
+
+    Separate because what is exported is then the best model, not the last one trained.
+    """
+    if eval_cb is None or not (out / "best" / "best_model.zip").is_file():
+        return None
+    best = float(eval_cb.best_mean_reward)
+    _load_checkpoint_weights(model, out / "best" / "best_model.zip")
+    model.num_timesteps = _checkpoint_steps(out / "best" / "best_model.zip", model.num_timesteps)
+    return best
 
 
 def _jsonable(d: Mapping[str, Any]) -> dict[str, Any]:

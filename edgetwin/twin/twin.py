@@ -279,26 +279,7 @@ class Twin:
         Raises:
             InputError: unusable log/spec, an unknown option or hyper-parameter.
         """
-        if members < 1:
-            raise InputError(f"members must be >= 1, got {members}", "--members")
-        if response_model not in (*RESPONSE_MODELS, "auto"):
-            raise InputError(
-                f"unknown response model {response_model!r}; expected one of {RESPONSE_MODELS}",
-                "response_model",
-            )
-        if transition_model not in TRANSITION_MODELS:
-            raise InputError(
-                f"unknown transition model {transition_model!r}; expected one of {TRANSITION_MODELS}",
-                "transition_model",
-            )
-        known = set(MailConfig.__dataclass_fields__)
-        unknown = sorted(set(hyper) - known)
-        if unknown:
-            raise InputError(f"unknown hyper-parameter(s) {unknown}; known: {sorted(known)}", "hyper")
-        cfg = MailConfig.from_hyper(hyper)
-        resolve_workers(workers, members)  # a bad count or Ray address fails before any fitting
-        if ray_address is not None:
-            check_ray(ray_address)
+        cfg = _check_fit_args(members, response_model, transition_model, hyper, workers, ray_address)
         t_start = time.perf_counter()
         df, spec = load_log(log, spec)
         df = df.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
@@ -313,25 +294,17 @@ class Twin:
             site_model = list(site_model)
             SiteStateModel.select_columns(layout, site_model)  # bad names fail before any fitting
         sha = data_sha256(df)
-        ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
-        if ckpt is not None:
-            ckpt.mkdir(parents=True, exist_ok=True)
-            stamp = ckpt / "fit.json"
-            ident = {
+        ckpt = _stamp_checkpoint(
+            checkpoint_dir,
+            {
                 "data_sha256": sha,
                 "seed": seed,
                 "response_model": response_model,
                 "transition_model": transition_model,
                 "site_model": site_model,
                 "hyper": cfg.__dict__,
-            }
-            if stamp.is_file() and json.loads(stamp.read_text()) != json.loads(
-                json.dumps(ident, default=str)
-            ):
-                raise InputError(
-                    "checkpoint belongs to a different fit (data, seed or options differ)", str(ckpt)
-                )
-            stamp.write_text(json.dumps(ident, default=str))
+            },
+        )
 
         population = cls._fit_population(
             df, spec, population_model, seed, progress, dict(population_hyper or {})
@@ -341,52 +314,14 @@ class Twin:
 
         sampler = PopulationSampler(population, layout.profile)
         episodes = df["episode"].unique()
-        fitted: dict[int, Member] = {}
-        tasks: list[tuple[Any, ...]] = []
-        for m in range(members):
-            mdir = ckpt / f"member_{m}" if ckpt is not None else None
-            if mdir is not None and (mdir / "DONE").is_file():
-                fitted[m] = Member.load(mdir, len(layout.scenarios))
-                continue
-            rng = np.random.default_rng([seed, m])
-            # bootstrap over episodes (drawn here, in order, so that where a member is fitted does
-            # not change what it is fitted on); a repeated episode becomes a distinct one
-            pick = None if members == 1 else rng.choice(len(episodes), size=len(episodes), replace=True)
-            tasks.append((m, pick, seed * 1000 + m))
-
-        def finished(i: int, member: Member) -> None:
-            m = tasks[i][0]
-            fitted[m] = member
-            mdir = ckpt / f"member_{m}" if ckpt is not None else None
-            if mdir is not None:
-                if mdir.exists():
-                    shutil.rmtree(mdir)
-                member.save(mdir)
-
-        n_workers = 1 if ray_address is None and len(tasks) <= 1 else resolve_workers(workers, len(tasks))
-        parallel = ray_address is not None or n_workers > 1
-        run_tasks(
-            _fit_member_task,
-            tasks,
-            workers=n_workers,
-            ray_address=ray_address,
-            progress=progress,
-            desc="twin members",
-            # inner progress bars of several processes would interleave: only serially
-            shared=(df, episodes, layout, response_model, cfg, sampler, initial, composition,
-                    progress and not parallel, transition_model, site_model),
-            on_result=finished,
-        )
+        fitted, tasks = _plan_members(members, seed, len(episodes), ckpt, len(layout.scenarios))
+        _fit_members(
+            fitted, tasks, ckpt, workers=workers, ray_address=ray_address, progress=progress,
+            data=(df, episodes, layout, response_model, cfg, sampler, initial, composition),
+            options=(transition_model, site_model),
+        )  # fmt: skip
         fitted_list = [fitted[m] for m in range(members)]
-        steps_all = build_steps(df, layout)
-        z_support = np.concatenate(
-            [steps_all.x_engine, steps_all.za], axis=1
-        )  # [profile, state, action] standardised
-        support = SupportIndex.fit(z_support, seed=seed, groups=steps_all.episode, n_action=steps_all.za.shape[1])
-        a_low, a_high = spec.bounds("action")
-        logged = df[layout.action].to_numpy(np.float64)
-        a_low = np.where(np.isfinite(a_low), a_low, logged.min(axis=0))
-        a_high = np.where(np.isfinite(a_high), a_high, logged.max(axis=0))
+        support, a_low, a_high = _support_and_action_bounds(df, layout, spec, seed)
         meta = {
             "format_version": FORMAT_VERSION,
             "seed": seed,
@@ -742,3 +677,151 @@ def _read_sealed(path: Path, read: Any) -> Any:
         raise
     except Exception as e:  # torch / pickle / numpy / pandas each raise their own kinds
         raise InputError(f"cannot read it ({type(e).__name__}: {e})", str(path)) from None
+
+
+def _check_fit_args(
+    members: int,
+    response_model: str,
+    transition_model: str,
+    hyper: Mapping[str, Any],
+    workers: int | None,
+    ray_address: str | None,
+) -> MailConfig:
+    """`Twin.fit`'s option checks, before the log is read: one-line `InputError`s naming the
+    option, so a typo fails in a second rather than after minutes of fitting.
+
+    Returns:
+        The `MailConfig` built from ``hyper``.
+    """
+    if members < 1:
+        raise InputError(f"members must be >= 1, got {members}", "--members")
+    if response_model not in (*RESPONSE_MODELS, "auto"):
+        raise InputError(
+            f"unknown response model {response_model!r}; expected one of {RESPONSE_MODELS}",
+            "response_model",
+        )
+    if transition_model not in TRANSITION_MODELS:
+        raise InputError(
+            f"unknown transition model {transition_model!r}; expected one of {TRANSITION_MODELS}",
+            "transition_model",
+        )
+    known = set(MailConfig.__dataclass_fields__)
+    unknown = sorted(set(hyper) - known)
+    if unknown:
+        raise InputError(f"unknown hyper-parameter(s) {unknown}; known: {sorted(known)}", "hyper")
+    cfg = MailConfig.from_hyper(hyper)
+    resolve_workers(workers, members)  # a bad count or Ray address fails before any fitting
+    if ray_address is not None:
+        check_ray(ray_address)
+    return cfg
+
+
+def _stamp_checkpoint(checkpoint_dir: str | Path | None, ident: dict[str, Any]) -> Path | None:
+    """Create the checkpoint directory and stamp it with what identifies the fit (``fit.json``:
+    data hash, seed, options); refuse one stamped by a different fit.
+
+    Separate because resuming must never mix members of two different fits: the stamp is the
+    guard, checked before any member is loaded from it.
+
+    Returns:
+        The checkpoint directory, or None without one.
+    """
+    if checkpoint_dir is None:
+        return None
+    ckpt = Path(checkpoint_dir)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    stamp = ckpt / "fit.json"
+    if stamp.is_file() and json.loads(stamp.read_text()) != json.loads(json.dumps(ident, default=str)):
+        raise InputError("checkpoint belongs to a different fit (data, seed or options differ)", str(ckpt))
+    stamp.write_text(json.dumps(ident, default=str))
+    return ckpt
+
+
+def _plan_members(
+    members: int, seed: int, n_episodes: int, ckpt: Path | None, n_scenarios: int
+) -> tuple[dict[int, Member], list[tuple[Any, ...]]]:
+    """Load the members a checkpoint already holds and draw each remaining member's bootstrap of
+    the episodes and its seed.
+
+    Separate (and done before any fitting) because the draws are made here, in member order, so
+    that where a member is fitted (serially, a process pool, Ray) does not change what it is
+    fitted on.
+
+    Returns:
+        (finished members by index, tasks ``(m, episode indices or None, member seed)``).
+    """
+    fitted: dict[int, Member] = {}
+    tasks: list[tuple[Any, ...]] = []
+    for m in range(members):
+        mdir = ckpt / f"member_{m}" if ckpt is not None else None
+        if mdir is not None and (mdir / "DONE").is_file():
+            fitted[m] = Member.load(mdir, n_scenarios)
+            continue
+        rng = np.random.default_rng([seed, m])
+        # bootstrap over episodes (drawn here, in order, so that where a member is fitted does
+        # not change what it is fitted on); a repeated episode becomes a distinct one
+        pick = None if members == 1 else rng.choice(n_episodes, size=n_episodes, replace=True)
+        tasks.append((m, pick, seed * 1000 + m))
+    return fitted, tasks
+
+
+def _fit_members(
+    fitted: dict[int, Member],
+    tasks: list[tuple[Any, ...]],
+    ckpt: Path | None,
+    *,
+    workers: int | None,
+    ray_address: str | None,
+    progress: bool,
+    data: tuple[Any, ...],
+    options: tuple[Any, ...],
+) -> None:
+    """Fit the planned members (serially, on a process pool or on Ray), adding each to
+    ``fitted`` and saving it to the checkpoint as it finishes.
+
+    `_fit_member_task` receives ``(*data, inner progress, *options)``: the inner progress bars
+    are shown only when fitting serially, as several processes' bars would interleave.
+    """
+
+    def finished(i: int, member: Member) -> None:
+        m = tasks[i][0]
+        fitted[m] = member
+        mdir = ckpt / f"member_{m}" if ckpt is not None else None
+        if mdir is not None:
+            if mdir.exists():
+                shutil.rmtree(mdir)
+            member.save(mdir)
+
+    n_workers = 1 if ray_address is None and len(tasks) <= 1 else resolve_workers(workers, len(tasks))
+    parallel = ray_address is not None or n_workers > 1
+    run_tasks(
+        _fit_member_task,
+        tasks,
+        workers=n_workers,
+        ray_address=ray_address,
+        progress=progress,
+        desc="twin members",
+        shared=(*data, progress and not parallel, *options),
+        on_result=finished,
+    )
+
+
+def _support_and_action_bounds(
+    df: pd.DataFrame, layout: Layout, spec: TwinSpec, seed: int
+) -> tuple[SupportIndex, np.ndarray, np.ndarray]:
+    """The twin's support index over the logged (profile, state, action) rows, standardised, and
+    the action bounds (the spec's, else the logged range where the spec leaves them infinite).
+
+    Separate because these say where the twin may be trusted: the gate's out-of-support share
+    and the env's action clipping read them, not the fitted members.
+    """
+    steps_all = build_steps(df, layout)
+    z_support = np.concatenate(
+        [steps_all.x_engine, steps_all.za], axis=1
+    )  # [profile, state, action] standardised
+    support = SupportIndex.fit(z_support, seed=seed, groups=steps_all.episode, n_action=steps_all.za.shape[1])
+    a_low, a_high = spec.bounds("action")
+    logged = df[layout.action].to_numpy(np.float64)
+    a_low = np.where(np.isfinite(a_low), a_low, logged.min(axis=0))
+    a_high = np.where(np.isfinite(a_high), a_high, logged.max(axis=0))
+    return support, a_low, a_high
