@@ -78,7 +78,11 @@ _SHARED: tuple[str, tuple[Any, ...]] | None = None
 
 def _cloud_call(shared_path: str, payload: bytes) -> Any:
     """A pool task: ``fn(*shared, *args)``, ``shared`` read from the file ``run_tasks`` wrote (once
-    per worker and pool: a worker's later tasks reuse it) and ``(fn, args)`` cloudpickled."""
+    per worker and pool: a worker's later tasks reuse it) and ``(fn, args)`` cloudpickled.
+
+    Not an artifact (DESIGN.md: artifacts are data): the file is this process's own ``mkstemp``
+    (mode 0600, removed when the pool ends) and the payload comes from its pipe; neither is a path
+    or a message a user or another party can supply, as Ray's and multiprocessing's own pickles."""
     global _SHARED
     import cloudpickle
 
