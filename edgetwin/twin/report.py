@@ -206,14 +206,19 @@ def plot_timeline(result: WhatIfResult, scenario: str, path: str | Path) -> Path
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
                     mean = np.nanmean(flat, axis=0)
-                    lo, hi = np.nanquantile(flat, 0.1, axis=0), np.nanquantile(flat, 0.9, axis=0)
+                    if np.isnan(flat).any():
+                        lo, hi = np.nanquantile(flat, 0.1, axis=0), np.nanquantile(flat, 0.9, axis=0)
+                    else:  # the same values; nanquantile goes column by column in Python (~60x slower)
+                        lo, hi = np.quantile(flat, [0.1, 0.9], axis=0)
             t = np.arange(len(mean))
             c = colors[i % len(colors)]
             ax.plot(t, mean, color=c, lw=1.3, label=pol)
             if flat.shape[0] > 1:
                 ax.fill_between(t, lo, hi, color=c, alpha=0.15, lw=0)
     for ax, col in zip(axes.ravel(), panels, strict=False):
-        ax.set_title(col, fontsize=9)
+        # y given: no automatic title placement, which measures every tick label of the panel on each
+        # draw (seconds per report); these panels have nothing above them, so it lands at 1.0 anyway
+        ax.set_title(col, fontsize=9, y=1.0)
         ax.tick_params(labelsize=7)
         for p in sc.perturbations:
             if p.start is not None or p.end is not None:
