@@ -36,7 +36,7 @@ import pandas as pd
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge.bus import Bus, Received, Subjects, make_bus
-from edgetwin.edge.message_auth import KEYS_ENV, FederationKeys, MessageAuth, auth_from_env
+from edgetwin.edge.message_auth import FederationKeys, MessageAuth, require_auth
 from edgetwin.edge.messages import Envelope
 from edgetwin.federation.aggregation import (
     Aggregator,
@@ -639,24 +639,24 @@ def _codec(name: str) -> UpdateCodec | None:
 
 
 # ------------------------------------------------------------------------------------ one process each
-def _process_auth(identity: str) -> MessageAuth | None:
-    """The keys of a party run as its own process: from the keys directory in `KEYS_ENV`
-    (every party's ``*.pub.pem`` and this one's ``*.key.pem``); unset: unauthenticated, said once."""
-    auth = auth_from_env(identity)
-    if auth is None:
-        log.warning("%s runs unauthenticated: set %s to a keys directory (docs/bus.md)", identity, KEYS_ENV)
-    return auth
+def _process_auth(identity: str, bus: str, insecure: bool) -> MessageAuth | None:
+    """The keys of a party run as its own process: from the keys directory in `KEYS_ENV` (every
+    party's ``*.pub.pem`` and this one's ``*.key.pem``). Without one it refuses a bus outside this
+    process unless ``insecure`` (`edgetwin.edge.message_auth.require_auth`)."""
+    return require_auth(identity, bus=bus, insecure=insecure)
 
 
 async def run_twin_site(log: pd.DataFrame, spec: TwinSpec, bus: str, name: str, fit_id: str,
                         compression: str = "dense", emit: Callable[[dict[str, Any]], None] | None = None,
-                        min_agents: int = MIN_AGENTS) -> int:
+                        min_agents: int = MIN_AGENTS, insecure: bool = False) -> int:
     """One site's agent as its own process (`edgetwin agent --fit-twin`): answers until the fit ends.
 
+    ``insecure``: run without a keys directory on a bus outside this process (`_process_auth`).
     Returns the number of tasks it answered.
     """
+    auth = _process_auth(name, bus, insecure)
     b = make_bus(bus, name=f"twin-site-{name}")
-    b.auth = _process_auth(name)
+    b.auth = auth
     await b.connect()
     agent = TwinSiteAgent(name, log, spec, b, fit_id, _codec(compression), min_agents=min_agents)
     try:
@@ -671,10 +671,14 @@ async def run_twin_site(log: pd.DataFrame, spec: TwinSpec, bus: str, name: str, 
 
 
 async def run_twin_coordinator(spec: TwinSpec, sites: list[str], bus: str, fit_id: str,
-                               options: FitOptions | None = None, **kw: Any) -> tuple[Twin, FederatedFitReport]:
-    """The coordinator as its own process: drives the fit of ``sites`` and returns the twin."""
+                               options: FitOptions | None = None, insecure: bool = False,
+                               **kw: Any) -> tuple[Twin, FederatedFitReport]:
+    """The coordinator as its own process: drives the fit of ``sites`` and returns the twin.
+
+    ``insecure``: run without a keys directory on a bus outside this process (`_process_auth`)."""
+    auth = _process_auth(COORDINATOR, bus, insecure)
     b = make_bus(bus, name="twin-coordinator")
-    b.auth = _process_auth(COORDINATOR)
+    b.auth = auth
     await b.connect()
     coord = TwinCoordinator(spec, sites, b, options, fit_id=fit_id, **kw)
     try:
