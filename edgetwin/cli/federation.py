@@ -126,6 +126,10 @@ def agent(
         typer.Option(min=1, help="twin-coordinator: FedAvg rounds per member (default: FitOptions', 240)."),
     ] = None,
     members: Annotated[int, typer.Option(min=1, help="twin-coordinator: ensemble members.")] = 1,
+    response_model: Annotated[
+        str, typer.Option(help="twin-coordinator: mail | bc | causal (invariant across the logs' policy ids; "
+                          "sites send per-policy sums and gradients, docs/federation.md).")
+    ] = "mail",
     keys: Annotated[
         Path | None,
         typer.Option(help="Keys directory (`edgetwin agent-keys`): every party's *.pub.pem and this agent's "
@@ -172,7 +176,7 @@ def agent(
     refuse_without_keys(f"edgetwin agent {role}", bus, insecure)  # before any slow work (reading a log)
     if role in ("twin-site", "twin-coordinator") or fit_twin is not None:
         _twin_agent(role, bus, name, fit_twin, spec, fit_id, sites, out_dir, fed_rounds, members, min_agents,
-                    insecure)
+                    insecure, response_model)
         return
     from edgetwin.federation.runner import FederationConfig, run_agent
 
@@ -193,7 +197,7 @@ def agent(
 
 def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, spec: Path | None, fit_id: str,
                 sites: str | None, out_dir: Path | None, rounds: int | None, members: int, min_agents: int = 10,
-                insecure: bool = False) -> None:
+                insecure: bool = False, response_model: str = "mail") -> None:
     """`edgetwin agent --fit-twin LOG` (one site) and `edgetwin agent twin-coordinator` (the twin)."""
     import asyncio
 
@@ -220,7 +224,8 @@ def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, sp
     out_dir_arg(out_dir)
     names = [s.strip() for s in sites.split(",") if s.strip()]
     twin, rep = asyncio.run(run_twin_coordinator(TwinSpec.load(spec), names, bus, fit_id,
-                                                 FitOptions(members=members, **rounds_option(rounds)),
+                                                 FitOptions(members=members, response_model=response_model,
+                                                            **rounds_option(rounds)),
                                                  insecure=insecure, on_round=emit))
     twin.save(out_dir)
     signed_by = _sign_as_coordinator(out_dir)
