@@ -39,6 +39,7 @@ import pandas as pd
 import torch as th
 
 from edgetwin.contract.spec import POLICY_COLUMN
+from edgetwin.federation.twin.agents import effective_agents
 from edgetwin.imitation.causal import CausalResponseModel, group_sums, invariance_loss
 from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.mail import OUTPUT_CLIP, client_rows
@@ -51,8 +52,6 @@ UNNAMED_POLICY = ""
 
 
 def _effective(agents: np.ndarray) -> float:
-    from edgetwin.federation.twin.fit import effective_agents
-
     return effective_agents(np.bincount(pd.factorize(agents)[0])) if len(agents) else 0.0
 
 

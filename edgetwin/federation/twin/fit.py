@@ -55,6 +55,7 @@ from threadpoolctl import threadpool_limits
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
+from edgetwin.federation.twin.agents import effective_agents
 from edgetwin.federation.twin.mail import mail_config
 from edgetwin.generative.gmm import GMMPopulation
 from edgetwin.generative.transform import ColumnCodec, ProfileTransformer
@@ -434,16 +435,6 @@ def _kmeans(x: np.ndarray, k: int, seed: int, weights: np.ndarray | None = None)
             km = KMeans(n_clusters=k, random_state=seed, n_init=3)
         km.fit(x, sample_weight=weights)
     return km.cluster_centers_, km.labels_
-
-
-def effective_agents(weights_by_agent: np.ndarray) -> float:
-    """Kish's effective number of agents ``(sum w)^2 / sum w^2`` of a group whose agents carry
-    ``weights_by_agent`` (rows, or responsibilities, per agent): 10 agents with one row each give
-    10; one agent with 100 rows and 9 with one row each give about 1.2 — what a mean over the
-    group reveals of its largest contributor."""
-    w = np.asarray(weights_by_agent, np.float64)
-    ss = float((w * w).sum())
-    return float(w.sum() ** 2 / ss) if ss > 0 else 0.0
 
 
 def agent_clusters(x: np.ndarray, agents: np.ndarray, k: int, min_agents: int, seed: int,
