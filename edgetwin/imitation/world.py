@@ -19,7 +19,7 @@ import pandas as pd
 from sklearn.neighbors import NearestNeighbors
 
 from edgetwin.contract.errors import InputError
-from edgetwin.imitation.layout import Layout
+from edgetwin.imitation.layout import DAY_SECONDS, Layout
 from edgetwin.imitation.site_model import SiteStateModel, site_element_features
 from edgetwin.imitation.steps import client_features, group_bins, group_means, transition_features
 
@@ -109,24 +109,61 @@ class World:
         """``(model z(state) (N, S), its site means (N, S), site sizes (N,), z(profile) site means
         (N, P) or None)`` of every agent at this tick."""
         lay = self.layout
-        zs_all = self._kept("mzs", (self.state,), lambda: lay.model_state(self.zstate()))
+        zs_all = self.model_zstate()
         n_sites = self.n_sites
-        means = self._kept(
-            "zs_means",
-            (self.state, self.site),
-            lambda: self.site_means(np.asarray(zs_all, np.float64))[self.site],
-        )
+        means = self._kept("zs_means", (self.state, self.site), lambda: self._zs_site_means()[self.site])
         size = self._kept("size", (self.site,), lambda: np.bincount(self.site, minlength=n_sites)[self.site])
         pmeans = (
-            self._kept(
-                "zp_means",
-                (self.profile, self.site),
-                lambda: self.site_means(np.asarray(self.zprofile(), np.float64))[self.site],
-            )
+            self._kept("zp_means", (self.profile, self.site), lambda: self._zp_site_means()[self.site])
             if lay.site_profile
             else None
         )
         return zs_all, means, size, pmeans
+
+    def model_zstate(self) -> np.ndarray:
+        """``(N, S)`` z(state) as the learned models see it (`Layout.model_state`; read-only)."""
+        return self._kept("mzs", (self.state,), lambda: self.layout.model_state(self.zstate()))
+
+    def _zs_site_means(self) -> np.ndarray:
+        """``(n_sites, S)`` float64 site means of `model_zstate`."""
+        return self._kept(
+            "zs_site_means", (self.state, self.site), lambda: self.site_means(np.asarray(self.model_zstate(), np.float64))
+        )
+
+    def _zp_site_means(self) -> np.ndarray:
+        """``(n_sites, P)`` float64 site means of `zprofile`."""
+        return self._kept(
+            "zp_site_means", (self.profile, self.site), lambda: self.site_means(np.asarray(self.zprofile(), np.float64))
+        )
+
+    def client_site_inputs(self) -> np.ndarray:
+        """``(n_sites, W)`` float32: the client inputs that are one value per site at this tick, the
+        columns ``[P+S+A, n_client_inputs)`` of `client_inputs` (site means of the models'
+        z(state), the lagged site means, the log site size, the site means of z(profile), the time
+        of day), one row per site: an agent's row of `client_inputs` ends with its site's row here,
+        to the bit (the same float64 values rounded to float32 the same way)."""
+        lay = self.layout
+        n_sites = self.n_sites
+        counts = self._kept("site_counts", (self.site,), lambda: np.bincount(self.site, minlength=n_sites))
+        log_size = self._kept("site_log_size", (self.site,), lambda: np.log1p(counts) - lay.log_size_center)
+        parts: list[np.ndarray] = [self._zs_site_means(), self.lag, log_size[:, None]]
+        if lay.site_profile:
+            parts.append(self._zp_site_means())
+        if lay.use_time:
+            # as `client_features` computes it for a world's tick (``t`` as ``(1,)``): the same bits
+            t = np.asarray(np.full(1, self.t), np.float64)
+            phase = 2.0 * np.pi * ((t * lay.spec.step_seconds) % DAY_SECONDS) / DAY_SECONDS
+            parts += [np.broadcast_to(np.sin(phase), (n_sites, 1)), np.broadcast_to(np.cos(phase), (n_sites, 1))]
+        return np.concatenate(parts, axis=1, dtype=np.float32)
+
+    def client_agent_inputs(self, za: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """``(n, S+A)`` float32 (a fresh array): the per-agent client inputs ``[z(state) as the
+        models see it, z(action)]`` of agents ``rows`` (default all) given their standardised
+        actions ``za (n, A)``: the columns ``[P, P+S+A)`` of `client_inputs`, to the bit."""
+        zs = self.model_zstate()
+        if rows is not None:
+            zs = zs[rows]
+        return np.concatenate([zs, za], axis=1, dtype=np.float32)
 
     def engine_inputs(self) -> np.ndarray:
         """``(N, P+S)`` standardised ``[profile, state]``."""

@@ -21,6 +21,7 @@ from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
 from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.mail import GaussianModel, numpy_forward
+from edgetwin.imitation.split import SplitNetwork
 from edgetwin.imitation.world import Composition, InitialStates, World
 from edgetwin.twin.member import Member
 from edgetwin.twin.support import ProfileSupport, SupportIndex
@@ -123,6 +124,11 @@ class Simulation:
         self.world: World
         #: per client model: its std, looked up once (`_std`; a twin's models do not train)
         self._stds: dict[int, tuple[Any, np.ndarray]] = {}
+        #: per client model: its `SplitNetwork` (or None), looked up once (`_split`)
+        self._splits: dict[int, tuple[Any, SplitNetwork | None]] = {}
+        #: per (member, scenario): the first layer's profile part of the scenario's agents, kept
+        #: while the world's profiles, scenarios and the network's weights are the same objects
+        self._profile_h: dict[tuple[int, int], tuple[Any, ...]] = {}
         self.member = 0
         self.site_names: list[str] = []
         self.agent_names: list[str] = []
@@ -237,7 +243,6 @@ class Simulation:
         n = w.n if rows is None else len(rows)
         action = self.legal_action(np.asarray(action).reshape(n, -1))
         za = lay.scalers["action"].transform(action)
-        x = w.client_inputs(action, rows, za=za)
         y = np.zeros((n, lay.n_model_outputs), np.float32)
         disagreement = np.zeros(n)
         models = self.twin.member_models
@@ -247,15 +252,33 @@ class Simulation:
             scen = w.scenario[rows]
             groups = [(int(s), np.flatnonzero(scen == s)) for s in np.unique(scen)]
         ny = lay.n_outputs
+        every = with_disagreement and len(models) > 1
+        used = range(len(models)) if every else (self.member,)
+        split = all(self._split(models[m][s]) is not None for s, _ in groups for m in used)
+        if split:
+            # the first layer by blocks (`SplitNetwork`): no (n, in) input array is assembled
+            site_x = w.client_site_inputs()
+            agent_x = w.client_agent_inputs(za, rows)
+            site_of = w.site if rows is None else w.site[rows]
+        else:
+            x = w.client_inputs(action, rows, za=za)
         with th.no_grad():  # one grad-mode switch per tick, not one per network call
             for s, idx in groups:
-                xs = x[idx]
-                if with_disagreement and len(models) > 1:
-                    means = np.stack([self._forward(m[s], xs) for m in models])  # (M, n_s, out)
+                if split:
+                    xa, sites = agent_x[idx], site_of[idx]
+                    outs = {
+                        m: self._split_forward(m, s, xa, sites, site_x, None if rows is None else rows[idx])
+                        for m in used
+                    }
+                else:
+                    xs = x[idx]
+                    outs = {m: self._forward(models[m][s], xs) for m in used}
+                if every:
+                    means = np.stack([outs[m] for m in range(len(models))])  # (M, n_s, out)
                     mu = means[self.member]
                     disagreement[idx] = means.std(axis=0).mean(axis=1)
                 else:
-                    mu = self._forward(models[self.member][s], xs)
+                    mu = outs[self.member]
                 if self.stochastic:
                     # noise on the outputs only: the client's Gaussian has one std per output for all
                     # inputs, and fed into Δstate it compounds into drift far beyond the logged noise
@@ -294,6 +317,38 @@ class Simulation:
         if layers is None or len(x) == 0:
             return np.array(model.mean(x), dtype=np.float32)  # (a copy: the caller writes into it)
         return numpy_forward(layers, x)
+
+    def _split(self, model: Any) -> SplitNetwork | None:
+        """The `SplitNetwork` of a client model (looked up once per model), None when it is not a
+        plain MLP over the client inputs."""
+        hit = self._splits.get(id(model))
+        if hit is None or hit[0] is not model:
+            lay = self.layout
+            layers = model.numpy_layers() if isinstance(model, GaussianModel) else None
+            net = SplitNetwork.of(layers, len(lay.profile), len(lay.state) + len(lay.action), lay.n_client_inputs)
+            hit = self._splits[id(model)] = (model, net)
+        return hit[1]
+
+    def _split_forward(
+        self, m: int, s: int, xa: np.ndarray, sites: np.ndarray, site_x: np.ndarray, rows: np.ndarray | None
+    ) -> np.ndarray:
+        """Member ``m``'s client network of scenario ``s`` on its agents of this tick: ``xa (n, S+A)``
+        their per-agent inputs (`World.client_agent_inputs`), ``sites (n,)`` their sites, ``site_x``
+        every site's inputs (`World.client_site_inputs`), ``rows`` their rows in the world (None:
+        all of the scenario's agents, in order). ``(n, out)`` float32, a fresh array."""
+        net = self._split(self.twin.member_models[m][s])
+        assert net is not None
+        w = self.world
+        # the profile part of the first layer, per agent of the scenario: kept for the episode
+        key = (m, s)
+        hit = self._profile_h.get(key)
+        if hit is None or hit[0] is not w.profile or hit[1] is not w.scenario or hit[2] is not net or hit[3] != net.version():
+            own = dict(w.scenario_rows()).get(s, np.zeros(0, np.int64))
+            hit = self._profile_h[key] = (w.profile, w.scenario, net, net.version(), own, net.profile_part(w.zprofile()[own]))
+        own, hp = hit[4], hit[5]
+        if rows is not None:
+            hp = hp[np.searchsorted(own, rows)]
+        return net.forward(xa, hp, net.site_part(site_x)[sites])
 
     def _std(self, model: Any) -> np.ndarray:
         """``(out,)`` float32 std of a client model's Gaussian, kept per model."""
