@@ -96,3 +96,38 @@ def test_a_rollout_is_the_same_for_the_same_seed(twin: Twin) -> None:
         runs.append(sim.run(RandomPolicy(twin.spec, 0), steps=8).frame)
     assert runs[0].equals(runs[1])
     assert len(runs[0]) == 120 * 8
+
+
+def test_the_response_noise_is_standard_normal_and_seeded() -> None:
+    from scipy import stats
+
+    from edgetwin.twin.simulation import normals
+
+    z = normals(np.random.default_rng(0), (20_001, 11))
+    assert z.shape == (20_001, 11) and z.dtype == np.float32
+    flat = z.ravel().astype(np.float64)
+    assert stats.kstest(flat, "norm").pvalue > 0.01
+    # the two halves of the transform (cos and sin) are independent normals too
+    half = len(flat) // 2
+    assert abs(np.corrcoef(flat[:half], flat[half : 2 * half])[0, 1]) < 0.01
+    assert abs(stats.kurtosis(flat)) < 0.05
+    assert normals(np.random.default_rng(0), (20_001, 11)).tobytes() == z.tobytes()
+    assert normals(np.random.default_rng(1), (20_001, 11)).tobytes() != z.tobytes()
+
+
+def test_segment_means_are_group_means_within_float64_rounding() -> None:
+    from edgetwin.imitation.steps import group_means, segment_means, segment_starts
+
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(1, 40, 57)
+    codes = np.repeat(np.arange(57), sizes)
+    values = rng.standard_normal((len(codes), 9)) * 10.0 ** rng.integers(-3, 3, (len(codes), 9))
+    starts = segment_starts(codes, 57)
+    assert starts is not None
+    counts = np.bincount(codes).astype(np.float64)
+    got, want = segment_means(values, starts, counts), group_means(values, codes, 57)
+    scale = np.abs(values).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-14 * scale)
+    assert segment_means(values, starts, counts).tobytes() == got.tobytes()  # deterministic
+    assert segment_starts(codes[::-1], 57) is None  # not sorted
+    assert segment_starts(np.array([0, 0, 2, 2]), 3) is None  # group 1 has no rows
