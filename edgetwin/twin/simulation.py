@@ -160,6 +160,8 @@ class Simulation:
         #: per (member, scenario): the first layer's profile part of the scenario's agents, kept
         #: while the world's profiles, scenarios and the network's weights are the same objects
         self._profile_h: dict[tuple[int, int], tuple[Any, ...]] = {}
+        #: the twin's action bounds ``(low, high, low rows, high rows)`` for the last row count
+        self._action_bounds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self.member = 0
         self.site_names: list[str] = []
         self.agent_names: list[str] = []
@@ -245,10 +247,18 @@ class Simulation:
 
     def legal_action(self, action: np.ndarray) -> np.ndarray:
         """Raw actions ``(n, A)`` clipped to the twin's action bounds, discrete ones snapped."""
-        action = np.asarray(action, dtype=np.float64).reshape(-1, len(self.layout.action))
-        return self.layout.scalers["action"].legalise(
-            np.clip(action, self.twin.action_low, self.twin.action_high)
-        )
+        action = np.array(action, dtype=np.float64).reshape(-1, len(self.layout.action))  # our own copy
+        # the bounds as full rows, kept for the last n: np.maximum / np.minimum against (n, A)
+        # operands are several times np.clip against (A,) ones (numpy's inner loop per row of 3);
+        # `legalise` then clips to the scaler's bounds and makes every zero +0.0
+        n = len(action)
+        lo, hi = self.twin.action_low, self.twin.action_high
+        kept = self._action_bounds
+        if kept is None or kept[0] is not lo or kept[1] is not hi or len(kept[2]) != n:
+            kept = self._action_bounds = (lo, hi, np.tile(lo, (n, 1)), np.tile(hi, (n, 1)))
+        np.maximum(action, kept[2], out=action)
+        np.minimum(action, kept[3], out=action)
+        return self.layout.scalers["action"].legalise(action)
 
     def respond(
         self, rows: np.ndarray, action: np.ndarray, with_disagreement: bool = True
@@ -322,10 +332,11 @@ class Simulation:
                 y[idx] = mu
         outputs = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((n, 0))
         if rows is None:
-            # whole arrays: slice assignment, not a scatter through ``arange(N)``
-            self._pending_y[:] = y
+            # whole arrays: slice assignment, not a scatter through ``arange(N)``; ``y`` and ``za``
+            # are this call's own arrays, handed to nobody else: kept as they are, not copied
+            self._pending_y = y
             self._pending_a[:] = action
-            self._pending_za[:] = za
+            self._pending_za = za
             self._pending_out[:] = outputs
             reward = self._reward(w.profile, w.state, action, outputs)
         else:
