@@ -131,3 +131,20 @@ def test_segment_means_are_group_means_within_float64_rounding() -> None:
     assert segment_means(values, starts, counts).tobytes() == got.tobytes()  # deterministic
     assert segment_starts(codes[::-1], 57) is None  # not sorted
     assert segment_starts(np.array([0, 0, 2, 2]), 3) is None  # group 1 has no rows
+
+
+def test_legal_z_is_the_z_of_the_legal_raw_values(twin: Twin) -> None:
+    """`ColumnScaler.legal_z` (a clip in z units) against the round trip through raw units it
+    replaces in a tick, on values inside, at and far beyond every bound."""
+    from edgetwin.imitation.layout import ColumnScaler
+
+    sc = twin.layout.scalers["outputs"]
+    rng = np.random.default_rng(0)
+    z = (rng.standard_normal((4000, sc.width)) * rng.choice([0.5, 3.0, 40.0], (4000, sc.width))).astype(np.float32)
+    got, want = sc.legal_z(z), sc.transform(sc.inverse(z))
+    assert got is not None and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    assert (got != z).any()  # some values were clipped
+    discrete = ColumnScaler(["a"], np.array([False]), np.zeros(1), np.ones(1), np.zeros(1), np.ones(1) * 3,
+                            [np.array([0.0, 1.0, 3.0])])
+    assert discrete.legal_z(np.zeros((2, 1), np.float32)) is None

@@ -74,7 +74,7 @@ class ColumnScaler:
     )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: (v if k != "_tiles" else {}) for k, v in self.__dict__.items()}
+        return {k: (v if k != "_tiles" else {}) for k, v in self.__dict__.items() if k != "_zbounds"}
 
     def _rows(self, name: str, n: int) -> np.ndarray:
         """A ``(D,)`` statistic or bound (``mean``, ``std``, ``low``, ``high``) as ``(n, D)`` rows, kept for the last ``n`` (a twin
@@ -150,6 +150,32 @@ class ColumnScaler:
             np.minimum(g, 50.0, out=g)
             x[:, self.log] = np.expm1(g, out=g)
         return self._legalise(x, out=x)
+
+    def legal_z(self, z: np.ndarray) -> np.ndarray | None:
+        """``transform(inverse(z))`` of standardised ``z (N, D)`` up to rounding, as float32: ``z``
+        clipped to the bounds' standardised images (a log column's to ``log1p`` of them, floored at
+        ``log1p(0)`` and capped at the 50 that `inverse` caps ``expm1``'s argument at). None when a
+        column is discrete (snapping is not a clip).
+
+        Why: a twin's tick needs the z-values of its legal raw outputs; going through raw units
+        and back costs an ``expm1`` and a ``log1p`` per value for what is, within float rounding
+        (~1e-16 relative before the float32 cast), a clip.
+        """
+        if any(v is not None for v in self.values):
+            return None
+        hit = self.__dict__.get("_zbounds")
+        if hit is None or hit[0] is not self.mean or hit[1] is not self.std:
+            lo, hi = self.low.copy(), self.high.copy()
+            if self.log.any():
+                lo[self.log] = np.log1p(np.maximum(lo[self.log], 0.0))
+                hi[self.log] = np.minimum(np.log1p(hi[self.log]), 50.0)
+            zlo = ((lo - self.mean) / self.std).astype(np.float32)
+            zhi = ((hi - self.mean) / self.std).astype(np.float32)
+            hit = self.__dict__["_zbounds"] = (self.mean, self.std, zlo, zhi)
+        out = np.maximum(np.asarray(z, np.float32), hit[2])
+        np.minimum(out, hit[3], out=out)
+        out += np.float32(0.0)
+        return out
 
     def legalise(self, x: np.ndarray) -> np.ndarray:
         """Clip raw values to bounds and snap discrete columns to their nearest allowed value."""

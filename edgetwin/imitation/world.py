@@ -222,6 +222,7 @@ class World:
         transition: Mapping[int, Any] | None = None,
         outputs: np.ndarray | None = None,
         za: np.ndarray | None = None,
+        zy: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Apply standardised model outputs ``y (N, n_model_outputs)`` of this tick.
 
@@ -233,6 +234,8 @@ class World:
                 client's ``Δstate``: it sees the whole site's actions and outputs of this tick.
             outputs, za: the raw outputs ``inverse(y[:, :Y])`` and standardised ``action``, when
                 the caller has them already (exactly these values; they are not recomputed).
+            zy: ``(N, Y)`` the standardised legal outputs, when the caller has them (default
+                ``transform(outputs)``; a twin's tick passes `ColumnScaler.legal_z` of ``y``).
 
         Returns:
             ``(outputs_raw (N, Y), next_state_raw (N, S))``; the world moves to t+1.
@@ -244,7 +247,8 @@ class World:
         else:
             out_raw = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((self.n, 0))
         zs = self.zstate()
-        zy = lay.scalers["outputs"].transform(out_raw) if ny else np.zeros((self.n, 0))
+        if zy is None:
+            zy = lay.scalers["outputs"].transform(out_raw) if ny else np.zeros((self.n, 0))
         if za is None:
             za = lay.scalers["action"].transform(action)
         site_now = self.site_means(np.concatenate([za, zy], axis=1, dtype=np.float64))

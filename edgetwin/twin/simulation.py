@@ -418,12 +418,16 @@ class Simulation:
 
     def end_tick(self) -> np.ndarray:
         """Apply the tick's responses: every agent moves to its next state. Returns it ``(N, S)``."""
+        ny = self.layout.n_outputs
+        # z of the legal outputs as a clip of y (`ColumnScaler.legal_z`), not through raw units and back
+        zy = self.layout.scalers["outputs"].legal_z(self._pending_y[:, :ny]) if ny else None
         _, nxt = self.world.apply(
             self._pending_a,
             self._pending_y,
             self.twin.member_transitions[self.member],
             outputs=self._pending_out,
             za=self._pending_za,
+            zy=zy,
         )
         return nxt
 
