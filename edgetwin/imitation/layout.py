@@ -468,7 +468,10 @@ class Layout:
         lo = np.array([self.input_range[j][0] for j in cols])
         hi = np.array([self.input_range[j][1] for j in cols])
         out = np.array(zs, dtype=np.float64, copy=True)
-        out[:, cols] = np.clip(out[:, cols], lo, hi)
+        g = out[:, cols]  # (a copy; np.maximum / np.minimum: np.clip against (k,) bounds is ~3x slower)
+        np.maximum(g, lo, out=g)
+        np.minimum(g, hi, out=g)
+        out[:, cols] = g + 0.0  # (+0.0: every zero +0.0, whichever a kernel kept at a tie)
         return out
 
     def apply_declared(
