@@ -162,6 +162,8 @@ class Simulation:
         self._profile_h: dict[tuple[int, int], tuple[Any, ...]] = {}
         #: the twin's action bounds ``(low, high, low rows, high rows)`` for the last row count
         self._action_bounds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        #: ``(scenario array, acting models, (N, Y) std)``: `_agent_std`
+        self._agent_stds: tuple[np.ndarray, list[Any], np.ndarray] | None = None
         self.member = 0
         self.site_names: list[str] = []
         self.agent_names: list[str] = []
@@ -320,16 +322,17 @@ class Simulation:
                     disagreement[idx] = means.std(axis=0).mean(axis=1)
                 else:
                     mu = outs[self.member]
-                if self.stochastic:
-                    # noise on the outputs only: the client's Gaussian has one std per output for all
-                    # inputs, and fed into Δstate it compounds into drift far beyond the logged noise
-                    # (`mu` is this tick's own array: the network's fresh output or a slice of `means`).
-                    # float32 throughout, as `y` is kept (`normals`: Box-Muller, 3x numpy's ziggurat)
-                    noise = normals(self.rng, (len(idx), ny))
-                    noise *= self._std(models[self.member][s])[:ny]
-                    noise += mu[:, :ny]
-                    np.clip(noise, -10.0, 10.0, out=mu[:, :ny])
                 y[idx] = mu
+        if self.stochastic and ny:
+            # noise on the outputs only: the client's Gaussian has one std per output for all
+            # inputs, and fed into Δstate it compounds into drift far beyond the logged noise.
+            # One draw for the call's agents in row order, float32 throughout as `y` is kept
+            # (`normals`: Box-Muller, 3x numpy's ziggurat), each agent's scenario's std
+            noise = normals(self.rng, (n, ny))
+            std = self._agent_std()
+            noise *= std if rows is None else std[rows]
+            noise += y[:, :ny]
+            np.clip(noise, -10.0, 10.0, out=y[:, :ny])
         outputs = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((n, 0))
         if rows is None:
             # whole arrays: slice assignment, not a scatter through ``arange(N)``; ``y`` and ``za``
@@ -390,6 +393,21 @@ class Simulation:
         if rows is not None:
             hp = hp[np.searchsorted(own, rows)]
         return net.forward(xa, hp, net.site_part(site_x)[sites])
+
+    def _agent_std(self) -> np.ndarray:
+        """``(N, Y)`` float32 the acting member's output std of each agent's scenario (`_std`),
+        kept while the world's scenarios and the acting models are the same objects."""
+        w = self.world
+        models = self.twin.member_models[self.member]
+        acting = [models[s] for s, _ in w.scenario_rows()]
+        hit = self._agent_stds
+        if hit is None or hit[0] is not w.scenario or any(a is not b for a, b in zip(hit[1], acting, strict=True)):
+            ny = self.layout.n_outputs
+            std = np.zeros((w.n, ny), np.float32)
+            for (_s, idx), model in zip(w.scenario_rows(), acting, strict=True):
+                std[idx] = self._std(model)[:ny]
+            hit = self._agent_stds = (w.scenario, acting, std)
+        return hit[2]
 
     def _std(self, model: Any) -> np.ndarray:
         """``(out,)`` float32 std of a client model's Gaussian, kept per model."""
