@@ -276,14 +276,15 @@ def _record(res: DemoResult, phase: str, start: tuple[float, float]) -> None:
 WHATIF_SCENARIOS = "emulated_cluster.toml"
 #: the default demo's phases in seconds on a quiet 2-core machine, from their CPU seconds (user +
 #: system, `demo-summary.json`'s ``cpu_seconds``; a single-threaded phase takes its CPU seconds of wall
-#: time on an idle core). Measured 2026-11-27 with ``/usr/bin/time -v python3 -m edgetwin.cli demo``
-#: on a machine shared at load 10-11 (no quiet machine to be had; 148 s wall there): 55.9 CPU s in all,
-#: of which start-up (imports) 4.9, log + validation 0.6, twin 17.1, training 2.9, what-if 18.9 in the
-#: second process (plus its start-up 3.1, hidden under the twin fit), scoring + gate + canary round +
-#: serving 8.4. Critical path: 4.9 + 0.6 + 17.1 + 2.9 + max(18.9, 8.4) = 44 s. Remeasure when the
-#: sizes or a phase change. (Before: 71.7 CPU s in one process, 62 s wall quiet.)
-QUIET_SECONDS = {"start-up": 5, "log": 1, "twin": 17, "training": 3, "what-if": 19,
-                 "promotion (scoring, gate, canary, serving)": 9}  # fmt: skip
+#: time on an idle core). Measured 2026-11-27 at c269b90 (the twin tick's speed pass merged) with
+#: ``/usr/bin/time -v python3 -m edgetwin.cli demo`` on a machine shared at load 7.4 (no quiet machine
+#: to be had; 73.5 s wall there): 49.0 CPU s in all, of which start-up (imports) 4.8, log + validation
+#: 0.6, twin 14.9, training 2.7, what-if 15.9 in the second process (plus its start-up 2.7, hidden
+#: under the twin fit), scoring + gate + canary round + serving 7.4. Critical path: 4.8 + 0.6 + 14.9 +
+#: 2.7 + max(15.9, 7.4) = 39 s. Remeasure when the sizes or a phase change. (Before issue 38's pass:
+#: 71.7 CPU s in one process, 62 s wall quiet.)
+QUIET_SECONDS = {"start-up": 5, "log": 1, "twin": 15, "training": 3, "what-if": 16,
+                 "promotion (scoring, gate, canary, serving)": 8}  # fmt: skip
 #: the two phases that run side by side when the demo has a second core (`_SpareCore`)
 SIDE_BY_SIDE = ("what-if", "promotion (scoring, gate, canary, serving)")
 
