@@ -217,7 +217,7 @@ def _whatif_task(
 
 @dataclass(frozen=True)
 class DemoSizes:
-    """How much work each learned stage does: a few minutes on 2 cores by default."""
+    """How much work each learned stage does: about 40 s on a quiet 2-core machine by default (`QUIET_SECONDS`)."""
 
     twin_members: int = 2
     mail_rounds: int = 3
