@@ -74,6 +74,8 @@ ARM_TEXT = {"twin_alone": "twin alone (today's gate)", "canary_alone": "canary a
             "twin_canary": "twin + canary (the loop)"}  # fmt: skip
 TARGETS = {"verdict_rate": 0.90, "confident_agreement": 0.97, "canary_steps_ratio": 2.0, "rounds_over_budget": 0}
 MARGIN = 0.05
+#: hand-written subsections of the page that a rerun keeps
+KEEP = ("### What the numbers say",)
 #: Kayenta's minimum number of data points per metric (per arm) before it judges
 KAYENTA_MIN_POINTS = 50
 KAYENTA_ALPHA = 0.05
@@ -184,9 +186,10 @@ def truth_kpis(log: Any, twin: Any, kdefs: list[Any], spec: Any) -> dict[str, fl
 
 
 def random_slice_config(fleet_agents: list[str], share: float, hours: float, margins: tuple[Any, ...],
-                        seed: int, spec: Any) -> Any:
+                        seed: int, spec: Any, levels: dict[str, float]) -> Any:
     """A canary of ``share`` of the fleet's groups (seeded random, at least 4) for ``hours``, half on
-    the candidate, arms balanced as the loop balances them (`balanced`)."""
+    the candidate, arms balanced as the loop balances them (`balanced`); no loss budget at the edge
+    (its loss measured against the fleet's ``levels`` as the loop's plans measure theirs)."""
     from edgetwin.edge.canary import CanaryConfig
     from edgetwin.edge.canary_loop import balanced
     from edgetwin.policies.canary_plan import CanaryPlan, PlanSlice
@@ -195,7 +198,7 @@ def random_slice_config(fleet_agents: list[str], share: float, hours: float, mar
     rng = np.random.default_rng([seed, 0x5EE9])
     agents = tuple(sorted(str(a) for a in rng.choice(np.array(fleet_agents, dtype=object), n, replace=False)))
     plan = CanaryPlan("candidate", "current", PlanSlice(agents, (), (), 0.5, seed), hours, margins, [], n,
-                      len(fleet_agents), n / len(fleet_agents), {}, False, [], seed)  # fmt: skip
+                      len(fleet_agents), n / len(fleet_agents), {}, False, [], seed, loss_levels=dict(levels))  # fmt: skip
     return CanaryConfig.from_plan(balanced(plan), "candidate", spec=spec), balanced(plan)
 
 
@@ -259,6 +262,8 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
         fleet_seed = args.seed + 7 + d
         fleet_log, _ = generate_logs(cfg, 1, copy.deepcopy(current), seed=fleet_seed)
         fleet_agents = sorted(fleet_log["agent"].astype(str).unique())
+        levels = {c: float(fleet_log[c].mean()) for c in ("response.offload_ratio", "kpi.slo_violation", "reward",
+                                                          "kpi.revenue") if c in fleet_log.columns}  # fmt: skip
         for name, pol in pols.items():
             t_c = time.perf_counter()
             print(f"[{args.logging}] day {d} candidate {name!r}", flush=True)
@@ -295,7 +300,7 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
                 alone_logs += [cres.log for _plan, cres in canaries]
             else:
                 ccfg, cplan = random_slice_config(fleet_agents, MAX_SHARE, MAX_HOURS - 1.0, margins,
-                                                  args.seed * 1000 + d, spec)  # fmt: skip
+                                                  args.seed * 1000 + d, spec, levels)  # fmt: skip
                 cres = canary_on_cluster(cfg, copy.deepcopy(current), copy.deepcopy(pol), ccfg, seed=fleet_seed,
                                          episode=f"alone-{args.seed}-{d}")  # fmt: skip
                 alone_logs.append(cres.log)
@@ -354,7 +359,8 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
             t_c = time.perf_counter()
             for i, (share, hours) in enumerate(sweep):
                 label = sweep_label(share, hours)
-                ccfg, cplan = random_slice_config(fleet_agents, share, hours, margins, args.seed * 1000 + 100 * d + i + 1, spec)
+                ccfg, cplan = random_slice_config(fleet_agents, share, hours, margins, args.seed * 1000 + 100 * d + i + 1,
+                                                  spec, levels)  # fmt: skip
                 cres = canary_on_cluster(cfg, copy.deepcopy(current), copy.deepcopy(pol), ccfg, seed=fleet_seed,
                                          episode=f"sweep-{args.seed}-{d}-{i}")  # fmt: skip
                 v = kayenta_pairs([cres.log], cols, ccfg.pre_ticks)
@@ -447,7 +453,10 @@ def section(by_logging: dict[str, Any]) -> str:
         f"≤ {c['max_rounds']} rounds, `Twin.update` {c['update']['epochs']} epochs × {c['update']['max_steps']} "
         f"steps between rounds; margin {100 * c['margin']:g} %. Canary alone: Mann-Whitney U per KPI on per-tick "
         f"arm means, two one-sided tests at {c['kayenta_alpha']:g}, Inconclusive below {c['kayenta_min_points']} "
-        "points (`kayenta_verdict`). Truth: each candidate on the whole cluster for the same day.",
+        "points (`kayenta_verdict`); where the loop ran canaries it judges those same canaries, else one canary of "
+        "the loop's first-round size; its own canaries (that one and the sweep's) run with the runtime's guard but "
+        "no loss-budget stop (Kayenta has none), their loss measured against the same budget. Truth: each "
+        "candidate on the whole cluster for the same day.",
         "",
         "Guarded pairs: the gate's default guards (every KPI with a direction: offload ratio, SLO violation, "
         "reward, return; 5 % margin). The what-if gate benchmark's extra KPIs (p95 task time, energy and carbon "
@@ -561,7 +570,7 @@ def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
                for n, r in by_logging.items()}  # fmt: skip
     (OUT / "results.json").write_text(json.dumps({**summary, "targets": TARGETS}, indent=1, default=float))
     if not no_write and by_logging:
-        write_section(SECTION, section(by_logging))
+        write_section(SECTION, section(by_logging), keep=KEEP)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -105,6 +105,9 @@ class CanaryConfig:
             stops it).
         fleet_groups: the fleet's service groups (the denominator of the fleet-wide loss; required
             with ``max_loss``).
+        loss_levels: ``(kpi, level)`` pairs: the fleet's level of each budgeted KPI under the
+            current policy (the plan's ``loss_levels``), the scale of the relative loss
+            (`arm_worsening`); a KPI without one is measured against the control arm's mean.
         pre_ticks: ticks at the start during which every group is still served the current policy:
             each group's KPI means over them are its own baseline, which explains most of how
             groups differ (`Canary.composition`). Groups differ far more than policies do (on the
@@ -126,6 +129,7 @@ class CanaryConfig:
     canary_id: str = ""
     max_loss: tuple[tuple[str, float], ...] = ()
     fleet_groups: int = 0
+    loss_levels: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "margins", tuple(self.margins))
@@ -147,13 +151,19 @@ class CanaryConfig:
                                  where="canary")  # fmt: skip
             if not (math.isfinite(v) and v > 0):
                 raise InputError(f"{k}: the loss budget must be > 0, got {v}", where="canary")
+        object.__setattr__(self, "loss_levels", tuple((str(k), float(v)) for k, v in dict(self.loss_levels).items()))
+        for k, v in self.loss_levels:
+            if not (math.isfinite(v) and v != 0):
+                raise InputError(f"{k}: the fleet's level of a budgeted KPI must be finite and non-zero, got {v}",
+                                 where="canary")  # fmt: skip
         if self.max_loss and int(self.fleet_groups) < 1:
             raise InputError("a loss budget needs the fleet's size (fleet_groups >= 1)", where="canary")
         if not self.canary_id:
             order: dict[str, Any] = {"candidate": self.candidate, "slice": self.slice.to_dict(), "hours": self.hours,
                                      "margins": [dataclasses.asdict(m) for m in self.margins], "alpha": self.alpha}
             if self.max_loss:  # only then: an order without a budget keeps the id it always had
-                order.update(max_loss=list(self.max_loss), fleet_groups=int(self.fleet_groups))
+                order.update(max_loss=list(self.max_loss), fleet_groups=int(self.fleet_groups),
+                             loss_levels=list(self.loss_levels))  # fmt: skip
             doc = json.dumps(order, sort_keys=True)
             object.__setattr__(self, "canary_id", "c" + hashlib.sha256(doc.encode()).hexdigest()[:12])
         Subjects.decision(self.canary_id)  # a subject token: it names the bus messages
@@ -176,7 +186,8 @@ class CanaryConfig:
         does not weigh the KPI) and either ``slice`` (a
         `CanarySlice`, or any object with those lists) or ``agents`` / ``sites`` / ``scenarios`` lists
         (and optionally ``treat_share``, ``seed``); a plan's ``loss_budget`` (log column ->
-        fraction) and ``fleet_groups`` become ``max_loss`` and ``fleet_groups``."""
+        fraction), ``loss_levels`` and ``fleet_groups`` become ``max_loss``, ``loss_levels`` and
+        ``fleet_groups``."""
         sl = getattr(plan, "slice", None)
         if not isinstance(sl, CanarySlice):
             src = sl if sl is not None else plan  # a slice object of another module, or the plan itself
@@ -192,6 +203,7 @@ class CanaryConfig:
         if budget:
             kw["max_loss"] = tuple(sorted(budget.items()))
             kw["fleet_groups"] = int(getattr(plan, "fleet_groups", 0) or 0)
+            kw["loss_levels"] = tuple(sorted(dict(getattr(plan, "loss_levels", None) or {}).items()))
         for f in ("alpha", "tick_seconds"):
             if getattr(plan, f, None) is not None:
                 kw[f] = getattr(plan, f)
@@ -264,20 +276,24 @@ class CanaryResult:
 
 
 # ------------------------------------------------------------------------------------- the loss
-def arm_worsening(cand: float, ctrl: float, cand_pre: float, ctrl_pre: float, higher_is_better: bool) -> float:
+def arm_worsening(cand: float, ctrl: float, cand_pre: float, ctrl_pre: float, higher_is_better: bool,
+                  level: float | None = None) -> float:
     """The candidate arm's relative worsening of a KPI against the control arm, net of where the two
     arms stood before the candidate was served (difference in differences; NaN pre-means: none).
 
-    ``((cand - cand_pre) - (ctrl - ctrl_pre)) / |ctrl|``, signed so that positive is worse. With a
-    handful of groups per arm the arms differ more by who is in them than by the policy (the
-    guard's `Canary.composition` says the same); their pre-canary means take most of that out.
-    NaN when the control's mean is 0 or not finite."""
+    ``((cand - cand_pre) - (ctrl - ctrl_pre)) / |level|``, signed so that positive is worse;
+    ``level`` is the fleet's level of the KPI (the plan's ``loss_levels``: what "relative" means
+    in the budget), by default the control arm's mean (ill-conditioned when a few groups' KPI is
+    near 0, e.g. SLO violations at night). With a handful of groups per arm the arms differ more by
+    who is in them than by the policy (the guard's `Canary.composition` says the same); their
+    pre-canary means take most of that out. NaN when the level is 0 or not finite."""
     diff = cand - ctrl
     if math.isfinite(cand_pre) and math.isfinite(ctrl_pre):
         diff -= cand_pre - ctrl_pre
-    if not (math.isfinite(diff) and math.isfinite(ctrl)) or ctrl == 0:
+    ref = ctrl if level is None else level
+    if not (math.isfinite(diff) and math.isfinite(ref)) or ref == 0:
         return float("nan")
-    return (-diff if higher_is_better else diff) / abs(ctrl)
+    return (-diff if higher_is_better else diff) / abs(ref)
 
 
 def fleet_loss(worsening: float, n_candidate: int, n_fleet: int, ticks_run: int, planned_ticks: int) -> float:
@@ -449,7 +465,7 @@ class Canary:
                 means[arm] = (sum(acc[j] for _, acc in accs) / rows if rows else float("nan"),
                               sum(p[j] for p in pre) / pre_rows if pre_rows else float("nan"))  # fmt: skip
             w = arm_worsening(means["candidate"][0], means["control"][0], means["candidate"][1], means["control"][1],
-                              hib[kpi])  # fmt: skip
+                              hib[kpi], dict(cfg.loss_levels).get(kpi))  # fmt: skip
             n_c = sum(1 for (ar, _a) in self._group_sums if ar == "candidate")
             out[kpi] = (fleet_loss(w, n_c, int(cfg.fleet_groups), run + ahead, cfg.ticks), w)
         return out

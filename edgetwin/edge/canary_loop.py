@@ -309,7 +309,8 @@ def _realised_loss(
     canary_log: pd.DataFrame, plan: Any, pre_ticks: int, better: dict[str, str], planned_ticks: int | None = None
 ) -> tuple[dict[str, float], list[str]]:
     """Per KPI column: what the canary cost the fleet (`edgetwin.edge.canary.fleet_loss` of the
-    arms' difference in differences, `arm_worsening`, over the ticks it ran against the
+    arms' difference in differences relative to the plan's ``loss_levels``, `arm_worsening`, over
+    the ticks it ran against the
     ``planned_ticks``, default the plan's hours), the measure the edge's loss-budget stop uses;
     and the KPIs whose loss exceeded the plan's budget (``loss_budget`` by column; a plan without
     one: its deciding KPIs' ``budget``), by the gate's KPI names where the plan has them."""
@@ -326,11 +327,13 @@ def _realised_loss(
     if not budget:
         budget = {pk.column: pk.budget for pk in plan.kpis if pk.budget is not None}
     names = {pk.column: pk.kpi for pk in plan.kpis}
+    levels = dict(getattr(plan, "loss_levels", None) or {})
     out, over = {}, []
     for k, direction in better.items():
         w = arm_worsening(float(rows.loc[is_c, k].mean()), float(rows.loc[~is_c, k].mean()),
                           float(pre.loc[pre_c, k].mean()) if len(pre) else float("nan"),
-                          float(pre.loc[~pre_c, k].mean()) if len(pre) else float("nan"), direction == "higher")  # fmt: skip
+                          float(pre.loc[~pre_c, k].mean()) if len(pre) else float("nan"), direction == "higher",
+                          levels.get(k))  # fmt: skip
         if not math.isfinite(w):
             continue
         out[k] = fleet_loss(w, len(cand_groups), int(plan.fleet_groups), n_run, planned)

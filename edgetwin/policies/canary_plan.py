@@ -202,6 +202,9 @@ class CanaryPlan:
     #: `edgetwin.edge.canary.CanaryConfig.from_plan` makes it the canary's ``max_loss``, so the edge
     #: stops a canary whose measured loss would pass it, whatever the twin expected
     loss_budget: dict[str, float] = field(default_factory=dict)
+    #: the fleet's level of each budgeted column under the current policy (its mean on the log's
+    #: last day): what a relative loss is relative to, at the edge as in the plan
+    loss_levels: dict[str, float] = field(default_factory=dict)
 
     @property
     def agent_steps(self) -> int:
@@ -228,6 +231,7 @@ class CanaryPlan:
                 [PlannedKPI(**k) for k in d["kpis"]], int(d["n_groups"]), int(d["fleet_groups"]),
                 float(d["share"]), dict(d["budget"]), bool(d["decides"]), list(d["why"]), int(d.get("seed", 0)),
                 int(d.get("round", 1)), {str(k): float(v) for k, v in dict(d.get("loss_budget") or {}).items()},
+                {str(k): float(v) for k, v in dict(d.get("loss_levels") or {}).items()},
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"not a canary plan ({type(e).__name__}: {e})", "plan") from None
@@ -376,8 +380,14 @@ def plan_canary(
             margins.append(PlanMargin(col, c.max_regression, c.min_delta, kdefs[c.kpi].better == "higher"))
 
     # the fleet: the service groups of the log's last episode (the most recent day's population)
-    agents = sorted(pd.unique(log.loc[log["episode"] == log["episode"].iloc[-1], "agent"].astype(str)))
+    last_day = log[log["episode"] == log["episode"].iloc[-1]]
+    agents = sorted(pd.unique(last_day["agent"].astype(str)))
     n_fleet = len(agents)
+    loss_levels = {}
+    for col in loss_budget:
+        lvl = float(last_day[col].mean()) if col in last_day.columns else float("nan")
+        if math.isfinite(lvl) and lvl != 0:
+            loss_levels[col] = lvl
     if episode_hours is None:
         steps = int(log.groupby("episode")["t"].nunique().max())
         episode_hours = steps / 4.0
@@ -463,6 +473,7 @@ def plan_canary(
         share=n / n_fleet, budget={"max_share": budget.max_share, "max_loss": dict(budget.max_loss),
                                    "hours": budget.hours, "treat_share": budget.treat_share},
         decides=bool(best[0]), why=why, seed=seed, round=round_no, loss_budget=loss_budget,
+        loss_levels=loss_levels,
     )  # fmt: skip
 
 
