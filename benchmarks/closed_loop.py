@@ -160,15 +160,21 @@ def promotion_regress_rate(pairs: list[dict[str, Any]], arm: str) -> tuple[float
 def steps_to_reach(points: list[dict[str, Any]], rate: float, agreement: float | None) -> dict[str, Any]:
     """The agent-steps at which canary alone's sweep reaches verdict rate ``rate`` with a confident
     agreement >= ``agreement``: the first sweep point (by agent-steps) that does, interpolated
-    linearly in verdict rate against log agent-steps from the point before it (the first point
-    itself when it is the smallest: an upper bound). None and ``"not reached"`` when none does."""
+    linearly in verdict rate against log agent-steps from the point before it when that point's
+    rate is lower (else, or when it is the smallest point, that point itself: an upper bound).
+    None and ``"not reached"`` when none does."""
     pts = sorted(points, key=lambda p: p["canary_agent_steps"])
     prev = None
     for p in pts:
         ok_agree = agreement is None or (p["confident_agreement"] is not None and p["confident_agreement"] >= agreement - 1e-12)
         if p["verdict_rate"] is not None and p["verdict_rate"] >= rate - 1e-12 and ok_agree:
-            if prev is None or prev["verdict_rate"] is None or p["verdict_rate"] <= prev["verdict_rate"] or prev["canary_agent_steps"] <= 0:
-                return {"steps": float(p["canary_agent_steps"]), "how": "the first sweep point (no smaller point to interpolate from)"}
+            if prev is None:
+                return {"steps": float(p["canary_agent_steps"]),
+                        "how": f"at the smallest sweep point ({p['label']}): an upper bound, nothing below to interpolate from"}
+            if prev["verdict_rate"] is None or p["verdict_rate"] <= prev["verdict_rate"] or prev["canary_agent_steps"] <= 0:
+                return {"steps": float(p["canary_agent_steps"]),
+                        "how": f"at the first sweep point that reaches both ({p['label']}); the smaller ones fall short of "
+                               "the agreement, so no interpolation"}
             f = (rate - prev["verdict_rate"]) / (p["verdict_rate"] - prev["verdict_rate"])
             f = min(max(f, 0.0), 1.0)
             ls = math.log(prev["canary_agent_steps"]) + f * (math.log(p["canary_agent_steps"]) - math.log(prev["canary_agent_steps"]))
