@@ -464,6 +464,12 @@ def section(by_logging: dict[str, Any]) -> str:
         "no loss-budget stop (Kayenta has none), their loss measured against the same budget. Truth: each "
         "candidate on the whole cluster for the same day.",
         "",
+        "Wall time of the last runs (both at once, on the shared machine): "
+        + ", ".join(f"{n} {d['seconds']['total'] / 60:.1f} min (twin fit or load {d['seconds']['fit']:.0f} s, loop "
+                    f"{d['seconds']['loop'] / 60:.1f} min, canary alone's sweep {d['seconds']['sweep'] / 60:.1f} min)"
+                    for n, d in by_logging.items())
+        + "; the twin and the PPO candidate are cached in `--work` (a cold run fits them: ~3 min more when loaded).",
+        "",
         "Guarded pairs: the gate's default guards (every KPI with a direction: offload ratio, SLO violation, "
         "reward, return; 5 % margin). The what-if gate benchmark's extra KPIs (p95 task time, energy and carbon "
         "per demand, the demand-weighted SLO rate) are not in this benchmark: neither the prediction-powered "
