@@ -550,6 +550,11 @@ def plot(d: dict[str, Any], path: Path) -> None:
     sw = sorted(d["canary_alone_sweep"], key=lambda p: p["canary_agent_steps"])
     ax.plot([p["canary_agent_steps"] for p in sw], [p["verdict_rate"] for p in sw], "-^", c="C3",
             label="canary alone (sweep of slice × hours)")  # fmt: skip
+    # each point's confident agreement: a verdict rate is worth what its agreement is
+    for p in [*sw, *({**q, "canary_agent_steps": max(1, q["canary_agent_steps"])} for q in cv)]:
+        if p["confident_agreement"] is not None:
+            ax.annotate(f"{100 * p['confident_agreement']:.0f}%", (p["canary_agent_steps"], p["verdict_rate"]),
+                        textcoords="offset points", xytext=(3, 4), fontsize=6)  # fmt: skip
     ca = d["canary_alone"]
     ax.plot([max(1, ca["canary_agent_steps"])], [ca["verdict_rate"]], "v", c="C3", ms=9, mfc="none",
             label="canary alone on the loop's canaries")  # fmt: skip
@@ -557,7 +562,7 @@ def plot(d: dict[str, Any], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("canary agent-steps (candidate arm, all candidates)")
-    ax.set_ylabel("verdict rate (1 - abstention)")
+    ax.set_ylabel("verdict rate (1 - abstention); labels: agreement")
     ax.set_title(f"closed loop, logs: {d['logging']}{' (quick)' if d['quick'] else ''}", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3)
@@ -571,9 +576,11 @@ def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     if d is not None:
         (OUT / f"results_{d['logging']}.json").write_text(json.dumps(d, indent=1, default=float))
-        plot(d, OUT / f"verdict_vs_steps_{d['logging']}.png")
     by_logging = {n: json.loads((OUT / f"results_{n}.json").read_text()) for n in LOGGING_TEXT
                   if (OUT / f"results_{n}.json").is_file()}  # fmt: skip
+    for n, r in by_logging.items():
+        if d is None or n == d["logging"]:
+            plot(r, OUT / f"verdict_vs_steps_{n}.png")
     keys = ("verdict_rate", "confident_agreement", "canary_agent_steps", "rounds_over_budget",
             "post_update_regression_rate", "canary_rounds", "promoted", "pairs", "decided")  # fmt: skip
     summary = {n: {**{arm: {k: r[arm][k] for k in keys} for arm in ARMS},
