@@ -423,8 +423,9 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
            f"{o.get('adv_rounds')} GAIL rounds), 1 member. Runs of an earlier schedule say so where they are shown")
     L = [SECTION, "", f"Command: `python benchmarks/federated_twin.py{' --quick' if args.quick else ''} --parts 1 --seed {args.seed}` "
          "and `--quick --parts 2,3 --train-days 7` "
-         "(2 shared CPU cores; part 1 last run on 2026-11-26 with `--merge --no-write`, load 2, 10 min, beside a "
-         f"part 2 run; part 2's runs and their commands below). {len(res['sites'])} sites, each an emulated cluster with one "
+         "(2 shared CPU cores; part 1 last run on 2026-11-27 with `--merge --no-write`, 45 min on a machine shared "
+         "by about 7 sessions, so its fit seconds are not comparable with earlier runs'; "
+         f"part 2's runs and their commands below). {len(res['sites'])} sites, each an emulated cluster with one "
          f"edge site and its cloud ({', '.join(res['sites'])}), its own scenario mix, load (target utilisation 0.35-0.6) "
          f"and drift (0d / 0d / 1w / 1m); {res['n_agents']} service groups, logged under random actions, "
          f"{res.get('part1', {}).get('train_days', res['train_days'])} training days per site in part 1. No public system fits a simulator federatedly, so there is no "

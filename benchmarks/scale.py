@@ -275,6 +275,76 @@ def throughput_compared(twin_dir: Path, sizes: tuple[int, ...], ticks: int, befo
     return out
 
 
+#: the KPI columns `rollout_kpis` averages (those the emulated cluster's twin logs), plus the reward
+KPI_PREFIXES = ("kpi.", "response.")
+
+
+def rollout_kpis(twin_dir: Path, seeds: int, agents: int) -> dict:
+    """Per seed, the mean of every KPI, response and the reward over a full-horizon rollout of
+    ``agents`` agents (seed s: population, initial states, a random policy seeded s, member 0),
+    once with the response noise (``stochastic``) and once with the models' means (``mean``)."""
+    from edgetwin.contract.policy import RandomPolicy
+    from edgetwin.twin.twin import Twin
+
+    one_thread()
+    twin = Twin.load(twin_dir)
+    out: dict[str, list[dict[str, float]]] = {}
+    for stochastic in (True, False):
+        rows = []
+        for seed in range(seeds):
+            sim = twin.simulation(n_agents=agents, seed=seed, stochastic=stochastic, member=0)
+            fr = sim.run(RandomPolicy(twin.spec, seed)).frame
+            cols = ["reward"] + [c for c in fr.columns if c.startswith(KPI_PREFIXES)]
+            rows.append({c: float(fr[c].mean()) for c in cols})
+        out["stochastic" if stochastic else "mean"] = rows
+    return out
+
+
+def kpis_compared(twin_dir: Path, before: Path, seeds: int = 20, agents: int = 1000) -> dict:
+    """`rollout_kpis` of this code and of ``before`` (each in a fresh interpreter) on the same seeds:
+    per mode and column, both means over seeds, their difference, the seed-to-seed standard
+    deviation, the difference in standard errors, and the largest per-seed relative change."""
+    got = {}
+    for tag, pkg in (("now", None), ("before", before)):
+        env = dict(os.environ)
+        if pkg is not None:
+            env["PYTHONPATH"] = str(pkg)
+        args = json.dumps({"twin": str(twin_dir), "seeds": seeds, "agents": agents})
+        res = subprocess.run([sys.executable, __file__, "--_kpis", args], env=env, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise SystemExit(f"KPI rollouts failed:\n{res.stderr[-3000:]}")
+        got[tag] = json.loads(res.stdout.strip().splitlines()[-1])
+    out: dict = {"seeds": seeds, "agents": agents, "modes": {}}
+    for mode in ("stochastic", "mean"):
+        rows = {}
+        for col in got["before"][mode][0]:
+            b = np.array([r[col] for r in got["before"][mode]])
+            n = np.array([r[col] for r in got["now"][mode]])
+            se = float(np.sqrt(b.var(ddof=1) / len(b) + n.var(ddof=1) / len(n)))
+            rows[col] = {"before": float(b.mean()), "now": float(n.mean()), "diff": float(n.mean() - b.mean()),
+                         "seed_sd": float(b.std(ddof=1)), "se": se,
+                         "z": float((n.mean() - b.mean()) / se) if se > 0 else 0.0,
+                         "max_rel": float(np.max(np.abs(n - b) / np.maximum(np.abs(b), 1e-12)))}
+        out["modes"][mode] = rows
+    return out
+
+
+def kpis_text(k: dict, before: str) -> str:
+    lines = [f"**What changed in the numbers** (`python benchmarks/scale.py --throughput-only --twin DIR --compare-with "
+             f"BEFORE`, the same twin; {k['seeds']} seeds, {k['agents']:,} agents, a full-horizon rollout of a random "
+             f"policy each, member 0; per seed the mean of each column over the rollout; this code against {before}). "
+             "*mean*: the models' means, no response noise (what the float32 rounding of the split first layer, the "
+             "site means' summation order and the clip in z units change); *stochastic*: with the noise (another "
+             "normal stream: per seed other draws, so compare the means over seeds in standard errors):", "",
+             "| column | mode | before | now | now - before | seed sd | (now - before) / se | largest per-seed relative change |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for mode in ("mean", "stochastic"):
+        for col, r in k["modes"][mode].items():
+            lines.append(f"| `{col}` | {mode} | {r['before']:.6g} | {r['now']:.6g} | {r['diff']:+.2g} | {r['seed_sd']:.3g} | "
+                         f"{r['z']:+.2f} | {r['max_rel']:.1e} |")
+    return "\n".join(lines)
+
+
 def profile_tick(twin_dir: Path, n: int, ticks: int, top: int = 12) -> list[dict]:
     """cProfile of ``ticks`` twin ticks at ``n`` agents (1 torch thread, as the throughput runs):
     the top entries by own time."""
@@ -384,6 +454,8 @@ def section(res: dict) -> str:
                   f"{res['throughput_twin']}."]
     if res.get("throughput_note"):
         lines += ["", res["throughput_note"]]
+    if res.get("throughput_kpis"):
+        lines += ["", kpis_text(res["throughput_kpis"], res.get("throughput_before", "the code before"))]
     for key, agents, ticks in (("profile_tick", "1,000", 40), ("profile_tick_10k", "10,000", 20)):
         if not res.get(key):
             continue
@@ -541,6 +613,10 @@ def throughput_only(args: argparse.Namespace) -> None:
     prof = profile_tick(twin_dir, 1000, 40)
     prof_10k = profile_tick(twin_dir, 10_000, 20)
     res = json.loads((OUT / "results.json").read_text()) if (OUT / "results.json").is_file() else {}
+    if args.compare_with:
+        res["throughput_kpis"] = kpis_compared(twin_dir, args.compare_with)
+    else:
+        res.pop("throughput_kpis", None)
     res.update(throughput=tp, profile_tick=prof, profile_tick_10k=prof_10k, throughput_twin=twin_desc,
                throughput_command="python benchmarks/scale.py --throughput-only"
                + (" --twin DIR" if args.twin is not None else "")
@@ -578,7 +654,12 @@ def main() -> None:
     ap.add_argument("--_fit", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_capfit", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_throughput", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_kpis", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args._kpis:
+        a = json.loads(args._kpis)
+        print(json.dumps(rollout_kpis(Path(a["twin"]), a["seeds"], a["agents"])))
+        return
     if args._throughput:
         a = json.loads(args._throughput)
         print(json.dumps(throughput(Path(a["twin"]), a["n"], a["ticks"], rounds=1, seed=a["seed"])))

@@ -375,9 +375,15 @@ def test_killed_site_rejoins_and_server_restart_loses_no_update(site_logs, nats_
         return make_bus(nats_server.url, name=name, reconnect_backoff_s=0.05, reconnect_backoff_max_s=0.5,
                         fetch_timeout_s=0.5)
 
+    from edgetwin.edge.message_auth import FederationKeys, write_keys
+    from edgetwin.federation.twin.runner import COORDINATOR
+
+    keys_dir = write_keys(tmp_path / "keys", [COORDINATOR, *names])  # an agent on NATS refuses to start without
+    keys = FederationKeys.load(keys_dir, own=[COORDINATOR, *names[1:]])
+
     def spawn() -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "edgetwin.cli", "agent", "--fit-twin", str(tmp_path / "victim.parquet"),
-               "--bus", nats_server.url, "--name", victim, "--fit-id", fit_id]
+               "--bus", nats_server.url, "--name", victim, "--fit-id", fit_id, "--keys", str(keys_dir)]
         return subprocess.Popen(cmd, stdout=open(tmp_path / "victim.log", "ab"), stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
 
@@ -385,7 +391,8 @@ def test_killed_site_rejoins_and_server_restart_loses_no_update(site_logs, nats_
 
     async def scenario():  # type: ignore[no-untyped-def]
         buses = [bus(n) for n in ["coord", *names[1:]]]
-        for b in buses:
+        for b, identity in zip(buses, [COORDINATOR, *names[1:]], strict=True):
+            b.auth = keys.auth(identity)
             await b.connect()
         coord = TwinCoordinator(spec, names, buses[0], opts, quorum=0.6, grace_s=0.5, timeout_s=120,
                                 fit_id=fit_id, on_round=records.append)

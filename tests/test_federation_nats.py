@@ -27,10 +27,12 @@ import torch
 from test_agents import learners_for
 
 from edgetwin.edge.bus import Subjects, make_bus
+from edgetwin.edge.message_auth import KEYS_ENV, FederationKeys, write_keys
 from edgetwin.federation.agents import EdgeServiceAgent
 from edgetwin.federation.runner import (
     agent_command,
     build_federation,
+    federation_identities,
     make_federation_config,
     run_federation,
 )
@@ -119,8 +121,10 @@ def test_oversized_frames_over_nats_are_rejected(nats_server):
     assert got == [] and rejected == {"oversized": 1}
 
 
-def _spawn_esa(cfg_path: Path, url: str, site: str, state: Path, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def _spawn_esa(cfg_path: Path, url: str, site: str, state: Path, log: Path, keys: Path) -> subprocess.Popen:
+    """An `edgetwin agent esa` process with the federation's keys directory (an agent on NATS refuses
+    to start without one)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", KEYS_ENV: str(keys)}
     return subprocess.Popen(
         agent_command("esa", cfg_path, url, site, state_dir=state),
         stdout=subprocess.PIPE,
@@ -255,15 +259,18 @@ def test_esa_process_killed_mid_round_rejoins_and_its_stale_update_is_discounted
     cfg_path = cfg.save(tmp_path / "fed.json")
     state = tmp_path / "state"
     log = tmp_path / "esa.log"
-    proc = _spawn_esa(cfg_path, nats_server.url, victim, state, log)
+    keys = write_keys(tmp_path / "keys", federation_identities(cfg))
+    proc = _spawn_esa(cfg_path, nats_server.url, victim, state, log, keys)
     restarted: subprocess.Popen | None = None
     try:
         _wait_line(proc, "ready", 120)
 
         async def scenario():
             nonlocal restarted
+            here = [i for i in federation_identities(cfg) if i != f"esa/{victim}"]
             fed = await build_federation(
-                cfg, fast_bus(nats_server.url), learners=learners_for(cfg), exclude_sites=[victim]
+                cfg, fast_bus(nats_server.url), learners=learners_for(cfg), exclude_sites=[victim],
+                keys=FederationKeys.load(keys, own=here),
             )
             run = asyncio.create_task(fed.gca.run(cfg.rounds))
             await _wait_pending(state / "esa.json", 2, run)
@@ -271,7 +278,7 @@ def test_esa_process_killed_mid_round_rejoins_and_its_stale_update_is_discounted
             proc.wait()
             while fed.gca._current_round < 3:
                 await asyncio.sleep(0.02)
-            restarted = await asyncio.to_thread(_spawn_esa, cfg_path, nats_server.url, victim, state, log)
+            restarted = await asyncio.to_thread(_spawn_esa, cfg_path, nats_server.url, victim, state, log, keys)
             try:
                 recs = await asyncio.wait_for(run, 600)
             finally:

@@ -126,12 +126,21 @@ def agent(
         typer.Option(min=1, help="twin-coordinator: FedAvg rounds per member (default: FitOptions', 240)."),
     ] = None,
     members: Annotated[int, typer.Option(min=1, help="twin-coordinator: ensemble members.")] = 1,
+    response_model: Annotated[
+        str, typer.Option(help="twin-coordinator: mail | bc | causal (invariant across the logs' policy ids; "
+                          "sites send per-policy sums and gradients, docs/federation.md).")
+    ] = "mail",
     keys: Annotated[
         Path | None,
         typer.Option(help="Keys directory (`edgetwin agent-keys`): every party's *.pub.pem and this agent's "
-                     "*.key.pem; its messages are signed, others' checked (default: $EDGETWIN_FEDERATION_KEYS; "
-                     "neither: unauthenticated, said in one warning line)."),
+                     "*.key.pem; its messages are signed, others' checked (default: $EDGETWIN_FEDERATION_KEYS). "
+                     "Required on a NATS bus: without it (or --insecure) the agent refuses to start, exit 2."),
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option("--insecure", help="Run without keys on a NATS bus: unauthenticated, so anyone who reaches "
+                     "the bus can speak for any party (said in one warning line). For trials only."),
+    ] = False,
     min_agents: Annotated[
         int, typer.Option(min=1, help="twin-site: every statistic this site sends is an aggregate over at least "
                           "this many agents (docs/federation.md).")
@@ -141,6 +150,10 @@ def agent(
 
     ``--fit-twin LOCAL_LOG`` runs one site's side of a federated twin fit (`twin-site`, the default
     role); ``twin-coordinator`` assembles and saves the twin (docs/federation.md).
+
+    Every message is signed with this agent's key and every received one checked: an agent on a
+    NATS bus needs ``--keys DIR`` (or $EDGETWIN_FEDERATION_KEYS; `edgetwin agent-keys` makes one) and
+    refuses to start without it (exit 2), unless ``--insecure`` (unauthenticated, one warning line).
     """
     import asyncio
 
@@ -156,13 +169,17 @@ def agent(
         if not keys.is_dir():
             raise InputError("no such keys directory", str(keys))
         os.environ[KEYS_ENV] = str(keys)  # read where each agent's bus is made (run_agent, run_twin_*)
+    from edgetwin.edge.message_auth import refuse_without_keys
+
+    if role not in ("esa", "coa", "gca", "twin-site", "twin-coordinator"):
+        raise InputError(f"role must be esa, coa, gca, twin-site or twin-coordinator, got {role!r}", "ROLE")
+    refuse_without_keys(f"edgetwin agent {role}", bus, insecure)  # before any slow work (reading a log)
     if role in ("twin-site", "twin-coordinator") or fit_twin is not None:
-        _twin_agent(role, bus, name, fit_twin, spec, fit_id, sites, out_dir, fed_rounds, members, min_agents)
+        _twin_agent(role, bus, name, fit_twin, spec, fit_id, sites, out_dir, fed_rounds, members, min_agents,
+                    insecure, response_model)
         return
     from edgetwin.federation.runner import FederationConfig, run_agent
 
-    if role not in ("esa", "coa", "gca"):
-        raise InputError(f"role must be esa, coa, gca, twin-site or twin-coordinator, got {role!r}", "ROLE")
     if config is None:
         raise InputError(f"an {role} needs --config", "--config")
     if role in ("esa", "coa") and name is None:
@@ -172,13 +189,15 @@ def agent(
     def emit(ev: dict[str, Any]) -> None:
         print(json.dumps(ev, default=json_default), flush=True)
 
-    doc = asyncio.run(run_agent(role, cfg, bus, name=name, state_dir=state_dir, result_path=result, emit=emit))
+    doc = asyncio.run(run_agent(role, cfg, bus, name=name, state_dir=state_dir, result_path=result, emit=emit,
+                                insecure=insecure))
     emit({"event": "done", "agent": role if name is None else f"{role}/{name}",
           "rounds": len(doc.get("records", doc.get("rounds", [])))})
 
 
 def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, spec: Path | None, fit_id: str,
-                sites: str | None, out_dir: Path | None, rounds: int | None, members: int, min_agents: int = 10) -> None:
+                sites: str | None, out_dir: Path | None, rounds: int | None, members: int, min_agents: int = 10,
+                insecure: bool = False, response_model: str = "mail") -> None:
     """`edgetwin agent --fit-twin LOG` (one site) and `edgetwin agent twin-coordinator` (the twin)."""
     import asyncio
 
@@ -197,7 +216,7 @@ def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, sp
         site = name or (str(df["site"].iloc[0]) if df["site"].nunique() == 1 else None)
         if site is None:
             raise InputError("the log has several sites; name this one with --name", "--name")
-        n = asyncio.run(run_twin_site(df, sp, bus, site, fit_id, emit=emit, min_agents=min_agents))
+        n = asyncio.run(run_twin_site(df, sp, bus, site, fit_id, emit=emit, min_agents=min_agents, insecure=insecure))
         emit({"event": "done", "agent": f"twin-site/{site}", "answered": n})
         return
     if spec is None or sites is None or out_dir is None:
@@ -205,7 +224,9 @@ def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, sp
     out_dir_arg(out_dir)
     names = [s.strip() for s in sites.split(",") if s.strip()]
     twin, rep = asyncio.run(run_twin_coordinator(TwinSpec.load(spec), names, bus, fit_id,
-                                                 FitOptions(members=members, **rounds_option(rounds)), on_round=emit))
+                                                 FitOptions(members=members, response_model=response_model,
+                                                            **rounds_option(rounds)),
+                                                 insecure=insecure, on_round=emit))
     twin.save(out_dir)
     signed_by = _sign_as_coordinator(out_dir)
     emit({"event": "done", "agent": "twin-coordinator", "twin": str(out_dir), "bytes_up": rep.bytes_up,
@@ -216,7 +237,8 @@ def _sign_as_coordinator(out_dir: Path) -> str | None:
     """The federated twin leaves the coordinator signed by it: with a keys directory holding the
     coordinator's private key (`KEYS_ENV`, ``--keys``), the saved twin gets its SIGNATURE.json under that
     key, so a site (or anyone) checks it with the coordinator's public key (``--trust``). Returns the
-    key id, or None when the coordinator runs without its key (unauthenticated, already warned)."""
+    key id, or None when the coordinator runs without its key (``--insecure``, already warned, or the
+    in-process ``memory`` bus)."""
     import os
 
     from edgetwin.edge.message_auth import KEYS_ENV, FederationKeys

@@ -32,7 +32,8 @@ def twin_fit(
     rounds: Annotated[int, typer.Option(min=0, help="MAIL-MMSG adversarial rounds per scenario (0: BC only).")] = 10,
     bc_epochs: Annotated[int, typer.Option(min=0, help="Behaviour-cloning epochs (engine and client pre-training).")] = 20,
     response_model: Annotated[str, typer.Option(help="mail | bc | supervised | causal (learns the actions' effects across the log's policy ids) | "
-                                                    "auto (causal when the log holds several policies with overlap, else mail).")] = "mail",
+                                                    "auto (causal when the log holds several policies with overlap, else mail); "
+                                                    "--federated: mail | bc | causal.")] = "mail",
     population_model: Annotated[str, typer.Option(help="gan-smmsg | gmm | gan | wgan | empirical.")] = "gan-smmsg",
     population_steps: Annotated[int | None, typer.Option(min=0, help="Generator updates of the population model.")] = None,
     site_model: Annotated[
@@ -252,8 +253,9 @@ def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, ro
     parts = split_by_site(df)
 
     def progress(rec: dict[str, Any]) -> None:
-        # the weights phase runs hundreds of short rounds (`FitOptions`): show one in 20
-        if not as_json and (rec["phase"] != "weights" or rec["step"] % WEIGHT_ROUNDS_SHOWN_EVERY == 0 or rec["missing"]):
+        # the weights and causal phases run hundreds of short rounds (`FitOptions`): show one in 20
+        if not as_json and (rec["phase"] not in ("weights", "causal_sums", "causal_grad")
+                            or rec["step"] % WEIGHT_ROUNDS_SHOWN_EVERY == 0 or rec["missing"]):
             out.print(f"round {rec['seq']:>3} {rec['phase']:<11} member {rec['member']} step {rec['step']:>2}: "
                       f"{len(rec['sites'])}/{len(parts)} sites ({rec['reason']}, {rec['seconds']:.1f} s)"
                       + (f", missing {rec['missing']}" if rec["missing"] else ""))

@@ -42,7 +42,8 @@ from edgetwin.contract.errors import InputError
 from edgetwin.edge.messages import Envelope, MessageRejected
 from edgetwin.edge.signing import Signer, load_public_key, save_private_key, save_public_key
 
-__all__ = ["KEYS_ENV", "FederationKeys", "Keyring", "MessageAuth", "auth_from_env", "identity_file", "write_keys"]
+__all__ = ["INSECURE_FLAG", "KEYS_ENV", "FederationKeys", "Keyring", "MessageAuth", "auth_from_env", "identity_file",
+           "leaves_process", "refuse_without_keys", "require_auth", "write_keys"]
 
 log = logging.getLogger("edgetwin.edge.message_auth")
 
@@ -173,8 +174,54 @@ KEYS_ENV = "EDGETWIN_FEDERATION_KEYS"
 
 def auth_from_env(*identities: str) -> MessageAuth | None:
     """`MessageAuth` for ``identities`` from the keys directory in `KEYS_ENV`; None when unset
-    (the caller then runs unauthenticated and says so)."""
+    (`require_auth` then decides: refuse, or run unauthenticated when the user said so)."""
     d = os.environ.get(KEYS_ENV, "")
     if not d:
         return None
     return FederationKeys.load(d, identities).auth(*identities)
+
+
+#: the one way to run a party of a federation without keys on a bus that leaves its process
+#: (``edgetwin agent --insecure``; ``insecure=True`` from Python). A flag and not an environment
+#: variable on purpose: it is visible in the command line of the very process it weakens, and a
+#: variable exported once in a shell profile would silently switch authentication off everywhere.
+INSECURE_FLAG = "--insecure"
+
+
+def leaves_process(bus: object) -> bool:
+    """Whether a bus spec reaches beyond this process: True for ``nats://``/``tls://`` URLs and for
+    bus factories (what they connect to cannot be told), False for the in-process ``memory`` bus
+    (its broker lives in this process: every party on it is code this process runs)."""
+    return not (isinstance(bus, str) and (bus == "memory" or bus.startswith("memory://")))
+
+
+def refuse_without_keys(who: str, bus: object, insecure: bool = False) -> None:
+    """Raise `InputError` (exit 2, one line naming ``--keys``, `KEYS_ENV` and `INSECURE_FLAG`) when
+    no keys directory is set, ``bus`` leaves the process and the user did not pass ``insecure``.
+    Cheap and silent otherwise: the CLI calls it before any slow work (reading a log)."""
+    if os.environ.get(KEYS_ENV, "") or insecure or not leaves_process(bus):
+        return
+    # the bus spec is not echoed: a nats:// URL may carry a password
+    raise InputError(f"{who} needs a keys directory to talk over a bus outside this process: pass --keys DIR "
+                     f"or set {KEYS_ENV} (make one with `edgetwin agent-keys`), or {INSECURE_FLAG} to run "
+                     "unauthenticated", where="--keys")
+
+
+def require_auth(*identities: str, bus: object, insecure: bool = False) -> MessageAuth | None:
+    """The keys of a party run as its own process, or a refusal.
+
+    From the keys directory in `KEYS_ENV` (``edgetwin agent --keys DIR`` sets it). Without one, on
+    a bus that leaves the process (`leaves_process`) anyone who can reach the bus could speak for
+    any party, so this refuses (`refuse_without_keys`) unless ``insecure`` (`INSECURE_FLAG`), which
+    runs unauthenticated and says so in one warning line. On the in-process ``memory`` bus no key
+    is needed: nothing outside the process can reach it. Returns None when running unauthenticated.
+    """
+    auth = auth_from_env(*identities)
+    if auth is not None:
+        return auth
+    who = ", ".join(identities)
+    refuse_without_keys(who, bus, insecure)
+    if insecure:
+        log.warning("%s runs unauthenticated (%s): anyone who reaches the bus can speak for any party (docs/bus.md)",
+                    who, INSECURE_FLAG)
+    return None

@@ -44,7 +44,7 @@ import numpy as np
 
 from edgetwin.contract.errors import InputError
 from edgetwin.edge.bus import Bus, make_bus
-from edgetwin.edge.message_auth import KEYS_ENV, FederationKeys, auth_from_env, write_keys
+from edgetwin.edge.message_auth import INSECURE_FLAG, KEYS_ENV, FederationKeys, require_auth, write_keys
 from edgetwin.federation.agents import (
     AggregatorAgent,
     ClusterOrchestratorAgent,
@@ -65,6 +65,7 @@ __all__ = [
     "agent_command",
     "build_federation",
     "build_tree",
+    "federation_identities",
     "make_federation_config",
     "rounds_to_fraction",
     "run_agent",
@@ -480,14 +481,17 @@ async def build_federation(
     exclude_sites: Sequence[str] = (),
     state_dir: str | Path | None = None,
     keys: FederationKeys | None = None,
+    insecure: bool = False,
 ) -> Federation:
     """Build and start every agent of ``cfg`` in this process (without running rounds).
 
     Every message is signed by its sender's key and checked against the keyring on receipt
     (`edgetwin.edge.message_auth`): ``keys`` holds every agent's public key and the private keys
-    of the agents built here; None: fresh keys for every agent (all in this process). With
-    ``exclude_sites`` and no ``keys``, the agents elsewhere hold no key of this keyring, so the
-    federation then runs unauthenticated (one warning line): pass ``keys`` from a keys directory.
+    of the agents built here; None: fresh keys for every agent (all in this process, so a
+    keyring made here is complete and nobody else holds its private keys). With
+    ``exclude_sites`` and no ``keys``, the agents elsewhere could hold no key of such a keyring,
+    so this refuses (`InputError` naming ``keys``): pass ``keys`` from a keys directory, or
+    ``insecure=True`` to run the federation unauthenticated (one warning line).
 
     Args:
         bus: ``"memory"`` (a fresh in-process broker), ``"nats://..."``, or a factory
@@ -500,6 +504,10 @@ async def build_federation(
     """
     root, parent_of, leaf_of = build_tree(cfg)
     sites = cfg.site_specs()
+    if keys is None and exclude_sites and not insecure:  # before any bus is connected
+        raise InputError(f"sites {sorted(exclude_sites)} run outside this process: pass keys from a keys directory "
+                         f"(FederationKeys.load) or insecure=True ({INSECURE_FLAG}) to run unauthenticated",
+                         where="keys")
     if share_bus not in ("none", "cluster", "all"):
         raise InputError(
             f"share_bus must be 'none', 'cluster' or 'all', got {share_bus!r}", where="share_bus"
@@ -593,7 +601,8 @@ async def build_federation(
     if keys is None and not exclude_sites:
         keys = FederationKeys.generate(i for ids in speaks.values() for i in ids)
     if keys is None:
-        log.warning("federation %s runs unauthenticated: agents outside this process and no keys directory", cfg.run)
+        log.warning("federation %s runs unauthenticated (%s): agents outside this process and no keys",
+                    cfg.run, INSECURE_FLAG)
     else:
         for b in buses:
             b.auth = keys.auth(*speaks[id(b)])
@@ -737,6 +746,13 @@ def train_independent(
 
 
 # ------------------------------------------------------------------------------ processes
+def federation_identities(cfg: FederationConfig) -> list[str]:
+    """Every party of ``cfg`` as it signs: ``agg/<group>`` per aggregator (the GCA is the root
+    group), ``esa/<site>`` per site (what `edgetwin agent-keys` needs to make its keys directory)."""
+    root, _, _ = build_tree(cfg)
+    return [f"agg/{n.name}" for n in root.walk()] + [f"esa/{s.name}" for s in cfg.site_specs()]
+
+
 async def run_agent(
     role: str,
     cfg: FederationConfig,
@@ -745,8 +761,13 @@ async def run_agent(
     state_dir: str | Path | None = None,
     result_path: str | Path | None = None,
     emit: Callable[[dict[str, Any]], None] | None = None,
+    insecure: bool = False,
 ) -> dict[str, Any]:
     """Run one agent of ``cfg`` until the federation closes (what ``edgetwin agent`` does).
+
+    Its keys come from the keys directory in `KEYS_ENV`; without one it refuses to talk over a
+    bus outside this process (`InputError` naming ``--keys``) unless ``insecure``
+    (`edgetwin.edge.message_auth.require_auth`).
 
     Args:
         role: ``"esa"``, ``"coa"`` or ``"gca"``.
@@ -760,9 +781,7 @@ async def run_agent(
         raise InputError(f"role must be esa, coa or gca, got {role!r}", where="ROLE")
     sites = {s.name: s for s in cfg.site_specs()}
     identity = f"esa/{name}" if role == "esa" else f"agg/{name}" if role == "coa" else f"agg/{root.name}"
-    auth = auth_from_env(identity)
-    if auth is None:
-        log.warning("%s %s runs unauthenticated: set %s to a keys directory (docs/bus.md)", role, name or "", KEYS_ENV)
+    auth = require_auth(identity, bus=bus_spec, insecure=insecure)
     bus = make_bus(bus_spec, name=f"{role}-{name or 'global'}")
     bus.auth = auth
     await bus.connect()
@@ -910,8 +929,7 @@ async def _run_processes(
     cfg_path = cfg.save(wd / "federation.json")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if not env.get(KEYS_ENV):  # every agent on this machine: one keys directory with all their keys
-        ids = [f"agg/{n.name}" for n in root.walk()] + [f"esa/{s.name}" for s in cfg.site_specs()]
-        env[KEYS_ENV] = str(write_keys(wd / "keys", ids, overwrite=True))
+        env[KEYS_ENV] = str(write_keys(wd / "keys", federation_identities(cfg), overwrite=True))
     procs: list[asyncio.subprocess.Process] = []
     logs = []
 

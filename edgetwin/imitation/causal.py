@@ -29,8 +29,9 @@ so no weight can recover the effect from its rows. On the closed-form system of
 stabilised inverse-propensity weighting with the logged propensities moved the estimated effect of
 the knob from +5.8 (today's regression) only to +3.4, the truth being -1; this model gets -1 ± 0.3.
 
-Federation: the loss depends on the rows only through per-policy sums (count, Σ|r|², Σr, Σr² per
-output), so a federated fit can aggregate those per round without any raw row leaving its site.
+Federation: the loss depends on the rows only through per-policy sums (count, Σr and Σr² per
+output; Σ|r|² is the sum of the latter), so a federated fit can aggregate those per round without
+any raw row leaving its site (`group_sums`, `invariance_loss`; `edgetwin.federation.twin.causal`).
 
 Shapes: ``x (N, in)`` client inputs, ``y (N, out)`` standardised outputs (as for
 `SupervisedResponseModel`), ``policy (N,)`` any hashable ids. Outputs are clipped to ±`OUTPUT_CLIP`.
@@ -102,14 +103,7 @@ class CausalResponseModel:
         groups = [np.flatnonzero(codes == k) for k in range(int(codes.max()) + 1)]
         groups = [g for g in groups if len(g) >= 2]  # a variance needs two rows
         gen = th.Generator().manual_seed(self.seed)
-        th.manual_seed(self.seed)
-        layers: list[th.nn.Module] = []
-        width = x.shape[1]
-        for h in self.hidden:
-            layers += [th.nn.Linear(width, h), th.nn.Tanh()]
-            width = h
-        layers.append(th.nn.Linear(width, y.shape[1]))
-        self.net = th.nn.Sequential(*layers)
+        self.net = self.init_net(x.shape[1], y.shape[1])
         opt = th.optim.Adam(self.net.parameters(), lr=self.lr)
         sched = th.optim.lr_scheduler.CosineAnnealingLR(opt, self.steps)
         xt, yt = th.from_numpy(x), th.from_numpy(y)
@@ -133,6 +127,19 @@ class CausalResponseModel:
         resid = y - self.mean(x)
         self.noise_std = resid.std(axis=0)
         return self
+
+    def init_net(self, n_in: int, n_out: int) -> th.nn.Sequential:
+        """The untrained MLP ``n_in -> hidden (tanh) -> n_out``, initialised from ``seed`` (torch's
+        global generator): `fit` starts from it, and so does a federated fit of the same seed, so
+        both start from the same weights."""
+        th.manual_seed(self.seed)
+        layers: list[th.nn.Module] = []
+        width = n_in
+        for h in self.hidden:
+            layers += [th.nn.Linear(width, h), th.nn.Tanh()]
+            width = h
+        layers.append(th.nn.Linear(width, n_out))
+        return th.nn.Sequential(*layers)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The fitted model as plain arrays (saved as npz, no pickle); `from_arrays` inverts it.
@@ -200,3 +207,39 @@ class CausalResponseModel:
         return np.clip(mu + self.noise_std * rng.standard_normal(mu.shape), -OUTPUT_CLIP, OUTPUT_CLIP).astype(
             np.float32
         )
+
+
+def group_sums(residuals: Sequence[th.Tensor]) -> th.Tensor:
+    """``(K, 1 + 2·out)``: per policy, its row count, Σr and Σr² per output — everything
+    `invariance_loss` needs from the rows (differentiable in the residuals ``(n_k, out)``)."""
+    out = []
+    for r in residuals:
+        n = th.full((1,), float(len(r)), dtype=r.dtype)
+        out.append(th.cat([n, r.sum(0), (r * r).sum(0)]))
+    return th.stack(out)
+
+
+def invariance_loss(sums: th.Tensor, invariance: float) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    """`CausalResponseModel`'s loss from per-policy sums ``(K, 1 + 2·out)`` (`group_sums`):
+    ``(loss, error, penalty)``.
+
+    The same quantities `fit` computes on a batch's residuals — the per-policy mean squared
+    residual, mean and unbiased variance (torch's ``var``) — written as functions of the sums, so
+    that sums added up over several sites give the loss of their pooled rows. Policies with fewer
+    than two rows are left out (a variance needs two), as `fit` leaves them out.
+    """
+    n = sums[:, 0]
+    keep = n >= 2
+    if not bool(keep.any()):
+        zero = sums.sum() * 0.0
+        return zero, zero, zero
+    out = (sums.shape[1] - 1) // 2
+    n, s1, s2 = n[keep], sums[keep, 1 : 1 + out], sums[keep, 1 + out :]
+    error = (s2.sum(1) / (n * out)).mean()
+    means = s1 / n[:, None]
+    var = (s2 - n[:, None] * means**2) / (n[:, None] - 1)
+    logvar = th.log(var.clamp_min(0.0) + 1e-6)
+    penalty = ((means - means.mean(0)) ** 2).sum(1).mean() + (
+        (logvar - th.log(logvar.exp().mean(0))) ** 2
+    ).sum(1).mean()
+    return error + invariance * penalty, error, penalty

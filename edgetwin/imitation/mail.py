@@ -194,7 +194,8 @@ def numpy_actor(layers: list[Any]) -> list[Any] | None:
 
 def numpy_forward(layers: list[Any], x: np.ndarray) -> np.ndarray:
     """``(N, in) -> (N, out)`` float32 (a fresh array): `plain_forward` with numpy activations
-    (`numpy_actor`'s ``layers``), the inference path of a twin's tick; call under ``torch.no_grad``.
+    (`numpy_actor`'s ``layers``); call under ``torch.no_grad``. A twin's tick runs its first layer by
+    blocks instead (`edgetwin.imitation.split.SplitNetwork`) and the layers after it as here.
 
     Why: at a twin's sizes (10,000 agents, 64-unit layers) torch's CPU ``tanh`` took half the
     client network's time, and numpy's vectorised float32 ``tanh`` is ~13x faster. The linear

@@ -19,9 +19,16 @@ import pandas as pd
 from sklearn.neighbors import NearestNeighbors
 
 from edgetwin.contract.errors import InputError
-from edgetwin.imitation.layout import Layout
+from edgetwin.imitation.layout import DAY_SECONDS, Layout
 from edgetwin.imitation.site_model import SiteStateModel, site_element_features
-from edgetwin.imitation.steps import client_features, group_bins, group_means, transition_features
+from edgetwin.imitation.steps import (
+    client_features,
+    group_bins,
+    group_means,
+    segment_means,
+    segment_starts,
+    transition_features,
+)
 
 # SiteStateModel is exported here too: twins saved before it had a module of its own pickled their
 # site model as edgetwin.imitation.world.SiteStateModel (tests/test_imitation.py loads one).
@@ -99,34 +106,74 @@ class World:
         its bins and counts kept per ``site`` array: the same sums, without rebuilding them)."""
         d = values.shape[1]
         n_sites = self.n_sites
-        bins = self._kept(f"bins{d}", (self.site,), lambda: group_bins(self.site, d))
         counts = self._kept(
             "counts", (self.site,), lambda: np.bincount(self.site, minlength=n_sites).astype(np.float64)
         )
+        starts = self._kept("starts", (self.site,), lambda: segment_starts(self.site, n_sites))
+        if starts is not None:  # agents site by site (a generated world): the same sums, faster
+            return segment_means(values, starts, counts)
+        bins = self._kept(f"bins{d}", (self.site,), lambda: group_bins(self.site, d))
         return group_means(values, self.site, n_sites, bins=bins, counts=counts)
 
     def _site_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """``(model z(state) (N, S), its site means (N, S), site sizes (N,), z(profile) site means
         (N, P) or None)`` of every agent at this tick."""
         lay = self.layout
-        zs_all = self._kept("mzs", (self.state,), lambda: lay.model_state(self.zstate()))
+        zs_all = self.model_zstate()
         n_sites = self.n_sites
-        means = self._kept(
-            "zs_means",
-            (self.state, self.site),
-            lambda: self.site_means(np.asarray(zs_all, np.float64))[self.site],
-        )
+        means = self._kept("zs_means", (self.state, self.site), lambda: self._zs_site_means()[self.site])
         size = self._kept("size", (self.site,), lambda: np.bincount(self.site, minlength=n_sites)[self.site])
         pmeans = (
-            self._kept(
-                "zp_means",
-                (self.profile, self.site),
-                lambda: self.site_means(np.asarray(self.zprofile(), np.float64))[self.site],
-            )
+            self._kept("zp_means", (self.profile, self.site), lambda: self._zp_site_means()[self.site])
             if lay.site_profile
             else None
         )
         return zs_all, means, size, pmeans
+
+    def model_zstate(self) -> np.ndarray:
+        """``(N, S)`` z(state) as the learned models see it (`Layout.model_state`; read-only)."""
+        return self._kept("mzs", (self.state,), lambda: self.layout.model_state(self.zstate()))
+
+    def _zs_site_means(self) -> np.ndarray:
+        """``(n_sites, S)`` float64 site means of `model_zstate`."""
+        return self._kept(
+            "zs_site_means", (self.state, self.site), lambda: self.site_means(np.asarray(self.model_zstate(), np.float64))
+        )
+
+    def _zp_site_means(self) -> np.ndarray:
+        """``(n_sites, P)`` float64 site means of `zprofile`."""
+        return self._kept(
+            "zp_site_means", (self.profile, self.site), lambda: self.site_means(np.asarray(self.zprofile(), np.float64))
+        )
+
+    def client_site_inputs(self) -> np.ndarray:
+        """``(n_sites, W)`` float32: the client inputs that are one value per site at this tick, the
+        columns ``[P+S+A, n_client_inputs)`` of `client_inputs` (site means of the models'
+        z(state), the lagged site means, the log site size, the site means of z(profile), the time
+        of day), one row per site: an agent's row of `client_inputs` ends with its site's row here,
+        to the bit (the same float64 values rounded to float32 the same way)."""
+        lay = self.layout
+        n_sites = self.n_sites
+        counts = self._kept("site_counts", (self.site,), lambda: np.bincount(self.site, minlength=n_sites))
+        log_size = self._kept("site_log_size", (self.site,), lambda: np.log1p(counts) - lay.log_size_center)
+        parts: list[np.ndarray] = [self._zs_site_means(), self.lag, log_size[:, None]]
+        if lay.site_profile:
+            parts.append(self._zp_site_means())
+        if lay.use_time:
+            # as `client_features` computes it for a world's tick (``t`` as ``(1,)``): the same bits
+            t = np.asarray(np.full(1, self.t), np.float64)
+            phase = 2.0 * np.pi * ((t * lay.spec.step_seconds) % DAY_SECONDS) / DAY_SECONDS
+            parts += [np.broadcast_to(np.sin(phase), (n_sites, 1)), np.broadcast_to(np.cos(phase), (n_sites, 1))]
+        return np.concatenate(parts, axis=1, dtype=np.float32)
+
+    def client_agent_inputs(self, za: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """``(n, S+A)`` float32 (a fresh array): the per-agent client inputs ``[z(state) as the
+        models see it, z(action)]`` of agents ``rows`` (default all) given their standardised
+        actions ``za (n, A)``: the columns ``[P, P+S+A)`` of `client_inputs`, to the bit."""
+        zs = self.model_zstate()
+        if rows is not None:
+            zs = zs[rows]
+        return np.concatenate([zs, za], axis=1, dtype=np.float32)
 
     def engine_inputs(self) -> np.ndarray:
         """``(N, P+S)`` standardised ``[profile, state]``."""
@@ -175,6 +222,7 @@ class World:
         transition: Mapping[int, Any] | None = None,
         outputs: np.ndarray | None = None,
         za: np.ndarray | None = None,
+        zy: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Apply standardised model outputs ``y (N, n_model_outputs)`` of this tick.
 
@@ -186,6 +234,8 @@ class World:
                 client's ``Δstate``: it sees the whole site's actions and outputs of this tick.
             outputs, za: the raw outputs ``inverse(y[:, :Y])`` and standardised ``action``, when
                 the caller has them already (exactly these values; they are not recomputed).
+            zy: ``(N, Y)`` the standardised legal outputs, when the caller has them (default
+                ``transform(outputs)``; a twin's tick passes `ColumnScaler.legal_z` of ``y``).
 
         Returns:
             ``(outputs_raw (N, Y), next_state_raw (N, S))``; the world moves to t+1.
@@ -197,7 +247,8 @@ class World:
         else:
             out_raw = lay.scalers["outputs"].inverse(y[:, :ny]) if ny else np.zeros((self.n, 0))
         zs = self.zstate()
-        zy = lay.scalers["outputs"].transform(out_raw) if ny else np.zeros((self.n, 0))
+        if zy is None:
+            zy = lay.scalers["outputs"].transform(out_raw) if ny else np.zeros((self.n, 0))
         if za is None:
             za = lay.scalers["action"].transform(action)
         site_now = self.site_means(np.concatenate([za, zy], axis=1, dtype=np.float64))

@@ -8,7 +8,11 @@
   decodes past the limit are refused, and the next valid message is delivered — on the in-process
   bus and on a real nats-server;
 * no service group's profile leaves its site: a curious coordinator, holding everything sites
-  publish and the final twin, recovers no agent's profile closer than a stated distance.
+  publish and the final twin, recovers no agent's profile closer than a stated distance;
+* an agent run as its own process on a real bus is authenticated or does not start: without a keys
+  directory it exits 2 with one line naming ``--keys`` / ``EDGETWIN_FEDERATION_KEYS`` (and
+  `build_federation` refuses sites run elsewhere without keys); only ``--insecure`` runs it
+  unauthenticated, with one warning line.
 """
 
 from __future__ import annotations
@@ -421,3 +425,104 @@ def test_the_federated_twin_leaves_the_coordinator_signed_by_its_key(tmp_path: P
     write_manifest(twin, "twin")  # re-sealed after signing: the signature no longer matches
     with pytest.raises(ArtifactRejected):
         verify_directory(twin, "twin", TrustStore([load_public_key(coordinator_pub)]))
+
+
+# ------------------------------------------------------------------------------------ no keys, no start
+def _agent_argv(role: str, tmp_path: Path, url: str) -> list[str]:
+    """`edgetwin agent ROLE` with everything it needs but keys: a policy-federation ESA, a twin site
+    with its log, a twin coordinator."""
+    from edgetwin.federation.runner import make_federation_config
+
+    if role == "esa":
+        cfg = make_federation_config(sites=2, rounds=1, hierarchy=False, compression=False, seed=0)
+        return ["esa", "--config", str(cfg.save(tmp_path / "fed.json")), "--name", "site-0", "--bus", url]
+    df, spec = generate_logs(ClusterConfig(n_agents=4, steps=4), episodes=1, seed=3)
+    df.to_parquet(tmp_path / "log.parquet", index=False)
+    spec.save(tmp_path / "log.spec.toml")
+    if role == "twin-site":
+        return ["--fit-twin", str(tmp_path / "log.parquet"), "--name", "edge-a", "--bus", url, "--min-agents", "1"]
+    return ["twin-coordinator", "--spec", str(tmp_path / "log.spec.toml"), "--sites", "edge-a", "--bus", url,
+            "--out", str(tmp_path / "twin")]
+
+
+def _agent_process(argv: list[str], *extra: str, env_keys: str | None = None) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    from edgetwin.edge.message_auth import KEYS_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != KEYS_ENV}
+    env.update({"PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen([sys.executable, "-m", "edgetwin.cli", "agent", *argv, *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.nats
+@pytest.mark.parametrize("role", ["esa", "twin-site", "twin-coordinator"])
+def test_an_agent_on_nats_without_keys_exits_2_with_one_line_naming_the_flag(role: str, tmp_path: Path,
+                                                                            nats_server: Any) -> None:
+    """No --keys, no $EDGETWIN_FEDERATION_KEYS, a real nats-server it could reach: the agent does not
+    start (before, it ran unauthenticated with a warning and waited for its federation)."""
+    import subprocess
+
+    proc = _agent_process(_agent_argv(role, tmp_path, nats_server.url))
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"`edgetwin agent {role}` without keys started and ran (it must exit 2 at once)")
+    lines = err.strip().splitlines()
+    assert proc.returncode == 2, err
+    assert len(lines) == 1 and "--keys" in lines[0] and "EDGETWIN_FEDERATION_KEYS" in lines[0], err
+    assert "--insecure" in lines[0] and "Traceback" not in err and out == ""
+    assert not (tmp_path / "twin").exists()
+
+
+@pytest.mark.nats
+def test_an_agent_with_insecure_starts_unauthenticated_and_says_so_in_one_line(tmp_path: Path, nats_server: Any) -> None:
+    """`--insecure` is the one way past the refusal: the ESA connects, says it is ready, and its
+    stderr has exactly one line saying it runs unauthenticated."""
+    import select
+    import time
+
+    proc = _agent_process(_agent_argv("esa", tmp_path, nats_server.url), "--insecure")
+    ready = False
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while not ready and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                line = proc.stdout.readline()
+                ready = line.startswith("{") and json.loads(line).get("event") == "ready"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert ready, err
+    warned = [ln for ln in err.splitlines() if "unauthenticated" in ln]
+    assert len(warned) == 1 and "--insecure" in warned[0] and "esa/site-0" in warned[0], err
+
+
+def test_a_federation_with_sites_elsewhere_and_no_keys_is_refused_from_python() -> None:
+    """`build_federation(exclude_sites=...)` without keys: those sites could hold no key of a keyring
+    made here, so it refuses (InputError naming ``keys``) before any bus connects; ``insecure=True``
+    builds it unauthenticated."""
+    from edgetwin.contract.errors import InputError
+    from edgetwin.federation.runner import build_federation, make_federation_config
+
+    cfg = make_federation_config(sites=2, rounds=1, hierarchy=False, compression=False, seed=0)
+
+    async def build(insecure: bool) -> Any:
+        fed = await build_federation(cfg, "memory", exclude_sites=["site-1"], insecure=insecure)
+        for a in [*fed.esas, *fed.coas, fed.gca]:
+            await a.stop()
+        for b in fed.buses:
+            await b.close()
+        return fed
+
+    with pytest.raises(InputError) as e:
+        asyncio.run(build(False))
+    assert e.value.where == "keys" and "site-1" in e.value.message
+    fed = asyncio.run(build(True))
+    assert all(b.auth is None for b in fed.buses) and [a.name for a in fed.esas] == ["esa/site-0"]

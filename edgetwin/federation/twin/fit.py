@@ -23,6 +23,9 @@ phase          a site sends                                                aggre
 ``weights``    its behaviour-cloned engine and client models after a few   FedAvg / FedAvgM /
                local epochs from the global ones, as a delta               secure / DP
 ``residual``   sums of squared residuals of the global models              sums
+``causal_*``   (``response_model="causal"``) per scenario and policy: the   sums, then one Adam
+               sums of its rows' residuals, then the gradient of the        step on the pooled
+               pooled loss's share of its rows (`twin.causal`)              loss's gradient
 =============  ==========================================================  =====================
 
 What it learns: the layout and scalers from pooled statistics; the population as one Gaussian
@@ -52,9 +55,11 @@ from threadpoolctl import threadpool_limits
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
+from edgetwin.federation.twin.agents import effective_agents
 from edgetwin.federation.twin.mail import mail_config
 from edgetwin.generative.gmm import GMMPopulation
 from edgetwin.generative.transform import ColumnCodec, ProfileTransformer
+from edgetwin.imitation.causal import INVARIANCE
 from edgetwin.imitation.layout import ColumnScaler, Layout
 from edgetwin.imitation.mail import (
     MIN_STD,
@@ -138,7 +143,12 @@ class FitOptions:
         net_arch, engine_arch: hidden layers of client and engine models (as `MailConfig`).
         seed: the same seed and logs give the same twin.
         response_model: ``"mail"`` (default, as `Twin.fit`: behaviour cloning, then ``adv_rounds``
-            federated adversarial rounds, `edgetwin.federation.twin.mail`) or ``"bc"``.
+            federated adversarial rounds, `edgetwin.federation.twin.mail`), ``"bc"``, or
+            ``"causal"`` (`edgetwin.imitation.causal.CausalResponseModel`, fitted on the pooled loss
+            by ``causal_steps`` full-batch steps of two rounds each, `edgetwin.federation.twin.causal`;
+            the engines stay behaviour-cloned).
+        causal_steps, causal_lr, invariance: the causal model's Adam steps, learning rate and
+            invariance weight (`CausalResponseModel`'s ``steps``, ``lr``, ``invariance``).
         population_model: ``"gan-smmsg"`` (default, as `Twin.fit`: ``gan_rounds`` federated rounds
             of ``gan_local_steps`` steps per site, `edgetwin.federation.twin.gan`) or ``"gmm"``
             (the federated-EM mixture alone).
@@ -165,10 +175,17 @@ class FitOptions:
     gan_rounds: int = 10
     gan_local_steps: int = 50
     gan: dict[str, Any] = field(default_factory=dict)
+    causal_steps: int = 600
+    causal_lr: float = 1e-2
+    invariance: float = INVARIANCE
 
     def __post_init__(self) -> None:
-        if self.response_model not in ("mail", "bc"):
-            raise InputError(f"response model must be 'mail' or 'bc', got {self.response_model!r}", where="--response-model")
+        if self.response_model not in ("mail", "bc", "causal"):
+            raise InputError(f"response model must be 'mail', 'bc' or 'causal', got {self.response_model!r}",
+                             where="--response-model")
+        if self.causal_steps < 1 or not self.causal_lr > 0 or not self.invariance >= 0:
+            raise InputError(f"need causal_steps >= 1, causal_lr > 0, invariance >= 0; got {self.causal_steps}, "
+                             f"{self.causal_lr}, {self.invariance}", where="options")
         if self.population_model not in ("gan-smmsg", "gmm"):
             raise InputError(f"population model must be 'gan-smmsg' or 'gmm', got {self.population_model!r}",
                              where="--population-model")
@@ -227,6 +244,9 @@ class TwinFitPlan:
         self.layout: Layout | None = None
         #: parameters of the federated GAN (set by whoever builds it, `twin.gan.gan_size`)
         self.population_size: int | None = None
+        #: the logged policy ids the causal response model is invariant across (the union of the
+        #: sites' ``hello``; `edgetwin.federation.twin.causal.site_policies`)
+        self.policies: list[str] = []
         self._policy_names: list[tuple[str, int, list[str], list[tuple[int, ...]]]] | None = None
 
     @property
@@ -286,6 +306,14 @@ class TwinFitPlan:
             if self.population_size is None:
                 raise InputError("the population model is built after em", where="twin_task")
             return {"params": (self.population_size,)}
+        if phase in ("causal_sums", "causal_grad"):
+            assert self.layout is not None
+            from edgetwin.federation.twin.causal import causal_size
+
+            sums = (n, len(self.policies), 1 + 2 * self.layout.n_model_outputs)
+            if phase == "causal_sums":
+                return {"sums": sums}
+            return {"grad": (causal_size(self.layout, self.options.to_dict()),)}
         if phase == "residual":
             assert self.layout is not None
             return {"client.ss": (n, self.layout.n_model_outputs), "client.n": (n,),
@@ -409,16 +437,6 @@ def _kmeans(x: np.ndarray, k: int, seed: int, weights: np.ndarray | None = None)
     return km.cluster_centers_, km.labels_
 
 
-def effective_agents(weights_by_agent: np.ndarray) -> float:
-    """Kish's effective number of agents ``(sum w)^2 / sum w^2`` of a group whose agents carry
-    ``weights_by_agent`` (rows, or responsibilities, per agent): 10 agents with one row each give
-    10; one agent with 100 rows and 9 with one row each give about 1.2 — what a mean over the
-    group reveals of its largest contributor."""
-    w = np.asarray(weights_by_agent, np.float64)
-    ss = float((w * w).sum())
-    return float(w.sum() ** 2 / ss) if ss > 0 else 0.0
-
-
 def agent_clusters(x: np.ndarray, agents: np.ndarray, k: int, min_agents: int, seed: int,
                    weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Centroids of ``x (N, D)`` that are each a mean over at least ``min_agents`` effective agents.
@@ -507,14 +525,21 @@ class SiteFitter:
         self._em_groups: list[np.ndarray] | None = None
         self._gan: Any = None
         self._adv: dict[int, Any] = {}
+        self._causal: dict[int, Any] = {}
 
     # --- hello ------------------------------------------------------------------------------
-    def hello(self) -> tuple[np.ndarray, dict[str, Any]]:
-        labels = {
+    def hello(self, policies: bool = False) -> tuple[np.ndarray, dict[str, Any]]:
+        """Its row count and labels; with ``policies`` (a causal fit) also the ids of the policies
+        it logged over at least ``min_agents`` agents (`twin.causal.site_policies`)."""
+        labels: dict[str, Any] = {
             "scenarios": sorted(str(s) for s in self.df["scenario"].unique()),
             "site": str(self.name),
             "columns": [str(c) for c in self.df.columns],
         }
+        if policies:
+            from edgetwin.federation.twin.causal import site_policies
+
+            labels["policies"] = site_policies(self.df, self.min_agents)
         return np.array([len(self.df)], np.float32), labels
 
     def set_plan(self, plan: TwinFitPlan) -> None:
@@ -808,6 +833,30 @@ class SiteFitter:
                 parts["client.n"][s] = len(crow)
         return plan.pack("residual", parts)
 
+    # --- the causal response model (`edgetwin.federation.twin.causal`) ------------------------
+    def _site_causal(self, member: int) -> Any:
+        from edgetwin.federation.twin.causal import SiteCausal
+
+        plan = self.plan
+        assert plan is not None and plan.layout is not None
+        self._require_agents()
+        if member not in self._causal:
+            self._causal = {member: SiteCausal(self._member_steps(member), plan.layout, plan.policies, self.min_agents,
+                                               plan.options.to_dict(), member)}
+        return self._causal[member]
+
+    def causal_sums(self, member: int, params: np.ndarray) -> np.ndarray:
+        """Per scenario and policy: the count, Σr and Σr² of its rows' residuals at ``params``."""
+        return self._site_causal(member).sums(np.asarray(params, np.float32))  # type: ignore[no-any-return]
+
+    def causal_grad(self, member: int, params: np.ndarray) -> np.ndarray:
+        """``params`` = the models' weights ++ ``∂L/∂S``: the gradient of this site's share of the loss."""
+        plan = self.plan
+        assert plan is not None
+        k = plan.size("causal_grad")
+        p = np.asarray(params, np.float32)
+        return self._site_causal(member).gradient(p[:k], p[k:])  # type: ignore[no-any-return]
+
     # --- the default family: GAN-SMMSG population, MAIL's adversarial rounds ------------------
     def population(self, step: int, global_vector: np.ndarray, transformer: ProfileTransformer,
                    gmm: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, float]:
@@ -912,6 +961,11 @@ class TwinAssembler:
         cols = set.intersection(*(set(lab["columns"]) for lab in labels.values()))
         self.site_names = sorted(str(lab["site"]) for lab in labels.values())
         self.plan = TwinFitPlan(self.spec, scen, sorted(cols), REWARD_COLUMN in cols, self.options)
+        if self.options.response_model == "causal":
+            self.plan.policies = sorted({str(p) for lab in labels.values() for p in lab.get("policies", [])})
+            if not self.plan.policies:
+                raise InputError("no site logged any policy over at least its min_agents agents: nothing to fit a "
+                                 "causal response model on", where="--response-model")
         return self.plan
 
     def context1(self, total: np.ndarray) -> dict[str, Any]:
@@ -1168,6 +1222,17 @@ class TwinAssembler:
             pol.load_state_dict(mods[f"client{s}"].state_dict())
         mem.history = pd.concat([mem.history, pd.DataFrame(rounds)], ignore_index=True)
 
+    def set_causal(self, member: int, models: Mapping[int, Any], counted: np.ndarray,
+                   rounds: list[dict[str, Any]]) -> None:
+        """The member's client models become the federated causal ones (`twin.causal.CausalAggregate`)
+        for every scenario some site counted rows of (``counted (scenarios,)``: pooled rows); a
+        scenario nobody could count keeps its behaviour-cloned model."""
+        mem = self.members[member]
+        for s, model in models.items():
+            if counted[s] > 0:
+                mem.clients[s] = model
+        mem.history = pd.concat([mem.history, pd.DataFrame(rounds)], ignore_index=True)
+
     def add_member(self, member: int, params: np.ndarray, residual_total: np.ndarray, rounds: list[dict[str, Any]]) -> None:
         plan = self.plan
         assert plan is not None
@@ -1230,7 +1295,7 @@ class TwinAssembler:
             "format_version": FORMAT_VERSION,
             "seed": o.seed,
             "members": len(self.members),
-            "response_model": "mail" if o.adversarial else "bc",
+            "response_model": "causal" if o.response_model == "causal" else "mail" if o.adversarial else "bc",
             "transition_model": "client",
             "site_model": False,
             "population_model": "gan-smmsg" if self.gan is not None else "gmm",
@@ -1612,6 +1677,9 @@ def personalise(twin: Twin, log: pd.DataFrame, epochs: int = 8, seed: int = 0, a
 
     if criterion not in CRITERIA:
         raise InputError(f"personalise: criterion must be one of {', '.join(CRITERIA)}, not {criterion!r}")
+    if twin.meta.get("response_model") not in ("mail", "bc"):  # its candidates fine-tune Gaussian policies
+        raise InputError(f"personalise adapts a twin of behaviour-cloned or MAIL client models, this one's are "
+                         f"{twin.meta.get('response_model')!r}", where="twin")
     lay = twin.layout
     df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
     steps = build_steps(df, lay)

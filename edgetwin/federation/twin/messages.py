@@ -21,7 +21,8 @@ consistent, `UpdateCodec.check`). Those sizes follow from the spec, the layout a
 many rows a site has — so a site cannot put its rows in an update even by mistake: a vector the
 size of a row table is refused by the coordinator (`check_update_size`). The only strings a site
 sends are in its ``hello``: scenario labels, its site name and column names (the spec's roles),
-and the type name of a failure.
+in a causal fit the ids of the policies it logged over at least ``min_agents`` agents, and the
+type name of a failure.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ _FAILURE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,99}")
 #: tensors an `UpdateCodec` produces
 _CODEC_TENSORS = frozenset({"values", "q", "idx", "mask", "bitmap", "indices"})
 #: the only strings a site ever sends (``labels`` of its ``hello``), and their limits
-_LABEL_KEYS = frozenset({"scenarios", "site", "columns", "has_reward"})
+_LABEL_KEYS = frozenset({"scenarios", "site", "columns", "has_reward", "policies"})
 _MAX_LABELS, _MAX_LABEL_CHARS = 512, 200
 #: the most values an update may have before the plan exists (a hello sends one: its row count)
 _HELLO_VALUES = 16
@@ -78,7 +79,7 @@ def _check_update(env: Envelope) -> None:
             raise ValueError("only a hello carries labels")
         if set(labels) - _LABEL_KEYS:
             raise ValueError(f"unexpected label key(s) {sorted(set(labels) - _LABEL_KEYS)}")
-        for k in ("scenarios", "columns"):
+        for k in ("scenarios", "columns", "policies"):
             v = labels.get(k, [])
             if not isinstance(v, list) or len(v) > _MAX_LABELS or not all(
                 isinstance(s, str) and len(s) <= _MAX_LABEL_CHARS for s in v

@@ -36,7 +36,7 @@ import pandas as pd
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge.bus import Bus, Received, Subjects, make_bus
-from edgetwin.edge.message_auth import KEYS_ENV, FederationKeys, MessageAuth, auth_from_env
+from edgetwin.edge.message_auth import FederationKeys, MessageAuth, require_auth
 from edgetwin.edge.messages import Envelope
 from edgetwin.federation.aggregation import (
     Aggregator,
@@ -266,9 +266,9 @@ class TwinSiteAgent:
         phase, ctx = env.payload["phase"], env.payload.get("context", {})
         f = self.fitter
         if phase == "hello":
-            v, labels = f.hello()
+            v, labels = f.hello(policies=(ctx.get("options") or {}).get("response_model") == "causal")
             return v, 1.0, labels
-        self._plan(ctx)
+        plan = self._plan(ctx)
         if phase == "stats1":
             return f.stats1(), 1.0, None
         if phase == "stats2":
@@ -284,6 +284,11 @@ class TwinSiteAgent:
             return v, n, None
         if phase == "residual":
             return f.residual(env.payload["member"], params), 1.0, None
+        if phase in ("causal_sums", "causal_grad"):
+            plan.policies = [str(p) for p in ctx.get("policies", [])]
+            if phase == "causal_sums":
+                return f.causal_sums(env.payload["member"], params), 1.0, None
+            return f.causal_grad(env.payload["member"], params), 1.0, None
         if phase == "adversarial":
             v, n = f.adversarial(env.payload["member"], env.payload["step"], params)
             return v, n, None
@@ -317,6 +322,10 @@ class TwinCoordinator:
         self.sites = list(sites)
         self.bus = bus
         self.options = options or FitOptions.for_strategy(strategy)
+        if self.options.response_model == "causal" and strategy == "dp_gaussian":
+            # the causal rounds' sums and gradients are added up, not passed through DP's mechanism
+            raise InputError("the federated causal response model does not run under Gaussian DP yet: use "
+                             "fedavg/fedavgm (optionally --secure) or another response model", where="--strategy")
         self.quorum, self.grace_s, self.timeout_s = quorum, grace_s, timeout_s
         self.weight_agg = make_weight_aggregator(strategy, secure, dp, self.options.seed)
         # one rule per model phase: FedAvgM's velocity and DP's accountant are per model
@@ -426,7 +435,8 @@ class TwinCoordinator:
             rec["failed"] = dict(sorted(failures.items()))
         if out.reason == "failed":
             errors = ", ".join(f"{k} ({v})" for k, v in sorted(failures.items()))
-            which = "" if phase not in ("weights", "residual", "adversarial") else f", member {member}"
+            which = "" if phase not in ("weights", "residual", "adversarial", "causal_sums", "causal_grad") \
+                else f", member {member}"
             raise FederatedFitFailed(f"round {seq} ({phase} step {step + 1}{which}) failed at {len(failures)} of "
                                      f"{len(self.sites)} sites: {errors}; the quorum cannot be reached{self._dp_hint()}")
         if not out.quorum_met or not ups:
@@ -473,17 +483,44 @@ class TwinCoordinator:
         return ("; Gaussian DP's noise swamps the updates at this many rounds and sites: use fewer rounds "
                 "(--fed-rounds), a larger clip norm or more sites")
 
+    async def _fit_causal(self, member: int) -> None:
+        """The member's causal response models (`edgetwin.federation.twin.causal`): per step a
+        ``causal_sums`` round (the pooled per-policy sums at the current weights) and a
+        ``causal_grad`` round (the pooled loss's gradient), then one Adam step; a last
+        ``causal_sums`` round measures the residual spread. Sums and gradients are added up by the
+        statistics rule (secure aggregation when the fit is secure). With a quorum below every
+        site, the two rounds of a step may hear different sites: the step is then on the loss of
+        the sites that answered its gradient round, centred with the other round's moments."""
+        from edgetwin.federation.twin.causal import CausalAggregate
+
+        plan, o = self.asm.plan, self.options
+        assert plan is not None and plan.layout is not None
+        agg = CausalAggregate(plan.layout, o.to_dict(), member, plan.policies)
+        n_sums, n_grad = plan.size("causal_sums"), plan.size("causal_grad")
+        for t in range(o.causal_steps):
+            theta = agg.vector()
+            ups, _ = await self._round("causal_sums", step=t, member=member, params=theta)
+            coef = agg.coefficients(self._sum(ups, n_sums), t)
+            ups, _ = await self._round("causal_grad", step=t, member=member, params=np.concatenate([theta, coef]))
+            agg.step(self._sum(ups, n_grad))
+            self._check_finite(agg.vector(), "causal", t, member)
+        ups, _ = await self._round("causal_sums", step=o.causal_steps, member=member, params=agg.vector())
+        total = self._sum(ups, n_sums)
+        counted = total.reshape(plan.n_scen, len(plan.policies), -1)[:, :, 0].sum(axis=1)
+        self.asm.set_causal(member, agg.models(total), counted,
+                            [{"round": o.rounds + int(h["step"]) + 1, "phase": "causal", **h} for h in agg.history])
+
     async def run(self) -> Twin:
         """The whole fit; returns the twin (also publishes a final task so that site agents stop)."""
         t_start = time.perf_counter()
         o = self.options
         dims: dict[str, int] = {}  # the size of each model phase's aggregated vector
-        ups, envs = await self._round("hello")
+        ups, envs = await self._round("hello", context={"options": o.to_dict()})
         labels = {k: e.payload["labels"] for k, e in envs.items()}
         plan = self.asm.hello(labels)
         self._base_ctx = {"scenarios": plan.scenarios, "columns": sorted(set.intersection(
             *(set(lab["columns"]) for lab in labels.values()))), "has_reward": plan.has_reward,
-            "options": o.to_dict()}
+            "options": o.to_dict(), **({"policies": plan.policies} if o.response_model == "causal" else {})}
         ups, _ = await self._round("stats1")
         ctx2 = self.asm.context1(self._sum(ups, plan.size("stats1")))
         ups, _ = await self._round("stats2", context={"stats": ctx2})
@@ -523,6 +560,8 @@ class TwinCoordinator:
                 rounds.append({"round": r + 1, "sites": len(ups), "update_norm": float(res.info.get("update_norm", 0.0))})
             ups, _ = await self._round("residual", member=m, params=params)
             self.asm.add_member(m, params, self._sum(ups, plan.size("residual")), rounds)
+            if o.response_model == "causal":
+                await self._fit_causal(m)
             if o.adversarial:
                 adv, engines = self.asm.adversarial_vector(m)
                 dims["adversarial"] = adv.size
@@ -639,24 +678,24 @@ def _codec(name: str) -> UpdateCodec | None:
 
 
 # ------------------------------------------------------------------------------------ one process each
-def _process_auth(identity: str) -> MessageAuth | None:
-    """The keys of a party run as its own process: from the keys directory in `KEYS_ENV`
-    (every party's ``*.pub.pem`` and this one's ``*.key.pem``); unset: unauthenticated, said once."""
-    auth = auth_from_env(identity)
-    if auth is None:
-        log.warning("%s runs unauthenticated: set %s to a keys directory (docs/bus.md)", identity, KEYS_ENV)
-    return auth
+def _process_auth(identity: str, bus: str, insecure: bool) -> MessageAuth | None:
+    """The keys of a party run as its own process: from the keys directory in `KEYS_ENV` (every
+    party's ``*.pub.pem`` and this one's ``*.key.pem``). Without one it refuses a bus outside this
+    process unless ``insecure`` (`edgetwin.edge.message_auth.require_auth`)."""
+    return require_auth(identity, bus=bus, insecure=insecure)
 
 
 async def run_twin_site(log: pd.DataFrame, spec: TwinSpec, bus: str, name: str, fit_id: str,
                         compression: str = "dense", emit: Callable[[dict[str, Any]], None] | None = None,
-                        min_agents: int = MIN_AGENTS) -> int:
+                        min_agents: int = MIN_AGENTS, insecure: bool = False) -> int:
     """One site's agent as its own process (`edgetwin agent --fit-twin`): answers until the fit ends.
 
+    ``insecure``: run without a keys directory on a bus outside this process (`_process_auth`).
     Returns the number of tasks it answered.
     """
+    auth = _process_auth(name, bus, insecure)
     b = make_bus(bus, name=f"twin-site-{name}")
-    b.auth = _process_auth(name)
+    b.auth = auth
     await b.connect()
     agent = TwinSiteAgent(name, log, spec, b, fit_id, _codec(compression), min_agents=min_agents)
     try:
@@ -671,10 +710,14 @@ async def run_twin_site(log: pd.DataFrame, spec: TwinSpec, bus: str, name: str, 
 
 
 async def run_twin_coordinator(spec: TwinSpec, sites: list[str], bus: str, fit_id: str,
-                               options: FitOptions | None = None, **kw: Any) -> tuple[Twin, FederatedFitReport]:
-    """The coordinator as its own process: drives the fit of ``sites`` and returns the twin."""
+                               options: FitOptions | None = None, insecure: bool = False,
+                               **kw: Any) -> tuple[Twin, FederatedFitReport]:
+    """The coordinator as its own process: drives the fit of ``sites`` and returns the twin.
+
+    ``insecure``: run without a keys directory on a bus outside this process (`_process_auth`)."""
+    auth = _process_auth(COORDINATOR, bus, insecure)
     b = make_bus(bus, name="twin-coordinator")
-    b.auth = _process_auth(COORDINATOR)
+    b.auth = auth
     await b.connect()
     coord = TwinCoordinator(spec, sites, b, options, fit_id=fit_id, **kw)
     try:
