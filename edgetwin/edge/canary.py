@@ -100,8 +100,8 @@ class CanaryConfig:
         batch, min_reports: the guard's (`CanaryGuard`).
         max_loss: ``(kpi, fraction)`` pairs: the operator's loss budget per guarded KPI, the largest
             fleet-wide relative worsening the canary may cause over its hours (`fleet_loss`); the
-            canary stops (``budget``) when one more tick twice as bad as its average so far would
-            spend more (`Canary._over_budget_next_tick`). Empty: no loss budget (the guard alone
+            canary stops (``budget``) when one more tick twice as bad as its worst tick so far
+            would spend more (`Canary._over_budget_next_tick`). Empty: no loss budget (the guard alone
             stops it).
         fleet_groups: the fleet's service groups (the denominator of the fleet-wide loss; required
             with ``max_loss``).
@@ -367,6 +367,7 @@ class Canary:
         self.guard_stop: GuardStop | None = None
         #: the KPI, its loss so far and its budget when the loss budget stopped the canary
         self.budget_stop: dict[str, Any] | None = None
+        self._loss_track: dict[str, tuple[float, float]] = {}  # kpi -> (worsenings summed, worst tick)
         self._arm_groups: dict[str, set[str]] = {"candidate": set(), "control": set(), "fleet": set()}
         # per (arm, group): rows and the sum of each guarded KPI, for the composition's spread
         self._group_sums: dict[tuple[str, str], np.ndarray] = {}
@@ -471,16 +472,26 @@ class Canary:
         return out
 
     def _over_budget_next_tick(self) -> bool:
-        """Whether one more tick twice as bad as the ticks so far on average would spend more than
-        a KPI's loss budget (the loss at the worsening so far, two ticks ahead); records why in
-        ``budget_stop``. The realised loss then stays within the budget unless the next tick's
-        worsening is more than twice the running mean's (its excess adds at most
-        ``n_c / N / ticks`` of it)."""
-        for kpi, (loss, w) in self._losses(2).items():
+        """Whether one more tick twice as bad as the worst tick so far would spend more than a KPI's
+        loss budget; records why in ``budget_stop``.
+
+        The loss is linear in the ticks' worsenings (`fleet_loss` of their mean times the ticks
+        run), so the loss so far plus twice the largest one-tick increment seen (never less than
+        twice the running mean's) bounds the next tick's unless that tick is more than twice as bad
+        as any before it. Called once per judged tick."""
+        run = self.ticks - int(self.config.pre_ticks)
+        n_c = sum(1 for (ar, _a) in self._group_sums if ar == "candidate")
+        unit = fleet_loss(1.0, n_c, int(self.config.fleet_groups), 1, self.config.ticks)  # one tick of worsening 1
+        for kpi, (loss, w) in self._losses(0).items():
             cap = dict(self.config.max_loss)[kpi]
-            if loss > cap:
-                self.budget_stop = {"kpi": kpi, "loss_next_tick": loss, "worsening": w, "budget": cap,
-                                    "loss_so_far": self._losses(0)[kpi][0], "ticks": self.ticks}  # fmt: skip
+            cum = (w * run) if math.isfinite(w) else 0.0  # the ticks' worsenings summed
+            prev, worst = self._loss_track.get(kpi, (0.0, 0.0))
+            worst = max(worst, cum - prev, w if math.isfinite(w) else 0.0)
+            self._loss_track[kpi] = (cum, worst)
+            nxt = loss + 2.0 * max(0.0, worst) * unit
+            if nxt > cap:
+                self.budget_stop = {"kpi": kpi, "loss_next_tick": nxt, "worsening": w, "budget": cap,
+                                    "loss_so_far": loss, "ticks": self.ticks}  # fmt: skip
                 return True
         return False
 
