@@ -38,6 +38,7 @@ PAGES: dict[str, str] = {
     "## Scale": "scale",
     "## Twin update from a canary": "twin_update",
     "## Prometheus import": "prometheus_import",
+    "## Closed loop: twin alone vs canary alone vs twin + canary": "closed_loop",
 }
 
 #: page directory -> its title (the page's ``# `` line)
@@ -58,6 +59,7 @@ TITLES: dict[str, str] = {
     "federated_twin": "Federated twin",
     "scale": "Scale",
     "twin_update": "Twin update from a canary",
+    "closed_loop": "Closed loop: when the twin cannot tell, ask the edge",
 }
 #: the single file the pages replaced; a write aimed at it goes to the section's page
 OLD_DOC = ROOT / "docs" / "benchmarks.md"

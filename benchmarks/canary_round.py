@@ -7,8 +7,8 @@ promotion step (`edgetwin.demo._promote_and_serve`: gate -> plan on <= 10 % of t
 <= 1 day -> canary through an edge runtime -> PPI verdict). The truth is the candidate and the
 random policy each run on the whole cluster for one day (``evaluate_policy``, seed ``seed + 30_000``; not
 the very world the canary ran in, so the truth carries that day-to-day noise).
-Writes ``docs/benchmarks/canary_round/results.json``. Not the issue's closed-loop benchmark (three
-arms over the what-if gate's candidates): that is not built.
+Writes ``docs/benchmarks/canary_round/results.json``. The three arms (twin alone, canary alone,
+twin + canary) over the what-if gate's candidates are `benchmarks/closed_loop.py`'s.
 
     python benchmarks/canary_round.py [--agents 100] [--train-steps 2000] [--seed 0]
 """

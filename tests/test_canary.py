@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from edgetwin.contract.errors import InputError
@@ -409,3 +410,75 @@ def test_run_emulated_canary_refuses_what_it_cannot_run(tmp_path: Path) -> None:
             asyncio.run_coroutine_threadsafe(
                 rt.start_canary(CanaryConfig("current", CanarySlice(sites=("x",)), 1.0, GUARDED)), rt._loop  # type: ignore[arg-type]
             ).result(30)
+
+
+# ------------------------------------------------------------------------------------- the loss budget
+def _budget_canary(tmp_path: Path, effect: float, cap: float, seed: int = 0, fleet: int = 40) -> Any:
+    """A canary of 8 groups of a ``fleet`` (half on the candidate) fed synthetic ticks: every group's
+    cost ~1 (its own level ± 20 %), the candidate arm ``effect`` (relative) worse once served;
+    a loss budget ``cap`` on the cost and a guard margin the effect does not reach within a day."""
+    from edgetwin.edge.canary import Canary, arm_worsening, fleet_loss
+
+    agents = tuple(f"g{i:02d}" for i in range(8))
+    margin = KPIMargin("kpi.x", max_regression=5.0)  # the guard alone would let it run
+    cfg = CanaryConfig("cand", CanarySlice(agents, seed=seed), 23.0, (margin,), max_loss=(("kpi.x", cap),),
+                       fleet_groups=fleet)  # fmt: skip
+    canary = Canary(cfg, "current", tmp_path / f"spool-{effect}-{cap}-{seed}")
+    rng = np.random.default_rng(seed)
+    level = {a: 1.0 + rng.uniform(-0.2, 0.2) for a in agents}
+    for t in range(cfg.total_ticks):
+        if not canary.active:
+            break
+        served = t >= cfg.pre_ticks
+        pol = [("cand" if served and canary.router.arm(a) == "candidate" else "current") for a in agents]
+        x = [level[a] * (1.0 + (effect if p == "cand" else 0.0)) + rng.normal(0, 0.02) for a, p in zip(agents, pol, strict=True)]
+        rows = pd.DataFrame({"episode": 0, "t": t, "agent": list(agents), "site": "s", "policy": pol,
+                             "propensity": np.nan, "kpi.x": x})  # fmt: skip
+        canary.record(rows)
+    # the loss as `edgetwin.edge.canary_loop._realised_loss` measures it from the log
+    log = read_spool(canary.dir)
+    run, pre = log[log["t"] >= cfg.pre_ticks], log[log["t"] < cfg.pre_ticks]
+    cand = set(run.loc[run["policy"] == "cand", "agent"])
+    c, pc = run["agent"].isin(cand), pre["agent"].isin(cand)
+    w = arm_worsening(run.loc[c, "kpi.x"].mean(), run.loc[~c, "kpi.x"].mean(), pre.loc[pc, "kpi.x"].mean(),
+                      pre.loc[~pc, "kpi.x"].mean(), False)  # fmt: skip
+    return canary, fleet_loss(w, len(cand), fleet, run["t"].nunique(), cfg.ticks)
+
+
+def test_the_loss_budget_stops_a_costly_canary_within_its_budget(tmp_path: Path) -> None:
+    for seed in range(3):
+        # +50 % cost on 4 of 40 groups: 5 % of the fleet's cost over a full day, the budget 1 %
+        canary, loss = _budget_canary(tmp_path, 0.5, 0.01, seed)
+        assert canary.stop_reason == "budget", (seed, canary.stop_reason)
+        assert canary.budget_stop is not None and canary.budget_stop["kpi"] == "kpi.x"
+        assert 0.005 < loss <= 0.01, (seed, loss)  # it spent most of the budget, never more
+        assert canary.loss_so_far()["kpi.x"] == pytest.approx(loss)
+        assert canary.result().budget_stop == canary.budget_stop
+        # the same policy is never stopped by the budget (its loss is noise around 0)
+        same, same_loss = _budget_canary(tmp_path, 0.0, 0.01, seed)
+        assert same.stop_reason == "completed" and same_loss < 0.01
+
+
+def test_a_loss_budget_must_be_guarded_positive_and_know_the_fleet() -> None:
+    sl = CanarySlice(("a", "b", "c", "d"))
+    with pytest.raises(InputError, match="does not guard"):
+        CanaryConfig("cand", sl, 2.0, (MARGIN,), max_loss=(("kpi.other", 0.01),), fleet_groups=10)
+    with pytest.raises(InputError, match="must be > 0"):
+        CanaryConfig("cand", sl, 2.0, (MARGIN,), max_loss=(("kpi.x", 0.0),), fleet_groups=10)
+    with pytest.raises(InputError, match="fleet_groups"):
+        CanaryConfig("cand", sl, 2.0, (MARGIN,), max_loss=(("kpi.x", 0.01),))
+    # an order without a budget keeps its id; with one, the budget is part of it
+    plain = CanaryConfig("cand", sl, 2.0, (MARGIN,))
+    budgeted = CanaryConfig("cand", sl, 2.0, (MARGIN,), max_loss=(("kpi.x", 0.01),), fleet_groups=10)
+    assert plain.canary_id != budgeted.canary_id
+
+
+def test_a_policy_without_a_spec_is_warmed_up_with_the_site_s_spec() -> None:
+    # the SLO-aware heuristic divides by the latency SLO: probed with zeros (no spec of its own)
+    # it failed its warm-up and the site served nothing; the site's spec gives in-bounds values
+    from edgetwin.contract.policy import NoisyPolicy
+
+    noisy = NoisyPolicy(SLOAwarePolicy(SPEC), SPEC, 0.1, 0)
+    assert getattr(noisy, "spec", None) is None
+    r = canary_on_cluster(CLUSTER, noisy, SLOAwarePolicy(SPEC), cfg(0, hours=1.0), seed=0)
+    assert r.stop_reason == "completed" and len(r.log) > 0

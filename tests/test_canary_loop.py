@@ -67,6 +67,34 @@ def test_same_seed_same_plan_and_verdict(world) -> None:  # type: ignore[no-unty
         assert a.rounds[0].twin_updated  # the next round planned with the updated twin
 
 
+def test_no_round_s_realised_loss_exceeds_its_budget_on_a_clearly_worse_candidate(world) -> None:  # type: ignore[no-untyped-def]
+    # everything at the edge, no reservation, no price: +30 % SLO violations and far less offload
+    # than the random policy. A budget of 2 % of the fleet's KPI per round; the twin's worst case
+    # (its interval) lets the plan take groups whose real loss over the planned hours passes it
+    # (without the edge's budget stop the first round spends more than the offload budget): the
+    # canary must stop before it does.
+    cand = Constant(world["spec"], [1.0, 0.05, 0.0])
+    budget = {"kpi.slo_violation": 0.02, "response.offload_ratio": 0.02}
+    res = canary_loop(
+        world["twin"], world["fleet"], cand, make_policy("random", world["spec"], seed=1), CLUSTER,
+        candidate_spec=fixed_policy("edge-no-capacity", cand),
+        baseline_spec=resolve_policy("logging", world["twin"], name="current"),
+        budget=PlanBudget(max_share=0.5, max_loss=budget),
+        guards=[Guard("response.offload_ratio", 0.05), Guard("kpi.slo_violation", 0.05)],
+        max_rounds=2, seed=0, fleet_seed=5, old_logs=[world["log"]], update_options={"epochs": 1, "max_steps": 30},
+        log=lambda s: None,
+    )  # fmt: skip
+    assert res.rounds
+    for r in res.rounds:
+        assert r.plan["loss_budget"] == budget  # the plan hands the budget to the edge by column
+        assert not r.over_budget, (r.round, r.realised_loss)
+        for k, cap in budget.items():
+            assert r.realised_loss.get(k, 0.0) <= cap, (r.round, k, r.realised_loss)
+    # the budget (or the guard) cut a canary short: the twin's worst case alone did not keep it in
+    assert any(r.stop_reason in ("budget", "guard") for r in res.rounds), [r.stop_reason for r in res.rounds]
+    assert res.verdict in ("refuse", "abstain")  # never promoted
+
+
 def test_a_canary_log_of_another_spec_or_fleet_is_refused(world) -> None:  # type: ignore[no-untyped-def]
     fleet_ids = sorted(world["fleet"]["agent"].astype(str).unique())
     canary = world["fleet"][world["fleet"]["agent"].isin(fleet_ids[:6])].copy()

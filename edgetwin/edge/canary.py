@@ -56,15 +56,18 @@ __all__ = [
     "CanaryLogCollector",
     "CanaryResult",
     "RoutedDecision",
+    "arm_worsening",
     "canary_log_subject",
+    "fleet_loss",
     "read_spool",
 ]
 
 log = logging.getLogger("edgetwin.runtime")
 
 #: why a canary ended: it ran its hours; the guard stopped it; the link (bus) failed; an operator
-#: stopped it; the runtime stopped (or died) before it ended; the current policy changed meanwhile
-STOP_REASONS = ("completed", "guard", "link", "operator", "runtime", "swapped")
+#: stopped it; the runtime stopped (or died) before it ended; the current policy changed meanwhile;
+#: one more tick would have spent more than the operator's loss budget (`CanaryConfig.max_loss`)
+STOP_REASONS = ("completed", "guard", "link", "operator", "runtime", "swapped", "budget")
 
 #: columns every reported canary row must have (besides the guarded KPIs)
 _REQUIRED = ("episode", "t", "agent", "site", "policy", "propensity")
@@ -95,6 +98,16 @@ class CanaryConfig:
         alpha: the chance that the guard stops a canary whose candidate is within its margins.
         tick_seconds: the length of one reported tick (the emulated cluster's: 900 s).
         batch, min_reports: the guard's (`CanaryGuard`).
+        max_loss: ``(kpi, fraction)`` pairs: the operator's loss budget per guarded KPI, the largest
+            fleet-wide relative worsening the canary may cause over its hours (`fleet_loss`); the
+            canary stops (``budget``) when one more tick twice as bad as its worst tick so far
+            would spend more (`Canary._over_budget_next_tick`). Empty: no loss budget (the guard alone
+            stops it).
+        fleet_groups: the fleet's service groups (the denominator of the fleet-wide loss; required
+            with ``max_loss``).
+        loss_levels: ``(kpi, level)`` pairs: the fleet's level of each budgeted KPI under the
+            current policy (the plan's ``loss_levels``), the scale of the relative loss
+            (`arm_worsening`); a KPI without one is measured against the control arm's mean.
         pre_ticks: ticks at the start during which every group is still served the current policy:
             each group's KPI means over them are its own baseline, which explains most of how
             groups differ (`Canary.composition`). Groups differ far more than policies do (on the
@@ -114,6 +127,9 @@ class CanaryConfig:
     min_reports: int = 8
     pre_ticks: int = 4
     canary_id: str = ""
+    max_loss: tuple[tuple[str, float], ...] = ()
+    fleet_groups: int = 0
+    loss_levels: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "margins", tuple(self.margins))
@@ -127,12 +143,28 @@ class CanaryConfig:
             raise InputError("a canary needs at least one guarded KPI (margins)", where="canary")
         if int(self.pre_ticks) < 0:
             raise InputError(f"pre_ticks must be >= 0, got {self.pre_ticks}", where="canary")
+        object.__setattr__(self, "max_loss", tuple((str(k), float(v)) for k, v in dict(self.max_loss).items()))
+        guarded = {m.kpi for m in self.margins}
+        for k, v in self.max_loss:
+            if k not in guarded:
+                raise InputError(f"a loss budget for {k!r}, which the canary does not guard ({sorted(guarded)})",
+                                 where="canary")  # fmt: skip
+            if not (math.isfinite(v) and v > 0):
+                raise InputError(f"{k}: the loss budget must be > 0, got {v}", where="canary")
+        object.__setattr__(self, "loss_levels", tuple((str(k), float(v)) for k, v in dict(self.loss_levels).items()))
+        for k, v in self.loss_levels:
+            if not (math.isfinite(v) and v != 0):
+                raise InputError(f"{k}: the fleet's level of a budgeted KPI must be finite and non-zero, got {v}",
+                                 where="canary")  # fmt: skip
+        if self.max_loss and int(self.fleet_groups) < 1:
+            raise InputError("a loss budget needs the fleet's size (fleet_groups >= 1)", where="canary")
         if not self.canary_id:
-            doc = json.dumps(
-                {"candidate": self.candidate, "slice": self.slice.to_dict(), "hours": self.hours,
-                 "margins": [dataclasses.asdict(m) for m in self.margins], "alpha": self.alpha},
-                sort_keys=True,
-            )  # fmt: skip
+            order: dict[str, Any] = {"candidate": self.candidate, "slice": self.slice.to_dict(), "hours": self.hours,
+                                     "margins": [dataclasses.asdict(m) for m in self.margins], "alpha": self.alpha}
+            if self.max_loss:  # only then: an order without a budget keeps the id it always had
+                order.update(max_loss=list(self.max_loss), fleet_groups=int(self.fleet_groups),
+                             loss_levels=list(self.loss_levels))  # fmt: skip
+            doc = json.dumps(order, sort_keys=True)
             object.__setattr__(self, "canary_id", "c" + hashlib.sha256(doc.encode()).hexdigest()[:12])
         Subjects.decision(self.canary_id)  # a subject token: it names the bus messages
 
@@ -153,7 +185,9 @@ class CanaryConfig:
         guards: their direction then comes from ``spec``'s reward weights, a cost when the reward
         does not weigh the KPI) and either ``slice`` (a
         `CanarySlice`, or any object with those lists) or ``agents`` / ``sites`` / ``scenarios`` lists
-        (and optionally ``treat_share``, ``seed``)."""
+        (and optionally ``treat_share``, ``seed``); a plan's ``loss_budget`` (log column ->
+        fraction), ``loss_levels`` and ``fleet_groups`` become ``max_loss``, ``loss_levels`` and
+        ``fleet_groups``."""
         sl = getattr(plan, "slice", None)
         if not isinstance(sl, CanarySlice):
             src = sl if sl is not None else plan  # a slice object of another module, or the plan itself
@@ -165,6 +199,11 @@ class CanaryConfig:
             )  # fmt: skip
         margins = tuple(_margin(m, spec) for m in getattr(plan, "margins", ()))
         kw: dict[str, Any] = {"candidate": candidate, "slice": sl, "hours": float(plan.hours), "margins": margins}
+        budget = dict(getattr(plan, "loss_budget", None) or {})  # a canary plan's: log column -> fraction
+        if budget:
+            kw["max_loss"] = tuple(sorted(budget.items()))
+            kw["fleet_groups"] = int(getattr(plan, "fleet_groups", 0) or 0)
+            kw["loss_levels"] = tuple(sorted(dict(getattr(plan, "loss_levels", None) or {}).items()))
         for f in ("alpha", "tick_seconds"):
             if getattr(plan, f, None) is not None:
                 kw[f] = getattr(plan, f)
@@ -205,6 +244,8 @@ class CanaryResult:
         log: the canary's rows (the log contract, ``policy`` / ``propensity`` included), in order.
         intervals: the guard's confidence sequences at the end (per KPI: estimate, lower, upper).
         arms: groups per arm among the reported rows.
+        budget_stop: when ``stop_reason == "budget"``: the KPI, its loss so far, the loss one more
+            tick would have brought, its budget.
     """
 
     canary_id: str
@@ -218,6 +259,7 @@ class CanaryResult:
     log: pd.DataFrame
     intervals: dict[str, dict[str, float]]
     arms: dict[str, int]
+    budget_stop: dict[str, Any] | None = None
 
     @property
     def stopped_by_guard(self) -> bool:
@@ -229,8 +271,40 @@ class CanaryResult:
             "canary": self.canary_id, "run": self.run_id, "candidate": self.candidate, "current": self.current,
             "stop_reason": self.stop_reason, "ticks": self.ticks, "planned_ticks": self.planned_ticks,
             "rows": len(self.log), "arms": self.arms, "intervals": self.intervals,
-            "guard_stop": self.guard_stop.to_dict() if self.guard_stop else None,
+            "guard_stop": self.guard_stop.to_dict() if self.guard_stop else None, "budget_stop": self.budget_stop,
         }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- the loss
+def arm_worsening(cand: float, ctrl: float, cand_pre: float, ctrl_pre: float, higher_is_better: bool,
+                  level: float | None = None) -> float:
+    """The candidate arm's relative worsening of a KPI against the control arm, net of where the two
+    arms stood before the candidate was served (difference in differences; NaN pre-means: none).
+
+    ``((cand - cand_pre) - (ctrl - ctrl_pre)) / |level|``, signed so that positive is worse;
+    ``level`` is the fleet's level of the KPI (the plan's ``loss_levels``: what "relative" means
+    in the budget), by default the control arm's mean (ill-conditioned when a few groups' KPI is
+    near 0, e.g. SLO violations at night). With a handful of groups per arm the arms differ more by
+    who is in them than by the policy (the guard's `Canary.composition` says the same); their
+    pre-canary means take most of that out. NaN when the level is 0 or not finite."""
+    diff = cand - ctrl
+    if math.isfinite(cand_pre) and math.isfinite(ctrl_pre):
+        diff -= cand_pre - ctrl_pre
+    ref = ctrl if level is None else level
+    if not (math.isfinite(diff) and math.isfinite(ref)) or ref == 0:
+        return float("nan")
+    return (-diff if higher_is_better else diff) / abs(ref)
+
+
+def fleet_loss(worsening: float, n_candidate: int, n_fleet: int, ticks_run: int, planned_ticks: int) -> float:
+    """What a canary cost the fleet, as the plan's budget counts it: the candidate arm's relative
+    worsening (`arm_worsening`, 0 when it improved) times its share of the fleet's groups times the
+    share of the planned hours it ran (a canary stopped early returned its slice to the current
+    policy for the rest). A canary that runs its hours at the twin's worst case costs the plan's
+    ``fleet_loss`` (`edgetwin.policies.canary_plan.PlannedKPI`)."""
+    if not math.isfinite(worsening) or n_fleet < 1 or planned_ticks < 1:
+        return 0.0
+    return max(0.0, worsening) * n_candidate / n_fleet * min(1.0, ticks_run / planned_ticks)
 
 
 # ------------------------------------------------------------------------------------- the run
@@ -291,6 +365,9 @@ class Canary:
         self.seq = 0
         self.stop_reason: str | None = None
         self.guard_stop: GuardStop | None = None
+        #: the KPI, its loss so far and its budget when the loss budget stopped the canary
+        self.budget_stop: dict[str, Any] | None = None
+        self._loss_track: dict[str, tuple[float, float]] = {}  # kpi -> (worsenings summed, worst tick)
         self._arm_groups: dict[str, set[str]] = {"candidate": set(), "control": set(), "fleet": set()}
         # per (arm, group): rows and the sum of each guarded KPI, for the composition's spread
         self._group_sums: dict[tuple[str, str], np.ndarray] = {}
@@ -358,9 +435,65 @@ class Canary:
             if stop is not None:
                 self.guard_stop = stop
                 self.stop("guard")
+            elif self.ticks < self.config.total_ticks and self._over_budget_next_tick():
+                self.stop("budget")
             elif self.ticks >= self.config.total_ticks:
                 self.stop("completed")
         return self.seq, stop
+
+    def loss_so_far(self) -> dict[str, float]:
+        """Per KPI with a loss budget: the fleet-wide loss the canary has caused (`fleet_loss` of
+        its ticks so far)."""
+        return {k: v[0] for k, v in self._losses(0).items()}
+
+    def _losses(self, ahead: int) -> dict[str, tuple[float, float]]:
+        """Per budgeted KPI: (loss after ``ahead`` more ticks at the worsening so far, worsening)."""
+        cfg = self.config
+        if not cfg.max_loss:
+            return {}
+        idx = {m.kpi: j for j, m in enumerate(cfg.margins)}
+        hib = {m.kpi: m.higher_is_better for m in cfg.margins}
+        run = self.ticks - int(cfg.pre_ticks)
+        out = {}
+        for kpi, _cap in cfg.max_loss:
+            j = 1 + idx[kpi]
+            means = {}
+            for arm in ("candidate", "control"):
+                accs = [(a, acc) for (ar, a), acc in self._group_sums.items() if ar == arm]
+                rows = sum(acc[0] for _, acc in accs)
+                pre = [self._pre_sums[a] for a, _ in accs if a in self._pre_sums]
+                pre_rows = sum(p[0] for p in pre)
+                means[arm] = (sum(acc[j] for _, acc in accs) / rows if rows else float("nan"),
+                              sum(p[j] for p in pre) / pre_rows if pre_rows else float("nan"))  # fmt: skip
+            w = arm_worsening(means["candidate"][0], means["control"][0], means["candidate"][1], means["control"][1],
+                              hib[kpi], dict(cfg.loss_levels).get(kpi))  # fmt: skip
+            n_c = sum(1 for (ar, _a) in self._group_sums if ar == "candidate")
+            out[kpi] = (fleet_loss(w, n_c, int(cfg.fleet_groups), run + ahead, cfg.ticks), w)
+        return out
+
+    def _over_budget_next_tick(self) -> bool:
+        """Whether one more tick twice as bad as the worst tick so far would spend more than a KPI's
+        loss budget; records why in ``budget_stop``.
+
+        The loss is linear in the ticks' worsenings (`fleet_loss` of their mean times the ticks
+        run), so the loss so far plus twice the largest one-tick increment seen (never less than
+        twice the running mean's) bounds the next tick's unless that tick is more than twice as bad
+        as any before it. Called once per judged tick."""
+        run = self.ticks - int(self.config.pre_ticks)
+        n_c = sum(1 for (ar, _a) in self._group_sums if ar == "candidate")
+        unit = fleet_loss(1.0, n_c, int(self.config.fleet_groups), 1, self.config.ticks)  # one tick of worsening 1
+        for kpi, (loss, w) in self._losses(0).items():
+            cap = dict(self.config.max_loss)[kpi]
+            cum = (w * run) if math.isfinite(w) else 0.0  # the ticks' worsenings summed
+            prev, worst = self._loss_track.get(kpi, (0.0, 0.0))
+            worst = max(worst, cum - prev, w if math.isfinite(w) else 0.0)
+            self._loss_track[kpi] = (cum, worst)
+            nxt = loss + 2.0 * max(0.0, worst) * unit
+            if nxt > cap:
+                self.budget_stop = {"kpi": kpi, "loss_next_tick": nxt, "worsening": w, "budget": cap,
+                                    "loss_so_far": loss, "ticks": self.ticks}  # fmt: skip
+                return True
+        return False
 
     def _judged(self, rows: pd.DataFrame, kpis: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(rows kept x KPIs) values, and the kept-row mask: groups with no pre-period rows have
@@ -426,7 +559,7 @@ class Canary:
             canary_id=self.config.canary_id, run_id=self.run_id, candidate=self.config.candidate, current=self.current,
             stop_reason=self.stop_reason or "runtime", guard_stop=self.guard_stop, ticks=self.ticks,
             planned_ticks=self.config.total_ticks, log=read_spool(self.dir), intervals=self.guard.intervals(),
-            arms={k: len(v) for k, v in self._arm_groups.items()},
+            arms={k: len(v) for k, v in self._arm_groups.items()}, budget_stop=self.budget_stop,
         )  # fmt: skip
 
 

@@ -38,9 +38,11 @@ from edgetwin.contract.errors import InputError
 class LoopRound:
     """One round: its plan, what the canary did, what the twin learned, and the verdict after it.
 
-    ``realised_loss``: per KPI, the measured relative worsening of the candidate arm against the
-    control arm times the candidate arm's share of the fleet (what the canary cost the fleet);
-    ``over_budget``: KPIs whose realised loss exceeded the plan's ``max_loss``.
+    ``realised_loss``: per KPI column, what the canary cost the fleet (`_realised_loss`: the
+    candidate arm's relative worsening against the control arm net of their pre-canary levels,
+    times the candidate arm's share of the fleet and the share of the planned hours it ran);
+    ``over_budget``: KPIs whose realised loss exceeded the plan's loss budget. The edge stops a
+    canary (``budget``) before one more tick would pass it (`edgetwin.edge.canary.CanaryConfig.max_loss`).
     """
 
     round: int
@@ -176,6 +178,7 @@ def canary_loop(
     gate_episodes: int = 1,
     decision: Any = None,
     log: Any = print,
+    on_canary: Any = None,
 ) -> LoopResult:
     """Plan → canary → update → verdict, until a verdict or ``max_rounds``.
 
@@ -193,6 +196,12 @@ def canary_loop(
         decision: the gate's abstaining `GateDecision` to start from (default: the gate is run on
             ``fleet_log``); a caller that already has the gate's abstention passes it, so that the
             verdict is not shopped for by re-running the gate on other traffic.
+        on_canary: called as ``on_canary(round, plan, canary_result)`` after each round's canary
+            (e.g. a benchmark that judges the same canary's log another way); None: nothing.
+
+    A later round whose plan cannot be made (e.g. no slice fits the loss budget any more) ends the
+    loop with the verdict so far (abstain) and says why; a first round's raises (`InputError`), as
+    ``edgetwin promote --canary`` reports it.
     """
     from edgetwin.edge.canary import CanaryConfig
     from edgetwin.edge.canary_emulated import canary_on_cluster
@@ -212,15 +221,26 @@ def canary_loop(
     verdict, reason = "abstain", decision.reason()
     all_logs = list(old_logs) if old_logs is not None else None
     for r in range(1, max_rounds + 1):
-        plan = plan_canary(decision, twin, fleet_log, candidate_spec, baseline_spec, budget, seed=seed,
-                           members=members, round_no=r)  # fmt: skip
+        try:
+            plan = plan_canary(decision, twin, fleet_log, candidate_spec, baseline_spec, budget, seed=seed,
+                               members=members, round_no=r)  # fmt: skip
+        except InputError as e:
+            if r == 1:
+                raise
+            reason = f"{reason}; no round {r}: {e}"
+            log(f"    no canary plan for round {r}: {e}")
+            break
         plan = balanced(plan)
         log("    " + plan.describe().replace("\n", "\n    "))
         cfg = CanaryConfig.from_plan(plan, "candidate", spec=twin.spec)
         res = canary_on_cluster(cluster, current, candidate, cfg, seed=fleet_seed, episode=f"canary-{seed}-{r}")
+        if on_canary is not None:
+            on_canary(r, plan, res)
         better = {m.kpi: ("higher" if m.higher_is_better else "lower") for m in plan.margins}
         col_guards = [_ColumnGuard(m.kpi, m.max_regression, m.min_delta) for m in plan.margins]
         c_rows = res.log[(res.log["policy"].astype(str) == "candidate") & (res.log["t"] >= cfg.pre_ticks)]
+        # a canary the loss budget stopped judged on the ticks it ran (the twin's window the same)
+        ran = max(1, min(cfg.ticks, int(res.ticks) - int(cfg.pre_ticks)))
         if res.stop_reason == "guard":
             gs = res.guard_stop
             verdict = "refuse"
@@ -230,7 +250,7 @@ def canary_loop(
         else:
             est = canary_verdict(twin, fleet_log, res.log, plan, candidate_spec, baseline_spec,
                                  candidate_version="candidate", guards=col_guards, better=better,
-                                 pre_ticks=cfg.pre_ticks, ticks=cfg.ticks, seed=seed, members=members)  # fmt: skip
+                                 pre_ticks=cfg.pre_ticks, ticks=ran, seed=seed, members=members)  # fmt: skip
             per_round.append(est)
             pooled = {k: combine_estimates([pr[k] for pr in per_round]) for k in est}
             verdict, ests = ppi_verdict(pooled, col_guards, better)
@@ -239,7 +259,7 @@ def canary_loop(
                 f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
                 f"{100 * e.allowed_change:g}% ({e.verdict})" for e in ests
             )
-        loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, better)
+        loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, better, cfg.ticks)
         rounds.append(LoopRound(r, plan.to_dict(), res.stop_reason, len(res.log), len(c_rows), est, verdict, checks,
                                 loss, over))  # fmt: skip
         log("    " + rounds[-1].describe().replace("\n", "\n    "))
@@ -286,25 +306,40 @@ class _ColumnGuard:
 
 
 def _realised_loss(
-    canary_log: pd.DataFrame, plan: Any, pre_ticks: int, better: dict[str, str]
+    canary_log: pd.DataFrame, plan: Any, pre_ticks: int, better: dict[str, str], planned_ticks: int | None = None
 ) -> tuple[dict[str, float], list[str]]:
+    """Per KPI column: what the canary cost the fleet (`edgetwin.edge.canary.fleet_loss` of the
+    arms' difference in differences relative to the plan's ``loss_levels``, `arm_worsening`, over
+    the ticks it ran against the
+    ``planned_ticks``, default the plan's hours), the measure the edge's loss-budget stop uses;
+    and the KPIs whose loss exceeded the plan's budget (``loss_budget`` by column; a plan without
+    one: its deciding KPIs' ``budget``), by the gate's KPI names where the plan has them."""
+    from edgetwin.edge.canary import arm_worsening, fleet_loss
+
     rows = canary_log[canary_log["t"] >= pre_ticks]
-    is_c = rows["policy"].astype(str) == "candidate"
-    n_c = rows.loc[is_c, "agent"].nunique()
+    pre = canary_log[canary_log["t"] < pre_ticks]
+    cand_groups = set(rows.loc[rows["policy"].astype(str) == "candidate", "agent"].astype(str))
+    is_c = rows["agent"].astype(str).isin(cand_groups)
+    pre_c = pre["agent"].astype(str).isin(cand_groups)
+    n_run = int(rows["t"].nunique())
+    planned = planned_ticks if planned_ticks is not None else max(1, math.ceil(float(plan.hours) * 4 - 1e-9))
+    budget = dict(getattr(plan, "loss_budget", None) or {})
+    if not budget:
+        budget = {pk.column: pk.budget for pk in plan.kpis if pk.budget is not None}
+    names = {pk.column: pk.kpi for pk in plan.kpis}
+    levels = dict(getattr(plan, "loss_levels", None) or {})
     out, over = {}, []
     for k, direction in better.items():
-        c, b = float(rows.loc[is_c, k].mean()), float(rows.loc[~is_c, k].mean())
-        if not (math.isfinite(c) and math.isfinite(b)) or b == 0:
+        w = arm_worsening(float(rows.loc[is_c, k].mean()), float(rows.loc[~is_c, k].mean()),
+                          float(pre.loc[pre_c, k].mean()) if len(pre) else float("nan"),
+                          float(pre.loc[~pre_c, k].mean()) if len(pre) else float("nan"), direction == "higher",
+                          levels.get(k))  # fmt: skip
+        if not math.isfinite(w):
             continue
-        worse = (c - b) / abs(b) * (1.0 if direction == "lower" else -1.0)
-        out[k] = max(0.0, worse) * n_c / max(plan.fleet_groups, 1)
-        # the plan's budget is keyed by the gate's KPI names; its KPIs record their column
-        for pk in plan.kpis:
-            if pk.column == k and pk.budget is not None and out[k] > pk.budget:
-                over.append(pk.kpi)
+        out[k] = fleet_loss(w, len(cand_groups), int(plan.fleet_groups), n_run, planned)
+        if k in budget and out[k] > budget[k]:
+            over.append(names.get(k, k))
     return out, over
-
-
 
 
 def promote_after_canary(

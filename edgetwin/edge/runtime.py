@@ -955,8 +955,9 @@ class EdgeRuntime:
                 raise _Incompatible(f"the site's shield does not fit this policy's spec: {e}") from None
         served = ServedPolicy(version, scope, revision, policy, shield, manifest, want_obs, want_act, path)
         # Warm-up off the request path: first calls of torch models are slow, and a policy that
-        # cannot act must not be swapped in. Mid-range observations are inside any bounds.
-        probe = _probe_obs(pspec, len(want_obs))
+        # cannot act must not be swapped in. Mid-range observations are inside any bounds (the
+        # site's spec when the policy carries none: zeros are outside e.g. a latency SLO's bounds).
+        probe = _probe_obs(pspec or self.spec, len(want_obs))
         try:
             served.act(probe)
         except Exception as e:
@@ -1194,7 +1195,7 @@ class EdgeRuntime:
         _, stop = canary.record(rows)
         if self.metrics is not None:
             self.metrics.observe_canary_rows(canary, rows)
-        if not canary.active and canary.stop_reason in ("guard", "completed") and self._canary_policy is not None:
+        if not canary.active and canary.stop_reason in ("guard", "completed", "budget") and self._canary_policy is not None:
             self._end_canary(canary.stop_reason, stop)
         if self.bus is not None and self._loop is not None:
             self.call_soon(self._ship_spool())
@@ -1226,6 +1227,9 @@ class EdgeRuntime:
         if reason == "guard" and stop is not None:
             log.warning("%s: canary %s stopped by its guard; slice back on %s: %s",
                         self.site, canary.config.canary_id, canary.current, stop.reason())  # fmt: skip
+        elif reason == "budget":
+            log.warning("%s: canary %s stopped: one more tick would spend more than its loss budget (%s); slice back "
+                        "on %s", self.site, canary.config.canary_id, canary.budget_stop, canary.current)  # fmt: skip
         elif reason in ("link", "runtime"):
             log.warning("%s: canary %s stopped (%s); slice back on %s, its log stays spooled in %s until shipped",
                         self.site, canary.config.canary_id, reason, canary.current, canary.dir)  # fmt: skip

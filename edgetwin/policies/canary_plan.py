@@ -198,6 +198,13 @@ class CanaryPlan:
     why: list[str]
     seed: int = 0
     round: int = 1
+    #: the loss budget by log column (`PlanBudget.max_loss` of every guarded KPI a canary measures):
+    #: `edgetwin.edge.canary.CanaryConfig.from_plan` makes it the canary's ``max_loss``, so the edge
+    #: stops a canary whose measured loss would pass it, whatever the twin expected
+    loss_budget: dict[str, float] = field(default_factory=dict)
+    #: the fleet's level of each budgeted column under the current policy (its mean on the log's
+    #: last day): what a relative loss is relative to, at the edge as in the plan
+    loss_levels: dict[str, float] = field(default_factory=dict)
 
     @property
     def agent_steps(self) -> int:
@@ -223,7 +230,8 @@ class CanaryPlan:
                 float(d["hours"]), tuple(PlanMargin(**m) for m in d["margins"]),
                 [PlannedKPI(**k) for k in d["kpis"]], int(d["n_groups"]), int(d["fleet_groups"]),
                 float(d["share"]), dict(d["budget"]), bool(d["decides"]), list(d["why"]), int(d.get("seed", 0)),
-                int(d.get("round", 1)),
+                int(d.get("round", 1)), {str(k): float(v) for k, v in dict(d.get("loss_budget") or {}).items()},
+                {str(k): float(v) for k, v in dict(d.get("loss_levels") or {}).items()},
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"not a canary plan ({type(e).__name__}: {e})", "plan") from None
@@ -361,14 +369,25 @@ def plan_canary(
         raise InputError("nothing for a canary to settle: no abstaining nominal check of a per-group mean KPI", "plan")
     # every guarded KPI with a column is guarded by the canary, not only the deciding ones
     margins: list[PlanMargin] = []
+    loss_budget: dict[str, float] = {}
+    for kpi, cap in budget.max_loss.items():  # by the column the canary measures (the tightest when two share one)
+        col = _kpi_column(kdefs[kpi]) if kpi in kdefs else None
+        if col is not None:
+            loss_budget[col] = min(cap, loss_budget.get(col, cap))
     for c in decision.checks:
         col = _kpi_column(kdefs[c.kpi])
         if c.scenario == NOMINAL.name and col is not None and col not in {m.kpi for m in margins}:
             margins.append(PlanMargin(col, c.max_regression, c.min_delta, kdefs[c.kpi].better == "higher"))
 
     # the fleet: the service groups of the log's last episode (the most recent day's population)
-    agents = sorted(pd.unique(log.loc[log["episode"] == log["episode"].iloc[-1], "agent"].astype(str)))
+    last_day = log[log["episode"] == log["episode"].iloc[-1]]
+    agents = sorted(pd.unique(last_day["agent"].astype(str)))
     n_fleet = len(agents)
+    loss_levels = {}
+    for col in loss_budget:
+        lvl = float(last_day[col].mean()) if col in last_day.columns else float("nan")
+        if math.isfinite(lvl) and lvl != 0:
+            loss_levels[col] = lvl
     if episode_hours is None:
         steps = int(log.groupby("episode")["t"].nunique().max())
         episode_hours = steps / 4.0
@@ -453,7 +472,8 @@ def plan_canary(
         hours=float(h), margins=tuple(margins), kpis=planned, n_groups=n, fleet_groups=n_fleet,
         share=n / n_fleet, budget={"max_share": budget.max_share, "max_loss": dict(budget.max_loss),
                                    "hours": budget.hours, "treat_share": budget.treat_share},
-        decides=bool(best[0]), why=why, seed=seed, round=round_no,
+        decides=bool(best[0]), why=why, seed=seed, round=round_no, loss_budget=loss_budget,
+        loss_levels=loss_levels,
     )  # fmt: skip
 
 
