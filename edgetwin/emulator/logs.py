@@ -21,7 +21,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
-from edgetwin.contract.policy import NoisyPolicy, PlatformPolicy, RandomPolicy, act_logged
+from edgetwin.contract.policy import NoisyPolicy, PlatformPolicy, RandomPolicy, RegimePolicy, act_logged
 from edgetwin.contract.spec import POLICY_COLUMN, PROPENSITY_COLUMN, TwinSpec
 from edgetwin.emulator.cluster import (
     ACTION_NAMES,
@@ -35,14 +35,19 @@ from edgetwin.emulator.cluster import (
 from edgetwin.emulator.population import (
     SCENARIOS,
 )
+from edgetwin.policies.heuristics import HEURISTICS, SchedulingView, Target
 
 __all__ = [
     "Regime",
     "SLOAwarePolicy",
+    "cluster_view",
     "episode_seed",
     "generate_logs",
     "make_policy",
+    "parse_regime",
+    "parse_trial",
     "plot_overview",
+    "policy_names",
     "write_openmetrics_logs",
 ]
 
@@ -81,14 +86,56 @@ class SLOAwarePolicy:
         return np.stack([edge_share, capacity, price], axis=1)
 
 
-def make_policy(policy: str | PlatformPolicy, spec: TwinSpec, seed: int = 0) -> PlatformPolicy:
-    """``"random"`` (uniform in the action bounds), ``"heuristic"`` (`SLOAwarePolicy`) or a policy."""
+def cluster_view(cloud_carbon: float = 250.0) -> SchedulingView:
+    """The emulated cluster as the heuristics of `edgetwin.policies.heuristics` see it.
+
+    Placement is ``action.edge_share`` (1 = the home edge site, loaded by ``state.site_util``; 0 = its
+    cloud region, loaded by ``state.cloud_util``); a job's size is ``profile.mean_task_s`` and its
+    demand ``state.site_reserved`` (for SJF / LJF / best fit); ``action.capacity`` is the allocation
+    SJF / LJF share under a budget of 1 per group. The cloud's carbon intensity is not observed per
+    agent; ``cloud_carbon`` (gCO2/kWh) stands in for it.
+    """
+    return SchedulingView(
+        placement="action.edge_share",
+        targets=(Target(1.0, "state.site_util", "state.carbon_g_per_kwh"), Target(0.0, "state.cloud_util", cloud_carbon)),
+        size="profile.mean_task_s",
+        demand="state.site_reserved",
+        demand_scale=0.05,
+        allocation="action.capacity",
+        allocation_budget=1.0,
+        defaults={"action.capacity": 1.0, "action.price": 0.5},
+    )
+
+
+#: the logging-policy names `make_policy` knows besides `HEURISTICS`'s
+BUILTIN_POLICIES: tuple[str, ...] = ("random", "heuristic", "regime_switching")
+
+
+def policy_names() -> list[str]:
+    """Every name `make_policy` accepts: ``random``, ``heuristic`` (`SLOAwarePolicy`),
+    ``regime_switching`` (`RegimePolicy`) and the heuristics registry's (`HEURISTICS`)."""
+    return [*BUILTIN_POLICIES, *(n for n in HEURISTICS if n not in BUILTIN_POLICIES)]
+
+
+def make_policy(policy: str | PlatformPolicy, spec: TwinSpec, seed: int = 0, where: str = "--policy") -> PlatformPolicy:
+    """A logging policy by name (`policy_names`; ``-`` and ``_`` alike) or a policy as given.
+
+    ``"random"`` is uniform in the action bounds, ``"heuristic"`` the SLO-aware `SLOAwarePolicy`,
+    ``"regime_switching"`` a `RegimePolicy` (the action box redrawn every 8 ticks), and the names of
+    `HEURISTICS` (``least_loaded``, ``round_robin``, ...) those heuristics on `cluster_view`.
+    ``where`` names the flag in the error for an unknown name.
+    """
     if isinstance(policy, str):
-        if policy == "random":
+        name = policy.strip().replace("-", "_")
+        if name == "random":
             return RandomPolicy(spec, seed=seed)
-        if policy == "heuristic":
+        if name == "heuristic":
             return SLOAwarePolicy(spec)
-        raise InputError(f"policy must be 'random' or 'heuristic' (or a PlatformPolicy), got {policy!r}", "--policy")
+        if name == "regime_switching":
+            return RegimePolicy(spec, seed=seed)
+        if name in HEURISTICS:
+            return HEURISTICS[name](spec, cluster_view())
+        raise InputError(f"unknown policy {policy!r}; expected one of {', '.join(policy_names())}", where)
     if not isinstance(policy, PlatformPolicy):
         raise InputError(f"policy {type(policy).__name__} has no act(obs) method", "policy")
     return policy
@@ -124,6 +171,61 @@ class Regime:
             return self.name
         base = self.policy if isinstance(self.policy, str) else type(self.policy).__name__
         return f"{base}+noise{self.noise:g}" if self.noise > 0 else base
+
+
+def _number(text: str, what: str, flag: str, value: str, integer: bool = False) -> float:
+    try:
+        x = float(text.strip().rstrip("%")) / (100.0 if text.strip().endswith("%") else 1.0)
+    except ValueError:
+        raise InputError(f"{what} must be a number, got {text!r} in {value!r}", flag) from None
+    if not np.isfinite(x) or (integer and x != int(x)):
+        raise InputError(f"{what} must be a {'whole ' if integer else ''}number, got {text!r} in {value!r}", flag)
+    return x
+
+
+def parse_regime(value: str, flag: str = "--regime") -> Regime:
+    """``POLICY:DAYS[:NOISE]`` -> a `Regime` (e.g. ``heuristic:4:0.1``: the SLO-aware heuristic with
+    10 % exploration noise for 4 days). POLICY is one of `policy_names`; DAYS >= 1; NOISE >= 0, a
+    share of each action's bound width (``10%`` is 0.1). Raises `InputError` naming ``flag``."""
+    parts = value.split(":")
+    if len(parts) not in (2, 3) or not parts[0].strip():
+        raise InputError(f"expected POLICY:DAYS[:NOISE] (e.g. heuristic:4:0.1), got {value!r}", flag)
+    name = parts[0].strip().replace("-", "_")
+    if name not in policy_names():
+        raise InputError(f"unknown policy {parts[0]!r} in {value!r}; expected one of {', '.join(policy_names())}", flag)
+    days = _number(parts[1], "DAYS", flag, value, integer=True)
+    if days < 1:
+        raise InputError(f"DAYS must be >= 1, got {parts[1]!r} in {value!r}", flag)
+    noise = _number(parts[2], "NOISE", flag, value) if len(parts) == 3 else 0.0
+    if not 0.0 <= noise <= 1.0:
+        raise InputError(f"NOISE must be in [0, 1] (a share of each action's range), got {parts[2]!r} in {value!r}", flag)
+    return Regime(name, int(days), noise=noise)
+
+
+def parse_trial(value: str, base: Regime, flag: str = "--trial") -> Regime:
+    """``SHARE:DAYS:ARM[,ARM...]`` -> a `Regime` of ``base``'s policy (and noise) for DAYS days on
+    which each service group joins a randomized trial with probability SHARE (``0.1`` or ``10%``)
+    and then one of the ARMs (policy names, `policy_names`) uniformly at random; arm rows are
+    logged as ``arm-<ARM>``. Raises `InputError` naming ``flag``."""
+    parts = value.split(":")
+    if len(parts) != 3:
+        raise InputError(f"expected SHARE:DAYS:ARM[,ARM...] (e.g. 0.1:1:random,least_loaded), got {value!r}", flag)
+    share = _number(parts[0], "SHARE", flag, value)
+    if not 0.0 < share <= 1.0:
+        raise InputError(f"SHARE must be in (0, 1], got {parts[0]!r} in {value!r}", flag)
+    days = _number(parts[1], "DAYS", flag, value, integer=True)
+    if days < 1:
+        raise InputError(f"DAYS must be >= 1, got {parts[1]!r} in {value!r}", flag)
+    arms = [a.strip().replace("-", "_") for a in parts[2].split(",")]
+    if not all(arms):
+        raise InputError(f"an empty ARM in {value!r}", flag)
+    unknown = [a for a in arms if a not in policy_names()]
+    if unknown:
+        raise InputError(f"unknown arm {unknown[0]!r} in {value!r}; expected policies among {', '.join(policy_names())}", flag)
+    if len(set(arms)) != len(arms):
+        raise InputError(f"an arm is named twice in {value!r}", flag)
+    return Regime(base.policy, int(days), noise=base.noise, name=base.policy_id(),
+                  arms={f"arm-{a}": a for a in arms}, arm_share=share)
 
 
 def episode_seed(seed: int, episode: int) -> int:
