@@ -38,6 +38,7 @@ PAGES: dict[str, str] = {
     "## Scale": "scale",
     "## Twin update from a canary": "twin_update",
     "## Prometheus import": "prometheus_import",
+    "## Second system: admission control behind a hidden load": "causal_twin",
 }
 
 #: page directory -> its title (the page's ``# `` line)

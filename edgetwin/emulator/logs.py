@@ -11,10 +11,10 @@ day, a random share of the service groups assigned at random to one of K arms, a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -24,10 +24,6 @@ from edgetwin.contract.errors import InputError
 from edgetwin.contract.policy import NoisyPolicy, PlatformPolicy, RandomPolicy, RegimePolicy, act_logged
 from edgetwin.contract.spec import POLICY_COLUMN, PROPENSITY_COLUMN, TwinSpec
 from edgetwin.emulator.cluster import (
-    ACTION_NAMES,
-    KPI_NAMES,
-    OBS_LOW,
-    RESPONSE_NAMES,
     ClusterConfig,
     EdgeCluster,
     check_actions,
@@ -41,8 +37,11 @@ __all__ = [
     "Regime",
     "SLOAwarePolicy",
     "cluster_view",
+    "LoggedSystem",
+    "check_regimes",
     "episode_seed",
     "generate_logs",
+    "log_system",
     "make_policy",
     "parse_regime",
     "parse_trial",
@@ -233,6 +232,67 @@ def episode_seed(seed: int, episode: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(episode)]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
+class LoggedSystem(Protocol):
+    """What `log_system` needs of a system to log it in the contract: ``n`` agents, ``steps`` ticks an
+    episode, a ``spec``; ``reset(seed, episode) -> obs (n, O)`` starts an episode (a fresh
+    population), ``keys() -> (agent, scenario, site)`` are its agents' ``(n,)`` ids after the reset,
+    and ``step(actions (n, A)) -> (actions as applied (n, A), next obs (n, O), reward (n,),
+    responses (n, R), kpis (n, K))``, all in ``spec`` order."""
+
+    spec: TwinSpec
+    n: int
+    steps: int
+
+    def reset(self, seed: int, episode: int) -> np.ndarray: ...
+
+    def keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+class _LoggedCluster:
+    """`EdgeCluster` as a `LoggedSystem` (episode ``e`` is day ``start_day + drift_days + e``)."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.cluster = EdgeCluster(config)
+        self.spec, self.n, self.steps = self.cluster.spec, self.cluster.n, self.cluster.steps
+        self._scen = np.array(SCENARIOS, dtype=object)
+        self._sites = np.array(self.cluster.site_names, dtype=object)
+
+    def reset(self, seed: int, episode: int) -> np.ndarray:
+        return self.cluster.reset(seed=seed, day=self.config.start_day + self.config.drift_days + episode)
+
+    def keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        c = self.cluster
+        return c.agent_ids, self._scen[c.scenario], self._sites[c.home]
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        act = check_actions(actions, self.n)
+        obs, reward, _, info = self.cluster.step(act)
+        return act, obs, reward, info["responses"], info["kpis"]
+
+
+def check_regimes(
+    regimes: Sequence[Regime] | None, episodes: int | None = None, policy: str | PlatformPolicy = "random"
+) -> list[Regime]:
+    """``regimes``, or one `Regime` of ``policy`` for ``episodes`` days; raises `InputError` on bad ones."""
+    if regimes is None:
+        if episodes is None or int(episodes) < 1:
+            raise InputError(f"episodes must be >= 1, got {episodes}", "--episodes")
+        regimes = [Regime(policy, int(episodes))]
+    if not regimes:
+        raise InputError("regimes must name at least one regime", "regimes")
+    for reg in regimes:
+        if int(reg.days) < 1:
+            raise InputError(f"regime {reg.policy_id()!r}: days must be >= 1, got {reg.days}", "regimes")
+        if not reg.noise >= 0:
+            raise InputError(f"regime {reg.policy_id()!r}: noise must be >= 0, got {reg.noise}", "regimes")
+        if reg.arms and not 0.0 < reg.arm_share <= 1.0:
+            raise InputError(f"regime {reg.policy_id()!r}: arm_share must be in (0, 1], got {reg.arm_share}", "regimes")
+    return list(regimes)
+
+
 def generate_logs(
     config: ClusterConfig,
     episodes: int | None = None,
@@ -259,33 +319,38 @@ def generate_logs(
         policy that decided) and ``propensity`` (its action's probability / density, NaN where the
         policy is deterministic over continuous actions); and `cluster_spec(config)`.
     """
-    if regimes is None:
-        if episodes is None or int(episodes) < 1:
-            raise InputError(f"episodes must be >= 1, got {episodes}", "--episodes")
-        regimes = [Regime(policy, int(episodes))]
-    if not regimes:
-        raise InputError("regimes must name at least one regime", "regimes")
-    for reg in regimes:
-        if int(reg.days) < 1:
-            raise InputError(f"regime {reg.policy_id()!r}: days must be >= 1, got {reg.days}", "regimes")
-        if not reg.noise >= 0:
-            raise InputError(f"regime {reg.policy_id()!r}: noise must be >= 0, got {reg.noise}", "regimes")
-        if reg.arms and not 0.0 < reg.arm_share <= 1.0:
-            raise InputError(f"regime {reg.policy_id()!r}: arm_share must be in (0, 1], got {reg.arm_share}", "regimes")
+    regimes = check_regimes(regimes, episodes, policy)
+    return log_system(_LoggedCluster(config), regimes, seed, make_policy, progress=progress)
+
+
+def log_system(
+    system: LoggedSystem,
+    regimes: Sequence[Regime],
+    seed: int,
+    resolve: Callable[[str | PlatformPolicy, TwinSpec, int], PlatformPolicy],
+    progress: bool = False,
+) -> tuple[pd.DataFrame, TwinSpec]:
+    """Log any `LoggedSystem` under ``regimes`` (see `generate_logs`): one row per (episode, t, agent).
+
+    ``resolve(policy, spec, seed)`` turns a regime's or arm's policy (a name or a policy) into a
+    `PlatformPolicy`, so that each system names its own logging policies. Episode ``e`` is reset
+    with `episode_seed` ``(seed, e)``; a trial's arms are drawn from ``(seed, e, 2)``.
+    """
+    regimes = check_regimes(regimes)
     episodes = sum(int(r.days) for r in regimes)
-    cluster = EdgeCluster(config)
-    spec = cluster.spec
+    spec = system.spec
     # one policy object per regime and arm, seeded apart, kept across the regime's days
     plan: list[tuple[str, PlatformPolicy, list[tuple[str, PlatformPolicy]]]] = []
     for i, reg in enumerate(regimes):
-        pol = make_policy(reg.policy, spec, seed=seed if i == 0 else seed + 7919 * i)
+        pol = resolve(reg.policy, spec, seed if i == 0 else seed + 7919 * i)
         if reg.noise > 0:
             pol = NoisyPolicy(pol, spec, reg.noise, seed=seed + 104729 + i)
-        arms = [(str(k), make_policy(v, spec, seed=seed + 31 * (i + 1) + j)) for j, (k, v) in enumerate(reg.arms.items())]
+        arms = [(str(k), resolve(v, spec, seed + 31 * (i + 1) + j)) for j, (k, v) in enumerate(reg.arms.items())]
         plan.extend([(reg.policy_id(), pol, arms)] * int(reg.days))
-    n, steps = cluster.n, cluster.steps
+    n, steps = system.n, system.steps
     rows = episodes * steps * n
-    o_dim, a_dim, r_dim, k_dim = len(OBS_LOW), len(ACTION_NAMES), len(RESPONSE_NAMES), len(KPI_NAMES)
+    o_dim, a_dim = len(spec.observation_columns), len(spec.action_columns)
+    r_dim, k_dim = len(spec.names("response")), len(spec.names("kpi"))
     obs_buf = np.empty((rows, o_dim))
     act_buf = np.empty((rows, a_dim))
     resp_buf = np.empty((rows, r_dim))
@@ -298,18 +363,17 @@ def generate_logs(
     agent_col = np.empty(rows, dtype=object)
     scen_col = np.empty(rows, dtype=object)
     site_col = np.empty(rows, dtype=object)
-    scen_names = np.array(SCENARIOS, dtype=object)
-    site_names = np.array(cluster.site_names, dtype=object)
     bar = tqdm(total=episodes * steps, desc="emulating", unit="tick", disable=not progress)
     for e in range(episodes):
         policy_id, pol, arms = plan[e]
-        obs = cluster.reset(seed=episode_seed(seed, e), day=config.start_day + config.drift_days + e)
+        obs = system.reset(episode_seed(seed, e), e)
         base = e * steps * n
         block = slice(base, base + steps * n)
-        agent_col[block] = np.tile(cluster.agent_ids, steps)
-        scen_col[block] = np.tile(scen_names[cluster.scenario], steps)
-        site_col[block] = np.tile(site_names[cluster.home], steps)
-        # the day's trial: which service groups follow which arm (-1: the regime's policy)
+        agents, scenarios, sites = system.keys()
+        agent_col[block] = np.tile(agents, steps)
+        scen_col[block] = np.tile(scenarios, steps)
+        site_col[block] = np.tile(sites, steps)
+        # the day's trial: which agents follow which arm (-1: the regime's policy)
         arm_of = np.full(n, -1)
         if arms:
             trial_rng = np.random.default_rng([seed, e, 2])
@@ -322,22 +386,21 @@ def generate_logs(
                 rows_j = np.flatnonzero(arm_of == j)
                 if len(rows_j):
                     act[rows_j], prop[rows_j] = act_logged(arm, obs[rows_j], spec)
-            act = check_actions(act, n)
             r = slice(base + t * n, base + (t + 1) * n)
             obs_buf[r] = obs
-            act_buf[r] = act
             prop_buf[r] = prop
             policy_col[r] = ids
-            obs, reward, _, info = cluster.step(act)
-            resp_buf[r] = info["responses"]
-            kpi_buf[r] = info["kpis"]
+            act, obs, reward, responses, kpis = system.step(act)
+            act_buf[r] = act
+            resp_buf[r] = responses
+            kpi_buf[r] = kpis
             rew_buf[r] = reward
             bar.update(1)
     bar.close()
     data: dict[str, Any] = {"episode": episode_col, "t": t_col, "agent": agent_col, "scenario": scen_col, "site": site_col}
     for j, c in enumerate(spec.observation_columns):
         data[c] = obs_buf[:, j]
-    for block_cols, buf in ((spec.names("action"), act_buf), (spec.names("response"), resp_buf), (spec.names("kpi"), kpi_buf)):
+    for block_cols, buf in ((spec.action_columns, act_buf), (spec.names("response"), resp_buf), (spec.names("kpi"), kpi_buf)):
         for j, c in enumerate(block_cols):
             data[c] = buf[:, j]
     data["reward"] = rew_buf
