@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--page-only", action="store_true", help="rewrite the section from the JSON and stop")
     args = ap.parse_args()
     if args.page_only:
-        write_section(HEADING, page(json.loads(RESULTS.read_text())), OUT / "README.md")
+        write_section(HEADING, page(json.loads(RESULTS.read_text())), OUT / "README.md", keep=("### Reading",))
         return
     logs = args.logs.split(",")
     bad = [x for x in logs if x not in LOGS]
@@ -139,7 +139,7 @@ def main() -> None:
 def write(doc: dict[str, Any]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(doc, indent=1, default=str))
-    write_section(HEADING, page(doc), OUT / "README.md")
+    write_section(HEADING, page(doc), OUT / "README.md", keep=("### Reading",))
 
 
 def page(doc: dict[str, Any]) -> str:
