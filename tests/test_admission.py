@@ -3,7 +3,6 @@ is confounded with a load the logs do not show, its truth is computable, and a t
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -97,17 +96,15 @@ def test_bad_inputs_are_refused() -> None:
         system.step(np.zeros((3, 2)))
 
 
-@pytest.mark.slow  # ~1 min on 2 shared cores (validation, overlap, the causal model's fit)
+# ~13 s on an idle machine (validation, overlap report, the causal model's fit, empirical population)
 def test_a_twin_fits_on_it_and_answers_about_its_policies() -> None:
     from edgetwin.twin.twin import Twin
 
     log, spec = generate_admission_logs(SMALL, regimes=benchmark_regimes("b", 3), seed=0)
-    t0 = time.perf_counter()
     twin = Twin.fit(log, spec, seed=0, members=1, progress=False, response_model="causal",
                     population_model="empirical", use_time=True)
     pol = reference_policies(spec)["admit 0.8"]
     out = twin.rollout(pol, episodes=1, seed=1, n_agents=SMALL.n_tenants, steps=SMALL.steps)
-    assert time.perf_counter() - t0 < 600
     assert twin.meta["overlap"]["verdict"] in ("some", "weak")
     assert set(twin.meta["overlap"]["policies"]) == {"controller+noise0.1", "reactive+noise0.1"}
     assert len(out) == SMALL.n_tenants * SMALL.steps
