@@ -39,6 +39,7 @@ PAGES: dict[str, str] = {
     "## Twin update from a canary": "twin_update",
     "## Prometheus import": "prometheus_import",
     "## Closed loop: twin alone vs canary alone vs twin + canary": "closed_loop",
+    "## Second system: admission control behind a hidden load": "causal_twin",
 }
 
 #: page directory -> its title (the page's ``# `` line)

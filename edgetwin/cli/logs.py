@@ -4,7 +4,7 @@ import one from Prometheus (``logs import prometheus``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -59,9 +59,33 @@ def logs_validate(
 def logs_generate(
     out_path: Annotated[Path, typer.Option("--out", help="Log to write (.parquet or .csv); LOG.spec.toml goes beside it.")],
     agents: Annotated[int, typer.Option("--agents", min=1, help="Service groups per episode.")] = 200,
-    episodes: Annotated[int, typer.Option("--episodes", min=1, help="Episodes (days) to log.")] = 3,
+    episodes: Annotated[
+        int | None, typer.Option("--episodes", min=1, help="Episodes (days) to log under --policy [default: 3].")
+    ] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Ticks per episode (96 x 15 min = a day).")] = 96,
-    policy: Annotated[str, typer.Option("--policy", help="Logging policy: random | heuristic.")] = "random",
+    policy: Annotated[
+        str | None,
+        typer.Option("--policy", help="Logging policy: random | heuristic (SLO-aware) | regime_switching | a heuristic "
+                     "of edgetwin.policies.heuristics (least_loaded, round_robin, best_fit, sjf, ljf, lowest_carbon) "
+                     "[default: random]."),
+    ] = None,
+    noise: Annotated[
+        float | None,
+        typer.Option("--noise", help="Gaussian exploration noise on --policy's actions, a share of each action's range "
+                     "(0.1 = 10 %) [default: 0]."),
+    ] = None,
+    regime: Annotated[
+        list[str] | None,
+        typer.Option("--regime", help="POLICY:DAYS[:NOISE], repeatable, in order: log several schedulers one after "
+                     "the other (e.g. --regime heuristic:4:0.1 --regime least_loaded:2:0.1); instead of "
+                     "--policy / --episodes / --noise."),
+    ] = None,
+    trial: Annotated[
+        list[str] | None,
+        typer.Option("--trial", help="SHARE:DAYS:ARM[,ARM...], repeatable, after the regimes: DAYS more days of the "
+                     "last policy on which each service group joins a randomized trial with probability SHARE and "
+                     "then one ARM (a policy name) at random, logged as arm-ARM (e.g. --trial 0.1:1:random,least_loaded)."),
+    ] = None,
     drift: Annotated[str, typer.Option("--drift", help="Simulated time since day 0: 0d | 1d | 1w | 1m.")] = "0d",
     trace: Annotated[
         Path | None, typer.Option("--trace", help="Real trace for task sizes and arrival curve (format auto-detected).")
@@ -78,20 +102,45 @@ def logs_generate(
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the emulated edge-cloud cluster under a logging policy and write its log and spec."""
+    """Run the emulated edge-cloud cluster under logging policies and write its log and spec.
+
+    Every row says which policy decided it (``policy``) and, where that policy samples, the
+    probability density of its action (``propensity``): one policy (--policy, --noise), several one
+    after the other (--regime), and randomized trials on a share of the service groups (--trial).
+    """
     from edgetwin.contract.logs import write_table
-    from edgetwin.contract.spec import spec_path_for
+    from edgetwin.contract.spec import POLICY_COLUMN, spec_path_for
     from edgetwin.emulator.cluster import ClusterConfig
-    from edgetwin.emulator.logs import generate_logs, plot_overview
+    from edgetwin.emulator.logs import (
+        Regime,
+        generate_logs,
+        parse_regime,
+        parse_trial,
+        plot_overview,
+        policy_names,
+    )
     from edgetwin.emulator.population import DRIFT_DAYS
 
-    if policy not in ("random", "heuristic"):
-        raise InputError(f"expected 'random' or 'heuristic', got {policy!r}", "--policy")
     if drift not in DRIFT_DAYS:
         raise InputError(f"expected one of {', '.join(DRIFT_DAYS)}, got {drift!r}", "--drift")
     for flag, value in (("--agents", agents), ("--episodes", episodes), ("--steps", steps)):
-        if value < 1:
+        if value is not None and value < 1:
             raise InputError(f"expected a positive integer, got {value}", flag)
+    if regime:
+        for flag, given in (("--policy", policy), ("--episodes", episodes), ("--noise", noise)):
+            if given is not None:
+                raise InputError("give either --regime or --policy / --episodes / --noise, not both", flag)
+        regimes = [parse_regime(r) for r in regime]
+    else:
+        name = (policy or "random").strip().replace("-", "_")
+        if name not in policy_names():
+            raise InputError(f"expected one of {', '.join(policy_names())}, got {policy!r}", "--policy")
+        if noise is not None and not 0.0 <= noise <= 1.0:
+            raise InputError(f"must be in [0, 1] (a share of each action's range), got {noise}", "--noise")
+        regimes = [Regime(name, episodes or 3, noise=noise or 0.0)]
+    for t in trial or []:
+        regimes.append(parse_trial(t, regimes[-1]))
+    episodes = sum(r.days for r in regimes)
     if trace is not None and not trace.exists():
         raise InputError("trace file not found", f"--trace {trace}")
     if carbon is not None and not carbon.exists():
@@ -100,7 +149,7 @@ def logs_generate(
     if openmetrics is not None:
         out_file_arg(openmetrics, "--openmetrics")
     config = ClusterConfig(n_agents=agents, steps=steps, drift=drift, trace=trace, carbon=carbon)
-    log, spec = generate_logs(config, episodes=episodes, policy=policy, seed=seed, progress=not as_json)
+    log, spec = generate_logs(config, regimes=regimes, seed=seed, progress=not as_json)
     write_table(log, out_path)
     spec_path = spec.save(spec_path_for(out_path))
     png = plot_overview(log, out_path.with_name(out_path.name.split(".")[0] + ".overview.png")) if plot else None
@@ -109,7 +158,8 @@ def logs_generate(
         from edgetwin.emulator.logs import write_openmetrics_logs
 
         om = write_openmetrics_logs(log, spec, openmetrics)
-    summary = {
+    rows_by_policy = {str(k): int(v) for k, v in log[POLICY_COLUMN].value_counts().sort_index().items()}
+    summary: dict[str, Any] = {
         "log": str(out_path),
         "spec": str(spec_path),
         "plot": None if png is None else str(png),
@@ -119,7 +169,9 @@ def logs_generate(
         "episodes": episodes,
         "agents": agents,
         "steps": steps,
-        "policy": policy,
+        "regimes": [{"policy": r.policy_id(), "days": r.days, "noise": r.noise,
+                     **({"trial_share": r.arm_share, "arms": list(r.arms)} if r.arms else {})} for r in regimes],
+        "policies": rows_by_policy,
         "drift": drift,
         "trace": None if trace is None else str(trace),
         "seed": seed,
@@ -133,6 +185,8 @@ def logs_generate(
     else:
         where = f"spec: {spec_path}" + (f"\nplot: {png}" if png else "")
         where += f"\nOpenMetrics: {om[0]} (import mapping {om[1]})" if om else ""
+        if len(summary["policies"]) > 1 or any(r.arms or r.noise for r in regimes):
+            where += "\npolicies (rows): " + ", ".join(f"{k} {v:,}" for k, v in rows_by_policy.items())
         out.print(
             f"wrote {summary['rows']:,} rows ({episodes} episodes x {steps} steps x {agents} service groups) "
             f"to {out_path}\n{where}\nmean offload ratio {summary['mean_offload_ratio']:.3f}, "

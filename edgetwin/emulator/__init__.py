@@ -5,7 +5,11 @@ every claim about a twin can be checked against the truth. Nothing below layer 5
 
 * `edgetwin.emulator.cluster`: `EdgeCluster` (service groups on edge and cloud sites, vectorised in
   NumPy), its config and spec.
-* `edgetwin.emulator.logs`: logging it (`generate_logs`) under a random or the SLO-aware policy.
+* `edgetwin.emulator.logs`: logging it (`generate_logs`) under named policies, regimes one after the
+  other and randomized trials; `log_system` logs any `LoggedSystem` the same way.
+* `edgetwin.emulator.admission`: a second, different system (tenants behind an admission controller,
+  gateways with a hidden background load its logging controller reacts to), for checking twins on
+  code they were not tuned on.
 * `edgetwin.emulator.envs`: the Gymnasium env over it; its SB3 `EdgeClusterVecEnv` is built on
   first use (it needs torch), so import it from `edgetwin.emulator.envs`.
 * `edgetwin.emulator.population`: who the service groups are (scenarios `mbb`, `iot`, `iov`) and
