@@ -246,6 +246,8 @@ def main() -> None:
             res["fit_seconds"] = fit_s
             res["overlap"] = twin.meta["overlap"]
             res["response_model"] = twin.meta["response_model"]
+            # the invariance weight each member's client models chose by cross-fitting (causal only)
+            res["invariance_chosen"] = [float(c.chosen) for m in twin.members for c in m.clients.values() if hasattr(c, "chosen")]
             doc["results"].setdefault(lname, {})[mname] = res
             doc["policies"][f"{lname}/{mname}"] = rank.to_dict("records")
             print(lname, mname, json.dumps(res, default=str), flush=True)

@@ -382,11 +382,15 @@ class Twin:
         if response_model in ("supervised", "causal"):
             clients: dict[int, Any] = {}
             policy = steps.frame[POLICY_COLUMN].to_numpy() if POLICY_COLUMN in steps.frame else None
+            # an agent's day: its rows are not independent, so the causal model's cross-fitted choice
+            # of its invariance keeps them in one fold
+            agent_day = steps.frame["episode"].astype(str).to_numpy() + "/" + steps.frame["agent"].astype(str).to_numpy()
             for s in range(len(layout.scenarios)):
                 rows = client_rows(steps, layout, s)
                 if response_model == "causal":
                     clients[s] = CausalResponseModel(tuple(cfg.net_arch), seed=seed + s).fit(
-                        steps.x_client[rows], steps.y_client[rows], None if policy is None else policy[rows]
+                        steps.x_client[rows], steps.y_client[rows], None if policy is None else policy[rows],
+                        groups=agent_day[rows],
                     )
                 else:
                     clients[s] = SupervisedResponseModel(tuple(cfg.net_arch), seed=seed + s).fit(
