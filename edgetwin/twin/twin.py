@@ -246,10 +246,12 @@ class Twin:
                 the logging policies' habits) or ``"auto"``: ``"causal"`` when the log holds
                 at least two policies and its actions vary independently of the context
                 (`edgetwin.imitation.overlap.overlap_report`, kept in ``twin.meta["overlap"]``), else
-                ``"mail"``. The default is ``"mail"``, not ``"auto"``: on the causal-twin
-                benchmark's logs with randomized canary rounds the causal model ranked the policies
-                worse than MAIL-MMSG (docs/benchmarks/causal_twin/README.md), so it is not yet the
-                default where the logs would allow it.
+                ``"mail"``. The causal model chooses its invariance weight by cross-fitting on the
+                log (`edgetwin.imitation.causal.select_invariance`). The default is ``"mail"``, not
+                ``"auto"``: the causal-twin benchmark (docs/benchmarks/causal_twin/README.md) has
+                not yet shown the causal model better than MAIL-MMSG on the logs with several
+                policies (two regimes, randomized canary rounds) at a feasible size, only on the
+                single-policy log, where it is plain regression.
             population_model: a model of `edgetwin.generative.MODELS`, or ``"empirical"`` (resample
                 logged profiles).
             population_hyper: hyper-parameters of the population model (e.g. ``{"steps": 500}``).
