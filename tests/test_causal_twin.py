@@ -21,7 +21,7 @@ import torch as th
 from edgetwin.contract.policy import FunctionPolicy, NoisyPolicy
 from edgetwin.contract.spec import Feature, TwinSpec
 from edgetwin.imitation.baselines import SupervisedResponseModel
-from edgetwin.imitation.causal import CausalResponseModel
+from edgetwin.imitation.causal import INVARIANCE, CausalResponseModel
 
 BETA, GAMMA = -1.0, 2.0
 TOLERANCE = 0.3  # on β, whose scale is 1; today's error is above 5
@@ -60,7 +60,7 @@ def effect(model: object, s: np.ndarray) -> float:
 def test_causal_model_learns_the_effect_today_learns_the_habit(seed: int) -> None:
     x, y, policy = confounded_log(6000, share_random=0.1, seed=seed)
     today = SupervisedResponseModel((32, 32), seed=seed).fit(x, y)
-    causal = CausalResponseModel((32, 32), steps=250, seed=seed).fit(x, y, policy)
+    causal = CausalResponseModel((32, 32), invariance=INVARIANCE, steps=250, seed=seed).fit(x, y, policy)
     assert effect(today, x[:, 0]) > 0  # the sign is wrong: the habit, read as a law
     assert abs(effect(causal, x[:, 0]) - BETA) < TOLERANCE
     # the invariance holds: both policies' residuals have the same spread
@@ -69,12 +69,60 @@ def test_causal_model_learns_the_effect_today_learns_the_habit(seed: int) -> Non
     assert abs(np.log(sd[0] / sd[1])) < 0.1
 
 
+def unconfounded_log(n: int, share_random: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same knob (``β = -1``), no hidden load: production decides from the logged state only
+    (``a = 0.2 + 0.1·s`` plus noise), so one-step regression is consistent; the noise grows with the
+    knob (sd ``0.1 + 1.5·a``), so the randomized arm's residuals are legitimately wider than
+    production's and asking them to be alike (a large λ) is a wrong assumption here."""
+    rng = np.random.default_rng(seed)
+    s = rng.standard_normal(n)
+    a = np.clip(0.2 + 0.1 * s + 0.05 * rng.standard_normal(n), 0.0, 1.0)
+    arm = rng.random(n) < share_random
+    a[arm] = rng.uniform(0.0, 1.0, int(arm.sum()))
+    y = BETA * a + 0.5 * s + (0.1 + 1.5 * a) * rng.standard_normal(n)
+    return np.stack([s, a], 1), y[:, None], np.where(arm, "canary", "production")
+
+
+def test_cross_fitted_invariance_is_strong_under_hidden_confounding() -> None:
+    """``invariance="cv"`` (the default) chooses λ from the log alone: on the confounded system the
+    unpenalised fit predicts the randomized arm worst (held-out), the strong penalty is within the
+    noise of the best and the most invariant, so it is chosen and the effect is right."""
+    x, y, policy = confounded_log(4000, share_random=0.1, seed=0)
+    causal = CausalResponseModel((32, 32), steps=250, seed=0).fit(x, y, policy)
+    assert causal.chosen >= 30 and causal.cv_errors[0.0] > causal.cv_errors[causal.chosen]
+    assert abs(effect(causal, x[:, 0]) - BETA) < TOLERANCE
+
+
+def test_cross_fitted_invariance_stays_weak_without_hidden_confounding() -> None:
+    """Where the policies decided from the logged state only and the noise depends on the action,
+    a strong penalty distorts the fit (held-out error twice the unpenalised one's): the choice
+    is a weak λ (≤ 3) and the effect is regression's, right within the tolerance."""
+    x, y, policy = unconfounded_log(4000, share_random=0.1, seed=0)
+    causal = CausalResponseModel((32, 32), steps=250, seed=0).fit(x, y, policy)
+    assert causal.cv_errors[300.0] > 1.5 * causal.cv_errors[0.0]
+    assert causal.chosen <= 3.0
+    assert abs(effect(causal, x[:, 0]) - BETA) < TOLERANCE
+
+
+def test_cross_fitted_folds_keep_groups_together() -> None:
+    """Rows of one group (an agent's day) are never split between training and held-out folds:
+    with every row of a policy in one group, that policy has nothing held out of its own group,
+    and the choice still runs and is deterministic."""
+    x, y, policy = confounded_log(600, share_random=0.3, seed=2)
+    groups = np.arange(600) // 50
+    a = CausalResponseModel((8,), steps=30, seed=1).fit(x, y, policy, groups=groups)
+    b = CausalResponseModel((8,), steps=30, seed=1).fit(x, y, policy, groups=groups)
+    assert a.chosen == b.chosen and a.cv_errors == b.cv_errors and set(a.cv_errors) == {0.0, 3.0, 30.0, 300.0}
+    assert np.array_equal(a.mean(x), b.mean(x))
+
+
 def test_with_one_policy_it_is_plain_regression_and_cannot_tell() -> None:
     """Without a second policy there is nothing to be invariant across: the habit stays (and the
     overlap report is what says so, see test_overlap_*)."""
     x, y, policy = confounded_log(3000, share_random=0.0, seed=0)
     causal = CausalResponseModel((32, 32), steps=300, seed=0).fit(x, y, policy)
     assert causal.history[-1][1] == 0.0 and effect(causal, x[:, 0]) > 0
+    assert causal.chosen == 0.0 and causal.cv_errors == {}  # nothing to cross-fit across
 
 
 def test_deterministic_given_the_seed() -> None:

@@ -246,10 +246,12 @@ class Twin:
                 the logging policies' habits) or ``"auto"``: ``"causal"`` when the log holds
                 at least two policies and its actions vary independently of the context
                 (`edgetwin.imitation.overlap.overlap_report`, kept in ``twin.meta["overlap"]``), else
-                ``"mail"``. The default is ``"mail"``, not ``"auto"``: on the causal-twin
-                benchmark's logs with randomized canary rounds the causal model ranked the policies
-                worse than MAIL-MMSG (docs/benchmarks/causal_twin/README.md), so it is not yet the
-                default where the logs would allow it.
+                ``"mail"``. The causal model chooses its invariance weight by cross-fitting on the
+                log (`edgetwin.imitation.causal.select_invariance`). The default is ``"mail"``, not
+                ``"auto"``: the causal-twin benchmark (docs/benchmarks/causal_twin/README.md) has
+                not yet shown the causal model better than MAIL-MMSG on the logs with several
+                policies (two regimes, randomized canary rounds) at a feasible size, only on the
+                single-policy log, where it is plain regression.
             population_model: a model of `edgetwin.generative.MODELS`, or ``"empirical"`` (resample
                 logged profiles).
             population_hyper: hyper-parameters of the population model (e.g. ``{"steps": 500}``).
@@ -382,11 +384,15 @@ class Twin:
         if response_model in ("supervised", "causal"):
             clients: dict[int, Any] = {}
             policy = steps.frame[POLICY_COLUMN].to_numpy() if POLICY_COLUMN in steps.frame else None
+            # an agent's day: its rows are not independent, so the causal model's cross-fitted choice
+            # of its invariance keeps them in one fold
+            agent_day = steps.frame["episode"].astype(str).to_numpy() + "/" + steps.frame["agent"].astype(str).to_numpy()
             for s in range(len(layout.scenarios)):
                 rows = client_rows(steps, layout, s)
                 if response_model == "causal":
                     clients[s] = CausalResponseModel(tuple(cfg.net_arch), seed=seed + s).fit(
-                        steps.x_client[rows], steps.y_client[rows], None if policy is None else policy[rows]
+                        steps.x_client[rows], steps.y_client[rows], None if policy is None else policy[rows],
+                        groups=agent_day[rows],
                     )
                 else:
                     clients[s] = SupervisedResponseModel(tuple(cfg.net_arch), seed=seed + s).fit(
