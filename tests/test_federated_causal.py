@@ -99,7 +99,7 @@ def test_a_federated_causal_fit_matches_the_centralised_one_and_sends_no_row(two
     for s, model in twin.members[0].clients.items():
         assert isinstance(model, CausalResponseModel)
         rows = client_rows(steps, twin.layout, s)
-        central = CausalResponseModel(tuple(OPTIONS.net_arch), steps=STEPS, seed=OPTIONS.seed * 1000 + 0 + s).fit(
+        central = CausalResponseModel(tuple(OPTIONS.net_arch), invariance=OPTIONS.invariance, steps=STEPS, seed=OPTIONS.seed * 1000 + 0 + s).fit(
             steps.x_client[rows], steps.y_client[rows], policy[rows])
         x = steps.x_client[rows]
         diff = np.abs(model.mean(x) - central.mean(x))

@@ -230,6 +230,7 @@ class CausalAggregate:
             std = np.sqrt(np.maximum(s2 / n - (s1 / n) ** 2, 0.0)) if n > 0 else np.ones(self.out)
             m = _model(self.options, self.member, s)
             m.net = self.mods[f"causal{s}"]
+            m.chosen = self.invariance  # fixed λ: the federated fit does not cross-fit (no held-out rows leave a site)
             m.noise_std = std.astype(np.float32)
             m.history = [(h["error"], h["penalty"]) for h in self.history]
             out[s] = m
