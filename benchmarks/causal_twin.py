@@ -124,6 +124,25 @@ def per_day(df: pd.DataFrame) -> list[float]:
     return [float(v) for v in means.to_numpy(np.float64)]
 
 
+def policy_rows(twin: Any, policies: dict[str, Any], real: dict[str, pd.DataFrame], seed: int, eval_days: int,
+                n_agents: int, steps: int) -> pd.DataFrame:
+    """One row per policy: its real mean reward and the twin's in generated-population and replay
+    modes, each with its member x episode interval and its per-day values (policy ``i`` rolled out
+    with seed ``seed + 500 + i`` in both modes). Shared with the second-system benchmark."""
+    rows = []
+    for i, (pname, pol) in enumerate(policies.items()):
+        gen = twin.rollout(pol, episodes=eval_days, seed=seed + 500 + i, n_agents=n_agents, steps=steps,
+                           all_members=True)
+        rep = logged_rollout(twin, pol, real[pname], seed=seed + 500 + i, all_members=True)
+        g_lo, g_hi = run_interval(gen)
+        r_lo, r_hi = run_interval(rep)
+        rows.append({"policy": pname, "real": float(real[pname]["reward"].mean()),
+                     "generated": float(gen["reward"].mean()), "generated_low": g_lo, "generated_high": g_hi,
+                     "replay": float(rep["reward"].mean()), "replay_low": r_lo, "replay_high": r_hi,
+                     "real_days": per_day(real[pname]), "generated_days": per_day(gen), "replay_days": per_day(rep)})
+    return pd.DataFrame(rows)
+
+
 def score(rank: pd.DataFrame, col: str) -> dict[str, float]:
     """The issue's six numbers for one evaluator column of ``rank`` (one row per policy)."""
     real, est = rank["real"].to_numpy(np.float64), rank[col].to_numpy(np.float64)
@@ -227,18 +246,8 @@ def main() -> None:
             twin = Twin.fit(train, spec, seed=args.seed, members=members, progress=False, response_model=MODELS[mname],
                             population_hyper={"steps": pop_steps}, **hyper)
             fit_s = time.perf_counter() - t_fit
-            rows = []
-            for i, (pname, pol) in enumerate(policies.items()):
-                gen = twin.rollout(pol, episodes=eval_days, seed=args.seed + 500 + i, n_agents=cfg.n_agents,
-                                   steps=cfg.steps, all_members=True)
-                rep = logged_rollout(twin, pol, real[pname], seed=args.seed + 500 + i, all_members=True)
-                g_lo, g_hi = run_interval(gen)
-                r_lo, r_hi = run_interval(rep)
-                rows.append({"policy": pname, "real": float(real[pname]["reward"].mean()),
-                             "generated": float(gen["reward"].mean()), "generated_low": g_lo, "generated_high": g_hi,
-                             "replay": float(rep["reward"].mean()), "replay_low": r_lo, "replay_high": r_hi,
-                             "real_days": per_day(real[pname]), "generated_days": per_day(gen), "replay_days": per_day(rep)})
-            rank = pd.DataFrame(rows)
+            rank = policy_rows(twin, policies, real, seed=args.seed, eval_days=eval_days, n_agents=cfg.n_agents,
+                               steps=cfg.steps)
             res: dict[str, Any] = {}
             for mode in ("generated", "replay"):
                 res[mode] = score(rank, mode)

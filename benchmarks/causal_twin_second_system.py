@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from _docs import BENCH_DOCS, write_section
-from causal_twin import run_interval, score
+from causal_twin import policy_rows, score
 from twin_fidelity import _scores
 
 from edgetwin.emulator.admission import (
@@ -50,7 +50,6 @@ from edgetwin.emulator.admission import (
     generate_admission_logs,
     reference_policies,
 )
-from edgetwin.twin.fidelity import logged_rollout
 from edgetwin.twin.twin import Twin
 
 OUT = BENCH_DOCS / "causal_twin"
@@ -114,17 +113,8 @@ def main() -> None:
             twin = Twin.fit(train, spec, seed=args.seed, members=members, progress=False, response_model=model,
                             population_hyper={"steps": pop_steps}, **hyper)
             fit_s = time.perf_counter() - t_fit
-            rows = []
-            for i, (pname, pol) in enumerate(policies.items()):
-                gen = twin.rollout(pol, episodes=eval_days, seed=args.seed + 500 + i, n_agents=cfg.n_tenants,
-                                   steps=cfg.steps, all_members=True)
-                rep = logged_rollout(twin, pol, real[pname], seed=args.seed + 500 + i, all_members=True)
-                g_lo, g_hi = run_interval(gen)
-                r_lo, r_hi = run_interval(rep)
-                rows.append({"policy": pname, "real": float(real[pname]["reward"].mean()),
-                             "generated": float(gen["reward"].mean()), "generated_low": g_lo, "generated_high": g_hi,
-                             "replay": float(rep["reward"].mean()), "replay_low": r_lo, "replay_high": r_hi})
-            rank = pd.DataFrame(rows)
+            rank = policy_rows(twin, policies, real, seed=args.seed, eval_days=eval_days, n_agents=cfg.n_tenants,
+                               steps=cfg.steps)
             res = {mode: score(rank, mode) for mode in ("generated", "replay")}
             res["fit_seconds"] = fit_s
             res["overlap"] = twin.meta["overlap"]
