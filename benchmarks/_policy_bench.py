@@ -18,9 +18,8 @@ import torch
 from edgetwin.cli import cluster_kpi_columns
 from edgetwin.contract.policy import NoisyPolicy
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
-from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs
+from edgetwin.emulator.logs import SLOAwarePolicy, cluster_view, generate_logs  # noqa: F401  (cluster_view: re-exported to the benchmarks that import it from here)
 from edgetwin.policies.evaluate import ArraySystem
-from edgetwin.policies.heuristics import SchedulingView, Target
 from edgetwin.twin.twin import Twin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,23 +70,6 @@ def fit_twin(work: Path, agents: int, days: int, seed: int, response_model: str 
 def cluster_system(drift: str, agents: int, steps: int = 96) -> ArraySystem:
     cluster = EdgeCluster(ClusterConfig(n_agents=agents, steps=steps, drift=drift))
     return ArraySystem(cluster, cluster.spec)
-
-
-def cluster_view(cloud_carbon: float = 250.0) -> SchedulingView:
-    """The emulated cluster seen by the heuristics: edge_share 1 = the home edge site, 0 = its cloud.
-
-    The cloud region's carbon intensity is not observed per agent; ``cloud_carbon`` stands in for it.
-    """
-    return SchedulingView(
-        placement="action.edge_share",
-        targets=(Target(1.0, "state.site_util", "state.carbon_g_per_kwh"), Target(0.0, "state.cloud_util", cloud_carbon)),
-        size="profile.mean_task_s",
-        demand="state.site_reserved",
-        demand_scale=0.05,
-        allocation="action.capacity",
-        allocation_budget=1.0,
-        defaults={"action.capacity": 1.0, "action.price": 0.5},
-    )
 
 
 def dump(path: Path, obj: Any) -> None:
