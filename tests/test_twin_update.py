@@ -14,6 +14,7 @@ import torch
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.manifest import MANIFEST_FILE, verify_manifest
+from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge.canary import CanaryConfig
 from edgetwin.edge.canary_emulated import canary_on_cluster
 from edgetwin.edge.canary_slice import CanarySlice
@@ -122,3 +123,23 @@ def test_update_refuses_other_specs_other_logs_and_known_rows(world: dict[str, P
         Twin.load(world["twin"]).update(
             pd.read_parquet(world["new"]).assign(scenario="xr"), [pd.read_parquet(world["old"])]
         )
+
+
+def test_a_causal_twin_learns_the_canarys_arms_as_policies(world: dict[str, Path]) -> None:
+    """A causal twin's update refits its response model with the rows' ``policy`` ids: the canary's
+    two arms make the invariance weight a choice again (cross-fitted: its held-out errors exist),
+    where a plain regression on the same rows would have dropped them; the twin's overlap report
+    is the union's (it names the canary's arms)."""
+    from edgetwin.imitation.causal import CausalResponseModel
+
+    log = pd.read_parquet(world["old"])
+    spec = TwinSpec.load(world["root"] / "old.spec.toml")
+    parent = Twin.fit(log, spec, seed=0, members=1, progress=False, response_model="causal",
+                      population_model="empirical")  # fmt: skip
+    assert all(not c.cv_errors for c in parent.members[0].clients.values())  # one policy: nothing to choose
+    child = parent.update(pd.read_parquet(world["new"]), [log], seed=1)
+    clients = child.members[0].clients.values()
+    assert all(isinstance(c, CausalResponseModel) for c in clients)
+    assert all(c.cv_errors for c in clients), "the update ignored the new rows' policy ids"
+    assert {"cand"} <= set(child.meta["overlap"]["policies"])
+    assert child.meta["parent"]["data_sha256"] == parent.meta["data_sha256"]

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import POLICY_COLUMN
 from edgetwin.imitation.layout import DAY_SECONDS, Layout
 
 __all__ = [
@@ -188,6 +189,16 @@ class StepTable:
         if need_next:
             mask &= self.has_next
         return np.flatnonzero(mask)
+
+    def policy_ids(self) -> np.ndarray | None:
+        """``(N,)`` the id of the policy that decided each row (the log's ``policy`` column), or None
+        when the log does not say."""
+        return self.frame[POLICY_COLUMN].astype(str).to_numpy() if POLICY_COLUMN in self.frame else None
+
+    def agent_days(self) -> np.ndarray:
+        """``(N,)`` an ``episode/agent`` id per row: one agent's day, whose rows are not independent
+        of each other (cross-fitting keeps them in one fold)."""
+        return self.frame["episode"].astype(str).to_numpy() + "/" + self.frame["agent"].astype(str).to_numpy()
 
 
 def build_steps(log: pd.DataFrame, layout: Layout) -> StepTable:

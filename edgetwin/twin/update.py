@@ -10,6 +10,10 @@ policy in MAIL's training worlds) and site-state model; what the new rows teach 
   the ensemble's spread still reflects both), with the Gaussian std reset to its maximum-likelihood
   value as every fit ends. MAIL's adversarial rounds are not rerun: they are most of a fit's cost,
   and what the new rows add is supervised evidence at actions the logs never held;
+- **the causal response model** (`edgetwin.imitation.causal`, a twin fitted with
+  ``response_model="causal"``) is refitted on the same rows with each row's ``policy`` id and its
+  agent-day, its invariance weight chosen again by cross-fitting: a canary's randomized arms are the
+  evidence that model exists for, and a plain regression on them would drop its invariance;
 - **the support index, logged initial states and site composition**, rebuilt on old + new rows
   (cheap: they are summaries, not models), so that the candidate's steps that the canary covered
   are no longer out of support.
@@ -44,7 +48,9 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.manifest import MANIFEST_FILE
 from edgetwin.contract.spec import TwinSpec, spec_path_for
+from edgetwin.imitation.causal import CausalResponseModel
 from edgetwin.imitation.mail import behaviour_clone, client_rows
+from edgetwin.imitation.overlap import overlap_report
 from edgetwin.imitation.steps import build_steps
 from edgetwin.imitation.world import Composition, InitialStates
 from edgetwin.twin.logdata import bootstrap_episodes, data_sha256, episode_hashes, library_versions, load_log
@@ -185,6 +191,15 @@ def update_twin(
         clients: dict[int, Any] = {}
         for s, c in parent.clients.items():
             rows = client_rows(steps, layout, s)
+            if isinstance(c, CausalResponseModel):
+                # refit (it is a few hundred Adam steps) with the rows' policy ids, so that the new
+                # rows (a canary's randomized arms) inform the invariance, not only the regression;
+                # the parent's invariance setting ("cv": chosen again by cross-fitting) is kept
+                pol, days = steps.policy_ids(), steps.agent_days()
+                clients[s] = copy.deepcopy(c).fit(
+                    steps.x_client[rows], steps.y_client[rows], None if pol is None else pol[rows], groups=days[rows]
+                )
+                continue
             if not isinstance(c, ActorCriticPolicy):  # the supervised baseline: refit on the rows
                 clients[s] = copy.deepcopy(c).fit(steps.x_client[rows], steps.y_client[rows])
                 continue
@@ -209,6 +224,8 @@ def update_twin(
     a_low = np.where(np.isfinite(lo_spec), lo_spec, a_low)
     a_high = np.where(np.isfinite(hi_spec), hi_spec, a_high)
     meta = dict(twin.meta)
+    if "overlap" in meta:  # what the data now says about the actions' effects (the canary's arms add to it)
+        meta["overlap"] = overlap_report(union, spec, seed=seed).to_dict()
     if meta.get("episode_hash_columns"):  # the new rows are training data too: the gate must see them
         meta["episode_sha256"] = {
             **dict(meta.get("episode_sha256") or {}),
