@@ -175,3 +175,21 @@ def test_the_federated_causal_twin_saves_and_loads_as_data(fitted: Any, tmp_path
     x = np.zeros((3, twin.layout.n_client_inputs), np.float32)
     for s, c in twin.members[0].clients.items():
         np.testing.assert_array_equal(c.mean(x), again.members[0].clients[s].mean(x))
+
+
+@pytest.mark.parametrize("regimes, expected", [(2, "causal"), (1, "bc")])
+def test_auto_is_decided_from_the_policies_the_sites_logged(two_regimes: Any, regimes: int, expected: str) -> None:
+    """``response_model="auto"`` (``edgetwin fit --federated``'s default): two logged policies across
+    the sites give the causal model, one gives MAIL-MMSG (here without adversarial rounds, which the
+    twin's meta records as ``"bc"``); the twin's meta says which, as `Twin.fit`'s does."""
+    df, spec, _ = two_regimes
+    if regimes == 1:
+        df = df[df[POLICY_COLUMN] == df[POLICY_COLUMN].iloc[0]]
+    opts = FitOptions(**{**OPTIONS.to_dict(), "response_model": "auto", "adv_rounds": 0})
+    broker = MemoryBroker()
+    twin, rep = fit_federated(split_by_site(df), spec, bus=lambda name: InMemoryBus(broker, name=name),
+                              options=opts, min_agents=MIN_AGENTS)  # fmt: skip
+    assert twin.meta["response_model"] == expected
+    phases = {r["phase"] for r in rep.rounds}
+    assert ("causal_grad" in phases) == (expected == "causal")
+    assert all(isinstance(c, CausalResponseModel) == (expected == "causal") for c in twin.members[0].clients.values())

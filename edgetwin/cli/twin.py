@@ -33,8 +33,7 @@ def twin_fit(
     bc_epochs: Annotated[int, typer.Option(min=0, help="Behaviour-cloning epochs (engine and client pre-training).")] = 20,
     response_model: Annotated[str, typer.Option(help="mail | bc | supervised | causal (learns the actions' effects across the log's policy ids) | "
                                                     "auto (default: causal when the log holds several policies with overlap, else mail); "
-                                                    "--federated: mail | bc | causal (auto is mail there: the sites' logs are not read "
-                                                    "in one place to tell).")] = "auto",
+                                                    "--federated: mail | bc | causal | auto (causal when the sites together logged several policies).")] = "auto",
     population_model: Annotated[str, typer.Option(help="gan-smmsg | gmm | gan | wgan | empirical.")] = "gan-smmsg",
     population_steps: Annotated[int | None, typer.Option(min=0, help="Generator updates of the population model.")] = None,
     site_model: Annotated[
@@ -128,8 +127,7 @@ def twin_fit(
         raise InputError("--log goes with --update (the twin's training log)", "--log")
     if federated:
         fam: dict[str, Any] = {"response_model": "bc", "population_model": "gmm"} if light else {
-            "response_model": "mail" if response_model == "auto" else response_model, "population_model": population_model,
-            "adv_rounds": rounds}
+            "response_model": response_model, "population_model": population_model, "adv_rounds": rounds}
         if population_steps is not None:
             fam["gan_rounds"] = max(1, population_steps // 50)
         _fit_federated(log, out_dir, spec, members, fed_rounds, strategy, compression, secure, seed, as_json, fam,

@@ -42,7 +42,7 @@ from __future__ import annotations
 import copy
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -142,11 +142,15 @@ class FitOptions:
         bank: initial states sampled per scenario for the twin's bank.
         net_arch, engine_arch: hidden layers of client and engine models (as `MailConfig`).
         seed: the same seed and logs give the same twin.
-        response_model: ``"mail"`` (default, as `Twin.fit`: behaviour cloning, then ``adv_rounds``
-            federated adversarial rounds, `edgetwin.federation.twin.mail`), ``"bc"``, or
-            ``"causal"`` (`edgetwin.imitation.causal.CausalResponseModel`, fitted on the pooled loss
-            by ``causal_steps`` full-batch steps of two rounds each, `edgetwin.federation.twin.causal`;
-            the engines stay behaviour-cloned).
+        response_model: ``"mail"`` (default: behaviour cloning, then ``adv_rounds`` federated
+            adversarial rounds, `edgetwin.federation.twin.mail`), ``"bc"``, ``"causal"``
+            (`edgetwin.imitation.causal.CausalResponseModel`, fitted on the pooled loss by
+            ``causal_steps`` full-batch steps of two rounds each, `edgetwin.federation.twin.causal`;
+            the engines stay behaviour-cloned) or ``"auto"``: decided at the hello round by
+            `resolved` — ``"causal"`` when the sites together logged at least two policies, each
+            over at least a site's ``min_agents`` agents, else ``"mail"``. It is `Twin.fit`'s
+            ``"auto"`` without its overlap check (how far actions vary independently of the context
+            needs the rows in one place; a site's own check would judge its slice, not the pool).
         causal_steps, causal_lr, invariance: the causal model's Adam steps, learning rate and
             invariance weight (`CausalResponseModel`'s ``steps``, ``lr``, ``invariance``).
         population_model: ``"gan-smmsg"`` (default, as `Twin.fit`: ``gan_rounds`` federated rounds
@@ -180,8 +184,8 @@ class FitOptions:
     invariance: float = INVARIANCE
 
     def __post_init__(self) -> None:
-        if self.response_model not in ("mail", "bc", "causal"):
-            raise InputError(f"response model must be 'mail', 'bc' or 'causal', got {self.response_model!r}",
+        if self.response_model not in ("mail", "bc", "causal", "auto"):
+            raise InputError(f"response model must be 'mail', 'bc', 'causal' or 'auto', got {self.response_model!r}",
                              where="--response-model")
         if self.causal_steps < 1 or not self.causal_lr > 0 or not self.invariance >= 0:
             raise InputError(f"need causal_steps >= 1, causal_lr > 0, invariance >= 0; got {self.causal_steps}, "
@@ -194,6 +198,14 @@ class FitOptions:
     def adversarial(self) -> bool:
         """MAIL's adversarial rounds run (the default family); False: behaviour cloning only."""
         return self.response_model == "mail" and self.adv_rounds > 0
+
+    def resolved(self, policies: Sequence[str]) -> FitOptions:
+        """These options with ``"auto"`` decided from the policies the sites logged (each over at least
+        their ``min_agents`` agents, `edgetwin.federation.twin.causal.site_policies`): ``"causal"``
+        for two or more, else ``"mail"``. Any other choice is returned as it is."""
+        if self.response_model != "auto":
+            return self
+        return replace(self, response_model="causal" if len(set(policies)) >= 2 else "mail")
 
     @property
     def gan_population(self) -> bool:

@@ -266,7 +266,7 @@ class TwinSiteAgent:
         phase, ctx = env.payload["phase"], env.payload.get("context", {})
         f = self.fitter
         if phase == "hello":
-            v, labels = f.hello(policies=(ctx.get("options") or {}).get("response_model") == "causal")
+            v, labels = f.hello(policies=(ctx.get("options") or {}).get("response_model") in ("causal", "auto"))
             return v, 1.0, labels
         plan = self._plan(ctx)
         if phase == "stats1":
@@ -322,6 +322,8 @@ class TwinCoordinator:
         self.sites = list(sites)
         self.bus = bus
         self.options = options or FitOptions.for_strategy(strategy)
+        if self.options.response_model == "auto" and strategy == "dp_gaussian":
+            self.options = self.options.resolved([])  # the causal rounds do not run under DP (below)
         if self.options.response_model == "causal" and strategy == "dp_gaussian":
             # the causal rounds' sums and gradients are added up, not passed through DP's mechanism
             raise InputError("the federated causal response model does not run under Gaussian DP yet: use "
@@ -517,6 +519,9 @@ class TwinCoordinator:
         dims: dict[str, int] = {}  # the size of each model phase's aggregated vector
         ups, envs = await self._round("hello", context={"options": o.to_dict()})
         labels = {k: e.payload["labels"] for k, e in envs.items()}
+        if o.response_model == "auto":  # decided here, from the policies the sites logged (FitOptions.resolved)
+            o = self.options = self.asm.options = o.resolved(
+                [str(p) for lab in labels.values() for p in lab.get("policies", [])])
         plan = self.asm.hello(labels)
         self._base_ctx = {"scenarios": plan.scenarios, "columns": sorted(set.intersection(
             *(set(lab["columns"]) for lab in labels.values()))), "has_reward": plan.has_reward,
