@@ -140,6 +140,15 @@ def test_links_of_the_benchmark_pages_resolve() -> None:
             assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to missing {target}"
 
 
+def test_every_benchmark_page_is_linked_from_the_index() -> None:
+    """A page nobody links to is a page nobody reruns: its numbers go stale unseen (an older copy of
+    the closed-loop page lived on that way)."""
+    index = README.read_text()
+    for page in sorted(BENCH_DOCS.glob("*/README.md")):
+        name = page.parent.name
+        assert f"({name}/README.md)" in index or f"({name}/)" in index, f"{page.relative_to(ROOT)} is not linked from {README.relative_to(ROOT)}"
+
+
 def test_every_page_a_script_writes_exists() -> None:
     import sys
 
