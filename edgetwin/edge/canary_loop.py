@@ -144,18 +144,27 @@ def canary_verdict(
     seed: int = 0,
     members: Sequence[int] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """One round's PPI estimates per guarded KPI column (`edgetwin.policies.ppi.ppi_estimates`)."""
-    from edgetwin.policies.ppi import measured_group_means, ppi_estimates, twin_group_predictions
+    """One round's PPI estimates per guarded KPI column (`edgetwin.policies.ppi.ppi_estimates`).
+
+    The twin replays the fleet's day three times on the same world seed and window: every group on
+    the candidate, every group on the baseline (the fleet-wide change the verdict is about), and
+    the canary's own assignment, read from the canary log's ``policy`` column (the candidate arm's
+    groups on the candidate, every other group of the fleet on the baseline, as the edge served
+    them), against which the canary's measurements rectify the twin (`CanaryAssignment`: a
+    candidate whose effect depends on how many groups run it, e.g. by congesting shared edge
+    sites, is measured on the slice in the canary's configuration, not the fleet's)."""
+    from edgetwin.policies.ppi import CanaryAssignment, measured_group_means, ppi_estimates, twin_group_predictions
 
     cols = [m.kpi for m in plan.margins]
     check_canary_log(canary_log, twin, fleet_log, cols)
     ticks = ticks if ticks is not None else int(round(plan.hours * 4))
-    preds = twin_group_predictions(
-        twin, {"candidate": candidate, "baseline": baseline}, fleet_log, cols, episodes=1, seed=seed,
-        window=(pre_ticks, pre_ticks + ticks), members=members,
-    )  # fmt: skip
     measured = measured_group_means(canary_log, cols, candidate_version, start_t=pre_ticks)
-    return ppi_estimates(preds, measured, {c: better[c] for c in cols}, "candidate", "baseline")
+    treated = frozenset(str(a) for a in measured.index[(measured["arm"] == "candidate").to_numpy()])
+    preds = twin_group_predictions(
+        twin, {"candidate": candidate, "baseline": baseline, "canary": CanaryAssignment(candidate, baseline, treated)},
+        fleet_log, cols, episodes=1, seed=seed, window=(pre_ticks, pre_ticks + ticks), members=members,
+    )  # fmt: skip
+    return ppi_estimates(preds, measured, {c: better[c] for c in cols}, "candidate", "baseline", canary="canary")
 
 
 def canary_loop(
