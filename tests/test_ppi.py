@@ -141,3 +141,33 @@ def test_without_interference_the_twin_s_canary_changes_nothing():
     new = ppi_estimates(preds, measured, {"kpi.x": "lower"}, "candidate", "baseline", canary="canary")["kpi.x"]
     old = ppi_estimates(preds, measured, {"kpi.x": "lower"}, "candidate", "baseline")["kpi.x"]
     assert new == old
+
+
+def test_the_members_disagreement_on_the_interference_widens_the_interval_and_nothing_without_interference():
+    import pandas as pd
+
+    from edgetwin.policies.ppi import interference_var, ppi_estimates
+
+    rng = np.random.default_rng(3)
+    y_b, _, y_slice, f_b, f_full, f_slice = _interference(rng)
+    sl = rng.choice(len(y_b), 30, replace=False)
+    is_c = np.zeros(len(y_b), bool)
+    is_c[sl[:15]] = True
+    y = np.full(len(y_b), np.nan)
+    y[sl[:15]], y[sl[15:]] = y_slice[sl[:15]], y_b[sl[15:]]
+    members = []
+    for shift in (-0.02, 0.0, 0.02):  # three members: the same canary prediction, the full switch's congestion differs
+        pr, measured = _frames(f_full + shift, f_b, np.where(is_c, f_slice, f_b), y, is_c)
+        members.append(pr)
+    mean = sum(members[1:], members[0]) / 3
+    groups = list(measured.index)
+    is_arm = (measured["arm"] == "candidate").to_numpy()
+    v_diff, v_base = interference_var(members, is_arm, groups, "kpi.x", "candidate", "baseline", "canary")
+    assert v_diff == pytest.approx(0.02**2 * (1 + 1 / 3)) and v_base == pytest.approx(0.0, abs=1e-15)
+    plain = ppi_estimates(mean, measured, {"kpi.x": "lower"}, "candidate", "baseline", canary="canary")["kpi.x"]
+    wide = ppi_estimates(mean, measured, {"kpi.x": "lower"}, "candidate", "baseline", canary="canary",
+                         member_predictions=members)["kpi.x"]  # fmt: skip
+    assert wide["diff"] == plain["diff"] and wide["diff_se"] ** 2 == pytest.approx(plain["diff_se"] ** 2 + v_diff)
+    # no interference: every member's canary prediction is its full switch's on the arms: no widening
+    same = [_frames(f_full + s, f_b + s, np.where(is_c, f_full + s, f_b + s), y, is_c)[0] for s in (-0.02, 0.0, 0.02)]
+    assert interference_var(same, is_arm, groups, "kpi.x", "candidate", "baseline", "canary") == pytest.approx((0.0, 0.0), abs=1e-15)

@@ -29,10 +29,15 @@ fleet's congestion, the slice's uncongested measurement "corrected" it away (the
 benchmark's least-loaded candidates: SLO violations *ok* on the slice, +12-20 % on the whole
 cluster). Without interference ``f^canary == f^full`` (on the arms' groups) and the two agree.
 Transport is an assumption, not a theorem: no slice measures the fleet's congestion, and the
-interval covers the full switch's change only as far as the twin's interference is right.
+interval covers the full switch's change only as far as the twin's interference is right. The
+interference is extrapolated where the logs are thinnest (a fleet that has switched), so the
+interval carries the twin's own uncertainty about it: the spread of its members' predicted
+interference (`interference_var`), which a twin whose members agree on a wrong interference does
+not reveal.
 
 Its 90 % interval is the CLT interval of the three independent-sample terms
-(``var(f_c − f_b)/N + var_cand(y − f^canary)/n_c + var_ctrl(y − f^canary)/n_b``); the relative
+(``var(f_c − f_b)/N + var_cand(y − f^canary)/n_c + var_ctrl(y − f^canary)/n_b``), plus the members'
+interference variance; the relative
 change and its interval come from the delta method on ``θ̂ / μ̂_b``. When the twin is good,
 ``y − f`` varies less than ``y``, so the interval is narrower than the canary's own two-sample
 interval; when it is biased (by the same amount on the slice as on the fleet), the interval is
@@ -113,6 +118,7 @@ def ppi_mean_difference(
     level: float = LEVEL,
     x_cand: np.ndarray | None = None,
     x_ctrl: np.ndarray | None = None,
+    transport_var: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, float]:
     """The PPI estimate of ``E[Y_c] − E[Y_b]`` and ``E[Y_b]`` (see the module docstring).
 
@@ -129,6 +135,9 @@ def ppi_mean_difference(
             regression slope): randomization makes ``mean x`` the same in expectation on both
             arms, so the adjustment removes the groups' own levels from the rectifier's noise
             without biasing it (the slope's estimation error is O(1/n)).
+        transport_var: variances added to the difference's and the baseline level's, for what
+            the canary cannot measure: the twin's uncertainty about the interference it
+            transports from the canary's configuration to the full switch (`interference_var`).
 
     Returns:
         ``diff``, ``diff_se``, ``base``, ``base_se``, ``rel``, ``rel_lo``, ``rel_hi``, ``twin_diff``.
@@ -156,9 +165,9 @@ def ppi_mean_difference(
             beta = float(xr @ rr) / sxx if sxx > 0 else 0.0
             rc, rb = rc - beta * (xc - xm), rb - beta * (xb - xm)
     diff = twin_diff + float(np.mean(rc) - np.mean(rb))
-    diff_var = _var(fc - fb) / len(fc) + _var(rc) / len(rc) + _var(rb) / len(rb)
+    diff_var = _var(fc - fb) / len(fc) + _var(rc) / len(rc) + _var(rb) / len(rb) + float(transport_var[0])
     base = float(np.mean(fb) + np.mean(rb))
-    base_var = _var(fb) / len(fb) + _var(rb) / len(rb)
+    base_var = _var(fb) / len(fb) + _var(rb) / len(rb) + float(transport_var[1])
     out = finish_estimate(diff, diff_var, base, base_var, level)
     out["twin_diff"] = twin_diff
     out["twin_rel"] = twin_diff / abs(base) if base else float("nan")
@@ -326,6 +335,42 @@ def measured_group_means(canary_log: pd.DataFrame, kpis: Sequence[str], candidat
     return out
 
 
+def interference_var(
+    member_predictions: Sequence[pd.DataFrame], is_cand: np.ndarray, groups: Sequence[Any], kpi: str,
+    candidate: str, baseline: str, canary: str,
+) -> tuple[float, float]:
+    """The twin's own uncertainty about the interference it predicts on the slice, from its members.
+
+    Each member ``m`` predicts the interference the estimator adds to a no-interference one,
+    ``I_m = mean_cand(f_c^full − f^canary) − mean_ctrl(f_b^full − f^canary)`` (and the baseline
+    level's ``J_m = −mean_ctrl(f_b^full − f^canary)``). The canary measures the twin's error in its
+    own configuration, never in the full switch, so the error of ``I`` is the one term no
+    measurement corrects; the members' spread is the twin's statement of how unsure it is
+    (``var_m(I_m)·(1 + 1/M)``: the truth taken as one more draw beside the members' mean). It is 0
+    without interference (every member's ``I_m = 0``) and when the members agree, and it does not
+    cover an interference every member gets wrong the same way.
+
+    Args:
+        member_predictions: one `twin_group_predictions` frame per member (same columns).
+        is_cand: ``(n,)`` bool, the candidate arm among ``groups`` (the canary's measured groups).
+
+    Returns:
+        ``(var of the difference, var of the baseline level)``, KPI units squared; ``(0, 0)`` with
+        fewer than 2 members.
+    """
+    if len(member_predictions) < 2:
+        return 0.0, 0.0
+    i_m, j_m = [], []
+    for pr in member_predictions:
+        at = pr.reindex(list(groups))
+        d_c = (at[(candidate, kpi)] - at[(canary, kpi)]).to_numpy()[is_cand]
+        d_b = (at[(baseline, kpi)] - at[(canary, kpi)]).to_numpy()[~is_cand]
+        i_m.append(float(np.mean(d_c) - np.mean(d_b)))
+        j_m.append(float(-np.mean(d_b)))
+    k = 1.0 + 1.0 / len(member_predictions)
+    return k * float(np.var(i_m, ddof=1)), k * float(np.var(j_m, ddof=1))
+
+
 def ppi_estimates(
     predictions: pd.DataFrame,
     measured: pd.DataFrame,
@@ -334,6 +379,7 @@ def ppi_estimates(
     baseline: str,
     level: float = LEVEL,
     canary: str | None = None,
+    member_predictions: Sequence[pd.DataFrame] | None = None,
 ) -> dict[str, dict[str, float]]:
     """PPI for each KPI (name -> direction) from `twin_group_predictions` and `measured_group_means`.
 
@@ -344,6 +390,8 @@ def ppi_estimates(
             measured against it. None: against the full-switch predictions, which assumes no
             interference between the slice and the rest of the fleet (the module docstring
             says why that is wrong for candidates that congest shared sites).
+        member_predictions: with ``canary``, the same predictions per twin member: their
+            spread over the interference widens the intervals (`interference_var`).
 
     Groups the canary measured but the twin has no prediction for are an error (the canary ran on
     another fleet than the twin's log)."""
@@ -366,6 +414,8 @@ def ppi_estimates(
             level,
             *((measured[f"pre:{k}"].to_numpy()[is_c], measured[f"pre:{k}"].to_numpy()[~is_c])
               if f"pre:{k}" in measured else (None, None)),
+            transport_var=(interference_var(member_predictions, is_c, list(measured.index), k, candidate, baseline,
+                                            canary) if canary is not None and member_predictions else (0.0, 0.0)),
         )  # fmt: skip
         out[k]["n_fleet"], out[k]["n_candidate"], out[k]["n_control"] = len(predictions), int(is_c.sum()), int((~is_c).sum())
     return out
@@ -411,6 +461,7 @@ __all__ = [
     "PPIEstimate",
     "combine_estimates",
     "finish_estimate",
+    "interference_var",
     "measured_group_means",
     "ppi_estimates",
     "ppi_mean_difference",
