@@ -203,7 +203,7 @@ def test_a_routed_policy_gives_each_side_its_own_stable_rows() -> None:
     a, b = Counting(1.0), Counting(2.0)
     pol = RoutedPolicy(a, b, mask)
     obs = np.arange(10, dtype=float).reshape(5, 2)
-    for t in range(3):
+    for _t in range(3):
         out = pol.act(obs)
     assert out[:, 0].tolist() == [1.0, 2.0, 2.0, 1.0, 2.0]
     assert out[:, 1].tolist() == obs[:, 0].tolist()  # each row's own observation

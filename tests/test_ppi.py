@@ -144,7 +144,6 @@ def test_without_interference_the_twin_s_canary_changes_nothing():
 
 
 def test_the_members_disagreement_on_the_interference_widens_the_interval_and_nothing_without_interference():
-    import pandas as pd
 
     from edgetwin.policies.ppi import interference_var, ppi_estimates
 

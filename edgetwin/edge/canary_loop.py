@@ -155,7 +155,12 @@ def canary_verdict(
     sites, is measured on the slice in the canary's configuration, not the fleet's). The twin's members
     are replayed one by one: the spread of their predicted interference, which no canary
     measures, widens the intervals (`edgetwin.policies.ppi.interference_var`)."""
-    from edgetwin.policies.ppi import CanaryAssignment, measured_group_means, ppi_estimates, twin_group_predictions
+    from edgetwin.policies.ppi import (
+        CanaryAssignment,
+        measured_group_means,
+        ppi_estimates,
+        twin_group_predictions,
+    )
 
     cols = [m.kpi for m in plan.margins]
     check_canary_log(canary_log, twin, fleet_log, cols)

@@ -231,7 +231,7 @@ class CanaryAssignment:
     rest: Any
     treated: frozenset[str]
 
-    def spec_for(self, agents: Sequence[Any], name: str = "canary") -> Any:
+    def spec_for(self, agents: Sequence[Any] | np.ndarray, name: str = "canary") -> Any:
         """The `PolicySpec` for an episode whose rows are ``agents`` (in row order)."""
         from edgetwin.twin.whatif import routed_policy
 
@@ -407,13 +407,13 @@ def ppi_estimates(
     for k in kpis:
         f_c = at[(canary if canary is not None else candidate, k)].to_numpy()
         f_b = at[(canary if canary is not None else baseline, k)].to_numpy()
+        pre = measured[f"pre:{k}"].to_numpy() if f"pre:{k}" in measured else None
         out[k] = ppi_mean_difference(
             predictions[(candidate, k)].to_numpy(), predictions[(baseline, k)].to_numpy(),
             measured[k].to_numpy()[is_c], f_c[is_c],
             measured[k].to_numpy()[~is_c], f_b[~is_c],
             level,
-            *((measured[f"pre:{k}"].to_numpy()[is_c], measured[f"pre:{k}"].to_numpy()[~is_c])
-              if f"pre:{k}" in measured else (None, None)),
+            x_cand=None if pre is None else pre[is_c], x_ctrl=None if pre is None else pre[~is_c],
             transport_var=(interference_var(member_predictions, is_c, list(measured.index), k, candidate, baseline,
                                             canary) if canary is not None and member_predictions else (0.0, 0.0)),
         )  # fmt: skip
