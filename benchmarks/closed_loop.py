@@ -253,7 +253,6 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
     timings["train_ppo"] = time.perf_counter() - t0
     current = logging_policy(args.logging, spec, args.seed + 500)  # the policy serving the fleet today
     budget = PlanBudget(max_share=MAX_SHARE, hours=MAX_HOURS, max_loss=dict(MAX_LOSS))
-    base_spec = fixed_policy("current", copy.deepcopy(current))
 
     pairs: list[dict[str, Any]] = []
     per_candidate: list[dict[str, Any]] = []
@@ -274,6 +273,11 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
             t_c = time.perf_counter()
             print(f"[{args.logging}] day {d} candidate {name!r}", flush=True)
             cand_spec = fixed_policy(name, copy.deepcopy(pol))
+            # the current policy as the twin runs it, a fresh copy per candidate: a sampling policy
+            # (random, or the heuristic's exploration noise) draws from its own stream, which no
+            # reset() rewinds, so a copy shared by every candidate would hand each candidate's gate
+            # the draws the earlier candidates' loops left (twin alone would depend on the loop)
+            base_spec = fixed_policy("current", copy.deepcopy(current))
             decision = run_gate(twin, cand_spec, base_spec, log=fleet_log, episodes=1, seed=args.seed)
             nominal = {c.kpi: c for c in decision.checks if c.scenario == "nominal"}
             kdefs = {k.name: k for k in decision.result.kpis if k.name in nominal}

@@ -159,3 +159,54 @@ def test_promote_canary_bad_budget_exits_2(promote_setup, flags, capsys) -> None
     assert _promote(d, policy, "reg-bad", "--canary", *flags) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_the_twin_replays_the_canary_s_own_assignment(world) -> None:  # type: ignore[no-untyped-def]
+    # the candidate arm's groups on the candidate, every other group on the baseline, rows in the
+    # logged episode's agent order; the same world seed as the full-switch replays
+    from edgetwin.policies.ppi import CanaryAssignment, twin_group_series
+
+    spec = world["spec"]
+    edge, cloud = Constant(spec, [1.0, 0.3, 0.2]), Constant(spec, [0.0, 0.3, 0.2])
+    agents = sorted(world["fleet"]["agent"].astype(str).unique())
+    treated = frozenset(agents[1::3])
+    pols = {"edge": fixed_policy("edge", edge), "cloud": fixed_policy("cloud", cloud)}
+    pols["canary"] = CanaryAssignment(pols["edge"], pols["cloud"], treated)  # type: ignore[assignment]
+    s = twin_group_series(world["twin"], pols, world["fleet"], ["action.edge_share", "kpi.slo_violation"], seed=3)
+    act = s[("canary", "action.edge_share")]
+    is_t = act.index.isin(sorted(treated))
+    assert is_t.sum() == len(treated)
+    assert np.allclose(act[is_t].to_numpy(), 1.0) and np.allclose(act[~is_t].to_numpy(), 0.0)
+    # no interference to see when both sides act alike: the canary's replay is the full switch's, exactly
+    twin_edge = fixed_policy("edge-too", Constant(spec, [1.0, 0.3, 0.2]))  # another object, the same actions
+    same = {"edge": pols["edge"], "canary": CanaryAssignment(pols["edge"], twin_edge, treated)}
+    s2 = twin_group_series(world["twin"], same, world["fleet"], ["kpi.slo_violation", "reward"], seed=3)
+    for k in ("kpi.slo_violation", "reward"):
+        assert s2[("canary", k)].equals(s2[("edge", k)])
+    assert s2[("edge", "kpi.slo_violation")].equals(s[("edge", "kpi.slo_violation")])  # same seed, same replay
+
+
+def test_a_routed_policy_gives_each_side_its_own_stable_rows() -> None:
+    from edgetwin.twin.whatif import RoutedPolicy
+
+    class Counting:  # keeps per-row state: how often each row (by its index) was acted on
+        def __init__(self, tag: float) -> None:
+            self.tag, self.seen = tag, None
+
+        def act(self, obs: np.ndarray) -> np.ndarray:
+            self.seen = np.zeros(len(obs)) if self.seen is None else self.seen
+            assert len(self.seen) == len(obs)  # the same rows every call
+            self.seen += 1
+            return np.column_stack([np.full(len(obs), self.tag), obs[:, 0], self.seen])
+
+    mask = np.array([True, False, False, True, False])
+    a, b = Counting(1.0), Counting(2.0)
+    pol = RoutedPolicy(a, b, mask)
+    obs = np.arange(10, dtype=float).reshape(5, 2)
+    for _t in range(3):
+        out = pol.act(obs)
+    assert out[:, 0].tolist() == [1.0, 2.0, 2.0, 1.0, 2.0]
+    assert out[:, 1].tolist() == obs[:, 0].tolist()  # each row's own observation
+    assert out[:, 2].tolist() == [3.0] * 5 and len(a.seen) == 2 and len(b.seen) == 3
+    with pytest.raises(ValueError):
+        pol.act(obs[:4])

@@ -67,3 +67,106 @@ def test_ppi_verdict_refuses_a_measured_regression_and_promotes_a_neutral_one():
 def test_ppi_needs_two_groups_per_arm():
     with pytest.raises(InputError):
         ppi_mean_difference(np.ones(5), np.ones(5), np.ones(1), np.ones(1), np.ones(3), np.ones(3))
+
+
+# ------------------------------------------------------------------ the rectifier against the twin's canary
+def _interference(rng, n=300, slice_effect=-0.02, fleet_effect=0.04, bias=0.01):
+    """A candidate that helps the few groups that run it (``slice_effect``) and congests shared
+    sites when every group does (``fleet_effect``). The twin knows the interference (its
+    ``f^canary`` and ``f^full`` differ as the truth does) and is off by ``bias`` on every
+    candidate group, in both configurations (its error transports)."""
+    level = rng.gamma(4.0, 0.05, n)
+    y_base = level + rng.normal(0, 0.02, n)
+    y_full = level + fleet_effect + rng.normal(0, 0.02, n)  # every group on the candidate
+    y_slice = level + slice_effect + rng.normal(0, 0.02, n)  # a treated group in the canary
+    f_base = level + rng.normal(0, 0.01, n)
+    f_full = level + fleet_effect + bias + rng.normal(0, 0.01, n)
+    f_slice = level + slice_effect + bias + rng.normal(0, 0.01, n)
+    return y_base, y_full, y_slice, f_base, f_full, f_slice
+
+
+def _frames(f_full, f_base, f_canary, y, is_c):
+    """`ppi_estimates`' inputs: the twin's predictions per group and the canary's measurements."""
+    import pandas as pd
+
+    idx = [f"g{i:03d}" for i in range(len(f_full))]
+    preds = pd.DataFrame({("candidate", "kpi.x"): f_full, ("baseline", "kpi.x"): f_base,
+                          ("canary", "kpi.x"): f_canary}, index=idx)  # fmt: skip
+    preds.columns = pd.MultiIndex.from_tuples(list(preds.columns))
+    sl = np.flatnonzero(~np.isnan(y))
+    measured = pd.DataFrame({"kpi.x": y[sl], "arm": np.where(is_c[sl], "candidate", "control")},
+                            index=[idx[i] for i in sl])  # fmt: skip
+    return preds, measured
+
+
+def test_with_interference_the_rectifier_against_the_twin_s_canary_gets_the_fleet_s_change_and_the_old_one_flips_it():
+    from edgetwin.policies.ppi import ppi_estimates
+
+    reps, covered, old_wrong, new_right = 200, 0, 0, 0
+    for r in range(reps):
+        rng = np.random.default_rng(100 + r)
+        y_b, y_full, y_slice, f_b, f_full, f_slice = _interference(rng)
+        truth = float(np.mean(y_full) - np.mean(y_b))  # +0.04 (+20 %): the fleet's congestion
+        sl = rng.choice(len(y_b), 30, replace=False)
+        cand, ctrl = sl[:15], sl[15:]
+        y = np.full(len(y_b), np.nan)
+        y[cand], y[ctrl] = y_slice[cand], y_b[ctrl]  # what the canary measured
+        is_c = np.zeros(len(y_b), bool)
+        is_c[cand] = True
+        f_canary = np.where(is_c, f_slice, f_b)  # the twin's replay of the canary's assignment
+        preds, measured = _frames(f_full, f_b, f_canary, y, is_c)
+        new = ppi_estimates(preds, measured, {"kpi.x": "lower"}, "candidate", "baseline", canary="canary")["kpi.x"]
+        old = ppi_estimates(preds, measured, {"kpi.x": "lower"}, "candidate", "baseline")["kpi.x"]
+        covered += abs(new["diff"] - truth) <= 1.645 * new["diff_se"]
+        v_new, _ = ppi_verdict({"kpi.x": new}, [Guard("kpi.x", 0.05)], {"kpi.x": "lower"})
+        v_old, _ = ppi_verdict({"kpi.x": old}, [Guard("kpi.x", 0.05)], {"kpi.x": "lower"})
+        new_right += v_new == "refuse"
+        old_wrong += v_old == "promote"
+        assert old["diff"] < 0 < new["diff"]  # the old rectifier corrects the congestion away: wrong sign
+    assert covered / reps >= 0.85  # nominal 90 %
+    assert new_right / reps >= 0.9 and old_wrong / reps >= 0.9
+
+
+def test_without_interference_the_twin_s_canary_changes_nothing():
+    from edgetwin.policies.ppi import ppi_estimates
+
+    rng = np.random.default_rng(7)
+    y_b, y_full, _, f_b, f_full, _ = _interference(rng, slice_effect=0.04, fleet_effect=0.04)
+    sl = rng.choice(len(y_b), 30, replace=False)
+    is_c = np.zeros(len(y_b), bool)
+    is_c[sl[:15]] = True
+    y = np.full(len(y_b), np.nan)
+    y[sl[:15]], y[sl[15:]] = y_full[sl[:15]], y_b[sl[15:]]
+    preds, measured = _frames(f_full, f_b, np.where(is_c, f_full, f_b), y, is_c)
+    new = ppi_estimates(preds, measured, {"kpi.x": "lower"}, "candidate", "baseline", canary="canary")["kpi.x"]
+    old = ppi_estimates(preds, measured, {"kpi.x": "lower"}, "candidate", "baseline")["kpi.x"]
+    assert new == old
+
+
+def test_the_members_disagreement_on_the_interference_widens_the_interval_and_nothing_without_interference():
+
+    from edgetwin.policies.ppi import interference_var, ppi_estimates
+
+    rng = np.random.default_rng(3)
+    y_b, _, y_slice, f_b, f_full, f_slice = _interference(rng)
+    sl = rng.choice(len(y_b), 30, replace=False)
+    is_c = np.zeros(len(y_b), bool)
+    is_c[sl[:15]] = True
+    y = np.full(len(y_b), np.nan)
+    y[sl[:15]], y[sl[15:]] = y_slice[sl[:15]], y_b[sl[15:]]
+    members = []
+    for shift in (-0.02, 0.0, 0.02):  # three members: the same canary prediction, the full switch's congestion differs
+        pr, measured = _frames(f_full + shift, f_b, np.where(is_c, f_slice, f_b), y, is_c)
+        members.append(pr)
+    mean = sum(members[1:], members[0]) / 3
+    groups = list(measured.index)
+    is_arm = (measured["arm"] == "candidate").to_numpy()
+    v_diff, v_base = interference_var(members, is_arm, groups, "kpi.x", "candidate", "baseline", "canary")
+    assert v_diff == pytest.approx(0.02**2 * (1 + 1 / 3)) and v_base == pytest.approx(0.0, abs=1e-15)
+    plain = ppi_estimates(mean, measured, {"kpi.x": "lower"}, "candidate", "baseline", canary="canary")["kpi.x"]
+    wide = ppi_estimates(mean, measured, {"kpi.x": "lower"}, "candidate", "baseline", canary="canary",
+                         member_predictions=members)["kpi.x"]  # fmt: skip
+    assert wide["diff"] == plain["diff"] and wide["diff_se"] ** 2 == pytest.approx(plain["diff_se"] ** 2 + v_diff)
+    # no interference: every member's canary prediction is its full switch's on the arms: no widening
+    same = [_frames(f_full + s, f_b + s, np.where(is_c, f_full + s, f_b + s), y, is_c)[0] for s in (-0.02, 0.0, 0.02)]
+    assert interference_var(same, is_arm, groups, "kpi.x", "candidate", "baseline", "canary") == pytest.approx((0.0, 0.0), abs=1e-15)

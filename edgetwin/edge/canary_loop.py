@@ -144,18 +144,40 @@ def canary_verdict(
     seed: int = 0,
     members: Sequence[int] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """One round's PPI estimates per guarded KPI column (`edgetwin.policies.ppi.ppi_estimates`)."""
-    from edgetwin.policies.ppi import measured_group_means, ppi_estimates, twin_group_predictions
+    """One round's PPI estimates per guarded KPI column (`edgetwin.policies.ppi.ppi_estimates`).
+
+    The twin replays the fleet's day three times on the same world seed and window: every group on
+    the candidate, every group on the baseline (the fleet-wide change the verdict is about), and
+    the canary's own assignment, read from the canary log's ``policy`` column (the candidate arm's
+    groups on the candidate, every other group of the fleet on the baseline, as the edge served
+    them), against which the canary's measurements rectify the twin (`CanaryAssignment`: a
+    candidate whose effect depends on how many groups run it, e.g. by congesting shared edge
+    sites, is measured on the slice in the canary's configuration, not the fleet's). The twin's members
+    are replayed one by one: the spread of their predicted interference, which no canary
+    measures, widens the intervals (`edgetwin.policies.ppi.interference_var`)."""
+    from edgetwin.policies.ppi import (
+        CanaryAssignment,
+        measured_group_means,
+        ppi_estimates,
+        twin_group_predictions,
+    )
 
     cols = [m.kpi for m in plan.margins]
     check_canary_log(canary_log, twin, fleet_log, cols)
     ticks = ticks if ticks is not None else int(round(plan.hours * 4))
-    preds = twin_group_predictions(
-        twin, {"candidate": candidate, "baseline": baseline}, fleet_log, cols, episodes=1, seed=seed,
-        window=(pre_ticks, pre_ticks + ticks), members=members,
-    )  # fmt: skip
     measured = measured_group_means(canary_log, cols, candidate_version, start_t=pre_ticks)
-    return ppi_estimates(preds, measured, {c: better[c] for c in cols}, "candidate", "baseline")
+    treated = frozenset(str(a) for a in measured.index[(measured["arm"] == "candidate").to_numpy()])
+    pols = {"candidate": candidate, "baseline": baseline, "canary": CanaryAssignment(candidate, baseline, treated)}
+    # one replay per member (each on its own world seed, as `twin_group_series` draws them), so that
+    # their spread over the interference can widen the intervals (`edgetwin.policies.ppi.interference_var`)
+    per_member = [
+        twin_group_predictions(twin, pols, fleet_log, cols, episodes=1, seed=seed, window=(pre_ticks, pre_ticks + ticks),
+                               members=[m])
+        for m in (members if members is not None else range(twin.n_members))
+    ]  # fmt: skip
+    preds = sum(per_member[1:], per_member[0]) / len(per_member)
+    return ppi_estimates(preds, measured, {c: better[c] for c in cols}, "candidate", "baseline", canary="canary",
+                         member_predictions=per_member)  # fmt: skip
 
 
 def canary_loop(

@@ -2,29 +2,55 @@
 
 Prediction-powered inference (Angelopoulos et al. 2023) for a difference of means over service
 groups. Every group ``g`` of the fleet (``N`` of them) has the twin's predictions ``f_c(g)``,
-``f_b(g)`` of a KPI under the candidate and the baseline; a canary measured ``y(g)`` on a random
-slice, the candidate on its candidate arm (``n_c`` groups), the baseline on its control arm
-(``n_b``). The fleet-wide change ``θ = E[Y_c] − E[Y_b]`` is estimated by
+``f_b(g)`` of a KPI with *every* group on the candidate (resp. the baseline): the full switch the
+verdict is about. A canary measured ``y(g)`` on a random slice, the candidate on its candidate
+arm (``n_c`` groups), the baseline on its control arm (``n_b``), and every group outside the
+slice on the baseline (the current policy) meanwhile. The twin also predicts *that* experiment:
+``f^canary(g)``, the same replay (same world seed, same window) with the canary's actual
+assignment (`CanaryAssignment`: the candidate arm's groups on the candidate, every other group on
+the baseline). The fleet-wide change ``θ = E[Y_c] − E[Y_b]`` is estimated by
 
-    θ̂ = mean_N(f_c − f_b) + mean_{cand}(y − f_c) − mean_{ctrl}(y − f_b)
+    θ̂ = mean_N(f_c − f_b) + mean_{cand}(y − f^canary) − mean_{ctrl}(y − f^canary)
 
-and the baseline level ``μ_b`` by ``mean_N(f_b) + mean_{ctrl}(y − f_b)``. The second and third
-terms (the *rectifier*) measure the twin's error where it was measured; because the slice's groups
-are a random draw from the fleet (`edgetwin.policies.canary_plan` draws them so) and the arms are
-randomized, the rectifier is unbiased for the twin's fleet-wide error, so θ̂ is unbiased **whatever
-the twin's bias**. Its 90 % interval is the CLT interval of the three independent-sample terms
-(``var(f_c − f_b)/N + var_cand(y − f_c)/n_c + var_ctrl(y − f_b)/n_b``); the relative change and its
-interval come from the delta method on ``θ̂ / μ̂_b``. When the twin is good, ``y − f`` varies less
-than ``y``, so the interval is narrower than the canary's own two-sample interval; when it is
-biased, the interval is still valid (the test with a twin biased by a known amount checks it).
+and the baseline level ``μ_b`` by ``mean_N(f_b) + mean_{ctrl}(y − f^canary)``. The second and
+third terms (the *rectifier*) measure the twin's error on the experiment the canary ran, against
+the twin's prediction *of that experiment*; because the slice's groups are a random draw from the
+fleet (`edgetwin.policies.canary_plan` draws them so) and the arms are randomized, the rectifier is
+unbiased for the twin's error on the canary's configuration, whatever the twin's bias there.
+
+**What it assumes.** That the twin's error *transports* from the canary's configuration to the
+full switch: the twin may be wrong about each group's response, but wrong by the same amount
+whether a few groups or all of them run the candidate. What the twin gets right about the
+difference between the two (a candidate that sends work to the edge helps the few groups that run
+it and congests the edge sites when every group does: interference) it keeps. An earlier version
+rectified the full-switch predictions ``f_c``, ``f_b`` with the canary's measurements directly,
+which assumed the same transport *and* no interference: where the twin rightly predicted the
+fleet's congestion, the slice's uncongested measurement "corrected" it away (the closed-loop
+benchmark's least-loaded candidates: SLO violations *ok* on the slice, +12-20 % on the whole
+cluster). Without interference ``f^canary == f^full`` (on the arms' groups) and the two agree.
+Transport is an assumption, not a theorem: no slice measures the fleet's congestion, and the
+interval covers the full switch's change only as far as the twin's interference is right. The
+interference is extrapolated where the logs are thinnest (a fleet that has switched), so the
+interval carries the twin's own uncertainty about it: the spread of its members' predicted
+interference (`interference_var`), which a twin whose members agree on a wrong interference does
+not reveal.
+
+Its 90 % interval is the CLT interval of the three independent-sample terms
+(``var(f_c − f_b)/N + var_cand(y − f^canary)/n_c + var_ctrl(y − f^canary)/n_b``), plus the members'
+interference variance; the relative
+change and its interval come from the delta method on ``θ̂ / μ̂_b``. When the twin is good,
+``y − f`` varies less than ``y``, so the interval is narrower than the canary's own two-sample
+interval; when it is biased (by the same amount on the slice as on the fleet), the interval is
+still valid (the test with a twin biased by a known amount checks it).
 
 Why not ``ppi-python``: it pulls numba and gdown (and its datasets' downloader) for what is, for
 this estimator, the three lines above; its ``ppi_mean_ci`` also takes one labelled set, whereas a
 canary has two randomized arms whose rectifiers are differenced.
 
 `twin_group_predictions` computes ``f`` per service group by replaying the recent log's episodes in
-the twin (`edgetwin.twin.whatif.engine.run_episode`, every member), and `ppi_verdict` turns the
-intervals into the gate's verdicts (`edgetwin.policies.gate.check_verdict`).
+the twin (`edgetwin.twin.whatif.engine.run_episode`, every member; a `CanaryAssignment` as one of
+its policies gives ``f^canary``), and `ppi_verdict` turns the intervals into the gate's verdicts
+(`edgetwin.policies.gate.check_verdict`).
 """
 
 from __future__ import annotations
@@ -92,14 +118,16 @@ def ppi_mean_difference(
     level: float = LEVEL,
     x_cand: np.ndarray | None = None,
     x_ctrl: np.ndarray | None = None,
+    transport_var: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, float]:
     """The PPI estimate of ``E[Y_c] − E[Y_b]`` and ``E[Y_b]`` (see the module docstring).
 
     Args:
         fleet_cand, fleet_base: ``(N,)`` the twin's per-group predictions over the fleet.
-        y_cand, f_cand: ``(n_c,)`` measured values and the twin's candidate predictions on the
-            candidate arm's groups; y_ctrl, f_ctrl: ``(n_b,)`` the same on the control arm
-            (baseline predictions).
+        y_cand, f_cand: ``(n_c,)`` measured values and the twin's predictions of them on the
+            candidate arm's groups; y_ctrl, f_ctrl: ``(n_b,)`` the same on the control arm. The
+            predictions are of the experiment the canary ran (``f^canary``, the module docstring);
+            the full-switch ones only where the slice does not interfere with the fleet.
         level: two-sided level of the intervals.
         x_cand, x_ctrl: optional pre-treatment covariates of the same groups (their mean KPI over
             the canary's pre-ticks, when every group was still on the current policy). Both arms'
@@ -107,6 +135,9 @@ def ppi_mean_difference(
             regression slope): randomization makes ``mean x`` the same in expectation on both
             arms, so the adjustment removes the groups' own levels from the rectifier's noise
             without biasing it (the slope's estimation error is O(1/n)).
+        transport_var: variances added to the difference's and the baseline level's, for what
+            the canary cannot measure: the twin's uncertainty about the interference it
+            transports from the canary's configuration to the full switch (`interference_var`).
 
     Returns:
         ``diff``, ``diff_se``, ``base``, ``base_se``, ``rel``, ``rel_lo``, ``rel_hi``, ``twin_diff``.
@@ -134,9 +165,9 @@ def ppi_mean_difference(
             beta = float(xr @ rr) / sxx if sxx > 0 else 0.0
             rc, rb = rc - beta * (xc - xm), rb - beta * (xb - xm)
     diff = twin_diff + float(np.mean(rc) - np.mean(rb))
-    diff_var = _var(fc - fb) / len(fc) + _var(rc) / len(rc) + _var(rb) / len(rb)
+    diff_var = _var(fc - fb) / len(fc) + _var(rc) / len(rc) + _var(rb) / len(rb) + float(transport_var[0])
     base = float(np.mean(fb) + np.mean(rb))
-    base_var = _var(fb) / len(fb) + _var(rb) / len(rb)
+    base_var = _var(fb) / len(fb) + _var(rb) / len(rb) + float(transport_var[1])
     out = finish_estimate(diff, diff_var, base, base_var, level)
     out["twin_diff"] = twin_diff
     out["twin_rel"] = twin_diff / abs(base) if base else float("nan")
@@ -186,6 +217,28 @@ def combine_estimates(rounds: Sequence[Mapping[str, float]], level: float = LEVE
 
 
 # ------------------------------------------------------------------------------ twin predictions
+@dataclass(frozen=True)
+class CanaryAssignment:
+    """A canary's actual assignment, for the twin to replay (``f^canary``, the module docstring).
+
+    Attributes:
+        candidate: the `PolicySpec` the candidate arm ran. rest: the one every other group ran
+            (the slice's control arm and the fleet outside the slice: the current policy).
+        treated: the candidate arm's group ids.
+    """
+
+    candidate: Any
+    rest: Any
+    treated: frozenset[str]
+
+    def spec_for(self, agents: Sequence[Any] | np.ndarray, name: str = "canary") -> Any:
+        """The `PolicySpec` for an episode whose rows are ``agents`` (in row order)."""
+        from edgetwin.twin.whatif import routed_policy
+
+        mask = np.isin(np.asarray(agents).astype(str), np.array(sorted(self.treated), dtype=str))
+        return routed_policy(name, self.candidate, self.rest, mask)
+
+
 def twin_group_series(
     twin: Any,
     policies: Mapping[str, Any],
@@ -203,7 +256,8 @@ def twin_group_series(
     each agent's per-tick values over members and episodes.
 
     Args:
-        policies: name -> `edgetwin.twin.whatif.PolicySpec`.
+        policies: name -> `edgetwin.twin.whatif.PolicySpec`, or a `CanaryAssignment` (its routed
+            policy built per episode, as the row order is the episode's agents).
         kpis: per-step columns (``kpi.slo_violation``, ``reward``, ...).
 
     Returns:
@@ -221,9 +275,11 @@ def twin_group_series(
     mem = list(members) if members is not None else list(range(twin.n_members))
     parts: dict[tuple[str, str], list[pd.DataFrame]] = {}
     for e_i, ep in enumerate(eps):
+        ep_pols = {name: pol.spec_for(ep.agents, name) if isinstance(pol, CanaryAssignment) else pol
+                   for name, pol in policies.items()}  # fmt: skip
         for m in mem:
             wseed = int(np.random.default_rng([seed, e_i, m]).integers(2**31))
-            for name, pol in policies.items():
+            for name, pol in ep_pols.items():
                 out = run_episode(twin, pol, NOMINAL, kdefs, seed=wseed, member=m, logged=ep)
                 src = out.source if out.source is not None else np.arange(len(ep.agents))
                 agents = np.asarray(ep.agents).astype(str)[src]
@@ -279,6 +335,42 @@ def measured_group_means(canary_log: pd.DataFrame, kpis: Sequence[str], candidat
     return out
 
 
+def interference_var(
+    member_predictions: Sequence[pd.DataFrame], is_cand: np.ndarray, groups: Sequence[Any], kpi: str,
+    candidate: str, baseline: str, canary: str,
+) -> tuple[float, float]:
+    """The twin's own uncertainty about the interference it predicts on the slice, from its members.
+
+    Each member ``m`` predicts the interference the estimator adds to a no-interference one,
+    ``I_m = mean_cand(f_c^full − f^canary) − mean_ctrl(f_b^full − f^canary)`` (and the baseline
+    level's ``J_m = −mean_ctrl(f_b^full − f^canary)``). The canary measures the twin's error in its
+    own configuration, never in the full switch, so the error of ``I`` is the one term no
+    measurement corrects; the members' spread is the twin's statement of how unsure it is
+    (``var_m(I_m)·(1 + 1/M)``: the truth taken as one more draw beside the members' mean). It is 0
+    without interference (every member's ``I_m = 0``) and when the members agree, and it does not
+    cover an interference every member gets wrong the same way.
+
+    Args:
+        member_predictions: one `twin_group_predictions` frame per member (same columns).
+        is_cand: ``(n,)`` bool, the candidate arm among ``groups`` (the canary's measured groups).
+
+    Returns:
+        ``(var of the difference, var of the baseline level)``, KPI units squared; ``(0, 0)`` with
+        fewer than 2 members.
+    """
+    if len(member_predictions) < 2:
+        return 0.0, 0.0
+    i_m, j_m = [], []
+    for pr in member_predictions:
+        at = pr.reindex(list(groups))
+        d_c = (at[(candidate, kpi)] - at[(canary, kpi)]).to_numpy()[is_cand]
+        d_b = (at[(baseline, kpi)] - at[(canary, kpi)]).to_numpy()[~is_cand]
+        i_m.append(float(np.mean(d_c) - np.mean(d_b)))
+        j_m.append(float(-np.mean(d_b)))
+    k = 1.0 + 1.0 / len(member_predictions)
+    return k * float(np.var(i_m, ddof=1)), k * float(np.var(j_m, ddof=1))
+
+
 def ppi_estimates(
     predictions: pd.DataFrame,
     measured: pd.DataFrame,
@@ -286,8 +378,20 @@ def ppi_estimates(
     candidate: str,
     baseline: str,
     level: float = LEVEL,
+    canary: str | None = None,
+    member_predictions: Sequence[pd.DataFrame] | None = None,
 ) -> dict[str, dict[str, float]]:
     """PPI for each KPI (name -> direction) from `twin_group_predictions` and `measured_group_means`.
+
+    Args:
+        candidate, baseline: the full-switch prediction columns' policy names.
+        canary: the policy name of the twin's replay of the canary's own assignment (a
+            `CanaryAssignment` among `twin_group_predictions`' policies): the rectifier is
+            measured against it. None: against the full-switch predictions, which assumes no
+            interference between the slice and the rest of the fleet (the module docstring
+            says why that is wrong for candidates that congest shared sites).
+        member_predictions: with ``canary``, the same predictions per twin member: their
+            spread over the interference widens the intervals (`interference_var`).
 
     Groups the canary measured but the twin has no prediction for are an error (the canary ran on
     another fleet than the twin's log)."""
@@ -301,13 +405,17 @@ def ppi_estimates(
     at = predictions.reindex(measured.index)
     out = {}
     for k in kpis:
+        f_c = at[(canary if canary is not None else candidate, k)].to_numpy()
+        f_b = at[(canary if canary is not None else baseline, k)].to_numpy()
+        pre = measured[f"pre:{k}"].to_numpy() if f"pre:{k}" in measured else None
         out[k] = ppi_mean_difference(
             predictions[(candidate, k)].to_numpy(), predictions[(baseline, k)].to_numpy(),
-            measured[k].to_numpy()[is_c], at[(candidate, k)].to_numpy()[is_c],
-            measured[k].to_numpy()[~is_c], at[(baseline, k)].to_numpy()[~is_c],
+            measured[k].to_numpy()[is_c], f_c[is_c],
+            measured[k].to_numpy()[~is_c], f_b[~is_c],
             level,
-            *((measured[f"pre:{k}"].to_numpy()[is_c], measured[f"pre:{k}"].to_numpy()[~is_c])
-              if f"pre:{k}" in measured else (None, None)),
+            x_cand=None if pre is None else pre[is_c], x_ctrl=None if pre is None else pre[~is_c],
+            transport_var=(interference_var(member_predictions, is_c, list(measured.index), k, candidate, baseline,
+                                            canary) if canary is not None and member_predictions else (0.0, 0.0)),
         )  # fmt: skip
         out[k]["n_fleet"], out[k]["n_candidate"], out[k]["n_control"] = len(predictions), int(is_c.sum()), int((~is_c).sum())
     return out
@@ -349,9 +457,11 @@ def ppi_verdict(
 
 __all__ = [
     "LEVEL",
+    "CanaryAssignment",
     "PPIEstimate",
     "combine_estimates",
     "finish_estimate",
+    "interference_var",
     "measured_group_means",
     "ppi_estimates",
     "ppi_mean_difference",

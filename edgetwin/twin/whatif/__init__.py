@@ -72,8 +72,10 @@ from edgetwin.twin.whatif.policies import (
     BUILTIN_POLICIES,
     PolicyFactory,
     PolicySpec,
+    RoutedPolicy,
     builtin_policy,
     fixed_policy,
+    routed_policy,
 )
 from edgetwin.twin.whatif.replay import (
     LoggedEpisode,
@@ -101,6 +103,7 @@ __all__ = [
     "Perturbation",
     "PolicyFactory",
     "PolicySpec",
+    "RoutedPolicy",
     "Scenario",
     "WhatIfResult",
     "bootstrap_ci",
@@ -116,6 +119,7 @@ __all__ = [
     "logged_support_share",
     "merge_kpis",
     "run_episode",
+    "routed_policy",
     "run_whatif",
     "scenario_from_dict",
     "weighted_quantile",
