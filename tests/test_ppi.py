@@ -100,9 +100,9 @@ def _frames(f_full, f_base, f_canary, y, is_c):
 
 
 def test_with_interference_the_rectifier_against_the_twin_s_canary_gets_the_fleet_s_change_and_the_old_one_flips_it():
-    from edgetwin.policies.ppi import ppi_estimates
+    from edgetwin.policies.ppi import LOCAL, ppi_estimates
 
-    reps, covered, old_wrong, new_right = 200, 0, 0, 0
+    reps, covered, old_wrong, new_right, hull_promotes = 200, 0, 0, 0, 0
     for r in range(reps):
         rng = np.random.default_rng(100 + r)
         y_b, y_full, y_slice, f_b, f_full, f_slice = _interference(rng)
@@ -118,17 +118,24 @@ def test_with_interference_the_rectifier_against_the_twin_s_canary_gets_the_flee
         new = ppi_estimates(preds, measured, {"kpi.x": "lower"}, "candidate", "baseline", canary="canary")["kpi.x"]
         old = ppi_estimates(preds, measured, {"kpi.x": "lower"}, "candidate", "baseline")["kpi.x"]
         covered += abs(new["diff"] - truth) <= 1.645 * new["diff_se"]
-        v_new, _ = ppi_verdict({"kpi.x": new}, [Guard("kpi.x", 0.05)], {"kpi.x": "lower"})
+        transported = {k: v for k, v in new.items() if not k.startswith(LOCAL)}
+        v_new, _ = ppi_verdict({"kpi.x": transported}, [Guard("kpi.x", 0.05)], {"kpi.x": "lower"})
         v_old, _ = ppi_verdict({"kpi.x": old}, [Guard("kpi.x", 0.05)], {"kpi.x": "lower"})
+        v_hull, _ = ppi_verdict({"kpi.x": new}, [Guard("kpi.x", 0.05)], {"kpi.x": "lower"})
         new_right += v_new == "refuse"
         old_wrong += v_old == "promote"
+        hull_promotes += v_hull == "promote"
         assert old["diff"] < 0 < new["diff"]  # the old rectifier corrects the congestion away: wrong sign
+        assert new[f"{LOCAL}diff"] == old["diff"]  # the no-interference estimate kept beside it is the old one
     assert covered / reps >= 0.85  # nominal 90 %
     assert new_right / reps >= 0.9 and old_wrong / reps >= 0.9
+    # the verdict on the hull (does the candidate pass whether or not the interference is real?)
+    # never promotes what congests the fleet: where the two estimates disagree it abstains
+    assert hull_promotes == 0
 
 
 def test_without_interference_the_twin_s_canary_changes_nothing():
-    from edgetwin.policies.ppi import ppi_estimates
+    from edgetwin.policies.ppi import LOCAL, ppi_estimates
 
     rng = np.random.default_rng(7)
     y_b, y_full, _, f_b, f_full, _ = _interference(rng, slice_effect=0.04, fleet_effect=0.04)
@@ -140,7 +147,8 @@ def test_without_interference_the_twin_s_canary_changes_nothing():
     preds, measured = _frames(f_full, f_b, np.where(is_c, f_full, f_b), y, is_c)
     new = ppi_estimates(preds, measured, {"kpi.x": "lower"}, "candidate", "baseline", canary="canary")["kpi.x"]
     old = ppi_estimates(preds, measured, {"kpi.x": "lower"}, "candidate", "baseline")["kpi.x"]
-    assert new == old
+    assert {k: v for k, v in new.items() if not k.startswith(LOCAL)} == old
+    assert all(new[f"{LOCAL}{k}"] == old[k] for k in ("diff", "diff_se", "rel_lo", "rel_hi"))  # the hull is the interval
 
 
 def test_the_members_disagreement_on_the_interference_widens_the_interval_and_nothing_without_interference():
@@ -170,3 +178,29 @@ def test_the_members_disagreement_on_the_interference_widens_the_interval_and_no
     # no interference: every member's canary prediction is its full switch's on the arms: no widening
     same = [_frames(f_full + s, f_b + s, np.where(is_c, f_full + s, f_b + s), y, is_c)[0] for s in (-0.02, 0.0, 0.02)]
     assert interference_var(same, is_arm, groups, "kpi.x", "candidate", "baseline", "canary") == pytest.approx((0.0, 0.0), abs=1e-15)
+
+
+def test_pooled_rounds_keep_both_ends_and_the_verdict_needs_both() -> None:
+    """Rounds pooled by `combine_estimates` keep the no-interference estimate (``local:*``) beside the
+    transporting one, and `ppi_verdict` passes a KPI only when both ends pass it: a transporting
+    estimate that says *ok* while the no-interference one straddles is an abstention, and the
+    interval reported is the hull."""
+    from edgetwin.policies.ppi import LOCAL, combine_estimates, finish_estimate
+
+    def est(diff: float, local_diff: float) -> dict[str, float]:
+        e = finish_estimate(diff, 0.01**2, 1.0, 0.001**2)
+        loc = finish_estimate(local_diff, 0.01**2, 1.0, 0.001**2)
+        e.update({f"{LOCAL}{k}": loc[k] for k in ("diff", "diff_se", "base", "base_se", "rel", "rel_lo", "rel_hi")})
+        e.update(twin_diff=0.0, twin_rel=0.0, n_fleet=60.0, n_candidate=3.0, n_control=3.0)
+        return e
+
+    agree = combine_estimates([est(-0.20, -0.18), est(-0.22, -0.21)])  # lower is better: both clearly better
+    split = combine_estimates([est(-0.20, 0.04), est(-0.22, 0.06)])  # no interference: +5 %, at the margin
+    assert f"{LOCAL}rel_lo" in agree and abs(agree[f"{LOCAL}diff"] + 0.195) < 1e-9
+    g, better = [Guard("kpi.x", 0.05)], {"kpi.x": "lower"}
+    assert ppi_verdict({"kpi.x": agree}, g, better)[0] == "promote"
+    v, checks = ppi_verdict({"kpi.x": split}, g, better)
+    assert v == "abstain" and checks[0].verdict == "straddle"
+    assert checks[0].interval[0] == split["rel_lo"] and checks[0].interval[1] == split[f"{LOCAL}rel_hi"]
+    only_transport = {k: x for k, x in split.items() if not k.startswith(LOCAL)}
+    assert ppi_verdict({"kpi.x": only_transport}, g, better)[0] == "promote"
