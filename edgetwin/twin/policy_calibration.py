@@ -27,6 +27,13 @@ The mechanism:
    independent episodes supports (`attained_level`: 3 days support 75 %, never 90 %; 9 are needed
    for 90 %), as the promotion gate already reads it.
 
+Cross-fitting, not a split: the twin whose intervals are widened is fitted on every day, the scores
+come from twins fitted on the other fold's days (as in CV+, Barber et al. 2021, whose worst-case
+guarantee is ``1 - 2α`` rather than ``1 - α``); a twin fitted on half the days errs more than the
+full one, which widens the interval rather than narrowing it. The calibration's episodes are the
+twin's own training days, so it carries no ``episode_sha256`` (the gate's check that a held-out
+calibration is not on training data does not apply: no score comes from a twin that saw its day).
+
 What it promises: split-conformal coverage for a policy whose value error is exchangeable with the
 logged policies' out-of-fold errors. For a policy far from every logged one (off the logs' support)
 it promises nothing; that is what the out-of-support share is for. With one logged policy the scores
