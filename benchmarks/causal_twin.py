@@ -128,7 +128,8 @@ def run_interval(df: pd.DataFrame, calibration: Calibration | None = None) -> tu
 
 def calibration_of(train: pd.DataFrame, fit: Any, seed: int) -> tuple[Calibration, dict[str, Any]]:
     """The twin's value calibration on ``train`` (`edgetwin.twin.policy_calibration`: two folds of
-    days, ``fit(rows)`` refits the same kind of twin on a fold) and its summary for results.json."""
+    days, ``fit(rows)`` refits the same response model on a fold, with the empirical population model:
+    the replays start from the logged populations and never sample one) and its summary for results.json."""
     t0 = time.perf_counter()
     units = cross_fitted_policy_values(fit, train, folds=2, seed=seed)
     cal = policy_value_calibration(units)
@@ -280,7 +281,7 @@ def main() -> None:
 
             def refit(rows: pd.DataFrame, model: str = MODELS[mname]) -> Twin:
                 return Twin.fit(rows, spec, seed=args.seed, members=members, progress=False, response_model=model,
-                                population_hyper={"steps": pop_steps}, **hyper)
+                                population_model="empirical", **hyper)  # the replays never sample a population
 
             cal, cal_doc = calibration_of(train, refit, args.seed)
             rank = policy_rows(twin, policies, real, seed=args.seed, eval_days=eval_days, n_agents=cfg.n_agents,

@@ -119,7 +119,7 @@ def main() -> None:
 
             def refit(rows: pd.DataFrame, model: str = model) -> Twin:
                 return Twin.fit(rows, spec, seed=args.seed, members=members, progress=False, response_model=model,
-                                population_hyper={"steps": pop_steps}, **hyper)
+                                population_model="empirical", **hyper)  # the replays never sample a population
 
             cal, cal_doc = calibration_of(train, refit, args.seed)
             rank = policy_rows(twin, policies, real, seed=args.seed, eval_days=eval_days, n_agents=cfg.n_tenants,
