@@ -19,7 +19,7 @@ the same evaluation days, in generated-population and replay modes: Spearman rho
 error, normalised absolute error, regret@1, the share of real values inside the twin's 90 % interval
 and its median width (causal_twin.py's `score`). The interval is calibrated as in causal_twin.py: the
 member x episode bootstrap widened by the twin's cross-fitted error on the logged policies' own values
-(`edgetwin.twin.policy_calibration`, two folds of days); ``coverage_90_plain`` / ``median_width_plain``
+(`edgetwin.twin.policy_calibration`, leave-one-day-out); ``coverage_90_plain`` / ``median_width_plain``
 are the bare bootstrap's, ``cal. level`` the level the calibration days support. The truth's own
 noise floor: the same scores between the real values on the evaluation days and on as many other days.
 
