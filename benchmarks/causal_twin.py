@@ -15,7 +15,15 @@ of which wrote a row of any log, against the cluster on the same evaluation days
 population mode (`Twin.rollout`) and replay mode (`logged_rollout` on the evaluation days' own
 populations), with Spearman rho, mean relative error, normalised absolute error and regret@1
 (`twin_fidelity._scores`), the share of the 12 real values inside the twin's 90 % interval
-(ensemble members x episodes, uncalibrated) and the intervals' median width.
+and the intervals' median width (in reward units). The interval is the bootstrap one over ensemble
+members x episodes widened by the twin's cross-fitted error on the policy values the log itself
+holds (`edgetwin.twin.policy_calibration`), leave-one-day-out: for each day of the log, a twin with
+the same response model fitted on the other days replays that day with its logged actions, and its
+value of every logged policy (the regime, each randomized arm) on the held-out day is scored against
+the logged one; the split-conformal quantile of the per-day largest relative error widens the interval by
+``q · |value|``. ``coverage_90_plain`` / ``median_width_plain`` are the bare bootstrap interval's;
+``cal. level`` is the level the number of calibration days supports (3 days: 75 %, 9 needed for
+90 %; `edgetwin.twin.intervals.attained_level`).
 
 The evaluation is noise-aware: every policy's real value and every twin's estimate is kept per
 evaluation day; the rho and error numbers carry 90 % bootstrap intervals over the evaluation days
@@ -50,7 +58,8 @@ from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
 from edgetwin.emulator.logs import Regime, SLOAwarePolicy, generate_logs
 from edgetwin.policies.heuristics import GreedyLowestCarbon, LeastLoaded, SchedulingView, Target
 from edgetwin.twin.fidelity import logged_rollout
-from edgetwin.twin.intervals import interval
+from edgetwin.twin.intervals import Calibration, interval
+from edgetwin.twin.policy_calibration import cross_fitted_policy_values, policy_value_calibration
 from edgetwin.twin.twin import Twin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,11 +118,26 @@ def evaluation_policies(spec: Any) -> dict[str, PlatformPolicy]:
     }
 
 
-def run_interval(df: pd.DataFrame) -> tuple[float, float]:
-    """90 % interval of a policy's mean reward from the twin's runs (episode x member), uncalibrated."""
+def run_interval(df: pd.DataFrame, calibration: Calibration | None = None) -> tuple[float, float]:
+    """90 % interval of a policy's mean reward from the twin's runs (episode x member): the bootstrap
+    one, widened by ``calibration`` (`edgetwin.twin.intervals.interval`) when given."""
     per_run = df.groupby("episode")["reward"].mean().to_numpy(np.float64)
-    lo, hi = interval(per_run[None, :], None, "reward")
+    lo, hi = interval(per_run[None, :], calibration, "reward")
     return float(lo), float(hi)
+
+
+def calibration_of(train: pd.DataFrame, fit: Any, seed: int) -> tuple[Calibration, dict[str, Any]]:
+    """The twin's value calibration on ``train`` (`edgetwin.twin.policy_calibration`, leave-one-day-out:
+    ``fit(rows)`` refits the same response model on the other days, with the empirical population model:
+    the replays start from the logged populations and never sample one) and its summary for results.json.
+    One day out rather than two folds: a twin of half of a 3-day log errs far more than the twin of
+    all 3 days whose intervals are calibrated."""
+    t0 = time.perf_counter()
+    units = cross_fitted_policy_values(fit, train, folds=int(train["episode"].nunique()), seed=seed)
+    cal = policy_value_calibration(units)
+    return cal, {"q": cal.quantile["reward"], "n_independent": cal.n_independent["reward"],
+                 "attained_level": cal.attained("reward"), "source": cal.source, "seconds": time.perf_counter() - t0,
+                 "units": units.to_dict("records")}
 
 
 def per_day(df: pd.DataFrame) -> list[float]:
@@ -125,20 +149,26 @@ def per_day(df: pd.DataFrame) -> list[float]:
 
 
 def policy_rows(twin: Any, policies: dict[str, Any], real: dict[str, pd.DataFrame], seed: int, eval_days: int,
-                n_agents: int, steps: int) -> pd.DataFrame:
+                n_agents: int, steps: int, calibration: Calibration | None = None) -> pd.DataFrame:
     """One row per policy: its real mean reward and the twin's in generated-population and replay
-    modes, each with its member x episode interval and its per-day values (policy ``i`` rolled out
-    with seed ``seed + 500 + i`` in both modes). Shared with the second-system benchmark."""
+    modes, each with its interval (``<mode>_low/high``: calibrated by ``calibration``;
+    ``<mode>_plain_low/high``: the bare member x episode bootstrap) and its per-day values (policy
+    ``i`` rolled out with seed ``seed + 500 + i`` in both modes). Shared with the second-system
+    benchmark."""
     rows = []
     for i, (pname, pol) in enumerate(policies.items()):
         gen = twin.rollout(pol, episodes=eval_days, seed=seed + 500 + i, n_agents=n_agents, steps=steps,
                            all_members=True)
         rep = logged_rollout(twin, pol, real[pname], seed=seed + 500 + i, all_members=True)
-        g_lo, g_hi = run_interval(gen)
-        r_lo, r_hi = run_interval(rep)
+        g_lo, g_hi = run_interval(gen, calibration)
+        r_lo, r_hi = run_interval(rep, calibration)
+        g0_lo, g0_hi = run_interval(gen)
+        r0_lo, r0_hi = run_interval(rep)
         rows.append({"policy": pname, "real": float(real[pname]["reward"].mean()),
                      "generated": float(gen["reward"].mean()), "generated_low": g_lo, "generated_high": g_hi,
+                     "generated_plain_low": g0_lo, "generated_plain_high": g0_hi,
                      "replay": float(rep["reward"].mean()), "replay_low": r_lo, "replay_high": r_hi,
+                     "replay_plain_low": r0_lo, "replay_plain_high": r0_hi,
                      "real_days": per_day(real[pname]), "generated_days": per_day(gen), "replay_days": per_day(rep)})
     return pd.DataFrame(rows)
 
@@ -147,15 +177,19 @@ def score(rank: pd.DataFrame, col: str) -> dict[str, float]:
     """The issue's six numbers for one evaluator column of ``rank`` (one row per policy)."""
     real, est = rank["real"].to_numpy(np.float64), rank[col].to_numpy(np.float64)
     sc = _scores(real, est)
-    lo, hi = rank[f"{col}_low"].to_numpy(np.float64), rank[f"{col}_high"].to_numpy(np.float64)
-    return {
+    out = {
         "spearman": sc["spearman"],
         "mean_rel_error": sc["rel_err"],
         "norm_abs_error": sc["norm_abs_error"],
         "regret_at_1": sc["regret_at_1"],
-        "coverage_90": float(((real >= lo) & (real <= hi)).mean()),
-        "median_width": float(np.median(hi - lo)),
     }
+    for kind in ("", "_plain"):
+        if f"{col}{kind}_low" not in rank.columns:
+            continue
+        lo, hi = rank[f"{col}{kind}_low"].to_numpy(np.float64), rank[f"{col}{kind}_high"].to_numpy(np.float64)
+        out[f"coverage_90{kind}"] = float(((real >= lo) & (real <= hi)).mean())
+        out[f"median_width{kind}"] = float(np.median(hi - lo))
+    return out
 
 
 def day_bootstrap(real_days: np.ndarray, est_days: np.ndarray | None, n_boot: int = N_BOOT, seed: int = 0) -> dict[str, list[float]]:
@@ -246,9 +280,15 @@ def main() -> None:
             twin = Twin.fit(train, spec, seed=args.seed, members=members, progress=False, response_model=MODELS[mname],
                             population_hyper={"steps": pop_steps}, **hyper)
             fit_s = time.perf_counter() - t_fit
+
+            def refit(rows: pd.DataFrame, model: str = MODELS[mname]) -> Twin:
+                return Twin.fit(rows, spec, seed=args.seed, members=members, progress=False, response_model=model,
+                                population_model="empirical", **hyper)  # the replays never sample a population
+
+            cal, cal_doc = calibration_of(train, refit, args.seed)
             rank = policy_rows(twin, policies, real, seed=args.seed, eval_days=eval_days, n_agents=cfg.n_agents,
-                               steps=cfg.steps)
-            res: dict[str, Any] = {}
+                               steps=cfg.steps, calibration=cal)
+            res: dict[str, Any] = {"calibration": cal_doc}
             for mode in ("generated", "replay"):
                 res[mode] = score(rank, mode)
                 res[mode].update(day_bootstrap(real_days, np.array(rank[f"{mode}_days"].tolist()), seed=args.seed))
@@ -288,12 +328,21 @@ def write(doc: dict[str, Any], t0: float, out: Path = OUT) -> None:
     (out / "README.md").write_text(page(doc))
 
 
-METRICS = ("spearman", "mean_rel_error", "norm_abs_error", "regret_at_1", "coverage_90", "median_width")
+METRICS = ("spearman", "mean_rel_error", "norm_abs_error", "regret_at_1", "coverage_90", "median_width",
+           "coverage_90_plain", "median_width_plain")
 
 
 def _cell(r: dict[str, Any], k: str) -> str:
+    if k not in r:  # a run before the calibrated intervals: only the plain ones
+        return "—"
     ci = r.get(f"{k}_ci90")
     return f"{r[k]:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def _cal_cell(r: dict[str, Any]) -> str:
+    """The calibration's relative widening, the level its days support and how many days."""
+    c = r.get("calibration")
+    return "—" if not c else f"q {c['q']:.2f}, {c['attained_level']:.0%} ({c['n_independent']} days)"
 
 
 def page(doc: dict[str, Any]) -> str:
@@ -315,13 +364,13 @@ def page(doc: dict[str, Any]) -> str:
               f"error {nf['mean_rel_error_median']:.1%}; a policy's day-to-day sd is {nf['day_sd_over_policy_spread']:.2f}x "
               "the spread of the 12 policies' means. Brackets: 90 % bootstrap intervals over the evaluation days.", ""]
     for mode in ("generated", "replay"):
-        L += [f"## {mode} mode", "", "| logs | model | " + " | ".join(METRICS) + " | overlap (verdict, ESS) |",
-              "|---|---|" + "---|" * len(METRICS) + "---|"]
+        L += [f"## {mode} mode", "", "| logs | model | " + " | ".join(METRICS) + " | cal. level | overlap (verdict, ESS) |",
+              "|---|---|" + "---|" * len(METRICS) + "---|---|"]
         for lname, per in doc["results"].items():
             for mname, r in per.items():
                 o = r["overlap"]
                 L.append(f"| {lname} | {mname} | " + " | ".join(_cell(r[mode], k) for k in METRICS)
-                         + f" | {o['verdict']}, {o['ess_share']:.0%} |")
+                         + f" | {_cal_cell(r)} | {o['verdict']}, {o['ess_share']:.0%} |")
         L.append("")
     reading = doc.get("reading")
     if reading:

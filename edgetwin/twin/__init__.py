@@ -9,6 +9,8 @@
 * `edgetwin.twin.fidelity`: how well a twin reproduces held-out logs (`fidelity_report`).
 * `edgetwin.twin.whatif`: what-ifs (perturbations, scenarios, KPIs, the engine, results).
 * `edgetwin.twin.report`: the what-if report (HTML + PNG).
+* `edgetwin.twin.policy_calibration`: intervals of a policy's value calibrated on the cross-fitted
+  values of the policies the log holds (regimes, randomized arms).
 
 The twin builds on `edgetwin.generative` (who shows up) and `edgetwin.imitation` (how they respond)
 and never imports `policies`, `emulator`, `edge` or `federation`.
@@ -28,10 +30,12 @@ _WHERE = {
     "TwinParallelEnv": "edgetwin.twin.envs",
     "TwinVecEnv": "edgetwin.twin.envs",
     "WhatIfResult": "edgetwin.twin.whatif",
+    "cross_fitted_policy_values": "edgetwin.twin.policy_calibration",
     "fidelity_report": "edgetwin.twin.fidelity",
     "load_kpis": "edgetwin.twin.whatif",
     "load_log": "edgetwin.twin.twin",
     "load_scenarios": "edgetwin.twin.whatif",
+    "policy_value_calibration": "edgetwin.twin.policy_calibration",
     "run_whatif": "edgetwin.twin.whatif",
     "write_report": "edgetwin.twin.report",
 }
