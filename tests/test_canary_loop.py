@@ -210,3 +210,36 @@ def test_a_routed_policy_gives_each_side_its_own_stable_rows() -> None:
     assert out[:, 2].tolist() == [3.0] * 5 and len(a.seen) == 2 and len(b.seen) == 3
     with pytest.raises(ValueError):
         pol.act(obs[:4])
+
+
+def test_the_rest_of_the_fleet_is_the_control_arm_when_its_rows_are_there(world) -> None:  # type: ignore[no-untyped-def]
+    """A canary on the emulated cluster also returns the rest of the fleet's rows over its ticks
+    (every group outside the slice, on the current policy, disjoint from the canary's log); the
+    verdict given them measures the control arm on every group not on the candidate, so its control
+    term has N - n_c groups and the interval is narrower than with the slice's control half alone."""
+    from edgetwin.edge.canary import CanaryConfig
+    from edgetwin.edge.canary_emulated import canary_on_cluster
+    from edgetwin.edge.canary_loop import balanced, canary_verdict
+    from edgetwin.policies.canary_plan import plan_canary
+    from edgetwin.policies.gate import run_gate
+
+    spec, twin, fleet = world["spec"], world["twin"], world["fleet"]
+    cand = Constant(spec, [1.0, 0.3, 0.2])
+    cand_spec, base_spec = fixed_policy("always-edge", cand), resolve_policy("logging", twin, name="current")
+    guards = [Guard("response.offload_ratio", 0.05)]
+    decision = run_gate(twin, cand_spec, base_spec, log=fleet, guards=guards, episodes=1, seed=0)
+    plan = balanced(plan_canary(decision, twin, fleet, cand_spec, base_spec, PlanBudget(max_share=0.25), seed=0))
+    cfg = CanaryConfig.from_plan(plan, "candidate", spec=twin.spec)
+    res = canary_on_cluster(CLUSTER, make_policy("random", spec, seed=1), cand, cfg, seed=5, episode="c")
+    assert res.fleet_log is not None and set(res.fleet_log["policy"]) == {"current"}
+    assert not set(res.fleet_log["agent"]) & set(res.log["agent"])
+    assert set(res.fleet_log["agent"]) | set(res.log["agent"]) == set(fleet["agent"])
+    assert res.fleet_log["t"].max() == res.log["t"].max()
+    args = (twin, fleet, res.log, plan, cand_spec, base_spec)
+    kw = {"candidate_version": "candidate", "guards": guards, "better": {"response.offload_ratio": "higher"},
+          "pre_ticks": cfg.pre_ticks, "seed": 0}
+    slice_only = canary_verdict(*args, **kw)["response.offload_ratio"]  # type: ignore[arg-type]
+    whole = canary_verdict(*args, **kw, fleet_rows=res.fleet_log)["response.offload_ratio"]  # type: ignore[arg-type]
+    assert whole["n_candidate"] == slice_only["n_candidate"]
+    assert whole["n_control"] == fleet["agent"].nunique() - whole["n_candidate"] > slice_only["n_control"]
+    assert whole["diff_se"] < slice_only["diff_se"]

@@ -246,6 +246,10 @@ class CanaryResult:
         arms: groups per arm among the reported rows.
         budget_stop: when ``stop_reason == "budget"``: the KPI, its loss so far, the loss one more
             tick would have brought, its budget.
+        fleet_log: the rest of the fleet's rows over the same ticks (every group outside the slice,
+            on the current policy): the operator's ordinary logs of the canary's window, which the
+            verdict may use as a larger control arm (`edgetwin.edge.canary_loop.canary_verdict`);
+            None where the caller has none (a runtime does not ship them: they are not the canary's).
     """
 
     canary_id: str
@@ -260,6 +264,7 @@ class CanaryResult:
     intervals: dict[str, dict[str, float]]
     arms: dict[str, int]
     budget_stop: dict[str, Any] | None = None
+    fleet_log: pd.DataFrame | None = None
 
     @property
     def stopped_by_guard(self) -> bool:

@@ -86,7 +86,8 @@ def run_emulated_canary(
         episode: the ``episode`` value written in the log.
 
     Returns:
-        The `CanaryResult` (its log: the slice's rows while the canary ran).
+        The `CanaryResult` (its log: the slice's rows while the canary ran; its ``fleet_log``: the
+        rest of the fleet's rows over the same ticks, as the operator's own logs would hold them).
     """
     em = cluster if isinstance(cluster, EdgeCluster) else EdgeCluster(cluster)
     if abs(em.dt - config.tick_seconds) > 1e-9:
@@ -109,6 +110,7 @@ def run_emulated_canary(
     if not in_slice.any():
         runtime.stop_canary("operator")
         raise InputError(f"no service group of the cluster is in the canary's slice {config.slice.to_dict()}", "canary")
+    rest: list[pd.DataFrame] = []  # the rest of the fleet's rows over the canary's ticks
     for t in range(em.steps):
         if not canary.active:
             break
@@ -116,12 +118,17 @@ def run_emulated_canary(
         actions = check_actions(d.actions, em.n)
         new_obs, reward, done, info = em.step(actions)
         runtime.canary_report(_rows(em, episode, t, obs, actions, info, reward, d.policy, d.propensity, in_slice))
+        if (~in_slice).any():
+            rest.append(_rows(em, episode, t, obs, actions, info, reward, d.policy, d.propensity, ~in_slice))
         obs = new_obs
         if done:
             break
     if canary.active:
         runtime.stop_canary("completed" if canary.ticks >= config.total_ticks else "operator")
-    return runtime.canary_result()
+    result = runtime.canary_result()
+    # the fleet's own log of the same ticks (the guard's or the budget's stop ends them too)
+    result.fleet_log = pd.concat(rest[: max(int(result.ticks), 0)], ignore_index=True) if rest else None
+    return result
 
 
 def _stub_dir(root: Path, name: str, spec: Any) -> Path:

@@ -143,8 +143,17 @@ def canary_verdict(
     ticks: int | None = None,
     seed: int = 0,
     members: Sequence[int] | None = None,
+    fleet_rows: pd.DataFrame | None = None,
 ) -> dict[str, dict[str, float]]:
     """One round's PPI estimates per guarded KPI column (`edgetwin.policies.ppi.ppi_estimates`).
+
+    ``fleet_rows``: the rest of the fleet's rows over the canary's ticks (`CanaryResult.fleet_log`:
+    every group outside the slice, on the current policy). With them the control arm is every group
+    not on the candidate, not only the slice's control half: the candidate arm is a uniformly random
+    draw from the fleet (a random slice, split at random), so its complement is as valid a control
+    as the slice's other half, and 50-odd groups instead of 3 cut the control term's variance
+    about tenfold. The twin's replay of the canary already predicts those groups (everyone outside
+    the candidate arm is on the baseline there). None: the slice's control arm alone.
 
     The twin replays the fleet's day three times on the same world seed and window: every group on
     the candidate, every group on the baseline (the fleet-wide change the verdict is about), and
@@ -165,7 +174,8 @@ def canary_verdict(
     cols = [m.kpi for m in plan.margins]
     check_canary_log(canary_log, twin, fleet_log, cols)
     ticks = ticks if ticks is not None else int(round(plan.hours * 4))
-    measured = measured_group_means(canary_log, cols, candidate_version, start_t=pre_ticks)
+    rows = canary_log if fleet_rows is None or fleet_rows.empty else pd.concat([canary_log, fleet_rows], ignore_index=True)
+    measured = measured_group_means(rows, cols, candidate_version, start_t=pre_ticks)
     treated = frozenset(str(a) for a in measured.index[(measured["arm"] == "candidate").to_numpy()])
     pols = {"candidate": candidate, "baseline": baseline, "canary": CanaryAssignment(candidate, baseline, treated)}
     # one replay per member (each on its own world seed, as `twin_group_series` draws them), so that
@@ -272,7 +282,8 @@ def canary_loop(
         else:
             est = canary_verdict(twin, fleet_log, res.log, plan, candidate_spec, baseline_spec,
                                  candidate_version="candidate", guards=col_guards, better=better,
-                                 pre_ticks=cfg.pre_ticks, ticks=ran, seed=seed, members=members)  # fmt: skip
+                                 pre_ticks=cfg.pre_ticks, ticks=ran, seed=seed, members=members,
+                                 fleet_rows=res.fleet_log)  # fmt: skip
             per_round.append(est)
             pooled = {k: combine_estimates([pr[k] for pr in per_round]) for k in est}
             verdict, ests = ppi_verdict(pooled, col_guards, better)
