@@ -294,6 +294,7 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
                     baseline_spec=base_spec, budget=budget, max_rounds=3, seed=args.seed, fleet_seed=fleet_seed,
                     old_logs=[train], update_options=update_options, decision=decision, log=lambda s: None,
                     on_canary=lambda r, plan, cres, got=canaries: got.append((plan, cres)),
+                    fleet_control=args.fleet_control,
                 )  # fmt: skip
             except InputError as e:  # no first round within the budget: the loop abstains where the twin did
                 if e.where not in PLAN_FLAGS:
@@ -418,6 +419,7 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
         "config": {"agents": n_agents, "members": members, "train_days": train_days, "ppo_steps": ppo_steps,
                    "days": n_days, "candidates": list(pols), "update": update_options, "max_rounds": 3,
                    "max_share": MAX_SHARE, "max_hours": MAX_HOURS, "max_loss": MAX_LOSS, "margin": MARGIN,
+                   "fleet_control": bool(args.fleet_control),
                    "kayenta_min_points": KAYENTA_MIN_POINTS, "kayenta_alpha": KAYENTA_ALPHA,
                    "sweep": [list(x) for x in sweep], "machine_cores": os.cpu_count()},
         **arms, "canary_steps_ratio": ratio, "canary_steps_reach": reach, "twin_canary_curve": curve,
@@ -605,6 +607,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-candidates", type=int, default=0, help="only the first N candidates (0: all; for smoke runs)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/edgetwin-closed-loop"))
     ap.add_argument("--no-write", action="store_true", help="write no results or page (smoke runs)")
+    ap.add_argument("--fleet-control", action="store_true",
+                    help="the loop judges each canary against every group not on the candidate (canary_loop(fleet_control=True)); "
+                         "measure with --no-write: the page holds the default's run")
     ap.add_argument("--docs-only", action="store_true", help="rewrite the page from the results_<logging>.json files")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

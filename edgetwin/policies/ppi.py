@@ -46,9 +46,9 @@ two estimates; in between, by the estimates' linearity in the interference), the
 sensitivity-bound reading of an assumption nobody can test on a slice. Measured on the closed-loop
 benchmark (docs/benchmarks/closed_loop, quick, production-like logs): each estimator alone was
 confidently wrong on 3 pairs (the no-interference one *promoting* edge-congesting candidates, the
-transporting one refusing an edge-heavy constant the twin thought would congest); the hull, with
-the rest of the fleet as the control arm (`edgetwin.edge.canary_loop.canary_verdict`), decided
-fewer pairs (13 of 36) and got all 13 right.
+transporting one refusing an edge-heavy constant the twin thought would congest); the hull decided
+15 of 36 and got 14 right (the one miss a false refusal both ends make), and with the rest of the
+fleet as the control arm (`edgetwin.edge.canary_loop.canary_verdict`'s ``fleet_rows``) 13, all right.
 
 Its 90 % interval is the CLT interval of the three independent-sample terms
 (``var(f_c − f_b)/N + var_cand(y − f^canary)/n_c + var_ctrl(y − f^canary)/n_b``), plus the members'
