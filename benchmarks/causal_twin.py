@@ -246,6 +246,17 @@ def config(args: argparse.Namespace) -> tuple[str, ClusterConfig, int, int, int,
     return name, ClusterConfig(**kw), days, eval_days, members, dict(hyper), pop_steps
 
 
+def one_thread() -> None:
+    """torch and the BLAS pools on one thread: the fits here are small, and on a shared 2-core
+    machine two threads made a 12 s fit take 540 s (the runs on the pages were made so, with
+    OMP_NUM_THREADS=1)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(1)
+    threadpool_limits(1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     size = ap.add_mutually_exclusive_group()
@@ -257,6 +268,7 @@ def main() -> None:
     ap.add_argument("--page-only", action="store_true", help="rewrite README.md from results.json and stop")
     ap.add_argument("--out", type=Path, default=OUT, help="directory of results.json and README.md (default: the docs page)")
     args = ap.parse_args()
+    one_thread()
     if args.page_only:
         (args.out / "README.md").write_text(page(json.loads((args.out / "results.json").read_text())))
         return

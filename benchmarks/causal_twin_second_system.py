@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from _docs import BENCH_DOCS, write_section
-from causal_twin import _cal_cell, calibration_of, policy_rows, score
+from causal_twin import _cal_cell, calibration_of, one_thread, policy_rows, score
 from twin_fidelity import _scores
 
 from edgetwin.emulator.admission import (
@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--logs", default=",".join(LOGS), help="which logs, comma-separated (a,b,c1,c2,c3)")
     ap.add_argument("--page-only", action="store_true", help="rewrite the section from the JSON and stop")
     args = ap.parse_args()
+    one_thread()
     if args.page_only:
         write_section(HEADING, page(json.loads(RESULTS.read_text())), OUT / "README.md", keep=("### Reading",))
         return
