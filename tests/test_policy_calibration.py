@@ -11,12 +11,12 @@ policies' cross-fitted values covers it at least at the level its 10 calibration
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 import pytest
-import torch as th
+from test_causal_twin import one_torch_thread  # noqa: F401  (an autouse fixture: one torch thread here too)
 
 from edgetwin.imitation.causal import INVARIANCE, CausalResponseModel
 from edgetwin.twin.intervals import interval
@@ -29,14 +29,6 @@ from edgetwin.twin.policy_calibration import (
 )
 
 BETA, GAMMA = -1.0, 2.0
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(before)
 
 
 def confounded_days(days: int, n: int, seed: int, share_random: float = 0.1) -> pd.DataFrame:

@@ -394,6 +394,25 @@ def interference_var(
     return k * float(np.var(i_m, ddof=1)), k * float(np.var(j_m, ddof=1))
 
 
+def _rectified(
+    predictions: pd.DataFrame, at: pd.DataFrame, measured: pd.DataFrame, is_c: np.ndarray, kpi: str,
+    candidate: str, baseline: str, level: float, *, against: tuple[str, str],
+    transport_var: tuple[float, float] = (0.0, 0.0),
+) -> dict[str, float]:
+    """`ppi_mean_difference` of one KPI: the full-switch predictions over the fleet, rectified on the
+    measured groups against the prediction columns ``against`` (candidate arm's, control arm's);
+    ``at``: ``predictions`` on the measured groups."""
+    pre = measured[f"pre:{kpi}"].to_numpy() if f"pre:{kpi}" in measured else None
+    return ppi_mean_difference(
+        predictions[(candidate, kpi)].to_numpy(), predictions[(baseline, kpi)].to_numpy(),
+        measured[kpi].to_numpy()[is_c], at[(against[0], kpi)].to_numpy()[is_c],
+        measured[kpi].to_numpy()[~is_c], at[(against[1], kpi)].to_numpy()[~is_c],
+        level,
+        x_cand=None if pre is None else pre[is_c], x_ctrl=None if pre is None else pre[~is_c],
+        transport_var=transport_var,
+    )  # fmt: skip
+
+
 def ppi_estimates(
     predictions: pd.DataFrame,
     measured: pd.DataFrame,
@@ -428,26 +447,14 @@ def ppi_estimates(
     at = predictions.reindex(measured.index)
     out = {}
     for k in kpis:
-        f_c = at[(canary if canary is not None else candidate, k)].to_numpy()
-        f_b = at[(canary if canary is not None else baseline, k)].to_numpy()
-        pre = measured[f"pre:{k}"].to_numpy() if f"pre:{k}" in measured else None
-        out[k] = ppi_mean_difference(
-            predictions[(candidate, k)].to_numpy(), predictions[(baseline, k)].to_numpy(),
-            measured[k].to_numpy()[is_c], f_c[is_c],
-            measured[k].to_numpy()[~is_c], f_b[~is_c],
-            level,
-            x_cand=None if pre is None else pre[is_c], x_ctrl=None if pre is None else pre[~is_c],
-            transport_var=(interference_var(member_predictions, is_c, list(measured.index), k, candidate, baseline,
-                                            canary) if canary is not None and member_predictions else (0.0, 0.0)),
-        )  # fmt: skip
-        if canary is not None:  # the estimate that assumes no interference, for the verdict's hull
-            local = ppi_mean_difference(
-                predictions[(candidate, k)].to_numpy(), predictions[(baseline, k)].to_numpy(),
-                measured[k].to_numpy()[is_c], at[(candidate, k)].to_numpy()[is_c],
-                measured[k].to_numpy()[~is_c], at[(baseline, k)].to_numpy()[~is_c],
-                level,
-                x_cand=None if pre is None else pre[is_c], x_ctrl=None if pre is None else pre[~is_c],
-            )  # fmt: skip
+        args = (predictions, at, measured, is_c, k, candidate, baseline, level)
+        if canary is None:
+            out[k] = _rectified(*args, against=(candidate, baseline))
+        else:
+            out[k] = _rectified(*args, against=(canary, canary), transport_var=interference_var(
+                member_predictions, is_c, list(measured.index), k, candidate, baseline, canary,
+            ) if member_predictions else (0.0, 0.0))  # fmt: skip
+            local = _rectified(*args, against=(candidate, baseline))  # assumes no interference: the verdict's hull
             out[k].update({f"{LOCAL}{key}": local[key] for key in _LOCAL_KEYS})
         out[k]["n_fleet"], out[k]["n_candidate"], out[k]["n_control"] = len(predictions), int(is_c.sum()), int((~is_c).sum())
     return out
