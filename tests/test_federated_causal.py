@@ -193,3 +193,28 @@ def test_auto_is_decided_from_the_policies_the_sites_logged(two_regimes: Any, re
     phases = {r["phase"] for r in rep.rounds}
     assert ("causal_grad" in phases) == (expected == "causal")
     assert all(isinstance(c, CausalResponseModel) == (expected == "causal") for c in twin.members[0].clients.values())
+
+
+def test_auto_is_mail_under_gaussian_dp() -> None:
+    """docs/federation.md: under ``dp_gaussian`` the federated ``auto`` is MAIL-MMSG (the causal rounds'
+    sums and gradients do not pass through DP's mechanism), decided before any round; ``causal``
+    itself is refused there."""
+    from edgetwin.emulator.cluster import cluster_spec
+    from edgetwin.federation.twin.runner import TwinCoordinator
+
+    spec, bus = cluster_spec(), InMemoryBus(MemoryBroker(), name="coordinator")
+    auto = FitOptions.for_strategy("dp_gaussian", response_model="auto")
+    assert TwinCoordinator(spec, ["a", "b"], bus, options=auto, strategy="dp_gaussian").options.response_model == "mail"
+    with pytest.raises(InputError):
+        TwinCoordinator(spec, ["a", "b"], bus, options=FitOptions.for_strategy("dp_gaussian", response_model="causal"),
+                        strategy="dp_gaussian")
+
+
+def test_fit_defaults_to_auto_in_python_and_on_the_cli() -> None:
+    """README: ``--response-model auto`` is the default of ``edgetwin fit`` and of `Twin.fit`."""
+    import inspect
+
+    from edgetwin.cli.twin import twin_fit
+
+    assert inspect.signature(Twin.fit).parameters["response_model"].default == "auto"
+    assert inspect.signature(twin_fit).parameters["response_model"].default == "auto"
