@@ -10,9 +10,9 @@ as *regresses* / *no regression* / *abstain*:
 
 * **twin alone** -- today's gate (`edgetwin.policies.gate.run_gate` on the day's fleet log under the
   current policy, calibrated on that log's own actions, as ``edgetwin promote`` does by default);
-* **twin + canary** -- the loop (`edgetwin.edge.canary_loop.canary_loop`) from that same decision: up
+* **twin + canary** -- the loop (`edgetwin.loop.rounds.canary_loop`) from that same decision: up
   to 3 rounds, each a canary on <= 10 % of the service groups for <= 1 day through an edge runtime
-  (`edgetwin.edge.canary_emulated.canary_on_cluster`), judged by the prediction-powered verdict,
+  (`edgetwin.loop.fleet.canary_on_cluster`), judged by the prediction-powered verdict,
   the twin updated from each round's rows (`Twin.update`);
 * **canary alone** -- the same canaries (slices and hours; for a candidate the twin alone decided, so
   that the loop ran none, one canary of the loop's first-round size on a seeded random slice) judged
@@ -30,7 +30,7 @@ worse than the 5 % margin.
 Per arm: ``verdict_rate`` (1 - abstention over pairs), ``confident_agreement`` (share of decided
 pairs that agree with the truth), ``canary_agent_steps`` (the candidate arm's agent-steps after the
 pre-ticks, over every candidate and day), ``rounds_over_budget`` (canaries whose realised loss,
-`edgetwin.edge.canary_loop`'s measure, exceeded the operator's per-KPI loss budget), and
+`edgetwin.loop.rounds`'s measure, exceeded the operator's per-KPI loss budget), and
 ``post_update_regression_rate`` (seed 003: of the candidates the arm promotes, every guarded pair
 *no regression*, the share that regress on the truth). **canary_steps_ratio**: canary alone is
 rerun on slices of growing size (``SWEEP``: share of the groups x hours, one canary per candidate
@@ -197,8 +197,8 @@ def random_slice_config(fleet_agents: list[str], share: float, hours: float, mar
     the candidate, arms balanced as the loop balances them (`balanced`); no loss budget at the edge
     (its loss measured against the fleet's ``levels`` as the loop's plans measure theirs)."""
     from edgetwin.edge.canary import CanaryConfig
-    from edgetwin.edge.canary_loop import balanced
-    from edgetwin.policies.canary_plan import CanaryPlan, PlanSlice
+    from edgetwin.loop.plan import CanaryPlan, PlanSlice
+    from edgetwin.loop.rounds import balanced
 
     n = max(4, int(math.floor(share * len(fleet_agents) + 1e-9)))
     rng = np.random.default_rng([seed, 0x5EE9])
@@ -220,11 +220,11 @@ def kayenta_pairs(logs: list[Any], cols: dict[str, tuple[str, str]], pre_ticks: 
 
 def run_logging(args: argparse.Namespace) -> dict[str, Any]:
     from edgetwin.contract.errors import InputError
-    from edgetwin.edge.canary_emulated import canary_on_cluster
-    from edgetwin.edge.canary_loop import canary_loop
     from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
     from edgetwin.emulator.logs import generate_logs
-    from edgetwin.policies.canary_plan import PlanBudget, PlanMargin
+    from edgetwin.loop.fleet import canary_on_cluster
+    from edgetwin.loop.plan import PlanBudget, PlanMargin
+    from edgetwin.loop.rounds import canary_loop
     from edgetwin.policies.gate import run_gate
     from edgetwin.twin.whatif import fixed_policy
 
@@ -434,9 +434,9 @@ def _guard_kpi(canaries: list[tuple[Any, Any]], round_no: int) -> str | None:
 
 def _over_max_loss(log: Any, plan: Any, pre_ticks: int, better_col: dict[str, str],
                    cols: dict[str, tuple[str, str]], planned_ticks: int | None = None) -> bool:
-    """Whether a canary's realised loss (`edgetwin.edge.canary_loop._realised_loss`, the measure
+    """Whether a canary's realised loss (`edgetwin.loop.rounds._realised_loss`, the measure
     the loop's rounds and the edge's loss-budget stop use) exceeded `MAX_LOSS` on any guarded KPI."""
-    from edgetwin.edge.canary_loop import _realised_loss
+    from edgetwin.loop.rounds import _realised_loss
 
     loss, _ = _realised_loss(log, plan, pre_ticks, better_col, planned_ticks)
     return any(loss.get(col, 0.0) > MAX_LOSS[k] for k, (col, _b) in cols.items() if k in MAX_LOSS)

@@ -3,7 +3,7 @@
 On the emulated cluster: a production-like log (the SLO-aware heuristic), a twin fitted on it, a
 candidate far from the logging policy (a constant action: everything at the edge, a fixed
 reservation and price), a canary of that candidate on two of the three edge sites through a real
-edge runtime (`edgetwin.edge.canary_emulated.canary_on_cluster`), then
+edge runtime (`edgetwin.loop.fleet.canary_on_cluster`), then
 
 - **update**: `Twin.update(canary log, old log)` (warm start + fine-tune, support rebuilt);
 - **refit**: `Twin.fit(old log + canary log)` with the parent's settings (the baseline);
@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _docs  # noqa: E402
 
 from edgetwin.edge.canary import CanaryConfig  # noqa: E402
-from edgetwin.edge.canary_emulated import canary_on_cluster  # noqa: E402
 from edgetwin.edge.canary_slice import CanarySlice  # noqa: E402
 from edgetwin.edge.kpi_watch import KPIMargin  # noqa: E402
 from edgetwin.emulator.cluster import ClusterConfig  # noqa: E402
 from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs  # noqa: E402
+from edgetwin.loop.fleet import canary_on_cluster  # noqa: E402
 from edgetwin.twin.twin import Twin  # noqa: E402
 
 RESULTS = ROOT / "docs" / "benchmarks" / "twin_update" / "results.json"

@@ -367,11 +367,11 @@ def _promote_and_serve(
     import numpy as np
 
     from edgetwin.contract.errors import GateRefused
-    from edgetwin.edge.canary_loop import promote_after_canary
     from edgetwin.edge.registry import FileRegistry, metadata_from_policy_dir
     from edgetwin.edge.runtime import EdgeRuntime
     from edgetwin.edge.signing import Signer, TrustStore
     from edgetwin.emulator.cluster import EdgeCluster
+    from edgetwin.loop.rounds import promote_after_canary
     from edgetwin.policies.gate import GateAbstained, promote
 
     registry = FileRegistry(out / "registry")
@@ -433,9 +433,9 @@ def _canary(
     (``seed + 30_000``), run by the logging policy (random) as the current policy. The plan starts
     from the gate's own abstention (``promotion``: the `PromotionResult` the abstention carries)."""
     from edgetwin.contract.errors import InputError
-    from edgetwin.edge.canary_loop import canary_loop
     from edgetwin.emulator.logs import generate_logs, make_policy
-    from edgetwin.policies.canary_plan import PlanBudget
+    from edgetwin.loop.plan import PlanBudget
+    from edgetwin.loop.rounds import canary_loop
     from edgetwin.policies.gate import resolve_policy
 
     fleet_seed = seed + 30_000

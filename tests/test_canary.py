@@ -18,7 +18,6 @@ import pytest
 from edgetwin.contract.errors import InputError
 from edgetwin.edge.bus import InMemoryBus, MemoryBroker
 from edgetwin.edge.canary import CanaryConfig, CanaryLogCollector, read_spool
-from edgetwin.edge.canary_emulated import _rows, _stub_dir, canary_on_cluster, run_emulated_canary
 from edgetwin.edge.canary_guard import CanaryGuard, ConfidenceSequence
 from edgetwin.edge.canary_slice import CanarySlice, SliceRouter
 from edgetwin.edge.kpi_watch import KPIMargin
@@ -28,6 +27,7 @@ from edgetwin.edge.signing import Signer, TrustStore
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, check_actions
 from edgetwin.emulator.logs import SLOAwarePolicy
 from edgetwin.emulator.population import SCENARIOS
+from edgetwin.loop.fleet import _rows, _stub_dir, canary_on_cluster, run_emulated_canary
 
 ALPHA = 0.05
 RUNS = 200
@@ -242,7 +242,7 @@ def _site(tmp: Path) -> tuple[FileRegistry, TrustStore, Any]:
     for name in ("current", "cand"):
         reg.publish(_stub_dir(tmp / "stubs", name, SPEC), {"name": name, "version": name}, signer)
     reg.set_current("site/edge", "current", expected=None)
-    from edgetwin.edge.canary_emulated import _loader
+    from edgetwin.loop.fleet import _loader
 
     return reg, TrustStore([signer.public_key]), _loader({"current": SLOAwarePolicy(SPEC), "cand": Constant([1.0, 0.05, 0.0])})
 
@@ -333,7 +333,7 @@ def test_a_sampling_policy_logs_its_own_propensity(tmp_path: Path) -> None:
     for name in ("current", "cand"):
         reg.publish(_stub_dir(tmp_path / "stubs", name, SPEC), {"name": name, "version": name}, signer)
     reg.set_current("site/edge", "current", expected=None)
-    from edgetwin.edge.canary_emulated import _loader
+    from edgetwin.loop.fleet import _loader
 
     noisy = NoisyPolicy(Constant([0.5, 1.0, 0.3]), SPEC, scale=0.1, seed=0)
     loader = _loader({"current": SLOAwarePolicy(SPEC), "cand": noisy})
@@ -435,7 +435,7 @@ def _budget_canary(tmp_path: Path, effect: float, cap: float, seed: int = 0, fle
         rows = pd.DataFrame({"episode": 0, "t": t, "agent": list(agents), "site": "s", "policy": pol,
                              "propensity": np.nan, "kpi.x": x})  # fmt: skip
         canary.record(rows)
-    # the loss as `edgetwin.edge.canary_loop._realised_loss` measures it from the log
+    # the loss as `edgetwin.loop.rounds._realised_loss` measures it from the log
     log = read_spool(canary.dir)
     run, pre = log[log["t"] >= cfg.pre_ticks], log[log["t"] < cfg.pre_ticks]
     cand = set(run.loc[run["policy"] == "cand", "agent"])

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from edgetwin.contract.errors import InputError
-from edgetwin.edge.canary_loop import canary_loop, check_canary_log
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import generate_logs, make_policy
-from edgetwin.policies.canary_plan import PlanBudget
+from edgetwin.loop.plan import PlanBudget
+from edgetwin.loop.rounds import canary_loop, check_canary_log
 from edgetwin.policies.gate import Guard, resolve_policy
 from edgetwin.twin.twin import Twin
 from edgetwin.twin.whatif import fixed_policy
@@ -164,7 +164,7 @@ def test_promote_canary_bad_budget_exits_2(promote_setup, flags, capsys) -> None
 def test_the_twin_replays_the_canary_s_own_assignment(world) -> None:  # type: ignore[no-untyped-def]
     # the candidate arm's groups on the candidate, every other group on the baseline, rows in the
     # logged episode's agent order; the same world seed as the full-switch replays
-    from edgetwin.policies.ppi import CanaryAssignment, twin_group_series
+    from edgetwin.loop.ppi import CanaryAssignment, twin_group_series
 
     spec = world["spec"]
     edge, cloud = Constant(spec, [1.0, 0.3, 0.2]), Constant(spec, [0.0, 0.3, 0.2])
@@ -218,9 +218,9 @@ def test_the_rest_of_the_fleet_is_the_control_arm_when_its_rows_are_there(world)
     verdict given them measures the control arm on every group not on the candidate, so its control
     term has N - n_c groups and the interval is narrower than with the slice's control half alone."""
     from edgetwin.edge.canary import CanaryConfig
-    from edgetwin.edge.canary_emulated import canary_on_cluster
-    from edgetwin.edge.canary_loop import balanced, canary_verdict
-    from edgetwin.policies.canary_plan import plan_canary
+    from edgetwin.loop.fleet import canary_on_cluster
+    from edgetwin.loop.plan import plan_canary
+    from edgetwin.loop.rounds import balanced, canary_verdict
     from edgetwin.policies.gate import run_gate
 
     spec, twin, fleet = world["spec"], world["twin"], world["fleet"]

@@ -16,7 +16,6 @@ from test_canary import GUARDED, SPEC, Constant
 
 from edgetwin.edge.bus import NatsBus, NatsConfig
 from edgetwin.edge.canary import CanaryConfig, CanaryLogCollector, read_spool
-from edgetwin.edge.canary_emulated import _loader, _rows, _stub_dir
 from edgetwin.edge.canary_slice import CanarySlice
 from edgetwin.edge.registry import FileRegistry
 from edgetwin.edge.runtime import EdgeRuntime
@@ -24,6 +23,7 @@ from edgetwin.edge.signing import Signer, TrustStore
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, check_actions
 from edgetwin.emulator.logs import SLOAwarePolicy
 from edgetwin.emulator.population import SCENARIOS
+from edgetwin.loop.fleet import _loader, _rows, _stub_dir
 
 pytestmark = pytest.mark.nats
 

@@ -14,7 +14,7 @@ from edgetwin.contract.errors import InputError
 from edgetwin.edge.canary import CanaryConfig
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import generate_logs
-from edgetwin.policies.canary_plan import CanaryPlan, PlanBudget, parse_max_loss, parse_share, plan_canary
+from edgetwin.loop.plan import CanaryPlan, PlanBudget, parse_max_loss, parse_share, plan_canary
 from edgetwin.policies.gate import resolve_policy, run_gate
 from edgetwin.twin.twin import Twin
 from edgetwin.twin.whatif import fixed_policy

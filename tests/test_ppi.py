@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from edgetwin.contract.errors import InputError
+from edgetwin.loop.ppi import ppi_mean_difference, ppi_verdict
 from edgetwin.policies.gate import Guard
-from edgetwin.policies.ppi import ppi_mean_difference, ppi_verdict
 
 
 def _world(rng, n=200, true_effect=0.04, bias=0.06):
@@ -100,7 +100,7 @@ def _frames(f_full, f_base, f_canary, y, is_c):
 
 
 def test_with_interference_the_rectifier_against_the_twin_s_canary_gets_the_fleet_s_change_and_the_old_one_flips_it():
-    from edgetwin.policies.ppi import LOCAL, ppi_estimates
+    from edgetwin.loop.ppi import LOCAL, ppi_estimates
 
     reps, covered, old_wrong, new_right, hull_promotes = 200, 0, 0, 0, 0
     for r in range(reps):
@@ -135,7 +135,7 @@ def test_with_interference_the_rectifier_against_the_twin_s_canary_gets_the_flee
 
 
 def test_without_interference_the_twin_s_canary_changes_nothing():
-    from edgetwin.policies.ppi import LOCAL, ppi_estimates
+    from edgetwin.loop.ppi import LOCAL, ppi_estimates
 
     rng = np.random.default_rng(7)
     y_b, y_full, _, f_b, f_full, _ = _interference(rng, slice_effect=0.04, fleet_effect=0.04)
@@ -153,7 +153,7 @@ def test_without_interference_the_twin_s_canary_changes_nothing():
 
 def test_the_members_disagreement_on_the_interference_widens_the_interval_and_nothing_without_interference():
 
-    from edgetwin.policies.ppi import interference_var, ppi_estimates
+    from edgetwin.loop.ppi import interference_var, ppi_estimates
 
     rng = np.random.default_rng(3)
     y_b, _, y_slice, f_b, f_full, f_slice = _interference(rng)
@@ -185,7 +185,7 @@ def test_pooled_rounds_keep_both_ends_and_the_verdict_needs_both() -> None:
     transporting one, and `ppi_verdict` passes a KPI only when both ends pass it: a transporting
     estimate that says *ok* while the no-interference one straddles is an abstention, and the
     interval reported is the hull."""
-    from edgetwin.policies.ppi import LOCAL, combine_estimates, finish_estimate
+    from edgetwin.loop.ppi import LOCAL, combine_estimates, finish_estimate
 
     def est(diff: float, local_diff: float) -> dict[str, float]:
         e = finish_estimate(diff, 0.01**2, 1.0, 0.001**2)

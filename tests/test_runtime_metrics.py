@@ -102,10 +102,10 @@ def test_a_canary_reports_its_arms_side_by_side(tmp_path: Path) -> None:
     from test_canary import SPEC as CSPEC
 
     from edgetwin.edge.canary import CanaryConfig
-    from edgetwin.edge.canary_emulated import _rows
     from edgetwin.edge.canary_slice import CanarySlice
     from edgetwin.emulator.cluster import EdgeCluster, check_actions
     from edgetwin.emulator.population import SCENARIOS
+    from edgetwin.loop.fleet import _rows
 
     reg, trust, loader = _site(tmp_path)
     em = EdgeCluster(CLUSTER)

@@ -16,11 +16,11 @@ from edgetwin.contract.errors import InputError
 from edgetwin.contract.manifest import MANIFEST_FILE, verify_manifest
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge.canary import CanaryConfig
-from edgetwin.edge.canary_emulated import canary_on_cluster
 from edgetwin.edge.canary_slice import CanarySlice
 from edgetwin.edge.kpi_watch import KPIMargin
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs
+from edgetwin.loop.fleet import canary_on_cluster
 from edgetwin.twin.twin import Twin
 from edgetwin.twin.update import manifest_sha256
 

@@ -67,7 +67,7 @@ def canary_plan_cmd(
     import tempfile
 
     from edgetwin.cli.policy import _whatif_inputs
-    from edgetwin.policies.canary_plan import budget_from_flags, plan_canary
+    from edgetwin.loop.plan import budget_from_flags, plan_canary
     from edgetwin.policies.gate import parse_guards, resolve_guards, resolve_policy, run_gate
 
     budget = budget_from_flags(max_share, max_loss, hours)  # before anything long

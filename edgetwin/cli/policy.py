@@ -504,7 +504,7 @@ def promote_cmd(
         raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
     guards = parse_guards(max_regression or [])
     if canary:
-        from edgetwin.policies.canary_plan import budget_from_flags
+        from edgetwin.loop.plan import budget_from_flags
 
         budget = budget_from_flags(max_share, max_loss, canary_hours)  # exit 2 on a bad budget, before anything long
         if not Path(policy).is_dir():
@@ -558,13 +558,13 @@ def _promote_with_canary(
     budget: Any, rounds: int, current: str, n_agents: int | None, train_log: list[Path] | None, seed: int,
     out_dir: Path, as_json: bool,
 ) -> None:
-    """The gate abstained and --canary was given: `edgetwin.edge.canary_loop.canary_loop` on the
+    """The gate abstained and --canary was given: `edgetwin.loop.rounds.canary_loop` on the
     emulated cluster (today's fleet: a day generated from --seed, run by --canary-current), then
     publish + move the pointer on *promote*, exit 1 on *refuse*, exit 3 on *abstain*."""
     from edgetwin.contract.errors import GateAbstained
-    from edgetwin.edge.canary_loop import canary_loop, promote_after_canary
     from edgetwin.emulator.cluster import ClusterConfig
     from edgetwin.emulator.logs import generate_logs, make_policy
+    from edgetwin.loop.rounds import canary_loop, promote_after_canary
     from edgetwin.policies.gate import resolve_policy
     from edgetwin.twin.twin import load_log
 

@@ -3,7 +3,7 @@
 `EdgeRuntime.start_canary(CanaryConfig)` fetches the candidate version from the registry (verified
 like any version), and from then on `EdgeRuntime.decide_for` serves each row by its group's arm
 (`edgetwin.edge.canary_slice`): the candidate on the candidate arm, the current policy elsewhere.
-Whoever observes the outcomes (the emulated cluster's driver, `edgetwin.edge.canary_emulated`, or
+Whoever observes the outcomes (the emulated cluster's driver, `edgetwin.loop.fleet`, or
 a site's collector) hands each tick's rows back with `EdgeRuntime.canary_report`; those rows are
 the canary's log: ordinary rows of the log contract, with ``policy`` (the registry version that
 made the decision) and ``propensity`` (as docs/log-format.md defines it: the probability or
@@ -248,7 +248,7 @@ class CanaryResult:
             tick would have brought, its budget.
         fleet_log: the rest of the fleet's rows over the same ticks (every group outside the slice,
             on the current policy): the operator's ordinary logs of the canary's window, which the
-            verdict may use as a larger control arm (`edgetwin.edge.canary_loop.canary_verdict`);
+            verdict may use as a larger control arm (`edgetwin.loop.rounds.canary_verdict`);
             None where the caller has none (a runtime does not ship them: they are not the canary's).
     """
 
@@ -306,7 +306,7 @@ def fleet_loss(worsening: float, n_candidate: int, n_fleet: int, ticks_run: int,
     worsening (`arm_worsening`, 0 when it improved) times its share of the fleet's groups times the
     share of the planned hours it ran (a canary stopped early returned its slice to the current
     policy for the rest). A canary that runs its hours at the twin's worst case costs the plan's
-    ``fleet_loss`` (`edgetwin.policies.canary_plan.PlannedKPI`)."""
+    ``fleet_loss`` (`edgetwin.loop.plan.PlannedKPI`)."""
     if not math.isfinite(worsening) or n_fleet < 1 or planned_ticks < 1:
         return 0.0
     return max(0.0, worsening) * n_candidate / n_fleet * min(1.0, ticks_run / planned_ticks)

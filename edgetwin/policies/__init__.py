@@ -12,7 +12,8 @@ Import-light: a submodule pulls in torch / SB3 only when one of its names is fir
 * `edgetwin.policies.train`: `train_policy`; `edgetwin.policies.evaluate`: KPIs with CIs.
 * `edgetwin.policies.export`: `export_policy`, `load_policy` (data only: safetensors, JSON, npz),
   `register_policy_kind` (a heuristic class of your own, exportable and loadable in this process).
-* `edgetwin.policies.gate`: `promote`, the twin-gated promotion of a policy.
+* `edgetwin.policies.gate`: `promote`, the twin-gated promotion of a policy (the canary loop that
+  follows an abstention is `edgetwin.loop`).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class EpisodeOutcome:
     oos: float
     oos_t: np.ndarray
     #: KPI column -> ``(T, N)`` per-agent values of the episode (for per-group predictions, e.g.
-    #: prediction-powered inference, `edgetwin.policies.ppi`); ``source``: ``(N,)`` row of the
+    #: prediction-powered inference, `edgetwin.loop.ppi`); ``source``: ``(N,)`` row of the
     #: replayed logged episode each agent copies (None for a generated world)
     series: dict[str, np.ndarray] = field(default_factory=dict)
     source: np.ndarray | None = None

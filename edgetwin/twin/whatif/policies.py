@@ -106,7 +106,7 @@ class RoutedPolicy:
 def routed_policy(name: str, treated: PolicySpec, rest: PolicySpec, mask: np.ndarray) -> PolicySpec:
     """A `PolicySpec` whose episode puts rows ``mask`` (``(N,)`` bool, in the episode's agent
     order: a replayed log's ``LoggedEpisode.agents``) on ``treated`` and the rest on ``rest``:
-    a canary's actual assignment, as the twin replays it (`edgetwin.policies.ppi`).
+    a canary's actual assignment, as the twin replays it (`edgetwin.loop.ppi`).
 
     Each side is built by its own factory on its own rows' scenario ids; a side with no row is not
     built. Neither side may be ``logged`` (a replay of logged actions has no policy to route)."""

@@ -3,12 +3,12 @@
 When the gate abstains (`edgetwin.policies.gate`), some guarded KPIs' intervals straddle their
 margins or rest on states outside the logs' support. New evidence comes from serving the candidate
 to a slice of the fleet (`edgetwin.edge.canary`) and judging the fleet-wide change by
-prediction-powered inference (`edgetwin.policies.ppi`): the twin's per-group predictions over the
+prediction-powered inference (`edgetwin.loop.ppi`): the twin's per-group predictions over the
 fleet, rectified by the canary's measurements on the slice. This module decides the slice and its
 duration.
 
 **What a canary would tell.** The PPI interval's variance is
-``var_N(f_c − f_b)/N + var(y − f)/n_c + var(y − f)/n_b`` (`edgetwin.policies.ppi`). Before the
+``var_N(f_c − f_b)/N + var(y − f)/n_c + var(y − f)/n_b`` (`edgetwin.loop.ppi`). Before the
 canary, ``f`` comes from the twin (candidate and baseline replayed on the recent log's groups) and
 the residual spread ``var(y − f)`` is measured where it can be: the twin's per-group error for the
 *logged* actions on the recent log, averaged over the same ``h``-hour window the canary would run
@@ -27,7 +27,7 @@ groups and ``hours``.
 group-hours) whose expected interval decides every deciding KPI (lies wholly on one side of its
 margin); when none does, the largest option the budget allows (most groups, then longest: the most
 evidence for the risk the operator accepts), and the plan says it may not decide. The residual
-spread is taken after the same pre-tick covariate adjustment the verdict makes (`edgetwin.policies.ppi`).
+spread is taken after the same pre-tick covariate adjustment the verdict makes (`edgetwin.loop.ppi`).
 
 **Which groups.** Drawn uniformly at random (seeded) from the fleet: the PPI rectifier is unbiased
 for the fleet only when the slice is a random sample of it, so the plan does not pick the groups
@@ -280,8 +280,8 @@ def _residual_spread(
     """Per column and window length: the standard deviation over groups of the twin's per-group
     error for the logged actions on the log's last episode over the ticks a canary of that length
     would judge (after ``pre_ticks``), less each group's own pre-tick level (the covariate the
-    verdict uses, `edgetwin.policies.ppi`): what ``var(y − f)`` will be."""
-    from edgetwin.policies.ppi import twin_group_series
+    verdict uses, `edgetwin.loop.ppi`): what ``var(y − f)`` will be."""
+    from edgetwin.loop.ppi import twin_group_series
     from edgetwin.twin.whatif import builtin_policy
 
     logged = builtin_policy("logged", twin)
@@ -341,7 +341,7 @@ def plan_canary(
         InputError: a ``max_loss`` KPI that is not guarded, nothing to plan (no guarded KPI a
             canary can measure), a budget that allows fewer than 4 groups.
     """
-    from edgetwin.policies.ppi import twin_group_predictions
+    from edgetwin.loop.ppi import twin_group_predictions
 
     budget = budget or PlanBudget()
     kdefs = {k.name: k for k in decision.result.kpis}

@@ -15,7 +15,7 @@ the baseline). The fleet-wide change ``θ = E[Y_c] − E[Y_b]`` is estimated by
 and the baseline level ``μ_b`` by ``mean_N(f_b) + mean_{ctrl}(y − f^canary)``. The second and
 third terms (the *rectifier*) measure the twin's error on the experiment the canary ran, against
 the twin's prediction *of that experiment*; because the slice's groups are a random draw from the
-fleet (`edgetwin.policies.canary_plan` draws them so) and the arms are randomized, the rectifier is
+fleet (`edgetwin.loop.plan` draws them so) and the arms are randomized, the rectifier is
 unbiased for the twin's error on the canary's configuration, whatever the twin's bias there.
 
 **What it assumes.** That the twin's error *transports* from the canary's configuration to the
@@ -48,7 +48,7 @@ benchmark (docs/benchmarks/closed_loop, quick, production-like logs): each estim
 confidently wrong on 3 pairs (the no-interference one *promoting* edge-congesting candidates, the
 transporting one refusing an edge-heavy constant the twin thought would congest); the hull decided
 15 of 36 and got 14 right (the one miss a false refusal both ends make), and with the rest of the
-fleet as the control arm (`edgetwin.edge.canary_loop.canary_verdict`'s ``fleet_rows``) 13, all right.
+fleet as the control arm (`edgetwin.loop.rounds.canary_verdict`'s ``fleet_rows``) 13, all right.
 
 Its 90 % interval is the CLT interval of the three independent-sample terms
 (``var(f_c − f_b)/N + var_cand(y − f^canary)/n_c + var_ctrl(y − f^canary)/n_b``), plus the members'

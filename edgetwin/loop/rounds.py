@@ -1,16 +1,16 @@
 """The loop: gate → canary plan → canary at the edge → `Twin.update` → prediction-powered verdict.
 
 When the gate abstains (the twin cannot tell), `canary_loop` asks the system: each round plans a
-canary from the gate's reasons (`edgetwin.policies.canary_plan`), serves the candidate to that
-slice through an edge runtime (`edgetwin.edge.canary_emulated.canary_on_cluster`: the emulated
+canary from the gate's reasons (`edgetwin.loop.plan`), serves the candidate to that
+slice through an edge runtime (`edgetwin.loop.fleet.canary_on_cluster`: the emulated
 cluster stands for the real system), re-decides with the twin's fleet-wide predictions rectified by
-the canary's measurements (`edgetwin.policies.ppi`), and updates the twin with the canary's rows
+the canary's measurements (`edgetwin.loop.ppi`), and updates the twin with the canary's rows
 (`Twin.update`) for the next round — until a verdict or the budget (rounds; each round within the
 plan's share × hours × loss budget) is spent.
 
 **Validity across rounds.** A round's rectifier is computed with the twin *before* that round's
 canary (the twin never saw those rows), and rounds are pooled by inverse-variance weights
-(`edgetwin.policies.ppi.combine_estimates`), so the updated twin narrows later rounds without
+(`edgetwin.loop.ppi.combine_estimates`), so the updated twin narrows later rounds without
 biasing any. A canary the guard stopped (a guarded KPI's regression beyond its margin is certain,
 always-valid) refuses at once.
 
@@ -145,7 +145,7 @@ def canary_verdict(
     members: Sequence[int] | None = None,
     fleet_rows: pd.DataFrame | None = None,
 ) -> dict[str, dict[str, float]]:
-    """One round's PPI estimates per guarded KPI column (`edgetwin.policies.ppi.ppi_estimates`).
+    """One round's PPI estimates per guarded KPI column (`edgetwin.loop.ppi.ppi_estimates`).
 
     ``fleet_rows``: the rest of the fleet's rows over the canary's ticks (`CanaryResult.fleet_log`:
     every group outside the slice, on the current policy). With them the control arm is every group
@@ -163,8 +163,8 @@ def canary_verdict(
     candidate whose effect depends on how many groups run it, e.g. by congesting shared edge
     sites, is measured on the slice in the canary's configuration, not the fleet's). The twin's members
     are replayed one by one: the spread of their predicted interference, which no canary
-    measures, widens the intervals (`edgetwin.policies.ppi.interference_var`)."""
-    from edgetwin.policies.ppi import (
+    measures, widens the intervals (`edgetwin.loop.ppi.interference_var`)."""
+    from edgetwin.loop.ppi import (
         CanaryAssignment,
         measured_group_means,
         ppi_estimates,
@@ -179,7 +179,7 @@ def canary_verdict(
     treated = frozenset(str(a) for a in measured.index[(measured["arm"] == "candidate").to_numpy()])
     pols = {"candidate": candidate, "baseline": baseline, "canary": CanaryAssignment(candidate, baseline, treated)}
     # one replay per member (each on its own world seed, as `twin_group_series` draws them), so that
-    # their spread over the interference can widen the intervals (`edgetwin.policies.ppi.interference_var`)
+    # their spread over the interference can widen the intervals (`edgetwin.loop.ppi.interference_var`)
     per_member = [
         twin_group_predictions(twin, pols, fleet_log, cols, episodes=1, seed=seed, window=(pre_ticks, pre_ticks + ticks),
                                members=[m])
@@ -244,10 +244,10 @@ def canary_loop(
     ``edgetwin promote --canary`` reports it.
     """
     from edgetwin.edge.canary import CanaryConfig
-    from edgetwin.edge.canary_emulated import canary_on_cluster
-    from edgetwin.policies.canary_plan import plan_canary
+    from edgetwin.loop.fleet import canary_on_cluster
+    from edgetwin.loop.plan import plan_canary
+    from edgetwin.loop.ppi import combine_estimates, ppi_verdict
     from edgetwin.policies.gate import run_gate
-    from edgetwin.policies.ppi import combine_estimates, ppi_verdict
 
     if decision is None:
         decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
