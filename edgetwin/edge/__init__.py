@@ -12,7 +12,8 @@
   back by itself when its KPI watch sees a regression.
 
 The federation (`edgetwin.federation`) talks over this bus; the emulated system that plays the real
-edge in tests and the demo is `edgetwin.emulator`.
+edge in tests and the demo is driven through this package by `edgetwin.loop.fleet`; it is never
+imported here.
 """
 
 from __future__ import annotations
