@@ -14,7 +14,8 @@ from edgetwin.contract.errors import InputError
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import generate_logs, make_policy
 from edgetwin.loop.plan import PlanBudget
-from edgetwin.loop.rounds import canary_loop, check_canary_log
+from edgetwin.loop.rounds import canary_loop
+from edgetwin.loop.verdict import check_canary_log
 from edgetwin.policies.gate import Guard, resolve_policy
 from edgetwin.twin.twin import Twin
 from edgetwin.twin.whatif import fixed_policy
@@ -220,7 +221,8 @@ def test_the_rest_of_the_fleet_is_the_control_arm_when_its_rows_are_there(world)
     from edgetwin.edge.canary import CanaryConfig
     from edgetwin.loop.fleet import canary_on_cluster
     from edgetwin.loop.plan import plan_canary
-    from edgetwin.loop.rounds import balanced, canary_verdict
+    from edgetwin.loop.rounds import balanced
+    from edgetwin.loop.verdict import canary_verdict
     from edgetwin.policies.gate import run_gate
 
     spec, twin, fleet = world["spec"], world["twin"], world["fleet"]

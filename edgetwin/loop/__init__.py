@@ -13,6 +13,7 @@ as a fleet through the same wire an operator's system uses (`edgetwin.loop.fleet
   operator's share × hours × loss budget; the interval the plan expects).
 * `edgetwin.loop.ppi`: prediction-powered estimates of the fleet-wide effect of switching and the
   verdict on them (`ppi_estimates`, `ppi_verdict`, `combine_estimates`).
+* `edgetwin.loop.verdict`: `canary_verdict`, one round's estimates per guarded KPI; `check_canary_log`.
 * `edgetwin.loop.rounds`: `canary_loop`, rounds of plan → canary → `Twin.update` → verdict until a
   verdict or the budget is spent; `promote_after_canary`.
 * `edgetwin.loop.fleet`: the emulated cluster as "the real system", driven through an edge
