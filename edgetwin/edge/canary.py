@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ __all__ = [
     "CanaryConfig",
     "CanaryLogCollector",
     "CanaryResult",
+    "read_segment",
     "RoutedDecision",
     "arm_worsening",
     "canary_log_subject",
@@ -592,29 +594,93 @@ def segment_envelope(site: str, run_id: str, seg: Path, sender: str) -> Envelope
     )  # fmt: skip
 
 
+def read_segment(data: bytes, *, max_rows: int, max_bytes: int) -> pd.DataFrame:
+    """A canary-log segment's rows, after its Parquet footer's declared row count and uncompressed
+    size were checked against the bounds (`InputError` naming which; nothing is decoded first)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        meta = pf.metadata
+        rows = int(meta.num_rows)
+        size = sum(int(meta.row_group(i).total_byte_size) for i in range(meta.num_row_groups))
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise InputError(f"not a Parquet segment ({type(e).__name__}: {str(e)[:120]})", "canary log") from None
+    if rows > max_rows or size > max_bytes:
+        raise InputError(f"the segment declares {rows:,} rows / {size:,} uncompressed bytes, above the bounds "
+                         f"{max_rows:,} / {max_bytes:,}", "canary log")  # fmt: skip
+    try:
+        return pf.read().to_pandas()
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise InputError(f"not a Parquet segment ({type(e).__name__}: {str(e)[:120]})", "canary log") from None
+
+
 # ------------------------------------------------------------------------------------- the cloud side
 class CanaryLogCollector:
     """Collects canary logs shipped by runtimes (call `handle` from a bus subscription).
 
     Each (site, canary run, seq) is kept once, however often it is delivered; `log` assembles a
     canary run's rows in order (``run_id``: `CanaryResult.run_id`).
+
+    **Attributed by who sent it, never by what it says.** A segment belongs to the site whose
+    canary-log subject it arrived on (``edgetwin.canary.log.<site>``; per-site NATS credentials
+    make that a channel only that site may publish on), and to the sender that signed it (on an
+    authenticated bus `edgetwin.edge.message_auth` verifies ``envelope.sender`` before a handler sees
+    it). A payload naming another site than its subject, a sender other than ``senders[site]``
+    (when the operator names each site's runtime), or a second sender for a run whose segments came
+    from another, is refused and counted (``refused``), so a forgery never takes a real segment's
+    place nor turns it into a "duplicate".
+
+    **Decoded within bounds.** A segment is one tick of one slice: its Parquet footer's declared
+    row count and uncompressed size are checked against ``max_rows`` and ``max_bytes`` before a
+    single page is decoded (516 KB on the wire can otherwise decode to 800 MB).
     """
 
-    def __init__(self) -> None:
+    #: the largest declared row count / uncompressed size of one segment (one tick of a slice)
+    MAX_ROWS = 1_000_000
+    MAX_BYTES = 256 * 2**20
+
+    def __init__(self, senders: Mapping[str, str] | None = None, *, max_rows: int = MAX_ROWS,
+                 max_bytes: int = MAX_BYTES) -> None:  # fmt: skip
         self.segments: dict[tuple[str, str], dict[int, pd.DataFrame]] = {}
+        self.senders = dict(senders or {})
+        self.max_rows, self.max_bytes = int(max_rows), int(max_bytes)
         self.duplicates = 0
+        #: reason -> how many segments were refused for it
+        self.refused: dict[str, int] = {}
+        self._run_sender: dict[tuple[str, str], str] = {}
+
+    def _refuse(self, reason: str, detail: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        log.warning("canary log segment refused (%s): %s", reason, detail)
 
     async def handle(self, rcv: Received) -> None:
         env = rcv.envelope
         if env.kind != "canary_log":
             return
-        key = (str(env.payload["site"]), str(env.payload["canary"]))
+        prefix = f"{Subjects.PREFIX}.canary.log."
+        if not rcv.subject.startswith(prefix) or "." in rcv.subject[len(prefix):]:
+            return self._refuse("subject", f"{rcv.subject!r} is not a site's canary-log subject")
+        site, named = rcv.subject[len(prefix):], str(env.payload["site"])
+        if named != site:
+            return self._refuse("forged", f"arrived on {site!r}'s subject from {env.sender!r} but names site {named!r}")
+        if site in self.senders and env.sender != self.senders[site]:
+            return self._refuse("sender", f"{site!r}'s segment signed by {env.sender!r}, not {self.senders[site]!r}")
+        key = (site, str(env.payload["canary"]))
+        first = self._run_sender.setdefault(key, env.sender)
+        if env.sender != first:
+            return self._refuse("sender", f"run {key[1]!r} of {site!r} came from {first!r}, this segment from {env.sender!r}")
         seq = int(env.payload["seq"])
         got = self.segments.setdefault(key, {})
         if seq in got:
             self.duplicates += 1
             return
-        got[seq] = pd.read_parquet(io.BytesIO(np.asarray(env.tensors["parquet"], dtype=np.uint8).tobytes()))
+        try:
+            got[seq] = read_segment(np.asarray(env.tensors["parquet"], dtype=np.uint8).tobytes(),
+                                    max_rows=self.max_rows, max_bytes=self.max_bytes)  # fmt: skip
+        except InputError as e:
+            self._refuse("oversized" if "declares" in str(e) else "malformed", f"{site!r} seq {seq}: {e}")
 
     async def subscribe(self, bus: Any, durable_name: str = "canary-collector") -> Any:
         """A durable subscription on every site's canary log."""
