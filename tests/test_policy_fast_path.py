@@ -82,7 +82,7 @@ def test_the_same_observations_give_the_same_bits_whatever_their_memory_layout(t
         seen.append(bool(x.flags.c_contiguous))
         return actor(x)
 
-    policy._actor = recording
+    policy._actor = recording  # type: ignore[assignment]
     for layout in (np.asfortranarray(obs), reindexed, np.repeat(obs, 2, axis=0)[::2]):
         policy.act(layout)
     assert seen == [True, True, True]
