@@ -217,7 +217,7 @@ def _whatif_task(
 
 @dataclass(frozen=True)
 class DemoSizes:
-    """How much work each learned stage does: about 40 s on a quiet 2-core machine by default (`QUIET_SECONDS`)."""
+    """How much work each learned stage does: about 56 s on a quiet 2-core machine by default (`QUIET_SECONDS`)."""
 
     twin_members: int = 2
     mail_rounds: int = 3
@@ -276,15 +276,15 @@ def _record(res: DemoResult, phase: str, start: tuple[float, float]) -> None:
 WHATIF_SCENARIOS = "emulated_cluster.toml"
 #: the default demo's phases in seconds on a quiet 2-core machine, from their CPU seconds (user +
 #: system, `demo-summary.json`'s ``cpu_seconds``; a single-threaded phase takes its CPU seconds of wall
-#: time on an idle core). Measured 2026-11-27 at c269b90 (the twin tick's speed pass merged) with
-#: ``/usr/bin/time -v python3 -m edgetwin.cli demo`` on a machine shared at load 7.4 (no quiet machine
-#: to be had; 73.5 s wall there): 49.0 CPU s in all, of which start-up (imports) 4.8, log + validation
-#: 0.6, twin 14.9, training 2.7, what-if 15.9 in the second process (plus its start-up 2.7, hidden
-#: under the twin fit), scoring + gate + canary round + serving 7.4. Critical path: 4.8 + 0.6 + 14.9 +
-#: 2.7 + max(15.9, 7.4) = 39 s. Remeasure when the sizes or a phase change. (Before issue 38's pass:
-#: 71.7 CPU s in one process, 62 s wall quiet.)
-QUIET_SECONDS = {"start-up": 5, "log": 1, "twin": 15, "training": 3, "what-if": 16,
-                 "promotion (scoring, gate, canary, serving)": 8}  # fmt: skip
+#: time on an idle core). Measured 2026-11-28 on main (after the loop's small-sample intervals) with
+#: ``/usr/bin/time python3 -m edgetwin.cli demo`` on a quiet 2-core machine (load < 1; 57.2 s wall, 52.4 s
+#: the same day before that change): start-up (imports) ~5, log + validation 0.6, twin 21.4, training +
+#: scoring on the cluster 4.7, what-if 23.9 in the second process (its start-up 3.5 hidden under the twin
+#: fit), gate + canary round + serving 10.9. Critical path: 5 + 0.6 + 21.4 + 4.7 + max(23.9, 10.9) = 56 s.
+#: Remeasure when the sizes or a phase change. (2026-11-27, on a machine shared at load 7.4, the same
+#: phases took 49.0 CPU s in all; before issue 38's pass: 71.7 CPU s in one process, 62 s wall quiet.)
+QUIET_SECONDS = {"start-up": 5, "log": 1, "twin": 21, "training": 5, "what-if": 24,
+                 "promotion (scoring, gate, canary, serving)": 11}  # fmt: skip
 #: the two phases that run side by side when the demo has a second core (`_SpareCore`)
 SIDE_BY_SIDE = ("what-if", "promotion (scoring, gate, canary, serving)")
 

