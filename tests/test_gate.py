@@ -108,7 +108,7 @@ def test_gate_decides_direction_aware(world: dict[str, Any]) -> None:
     # a huge margin lets anything through
     assert run_gate(twin, bad, good, log=recent, guards=[Guard("return", 50.0)], max_out_of_support=1.0, **GATE).passed
     with pytest.raises(InputError, match="has no direction"):
-        run_gate(twin, bad, good, log=recent, guards=[Guard("kpi.energy_j", 0.1)], **GATE)
+        run_gate(twin, bad, good, log=recent, guards=[Guard("kpi.utilisation", 0.1)], **GATE)
 
 
 def _constant(edge: float, cap: float, price: float) -> FunctionPolicy:

@@ -324,9 +324,10 @@ def _margin(m: Any, spec: Any) -> KPIMargin:
     if not isinstance(kpi, str):
         raise InputError(f"a canary plan's margin must name a KPI, got {m!r}", where="canary plan")
     hib = getattr(m, "higher_is_better", None)
-    if hib is None:
+    if hib is None:  # the spec's declared direction of the column, else its reward weight's sign
+        declared = next((f.better for f in getattr(spec, "features", ()) if f.name == kpi), None)
         weights = getattr(spec, "reward_weights", None) or {}
-        hib = float(weights.get(kpi, 0.0)) > 0
+        hib = declared == "higher" if declared is not None else float(weights.get(kpi, 0.0)) > 0
     return KPIMargin(kpi, higher_is_better=bool(hib), max_regression=float(m.max_regression),
                      min_delta=float(getattr(m, "min_delta", 0.0)))  # fmt: skip
 

@@ -334,7 +334,7 @@ def resolve_guards(
     kpis: Sequence[KpiDef], guards: Sequence[Guard] | None, default_margin: float = DEFAULT_MARGIN
 ) -> list[tuple[Guard, KpiDef]]:
     """The guarded KPIs: the given ones (each must have a direction), else every KPI with a
-    direction at ``default_margin``."""
+    direction at its declared margin (the spec's ``margin``), or ``default_margin``."""
     by_name = {k.name: k for k in kpis}
     if guards:
         out = []
@@ -351,7 +351,7 @@ def resolve_guards(
                 )
             out.append((g, k))
         return out
-    out = [(Guard(k.name, default_margin), k) for k in kpis if k.better is not None]
+    out = [(Guard(k.name, default_margin if k.margin is None else k.margin), k) for k in kpis if k.better is not None]
     if not out:
         raise InputError(
             f"nothing to guard: none of the KPIs {sorted(by_name)} has a direction; give --max-regression KPI=FRACTION "
