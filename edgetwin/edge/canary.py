@@ -15,7 +15,7 @@ its arm for the whole canary, so the rows of the two arms are a randomized trial
 
 **Durability.** Every reported tick is written to a spool segment (Parquet, in the runtime's cache
 directory) *before* `canary_report` returns, and only then shipped: over a bus as a durable
-``canary_log`` message (JetStream on NATS; de-duplicated by its id ``<canary>-<seq>`` when a
+``canary_log`` message (JetStream on NATS; de-duplicated by its id ``<run>-<seq>-<digest>`` when a
 retry re-sends it), a segment marked shipped once the bus acknowledged it. If the link fails, the
 canary stops at once (``link``: nobody can watch it) and the slice returns to the current policy;
 the unshipped segments are re-sent when the bus works again, or by the next runtime started on the
@@ -613,10 +613,14 @@ def segment_envelope(site: str, run_id: str, seg: Path, sender: str) -> Envelope
     """The ``canary_log`` message of one spooled segment of canary run ``run_id`` (its id makes a
     re-send a duplicate)."""
     seq = int(seg.stem.split("-")[1])
-    data = np.frombuffer(seg.read_bytes(), dtype=np.uint8)
+    raw = seg.read_bytes()
+    data = np.frombuffer(raw, dtype=np.uint8)
+    # <run>-<seq>, then the segment's digest: a re-send of the same spooled bytes is a duplicate
+    # JetStream stores once, while a forgery published first under the same run and seq (other
+    # bytes) gets another id and cannot make JetStream drop the real segment
     return Envelope(
         kind="canary_log", sender=sender, payload={"site": site, "canary": run_id, "seq": seq},
-        tensors={"parquet": data}, msg_id=f"{run_id}-{seq}",
+        tensors={"parquet": data}, msg_id=f"{run_id}-{seq}-{hashlib.sha256(raw).hexdigest()[:16]}",
     )  # fmt: skip
 
 
@@ -635,7 +639,7 @@ class CanaryLogCollector:
     delivered; `log` assembles a canary run's rows in order (``run_id``: `CanaryResult.run_id`).
     """
 
-    def __init__(self, keyring: Any = None, max_rows: int = 1_000_000, max_bytes: int = 512 * 1024 * 1024) -> None:
+    def __init__(self, keyring: Any = None, max_rows: int = 1_000_000, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.segments: dict[tuple[str, str], dict[int, pd.DataFrame]] = {}
         self.duplicates = 0
         self.refused: dict[str, int] = {}
