@@ -58,12 +58,28 @@ def declared_size(data: bytes, where: str) -> tuple[int, int]:
     return int(meta.num_rows), int(size)
 
 
+def _dictionary_expansion(table: pa.Table) -> int:
+    """The bytes the table's dictionary columns take once every row holds its own string (their
+    values' lengths summed over the rows' indices: int32 work per row, no string copied)."""
+    import pyarrow.compute as pc
+
+    total = 0
+    for col in table.columns:
+        if not pa.types.is_dictionary(col.type):
+            continue
+        for chunk in col.chunks:
+            lens = pc.binary_length(chunk.dictionary)
+            total += int(pc.sum(pc.take(lens, chunk.indices)).as_py() or 0)
+    return total
+
+
 def read_parquet_bounded(data: bytes, max_rows: int, max_bytes: int, where: str) -> pd.DataFrame:
     """The DataFrame of Parquet ``data`` when its footer declares at most ``max_rows`` rows and
     ``max_bytes`` decoded bytes (`declared_size`); else `InputError` (one line naming ``where`` and
-    the numbers). String columns are read as dictionaries (a dictionary page of one long string
-    repeated on every row would otherwise be copied into every row) and handed back as object
-    columns whose rows share the dictionary's strings."""
+    the numbers). String columns are read as dictionaries first (a dictionary page of one long
+    string repeated on every row would otherwise be copied into every row before any check), their
+    expanded size checked against ``max_bytes`` too, and then handed back with the dtype
+    ``pandas.read_parquet`` gives strings."""
     rows, size = declared_size(data, where)
     if rows > max_rows or size > max_bytes:
         raise InputError(f"Parquet declares {rows} rows / {size} decoded bytes, above the bound "
@@ -72,11 +88,15 @@ def read_parquet_bounded(data: bytes, max_rows: int, max_bytes: int, where: str)
         f = pq.ParquetFile(io.BytesIO(data))
         strings = [f.schema.column(j).path for j in range(len(f.schema)) if f.schema.column(j).physical_type == "BYTE_ARRAY"]
         table = pq.read_table(io.BytesIO(data), read_dictionary=strings or None)
+        expanded = size + _dictionary_expansion(table)
+        if expanded > max_bytes:
+            raise InputError(f"Parquet strings expand to {expanded} bytes, above the bound {max_bytes} bytes "
+                             "(refused before expanding)", where=where)  # fmt: skip
         df = table.to_pandas()
     except (pa.ArrowException, OSError, ValueError) as e:
         raise InputError(f"unreadable Parquet ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__})",
                          where=where) from None  # fmt: skip
     for c in df.columns:
         if isinstance(df[c].dtype, pd.CategoricalDtype):
-            df[c] = df[c].astype(object)
+            df[c] = df[c].astype(df[c].cat.categories.dtype)
     return df
