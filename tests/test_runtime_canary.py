@@ -13,7 +13,13 @@ from test_runtime import OBS_DIM, SPEC, ConstantPolicy, publish
 
 from edgetwin.edge.bus import InMemoryBus, MemoryBroker
 from edgetwin.edge.canary import read_spool
-from edgetwin.edge.canary_command import CanaryStart, command_subject, outcome_envelope, outcome_subject, sign_start
+from edgetwin.edge.canary_command import (
+    CanaryStart,
+    command_subject,
+    outcome_envelope,
+    outcome_subject,
+    sign_start,
+)
 from edgetwin.edge.canary_slice import CanarySlice
 from edgetwin.edge.kpi_watch import KPIMargin
 from edgetwin.edge.registry import FileRegistry
