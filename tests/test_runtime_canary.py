@@ -94,3 +94,35 @@ def test_a_runtime_that_died_mid_run_is_resumed_without_losing_or_doubling_a_tic
                 assert set(log.loc[log["t"] >= 1, "policy"]) == {"v1", "v2"}
 
     asyncio.run(second())
+
+
+def test_replayed_finished_runs_stops_of_unknown_runs_and_a_wrong_current_are_refused(tmp_path: Path) -> None:
+    from edgetwin.edge.canary_command import CanaryStop, sign_stop
+
+    op_key = Signer.generate()
+    reg = FileRegistry(tmp_path / "registry")
+    publish(reg, tmp_path, ConstantPolicy(SPEC, [0.0, 0.05, 1.0]), "v1", op_key)
+    publish(reg, tmp_path, ConstantPolicy(SPEC, [1.0, 0.05, 0.0]), "v2", op_key)
+    reg.set_current(f"site/{SITE}", "v1", expected=None)
+
+    def start(run: str, **kw: Any) -> Any:
+        args: dict[str, Any] = dict(run=run, candidate="v2", sha256=reg.manifest("v2").sha256, current="v1",
+                                    slice=CanarySlice(sites=(SITE,)), hours=1.0, margins=(KPIMargin("kpi.slo_violation"),))
+        return sign_start(CanaryStart(**{**args, **kw}), op_key)
+
+    async def main() -> None:
+        broker = MemoryBroker()
+        async with InMemoryBus(broker, name="rt") as bus, InMemoryBus(broker, name="op") as op:
+            rt = EdgeRuntime(SITE, reg, TrustStore([op_key.public_key]), bus=bus, kpi_guard=None, poll_interval=60,
+                             cache_dir=tmp_path / "cache")  # fmt: skip
+            async with rt:
+                for env in (start("a"), sign_stop(CanaryStop("a"), op_key), start("a"),  # a replay of a finished run
+                            sign_stop(CanaryStop("zzz"), op_key), start("b", current="v0"),
+                            start("c", sites=("elsewhere",))):  # not addressed to this site: ignored
+                    await op.publish_durable(command_subject(), env)
+                await _until(lambda: sum(rt.stats.canary_refused.values()) == 3)
+                assert dict(rt.stats.canary_refused) == {"finished": 1, "unknown_run": 1, "not_current": 1}
+                assert rt.stats.canary_accepted == 1 and rt.canary is not None and rt.canary.run_id == "a"
+                assert rt.canary.stop_reason == "operator" and rt.version == "v1"
+
+    asyncio.run(main())

@@ -20,7 +20,8 @@ retry re-sends it), a segment marked shipped once the bus acknowledged it. If th
 canary stops at once (``link``: nobody can watch it) and the slice returns to the current policy;
 the unshipped segments are re-sent when the bus works again, or by the next runtime started on the
 same cache directory (``runtime``: a runtime that died mid-canary restarts on the current policy;
-the canary is never resumed). So a canary killed mid-way loses no row it reported.
+a canary started from Python is never resumed; one started by a signed command is, see below). So a canary killed
+mid-way loses no row it reported.
 
 The cloud side reads the log with `CanaryLogCollector` (a durable subscription on
 ``edgetwin.canary.log.>``), which keeps each segment once, attributed to the site of its
