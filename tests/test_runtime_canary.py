@@ -30,6 +30,15 @@ SITE = "s1"
 GROUPS = [f"g{i}" for i in range(8)]
 
 
+def registry_v1_v2(tmp: Path, signer: Signer) -> FileRegistry:
+    """A registry with two constant policies, v1 current at site s1 and v2 the candidate."""
+    reg = FileRegistry(tmp / "registry")
+    publish(reg, tmp, ConstantPolicy(SPEC, [0.0, 0.05, 1.0]), "v1", signer)
+    publish(reg, tmp, ConstantPolicy(SPEC, [1.0, 0.05, 0.0]), "v2", signer)
+    reg.set_current(f"site/{SITE}", "v1", expected=None)
+    return reg
+
+
 async def _until(cond: Any, timeout: float = 20.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not cond():
@@ -39,10 +48,7 @@ async def _until(cond: Any, timeout: float = 20.0) -> None:
 
 def test_a_runtime_that_died_mid_run_is_resumed_without_losing_or_doubling_a_tick(tmp_path: Path) -> None:
     op_key = Signer.generate()
-    reg = FileRegistry(tmp_path / "registry")
-    publish(reg, tmp_path, ConstantPolicy(SPEC, [0.0, 0.05, 1.0]), "v1", op_key)
-    publish(reg, tmp_path, ConstantPolicy(SPEC, [1.0, 0.05, 0.0]), "v2", op_key)
-    reg.set_current(f"site/{SITE}", "v1", expected=None)
+    reg = registry_v1_v2(tmp_path, op_key)
     cmd = CanaryStart(run="run7", candidate="v2", sha256=reg.manifest("v2").sha256, current="v1",
                       slice=CanarySlice(sites=(SITE,), seed=1), hours=2.0,
                       margins=(KPIMargin("kpi.slo_violation", max_regression=0.5),), pre_ticks=1)  # fmt: skip
@@ -100,10 +106,7 @@ def test_replayed_finished_runs_stops_of_unknown_runs_and_a_wrong_current_are_re
     from edgetwin.edge.canary_command import CanaryStop, sign_stop
 
     op_key = Signer.generate()
-    reg = FileRegistry(tmp_path / "registry")
-    publish(reg, tmp_path, ConstantPolicy(SPEC, [0.0, 0.05, 1.0]), "v1", op_key)
-    publish(reg, tmp_path, ConstantPolicy(SPEC, [1.0, 0.05, 0.0]), "v2", op_key)
-    reg.set_current(f"site/{SITE}", "v1", expected=None)
+    reg = registry_v1_v2(tmp_path, op_key)
 
     def start(run: str, **kw: Any) -> Any:
         args: dict[str, Any] = dict(run=run, candidate="v2", sha256=reg.manifest("v2").sha256, current="v1",

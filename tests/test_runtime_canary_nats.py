@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import torch
-from test_runtime import OBS_DIM, SPEC, ConstantPolicy, publish
+from test_runtime import OBS_DIM, SPEC
+from test_runtime_canary import registry_v1_v2
+from test_runtime_nats import wait_for
 
 from edgetwin.edge.bus import NatsBus, NatsConfig
 from edgetwin.edge.canary import CanaryLogCollector, read_spool
@@ -56,23 +57,6 @@ def nats_bus(url: str, name: str, auth: MessageAuth | None = None) -> NatsBus:
     return bus
 
 
-async def wait_for(cond: Any, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        await asyncio.sleep(0.02)
-    return bool(cond())
-
-
-def _registry(tmp: Path, signer: Signer) -> FileRegistry:
-    reg = FileRegistry(tmp / "registry")
-    publish(reg, tmp, ConstantPolicy(SPEC, [0.0, 0.05, 1.0]), "v1", signer)
-    publish(reg, tmp, ConstantPolicy(SPEC, [1.0, 0.05, 0.0]), "v2", signer)
-    reg.set_current(f"site/{SITE}", "v1", expected=None)
-    return reg
-
-
 def _start(reg: FileRegistry, run: str, **kw: Any) -> CanaryStart:
     args: dict[str, Any] = dict(
         run=run, candidate="v2", sha256=reg.manifest("v2").sha256, current="v1",
@@ -85,7 +69,7 @@ def _start(reg: FileRegistry, run: str, **kw: Any) -> CanaryStart:
 
 def test_serve_accepts_only_signed_starts_of_versions_it_holds(nats_server, tmp_path: Path) -> None:
     operator, stranger = Signer.generate(), Signer.generate()
-    reg = _registry(tmp_path, operator)
+    reg = registry_v1_v2(tmp_path, operator)
     trust = TrustStore([operator.public_key])
     unsigned = sign_start(_start(reg, "r-unsigned"), operator)
     del unsigned.payload["sig"]
@@ -154,7 +138,7 @@ def _arrow_reply(data: bytes) -> tuple[list[str], list[str]]:
 
 def test_arms_on_every_wire_outcomes_joined_and_the_guard_stops_the_slice(nats_server, tmp_path: Path) -> None:
     operator, system, intruder = Signer.generate(), Signer.generate(), Signer.generate()
-    reg = _registry(tmp_path, operator)
+    reg = registry_v1_v2(tmp_path, operator)
     rng = np.random.default_rng(0)
     base = dict(zip(GROUPS, rng.uniform(0.1, 0.3, len(GROUPS)), strict=True))
     obs = rng.uniform(0.0, 1.0, (len(GROUPS), OBS_DIM))
