@@ -15,15 +15,19 @@ its arm for the whole canary, so the rows of the two arms are a randomized trial
 
 **Durability.** Every reported tick is written to a spool segment (Parquet, in the runtime's cache
 directory) *before* `canary_report` returns, and only then shipped: over a bus as a durable
-``canary_log`` message (JetStream on NATS; de-duplicated by its id ``<canary>-<seq>`` when a
+``canary_log`` message (JetStream on NATS; de-duplicated by its id ``<run>-<seq>-<digest>`` when a
 retry re-sends it), a segment marked shipped once the bus acknowledged it. If the link fails, the
 canary stops at once (``link``: nobody can watch it) and the slice returns to the current policy;
 the unshipped segments are re-sent when the bus works again, or by the next runtime started on the
 same cache directory (``runtime``: a runtime that died mid-canary restarts on the current policy;
-the canary is never resumed). So a canary killed mid-way loses no row it reported.
+a canary started from Python is never resumed; one started by a signed command is, see below). So a canary killed
+mid-way loses no row it reported.
 
 The cloud side reads the log with `CanaryLogCollector` (a durable subscription on
-``edgetwin.canary.log.>``), which keeps each segment once.
+``edgetwin.canary.log.>``), which keeps each segment once, attributed to the site of its
+authenticated sender. A canary started by a signed command (`edgetwin.edge.canary_command`)
+carries the command's run id and, when its runtime dies mid-run, is resumed from its spool by the
+next runtime started on the same cache directory.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,7 @@ from edgetwin.edge.canary_guard import CanaryGuard, GuardStop
 from edgetwin.edge.canary_slice import CanarySlice, SliceRouter
 from edgetwin.edge.kpi_watch import KPIMargin
 from edgetwin.edge.messages import Envelope, KindSchema, register_kind
+from edgetwin.edge.parquet_bounds import read_parquet_bounded
 
 __all__ = [
     "STOP_REASONS",
@@ -56,7 +60,6 @@ __all__ = [
     "CanaryConfig",
     "CanaryLogCollector",
     "CanaryResult",
-    "read_segment",
     "RoutedDecision",
     "arm_worsening",
     "canary_log_subject",
@@ -351,9 +354,13 @@ class Canary:
         config: the order.
         current: the current policy's version (served to the control and fleet arms).
         spool_dir: where its log segments are written before they are shipped.
+        run_id: this run's id (a run started by a signed command carries its own, `edgetwin.edge.
+            canary_command`); None: ``<canary_id>-<random>``. A directory already holding segments
+            of that run is *resumed*: its segments are fed to the guard again, in order, without
+            being written again (`_replay`), so a restarted runtime goes on where the run was.
     """
 
-    def __init__(self, config: CanaryConfig, current: str, spool_dir: Path) -> None:
+    def __init__(self, config: CanaryConfig, current: str, spool_dir: Path, run_id: str | None = None) -> None:
         self.config = config
         self.current = current
         self.router = SliceRouter(config.slice, config.candidate, current)
@@ -363,7 +370,7 @@ class Canary:
         )  # fmt: skip
         # One run of a canary: the same order run twice is two runs (two spools, and bus message
         # ids that JetStream's de-duplication does not confuse).
-        self.run_id = f"{config.canary_id}-{uuid.uuid4().hex[:8]}"
+        self.run_id = run_id or f"{config.canary_id}-{uuid.uuid4().hex[:8]}"
         self.dir = Path(spool_dir) / self.run_id
         self.dir.mkdir(parents=True, exist_ok=True)
         _atomic_write(self.dir / "canary.json", json.dumps(
@@ -380,6 +387,20 @@ class Canary:
         # per (arm, group): rows and the sum of each guarded KPI, for the composition's spread
         self._group_sums: dict[tuple[str, str], np.ndarray] = {}
         self._pre_sums: dict[str, np.ndarray] = {}  # group -> rows, sum of each KPI during pre_ticks
+        #: the values of the rows' ``t`` recorded so far (a tick reported twice is recorded once)
+        self.ticks_seen: set[int] = set()
+        self._replay()
+
+    def _replay(self) -> None:
+        """Feed the segments already in this run's directory to the guard (a resumed run)."""
+        for seg in sorted(self.dir.glob("seg-*.parquet")):
+            rows = pd.read_parquet(seg)
+            self.seq = int(seg.stem.split("-")[1])
+            self.ticks += 1
+            self._observe(rows)
+        stopped = self.dir / "stopped.json"
+        if stopped.is_file():
+            self.stop_reason = str(json.loads(stopped.read_text()).get("reason", "runtime"))
 
     @property
     def active(self) -> bool:
@@ -418,6 +439,12 @@ class Canary:
         seg = self.dir / f"seg-{self.seq:06d}.parquet"
         _atomic_write(seg, _segment_bytes(rows.reset_index(drop=True)))
         self.ticks += 1
+        return self.seq, self._observe(rows)
+
+    def _observe(self, rows: pd.DataFrame) -> GuardStop | None:
+        """Feed one spooled tick to the guard, the loss budget and the arms' bookkeeping."""
+        if "t" in rows.columns:
+            self.ticks_seen.update(int(v) for v in pd.unique(rows["t"]))
         scen = rows["scenario"].astype(str).tolist() if "scenario" in rows.columns else None
         arms = self.router.arms(rows["agent"].astype(str).tolist(), rows["site"].astype(str).tolist(), scen)
         for a in ("candidate", "control", "fleet"):
@@ -430,7 +457,7 @@ class Canary:
                 acc = self._pre_sums.setdefault(agent, np.zeros(len(kpis) + 1))
                 acc[0] += 1
                 acc[1:] += vals[i]
-            return self.seq, None
+            return None
         vals, keep = self._judged(rows, kpis)
         arms_k = arms[keep]
         cand_m, ctrl_m = arms_k == "candidate", arms_k == "control"
@@ -447,7 +474,7 @@ class Canary:
                 self.stop("budget")
             elif self.ticks >= self.config.total_ticks:
                 self.stop("completed")
-        return self.seq, stop
+        return stop
 
     def loss_so_far(self) -> dict[str, float]:
         """Per KPI with a loss budget: the fleet-wide loss the canary has caused (`fleet_loss` of
@@ -588,69 +615,38 @@ def segment_envelope(site: str, run_id: str, seg: Path, sender: str) -> Envelope
     """The ``canary_log`` message of one spooled segment of canary run ``run_id`` (its id makes a
     re-send a duplicate)."""
     seq = int(seg.stem.split("-")[1])
-    data = np.frombuffer(seg.read_bytes(), dtype=np.uint8)
+    raw = seg.read_bytes()
+    data = np.frombuffer(raw, dtype=np.uint8)
+    # <run>-<seq>, then the segment's digest: a re-send of the same spooled bytes is a duplicate
+    # JetStream stores once, while a forgery published first under the same run and seq (other
+    # bytes) gets another id and cannot make JetStream drop the real segment
     return Envelope(
         kind="canary_log", sender=sender, payload={"site": site, "canary": run_id, "seq": seq},
-        tensors={"parquet": data}, msg_id=f"{run_id}-{seq}",
+        tensors={"parquet": data}, msg_id=f"{run_id}-{seq}-{hashlib.sha256(raw).hexdigest()[:16]}",
     )  # fmt: skip
-
-
-def read_segment(data: bytes, *, max_rows: int, max_bytes: int) -> pd.DataFrame:
-    """A canary-log segment's rows, after its Parquet footer's declared row count and uncompressed
-    size were checked against the bounds (`InputError` naming which; nothing is decoded first)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(pa.BufferReader(data))
-        meta = pf.metadata
-        rows = int(meta.num_rows)
-        size = sum(int(meta.row_group(i).total_byte_size) for i in range(meta.num_row_groups))
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise InputError(f"not a Parquet segment ({type(e).__name__}: {str(e)[:120]})", "canary log") from None
-    if rows > max_rows or size > max_bytes:
-        raise InputError(f"the segment declares {rows:,} rows / {size:,} uncompressed bytes, above the bounds "
-                         f"{max_rows:,} / {max_bytes:,}", "canary log")  # fmt: skip
-    try:
-        return pf.read().to_pandas()
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise InputError(f"not a Parquet segment ({type(e).__name__}: {str(e)[:120]})", "canary log") from None
 
 
 # ------------------------------------------------------------------------------------- the cloud side
 class CanaryLogCollector:
     """Collects canary logs shipped by runtimes (call `handle` from a bus subscription).
 
-    Each (site, canary run, seq) is kept once, however often it is delivered; `log` assembles a
-    canary run's rows in order (``run_id``: `CanaryResult.run_id`).
-
-    **Attributed by who sent it, never by what it says.** A segment belongs to the site whose
-    canary-log subject it arrived on (``edgetwin.canary.log.<site>``; per-site NATS credentials
-    make that a channel only that site may publish on), and to the sender that signed it (on an
-    authenticated bus `edgetwin.edge.message_auth` verifies ``envelope.sender`` before a handler sees
-    it). A payload naming another site than its subject, a sender other than ``senders[site]``
-    (when the operator names each site's runtime), or a second sender for a run whose segments came
-    from another, is refused and counted (``refused``), so a forgery never takes a real segment's
-    place nor turns it into a "duplicate".
-
-    **Decoded within bounds.** A segment is one tick of one slice: its Parquet footer's declared
-    row count and uncompressed size are checked against ``max_rows`` and ``max_bytes`` before a
-    single page is decoded (516 KB on the wire can otherwise decode to 800 MB).
+    A segment is attributed by its **authenticated sender**, never by its payload: its site is the
+    one of the sender ``runtime/<site>`` (the runtime's bus identity; on a bus with
+    `edgetwin.edge.message_auth` the bus has verified it, and with ``keyring`` the collector
+    verifies it itself), and a segment whose subject or payload names another site is refused
+    (``forged``), so a site cannot ship a segment into another site's log nor displace the real
+    one. Its Parquet is decoded only within declared bounds (``max_rows`` rows, ``max_bytes``
+    uncompressed bytes: `edgetwin.edge.parquet_bounds`). Each refusal is one log line and a count
+    in ``refused`` (by reason). Each (site, canary run, seq) is kept once, however often it is
+    delivered; `log` assembles a canary run's rows in order (``run_id``: `CanaryResult.run_id`).
     """
 
-    #: the largest declared row count / uncompressed size of one segment (one tick of a slice)
-    MAX_ROWS = 1_000_000
-    MAX_BYTES = 256 * 2**20
-
-    def __init__(self, senders: Mapping[str, str] | None = None, *, max_rows: int = MAX_ROWS,
-                 max_bytes: int = MAX_BYTES) -> None:  # fmt: skip
+    def __init__(self, keyring: Any = None, max_rows: int = 1_000_000, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.segments: dict[tuple[str, str], dict[int, pd.DataFrame]] = {}
-        self.senders = dict(senders or {})
-        self.max_rows, self.max_bytes = int(max_rows), int(max_bytes)
         self.duplicates = 0
-        #: reason -> how many segments were refused for it
         self.refused: dict[str, int] = {}
-        self._run_sender: dict[tuple[str, str], str] = {}
+        self.keyring = keyring
+        self.max_rows, self.max_bytes = int(max_rows), int(max_bytes)
 
     def _refuse(self, reason: str, detail: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
@@ -660,28 +656,32 @@ class CanaryLogCollector:
         env = rcv.envelope
         if env.kind != "canary_log":
             return
-        prefix = f"{Subjects.PREFIX}.canary.log."
-        if not rcv.subject.startswith(prefix) or "." in rcv.subject[len(prefix):]:
-            return self._refuse("subject", f"{rcv.subject!r} is not a site's canary-log subject")
-        site, named = rcv.subject[len(prefix):], str(env.payload["site"])
-        if named != site:
-            return self._refuse("forged", f"arrived on {site!r}'s subject from {env.sender!r} but names site {named!r}")
-        if site in self.senders and env.sender != self.senders[site]:
-            return self._refuse("sender", f"{site!r}'s segment signed by {env.sender!r}, not {self.senders[site]!r}")
+        if self.keyring is not None:
+            from edgetwin.edge.message_auth import MessageAuth
+            from edgetwin.edge.messages import MessageRejected
+
+            try:
+                MessageAuth(self.keyring).verify(env)
+            except MessageRejected as e:
+                self._refuse("unauthenticated", str(e))
+                return
+        sender, claimed = str(env.sender), str(env.payload["site"])
+        site = sender.removeprefix("runtime/") if sender.startswith("runtime/") else None
+        on = rcv.subject.rsplit(".", 1)[-1] if rcv.subject.startswith(f"{Subjects.PREFIX}.canary.log.") else None
+        if site is None or claimed != site or (on is not None and on != site):
+            self._refuse("forged", f"sender {sender!r} on {rcv.subject!r} ships a segment naming site {claimed!r}")
+            return
         key = (site, str(env.payload["canary"]))
-        first = self._run_sender.setdefault(key, env.sender)
-        if env.sender != first:
-            return self._refuse("sender", f"run {key[1]!r} of {site!r} came from {first!r}, this segment from {env.sender!r}")
         seq = int(env.payload["seq"])
         got = self.segments.setdefault(key, {})
         if seq in got:
             self.duplicates += 1
             return
+        data = np.asarray(env.tensors["parquet"], dtype=np.uint8).tobytes()
         try:
-            got[seq] = read_segment(np.asarray(env.tensors["parquet"], dtype=np.uint8).tobytes(),
-                                    max_rows=self.max_rows, max_bytes=self.max_bytes)  # fmt: skip
+            got[seq] = read_parquet_bounded(data, self.max_rows, self.max_bytes, where=f"canary log {key[1]}-{seq} of {site}")
         except InputError as e:
-            self._refuse("oversized" if "declares" in str(e) else "malformed", f"{site!r} seq {seq}: {e}")
+            self._refuse("bounds", str(e))
 
     async def subscribe(self, bus: Any, durable_name: str = "canary-collector") -> Any:
         """A durable subscription on every site's canary log."""
