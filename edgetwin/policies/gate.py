@@ -147,7 +147,8 @@ class GuardCheck:
     #: the level the interval attains (`edgetwin.twin.intervals.attained_level` of the independent
     #: calibration episodes behind it), not the level asked for
     level: float = LEVEL
-    #: ``verdict == "no_evidence"``: why the twin's number cannot back a verdict
+    #: ``verdict == "no_evidence"``: why the twin's number cannot back a verdict; ``"below_level"``:
+    #: what would reach the level asked
     note: str = ""
 
     def margin_text(self) -> str:
@@ -169,7 +170,7 @@ class GuardCheck:
     def abstain_reason(self, max_out_of_support: float) -> str:
         """Why the twin cannot vouch for this check (``straddle`` / ``unsupported`` /
         ``no_evidence`` only)."""
-        if self.verdict == "no_evidence":
+        if self.verdict in ("no_evidence", "below_level"):
             return f"{self.kpi} under {self.scenario!r}: {self.note}"
         if self.verdict == "unsupported":
             return (
@@ -187,8 +188,39 @@ def level_text(level: float) -> str:
     return f"{100 * level:.0f}%"
 
 
-#: Check verdicts on which the twin cannot vouch (the gate abstains on them)
-UNCERTAIN = ("straddle", "unsupported", "no_evidence")
+#: Check verdicts on which the twin cannot vouch (the gate abstains on them); ``below_level``: the
+#: interval would decide, but its independent calibration episodes support less than the level asked
+UNCERTAIN = ("straddle", "unsupported", "no_evidence", "below_level")
+
+
+def episodes_needed(level: float) -> int:
+    """The fewest independent calibration episodes whose conformal rank reaches ``level``
+    (`edgetwin.twin.intervals.attained_level`): 9 for 90 %, 1 for 50 %. Counted, not
+    ``ceil(level / (1 - level))``, which floating point makes 10 at 0.9."""
+    from edgetwin.twin.intervals import attained_level
+
+    n = 1
+    while attained_level(n, level) < level - 1e-12:
+        n += 1
+    return n
+
+
+def parse_level(text: str | float | None) -> float | None:
+    """``--level``: ``"50%"``, ``"0.5"`` or a float in (0, LEVEL]; None for the default (the twin's
+    nominal level). Above the twin's nominal level is refused: its intervals are computed at it."""
+    if text is None:
+        return None
+    raw = str(text).strip()
+    try:
+        v = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise InputError(f"expected a level such as 50% or 0.5, got {raw!r}", "--level") from None
+    if not (math.isfinite(v) and 0.0 < v <= LEVEL + 1e-12):
+        raise InputError(
+            f"expected a level in (0, {level_text(LEVEL)}] (the twin's intervals are {level_text(LEVEL)}), got {raw!r}",
+            "--level",
+        )
+    return v
 
 
 #: Verdicts of the gate and their exit codes (0 ok / 1 failed / 3 abstained).
@@ -215,6 +247,9 @@ class GateDecision:
     refused_out_of_support: list[GuardCheck] = field(default_factory=list)
     verdict: str = "promote"
     max_out_of_support: float = MAX_OUT_OF_SUPPORT
+    #: the level the verdict must hold at (the twin's nominal level unless the operator asked for
+    #: a lower one with ``--level``); a check below it abstains (``below_level``)
+    level_requested: float = LEVEL
 
     @property
     def exit_code(self) -> int:
@@ -266,8 +301,8 @@ class GateDecision:
             return ""
         n = min((cal.n_independent.get(c.kpi, 0) for c in self.checks), default=0)
         return (
-            f"; {level_text(cal.level)} was asked, but {n} independent calibration episode(s) support at most "
-            f"{level_text(self.level)}; {math.ceil(cal.level / (1 - cal.level))} are needed for {level_text(cal.level)}"
+            f"; {level_text(self.level_requested)} was asked with --level, {n} independent calibration episode(s) "
+            f"support at most {level_text(self.level)}; {episodes_needed(cal.level)} are needed for {level_text(cal.level)}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,7 +310,7 @@ class GateDecision:
         return {
             "verdict": self.verdict,
             "level": self.level,
-            "level_requested": LEVEL if cal is None else cal.level,
+            "level_requested": self.level_requested,
             "exit_code": self.exit_code,
             "passed": self.passed,
             "candidate": self.candidate,
@@ -377,6 +412,7 @@ def decide(
     default_margin: float = DEFAULT_MARGIN,
     refuse_out_of_support: bool = False,
     max_out_of_support: float = MAX_OUT_OF_SUPPORT,
+    level: float | None = None,
 ) -> GateDecision:
     """Check every guarded KPI under every scenario of a what-if run with a baseline and a candidate.
 
@@ -385,11 +421,18 @@ def decide(
     Any regression refuses; else any check that straddles its margin or whose share of
     out-of-support agent-steps exceeds ``max_out_of_support`` makes the gate abstain (with
     ``refuse_out_of_support``, the latter refuses instead).
+
+    No verdict below the level asked (DESIGN.md, "Trust"): ``level`` (default: the calibration's
+    nominal level, 90 %) is what every check must hold at. A check that would decide (``ok`` or
+    ``regress``) on fewer independent calibration episodes than that level needs becomes
+    ``below_level`` and the gate abstains, naming how many more independent held-out days (or a
+    canary) would reach it; a lower level only when the operator asks for it (``--level``).
     """
     if result.baseline is None or result.candidate is None:
         raise ValueError("the gate needs a what-if run with a baseline and a candidate")
     if not 0.0 <= max_out_of_support <= 1.0:
         raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
+    asked = (LEVEL if result.calibration is None else result.calibration.level) if level is None else float(level)
     checks = []
     for sc in result.scenarios:
         for g, k in resolve_guards(result.kpis, guards, default_margin):
@@ -407,6 +450,9 @@ def decide(
                 verdict = "no_evidence"
             cal = result.calibration
             level = LEVEL if cal is None else min(cal.level, cal.attained(k.name))
+            if verdict in ("ok", "regress") and level < asked - 1e-12 and cal is not None:
+                note = _below_level_note(verdict, cal.n_independent.get(k.name, 0), level, asked)
+                verdict = "below_level"
             checks.append(
                 GuardCheck(
                     scenario=sc.name,
@@ -439,7 +485,19 @@ def decide(
     else:
         verdict = "promote"
     return GateDecision(
-        verdict == "promote", checks, result, result.candidate, result.baseline, oos, verdict, max_out_of_support
+        verdict == "promote", checks, result, result.candidate, result.baseline, oos, verdict, max_out_of_support,
+        asked,
+    )
+
+
+def _below_level_note(would: str, n: int, attained: float, asked: float) -> str:
+    """What a check that would be ``would`` at its attained level needs to reach the level asked."""
+    need = episodes_needed(asked)
+    return (
+        f"the interval would say {would!r}, but {n} independent calibration episode(s) support at most "
+        f"{level_text(attained)} and {level_text(asked)} was asked: {need} are needed ({need - n} more independent "
+        f"days of a held-out log), or a canary (edgetwin canary plan, promote --canary); a lower level only if you "
+        f"ask for it (--level {level_text(attained)})"
     )
 
 
@@ -562,6 +620,7 @@ def run_gate(
     max_out_of_support: float = MAX_OUT_OF_SUPPORT,
     calibration: Any = None,
     progress: bool = False,
+    level: float | None = None,
 ) -> GateDecision:
     """Replay ``candidate`` and ``baseline`` in the twin (recent ``log``, nominal + ``scenarios``)
     and check the guarded KPIs; see the module docstring and `decide`. ``episodes`` recorded
@@ -607,7 +666,7 @@ def run_gate(
         progress=progress,
         calibration=calibration,
     )
-    return decide(result, guards, default_margin, refuse_out_of_support, max_out_of_support)
+    return decide(result, guards, default_margin, refuse_out_of_support, max_out_of_support, level)
 
 
 def kpi_metrics(result: WhatIfResult, policy: str, scenario: str = NOMINAL.name) -> dict[str, float]:
@@ -735,6 +794,7 @@ def promote(
     metadata: Mapping[str, Any] | None = None,
     view: Any = None,
     progress: bool = False,
+    level: float | None = None,
 ) -> PromotionResult:
     """Gate ``policy`` against the scope's current version and promote it if nothing regresses.
 
@@ -748,7 +808,7 @@ def promote(
         against: ``"auto"`` (the scope's current version; else the global one; else the twin's
             clone of the logging policy), a registry version, a policy directory or a built-in.
         scenarios, guards, default_margin, kpis, episodes, seeds, seed, members, steps, exogenous,
-        refuse_out_of_support: see `run_gate`.
+        refuse_out_of_support, level: see `run_gate` / `decide`.
         force: promote even if the gate refuses (recorded as ``gate.forced`` in the metadata).
         out_dir: where the report goes.
         name: the policy's name in the registry (default: from metadata or the directory name).
@@ -777,7 +837,7 @@ def promote(
             twin, candidate, baseline, log=log, scenarios=scenarios, guards=guards, default_margin=default_margin,
             kpis=kpis, episodes=episodes, seeds=seeds, seed=seed, members=members, steps=steps, exogenous=exogenous,
             refuse_out_of_support=refuse_out_of_support, max_out_of_support=max_out_of_support,
-            calibration=calibration, progress=progress,
+            calibration=calibration, progress=progress, level=level,
         )  # fmt: skip
 
         files = _write_gate_report(decision, out, candidate.name, against_label, scope, force)
