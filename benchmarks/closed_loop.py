@@ -220,10 +220,11 @@ def kayenta_pairs(logs: list[Any], cols: dict[str, tuple[str, str]], pre_ticks: 
 
 def run_logging(args: argparse.Namespace) -> dict[str, Any]:
     from edgetwin.contract.errors import InputError
+    from edgetwin.contract.margins import KPIMargin
     from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
     from edgetwin.emulator.logs import generate_logs
     from edgetwin.loop.fleet import canary_on_cluster
-    from edgetwin.loop.plan import PlanBudget, PlanMargin
+    from edgetwin.loop.plan import PlanBudget
     from edgetwin.loop.rounds import canary_loop
     from edgetwin.policies.gate import run_gate
     from edgetwin.twin.whatif import fixed_policy
@@ -303,7 +304,7 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
             t_loop += time.perf_counter() - t_c
             t_c = time.perf_counter()
             cols = {k: (kpi_column(kd), kd.better) for k, kd in kdefs.items() if kpi_column(kd) is not None}
-            margins = tuple(PlanMargin(c, MARGIN, 0.0, b == "higher") for c, b in dict(cols.values()).items())
+            margins = tuple(KPIMargin(c, MARGIN, 0.0, b == "higher") for c, b in dict(cols.values()).items())
             better_col = {c: b for c, b in cols.values()}
             # canary alone on the same canaries; a canary of the loop's first-round size when it ran none
             alone_logs, alone_steps, alone_over = [], 0, 0
@@ -436,9 +437,13 @@ def _over_max_loss(log: Any, plan: Any, pre_ticks: int, better_col: dict[str, st
                    cols: dict[str, tuple[str, str]], planned_ticks: int | None = None) -> bool:
     """Whether a canary's realised loss (`edgetwin.loop.rounds._realised_loss`, the measure
     the loop's rounds and the edge's loss-budget stop use) exceeded `MAX_LOSS` on any guarded KPI."""
+    from dataclasses import replace
+
+    from edgetwin.contract.margins import KPIMargin
     from edgetwin.loop.rounds import _realised_loss
 
-    loss, _ = _realised_loss(log, plan, pre_ticks, better_col, planned_ticks)
+    every = tuple(KPIMargin(c, MARGIN, 0.0, b == "higher") for c, b in better_col.items())  # every guarded column
+    loss, _ = _realised_loss(log, replace(plan, margins=every), pre_ticks, planned_ticks)
     return any(loss.get(col, 0.0) > MAX_LOSS[k] for k, (col, _b) in cols.items() if k in MAX_LOSS)
 
 

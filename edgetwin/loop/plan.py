@@ -50,6 +50,7 @@ import pandas as pd
 from scipy import stats
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.margins import KPIMargin
 
 #: candidate canary durations, hours
 HOURS_GRID = (1.0, 2.0, 3.0, 6.0, 12.0, 24.0)
@@ -138,17 +139,6 @@ class PlanSlice:
     seed: int = 0
 
 
-@dataclass(frozen=True)
-class PlanMargin:
-    """A guarded KPI as the canary's guard reads it (`CanaryConfig.from_plan`): the log column,
-    its direction, and the gate's margin."""
-
-    kpi: str
-    max_regression: float
-    min_delta: float = 0.0
-    higher_is_better: bool = False
-
-
 @dataclass
 class PlannedKPI:
     """One deciding KPI: where it stands, what the canary should make of it, and its worst case.
@@ -188,7 +178,7 @@ class CanaryPlan:
     baseline: str
     slice: PlanSlice
     hours: float
-    margins: tuple[PlanMargin, ...]
+    margins: tuple[KPIMargin, ...]
     kpis: list[PlannedKPI]
     n_groups: int
     fleet_groups: int
@@ -227,7 +217,7 @@ class CanaryPlan:
                 d["candidate"], d["baseline"],
                 PlanSlice(tuple(sl.get("agents", ())), tuple(sl.get("sites", ())), tuple(sl.get("scenarios", ())),
                           float(sl.get("treat_share", 0.5)), int(sl.get("seed", 0))),
-                float(d["hours"]), tuple(PlanMargin(**m) for m in d["margins"]),
+                float(d["hours"]), tuple(KPIMargin(**m) for m in d["margins"]),
                 [PlannedKPI(**k) for k in d["kpis"]], int(d["n_groups"]), int(d["fleet_groups"]),
                 float(d["share"]), dict(d["budget"]), bool(d["decides"]), list(d["why"]), int(d.get("seed", 0)),
                 int(d.get("round", 1)), {str(k): float(v) for k, v in dict(d.get("loss_budget") or {}).items()},
@@ -368,7 +358,7 @@ def plan_canary(
     if not checks:
         raise InputError("nothing for a canary to settle: no abstaining nominal check of a per-group mean KPI", "plan")
     # every guarded KPI with a column is guarded by the canary, not only the deciding ones
-    margins: list[PlanMargin] = []
+    margins: list[KPIMargin] = []
     loss_budget: dict[str, float] = {}
     for kpi, cap in budget.max_loss.items():  # by the column the canary measures (the tightest when two share one)
         col = _kpi_column(kdefs[kpi]) if kpi in kdefs else None
@@ -377,7 +367,7 @@ def plan_canary(
     for c in decision.checks:
         col = _kpi_column(kdefs[c.kpi])
         if c.scenario == NOMINAL.name and col is not None and col not in {m.kpi for m in margins}:
-            margins.append(PlanMargin(col, c.max_regression, c.min_delta, kdefs[c.kpi].better == "higher"))
+            margins.append(KPIMargin(col, c.max_regression, c.min_delta, kdefs[c.kpi].better == "higher"))
 
     # the fleet: the service groups of the log's last episode (the most recent day's population)
     last_day = log[log["episode"] == log["episode"].iloc[-1]]
@@ -481,7 +471,6 @@ __all__ = [
     "HOURS_GRID",
     "CanaryPlan",
     "PlanBudget",
-    "PlanMargin",
     "PlanSlice",
     "PlannedKPI",
     "budget_from_flags",

@@ -153,7 +153,7 @@ def canary_loop(
     from edgetwin.edge.canary import CanaryConfig
     from edgetwin.loop.fleet import canary_on_cluster
     from edgetwin.loop.plan import plan_canary
-    from edgetwin.loop.ppi import combine_estimates, ppi_verdict
+    from edgetwin.loop.ppi import LEVEL, combine_estimates, look_level, ppi_verdict
     from edgetwin.policies.gate import run_gate
 
     if decision is None:
@@ -183,8 +183,6 @@ def canary_loop(
         res = canary_on_cluster(cluster, current, candidate, cfg, seed=fleet_seed, episode=f"canary-{seed}-{r}")
         if on_canary is not None:
             on_canary(r, plan, res)
-        better = {m.kpi: ("higher" if m.higher_is_better else "lower") for m in plan.margins}
-        col_guards = [_ColumnGuard(m.kpi, m.max_regression, m.min_delta) for m in plan.margins]
         c_rows = res.log[(res.log["policy"].astype(str) == "candidate") & (res.log["t"] >= cfg.pre_ticks)]
         # a canary the loss budget stopped judged on the ticks it ran (the twin's window the same)
         ran = max(1, min(cfg.ticks, int(res.ticks) - int(cfg.pre_ticks)))
@@ -196,18 +194,20 @@ def canary_loop(
             checks: list[dict[str, Any]] = []
         else:
             est = canary_verdict(twin, fleet_log, res.log, plan, candidate_spec, baseline_spec,
-                                 candidate_version="candidate", guards=col_guards, better=better,
+                                 candidate_version="candidate",
                                  pre_ticks=cfg.pre_ticks, ticks=ran, seed=seed, members=members,
                                  fleet_rows=res.fleet_log if fleet_control else None)  # fmt: skip
             per_round.append(est)
-            pooled = {k: combine_estimates([pr[k] for pr in per_round]) for k in est}
-            verdict, ests = ppi_verdict(pooled, col_guards, better)
+            # each round is one look: it spends its share of alpha (`look_level`), so that stopping at
+            # whichever round decides keeps the level over the loop
+            pooled = {k: combine_estimates([pr[k] for pr in per_round], look_level(LEVEL, max_rounds)) for k in est}
+            verdict, ests = ppi_verdict(pooled, list(plan.margins))
             checks = [e.to_dict() for e in ests]
             reason = "; ".join(
                 f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
                 f"{100 * e.allowed_change:g}% ({e.verdict})" for e in ests
             )
-        loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, better, cfg.ticks)
+        loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks)
         rounds.append(LoopRound(r, plan.to_dict(), res.stop_reason, len(res.log), len(c_rows), est, verdict, checks,
                                 loss, over))  # fmt: skip
         log("    " + rounds[-1].describe().replace("\n", "\n    "))
@@ -246,15 +246,8 @@ def balanced(plan: Any, tries: int = 10_000) -> Any:
     return plan
 
 
-@dataclass(frozen=True)
-class _ColumnGuard:
-    kpi: str
-    max_regression: float
-    min_delta: float = 0.0
-
-
 def _realised_loss(
-    canary_log: pd.DataFrame, plan: Any, pre_ticks: int, better: dict[str, str], planned_ticks: int | None = None
+    canary_log: pd.DataFrame, plan: Any, pre_ticks: int, planned_ticks: int | None = None
 ) -> tuple[dict[str, float], list[str]]:
     """Per KPI column: what the canary cost the fleet (`edgetwin.edge.canary.fleet_loss` of the
     arms' difference in differences relative to the plan's ``loss_levels``, `arm_worsening`, over
@@ -277,10 +270,11 @@ def _realised_loss(
     names = {pk.column: pk.kpi for pk in plan.kpis}
     levels = dict(getattr(plan, "loss_levels", None) or {})
     out, over = {}, []
-    for k, direction in better.items():
+    for m in plan.margins:
+        k = m.kpi
         w = arm_worsening(float(rows.loc[is_c, k].mean()), float(rows.loc[~is_c, k].mean()),
                           float(pre.loc[pre_c, k].mean()) if len(pre) else float("nan"),
-                          float(pre.loc[~pre_c, k].mean()) if len(pre) else float("nan"), direction == "higher",
+                          float(pre.loc[~pre_c, k].mean()) if len(pre) else float("nan"), m.higher_is_better,
                           levels.get(k))  # fmt: skip
         if not math.isfinite(w):
             continue

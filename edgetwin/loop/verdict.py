@@ -59,15 +59,14 @@ def canary_verdict(
     baseline: Any,
     *,
     candidate_version: str,
-    guards: Sequence[Any],
-    better: dict[str, str],
     pre_ticks: int = 4,
     ticks: int | None = None,
     seed: int = 0,
     members: Sequence[int] | None = None,
     fleet_rows: pd.DataFrame | None = None,
 ) -> dict[str, dict[str, float]]:
-    """One round's PPI estimates per guarded KPI column (`edgetwin.loop.ppi.ppi_estimates`).
+    """One round's PPI estimates per guarded KPI column (`edgetwin.loop.ppi.ppi_estimates`): the
+    plan's margins (`edgetwin.contract.margins.KPIMargin`) name the columns and their directions.
 
     ``fleet_rows``: the rest of the fleet's rows over the canary's ticks (`CanaryResult.fleet_log`:
     every group outside the slice, on the current policy). With them the control arm is every group
@@ -108,5 +107,5 @@ def canary_verdict(
         for m in (members if members is not None else range(twin.n_members))
     ]  # fmt: skip
     preds = sum(per_member[1:], per_member[0]) / len(per_member)
-    return ppi_estimates(preds, measured, {c: better[c] for c in cols}, "candidate", "baseline", canary="canary",
+    return ppi_estimates(preds, measured, {m.kpi: m.better for m in plan.margins}, "candidate", "baseline", canary="canary",
                          member_predictions=per_member)  # fmt: skip

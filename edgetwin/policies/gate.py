@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from edgetwin.contract.errors import GateAbstained, GateRefused, InputError
+from edgetwin.contract.margins import DEFAULT_MARGIN, KPIMargin
 from edgetwin.twin.intervals import LEVEL
 from edgetwin.twin.whatif import (
     BUILTIN_POLICIES,
@@ -52,61 +53,14 @@ from edgetwin.twin.whatif import (
     run_whatif,
 )
 
-DEFAULT_MARGIN = 0.05
+#: The gate's guard is the one KPI-margin type (`edgetwin.contract.margins.KPIMargin`); ``Guard`` is
+#: its name here, kept for the callers that import it from the gate.
+Guard = KPIMargin
 
 
-_GUARD_RE = re.compile(
-    r"^\s*(?P<name>[^=\s]+)\s*=\s*(?P<rel>[+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*(?P<pct>%?)\s*(?::\s*(?P<abs>\d+(?:\.\d*)?|\.\d+)\s*)?$"
-)
-
-
-# ------------------------------------------------------------------------------------ guards
-@dataclass(frozen=True)
-class Guard:
-    """How far a KPI may regress (candidate vs incumbent) before the gate refuses.
-
-    Attributes:
-        kpi: a KPI name of the what-if run.
-        max_regression: allowed relative worsening, a fraction of ``|incumbent|`` (0.05 = 5 %).
-        min_delta: allowed absolute worsening on top, in the KPI's units (keeps near-zero KPIs
-            from tripping on noise).
-    """
-
-    kpi: str
-    max_regression: float = DEFAULT_MARGIN
-    min_delta: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.max_regression) and self.max_regression >= 0):
-            raise InputError(
-                f"margin of {self.kpi!r} must be a number >= 0, got {self.max_regression}", "--max-regression"
-            )
-        if not (math.isfinite(self.min_delta) and self.min_delta >= 0):
-            raise InputError(
-                f"absolute margin of {self.kpi!r} must be >= 0, got {self.min_delta}", "--max-regression"
-            )
-
-    def allowed(self, baseline: float) -> float:
-        """The largest worsening (in the KPI's units) tolerated from ``baseline``."""
-        return self.max_regression * abs(baseline) + self.min_delta
-
-    @classmethod
-    def parse(cls, text: str) -> Guard:
-        """``"kpi.slo_violation=0.05"``, ``"...=5%"`` or ``"...=0.05:0.002"`` (relative[:absolute])."""
-        m = _GUARD_RE.match(text)
-        if m is None:
-            raise InputError(
-                f"expected KPI=FRACTION, KPI=P% or KPI=FRACTION:ABSOLUTE, got {text!r}", "--max-regression"
-            )
-        rel = float(m["rel"]) / (100.0 if m["pct"] else 1.0)
-        if rel < 0:
-            raise InputError(f"{m['name']}: the margin must be >= 0, got {m['rel']}", "--max-regression")
-        return cls(m["name"], rel, float(m["abs"]) if m["abs"] else 0.0)
-
-
-def parse_guards(items: Sequence[str]) -> list[Guard]:
+def parse_guards(items: Sequence[str]) -> list[KPIMargin]:
     """Guards from ``--max-regression`` values; a KPI given twice is an error."""
-    guards = [Guard.parse(s) for s in items]
+    guards = [KPIMargin.parse_relative(s) for s in items]
     names = [g.kpi for g in guards]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -340,10 +294,10 @@ class GateDecision:
 
 
 def resolve_guards(
-    kpis: Sequence[KpiDef], guards: Sequence[Guard] | None, default_margin: float = DEFAULT_MARGIN
-) -> list[tuple[Guard, KpiDef]]:
-    """The guarded KPIs: the given ones (each must have a direction), else every KPI with a
-    direction at ``default_margin``."""
+    kpis: Sequence[KpiDef], guards: Sequence[KPIMargin] | None, default_margin: float = DEFAULT_MARGIN
+) -> list[tuple[KPIMargin, KpiDef]]:
+    """The guarded KPIs: the given ones (each must have a direction, which the margin takes from the
+    KPI's definition), else every KPI with a direction at ``default_margin``."""
     by_name = {k.name: k for k in kpis}
     if guards:
         out = []
@@ -358,9 +312,9 @@ def resolve_guards(
                     f"KPI {g.kpi!r} has no direction; give it better = 'higher' or 'lower' in a KPI file (--kpis)",
                     "--max-regression",
                 )
-            out.append((g, k))
+            out.append((g.with_direction(k.better), k))
         return out
-    out = [(Guard(k.name, default_margin), k) for k in kpis if k.better is not None]
+    out = [(KPIMargin(k.name, default_margin).with_direction(k.better), k) for k in kpis if k.better is not None]
     if not out:
         raise InputError(
             f"nothing to guard: none of the KPIs {sorted(by_name)} has a direction; give --max-regression KPI=FRACTION "
@@ -408,7 +362,7 @@ def check_verdict(
 
 def decide(
     result: WhatIfResult,
-    guards: Sequence[Guard] | None = None,
+    guards: Sequence[KPIMargin] | None = None,
     default_margin: float = DEFAULT_MARGIN,
     refuse_out_of_support: bool = False,
     max_out_of_support: float = MAX_OUT_OF_SUPPORT,
@@ -439,11 +393,10 @@ def decide(
             c = result.compare(sc.name, k.name)
             worse = float(c["worsening_abs"])
             allowed = g.allowed(c["baseline"])
-            sign = -1.0 if k.better == "higher" else 1.0
+            sign = -1.0 if g.higher_is_better else 1.0
             lo, hi = c["change_interval"]
             w_int = sorted([sign * lo, sign * hi])
-            base = abs(float(c["baseline"]))
-            allowed_change = allowed / base if base > 0 else (0.0 if allowed == 0 else math.inf)
+            allowed_change = g.allowed_change(c["baseline"])
             verdict = check_verdict(w_int, allowed_change, float(c["out_of_support"]), max_out_of_support)
             note = evidence_problem(result, k.name, c) or ""
             if note and verdict in ("ok", "straddle"):  # a confident regression still refuses
@@ -606,7 +559,7 @@ def run_gate(
     *,
     log: pd.DataFrame | None,
     scenarios: Sequence[Scenario] = (),
-    guards: Sequence[Guard] | None = None,
+    guards: Sequence[KPIMargin] | None = None,
     default_margin: float = DEFAULT_MARGIN,
     kpis: Sequence[KpiDef] | None = None,
     episodes: int = 4,
@@ -776,7 +729,7 @@ def promote(
     scope: str = "global",
     against: str = "auto",
     scenarios: Sequence[Scenario] = (),
-    guards: Sequence[Guard] | None = None,
+    guards: Sequence[KPIMargin] | None = None,
     default_margin: float = DEFAULT_MARGIN,
     kpis: Sequence[KpiDef] | None = None,
     episodes: int = 4,
