@@ -274,3 +274,26 @@ def test_one_cuped_slope_pooled_within_arms() -> None:
     assert cuped_slope([x_c, x_b], [y_c, y_b]) == pytest.approx(2.0)
     assert cuped_slope([x_c[:1], x_b[:1]], [y_c[:1], y_b[:1]]) == 0.0  # too few groups: no adjustment
     assert cuped_slope([np.ones(4), np.ones(6)], [y_c, y_b]) == 0.0  # no spread in x
+
+
+def test_the_day_to_day_variance_widens_the_interval_and_undecided_says_how_many_days() -> None:
+    from types import SimpleNamespace
+
+    from edgetwin.loop.rounds import days_needed
+
+    rng = np.random.default_rng(1)
+    f_b = rng.gamma(4.0, 0.05, 100)
+    f_c = f_b + 0.01
+    args = (f_c, f_b, f_c[:4] + rng.normal(0, 0.01, 4), f_c[:4], f_b[4:10] + rng.normal(0, 0.01, 6), f_b[4:10])
+    day = ppi_mean_difference(*args, day_var=(0.02**2, 0.0), day_df=5.0)
+    one = ppi_mean_difference(*args)
+    assert day["diff_se"] > one["diff_se"] and day["diff_var_shared"] >= 0.02**2 and day["df"] < one["df"]
+
+    def check(change: float, lo: float, hi: float) -> SimpleNamespace:
+        return SimpleNamespace(kpi="kpi.x", verdict="straddle", better="lower", change=change,
+                               allowed_change=0.05, worsening_interval=[lo, hi])  # fmt: skip
+
+    # point -0.05, margin +0.05: half-width 0.2 must shrink to 0.1, so 4x the days: 3 more
+    assert "run 3 more day(s)" in days_needed([check(-0.05, -0.25, 0.15)], days=1)
+    assert "sits on its margin" in days_needed([check(0.05, -0.1, 0.2)], days=1)
+    assert "more than 365" in days_needed([check(0.049, -0.5, 0.6)], days=1)

@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.margins import KPIMargin
@@ -396,7 +395,7 @@ def plan_canary(
         twin, {"candidate": candidate, "baseline": baseline}, log, columns, episodes=1, seed=seed, members=members
     )
     resid = _residual_spread(twin, log, columns, hours_opts, seed, members, pre_ticks)
-    z = float(stats.norm.ppf(0.5 + LEVEL / 2))
+    from edgetwin.loop.ppi import t_quantile, welch_df
 
     def option(n: int, h: float) -> tuple[bool, float, float, list[PlannedKPI]]:
         n_c = max(2, int(round(budget.treat_share * n)))
@@ -407,9 +406,12 @@ def plan_canary(
             fc, fb = preds[("candidate", col)].to_numpy(), preds[("baseline", col)].to_numpy()
             base = abs(float(np.mean(fb))) or 1.0
             s_r = resid[(col, h)]
-            se = math.sqrt(np.var(fc - fb, ddof=1) / len(fc) + s_r**2 / n_c + s_r**2 / n_b) / base
+            terms = [(float(np.var(fc - fb, ddof=1)) / len(fc), len(fc) - 1), (s_r**2 / n_c, n_c - 1),
+                     (s_r**2 / n_b, n_b - 1)]  # fmt: skip
+            se = math.sqrt(sum(v for v, _ in terms)) / base
+            q = t_quantile(LEVEL, welch_df(terms))  # the verdict's own reference (`edgetwin.loop.ppi`)
             point = float(c.change)
-            exp = [point - z * se, point + z * se]
+            exp = [point - q * se, point + q * se]
             sign = -1.0 if c.better == "higher" else 1.0
             wlo, whi = sorted((sign * exp[0], sign * exp[1]))
             decides = whi <= c.allowed_change or wlo > c.allowed_change

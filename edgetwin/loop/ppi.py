@@ -161,6 +161,8 @@ def ppi_mean_difference(
     x_ctrl: np.ndarray | None = None,
     transport_var: tuple[float, float] = (0.0, 0.0),
     transport_df: float = float("inf"),
+    day_var: tuple[float, float] = (0.0, 0.0),
+    day_df: float = float("inf"),
 ) -> dict[str, float]:
     """The PPI estimate of ``E[Y_c] − E[Y_b]`` and ``E[Y_b]`` (see the module docstring).
 
@@ -182,6 +184,11 @@ def ppi_mean_difference(
             the canary cannot measure: the twin's uncertainty about the interference it
             transports from the canary's configuration to the full switch (`interference_var`).
         transport_df: its degrees of freedom (members − 1; ``inf``: known).
+        day_var: the day-to-day variance of the fleet-wide change and of the baseline level
+            (`edgetwin.loop.verdict.day_to_day_variance`, the twin's replay of other days): the
+            verdict is about the change averaged over the days the decision lives with, and one
+            canary day's change is one draw around it (DESIGN.md, "What a verdict is about").
+            Shared by rounds run on the same day. day_df: its degrees of freedom (days − 1).
 
     Returns:
         ``diff``, ``diff_se``, ``base``, ``base_se``, ``rel``, ``rel_lo``, ``rel_hi``, ``twin_diff``,
@@ -215,17 +222,18 @@ def ppi_mean_difference(
             lost = 0.5
     v_fleet, v_c, v_b = _var(fc - fb) / len(fc), _var(rc) / len(rc), _var(rb) / len(rb)
     diff = twin_diff + float(np.mean(rc) - np.mean(rb))
-    diff_shared = v_fleet + float(transport_var[0])
+    diff_shared = v_fleet + float(transport_var[0]) + float(day_var[0])
     diff_own = v_c + v_b
     base = float(np.mean(fb) + np.mean(rb))
     vb_fleet = _var(fb) / len(fb)
-    base_shared = vb_fleet + float(transport_var[1])
+    base_shared = vb_fleet + float(transport_var[1]) + float(day_var[1])
     df = welch_df([(v_fleet, len(fc) - 1), (v_c, len(rc) - 1 - lost), (v_b, len(rb) - 1 - lost),
-                   (float(transport_var[0]), transport_df)])  # fmt: skip
+                   (float(transport_var[0]), transport_df), (float(day_var[0]), day_df)])  # fmt: skip
     out = finish_estimate(diff, diff_shared + diff_own, base, base_shared + v_b, level, df=df)
     out["twin_diff"] = twin_diff
     out["twin_rel"] = twin_diff / abs(base) if base else float("nan")
-    out.update(diff_var_shared=diff_shared, diff_var_own=diff_own, base_var_shared=base_shared, base_var_own=v_b)
+    out.update(diff_var_shared=diff_shared, diff_var_own=diff_own, base_var_shared=base_shared, base_var_own=v_b,
+               day_var=float(day_var[0]))
     return out
 
 
@@ -477,6 +485,7 @@ def _rectified(
     candidate: str, baseline: str, level: float, *, against: tuple[str, str],
     transport_var: tuple[float, float] = (0.0, 0.0),
     transport_df: float = float("inf"),
+    day: tuple[float, float, float] = (0.0, 0.0, float("inf")),
 ) -> dict[str, float]:
     """`ppi_mean_difference` of one KPI: the full-switch predictions over the fleet, rectified on the
     measured groups against the prediction columns ``against`` (candidate arm's, control arm's);
@@ -488,7 +497,7 @@ def _rectified(
         measured[kpi].to_numpy()[~is_c], at[(against[1], kpi)].to_numpy()[~is_c],
         level,
         x_cand=None if pre is None else pre[is_c], x_ctrl=None if pre is None else pre[~is_c],
-        transport_var=transport_var, transport_df=transport_df,
+        transport_var=transport_var, transport_df=transport_df, day_var=(day[0], day[1]), day_df=day[2],
     )  # fmt: skip
 
 
@@ -501,6 +510,7 @@ def ppi_estimates(
     level: float = LEVEL,
     canary: str | None = None,
     member_predictions: Sequence[pd.DataFrame] | None = None,
+    day_var: Mapping[str, tuple[float, float, float]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """PPI for each KPI (name -> direction) from `twin_group_predictions` and `measured_group_means`.
 
@@ -513,6 +523,9 @@ def ppi_estimates(
             says why that is wrong for candidates that congest shared sites).
         member_predictions: with ``canary``, the same predictions per twin member: their
             spread over the interference widens the intervals (`interference_var`).
+        day_var: per KPI, ``(var of the change, var of the baseline level, days − 1)`` from day to
+            day (`edgetwin.loop.verdict.day_to_day_variance`); None or a KPI missing: the
+            interval is about the canary's day only (``day_var`` 0 in the estimate says so).
 
     Groups the canary measured but the twin has no prediction for are an error (the canary ran on
     another fleet than the twin's log)."""
@@ -527,13 +540,15 @@ def ppi_estimates(
     out = {}
     for k in kpis:
         args = (predictions, at, measured, is_c, k, candidate, baseline, level)
+        day = (day_var or {}).get(k, (0.0, 0.0, float("inf")))
         if canary is None:
-            out[k] = _rectified(*args, against=(candidate, baseline))
+            out[k] = _rectified(*args, against=(candidate, baseline), day=day)
         else:
             out[k] = _rectified(*args, against=(canary, canary), transport_var=interference_var(
                 member_predictions, is_c, list(measured.index), k, candidate, baseline, canary,
-            ) if member_predictions else (0.0, 0.0), transport_df=max(len(member_predictions or ()) - 1, 1))  # fmt: skip
-            local = _rectified(*args, against=(candidate, baseline))  # assumes no interference: the verdict's hull
+            ) if member_predictions else (0.0, 0.0), transport_df=max(len(member_predictions or ()) - 1, 1),
+                day=day)  # fmt: skip
+            local = _rectified(*args, against=(candidate, baseline), day=day)  # assumes no interference: the verdict's hull
             out[k].update({f"{LOCAL}{key}": local[key] for key in _LOCAL_KEYS})
         out[k]["n_fleet"], out[k]["n_candidate"], out[k]["n_control"] = len(predictions), int(is_c.sum()), int((~is_c).sum())
     return out

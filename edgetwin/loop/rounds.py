@@ -119,6 +119,7 @@ def canary_loop(
     log: Any = print,
     on_canary: Any = None,
     fleet_control: bool = False,
+    other_days: Sequence[pd.DataFrame] | None = None,
 ) -> LoopResult:
     """Plan → canary → update → verdict, until a verdict or ``max_rounds``.
 
@@ -145,6 +146,15 @@ def canary_loop(
             demo's one-day canary no longer decides with it (docs/benchmarks/closed_loop).
         on_canary: called as ``on_canary(round, plan, canary_result)`` after each round's canary
             (e.g. a benchmark that judges the same canary's log another way); None: nothing.
+        other_days: logs of other days (default: ``old_logs``) whose replay in the twin gives the
+            day-to-day variance of the change (`edgetwin.loop.verdict.day_to_day_variance`): the
+            verdict is about the change averaged over the days the decision lives with, not the
+            canary's day. None and no ``old_logs``: the intervals are about the canary's day, and
+            the result says so.
+
+    Each round is one look at the pooled evidence and spends ``(1 − 90 %) / max_rounds`` of alpha
+    (`edgetwin.loop.ppi.look_level`). An undecided result says how many more canary days the
+    pooled interval needs to clear its margin (`days_needed`).
 
     A later round whose plan cannot be made (e.g. no slice fits the loss budget any more) ends the
     loop with the verdict so far (abstain) and says why; a first round's raises (`InputError`), as
@@ -167,6 +177,8 @@ def canary_loop(
     per_round: list[dict[str, dict[str, float]]] = []
     verdict, reason = "abstain", decision.reason()
     all_logs = list(old_logs) if old_logs is not None else None
+    days_src = list(other_days) if other_days is not None else list(all_logs or [])
+    day_var: dict[str, tuple[float, float, float]] | None = None
     for r in range(1, max_rounds + 1):
         try:
             plan = plan_canary(decision, twin, fleet_log, candidate_spec, baseline_spec, budget, seed=seed,
@@ -193,8 +205,13 @@ def canary_loop(
             est: dict[str, dict[str, float]] = {}
             checks: list[dict[str, Any]] = []
         else:
+            if day_var is None:  # once, with the twin the loop started from
+                from edgetwin.loop.verdict import day_to_day_variance
+
+                day_var = day_to_day_variance(twin, days_src, [m.kpi for m in plan.margins], candidate_spec,
+                                              baseline_spec, seed=seed)  # fmt: skip
             est = canary_verdict(twin, fleet_log, res.log, plan, candidate_spec, baseline_spec,
-                                 candidate_version="candidate",
+                                 candidate_version="candidate", day_var=day_var,
                                  pre_ticks=cfg.pre_ticks, ticks=ran, seed=seed, members=members,
                                  fleet_rows=res.fleet_log if fleet_control else None)  # fmt: skip
             per_round.append(est)
@@ -202,11 +219,18 @@ def canary_loop(
             # whichever round decides keeps the level over the loop
             pooled = {k: combine_estimates([pr[k] for pr in per_round], look_level(LEVEL, max_rounds)) for k in est}
             verdict, ests = ppi_verdict(pooled, list(plan.margins))
-            checks = [e.to_dict() for e in ests]
+            expected = {pk.column: pk.expected for pk in plan.kpis}
+            checks = [{**e.to_dict(), "realised_width": e.interval[1] - e.interval[0],
+                       "expected_width": (lambda x: x[1] - x[0] if x else float("nan"))(expected.get(e.kpi)),
+                       "day_to_day": bool(day_var and e.kpi in day_var)} for e in ests]  # fmt: skip
             reason = "; ".join(
                 f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
                 f"{100 * e.allowed_change:g}% ({e.verdict})" for e in ests
             )
+            if not day_var:
+                reason += " (about the canary's day only: no other days to estimate the day-to-day variance from)"
+            if verdict == "abstain":
+                reason = f"undecided: {days_needed(ests, len(per_round))}; {reason}"
         loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks)
         rounds.append(LoopRound(r, plan.to_dict(), res.stop_reason, len(res.log), len(c_rows), est, verdict, checks,
                                 loss, over))  # fmt: skip
@@ -220,6 +244,30 @@ def canary_loop(
         decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
                             episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
     return LoopResult(verdict, reason, gate, rounds, twin)
+
+
+def days_needed(checks: Sequence[Any], days: int, cap: int = 365) -> str:
+    """What would decide the straddling checks: "run N more days" of canaries like these.
+
+    For each straddling check, the gap between its point estimate and its margin, and the
+    interval's half-width; each more canary day (a fresh random slice on another day) adds an
+    independent measurement, so the half-width shrinks as ``sqrt(days / (days + N))`` (an
+    approximation: the fleet and interference terms do not shrink, so N is a lower bound). A point
+    estimate on the margin, or an N over ``cap``, cannot be decided by more days of this design."""
+    worst = 0
+    for c in checks:
+        if getattr(c, "verdict", "") != "straddle":
+            continue
+        lo, hi = c.worsening_interval
+        sign = -1.0 if c.better == "higher" else 1.0
+        gap = abs(sign * float(c.change) - float(c.allowed_change))
+        half = (float(hi) - float(lo)) / 2.0
+        if not (gap > 1e-9 and math.isfinite(half)):
+            return f"{c.kpi}'s estimate sits on its margin: more days of this canary will not decide it"
+        worst = max(worst, math.ceil(days * ((half / gap) ** 2 - 1.0)))
+    if worst > cap:
+        return f"more than {cap} more days of this canary would be needed: accept the abstention or widen the slice"
+    return f"run {max(worst, 1)} more day(s) of this canary (the pooled interval must shrink to clear the margin)"
 
 
 def balanced(plan: Any, tries: int = 10_000) -> Any:
@@ -318,4 +366,4 @@ def promote_after_canary(
     return version
 
 
-__all__ = ["LoopResult", "LoopRound", "balanced", "canary_loop", "promote_after_canary"]
+__all__ = ["LoopResult", "LoopRound", "balanced", "canary_loop", "days_needed", "promote_after_canary"]
