@@ -802,7 +802,7 @@ def main(argv: list[str] | None = None) -> None:
             cur.update({k: doc[k] for k in ("coverage_experiment", "simulated_by_fleet_size")},
                        coverage_seeds=doc["seeds"], coverage_days=doc["days"])  # fmt: skip
             path.write_text(json.dumps(cur, indent=1, default=float))
-            write_section(COVERAGE_SECTION, coverage_section(doc))
+            write_section(COVERAGE_SECTION, coverage_section(doc), doc=OUT / "README.md")
         return
     if args.docs_only:
         write_outputs(None, False)

@@ -60,7 +60,13 @@ def test_default_demo_reaches_the_edge_through_the_canary(tmp_path: Path) -> Non
     res = run_demo(tmp_path / "demo", seed=0, log=lambda _: None)
     n = res.numbers
     assert n.get("gate_abstained")
-    assert n["canary"]["verdict"] == "promote" and n["canary"]["rounds"] == 1
+    assert n["canary"]["rounds"] == 1
     assert n["canary"]["share"] <= 0.10 and n["canary"]["hours"] <= 24.0
-    assert n["promoted_version"] == "v1" and n["served_decisions"] == 100 * 96
+    # issue 48 item 7: the demo follows the statistics: with small-sample intervals its one-day canary
+    # may promote, or end undecided saying how many more days it needs (never a verdict below its level)
+    if n["canary"]["verdict"] == "promote":
+        assert n["promoted_version"] == "v1" and n["served_decisions"] == 100 * 96
+    else:
+        assert n["canary"]["verdict"] == "abstain" and "undecided: " in n["canary"]["reason"]
+        assert "more day" in n["canary"]["reason"] or "will not decide" in n["canary"]["reason"]
     assert n["offload_improvement_over_random"] > 0.2  # the trained policy offloads more than random

@@ -24,14 +24,20 @@ or whose columns are not the twin's, is refused (`check_canary_log`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
 from edgetwin.loop.verdict import canary_verdict
+
+if TYPE_CHECKING:  # typed seams (issue 46): the loop names the types it drives, imported for mypy only
+    from edgetwin.loop.plan import CanaryPlan, PlanBudget
+    from edgetwin.policies.gate import GateDecision
+    from edgetwin.twin.twin import Twin
+    from edgetwin.twin.whatif import PolicySpec
 
 
 @dataclass
@@ -78,7 +84,7 @@ class LoopResult:
     reason: str
     gate: dict[str, Any]
     rounds: list[LoopRound]
-    twin: Any = None
+    twin: Twin | None = None
 
     @property
     def agent_steps(self) -> int:
@@ -98,15 +104,15 @@ class LoopResult:
 
 
 def canary_loop(
-    twin: Any,
+    twin: Twin,
     fleet_log: pd.DataFrame,
     candidate: Any,
     current: Any,
     cluster: Any,
     *,
-    candidate_spec: Any,
-    baseline_spec: Any,
-    budget: Any = None,
+    candidate_spec: PolicySpec,
+    baseline_spec: PolicySpec,
+    budget: PlanBudget | None = None,
     guards: Sequence[Any] | None = None,
     max_rounds: int = 3,
     seed: int = 0,
@@ -115,9 +121,9 @@ def canary_loop(
     update_options: dict[str, Any] | None = None,
     members: Sequence[int] | None = None,
     gate_episodes: int = 1,
-    decision: Any = None,
-    log: Any = print,
-    on_canary: Any = None,
+    decision: GateDecision | None = None,
+    log: Callable[[str], Any] = print,
+    on_canary: Callable[[int, CanaryPlan, Any], Any] | None = None,
     fleet_control: bool = False,
     other_days: Sequence[pd.DataFrame] | None = None,
 ) -> LoopResult:
@@ -270,7 +276,7 @@ def days_needed(checks: Sequence[Any], days: int, cap: int = 365) -> str:
     return f"run {max(worst, 1)} more day(s) of this canary (the pooled interval must shrink to clear the margin)"
 
 
-def balanced(plan: Any, tries: int = 10_000) -> Any:
+def balanced(plan: CanaryPlan, tries: int = 10_000) -> CanaryPlan:
     """The plan with its slice's assignment seed moved to the first one (from the plan's) whose
     keyed-hash arms (`edgetwin.edge.canary_slice.SliceRouter`) split its groups as evenly as
     ``treat_share`` asks (within one group).
@@ -295,7 +301,7 @@ def balanced(plan: Any, tries: int = 10_000) -> Any:
 
 
 def _realised_loss(
-    canary_log: pd.DataFrame, plan: Any, pre_ticks: int, planned_ticks: int | None = None
+    canary_log: pd.DataFrame, plan: CanaryPlan, pre_ticks: int, planned_ticks: int | None = None
 ) -> tuple[dict[str, float], list[str]]:
     """Per KPI column: what the canary cost the fleet (`edgetwin.edge.canary.fleet_loss` of the
     arms' difference in differences relative to the plan's ``loss_levels``, `arm_worsening`, over

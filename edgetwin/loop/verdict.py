@@ -9,17 +9,22 @@ a canary log of another system or another fleet before anything is estimated.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
 
+if TYPE_CHECKING:  # typed seams (issue 46), for mypy only
+    from edgetwin.loop.plan import CanaryPlan
+    from edgetwin.twin.twin import Twin
+    from edgetwin.twin.whatif import PolicySpec
+
 __all__ = ["canary_verdict", "check_canary_log", "day_to_day_variance"]
 
 
-def check_canary_log(canary_log: pd.DataFrame, twin: Any, fleet_log: pd.DataFrame, columns: Sequence[str]) -> None:
+def check_canary_log(canary_log: pd.DataFrame, twin: Twin, fleet_log: pd.DataFrame, columns: Sequence[str]) -> None:
     """Refuse a canary log that is not of this twin's system or of this fleet (one line, exit 2).
 
     Of this twin's system: it has the KPI columns and no column the twin's spec does not declare.
@@ -51,12 +56,12 @@ def check_canary_log(canary_log: pd.DataFrame, twin: Any, fleet_log: pd.DataFram
 
 
 def canary_verdict(
-    twin: Any,
+    twin: Twin,
     fleet_log: pd.DataFrame,
     canary_log: pd.DataFrame,
-    plan: Any,
-    candidate: Any,
-    baseline: Any,
+    plan: CanaryPlan,
+    candidate: PolicySpec,
+    baseline: PolicySpec,
     *,
     candidate_version: str,
     pre_ticks: int = 4,
@@ -113,11 +118,11 @@ def canary_verdict(
 
 
 def day_to_day_variance(
-    twin: Any,
+    twin: Twin,
     other_days: Sequence[pd.DataFrame],
     columns: Sequence[str],
-    candidate: Any,
-    baseline: Any,
+    candidate: PolicySpec,
+    baseline: PolicySpec,
     *,
     days: int = 6,
     seed: int = 0,
