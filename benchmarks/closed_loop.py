@@ -631,6 +631,7 @@ def _emulated_days(n_agents: int, days: int, seed: int, col: str = "kpi.slo_viol
 def coverage_experiment(
     days_data: list[dict[str, Any]], runs: int, seed: int, share: float = 0.10, treat: float = 0.4,
     twin_error: float = 0.2, twin_bias: float = -0.05, day_sd: float = 0.02, group_sd: float = 0.10,
+    cuped: bool = True, control: str = "slice", assign: str = "random", types: tuple[str, ...] = tuple(COVERAGE_TYPES),
 ) -> dict[str, dict[str, Any]]:
     """``runs`` canaries per candidate type, simulated on the emulator's per-group outcomes without
     fitting twins (cheap on a shared 2-core machine; what it checks is the verdict's interval
@@ -647,6 +648,12 @@ def coverage_experiment(
     (the demo's 4 vs 6 of 100), no interference; the estimate is
     `edgetwin.loop.ppi.ppi_mean_difference` with the day-to-day variance from the twin's replay
     of 6 other days, judged by `ppi_verdict` against a 5 % margin at 90 %.
+
+    The design (`design_comparison`, all within the same candidate arm, share and hours):
+    ``cuped`` (the pre-period adjustment); ``control`` ``"slice"`` (the slice's other groups) or
+    ``"fleet"`` (every group not on the candidate, valid as the candidate arm is a uniformly random
+    draw); ``assign`` ``"random"`` or ``"stratified"`` (the slice sorted by the pre-period into two
+    halves, the candidate arm drawn equally from each, before randomizing).
     """
     from scipy.stats import binomtest
 
@@ -658,6 +665,8 @@ def coverage_experiment(
     out: dict[str, dict[str, Any]] = {}
     n_days = len(days_data)
     for name, delta in COVERAGE_TYPES.items():
+        if name not in types:
+            continue
         u = rng.normal(0.0, day_sd, n_days) if delta != 0.0 else np.zeros(n_days)
         worlds = []
         for d, dd in enumerate(days_data):
@@ -677,11 +686,20 @@ def coverage_experiment(
             k = max(4, int(round(share * n)))
             sl = rng.choice(n, k, replace=False)
             n_c = max(2, int(round(treat * k)))
-            cand, ctrl = sl[:n_c], sl[n_c:]
+            if assign == "stratified":  # two pre-period strata, the candidate arm drawn equally from each
+                srt = sl[np.argsort(x[sl], kind="stable")]
+                lo_h, hi_h = srt[: k // 2], srt[k // 2:]
+                pick = np.concatenate([rng.permutation(lo_h)[: n_c // 2], rng.permutation(hi_h)[: n_c - n_c // 2]])
+                cand, ctrl = pick, np.setdiff1d(sl, pick)
+            else:
+                cand, ctrl = sl[:n_c], sl[n_c:]
+            if control == "fleet":
+                ctrl = np.setdiff1d(np.arange(n), cand)
             others = [worlds[j] for j in rng.choice([j for j in range(n_days) if j != d], 6, replace=False)]
             dv = float(np.var([np.mean(w[3] - w[2]) for w in others], ddof=1))
             bv = float(np.var([np.mean(w[2]) for w in others], ddof=1))
-            e = ppi_mean_difference(fc, fb, yc[cand], fc[cand], y[ctrl], fb[ctrl], LEVEL, x_cand=x[cand], x_ctrl=x[ctrl],
+            e = ppi_mean_difference(fc, fb, yc[cand], fc[cand], y[ctrl], fb[ctrl], LEVEL,
+                                    x_cand=x[cand] if cuped else None, x_ctrl=x[ctrl] if cuped else None,
                                     day_var=(dv, bv), day_df=5.0)  # fmt: skip
             e.update(n_fleet=float(n), n_candidate=float(len(cand)), n_control=float(len(ctrl)))
             verdict, checks = ppi_verdict({"kpi.slo_violation": e}, margin)
@@ -701,6 +719,28 @@ def coverage_experiment(
                           int(max(4, round(share * len(days_data[0]["y"])))
                               - max(2, round(treat * max(4, round(share * len(days_data[0]["y"])))))),],
         }  # fmt: skip
+    return out
+
+
+#: the designs `design_comparison` measures, all with the same 4 candidate groups of a 10-group slice
+DESIGNS = {
+    "random, no CUPED": {"cuped": False},
+    "random + CUPED (default)": {},
+    "stratified by pre-period + CUPED": {"assign": "stratified"},
+    "fleet control + CUPED": {"control": "fleet"},
+}
+
+
+def design_comparison(days_data: list[dict[str, Any]], runs: int, seed: int) -> dict[str, dict[str, Any]]:
+    """Within one budget (the candidate arm's groups x hours, so the same expected loss), what
+    narrows the verdict's interval: median width, coverage and decided share per design
+    (`DESIGNS`) for the A/A and the truly regressing candidates, on the same simulated canaries as
+    `coverage_experiment` (same seed: the same days, slices and twins)."""
+    out = {}
+    for label, kw in DESIGNS.items():
+        r = coverage_experiment(days_data, runs, seed, types=("aa", "regressing"), **kw)
+        out[label] = {t: {"median_width": v["median_width"], "coverage": v["coverage"],
+                          "decided": v["promoted"] + v["refused"]} for t, v in r.items()}  # fmt: skip
     return out
 
 
@@ -730,7 +770,10 @@ def run_coverage(args: argparse.Namespace) -> dict[str, Any]:
     verdict rate at 100 / 1,000 / 5,000 groups (``--fleet-sizes``) at a fixed 10 % share."""
     seeds = list(range(args.seed, args.seed + args.seeds))
     t0 = time.perf_counter()
-    per_seed = [coverage_experiment(_emulated_days(100, args.days, s), args.runs, s) for s in seeds]
+    days0 = _emulated_days(100, args.days, seeds[0])
+    per_seed = [coverage_experiment(days0 if s == seeds[0] else _emulated_days(100, args.days, s), args.runs, s)
+                for s in seeds]  # fmt: skip
+    designs = design_comparison(days0, args.runs, seeds[0])
     by_size: dict[str, Any] = {}
     for n in args.fleet_sizes:
         res = [coverage_experiment(_emulated_days(n, args.days, s), max(50, args.runs // 4), s) for s in seeds[:1]]
@@ -739,7 +782,7 @@ def run_coverage(args: argparse.Namespace) -> dict[str, Any]:
                                "coverage": p[t]["coverage"], "runs": p[t]["runs"], "arm_sizes": p[t]["arm_sizes"]}
                            for t in COVERAGE_TYPES}  # fmt: skip
     return {"seeds": seeds, "days": args.days, "coverage_experiment": pool_coverage(per_seed),
-            "coverage_per_seed": per_seed, "simulated_by_fleet_size": by_size,
+            "coverage_per_seed": per_seed, "simulated_by_fleet_size": by_size, "designs": designs,
             "seconds": time.perf_counter() - t0}  # fmt: skip
 
 
@@ -769,6 +812,15 @@ def coverage_section(doc: dict[str, Any]) -> str:
     for n, r in doc["simulated_by_fleet_size"].items():
         arms = r["aa"]["arm_sizes"]
         lines.append(f"| {n} | {arms[0]} vs {arms[1]} | " + " | ".join(f"{100 * r[t]['decided']:.0f} %" for t in COVERAGE_TYPES) + " |")
+    if doc.get("designs"):
+        lines += ["", "What narrows the interval within the same budget (the same 4 candidate groups x 1 day; seed "
+                  f"{doc['seeds'][0]}, {ce['aa']['runs'] // len(doc['seeds'])} canaries per design and type, `design_comparison`):", "",
+                  "| design | median width (A/A) | coverage (A/A) | decided (A/A) | median width (regressing) | coverage (regressing) | decided (regressing) |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for label, r in doc["designs"].items():
+            a, g = r["aa"], r["regressing"]
+            lines.append(f"| {label} | {100 * a['median_width']:.0f} pp | {100 * a['coverage']:.1f} % | {100 * a['decided']:.0f} % | "
+                         f"{100 * g['median_width']:.0f} pp | {100 * g['coverage']:.1f} % | {100 * g['decided']:.0f} % |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -799,7 +851,7 @@ def main(argv: list[str] | None = None) -> None:
         if not args.no_write:
             path = OUT / "results_production.json"
             cur = json.loads(path.read_text()) if path.exists() else {}
-            cur.update({k: doc[k] for k in ("coverage_experiment", "simulated_by_fleet_size")},
+            cur.update({k: doc[k] for k in ("coverage_experiment", "simulated_by_fleet_size", "designs")},
                        coverage_seeds=doc["seeds"], coverage_days=doc["days"])  # fmt: skip
             path.write_text(json.dumps(cur, indent=1, default=float))
             write_section(COVERAGE_SECTION, coverage_section(doc), doc=OUT / "README.md")
