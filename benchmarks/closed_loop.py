@@ -41,6 +41,11 @@ no sweep point reaches it, the ratio is reported as "not reached" with its lower
 sweep point's agent-steps over twin + canary's).
 
     python benchmarks/closed_loop.py --logging random|production [--quick] [--seed 0] [--work DIR] [--no-write]
+    python benchmarks/closed_loop.py --coverage [--seeds 3] [--runs 200] [--days 20] [--fleet-sizes 100 1000 5000]
+
+``--coverage`` (about a minute of CPU): the coverage experiment of issue 48 (`coverage_experiment`,
+`design_comparison`): canaries simulated on the emulator's per-group outcomes, no twin fitted, into
+``results_production.json``'s ``coverage_experiment``, ``simulated_by_fleet_size`` and ``designs``.
 
 ``--quick`` (<= ~30 min on a loaded 2-core machine): 60 service groups (a canary of 10 % is 6
 groups, 3 per arm), 3 training days, a 3-member twin, PPO 5k steps, one day per candidate,

@@ -36,3 +36,6 @@ def test_both_text_forms_and_the_direction() -> None:
             KPIMargin.parse_relative(bad)
     with pytest.raises(InputError):
         KPIMargin("kpi.x", float("nan"))
+    # the edge's former field order (kpi, higher_is_better, max_regression) is refused, not read as a 100 % margin
+    with pytest.raises(InputError, match="by keyword"):
+        KPIMargin("kpi.x", True, 0.1, 0.0)  # type: ignore[arg-type]

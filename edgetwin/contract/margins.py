@@ -21,6 +21,8 @@ import dataclasses
 import math
 import re
 
+import numpy as np
+
 from edgetwin.contract.errors import InputError
 
 __all__ = ["DEFAULT_MARGIN", "KPIMargin"]
@@ -59,6 +61,16 @@ class KPIMargin:
     def __post_init__(self) -> None:
         if not self.kpi:
             raise InputError("a KPI margin needs a KPI name", "--max-regression")
+        if isinstance(self.higher_is_better, np.bool_):  # numpy's, e.g. ``weight > 0`` on an array value
+            object.__setattr__(self, "higher_is_better", bool(self.higher_is_better))
+        if isinstance(self.max_regression, bool) or not isinstance(self.higher_is_better, bool):
+            # the edge's former KPIMargin took (kpi, higher_is_better, max_regression, ...): refuse
+            # that order loudly rather than read a direction as a 100 % margin
+            raise InputError(
+                f"KPIMargin({self.kpi!r}, max_regression, min_delta, higher_is_better): got "
+                f"max_regression={self.max_regression!r}, higher_is_better={self.higher_is_better!r}; pass "
+                "higher_is_better by keyword", "--max-regression",
+            )
         if not (isinstance(self.max_regression, int | float) and math.isfinite(self.max_regression)
                 and self.max_regression >= 0):  # fmt: skip
             raise InputError(
