@@ -155,10 +155,11 @@ def test_canary_config_checks_and_from_plan() -> None:
     assert cfg.slice.sites == ("edge-fra",) and cfg.slice.scenarios == ("iot",)
     assert cfg.margins[0].kpi == "kpi.slo_violation" and cfg.margins[0].max_regression == pytest.approx(0.05)
     assert cfg.canary_id == CanaryConfig.from_plan(Plan(), candidate="v3").canary_id  # deterministic
-    from edgetwin.policies.gate import Guard
+    from types import SimpleNamespace
 
-    class GatePlan(Plan):  # the gate's guards: direction from the spec's reward
-        margins = [Guard("kpi.revenue", 0.1), Guard("kpi.slo_violation", 0.05, min_delta=0.01)]
+    class GatePlan(Plan):  # margins of another module's plan, with no direction: it comes from the spec
+        margins = [SimpleNamespace(kpi="kpi.revenue", max_regression=0.1),
+                   SimpleNamespace(kpi="kpi.slo_violation", max_regression=0.05, min_delta=0.01)]  # fmt: skip
 
     ms = {m.kpi: m for m in CanaryConfig.from_plan(GatePlan(), candidate="v3", spec=SPEC).margins}
     # the direction is the spec's declared one (revenue: higher), not only the reward weight's sign

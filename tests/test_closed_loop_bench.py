@@ -89,3 +89,32 @@ def test_the_readme_s_closed_loop_numbers_are_the_benchmark_s() -> None:
         assert d["canary_steps_ratio"] is not None and float(m.group(5)) == round(d["canary_steps_ratio"], 1)
         assert d["canary_steps_reach"]["steps"] == max(p["canary_agent_steps"] for p in d["canary_alone_sweep"])
     assert "no round over its loss budget" in text and d["twin_canary"]["rounds_over_budget"] == 0
+
+
+def test_the_coverage_experiment_counts_with_clopper_pearson(cl: Any) -> None:
+    """Issue 48 item 5: per candidate type, coverage of the stated level over simulated canaries at
+    the loop's arm sizes, and a false-promote upper bound only where the truth regresses."""
+    rng = np.random.default_rng(0)
+    days = [{"y": rng.gamma(2.0, 0.1, 100), "x": rng.gamma(2.0, 0.1, 100)} for _ in range(8)]
+    out = cl.coverage_experiment(days, runs=40, seed=0)
+    assert set(out) == {"aa", "at_margin", "regressing", "better"}
+    for r in out.values():
+        assert r["runs"] == 40 and r["level"] == pytest.approx(0.9) and r["arm_sizes"] == [4, 6]
+        assert 0.0 <= r["coverage"] <= 1.0 and r["coverage_ci"][0] <= r["coverage"] <= r["coverage_ci"][1]
+        assert (r["false_promote_upper"] is not None) == (r["truth"] > cl.MARGIN)
+    assert out["regressing"]["promoted"] == 0.0 and 0.0 < out["regressing"]["false_promote_upper"] < 0.1
+    pooled = cl.pool_coverage([out, out])
+    assert pooled["aa"]["runs"] == 80 and pooled["regressing"]["false_promote_upper"] < out["regressing"]["false_promote_upper"]
+
+
+def test_the_page_s_coverage_numbers_are_the_json_s() -> None:
+    import json
+
+    root = BENCH.parent / "docs" / "benchmarks" / "closed_loop"
+    d = json.loads((root / "results_production.json").read_text())
+    if "coverage_experiment" not in d:
+        pytest.skip("the coverage experiment has not been run into this JSON")
+    page = (root / "README.md").read_text()
+    for t, r in d["coverage_experiment"].items():
+        assert {"runs", "level", "coverage", "promoted", "false_promote_upper"} <= set(r)
+        assert f"| {t} | {r['runs']} |" in page and f"{100 * r['coverage']:.1f} %" in page

@@ -66,6 +66,8 @@ def test_default_demo_follows_the_canarys_statistics(tmp_path: Path) -> None:
     assert n["canary"]["rounds"] == 1
     assert n["canary"]["share"] <= 0.10 and n["canary"]["hours"] <= 24.0
     assert {"kpi.revenue", "kpi.energy_j", "kpi.carbon_g"} <= set(n["cluster_change"])
+    # issue 48 item 7: the demo follows the statistics: with small-sample intervals its one-day canary
+    # may promote, or end undecided saying how many more days it needs (never a verdict below its level)
     if n["canary"]["verdict"] == "promote":
         assert n["promoted_version"] == "v1" and n["served_decisions"] == 100 * 96
         # a promotion must hold on the real system: no guarded KPI regressed beyond its margin there
@@ -73,7 +75,8 @@ def test_default_demo_follows_the_canarys_statistics(tmp_path: Path) -> None:
     else:
         assert not n.get("promoted_version") and not n.get("served_decisions")
         if n["canary"]["verdict"] == "abstain":
-            assert "undecided" in n["canary"]["reason"]
+            assert "undecided: " in n["canary"]["reason"]
+            assert "more day" in n["canary"]["reason"] or "will not decide" in n["canary"]["reason"]
     # the README says how the default demo ends: keep it true
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     says_undecided = "On the embedded\ndefaults (seed 0) it ends **undecided**" in readme

@@ -494,8 +494,10 @@ def test_kpi_margin_parse_and_checks() -> None:
         KPIGuard(margins=(m, m))
     with pytest.raises(InputError):
         KPIGuard(window=0)
-    g = KPIGuard.from_spec(SPEC)  # the cluster's reward weighs kpi.slo_violation negatively
-    assert [(x.kpi, x.higher_is_better) for x in g.margins] == [("kpi.slo_violation", False)]
+    g = KPIGuard.from_spec(SPEC)  # every KPI the cluster's spec gives a direction, at its declared margin
+    assert [(x.kpi, x.higher_is_better, x.max_regression) for x in g.margins] == [
+        ("kpi.task_time_ms", False, 0.05), ("kpi.slo_violation", False, 0.05), ("kpi.energy_j", False, 0.05),
+        ("kpi.carbon_g", False, 0.05), ("kpi.revenue", True, 0.02)]  # fmt: skip
 
 
 def test_kpi_watch_window_grace_patience_baselines() -> None:

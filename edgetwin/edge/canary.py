@@ -48,7 +48,7 @@ import pandas as pd
 
 from edgetwin.contract.errors import InputError
 from edgetwin.edge.bus import Received, Subjects
-from edgetwin.edge.canary_guard import CanaryGuard, GuardStop
+from edgetwin.edge.canary_guard import CanaryGuard, GuardStop, cuped_slope
 from edgetwin.edge.canary_slice import CanarySlice, SliceRouter
 from edgetwin.edge.kpi_watch import KPIMargin
 from edgetwin.edge.messages import Envelope, KindSchema, register_kind
@@ -555,8 +555,8 @@ class Canary:
         worsening: ``(offset, se)`` in the KPI's units.
 
         Each group ``i`` has its canary mean ``y_i`` and (with ``pre_ticks``) its pre-canary mean
-        ``x_i``. ``theta`` = the least-squares slope of ``y`` on ``x`` over the *control* groups
-        (the candidate does not touch them; 0 without a baseline or with < 3 of them); the offset
+        ``x_i``. ``theta`` = `edgetwin.edge.canary_guard.cuped_slope` (the verdict's too: pooled
+        within-arm; 0 without a baseline or with < 3 groups); the offset
         is ``theta * (mean x over candidate groups - mean x over control groups)``, oriented as a
         worsening, and ``se = sqrt(s_c^2 / n_c + (1 + r)^2 s_0^2 / n_0)`` with ``s^2`` the spread
         of ``y_i - theta x_i`` within each arm and ``r`` the KPI's relative margin (the margin moves
@@ -572,9 +572,7 @@ class Canary:
                 groups[arm][1].append(pre[1 + j] / pre[0] if pre is not None else 0.0)
             yc, xc = (np.asarray(v) for v in groups["control"])
             yt, xt = (np.asarray(v) for v in groups["candidate"])
-            theta = 0.0
-            if int(self.config.pre_ticks) > 0 and len(xc) >= 3 and float(np.var(xc)) > 0:
-                theta = float(np.cov(xc, yc, ddof=1)[0, 1] / np.var(xc, ddof=1))
+            theta = cuped_slope([xt, xc], [yt, yc]) if int(self.config.pre_ticks) > 0 else 0.0  # shared with the verdict
             if len(yc) < 2 or len(yt) < 2:
                 out[m.kpi] = (0.0, math.inf)
                 continue

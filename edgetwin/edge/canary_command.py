@@ -254,8 +254,9 @@ class CanaryStart:
         for m in p["margins"]:
             if not isinstance(m, dict):
                 raise InputError("each margin is {kpi, higher_is_better, max_regression, min_delta}", where="margins")
-            margins.append(KPIMargin(str(m["kpi"]), bool(m.get("higher_is_better", False)),
-                                     float(m.get("max_regression", 0.1)), float(m.get("min_delta", 0.0))))  # fmt: skip
+            margins.append(KPIMargin(str(m["kpi"]), max_regression=float(m.get("max_regression", 0.1)),
+                                     min_delta=float(m.get("min_delta", 0.0)),
+                                     higher_is_better=bool(m.get("higher_is_better", False))))  # fmt: skip
         if not isinstance(p["slice"], dict):
             raise InputError("slice must be an object", where="slice")
         return cls(

@@ -59,7 +59,31 @@ from scipy.stats import chi2, norm
 from edgetwin.contract.errors import InputError
 from edgetwin.edge.kpi_watch import KPIMargin, lookup_kpi
 
-__all__ = ["CanaryGuard", "ConfidenceSequence", "GuardStop", "cs_radius", "cs_rho", "excess_worsening"]
+__all__ = ["CanaryGuard", "ConfidenceSequence", "GuardStop", "cs_radius", "cs_rho", "cuped_slope", "excess_worsening"]
+
+
+def cuped_slope(x_arms: Sequence[np.ndarray], y_arms: Sequence[np.ndarray], min_groups: int = 3) -> float:
+    """The one CUPED slope (Deng et al. 2013) of the guard's composition (`edgetwin.edge.canary`)
+    and the verdict's rectifier (`edgetwin.loop.ppi.ppi_mean_difference`).
+
+    The pooled within-arm least-squares slope of ``y`` (a group's canary mean, or its residual
+    against the twin) on ``x`` (its pre-canary mean): each arm centred on its own means, so the
+    treatment's shift of the candidate arm does not enter the slope. Why pooled, not control-only
+    (the guard's earlier choice) nor the overall regression: any fixed slope leaves the arms'
+    difference unbiased under randomization, so the slope is chosen for variance, and with 4 and 6
+    groups the pooled one uses all 10 instead of 6. 0 with fewer than ``min_groups`` groups in all
+    or no spread in ``x`` (no adjustment, rather than a slope fitted to noise).
+
+    Args:
+        x_arms, y_arms: per arm, ``(n_arm,)`` covariates and outcomes (same lengths).
+    """
+    xr = [np.asarray(x, dtype=np.float64) - np.mean(x) for x in x_arms if len(x)]
+    yr = [np.asarray(y, dtype=np.float64) - np.mean(y) for y in y_arms if len(y)]
+    if sum(len(x) for x in xr) < min_groups:
+        return 0.0
+    xv, yv = np.concatenate(xr), np.concatenate(yr)
+    sxx = float(xv @ xv)
+    return float(xv @ yv) / sxx if sxx > 0 and math.isfinite(sxx) else 0.0
 
 
 def cs_rho(alpha: float, t_star: float) -> float:

@@ -1,7 +1,8 @@
 """The runtime's KPI watch: which KPIs may regress by how much, and when a live window says they did.
 
-* `KPIMargin`: one guarded KPI and its allowed regression (``kpi.slo_violation<=5%``), relative to
-  a baseline, in the direction the spec says is better.
+* `KPIMargin` (`edgetwin.contract.margins`, the one margin type the gate and the loop share too):
+  one guarded KPI and its allowed regression (``kpi.slo_violation<=5%``), relative to a baseline,
+  in the direction the spec says is better.
 * `KPIGuard`: the margins of a runtime, where its baseline comes from (`BaselineSource`), and how
   many observations a window needs before it may judge.
 * `KPIWatch`: the sliding window of live KPI reports behind a served version; `KPIWatch.observe`
@@ -13,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import re
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.margins import KPIMargin
 from edgetwin.contract.spec import TwinSpec
 
 __all__ = ["BaselineSource", "Breach", "KPIGuard", "KPIMargin", "KPIWatch", "lookup_kpi"]
@@ -28,73 +29,6 @@ __all__ = ["BaselineSource", "Breach", "KPIGuard", "KPIMargin", "KPIWatch", "loo
 log = logging.getLogger("edgetwin.runtime")
 
 BaselineSource = Literal["auto", "previous", "metadata", "first_window"]
-
-
-_MARGIN_RE = re.compile(
-    r"^\s*(?P<name>[A-Za-z0-9_.\-]+)\s*(?P<op><=|>=)\s*(?P<val>[+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*(?P<pct>%?)\s*$"
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class KPIMargin:
-    """How far one live KPI may regress from its baseline before the runtime rolls back.
-
-    Attributes:
-        kpi: the name as reported (``"kpi.slo_violation"``; a baseline from metadata metrics may
-            also be named without the ``kpi.`` prefix).
-        higher_is_better: False for costs (latency, violations, energy), True for revenue, reward.
-        max_regression: allowed relative worsening, a fraction of ``|baseline|`` (0.10 = 10 %).
-        min_delta: allowed absolute worsening on top (in the KPI's units): keeps KPIs near zero from
-            tripping on noise.
-    """
-
-    kpi: str
-    higher_is_better: bool = False
-    max_regression: float = 0.10
-    min_delta: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not self.kpi:
-            raise InputError("a KPI margin needs a KPI name", where="kpi guard")
-        if not (math.isfinite(self.max_regression) and self.max_regression >= 0):
-            raise InputError(
-                f"max_regression of {self.kpi!r} must be >= 0, got {self.max_regression}", where="kpi guard"
-            )
-        if not (math.isfinite(self.min_delta) and self.min_delta >= 0):
-            raise InputError(
-                f"min_delta of {self.kpi!r} must be >= 0, got {self.min_delta}", where="kpi guard"
-            )
-
-    def worsening(self, baseline: float, value: float) -> float:
-        """How much worse ``value`` is than ``baseline``, in the KPI's units (negative: better)."""
-        return baseline - value if self.higher_is_better else value - baseline
-
-    def allowed(self, baseline: float) -> float:
-        """The largest worsening tolerated from ``baseline``."""
-        return self.max_regression * abs(baseline) + self.min_delta
-
-    def breached(self, baseline: float, value: float) -> bool:
-        return self.worsening(baseline, value) > self.allowed(baseline)
-
-    def describe(self) -> str:
-        sign = ">=" if self.higher_is_better else "<="
-        pct = ("-" if self.higher_is_better else "+") + f"{100 * self.max_regression:g}%"
-        return f"{self.kpi}{sign}{pct}" + (f" (±{self.min_delta:g} abs)" if self.min_delta else "")
-
-    @classmethod
-    def parse(cls, text: str, *, min_delta: float = 0.0, where: str = "--guard") -> KPIMargin:
-        """``"kpi.slo_violation<=+10%"`` (a cost may rise 10 %) or ``"kpi.revenue>=-5%"`` (may fall 5 %).
-
-        The number may also be a plain fraction (``<=0.1``).
-        """
-        m = _MARGIN_RE.match(text)
-        if m is None:
-            raise InputError(
-                f"expected NAME<=+P% (lower is better) or NAME>=-P% (higher is better), got {text!r}",
-                where=where,
-            )
-        val = abs(float(m["val"])) / (100.0 if m["pct"] else 1.0)
-        return cls(m["name"], higher_is_better=m["op"] == ">=", max_regression=val, min_delta=min_delta)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,16 +83,18 @@ class KPIGuard:
 
     @classmethod
     def from_spec(cls, spec: TwinSpec, max_regression: float = 0.10, **kwargs: Any) -> KPIGuard:
-        """Guard every ``kpi.*`` column the spec's reward weighs, in the direction the reward wants it.
+        """Guard every ``kpi.*`` column the spec gives a direction: its declared ``better`` (at its
+        declared ``margin``, else ``max_regression``), else the direction its reward weight wants.
 
-        A spec whose reward names no KPI gives an empty guard (logged): pass margins explicitly.
+        A spec that gives no KPI a direction gives an empty guard (logged): pass margins explicitly.
         """
-        kpis = set(spec.names("kpi"))
+        weights = spec.reward_weights
         margins = tuple(
-            KPIMargin(col, higher_is_better=w > 0, max_regression=max_regression)
-            for col, w in spec.reward_weights.items()
-            if col in kpis and w != 0
-        )
+            KPIMargin(f.name, higher_is_better=(f.better == "higher") if f.better else weights[f.name] > 0,
+                      max_regression=max_regression if f.margin is None else float(f.margin))
+            for f in spec.by_role("kpi")
+            if f.better is not None or weights.get(f.name, 0.0) != 0
+        )  # fmt: skip
         if not margins:
             log.warning(
                 "spec %r: its reward weighs no kpi.* column, so no KPI is guarded; give margins", spec.name

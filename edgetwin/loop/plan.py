@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.margins import KPIMargin
 
 #: candidate canary durations, hours
 HOURS_GRID = (1.0, 2.0, 3.0, 6.0, 12.0, 24.0)
@@ -138,17 +138,6 @@ class PlanSlice:
     seed: int = 0
 
 
-@dataclass(frozen=True)
-class PlanMargin:
-    """A guarded KPI as the canary's guard reads it (`CanaryConfig.from_plan`): the log column,
-    its direction, and the gate's margin."""
-
-    kpi: str
-    max_regression: float
-    min_delta: float = 0.0
-    higher_is_better: bool = False
-
-
 @dataclass
 class PlannedKPI:
     """One deciding KPI: where it stands, what the canary should make of it, and its worst case.
@@ -188,7 +177,7 @@ class CanaryPlan:
     baseline: str
     slice: PlanSlice
     hours: float
-    margins: tuple[PlanMargin, ...]
+    margins: tuple[KPIMargin, ...]
     kpis: list[PlannedKPI]
     n_groups: int
     fleet_groups: int
@@ -227,7 +216,7 @@ class CanaryPlan:
                 d["candidate"], d["baseline"],
                 PlanSlice(tuple(sl.get("agents", ())), tuple(sl.get("sites", ())), tuple(sl.get("scenarios", ())),
                           float(sl.get("treat_share", 0.5)), int(sl.get("seed", 0))),
-                float(d["hours"]), tuple(PlanMargin(**m) for m in d["margins"]),
+                float(d["hours"]), tuple(KPIMargin(**m) for m in d["margins"]),
                 [PlannedKPI(**k) for k in d["kpis"]], int(d["n_groups"]), int(d["fleet_groups"]),
                 float(d["share"]), dict(d["budget"]), bool(d["decides"]), list(d["why"]), int(d.get("seed", 0)),
                 int(d.get("round", 1)), {str(k): float(v) for k, v in dict(d.get("loss_budget") or {}).items()},
@@ -368,7 +357,7 @@ def plan_canary(
     if not checks:
         raise InputError("nothing for a canary to settle: no abstaining nominal check of a per-group mean KPI", "plan")
     # every guarded KPI with a column is guarded by the canary, not only the deciding ones
-    margins: list[PlanMargin] = []
+    margins: list[KPIMargin] = []
     loss_budget: dict[str, float] = {}
     for kpi, cap in budget.max_loss.items():  # by the column the canary measures (the tightest when two share one)
         col = _kpi_column(kdefs[kpi]) if kpi in kdefs else None
@@ -377,7 +366,7 @@ def plan_canary(
     for c in decision.checks:
         col = _kpi_column(kdefs[c.kpi])
         if c.scenario == NOMINAL.name and col is not None and col not in {m.kpi for m in margins}:
-            margins.append(PlanMargin(col, c.max_regression, c.min_delta, kdefs[c.kpi].better == "higher"))
+            margins.append(KPIMargin(col, c.max_regression, c.min_delta, kdefs[c.kpi].better == "higher"))
 
     # the fleet: the service groups of the log's last episode (the most recent day's population)
     last_day = log[log["episode"] == log["episode"].iloc[-1]]
@@ -406,7 +395,7 @@ def plan_canary(
         twin, {"candidate": candidate, "baseline": baseline}, log, columns, episodes=1, seed=seed, members=members
     )
     resid = _residual_spread(twin, log, columns, hours_opts, seed, members, pre_ticks)
-    z = float(stats.norm.ppf(0.5 + LEVEL / 2))
+    from edgetwin.loop.ppi import t_quantile, welch_df
 
     def option(n: int, h: float) -> tuple[bool, float, float, list[PlannedKPI]]:
         n_c = max(2, int(round(budget.treat_share * n)))
@@ -417,9 +406,12 @@ def plan_canary(
             fc, fb = preds[("candidate", col)].to_numpy(), preds[("baseline", col)].to_numpy()
             base = abs(float(np.mean(fb))) or 1.0
             s_r = resid[(col, h)]
-            se = math.sqrt(np.var(fc - fb, ddof=1) / len(fc) + s_r**2 / n_c + s_r**2 / n_b) / base
+            terms = [(float(np.var(fc - fb, ddof=1)) / len(fc), len(fc) - 1), (s_r**2 / n_c, n_c - 1),
+                     (s_r**2 / n_b, n_b - 1)]  # fmt: skip
+            se = math.sqrt(sum(v for v, _ in terms)) / base
+            q = t_quantile(LEVEL, welch_df(terms))  # the verdict's own reference (`edgetwin.loop.ppi`)
             point = float(c.change)
-            exp = [point - z * se, point + z * se]
+            exp = [point - q * se, point + q * se]
             sign = -1.0 if c.better == "higher" else 1.0
             wlo, whi = sorted((sign * exp[0], sign * exp[1]))
             decides = whi <= c.allowed_change or wlo > c.allowed_change
@@ -481,7 +473,6 @@ __all__ = [
     "HOURS_GRID",
     "CanaryPlan",
     "PlanBudget",
-    "PlanMargin",
     "PlanSlice",
     "PlannedKPI",
     "budget_from_flags",

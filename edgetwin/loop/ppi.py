@@ -50,14 +50,15 @@ transporting one refusing an edge-heavy constant the twin thought would congest)
 15 of 36 and got 14 right (the one miss a false refusal both ends make), and with the rest of the
 fleet as the control arm (`edgetwin.loop.rounds.canary_verdict`'s ``fleet_rows``) 13, all right.
 
-Its 90 % interval sums the variances of the three independent-sample terms
-(``var(f_c − f_b)/N + var_cand(y − f^canary)/n_c + var_ctrl(y − f^canary)/n_b``) and the members'
-interference variance, on a t reference whose degrees of freedom are Welch-Satterthwaite's over
-those terms (`welch_df`: a canary's arms hold a handful of groups, 4 and 6 in the demo's, where the
-normal reference covered 85 % at a stated 90 %; tests/test_ppi.py); the relative change and its
-interval come from the delta method on ``θ̂ / μ̂_b``. Rounds pooled by `combine_estimates` carry
-their degrees of freedom the same way, and `edgetwin.loop.rounds.canary_loop` spends the loop's α
-over its looks (each of up to R rounds is judged at 1 − α/R). When the twin is good,
+Its 90 % interval has the variance of the three independent-sample terms
+(``var(f_c − f_b)/N + var_cand(y − f^canary)/n_c + var_ctrl(y − f^canary)/n_b``) plus the members'
+interference variance, on a **t reference with Welch-Satterthwaite degrees of freedom** over those
+four terms (`welch_df`; the interference's with members − 1): with the demo's 4 candidate and 6
+control groups the normal reference covered about 84 % instead of 90 %. The relative
+change and its interval come from the delta method on ``θ̂ / μ̂_b``. Rounds are pooled with the
+terms they share (the fleet's and the interference's) added as perfectly correlated, not as
+independent (`combine_estimates`), and each look of the loop spends its share of alpha
+(`look_level`), so that stopping at whichever round decides keeps the level. When the twin is good,
 ``y − f`` varies less than ``y``, so the interval is narrower than the canary's own two-sample
 interval; when it is biased (by the same amount on the slice as on the fleet), the interval is
 still valid (the test with a twin biased by a known amount checks it).
@@ -84,11 +85,13 @@ import pandas as pd
 from scipy import stats
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.margins import KPIMargin
 
 LEVEL = 0.90
 #: key prefix of the no-interference estimate kept beside a transporting one (module docstring)
 LOCAL = "local:"
-_LOCAL_KEYS = ("diff", "diff_se", "base", "base_se", "rel", "rel_lo", "rel_hi", "df")
+_LOCAL_KEYS = ("diff", "diff_se", "base", "base_se", "rel", "rel_lo", "rel_hi", "df",
+               "diff_var_shared", "diff_var_own", "base_var_shared", "base_var_own")
 
 
 @dataclass
@@ -130,6 +133,22 @@ def _var(x: np.ndarray) -> float:
     return float(np.var(x, ddof=1)) if len(x) > 1 else float("inf")
 
 
+def welch_df(terms: Sequence[tuple[float, float]]) -> float:
+    """Welch-Satterthwaite degrees of freedom of a sum of independent variance terms.
+
+    ``terms``: ``(v_i, df_i)`` with ``v_i`` the term's variance (``s_i² / n_i``) and ``df_i`` its
+    degrees of freedom (``n_i − 1``; ``inf`` for a term known exactly). Returns
+    ``(Σ v_i)² / Σ v_i² / df_i`` (``inf`` when every term is known): with a handful of groups per
+    arm (the demo's canary: 4 candidate, 6 control) the normal reference's 90 % interval covers
+    about 84 %; the t reference at these degrees of freedom restores the level (tests/test_ppi.py
+    checks it by simulation)."""
+    tot = sum(v for v, _ in terms)
+    den = sum(v * v / d for v, d in terms if math.isfinite(d) and d > 0 and v > 0)
+    if not (tot > 0 and math.isfinite(tot)):
+        return float("inf")
+    return float(tot * tot / den) if den > 0 else float("inf")
+
+
 def ppi_mean_difference(
     fleet_cand: np.ndarray,
     fleet_base: np.ndarray,
@@ -141,6 +160,9 @@ def ppi_mean_difference(
     x_cand: np.ndarray | None = None,
     x_ctrl: np.ndarray | None = None,
     transport_var: tuple[float, float] = (0.0, 0.0),
+    transport_df: float = float("inf"),
+    day_var: tuple[float, float] = (0.0, 0.0),
+    day_df: float = float("inf"),
 ) -> dict[str, float]:
     """The PPI estimate of ``E[Y_c] − E[Y_b]`` and ``E[Y_b]`` (see the module docstring).
 
@@ -153,17 +175,30 @@ def ppi_mean_difference(
         level: two-sided level of the intervals.
         x_cand, x_ctrl: optional pre-treatment covariates of the same groups (their mean KPI over
             the canary's pre-ticks, when every group was still on the current policy). Both arms'
-            residuals are adjusted by ``β·(x − mean x)`` (CUPED; ``β`` the pooled within-arm
-            regression slope): randomization makes ``mean x`` the same in expectation on both
-            arms, so the adjustment removes the groups' own levels from the rectifier's noise
-            without biasing it (the slope's estimation error is O(1/n)).
+            residuals are adjusted by ``β·(x − mean x)`` (CUPED; ``β`` from
+            `edgetwin.edge.canary_guard.cuped_slope`, the one slope the guard uses too):
+            randomization makes ``mean x`` the same in expectation on both arms, so the adjustment
+            removes the groups' own levels from the rectifier's noise without biasing it (the
+            slope's estimation error is O(1/n)); it costs the arms' terms one degree of freedom.
         transport_var: variances added to the difference's and the baseline level's, for what
             the canary cannot measure: the twin's uncertainty about the interference it
             transports from the canary's configuration to the full switch (`interference_var`).
+        transport_df: its degrees of freedom (members − 1; ``inf``: known).
+        day_var: the day-to-day variance of the fleet-wide change and of the baseline level
+            (`edgetwin.loop.verdict.day_to_day_variance`, the twin's replay of other days): the
+            verdict is about the change averaged over the days the decision lives with, and one
+            canary day's change is one draw around it (DESIGN.md, "What a verdict is about").
+            Shared by rounds run on the same day. day_df: its degrees of freedom (days − 1).
 
     Returns:
-        ``diff``, ``diff_se``, ``base``, ``base_se``, ``rel``, ``rel_lo``, ``rel_hi``, ``twin_diff``.
+        ``diff``, ``diff_se``, ``base``, ``base_se``, ``rel``, ``rel_lo``, ``rel_hi``, ``twin_diff``,
+        and what pooling rounds needs (`combine_estimates`): ``df`` (Welch-Satterthwaite, the
+        interval's t reference), ``diff_var_shared`` / ``base_var_shared`` (the fleet and
+        interference terms, which rounds share: the same fleet and a twin that only learns
+        slowly) and ``diff_var_own`` / ``base_var_own`` (the round's own rectifier).
     """
+    from edgetwin.edge.canary_guard import cuped_slope
+
     arrs = [np.asarray(a, dtype=np.float64) for a in (fleet_cand, fleet_base, y_cand, f_cand, y_ctrl, f_ctrl)]
     fc, fb, yc, pc, yb, pb = arrs
     if len(fc) != len(fb) or len(yc) != len(pc) or len(yb) != len(pb):
@@ -175,64 +210,48 @@ def ppi_mean_difference(
         )
     twin_diff = float(np.mean(fc - fb))
     rc, rb = yc - pc, yb - pb
-    cuped = False
+    lost = 0.0  # degrees of freedom the CUPED slope costs the arms' terms
     if x_cand is not None and x_ctrl is not None:
         xc, xb = np.asarray(x_cand, dtype=np.float64), np.asarray(x_ctrl, dtype=np.float64)
         if len(xc) != len(rc) or len(xb) != len(rb):
             raise ValueError("covariates must pair up with the measurements")
         if np.isfinite(xc).all() and np.isfinite(xb).all():
             xm = float(np.mean(np.concatenate([xc, xb])))
-            xr = np.concatenate([xc - xc.mean(), xb - xb.mean()])
-            rr = np.concatenate([rc - rc.mean(), rb - rb.mean()])
-            sxx = float(xr @ xr)
-            beta = float(xr @ rr) / sxx if sxx > 0 else 0.0
+            beta = cuped_slope([xc, xb], [rc, rb])
             rc, rb = rc - beta * (xc - xm), rb - beta * (xb - xm)
-            cuped = True
+            lost = 0.5
+    v_fleet, v_c, v_b = _var(fc - fb) / len(fc), _var(rc) / len(rc), _var(rb) / len(rb)
     diff = twin_diff + float(np.mean(rc) - np.mean(rb))
-    # each term with its degrees of freedom: a handful of groups per arm is no normal sample
-    # (the CUPED slope, estimated from both arms, costs one more)
-    lost = 1 if cuped else 0
-    d_terms = [(_var(fc - fb) / len(fc), len(fc) - 1), (_var(rc) / len(rc), len(rc) - 1 - lost),
-               (_var(rb) / len(rb), len(rb) - 1 - lost), (float(transport_var[0]), math.inf)]  # fmt: skip
-    b_terms = [(_var(fb) / len(fb), len(fb) - 1), (_var(rb) / len(rb), len(rb) - 1 - lost),
-               (float(transport_var[1]), math.inf)]  # fmt: skip
-    diff_var, base_var = sum(v for v, _ in d_terms), sum(v for v, _ in b_terms)
+    diff_shared = v_fleet + float(transport_var[0]) + float(day_var[0])
+    diff_own = v_c + v_b
     base = float(np.mean(fb) + np.mean(rb))
-    df = min(welch_df(d_terms), welch_df(b_terms))
-    out = finish_estimate(diff, diff_var, base, base_var, level, df=df)
+    vb_fleet = _var(fb) / len(fb)
+    base_shared = vb_fleet + float(transport_var[1]) + float(day_var[1])
+    df = welch_df([(v_fleet, len(fc) - 1), (v_c, len(rc) - 1 - lost), (v_b, len(rb) - 1 - lost),
+                   (float(transport_var[0]), transport_df), (float(day_var[0]), day_df)])  # fmt: skip
+    out = finish_estimate(diff, diff_shared + diff_own, base, base_shared + v_b, level, df=df)
     out["twin_diff"] = twin_diff
     out["twin_rel"] = twin_diff / abs(base) if base else float("nan")
+    out.update(diff_var_shared=diff_shared, diff_var_own=diff_own, base_var_shared=base_shared, base_var_own=v_b,
+               day_var=float(day_var[0]))
     return out
 
 
-def welch_df(terms: Sequence[tuple[float, float]]) -> float:
-    """Welch-Satterthwaite degrees of freedom of a sum of independent variance estimates.
-
-    ``terms``: ``(v_i, df_i)``, each ``v_i = s_i² / n_i`` with ``df_i = n_i − 1`` (``inf`` for a term
-    taken as known). ``(Σ v_i)² / Σ v_i² / df_i``; ``inf`` when every term is known or zero.
-    Why: the demo's canary has 4 and 6 groups per arm, where a normal reference (z = 1.645) is far
-    too narrow (t with 5 degrees of freedom is 2.02)."""
-    total = sum(v for v, _ in terms)
-    denom = sum(v * v / d for v, d in terms if v > 0 and math.isfinite(v) and d > 0 and math.isfinite(d))
-    if any(v > 0 and d <= 0 for v, d in terms):
-        return 0.0
-    if denom <= 0 or not math.isfinite(total):
-        return math.inf
-    return total * total / denom
+def t_quantile(level: float, df: float) -> float:
+    """The two-sided ``level`` quantile of Student's t at ``df`` (the normal's at ``inf``)."""
+    q = 0.5 + level / 2
+    return float(stats.norm.ppf(q)) if not math.isfinite(df) or df > 1e6 else float(stats.t.ppf(q, max(df, 1.0)))
 
 
 def finish_estimate(
-    diff: float, diff_var: float, base: float, base_var: float, level: float = LEVEL, df: float = math.inf
+    diff: float, diff_var: float, base: float, base_var: float, level: float = LEVEL, df: float = float("inf")
 ) -> dict[str, float]:
     """The relative change ``diff / |base|`` and its ``level`` interval by the delta method, on a
-    t reference with ``df`` degrees of freedom (`welch_df`; ``inf``: the normal one).
+    t reference with ``df`` degrees of freedom (`welch_df`; ``inf``: the normal).
 
     The covariance of ``diff`` and ``base`` (both contain the control arm's rectifier) is bounded
     by Cauchy-Schwarz, so the interval is conservative."""
-    if not df > 0:
-        z = math.inf
-    else:
-        z = float(stats.norm.ppf(0.5 + level / 2)) if not math.isfinite(df) else float(stats.t.ppf(0.5 + level / 2, df))
+    z = t_quantile(level, df)
     denom = abs(base)
     if denom <= 0 or not math.isfinite(denom):
         rel, rel_se = float("nan"), float("inf")
@@ -241,39 +260,65 @@ def finish_estimate(
         rel_se = math.sqrt(diff_var + rel * rel * base_var + 2 * abs(rel) * math.sqrt(diff_var * base_var)) / denom
     return {
         "diff": diff, "diff_se": math.sqrt(diff_var), "base": base, "base_se": math.sqrt(base_var),
-        "rel": rel, "rel_lo": rel - z * rel_se, "rel_hi": rel + z * rel_se, "df": df,
+        "rel": rel, "rel_lo": rel - z * rel_se, "rel_hi": rel + z * rel_se, "df": df, "level": level,
     }  # fmt: skip
 
 
-def combine_estimates(rounds: Sequence[Mapping[str, float]], level: float = LEVEL) -> dict[str, float]:
+def look_level(level: float, looks: int) -> float:
+    """The level of each of ``looks`` looks so that the whole sequence holds at ``level``.
+
+    Alpha spending by the union bound (Bonferroni over looks): look ``r`` of at most ``looks``
+    spends ``(1 − level) / looks``, so whichever look the loop stops at (a verdict, the guard's
+    early stop, the budget), the chance that any look's interval missed is at most ``1 − level``.
+    Why not an anytime-valid PPI confidence sequence (confseq): the loop has a small, fixed
+    maximum of looks (``--canary-rounds``, 3 by default), and at a handful of groups per arm a
+    confidence sequence's boundary is much wider than the t quantile at ``1 − α/3`` (e.g. 90 %
+    over 3 looks: each look at 96.7 %)."""
+    return 1.0 - (1.0 - float(level)) / max(1, int(looks))
+
+
+def _pool(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> tuple[float, float, float, float, float]:
+    """Inverse-variance pooled ``(diff, diff_var, base, base_var, df)`` of one KPI's rounds.
+
+    The rounds' own rectifiers are independent (each round's canary is a new random slice, judged
+    with the twin from before it); their shared terms (the fleet's and the interference's) are not,
+    so they are added as perfectly correlated (``(Σ w_i·sd_i)²``), the conservative bound, never
+    as independent (which would shrink them by the number of rounds)."""
+
+    def one(key: str) -> tuple[float, float, list[float], list[float]]:
+        tot = [r[f"{prefix}{key}_se"] ** 2 for r in rounds]
+        w = np.array([1.0 / max(v, 1e-300) for v in tot])
+        w = w / w.sum()
+        val = float(np.sum(w * np.array([r[f"{prefix}{key}"] for r in rounds])))
+        shared = [float(r.get(f"{prefix}{key}_var_shared", 0.0)) for r in rounds]
+        own = [max(t - s, 0.0) for t, s in zip(tot, shared, strict=True)]
+        var = float(np.sum(w * w * np.array(own)) + np.sum(w * np.sqrt(shared)) ** 2)
+        return val, var, list(w * w * np.array(own)), [float(np.sum(w * np.sqrt(shared)) ** 2)]
+
+    diff, dv, own_terms, shared_term = one("diff")
+    base, bv, _, _ = one("base")
+    dfs = [float(r.get(f"{prefix}df", float("inf"))) for r in rounds]
+    df = welch_df([(v, d) for v, d in zip(own_terms, dfs, strict=True)] + [(shared_term[0], min(dfs))])
+    return diff, dv, base, bv, df
+
+
+def combine_estimates(
+    rounds: Sequence[Mapping[str, float]], level: float = LEVEL
+) -> dict[str, float]:
     """Several rounds' estimates of one KPI (each from the twin *before* that round's canary, so that
-    no round's rectifier is computed with a twin fitted on its own measurements) combined by
-    inverse-variance weights; each round is unbiased, so is the combination."""
-    if len(rounds) == 1:
-        return dict(rounds[0])
-
-    def pool(key: str, se_key: str) -> tuple[float, float]:
-        w = np.array([1.0 / max(r[se_key] ** 2, 1e-300) for r in rounds])
-        v = np.array([r[key] for r in rounds])
-        return float(np.sum(w * v) / np.sum(w)), float(1.0 / np.sum(w))
-
-    def pooled_df(se_key: str) -> float:
-        # the pooled mean's variance is Σ w_r² var_r / (Σ w)² with w_r = 1 / var_r: Welch-Satterthwaite
-        # over the rounds' shares, each with its own degrees of freedom
-        w = np.array([1.0 / max(r[se_key] ** 2, 1e-300) for r in rounds])
-        return welch_df([(float(wr / np.sum(w) ** 2), float(r.get("df", math.inf))) for wr, r in zip(w, rounds, strict=True)])
-
-    diff, dv = pool("diff", "diff_se")
-    base, bv = pool("base", "base_se")
-    out = finish_estimate(diff, dv, base, bv, level, df=pooled_df("diff_se"))
+    no round's rectifier is computed with a twin fitted on its own measurements) pooled by
+    inverse-variance weights with their shared terms not treated as independent (`_pool`), and the
+    interval recomputed at ``level`` (the loop passes each look's level, `look_level`)."""
+    diff, dv, base, bv, df = _pool(rounds)
+    out = finish_estimate(diff, dv, base, bv, level, df=df)
     tw = np.array([1.0 / max(r["diff_se"] ** 2, 1e-300) for r in rounds])
     out["twin_diff"] = float(np.sum(tw * np.array([r["twin_diff"] for r in rounds])) / np.sum(tw))
     out["twin_rel"] = out["twin_diff"] / abs(base) if base else float("nan")
+    out["rounds"] = float(len(rounds))
     if all(f"{LOCAL}diff" in r for r in rounds):
-        ld, ldv = pool(f"{LOCAL}diff", f"{LOCAL}diff_se")
-        lb, lbv = pool(f"{LOCAL}base", f"{LOCAL}base_se")
-        local = finish_estimate(ld, ldv, lb, lbv, level, df=pooled_df(f"{LOCAL}diff_se"))
-        out.update({f"{LOCAL}{key}": local[key] for key in _LOCAL_KEYS})
+        ld, ldv, lb, lbv, ldf = _pool(rounds, LOCAL)
+        local = finish_estimate(ld, ldv, lb, lbv, level, df=ldf)
+        out.update({f"{LOCAL}{key}": local[key] for key in _LOCAL_KEYS if key in local})
     for k in ("n_fleet", "n_candidate", "n_control"):
         if all(k in r for r in rounds):
             out[k] = float(max(r[k] for r in rounds)) if k == "n_fleet" else float(sum(r[k] for r in rounds))
@@ -439,6 +484,8 @@ def _rectified(
     predictions: pd.DataFrame, at: pd.DataFrame, measured: pd.DataFrame, is_c: np.ndarray, kpi: str,
     candidate: str, baseline: str, level: float, *, against: tuple[str, str],
     transport_var: tuple[float, float] = (0.0, 0.0),
+    transport_df: float = float("inf"),
+    day: tuple[float, float, float] = (0.0, 0.0, float("inf")),
 ) -> dict[str, float]:
     """`ppi_mean_difference` of one KPI: the full-switch predictions over the fleet, rectified on the
     measured groups against the prediction columns ``against`` (candidate arm's, control arm's);
@@ -450,7 +497,7 @@ def _rectified(
         measured[kpi].to_numpy()[~is_c], at[(against[1], kpi)].to_numpy()[~is_c],
         level,
         x_cand=None if pre is None else pre[is_c], x_ctrl=None if pre is None else pre[~is_c],
-        transport_var=transport_var,
+        transport_var=transport_var, transport_df=transport_df, day_var=(day[0], day[1]), day_df=day[2],
     )  # fmt: skip
 
 
@@ -463,6 +510,7 @@ def ppi_estimates(
     level: float = LEVEL,
     canary: str | None = None,
     member_predictions: Sequence[pd.DataFrame] | None = None,
+    day_var: Mapping[str, tuple[float, float, float]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """PPI for each KPI (name -> direction) from `twin_group_predictions` and `measured_group_means`.
 
@@ -475,6 +523,9 @@ def ppi_estimates(
             says why that is wrong for candidates that congest shared sites).
         member_predictions: with ``canary``, the same predictions per twin member: their
             spread over the interference widens the intervals (`interference_var`).
+        day_var: per KPI, ``(var of the change, var of the baseline level, days − 1)`` from day to
+            day (`edgetwin.loop.verdict.day_to_day_variance`); None or a KPI missing: the
+            interval is about the canary's day only (``day_var`` 0 in the estimate says so).
 
     Groups the canary measured but the twin has no prediction for are an error (the canary ran on
     another fleet than the twin's log)."""
@@ -489,20 +540,22 @@ def ppi_estimates(
     out = {}
     for k in kpis:
         args = (predictions, at, measured, is_c, k, candidate, baseline, level)
+        day = (day_var or {}).get(k, (0.0, 0.0, float("inf")))
         if canary is None:
-            out[k] = _rectified(*args, against=(candidate, baseline))
+            out[k] = _rectified(*args, against=(candidate, baseline), day=day)
         else:
             out[k] = _rectified(*args, against=(canary, canary), transport_var=interference_var(
                 member_predictions, is_c, list(measured.index), k, candidate, baseline, canary,
-            ) if member_predictions else (0.0, 0.0))  # fmt: skip
-            local = _rectified(*args, against=(candidate, baseline))  # assumes no interference: the verdict's hull
+            ) if member_predictions else (0.0, 0.0), transport_df=max(len(member_predictions or ()) - 1, 1),
+                day=day)  # fmt: skip
+            local = _rectified(*args, against=(candidate, baseline), day=day)  # assumes no interference: the verdict's hull
             out[k].update({f"{LOCAL}{key}": local[key] for key in _LOCAL_KEYS})
         out[k]["n_fleet"], out[k]["n_candidate"], out[k]["n_control"] = len(predictions), int(is_c.sum()), int((~is_c).sum())
     return out
 
 
 def ppi_verdict(
-    estimates: Mapping[str, Mapping[str, float]], guards: Sequence[Any], better: Mapping[str, str]
+    estimates: Mapping[str, Mapping[str, float]], guards: Sequence[KPIMargin], better: Mapping[str, str] | None = None
 ) -> tuple[str, list[PPIEstimate]]:
     """The gate's three verdicts from PPI intervals: any KPI whose whole worsening interval lies
     beyond its margin refuses; all within it promote; else abstain. An estimate that carries a
@@ -510,8 +563,9 @@ def ppi_verdict(
     judged on the hull of the two intervals, which ``interval`` then shows.
 
     Args:
-        estimates: from `ppi_estimates`. guards: the gate's `Guard` s (``kpi``, ``max_regression``,
-            ``min_delta``). better: KPI -> ``"higher"`` / ``"lower"``.
+        estimates: from `ppi_estimates`. guards: the guarded KPIs' margins (`KPIMargin`, with
+            their directions). better: KPI -> ``"higher"`` / ``"lower"`` overriding a margin's
+            direction (None: the margins').
     """
     from edgetwin.policies.gate import check_verdict
 
@@ -520,7 +574,8 @@ def ppi_verdict(
         if g.kpi not in estimates:
             raise InputError(f"no prediction-powered estimate for guarded KPI {g.kpi!r}", "--max-regression")
         e = estimates[g.kpi]
-        sign = -1.0 if better[g.kpi] == "higher" else 1.0
+        direction = better[g.kpi] if better is not None else g.better
+        sign = -1.0 if direction == "higher" else 1.0
         # with a no-interference estimate beside it, the hull of the two (module docstring)
         rel_lo, rel_hi = e["rel_lo"], e["rel_hi"]
         if f"{LOCAL}rel_lo" in e:
@@ -530,7 +585,7 @@ def ppi_verdict(
         allowed = g.max_regression + (g.min_delta / abs(base) if base else float("inf"))
         v = check_verdict([lo, hi], allowed, 0.0, 1.0)
         out.append(PPIEstimate(
-            g.kpi, better[g.kpi], e["rel"], [rel_lo, rel_hi], e["diff"], e["diff_se"], base,
+            g.kpi, direction, e["rel"], [rel_lo, rel_hi], e["diff"], e["diff_se"], base,
             e["twin_rel"], e["diff"] - e["twin_diff"], int(e["n_fleet"]), int(e["n_candidate"]),
             int(e["n_control"]), [lo, hi], allowed, v,
         ))  # fmt: skip
@@ -548,6 +603,7 @@ __all__ = [
     "combine_estimates",
     "finish_estimate",
     "interference_var",
+    "look_level",
     "measured_group_means",
     "ppi_estimates",
     "ppi_mean_difference",

@@ -24,15 +24,20 @@ or whose columns are not the twin's, is refused (`check_canary_log`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
-from edgetwin.loop.ppi import LEVEL
 from edgetwin.loop.verdict import canary_verdict
+
+if TYPE_CHECKING:  # typed seams (issue 46): the loop names the types it drives, imported for mypy only
+    from edgetwin.loop.plan import CanaryPlan, PlanBudget
+    from edgetwin.policies.gate import GateDecision
+    from edgetwin.twin.twin import Twin
+    from edgetwin.twin.whatif import PolicySpec
 
 
 @dataclass
@@ -79,7 +84,7 @@ class LoopResult:
     reason: str
     gate: dict[str, Any]
     rounds: list[LoopRound]
-    twin: Any = None
+    twin: Twin | None = None
 
     @property
     def agent_steps(self) -> int:
@@ -99,15 +104,15 @@ class LoopResult:
 
 
 def canary_loop(
-    twin: Any,
+    twin: Twin,
     fleet_log: pd.DataFrame,
     candidate: Any,
     current: Any,
     cluster: Any,
     *,
-    candidate_spec: Any,
-    baseline_spec: Any,
-    budget: Any = None,
+    candidate_spec: PolicySpec,
+    baseline_spec: PolicySpec,
+    budget: PlanBudget | None = None,
     guards: Sequence[Any] | None = None,
     max_rounds: int = 3,
     seed: int = 0,
@@ -116,10 +121,11 @@ def canary_loop(
     update_options: dict[str, Any] | None = None,
     members: Sequence[int] | None = None,
     gate_episodes: int = 1,
-    decision: Any = None,
-    log: Any = print,
-    on_canary: Any = None,
+    decision: GateDecision | None = None,
+    log: Callable[[str], Any] = print,
+    on_canary: Callable[[int, CanaryPlan, Any], Any] | None = None,
     fleet_control: bool = False,
+    other_days: Sequence[pd.DataFrame] | None = None,
 ) -> LoopResult:
     """Plan → canary → update → verdict, until a verdict or ``max_rounds``.
 
@@ -146,6 +152,15 @@ def canary_loop(
             demo's one-day canary no longer decides with it (docs/benchmarks/closed_loop).
         on_canary: called as ``on_canary(round, plan, canary_result)`` after each round's canary
             (e.g. a benchmark that judges the same canary's log another way); None: nothing.
+        other_days: logs of other days (default: ``old_logs``) whose replay in the twin gives the
+            day-to-day variance of the change (`edgetwin.loop.verdict.day_to_day_variance`): the
+            verdict is about the change averaged over the days the decision lives with, not the
+            canary's day. None and no ``old_logs``: the intervals are about the canary's day, and
+            the result says so.
+
+    Each round is one look at the pooled evidence and spends ``(1 − 90 %) / max_rounds`` of alpha
+    (`edgetwin.loop.ppi.look_level`). An undecided result says how many more canary days the
+    pooled interval needs to clear its margin (`days_needed`).
 
     A later round whose plan cannot be made (e.g. no slice fits the loss budget any more) ends the
     loop with the verdict so far (abstain) and says why; a first round's raises (`InputError`), as
@@ -154,13 +169,9 @@ def canary_loop(
     from edgetwin.edge.canary import CanaryConfig
     from edgetwin.loop.fleet import canary_on_cluster
     from edgetwin.loop.plan import plan_canary
-    from edgetwin.loop.ppi import combine_estimates, ppi_verdict
+    from edgetwin.loop.ppi import LEVEL, combine_estimates, look_level, ppi_verdict
     from edgetwin.policies.gate import run_gate
 
-    # every round looks at the pooled evidence once: with up to ``max_rounds`` looks, each is taken at
-    # 1 − α / max_rounds (Bonferroni alpha spending), so that the loop's verdict holds at LEVEL overall
-    # however many rounds it ran and wherever it stopped
-    look_level = 1.0 - (1.0 - LEVEL) / max(1, max_rounds)
     if decision is None:
         decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
                             episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
@@ -172,6 +183,8 @@ def canary_loop(
     per_round: list[dict[str, dict[str, float]]] = []
     verdict, reason = "abstain", decision.reason()
     all_logs = list(old_logs) if old_logs is not None else None
+    days_src = list(other_days) if other_days is not None else list(all_logs or [])
+    day_var: dict[str, tuple[float, float, float]] | None = None
     for r in range(1, max_rounds + 1):
         try:
             plan = plan_canary(decision, twin, fleet_log, candidate_spec, baseline_spec, budget, seed=seed,
@@ -188,8 +201,6 @@ def canary_loop(
         res = canary_on_cluster(cluster, current, candidate, cfg, seed=fleet_seed, episode=f"canary-{seed}-{r}")
         if on_canary is not None:
             on_canary(r, plan, res)
-        better = {m.kpi: ("higher" if m.higher_is_better else "lower") for m in plan.margins}
-        col_guards = [_ColumnGuard(m.kpi, m.max_regression, m.min_delta) for m in plan.margins]
         c_rows = res.log[(res.log["policy"].astype(str) == "candidate") & (res.log["t"] >= cfg.pre_ticks)]
         # a canary the loss budget stopped judged on the ticks it ran (the twin's window the same)
         ran = max(1, min(cfg.ticks, int(res.ticks) - int(cfg.pre_ticks)))
@@ -200,22 +211,33 @@ def canary_loop(
             est: dict[str, dict[str, float]] = {}
             checks: list[dict[str, Any]] = []
         else:
+            if day_var is None:  # once, with the twin the loop started from
+                from edgetwin.loop.verdict import day_to_day_variance
+
+                day_var = day_to_day_variance(twin, days_src, [m.kpi for m in plan.margins], candidate_spec,
+                                              baseline_spec, seed=seed)  # fmt: skip
             est = canary_verdict(twin, fleet_log, res.log, plan, candidate_spec, baseline_spec,
-                                 candidate_version="candidate", better=better,
+                                 candidate_version="candidate", day_var=day_var,
                                  pre_ticks=cfg.pre_ticks, ticks=ran, seed=seed, members=members,
-                                 fleet_rows=res.fleet_log if fleet_control else None,
-                                 level=look_level)  # fmt: skip
+                                 fleet_rows=res.fleet_log if fleet_control else None)  # fmt: skip
             per_round.append(est)
-            pooled = {k: combine_estimates([pr[k] for pr in per_round], level=look_level) for k in est}
-            verdict, ests = ppi_verdict(pooled, col_guards, better)
-            checks = [e.to_dict() for e in ests]
-            reason = f"{100 * look_level:.1f}% intervals (one of up to {max_rounds} looks; {100 * LEVEL:.0f}% overall): " + "; ".join(
+            # each round is one look: it spends its share of alpha (`look_level`), so that stopping at
+            # whichever round decides keeps the level over the loop
+            pooled = {k: combine_estimates([pr[k] for pr in per_round], look_level(LEVEL, max_rounds)) for k in est}
+            verdict, ests = ppi_verdict(pooled, list(plan.margins))
+            expected = {pk.column: pk.expected for pk in plan.kpis}
+            checks = [{**e.to_dict(), "realised_width": e.interval[1] - e.interval[0],
+                       "expected_width": (lambda x: x[1] - x[0] if x else float("nan"))(expected.get(e.kpi)),
+                       "day_to_day": bool(day_var and e.kpi in day_var)} for e in ests]  # fmt: skip
+            reason = "; ".join(
                 f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
                 f"{100 * e.allowed_change:g}% ({e.verdict})" for e in ests
             )
+            if not day_var:
+                reason += " (about the canary's day only: no other days to estimate the day-to-day variance from)"
             if verdict == "abstain":
-                reason += "; " + rounds_to_decide(ests, len(per_round))
-        loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, better, cfg.ticks)
+                reason = f"undecided: {days_needed(ests, len(per_round))}; {reason}"
+        loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks)
         rounds.append(LoopRound(r, plan.to_dict(), res.stop_reason, len(res.log), len(c_rows), est, verdict, checks,
                                 loss, over))  # fmt: skip
         log("    " + rounds[-1].describe().replace("\n", "\n    "))
@@ -230,31 +252,31 @@ def canary_loop(
     return LoopResult(verdict, reason, gate, rounds, twin)
 
 
-def rounds_to_decide(estimates: Sequence[Any], rounds_so_far: int) -> str:
-    """What evidence is missing, said as canary rounds (days) of the same size: an interval's
-    half-width shrinks as ``1/sqrt(rounds)``, so a straddling KPI whose point estimate held would be
-    decided after ``rounds_so_far · (half-width / distance to its margin)²`` rounds. A projection,
-    not a promise: the point estimate moves as the evidence grows."""
-    need = []
-    for e in estimates:
-        if e.verdict != "straddle":
+def days_needed(checks: Sequence[Any], days: int, cap: int = 365) -> str:
+    """What would decide the straddling checks: "run N more days" of canaries like these.
+
+    For each straddling check, the gap between its point estimate and its margin, and the
+    interval's half-width; each more canary day (a fresh random slice on another day) adds an
+    independent measurement, so the half-width shrinks as ``sqrt(days / (days + N))`` (an
+    approximation: the fleet and interference terms do not shrink, so N is a lower bound). A point
+    estimate on the margin, or an N over ``cap``, cannot be decided by more days of this design."""
+    worst = 0
+    for c in checks:
+        if getattr(c, "verdict", "") != "straddle":
             continue
-        lo, hi = e.worsening_interval
-        mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
-        gap = abs(mid - e.allowed_change)
-        if gap <= 1e-12 or not math.isfinite(half):
-            need.append((math.inf, e.kpi))
-            continue
-        need.append((max(0.0, rounds_so_far * (half / gap) ** 2 - rounds_so_far), e.kpi))
-    if not need:
-        return "undecided"
-    more, kpi = max(need)
-    if not math.isfinite(more):
-        return f"undecided: {kpi}'s estimate sits on its margin; no number of rounds of this size is projected to decide it"
-    return f"undecided: run about {math.ceil(more)} more canary day(s) of this size to decide {kpi} (if its point estimate holds)"
+        lo, hi = c.worsening_interval
+        sign = -1.0 if c.better == "higher" else 1.0
+        gap = abs(sign * float(c.change) - float(c.allowed_change))
+        half = (float(hi) - float(lo)) / 2.0
+        if not (gap > 1e-9 and math.isfinite(half)):
+            return f"{c.kpi}'s estimate sits on its margin: more days of this canary will not decide it"
+        worst = max(worst, math.ceil(days * ((half / gap) ** 2 - 1.0)))
+    if worst > cap:
+        return f"more than {cap} more days of this canary would be needed: accept the abstention or widen the slice"
+    return f"run {max(worst, 1)} more day(s) of this canary (the pooled interval must shrink to clear the margin)"
 
 
-def balanced(plan: Any, tries: int = 10_000) -> Any:
+def balanced(plan: CanaryPlan, tries: int = 10_000) -> CanaryPlan:
     """The plan with its slice's assignment seed moved to the first one (from the plan's) whose
     keyed-hash arms (`edgetwin.edge.canary_slice.SliceRouter`) split its groups as evenly as
     ``treat_share`` asks (within one group).
@@ -278,15 +300,8 @@ def balanced(plan: Any, tries: int = 10_000) -> Any:
     return plan
 
 
-@dataclass(frozen=True)
-class _ColumnGuard:
-    kpi: str
-    max_regression: float
-    min_delta: float = 0.0
-
-
 def _realised_loss(
-    canary_log: pd.DataFrame, plan: Any, pre_ticks: int, better: dict[str, str], planned_ticks: int | None = None
+    canary_log: pd.DataFrame, plan: CanaryPlan, pre_ticks: int, planned_ticks: int | None = None
 ) -> tuple[dict[str, float], list[str]]:
     """Per KPI column: what the canary cost the fleet (`edgetwin.edge.canary.fleet_loss` of the
     arms' difference in differences relative to the plan's ``loss_levels``, `arm_worsening`, over
@@ -309,10 +324,11 @@ def _realised_loss(
     names = {pk.column: pk.kpi for pk in plan.kpis}
     levels = dict(getattr(plan, "loss_levels", None) or {})
     out, over = {}, []
-    for k, direction in better.items():
+    for m in plan.margins:
+        k = m.kpi
         w = arm_worsening(float(rows.loc[is_c, k].mean()), float(rows.loc[~is_c, k].mean()),
                           float(pre.loc[pre_c, k].mean()) if len(pre) else float("nan"),
-                          float(pre.loc[~pre_c, k].mean()) if len(pre) else float("nan"), direction == "higher",
+                          float(pre.loc[~pre_c, k].mean()) if len(pre) else float("nan"), m.higher_is_better,
                           levels.get(k))  # fmt: skip
         if not math.isfinite(w):
             continue
@@ -356,4 +372,4 @@ def promote_after_canary(
     return version
 
 
-__all__ = ["LoopResult", "LoopRound", "balanced", "canary_loop", "promote_after_canary", "rounds_to_decide"]
+__all__ = ["LoopResult", "LoopRound", "balanced", "canary_loop", "days_needed", "promote_after_canary"]

@@ -8,18 +8,23 @@ a canary log of another system or another fleet before anything is estimated.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
 
-__all__ = ["canary_verdict", "check_canary_log"]
+if TYPE_CHECKING:  # typed seams (issue 46), for mypy only
+    from edgetwin.loop.plan import CanaryPlan
+    from edgetwin.twin.twin import Twin
+    from edgetwin.twin.whatif import PolicySpec
+
+__all__ = ["canary_verdict", "check_canary_log", "day_to_day_variance"]
 
 
-def check_canary_log(canary_log: pd.DataFrame, twin: Any, fleet_log: pd.DataFrame, columns: Sequence[str]) -> None:
+def check_canary_log(canary_log: pd.DataFrame, twin: Twin, fleet_log: pd.DataFrame, columns: Sequence[str]) -> None:
     """Refuse a canary log that is not of this twin's system or of this fleet (one line, exit 2).
 
     Of this twin's system: it has the KPI columns and no column the twin's spec does not declare.
@@ -51,23 +56,23 @@ def check_canary_log(canary_log: pd.DataFrame, twin: Any, fleet_log: pd.DataFram
 
 
 def canary_verdict(
-    twin: Any,
+    twin: Twin,
     fleet_log: pd.DataFrame,
     canary_log: pd.DataFrame,
-    plan: Any,
-    candidate: Any,
-    baseline: Any,
+    plan: CanaryPlan,
+    candidate: PolicySpec,
+    baseline: PolicySpec,
     *,
     candidate_version: str,
-    better: dict[str, str],
     pre_ticks: int = 4,
     ticks: int | None = None,
     seed: int = 0,
     members: Sequence[int] | None = None,
     fleet_rows: pd.DataFrame | None = None,
-    level: float = 0.90,
+    day_var: Mapping[str, tuple[float, float, float]] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """One round's PPI estimates per guarded KPI column (`edgetwin.loop.ppi.ppi_estimates`).
+    """One round's PPI estimates per guarded KPI column (`edgetwin.loop.ppi.ppi_estimates`): the
+    plan's margins (`edgetwin.contract.margins.KPIMargin`) name the columns and their directions.
 
     ``fleet_rows``: the rest of the fleet's rows over the canary's ticks (`CanaryResult.fleet_log`:
     every group outside the slice, on the current policy). With them the control arm is every group
@@ -108,5 +113,47 @@ def canary_verdict(
         for m in (members if members is not None else range(twin.n_members))
     ]  # fmt: skip
     preds = sum(per_member[1:], per_member[0]) / len(per_member)
-    return ppi_estimates(preds, measured, {c: better[c] for c in cols}, "candidate", "baseline", level=level,
-                         canary="canary", member_predictions=per_member)  # fmt: skip
+    return ppi_estimates(preds, measured, {m.kpi: m.better for m in plan.margins}, "candidate", "baseline", canary="canary",
+                         member_predictions=per_member, day_var=day_var)  # fmt: skip
+
+
+def day_to_day_variance(
+    twin: Twin,
+    other_days: Sequence[pd.DataFrame],
+    columns: Sequence[str],
+    candidate: PolicySpec,
+    baseline: PolicySpec,
+    *,
+    days: int = 6,
+    seed: int = 0,
+    member: int = 0,
+) -> dict[str, tuple[float, float, float]]:
+    """Per KPI column, how much the fleet-wide change (and the baseline level) moves from day to
+    day, from the twin's replay of other days: ``(var of mean_N(f_c − f_b), var of mean_N(f_b),
+    days − 1)`` over the last ``days`` episodes of ``other_days`` (e.g. the twin's training logs).
+
+    The verdict is about the change averaged over the days the decision will live with (DESIGN.md,
+    "What a verdict is about"); a canary measures one day, whose change is one draw around that
+    average, so this variance is added to the interval (`edgetwin.loop.ppi.ppi_mean_difference`'s
+    ``day_var``) and shared by every round run on that day. One member suffices: the spread
+    wanted is the days', not the members'. Fewer than 2 days: ``{}`` (nothing to estimate it from;
+    the interval is then about the canary's day, and the loop's result says so)."""
+    from edgetwin.loop.ppi import twin_group_predictions
+
+    frames = [f for f in other_days if isinstance(f, pd.DataFrame) and "episode" in f.columns]
+    if not frames:
+        return {}
+    log = pd.concat(frames, ignore_index=True)
+    names = list(pd.unique(log["episode"]))[-int(days):]
+    if len(names) < 2:
+        return {}
+    diffs, bases = [], []
+    for name in names:
+        one = log[log["episode"] == name]
+        pr = twin_group_predictions(twin, {"candidate": candidate, "baseline": baseline}, one, list(columns),
+                                    episodes=1, seed=seed, members=[member])  # fmt: skip
+        diffs.append([float(np.mean(pr[("candidate", c)] - pr[("baseline", c)])) for c in columns])
+        bases.append([float(np.mean(pr[("baseline", c)])) for c in columns])
+    d, b = np.asarray(diffs), np.asarray(bases)
+    return {c: (float(np.var(d[:, j], ddof=1)), float(np.var(b[:, j], ddof=1)), float(len(names) - 1))
+            for j, c in enumerate(columns)}  # fmt: skip

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from edgetwin.contract.errors import GateAbstained, GateRefused, InputError
+from edgetwin.contract.margins import DEFAULT_MARGIN, KPIMargin
 from edgetwin.twin.intervals import LEVEL
 from edgetwin.twin.whatif import (
     BUILTIN_POLICIES,
@@ -52,61 +53,14 @@ from edgetwin.twin.whatif import (
     run_whatif,
 )
 
-DEFAULT_MARGIN = 0.05
+#: The gate's guard is the one KPI-margin type (`edgetwin.contract.margins.KPIMargin`); ``Guard`` is
+#: its name here, kept for the callers that import it from the gate.
+Guard = KPIMargin
 
 
-_GUARD_RE = re.compile(
-    r"^\s*(?P<name>[^=\s]+)\s*=\s*(?P<rel>[+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*(?P<pct>%?)\s*(?::\s*(?P<abs>\d+(?:\.\d*)?|\.\d+)\s*)?$"
-)
-
-
-# ------------------------------------------------------------------------------------ guards
-@dataclass(frozen=True)
-class Guard:
-    """How far a KPI may regress (candidate vs incumbent) before the gate refuses.
-
-    Attributes:
-        kpi: a KPI name of the what-if run.
-        max_regression: allowed relative worsening, a fraction of ``|incumbent|`` (0.05 = 5 %).
-        min_delta: allowed absolute worsening on top, in the KPI's units (keeps near-zero KPIs
-            from tripping on noise).
-    """
-
-    kpi: str
-    max_regression: float = DEFAULT_MARGIN
-    min_delta: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.max_regression) and self.max_regression >= 0):
-            raise InputError(
-                f"margin of {self.kpi!r} must be a number >= 0, got {self.max_regression}", "--max-regression"
-            )
-        if not (math.isfinite(self.min_delta) and self.min_delta >= 0):
-            raise InputError(
-                f"absolute margin of {self.kpi!r} must be >= 0, got {self.min_delta}", "--max-regression"
-            )
-
-    def allowed(self, baseline: float) -> float:
-        """The largest worsening (in the KPI's units) tolerated from ``baseline``."""
-        return self.max_regression * abs(baseline) + self.min_delta
-
-    @classmethod
-    def parse(cls, text: str) -> Guard:
-        """``"kpi.slo_violation=0.05"``, ``"...=5%"`` or ``"...=0.05:0.002"`` (relative[:absolute])."""
-        m = _GUARD_RE.match(text)
-        if m is None:
-            raise InputError(
-                f"expected KPI=FRACTION, KPI=P% or KPI=FRACTION:ABSOLUTE, got {text!r}", "--max-regression"
-            )
-        rel = float(m["rel"]) / (100.0 if m["pct"] else 1.0)
-        if rel < 0:
-            raise InputError(f"{m['name']}: the margin must be >= 0, got {m['rel']}", "--max-regression")
-        return cls(m["name"], rel, float(m["abs"]) if m["abs"] else 0.0)
-
-
-def parse_guards(items: Sequence[str]) -> list[Guard]:
+def parse_guards(items: Sequence[str]) -> list[KPIMargin]:
     """Guards from ``--max-regression`` values; a KPI given twice is an error."""
-    guards = [Guard.parse(s) for s in items]
+    guards = [KPIMargin.parse_relative(s) for s in items]
     names = [g.kpi for g in guards]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -147,7 +101,8 @@ class GuardCheck:
     #: the level the interval attains (`edgetwin.twin.intervals.attained_level` of the independent
     #: calibration episodes behind it), not the level asked for
     level: float = LEVEL
-    #: ``verdict == "no_evidence"``: why the twin's number cannot back a verdict
+    #: ``verdict == "no_evidence"``: why the twin's number cannot back a verdict; ``"below_level"``:
+    #: what would reach the level asked
     note: str = ""
 
     def margin_text(self) -> str:
@@ -169,7 +124,7 @@ class GuardCheck:
     def abstain_reason(self, max_out_of_support: float) -> str:
         """Why the twin cannot vouch for this check (``straddle`` / ``unsupported`` /
         ``no_evidence`` only)."""
-        if self.verdict in ("no_evidence", "underpowered"):
+        if self.verdict in ("no_evidence", "below_level"):
             return f"{self.kpi} under {self.scenario!r}: {self.note}"
         if self.verdict == "unsupported":
             return (
@@ -187,22 +142,15 @@ def level_text(level: float) -> str:
     return f"{100 * level:.0f}%"
 
 
-def parse_level(text: str | float, where: str = "--level") -> float:
-    """``"90%"``, ``"0.9"`` or ``0.9`` -> 0.9; a level must lie strictly between 0 and 1 (exit 2 otherwise)."""
-    raw = str(text).strip()
-    try:
-        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
-    except ValueError:
-        raise InputError(f"expected a level such as 90% or 0.9, got {raw!r}", where) from None
-    if not 0.0 < value < 1.0:
-        raise InputError(f"expected a level strictly between 0 and 1 (0% and 100%), got {raw!r}", where)
-    return value
+#: Check verdicts on which the twin cannot vouch (the gate abstains on them); ``below_level``: the
+#: interval would decide, but its independent calibration episodes support less than the level asked
+UNCERTAIN = ("straddle", "unsupported", "no_evidence", "below_level")
 
 
 def episodes_needed(level: float) -> int:
-    """The fewest independent calibration episodes whose split-conformal quantile attains ``level``
-    (`edgetwin.twin.intervals.attained_level`): 9 for 90 %, 4 for 80 %. Counted, not computed as
-    ``level / (1 - level)``, whose float rounding says 10 for 90 %."""
+    """The fewest independent calibration episodes whose conformal rank reaches ``level``
+    (`edgetwin.twin.intervals.attained_level`): 9 for 90 %, 1 for 50 %. Counted, not
+    ``ceil(level / (1 - level))``, which floating point makes 10 at 0.9."""
     from edgetwin.twin.intervals import attained_level
 
     n = 1
@@ -211,8 +159,22 @@ def episodes_needed(level: float) -> int:
     return n
 
 
-#: Check verdicts on which the twin cannot vouch (the gate abstains on them)
-UNCERTAIN = ("straddle", "unsupported", "no_evidence", "underpowered")
+def parse_level(text: str | float | None) -> float | None:
+    """``--level``: ``"50%"``, ``"0.5"`` or a float in (0, LEVEL]; None for the default (the twin's
+    nominal level). Above the twin's nominal level is refused: its intervals are computed at it."""
+    if text is None:
+        return None
+    raw = str(text).strip()
+    try:
+        v = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise InputError(f"expected a level such as 50% or 0.5, got {raw!r}", "--level") from None
+    if not (math.isfinite(v) and 0.0 < v <= LEVEL + 1e-12):
+        raise InputError(
+            f"expected a level in (0, {level_text(LEVEL)}] (the twin's intervals are {level_text(LEVEL)}), got {raw!r}",
+            "--level",
+        )
+    return v
 
 
 #: Verdicts of the gate and their exit codes (0 ok / 1 failed / 3 abstained).
@@ -239,8 +201,9 @@ class GateDecision:
     refused_out_of_support: list[GuardCheck] = field(default_factory=list)
     verdict: str = "promote"
     max_out_of_support: float = MAX_OUT_OF_SUPPORT
-    #: the level the operator asked for (``--level``; the calibration's by default)
-    level_asked: float = LEVEL
+    #: the level the verdict must hold at (the twin's nominal level unless the operator asked for
+    #: a lower one with ``--level``); a check below it abstains (``below_level``)
+    level_requested: float = LEVEL
 
     @property
     def exit_code(self) -> int:
@@ -292,8 +255,8 @@ class GateDecision:
             return ""
         n = min((cal.n_independent.get(c.kpi, 0) for c in self.checks), default=0)
         return (
-            f"; at --level {level_text(self.level_asked)} as asked: {n} independent calibration episode(s) support "
-            f"{level_text(self.level)}, {episodes_needed(cal.level)} are needed for {level_text(cal.level)}"
+            f"; {level_text(self.level_requested)} was asked with --level, {n} independent calibration episode(s) "
+            f"support at most {level_text(self.level)}; {episodes_needed(cal.level)} are needed for {level_text(cal.level)}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -301,7 +264,7 @@ class GateDecision:
         return {
             "verdict": self.verdict,
             "level": self.level,
-            "level_requested": self.level_asked,
+            "level_requested": self.level_requested,
             "exit_code": self.exit_code,
             "passed": self.passed,
             "candidate": self.candidate,
@@ -331,10 +294,11 @@ class GateDecision:
 
 
 def resolve_guards(
-    kpis: Sequence[KpiDef], guards: Sequence[Guard] | None, default_margin: float = DEFAULT_MARGIN
-) -> list[tuple[Guard, KpiDef]]:
-    """The guarded KPIs: the given ones (each must have a direction), else every KPI with a
-    direction at its declared margin (the spec's ``margin``), or ``default_margin``."""
+    kpis: Sequence[KpiDef], guards: Sequence[KPIMargin] | None, default_margin: float = DEFAULT_MARGIN
+) -> list[tuple[KPIMargin, KpiDef]]:
+    """The guarded KPIs: the given ones (each must have a direction, which the margin takes from the
+    KPI's definition), else every KPI with a direction at its declared margin (the spec's ``margin``,
+    `KpiDef.margin`), or ``default_margin``."""
     by_name = {k.name: k for k in kpis}
     if guards:
         out = []
@@ -349,9 +313,10 @@ def resolve_guards(
                     f"KPI {g.kpi!r} has no direction; give it better = 'higher' or 'lower' in a KPI file (--kpis)",
                     "--max-regression",
                 )
-            out.append((g, k))
+            out.append((g.with_direction(k.better), k))
         return out
-    out = [(Guard(k.name, default_margin if k.margin is None else k.margin), k) for k in kpis if k.better is not None]
+    out = [(KPIMargin(k.name, default_margin if k.margin is None else k.margin).with_direction(k.better), k)
+           for k in kpis if k.better is not None]  # fmt: skip
     if not out:
         raise InputError(
             f"nothing to guard: none of the KPIs {sorted(by_name)} has a direction; give --max-regression KPI=FRACTION "
@@ -399,7 +364,7 @@ def check_verdict(
 
 def decide(
     result: WhatIfResult,
-    guards: Sequence[Guard] | None = None,
+    guards: Sequence[KPIMargin] | None = None,
     default_margin: float = DEFAULT_MARGIN,
     refuse_out_of_support: bool = False,
     max_out_of_support: float = MAX_OUT_OF_SUPPORT,
@@ -407,52 +372,42 @@ def decide(
 ) -> GateDecision:
     """Check every guarded KPI under every scenario of a what-if run with a baseline and a candidate.
 
-    ``level``: the confidence the operator asks for (default: the calibration's, 90 %). A check
-    whose interval attains less (too few independent calibration episodes behind it,
-    `edgetwin.twin.intervals.attained_level`) decides nothing, whichever side of its margin it lies
-    on: it is ``"underpowered"`` and the gate abstains, naming how many more independent episodes
-    (or a canary) would reach the level. A lower level is used only when asked for.
-
     A KPI *regresses* when the whole calibrated 90 % interval of its relative change is worse than
     ``max_regression + min_delta / |baseline|``; it is *ok* when the whole interval is within it.
     Any regression refuses; else any check that straddles its margin or whose share of
     out-of-support agent-steps exceeds ``max_out_of_support`` makes the gate abstain (with
     ``refuse_out_of_support``, the latter refuses instead).
+
+    No verdict below the level asked (DESIGN.md, "Trust"): ``level`` (default: the calibration's
+    nominal level, 90 %) is what every check must hold at. A check that would decide (``ok`` or
+    ``regress``) on fewer independent calibration episodes than that level needs becomes
+    ``below_level`` and the gate abstains, naming how many more independent held-out days (or a
+    canary) would reach it; a lower level only when the operator asks for it (``--level``).
     """
     if result.baseline is None or result.candidate is None:
         raise ValueError("the gate needs a what-if run with a baseline and a candidate")
     if not 0.0 <= max_out_of_support <= 1.0:
         raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
-    cal = result.calibration
-    asked = float(level) if level is not None else (LEVEL if cal is None else float(cal.level))
-    if not 0.0 < asked < 1.0:
-        raise InputError(f"expected a level in (0, 1), got {asked}", "--level")
+    asked = (LEVEL if result.calibration is None else result.calibration.level) if level is None else float(level)
     checks = []
     for sc in result.scenarios:
         for g, k in resolve_guards(result.kpis, guards, default_margin):
             c = result.compare(sc.name, k.name)
             worse = float(c["worsening_abs"])
             allowed = g.allowed(c["baseline"])
-            sign = -1.0 if k.better == "higher" else 1.0
+            sign = -1.0 if g.higher_is_better else 1.0
             lo, hi = c["change_interval"]
             w_int = sorted([sign * lo, sign * hi])
-            base = abs(float(c["baseline"]))
-            allowed_change = allowed / base if base > 0 else (0.0 if allowed == 0 else math.inf)
+            allowed_change = g.allowed_change(c["baseline"])
             verdict = check_verdict(w_int, allowed_change, float(c["out_of_support"]), max_out_of_support)
             note = evidence_problem(result, k.name, c) or ""
             if note and verdict in ("ok", "straddle"):  # a confident regression still refuses
                 verdict = "no_evidence"
-            attained = LEVEL if cal is None else min(cal.level, cal.attained(k.name))
-            if attained < asked - 1e-12 and verdict in ("ok", "regress", "straddle"):
-                n = 0 if cal is None else cal.n_independent.get(k.name, len(cal.scores.get(k.name, [])))
-                need = episodes_needed(asked)
-                verdict = "underpowered"
-                note = (
-                    f"{level_text(asked)} was asked, but {n} independent calibration episode(s) support at most "
-                    f"{level_text(attained)}: replay {need - n} more recent independent day(s) (--log; {need} are "
-                    f"needed for {level_text(asked)}), run a canary (edgetwin canary plan), or decide at "
-                    f"--level {math.floor(100 * attained + 1e-9):.0f}% explicitly"
-                )
+            cal = result.calibration
+            level = LEVEL if cal is None else min(cal.level, cal.attained(k.name))
+            if verdict in ("ok", "regress") and level < asked - 1e-12 and cal is not None:
+                note = _below_level_note(verdict, cal.n_independent.get(k.name, 0), level, asked)
+                verdict = "below_level"
             checks.append(
                 GuardCheck(
                     scenario=sc.name,
@@ -473,7 +428,7 @@ def decide(
                     worsening_interval=w_int,
                     allowed_change=allowed_change,
                     verdict=verdict,
-                    level=attained,
+                    level=level,
                     note=note,
                 )
             )
@@ -485,7 +440,19 @@ def decide(
     else:
         verdict = "promote"
     return GateDecision(
-        verdict == "promote", checks, result, result.candidate, result.baseline, oos, verdict, max_out_of_support, asked
+        verdict == "promote", checks, result, result.candidate, result.baseline, oos, verdict, max_out_of_support,
+        asked,
+    )
+
+
+def _below_level_note(would: str, n: int, attained: float, asked: float) -> str:
+    """What a check that would be ``would`` at its attained level needs to reach the level asked."""
+    need = episodes_needed(asked)
+    return (
+        f"the interval would say {would!r}, but {n} independent calibration episode(s) support at most "
+        f"{level_text(attained)} and {level_text(asked)} was asked: {need} are needed ({need - n} more independent "
+        f"days of a held-out log), or a canary (edgetwin canary plan, promote --canary); a lower level only if you "
+        f"ask for it (--level {level_text(attained)})"
     )
 
 
@@ -594,7 +561,7 @@ def run_gate(
     *,
     log: pd.DataFrame | None,
     scenarios: Sequence[Scenario] = (),
-    guards: Sequence[Guard] | None = None,
+    guards: Sequence[KPIMargin] | None = None,
     default_margin: float = DEFAULT_MARGIN,
     kpis: Sequence[KpiDef] | None = None,
     episodes: int = 4,
@@ -764,7 +731,7 @@ def promote(
     scope: str = "global",
     against: str = "auto",
     scenarios: Sequence[Scenario] = (),
-    guards: Sequence[Guard] | None = None,
+    guards: Sequence[KPIMargin] | None = None,
     default_margin: float = DEFAULT_MARGIN,
     kpis: Sequence[KpiDef] | None = None,
     episodes: int = 4,
@@ -796,7 +763,7 @@ def promote(
         against: ``"auto"`` (the scope's current version; else the global one; else the twin's
             clone of the logging policy), a registry version, a policy directory or a built-in.
         scenarios, guards, default_margin, kpis, episodes, seeds, seed, members, steps, exogenous,
-        refuse_out_of_support: see `run_gate`.
+        refuse_out_of_support, level: see `run_gate` / `decide`.
         force: promote even if the gate refuses (recorded as ``gate.forced`` in the metadata).
         out_dir: where the report goes.
         name: the policy's name in the registry (default: from metadata or the directory name).
