@@ -461,6 +461,10 @@ def promote_cmd(
     max_out_of_support: Annotated[
         float, typer.Option(help="Abstain when more than this share of a number's agent-steps lie outside the logs' support.")
     ] = 0.25,
+    level: Annotated[
+        str, typer.Option("--level", help="Confidence a verdict needs (90% or 0.9): a KPI whose calibration episodes "
+                          "support less abstains (exit 3) saying what would reach it; ask for less only knowingly.")
+    ] = "90%",
     force: Annotated[bool, typer.Option("--force", help="Promote even if the gate refuses or abstains (recorded in the metadata).")] = False,
     canary: Annotated[
         bool, typer.Option("--canary", help="When the gate abstains: plan -> canary on the emulated cluster -> Twin.update -> "
@@ -495,7 +499,7 @@ def promote_cmd(
     """
     from edgetwin.edge.registry import check_scope, metadata_from_policy_dir, open_registry
     from edgetwin.edge.signing import Signer, TrustStore
-    from edgetwin.policies.gate import GateAbstained, parse_guards, promote
+    from edgetwin.policies.gate import GateAbstained, parse_guards, parse_level, promote
 
     check_scope(scope)
     if not default_margin >= 0:  # also catches NaN
@@ -503,6 +507,7 @@ def promote_cmd(
     if not 0.0 <= max_out_of_support <= 1.0:
         raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
     guards = parse_guards(max_regression or [])
+    asked = parse_level(level)
     if canary:
         from edgetwin.loop.plan import budget_from_flags
 
@@ -525,7 +530,7 @@ def promote_cmd(
                 episodes=episodes, seeds=seeds, seed=seed, members=_members(members), steps=steps,
                 exogenous=exogenous or (), refuse_out_of_support=refuse_out_of_support,
                 max_out_of_support=max_out_of_support, force=force, out_dir=out_dir, name=name, metadata=base_md,
-                progress=not as_json,
+                progress=not as_json, level=asked,
             )  # fmt: skip
         except GateAbstained as e:
             if not canary or not hasattr(e, "result"):
