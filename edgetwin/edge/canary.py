@@ -40,7 +40,6 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +60,6 @@ __all__ = [
     "CanaryConfig",
     "CanaryLogCollector",
     "CanaryResult",
-    "read_segment",
     "RoutedDecision",
     "arm_worsening",
     "canary_log_subject",
@@ -628,98 +626,62 @@ def segment_envelope(site: str, run_id: str, seg: Path, sender: str) -> Envelope
     )  # fmt: skip
 
 
-def read_segment(data: bytes, *, max_rows: int, max_bytes: int) -> pd.DataFrame:
-    """A canary-log segment's rows, after its Parquet footer's declared row count and decoded size
-    were checked against the bounds (`edgetwin.edge.parquet_bounds.read_parquet_bounded`: the
-    uncompressed size alone does not bound what RLE / dictionary pages decode to; `InputError`
-    naming which; nothing is decoded first)."""
-    return read_parquet_bounded(data, max_rows, max_bytes, where="canary log")
-
-
 # ------------------------------------------------------------------------------------- the cloud side
 class CanaryLogCollector:
     """Collects canary logs shipped by runtimes (call `handle` from a bus subscription).
 
-    Each (site, canary run, seq) is kept once, however often it is delivered; `log` assembles a
-    canary run's rows in order (``run_id``: `CanaryResult.run_id`).
-
-    **Attributed by who sent it, never by what it says.** A segment belongs to the site whose
-    canary-log subject it arrived on (``edgetwin.canary.log.<site>``; per-site NATS credentials
-    make that a channel only that site may publish on), and must come from that site's runtime:
-    the sender ``senders[site]`` when the operator names it, else ``runtime/<site>`` (a runtime's
-    bus identity). On an authenticated bus `edgetwin.edge.message_auth` verifies
-    ``envelope.sender`` before a handler sees it; with ``keyring`` the collector verifies it
-    itself. A payload naming another site than its subject (``forged``), another sender
-    (``sender``: also a second sender for a run whose segments came from another), or a signature
-    that does not verify (``unauthenticated``) is refused and counted (``refused``), each with one
-    log line, so a forgery never takes a real segment's place nor turns it into a "duplicate".
-
-    **Decoded within bounds.** A segment is one tick of one slice: its Parquet footer's declared
-    row count and decoded size are checked against ``max_rows`` and ``max_bytes`` before a single
-    page is decoded (516 KB on the wire can otherwise decode to 800 MB): ``oversized`` /
-    ``malformed``.
+    A segment is attributed by its **authenticated sender**, never by its payload: its site is the
+    one of the sender ``runtime/<site>`` (the runtime's bus identity; on a bus with
+    `edgetwin.edge.message_auth` the bus has verified it, and with ``keyring`` the collector
+    verifies it itself), and a segment whose subject or payload names another site is refused
+    (``forged``), so a site cannot ship a segment into another site's log nor displace the real
+    one. Its Parquet is decoded only within declared bounds (``max_rows`` rows, ``max_bytes``
+    uncompressed bytes: `edgetwin.edge.parquet_bounds`). Each refusal is one log line and a count
+    in ``refused`` (by reason). Each (site, canary run, seq) is kept once, however often it is
+    delivered; `log` assembles a canary run's rows in order (``run_id``: `CanaryResult.run_id`).
     """
 
-    #: the largest declared row count / decoded size of one segment (one tick of a slice)
-    MAX_ROWS = 1_000_000
-    MAX_BYTES = 256 * 2**20
-
-    def __init__(self, senders: Mapping[str, str] | None = None, *, max_rows: int = MAX_ROWS,
-                 max_bytes: int = MAX_BYTES, keyring: Any = None) -> None:  # fmt: skip
+    def __init__(self, keyring: Any = None, max_rows: int = 1_000_000, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.segments: dict[tuple[str, str], dict[int, pd.DataFrame]] = {}
-        self.senders = dict(senders or {})
-        self.max_rows, self.max_bytes = int(max_rows), int(max_bytes)
-        self.keyring = keyring
         self.duplicates = 0
-        #: reason -> how many segments were refused for it
         self.refused: dict[str, int] = {}
-        self._run_sender: dict[tuple[str, str], str] = {}
+        self.keyring = keyring
+        self.max_rows, self.max_bytes = int(max_rows), int(max_bytes)
 
     def _refuse(self, reason: str, detail: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
         log.warning("canary log segment refused (%s): %s", reason, detail)
 
-    def _authentic(self, env: Envelope) -> bool:
-        if self.keyring is None:
-            return True
-        from edgetwin.edge.message_auth import MessageAuth
-        from edgetwin.edge.messages import MessageRejected
-
-        try:
-            MessageAuth(self.keyring).verify(env)
-        except MessageRejected as e:
-            self._refuse("unauthenticated", str(e))
-            return False
-        return True
-
     async def handle(self, rcv: Received) -> None:
         env = rcv.envelope
-        if env.kind != "canary_log" or not self._authentic(env):
+        if env.kind != "canary_log":
             return
-        prefix = f"{Subjects.PREFIX}.canary.log."
-        if not rcv.subject.startswith(prefix) or "." in rcv.subject[len(prefix):]:
-            return self._refuse("subject", f"{rcv.subject!r} is not a site's canary-log subject")
-        site, named = rcv.subject[len(prefix):], str(env.payload["site"])
-        if named != site:
-            return self._refuse("forged", f"arrived on {site!r}'s subject from {env.sender!r} but names site {named!r}")
-        expected = self.senders.get(site, f"runtime/{site}")
-        if env.sender != expected:
-            return self._refuse("sender", f"{site!r}'s segment sent by {env.sender!r}, not {expected!r}")
+        if self.keyring is not None:
+            from edgetwin.edge.message_auth import MessageAuth
+            from edgetwin.edge.messages import MessageRejected
+
+            try:
+                MessageAuth(self.keyring).verify(env)
+            except MessageRejected as e:
+                self._refuse("unauthenticated", str(e))
+                return
+        sender, claimed = str(env.sender), str(env.payload["site"])
+        site = sender.removeprefix("runtime/") if sender.startswith("runtime/") else None
+        on = rcv.subject.rsplit(".", 1)[-1] if rcv.subject.startswith(f"{Subjects.PREFIX}.canary.log.") else None
+        if site is None or claimed != site or (on is not None and on != site):
+            self._refuse("forged", f"sender {sender!r} on {rcv.subject!r} ships a segment naming site {claimed!r}")
+            return
         key = (site, str(env.payload["canary"]))
-        first = self._run_sender.setdefault(key, env.sender)
-        if env.sender != first:
-            return self._refuse("sender", f"run {key[1]!r} of {site!r} came from {first!r}, this segment from {env.sender!r}")
         seq = int(env.payload["seq"])
         got = self.segments.setdefault(key, {})
         if seq in got:
             self.duplicates += 1
             return
+        data = np.asarray(env.tensors["parquet"], dtype=np.uint8).tobytes()
         try:
-            got[seq] = read_segment(np.asarray(env.tensors["parquet"], dtype=np.uint8).tobytes(),
-                                    max_rows=self.max_rows, max_bytes=self.max_bytes)  # fmt: skip
+            got[seq] = read_parquet_bounded(data, self.max_rows, self.max_bytes, where=f"canary log {key[1]}-{seq} of {site}")
         except InputError as e:
-            oversized = "declares" in str(e) or "expand to" in str(e)
-            self._refuse("oversized" if oversized else "malformed", f"{site!r} seq {seq}: {e}")
+            self._refuse("bounds", str(e))
 
     async def subscribe(self, bus: Any, durable_name: str = "canary-collector") -> Any:
         """A durable subscription on every site's canary log."""

@@ -17,7 +17,6 @@ Families (every one carries ``site``):
 | ``edgetwin_decision_latency_seconds`` | histogram | ``policy``, ``arm`` | time in the policy and shield per call |
 | ``edgetwin_kpi`` | gauge | ``policy``, ``arm``, ``kpi`` | the last reported value of each live KPI |
 | ``edgetwin_kpi_reports_total`` | counter | ``policy``, ``arm`` | live KPI reports received |
-| ``edgetwin_kpi_undeclared_total`` | counter | | reported KPI values whose name the spec does not declare (never a series) |
 | ``edgetwin_policy_info`` | gauge (1) | ``policy``, ``scope``, ``revision`` | the version served now |
 | ``edgetwin_kpi_watch_state`` | gauge (one-hot) | ``policy``, ``state`` | ``off``, ``idle``, ``judging`` or ``accepted`` |
 | ``edgetwin_kpi_watch_reports`` | gauge | ``policy`` | reports the watch has seen for the served version |
@@ -31,6 +30,7 @@ Families (every one carries ``site``):
 | ``edgetwin_canary_commands_refused_total`` | counter | ``reason`` | canary commands refused: ``unsigned``, ``untrusted_key``, ``bad_signature``, ``invalid``, ``unknown_version``, ``digest_mismatch``, ``not_current``, ``busy``, ``finished``, ``unknown_run`` |
 | ``edgetwin_decisions_unrouted_total`` | counter | | decision calls during a canary that named no service groups (served by the current policy) |
 | ``edgetwin_reports_rejected_total`` | counter | ``kind``, ``reason`` | ``kpi_report`` / ``canary_outcome`` messages not used (``unauthenticated``, ``other_site``, ``no_run``, ``invalid``, ``duplicate``) |
+| ``edgetwin_kpis_undeclared_total`` | counter | | reported KPI names no spec or guard declares (dropped: never a series) |
 | ``edgetwin_canary_unjoined_total`` | counter | ``side`` | ``decisions`` without an outcome row, ``outcomes`` without a decision |
 
 Only KPIs the served policy's spec (or the runtime's) declares, or the guard watches, become
@@ -94,10 +94,6 @@ class RuntimeMetrics:
         )  # fmt: skip
         self.kpi = Gauge("edgetwin_kpi", "The last reported value of a live KPI", [*labels, "kpi"], registry=self.registry)
         self.kpi_reports = Counter("edgetwin_kpi_reports", "Live KPI reports received", labels, registry=self.registry)
-        self.kpi_undeclared = Counter(
-            "edgetwin_kpi_undeclared", "Reported KPI values whose name the spec does not declare (no series made)",
-            ["site"], registry=self.registry,
-        )  # fmt: skip
         self.registry.register(_StatusCollector(runtime))
         self._lock = threading.Lock()
 
@@ -134,35 +130,11 @@ class RuntimeMetrics:
                     means = np.nanmean(values[sel], axis=0)
                 self.observe_kpis({k: float(v) for k, v in zip(kpis, means, strict=True) if np.isfinite(v)}, p, arm=a)
 
-    def declared_kpis(self) -> set[str] | None:
-        """The KPI names that may become series: the runtime's spec's ``kpi.*`` columns and
-        ``reward``, and whatever its KPI watch guards; None when the runtime knows no spec and guards
-        nothing (then no KPI becomes a series). A name is a label value, and every new label value
-        is a new series kept for the process's life: a reporter that invents names would grow the
-        page without bound (20,000 names made a 4.8 KB page 3.4 MB)."""
-        declared = getattr(self.runtime, "declared_kpis", None)
-        if callable(declared):  # the runtime's own list: served spec, its spec, the guards, a canary's
-            return set(declared()) or None
-        names: set[str] = set()
-        spec = getattr(self.runtime, "spec", None)
-        if spec is not None:
-            names.update(spec.names("kpi"))
-            names.add("reward")
-        watch = getattr(self.runtime, "watch", None)
-        margins = getattr(getattr(watch, "guard", None), "margins", None) or ()
-        names.update(str(m.kpi) for m in margins)
-        return names or None
-
     def observe_kpis(self, kpis: Mapping[str, float], policy: str, arm: str = "fleet") -> None:
-        """One live KPI report of ``policy`` on ``arm`` (the runtime's hooks); only declared KPIs
-        (`declared_kpis`) become series, the others are counted in ``edgetwin_kpi_undeclared_total``."""
-        declared = self.declared_kpis() or set()
+        """One live KPI report of ``policy`` on ``arm`` (the runtime's hooks)."""
         with self._lock:  # the gauges of one report change together
             for name, value in kpis.items():
-                if name in declared:
-                    self.kpi.labels(self.site, policy, arm, name).set(float(value))
-                else:
-                    self.kpi_undeclared.labels(self.site).inc()
+                self.kpi.labels(self.site, policy, arm, name).set(float(value))
             self.kpi_reports.labels(self.site, policy, arm).inc()
 
     def exposition(self) -> bytes:
@@ -253,6 +225,9 @@ def _canary_families(site: str, stats: Mapping[str, Any]) -> Iterator[Any]:
     for k in _REPORT_KINDS:
         for r in _REPORT_REASONS:
             c.add_metric([site, k, r], float(rejected.get(f"{k}:{r}", 0)))
+    yield c
+    c = CounterMetricFamily("edgetwin_kpis_undeclared", "Reported KPI names no spec or guard declares", labels=["site"])
+    c.add_metric([site], float(stats.get("kpis_undeclared", 0)))
     yield c
     c = CounterMetricFamily("edgetwin_canary_unjoined", "Canary decisions / outcome rows without a partner", labels=["site", "side"])
     c.add_metric([site, "decisions"], float(stats.get("decisions_unjoined", 0)))

@@ -154,6 +154,8 @@ class RuntimeStats:
     #: ``kpi_report`` / ``canary_outcome`` messages not used, per ``<kind>:<reason>``
     #: (``unauthenticated``, ``other_site``, ``no_run``, ``invalid``, ``duplicate``)
     reports_rejected: Counter[str] = dataclasses.field(default_factory=Counter)
+    #: KPI names reported that no spec or guard declares (dropped: never a new /metrics series)
+    kpis_undeclared: int = 0
     #: decisions with no outcome row, and outcome rows with no decision (a canary's join)
     decisions_unjoined: int = 0
     outcomes_unjoined: int = 0

@@ -49,8 +49,11 @@ class KPIRollback(RegistryFollower):
                 self.stats.kpi_stale += 1
                 return None
             self.stats.kpi_reports += 1
-            if self.metrics is not None:  # only declared KPIs become series (`declared_kpis`)
-                self.metrics.observe_kpis(kpis, a.version, arm="fleet")
+            declared = self.declared_kpis()
+            known = {k: v for k, v in kpis.items() if k in declared}
+            self.stats.kpis_undeclared += len(kpis) - len(known)
+            if self.metrics is not None and known:  # only declared KPIs become /metrics series
+                self.metrics.observe_kpis(known, a.version, arm="fleet")
             was_accepted = self.watch.accepted
             breach = self.watch.observe(kpis)
             if breach is None:
@@ -64,20 +67,17 @@ class KPIRollback(RegistryFollower):
         return breach
 
     def declared_kpis(self) -> frozenset[str]:
-        """The KPI names that may become ``/metrics`` series (`edgetwin.edge.metrics`): the served
-        policy's spec's and the runtime's ``kpi.*`` columns and ``reward``, the KPI watch's and the
-        running canary's guarded KPIs. Other names are counted, never a series: a sender must not
-        be able to mint series (issue 45 item 8: 20,000 new names made 20,001 series)."""
-        names: set[str] = {"reward"}
+        """The KPI names that may become ``/metrics`` series: the served policy's spec's (or the
+        runtime's) ``kpi.*`` columns and the guard's KPIs. A report's other names are dropped and
+        counted (``stats.kpis_undeclared``): a sender must not be able to mint series (issue 45
+        item 8: 20,000 new names made 20,001 series)."""
+        names: set[str] = set()
         a = self._active
         for spec in (getattr(a.policy, "spec", None) if a else None, self.spec):
             if isinstance(spec, TwinSpec):
                 names.update(spec.names("kpi"))
         if self.guard is not None and self.guard.margins is not None:
             names.update(m.kpi for m in self.guard.margins)
-        canary = getattr(self, "_canary", None)
-        if canary is not None:
-            names.update(m.kpi for m in canary.config.margins)
         return frozenset(names)
 
     def _authentic_report(self, env: Envelope) -> bool:

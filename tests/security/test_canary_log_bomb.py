@@ -46,7 +46,7 @@ def test_the_collector_refuses_a_bomb_segment_with_one_line(tmp_path: Path, capl
     collector = CanaryLogCollector(max_bytes=4_000_000)
     with caplog.at_level(logging.WARNING):
         asyncio.run(collector.handle(Received(canary_log_subject("a"), env, None, 0)))
-    assert collector.refused == {"oversized": 1} and collector.log("a", "run1").empty
+    assert collector.refused == {"bounds": 1} and collector.log("a", "run1").empty
     lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(lines) == 1 and "\n" not in lines[0] and "decoded bytes" in lines[0]
 
