@@ -20,7 +20,9 @@ class Serving(KPIRollback):
 
     def _check_obs(self, obs: Any) -> np.ndarray:
         try:
-            x = np.asarray(obs, dtype=np.float64)
+            # C-contiguous float64 whoever calls (`decision_wire.as_served`): the same rows then
+            # take the same BLAS path, whatever layout the caller's array had
+            x = np.ascontiguousarray(obs, dtype=np.float64)
         except (TypeError, ValueError) as e:
             raise InputError(f"observations must be numbers ({e})", where="obs") from None
         if x.ndim == 1:

@@ -59,13 +59,13 @@ def test_an_outcome_report_bomb_is_refused() -> None:
 
 
 def test_a_dictionary_string_bomb_is_refused_before_it_expands() -> None:
-    """One 100 KB string on 2,000 rows: a dictionary page of 100 KB, 200 MB once expanded."""
-    long = "x" * 100_000
+    """One 10 KB string on 2,000 rows: a dictionary page of 10 KB, 20 MB once expanded."""
+    long = "x" * 10_000
     t = pa.table({"agent": pa.array([long] * 2_000)})
     buf = io.BytesIO()
     pq.write_table(t, buf, compression="zstd")
     data = buf.getvalue()
-    assert len(data) < 200_000
+    assert len(data) < 20_000
     with pytest.raises(InputError, match="expand to"):
-        read_parquet_bounded(data, max_rows=10_000, max_bytes=10_000_000, where="strings")
-    assert len(read_parquet_bounded(data, max_rows=10_000, max_bytes=300_000_000, where="strings")) == 2_000
+        read_parquet_bounded(data, max_rows=10_000, max_bytes=1_000_000, where="strings")
+    assert len(read_parquet_bounded(data, max_rows=10_000, max_bytes=30_000_000, where="strings")) == 2_000
