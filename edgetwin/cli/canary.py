@@ -99,3 +99,60 @@ def canary_plan_cmd(
         emit_json({"plan": plan.to_dict(), "gate": {"verdict": decision.verdict, "reason": decision.reason()}})
     else:
         out.print(plan.describe())
+
+
+@canary_app.command("verdict")
+def canary_verdict_cmd(
+    twin_dir: Annotated[Path, typer.Argument(help="Twin directory (from `edgetwin fit`, or `fit --update` with earlier canaries).")],
+    canary_log: Annotated[Path, typer.Option("--canary-log", help="The collected canary log (`edgetwin canary collect`).")],
+    fleet_log: Annotated[Path, typer.Option("--fleet-log", help="The fleet's log on the current policy the plan was made on.")],
+    plan_path: Annotated[Path, typer.Option("--plan", help="The canary plan it ran (`edgetwin canary plan --out`).")],
+    current: Annotated[str, typer.Option("--current", help="The current policy: an exported policy directory or a built-in (logging).")],
+    candidate: Annotated[str, typer.Option("--candidate", help="The candidate: an exported policy directory.")],
+    candidate_version: Annotated[
+        str | None, typer.Option("--candidate-version", help="Its registry version in the log's policy column (default: "
+                                 "the one version the canary log holds and the fleet log does not).")
+    ] = None,
+    pre_ticks: Annotated[int, typer.Option("--pre-ticks", min=0, help="Ticks on the current policy before the candidate started.")] = 4,
+    evidence_out: Annotated[Path | None, typer.Option("--out", help="Write the verdict as evidence for `edgetwin promote --evidence`.")] = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Judge a collected canary: the prediction-powered estimate of the fleet-wide change of every
+    guarded KPI of the plan, its interval and level, against its margin. Exit 0 promote, 1 refuse,
+    3 undecided (an interval straddles its margin); 2 on bad input. Works on any system's logs that
+    follow the log contract (`policy` = the registry version that served each row)."""
+    from edgetwin.cli.policy import _whatif_inputs
+    from edgetwin.loop.evidence import Evidence, artifact_digest, file_digest, infer_versions, judge_canary
+    from edgetwin.loop.plan import CanaryPlan
+    from edgetwin.loop.ppi import LEVEL
+    from edgetwin.policies.gate import resolve_policy
+    from edgetwin.twin.twin import load_log
+
+    plan = CanaryPlan.load(plan_path)
+    for p, flag in ((canary_log, "--canary-log"), (fleet_log, "--fleet-log")):
+        if not p.exists():
+            raise InputError("log not found", f"{flag} {p}")
+    twin, _s, _k, fleet = _whatif_inputs(twin_dir, None, None, fleet_log, None)
+    canary, _ = load_log(canary_log, twin.spec)
+    version, current_version = infer_versions(canary, fleet, candidate_version)
+    cand = resolve_policy(candidate, twin, name=f"candidate-{version}")
+    base = resolve_policy(current, twin, name=f"current-{current_version or 'current'}")
+    verdict, checks, reason = judge_canary(twin, fleet, canary, plan, cand, base, candidate_version=version,
+                                           pre_ticks=pre_ticks, seed=seed)  # fmt: skip
+    ev = Evidence(
+        verdict, reason, [c.to_dict() for c in checks], LEVEL, version, current_version,
+        artifact_digest(candidate, "policy") if Path(candidate).is_dir() else None,
+        artifact_digest(current, "policy") if Path(current).is_dir() else None,
+        artifact_digest(twin_dir, "twin"), file_digest(canary_log), file_digest(fleet_log), file_digest(plan_path),
+    )  # fmt: skip
+    if evidence_out is not None:
+        ev.save(evidence_out)
+    if as_json:
+        emit_json(ev.to_dict())
+    else:
+        out.print(f"canary verdict: {verdict.upper()} ({100 * LEVEL:g} % intervals of the fleet-wide change)")
+        for c in checks:
+            out.print(f"  {c.kpi}: {100 * c.change:+.2f}% [{100 * c.interval[0]:+.2f}%, {100 * c.interval[1]:+.2f}%] "
+                      f"vs margin {100 * c.allowed_change:g}% -> {c.verdict}")  # fmt: skip
+    raise typer.Exit({"promote": 0, "refuse": 1, "undecided": 3}[verdict])
