@@ -101,8 +101,10 @@ def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(nats_server, tmp
     spec.save(spec_path_for(recent_path))
     # the gate with wide margins: a 1,000-step policy is not expected to beat the logging policy by
     # much, only not to be catastrophic; the bad policy below is promoted with the gate overridden
+    gate_toml = tmp_path / "gate.toml"
+    gate_toml.write_text("default_margin = 1.0\n")
     good = promote_cli(Path(trained.path), nats_server.url, key, Path(twin_dir), recent_path, tmp_path / "gate-good",
-                       "--default-margin", "1.0", "--name", "trained", "--max-out-of-support", "1", "--json")
+                       "--gate-config", str(gate_toml), "--name", "trained", "--max-out-of-support", "1", "--json")
     assert good.returncode == 0, good.stderr[-2000:]
     bad_dir = export_policy(ConstantPolicy(spec, [0.0, 0.05, 1.0]), tmp_path / "bad", spec)
     refused = promote_cli(bad_dir, nats_server.url, key, Path(twin_dir), recent_path, tmp_path / "gate-bad",

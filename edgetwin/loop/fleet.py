@@ -21,6 +21,7 @@ import json
 import tempfile
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,103 @@ from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, check_actions
 from edgetwin.emulator.logs import episode_seed
 from edgetwin.emulator.population import SCENARIOS
 
-__all__ = ["canary_on_cluster", "run_emulated_canary"]
+__all__ = ["EmulatedCanaryConfig", "canary_on_cluster", "load_toml_config", "run_emulated_canary"]
+
+
+def load_toml_config(path: str | Path, cls: type[Any], where: str) -> Any:
+    """A frozen dataclass ``cls`` from a TOML file's top-level keys: every key must be one of its
+    fields and of its default's type (a list for a tuple field); a missing key keeps its default.
+    Why not a schema library: the dataclass is the documentation (one attribute, one knob), and
+    the error must be one line naming the file and the key (exit 2).
+
+    Raises:
+        InputError: file missing, not TOML, an unknown key or a value of another type."""
+    import dataclasses
+    import tomllib
+    import typing
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("config file not found", f"{where} {p}")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"not TOML ({e})", f"{where} {p}") from None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise InputError(f"unknown key(s) {unknown}; expected some of {sorted(fields)}", f"{where} {p}")
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for k, v in raw.items():
+        t = hints[k]
+        if t == tuple[str, ...]:
+            ok = isinstance(v, list) and all(isinstance(x, str) for x in v)
+            v, what = (tuple(v) if ok else v), "a list of strings"
+        elif t is bool:
+            ok, what = isinstance(v, bool), "true or false"
+        elif t is int:
+            ok, what = isinstance(v, int) and not isinstance(v, bool), "an integer"
+        elif t is float:
+            ok, what = isinstance(v, int | float) and not isinstance(v, bool), "a number"
+            v = float(v) if ok else v
+        else:  # str or str | None: a number is taken as written (e.g. max_share = 0.1)
+            ok, what = isinstance(v, str | int | float) and not isinstance(v, bool), "a string"
+            v = str(v) if ok else v
+        if not ok:
+            raise InputError(f"key {k!r} must be {what}, got {v!r}", f"{where} {p}")
+        values[k] = v
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as e:
+        raise InputError(str(e), f"{where} {p}") from None
+
+
+@dataclass(frozen=True)
+class EmulatedCanaryConfig:
+    """``edgetwin promote --canary-config FILE``: the closed loop on the emulated cluster when the
+    gate abstains (a TOML file of these keys; an empty file keeps every default). These knobs only
+    mean something where edgetwin emulates the fleet; on an operator's own fleet the same steps are
+    `edgetwin canary plan / start / collect / verdict` and ``promote --evidence`` (docs/canary.md).
+
+    Attributes:
+        rounds: canary rounds at most (plan -> canary -> `Twin.update` -> verdict each).
+        max_share: share of the service groups per round (``"10%"`` or ``0.1``).
+        max_loss: ``"KPI=0.5%"`` each: the largest fleet-wide worst-case worsening a round may cause.
+        hours: hours per round at most.
+        current: what the emulated cluster runs now (the current policy of the canary's control
+            arm and of the fleet log the plan is made on): ``random``, ``heuristic`` (any
+            `edgetwin.emulator.logs.make_policy` name) or an exported policy directory.
+        agents: service groups of the emulated cluster (0: as many as the recent log's last day).
+        train_log: the twin's training data (each part), so that `Twin.update` learns from each
+            canary; empty: the twin is not updated between rounds.
+    """
+
+    rounds: int = 3
+    max_share: str = "10%"
+    max_loss: tuple[str, ...] = ()
+    hours: float = 24.0
+    current: str = "random"
+    agents: int = 0
+    train_log: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if int(self.rounds) < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if int(self.agents) != 0 and int(self.agents) < 4:
+            raise ValueError(f"agents must be 0 (the log's) or >= 4, got {self.agents}")
+
+    @classmethod
+    def load(cls, path: str | Path) -> EmulatedCanaryConfig:
+        """From a TOML file (`load_toml_config`); exit 2 on an unknown key or a bad value."""
+        cfg: EmulatedCanaryConfig = load_toml_config(path, cls, "--canary-config")
+        return cfg
+
+    def budget(self) -> Any:
+        """The per-round `edgetwin.loop.plan.PlanBudget` (exit 2 on a bad share, loss or hours)."""
+        from edgetwin.loop.plan import budget_from_flags
+
+        return budget_from_flags(str(self.max_share), list(self.max_loss), float(self.hours))
 
 
 def _rows(
