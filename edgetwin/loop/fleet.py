@@ -20,10 +20,10 @@ import asyncio
 import json
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -35,7 +35,16 @@ from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, check_actions
 from edgetwin.emulator.logs import episode_seed
 from edgetwin.emulator.population import SCENARIOS
 
-__all__ = ["EmulatedCanaryConfig", "canary_on_cluster", "load_toml_config", "run_emulated_canary"]
+__all__ = [
+    "DecisionClient",
+    "EmulatedCanaryConfig",
+    "WireDecisions",
+    "ask_site",
+    "canary_on_cluster",
+    "drive_cluster_over_bus",
+    "load_toml_config",
+    "run_emulated_canary",
+]
 
 
 def load_toml_config(path: str | Path, cls: type[Any], where: str) -> Any:
@@ -339,3 +348,158 @@ def _wait(cond: Callable[[], bool], loop: asyncio.AbstractEventLoop, timeout: fl
             await asyncio.sleep(0.01)
 
     asyncio.run_coroutine_threadsafe(until(), loop).result(timeout + 5)
+
+
+# ------------------------------------------------------------------ the cluster as an operator's system
+class DecisionClient(Protocol):
+    """What `drive_cluster_over_bus` needs of a bus: a plain request/reply of bytes and a durable
+    publish (`edgetwin.edge.bus.Bus`)."""
+
+    async def request_raw(self, subject: str, data: bytes, timeout: float) -> bytes: ...
+
+    async def publish_durable(self, subject: str, msg: Any) -> int: ...
+
+
+@dataclass
+class WireDecisions:
+    """One site's answer to one tick's JSON decision request (`edgetwin.edge.decision_wire`)."""
+
+    actions: np.ndarray
+    policy: np.ndarray
+    propensity: np.ndarray
+    arm: np.ndarray
+
+
+async def ask_site(
+    bus: DecisionClient, site: str, obs: np.ndarray, columns: list[str], agents: list[str], sites: list[str],
+    scenarios: list[str], t: int, timeout: float = 10.0,
+) -> WireDecisions:  # fmt: skip
+    """One JSON decision request on ``edgetwin.decision.<site>`` naming the rows' groups, sites,
+    scenarios and tick, as any NATS client would send it (docs/bus.md); the reply's per-row
+    ``policies`` (registry versions), ``arms`` and ``propensity``.
+
+    Raises:
+        RuntimeError: the site answered with an error (its ``error`` field)."""
+    from edgetwin.edge.bus import Subjects
+
+    body = json.dumps({"obs": obs.tolist(), "columns": columns, "agents": agents, "sites": sites,
+                       "scenarios": scenarios, "t": int(t)}).encode()  # fmt: skip
+    doc = json.loads(await bus.request_raw(Subjects.decision(site), body, timeout))
+    if "error" in doc:
+        raise RuntimeError(f"site {site} refused the decision request of tick {t}: {doc['error']}")
+    n = len(agents)
+    actions = np.asarray(doc["actions"], dtype=np.float64).reshape(n, -1)
+    policy = np.asarray(doc.get("policies") or [doc.get("version", "")] * n, dtype=object)
+    prop = np.array([np.nan if p is None else float(p) for p in (doc.get("propensity") or [None] * n)])
+    arm = np.asarray(doc.get("arms") or ["fleet"] * n, dtype=object)
+    return WireDecisions(actions, policy, prop, arm)
+
+
+async def drive_cluster_over_bus(
+    bus: DecisionClient,
+    cluster: ClusterConfig,
+    sites: dict[str, str] | list[str],
+    *,
+    seed: int = 0,
+    day: float | None = None,
+    episode: int | str = 0,
+    ticks: int | None = None,
+    report: bool = True,
+    on_tick: Callable[[int], Awaitable[None]] | None = None,
+) -> pd.DataFrame:
+    """The emulated cluster as an operator's own system: every tick it asks the edge sites for
+    decisions over the JSON decision wire (`ask_site`), steps, and reports each site's outcome rows
+    on its durable outcome subject (`edgetwin.edge.canary_command.outcome_envelope`). It knows
+    nothing of canaries: which rows the candidate served is the sites' business, read back from
+    the replies' ``policies``.
+
+    Args:
+        bus: a connected bus. cluster: the emulated system (its population from ``seed``,
+            `episode_seed(seed, 0)`, as `generate_logs` draws it).
+        sites: edge site per cluster site name (a dict), or a list of edge sites the cluster's
+            sites are dealt to in turn.
+        ticks: at most this many ticks (default: the episode's). report: publish outcome rows.
+        on_tick: awaited with each tick after its outcomes are reported (e.g. to pace the
+            system, or to wait until the sites have joined them).
+
+    Returns:
+        The system's own log of those ticks (the log contract; ``policy`` = the registry version
+        that decided each row, ``propensity``): what an operator's logs would hold.
+    """
+    from edgetwin.edge.canary_command import outcome_envelope, outcome_subject
+
+    em = EdgeCluster(cluster)
+    obs = em.reset(seed=episode_seed(seed, 0), day=day)
+    names = list(em.site_names)
+    route = dict(sites) if isinstance(sites, dict) else {s: list(sites)[k % len(sites)] for k, s in enumerate(names)}
+    home = np.array(names, dtype=object)[em.home]
+    edge = np.array([route.get(str(s), "") for s in home], dtype=object)
+    if (edge == "").any():
+        raise InputError(f"cluster site(s) {sorted(set(home[edge == '']))} have no edge site", "sites")
+    scen = np.array(SCENARIOS, dtype=object)[em.scenario]
+    cols = list(em.spec.observation_columns)
+    out: list[pd.DataFrame] = []
+    for t in range(min(em.steps, ticks or em.steps)):
+        actions = np.zeros((em.n, len(em.spec.action_columns)))
+        policy = np.empty(em.n, dtype=object)
+        prop = np.full(em.n, np.nan)
+        for site in sorted(set(edge)):
+            m = edge == site
+            d = await ask_site(bus, site, obs[m], cols, em.agent_ids[m].tolist(), home[m].tolist(), scen[m].tolist(), t)
+            actions[m], policy[m], prop[m] = d.actions, d.policy, d.propensity
+        actions = check_actions(actions, em.n)
+        new_obs, reward, done, info = em.step(actions)
+        rows = _rows(em, episode, t, obs, actions, info, reward, policy, prop, np.ones(em.n, bool))
+        if report:
+            for site in sorted(set(edge)):
+                keep = (edge == site)
+                part = rows[keep].drop(columns=["policy", "propensity"])
+                await bus.publish_durable(outcome_subject(site), outcome_envelope(site, t, part, sender="cluster"))
+        out.append(rows)
+        if on_tick is not None:
+            await on_tick(t)
+        obs = new_obs
+        if done:
+            break
+    return pd.concat(out, ignore_index=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m edgetwin.loop.fleet --bus URL --site A --site B ...``: run the emulated cluster
+    in its own process as the real system of `drive_cluster_over_bus` and write its own log."""
+    import argparse
+    import sys
+
+    from edgetwin.edge.bus import make_bus
+
+    ap = argparse.ArgumentParser(prog="python3 -m edgetwin.loop.fleet", description=main.__doc__)
+    ap.add_argument("--bus", required=True)
+    ap.add_argument("--site", action="append", required=True, help="an edge site; repeatable")
+    ap.add_argument("--agents", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=96)
+    ap.add_argument("--ticks", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--episode", default="0")
+    ap.add_argument("--pace", type=float, default=0.0, help="seconds to wait after each tick")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+
+    async def go() -> pd.DataFrame:
+        async def pace(_t: int) -> None:
+            await asyncio.sleep(a.pace)
+
+        async with make_bus(a.bus) as bus:
+            return await drive_cluster_over_bus(bus, ClusterConfig(n_agents=a.agents, steps=a.steps), a.site,
+                                                seed=a.seed, episode=a.episode, ticks=a.ticks, on_tick=pace)  # fmt: skip
+
+    try:
+        log = asyncio.run(go())
+    except (InputError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    log.to_parquet(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
