@@ -372,11 +372,12 @@ class WireDecisions:
 
 async def ask_site(
     bus: DecisionClient, site: str, obs: np.ndarray, columns: list[str], agents: list[str], sites: list[str],
-    scenarios: list[str], t: int, timeout: float = 10.0,
+    scenarios: list[str], t: int, timeout: float = 10.0, retries: int = 0,
 ) -> WireDecisions:  # fmt: skip
     """One JSON decision request on ``edgetwin.decision.<site>`` naming the rows' groups, sites,
     scenarios and tick, as any NATS client would send it (docs/bus.md); the reply's per-row
-    ``policies`` (registry versions), ``arms`` and ``propensity``.
+    ``policies`` (registry versions), ``arms`` and ``propensity``. A site that does not answer
+    (restarting) is asked again up to ``retries`` times, backing off, as a system's client would.
 
     Raises:
         RuntimeError: the site answered with an error (its ``error`` field)."""
@@ -384,7 +385,15 @@ async def ask_site(
 
     body = json.dumps({"obs": obs.tolist(), "columns": columns, "agents": agents, "sites": sites,
                        "scenarios": scenarios, "t": int(t)}).encode()  # fmt: skip
-    doc = json.loads(await bus.request_raw(Subjects.decision(site), body, timeout))
+    for attempt in range(retries + 1):
+        try:
+            raw = await bus.request_raw(Subjects.decision(site), body, timeout)
+            break
+        except Exception as e:  # noqa: BLE001 - no responder / timeout: the site is restarting
+            if attempt == retries:
+                raise RuntimeError(f"site {site} did not answer the decision request of tick {t}: {type(e).__name__}") from None
+            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+    doc = json.loads(raw)
     if "error" in doc:
         raise RuntimeError(f"site {site} refused the decision request of tick {t}: {doc['error']}")
     n = len(agents)
@@ -406,6 +415,7 @@ async def drive_cluster_over_bus(
     ticks: int | None = None,
     report: bool = True,
     on_tick: Callable[[int], Awaitable[None]] | None = None,
+    retries: int = 20,
 ) -> pd.DataFrame:
     """The emulated cluster as an operator's own system: every tick it asks the edge sites for
     decisions over the JSON decision wire (`ask_site`), steps, and reports each site's outcome rows
@@ -419,6 +429,7 @@ async def drive_cluster_over_bus(
         sites: edge site per cluster site name (a dict), or a list of edge sites the cluster's
             sites are dealt to in turn.
         ticks: at most this many ticks (default: the episode's). report: publish outcome rows.
+        retries: decision requests re-sent to a site that does not answer (`ask_site`).
         on_tick: awaited with each tick after its outcomes are reported (e.g. to pace the
             system, or to wait until the sites have joined them).
 
@@ -445,7 +456,8 @@ async def drive_cluster_over_bus(
         prop = np.full(em.n, np.nan)
         for site in sorted(set(edge)):
             m = edge == site
-            d = await ask_site(bus, site, obs[m], cols, em.agent_ids[m].tolist(), home[m].tolist(), scen[m].tolist(), t)
+            d = await ask_site(bus, site, obs[m], cols, em.agent_ids[m].tolist(), home[m].tolist(), scen[m].tolist(), t,
+                               retries=retries)  # fmt: skip
             actions[m], policy[m], prop[m] = d.actions, d.policy, d.propensity
         actions = check_actions(actions, em.n)
         new_obs, reward, done, info = em.step(actions)
