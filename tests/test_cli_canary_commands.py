@@ -3,7 +3,8 @@ this process is a client of it): a start is signed, names the candidate's regist
 digest, the plan's slice, margins, hours, α, pre-ticks and the run, and verifies under the
 operator's key only; a trained network kept beside a safe candidate (``policy.trained``) can be the
 candidate; bad input is one line and exit 2 with nothing published; collect writes each
-``<run>-<seq>`` once and names the missing sequence numbers."""
+``<run>-<seq>`` once, refuses a segment a site ships as another's, and names the missing sequence
+numbers."""
 
 from __future__ import annotations
 
@@ -158,7 +159,7 @@ def _segment(site: str, run: str, seq: int, n: int) -> Envelope:
                        "policy": "v1"})  # fmt: skip
     buf = io.BytesIO()
     df.to_parquet(buf, index=False)
-    return Envelope(kind="canary_log", sender=site, payload={"site": site, "canary": run, "seq": seq},
+    return Envelope(kind="canary_log", sender=f"runtime/{site}", payload={"site": site, "canary": run, "seq": seq},
                     tensors={"parquet": np.frombuffer(buf.getvalue(), dtype=np.uint8)}, msg_id=f"{run}-{seq}-{site}")  # fmt: skip
 
 
@@ -172,6 +173,10 @@ def test_collect_writes_each_segment_once_and_names_the_missing(op, capsys) -> N
             again = _segment("a", "r1", 2, 3)
             again.msg_id = "r1-2-again"
             await bus.publish_durable("edgetwin.canary.log.a", again)
+            # site b shipping a segment as if it were a's: refused, a's seq 3 stays missing
+            forged = _segment("a", "r1", 3, 3)
+            forged.sender, forged.msg_id = "runtime/b", "forged"
+            await bus.publish_durable("edgetwin.canary.log.a", forged)
 
     asyncio.run(ship())
     out = op["d"] / "canary.parquet"  # type: ignore[operator]
@@ -179,6 +184,7 @@ def test_collect_writes_each_segment_once_and_names_the_missing(op, capsys) -> N
     doc = json.loads(capsys.readouterr().out)
     assert code == 1  # a segment is missing
     assert doc["rows"] == 15 and doc["missing"] == {"a": [3]} and doc["duplicates"] == 1
+    assert doc["refused"] == 1
     df = pd.read_parquet(out)
     assert len(df) == 15 and not df.duplicated(["site", "agent", "t"]).any()
     assert _run("canary", "collect", "nope", "--bus", str(op["bus"]), "--out", str(out), "--idle", "0.2") == 2

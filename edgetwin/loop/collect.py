@@ -37,7 +37,8 @@ class CollectResult:
     Attributes:
         path: the Parquet file. rows: rows written. segments: ``{site: [seq, ...]}`` written.
         missing: ``{site: [seq, ...]}`` below the highest sequence seen (or below the count a
-            site's status says it shipped) that never arrived. duplicates: redelivered segments skipped.
+            site's status says it shipped) that never arrived. duplicates: redelivered segments
+            skipped. refused: segments refused (another site's, undecodable, out of bounds).
     """
 
     path: Path
@@ -45,10 +46,11 @@ class CollectResult:
     segments: dict[str, list[int]] = field(default_factory=dict)
     missing: dict[str, list[int]] = field(default_factory=dict)
     duplicates: int = 0
+    refused: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": str(self.path), "rows": self.rows, "segments": {k: len(v) for k, v in self.segments.items()},
-                "missing": self.missing, "duplicates": self.duplicates}  # fmt: skip
+                "missing": self.missing, "duplicates": self.duplicates, "refused": self.refused}  # fmt: skip
 
 
 class _SegmentWriter:
@@ -61,10 +63,15 @@ class _SegmentWriter:
         self.writer: Any = None
         self.schema: Any = None
 
-    def append(self, raw: bytes, where: str) -> int:
+    def append(self, raw: bytes, where: str, max_rows: int, max_bytes: int) -> int:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from edgetwin.edge.parquet_bounds import declared_size
+
+        rows, size = declared_size(raw, where)  # decoded only within bounds, as the edge's collector does
+        if rows > max_rows or size > max_bytes:
+            raise InputError(f"segment declares {rows} rows / {size} bytes, above {max_rows} / {max_bytes}", where)
         table = pq.read_table(io.BytesIO(raw))
         if self.writer is None:
             self.schema = table.schema.remove_metadata()
@@ -95,6 +102,8 @@ async def collect_canary(
     idle: float = 2.0,
     timeout: float = 600.0,
     expected: dict[str, int] | None = None,
+    max_rows: int = 1_000_000,
+    max_bytes: int = 512 * 1024 * 1024,
 ) -> CollectResult:
     """Read run ``run``'s log segments from the bus into ``out`` (Parquet), each ``(site, seq)`` once.
 
@@ -106,6 +115,11 @@ async def collect_canary(
             ``expected`` segment did). timeout: stop after this many seconds whatever arrived.
         expected: segments each site shipped (its status's ``shipped``): a site's sequence numbers
             up to it that never arrive are reported missing, as are gaps below the highest seen.
+        max_rows, max_bytes: a segment whose Parquet footer declares more is refused undecoded.
+
+    A segment is the site's when its sender is ``runtime/<site>`` and its subject and payload name
+    that site (on a bus with `edgetwin.edge.message_auth`, the bus has verified the sender); any
+    other is refused and counted (``refused``), as is one that does not decode or fit the log.
 
     Raises:
         InputError: no segment of the run arrived.
@@ -121,13 +135,25 @@ async def collect_canary(
         env = rcv.envelope
         if env.kind != "canary_log" or str(env.payload.get("canary")) != run:
             return
-        site, seq = str(env.payload["site"]), int(env.payload["seq"])
+        # attributed to its sender's site (``runtime/<site>``), never to what its payload claims:
+        # the edge's `CanaryLogCollector` rule, so that a site cannot write into another's log
+        sender, claimed = str(env.sender), str(env.payload["site"])
+        site = sender.removeprefix("runtime/") if sender.startswith("runtime/") else None
+        on = rcv.subject.rsplit(".", 1)[-1]
+        if site is None or claimed != site or on != site:
+            res.refused += 1
+            return
+        seq = int(env.payload["seq"])
         got = seen.setdefault(site, set())
         if seq in got:
             res.duplicates += 1
             return
         raw = np.asarray(env.tensors["parquet"], dtype=np.uint8).tobytes()
-        res.rows += writer.append(raw, f"canary log {run}-{seq} of {site}")
+        try:
+            res.rows += writer.append(raw, f"canary log {run}-{seq} of {site}", max_rows, max_bytes)
+        except InputError:
+            res.refused += 1
+            return
         got.add(seq)
         last[0] = time.monotonic()
 
