@@ -80,6 +80,9 @@ def warehouse(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                lambda i: "v2" if arm[i] else "v1")  # fmt: skip
         # the pre-ticks were served by the current version everywhere
         canary.loc[canary["t"] < PRE, "policy"] = "v1"
+        # as the edge joins them (edgetwin.edge.canary_join): the arm and the action's propensity
+        canary["arm"] = np.where(canary["t"] < PRE, "fleet", np.where(canary["policy"] == "v2", "candidate", "control"))
+        canary["propensity"] = np.nan
         canary.to_parquet(d / f"canary-{name}.parquet")
     plan = {
         "candidate": "cand", "baseline": "current",
