@@ -416,6 +416,7 @@ async def drive_cluster_over_bus(
     report: bool = True,
     on_tick: Callable[[int], Awaitable[None]] | None = None,
     retries: int = 20,
+    sender: str = "cluster",
 ) -> pd.DataFrame:
     """The emulated cluster as an operator's own system: every tick it asks the edge sites for
     decisions over the JSON decision wire (`ask_site`), steps, and reports each site's outcome rows
@@ -430,6 +431,8 @@ async def drive_cluster_over_bus(
             sites are dealt to in turn.
         ticks: at most this many ticks (default: the episode's). report: publish outcome rows.
         retries: decision requests re-sent to a site that does not answer (`ask_site`).
+        sender: the outcome reports' sender (on NATS the sites accept reports signed by a key of
+            their ``--reporters``: set ``bus.auth`` to a `MessageAuth` holding this identity's key).
         on_tick: awaited with each tick after its outcomes are reported (e.g. to pace the
             system, or to wait until the sites have joined them).
 
@@ -466,7 +469,7 @@ async def drive_cluster_over_bus(
             for site in sorted(set(edge)):
                 keep = (edge == site)
                 part = rows[keep].drop(columns=["policy", "propensity"])
-                await bus.publish_durable(outcome_subject(site), outcome_envelope(site, t, part, sender="cluster"))
+                await bus.publish_durable(outcome_subject(site), outcome_envelope(site, t, part, sender=sender))
         out.append(rows)
         if on_tick is not None:
             await on_tick(t)
@@ -493,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--episode", default="0")
     ap.add_argument("--pace", type=float, default=0.0, help="seconds to wait after each tick")
+    ap.add_argument("--keys", default=None, help="keys directory holding <identity>.key.pem: outcome reports are "
+                    "signed with it (the sites' `serve --reporters` must hold its public key)")  # fmt: skip
+    ap.add_argument("--identity", default="cluster", help="the reporting identity (the outcome reports' sender)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
 
@@ -500,9 +506,15 @@ def main(argv: list[str] | None = None) -> int:
         async def pace(_t: int) -> None:
             await asyncio.sleep(a.pace)
 
-        async with make_bus(a.bus) as bus:
+        bus = make_bus(a.bus)
+        if a.keys:
+            from edgetwin.edge.message_auth import FederationKeys
+
+            bus.auth = FederationKeys.load(a.keys, [a.identity]).auth(a.identity)
+        async with bus:
             return await drive_cluster_over_bus(bus, ClusterConfig(n_agents=a.agents, steps=a.steps), a.site,
-                                                seed=a.seed, episode=a.episode, ticks=a.ticks, on_tick=pace)  # fmt: skip
+                                                seed=a.seed, episode=a.episode, ticks=a.ticks, on_tick=pace,
+                                                sender=a.identity)  # fmt: skip
 
     try:
         log = asyncio.run(go())
