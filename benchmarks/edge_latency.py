@@ -65,6 +65,7 @@ from edgetwin.edge.runtime import (
     kpi_subject,
     request_decision,
     rollback_subject,
+    signed_frame,
 )
 from edgetwin.edge.signing import Signer, TrustStore, save_public_key
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, cluster_spec
@@ -425,7 +426,12 @@ async def rollback_runs(work: Path, server: NatsServer, keys: Path, signer: Sign
     await reg.set_current(SCOPE, "good", expected=None)
     guard = ["--guard", "kpi.slo_violation<=+10%", "--guard", "kpi.revenue>=-25%", "--window", str(window), "--grace", "1", "--patience", "2"]
     # a bucket of its own, so this part does not see the latency part's registry
-    proc = await asyncio.to_thread(start_serve, server.url + "", keys, work / "cache-rollback", [*guard, "--bucket", "rollback"])
+    # the cluster's KPI sensor signs its reports; serve uses only reports of its --reporters (issue 45 item 8)
+    sensor = Signer.generate()
+    (work / "reporters").mkdir(exist_ok=True)
+    save_public_key(sensor.public_key, work / "reporters" / "sensor.pub.pem", overwrite=True)
+    proc = await asyncio.to_thread(start_serve, server.url + "", keys, work / "cache-rollback",
+                                   [*guard, "--bucket", "rollback", "--reporters", str(work / "reporters")])
     notices: list[tuple[float, Any]] = []
 
     async def on_notice(rcv: Any) -> None:
@@ -448,7 +454,7 @@ async def rollback_runs(work: Path, server: NatsServer, keys: Path, signer: Sign
         obs, _, _, info = cluster.step(d.actions)
         kpis = dict(zip(kpi_cols, info["kpis"].mean(0), strict=True))
         trace.append((t_reply, d.version, kpis))
-        await edge.publish(kpi_subject(SITE), kpi_report(SITE, kpis, version=d.version))
+        await edge.publish_raw(kpi_subject(SITE), signed_frame(kpi_report(SITE, kpis, version=d.version, sender="sensor"), sensor))
         await asyncio.sleep(max(0.0, cadence - (time.perf_counter() - t0)) if cadence else 0.002)
         return d.version, t_reply
 

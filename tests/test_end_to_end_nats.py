@@ -27,9 +27,17 @@ from edgetwin.contract.spec import spec_path_for
 from edgetwin.demo import DemoSizes, _fit_twin
 from edgetwin.edge.bus import NatsBus, NatsConfig
 from edgetwin.edge.kpi_watch import KPIGuard, KPIMargin
+from edgetwin.edge.message_auth import Keyring
 from edgetwin.edge.messages import Envelope
 from edgetwin.edge.registry import NatsRegistry
-from edgetwin.edge.runtime import EdgeRuntime, kpi_report, kpi_subject, request_decision, rollback_subject
+from edgetwin.edge.runtime import (
+    EdgeRuntime,
+    kpi_report,
+    kpi_subject,
+    request_decision,
+    rollback_subject,
+    signed_frame,
+)
 from edgetwin.edge.signing import Signer, TrustStore, save_private_key, save_public_key
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
 from edgetwin.emulator.logs import generate_logs
@@ -90,6 +98,7 @@ def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(nats_server, tmp
     assert Path(report["html"]).is_file()
 
     signer = Signer.generate()
+    sensor = Signer.generate()  # the cluster's KPI sensor: reports are signed (issue 45 item 8)
     (tmp_path / "keys").mkdir()
     key = save_private_key(signer.private_key, tmp_path / "keys" / "pub.key.pem")
     save_public_key(signer.public_key, tmp_path / "keys" / "pub.pub.pem")
@@ -142,13 +151,14 @@ def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(nats_server, tmp
                 served.append(d.version)
                 obs, _, done, info = cluster.step(d.actions)
                 kpis = dict(zip(kpi_cols, info["kpis"].mean(axis=0), strict=True))
-                await edge.publish(kpi_subject(SITE), kpi_report(SITE, kpis, version=d.version))
+                await edge.publish_raw(kpi_subject(SITE), signed_frame(kpi_report(SITE, kpis, version=d.version, sender="sensor"), sensor))
                 await asyncio.sleep(0.01)
                 if done:
                     obs = cluster.reset(seed=7)
             return obs
 
-        async with EdgeRuntime(SITE, reg, trust, bus=bus, kpi_guard=guard, poll_interval=0.1) as rt:
+        async with EdgeRuntime(SITE, reg, trust, bus=bus, kpi_guard=guard, poll_interval=0.1,
+                               reporters=Keyring({"sensor": sensor.public_key})) as rt:
             obs = await drive(12, cluster.reset(seed=5))
             assert rt.version == good_version
             forced = await asyncio.to_thread(

@@ -19,6 +19,7 @@ from test_runtime import SPEC, ConstantPolicy, SLOAware, steady_load, until
 
 from edgetwin.edge.bus import NatsBus, NatsConfig
 from edgetwin.edge.kpi_watch import KPIGuard, KPIMargin
+from edgetwin.edge.message_auth import Keyring
 from edgetwin.edge.messages import Envelope
 from edgetwin.edge.registry import DeferredNatsRegistry, NatsRegistry, metadata_from_policy_dir
 from edgetwin.edge.runtime import (
@@ -28,6 +29,7 @@ from edgetwin.edge.runtime import (
     kpi_subject,
     request_decision,
     rollback_subject,
+    signed_frame,
 )
 from edgetwin.edge.signing import Signer, TrustStore
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
@@ -174,6 +176,7 @@ def test_cluster_served_over_nats_rolls_back_a_bad_promotion(nats_server, tmp_pa
     """The emulated cluster asks for its actions over NATS request/reply and reports its KPIs on the
     bus; a deliberately bad version is promoted (gate overridden) and the runtime rolls it back."""
     signer = Signer.generate()
+    sensor = Signer.generate()  # the cluster's KPI sensor: reports are signed (issue 45 item 8)
     trust = TrustStore([signer.public_key])
     guard = KPIGuard(margins=(KPIMargin("kpi.task_time_ms", max_regression=0.25),), window=5, grace=1, patience=2)
     kpi_cols = SPEC.names("kpi")
@@ -202,10 +205,11 @@ def test_cluster_served_over_nats_rolls_back_a_bad_promotion(nats_server, tmp_pa
                 served.append(d.version)
                 obs, _, _, info = cluster.step(d.actions)
                 kpis = dict(zip(kpi_cols, info["kpis"].mean(axis=0), strict=True))
-                await edge.publish(kpi_subject(SITE), kpi_report(SITE, kpis, version=d.version))
+                await edge.publish_raw(kpi_subject(SITE), signed_frame(kpi_report(SITE, kpis, version=d.version, sender="sensor"), sensor))
             return obs
 
-        async with EdgeRuntime(SITE, reg, trust, bus=bus, kpi_guard=guard, poll_interval=0.1) as rt:
+        async with EdgeRuntime(SITE, reg, trust, bus=bus, kpi_guard=guard, poll_interval=0.1,
+                               reporters=Keyring({"sensor": sensor.public_key})) as rt:
             obs = cluster.reset(seed=5)
             obs = await drive(12, obs)
             assert await wait_for(lambda: rt.stats.kpi_reports == 12)

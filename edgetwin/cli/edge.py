@@ -55,6 +55,12 @@ def serve(
         Path | None,
         typer.Option("--cache-dir", help="Verified last good policies (fail-static restarts); default ~/.cache/edgetwin/runtime/<S>."),
     ] = None,
+    reporters: Annotated[
+        Path | None,
+        typer.Option("--reporters", help="Keys directory (*.pub.pem, one per identity, e.g. from `edgetwin agent-keys`) of "
+                     "the systems whose signed kpi_report / canary_outcome messages are used; without it every "
+                     "report arriving over NATS is refused and counted."),
+    ] = None,
     bucket: BucketOpt = "edgetwin",
     metrics_port: Annotated[
         int, typer.Option("--metrics-port", min=0, max=65535, help="Serve Prometheus /metrics on this port (0: off); see docs/bus.md, \"Metrics\".")
@@ -68,13 +74,14 @@ def serve(
 ) -> None:
     """Run the edge runtime: serve the site's current signed policy until interrupted.
 
-    Decisions over the bus (request/reply on edgetwin.decision.<S>: the edgetwin frame, or a JSON / Arrow IPC body from any NATS client, see docs/bus.md) and live KPIs on edgetwin.kpi.<S>; hot-swaps on promotion, keeps the last good policy when the registry or the bus is down, and rolls back when a guarded KPI regresses (notice on edgetwin.policy.rollback.<S>).
+    Decisions over the bus (request/reply on edgetwin.decision.<S>: the edgetwin frame, or a JSON / Arrow IPC body from any NATS client, see docs/bus.md; rows naming their service groups are served by their canary arm) and live KPIs on edgetwin.kpi.<S> (signed by a --reporters identity); canaries started and stopped by signed commands on edgetwin.canary.command, fed by the system's outcome rows on edgetwin.canary.outcome.<S>, status on edgetwin.status.canary.<S>; hot-swaps on promotion, keeps the last good policy when the registry or the bus is down, and rolls back when a guarded KPI regresses (notice on edgetwin.policy.rollback.<S>).
     """
     import asyncio
     import contextlib
     import re
     import signal
 
+    from edgetwin.edge.canary_command import command_subject, outcome_subject, status_subject
     from edgetwin.edge.kpi_watch import KPIGuard, KPIMargin
     from edgetwin.edge.registry import open_async_registry
     from edgetwin.edge.runtime import EdgeRuntime
@@ -89,6 +96,9 @@ def serve(
     if poll <= 0 or duration < 0:
         raise InputError("--poll must be > 0 and --duration >= 0", "--poll/--duration")
     store = TrustStore.from_paths(trust)
+    from edgetwin.edge.message_auth import Keyring
+
+    reporter_keys = Keyring.from_dir(reporters) if reporters is not None else None
     shield_cfg = None
     if shield is not None:
         from edgetwin.policies.shield import ShieldConfig
@@ -115,7 +125,7 @@ def serve(
         async with open_async_registry(registry, bucket=bucket) as reg:
             rt = EdgeRuntime(
                 site, reg, store, bus=bus, shield=shield_cfg, kpi_guard=kpi_guard,
-                cluster=cluster, poll_interval=poll, cache_dir=cache, freeze_gc=True,
+                cluster=cluster, poll_interval=poll, cache_dir=cache, freeze_gc=True, reporters=reporter_keys,
             )  # fmt: skip
             metrics_server = None
             if metrics_port:
@@ -140,6 +150,8 @@ def serve(
                     f"edgetwin serve: site {site} {serving}; decisions on edgetwin.decision.{site} via {bus}; "
                     f"registry {registry} polled every {poll:g}s; shield: {'on' if shield_cfg else 'off'}; "
                     f"KPI guard: {rt.guard.describe() if rt.guard else 'off'}; "
+                    f"canary commands on {command_subject()} (signed by a --trust key), outcomes on "
+                    f"{outcome_subject(site)}, status on {status_subject(site)}; "
                     + (f"metrics on http://{metrics_addr}:{metrics_port}/metrics; " if metrics_port else "")
                     + (f"stopping after {duration:g}s" if duration else "Ctrl-C to stop"),
                     highlight=False, soft_wrap=True,
@@ -150,7 +162,7 @@ def serve(
                 finally:
                     if metrics_server is not None:
                         metrics_server.shutdown()
-                return rt.status()
+                return {**rt.status(), "canary": rt.canary_status().to_dict()}
 
     status = asyncio.run(run())
     if as_json:

@@ -23,7 +23,10 @@ same cache directory (``runtime``: a runtime that died mid-canary restarts on th
 the canary is never resumed). So a canary killed mid-way loses no row it reported.
 
 The cloud side reads the log with `CanaryLogCollector` (a durable subscription on
-``edgetwin.canary.log.>``), which keeps each segment once.
+``edgetwin.canary.log.>``), which keeps each segment once, attributed to the site of its
+authenticated sender. A canary started by a signed command (`edgetwin.edge.canary_command`)
+carries the command's run id and, when its runtime dies mid-run, is resumed from its spool by the
+next runtime started on the same cache directory.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from edgetwin.edge.canary_guard import CanaryGuard, GuardStop
 from edgetwin.edge.canary_slice import CanarySlice, SliceRouter
 from edgetwin.edge.kpi_watch import KPIMargin
 from edgetwin.edge.messages import Envelope, KindSchema, register_kind
+from edgetwin.edge.parquet_bounds import read_parquet_bounded
 
 __all__ = [
     "STOP_REASONS",
@@ -348,9 +352,13 @@ class Canary:
         config: the order.
         current: the current policy's version (served to the control and fleet arms).
         spool_dir: where its log segments are written before they are shipped.
+        run_id: this run's id (a run started by a signed command carries its own, `edgetwin.edge.
+            canary_command`); None: ``<canary_id>-<random>``. A directory already holding segments
+            of that run is *resumed*: its segments are fed to the guard again, in order, without
+            being written again (`_replay`), so a restarted runtime goes on where the run was.
     """
 
-    def __init__(self, config: CanaryConfig, current: str, spool_dir: Path) -> None:
+    def __init__(self, config: CanaryConfig, current: str, spool_dir: Path, run_id: str | None = None) -> None:
         self.config = config
         self.current = current
         self.router = SliceRouter(config.slice, config.candidate, current)
@@ -360,7 +368,7 @@ class Canary:
         )  # fmt: skip
         # One run of a canary: the same order run twice is two runs (two spools, and bus message
         # ids that JetStream's de-duplication does not confuse).
-        self.run_id = f"{config.canary_id}-{uuid.uuid4().hex[:8]}"
+        self.run_id = run_id or f"{config.canary_id}-{uuid.uuid4().hex[:8]}"
         self.dir = Path(spool_dir) / self.run_id
         self.dir.mkdir(parents=True, exist_ok=True)
         _atomic_write(self.dir / "canary.json", json.dumps(
@@ -377,6 +385,20 @@ class Canary:
         # per (arm, group): rows and the sum of each guarded KPI, for the composition's spread
         self._group_sums: dict[tuple[str, str], np.ndarray] = {}
         self._pre_sums: dict[str, np.ndarray] = {}  # group -> rows, sum of each KPI during pre_ticks
+        #: the values of the rows' ``t`` recorded so far (a tick reported twice is recorded once)
+        self.ticks_seen: set[int] = set()
+        self._replay()
+
+    def _replay(self) -> None:
+        """Feed the segments already in this run's directory to the guard (a resumed run)."""
+        for seg in sorted(self.dir.glob("seg-*.parquet")):
+            rows = pd.read_parquet(seg)
+            self.seq = int(seg.stem.split("-")[1])
+            self.ticks += 1
+            self._observe(rows)
+        stopped = self.dir / "stopped.json"
+        if stopped.is_file():
+            self.stop_reason = str(json.loads(stopped.read_text()).get("reason", "runtime"))
 
     @property
     def active(self) -> bool:
@@ -415,6 +437,12 @@ class Canary:
         seg = self.dir / f"seg-{self.seq:06d}.parquet"
         _atomic_write(seg, _segment_bytes(rows.reset_index(drop=True)))
         self.ticks += 1
+        return self.seq, self._observe(rows)
+
+    def _observe(self, rows: pd.DataFrame) -> GuardStop | None:
+        """Feed one spooled tick to the guard, the loss budget and the arms' bookkeeping."""
+        if "t" in rows.columns:
+            self.ticks_seen.update(int(v) for v in pd.unique(rows["t"]))
         scen = rows["scenario"].astype(str).tolist() if "scenario" in rows.columns else None
         arms = self.router.arms(rows["agent"].astype(str).tolist(), rows["site"].astype(str).tolist(), scen)
         for a in ("candidate", "control", "fleet"):
@@ -427,7 +455,7 @@ class Canary:
                 acc = self._pre_sums.setdefault(agent, np.zeros(len(kpis) + 1))
                 acc[0] += 1
                 acc[1:] += vals[i]
-            return self.seq, None
+            return None
         vals, keep = self._judged(rows, kpis)
         arms_k = arms[keep]
         cand_m, ctrl_m = arms_k == "candidate", arms_k == "control"
@@ -444,7 +472,7 @@ class Canary:
                 self.stop("budget")
             elif self.ticks >= self.config.total_ticks:
                 self.stop("completed")
-        return self.seq, stop
+        return stop
 
     def loss_so_far(self) -> dict[str, float]:
         """Per KPI with a loss budget: the fleet-wide loss the canary has caused (`fleet_loss` of
@@ -596,25 +624,58 @@ def segment_envelope(site: str, run_id: str, seg: Path, sender: str) -> Envelope
 class CanaryLogCollector:
     """Collects canary logs shipped by runtimes (call `handle` from a bus subscription).
 
-    Each (site, canary run, seq) is kept once, however often it is delivered; `log` assembles a
-    canary run's rows in order (``run_id``: `CanaryResult.run_id`).
+    A segment is attributed by its **authenticated sender**, never by its payload: its site is the
+    one of the sender ``runtime/<site>`` (the runtime's bus identity; on a bus with
+    `edgetwin.edge.message_auth` the bus has verified it, and with ``keyring`` the collector
+    verifies it itself), and a segment whose subject or payload names another site is refused
+    (``forged``), so a site cannot ship a segment into another site's log nor displace the real
+    one. Its Parquet is decoded only within declared bounds (``max_rows`` rows, ``max_bytes``
+    uncompressed bytes: `edgetwin.edge.parquet_bounds`). Each refusal is one log line and a count
+    in ``refused`` (by reason). Each (site, canary run, seq) is kept once, however often it is
+    delivered; `log` assembles a canary run's rows in order (``run_id``: `CanaryResult.run_id`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keyring: Any = None, max_rows: int = 1_000_000, max_bytes: int = 512 * 1024 * 1024) -> None:
         self.segments: dict[tuple[str, str], dict[int, pd.DataFrame]] = {}
         self.duplicates = 0
+        self.refused: dict[str, int] = {}
+        self.keyring = keyring
+        self.max_rows, self.max_bytes = int(max_rows), int(max_bytes)
+
+    def _refuse(self, reason: str, detail: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        log.warning("canary log segment refused (%s): %s", reason, detail)
 
     async def handle(self, rcv: Received) -> None:
         env = rcv.envelope
         if env.kind != "canary_log":
             return
-        key = (str(env.payload["site"]), str(env.payload["canary"]))
+        if self.keyring is not None:
+            from edgetwin.edge.message_auth import MessageAuth
+            from edgetwin.edge.messages import MessageRejected
+
+            try:
+                MessageAuth(self.keyring).verify(env)
+            except MessageRejected as e:
+                self._refuse("unauthenticated", str(e))
+                return
+        sender, claimed = str(env.sender), str(env.payload["site"])
+        site = sender.removeprefix("runtime/") if sender.startswith("runtime/") else None
+        on = rcv.subject.rsplit(".", 1)[-1] if rcv.subject.startswith(f"{Subjects.PREFIX}.canary.log.") else None
+        if site is None or claimed != site or (on is not None and on != site):
+            self._refuse("forged", f"sender {sender!r} on {rcv.subject!r} ships a segment naming site {claimed!r}")
+            return
+        key = (site, str(env.payload["canary"]))
         seq = int(env.payload["seq"])
         got = self.segments.setdefault(key, {})
         if seq in got:
             self.duplicates += 1
             return
-        got[seq] = pd.read_parquet(io.BytesIO(np.asarray(env.tensors["parquet"], dtype=np.uint8).tobytes()))
+        data = np.asarray(env.tensors["parquet"], dtype=np.uint8).tobytes()
+        try:
+            got[seq] = read_parquet_bounded(data, self.max_rows, self.max_bytes, where=f"canary log {key[1]}-{seq} of {site}")
+        except InputError as e:
+            self._refuse("bounds", str(e))
 
     async def subscribe(self, bus: Any, durable_name: str = "canary-collector") -> Any:
         """A durable subscription on every site's canary log."""

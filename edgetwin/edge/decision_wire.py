@@ -7,18 +7,30 @@ decision subject ``edgetwin.decision.<site>`` answers plain NATS requests whose 
 - **JSON** (``Content-Type: application/json``): ``{"obs": [[...], ...]}`` rows in the policy's
   observation column order, or one row ``{"obs": [...]}``; optional ``"columns"`` (the names of
   the row entries, in the order sent: the runtime reorders them and refuses a set that differs
-  from the policy's), ``"site"``. Cheapest for a few observations.
+  from the policy's), ``"site"``; and, so that a canary serves each row by its arm
+  (`edgetwin.edge.canary_slice`), the rows' service groups ``"agents"`` (and ``"sites"``,
+  ``"scenarios"``: lists of strings, one per row) and the tick ``"t"`` (an integer: the key its
+  outcome report joins on, `edgetwin.edge.canary_command`). Cheapest for a few observations.
 - **Arrow IPC stream** (``Content-Type: application/vnd.apache.arrow.stream``): one record batch
   (or several) with one numeric column per observation column, named as in the spec (any order),
-  or a single column ``obs`` of fixed-size lists. Cheapest for batches (no numbers as text);
-  ``docs/bus.md`` gives the measured crossover.
+  or a single column ``obs`` of fixed-size lists; the service groups as string columns
+  ``agent`` (and ``site``, ``scenario``), the tick as the schema metadata key ``t``. Cheapest for
+  batches (no numbers as text); ``docs/bus.md`` gives the measured crossover.
+
+Every format may also name the tick in the ``Edgetwin-Tick`` header. Whatever the order of the
+columns a request used, the observations handed to the policy are a fresh C-contiguous float64
+array in the served column order (`as_served`): the same rows then take the same BLAS path and get
+the same bits, however they were sent.
 
 Without a ``Content-Type`` the body is sniffed: ``{`` starts JSON, the Arrow continuation marker
 ``0xFFFFFFFF`` starts Arrow, ``ET`` starts an edgetwin frame (served exactly as before).
 
 The reply has the request's format (errors are always JSON) and carries its metadata in NATS
 headers: ``Edgetwin-Policy-Version`` (the pointer revision), ``Edgetwin-Version``,
-``Edgetwin-Scope``, and the request's ``Nats-Msg-Id`` echoed back (a request id for the caller's
+``Edgetwin-Scope``; when the request named its groups, the reply also says per row which
+registry version (``policies``) and arm (``arms``: ``candidate`` / ``control`` / ``fleet``)
+decided it and the action's ``propensity`` (JSON fields; Arrow columns ``policy``, ``arm``,
+``propensity`` after the action columns); and the request's ``Nats-Msg-Id`` echoed back (a request id for the caller's
 correlation and logs; core request/reply is not stored, so JetStream's de-duplication does not
 apply to it: a retried request is answered again). A request that cannot be answered gets a reply
 with the NATS services convention's ``Nats-Service-Error`` / ``Nats-Service-Error-Code`` headers
@@ -49,10 +61,12 @@ __all__ = [
     "POLICY_VERSION",
     "SCOPE",
     "SITE",
+    "TICK",
     "VERSION",
     "BadDecisionRequest",
     "WireRequest",
     "content_type",
+    "as_served",
     "encode_error",
     "encode_reply",
     "is_frame",
@@ -71,9 +85,14 @@ POLICY_VERSION = "Edgetwin-Policy-Version"
 VERSION = "Edgetwin-Version"
 SCOPE = "Edgetwin-Scope"
 SITE = "Edgetwin-Site"
+TICK = "Edgetwin-Tick"
+#: Arrow string columns that name a row's service group, site and scenario (not observations)
+ID_COLUMNS = ("agent", "site", "scenario")
 
 _ARROW_MARKER = b"\xff\xff\xff\xff"
-_JSON_FIELDS = frozenset({"obs", "columns", "site", "deadline_ms"})
+_JSON_FIELDS = frozenset({"obs", "columns", "site", "deadline_ms", "agents", "sites", "scenarios", "t"})
+#: JSON list field -> Arrow column of the same ids
+_ID_FIELDS = {"agents": "agent", "sites": "site", "scenarios": "scenario"}
 
 
 class BadDecisionRequest(ValueError):
@@ -93,11 +112,17 @@ class WireRequest:
         obs: (N, O) float64 observations, in the order of the columns they were checked against.
         fmt: `JSON` or `ARROW` (the reply uses the same).
         msg_id: the request's ``Nats-Msg-Id`` header, echoed in the reply.
+        agents, sites, scenarios: (N,) the rows' service groups, sites and scenarios, when sent.
+        t: the tick the request names (None: not named).
     """
 
     obs: np.ndarray
     fmt: str
     msg_id: str | None
+    agents: tuple[str, ...] | None = None
+    sites: tuple[str, ...] | None = None
+    scenarios: tuple[str, ...] | None = None
+    t: int | None = None
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
@@ -140,8 +165,16 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"non-finite number {name}")
 
 
+def as_served(obs: np.ndarray) -> np.ndarray:
+    """``obs`` as the policy gets it: C-contiguous float64, a fresh array when it was not already
+    one. A column-reordered view is Fortran-ordered, and a matrix product over it may take another
+    BLAS kernel and give other last bits than the same rows in row-major order (issue 46)."""
+    return np.ascontiguousarray(obs, dtype=np.float64)
+
+
 def _reorder(obs: np.ndarray, sent: Sequence[str], columns: Sequence[str]) -> np.ndarray:
-    """Columns of ``obs`` named ``sent`` -> the order of ``columns``; refuse any other set."""
+    """Columns of ``obs`` named ``sent`` -> the order of ``columns`` (a fresh C-contiguous array,
+    `as_served`); refuse any other set."""
     if len(set(sent)) != len(sent):
         raise BadDecisionRequest(f"columns are repeated: {sorted({c for c in sent if list(sent).count(c) > 1})}")
     missing, extra = [c for c in columns if c not in sent], [c for c in sent if c not in columns]
@@ -152,7 +185,7 @@ def _reorder(obs: np.ndarray, sent: Sequence[str], columns: Sequence[str]) -> np
     if list(sent) == list(columns):
         return obs
     where = {c: j for j, c in enumerate(sent)}
-    return obs[:, [where[c] for c in columns]]
+    return as_served(obs[:, [where[c] for c in columns]])
 
 
 def _has_bool(obs: object, data: bytes) -> bool:
@@ -166,7 +199,34 @@ def _has_bool(obs: object, data: bytes) -> bool:
     return isinstance(obs, list) and any(_has_bool(v, data) for v in obs)
 
 
-def _parse_json(data: bytes, columns: Sequence[str] | None, site: str) -> np.ndarray:
+def _ids(values: object, n: int, name: str) -> tuple[str, ...]:
+    if not isinstance(values, list) or len(values) != n or not all(isinstance(v, str) for v in values):
+        raise BadDecisionRequest(f'"{name}" must be {n} strings, one per observation row')
+    return tuple(values)
+
+
+def _tick(value: object, where: str) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise BadDecisionRequest(f"{where} must be an integer tick, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadDecisionRequest(f"{where} must be an integer tick >= 0, got {value!r}")
+    return value
+
+
+def _json_ids(doc: Mapping[str, object], n: int) -> dict[str, object]:
+    """The ids and tick a JSON request names (`WireRequest` fields)."""
+    out: dict[str, object] = {k: _ids(doc[k], n, k) for k in _ID_FIELDS if k in doc}
+    if ("sites" in out or "scenarios" in out) and "agents" not in out:
+        raise BadDecisionRequest('"sites" / "scenarios" need "agents" (the rows\' service groups)')
+    if "t" in doc:
+        out["t"] = _tick(doc["t"], '"t"')
+    return out
+
+
+def _parse_json(data: bytes, columns: Sequence[str] | None, site: str) -> tuple[np.ndarray, dict[str, object]]:
     try:
         doc = json.loads(data, parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as e:
@@ -207,7 +267,7 @@ def _parse_json(data: bytes, columns: Sequence[str] | None, site: str) -> np.nda
             raise BadDecisionRequest(f'"columns" must be {obs.shape[1]} column names, one per row entry')
         if columns is not None:
             obs = _reorder(obs, sent, columns)
-    return obs
+    return obs, _json_ids(doc, obs.shape[0])
 
 
 def _u32(b: bytes, i: int) -> int:
@@ -282,7 +342,30 @@ def _check_arrow_size(data: bytes, max_decoded: int) -> None:
         raise BadDecisionRequest(f"body is not an Arrow IPC stream: {e}") from None
 
 
-def _parse_arrow(data: bytes, columns: Sequence[str] | None, max_decoded: int | None = None) -> np.ndarray:
+def _arrow_ids(batch: object, schema: object) -> dict[str, object]:
+    """The id columns (`ID_COLUMNS`, strings without nulls) and the metadata tick of an Arrow request."""
+    import pyarrow as pa
+
+    out: dict[str, object] = {}
+    names = schema.names  # type: ignore[attr-defined]
+    for field_name, col in _ID_FIELDS.items():
+        if col not in names:
+            continue
+        arr = batch.column(names.index(col))  # type: ignore[attr-defined]
+        if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)) or arr.null_count:
+            raise BadDecisionRequest(f"Arrow column {col!r} must hold strings without nulls, got {arr.type}")
+        out[field_name] = tuple(arr.to_pylist())
+    if ("sites" in out or "scenarios" in out) and "agents" not in out:
+        raise BadDecisionRequest("Arrow columns 'site' / 'scenario' need the column 'agent' (the rows' service groups)")
+    meta = schema.metadata or {}  # type: ignore[attr-defined]
+    if b"t" in meta:
+        out["t"] = _tick(meta[b"t"].decode(errors="replace"), "Arrow schema metadata 't'")
+    return out
+
+
+def _parse_arrow(
+    data: bytes, columns: Sequence[str] | None, max_decoded: int | None = None
+) -> tuple[np.ndarray, dict[str, object]]:
     import pyarrow as pa
 
     if max_decoded is not None:
@@ -297,10 +380,12 @@ def _parse_arrow(data: bytes, columns: Sequence[str] | None, max_decoded: int | 
         raise BadDecisionRequest("the Arrow stream has no rows")
     # One batch is the common case: its columns are read as they are, without a Table.
     batch = batches[0] if len(batches) == 1 else pa.Table.from_batches(batches, schema).combine_chunks().to_batches()[0]
-    names = schema.names
-    types = schema.types
+    ids = _arrow_ids(batch, schema)
+    keep = [j for j, n in enumerate(schema.names) if n not in ID_COLUMNS]
+    names = [schema.names[j] for j in keep]
+    types = [schema.types[j] for j in keep]
     if names == ["obs"] and (pa.types.is_fixed_size_list(types[0]) or pa.types.is_list(types[0])):
-        flat = batch.column(0)
+        flat = batch.column(keep[0])
         if flat.null_count:
             raise BadDecisionRequest(f"Arrow column 'obs' has {flat.null_count} null rows")
         if pa.types.is_fixed_size_list(types[0]):
@@ -313,7 +398,7 @@ def _parse_arrow(data: bytes, columns: Sequence[str] | None, max_decoded: int | 
         values = flat.flatten()
         if values.null_count or not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
             raise BadDecisionRequest(f"Arrow column 'obs' must hold numbers without nulls, got {values.type}")
-        return values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False).reshape(batch.num_rows, width)
+        return as_served(values.to_numpy(zero_copy_only=False).reshape(batch.num_rows, width)), ids
     for name, t in zip(names, types, strict=True):
         if not (pa.types.is_floating(t) or pa.types.is_integer(t)):
             raise BadDecisionRequest(f"Arrow column {name!r} must be numeric, got {t}")
@@ -330,7 +415,7 @@ def _parse_arrow(data: bytes, columns: Sequence[str] | None, max_decoded: int | 
         out = np.asarray(batch.select(list(columns)).to_tensor(row_major=True))
     except pa.ArrowException as e:  # nulls, mostly
         raise BadDecisionRequest(f"Arrow columns cannot be read as numbers: {e}") from None
-    return out.astype(np.float64, copy=False)
+    return as_served(out), ids
 
 
 def parse_request(
@@ -365,7 +450,10 @@ def parse_request(
     fmt = ct if ct is not None else _sniff(data)
     if fmt in (JSON, ARROW):
         try:
-            obs = _parse_json(data, columns, site) if fmt == JSON else _parse_arrow(data, columns, max_bytes)
+            obs, ids = _parse_json(data, columns, site) if fmt == JSON else _parse_arrow(data, columns, max_bytes)
+            htick = _header(headers, TICK)
+            if htick is not None:
+                ids.setdefault("t", _tick(htick, f"header {TICK}"))
         except BadDecisionRequest:
             raise
         except Exception as e:  # a malformed body no check above foresaw: the request's fault, not the policy's
@@ -376,7 +464,7 @@ def parse_request(
             f"send {JSON}, {ARROW} or an edgetwin frame",
             415,
         )
-    return WireRequest(obs, fmt, _header(headers, MSG_ID))
+    return WireRequest(obs, fmt, _header(headers, MSG_ID), **ids)  # type: ignore[arg-type]
 
 
 def _meta_headers(fmt: str, msg_id: str | None) -> dict[str, str]:
@@ -395,13 +483,18 @@ def encode_reply(
     scope: str,
     revision: int,
     msg_id: str | None = None,
+    policies: Sequence[str] | None = None,
+    arms: Sequence[str] | None = None,
+    propensity: np.ndarray | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """The reply body and headers for ``actions`` (N, A) in the request's format.
 
     JSON: ``{"actions": [[...]], "action_columns": [...], "version", "scope", "policy_version"}``
     (floats printed with Python's shortest round-trip repr: they parse back to the same float64).
     Arrow: one record batch, one float64 column per action column, the same fields in the
-    schema's metadata.
+    schema's metadata. With ``policies`` / ``arms`` / ``propensity`` (a request that named its
+    groups): JSON fields of those names (a NaN propensity, unknown, as null), Arrow columns
+    ``policy``, ``arm``, ``propensity`` after the action columns.
     """
     headers = _meta_headers(fmt, msg_id)
     headers.update({POLICY_VERSION: str(int(revision)), VERSION: version, SCOPE: scope})
@@ -409,9 +502,15 @@ def encode_reply(
         import pyarrow as pa
 
         a = np.asarray(actions, dtype=np.float64)
+        cols = [pa.array(a[:, j]) for j in range(a.shape[1])]
+        names = list(action_columns)
+        if policies is not None and arms is not None and propensity is not None:
+            cols += [pa.array([str(p) for p in policies]), pa.array([str(x) for x in arms]),
+                     pa.array(np.asarray(propensity, dtype=np.float64))]  # fmt: skip
+            names += ["policy", "arm", "propensity"]
         batch = pa.record_batch(
-            [pa.array(a[:, j]) for j in range(a.shape[1])],
-            names=list(action_columns),
+            cols,
+            names=names,
             metadata={"version": version, "scope": scope, "policy_version": str(int(revision))},
         )
         sink = pa.BufferOutputStream()
@@ -425,6 +524,10 @@ def encode_reply(
         "scope": scope,
         "policy_version": int(revision),
     }
+    if policies is not None and arms is not None and propensity is not None:
+        body["policies"] = [str(p) for p in policies]
+        body["arms"] = [str(x) for x in arms]
+        body["propensity"] = [float(v) if math.isfinite(v) else None for v in np.asarray(propensity, dtype=np.float64)]
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode(), headers
 
 

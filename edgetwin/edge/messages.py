@@ -184,13 +184,15 @@ for _kind, _schema in {
         required={"version": int, "uri": str, "sha256": str}, optional={"metrics": dict, "spec_hash": str}
     ),
     # agents / sites / scenarios (one per row): the rows' service groups, so that a canary's slice
-    # gets its arm's policy; the reply then names each row's policy (and carries `propensity`)
+    # gets its arm's policy; the reply then names each row's policy and arm (and carries `propensity`);
+    # `t`: the tick the decisions are for (what the system's outcome report joins on)
     "decision_request": KindSchema(
         required={"site": str},
-        optional={"deadline_ms": NUMBER, "agents": list, "sites": list, "scenarios": list},
+        optional={"deadline_ms": NUMBER, "agents": list, "sites": list, "scenarios": list, "t": int},
         tensors=("obs",),
     ),
-    "decision_reply": KindSchema(required={"policy_version": int}, optional={"policies": list}, tensors=("actions",)),
+    "decision_reply": KindSchema(required={"policy_version": int}, optional={"policies": list, "arms": list},
+                                 tensors=("actions",)),
     "round_control": KindSchema(
         required={"level": str, "group": str, "action": str},
         optional={"deadline_s": NUMBER, "participants": list},

@@ -26,6 +26,16 @@ Families (every one carries ``site``):
 | ``edgetwin_policy_swaps_total`` | counter | | hot swaps |
 | ``edgetwin_policy_refused_total`` | counter | | versions refused (signature, integrity, contract) |
 | ``edgetwin_registry_reachable`` | gauge | | 1 reachable, 0 not (absent before the first call) |
+| ``edgetwin_canary_commands_accepted_total`` | counter | | signed canary starts run (`edgetwin.edge.canary_command`) |
+| ``edgetwin_canary_commands_refused_total`` | counter | ``reason`` | canary commands refused: ``unsigned``, ``untrusted_key``, ``bad_signature``, ``invalid``, ``unknown_version``, ``digest_mismatch``, ``not_current``, ``busy``, ``finished``, ``unknown_run`` |
+| ``edgetwin_decisions_unrouted_total`` | counter | | decision calls during a canary that named no service groups (served by the current policy) |
+| ``edgetwin_reports_rejected_total`` | counter | ``kind``, ``reason`` | ``kpi_report`` / ``canary_outcome`` messages not used (``unauthenticated``, ``other_site``, ``no_run``, ``invalid``, ``duplicate``) |
+| ``edgetwin_kpis_undeclared_total`` | counter | | reported KPI names no spec or guard declares (dropped: never a series) |
+| ``edgetwin_canary_unjoined_total`` | counter | ``side`` | ``decisions`` without an outcome row, ``outcomes`` without a decision |
+
+Only KPIs the served policy's spec (or the runtime's) declares, or the guard watches, become
+``edgetwin_kpi`` series; the label values of the counters above come from fixed lists (never from a
+message), so no sender can grow the page.
 
 **Arms** are the runtime's own (`edgetwin.edge.canary`): ``fleet`` is what the site serves outside
 any canary slice; inside a slice each service group is randomized to ``candidate`` (the version
@@ -181,11 +191,48 @@ class _StatusCollector(Collector):
             c = CounterMetricFamily(name, help_text, labels=["site"])
             c.add_metric([site], float(stats.get(key, 0)))
             yield c
+        yield from _canary_families(site, stats)
         reach = st.get("registry_reachable")
         g = GaugeMetricFamily("edgetwin_registry_reachable", "1 when the registry answered its last call", labels=["site"])
         if reach is not None:
             g.add_metric([site], 1.0 if reach else 0.0)
         yield g
+
+
+_REFUSALS = ("unsigned", "untrusted_key", "bad_signature", "invalid", "unknown_version", "digest_mismatch",
+             "not_current", "busy", "finished", "unknown_run")  # edgetwin.edge.canary_command.REFUSALS
+_REPORT_KINDS = ("kpi_report", "canary_outcome")
+_REPORT_REASONS = ("unauthenticated", "other_site", "no_run", "invalid", "duplicate")
+
+
+def _canary_families(site: str, stats: Mapping[str, Any]) -> Iterator[Any]:
+    """Canary commands, unrouted decisions, rejected reports and the join's leftovers (labels from
+    fixed lists: a key a message could choose is never a label value)."""
+    c = CounterMetricFamily("edgetwin_canary_commands_accepted", "Signed canary starts run", labels=["site"])
+    c.add_metric([site], float(stats.get("canary_accepted", 0)))
+    yield c
+    refused = stats.get("canary_refused") or {}
+    c = CounterMetricFamily("edgetwin_canary_commands_refused", "Canary commands refused", labels=["site", "reason"])
+    for r in _REFUSALS:
+        c.add_metric([site, r], float(refused.get(r, 0)))
+    yield c
+    c = CounterMetricFamily("edgetwin_decisions_unrouted", "Decision calls during a canary naming no service groups",
+                            labels=["site"])  # fmt: skip
+    c.add_metric([site], float(stats.get("unrouted", 0)))
+    yield c
+    rejected = stats.get("reports_rejected") or {}
+    c = CounterMetricFamily("edgetwin_reports_rejected", "KPI and outcome reports not used", labels=["site", "kind", "reason"])
+    for k in _REPORT_KINDS:
+        for r in _REPORT_REASONS:
+            c.add_metric([site, k, r], float(rejected.get(f"{k}:{r}", 0)))
+    yield c
+    c = CounterMetricFamily("edgetwin_kpis_undeclared", "Reported KPI names no spec or guard declares", labels=["site"])
+    c.add_metric([site], float(stats.get("kpis_undeclared", 0)))
+    yield c
+    c = CounterMetricFamily("edgetwin_canary_unjoined", "Canary decisions / outcome rows without a partner", labels=["site", "side"])
+    c.add_metric([site, "decisions"], float(stats.get("decisions_unjoined", 0)))
+    c.add_metric([site, "outcomes"], float(stats.get("outcomes_unjoined", 0)))
+    yield c
 
 
 def _window_means(runtime: EdgeRuntime) -> dict[str, float]:

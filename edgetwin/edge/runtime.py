@@ -74,6 +74,7 @@ from edgetwin.edge.canary import (
     CanaryResult,
 )
 from edgetwin.edge.kpi_watch import KPIGuard, KPIWatch
+from edgetwin.edge.message_auth import Keyring
 from edgetwin.edge.registry import (
     AsyncPolicyRegistry,
     PolicyRegistry,
@@ -95,6 +96,7 @@ from edgetwin.edge.runtime_messages import (
     policy_version_notice,
     request_decision,
     rollback_subject,
+    signed_frame,
 )
 from edgetwin.edge.runtime_wire import BusDecisions
 from edgetwin.edge.signing import TrustStore
@@ -111,6 +113,7 @@ __all__ = [
     "policy_version_notice",
     "request_decision",
     "rollback_subject",
+    "signed_frame",
 ]
 
 log = logging.getLogger("edgetwin.runtime")
@@ -144,6 +147,10 @@ class EdgeRuntime(BusDecisions):
             young-generation one ~0.4-0.8 ms, every few hundred requests); frozen, those
             collections only scan what was allocated since. Process-wide, so off by default for
             a library; ``edgetwin serve`` turns it on (it owns its process).
+        reporters: the identities (public keys by name, `edgetwin.edge.message_auth.Keyring`)
+            whose signed ``kpi_report`` and ``canary_outcome`` messages the runtime uses; None:
+            only an authenticated bus's (``bus.auth``) or the in-process bus's are used, and on
+            NATS every unsigned report is refused and counted.
     """
 
     def __init__(
@@ -163,6 +170,7 @@ class EdgeRuntime(BusDecisions):
         loader: Callable[[Path], Any] = _default_loader,
         name: str | None = None,
         freeze_gc: bool = False,
+        reporters: Keyring | None = None,
     ) -> None:
         self.scopes = [check_scope(f"site/{site}")]
         if cluster is not None:
@@ -212,6 +220,7 @@ class EdgeRuntime(BusDecisions):
         self.loader = loader
         self.freeze_gc = bool(freeze_gc)
         self.name = name or f"runtime/{site}"
+        self.reporters = reporters
 
         self.stats = RuntimeStats()
         self.metrics: Any = None  # a `edgetwin.edge.metrics.RuntimeMetrics`: `instrument(runtime)` sets it
@@ -244,6 +253,7 @@ class EdgeRuntime(BusDecisions):
         self._canary_policy: ServedPolicy | None = None
         self._canary_final: CanaryResult | None = None  # a canary's result kept when its spool is removed
         self._ship_lock: asyncio.Lock | None = None
+        self._book = None
 
     def status(self) -> dict[str, Any]:
         """A JSON-able snapshot (what ``edgetwin serve --json`` prints)."""
@@ -300,6 +310,13 @@ class EdgeRuntime(BusDecisions):
             )
             self._subs.append(await self.bus.subscribe(kpi_subject(self.site), self._on_kpi_report))
             self._subs.append(await self.bus.subscribe(f"{Subjects.PREFIX}.policy.>", self._on_policy_note))
+            if self._active is not None:
+                await self._resume_runs()  # a command-started run a runtime died in the middle of
+            try:  # canary commands, outcome reports and status (edgetwin.edge.runtime_commands)
+                await self._subscribe_canary()
+            except Exception as e:  # fail-static: decisions are served without them
+                log.warning("%s: canary subjects not subscribed (%r): no canary can be started over the bus",
+                            self.site, e)  # fmt: skip
             try:  # the server has our subscriptions once this returns: "started" means "answering"
                 await self.bus.flush(timeout=self.registry_timeout)
             except Exception as e:  # fail-static: the bus may be down; nats-py resubscribes on reconnect

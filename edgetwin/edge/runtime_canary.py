@@ -23,6 +23,7 @@ from edgetwin.edge.canary import (
     unshipped_segments,
 )
 from edgetwin.edge.canary_guard import GuardStop
+from edgetwin.edge.canary_join import DecisionBook
 from edgetwin.edge.registry import (
     VersionNotFound,
 )
@@ -40,21 +41,34 @@ class CanaryRouting(Serving):
     _canary_policy: ServedPolicy | None
     _canary_final: CanaryResult | None
     _ship_lock: asyncio.Lock | None
+    #: the decisions of a command-started run awaiting their outcome reports (None: no join; a
+    #: canary driven from Python reports its own rows with `canary_report`)
+    _book: DecisionBook | None = None
 
     @property
     def canary(self) -> Canary | None:
         """The last canary started here (active or ended), or None."""
         return self._canary
 
-    async def start_canary(self, config: CanaryConfig) -> Canary:
+    async def start_canary(
+        self, config: CanaryConfig, *, run_id: str | None = None, sha256: str | None = None, join: bool = False
+    ) -> Canary:
         """Serve ``config.candidate`` to the candidate arm of ``config.slice`` (`edgetwin.edge.canary`).
 
         The candidate is fetched from the registry and verified, unpacked, loaded and warmed up
         like any version; the current policy keeps serving everyone else.
 
+        Args:
+            run_id: the run's id (default: a fresh one); a spool directory of that run already
+                on disk is resumed (`Canary`).
+            sha256: the candidate artifact's digest the order names: other bytes are refused.
+            join: keep the decisions `decide_for` makes, to join them with the outcome reports of
+                the system (`edgetwin.edge.canary_join`; a run started by a command).
+
         Raises:
             InputError: no current policy, a canary already running, the candidate not in the
-                registry, refused (its reason) or the current version itself.
+                registry, refused (its reason), other bytes than ``sha256``, or the current version
+                itself.
         """
         a = self._active
         if a is None:
@@ -67,6 +81,9 @@ class CanaryRouting(Serving):
             packed, manifest = await self._call(self._areg._load(config.candidate))
         except VersionNotFound as e:
             raise InputError(f"candidate {config.candidate!r} is not in the registry ({e})", where="canary") from None
+        if sha256 is not None and manifest.sha256 != sha256:
+            raise InputError(f"candidate {config.candidate!r} in the registry has sha256 {manifest.sha256[:12]}..., the "
+                             f"order names {sha256[:12]}...", where="canary")  # fmt: skip
         try:
             served = await asyncio.to_thread(self._prepare, config.candidate, "canary", 0, packed, manifest)
         except (ArtifactRejected, _Incompatible) as e:
@@ -74,9 +91,13 @@ class CanaryRouting(Serving):
             raise InputError(
                 f"candidate {config.candidate!r} refused: {reason}: {getattr(e, 'detail', e)}", where="canary"
             ) from None
-        canary = Canary(config, a.version, self.cache_dir / "canary")
+        canary = Canary(config, a.version, self.cache_dir / "canary", run_id=run_id)
+        book = DecisionBook(a.observation_columns, a.action_columns) if join else None
         with self._state_lock:
-            self._canary, self._canary_policy = canary, served
+            self._canary, self._canary_policy, self._book = canary, served, book
+        if not canary.active:  # a resumed run that had ended: nothing to serve
+            self._end_canary(canary.stop_reason or "runtime", canary.guard_stop)
+            return canary
         log.info(
             "%s: canary %s: %s on %s (treat share %.0f%%) for %d ticks, guarding %s; current %s elsewhere",
             self.site, config.canary_id, config.candidate, _describe_slice(config), 100 * config.slice.treat_share,
@@ -85,12 +106,16 @@ class CanaryRouting(Serving):
         self._event("canary_started", config.candidate, "canary", config.canary_id)
         return canary
 
-    def decide_for(self, obs: np.ndarray, agents: Any, sites: Any = None, scenarios: Any = None) -> RoutedDecision:
+    def decide_for(
+        self, obs: np.ndarray, agents: Any, sites: Any = None, scenarios: Any = None, t: int | None = None
+    ) -> RoutedDecision:
         """Actions for N rows of named service groups, each served by its canary arm.
 
         Args:
             obs: (N, O) observations.
             agents: (N,) the groups' ids (the log's ``agent``); sites, scenarios: (N,) theirs, or None.
+            t: the tick these decisions are for (the key the system's outcome report joins on);
+                None: the tick the running canary expects next (the ticks it has joined so far).
 
         Returns:
             `RoutedDecision`: actions (N, A), and per row the policy (registry version) that
@@ -100,7 +125,8 @@ class CanaryRouting(Serving):
         t0 = time.perf_counter()
         x = self._check_obs(obs)
         agent_ids = [str(v) for v in np.asarray(agents, dtype=object).ravel()]
-        site_ids = None if sites is None else [str(v) for v in np.asarray(sites, dtype=object).ravel()]
+        # rows that do not name their site are this runtime's site's
+        site_ids = [self.site] * len(x) if sites is None else [str(v) for v in np.asarray(sites, dtype=object).ravel()]
         scen_ids = None if scenarios is None else [str(v) for v in np.asarray(scenarios, dtype=object).ravel()]
         if len(agent_ids) != len(x) or any(v is not None and len(v) != len(x) for v in (site_ids, scen_ids)):
             raise InputError(f"{len(x)} observations but {len(agent_ids)} agents / sites", where="agents")
@@ -124,6 +150,10 @@ class CanaryRouting(Serving):
             policy = canary.router.policy_ids(arms)
             policy[~on_cand] = served.version
             assign = canary.router.assignment_propensity(arms)
+        book = self._book
+        if book is not None and canary is not None and canary.active:
+            book.add(canary.ticks if t is None else int(t), agent_ids, site_ids, scen_ids,
+                     x, actions, policy, prop, arms)  # fmt: skip
         with self._stats_lock:
             self.stats.decisions += 1
             self.stats.rows += len(x)
@@ -179,6 +209,9 @@ class CanaryRouting(Serving):
         with self._state_lock:
             canary.stop(reason)
             self._canary_policy = None  # from here on the slice is served the current policy
+            if self._book is not None:
+                self.stats.decisions_unjoined += self._book.pending() + self._book.dropped
+                self._book = None
         if reason == "guard" and stop is not None:
             log.warning("%s: canary %s stopped by its guard; slice back on %s: %s",
                         self.site, canary.config.canary_id, canary.current, stop.reason())  # fmt: skip

@@ -25,6 +25,7 @@ from edgetwin.contract.policy import LoggingPolicy
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge.bus import Bus, Received
 from edgetwin.edge.kpi_watch import KPIGuard, KPIWatch
+from edgetwin.edge.message_auth import Keyring
 from edgetwin.edge.registry import (
     AsyncPolicyRegistry,
     PolicyRegistry,
@@ -114,6 +115,7 @@ class Decision:
     revision: int
     policies: tuple[str, ...] | None = None
     propensity: np.ndarray | None = None
+    arms: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,10 +146,24 @@ class RuntimeStats:
     rollbacks: int = 0
     registry_errors: int = 0
     polls: int = 0
+    #: canary commands accepted, and refused per `edgetwin.edge.canary_command.REFUSALS` reason
+    canary_accepted: int = 0
+    canary_refused: Counter[str] = dataclasses.field(default_factory=Counter)
+    #: decision calls during a canary that named no service groups (served by the current policy)
+    unrouted: int = 0
+    #: ``kpi_report`` / ``canary_outcome`` messages not used, per ``<kind>:<reason>``
+    #: (``unauthenticated``, ``other_site``, ``no_run``, ``invalid``, ``duplicate``)
+    reports_rejected: Counter[str] = dataclasses.field(default_factory=Counter)
+    #: KPI names reported that no spec or guard declares (dropped: never a new /metrics series)
+    kpis_undeclared: int = 0
+    #: decisions with no outcome row, and outcome rows with no decision (a canary's join)
+    decisions_unjoined: int = 0
+    outcomes_unjoined: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["by_version"] = dict(self.by_version)
+        for k in ("by_version", "canary_refused", "reports_rejected"):
+            d[k] = dict(getattr(self, k))
         return d
 
 
@@ -246,6 +262,9 @@ class RuntimeCore:
     _subs: list[Any]
     _answer_frame: Callable[[Received], Awaitable[None]] | None
     _started: bool
+    #: identities whose signed ``kpi_report`` / ``canary_outcome`` messages are used (None: see
+    #: `edgetwin.edge.runtime_rollback.KPIRollback._authentic_report`)
+    reporters: Keyring | None
 
     @property
     def active(self) -> ServedPolicy | None:

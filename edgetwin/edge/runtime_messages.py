@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 
 from edgetwin.edge.bus import Bus, Subjects
-from edgetwin.edge.messages import Envelope, KindSchema, register_kind
+from edgetwin.edge.messages import Envelope, KindSchema, encode, register_kind
 from edgetwin.edge.registry import (
     check_scope,
 )
 from edgetwin.edge.runtime_core import Decision
+from edgetwin.edge.signing import Signer
 
 log = logging.getLogger("edgetwin.runtime")
 
@@ -67,6 +68,14 @@ def kpi_report(
     return Envelope(kind="kpi_report", sender=sender, payload=payload)
 
 
+def signed_frame(env: Envelope, signer: Signer, max_bytes: int | None = None) -> bytes:
+    """``env`` as a frame signed by ``signer`` (its sender's key): what a reporting client that
+    has no `MessageAuth` of its own publishes with ``bus.publish_raw`` (a runtime uses a
+    ``kpi_report`` / ``canary_outcome`` only when its sender is one of its ``reporters`` and the
+    signature verifies, `edgetwin.edge.runtime_rollback.KPIRollback._authentic_report`)."""
+    return encode(env, max_bytes, sign=signer.sign)
+
+
 def policy_version_notice(
     scope: str, version: str, revision: int, sha256: str, *, sender: str = "edgetwin"
 ) -> Envelope:
@@ -101,6 +110,7 @@ async def request_decision(
     agents: list[str] | None = None,
     sites: list[str] | None = None,
     scenarios: list[str] | None = None,
+    t: int | None = None,
 ) -> Decision:
     """Ask ``site``'s runtime for actions over the bus.
 
@@ -108,7 +118,8 @@ async def request_decision(
         obs: (N, O) observations in the policy's observation column order.
         agents, sites, scenarios: the rows' service groups (one per row): during a canary the
             rows of its slice are served by their arm's policy, and the `Decision` then names
-            each row's policy and propensity.
+            each row's policy, arm and propensity.
+        t: the tick these decisions are for (the key of the system's outcome report).
 
     Returns:
         The `Decision` (actions (N, A), version, scope).
@@ -122,6 +133,8 @@ async def request_decision(
     for k, v in (("agents", agents), ("sites", sites), ("scenarios", scenarios)):
         if v is not None:
             payload[k] = [str(x) for x in v]
+    if t is not None:
+        payload["t"] = int(t)
     reply = await bus.request(
         Subjects.decision(site),
         Envelope(kind="decision_request", sender=sender, payload=payload, tensors={"obs": obs}),
@@ -137,5 +150,6 @@ async def request_decision(
         scope=str(reply.payload.get("scope", "")),
         revision=int(reply.payload["policy_version"]),
         policies=tuple(reply.payload["policies"]) if "policies" in reply.payload else None,
+        arms=tuple(reply.payload["arms"]) if "arms" in reply.payload else None,
         propensity=np.asarray(reply.tensors["propensity"]) if "propensity" in reply.tensors else None,
     )

@@ -7,9 +7,11 @@ import math
 from collections.abc import Mapping
 
 from edgetwin.contract.errors import InputError
-from edgetwin.edge.bus import Received
+from edgetwin.contract.spec import TwinSpec
+from edgetwin.edge.bus import InMemoryBus, Received
 from edgetwin.edge.kpi_watch import Breach
-from edgetwin.edge.messages import Envelope
+from edgetwin.edge.message_auth import MessageAuth
+from edgetwin.edge.messages import Envelope, MessageRejected
 from edgetwin.edge.runtime_core import ServedPolicy
 from edgetwin.edge.runtime_messages import rollback_subject
 from edgetwin.edge.runtime_registry import RegistryFollower
@@ -47,8 +49,11 @@ class KPIRollback(RegistryFollower):
                 self.stats.kpi_stale += 1
                 return None
             self.stats.kpi_reports += 1
-            if self.metrics is not None:
-                self.metrics.observe_kpis(kpis, a.version, arm="fleet")
+            declared = self.declared_kpis()
+            known = {k: v for k, v in kpis.items() if k in declared}
+            self.stats.kpis_undeclared += len(kpis) - len(known)
+            if self.metrics is not None and known:  # only declared KPIs become /metrics series
+                self.metrics.observe_kpis(known, a.version, arm="fleet")
             was_accepted = self.watch.accepted
             breach = self.watch.observe(kpis)
             if breach is None:
@@ -61,9 +66,52 @@ class KPIRollback(RegistryFollower):
             self.call_soon(self._rollback_in_registry(a, breach))
         return breach
 
+    def declared_kpis(self) -> frozenset[str]:
+        """The KPI names that may become ``/metrics`` series: the served policy's spec's (or the
+        runtime's) ``kpi.*`` columns and the guard's KPIs. A report's other names are dropped and
+        counted (``stats.kpis_undeclared``): a sender must not be able to mint series (issue 45
+        item 8: 20,000 new names made 20,001 series)."""
+        names: set[str] = set()
+        a = self._active
+        for spec in (getattr(a.policy, "spec", None) if a else None, self.spec):
+            if isinstance(spec, TwinSpec):
+                names.update(spec.names("kpi"))
+        if self.guard is not None and self.guard.margins is not None:
+            names.update(m.kpi for m in self.guard.margins)
+        return frozenset(names)
+
+    def _authentic_report(self, env: Envelope) -> bool:
+        """Whether a report (``kpi_report``, ``canary_outcome``) from the bus may be used: signed by
+        an identity of ``reporters`` (`edgetwin.edge.message_auth`: the sender's Ed25519 key), or
+        verified by the bus itself (``bus.auth``). Without either, only the in-process bus is
+        trusted (nothing outside the process reaches it); on NATS an unsigned report is refused.
+        A refusal is counted (``stats.reports_rejected["<kind>:unauthenticated"]``) and logged."""
+        if self.bus is not None and self.bus.auth is not None:
+            return True  # the bus verified env.sender's signature before any handler saw it
+        if self.reporters is not None:
+            try:
+                MessageAuth(self.reporters).verify(env)
+                return True
+            except MessageRejected as e:
+                self._count_unauthentic(env, str(e))
+                return False
+        if isinstance(self.bus, InMemoryBus):
+            return True
+        self._count_unauthentic(env, f"from {env.sender!r}: this runtime has no reporter keys (edgetwin serve --reporters)")
+        return False
+
+    def _count_unauthentic(self, env: Envelope, detail: str) -> None:
+        key = f"{env.kind}:unauthenticated"
+        self.stats.reports_rejected[key] += 1
+        if self.stats.reports_rejected[key] in (1, 10, 100, 1000) or self.stats.reports_rejected[key] % 10000 == 0:
+            log.warning("%s: %s refused (unauthenticated, %d so far): %s", self.site, env.kind,
+                        self.stats.reports_rejected[key], detail)  # fmt: skip
+
     async def _on_kpi_report(self, rcv: Received) -> None:
         env = rcv.envelope
         if env.kind != "kpi_report" or env.payload.get("site") != self.site:
+            return
+        if not self._authentic_report(env):
             return
         self.report_kpis(env.payload["kpis"], version=env.payload.get("version"))
 

@@ -14,13 +14,13 @@ from edgetwin.edge.canary import (
     RoutedDecision,
 )
 from edgetwin.edge.messages import Envelope
-from edgetwin.edge.runtime_canary import CanaryRouting
-from edgetwin.edge.runtime_core import NoPolicyLoaded
+from edgetwin.edge.runtime_commands import CanaryCommands
+from edgetwin.edge.runtime_core import Decision, NoPolicyLoaded
 
 log = logging.getLogger("edgetwin.runtime")
 
 
-class BusDecisions(CanaryRouting):
+class BusDecisions(CanaryCommands):
     """Answering decisions on the bus: the edgetwin frame, JSON and Arrow bodies (`decision_wire`)."""
 
     async def _on_decision_raw(self, msg: RawMessage) -> None:
@@ -45,11 +45,20 @@ class BusDecisions(CanaryRouting):
             req = decision_wire.parse_request(
                 msg.data, msg.headers, a.observation_columns if a else None, self.site, self.bus.max_bytes
             )
-            d = self.decide_with_info(req.obs)
-            body, headers = decision_wire.encode_reply(
-                req.fmt, d.actions, self._served_action_columns(), version=d.version, scope=d.scope,
-                revision=d.revision, msg_id=msg_id,
-            )  # fmt: skip
+            if req.agents is not None:  # named groups: each row is served by its canary arm
+                r = self.decide_for(req.obs, req.agents, req.sites, req.scenarios, t=req.t)
+                a = self._active
+                body, headers = decision_wire.encode_reply(
+                    req.fmt, r.actions, self._served_action_columns(), version=a.version if a else "",
+                    scope=a.scope if a else "", revision=a.revision if a else 0, msg_id=msg_id,
+                    policies=r.policy.tolist(), arms=r.arm.tolist(), propensity=r.propensity,
+                )  # fmt: skip
+            else:
+                d = self._decide_unnamed(req.obs)
+                body, headers = decision_wire.encode_reply(
+                    req.fmt, d.actions, self._served_action_columns(), version=d.version, scope=d.scope,
+                    revision=d.revision, msg_id=msg_id,
+                )  # fmt: skip
         except Exception as e:  # a bad request is answered, never raised into the bus
             self.stats.bus_errors += 1
             code, reason = _error_status(e)
@@ -58,6 +67,15 @@ class BusDecisions(CanaryRouting):
             body, headers = decision_wire.encode_error(code, reason, msg_id)
         if msg.reply is not None:
             await self.bus.publish_raw(msg.reply, body, headers=headers)
+
+    def _decide_unnamed(self, obs: Any) -> Decision:
+        """A request that names no service groups: the current policy answers every row; during a
+        canary that is counted (``stats.unrouted``, ``/metrics``), since its rows can be in no arm."""
+        c = self._canary
+        if c is not None and c.active:
+            with self._stats_lock:
+                self.stats.unrouted += 1
+        return self.decide_with_info(obs)
 
     def _served_action_columns(self) -> list[str]:
         a = self._active  # a swap keeps the columns (an incompatible version is refused)
@@ -76,7 +94,7 @@ class BusDecisions(CanaryRouting):
             if "agents" in env.payload:  # named groups: each row is served by its canary arm
                 routed = self._decide_named(env)
             else:
-                d = self.decide_with_info(env.tensors["obs"])
+                d = self._decide_unnamed(env.tensors["obs"])
         except Exception:
             self.stats.bus_errors += 1
             raise  # the bus answers with an "error" envelope carrying the reason
@@ -87,7 +105,8 @@ class BusDecisions(CanaryRouting):
                 sender=self.name,
                 round=env.round,
                 payload={"policy_version": int(a.revision if a else 0), "version": a.version if a else "",
-                         "scope": a.scope if a else "", "policies": [str(v) for v in routed.policy]},
+                         "scope": a.scope if a else "", "policies": [str(v) for v in routed.policy],
+                         "arms": [str(v) for v in routed.arm]},
                 tensors={"actions": routed.actions, "propensity": routed.propensity},
             )  # fmt: skip
         return Envelope(
@@ -109,7 +128,8 @@ class BusDecisions(CanaryRouting):
             if len(v) != len(obs) or not all(isinstance(x, str) for x in v):
                 raise InputError(f"{k} must be {len(obs)} strings, one per observation row", where="decision_request")
             named[k] = v
-        return self.decide_for(obs, named["agents"], named.get("sites"), named.get("scenarios"))
+        t = env.payload.get("t")
+        return self.decide_for(obs, named["agents"], named.get("sites"), named.get("scenarios"), t=t)
 
 
 def _error_status(e: Exception) -> tuple[int, str]:
