@@ -42,6 +42,7 @@ __all__ = [
     "ask_site",
     "canary_on_cluster",
     "drive_cluster_over_bus",
+    "edge_routes",
     "load_toml_config",
     "run_emulated_canary",
 ]
@@ -404,6 +405,14 @@ async def ask_site(
     return WireDecisions(actions, policy, prop, arm)
 
 
+def edge_routes(cluster_sites: list[str], sites: dict[str, str] | list[str]) -> dict[str, str]:
+    """Edge site per cluster site: ``sites`` itself when a dict, else the cluster's sites dealt to
+    the listed edge sites in turn (the k-th cluster site to ``sites[k % len(sites)]``)."""
+    if isinstance(sites, dict):
+        return dict(sites)
+    return {s: list(sites)[k % len(sites)] for k, s in enumerate(cluster_sites)}
+
+
 async def drive_cluster_over_bus(
     bus: DecisionClient,
     cluster: ClusterConfig,
@@ -445,7 +454,7 @@ async def drive_cluster_over_bus(
     em = EdgeCluster(cluster)
     obs = em.reset(seed=episode_seed(seed, 0), day=day)
     names = list(em.site_names)
-    route = dict(sites) if isinstance(sites, dict) else {s: list(sites)[k % len(sites)] for k, s in enumerate(names)}
+    route = edge_routes(names, sites)
     home = np.array(names, dtype=object)[em.home]
     edge = np.array([route.get(str(s), "") for s in home], dtype=object)
     if (edge == "").any():
@@ -469,7 +478,11 @@ async def drive_cluster_over_bus(
             for site in sorted(set(edge)):
                 keep = (edge == site)
                 part = rows[keep].drop(columns=["policy", "propensity"])
-                await bus.publish_durable(outcome_subject(site), outcome_envelope(site, t, part, sender=sender))
+                env = outcome_envelope(site, t, part, sender=sender)
+                # one id per (site, day, tick): JetStream drops a re-sent report as a duplicate, but
+                # tomorrow's tick t is another report than today's
+                env.msg_id = f"outcome-{site}-{episode}-{t}"
+                await bus.publish_durable(outcome_subject(site), env)
         out.append(rows)
         if on_tick is not None:
             await on_tick(t)
