@@ -191,7 +191,7 @@ def _stop_serves(serves: dict[str, subprocess.Popen[str]]) -> None:
 
 
 @pytest.mark.xfail(strict=False, reason="measured: the sites' guard stopped this candidate (+60 % task time, +45 % SLO "
-                   "violations fleet-wide on the emulator) on one site in 1 of 3 runs at 64 groups x 8 h; its per-arm "
+                   "violations fleet-wide on the emulator) on one site in 1 of 4 runs at 64 groups x 8 h; its per-arm "
                    "intervals straddle the margins: the guard's power is the stats owner's (edge/canary_guard.py)")
 def test_a_regressing_candidate_is_stopped_by_the_sites_guard(operator: Path, nats_server) -> None:  # type: ignore[no-untyped-def]
     d, url = operator, nats_server.url
