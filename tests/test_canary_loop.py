@@ -135,8 +135,8 @@ def _promote(d: Path, policy: Path, reg: str, *extra: str) -> int:
 
 def test_promote_canary_same_seed_same_rounds_and_verdict(promote_setup, capsys) -> None:  # type: ignore[no-untyped-def]
     d, policy = promote_setup
-    flags = ("--canary", "--canary-rounds", "1", "--max-share", "25%", "--max-regression", "kpi.slo_violation=0",
-             "--seed", "2")  # fmt: skip
+    (d / "canary.toml").write_text('rounds = 1\nmax_share = "25%"\n')
+    flags = ("--canary-config", str(d / "canary.toml"), "--max-regression", "kpi.slo_violation=0", "--seed", "2")
     code_a = _promote(d, policy, "reg-a", *flags)
     doc_a = json.loads(capsys.readouterr().out)
     code_b = _promote(d, policy, "reg-b", *flags)
@@ -153,11 +153,12 @@ def test_promote_canary_same_seed_same_rounds_and_verdict(promote_setup, capsys)
         assert {0: "promote", 1: "refuse", 3: "abstain"}[code_a] == a["verdict"]
 
 
-@pytest.mark.parametrize("flags", [["--max-share", "0"], ["--max-share", "101%"], ["--max-loss", "kpi.slo_violation=0%"],
-                                   ["--hours", "0"]])  # fmt: skip
-def test_promote_canary_bad_budget_exits_2(promote_setup, flags, capsys) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("toml", ['max_share = "0"', 'max_share = "101%"', 'max_loss = ["kpi.slo_violation=0%"]',
+                                  "hours = 0", "rounds = 0", "agents = 2", 'wobble = 1', 'hours = "x"'])  # fmt: skip
+def test_promote_canary_bad_budget_exits_2(promote_setup, toml, capsys) -> None:  # type: ignore[no-untyped-def]
     d, policy = promote_setup
-    assert _promote(d, policy, "reg-bad", "--canary", *flags) == 2
+    (d / "bad.toml").write_text(toml + "\n")
+    assert _promote(d, policy, "reg-bad", "--canary-config", str(d / "bad.toml")) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
 

@@ -99,3 +99,221 @@ def canary_plan_cmd(
         emit_json({"plan": plan.to_dict(), "gate": {"verdict": decision.verdict, "reason": decision.reason()}})
     else:
         out.print(plan.describe())
+
+
+@canary_app.command("verdict")
+def canary_verdict_cmd(
+    twin_dir: Annotated[Path, typer.Argument(help="Twin directory (from `edgetwin fit`, or `fit --update` with earlier canaries).")],
+    canary_log: Annotated[Path, typer.Option("--canary-log", help="The collected canary log (`edgetwin canary collect`).")],
+    fleet_log: Annotated[Path, typer.Option("--fleet-log", help="The fleet's log on the current policy the plan was made on.")],
+    plan_path: Annotated[Path, typer.Option("--plan", help="The canary plan it ran (`edgetwin canary plan --out`).")],
+    current: Annotated[str, typer.Option("--current", help="The current policy: an exported policy directory or a built-in (logging).")],
+    candidate: Annotated[str, typer.Option("--candidate", help="The candidate: an exported policy directory.")],
+    candidate_version: Annotated[
+        str | None, typer.Option("--candidate-version", help="Its registry version in the log's policy column (default: "
+                                 "the one version the canary log holds and the fleet log does not).")
+    ] = None,
+    pre_ticks: Annotated[int, typer.Option("--pre-ticks", min=0, help="Ticks on the current policy before the candidate started.")] = 4,
+    evidence_out: Annotated[Path | None, typer.Option("--out", help="Write the verdict as evidence for `edgetwin promote --evidence`.")] = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Judge a collected canary: the prediction-powered estimate of the fleet-wide change of every
+    guarded KPI of the plan, its interval and level, against its margin. Exit 0 promote, 1 refuse,
+    3 undecided (an interval straddles its margin); 2 on bad input. Works on any system's logs that
+    follow the log contract (`policy` = the registry version that served each row)."""
+    from edgetwin.cli.policy import _whatif_inputs
+    from edgetwin.loop.evidence import Evidence, artifact_digest, file_digest, infer_versions, judge_canary
+    from edgetwin.loop.plan import CanaryPlan
+    from edgetwin.loop.ppi import LEVEL
+    from edgetwin.policies.gate import resolve_policy
+    from edgetwin.twin.twin import load_log
+
+    plan = CanaryPlan.load(plan_path)
+    for p, flag in ((canary_log, "--canary-log"), (fleet_log, "--fleet-log")):
+        if not p.exists():
+            raise InputError("log not found", f"{flag} {p}")
+    twin, _s, _k, fleet = _whatif_inputs(twin_dir, None, None, fleet_log, None)
+    canary, _ = load_log(canary_log, twin.spec)
+    version, current_version = infer_versions(canary, fleet, candidate_version)
+    cand = resolve_policy(candidate, twin, name=f"candidate-{version}")
+    base = resolve_policy(current, twin, name=f"current-{current_version or 'current'}")
+    verdict, checks, reason = judge_canary(twin, fleet, canary, plan, cand, base, candidate_version=version,
+                                           pre_ticks=pre_ticks, seed=seed)  # fmt: skip
+    ev = Evidence(
+        verdict, reason, [c.to_dict() for c in checks], LEVEL, version, current_version,
+        artifact_digest(candidate, "policy") if Path(candidate).is_dir() else None,
+        artifact_digest(current, "policy") if Path(current).is_dir() else None,
+        artifact_digest(twin_dir, "twin"), file_digest(canary_log), file_digest(fleet_log), file_digest(plan_path),
+    )  # fmt: skip
+    if evidence_out is not None:
+        ev.save(evidence_out)
+    if as_json:
+        emit_json(ev.to_dict())
+    else:
+        out.print(f"canary verdict: {verdict.upper()} ({100 * LEVEL:g} % intervals of the fleet-wide change)")
+        for c in checks:
+            out.print(f"  {c.kpi}: {100 * c.change:+.2f}% [{100 * c.interval[0]:+.2f}%, {100 * c.interval[1]:+.2f}%] "
+                      f"vs margin {100 * c.allowed_change:g}% -> {c.verdict}")  # fmt: skip
+    raise typer.Exit({"promote": 0, "refuse": 1, "undecided": 3}[verdict])
+
+
+BusOpt = Annotated[str, typer.Option("--bus", help="The fleet's bus: nats://host:port (memory://NAME in one process).")]
+SitesOpt = Annotated[list[str] | None, typer.Option("--site", help="A site taking part; repeatable.")]
+
+
+def _on_bus(url: str, work: Any) -> Any:
+    """Run ``work(bus)`` on a connected bus (one line and exit 2 when it cannot connect)."""
+    import asyncio
+
+    from edgetwin.edge.bus import make_bus
+
+    async def go() -> Any:
+        bus = make_bus(url, name="edgetwin-operator") if url.startswith(("nats://", "tls://")) else make_bus(url)
+        try:
+            await bus.connect()
+        except (OSError, TimeoutError) as e:
+            raise InputError(f"cannot connect ({type(e).__name__}: {e})", f"--bus {url}") from None
+        try:
+            return await work(bus)
+        finally:
+            await bus.close()
+
+    return asyncio.run(go())
+
+
+@canary_app.command("start")
+def canary_start_cmd(
+    plan_path: Annotated[Path, typer.Argument(help="The canary plan (`edgetwin canary plan --out`).")],
+    registry: Annotated[str, typer.Option("--registry", help="The registry the sites serve from (directory or nats://).")],
+    key: Annotated[Path, typer.Option("--key", envvar="EDGETWIN_SIGNING_KEY", help="Ed25519 private key (PEM) that signs the command; the sites' --trust must hold its public key.")],
+    bus: BusOpt,
+    candidate: Annotated[
+        str, typer.Option("--candidate", help="The candidate: a registry version, or an exported policy directory (e.g. "
+                          "runs/policy.trained, the network `train` kept beside a safe candidate), published signed first.")
+    ],
+    current: Annotated[str, typer.Option("--current", help="The version the sites must be serving now (default: the registry's current at --scope).")] = "",
+    scope: Annotated[str, typer.Option("--scope", help="Scope whose current version is --current by default.")] = "global",
+    run: Annotated[str | None, typer.Option("--run", help="The run id (default: a fresh one, printed).")] = None,
+    pre_ticks: Annotated[int, typer.Option("--pre-ticks", min=0, help="Ticks on the current policy everywhere before the candidate starts.")] = 4,
+    alpha: Annotated[float, typer.Option("--alpha", help="The guard's error level (a candidate within its margins is stopped with at most this chance).")] = 0.05,
+    tick_seconds: Annotated[float, typer.Option("--tick-seconds", help="Length of one reported tick, seconds.")] = 900.0,
+    sites: SitesOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Publish a signed canary start on the fleet's durable command subject: the candidate's
+    registry version and digest, the plan's slice, hours, margins and loss budget, α, pre-ticks and
+    the run id. Running `edgetwin serve` sites accept it only from a key in their --trust directory
+    and for a version their registry holds. Exit 2 on a bad plan, key or candidate: nothing is sent."""
+    from edgetwin.edge.registry import open_registry
+    from edgetwin.edge.signing import Signer
+    from edgetwin.loop.commands import candidate_version, new_run_id, publish_start, start_from_plan
+    from edgetwin.loop.plan import CanaryPlan
+
+    if not (0.0 < alpha < 1.0):
+        raise InputError(f"expected 0 < alpha < 1, got {alpha}", "--alpha")
+    plan = CanaryPlan.load(plan_path)
+    signer = Signer.from_pem(key)
+    run_id = run or new_run_id()
+    with open_registry(registry) as reg:
+        version, sha = candidate_version(reg, candidate, signer)
+        cur = current or reg.current(scope) or ""
+    if cur and cur == version:
+        raise InputError(f"the candidate {version!r} is the current version already", "--candidate")
+    cmd = start_from_plan(plan, candidate=version, sha256=sha, run=run_id, current=cur, pre_ticks=pre_ticks,
+                          alpha=alpha, tick_seconds=tick_seconds, sites=sites or ())  # fmt: skip
+    seq = _on_bus(bus, lambda b: publish_start(b, cmd, signer))
+    doc = {"run": run_id, "candidate": version, "sha256": sha, "current": cur, "stream_seq": seq,
+           "sites": list(cmd.sites), "hours": cmd.hours, "pre_ticks": cmd.pre_ticks}  # fmt: skip
+    if as_json:
+        emit_json(doc)
+    else:
+        out.print(f"canary {run_id} started: {version} on {len(plan.slice.agents) or 'the'} groups' slice for "
+                  f"{cmd.hours:g} h after {cmd.pre_ticks} pre-ticks (current {cur or 'as served'})")  # fmt: skip
+
+
+@canary_app.command("stop")
+def canary_stop_cmd(
+    run: Annotated[str, typer.Argument(help="The run id.")],
+    key: Annotated[Path, typer.Option("--key", envvar="EDGETWIN_SIGNING_KEY", help="Ed25519 private key (PEM) that signs the command.")],
+    bus: BusOpt,
+    sites: SitesOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Publish a signed stop of RUN: its slice goes back to the current policy (reason ``operator``)."""
+    from edgetwin.edge.canary_command import CanaryStop
+    from edgetwin.edge.signing import Signer
+    from edgetwin.loop.commands import publish_stop
+
+    signer = Signer.from_pem(key)
+    cmd = CanaryStop(run, "operator", tuple(sites or ()))
+    seq = _on_bus(bus, lambda b: publish_stop(b, cmd, signer))
+    if as_json:
+        emit_json({"run": run, "stop": "operator", "stream_seq": seq})
+    else:
+        out.print(f"canary {run}: stop sent")
+
+
+@canary_app.command("status")
+def canary_status_cmd(
+    run: Annotated[str, typer.Argument(help="The run id.")],
+    bus: BusOpt,
+    sites: Annotated[list[str], typer.Option("--site", help="A site to ask; repeatable.")],
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each site's reply.")] = 2.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Ask each site how RUN stands: phase, ticks, groups per arm, the guard's state, the loss so
+    far, segments spooled and shipped. Exit 1 when a site does not answer."""
+    from edgetwin.loop.commands import fleet_status
+
+    got = _on_bus(bus, lambda b: fleet_status(b, sites, run, timeout))
+    doc = {s: (v if isinstance(v, str) else v.to_dict()) for s, v in got.items()}
+    if as_json:
+        emit_json({"run": run, "sites": doc})
+    else:
+        for s, v in got.items():
+            if isinstance(v, str):
+                out.print(f"{s}: {v}")
+                continue
+            guard = ", ".join(f"{k} [{g.get('lower')}, {g.get('upper')}]" for k, g in v.guard.items() if isinstance(g, dict))
+            out.print(f"{s}: {v.phase} {v.run or '-'} ticks {v.ticks}/{v.planned_ticks} arms {v.arms} guard {guard or '-'} "
+                      f"loss {v.loss} stop {v.stop_reason or '-'} segments {v.shipped}/{v.segments}")  # fmt: skip
+    if any(isinstance(v, str) for v in got.values()):
+        raise typer.Exit(1)
+
+
+@canary_app.command("collect")
+def canary_collect_cmd(
+    run: Annotated[str, typer.Argument(help="The run id.")],
+    bus: BusOpt,
+    out_path: Annotated[Path, typer.Option("--out", help="The canary log written (Parquet).")],
+    sites: SitesOpt = None,
+    idle: Annotated[float, typer.Option("--idle", help="Stop once no segment arrived for this many seconds.")] = 2.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Stop after this many seconds whatever arrived.")] = 600.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Read RUN's durable log segments from the bus to --out, streaming (one Parquet row group per
+    segment), each ``<run>-<seq>`` once, and say which sequence numbers are missing (with --site:
+    also those a site's status says it shipped). Exit 1 when a segment is missing."""
+    from edgetwin.loop.collect import collect_canary
+    from edgetwin.loop.commands import fleet_status
+
+    async def work(b: Any) -> Any:
+        expected: dict[str, int] = {}
+        if sites:
+            for s, st in (await fleet_status(b, sites, run)).items():
+                if not isinstance(st, str):
+                    expected[s] = int(st.shipped)
+        return await collect_canary(b, run, out_path, idle=idle, timeout=timeout, expected=expected)
+
+    res = _on_bus(bus, work)
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        segs = sum(len(v) for v in res.segments.values())
+        out.print(f"canary {run}: {res.rows} rows from {segs} segments of {len(res.segments)} site(s) -> {out_path}"
+                  + (f"; {res.duplicates} redelivered segment(s) skipped" if res.duplicates else ""))  # fmt: skip
+        for s, gap in res.missing.items():
+            out.print(f"  {s}: missing sequence number(s) {gap}")
+    if res.missing:
+        raise typer.Exit(1)

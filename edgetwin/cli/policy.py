@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from edgetwin.cli.common import (
-    BucketOpt,
     JsonOpt,
     RegistryOpt,
     SeedOpt,
@@ -415,49 +416,97 @@ def whatif_cmd(
     out.print(f"report: {files['html']}\ntables: {files['markdown']}")
 
 
+@dataclass(frozen=True)
+class GateConfig:
+    """``edgetwin promote --gate-config FILE``: how the gate replays (a TOML file of these keys; a
+    missing key keeps its default). The production command keeps the flags every promotion sets;
+    these are the ones an operator sets once for a fleet and keeps in a file.
+
+    Attributes:
+        against: what POLICY is compared with: ``auto`` (the scope's current version, else
+            global's, else the logging policy), a registry version, a policy directory or a
+            built-in (``logging``, ``random``).
+        scenario: what-if scenario files (TOML/JSON perturbation or scenario tables) replayed too.
+        default_margin: margin (a fraction) of the default guards (every KPI with a direction).
+        spec: spec of ``--log`` (default: beside it, else the twin's).
+        exogenous: state columns taken from the log at every tick of the replay.
+        seeds: response-noise seeds per replayed episode.
+        members: ensemble members to run, e.g. ``"0,1,2"`` (default: all).
+        refuse_out_of_support: refuse (instead of abstaining) when a guarded number rests on states
+            outside the logs' support.
+        bucket: the NATS bucket prefix of the registry.
+    """
+
+    against: str = "auto"
+    scenario: tuple[str, ...] = ()
+    default_margin: float = 0.05
+    spec: str | None = None
+    exogenous: tuple[str, ...] = ()
+    seeds: int = 1
+    members: str | None = None
+    refuse_out_of_support: bool = False
+    bucket: str = "edgetwin"
+
+    def __post_init__(self) -> None:
+        if not self.default_margin >= 0:  # also catches NaN
+            raise ValueError(f"default_margin: expected a fraction >= 0, got {self.default_margin}")
+        if self.seeds < 1:
+            raise ValueError(f"seeds: expected >= 1, got {self.seeds}")
+
+    @classmethod
+    def load(cls, path: Path | None) -> GateConfig:
+        from edgetwin.loop.fleet import load_toml_config
+
+        return cls() if path is None else load_toml_config(path, cls, "--gate-config")  # type: ignore[no-any-return]
+
+
+@dataclass
+class _Promotion:
+    """What `_promote_with_canary` and `_promote_with_evidence` act on: the registry, the signed
+    candidate and where the gate stands."""
+
+    reg: Any
+    policy: str
+    twin: Any
+    table: Any
+    signer: Any
+    store: Any
+    scope: str
+    metadata: dict[str, Any]
+    seed: int
+    out_dir: Path
+    as_json: bool
+
+
 @app.command("promote")
 def promote_cmd(
     policy: Annotated[str, typer.Argument(help="Exported policy directory (or a version already in the registry).")],
     registry: RegistryOpt,
-    log: Annotated[Path, typer.Option("--log", help="Recent log of the real system: the traffic replayed in the twin.")],
     twin_dir: Annotated[Path, typer.Option("--twin", help="Twin directory to replay in.")],
     key: Annotated[
         Path, typer.Option("--key", envvar="EDGETWIN_SIGNING_KEY", help="Ed25519 private key (PEM) that signs the artifact.")
     ],
-    against: Annotated[
-        str,
-        typer.Option(
-            "--against",
-            help="auto (the scope's current version, else global's, else the logging policy), a registry "
-            "version, a policy directory or a built-in (logging, random).",
-        ),
-    ] = "auto",
+    log: Annotated[
+        Path | None, typer.Option("--log", help="Recent log of the real system: the traffic replayed in the twin "
+                                  "(not with --evidence).")
+    ] = None,
     scope: Annotated[str, typer.Option("--scope", help="global, cluster/NAME or site/NAME.")] = "global",
-    scenario: ScenarioOpt = None,
     max_regression: Annotated[
         list[str] | None,
         typer.Option(
             "--max-regression",
             help="Guarded KPI and its margin: KPI=0.05, KPI=5% or KPI=0.05:ABS; repeatable "
-            "(default: every KPI with a direction, at --default-margin).",
+            "(default: every KPI with a direction, at the gate config's default_margin).",
         ),
     ] = None,
-    default_margin: Annotated[float, typer.Option(help="Margin of the default guards (a fraction).")] = 0.05,
     kpis: KpisOpt = None,
-    spec: Annotated[Path | None, typer.Option(help="Spec of --log (default: beside it, else the twin's).")] = None,
-    exogenous: ExogenousOpt = None,
     episodes: Annotated[int, typer.Option(min=1, help="Recorded episodes replayed (the last ones of the log).")] = 4,
-    seeds: Annotated[int, typer.Option(min=1, help="Response-noise seeds per episode.")] = 1,
-    members: MembersOpt = None,
     steps: Annotated[int | None, typer.Option(min=1, help="Replay at most this many steps per episode.")] = None,
     trust: Annotated[
         list[Path] | None,
         typer.Option("--trust", help="More trusted public keys for fetching versions (default: --key's). Given, the "
                      "--twin must be signed by one of them or --key's key (its SIGNATURE.json), else exit 2."),
     ] = None,
-    refuse_out_of_support: Annotated[
-        bool, typer.Option(help="Refuse (instead of abstaining) when a guarded number rests on states outside the logs' support.")
-    ] = False,
     max_out_of_support: Annotated[
         float, typer.Option(help="Abstain when more than this share of a number's agent-steps lie outside the logs' support.")
     ] = 0.25,
@@ -466,26 +515,21 @@ def promote_cmd(
         str | None, typer.Option("--level", help="Decide at this lower level (50% or 0.5) when the held-out episodes "
                                  "do not support 90% (default: abstain, exit 3, naming what would reach 90%).")
     ] = None,
-    canary: Annotated[
-        bool, typer.Option("--canary", help="When the gate abstains: plan -> canary on the emulated cluster -> Twin.update -> "
-                           "prediction-powered verdict, until a verdict or the budget is spent.")
-    ] = False,
-    canary_rounds: Annotated[int, typer.Option("--canary-rounds", min=1, help="--canary: rounds at most.")] = 3,
-    max_share: Annotated[str, typer.Option("--max-share", help="--canary: share of the service groups per round (10% or 0.1).")] = "10%",
-    max_loss: Annotated[
-        list[str] | None, typer.Option("--max-loss", help="--canary: KPI=0.5%, the largest fleet-wide worst-case worsening; repeatable.")
+    gate_config: Annotated[
+        Path | None, typer.Option("--gate-config", help="TOML of the gate's replay knobs (against, scenario, default_margin, "
+                                  "spec, exogenous, seeds, members, refuse_out_of_support, bucket).")
     ] = None,
-    canary_hours: Annotated[float, typer.Option("--hours", help="--canary: hours per round at most.")] = 24.0,
-    canary_current: Annotated[
-        str, typer.Option("--canary-current", help="--canary: what the emulated cluster runs now: random, heuristic or a policy directory.")
-    ] = "random",
-    canary_agents: Annotated[int | None, typer.Option("--canary-agents", min=4, help="--canary: service groups of the emulated cluster (default: the log's).")] = None,
-    train_log: Annotated[
-        list[Path] | None, typer.Option("--train-log", help="--canary: the twin's training data (each part), so that Twin.update can learn from each canary.")
+    evidence: Annotated[
+        Path | None, typer.Option("--evidence", help="A canary's verdict (`edgetwin canary verdict --out`): promote on it "
+                                  "instead of the twin's replay; it must name this policy, this twin and the registry's versions.")
+    ] = None,
+    canary_config: Annotated[
+        Path | None, typer.Option("--canary-config", help="Emulated cluster only: when the gate abstains, plan -> canary -> "
+                                  "Twin.update -> verdict with the knobs of this TOML (rounds, max_share, max_loss, hours, "
+                                  "current, agents, train_log; an empty file: defaults).")
     ] = None,
     name: Annotated[str | None, typer.Option(help="Policy name in the registry.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for the gate's report.")] = Path("promotion-report"),
-    bucket: BucketOpt = "edgetwin",
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -496,51 +540,64 @@ def promote_cmd(
     Exit 1 with the KPIs that regressed (margin, interval) when the gate refuses; exit 3 with the reason
     when it abstains (an interval straddles a margin, or the candidate's rollout lies outside the logs'
     support); nothing is published then. --json says which KPIs drove the verdict.
+
+    With --evidence, the canary's verdict decides instead: promote publishes the policy with the
+    verdict, its inputs' digests and the twin's version in the signed metadata; exit 1 on a refuse,
+    3 on an undecided verdict; exit 2 when the evidence is about another policy, twin or fleet.
     """
     from edgetwin.edge.registry import check_scope, metadata_from_policy_dir, open_registry
     from edgetwin.edge.signing import Signer, TrustStore
+    from edgetwin.loop.fleet import EmulatedCanaryConfig
     from edgetwin.policies.gate import GateAbstained, parse_guards, parse_level, promote
 
     check_scope(scope)
-    if not default_margin >= 0:  # also catches NaN
-        raise InputError(f"expected a fraction >= 0, got {default_margin}", "--default-margin")
+    gc = GateConfig.load(gate_config)
     if not 0.0 <= max_out_of_support <= 1.0:
         raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
     guards = parse_guards(max_regression or [])
     asked_level = parse_level(level)
-    if canary:
-        from edgetwin.loop.plan import budget_from_flags
-
-        budget = budget_from_flags(max_share, max_loss, canary_hours)  # exit 2 on a bad budget, before anything long
+    if evidence is not None and canary_config is not None:
+        raise InputError("--evidence is a canary's verdict already; --canary-config runs one: give one of them", "--evidence")
+    canary = EmulatedCanaryConfig.load(canary_config) if canary_config is not None else None
+    if canary is not None:
+        budget = canary.budget()  # exit 2 on a bad budget, before anything long
         if not Path(policy).is_dir():
-            raise InputError("--canary needs an exported policy directory (the edge serves it)", str(policy))
+            raise InputError("--canary-config needs an exported policy directory (the edge serves it)", str(policy))
+    if evidence is None and log is None:
+        raise InputError("the gate replays recent traffic: give --log (or --evidence, a canary's verdict)", "--log")
     out_dir_arg(out_dir)
     signer = Signer.from_pem(key)
     store = TrustStore.from_paths(trust) if trust else TrustStore()
     store.add(signer.public_key)
     if trust:
         check_twin_trust(twin_dir, store)
-    twin, scenarios, kpi_defs, table = _whatif_inputs(twin_dir, scenario, kpis, log, spec)
     base_md = metadata_from_policy_dir(policy) if Path(policy).is_dir() else {}
-    with open_registry(registry, bucket=bucket) as reg:
+    if name:
+        base_md["name"] = name
+    if evidence is not None:
+        with open_registry(registry, bucket=gc.bucket) as reg:
+            _promote_with_evidence(_Promotion(reg, policy, None, None, signer, store, scope, base_md, seed, out_dir,
+                                              as_json), evidence, twin_dir)  # fmt: skip
+        return
+    twin, scenarios, kpi_defs, table = _whatif_inputs(twin_dir, [Path(p) for p in gc.scenario] or None, kpis, log,
+                                                      Path(gc.spec) if gc.spec else None)  # fmt: skip
+    with open_registry(registry, bucket=gc.bucket) as reg:
         try:
             result = promote(
-                policy, reg, twin=twin, log=table, signer=signer, trust=store, scope=scope, against=against,
-                scenarios=scenarios, guards=guards or None, default_margin=default_margin, kpis=kpi_defs,
-                episodes=episodes, seeds=seeds, seed=seed, members=_members(members), steps=steps,
-                exogenous=exogenous or (), refuse_out_of_support=refuse_out_of_support,
+                policy, reg, twin=twin, log=table, signer=signer, trust=store, scope=scope, against=gc.against,
+                scenarios=scenarios, guards=guards or None, default_margin=gc.default_margin, kpis=kpi_defs,
+                episodes=episodes, seeds=gc.seeds, seed=seed, members=_members(gc.members), steps=steps,
+                exogenous=list(gc.exogenous), refuse_out_of_support=gc.refuse_out_of_support,
                 max_out_of_support=max_out_of_support, force=force, out_dir=out_dir, name=name, metadata=base_md,
                 progress=not as_json, level=asked_level,
             )  # fmt: skip
         except GateAbstained as e:
-            if not canary or not hasattr(e, "result"):
+            if canary is None or not hasattr(e, "result"):
                 if as_json and hasattr(e, "result"):
                     emit_json(e.result.to_dict())
                 raise
-            _promote_with_canary(
-                e.result, reg, policy, twin, table, signer, scope, base_md, budget, canary_rounds, canary_current,
-                canary_agents, train_log, seed, out_dir, as_json,
-            )  # fmt: skip
+            _promote_with_canary(_Promotion(reg, policy, twin, table, signer, store, scope, base_md, seed, out_dir,
+                                            as_json), e.result, canary, budget)  # fmt: skip
             return
         except GateRefused as e:
             if as_json and hasattr(e, "result"):
@@ -556,52 +613,96 @@ def promote_cmd(
     )
 
 
+def _promote_with_evidence(p: _Promotion, evidence_path: Path, twin_dir: Path) -> None:
+    """``promote --evidence``: check the canary's verdict against the policy, the twin and the
+    registry (`edgetwin.loop.evidence.check_evidence`, exit 2 on a mismatch), then on *promote*
+    publish the policy with the evidence in its signed metadata and move the scope's pointer
+    (compare-and-swap on the version the canary compared against); exit 1 on *refuse*, 3 on
+    *undecided* (nothing is published)."""
+    import tempfile
+
+    from edgetwin.contract.errors import GateAbstained
+    from edgetwin.loop.evidence import Evidence, check_evidence
+
+    ev = Evidence.load(evidence_path)
+    with tempfile.TemporaryDirectory(prefix="edgetwin-evidence-") as tmp:
+        policy_dir = Path(p.policy)
+        if not policy_dir.is_dir():  # a version already in the registry: the canary's own copy
+            policy_dir = p.reg.fetch(p.policy, Path(tmp) / "policy", p.store)
+        check_evidence(ev, policy_dir, twin_dir, p.reg, scope=p.scope, trust=p.store, workdir=tmp)
+        doc: dict[str, Any] = {"evidence": ev.to_dict(), "promoted": False}
+        if ev.verdict == "promote":
+            md = {**p.metadata, "parent_version": ev.candidate_version, "evidence": ev.metadata()}
+            if not md.get("name"):
+                md["name"] = re.sub(r"[^A-Za-z0-9_.-]+", "-", policy_dir.name).strip("-.") or "policy"
+            md.pop("version", None)
+            version = p.reg.publish(policy_dir, md, p.signer)
+            p.reg.set_current(p.scope, version, expected=ev.current_version if ev.current_version is not None
+                              else p.reg.current(p.scope), reason=f"canary verdict: {ev.reason}"[:500],
+                              kind="promote")  # fmt: skip
+            doc.update(promoted=True, version=version)
+    if p.as_json:
+        emit_json(doc)
+    elif ev.verdict == "promote":
+        out.print(f"promoted {doc['version']} to {p.scope} on the canary's evidence: {ev.reason}")
+    if ev.verdict == "refuse":
+        raise GateRefused(f"refused on the canary's evidence: {ev.reason}")
+    if ev.verdict == "undecided":
+        raise GateAbstained(f"the canary's verdict is undecided: {ev.reason}")
 
 
-def _promote_with_canary(
-    promotion: Any, reg: Any, policy: str, twin: Any, table: Any, signer: Any, scope: str, base_md: dict[str, Any],
-    budget: Any, rounds: int, current: str, n_agents: int | None, train_log: list[Path] | None, seed: int,
-    out_dir: Path, as_json: bool,
-) -> None:
-    """The gate abstained and --canary was given: `edgetwin.loop.rounds.canary_loop` on the
-    emulated cluster (today's fleet: a day generated from --seed, run by --canary-current), then
-    publish + move the pointer on *promote*, exit 1 on *refuse*, exit 3 on *abstain*."""
+def _promote_with_canary(p: _Promotion, promotion: Any, canary: Any, budget: Any) -> None:
+    """The gate abstained and --canary-config was given: `edgetwin.loop.rounds.canary_loop` on the
+    emulated cluster (today's fleet: a day generated from --seed, run by the config's ``current``,
+    which is also the policy the twin replays as the current one), then publish + move the pointer
+    on *promote*, exit 1 on *refuse*, exit 3 on *abstain*."""
     from edgetwin.contract.errors import GateAbstained
     from edgetwin.emulator.cluster import ClusterConfig
     from edgetwin.emulator.logs import generate_logs, make_policy
     from edgetwin.loop.rounds import canary_loop, promote_after_canary
+    from edgetwin.policies.export import load_policy
     from edgetwin.policies.gate import resolve_policy
     from edgetwin.twin.twin import load_log
+    from edgetwin.twin.whatif import fixed_policy
 
+    twin, table = p.twin, p.table
     last = table[table["episode"] == table["episode"].iloc[-1]]
-    n = n_agents or int(last["agent"].nunique())
-    steps = int(last["t"].nunique())
-    cluster = ClusterConfig(n_agents=n, steps=steps)
-    fleet_seed = seed + 30_000
-    fleet_log, spec = generate_logs(cluster, 1, current if not Path(current).is_dir() else "random", seed=fleet_seed)
-    if list(spec.observation_columns) != list(twin.spec.observation_columns):
-        raise InputError("the emulated cluster's columns are not the twin's: --canary runs on the emulated cluster only",
-                         "--canary")  # fmt: skip
-    cur: Any = current if Path(current).is_dir() else make_policy(current, spec, seed=seed)
-    old = [load_log(p, twin.spec)[0] for p in train_log] if train_log else None
-    decision = promotion.decision
+    n = canary.agents or int(last["agent"].nunique())
+    cluster = ClusterConfig(n_agents=n, steps=int(last["t"].nunique()))
+    fleet_seed = p.seed + 30_000
+    spec = twin.spec
+    current_dir = Path(canary.current).is_dir()
+    cur: Any = load_policy(canary.current) if current_dir else make_policy(canary.current, spec, seed=p.seed,
+                                                                               where="--canary-config current")  # fmt: skip
+    # the fleet's day is run by the current policy (not always random): the plan and the verdict
+    # replay the same policy the fleet runs
+    fleet_log, em_spec = generate_logs(cluster, 1, cur, seed=fleet_seed)
+    if list(em_spec.observation_columns) != list(spec.observation_columns):
+        raise InputError("the emulated cluster's columns are not the twin's: --canary-config runs on the emulated "
+                         "cluster only", "--canary-config")  # fmt: skip
+    if current_dir:
+        cur = canary.current
+        baseline = resolve_policy(canary.current, twin, name="current")
+    else:
+        baseline = fixed_policy("current", make_policy(canary.current, spec, seed=p.seed))
+    old = [load_log(path, spec)[0] for path in canary.train_log] or None
     result = canary_loop(
-        twin, fleet_log, policy, cur, cluster, candidate_spec=resolve_policy(policy, twin, name="candidate"),
-        baseline_spec=resolve_policy("logging", twin, name="current"), budget=budget, max_rounds=rounds, seed=seed,
-        fleet_seed=fleet_seed, old_logs=old, decision=decision, log=(lambda _m: None) if as_json else out.print,
+        twin, fleet_log, p.policy, cur, cluster, candidate_spec=resolve_policy(p.policy, twin, name=Path(p.policy).name),
+        baseline_spec=baseline, budget=budget, max_rounds=canary.rounds, seed=p.seed, fleet_seed=fleet_seed,
+        old_logs=old, decision=promotion.decision, log=(lambda _m: None) if p.as_json else out.print,
     )  # fmt: skip
     doc: dict[str, Any] = {"gate": promotion.to_dict(), "canary": result.to_dict()}
-    (Path(out_dir) / "canary.json").write_text(json.dumps(doc, indent=1, default=float))
+    (Path(p.out_dir) / "canary.json").write_text(json.dumps(doc, indent=1, default=float))
     if result.verdict == "promote":
-        version = promote_after_canary(reg, policy, result, signer, scope=scope, expected=promotion.previous,
-                                       metadata=base_md)  # fmt: skip
+        version = promote_after_canary(p.reg, p.policy, result, p.signer, scope=p.scope, expected=promotion.previous,
+                                       metadata=p.metadata)  # fmt: skip
         doc["promoted"], doc["version"] = True, version
-        if as_json:
+        if p.as_json:
             emit_json(doc)
         else:
-            out.print(f"promoted {version} to {scope} on the canary's evidence: {result.reason}")
+            out.print(f"promoted {version} to {p.scope} on the canary's evidence: {result.reason}")
         return
-    if as_json:
+    if p.as_json:
         emit_json(doc)
     if result.verdict == "refuse":
         raise GateRefused(f"refused on the canary's evidence: {result.reason}")

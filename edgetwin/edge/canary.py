@@ -611,7 +611,8 @@ def read_spool(canary_dir: str | Path) -> pd.DataFrame:
 
 def segment_envelope(site: str, run_id: str, seg: Path, sender: str) -> Envelope:
     """The ``canary_log`` message of one spooled segment of canary run ``run_id`` (its id makes a
-    re-send a duplicate)."""
+    re-send a duplicate; it names the site: a command-started run has one id on every site, and
+    JetStream would drop another site's segment of the same ``seq`` as a duplicate)."""
     seq = int(seg.stem.split("-")[1])
     raw = seg.read_bytes()
     data = np.frombuffer(raw, dtype=np.uint8)
@@ -620,7 +621,7 @@ def segment_envelope(site: str, run_id: str, seg: Path, sender: str) -> Envelope
     # bytes) gets another id and cannot make JetStream drop the real segment
     return Envelope(
         kind="canary_log", sender=sender, payload={"site": site, "canary": run_id, "seq": seq},
-        tensors={"parquet": data}, msg_id=f"{run_id}-{seq}-{hashlib.sha256(raw).hexdigest()[:16]}",
+        tensors={"parquet": data}, msg_id=f"{run_id}-{site}-{seq}-{hashlib.sha256(raw).hexdigest()[:16]}",
     )  # fmt: skip
 
 

@@ -20,9 +20,10 @@ import asyncio
 import json
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -34,7 +35,113 @@ from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, check_actions
 from edgetwin.emulator.logs import episode_seed
 from edgetwin.emulator.population import SCENARIOS
 
-__all__ = ["canary_on_cluster", "run_emulated_canary"]
+__all__ = [
+    "DecisionClient",
+    "EmulatedCanaryConfig",
+    "WireDecisions",
+    "ask_site",
+    "canary_on_cluster",
+    "drive_cluster_over_bus",
+    "edge_routes",
+    "load_toml_config",
+    "run_emulated_canary",
+]
+
+
+def load_toml_config(path: str | Path, cls: type[Any], where: str) -> Any:
+    """A frozen dataclass ``cls`` from a TOML file's top-level keys: every key must be one of its
+    fields and of its default's type (a list for a tuple field); a missing key keeps its default.
+    Why not a schema library: the dataclass is the documentation (one attribute, one knob), and
+    the error must be one line naming the file and the key (exit 2).
+
+    Raises:
+        InputError: file missing, not TOML, an unknown key or a value of another type."""
+    import dataclasses
+    import tomllib
+    import typing
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("config file not found", f"{where} {p}")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"not TOML ({e})", f"{where} {p}") from None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise InputError(f"unknown key(s) {unknown}; expected some of {sorted(fields)}", f"{where} {p}")
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for k, v in raw.items():
+        t = hints[k]
+        if t == tuple[str, ...]:
+            ok = isinstance(v, list) and all(isinstance(x, str) for x in v)
+            v, what = (tuple(v) if ok else v), "a list of strings"
+        elif t is bool:
+            ok, what = isinstance(v, bool), "true or false"
+        elif t is int:
+            ok, what = isinstance(v, int) and not isinstance(v, bool), "an integer"
+        elif t is float:
+            ok, what = isinstance(v, int | float) and not isinstance(v, bool), "a number"
+            v = float(v) if ok else v
+        else:  # str or str | None: a number is taken as written (e.g. max_share = 0.1)
+            ok, what = isinstance(v, str | int | float) and not isinstance(v, bool), "a string"
+            v = str(v) if ok else v
+        if not ok:
+            raise InputError(f"key {k!r} must be {what}, got {v!r}", f"{where} {p}")
+        values[k] = v
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as e:
+        raise InputError(str(e), f"{where} {p}") from None
+
+
+@dataclass(frozen=True)
+class EmulatedCanaryConfig:
+    """``edgetwin promote --canary-config FILE``: the closed loop on the emulated cluster when the
+    gate abstains (a TOML file of these keys; an empty file keeps every default). These knobs only
+    mean something where edgetwin emulates the fleet; on an operator's own fleet the same steps are
+    `edgetwin canary plan / start / collect / verdict` and ``promote --evidence`` (docs/canary.md).
+
+    Attributes:
+        rounds: canary rounds at most (plan -> canary -> `Twin.update` -> verdict each).
+        max_share: share of the service groups per round (``"10%"`` or ``0.1``).
+        max_loss: ``"KPI=0.5%"`` each: the largest fleet-wide worst-case worsening a round may cause.
+        hours: hours per round at most.
+        current: what the emulated cluster runs now (the current policy of the canary's control
+            arm and of the fleet log the plan is made on): ``random``, ``heuristic`` (any
+            `edgetwin.emulator.logs.make_policy` name) or an exported policy directory.
+        agents: service groups of the emulated cluster (0: as many as the recent log's last day).
+        train_log: the twin's training data (each part), so that `Twin.update` learns from each
+            canary; empty: the twin is not updated between rounds.
+    """
+
+    rounds: int = 3
+    max_share: str = "10%"
+    max_loss: tuple[str, ...] = ()
+    hours: float = 24.0
+    current: str = "random"
+    agents: int = 0
+    train_log: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if int(self.rounds) < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if int(self.agents) != 0 and int(self.agents) < 4:
+            raise ValueError(f"agents must be 0 (the log's) or >= 4, got {self.agents}")
+
+    @classmethod
+    def load(cls, path: str | Path) -> EmulatedCanaryConfig:
+        """From a TOML file (`load_toml_config`); exit 2 on an unknown key or a bad value."""
+        cfg: EmulatedCanaryConfig = load_toml_config(path, cls, "--canary-config")
+        return cfg
+
+    def budget(self) -> Any:
+        """The per-round `edgetwin.loop.plan.PlanBudget` (exit 2 on a bad share, loss or hours)."""
+        from edgetwin.loop.plan import budget_from_flags
+
+        return budget_from_flags(str(self.max_share), list(self.max_loss), float(self.hours))
 
 
 def _rows(
@@ -242,3 +349,194 @@ def _wait(cond: Callable[[], bool], loop: asyncio.AbstractEventLoop, timeout: fl
             await asyncio.sleep(0.01)
 
     asyncio.run_coroutine_threadsafe(until(), loop).result(timeout + 5)
+
+
+# ------------------------------------------------------------------ the cluster as an operator's system
+class DecisionClient(Protocol):
+    """What `drive_cluster_over_bus` needs of a bus: a plain request/reply of bytes and a durable
+    publish (`edgetwin.edge.bus.Bus`)."""
+
+    async def request_raw(self, subject: str, data: bytes, timeout: float) -> bytes: ...
+
+    async def publish_durable(self, subject: str, msg: Any) -> int: ...
+
+
+@dataclass
+class WireDecisions:
+    """One site's answer to one tick's JSON decision request (`edgetwin.edge.decision_wire`)."""
+
+    actions: np.ndarray
+    policy: np.ndarray
+    propensity: np.ndarray
+    arm: np.ndarray
+
+
+async def ask_site(
+    bus: DecisionClient, site: str, obs: np.ndarray, columns: list[str], agents: list[str], sites: list[str],
+    scenarios: list[str], t: int, timeout: float = 10.0, retries: int = 0,
+) -> WireDecisions:  # fmt: skip
+    """One JSON decision request on ``edgetwin.decision.<site>`` naming the rows' groups, sites,
+    scenarios and tick, as any NATS client would send it (docs/bus.md); the reply's per-row
+    ``policies`` (registry versions), ``arms`` and ``propensity``. A site that does not answer
+    (restarting) is asked again up to ``retries`` times, backing off, as a system's client would.
+
+    Raises:
+        RuntimeError: the site answered with an error (its ``error`` field)."""
+    from edgetwin.edge.bus import Subjects
+
+    body = json.dumps({"obs": obs.tolist(), "columns": columns, "agents": agents, "sites": sites,
+                       "scenarios": scenarios, "t": int(t)}).encode()  # fmt: skip
+    for attempt in range(retries + 1):
+        try:
+            raw = await bus.request_raw(Subjects.decision(site), body, timeout)
+            break
+        except Exception as e:  # noqa: BLE001 - no responder / timeout: the site is restarting
+            if attempt == retries:
+                raise RuntimeError(f"site {site} did not answer the decision request of tick {t}: {type(e).__name__}") from None
+            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+    doc = json.loads(raw)
+    if "error" in doc:
+        raise RuntimeError(f"site {site} refused the decision request of tick {t}: {doc['error']}")
+    n = len(agents)
+    actions = np.asarray(doc["actions"], dtype=np.float64).reshape(n, -1)
+    policy = np.asarray(doc.get("policies") or [doc.get("version", "")] * n, dtype=object)
+    prop = np.array([np.nan if p is None else float(p) for p in (doc.get("propensity") or [None] * n)])
+    arm = np.asarray(doc.get("arms") or ["fleet"] * n, dtype=object)
+    return WireDecisions(actions, policy, prop, arm)
+
+
+def edge_routes(cluster_sites: list[str], sites: dict[str, str] | list[str]) -> dict[str, str]:
+    """Edge site per cluster site: ``sites`` itself when a dict, else the cluster's sites dealt to
+    the listed edge sites in turn (the k-th cluster site to ``sites[k % len(sites)]``)."""
+    if isinstance(sites, dict):
+        return dict(sites)
+    return {s: list(sites)[k % len(sites)] for k, s in enumerate(cluster_sites)}
+
+
+async def drive_cluster_over_bus(
+    bus: DecisionClient,
+    cluster: ClusterConfig,
+    sites: dict[str, str] | list[str],
+    *,
+    seed: int = 0,
+    day: float | None = None,
+    episode: int | str = 0,
+    ticks: int | None = None,
+    report: bool = True,
+    on_tick: Callable[[int], Awaitable[None]] | None = None,
+    retries: int = 20,
+    sender: str = "cluster",
+) -> pd.DataFrame:
+    """The emulated cluster as an operator's own system: every tick it asks the edge sites for
+    decisions over the JSON decision wire (`ask_site`), steps, and reports each site's outcome rows
+    on its durable outcome subject (`edgetwin.edge.canary_command.outcome_envelope`). It knows
+    nothing of canaries: which rows the candidate served is the sites' business, read back from
+    the replies' ``policies``.
+
+    Args:
+        bus: a connected bus. cluster: the emulated system (its population from ``seed``,
+            `episode_seed(seed, 0)`, as `generate_logs` draws it).
+        sites: edge site per cluster site name (a dict), or a list of edge sites the cluster's
+            sites are dealt to in turn.
+        ticks: at most this many ticks (default: the episode's). report: publish outcome rows.
+        retries: decision requests re-sent to a site that does not answer (`ask_site`).
+        sender: the outcome reports' sender (on NATS the sites accept reports signed by a key of
+            their ``--reporters``: set ``bus.auth`` to a `MessageAuth` holding this identity's key).
+        on_tick: awaited with each tick after its outcomes are reported (e.g. to pace the
+            system, or to wait until the sites have joined them).
+
+    Returns:
+        The system's own log of those ticks (the log contract; ``policy`` = the registry version
+        that decided each row, ``propensity``): what an operator's logs would hold.
+    """
+    from edgetwin.edge.canary_command import outcome_envelope, outcome_subject
+
+    em = EdgeCluster(cluster)
+    obs = em.reset(seed=episode_seed(seed, 0), day=day)
+    names = list(em.site_names)
+    route = edge_routes(names, sites)
+    home = np.array(names, dtype=object)[em.home]
+    edge = np.array([route.get(str(s), "") for s in home], dtype=object)
+    if (edge == "").any():
+        raise InputError(f"cluster site(s) {sorted(set(home[edge == '']))} have no edge site", "sites")
+    scen = np.array(SCENARIOS, dtype=object)[em.scenario]
+    cols = list(em.spec.observation_columns)
+    out: list[pd.DataFrame] = []
+    for t in range(min(em.steps, ticks or em.steps)):
+        actions = np.zeros((em.n, len(em.spec.action_columns)))
+        policy = np.empty(em.n, dtype=object)
+        prop = np.full(em.n, np.nan)
+        for site in sorted(set(edge)):
+            m = edge == site
+            d = await ask_site(bus, site, obs[m], cols, em.agent_ids[m].tolist(), home[m].tolist(), scen[m].tolist(), t,
+                               retries=retries)  # fmt: skip
+            actions[m], policy[m], prop[m] = d.actions, d.policy, d.propensity
+        actions = check_actions(actions, em.n)
+        new_obs, reward, done, info = em.step(actions)
+        rows = _rows(em, episode, t, obs, actions, info, reward, policy, prop, np.ones(em.n, bool))
+        if report:
+            for site in sorted(set(edge)):
+                keep = (edge == site)
+                part = rows[keep].drop(columns=["policy", "propensity"])
+                env = outcome_envelope(site, t, part, sender=sender)
+                # one id per (site, day, tick): JetStream drops a re-sent report as a duplicate, but
+                # tomorrow's tick t is another report than today's
+                env.msg_id = f"outcome-{site}-{episode}-{t}"
+                await bus.publish_durable(outcome_subject(site), env)
+        out.append(rows)
+        if on_tick is not None:
+            await on_tick(t)
+        obs = new_obs
+        if done:
+            break
+    return pd.concat(out, ignore_index=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m edgetwin.loop.fleet --bus URL --site A --site B ...``: run the emulated cluster
+    in its own process as the real system of `drive_cluster_over_bus` and write its own log."""
+    import argparse
+    import sys
+
+    from edgetwin.edge.bus import make_bus
+
+    ap = argparse.ArgumentParser(prog="python3 -m edgetwin.loop.fleet", description=main.__doc__)
+    ap.add_argument("--bus", required=True)
+    ap.add_argument("--site", action="append", required=True, help="an edge site; repeatable")
+    ap.add_argument("--agents", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=96)
+    ap.add_argument("--ticks", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--episode", default="0")
+    ap.add_argument("--pace", type=float, default=0.0, help="seconds to wait after each tick")
+    ap.add_argument("--keys", default=None, help="keys directory holding <identity>.key.pem: outcome reports are "
+                    "signed with it (the sites' `serve --reporters` must hold its public key)")  # fmt: skip
+    ap.add_argument("--identity", default="cluster", help="the reporting identity (the outcome reports' sender)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+
+    async def go() -> pd.DataFrame:
+        async def pace(_t: int) -> None:
+            await asyncio.sleep(a.pace)
+
+        bus = make_bus(a.bus)
+        if a.keys:
+            from edgetwin.edge.message_auth import FederationKeys
+
+            bus.auth = FederationKeys.load(a.keys, [a.identity]).auth(a.identity)
+        async with bus:
+            return await drive_cluster_over_bus(bus, ClusterConfig(n_agents=a.agents, steps=a.steps), a.site,
+                                                seed=a.seed, episode=a.episode, ticks=a.ticks, on_tick=pace,
+                                                sender=a.identity)  # fmt: skip
+
+    try:
+        log = asyncio.run(go())
+    except (InputError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    log.to_parquet(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""`edgetwin canary verdict` on a system that is not the emulated cluster: a small warehouse of
+service groups written here, with its own columns (one profile, one state, one action, one response,
+one KPI). Its canary logs follow the log contract (``policy`` = the registry version that served
+each row). A candidate that clearly cuts lateness is promoted (exit 0), one that clearly raises it is
+refused (exit 1); a canary log that names no candidate, or a bad plan, is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from edgetwin.cli import main
+from edgetwin.contract.spec import Feature, TwinSpec
+from edgetwin.policies.candidates import ConstantPolicy
+from edgetwin.policies.export import export_policy
+from edgetwin.twin.twin import Twin
+
+torch.set_num_threads(1)
+N_GROUPS, STEPS, PRE = 40, 16, 2
+
+
+def warehouse_spec() -> TwinSpec:
+    feats = (
+        Feature("profile.size", "continuous", 0.0, 10.0),
+        Feature("state.backlog", "continuous", 0.0, 40.0),
+        Feature("action.speed", "continuous", 0.0, 1.0),
+        Feature("response.done", "continuous", 0.0, None),
+        Feature("kpi.late", "continuous", 0.0, None),
+    )
+    return TwinSpec(feats, name="warehouse", step_seconds=900.0, reward_weights={"kpi.late": -1.0})
+
+
+def warehouse_day(speed: Callable[[np.ndarray, int, np.random.Generator], np.ndarray], seed: int, episode: str,
+                  policy: Callable[[int], str]) -> pd.DataFrame:  # fmt: skip
+    """One day of the warehouse: group i gets ``speed(i_indices, t, rng)``; work done grows with
+    speed, what is left over is late and half of it carries over. The population (sizes) is the
+    same for every day of one ``seed`` population (``seed // 100``), as one fleet's groups are."""
+    sizes = np.random.default_rng(seed // 100).uniform(1, 5, N_GROUPS)
+    rng = np.random.default_rng(seed)
+    backlog = rng.uniform(0, 2, N_GROUPS)
+    idx = np.arange(N_GROUPS)
+    rows = []
+    for t in range(STEPS):
+        s = np.clip(speed(idx, t, rng), 0, 1)
+        work = backlog + sizes
+        done = np.minimum(work, 6.0 * s + rng.normal(0, 0.2, N_GROUPS).clip(-0.5, 0.5)).clip(0)
+        late = work - done
+        rows.append(pd.DataFrame({
+            "episode": episode, "t": t, "agent": [f"w{i}" for i in idx], "site": "hall", "scenario": "weekday",
+            "profile.size": sizes, "state.backlog": backlog, "action.speed": s, "response.done": done,
+            "kpi.late": late, "reward": -late, "policy": [policy(i) for i in idx],
+        }))  # fmt: skip
+        backlog = np.clip(0.5 * late, 0, 40)
+    return pd.concat(rows, ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("warehouse")
+    spec = warehouse_spec()
+    train = pd.concat([warehouse_day(lambda i, t, r: r.uniform(0, 1, len(i)), 100 + e, f"d{e}", lambda i: "logging")
+                       for e in range(6)], ignore_index=True)  # fmt: skip
+    twin = Twin.fit(train, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2, population_model="empirical")
+    twin.save(d / "twin")
+    spec.save(d / "spec.toml")
+    for name, s in (("current", 0.4), ("fast", 1.0), ("slow", 0.05)):
+        export_policy(ConstantPolicy(spec, [s]), d / name, spec)
+    fleet = warehouse_day(lambda i, t, r: np.full(len(i), 0.4), 106, "fleet", lambda i: "v1")
+    fleet.to_parquet(d / "fleet.parquet")
+    arm = np.zeros(N_GROUPS, bool)
+    arm[np.random.default_rng(3).choice(N_GROUPS, 12, replace=False)] = True
+    for name, s in (("fast", 1.0), ("slow", 0.05)):
+        canary = warehouse_day(lambda i, t, r, s=s: np.where(arm[i] & (t >= PRE), s, 0.4), 107, "canary",
+                               lambda i: "v2" if arm[i] else "v1")  # fmt: skip
+        # the pre-ticks were served by the current version everywhere
+        canary.loc[canary["t"] < PRE, "policy"] = "v1"
+        # as the edge joins them (edgetwin.edge.canary_join): the arm and the action's propensity
+        canary["arm"] = np.where(canary["t"] < PRE, "fleet", np.where(canary["policy"] == "v2", "candidate", "control"))
+        canary["propensity"] = np.nan
+        canary.to_parquet(d / f"canary-{name}.parquet")
+    plan = {
+        "candidate": "cand", "baseline": "current",
+        "slice": {"agents": [f"w{i}" for i in range(N_GROUPS)], "treat_share": 0.3, "seed": 0},
+        "hours": (STEPS - PRE) / 4, "margins": [{"kpi": "kpi.late", "max_regression": 0.05, "higher_is_better": False}],
+        "kpis": [], "n_groups": N_GROUPS, "fleet_groups": N_GROUPS, "share": 1.0, "budget": {}, "decides": True,
+        "why": ["test"],
+    }  # fmt: skip
+    (d / "plan.json").write_text(json.dumps(plan))
+    return {"dir": d}
+
+
+def _verdict(d: Path, candidate: str, *extra: str, log: str | None = None) -> int:
+    try:
+        main(["canary", "verdict", str(d / "twin"), "--canary-log", str(d / (log or f"canary-{candidate}.parquet")),
+              "--fleet-log", str(d / "fleet.parquet"), "--plan", str(d / "plan.json"), "--current", str(d / "current"),
+              "--candidate", str(d / candidate), "--pre-ticks", str(PRE), *extra])  # fmt: skip
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def test_verdict_exit_codes_on_a_system_that_is_not_the_emulator(warehouse, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    d = warehouse["dir"]
+    assert _verdict(d, "fast", "--json", "--out", str(d / "fast.json")) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "promote" and doc["candidate_version"] == "v2" and doc["current_version"] == "v1"
+    (check,) = doc["checks"]
+    assert check["kpi"] == "kpi.late" and check["interval"][1] < 0  # lateness falls, the whole interval
+    assert doc["level"] == pytest.approx(0.9)
+    assert json.loads((d / "fast.json").read_text()) == doc
+    assert _verdict(d, "slow", "--json") == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "refuse" and doc["checks"][0]["interval"][0] > 0.05
+
+
+def test_verdict_bad_input_is_one_line_and_exit_2(warehouse, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    d = warehouse["dir"]
+    assert _verdict(d, "fast", "--candidate-version", "v9") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "v9" in err and "Traceback" not in err
+    (d / "bad-plan.json").write_text("{}")
+    try:
+        main(["canary", "verdict", str(d / "twin"), "--canary-log", str(d / "canary-fast.parquet"), "--fleet-log",
+              str(d / "fleet.parquet"), "--plan", str(d / "bad-plan.json"), "--current", str(d / "current"),
+              "--candidate", str(d / "fast")])  # fmt: skip
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "plan" in err
