@@ -469,7 +469,7 @@ def test_personalisation_choice_follows_the_sites_held_out_rows():
     few rows, and leaves it where the site is unlike it and has many; in both cases the chosen
     model predicts fresh rows of the site no worse than the alternatives would (the choice is real:
     the two settings choose differently)."""
-    from edgetwin.federation.twin.fit import _weighted_loss, proximal_fit, select_and_fit
+    from edgetwin.federation.twin.candidates import _weighted_loss, proximal_fit, select_and_fit
 
     fed = _policy(0)
     xg, yg = _regression(_global_fn, 4000, 1)

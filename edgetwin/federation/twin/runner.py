@@ -48,15 +48,7 @@ from edgetwin.federation.aggregation import (
     SecureAggregator,
 )
 from edgetwin.federation.compression import UpdateCodec
-from edgetwin.federation.twin.fit import (
-    MIN_AGENTS,
-    FitOptions,
-    SiteFitter,
-    TwinAssembler,
-    TwinFitPlan,
-    gmm_from_context,
-    transformer_from_dict,
-)
+from edgetwin.federation.twin.assemble import TwinAssembler, gmm_from_context, transformer_from_dict
 from edgetwin.federation.twin.messages import (
     check_update_size,
     make_failure,
@@ -64,6 +56,8 @@ from edgetwin.federation.twin.messages import (
     make_update,
     read_update,
 )
+from edgetwin.federation.twin.plan import MIN_AGENTS, FitOptions, TwinFitPlan
+from edgetwin.federation.twin.site import SiteFitter
 from edgetwin.imitation.layout import Layout
 from edgetwin.twin.twin import Twin
 
