@@ -164,14 +164,14 @@ def test_the_order_in_which_site_updates_arrive_does_not_change_the_twin(site_lo
 
 
 def test_update_schema_refuses_extra_fields_and_undeclared_sizes():
-    env = make_update("s", "fit", 1, "stats1", 0, 0, np.zeros(4, np.float32), 1.0)
+    env = make_update("s", "fit", 1, "stats1", 0, 0, np.zeros(4, np.float32), 1.0, run="0" * 32)
     env.payload["rows"] = [[1.0, 2.0]]  # a site trying to smuggle rows in a field of its own
     with pytest.raises(InputError, match="unexpected field"):
         encode(env)
     with pytest.raises(InputError, match="the plan declares 10"):
         check_update_size(np.zeros(12, np.float32), 10, "s", "stats1")
     # a failure names its exception's type and nothing else: not its message, which could quote a value
-    fail = make_failure("s", "fit", 3, "weights", 1, 0, FloatingPointError("row 7 has 3.14159"))
+    fail = make_failure("s", "fit", 3, "weights", 1, 0, FloatingPointError("row 7 has 3.14159"), run="0" * 32)
     assert fail.payload["failed"] == "FloatingPointError" and "3.14159" not in encode(fail).decode("latin-1")
     fail.payload["failed"] = "row 7 has 3.14159"
     with pytest.raises(InputError, match="exception type"):
