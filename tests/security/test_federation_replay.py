@@ -77,7 +77,7 @@ async def _fit(broker: MemoryBroker, keys: FederationKeys, spec: Any, logs: dict
     sites = []
     for name, df in sorted(logs.items()):
         buses.append(await client(f"site-{name}", name))
-        s = TwinSiteAgent(name, df, spec, buses[-1], FIT_ID)
+        s = TwinSiteAgent(name, df, spec, buses[-1], FIT_ID, min_agents=3)  # the logs' scenarios: 3-7 agents
         await s.start()
         sites.append(s)
     watcher = asyncio.create_task(on_open(coord)) if on_open else None

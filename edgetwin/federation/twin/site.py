@@ -4,6 +4,7 @@ site: docs/federation.md)."""
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from scipy.special import logsumexp
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import TwinSpec
+from edgetwin.federation.twin.agents import released_rows
 from edgetwin.federation.twin.clusters import agent_clusters, component_logpdf
 from edgetwin.federation.twin.columns import (
     column_means,
@@ -56,6 +58,9 @@ def _bootstrap(df: pd.DataFrame, member: int, members: int, seed: int, site: str
     return bootstrap_episodes(df, episodes, rng.choice(len(episodes), size=len(episodes), replace=True))
 
 
+log_ = logging.getLogger("edgetwin.federation.twin")
+
+
 class SiteFitter:
     """One site's side of the fit: answers each phase from its own rows only.
 
@@ -65,7 +70,8 @@ class SiteFitter:
         spec: the twin spec every site shares.
         min_agents: the site's privacy setting: every statistic it sends is an aggregate over at
             least this many distinct agents (`effective_agents`; rows of one agent are not
-            independent); a log with fewer agents sends none (`TooFewAgents`). Model updates
+            independent); a log with fewer agents sends none (`TooFewAgents`), and the rows of a
+            scenario over fewer are left out of every statistic, hello included (`released_rows`). Model updates
             (``weights``, ``adversarial``, ``population``) are gradients of models trained on the
             rows: what they reveal is bounded only by Gaussian DP (docs/federation.md).
     """
@@ -74,7 +80,11 @@ class SiteFitter:
         if min_agents < 1:
             raise InputError(f"min_agents must be at least 1, got {min_agents}", where="min_agents")
         self.name = name
-        self.df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+        # only the rows of scenarios over >= min_agents agents ever enter a statistic (`released_rows`)
+        released, self._withheld = released_rows(log, int(min_agents))
+        if self._withheld:
+            log_.info("site %s withholds scenario(s) %s: fewer than %d agents", name, self._withheld, min_agents)
+        self.df = released.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
         self.spec = spec
         #: every statistic sent is an aggregate over at least this many (effective) agents
         self.min_agents = int(min_agents)
