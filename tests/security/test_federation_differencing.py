@@ -21,6 +21,7 @@ import torch
 
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import generate_logs
+from edgetwin.federation.twin import site as site_module
 from edgetwin.federation.twin.agents import effective_agents
 from edgetwin.federation.twin.fit import MIN_AGENTS, FitOptions
 from edgetwin.federation.twin.runner import TwinCoordinator, fit_federated, split_by_site
@@ -38,6 +39,7 @@ def released() -> tuple[dict[str, Any], dict[str, Any], Any]:
     df, spec = generate_logs(ClusterConfig(n_agents=40, steps=10), episodes=2, seed=3)
     parts = split_by_site(df)
     logs = {k: parts[k].copy() for k in sorted(parts)[:2]}
+    assert all(len(v) > 200 for v in logs.values())
     a = sorted(logs)[0]
     solo = sorted(logs[a].loc[logs[a]["scenario"] == "iot", "agent"].unique())[0]
     logs[a].loc[logs[a]["agent"] == solo, "scenario"] = "solo"  # a one-agent scenario
@@ -55,6 +57,9 @@ def released() -> tuple[dict[str, Any], dict[str, Any], Any]:
 
     mp = pytest.MonkeyPatch()
     mp.setattr(TwinCoordinator, "_round", recording)
+    # a site's support thresholds are measured on a subsample above SUPPORT_SAMPLE rows (20,000):
+    # capped at 200 here, so that D7 covers a large site's path with these 310-row sites
+    mp.setattr(site_module, "SUPPORT_SAMPLE", 200)
     try:
         fit_federated(logs, spec, options=TINY, grace_s=0.3, timeout_s=60)
     finally:

@@ -59,6 +59,8 @@ def _bootstrap(df: pd.DataFrame, member: int, members: int, seed: int, site: str
 
 
 log_ = logging.getLogger("edgetwin.federation.twin")
+#: the most rows a site measures its support thresholds on (a seeded subset above)
+SUPPORT_SAMPLE = 20_000
 
 
 class SiteFitter:
@@ -116,7 +118,14 @@ class SiteFitter:
         return np.array([len(self.df)], np.float32), labels
 
     def set_plan(self, plan: TwinFitPlan) -> None:
+        """Take the coordinator's plan; rows of a scenario the plan does not name (this site's hello
+        was late, and no other site released it) are left out like a withheld scenario's: whole
+        scenarios, so the totals stay sums of released cells."""
         self.plan = plan
+        known = self.df["scenario"].astype(str).isin(plan.scenarios)
+        if not known.all():
+            self._withheld = sorted({*self._withheld, *self.df.loc[~known, "scenario"].astype(str).unique()})
+            self.df = self.df[known].reset_index(drop=True)
 
     # --- statistics -------------------------------------------------------------------------
     def _role_values(self, role: str) -> np.ndarray:
@@ -125,9 +134,10 @@ class SiteFitter:
 
     def _require_agents(self) -> None:
         """Refuse to send a statistic over fewer than ``min_agents`` agents (the sums of ``stats1``,
-        ``stats2``, ``em`` and ``residual`` are over all the site's agents)."""
+        ``stats2``, ``em`` and ``residual`` are over all the site's released agents)."""
         if self.df["agent"].nunique() < self.min_agents:
-            raise TooFewAgents(f"site {self.name!r} has fewer than {self.min_agents} agents")
+            withheld = f" (scenario(s) {', '.join(self._withheld)} withheld: each under that many)" if self._withheld else ""
+            raise TooFewAgents(f"site {self.name!r} has fewer than {self.min_agents} agents{withheld}")
 
     def stats1(self) -> np.ndarray:
         plan = self.plan
@@ -231,9 +241,10 @@ class SiteFitter:
         z, agent_of, episode_of = self._support_rows()
         Ks = o.support_centroids
         sup_c, sup_n = np.zeros((Ks, plan.d_support)), np.zeros(Ks)
-        c, n, _ = agent_clusters(z, agent_of, Ks, self.min_agents, o.seed)
+        c, n, _ = agent_clusters(z, agent_of, Ks, self.min_agents, o.seed)  # over all rows: Σ n = the row count
         sup_c[: len(c)], sup_n[: len(c)] = c, n
-        q = self.support_thresholds(z, agent_of, episode_of) if len(c) else (0.0, 0.0)
+        sample = self._support_sample(len(z))
+        q = self.support_thresholds(z[sample], agent_of[sample], episode_of[sample]) if len(c) else (0.0, 0.0)
         unit = Composition.fit(self.df, lay)
         return plan.pack("summary", {
             "pop.c": pop_c, "pop.n": pop_n, "support.c": sup_c, "support.n": sup_n, "support.q": list(q),
@@ -242,21 +253,26 @@ class SiteFitter:
             "unit.state": column_means(unit.unit_state, plan.width("state")),
         })
 
+    def _support_sample(self, n: int) -> np.ndarray:
+        """Indices of the rows the support thresholds are measured on: all ``n``, or a seeded
+        subset of `SUPPORT_SAMPLE` (the thresholds' folds cluster and measure distances again).
+        The support centroids are over all rows: centroids over a subset, beside the totals over
+        all rows, would release the complement's sums (docs/federation.md, D7)."""
+        assert self.plan is not None
+        if n <= SUPPORT_SAMPLE:
+            return np.arange(n)
+        rng = np.random.default_rng([self.plan.options.seed, zlib.crc32(self.name.encode())])
+        return np.sort(rng.choice(n, SUPPORT_SAMPLE, replace=False))
+
     def _support_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``[context, action] (N, Dsup)`` of the site's rows (at most 20,000, a seeded subset), with
-        each row's agent and episode."""
+        """``[context, action] (N, Dsup)`` of the site's rows, with each row's agent and episode."""
         plan = self.plan
         assert plan is not None and plan.layout is not None
-        o = plan.options
         steps = build_steps(self.df, plan.layout)
         z = np.concatenate([steps.x_engine, steps.za], axis=1).astype(np.float64)
         frame = steps.frame
         agent_of = frame["agent"].astype(str).to_numpy()
         episode_of = frame["episode"].astype(str).to_numpy()
-        if len(z) > 20_000:
-            rng = np.random.default_rng([o.seed, zlib.crc32(self.name.encode())])
-            keep = np.sort(rng.choice(len(z), 20_000, replace=False))
-            z, agent_of, episode_of = z[keep], agent_of[keep], episode_of[keep]
         return z, agent_of, episode_of
 
     def support_thresholds(self, z: np.ndarray, agent_of: np.ndarray, episode_of: np.ndarray,
