@@ -41,6 +41,9 @@ TINY = FitOptions(rounds=2, local_epochs=1, em_iters=2, n_components=2, support_
                        "noise_dim": 8})
 #: the light family (BC + mixture), where the test is about the rounds, not the models
 LIGHT = FitOptions.light(**{k: v for k, v in TINY.to_dict().items() if k not in ("response_model", "population_model")})
+#: the logs' sites have 3-7 agents per scenario: a site releases only scenarios over its
+#: ``min_agents`` (docs/federation.md), so these fits run at 3 (the default 10 withholds them all)
+SCENARIO_AGENTS = 3
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,7 @@ def site_logs():
 def test_federated_fit_gives_an_ordinary_twin(site_logs, tmp_path):
     df, spec, parts = site_logs
     seen = []
-    twin, rep = fit_federated(parts, spec, options=TINY, on_round=seen.append)
+    twin, rep = fit_federated(parts, spec, min_agents=SCENARIO_AGENTS, options=TINY, on_round=seen.append)
     phases = [r["phase"] for r in seen]
     assert phases[:4] == ["hello", "stats1", "stats2", "summary"] and phases.count("weights") == TINY.rounds
     # the default family, as Twin.fit's: GAN-SMMSG rounds after EM, MAIL's adversarial rounds after BC
@@ -67,9 +70,14 @@ def test_federated_fit_gives_an_ordinary_twin(site_logs, tmp_path):
     last = twin.population.generator.residual[-1]
     assert float(last.weight.abs().sum()) > 0
     assert set(rep.bytes_up) == set(parts) and all(b > 0 for b in rep.bytes_up.values()) and rep.bytes_down > 0
-    # the pooled statistics are those of the pooled log (the scalers' means, in their own space)
+    # the pooled statistics are those of the pooled released rows (the scalers' means, in their own
+    # space): each site's scenarios over fewer than its min_agents agents are withheld
+    from edgetwin.federation.twin.agents import released_rows
+
     sc = twin.layout.scalers["action"]
-    raw = df[twin.layout.action].to_numpy(np.float64)
+    released = pd.concat([released_rows(p, SCENARIO_AGENTS)[0] for p in parts.values()])
+    assert 0 < len(released) < len(df)  # the logs have scenarios of one and two agents at a site
+    raw = released[twin.layout.action].to_numpy(np.float64)
     pooled = np.where(sc.log, np.log1p(np.maximum(raw, 0)), raw).mean(axis=0)
     assert np.allclose(sc.mean, pooled, rtol=1e-4, atol=1e-4)
     from edgetwin.contract.policy import RandomPolicy
@@ -87,7 +95,7 @@ def test_model_phases_go_through_secure_aggregation_and_dp(site_logs):
     """The population and adversarial rounds use the weight rule too: DP accounts each of them, secure
     aggregation masks them (its transcript's bytes), and the twin still rolls out."""
     _, spec, parts = site_logs
-    twin, rep = fit_federated(parts, spec, options=TINY, strategy="dp_gaussian", secure=True)
+    twin, rep = fit_federated(parts, spec, min_agents=SCENARIO_AGENTS, options=TINY, strategy="dp_gaussian", secure=True)
     eps = rep.privacy["epsilon_by_phase"]
     assert set(eps) == {"weights", "adversarial", "population"} and all(e > 0 for e in eps.values())
     assert rep.privacy["epsilon"] == pytest.approx(sum(eps.values()))
@@ -109,7 +117,7 @@ def test_a_fit_whose_models_stop_being_finite_stops_with_one_clear_line(site_log
 
     _, spec, parts = site_logs
     with pytest.raises(FederatedFitDiverged, match=r"weights models are no longer finite after round \d+ .*--fed-rounds"):
-        fit_federated(parts, spec, options=LIGHT, strategy="dp_gaussian",
+        fit_federated(parts, spec, min_agents=SCENARIO_AGENTS, options=LIGHT, strategy="dp_gaussian",
                       dp={"clip_norm": 1e30, "noise_multiplier": 1e30})
 
 
@@ -123,7 +131,7 @@ def test_same_seed_same_federated_twin(site_logs):
     _, spec, parts = site_logs
     out = []
     for _ in range(2):
-        twin, _ = fit_federated(parts, spec, options=TINY)
+        twin, _ = fit_federated(parts, spec, min_agents=SCENARIO_AGENTS, options=TINY)
         clients = module_vector({f"c{s}": p for s, p in twin.members[0].clients.items()})
         out.append((clients, module_vector(gan_modules(twin.population))))
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
@@ -148,7 +156,7 @@ def test_the_order_in_which_site_updates_arrive_does_not_change_the_twin(site_lo
             return out
 
         monkeypatch.setattr(RoundCollector, "wait", arrive_in_order)
-        twin, _ = fit_federated(parts, spec, options=TINY)
+        twin, _ = fit_federated(parts, spec, min_agents=SCENARIO_AGENTS, options=TINY)
         gen = twin.population.generator
         return {"population": module_vector(gan_modules(twin.population)),
                 "mixture": np.concatenate([gen.cum_w.numpy().ravel(), gen.mu.numpy().ravel(), gen.chol.numpy().ravel()]),
@@ -164,14 +172,14 @@ def test_the_order_in_which_site_updates_arrive_does_not_change_the_twin(site_lo
 
 
 def test_update_schema_refuses_extra_fields_and_undeclared_sizes():
-    env = make_update("s", "fit", 1, "stats1", 0, 0, np.zeros(4, np.float32), 1.0)
+    env = make_update("s", "fit", 1, "stats1", 0, 0, np.zeros(4, np.float32), 1.0, run="0" * 32)
     env.payload["rows"] = [[1.0, 2.0]]  # a site trying to smuggle rows in a field of its own
     with pytest.raises(InputError, match="unexpected field"):
         encode(env)
     with pytest.raises(InputError, match="the plan declares 10"):
         check_update_size(np.zeros(12, np.float32), 10, "s", "stats1")
     # a failure names its exception's type and nothing else: not its message, which could quote a value
-    fail = make_failure("s", "fit", 3, "weights", 1, 0, FloatingPointError("row 7 has 3.14159"))
+    fail = make_failure("s", "fit", 3, "weights", 1, 0, FloatingPointError("row 7 has 3.14159"), run="0" * 32)
     assert fail.payload["failed"] == "FloatingPointError" and "3.14159" not in encode(fail).decode("latin-1")
     fail.payload["failed"] = "row 7 has 3.14159"
     with pytest.raises(InputError, match="exception type"):
@@ -181,7 +189,7 @@ def test_update_schema_refuses_extra_fields_and_undeclared_sizes():
 def test_a_silent_site_does_not_stop_the_fit(site_logs):
     _, spec, parts = site_logs
     victim = sorted(parts)[0]
-    twin, rep = fit_federated(parts, spec, options=LIGHT, quorum=0.6, grace_s=0.3, timeout_s=60,
+    twin, rep = fit_federated(parts, spec, min_agents=SCENARIO_AGENTS, options=LIGHT, quorum=0.6, grace_s=0.3, timeout_s=60,
                               fail_after={victim: 5})  # answers hello..em, then is killed
     weights = [r for r in rep.rounds if r["phase"] == "weights"]
     assert weights and all(victim in r["missing"] for r in weights)
@@ -213,7 +221,7 @@ def test_sites_that_cannot_compute_a_round_stop_the_fit_at_once(site_logs, monke
     _failing_weights(monkeypatch, victims)
     with pytest.raises(FederatedFitFailed, match=rf"\(weights step 1, member 0\) failed at 2 of {len(parts)} sites: "
                        rf"{victims[0]} \(FloatingPointError\), {victims[1]} \(FloatingPointError\); the quorum"):
-        asyncio.run(asyncio.wait_for(fit_federated_async(parts, spec, options=LIGHT, quorum=len(parts) - 1,
+        asyncio.run(asyncio.wait_for(fit_federated_async(parts, spec, options=LIGHT, quorum=len(parts) - 1, min_agents=SCENARIO_AGENTS,
                                                          timeout_s=600), 120))
 
 
@@ -221,7 +229,7 @@ def test_a_site_that_fails_is_not_waited_for_when_the_quorum_holds(site_logs, mo
     _, spec, parts = site_logs
     victim = sorted(parts)[-1]
     _failing_weights(monkeypatch, [victim])
-    twin, rep = asyncio.run(asyncio.wait_for(fit_federated_async(parts, spec, options=LIGHT, quorum=len(parts) - 1,
+    twin, rep = asyncio.run(asyncio.wait_for(fit_federated_async(parts, spec, options=LIGHT, quorum=len(parts) - 1, min_agents=SCENARIO_AGENTS,
                                                                  grace_s=600, timeout_s=600), 120))
     weights = [r for r in rep.rounds if r["phase"] == "weights"]
     assert len(weights) == LIGHT.rounds and all(r["failed"] == {victim: "FloatingPointError"} for r in weights)
@@ -237,7 +245,8 @@ def test_cli_fit_federated(site_logs, tmp_path):
     df.to_parquet(tmp_path / "log.parquet", index=False)
     spec.save(tmp_path / "log.spec.toml")
     res = CliRunner().invoke(app, ["fit", str(tmp_path / "log.parquet"), "--out", str(tmp_path / "twin"),
-                                   "--federated", "--light", "--members", "1", "--fed-rounds", "1", "--json"])
+                                   "--federated", "--light", "--members", "1", "--fed-rounds", "1", "--json",
+                                   "--min-agents", str(SCENARIO_AGENTS)])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output[res.output.index("{"):])
     assert set(summary["bytes_up"]) == set(df["site"].astype(str).unique())
@@ -256,7 +265,8 @@ def test_cli_fit_federated_under_dp_runs_dps_schedule_and_says_what_the_noise_co
     df.to_parquet(tmp_path / "log.parquet", index=False)
     spec.save(tmp_path / "log.spec.toml")
     res = CliRunner().invoke(app, ["fit", str(tmp_path / "log.parquet"), "--out", str(tmp_path / "twin"),
-                                   "--federated", "--light", "--members", "1", "--strategy", "dp_gaussian"])
+                                   "--federated", "--light", "--members", "1", "--strategy", "dp_gaussian",
+                                   "--min-agents", str(SCENARIO_AGENTS)])
     assert res.exit_code == 0, res.output
     assert re.search(r"Gaussian DP: epsilon [\d.,]+ at delta 1e-05; .*: weights [\d,]+x", res.output), res.output
     options = Twin.load(tmp_path / "twin").meta["federated"]["options"]
@@ -309,7 +319,8 @@ def test_data_locality_over_nats(site_logs, nats_server):
         await nc.subscribe("edgetwin.>", cb=record)
         try:
             twin, rep = await asyncio.wait_for(
-                fit_federated_async(parts, spec, bus=bus_factory, options=TINY, timeout_s=60), 240
+                fit_federated_async(parts, spec, bus=bus_factory, options=TINY, timeout_s=60,
+                                    min_agents=SCENARIO_AGENTS), 240
             )
             await nc.flush()
             await asyncio.sleep(0.5)
@@ -383,7 +394,8 @@ def test_killed_site_rejoins_and_server_restart_loses_no_update(site_logs, nats_
 
     def spawn() -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "edgetwin.cli", "agent", "--fit-twin", str(tmp_path / "victim.parquet"),
-               "--bus", nats_server.url, "--name", victim, "--fit-id", fit_id, "--keys", str(keys_dir)]
+               "--bus", nats_server.url, "--name", victim, "--fit-id", fit_id, "--keys", str(keys_dir),
+               "--min-agents", str(SCENARIO_AGENTS)]
         return subprocess.Popen(cmd, stdout=open(tmp_path / "victim.log", "ab"), stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
 
@@ -397,7 +409,7 @@ def test_killed_site_rejoins_and_server_restart_loses_no_update(site_logs, nats_
         coord = TwinCoordinator(spec, names, buses[0], opts, quorum=0.6, grace_s=0.5, timeout_s=120,
                                 fit_id=fit_id, on_round=records.append)
         await coord.start()
-        agents = [TwinSiteAgent(n, parts[n], spec, b, fit_id) for n, b in zip(names[1:], buses[1:], strict=True)]
+        agents = [TwinSiteAgent(n, parts[n], spec, b, fit_id, min_agents=SCENARIO_AGENTS) for n, b in zip(names[1:], buses[1:], strict=True)]
         for a in agents:
             await a.start()
         proc = await asyncio.to_thread(spawn)
@@ -469,7 +481,7 @@ def test_personalisation_choice_follows_the_sites_held_out_rows():
     few rows, and leaves it where the site is unlike it and has many; in both cases the chosen
     model predicts fresh rows of the site no worse than the alternatives would (the choice is real:
     the two settings choose differently)."""
-    from edgetwin.federation.twin.fit import _weighted_loss, proximal_fit, select_and_fit
+    from edgetwin.federation.twin.candidates import _weighted_loss, proximal_fit, select_and_fit
 
     fed = _policy(0)
     xg, yg = _regression(_global_fn, 4000, 1)
@@ -511,7 +523,7 @@ def test_personalise_a_federated_twin(site_logs):
     from edgetwin.federation.twin.fit import personalise, validation_agents
 
     df, spec, parts = site_logs
-    twin, _ = fit_federated(parts, spec, options=LIGHT)
+    twin, _ = fit_federated(parts, spec, min_agents=SCENARIO_AGENTS, options=LIGHT)
     site = sorted(parts)[0]
     local = parts[site]
     held = validation_agents(local.reset_index(drop=True), 0.25, seed=0)
@@ -551,7 +563,7 @@ def test_personalise_weighs_the_sites_own_twin(site_logs):
     )
 
     df, spec, parts = site_logs
-    twin, _ = fit_federated(parts, spec, options=LIGHT)
+    twin, _ = fit_federated(parts, spec, min_agents=SCENARIO_AGENTS, options=LIGHT)
     site = sorted(parts)[0]
     local = parts[site]
     seen: list[pd.DataFrame] = []

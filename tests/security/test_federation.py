@@ -22,6 +22,7 @@ import base64
 import json
 import math
 import struct
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +40,7 @@ from edgetwin.edge.signing import Signer
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import generate_logs
 from edgetwin.federation.twin.fit import FitOptions
-from edgetwin.federation.twin.messages import make_task, make_update
+from edgetwin.federation.twin.messages import make_task, make_update, new_nonce
 from edgetwin.federation.twin.runner import COORDINATOR, TwinCoordinator, TwinSiteAgent, split_by_site
 
 torch.set_num_threads(1)
@@ -114,7 +115,7 @@ async def _hello_round(factory: Callable[[str], Bus], spec: Any, logs: dict[str,
         for name, df in sorted(logs.items()):
             b = await _client(factory, f"site-{name}", keys.auth(name))
             buses.append(b)
-            s = TwinSiteAgent(name, df, spec, b, fit)
+            s = TwinSiteAgent(name, df, spec, b, fit, min_agents=1)  # every row released: this is about who speaks
             await s.start()
             sites.append(s)
         ups, envs = await asyncio.wait_for(hello, 30)
@@ -136,7 +137,8 @@ def test_an_update_signed_by_site_a_claiming_site_b_is_refused_and_bs_real_updat
         # site A's machine signs with its own key and says it is B (its bus maps B to A's key)
         liar = await _client(bus_factory, "liar", MessageAuth(keys.keyring, {b: keys.private[a]}))
         fake = make_update(b, fit, 1, "hello", 0, 0, np.array([7.0], np.float32), 1.0,
-                           labels={"scenarios": ["x"], "site": b, "columns": ["episode"]})
+                           labels={"scenarios": ["x"], "site": b, "columns": ["episode"]}, run=coord.run_nonce,
+                           nonce=new_nonce())
         await liar.publish_durable(Subjects.update("twin", fit), fake)
         await liar.flush()
         await liar.close()
@@ -156,13 +158,14 @@ def test_a_twin_task_not_signed_by_the_coordinator_is_refused_by_a_site(two_site
         keys = FederationKeys.generate([COORDINATOR, a, b])
         fit = uuid.uuid4().hex[:12]
         site_bus = await _client(bus_factory, "site-b", keys.auth(b))
-        site = TwinSiteAgent(b, logs[b], spec, site_bus, fit)
+        site = TwinSiteAgent(b, logs[b], spec, site_bus, fit, min_agents=1)
         await site.start()
         # A's key pretending to be the coordinator, then A as itself sending a task
         impostor = await _client(bus_factory, "impostor", MessageAuth(keys.keyring, {COORDINATOR: keys.private[a]}))
-        await impostor.publish_durable(Subjects.model("twin", fit), make_task(COORDINATOR, fit, 1, "hello", 0, 0))
+        await impostor.publish_durable(Subjects.model("twin", fit), make_task(COORDINATOR, fit, 1, "hello", 0, 0,
+                                                                                   run=new_nonce()))
         rogue = await _client(bus_factory, "rogue", keys.auth(a))
-        await rogue.publish_durable(Subjects.model("twin", fit), make_task(a, fit, 2, "hello", 0, 0))
+        await rogue.publish_durable(Subjects.model("twin", fit), make_task(a, fit, 2, "hello", 0, 0, run=new_nonce()))
         await asyncio.sleep(1.0)
         answered_forged = site.answered
         # the real coordinator's task is still answered
@@ -192,14 +195,15 @@ def test_the_allocation_bomb_update_is_refused_and_the_next_valid_update_is_deli
     async def bombs(keys: FederationKeys, fit: str, coord: TwinCoordinator) -> None:
         bus = await _client(bus_factory, "bomber", keys.auth(a))  # a compromised site: its own, valid key
         for size in (2**40, (1 << 26) - 1):  # above any plan, and within the global cap but not the plan's
-            header = {"kind": "twin_update", "sender": a, "round": 1, "ts": 1.0, "id": uuid.uuid4().hex,
-                      "payload": {"fit": fit, "phase": "hello", "step": 0, "member": 0, "num_samples": 1.0,
+            header = {"kind": "twin_update", "sender": a, "round": 1, "ts": time.time(), "id": uuid.uuid4().hex,
+                      "payload": {"fit": fit, "run": coord.run_nonce, "nonce": new_nonce(), "phase": "hello",
+                                  "step": 0, "member": 0, "num_samples": 1.0,
                                   "codec": {"codec": "topk", "size": size},
                                   "labels": {"scenarios": [], "site": a, "columns": []}}}
             frame = signed_frame(header, {"values": np.ones(1, np.float32), "indices": np.zeros(1, np.int32)},
                                  keys.private[a])
             if size == 2**40:
-                assert len(frame) < 500  # the bomb: a few hundred bytes
+                assert len(frame) < 700  # the bomb: a few hundred bytes (with the run and site nonces)
             await inject(bus, Subjects.update("twin", fit), frame)
         await bus.close()
 
@@ -388,7 +392,8 @@ def test_cli_a_site_below_min_agents_sends_nothing_and_keys_are_made_for_the_par
     base = ["fit", str(tmp_path / "log.parquet"), "--federated", "--light", "--fed-rounds", "1"]
     res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "refused")])
     assert res.exit_code == 1 and "TooFewAgents" in f"{res.output} {res.exception}", res.output
-    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "twin"), "--min-agents", "2"])
+    # its scenarios have 1-2 agents each: at 1 every row is released
+    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "twin"), "--min-agents", "1"])
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(app, ["agent-keys", "twin/coordinator", "edge-ams", "--out", str(tmp_path / "keys")])
     assert res.exit_code == 0, res.output

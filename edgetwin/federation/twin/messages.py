@@ -3,6 +3,18 @@
 Both kinds are signed by their sender on an authenticated bus (`edgetwin.edge.message_auth`):
 sites take tasks only from the coordinator, the coordinator an update only from the site it names.
 
+Replays across fits: every message binds the run and the round. The coordinator draws a fresh
+``run`` nonce per fit (whatever the ``--fit-id``) and every task carries it; each site draws a
+fresh ``nonce`` when its agent starts and sends it in its ``hello``, and every later task carries
+each site's nonce (``sites``); a site answers a task other than ``hello`` only when it carries its
+own nonce, and follows one run only (a site restarted mid-fit asks once, with a ``rejoin`` update
+signed by its key, that later tasks carry its new nonce). Every update echoes the task's ``run`` and round (the
+envelope's, signed with it), and the coordinator counts an update only for the open round of its
+own run. A message's ``ts`` (signed too) must be within `CLOCK_SKEW_S` of the receiver's clock
+ahead, and not older than the round it answers (updates) or `MAX_TASK_AGE_S` (tasks): so
+yesterday's signed ``done`` task cannot stop today's sites, and yesterday's site updates do not
+count as today's, even under the same fit id (`is_fresh`).
+
 Two kinds travel (registered with `edgetwin.edge.messages`, documented in ``docs/bus.md``):
 
 * ``twin_task`` (coordinator -> sites, durable on ``edgetwin.model.twin.<fit>``): which phase and
@@ -28,6 +40,8 @@ type name of a failure.
 from __future__ import annotations
 
 import re
+import secrets
+import time
 from typing import Any
 
 import numpy as np
@@ -37,12 +51,16 @@ from edgetwin.edge.messages import NUMBER, Envelope, KindSchema, register_kind, 
 from edgetwin.federation.compression import EncodedUpdate, UpdateCodec
 
 __all__ = [
+    "CLOCK_SKEW_S",
+    "MAX_TASK_AGE_S",
     "TASK_KIND",
     "UPDATE_KIND",
     "check_update_size",
+    "is_fresh",
     "make_failure",
     "make_task",
     "make_update",
+    "new_nonce",
     "read_update",
 ]
 
@@ -50,8 +68,28 @@ TASK_KIND = "twin_task"
 UPDATE_KIND = "twin_update"
 
 #: every field a twin update may have: nothing else is accepted
-_UPDATE_FIELDS: dict[str, type | tuple[type, ...]] = {"fit": str, "phase": str, "step": int, "member": int, "num_samples": NUMBER, "codec": dict}
-_UPDATE_OPTIONAL: dict[str, type | tuple[type, ...]] = {"labels": dict, "seconds": NUMBER, "failed": str}
+_UPDATE_FIELDS: dict[str, type | tuple[type, ...]] = {"fit": str, "run": str, "phase": str, "step": int, "member": int, "num_samples": NUMBER, "codec": dict}
+_UPDATE_OPTIONAL: dict[str, type | tuple[type, ...]] = {"labels": dict, "seconds": NUMBER, "failed": str, "nonce": str}
+#: a run's or a site's nonce: 128 random bits in hex (`new_nonce`)
+_NONCE = re.compile(r"[0-9a-f]{32}")
+#: how far a sender's clock may be ahead of the receiver's (seconds)
+CLOCK_SKEW_S = 120.0
+#: the oldest task a site takes (seconds): a site that starts late still gets the coordinator's
+#: open round (which waits up to its ``timeout_s``, 900 s by default); older tasks are refused
+MAX_TASK_AGE_S = 3600.0
+
+
+def new_nonce() -> str:
+    """A fresh run or site nonce (128 bits from the OS's CSPRNG)."""
+    return secrets.token_hex(16)
+
+
+def is_fresh(env: Envelope, oldest: float, now: float | None = None) -> bool:
+    """Whether ``env.ts`` (signed with the message) is at least ``oldest`` (unix seconds, less
+    `CLOCK_SKEW_S`) and at most `CLOCK_SKEW_S` ahead of ``now``."""
+    now = time.time() if now is None else now
+    ts = float(env.ts)
+    return bool(np.isfinite(ts)) and oldest - CLOCK_SKEW_S <= ts <= now + CLOCK_SKEW_S
 #: what a failure may say: an exception type's (qualified) name
 _FAILURE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,99}")
 #: tensors an `UpdateCodec` produces
@@ -64,6 +102,11 @@ _HELLO_VALUES = 16
 
 
 def _check_update(env: Envelope) -> None:
+    if not _NONCE.fullmatch(env.payload["run"]):
+        raise ValueError("run must be a run nonce (32 hex digits)")
+    if "nonce" in env.payload and (env.payload["phase"] not in ("hello", "rejoin")
+                                   or not _NONCE.fullmatch(env.payload["nonce"])):
+        raise ValueError("only a hello or a rejoin carries a site nonce (32 hex digits)")
     extra = sorted(set(env.payload) - set(_UPDATE_FIELDS) - set(_UPDATE_OPTIONAL))
     if extra:
         raise ValueError(f"unexpected field(s) {extra}: a twin update carries statistics or parameters only")
@@ -101,6 +144,14 @@ def _check_update(env: Envelope) -> None:
 def _check_task(env: Envelope) -> None:
     if not type_ok(env.payload.get("context", {}), dict):
         raise ValueError("context must be an object")
+    if not _NONCE.fullmatch(env.payload["run"]):
+        raise ValueError("run must be a run nonce (32 hex digits)")
+    sites = env.payload.get("sites", {})
+    if not isinstance(sites, dict) or len(sites) > _MAX_LABELS or not all(
+        isinstance(k, str) and len(k) <= _MAX_LABEL_CHARS and isinstance(v, str) and _NONCE.fullmatch(v)
+        for k, v in sites.items()
+    ):
+        raise ValueError("sites must map site names to site nonces (32 hex digits)")
 
 
 register_kind(
@@ -110,8 +161,8 @@ register_kind(
 register_kind(
     TASK_KIND,
     KindSchema(
-        required={"fit": str, "phase": str, "step": int, "member": int},
-        optional={"context": dict, "final": bool},
+        required={"fit": str, "run": str, "phase": str, "step": int, "member": int},
+        optional={"context": dict, "final": bool, "sites": dict},
         check=_check_task,
     ),
 )
@@ -120,9 +171,16 @@ register_kind(
 def make_task(
     sender: str, fit: str, seq: int, phase: str, step: int, member: int,
     context: dict[str, Any] | None = None, params: np.ndarray | None = None, final: bool = False,
+    run: str | None = None, sites: dict[str, str] | None = None,
 ) -> Envelope:
-    """A coordinator's task; ``seq`` (the envelope's round) orders tasks, ``params`` rides as float32."""
+    """A coordinator's task; ``seq`` (the envelope's round) orders tasks, ``params`` rides as float32.
+    ``run``: the coordinator's run nonce (required on the bus); ``sites``: site -> the nonce of its
+    hello (every task after the hello)."""
     payload: dict[str, Any] = {"fit": fit, "phase": phase, "step": int(step), "member": int(member)}
+    if run is not None:
+        payload["run"] = run
+    if sites:
+        payload["sites"] = dict(sites)
     if context:
         payload["context"] = context
     if final:
@@ -134,15 +192,20 @@ def make_task(
 def make_update(
     sender: str, fit: str, seq: int, phase: str, step: int, member: int, vector: np.ndarray,
     num_samples: float, codec: UpdateCodec | None = None, labels: dict[str, Any] | None = None,
-    seconds: float | None = None,
+    seconds: float | None = None, run: str | None = None, nonce: str | None = None,
 ) -> Envelope:
-    """A site's answer: ``vector (D,)`` encoded by ``codec`` (dense float32 when None)."""
+    """A site's answer: ``vector (D,)`` encoded by ``codec`` (dense float32 when None); ``run``:
+    the run nonce of the task it answers (required on the bus); ``nonce``: the site's own (hello)."""
     codec = codec or UpdateCodec(topk=None, quantize_bits=None, error_feedback=False)
     enc = codec.encode(f"{sender}/{phase}/{member}", np.asarray(vector, np.float32))
     payload: dict[str, Any] = {
         "fit": fit, "phase": phase, "step": int(step), "member": int(member),
         "num_samples": float(num_samples), "codec": enc.meta,
     }
+    if run is not None:
+        payload["run"] = run
+    if nonce is not None:
+        payload["nonce"] = nonce
     if labels is not None:
         payload["labels"] = labels
     if seconds is not None:
@@ -150,10 +213,11 @@ def make_update(
     return Envelope(kind=UPDATE_KIND, sender=sender, round=int(seq), payload=payload, tensors=dict(enc.tensors))
 
 
-def make_failure(sender: str, fit: str, seq: int, phase: str, step: int, member: int, error: BaseException) -> Envelope:
+def make_failure(sender: str, fit: str, seq: int, phase: str, step: int, member: int, error: BaseException,
+                 run: str | None = None) -> Envelope:
     """A site's report that it could not compute task ``seq``: the type of ``error`` only (its
     message could quote a value of the site's log) and an empty vector."""
-    env = make_update(sender, fit, seq, phase, step, member, np.zeros(0, np.float32), 0.0)
+    env = make_update(sender, fit, seq, phase, step, member, np.zeros(0, np.float32), 0.0, run=run)
     env.payload["failed"] = type(error).__qualname__[:100]
     return env
 

@@ -48,24 +48,24 @@ from edgetwin.federation.aggregation import (
     SecureAggregator,
 )
 from edgetwin.federation.compression import UpdateCodec
-from edgetwin.federation.twin.fit import (
-    MIN_AGENTS,
-    FitOptions,
-    SiteFitter,
-    TwinAssembler,
-    TwinFitPlan,
-    gmm_from_context,
-    transformer_from_dict,
-)
+from edgetwin.federation.twin.assemble import TwinAssembler, gmm_from_context, transformer_from_dict
 from edgetwin.federation.twin.messages import (
+    MAX_TASK_AGE_S,
     check_update_size,
+    is_fresh,
     make_failure,
     make_task,
     make_update,
+    new_nonce,
     read_update,
 )
+from edgetwin.federation.twin.plan import MIN_AGENTS, FitOptions, TwinFitPlan
+from edgetwin.federation.twin.site import SiteFitter
 from edgetwin.imitation.layout import Layout
 from edgetwin.twin.twin import Twin
+
+#: the phase of a site's request to take part again under a new nonce (`TwinSiteAgent`)
+REJOIN = "rejoin"
 
 __all__ = ["COORDINATOR", "FederatedFitDiverged", "FederatedFitFailed", "FederatedFitReport", "TwinCoordinator", "TwinSiteAgent", "fit_federated",
            "fit_federated_async", "make_weight_aggregator", "run_twin_coordinator", "run_twin_site", "split_by_site"]
@@ -178,6 +178,12 @@ class TwinSiteAgent:
         self.answered = 0
         self.done = asyncio.Event()
         self._latest: Envelope | None = None
+        #: hellos waiting for an answer, by run
+        self._hellos: dict[str, Envelope] = {}
+        #: tasks of a run this agent did not greet (it restarted mid-fit, or started late): each run
+        #: is asked once to take this agent's nonce (``rejoin``); a replayed run's coordinator is gone
+        self._rejoins: list[Envelope] = []
+        self._rejoined: set[str] = set()
         self._wake = asyncio.Event()
         self._sub: Any = None
         self._worker: asyncio.Task[None] | None = None
@@ -185,6 +191,14 @@ class TwinSiteAgent:
         self.last_seq = 0
         #: tasks refused because they did not come from the coordinator
         self.refused = 0
+        #: this agent's nonce: sent in its hello, and every later task it takes must carry it
+        self.nonce = new_nonce()
+        #: the run (the coordinator's nonce) it follows, fixed by the first task after a hello
+        self.run: str | None = None
+        #: runs whose hello it answered
+        self._greeted: set[str] = set()
+        #: coordinator-signed tasks refused as replays: ``stale`` (``ts``), ``other_run`` (not its nonce or run)
+        self.replays: Counter[str] = Counter()
 
     async def start(self) -> None:
         async def on_task(rcv: Received) -> None:
@@ -196,14 +210,43 @@ class TwinSiteAgent:
                 log.warning("site %s: refused a twin_task from %r (tasks come from %s only)", self.name, env.sender,
                             COORDINATOR)
                 return
-            if env.round > self.last_seq and (self._latest is None or env.round > self._latest.round):
+            if not self._current(env):
+                return
+            if env.payload.get("phase") == "hello":
+                self._hellos[str(env.payload["run"])] = env
+            elif self._latest is None or env.round > self._latest.round or self._latest.payload.get("run") != env.payload["run"]:
                 self._latest = env
-                self._wake.set()
+            self._wake.set()
 
         self._sub = await self.bus.subscribe_durable(
             Subjects.model("twin", self.fit_id), f"twin-{self.fit_id}-{self.name}", on_task
         )
         self._worker = asyncio.create_task(self._work())
+
+    def _current(self, env: Envelope, count: bool = True) -> bool:
+        """Whether a coordinator's task belongs to the run this site takes part in: signed within
+        the clock window (`is_fresh`, at most `MAX_TASK_AGE_S` old); a ``hello`` of a run it has not
+        greeted while it follows none; any other task only when it carries this agent's nonce
+        (so it was sent after this agent's hello) and the run it follows, and is a later round."""
+        now = time.time()
+        if not is_fresh(env, now - MAX_TASK_AGE_S, now):
+            if count:
+                self.replays["stale"] += 1
+                log.warning("site %s: refused a twin_task signed at %s, outside the clock window", self.name, env.ts)
+            return False
+        run = env.payload.get("run")
+        if env.payload.get("phase") == "hello":
+            return self.run is None and run not in self._greeted
+        if (env.payload.get("sites") or {}).get(self.name) != self.nonce or self.run not in (None, run):
+            if count:
+                self.replays["other_run"] += 1
+                log.warning("site %s: refused a twin_task of another run (round %d)", self.name, env.round)
+                if self.run is None and run not in self._rejoined:  # restarted (or late): ask to rejoin
+                    self._rejoined.add(str(run))
+                    self._rejoins.append(env)
+                    self._wake.set()
+            return False
+        return env.round > self.last_seq
 
     async def stop(self) -> None:
         if self._worker is not None:
@@ -218,33 +261,51 @@ class TwinSiteAgent:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            while self._hellos:  # every run's hello is answered (a replayed one cannot hide today's)
+                _, hello = self._hellos.popitem()
+                if self.run is None:
+                    await self._serve(hello)
+            while self._rejoins:
+                task = self._rejoins.pop(0)
+                log.info("site %s: asks to rejoin at round %d", self.name, task.round)
+                await self.bus.publish_durable(Subjects.update("twin", self.fit_id), make_update(
+                    self.name, self.fit_id, task.round, REJOIN, 0, 0, np.zeros(0, np.float32), 0.0,
+                    run=str(task.payload["run"]), nonce=self.nonce))
             env = self._latest
-            if env is None or env.round <= self.last_seq:
+            if env is None or not self._current(env, count=False):
                 continue
+            self.run = str(env.payload["run"])  # the first task after its hello fixes the run it follows
+            self.last_seq = env.round
             if env.payload.get("final"):
-                self.last_seq = env.round
                 self.done.set()
                 return
             if self.fail_after is not None and self.answered >= self.fail_after:
                 return  # a killed site: silent from here on
-            t0 = time.perf_counter()
-            try:
-                vector, weight, labels = await asyncio.to_thread(self._answer, env)
-            except Exception as e:  # a site that cannot answer says so (its error's type only): the round's quorum decides
-                log.error("site %s failed on %s: %r", self.name, env.payload.get("phase"), e, exc_info=True)
-                self.last_seq = env.round
-                await self.bus.publish_durable(Subjects.update("twin", self.fit_id), make_failure(
-                    self.name, self.fit_id, env.round, env.payload["phase"], env.payload["step"],
-                    env.payload["member"], e))
-                continue
-            self.last_seq = env.round
+            await self._serve(env)
             if self._latest is not None and self._latest.round > env.round:
                 self._wake.set()  # a newer task arrived while computing: this answer is late anyway
-            codec = self.codec if env.payload["phase"] in MODEL_PHASES else None
-            up = make_update(self.name, self.fit_id, env.round, env.payload["phase"], env.payload["step"],
-                             env.payload["member"], vector, weight, codec, labels, time.perf_counter() - t0)
-            await self.bus.publish_durable(Subjects.update("twin", self.fit_id), up)
-            self.answered += 1
+
+    async def _serve(self, env: Envelope) -> None:
+        """Answer one task: the update (bound to the task's run and round; a hello's carries this
+        agent's nonce), or the failure's type name."""
+        run, hello = str(env.payload["run"]), env.payload["phase"] == "hello"
+        if hello:
+            self._greeted.add(run)
+        t0 = time.perf_counter()
+        try:
+            vector, weight, labels = await asyncio.to_thread(self._answer, env)
+        except Exception as e:  # a site that cannot answer says so (its error's type only): the round's quorum decides
+            log.error("site %s failed on %s: %r", self.name, env.payload.get("phase"), e, exc_info=True)
+            await self.bus.publish_durable(Subjects.update("twin", self.fit_id), make_failure(
+                self.name, self.fit_id, env.round, env.payload["phase"], env.payload["step"],
+                env.payload["member"], e, run=run))
+            return
+        codec = self.codec if env.payload["phase"] in MODEL_PHASES else None
+        up = make_update(self.name, self.fit_id, env.round, env.payload["phase"], env.payload["step"],
+                         env.payload["member"], vector, weight, codec, labels, time.perf_counter() - t0,
+                         run=run, nonce=self.nonce if hello else None)
+        await self.bus.publish_durable(Subjects.update("twin", self.fit_id), up)
+        self.answered += 1
 
     def _plan(self, ctx: Mapping[str, Any]) -> TwinFitPlan:
         key = (tuple(ctx["scenarios"]), tuple(ctx["columns"]), ctx["has_reward"])
@@ -350,6 +411,15 @@ class TwinCoordinator:
         self._expected: dict[int, int | None] = {}
         #: updates refused on receipt, by reason
         self.refused: Counter[str] = Counter()
+        #: this run's nonce: every task carries it, an update counts only when it echoes it (a
+        #: replay of another run's updates does not, whatever the fit id)
+        self.run_nonce = new_nonce()
+        #: site -> the nonce of its hello (or of its latest rejoin), carried by every later task
+        self._site_nonces: dict[str, str] = {}
+        #: site -> when the message that gave its nonce was signed
+        self._nonce_ts: dict[str, float] = {}
+        #: round -> when its task was signed (unix s): an update signed before it is a replay
+        self._opened: dict[int, float] = {}
 
     async def start(self) -> None:
         async def on_update(rcv: Received) -> None:
@@ -361,8 +431,20 @@ class TwinCoordinator:
             self.report.messages_up[sender] = self.report.messages_up.get(sender, 0) + 1
             phase = str(env.payload.get("phase"))
             self.report.bytes_by_phase[phase] = self.report.bytes_by_phase.get(phase, 0) + rcv.nbytes
+            if env.payload.get("run") != self.run_nonce:
+                self.refused["other_run"] += 1
+                log.warning("refused update of %r: it answers another run", sender)
+                return
+            if phase == REJOIN:
+                self._rejoin(env)
+                return
             col = self._collectors.get(env.round)
             if col is None or col.closed:
+                return
+            if not is_fresh(env, self._opened[env.round]):
+                self.refused["stale"] += 1
+                log.warning("refused update of %r for round %d: signed at %s, outside the round", sender, env.round,
+                            env.ts)
                 return
             if sender not in self.sites:  # authenticated: the sender signed it; it must be a site of the fit
                 self.refused["unknown_sender"] += 1
@@ -378,6 +460,10 @@ class TwinCoordinator:
                     self._failures[env.round][sender] = str(env.payload["failed"])
                 return
             labels = env.payload.get("labels")
+            if phase == "hello" and "nonce" not in env.payload and "failed" not in env.payload:
+                self.refused["no_nonce"] += 1
+                log.warning("refused hello of %s: it carries no site nonce", sender)
+                return
             if phase == "hello" and (not isinstance(labels, dict) or labels.get("site") != sender):
                 self.refused["wrong_site"] += 1
                 log.warning("refused hello of %s: it speaks for site %r", sender, (labels or {}).get("site"))
@@ -395,6 +481,20 @@ class TwinCoordinator:
             Subjects.update("twin", self.fit_id), f"twin-{self.fit_id}-coordinator", on_update
         )
 
+    def _rejoin(self, env: Envelope) -> None:
+        """A site of this fit that restarted (or missed the hello) asks that later tasks carry its
+        new nonce: taken when signed since this run's first round opened and after the nonce it
+        replaces (a replay of an earlier rejoin cannot bring back an old nonce)."""
+        sender, nonce = env.sender, env.payload.get("nonce")
+        since = max(self._opened.get(1, float("inf")), self._nonce_ts.get(sender, 0.0))
+        if sender not in self.sites or not isinstance(nonce, str) or not is_fresh(env, since) or env.ts <= self._nonce_ts.get(sender, 0.0):
+            self.refused["rejoin"] += 1
+            log.warning("refused a rejoin of %r", sender)
+            return
+        self._site_nonces[sender] = nonce
+        self._nonce_ts[sender] = float(env.ts)
+        log.info("site %s rejoins from the next round", sender)
+
     async def stop(self) -> None:
         if self._sub is not None:
             with contextlib.suppress(Exception):
@@ -411,7 +511,9 @@ class TwinCoordinator:
         # must not run on this thread while a site's thread trains (torch's generator is global)
         self._expected[seq] = self.plan_size(phase)
         ctx = {**self._base_ctx, **(context or {})}
-        task = make_task(COORDINATOR, self.fit_id, seq, phase, step, member, ctx, params)
+        task = make_task(COORDINATOR, self.fit_id, seq, phase, step, member, ctx, params, run=self.run_nonce,
+                         sites=None if phase == "hello" else self._site_nonces)
+        self._opened[seq] = task.ts
         before = self.bus.stats.bytes_out
         await self.bus.publish_durable(Subjects.model("twin", self.fit_id), task)
         self.report.bytes_down += self.bus.stats.bytes_out - before
@@ -421,6 +523,9 @@ class TwinCoordinator:
         # timing, and what is built from the answers (k-means over the summaries' centroids, float
         # sums) depends on their order; sorted, the same seed and logs give the same twin
         envs = dict(sorted(self._envs.pop(seq, {}).items()))
+        if phase == "hello":
+            self._site_nonces = {k: str(e.payload["nonce"]) for k, e in envs.items()}
+            self._nonce_ts = {k: float(e.ts) for k, e in envs.items()}
         failures = self._failures.pop(seq, {})
         expected = self._expected[seq]
         ups = []
@@ -583,7 +688,8 @@ class TwinCoordinator:
                 self.asm.finish_adversarial(m, adv, rounds)
         self.seq += 1
         await self.bus.publish_durable(Subjects.model("twin", self.fit_id),
-                                       make_task(COORDINATOR, self.fit_id, self.seq, "done", 0, 0, final=True))
+                                       make_task(COORDINATOR, self.fit_id, self.seq, "done", 0, 0, final=True,
+                                                 run=self.run_nonce, sites=self._site_nonces))
         self.report.seconds = time.perf_counter() - t_start
         eps, nts, delta = {}, {}, 0.0
         used = (("weights", self.weight_agg, True), ("adversarial", self.adv_agg, o.adversarial),
