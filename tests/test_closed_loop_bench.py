@@ -98,7 +98,7 @@ def test_the_coverage_experiment_counts_with_clopper_pearson(cl: Any) -> None:
     days = [{"y": rng.gamma(2.0, 0.1, 100), "x": rng.gamma(2.0, 0.1, 100)} for _ in range(8)]
     out = cl.coverage_experiment(days, runs=40, seed=0)
     assert set(out) == {"aa", "at_margin", "regressing", "better"}
-    for t, r in out.items():
+    for r in out.values():
         assert r["runs"] == 40 and r["level"] == pytest.approx(0.9) and r["arm_sizes"] == [4, 6]
         assert 0.0 <= r["coverage"] <= 1.0 and r["coverage_ci"][0] <= r["coverage"] <= r["coverage_ci"][1]
         assert (r["false_promote_upper"] is not None) == (r["truth"] > cl.MARGIN)
