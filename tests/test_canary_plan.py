@@ -138,3 +138,13 @@ def test_cli_plan_json_and_file(gated, tmp_path: Path, capsys) -> None:  # type:
         assert json.loads(plan.to_json()) == doc["plan"] and plan.n_groups <= 10
     else:
         assert doc["gate"]["verdict"] != "abstain"
+
+
+def test_the_plan_says_how_many_days_a_decision_needs() -> None:
+    """Issue 48 item 1: half-width 0.2 around a point 0.1 from the margin needs 4 days (the width
+    halves); a point on the margin is never decided by more days."""
+    from edgetwin.loop.plan import days_to_decide
+
+    assert days_to_decide(-0.05, 0.2, 0.05) == 4
+    assert days_to_decide(-0.30, 0.2, 0.05) == 1
+    assert days_to_decide(0.05, 0.2, 0.05) is None

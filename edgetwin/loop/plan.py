@@ -163,6 +163,26 @@ class PlannedKPI:
     worst_on_slice: float
     fleet_loss: float
     budget: float | None
+    #: canary days of this size whose pooled interval is expected to decide (1 when one does; None
+    #: when the twin's point estimate sits on the margin, where no number of days decides)
+    days: int | None = 1
+
+
+def _days_text(days: int | None) -> str:
+    if days is None:
+        return "may not decide: the twin's estimate sits on the margin"
+    return f"may not decide: about {days} day(s) of such canaries would"
+
+
+def days_to_decide(point_worsening: float, half_width: float, allowed: float) -> int | None:
+    """Canary days of one size whose pooled interval is expected to clear the margin: the interval's
+    half-width shrinks as ``1/sqrt(days)`` with independent days, so ``ceil((half / gap)²)`` with
+    ``gap`` the distance of the point estimate from the margin (a lower bound: the terms rounds
+    share do not shrink). None when the point sits on the margin."""
+    gap = abs(float(point_worsening) - float(allowed))
+    if not (gap > 1e-9 and math.isfinite(half_width)):
+        return None
+    return max(1, math.ceil((float(half_width) / gap) ** 2 - 1e-9))
 
 
 @dataclass
@@ -245,7 +265,7 @@ class CanaryPlan:
             elo, ehi = k.expected
             lines.append(
                 f"  {k.kpi}: now [{100 * lo:+.1f}%, {100 * hi:+.1f}%], expected after [{100 * elo:+.1f}%, "
-                f"{100 * ehi:+.1f}%] vs margin {100 * k.margin:g}% ({'decides' if k.decides else 'may not decide'}); "
+                f"{100 * ehi:+.1f}%] vs margin {100 * k.margin:g}% ({'decides' if k.decides else _days_text(k.days)}); "
                 f"worst case on the slice {100 * k.worst_on_slice:+.1f}% -> fleet {100 * k.fleet_loss:.2f}%"
                 + (f" (budget {100 * k.budget:g}%)" if k.budget is not None else "")
             )
@@ -422,8 +442,10 @@ def plan_canary(
                 max_frac = max(max_frac, fleet_loss / cap)
             all_decide &= decides
             width += (exp[1] - exp[0])
+            days = 1 if decides else days_to_decide(sign * point, q * se, c.allowed_change)
             planned.append(PlannedKPI(kpi, col, c.better, c.abstain_reason(decision.max_out_of_support),
-                                      list(c.interval), exp, c.allowed_change, decides, worst, fleet_loss, cap))  # fmt: skip
+                                      list(c.interval), exp, c.allowed_change, decides, worst, fleet_loss, cap,
+                                      days))  # fmt: skip
         return all_decide, max_frac, width, planned
 
     options = []
@@ -470,6 +492,7 @@ def plan_canary(
 
 
 __all__ = [
+    "days_to_decide",
     "HOURS_GRID",
     "CanaryPlan",
     "PlanBudget",
