@@ -217,7 +217,7 @@ def _whatif_task(
 
 @dataclass(frozen=True)
 class DemoSizes:
-    """How much work each learned stage does: about 40 s on a quiet 2-core machine by default (`QUIET_SECONDS`)."""
+    """How much work each learned stage does: about 56 s on a quiet 2-core machine by default (`QUIET_SECONDS`)."""
 
     twin_members: int = 2
     mail_rounds: int = 3
@@ -276,15 +276,15 @@ def _record(res: DemoResult, phase: str, start: tuple[float, float]) -> None:
 WHATIF_SCENARIOS = "emulated_cluster.toml"
 #: the default demo's phases in seconds on a quiet 2-core machine, from their CPU seconds (user +
 #: system, `demo-summary.json`'s ``cpu_seconds``; a single-threaded phase takes its CPU seconds of wall
-#: time on an idle core). Measured 2026-11-27 at c269b90 (the twin tick's speed pass merged) with
-#: ``/usr/bin/time -v python3 -m edgetwin.cli demo`` on a machine shared at load 7.4 (no quiet machine
-#: to be had; 73.5 s wall there): 49.0 CPU s in all, of which start-up (imports) 4.8, log + validation
-#: 0.6, twin 14.9, training 2.7, what-if 15.9 in the second process (plus its start-up 2.7, hidden
-#: under the twin fit), scoring + gate + canary round + serving 7.4. Critical path: 4.8 + 0.6 + 14.9 +
-#: 2.7 + max(15.9, 7.4) = 39 s. Remeasure when the sizes or a phase change. (Before issue 38's pass:
-#: 71.7 CPU s in one process, 62 s wall quiet.)
-QUIET_SECONDS = {"start-up": 5, "log": 1, "twin": 15, "training": 3, "what-if": 16,
-                 "promotion (scoring, gate, canary, serving)": 8}  # fmt: skip
+#: time on an idle core). Measured 2026-11-28 on main (after the loop's small-sample intervals) with
+#: ``/usr/bin/time python3 -m edgetwin.cli demo`` on a quiet 2-core machine (load < 1; 57.2 s wall, 52.4 s
+#: the same day before that change): start-up (imports) ~5, log + validation 0.6, twin 21.4, training +
+#: scoring on the cluster 4.7, what-if 23.9 in the second process (its start-up 3.5 hidden under the twin
+#: fit), gate + canary round + serving 10.9. Critical path: 5 + 0.6 + 21.4 + 4.7 + max(23.9, 10.9) = 56 s.
+#: Remeasure when the sizes or a phase change. (2026-11-27, on a machine shared at load 7.4, the same
+#: phases took 49.0 CPU s in all; before issue 38's pass: 71.7 CPU s in one process, 62 s wall quiet.)
+QUIET_SECONDS = {"start-up": 5, "log": 1, "twin": 21, "training": 5, "what-if": 24,
+                 "promotion (scoring, gate, canary, serving)": 11}  # fmt: skip
 #: the two phases that run side by side when the demo has a second core (`_SpareCore`)
 SIDE_BY_SIDE = ("what-if", "promotion (scoring, gate, canary, serving)")
 
@@ -332,7 +332,56 @@ def _score_on_cluster(policy_dir: Path, config: Any, seed: int) -> dict[str, Any
         "cluster_offload_trained": trained.mean["offload_ratio"],
         "cluster_offload_random": random.mean["offload_ratio"],
         "offload_improvement_over_random": improvement(trained, random, "offload_ratio"),
+        "cluster_change": cluster_change(trained, random, cluster.spec),
     }
+
+
+#: which of `edgetwin.policies.evaluate`'s KPIs measures each of the cluster spec's guarded columns
+#: (the demo knows the emulated cluster; nothing below layer 5 does)
+_EVAL_KEY = {"response.offload_ratio": "offload_ratio", "kpi.revenue": "revenue", "kpi.task_time_ms": "completion_time_mean",
+             "kpi.slo_violation": "slo_violation_rate", "kpi.energy_j": "energy_j", "kpi.carbon_g": "carbon_g"}  # fmt: skip
+
+
+def cluster_change(trained: Any, random: Any, spec: Any, level: float = 0.90) -> dict[str, dict[str, Any]]:
+    """Per KPI the spec gives a direction: the trained policy's relative change against the logging
+    policy on the same unseen cluster episodes, with its ``level`` interval (paired over episodes,
+    Student's t: 3 episodes are no normal sample), and whether it regressed beyond the spec's margin
+    with its whole interval (``regressed``) or may have (``may_regress``: the interval reaches past it)."""
+    import numpy as np
+    from scipy import stats
+
+    from edgetwin.policies.gate import DEFAULT_MARGIN
+
+    out: dict[str, dict[str, Any]] = {}
+    for f in spec.features:
+        key = _EVAL_KEY.get(f.name)
+        better = f.better or ("higher" if spec.reward_weights.get(f.name, 0.0) > 0 else None)
+        if better is None or key is None or key not in trained.per_episode:
+            continue
+        a, b = np.asarray(trained.per_episode[key], float), np.asarray(random.per_episode[key], float)
+        base = abs(float(b.mean()))
+        if base == 0:
+            continue
+        d = (a - b) / base
+        half = float(stats.t.ppf(0.5 + level / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else np.inf
+        rel = float(d.mean())
+        margin = DEFAULT_MARGIN if f.margin is None else float(f.margin)
+        sign = -1.0 if better == "higher" else 1.0  # positive = worse
+        worse = sorted((sign * (rel - half), sign * (rel + half)))
+        out[f.name] = {"change": rel, "interval": [rel - half, rel + half], "better": better, "margin": margin,
+                       "regressed": worse[0] > margin, "may_regress": worse[1] > margin}  # fmt: skip
+    return out
+
+
+def trade_off_line(change: dict[str, dict[str, Any]]) -> str:
+    """One line: what the policy gained and what it gave, by the spec's directions, on the cluster."""
+    gained: list[str] = []
+    gave: list[str] = []
+    for kpi, c in change.items():
+        text = f"{kpi} {100 * c['change']:+.1f} %"
+        good = (c["change"] > 0) == (c["better"] == "higher")
+        (gained if good else gave).append(text + (" (beyond its margin)" if c["regressed"] else ""))
+    return f"gained {', '.join(gained) or 'nothing'}; gave {', '.join(gave) or 'nothing'}"
 
 
 def _cluster_kpis() -> Any:

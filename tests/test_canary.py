@@ -161,7 +161,8 @@ def test_canary_config_checks_and_from_plan() -> None:
         margins = [Guard("kpi.revenue", 0.1), Guard("kpi.slo_violation", 0.05, min_delta=0.01)]
 
     ms = {m.kpi: m for m in CanaryConfig.from_plan(GatePlan(), candidate="v3", spec=SPEC).margins}
-    assert ms["kpi.revenue"].higher_is_better == (SPEC.reward_weights.get("kpi.revenue", 0) > 0)
+    # the direction is the spec's declared one (revenue: higher), not only the reward weight's sign
+    assert ms["kpi.revenue"].higher_is_better == (SPEC.feature("kpi.revenue").better == "higher")
     assert not ms["kpi.slo_violation"].higher_is_better and ms["kpi.slo_violation"].min_delta == 0.01
 
 

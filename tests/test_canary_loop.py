@@ -239,7 +239,7 @@ def test_the_rest_of_the_fleet_is_the_control_arm_when_its_rows_are_there(world)
     assert set(res.fleet_log["agent"]) | set(res.log["agent"]) == set(fleet["agent"])
     assert res.fleet_log["t"].max() == res.log["t"].max()
     args = (twin, fleet, res.log, plan, cand_spec, base_spec)
-    kw = {"candidate_version": "candidate", "guards": guards, "better": {"response.offload_ratio": "higher"},
+    kw = {"candidate_version": "candidate", "better": {"response.offload_ratio": "higher"},
           "pre_ticks": cfg.pre_ticks, "seed": 0}
     slice_only = canary_verdict(*args, **kw)["response.offload_ratio"]  # type: ignore[arg-type]
     whole = canary_verdict(*args, **kw, fleet_rows=res.fleet_log)["response.offload_ratio"]  # type: ignore[arg-type]

@@ -400,3 +400,30 @@ def test_reward_weights_choose_what_the_site_optimises() -> None:
     assert cluster_spec(ClusterConfig(reward_weights=cost)).reward_weights == cost
     with pytest.raises(InputError, match="kpi.nope"):
         ClusterConfig(reward_weights={"kpi.nope": 1.0})
+
+
+def test_the_spec_says_what_the_operator_wants_of_revenue_energy_and_carbon() -> None:
+    """Issue 44: a KPI with no declared direction is never guarded; the emulated cluster's operator
+    wants revenue higher and energy, carbon, task time and SLO violations lower, each with a margin,
+    and the gate's default guards follow the spec (not the training reward's weights)."""
+    from edgetwin.contract.spec import TwinSpec
+    from edgetwin.emulator.cluster import KPI_GOALS, cluster_spec
+    from edgetwin.policies.gate import resolve_guards
+    from edgetwin.twin.whatif.kpis import default_kpis
+
+    spec = cluster_spec()
+    declared = {f.name: (f.better, f.margin) for f in spec.features if f.better is not None}
+    assert declared["kpi.revenue"][0] == "higher"
+    assert declared["kpi.energy_j"][0] == declared["kpi.carbon_g"][0] == "lower"
+    assert declared["kpi.slo_violation"][0] == declared["kpi.task_time_ms"][0] == "lower"
+    assert all(m is not None and 0 < m <= 0.05 for _, m in declared.values()) and declared == KPI_GOALS
+    assert "kpi.revenue" not in spec.reward_weights  # guarded although the reward does not weigh it
+    guards = {g.kpi: g.max_regression for g, _ in resolve_guards(default_kpis(spec, spec.names("kpi")), None)}
+    assert guards["kpi.revenue"] == 0.02 and guards["kpi.energy_j"] == 0.05 and "kpi.utilisation" not in guards
+    # the declaration round-trips through the spec's TOML and is checked
+    again = TwinSpec.from_dict(spec.to_dict())
+    assert {f.name: (f.better, f.margin) for f in again.features if f.better} == declared
+    bad = spec.to_dict()
+    next(f for f in bad["features"] if f["name"] == "kpi.revenue")["better"] = "more"
+    with pytest.raises(InputError, match="better"):
+        TwinSpec.from_dict(bad)

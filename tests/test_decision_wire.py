@@ -173,3 +173,78 @@ def test_freeze_gc_freezes_what_is_alive_after_a_load(tmp_path: Path) -> None:
         assert asyncio.run(main(True)) > 1000
     finally:
         gc.unfreeze()
+
+
+# ------------------------------------------------------------------ issue 46, issue 43 item 2
+def test_a_reordered_request_reaches_the_policy_in_the_served_layout_with_the_same_bits() -> None:
+    """Columns sent in another order are reordered into a fresh C-contiguous float64 array: the
+    policy then sees the very array (layout and bits) it sees for the request in its own order, so
+    a matrix product takes the same BLAS path and decisions do not depend on the column order."""
+    cols = [f"c{j}" for j in range(7)]
+    obs = np.random.default_rng(0).normal(size=(33, 7))
+    rev = list(reversed(range(7)))
+    same = W.parse_request(json.dumps({"obs": obs.tolist()}).encode(), {"Content-Type": W.JSON}, cols, "s")
+    body = json.dumps({"obs": obs[:, rev].tolist(), "columns": [cols[j] for j in rev]}).encode()
+    other = W.parse_request(body, {"Content-Type": W.JSON}, cols, "s")
+    table = pa.record_batch([pa.array(obs[:, j]) for j in rev], names=[cols[j] for j in rev])
+    arrow = W.parse_request(arrow_body(table), {"Content-Type": W.ARROW}, cols, "s")
+    for req in (same, other, arrow):
+        assert req.obs.flags["C_CONTIGUOUS"] and req.obs.dtype == np.float64
+        assert req.obs.tobytes() == obs.tobytes()
+    w = np.random.default_rng(1).normal(size=(7, 5))
+    assert (other.obs @ w).tobytes() == (same.obs @ w).tobytes() == (arrow.obs @ w).tobytes()
+
+
+def test_group_ids_and_the_tick_on_the_json_and_arrow_wire() -> None:
+    cols = ["a", "b"]
+    obs = np.array([[1.0, 2.0], [3.0, 4.0]])
+    body = json.dumps({"obs": obs.tolist(), "agents": ["g1", "g2"], "scenarios": ["iot", "mbb"], "t": 7}).encode()
+    req = W.parse_request(body, {"Content-Type": W.JSON}, cols, "s")
+    assert (req.agents, req.sites, req.scenarios, req.t) == (("g1", "g2"), None, ("iot", "mbb"), 7)
+    batch = pa.record_batch([pa.array(obs[:, 1]), pa.array(["g1", "g2"]), pa.array(obs[:, 0]), pa.array(["s", "s"])],
+                            names=["b", "agent", "a", "site"]).replace_schema_metadata({"t": "3"})  # fmt: skip
+    req = W.parse_request(arrow_body(batch), {"Content-Type": W.ARROW}, cols, "s")
+    assert (req.agents, req.sites, req.t) == (("g1", "g2"), ("s", "s"), 3) and req.obs.tolist() == obs.tolist()
+    req = W.parse_request(json.dumps({"obs": obs.tolist()}).encode(), {"Content-Type": W.JSON, W.TICK: "9"}, cols, "s")
+    assert req.agents is None and req.t == 9
+    for bad in ({"agents": ["g1"]}, {"agents": ["g1", 2]}, {"t": -1}, {"t": True}, {"sites": ["s", "s"]}):
+        with pytest.raises(W.BadDecisionRequest):
+            W.parse_request(json.dumps({"obs": obs.tolist(), **bad}).encode(), {"Content-Type": W.JSON}, cols, "s")
+    body, _ = W.encode_reply(W.JSON, obs, ["x", "y"], version="v1", scope="global", revision=1,
+                             policies=["v1", "v2"], arms=["control", "candidate"], propensity=np.array([np.nan, 1.0]))  # fmt: skip
+    doc = json.loads(body)
+    assert (doc["policies"], doc["arms"], doc["propensity"]) == (["v1", "v2"], ["control", "candidate"], [None, 1.0])
+
+
+def test_a_request_naming_no_groups_during_a_canary_is_served_by_the_current_policy_and_counted(tmp_path: Path) -> None:
+    from edgetwin.edge.canary import CanaryConfig
+    from edgetwin.edge.canary_slice import CanarySlice
+    from edgetwin.edge.kpi_watch import KPIMargin
+
+    signer = Signer.generate()
+    reg = FileRegistry(tmp_path / "registry")
+    publish(reg, tmp_path, SLOAware(SPEC), "v1", signer)
+    publish(reg, tmp_path, SLOAware(SPEC), "v2", signer)
+    promote(reg, "v1")
+    obs = obs_batch(6)
+
+    async def main() -> None:
+        broker = MemoryBroker()
+        bus, client = InMemoryBus(broker, name="rt"), InMemoryBus(broker, name="client")
+        async with bus, client, EdgeRuntime(SITE, reg, TrustStore([signer.public_key]), bus=bus, kpi_guard=None,
+                                            poll_interval=60) as rt:  # fmt: skip
+            await rt.start_canary(CanaryConfig("v2", CanarySlice(sites=(SITE,)), 2.0, (KPIMargin("kpi.slo_violation"),),
+                                               pre_ticks=0))  # fmt: skip
+            reply = await client.request_raw(f"edgetwin.decision.{SITE}", json.dumps({"obs": obs.tolist()}).encode(), 10)
+            assert json.loads(reply)["version"] == "v1" and "arms" not in json.loads(reply)
+            agents = [f"g{i}" for i in range(len(obs))]
+            named = json.loads(await client.request_raw(
+                f"edgetwin.decision.{SITE}", json.dumps({"obs": obs.tolist(), "agents": agents}).encode(), 10))
+            assert set(named["arms"]) <= {"candidate", "control"} and len(named["policies"]) == len(obs)
+            assert all(p == ("v2" if a == "candidate" else "v1") for p, a in zip(named["policies"], named["arms"], strict=True))
+            d = await request_decision(client, SITE, obs, agents=agents)
+            assert d.arms is not None and list(d.arms) == named["arms"]
+            await request_decision(client, SITE, obs)  # the frame, no groups
+            assert rt.stats.unrouted == 2
+
+    asyncio.run(asyncio.wait_for(main(), timeout=60))

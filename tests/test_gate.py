@@ -36,7 +36,10 @@ from edgetwin.twin.whatif import fixed_policy, scenario_from_dict
 torch.set_num_threads(1)
 
 CONFIG = ClusterConfig(n_agents=48, steps=16)
-GATE = {"episodes": 2, "seeds": 1, "steps": 10}
+# two held-out episodes attain 2/3 (`attained_level`): these tests are about directions, margins and
+# support, so they ask for that level explicitly; at the default 90 % the gate abstains on every check
+# (test_a_gate_asked_for_more_than_its_episodes_support_abstains)
+GATE = {"episodes": 2, "seeds": 1, "steps": 10, "level": 0.6}
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,7 @@ def test_gate_decides_direction_aware(world: dict[str, Any]) -> None:
     # a huge margin lets anything through
     assert run_gate(twin, bad, good, log=recent, guards=[Guard("return", 50.0)], max_out_of_support=1.0, **GATE).passed
     with pytest.raises(InputError, match="has no direction"):
-        run_gate(twin, bad, good, log=recent, guards=[Guard("kpi.energy_j", 0.1)], **GATE)
+        run_gate(twin, bad, good, log=recent, guards=[Guard("kpi.utilisation", 0.1)], **GATE)
 
 
 def _constant(edge: float, cap: float, price: float) -> FunctionPolicy:
@@ -198,7 +201,7 @@ def test_cli_promote_exit_codes_and_force(world: dict[str, Any], tmp_path: Path,
     d = world["dir"]
     reg = tmp_path / "reg"
     base = ["--registry", str(reg), "--log", str(d / "recent.parquet"), "--twin", str(d / "twin"), "--key", str(d / "key.pem"),
-            "--episodes", "2", "--steps", "10", "--scope", "site/edge-ams"]  # fmt: skip
+            "--episodes", "2", "--steps", "10", "--scope", "site/edge-ams", "--level", "60%"]  # fmt: skip
 
     def run(*args: str) -> int:
         with pytest.raises(SystemExit) as e:

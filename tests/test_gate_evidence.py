@@ -72,7 +72,17 @@ def test_the_level_is_what_the_independent_episodes_support(world: dict[str, Any
     text = dec.reason() + gate_markdown(dec) + doc["interval_method"] + " ".join(c.interval_text() for c in dec.checks)
     assert "90% interval" not in text and "90% confidence" not in text and "90 % intervals" not in text
     assert "80%" in text and "4 independent calibration episode(s)" in text
-    assert dec.verdict == "promote"  # with the margin this wide, at the level it states
+    # 90 % was asked (the default) and 4 episodes support 80 %: no verdict below the asked level
+    assert dec.verdict == "abstain" and dec.exit_code == 3
+    assert {c.verdict for c in dec.checks} == {"underpowered"}
+    assert "replay 5 more recent independent day(s)" in dec.reason() and "9 are needed for 90%" in dec.reason()
+    assert "edgetwin canary plan" in dec.reason() and "--level 80%" in dec.reason()
+    # asked for 80 % knowingly, the same evidence decides, at the level it states
+    lower = decide(dec.result, WIDE, level=0.8)
+    assert lower.verdict == "promote" and lower.level == pytest.approx(0.8)
+    assert lower.to_dict()["level_requested"] == pytest.approx(0.8)
+    assert "at --level 80% as asked" in lower.reason()
+    dec = lower
     from edgetwin.twin.report import write_report
 
     md = write_report(dec.result, tmp_path / "report", title="t")["markdown"].read_text()
@@ -189,3 +199,40 @@ def test_an_updated_twin_records_its_new_episodes(world: dict[str, Any]) -> None
     assert len(up.meta["episode_sha256"]) == 4
     with pytest.raises(InputError, match="training data"):
         run_gate(up, world["cand"], world["base"], log=new, episodes=1, guards=WIDE, **GATE)
+
+
+def test_promote_with_one_calibration_episode_abstains_at_90_and_decides_only_when_asked_for_50(
+    world: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No verdict below the asked level: one independent held-out episode supports 50 %, so the
+    default 90 % abstains (exit 3) naming what would reach it; ``--level 50%`` decides at 50 %."""
+    import json
+
+    from edgetwin.contract.logs import write_table
+    from edgetwin.contract.spec import spec_path_for
+    from edgetwin.edge.signing import Signer, save_private_key
+
+    recent = world["recent"]
+    one = recent[recent["episode"] == recent["episode"].iloc[-1]]
+    write_table(one, tmp_path / "recent.parquet")
+    world["twin"].spec.save(spec_path_for(tmp_path / "recent.parquet"))
+    save_private_key(Signer.generate().private_key, tmp_path / "key.pem")
+    base = ["promote", str(world["dir"] / "cand"), "--registry", str(tmp_path / "reg"), "--log",
+            str(tmp_path / "recent.parquet"), "--twin", str(world["dir"] / "twin"), "--key", str(tmp_path / "key.pem"),
+            "--episodes", "1", "--steps", "8", "--max-regression", "return=5000%", "--max-out-of-support", "1",
+            "--json"]  # fmt: skip
+    with pytest.raises(SystemExit) as ex:
+        main([*base, "--out", str(tmp_path / "o90")])
+    assert ex.value.code == 3
+    doc = json.loads(capsys.readouterr().out)["gate"]
+    assert doc["verdict"] == "abstain" and doc["level_requested"] == pytest.approx(0.9)
+    why = " ".join(doc["abstentions"])
+    assert "1 independent calibration episode(s) support at most 50%" in why and "9 are needed for 90%" in why
+    with pytest.raises(SystemExit) as ex:
+        main([*base, "--out", str(tmp_path / "o50"), "--level", "50%"])
+    assert ex.value.code in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["promoted"] and doc["gate"]["verdict"] == "promote" and doc["gate"]["level"] == pytest.approx(0.5)
+    with pytest.raises(SystemExit) as ex:
+        main([*base, "--out", str(tmp_path / "bad"), "--level", "150%"])
+    assert ex.value.code == 2

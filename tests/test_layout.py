@@ -3,8 +3,10 @@
 The layers (DESIGN.md, "Layout: one package, layered"): a subpackage imports only from the ones above
 it in this table, never from a lower row::
 
-    1 contract   2 generative, imitation   3 twin   4 policies   5 emulator   6 edge   7 federation
+    1 contract   2 generative, imitation   3 twin   4 policies   5 emulator   6 edge   7 loop, federation
     8 cli, demo
+
+and the edge package (what runs at a site) never imports the emulator, although it sits below it.
 
 Every import counts, wherever it is written: at the top of a module, inside a function, under
 ``if TYPE_CHECKING:``, and the names a package's ``__init__`` exports lazily (its ``_WHERE`` table of
@@ -30,11 +32,14 @@ LAYERS = {
     "policies": 4,
     "emulator": 5,
     "edge": 6,
+    "loop": 7,
     "federation": 7,
     "cli": 8,
     "demo": 8,
 }
-PACKAGES = ("contract", "generative", "imitation", "twin", "policies", "emulator", "edge", "federation")
+PACKAGES = ("contract", "generative", "imitation", "twin", "policies", "emulator", "edge", "loop", "federation")
+#: (importer, imported) package pairs that are forbidden although the layer order allows them
+FORBIDDEN = (("edge", "emulator"),)
 ROOT = Path(edgetwin.__file__).parent
 
 
@@ -100,6 +105,9 @@ def layout_problems(root: Path) -> list[str]:
             b = layer_of(d)
             if b is not None and b > a:
                 problems.append(f"{m} (layer {a}) imports {d} (layer {b}), a lower layer")
+            pair = (m.split(".")[1] if "." in m else "", d.split(".")[1] if "." in d else "")
+            if pair in FORBIDDEN:
+                problems.append(f"{m} imports {d}: edgetwin.{pair[0]} never imports edgetwin.{pair[1]}")
     # cycles: Tarjan's strongly connected components
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -162,6 +170,20 @@ def test_the_checker_names_an_upward_import_and_a_cycle_hidden_in_functions(tmp_
     ), problems
     assert "edgetwin.cli_tool is in no layer of DESIGN.md" in problems
     assert len(problems) == 3, problems
+
+
+def test_the_checker_names_an_edge_module_that_imports_the_emulator(tmp_path: Path) -> None:
+    """The edge runs at a site: it never imports the emulated system, although the layer order would allow it."""
+    pkg = tmp_path / "edgetwin"
+    for sub in ("emulator", "edge", "loop"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text('"""x"""\n')
+    (pkg / "__init__.py").write_text("")
+    (pkg / "emulator" / "cluster.py").write_text("")
+    (pkg / "edge" / "runtime.py").write_text("def f():\n    from edgetwin.emulator.cluster import X\n")
+    (pkg / "loop" / "fleet.py").write_text("from edgetwin.emulator.cluster import X\n")  # the loop may
+    problems = layout_problems(pkg)
+    assert problems == ["edgetwin.edge.runtime imports edgetwin.emulator.cluster: edgetwin.edge never imports edgetwin.emulator"]
 
 
 def test_a_package_that_exports_lazily_counts_its_table_as_imports(tmp_path: Path) -> None:

@@ -58,3 +58,31 @@ def test_other_algorithms_keep_predict(tmp_path: Path) -> None:
     pol = load_policy(_export("SAC", tmp_path / "sac", False))
     assert pol._actor is None
     assert pol.act(np.zeros((2, len(pol.spec.observation_columns)))).shape == (2, len(pol.spec.action_columns))
+
+
+def test_the_same_observations_give_the_same_bits_whatever_their_memory_layout(tmp_path: Path) -> None:
+    """A request whose columns came in another order is reindexed (often into a Fortran-ordered
+    array); a strided view is another layout again. `act` copies into one C-contiguous layout first,
+    so the network's GEMM sees the same strides and the decisions do not depend on the layout."""
+    policy = load_policy(_export("PPO", tmp_path / "ppo", obs_norm=True))
+    obs = np.random.default_rng(3).uniform(0.0, 2.0, size=(257, len(policy.spec.observation_columns)))
+    want = policy.act(np.ascontiguousarray(obs))
+    order = np.random.default_rng(4).permutation(obs.shape[1])
+    shuffled = obs[:, order]  # the columns as a client sent them
+    reindexed = shuffled[:, np.argsort(order)]  # back in the spec's order: not C-contiguous
+    assert not reindexed.flags.c_contiguous or not np.asfortranarray(obs).flags.c_contiguous
+    for layout in (np.asfortranarray(obs), reindexed, np.repeat(obs, 2, axis=0)[::2]):
+        np.testing.assert_array_equal(policy.act(layout), want)
+    # the cause, checked on any CPU: the network only ever sees C-contiguous rows
+    seen: list[bool] = []
+    actor = policy._actor
+    assert actor is not None
+
+    def recording(x: np.ndarray) -> np.ndarray:
+        seen.append(bool(x.flags.c_contiguous))
+        return actor(x)
+
+    policy._actor = recording  # type: ignore[assignment]
+    for layout in (np.asfortranarray(obs), reindexed, np.repeat(obs, 2, axis=0)[::2]):
+        policy.act(layout)
+    assert seen == [True, True, True]

@@ -54,6 +54,11 @@ def demo(
             f"with the twin-trained policy vs {n['cluster_offload_random']:.3f} with the random logging policy "
             f"({100 * n['offload_improvement_over_random']:+.1f} %)"
         )
+    if n.get("cluster_change"):
+        from edgetwin.demo import trade_off_line
+
+        out.print(f"the trade-off on the cluster (vs the logging policy, 90 % paired intervals in the summary): "
+                  f"{trade_off_line(n['cluster_change'])}")  # fmt: skip
     if n.get("promoted_version"):
         out.print(f"promoted {n['promoted_version']}; the edge runtime served {n['served_decisions']:,} decisions")
     elif "gate_refused" in n:

@@ -44,6 +44,7 @@ import ast
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from edgetwin.contract.errors import InputError
 
@@ -176,6 +177,47 @@ class Parsed:
 
 class _Refused(Exception):
     """The grammar's reason for refusing a node (turned into an `InputError` naming the entry)."""
+
+
+#: The largest magnitude a constant part of an expression may fold to (the bound literals have):
+#: numexpr folds constant sub-expressions with Python integers before it compiles, and
+#: ``10 ** 10 ** 10`` is a 33-billion-bit integer that no reader of the spec ever finishes computing.
+MAX_CONSTANT = 2.0**63
+
+_FOLD: dict[type[ast.AST], Any] = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.Pow: lambda a, b: a**b,
+    ast.Mod: lambda a, b: math.fmod(a, b),
+}
+
+
+def _fold_bounded(node: ast.AST) -> float | None:
+    """The value of ``node`` when it is constant (no column, no function), folded in *float*
+    arithmetic (which overflows at once instead of growing an integer), else None; refuses a
+    constant part whose magnitude exceeds `MAX_CONSTANT` or is not a finite real number. Runs on a
+    tree the grammar already accepted, so its depth is bounded by `MAX_DEPTH`."""
+    if isinstance(node, ast.Constant):
+        return float(node.value) if isinstance(node.value, int | float) else None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        v = _fold_bounded(node.operand)
+        return None if v is None else (-v if isinstance(node.op, ast.USub) else v)
+    if isinstance(node, ast.BinOp) and type(node.op) in _FOLD:
+        a, b = _fold_bounded(node.left), _fold_bounded(node.right)
+        if a is None or b is None:
+            return None
+        try:
+            v = _FOLD[type(node.op)](a, b)
+        except (OverflowError, ZeroDivisionError, ValueError):
+            v = math.inf
+        if not isinstance(v, float) or not math.isfinite(v) or abs(v) > MAX_CONSTANT:
+            raise _Refused(f"a constant part folds to a number beyond {MAX_CONSTANT:.3g} (or not a finite real)")
+        return v
+    for child in ast.iter_child_nodes(node):  # columns, calls, comparisons: check the constant parts inside
+        _fold_bounded(child)
+    return None
 
 
 class _Walk:
@@ -314,6 +356,7 @@ def parse_expression(text: object, where: str, key: str, *, aggregates: bool = T
     walk = _Walk()
     try:
         outer, printed = walk.print(tree.body, 0)
+        _fold_bounded(tree.body)
         if walk.aggregates and not aggregates:
             raise _Refused(f"an aggregate inside an aggregate ({key} is already aggregated)")
     except _Refused as e:

@@ -16,7 +16,13 @@ when the user allowed it on this machine, in one of three ways (a module allows 
   gives on the command line (`allow_code`, for this process).
 
 Anything else is refused (`InputError`, exit 2) with one line that says how to allow it, before the
-module is imported. edgetwin's own functions that its built-in specs name (:data:`BUILTIN_REFS`)
+module is imported.
+
+**Allowing a module allows the functions it defines, nothing reachable through it.** The attribute
+path after ``:`` is public names only (no ``_``/dunder part), never passes through a module (the
+allowed module's own ``import os`` does not make ``mymod:os.system`` allowed), and the callable it
+ends at must be defined in an allowed module (its ``__module__``): ``mymod:getoutput`` after
+``from subprocess import getoutput`` in ``mymod`` is refused, as ``mymod:__builtins__.get`` is. edgetwin's own functions that its built-in specs name (:data:`BUILTIN_REFS`)
 need no allowance.
 """
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -116,13 +123,28 @@ def resolve_function_ref(ref: Any, *, spec_path: str | Path | None = None, entry
             where,
         )
     try:
-        obj: Any = importlib.import_module(module)
+        top = obj = importlib.import_module(module)
     except Exception as e:  # ImportError, or anything the module raises while importing
         raise InputError(f"{entry} {ref!r}: module {module!r} cannot be imported ({type(e).__name__}: {e})", where) from None
     for part in attr.split("."):
+        if not part.isidentifier() or part.startswith("_"):
+            raise InputError(f"{entry} {ref!r}: {part!r} is not a public name of {module!r} (no private or dunder "
+                             "attribute is reachable from a spec)", where)  # fmt: skip
+        if isinstance(obj, types.ModuleType) and obj is not top:
+            raise InputError(f"{entry} {ref!r}: the path goes through the module {obj.__name__!r}, which {module!r} "
+                             "imports but does not define: allowing a module allows only what it defines", where)  # fmt: skip
         if not hasattr(obj, part):
             raise InputError(f"{entry} {ref!r}: module {module!r} has no {attr!r}", where)
         obj = getattr(obj, part)
+    if isinstance(obj, types.ModuleType):
+        raise InputError(f"{entry} {ref!r} names a module, not a function", where)
     if not callable(obj):
         raise InputError(f"{entry} {ref!r} is not callable", where)
+    defined_in = getattr(obj, "__module__", None)
+    if not isinstance(defined_in, str) or not (ref in BUILTIN_REFS or _is_allowed(defined_in, "")):
+        raise InputError(
+            f"{entry} {ref!r}: {attr!r} is defined in {defined_in!r}, not in the allowed module {module!r} (it only "
+            "imports it): allowing a module allows the functions it defines, nothing reachable through it",
+            where,
+        )
     return obj

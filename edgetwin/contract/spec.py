@@ -20,6 +20,11 @@ A spec is a small TOML file that travels with a log (``LOG.spec.toml`` beside it
     name = "state.site_backlog_s"
     scope = "site"                 # one value per site and tick (default "agent")
 
+    [[features]]
+    name = "kpi.revenue"
+    better = "higher"              # what the operator wants of an outcome: the gate, the canary's
+    margin = 0.02                  # guard and its verdict guard it, at this relative margin
+
     [[dynamics]]                   # optional: declared columns are computed, not learned
     column = "state.site_backlog_s"
     queue = { arrivals = "sum(kpi.edge_cpu) / profile.site_vcpu", service = "1" }
@@ -102,6 +107,11 @@ class Feature:
         unit: free text for documentation and plots.
         scope: ``"agent"`` (default) or ``"site"``: one value per site (and tick, for a state),
             the same for every agent of the site; only ``profile.*`` and ``state.*`` features.
+        better: ``"higher"`` / ``"lower"`` / None: the direction the operator wants an outcome
+            (``response.*``, ``kpi.*``) to move, whether or not the reward weighs it. A KPI with a
+            direction is guarded by the gate, the canary's guard and its verdict.
+        margin: the relative worsening the operator accepts on it (0.05 = 5 %; None: the gate's
+            default margin); only with ``better``.
     """
 
     name: str
@@ -111,6 +121,8 @@ class Feature:
     values: tuple[float, ...] | None = None
     unit: str = ""
     scope: Scope = "agent"
+    better: str | None = None
+    margin: float | None = None
 
     @property
     def role(self) -> Role:
@@ -186,6 +198,12 @@ class TwinSpec:
                 raise InputError(f"feature {f.name!r}: scope {f.scope!r} is not one of {SCOPES}", "spec")
             if f.scope == "site" and f.role not in ("profile", "state"):
                 raise InputError(f"feature {f.name!r}: only profile.* and state.* features can have scope 'site'", "spec")
+            if f.better is not None and (f.better not in ("higher", "lower") or f.role not in ("response", "kpi")):
+                raise InputError(f"feature {f.name!r}: better = {f.better!r}: 'higher' or 'lower', on response.* and "
+                                 "kpi.* features only", "spec")  # fmt: skip
+            if f.margin is not None and (f.better is None or not (0.0 <= f.margin < 10.0)):
+                raise InputError(f"feature {f.name!r}: margin = {f.margin!r} needs a direction (better) and a relative "
+                                 "worsening in [0, 10)", "spec")  # fmt: skip
             seen.add(f.name)
         for col in self.reward_weights:
             if col not in seen and col != REWARD_COLUMN:
@@ -297,6 +315,10 @@ class TwinSpec:
                 d["unit"] = f.unit
             if f.scope != "agent":
                 d["scope"] = f.scope
+            if f.better is not None:
+                d["better"] = f.better
+            if f.margin is not None:
+                d["margin"] = float(f.margin)
             feats.append(d)
         out["features"] = feats
         if self.dynamics:
@@ -331,7 +353,7 @@ class TwinSpec:
         for i, fd in enumerate(raw_feats):
             if "name" not in fd:
                 raise InputError(f"[[features]] entry {i + 1} has no 'name'", source)
-            unknown = set(fd) - {"name", "kind", "low", "high", "values", "unit", "scope"}
+            unknown = set(fd) - {"name", "kind", "low", "high", "values", "unit", "scope", "better", "margin"}
             if unknown:
                 raise InputError(f"feature {fd['name']!r}: unknown keys {sorted(unknown)}", source)
             values = fd.get("values")
@@ -344,6 +366,8 @@ class TwinSpec:
                     values=None if values is None else tuple(float(v) for v in values),
                     unit=str(fd.get("unit", "")),
                     scope=fd.get("scope", "agent"),
+                    better=None if fd.get("better") is None else str(fd["better"]),
+                    margin=None if fd.get("margin") is None else float(fd["margin"]),
                 )
             )
         raw_dyn = d.get("dynamics", [])

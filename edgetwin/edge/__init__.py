@@ -9,7 +9,11 @@
 * `edgetwin.edge.registry`: the policy registry (a directory, or NATS KV + Object Store) with
   versions, a scoped pointer, promotion and rollback.
 * `edgetwin.edge.runtime`: `EdgeRuntime`, which serves the registry's policy at a site and rolls
-  back by itself when its KPI watch sees a regression.
+  back by itself when its KPI watch sees a regression (built from one module per concern:
+  `runtime_core`, `runtime_registry`, `runtime_rollback`, `runtime_serving`, `runtime_canary`,
+  `runtime_commands`, `runtime_wire`, `runtime_messages`).
+* `edgetwin.edge.canary_command`: the signed canary commands, outcome reports and status an
+  operator drives a running `edgetwin serve` with (the interface `edgetwin.loop` builds on).
 
 The federation (`edgetwin.federation`) talks over this bus; the emulated system that plays the real
 edge in tests and the demo is driven through this package by `edgetwin.loop.fleet`; it is never

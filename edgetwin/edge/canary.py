@@ -15,12 +15,13 @@ its arm for the whole canary, so the rows of the two arms are a randomized trial
 
 **Durability.** Every reported tick is written to a spool segment (Parquet, in the runtime's cache
 directory) *before* `canary_report` returns, and only then shipped: over a bus as a durable
-``canary_log`` message (JetStream on NATS; de-duplicated by its id ``<canary>-<seq>`` when a
+``canary_log`` message (JetStream on NATS; de-duplicated by its id ``<run>-<seq>-<digest>`` when a
 retry re-sends it), a segment marked shipped once the bus acknowledged it. If the link fails, the
 canary stops at once (``link``: nobody can watch it) and the slice returns to the current policy;
 the unshipped segments are re-sent when the bus works again, or by the next runtime started on the
 same cache directory (``runtime``: a runtime that died mid-canary restarts on the current policy;
-the canary is never resumed). So a canary killed mid-way loses no row it reported.
+a canary started from Python is never resumed; one started by a signed command is, see below). So a canary killed
+mid-way loses no row it reported.
 
 The cloud side reads the log with `CanaryLogCollector` (a durable subscription on
 ``edgetwin.canary.log.>``), which keeps each segment once, attributed to the site of its
@@ -326,9 +327,10 @@ def _margin(m: Any, spec: Any) -> KPIMargin:
     if not isinstance(kpi, str):
         raise InputError(f"a canary plan's margin must name a KPI, got {m!r}", where="canary plan")
     hib = getattr(m, "higher_is_better", None)
-    if hib is None:
+    if hib is None:  # the spec's declared direction of the column, else its reward weight's sign
+        declared = next((f.better for f in getattr(spec, "features", ()) if f.name == kpi), None)
         weights = getattr(spec, "reward_weights", None) or {}
-        hib = float(weights.get(kpi, 0.0)) > 0
+        hib = declared == "higher" if declared is not None else float(weights.get(kpi, 0.0)) > 0
     return KPIMargin(kpi, higher_is_better=bool(hib), max_regression=float(m.max_regression),
                      min_delta=float(getattr(m, "min_delta", 0.0)))  # fmt: skip
 
@@ -614,10 +616,14 @@ def segment_envelope(site: str, run_id: str, seg: Path, sender: str) -> Envelope
     re-send a duplicate; it names the site: a command-started run has one id on every site, and
     JetStream would drop another site's segment of the same ``seq`` as a duplicate)."""
     seq = int(seg.stem.split("-")[1])
-    data = np.frombuffer(seg.read_bytes(), dtype=np.uint8)
+    raw = seg.read_bytes()
+    data = np.frombuffer(raw, dtype=np.uint8)
+    # <run>-<seq>, then the segment's digest: a re-send of the same spooled bytes is a duplicate
+    # JetStream stores once, while a forgery published first under the same run and seq (other
+    # bytes) gets another id and cannot make JetStream drop the real segment
     return Envelope(
         kind="canary_log", sender=sender, payload={"site": site, "canary": run_id, "seq": seq},
-        tensors={"parquet": data}, msg_id=f"{run_id}-{site}-{seq}",
+        tensors={"parquet": data}, msg_id=f"{run_id}-{site}-{seq}-{hashlib.sha256(raw).hexdigest()[:16]}",
     )  # fmt: skip
 
 
@@ -636,7 +642,7 @@ class CanaryLogCollector:
     delivered; `log` assembles a canary run's rows in order (``run_id``: `CanaryResult.run_id`).
     """
 
-    def __init__(self, keyring: Any = None, max_rows: int = 1_000_000, max_bytes: int = 512 * 1024 * 1024) -> None:
+    def __init__(self, keyring: Any = None, max_rows: int = 1_000_000, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.segments: dict[tuple[str, str], dict[int, pd.DataFrame]] = {}
         self.duplicates = 0
         self.refused: dict[str, int] = {}

@@ -125,7 +125,7 @@ PHASES = ("idle", "pre", "running", "stopped")
 
 #: bounds of one outcome report (rows, decoded bytes): a report is one tick of one site
 MAX_OUTCOME_ROWS = 200_000
-MAX_OUTCOME_BYTES = 256 * 1024 * 1024
+MAX_OUTCOME_BYTES = 64 * 1024 * 1024
 
 
 # ------------------------------------------------------------------------------------- subjects
@@ -461,7 +461,9 @@ register_kind(KIND_OUTCOME, KindSchema(required={"site": str, "t": int}, optiona
 def outcome_envelope(site: str, t: int, rows: pd.DataFrame, sender: str, run: str = "") -> Envelope:
     """One tick's outcome rows of ``site`` as a ``canary_outcome`` message (durable on
     `outcome_subject`); rows need ``agent`` and the guarded ``kpi.*`` columns, ``t`` is set to the
-    tick. Its id ``outcome-<site>-<t>`` makes a re-sent report a duplicate."""
+    tick. Its id ``outcome-<site>-<t>-<random>`` makes a retried publish of this envelope a duplicate
+    JetStream stores once, and cannot be guessed: a forger who publishes first under a predictable
+    id would make JetStream drop the real report. The runtime joins each tick once anyway."""
     if "agent" not in rows.columns:
         raise InputError("outcome rows need an 'agent' column (the service group)", where="canary outcome")
     df = rows.reset_index(drop=True).copy()
@@ -473,7 +475,7 @@ def outcome_envelope(site: str, t: int, rows: pd.DataFrame, sender: str, run: st
         payload["run"] = run
     return Envelope(kind=KIND_OUTCOME, sender=sender, payload=payload,
                     tensors={"parquet": np.frombuffer(buf.getvalue(), dtype=np.uint8)},
-                    msg_id=f"outcome-{site}-{int(t)}")  # fmt: skip
+                    msg_id=f"outcome-{site}-{int(t)}-{uuid.uuid4().hex[:12]}")  # fmt: skip
 
 
 def outcome_rows(env: Envelope, max_rows: int = MAX_OUTCOME_ROWS, max_bytes: int = MAX_OUTCOME_BYTES) -> pd.DataFrame:

@@ -112,6 +112,23 @@ KPI_FEATURES: tuple[tuple[str, str, float, float, str], ...] = (
 )
 
 
+#: What the operator of the emulated cluster wants of each outcome, and the relative worsening it
+#: accepts (the spec's ``better`` / ``margin``: the gate, the canary's guard and its verdict guard
+#: each, whether or not the training reward weighs it). The source papers' objectives are the
+#: reference: seed 001's weighted reward (revenue up, latency and SLO violations down), seed 002's
+#: energy- and carbon-aware scheduling, seed 003's cost-aware offloading. Revenue is the operator's
+#: income: 2 % is the most it gives up for anything else; SLO violations, task time, energy and carbon
+#: at 5 %, the gate's default margin. Utilisation, reservations and edge CPU are means to these ends,
+#: not goals: no direction.
+KPI_GOALS: dict[str, tuple[str, float]] = {
+    "kpi.revenue": ("higher", 0.02),
+    "kpi.slo_violation": ("lower", 0.05),
+    "kpi.task_time_ms": ("lower", 0.05),
+    "kpi.energy_j": ("lower", 0.05),
+    "kpi.carbon_g": ("lower", 0.05),
+}
+
+
 #: Columns that are one value per home edge site and tick: what the operator logs per site.
 SITE_SCOPED: frozenset[str] = frozenset(
     {"profile.site_vcpu"}
@@ -294,7 +311,9 @@ def _features(role: str, table: Sequence[tuple[str, str, float, float, str]], sc
             values = tuple(float(v) for v in np.arange(low, high + 1))
         full = f"{role}.{name}"
         scope = "site" if scoped and full in SITE_SCOPED else "agent"
-        feats.append(Feature(name=full, kind=kind, low=low, high=high, values=values, unit=unit, scope=scope))  # type: ignore[arg-type]
+        better, margin = KPI_GOALS.get(full, (None, None))
+        feats.append(Feature(name=full, kind=kind, low=low, high=high, values=values, unit=unit, scope=scope,  # type: ignore[arg-type]
+                             better=better, margin=margin))  # fmt: skip
     return feats
 
 

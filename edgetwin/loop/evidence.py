@@ -254,7 +254,7 @@ def judge_canary(
     if ran < 1:
         raise InputError(f"the canary log has no tick after its {pre_ticks} pre-ticks", "--canary-log")
     est = canary_verdict(twin, fleet_log, canary_log, plan, candidate, current, candidate_version=candidate_version,
-                         guards=list(plan.margins), better=better, pre_ticks=pre_ticks, ticks=ran, seed=seed)  # fmt: skip
+                         better=better, pre_ticks=pre_ticks, ticks=ran, seed=seed)  # fmt: skip
     verdict, checks = ppi_verdict(est, list(plan.margins), better)
     reason = "; ".join(
         f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "

@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
+from edgetwin.loop.ppi import LEVEL
 from edgetwin.loop.verdict import canary_verdict
 
 
@@ -156,6 +157,10 @@ def canary_loop(
     from edgetwin.loop.ppi import combine_estimates, ppi_verdict
     from edgetwin.policies.gate import run_gate
 
+    # every round looks at the pooled evidence once: with up to ``max_rounds`` looks, each is taken at
+    # 1 − α / max_rounds (Bonferroni alpha spending), so that the loop's verdict holds at LEVEL overall
+    # however many rounds it ran and wherever it stopped
+    look_level = 1.0 - (1.0 - LEVEL) / max(1, max_rounds)
     if decision is None:
         decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
                             episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
@@ -196,17 +201,20 @@ def canary_loop(
             checks: list[dict[str, Any]] = []
         else:
             est = canary_verdict(twin, fleet_log, res.log, plan, candidate_spec, baseline_spec,
-                                 candidate_version="candidate", guards=col_guards, better=better,
+                                 candidate_version="candidate", better=better,
                                  pre_ticks=cfg.pre_ticks, ticks=ran, seed=seed, members=members,
-                                 fleet_rows=res.fleet_log if fleet_control else None)  # fmt: skip
+                                 fleet_rows=res.fleet_log if fleet_control else None,
+                                 level=look_level)  # fmt: skip
             per_round.append(est)
-            pooled = {k: combine_estimates([pr[k] for pr in per_round]) for k in est}
+            pooled = {k: combine_estimates([pr[k] for pr in per_round], level=look_level) for k in est}
             verdict, ests = ppi_verdict(pooled, col_guards, better)
             checks = [e.to_dict() for e in ests]
-            reason = "; ".join(
+            reason = f"{100 * look_level:.1f}% intervals (one of up to {max_rounds} looks; {100 * LEVEL:.0f}% overall): " + "; ".join(
                 f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
                 f"{100 * e.allowed_change:g}% ({e.verdict})" for e in ests
             )
+            if verdict == "abstain":
+                reason += "; " + rounds_to_decide(ests, len(per_round))
         loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, better, cfg.ticks)
         rounds.append(LoopRound(r, plan.to_dict(), res.stop_reason, len(res.log), len(c_rows), est, verdict, checks,
                                 loss, over))  # fmt: skip
@@ -220,6 +228,30 @@ def canary_loop(
         decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
                             episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
     return LoopResult(verdict, reason, gate, rounds, twin)
+
+
+def rounds_to_decide(estimates: Sequence[Any], rounds_so_far: int) -> str:
+    """What evidence is missing, said as canary rounds (days) of the same size: an interval's
+    half-width shrinks as ``1/sqrt(rounds)``, so a straddling KPI whose point estimate held would be
+    decided after ``rounds_so_far · (half-width / distance to its margin)²`` rounds. A projection,
+    not a promise: the point estimate moves as the evidence grows."""
+    need = []
+    for e in estimates:
+        if e.verdict != "straddle":
+            continue
+        lo, hi = e.worsening_interval
+        mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
+        gap = abs(mid - e.allowed_change)
+        if gap <= 1e-12 or not math.isfinite(half):
+            need.append((math.inf, e.kpi))
+            continue
+        need.append((max(0.0, rounds_so_far * (half / gap) ** 2 - rounds_so_far), e.kpi))
+    if not need:
+        return "undecided"
+    more, kpi = max(need)
+    if not math.isfinite(more):
+        return f"undecided: {kpi}'s estimate sits on its margin; no number of rounds of this size is projected to decide it"
+    return f"undecided: run about {math.ceil(more)} more canary day(s) of this size to decide {kpi} (if its point estimate holds)"
 
 
 def balanced(plan: Any, tries: int = 10_000) -> Any:
@@ -324,4 +356,4 @@ def promote_after_canary(
     return version
 
 
-__all__ = ["LoopResult", "LoopRound", "balanced", "canary_loop", "promote_after_canary"]
+__all__ = ["LoopResult", "LoopRound", "balanced", "canary_loop", "promote_after_canary", "rounds_to_decide"]

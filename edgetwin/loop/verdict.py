@@ -59,13 +59,13 @@ def canary_verdict(
     baseline: Any,
     *,
     candidate_version: str,
-    guards: Sequence[Any],
     better: dict[str, str],
     pre_ticks: int = 4,
     ticks: int | None = None,
     seed: int = 0,
     members: Sequence[int] | None = None,
     fleet_rows: pd.DataFrame | None = None,
+    level: float = 0.90,
 ) -> dict[str, dict[str, float]]:
     """One round's PPI estimates per guarded KPI column (`edgetwin.loop.ppi.ppi_estimates`).
 
@@ -108,5 +108,5 @@ def canary_verdict(
         for m in (members if members is not None else range(twin.n_members))
     ]  # fmt: skip
     preds = sum(per_member[1:], per_member[0]) / len(per_member)
-    return ppi_estimates(preds, measured, {c: better[c] for c in cols}, "candidate", "baseline", canary="canary",
-                         member_predictions=per_member)  # fmt: skip
+    return ppi_estimates(preds, measured, {c: better[c] for c in cols}, "candidate", "baseline", level=level,
+                         canary="canary", member_predictions=per_member)  # fmt: skip

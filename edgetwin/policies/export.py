@@ -290,8 +290,13 @@ class LoadedPolicy:
         return np.clip(z, -float(n["clip"]), float(n["clip"]))
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """Deterministic actions ``(N, A)`` (float64, spec units) for raw observations ``(N, O)``."""
-        obs = np.atleast_2d(np.asarray(obs, dtype=np.float64))
+        """Deterministic actions ``(N, A)`` (float64, spec units) for raw observations ``(N, O)``.
+
+        The observations are copied into one C-contiguous layout first: a request whose columns came
+        in another order (reindexed by the decision wire), a Fortran-ordered or a strided array would
+        otherwise reach the network's GEMM with other strides, which BLAS may sum in another order
+        (actions differing in the last bits, 1e-9, on some CPUs). The same values give the same bits."""
+        obs = np.ascontiguousarray(np.atleast_2d(np.asarray(obs, dtype=np.float64)))
         width = len(self.spec.observation_columns)
         if obs.shape[1] != width:
             raise InputError(

@@ -169,7 +169,7 @@ class GuardCheck:
     def abstain_reason(self, max_out_of_support: float) -> str:
         """Why the twin cannot vouch for this check (``straddle`` / ``unsupported`` /
         ``no_evidence`` only)."""
-        if self.verdict == "no_evidence":
+        if self.verdict in ("no_evidence", "underpowered"):
             return f"{self.kpi} under {self.scenario!r}: {self.note}"
         if self.verdict == "unsupported":
             return (
@@ -187,8 +187,32 @@ def level_text(level: float) -> str:
     return f"{100 * level:.0f}%"
 
 
+def parse_level(text: str | float, where: str = "--level") -> float:
+    """``"90%"``, ``"0.9"`` or ``0.9`` -> 0.9; a level must lie strictly between 0 and 1 (exit 2 otherwise)."""
+    raw = str(text).strip()
+    try:
+        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise InputError(f"expected a level such as 90% or 0.9, got {raw!r}", where) from None
+    if not 0.0 < value < 1.0:
+        raise InputError(f"expected a level strictly between 0 and 1 (0% and 100%), got {raw!r}", where)
+    return value
+
+
+def episodes_needed(level: float) -> int:
+    """The fewest independent calibration episodes whose split-conformal quantile attains ``level``
+    (`edgetwin.twin.intervals.attained_level`): 9 for 90 %, 4 for 80 %. Counted, not computed as
+    ``level / (1 - level)``, whose float rounding says 10 for 90 %."""
+    from edgetwin.twin.intervals import attained_level
+
+    n = 1
+    while attained_level(n, level) < level - 1e-12:
+        n += 1
+    return n
+
+
 #: Check verdicts on which the twin cannot vouch (the gate abstains on them)
-UNCERTAIN = ("straddle", "unsupported", "no_evidence")
+UNCERTAIN = ("straddle", "unsupported", "no_evidence", "underpowered")
 
 
 #: Verdicts of the gate and their exit codes (0 ok / 1 failed / 3 abstained).
@@ -215,6 +239,8 @@ class GateDecision:
     refused_out_of_support: list[GuardCheck] = field(default_factory=list)
     verdict: str = "promote"
     max_out_of_support: float = MAX_OUT_OF_SUPPORT
+    #: the level the operator asked for (``--level``; the calibration's by default)
+    level_asked: float = LEVEL
 
     @property
     def exit_code(self) -> int:
@@ -266,8 +292,8 @@ class GateDecision:
             return ""
         n = min((cal.n_independent.get(c.kpi, 0) for c in self.checks), default=0)
         return (
-            f"; {level_text(cal.level)} was asked, but {n} independent calibration episode(s) support at most "
-            f"{level_text(self.level)}; {math.ceil(cal.level / (1 - cal.level))} are needed for {level_text(cal.level)}"
+            f"; at --level {level_text(self.level_asked)} as asked: {n} independent calibration episode(s) support "
+            f"{level_text(self.level)}, {episodes_needed(cal.level)} are needed for {level_text(cal.level)}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,7 +301,7 @@ class GateDecision:
         return {
             "verdict": self.verdict,
             "level": self.level,
-            "level_requested": LEVEL if cal is None else cal.level,
+            "level_requested": self.level_asked,
             "exit_code": self.exit_code,
             "passed": self.passed,
             "candidate": self.candidate,
@@ -308,7 +334,7 @@ def resolve_guards(
     kpis: Sequence[KpiDef], guards: Sequence[Guard] | None, default_margin: float = DEFAULT_MARGIN
 ) -> list[tuple[Guard, KpiDef]]:
     """The guarded KPIs: the given ones (each must have a direction), else every KPI with a
-    direction at ``default_margin``."""
+    direction at its declared margin (the spec's ``margin``), or ``default_margin``."""
     by_name = {k.name: k for k in kpis}
     if guards:
         out = []
@@ -325,7 +351,7 @@ def resolve_guards(
                 )
             out.append((g, k))
         return out
-    out = [(Guard(k.name, default_margin), k) for k in kpis if k.better is not None]
+    out = [(Guard(k.name, default_margin if k.margin is None else k.margin), k) for k in kpis if k.better is not None]
     if not out:
         raise InputError(
             f"nothing to guard: none of the KPIs {sorted(by_name)} has a direction; give --max-regression KPI=FRACTION "
@@ -377,8 +403,15 @@ def decide(
     default_margin: float = DEFAULT_MARGIN,
     refuse_out_of_support: bool = False,
     max_out_of_support: float = MAX_OUT_OF_SUPPORT,
+    level: float | None = None,
 ) -> GateDecision:
     """Check every guarded KPI under every scenario of a what-if run with a baseline and a candidate.
+
+    ``level``: the confidence the operator asks for (default: the calibration's, 90 %). A check
+    whose interval attains less (too few independent calibration episodes behind it,
+    `edgetwin.twin.intervals.attained_level`) decides nothing, whichever side of its margin it lies
+    on: it is ``"underpowered"`` and the gate abstains, naming how many more independent episodes
+    (or a canary) would reach the level. A lower level is used only when asked for.
 
     A KPI *regresses* when the whole calibrated 90 % interval of its relative change is worse than
     ``max_regression + min_delta / |baseline|``; it is *ok* when the whole interval is within it.
@@ -390,6 +423,10 @@ def decide(
         raise ValueError("the gate needs a what-if run with a baseline and a candidate")
     if not 0.0 <= max_out_of_support <= 1.0:
         raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
+    cal = result.calibration
+    asked = float(level) if level is not None else (LEVEL if cal is None else float(cal.level))
+    if not 0.0 < asked < 1.0:
+        raise InputError(f"expected a level in (0, 1), got {asked}", "--level")
     checks = []
     for sc in result.scenarios:
         for g, k in resolve_guards(result.kpis, guards, default_margin):
@@ -405,8 +442,17 @@ def decide(
             note = evidence_problem(result, k.name, c) or ""
             if note and verdict in ("ok", "straddle"):  # a confident regression still refuses
                 verdict = "no_evidence"
-            cal = result.calibration
-            level = LEVEL if cal is None else min(cal.level, cal.attained(k.name))
+            attained = LEVEL if cal is None else min(cal.level, cal.attained(k.name))
+            if attained < asked - 1e-12 and verdict in ("ok", "regress", "straddle"):
+                n = 0 if cal is None else cal.n_independent.get(k.name, len(cal.scores.get(k.name, [])))
+                need = episodes_needed(asked)
+                verdict = "underpowered"
+                note = (
+                    f"{level_text(asked)} was asked, but {n} independent calibration episode(s) support at most "
+                    f"{level_text(attained)}: replay {need - n} more recent independent day(s) (--log; {need} are "
+                    f"needed for {level_text(asked)}), run a canary (edgetwin canary plan), or decide at "
+                    f"--level {math.floor(100 * attained + 1e-9):.0f}% explicitly"
+                )
             checks.append(
                 GuardCheck(
                     scenario=sc.name,
@@ -427,7 +473,7 @@ def decide(
                     worsening_interval=w_int,
                     allowed_change=allowed_change,
                     verdict=verdict,
-                    level=level,
+                    level=attained,
                     note=note,
                 )
             )
@@ -439,7 +485,7 @@ def decide(
     else:
         verdict = "promote"
     return GateDecision(
-        verdict == "promote", checks, result, result.candidate, result.baseline, oos, verdict, max_out_of_support
+        verdict == "promote", checks, result, result.candidate, result.baseline, oos, verdict, max_out_of_support, asked
     )
 
 
@@ -562,6 +608,7 @@ def run_gate(
     max_out_of_support: float = MAX_OUT_OF_SUPPORT,
     calibration: Any = None,
     progress: bool = False,
+    level: float | None = None,
 ) -> GateDecision:
     """Replay ``candidate`` and ``baseline`` in the twin (recent ``log``, nominal + ``scenarios``)
     and check the guarded KPIs; see the module docstring and `decide`. ``episodes`` recorded
@@ -607,7 +654,7 @@ def run_gate(
         progress=progress,
         calibration=calibration,
     )
-    return decide(result, guards, default_margin, refuse_out_of_support, max_out_of_support)
+    return decide(result, guards, default_margin, refuse_out_of_support, max_out_of_support, level)
 
 
 def kpi_metrics(result: WhatIfResult, policy: str, scenario: str = NOMINAL.name) -> dict[str, float]:
@@ -735,6 +782,7 @@ def promote(
     metadata: Mapping[str, Any] | None = None,
     view: Any = None,
     progress: bool = False,
+    level: float | None = None,
 ) -> PromotionResult:
     """Gate ``policy`` against the scope's current version and promote it if nothing regresses.
 
@@ -777,7 +825,7 @@ def promote(
             twin, candidate, baseline, log=log, scenarios=scenarios, guards=guards, default_margin=default_margin,
             kpis=kpis, episodes=episodes, seeds=seeds, seed=seed, members=members, steps=steps, exogenous=exogenous,
             refuse_out_of_support=refuse_out_of_support, max_out_of_support=max_out_of_support,
-            calibration=calibration, progress=progress,
+            calibration=calibration, progress=progress, level=level,
         )  # fmt: skip
 
         files = _write_gate_report(decision, out, candidate.name, against_label, scope, force)

@@ -107,7 +107,7 @@ def mapping_for(
     """The import mapping (as TOML-able data) that reads `write_openmetrics`' families back.
 
     Each column's query is its family's bare name (a plain selector: it works offline too); the
-    spec's feature attributes (kind, bounds, values, unit, scope) are copied, so the import's spec
+    spec's feature attributes (kind, bounds, values, unit, scope, better, margin) are copied, so the import's spec
     skeleton is the spec the log was written with, up to its reward and dynamics.
     """
     keys: dict[str, Any] = {"agent": "agent", "site": "site", "scenario": "scenario", "episode": "day"}
@@ -128,6 +128,10 @@ def mapping_for(
                 entry["unit"] = f.unit
             if f.scope != "agent":
                 entry["scope"] = f.scope
+            if f.better is not None:
+                entry["better"] = f.better
+            if f.margin is not None:
+                entry["margin"] = float(f.margin)
         cols[c] = entry
     out: dict[str, Any] = {"name": name, "keys": keys, "columns": cols}
     if step is not None:

@@ -44,7 +44,7 @@ from edgetwin.contract.spec import REWARD_COLUMN, Feature, TwinSpec, role_of
 VALUE_COLUMNS: tuple[str, ...] = (REWARD_COLUMN, "propensity")
 #: The row keys a mapping says how to read; ``agent`` is required, the others optional.
 KEY_NAMES: tuple[str, ...] = ("agent", "site", "scenario", "policy")
-_FEATURE_KEYS = ("kind", "low", "high", "values", "unit", "scope")
+_FEATURE_KEYS = ("kind", "low", "high", "values", "unit", "scope", "better", "margin")
 _COLUMN_KEYS = ("query", "labels", *_FEATURE_KEYS)
 _TOP_KEYS = ("name", "step", "keys", "columns")
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?$")

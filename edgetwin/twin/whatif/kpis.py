@@ -32,6 +32,8 @@ class KpiDef:
         weight: a column weighting the mean/quantiles, or the denominator of a ratio.
         better: ``"higher"``, ``"lower"`` or None (no direction: reported, never guarded).
         unit: for reports.
+        margin: the relative worsening the operator accepts (the spec's ``margin`` of the column);
+            None: the gate's default margin.
     """
 
     name: str
@@ -40,6 +42,7 @@ class KpiDef:
     weight: str | None = None
     better: str | None = None
     unit: str = ""
+    margin: float | None = None
 
     def __post_init__(self) -> None:
         if self.stat not in STATS:
@@ -95,18 +98,21 @@ def weighted_quantile(x: np.ndarray, w: np.ndarray | None, q: float) -> float:
 def default_kpis(spec: TwinSpec, outputs: Sequence[str]) -> list[KpiDef]:
     """The mean of every output column, plus the return when there is a reward.
 
-    Directions come from the spec's reward weights (a positive weight: higher is better); the
-    reward and return are higher-is-better; other columns have no direction until a KPI file
-    gives one.
+    Directions come from the spec: a column's declared ``better`` (and its ``margin``), else its
+    reward weight (a positive weight: higher is better); the reward and return are
+    higher-is-better; other columns have no direction until a KPI file gives one.
     """
     weights = dict(spec.reward_weights)
     has_reward = bool(spec.reward_weights or spec.reward_function) or REWARD_COLUMN in outputs
     out = []
     for c in outputs:
         w = weights.get(c, 0.0)
+        feat = None if c == REWARD_COLUMN else spec.feature(c)
         better = "higher" if (c == REWARD_COLUMN or w > 0) else ("lower" if w < 0 else None)
-        unit = "" if c == REWARD_COLUMN else spec.feature(c).unit
-        out.append(KpiDef(c, c, "mean", better=better, unit=unit))
+        if feat is not None and feat.better is not None:
+            better = feat.better
+        unit = "" if feat is None else feat.unit
+        out.append(KpiDef(c, c, "mean", better=better, unit=unit, margin=None if feat is None else feat.margin))
     if has_reward:
         if REWARD_COLUMN not in outputs:
             out.append(KpiDef(REWARD_COLUMN, REWARD_COLUMN, "mean", better="higher"))
