@@ -108,16 +108,20 @@ def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(nats_server, tmp
     recent, _ = generate_logs(config, episodes=2, policy="random", seed=12)
     recent_path = write_table(recent, tmp_path / "recent.parquet")
     spec.save(spec_path_for(recent_path))
+
+    def named(name: str) -> Path:  # the gate config naming the policy in the registry
+        (tmp_path / f"{name}.toml").write_text(f'name = "{name}"\n')
+        return tmp_path / f"{name}.toml"
     # the gate with wide margins on two KPIs (the spec's own margins, 2-5 %, are not what a 1,000-step
     # policy is expected to meet): not to be catastrophic; the bad policy below is promoted with the gate overridden
     good = promote_cli(Path(trained.path), nats_server.url, key, Path(twin_dir), recent_path, tmp_path / "gate-good",
                        "--max-regression", "return=100%", "--max-regression", "kpi.slo_violation=100%",
-                       "--name", "trained", "--max-out-of-support", "1", "--json",
+                       "--gate-config", str(named("trained")), "--max-out-of-support", "1", "--json",
                        "--level", "50%")  # one replayed episode supports 50 % (at 90 % the gate abstains)
     assert good.returncode == 0, good.stderr[-2000:]
     bad_dir = export_policy(ConstantPolicy(spec, [0.0, 0.05, 1.0]), tmp_path / "bad", spec)
     refused = promote_cli(bad_dir, nats_server.url, key, Path(twin_dir), recent_path, tmp_path / "gate-bad",
-                          "--name", "bad", "--kpis", str(KPIS), "--max-regression", "return=10%",
+                          "--gate-config", str(named("bad")), "--kpis", str(KPIS), "--max-regression", "return=10%",
                           "--max-out-of-support", "1", "--level", "50%")  # a corner of the box: else the gate abstains (exit 3)
     # the gate refuses a policy that sends all to the cloud at the full price: on the cluster its
     # return is 0.01 against the trained policy's 0.43, in this twin about half the trained one's
@@ -163,7 +167,7 @@ def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(nats_server, tmp
             assert rt.version == good_version
             forced = await asyncio.to_thread(
                 promote_cli, bad_dir, nats_server.url, key, Path(twin_dir), recent_path, tmp_path / "gate-forced",
-                "--name", "bad", "--force",
+                "--gate-config", str(named("bad")), "--force",
             )
             assert forced.returncode == 0, forced.stderr[-2000:]
             bad_version = await reg.current(SCOPE)

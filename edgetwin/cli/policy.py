@@ -434,6 +434,7 @@ class GateConfig:
         members: ensemble members to run, e.g. ``"0,1,2"`` (default: all).
         refuse_out_of_support: refuse (instead of abstaining) when a guarded number rests on states
             outside the logs' support.
+        name: the policy's name in the registry (default: the directory's).
         bucket: the NATS bucket prefix of the registry.
     """
 
@@ -445,6 +446,7 @@ class GateConfig:
     seeds: int = 1
     members: str | None = None
     refuse_out_of_support: bool = False
+    name: str | None = None
     bucket: str = "edgetwin"
 
     def __post_init__(self) -> None:
@@ -510,14 +512,14 @@ def promote_cmd(
     max_out_of_support: Annotated[
         float, typer.Option(help="Abstain when more than this share of a number's agent-steps lie outside the logs' support.")
     ] = 0.25,
-    force: Annotated[bool, typer.Option("--force", help="Promote even if the gate refuses or abstains (recorded in the metadata).")] = False,
     level: Annotated[
-        str | None, typer.Option("--level", help="Decide at this lower level (50% or 0.5) when the held-out episodes "
-                                 "do not support 90% (default: abstain, exit 3, naming what would reach 90%).")
-    ] = None,
+        str, typer.Option("--level", help="Confidence a verdict needs (90% or 0.9): a KPI whose calibration episodes "
+                          "support less abstains (exit 3) saying what would reach it; ask for less only knowingly.")
+    ] = "90%",
+    force: Annotated[bool, typer.Option("--force", help="Promote even if the gate refuses or abstains (recorded in the metadata).")] = False,
     gate_config: Annotated[
         Path | None, typer.Option("--gate-config", help="TOML of the gate's replay knobs (against, scenario, default_margin, "
-                                  "spec, exogenous, seeds, members, refuse_out_of_support, bucket).")
+                                  "spec, exogenous, seeds, members, refuse_out_of_support, name, bucket).")
     ] = None,
     evidence: Annotated[
         Path | None, typer.Option("--evidence", help="A canary's verdict (`edgetwin canary verdict --out`): promote on it "
@@ -528,7 +530,6 @@ def promote_cmd(
                                   "Twin.update -> verdict with the knobs of this TOML (rounds, max_share, max_loss, hours, "
                                   "current, agents, train_log; an empty file: defaults).")
     ] = None,
-    name: Annotated[str | None, typer.Option(help="Policy name in the registry.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for the gate's report.")] = Path("promotion-report"),
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
@@ -555,7 +556,7 @@ def promote_cmd(
     if not 0.0 <= max_out_of_support <= 1.0:
         raise InputError(f"expected a share in [0, 1], got {max_out_of_support}", "--max-out-of-support")
     guards = parse_guards(max_regression or [])
-    asked_level = parse_level(level)
+    asked = parse_level(level)
     if evidence is not None and canary_config is not None:
         raise InputError("--evidence is a canary's verdict already; --canary-config runs one: give one of them", "--evidence")
     canary = EmulatedCanaryConfig.load(canary_config) if canary_config is not None else None
@@ -572,8 +573,8 @@ def promote_cmd(
     if trust:
         check_twin_trust(twin_dir, store)
     base_md = metadata_from_policy_dir(policy) if Path(policy).is_dir() else {}
-    if name:
-        base_md["name"] = name
+    if gc.name:
+        base_md["name"] = gc.name
     if evidence is not None:
         with open_registry(registry, bucket=gc.bucket) as reg:
             _promote_with_evidence(_Promotion(reg, policy, None, None, signer, store, scope, base_md, seed, out_dir,
@@ -588,8 +589,8 @@ def promote_cmd(
                 scenarios=scenarios, guards=guards or None, default_margin=gc.default_margin, kpis=kpi_defs,
                 episodes=episodes, seeds=gc.seeds, seed=seed, members=_members(gc.members), steps=steps,
                 exogenous=list(gc.exogenous), refuse_out_of_support=gc.refuse_out_of_support,
-                max_out_of_support=max_out_of_support, force=force, out_dir=out_dir, name=name, metadata=base_md,
-                progress=not as_json, level=asked_level,
+                max_out_of_support=max_out_of_support, force=force, out_dir=out_dir, name=gc.name, metadata=base_md,
+                progress=not as_json, level=asked,
             )  # fmt: skip
         except GateAbstained as e:
             if canary is None or not hasattr(e, "result"):
