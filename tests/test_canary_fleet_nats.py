@@ -26,6 +26,7 @@ import pandas as pd
 import pytest
 import torch
 
+from edgetwin.contract.margins import KPIMargin
 from edgetwin.edge.bus import make_bus
 from edgetwin.edge.message_auth import write_keys
 from edgetwin.edge.registry import metadata_from_policy_dir, open_registry
@@ -34,7 +35,7 @@ from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
 from edgetwin.emulator.logs import generate_logs
 from edgetwin.loop.commands import fleet_status
 from edgetwin.loop.fleet import edge_routes
-from edgetwin.loop.plan import CanaryPlan, PlanMargin, PlanSlice
+from edgetwin.loop.plan import CanaryPlan, PlanSlice
 from edgetwin.policies.candidates import ConstantPolicy
 from edgetwin.policies.export import export_policy
 from edgetwin.twin.twin import Twin
@@ -112,7 +113,7 @@ def operator(tmp_path_factory: pytest.TempPathFactory) -> Path:
             reg.publish(d / name, {**metadata_from_policy_dir(d / name), "name": name, "version": v}, signer)
         reg.set_current("global", "v1", expected=None)
     agents = tuple(sorted(fleet["agent"].astype(str).unique()))
-    margins = (PlanMargin("kpi.task_time_ms", 0.10, 0.0, False), PlanMargin("kpi.slo_violation", 0.10, 0.0, False))
+    margins = (KPIMargin("kpi.task_time_ms", 0.10, 0.0, False), KPIMargin("kpi.slo_violation", 0.10, 0.0, False))
     plan = CanaryPlan("good", "current", PlanSlice(agents, (), (), 0.5, 0), (CFG.steps - PRE) / 4, margins, [],
                       len(agents), len(agents), 1.0, {}, True, ["the cross-process test"])  # fmt: skip
     (d / "plan.json").write_text(plan.to_json())

@@ -40,7 +40,7 @@ def test_a_forged_segment_naming_another_site_is_refused_and_the_real_one_kept(t
     real = segment_envelope("a", "run1", _segment(tmp_path / "a", real_rows), sender="runtime/a")
     forged = segment_envelope("a", "run1", _segment(tmp_path / "b", fake_rows), sender="runtime/b")  # B names A
     # the forged segment's bus id differs from the real one's (JetStream cannot drop the real one)
-    assert forged.msg_id != real.msg_id and real.msg_id.startswith("run1-1-")
+    assert forged.msg_id != real.msg_id and real.msg_id.startswith("run1-a-1-")
     collector = CanaryLogCollector(keyring=keys.keyring)
 
     async def main() -> None:
