@@ -290,8 +290,14 @@ class LoadedPolicy:
         return np.clip(z, -float(n["clip"]), float(n["clip"]))
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """Deterministic actions ``(N, A)`` (float64, spec units) for raw observations ``(N, O)``."""
-        obs = np.atleast_2d(np.asarray(obs, dtype=np.float64))
+        """Deterministic actions ``(N, A)`` (float64, spec units) for raw observations ``(N, O)``.
+
+        The observations are copied to one C-contiguous float64 array first: the same values give
+        the same bits whatever the caller's memory layout (F-order, a strided view, columns
+        reordered and re-indexed), since a transposed or strided array takes another BLAS path
+        in the network's matrix products, whose last bits differ (issue 46).
+        """
+        obs = np.ascontiguousarray(np.atleast_2d(np.asarray(obs, dtype=np.float64)))
         width = len(self.spec.observation_columns)
         if obs.shape[1] != width:
             raise InputError(
@@ -301,7 +307,7 @@ class LoadedPolicy:
         if self.kind == "heuristic":
             actions = np.asarray(self._impl.act(obs), dtype=np.float64)
         else:
-            x = self.normalise(obs).astype(np.float32)
+            x = np.ascontiguousarray(self.normalise(obs), dtype=np.float32)
             kwargs: dict[str, Any] = {"deterministic": True}
             if self.algorithm == "maskable_ppo" and self.transform.kind == "grid":
                 kwargs["action_masks"] = self.transform.masks(obs, self.shield)
@@ -340,7 +346,7 @@ class _GaussianActor:
         import torch as th
 
         with th.no_grad():
-            h = th.as_tensor(np.array(x, dtype=np.float32))
+            h = th.as_tensor(np.array(x, dtype=np.float32, order="C"))
             for layer in self.layers:
                 h = layer(h) if callable(layer) else th.nn.functional.linear(h, layer[0], layer[1])
         return np.clip(h.numpy().reshape((-1, *self.shape)), self.low, self.high)
