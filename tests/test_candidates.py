@@ -13,8 +13,11 @@ from edgetwin.cli import main
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import generate_logs
 from edgetwin.policies.candidates import (
+    CandidateScore,
     ConstantPolicy,
     best_by_lower_bound,
+    evidence_command,
+    export_note,
     score_policies,
     select_export,
     simple_candidates,
@@ -56,6 +59,12 @@ def test_select_exports_the_best_lower_bound_and_says_when_it_is_not_the_network
     assert sel.chosen == best_by_lower_bound(exportable).name
     if sel.replaced:  # the exported policy is the winner, the network is kept aside and the note says so
         assert "NOT the trained network" in sel.note and Path(sel.trained_path).is_dir()
+        # the printed canary plan command names the kept network, and that path loads as a policy
+        assert sel.evidence_command and sel.evidence_command in sel.note
+        named = sel.evidence_command.split("--policy ")[1].split(" ")[0]
+        assert Path(named) == Path(sel.trained_path)
+        kept = load_policy(named)
+        assert kept.act(np.zeros((2, len(twin.spec.observation_columns)))).shape[0] == 2
         exported = load_policy(tmp_path / "pol")
         obs = np.zeros((3, len(twin.spec.observation_columns)))
         winner = next(s for s in sel.scores if s.name == sel.chosen)
@@ -63,6 +72,39 @@ def test_select_exports_the_best_lower_bound_and_says_when_it_is_not_the_network
         assert np.allclose(exported.act(obs)[0], ConstantPolicy(twin.spec, eval_action(sel.chosen)).act(obs)[0])
     else:
         assert "exported the trained network" in sel.note
+
+
+def _score(name: str, low: float, out: float, trained: bool = False) -> CandidateScore:
+    return CandidateScore(name, low + 1.0, low, low + 2.0, out, trained)
+
+
+@pytest.mark.parametrize("net_low, const_low", [(29.97, 26.43), (26.43, 29.97)])
+def test_export_note_says_the_support_reason_first_and_compares_only_truly(net_low: float, const_low: float) -> None:
+    # issue 46: the network was dropped for being 65 % off the logs' support; the note once led with
+    # "26.43 beats 29.97". Both orderings of the bounds: the reason comes first, the comparison is true.
+    net, const = _score("trained network", net_low, 0.65, trained=True), _score("constant(1)", const_low, 0.02)
+    note = export_note(const, net, 0.25, "/p.trained")
+    reason = note.index("65 % of the trained network's agent-steps are outside the logs' support, over the 25 % rule")
+    assert note.startswith("exported 'constant(1)', NOT the trained network: ") and reason < 60
+    assert "beats" not in note
+    if const_low > net_low:
+        assert f"({const_low:.4g}) is also above the trained network's ({net_low:.4g})" in note
+    else:
+        assert f"trained network's lower bound in the twin ({net_low:.4g}) is above that of 'constant(1)' ({const_low:.4g})" in note
+        assert "is also above" not in note
+
+
+def test_export_note_compares_when_the_comparison_is_the_reason() -> None:
+    net, const = _score("trained network", 10.0, 0.1, trained=True), _score("constant(1)", 12.5, 0.1)
+    note = export_note(const, net, 0.25, "/p.trained")
+    assert "(12.5) beats the trained network's (10)" in note and "support" not in note
+    assert export_note(net, net, 0.25, "/p").startswith("exported the trained network")
+
+
+def test_evidence_command_quotes_paths_and_names_placeholders() -> None:
+    cmd = evidence_command("/tw dir", "/p.trained", None)
+    assert cmd.startswith("edgetwin canary plan '/tw dir' --policy /p.trained --log RECENT_LOG")
+    assert evidence_command(None, "/p.trained", "/l.parquet").startswith("edgetwin canary plan TWIN ")
 
 
 def eval_action(name: str) -> list[float]:

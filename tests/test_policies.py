@@ -32,7 +32,7 @@ from edgetwin.policies.heuristics import (
     UniformRandom,
 )
 from edgetwin.policies.shield import Budget, ShieldConfig, SLOGuard
-from edgetwin.policies.train import SUPPORT_PENALTY, latest_checkpoint, train_policy
+from edgetwin.policies.train import SUPPORT_PENALTY, TrainConfig, latest_checkpoint, train_policy
 from edgetwin.twin.twin import Twin
 
 torch.set_num_threads(1)
@@ -224,6 +224,40 @@ def test_export_load_round_trip_gives_identical_actions(tmp_path: Path, twin: Tw
         load_policy(res.path)
     with pytest.raises(InputError, match="no policy.json"):
         load_policy(tmp_path)
+
+
+def test_actions_do_not_depend_on_the_observations_memory_layout(tmp_path: Path, twin: Twin) -> None:
+    # issue 46: the same observation values in another layout (F-order, a strided view, columns
+    # reordered then re-indexed back) must give the same bits, not the same up to BLAS rounding
+    config = TrainConfig(algo="ppo", steps=256, seed=1, checkpoint_every=0, resume=False, twin_opts=TWIN_OPTS)
+    res = train_policy(twin, config, out=tmp_path / "p")  # the typed config, a field overridden per call
+    pol = load_policy(res.path)
+    c = np.random.default_rng(3).uniform([0.2, 0.0], [2.0, 1.0], size=(64, 2))
+    ref = pol.act(c)
+    f = np.asfortranarray(c)
+    wide = np.zeros((64, 5))
+    wide[:, [3, 1]] = c
+    strided = wide[:, [3, 1]]  # a copy via fancy indexing
+    view = np.lib.stride_tricks.as_strided(wide[:, 1:], shape=(64, 2), strides=(wide.strides[0], 2 * wide.strides[1]))
+    view = view[:, ::-1]  # columns 3 and 1 of ``wide``: a non-contiguous view with a negative stride
+    reindexed = pd.DataFrame(c[:, ::-1], columns=["b", "a"])[["a", "b"]].to_numpy()
+    assert not f.flags.c_contiguous and not view.flags.c_contiguous
+    # the cause, on any CPU: the network is handed one C-contiguous float32 array whatever came in
+    seen: list[bool] = []
+    inner = pol._actor if pol._actor is not None else pol._impl.predict
+
+    def spy(x: np.ndarray, *a: object, **k: object) -> object:
+        seen.append(x.flags.c_contiguous and x.dtype == np.float32)
+        return inner(x, *a, **k)
+
+    if pol._actor is not None:
+        pol._actor = spy  # type: ignore[assignment]
+    else:
+        pol._impl.predict = spy
+    for other in (f, strided, view, reindexed):
+        np.testing.assert_array_equal(other, c)
+        assert np.array_equal(pol.act(other), ref)
+    assert seen == [True] * 4
 
 
 def test_checkpoints_resume(tmp_path: Path, twin: Twin) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from edgetwin.policies.train import default_hyper, minibatch_size
@@ -23,3 +25,26 @@ def test_the_default_minibatch_divides_the_rollout(algo: str) -> None:
 def test_minibatch_size_prefers_the_divisor_nearest_the_target() -> None:
     assert minibatch_size(800) == 100 and minibatch_size(512) == 128 and minibatch_size(96) == 96
     assert minibatch_size(8 * 1009) == 128  # no divisor near 128: the target, and SB3's warning
+
+
+def test_train_config_from_toml_is_typed_and_refuses_code(tmp_path: Path) -> None:
+    from edgetwin.contract.errors import InputError
+    from edgetwin.policies.train import TrainConfig
+
+    f = tmp_path / "train.toml"
+    f.write_text('[train]\nalgo = "a2c"\nsteps = 2048\nseed = 7\n[train.hyper]\nlearning_rate = 0.001\n')
+    c = TrainConfig.from_toml(f)
+    assert (c.algo, c.steps, c.seed, dict(c.hyper or {})) == ("a2c", 2048, 7, {"learning_rate": 0.001})
+    assert c.replace(steps=10).steps == 10 and c.steps == 2048
+    with pytest.raises(TypeError):
+        c.replace(stepz=1)
+    f.write_text('[train]\nshield = "my.module:evil"\n')
+    with pytest.raises(InputError, match="code-only") as e:
+        TrainConfig.from_toml(f)
+    assert e.value.where == str(f)
+    f.write_text('[train]\nsteps = "many"\n')
+    with pytest.raises(InputError, match="train.steps must be int"):
+        TrainConfig.from_toml(f)
+    f.write_text('[train]\nsteps = true\n')
+    with pytest.raises(InputError, match="train.steps must be int"):
+        TrainConfig.from_toml(f)

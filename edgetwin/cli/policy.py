@@ -121,7 +121,7 @@ def policy_train(
         from edgetwin.policies.gate import load_view
 
         sel = select_export(twin, res.path, view=load_view(view) if view is not None else None, log=held, seed=seed,
-                            steps=episode_steps, n_agents=agents, progress=not as_json)  # fmt: skip
+                            steps=episode_steps, n_agents=agents, progress=not as_json, twin_dir=twin_dir, log_path=log)  # fmt: skip
         summary["selection"] = sel.to_dict()
     if as_json:
         emit_json(summary)

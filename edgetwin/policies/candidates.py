@@ -189,6 +189,9 @@ class Selection:
     #: never showed (the note says so)
     unsupported: bool = False
     max_out_of_support: float = 0.25
+    #: the `edgetwin canary plan` command that would get the trained network its evidence
+    #: ("" when the trained network is the export)
+    evidence_command: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -201,9 +204,66 @@ class Selection:
             "note": self.note,
             "unsupported": self.unsupported,
             "max_out_of_support": self.max_out_of_support,
+            "evidence_command": self.evidence_command,
             "interval": self.scores[0].interval_label() if self.scores else "",
             "calibrated": bool(self.scores and self.scores[0].calibrated),
         }
+
+
+def _beats(a: CandidateScore, b: CandidateScore) -> bool:
+    """Whether ``a``'s lower bound is strictly above ``b``'s (a non-finite bound beats nothing)."""
+    return math.isfinite(a.low) and (not math.isfinite(b.low) or a.low > b.low)
+
+
+def export_note(best: CandidateScore, trained: CandidateScore, limit: float, trained_path: str) -> str:
+    """The sentence `select_export` prints: the real reason first, a comparison only when it is true.
+
+    ``best`` is the exported candidate, ``trained`` the trained network's score, ``limit`` the
+    support rule (a share of agent-steps, e.g. 0.25). Why this order: a note that led with "the
+    lower bound 26.43 beats 29.97" when the network was dropped for being 65 % off the logs'
+    support said the opposite of what happened (issue 46).
+    """
+    label = best.interval_label()
+    if best.trained:
+        return f"exported the trained network: the lower bound of its {label} ({best.low:.4g}) is the best"
+    head = f"exported {best.name!r}, NOT the trained network: "
+    tail = f"; the trained network is kept in {trained_path}"
+    off = trained.out_of_support > limit and best.out_of_support <= limit
+    if off:
+        reason = (
+            f"{100 * trained.out_of_support:.0f} % of the trained network's agent-steps are outside the logs' "
+            f"support, over the {100 * limit:.0f} % rule (the gate's), so the twin cannot vouch for it"
+        )
+        if _beats(best, trained):
+            reason += (
+                f"; the lower bound of the {label} of the return of {best.name!r} ({best.low:.4g}) is also above "
+                f"the trained network's ({trained.low:.4g})"
+            )
+        elif _beats(trained, best):
+            reason += (
+                f"; the trained network's lower bound in the twin ({trained.low:.4g}) is above that of {best.name!r} "
+                f"({best.low:.4g}), but that number rests on states the logs never showed"
+            )
+        return head + reason + tail
+    if _beats(best, trained):
+        return (
+            head + f"the lower bound of its {label} of the return ({best.low:.4g}) beats the trained network's "
+            f"({trained.low:.4g})" + tail
+        )
+    return head + f"the lower bounds do not rank them ({best.low:.4g} against the trained network's {trained.low:.4g})" + tail
+
+
+def evidence_command(twin_dir: str | Path | None, trained_path: str | Path, log_path: str | Path | None) -> str:
+    """The `edgetwin canary plan` command that would get the trained network (kept, loadable with
+    `load_policy`, in ``trained_path``) its evidence on a slice of the real system (issue 43 item 8).
+
+    ``TWIN`` and ``RECENT_LOG`` stand in where the directory or the recent log is not known.
+    """
+    import shlex
+
+    twin = shlex.quote(str(twin_dir)) if twin_dir is not None else "TWIN"
+    log = shlex.quote(str(log_path)) if log_path is not None else "RECENT_LOG"
+    return f"edgetwin canary plan {twin} --policy {shlex.quote(str(trained_path))} --log {log} --max-share 10%"
 
 
 def select_export(
@@ -218,6 +278,8 @@ def select_export(
     n_agents: int | None = None,
     progress: bool = False,
     max_out_of_support: float | None = None,
+    twin_dir: str | Path | None = None,
+    log_path: str | Path | None = None,
 ) -> Selection:
     """Score the trained policy in ``policy_dir`` beside `simple_candidates` and keep the best by
     the lower bound of its 90 % interval of the return.
@@ -232,6 +294,10 @@ def select_export(
     agent-steps outside the logs' support is not eligible, since its interval is only as good as
     the twin off its data; when no exportable candidate is within it, the best is exported anyway
     and the note says so loudly (``Selection.unsupported``).
+
+    When the trained network is not exported, the note says why first (`export_note`) and ends with
+    the `edgetwin canary plan` command that would get it evidence from the real system
+    (`evidence_command`; ``twin_dir`` and ``log_path`` fill it in, else it names placeholders).
     """
     from edgetwin.policies.gate import MAX_OUT_OF_SUPPORT
 
@@ -252,25 +318,20 @@ def select_export(
     supported = [s for s in exportable if s.out_of_support <= limit]
     best = best_by_lower_bound(supported or exportable)
     overall = best_by_lower_bound([s for s in scores if s.out_of_support <= limit] or scores)
-    label = best.interval_label()
     trained_path = policy_dir
-    note = f"exported the trained network: the lower bound of its {label} ({best.low:.4g}) is the best"
+    t = next(s for s in scores if s.trained)
+    note = export_note(best, t, limit, str(policy_dir))
     if not best.trained:
         trained_path = policy_dir.with_name(policy_dir.name + ".trained")
         if trained_path.exists():
             shutil.rmtree(trained_path)
         shutil.move(str(policy_dir), str(trained_path))
-        t = next(s for s in scores if s.trained)
         export_policy(
             pols[best.name], policy_dir, twin.spec,
             metadata={"name": best.name, "selected_over": {"trained_network": str(trained_path),
                       "trained_lower_bound": t.low, "chosen_lower_bound": best.low}},
         )  # fmt: skip
-        note = (
-            f"exported {best.name!r}, NOT the trained network: the lower bound of its {label} of the return "
-            f"({best.low:.4g}) beats "
-            f"the trained network's ({t.low:.4g}); the trained network is kept in {trained_path}"
-        )
+        note = export_note(best, t, limit, str(trained_path))
     if overall.name != best.name:
         note += f" ({overall.name!r} scored higher but cannot be exported)"
     skipped = [s.name for s in exportable if s.out_of_support > limit and s.low > best.low]
@@ -285,7 +346,11 @@ def select_export(
             f"{100 * limit:.0f} % of its agent-steps outside it (the gate's rule; {best.name!r}: "
             f"{100 * best.out_of_support:.0f} %), so the twin cannot vouch for any; the gate will abstain on it. "
         ) + note
+    evidence = ""
+    if not best.trained:
+        evidence = evidence_command(twin_dir, trained_path, log_path)
+        note += f"\nto get the trained network its evidence on a slice of the real system: {evidence}"
     return Selection(
         scores, best.name, trained_name, not best.trained, str(policy_dir), str(trained_path), note,
-        unsupported=not supported, max_out_of_support=limit,
+        unsupported=not supported, max_out_of_support=limit, evidence_command=evidence,
     )  # fmt: skip

@@ -306,7 +306,7 @@ class LoadedPolicy:
         if self.kind == "heuristic":
             actions = np.asarray(self._impl.act(obs), dtype=np.float64)
         else:
-            x = self.normalise(obs).astype(np.float32)
+            x = np.ascontiguousarray(self.normalise(obs), dtype=np.float32)
             kwargs: dict[str, Any] = {"deterministic": True}
             if self.algorithm == "maskable_ppo" and self.transform.kind == "grid":
                 kwargs["action_masks"] = self.transform.masks(obs, self.shield)
@@ -345,7 +345,7 @@ class _GaussianActor:
         import torch as th
 
         with th.no_grad():
-            h = th.as_tensor(np.array(x, dtype=np.float32))
+            h = th.as_tensor(np.array(x, dtype=np.float32, order="C"))
             for layer in self.layers:
                 h = layer(h) if callable(layer) else th.nn.functional.linear(h, layer[0], layer[1])
         return np.clip(h.numpy().reshape((-1, *self.shape)), self.low, self.high)

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -407,38 +407,13 @@ def latest_checkpoint(directory: Path) -> tuple[Path, int] | None:
     return path, steps
 
 
-def train_policy(
-    env_or_twin: EnvSource,
-    algo: Algo = "ppo",
-    steps: int = 10_000,
-    seed: int = 0,
-    out: str | Path = "policy",
-    tensorboard_dir: str | Path | None = None,
-    checkpoint_every: int = 10_000,
-    resume: bool = True,
-    action_norm_lambda: float | None = None,
-    early_stop_on: EnvSource | None = None,
-    eval_every: int = 5_000,
-    patience: int = 3,
-    n_envs: int = 4,
-    spec: TwinSpec | None = None,
-    shield: ShieldConfig | None = None,
-    reward: RewardFn | None = None,
-    normalize: bool = True,
-    hyper: Mapping[str, Any] | None = None,
-    policy_kwargs: Mapping[str, Any] | None = None,
-    priority: Any = None,
-    grid_bins: int = 5,
-    twin_opts: Mapping[str, Any] | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    progress: bool = False,
-    verbose: int = 0,
-) -> TrainResult:
-    """Train a platform policy and export it to ``out``.
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything `train_policy` is told besides where it trains: a typed config, as SB3's
+    keyword arguments and RL Zoo's hyperparameter files are, that a user can keep in a TOML
+    beside their logs (`TrainConfig.from_toml`) and override per call.
 
-    Args:
-        env_or_twin: a `Twin` (trained on its one-sub-env-per-agent VecEnv), a VecEnv, a gym env
-            or a factory of gym envs (``n_envs`` copies). Actions are Box in spec units.
+    Attributes:
         algo: ``ppo``, ``a2c``, ``sac``, ``td3``, ``maskable_ppo`` (on a grid of actions with the
             shield's masks), ``recurrent_ppo`` or ``dual_critic_ppo``.
         steps: total environment steps (transitions, summed over sub-envs).
@@ -464,20 +439,109 @@ def train_policy(
         priority: `PriorityScores`: use the priority-weighted softmax of seed 001 eq. 10 (β = 2)
             over a grid of ``grid_bins`` values of the spec's single action column (ppo, a2c,
             maskable_ppo); the scores read the observation after normalisation.
+        twin_opts: options of the twin's VecEnv (``n_agents``, ``steps``, ``disagreement_penalty``).
         metadata: extra metadata to export (``training_data_sha256``, ``metrics``, ...).
         progress: show a progress bar.
+        verbose: SB3's verbosity.
+    """
+
+    algo: Algo = "ppo"
+    steps: int = 10_000
+    seed: int = 0
+    out: str | Path = "policy"
+    tensorboard_dir: str | Path | None = None
+    checkpoint_every: int = 10_000
+    resume: bool = True
+    action_norm_lambda: float | None = None
+    early_stop_on: EnvSource | None = None
+    eval_every: int = 5_000
+    patience: int = 3
+    n_envs: int = 4
+    spec: TwinSpec | None = None
+    shield: ShieldConfig | None = None
+    reward: RewardFn | None = None
+    normalize: bool = True
+    hyper: Mapping[str, Any] | None = None
+    policy_kwargs: Mapping[str, Any] | None = None
+    priority: Any = None
+    grid_bins: int = 5
+    twin_opts: Mapping[str, Any] | None = None
+    metadata: Mapping[str, Any] | None = None
+    progress: bool = False
+    verbose: int = 0
+
+    #: the fields a TOML file may set: plain values and tables (objects such as a shield, a reward
+    #: function or a validation twin are given in code; a config file is data, never code)
+    FROM_FILE: ClassVar[dict[str, tuple[type, ...]]] = {
+        "algo": (str,), "steps": (int,), "seed": (int,), "out": (str,), "tensorboard_dir": (str,),
+        "checkpoint_every": (int,), "resume": (bool,), "action_norm_lambda": (int, float), "eval_every": (int,),
+        "patience": (int,), "n_envs": (int,), "normalize": (bool,), "hyper": (dict,), "policy_kwargs": (dict,),
+        "grid_bins": (int,), "twin_opts": (dict,), "progress": (bool,), "verbose": (int,),
+    }  # fmt: skip
+
+    def replace(self, **overrides: Any) -> TrainConfig:
+        """This config with ``overrides`` (an unknown name is a `TypeError`, as a bad keyword is)."""
+        import dataclasses
+
+        return dataclasses.replace(self, **overrides)
+
+    @classmethod
+    def from_toml(cls, path: str | Path, section: str = "train") -> TrainConfig:
+        """A config from the ``[train]`` table of a TOML file (or the whole file without one).
+
+        Unknown keys and keys that name objects (``shield``, ``reward``, ...) are refused with an
+        `InputError` naming the file and the key.
+        """
+        import tomllib
+
+        path = Path(path)
+        try:
+            doc = tomllib.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise InputError(f"cannot read the training config: {e}", str(path)) from None
+        table = doc.get(section, doc)
+        if not isinstance(table, dict):
+            raise InputError(f"[{section}] must be a table", str(path))
+        bad = sorted(set(table) - set(cls.FROM_FILE))
+        if bad:
+            raise InputError(f"unknown or code-only key(s) {bad}; a file may set {list(cls.FROM_FILE)}", str(path))
+        for key, value in table.items():
+            kinds = cls.FROM_FILE[key]
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                want = " or ".join(k.__name__ for k in kinds)
+                raise InputError(f"{section}.{key} must be {want}, got {value!r}", str(path))
+        return cls(**table)
+
+
+def train_policy(
+    env_or_twin: EnvSource, config: TrainConfig | Algo | None = None, /, **overrides: Any
+) -> TrainResult:
+    """Train a platform policy and export it to ``config.out``.
+
+    Args:
+        env_or_twin: a `Twin` (trained on its one-sub-env-per-agent VecEnv), a VecEnv, a gym env
+            or a factory of gym envs (``n_envs`` copies). Actions are Box in spec units.
+        config: a `TrainConfig`, or just the algorithm's name (the older call
+            ``train_policy(twin, "ppo", steps=...)`` keeps working).
+        overrides: any `TrainConfig` field by name, over ``config``.
 
     Returns:
         A :class:`TrainResult` (the model, the export path, steps done, whether it stopped early).
     """
+    if isinstance(config, str):
+        overrides = {"algo": config, **overrides}
+        config = None
+    c = (config or TrainConfig()).replace(**overrides)
+    algo, steps, seed, hyper, priority, grid_bins = c.algo, c.steps, c.seed, c.hyper, c.priority, c.grid_bins
+    reward, shield, normalize, verbose, n_envs = c.reward, c.shield, c.normalize, c.verbose, c.n_envs
     _check_train_args(algo, steps, priority)
-    spec = spec_of(env_or_twin, spec)
-    out = Path(out)
+    spec = spec_of(env_or_twin, c.spec)
+    out = Path(c.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out / "checkpoints"
     hp = default_hyper(algo, n_envs)
     hp.update(hyper or {})
-    topts, action_norm_lambda = _twin_defaults(env_or_twin, twin_opts, action_norm_lambda)
+    topts, action_norm_lambda = _twin_defaults(env_or_twin, c.twin_opts, c.action_norm_lambda)
     grid = priority is not None
     chain = build_env(
         env_or_twin,
@@ -500,9 +564,9 @@ def train_policy(
         hp = {**default_hyper(algo, n_envs), **(hyper or {})}
 
     cls = _import(ALGORITHMS[algo])
-    policy, pk = _policy_and_kwargs(algo, venv, priority, policy_kwargs, action_norm_lambda, hp)
+    policy, pk = _policy_and_kwargs(algo, venv, priority, c.policy_kwargs, action_norm_lambda, hp)
 
-    found = latest_checkpoint(ckpt_dir) if resume and ckpt_dir.is_dir() else None
+    found = latest_checkpoint(ckpt_dir) if c.resume and ckpt_dir.is_dir() else None
     model = cls(
         policy,
         venv,
@@ -510,27 +574,27 @@ def train_policy(
         device="cpu",
         verbose=verbose,
         policy_kwargs=pk or None,
-        tensorboard_log=None if tensorboard_dir is None else str(tensorboard_dir),
+        tensorboard_log=None if c.tensorboard_dir is None else str(c.tensorboard_dir),
         **hp,
     )
     resumed_from = _resume_from(model, chain, ckpt_dir, found)
-    if tensorboard_dir is None:
+    if c.tensorboard_dir is None:
         model.set_logger(quiet_logger(verbose))
 
     callbacks: list[BaseCallback] = [_AuxLossLogger()]
-    if checkpoint_every > 0:
+    if c.checkpoint_every > 0:
         callbacks.append(
             _DataCheckpoint(
-                save_freq=max(checkpoint_every // venv.num_envs, 1),
+                save_freq=max(c.checkpoint_every // venv.num_envs, 1),
                 save_path=str(ckpt_dir),
                 name_prefix="ckpt",
             )
         )
     eval_cb = None
-    if early_stop_on is not None:
+    if c.early_stop_on is not None:
         eval_cb = _early_stop_callback(
-            early_stop_on, spec, algo, n_envs, seed, shield, normalize, grid_bins, reward, hp, grid, topts,
-            train_envs=venv.num_envs, eval_every=eval_every, patience=patience, out=out, verbose=verbose,
+            c.early_stop_on, spec, algo, n_envs, seed, shield, normalize, grid_bins, reward, hp, grid, topts,
+            train_envs=venv.num_envs, eval_every=c.eval_every, patience=c.patience, out=out, verbose=verbose,
         )  # fmt: skip
         callbacks.append(eval_cb)
 
@@ -541,13 +605,13 @@ def train_policy(
             callback=CallbackList(callbacks),
             reset_num_timesteps=found is None,
             tb_log_name=algo,
-            progress_bar=progress,
+            progress_bar=c.progress,
         )
     trained_steps = int(model.num_timesteps)
     stopped_early = trained_steps < steps
     best = _restore_best(model, eval_cb, out)
 
-    meta = dict(metadata or {})
+    meta = dict(c.metadata or {})
     meta.setdefault("metrics", {})
     meta.update(
         algorithm=algo,
