@@ -90,7 +90,9 @@ def test_default_demo_follows_the_canarys_statistics(tmp_path: Path) -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     says_undecided = "On the embedded\ndefaults (seed 0) it ends **undecided**" in readme
     assert says_undecided == (n["canary"]["verdict"] == "abstain")
-    assert n["offload_improvement_over_random"] > 0.2  # the trained policy offloads more than random
+    # the policy is trained for the operator's multi-objective, not for offload: the summary says what
+    # it gained and gave on every declared KPI, and the CLI prints it in one line
+    assert {"kpi.revenue", "kpi.energy_j", "kpi.carbon_g", "response.offload_ratio"} <= set(n["cluster_change"])
 
 
 def test_cluster_change_reports_every_declared_kpi_with_its_interval_and_margin() -> None:
