@@ -135,9 +135,11 @@ def run_demo(
 
         t0 = _clock()
         log("[7] promotion through the gate to a signed registry, then serving the cluster from an edge runtime")
-        res.numbers.update(_promote_and_serve(twin, recent, Path(trained.path), out, config, seed, log))
-        res.artifacts["registry"] = out / "registry"
-        res.artifacts["promotion_report"] = out / "promotion"
+        res.numbers.update(_promote_and_serve(twin, recent, Path(trained.path), out, config, seed, log,
+                                              res.numbers.get("cluster_change")))  # fmt: skip
+        for name, sub in (("registry", "registry"), ("promotion_report", "promotion")):
+            if (out / sub).exists():  # not when the cluster's own evidence stopped the promotion
+                res.artifacts[name] = out / sub
         _record(res, "promote_and_serve", t0)
 
         if pending is not None:
@@ -409,10 +411,39 @@ def _whatif(
     return Path(paths["html"])
 
 
+def cluster_objection(change: dict[str, dict[str, Any]]) -> tuple[str, str] | None:
+    """Why the cluster's own evidence (`cluster_change`) forbids a promotion, or None.
+
+    ``("refuse", reason)`` when some guarded KPI regressed beyond its margin with its whole interval
+    on the unseen cluster episodes; ``("undecided", reason)`` when some interval reaches past its
+    margin (those episodes cannot rule a regression out); None when every guarded KPI holds."""
+
+    def text(kpi: str, c: dict[str, Any]) -> str:
+        lo, hi = c["interval"]
+        return (f"{kpi} {100 * c['change']:+.1f} % [{100 * lo:+.1f}, {100 * hi:+.1f}] ({c['better']} is better, "
+                f"margin {100 * c['margin']:g} %)")  # fmt: skip
+
+    regressed = [text(k, c) for k, c in change.items() if c["regressed"]]
+    if regressed:
+        return "refuse", "on unseen cluster episodes " + "; ".join(regressed) + " regressed beyond the margin"
+    may = [text(k, c) for k, c in change.items() if c["may_regress"]]
+    if may:
+        return "undecided", "on unseen cluster episodes the interval of " + "; ".join(may) + " reaches past the margin"
+    return None
+
+
 def _promote_and_serve(
-    twin: Any, log_df: Any, policy_dir: Path, out: Path, config: Any, seed: int, log: Callable[[str], None]
+    twin: Any, log_df: Any, policy_dir: Path, out: Path, config: Any, seed: int, log: Callable[[str], None],
+    cluster_evidence: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Gate + signed promotion into a file registry, then an in-process edge runtime serves the cluster."""
+    """Gate + signed promotion into a file registry, then an in-process edge runtime serves the cluster.
+
+    With ``cluster_evidence`` (`cluster_change` on unseen cluster episodes), a policy that regresses a guarded
+    KPI beyond its margin there, or whose interval there reaches past one, is never promoted
+    (`cluster_objection`): the twin's gate still decides, without publishing, and its verdict is
+    recorded beside the cluster's reason, so a twin that would have promoted it shows."""
+    from types import SimpleNamespace
+
     import numpy as np
 
     from edgetwin.contract.errors import GateRefused
@@ -421,12 +452,27 @@ def _promote_and_serve(
     from edgetwin.edge.signing import Signer, TrustStore
     from edgetwin.emulator.cluster import EdgeCluster
     from edgetwin.loop.rounds import promote_after_canary
-    from edgetwin.policies.gate import GateAbstained, promote
+    from edgetwin.policies.gate import GateAbstained, promote, resolve_policy, run_gate
 
+    numbers: dict[str, Any] = {}
+    objection = cluster_objection(cluster_evidence) if cluster_evidence else None
+    if objection is not None:
+        # the twin's gate and, where it abstains, the canary still run and are recorded: they are
+        # what an operator without the emulator would have; nothing is published
+        decision = run_gate(twin, resolve_policy(policy_dir, twin, name="trained"),
+                            resolve_policy("logging", twin, name="logging"), log=log_df, episodes=2, seed=seed)  # fmt: skip
+        numbers["twin_gate"] = {"verdict": decision.verdict, "reason": decision.reason()}
+        log(f"    the twin's gate says {decision.verdict}: {decision.reason()}")
+        if decision.verdict == "abstain":
+            numbers["gate_abstained"] = decision.reason()
+            _canary(twin, policy_dir, config, seed, out, numbers, log, SimpleNamespace(decision=decision))
+        numbers["promoted_version"] = None
+        numbers["cluster_" + ("refused" if objection[0] == "refuse" else "undecided")] = objection[1]
+        log(f"    not promoted ({objection[0]} on the cluster's own evidence): {objection[1]}")
+        return numbers
     registry = FileRegistry(out / "registry")
     signer = Signer.generate()  # a demo key: real deployments keep theirs (edgetwin registry keygen)
     trust = TrustStore([signer.public_key])
-    numbers: dict[str, Any] = {}
     try:
         result = promote(
             policy_dir, registry, twin=twin, log=log_df, signer=signer, trust=trust, scope="global",

@@ -379,6 +379,7 @@ def test_cli_logs_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 def test_reward_weights_choose_what_the_site_optimises() -> None:
     from edgetwin.contract.errors import InputError
+    from edgetwin.emulator.cluster import KPI_NAMES, RESPONSE_NAMES, REWARD_WEIGHTS
 
     def mean_reward(weights: dict[str, float] | None, capacity: float) -> float:
         env = EdgeClusterVecEnv(ClusterConfig(n_agents=8, steps=24, reward_weights=weights), seed=1)
@@ -388,7 +389,9 @@ def test_reward_weights_choose_what_the_site_optimises() -> None:
         for _ in range(24):
             _, r, _, _ = env.step(act)
             k, resp = env.last_info["kpis"], env.last_info["responses"]
-            want = resp[:, 0] - 0.5 * k[:, 1] if weights is None else k[:, 4] - 0.5 * k[:, 1]
+            cols = {**{f"response.{n}": resp[:, i] for i, n in enumerate(RESPONSE_NAMES)},
+                    **{f"kpi.{n}": k[:, i] for i, n in enumerate(KPI_NAMES)}}
+            want = sum(w * cols[c] for c, w in (weights or REWARD_WEIGHTS).items())
             np.testing.assert_allclose(r, want, rtol=1e-6, atol=1e-7)
             total += float(r.mean())
         return total
@@ -417,9 +420,13 @@ def test_the_spec_says_what_the_operator_wants_of_revenue_energy_and_carbon() ->
     assert declared["kpi.energy_j"][0] == declared["kpi.carbon_g"][0] == "lower"
     assert declared["kpi.slo_violation"][0] == declared["kpi.task_time_ms"][0] == "lower"
     assert all(m is not None and 0 < m <= 0.05 for _, m in declared.values()) and declared == KPI_GOALS
-    assert "kpi.revenue" not in spec.reward_weights  # guarded although the reward does not weigh it
     guards = {g.kpi: g.max_regression for g, _ in resolve_guards(default_kpis(spec, spec.names("kpi")), None)}
     assert guards["kpi.revenue"] == 0.02 and guards["kpi.energy_j"] == 0.05 and "kpi.utilisation" not in guards
+    # guarded although a site's reward does not weigh it (seed 003's cost-cap mode)
+    cost = cluster_spec(ClusterConfig(reward_weights={"kpi.utilisation": 1.0, "kpi.slo_violation": -0.5}))
+    assert "kpi.revenue" not in cost.reward_weights
+    guards = {g.kpi: g.max_regression for g, _ in resolve_guards(default_kpis(cost, cost.names("kpi")), None)}
+    assert guards["kpi.revenue"] == 0.02 and guards["kpi.energy_j"] == 0.05
     # the declaration round-trips through the spec's TOML and is checked
     again = TwinSpec.from_dict(spec.to_dict())
     assert {f.name: (f.better, f.margin) for f in again.features if f.better} == declared
@@ -427,3 +434,21 @@ def test_the_spec_says_what_the_operator_wants_of_revenue_energy_and_carbon() ->
     next(f for f in bad["features"] if f["name"] == "kpi.revenue")["better"] = "more"
     with pytest.raises(InputError, match="better"):
         TwinSpec.from_dict(bad)
+
+
+def test_training_reward_is_the_operators_multi_objective() -> None:
+    """Issue 44: what training maximises weighs every KPI the operator declares a goal for, in the
+    declared direction (a positive weight for higher-is-better), so the reward cannot buy one KPI by
+    giving another away for free; the gate reads the same directions from the saved spec."""
+    from edgetwin.emulator.cluster import KPI_GOALS
+    from edgetwin.twin.whatif import default_kpis
+
+    spec = cluster_spec()
+    w = dict(spec.reward_weights)
+    assert set(KPI_GOALS) <= set(w)
+    for col, (better, _margin) in KPI_GOALS.items():
+        assert (w[col] > 0) == (better == "higher"), col
+    outputs = [f.name for f in spec.features if f.role in ("response", "kpi")]
+    directions = {k.name: k.better for k in default_kpis(spec, outputs)}
+    assert directions["kpi.revenue"] == "higher" and directions["response.offload_ratio"] == "higher"
+    assert all(directions[c] == "lower" for c in ("kpi.energy_j", "kpi.carbon_g", "kpi.task_time_ms"))

@@ -80,7 +80,10 @@ async def close_all(*conns: Any) -> None:
 
 def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(nats_server, tmp_path: Path) -> None:
     torch.set_num_threads(1)
-    config = ClusterConfig(n_agents=20, steps=96)
+    # the reward this path's refusal was written against (offload minus SLO violations: the all-cloud,
+    # full-price policy below loses its return), kept when the cluster's default became the operator's
+    # multi-objective (issue 44), under which the same policy's revenue makes up for it
+    config = ClusterConfig(n_agents=20, steps=96, reward_weights={"response.offload_ratio": 1.0, "kpi.slo_violation": -0.5})
     df, spec = generate_logs(config, episodes=2, policy="random", seed=11)
     log_path = write_table(df, tmp_path / "logs.parquet")
     spec.save(spec_path_for(log_path))

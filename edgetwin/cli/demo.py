@@ -63,6 +63,10 @@ def demo(
         out.print(f"promoted {n['promoted_version']}; the edge runtime served {n['served_decisions']:,} decisions")
     elif "gate_refused" in n:
         out.print(f"the promotion gate refused the policy: {n['gate_refused']}")
+    for key, word in (("cluster_refused", "refused"), ("cluster_undecided", "undecided")):
+        if key in n:
+            out.print(f"not promoted ({word} on the cluster's own evidence): {n[key]}; "
+                      f"the twin's gate alone said {n['twin_gate']['verdict']}")  # fmt: skip
     if "whatif_report" in result.artifacts:
         out.print(f"what-if report: {result.artifacts['whatif_report']}")
     out.print(f"summary written to {result.artifacts['summary']}")

@@ -1,0 +1,52 @@
+"""benchmarks/twin_fidelity.py's per-KPI change check (issue 44): coverage, error and findings are
+computed from the rows, and the page's at-a-glance numbers are the JSON's."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def test_kpi_change_rows_cover_a_faithful_twin_and_flag_a_wrong_one() -> None:
+    tf = pytest.importorskip("twin_fidelity")
+    from edgetwin.emulator.cluster import cluster_spec
+
+    better = tf.declared_kpis(cluster_spec())
+    assert better["kpi.revenue"] == "higher" and better["kpi.energy_j"] == better["kpi.carbon_g"] == "lower"
+    rng = np.random.default_rng(0)
+
+    def days(level: float) -> pd.DataFrame:
+        return pd.DataFrame({k: level * (1 + 0.02 * rng.standard_normal(10)) for k in better})
+
+    base, same = days(1.0), days(1.2)
+    data = {"random": {"real": base, "twin": base},
+            "good": {"real": same, "twin": same},  # a twin that simulates the cluster's days exactly
+            "wrong": {"real": days(0.5), "twin": days(1.0)}}  # fmt: skip
+    rows = tf.kpi_change_rows(data, "random", better, n_boot=300)
+    assert len(rows) == 2 * len(better)
+    good = [r for r in rows if r["policy"] == "good"]
+    wrong = [r for r in rows if r["policy"] == "wrong"]
+    assert all(r["covers"] and r["error_points"] < 1e-9 for r in good)
+    assert not any(r["covers"] for r in wrong) and all(r["error_points"] > 40 for r in wrong)
+    summary = tf.kpi_change_summary(rows)
+    assert summary["n"] == len(rows) and summary["coverage"] <= 0.5
+    page = "\n".join(tf.kpi_change_markdown(rows, summary, "random", 10))
+    assert "| wrong | kpi.revenue |" in page and "Missed" in page
+
+
+def test_the_pages_kpi_change_numbers_are_the_jsons() -> None:
+    quick = json.loads((ROOT / "docs/benchmarks/twin_fidelity/quick.json").read_text())["kpi_change"]["summary"]
+    page = (ROOT / "docs/benchmarks/twin_fidelity/README.md").read_text()
+    assert f"Coverage: **{100 * quick['coverage']:.0f} %** of {quick['n']}" in page
+    assert f"median absolute change error **{quick['median_abs_error_points']:.1f} points**" in page
+    glance = (ROOT / "docs/benchmarks/README.md").read_text()
+    assert f"| {100 * quick['coverage']:.0f} % (CP 90 %" in glance
+    assert f"| {quick['median_abs_error_points']:.1f} points" in glance
