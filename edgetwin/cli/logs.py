@@ -211,16 +211,21 @@ def logs_import_prometheus(
     from_file: Annotated[
         Path | None, typer.Option("--from-file", help="An OpenMetrics / text-exposition dump with timestamps instead of a server (queries: plain selectors).")
     ] = None,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per HTTP request.")] = 60.0,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per HTTP request, all of it (connect, headers, body).")] = 60.0,
     retries: Annotated[int, typer.Option("--retries", min=0, help="Extra attempts after a connection error, a timeout, HTTP 429 or 5xx.")] = 3,
     max_points: Annotated[int, typer.Option("--max-points", min=1, max=11000, help="Steps per request (Prometheus answers at most 11,000 points per series).")] = 11000,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=16, help="Queries in flight at once (the server evaluates one while edgetwin reads another).")] = 2,
+    http_config: Annotated[
+        Path | None, typer.Option("--http-config", help="Credentials and TLS (TOML; Prometheus' http_config keys: basic_auth, authorization, bearer_token_file, tls_config).")
+    ] = None,
+    max_answer_mb: Annotated[float, typer.Option("--max-answer-mb", min=0.001, help="The largest answer read per request (MB); a larger one is refused.")] = 256.0,
     min_usable: Annotated[float, typer.Option("--min-usable", help="The log is unusable below this share of usable rows (0..1).")] = 0.5,
     as_json: JsonOpt = False,
 ) -> None:
     """Import a log from Prometheus: run the mapping's queries over [START, END) every STEP, write the
     log and its spec skeleton, and validate it (exit 0 usable, 2 not, or a bad mapping, range or server).
     """
+    from edgetwin.contract.prometheus.auth import HTTPClientConfig
     from edgetwin.contract.prometheus.http import PrometheusHTTP
     from edgetwin.contract.prometheus.importer import import_prometheus
 
@@ -229,12 +234,18 @@ def logs_import_prometheus(
     if (url is None) == (from_file is None):
         raise InputError("give exactly one source: a server (--url) or a dump (--from-file)", "--url")
     out_file_arg(out_path)
+    if http_config is not None and url is None:
+        raise InputError("applies to a server (--url) only", "--http-config")
     client = None
     if url is not None:
+        auth = HTTPClientConfig.load(http_config) if http_config is not None else None
         try:
-            client = PrometheusHTTP(url, timeout=timeout, retries=retries, max_points=max_points)
+            client = PrometheusHTTP(url, timeout=timeout, retries=retries, max_points=max_points, auth=auth,
+                                    max_bytes=int(max_answer_mb * 1024 * 1024))  # fmt: skip
         except ValueError as e:
             raise InputError(str(e), "--url") from None
+        except OSError as e:  # ssl.SSLError included: a PEM file that is not a certificate or key
+            raise InputError(f"cannot load the TLS files ({e})", str(http_config)) from None
     result = import_prometheus(
         mapping, out_path, start=start, end=end, step=step, client=client, from_file=from_file,
         progress=not as_json, min_usable_fraction=min_usable, concurrency=concurrency,

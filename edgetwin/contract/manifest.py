@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.json_bounds import read_json
 
 #: File name of the manifest inside an artifact directory.
 MANIFEST_FILE = "MANIFEST.json"
@@ -46,6 +47,8 @@ MANIFEST_FILE = "MANIFEST.json"
 SIGNATURE_FILE = "SIGNATURE.json"
 #: Format tag; bump when the layout changes (older manifests are then refused, never guessed at).
 MANIFEST_FORMAT = "edgetwin-manifest/1"
+#: The longest manifest read (bytes): ~100 bytes a file; 64 MiB is ~600,000 files.
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 #: The kinds of artifacts that carry a manifest.
 KINDS = ("policy", "twin")
 _HEX64 = frozenset("0123456789abcdef")
@@ -164,7 +167,7 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
             root,
         )
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = read_json(path, max_bytes=MAX_MANIFEST_BYTES)
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ArtifactTampered(f"unreadable manifest ({type(e).__name__}: {e})", path, root) from None
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:

@@ -32,6 +32,7 @@ from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 
+from edgetwin.contract.json_bounds import read_json
 from edgetwin.contract.manifest import MANIFEST_FILE, SIGNATURE_FILE, sha256_file, verify_manifest
 from edgetwin.edge.signing import (
     ArtifactRejected,
@@ -45,6 +46,8 @@ __all__ = ["SIGNATURE_FILE", "SIGNATURE_FORMAT", "is_signed", "sign_directory", 
 
 #: Format tag of ``SIGNATURE.json`` and the first line of its signed payload.
 SIGNATURE_FORMAT = "edgetwin-signature/1"
+#: The longest ``SIGNATURE.json`` read (bytes): a key id, a signature, a digest and small metadata.
+_MAX_SIGNATURE_BYTES = 1024 * 1024
 
 
 def _payload(kind: str, manifest_sha256: str, metadata: Mapping[str, Any]) -> bytes:
@@ -124,7 +127,7 @@ def verify_directory(directory: str | Path, kind: str, trust: TrustStore, *, req
             root,
         )
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = read_json(path, max_bytes=_MAX_SIGNATURE_BYTES)
         if not isinstance(doc, dict) or doc.get("format") != SIGNATURE_FORMAT:
             raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else None!r}, expected {SIGNATURE_FORMAT!r}")
         key, sig_b64, digest, md = doc["key_id"], doc["signature"], doc["manifest_sha256"], doc["metadata"]

@@ -30,10 +30,15 @@ from typing import Any
 
 import numpy as np
 
+from edgetwin.contract.json_bounds import loads_bounded
+
 __all__ = ["NETWORK_FORMAT", "SAFE_CLASSES", "load_network", "network_header", "save_network"]
 
 #: The format a network file's header names; other values are refused.
 NETWORK_FORMAT = "edgetwin-network/1"
+#: The longest header read (bytes of JSON in the safetensors metadata): a network's arguments are a
+#: few hundred bytes; anything near this is not one (`edgetwin.contract.json_bounds`).
+MAX_HEADER_BYTES = 1024 * 1024
 
 
 def _safe_classes() -> dict[str, type]:
@@ -226,7 +231,7 @@ def network_header(path: str | Path) -> dict[str, Any]:
     raw = meta.get("edgetwin")
     if raw is None:
         raise ValueError("no edgetwin header in the safetensors metadata")
-    header = json.loads(raw)
+    header = loads_bounded(raw, max_bytes=MAX_HEADER_BYTES)
     if not isinstance(header, dict) or header.get("format") != NETWORK_FORMAT:
         raise ValueError(f"network format {header.get('format') if isinstance(header, dict) else None!r}, "
                          f"expected {NETWORK_FORMAT!r}")  # fmt: skip
@@ -257,9 +262,54 @@ def load_network(path: str | Path, classes: Mapping[str, type], safe: Mapping[st
     kwargs = _decode(header.get("kwargs") or {}, safe or {})
     if not isinstance(kwargs, dict):
         raise ValueError("network arguments are not an object")
+    _check_shapes(path, kwargs)
     policy = classes[name](lr_schedule=BasePolicy._dummy_schedule, **kwargs)
     try:
         load_model(policy, str(path), strict=True, device="cpu")
     except RuntimeError as e:  # torch's message spans lines: the CLI prints one
         raise ValueError(" ".join(str(e).split())) from None
     return policy
+
+
+
+def _check_shapes(path: str | Path, kwargs: dict[str, Any]) -> None:
+    """Refuse a header that claims a larger network than the file holds weights for, before
+    building it.
+
+    Why: the header's arguments decide how much memory the network takes (``net_arch [12000,
+    12000]`` is 2.7 GB of weights and Adam state), the file's tensors what it holds, and an unsigned
+    artifact can be resealed with any header. Every network here is an SB3 MLP (or an LSTM in front
+    of one): each hidden layer of width ``w`` after one of width ``v`` holds ``v * w`` weights, so
+    the chain ``[observation size, *net_arch]`` (per head for a ``{"pi": .., "vf": ..}`` arch) gives
+    a lower bound of the weights any honest file holds; the file's own count comes from the
+    safetensors index (shapes only, nothing loaded). A network that is built is then never larger
+    than the file that carries its weights, whatever the header says. (Building it on torch's
+    ``meta`` device to compare exact shapes does not work: SB3 moves its layers to the CPU while
+    building them.)
+
+    Raises:
+        ValueError: the header's layers need more weights than the file's tensors hold, or a
+            width that is not a positive integer.
+    """
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        stored = sum(int(np.prod(f.get_slice(k).get_shape(), dtype=np.float64)) for k in f.keys())  # noqa: SIM118 (a safe_open handle is not iterable)
+    space = kwargs.get("observation_space")
+    n_in = int(np.prod(getattr(space, "shape", None) or (1,), dtype=np.float64))
+    arch = kwargs.get("net_arch")
+    heads = list(arch.values()) if isinstance(arch, dict) else [arch] if arch is not None else []
+    claimed = 0.0
+    for widths in heads:
+        if not isinstance(widths, (list, tuple)) or not all(isinstance(w, int) and w > 0 for w in widths):
+            raise ValueError(f"net_arch must list positive integer widths, got {widths!r}")
+        chain = [n_in, *widths]
+        claimed += float(sum(a * b for a, b in zip(chain[:-1], chain[1:], strict=False)))
+    lstm = kwargs.get("lstm_hidden_size")
+    if isinstance(lstm, int) and lstm > 0:
+        claimed += 4.0 * lstm * (n_in + lstm)
+    if claimed > stored:
+        raise ValueError(
+            f"the header's network needs at least {claimed:,.0f} weights, the file holds {stored:,} "
+            "(a header resealed onto other weights); refusing to build it"
+        )

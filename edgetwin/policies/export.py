@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.json_bounds import read_json
 from edgetwin.contract.manifest import MANIFEST_FILE, SIGNATURE_FILE, verify_manifest, write_manifest
 from edgetwin.contract.spec import TwinSpec
 
@@ -55,6 +56,8 @@ OLD_FORMATS = ("edgetwin-policy/1",)
 MODEL_FILE = "model.safetensors"
 #: Files every exported policy has (the manifest must list them).
 _REQUIRED = ("policy.json", "spec.toml")
+#: The longest ``policy.json`` read (bytes): its normaliser statistics are per column, kilobytes.
+_MAX_POLICY_JSON_BYTES = 64 * 1024 * 1024
 
 #: SB3 / sb3-contrib algorithm classes by the name metadata records.
 ALGORITHMS: dict[str, str] = {
@@ -509,8 +512,8 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     manifest = verify_manifest(path, "policy", require=_REQUIRED)
     doc_path = path / "policy.json"
     try:
-        doc = json.loads(doc_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = read_json(doc_path, max_bytes=_MAX_POLICY_JSON_BYTES)
+    except (OSError, ValueError) as e:
         raise InputError(f"policy.json is not valid JSON ({e})", str(doc_path)) from None
     if not isinstance(doc, dict):
         raise InputError("policy.json is not a JSON object", str(doc_path))

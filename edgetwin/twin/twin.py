@@ -33,6 +33,7 @@ import torch as th
 from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.json_bounds import read_json
 from edgetwin.contract.manifest import MANIFEST_FILE, SIGNATURE_FILE, verify_manifest, write_manifest
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import TwinSpec
@@ -70,6 +71,8 @@ log = logging.getLogger(__name__)
 #: 2: every file is data (networks in safetensors, other models npz, metadata JSON / TOML); twins
 #: of format 1 pickled their models and are refused (`Twin.load`).
 FORMAT_VERSION = 2
+#: The longest ``meta.json`` / ``layout.json`` read (bytes); a twin's are kilobytes.
+_MAX_JSON_BYTES = 64 * 1024 * 1024
 RESPONSE_MODELS = ("mail", "bc", "supervised", "causal")
 TRANSITION_MODELS = ("site", "client")
 
@@ -480,7 +483,7 @@ class Twin:
         if not (path / "meta.json").is_file() and not (path / MANIFEST_FILE).is_file():
             raise InputError("not a twin directory (no meta.json / layout.json)", str(path))
         manifest = verify_manifest(path, "twin", require=_TWIN_FILES)
-        meta = _read_sealed(path / "meta.json", lambda p: json.loads(p.read_text()))
+        meta = _read_sealed(path / "meta.json", lambda p: read_json(p, max_bytes=_MAX_JSON_BYTES))
         version = meta.get("format_version") if isinstance(meta, dict) else None
         if version != FORMAT_VERSION:
             raise InputError(
@@ -489,7 +492,7 @@ class Twin:
                 "with `edgetwin fit`",
                 str(path / "meta.json"),
             )
-        layout = _read_sealed(path / "layout.json", lambda p: Layout.from_dict(json.loads(p.read_text())))
+        layout = _read_sealed(path / "layout.json", lambda p: Layout.from_dict(read_json(p, max_bytes=_MAX_JSON_BYTES)))
         spec = _read_sealed(path / "spec.toml", TwinSpec.load)
         if spec.hash() != layout.spec.hash():
             raise InputError("spec.toml is not the spec the twin was fitted with", str(path / "spec.toml"))

@@ -40,6 +40,7 @@ from edgetwin.contract.logs import LOG_SUFFIXES, write_table
 from edgetwin.contract.prometheus.dump import MetricsDump
 from edgetwin.contract.prometheus.grid import Grid, parse_time
 from edgetwin.contract.prometheus.http import (
+    PrometheusAnswerRefused,
     PrometheusHTTP,
     PrometheusQueryError,
     PrometheusUnreachable,
@@ -201,6 +202,8 @@ def import_prometheus(
                 return http.series(cq.query, grid, on_chunk=tick)
             except PrometheusUnreachable as e:
                 raise InputError(f"cannot reach Prometheus: {e}", "--url") from None
+            except PrometheusAnswerRefused as e:
+                raise InputError(f"refused the server's answer to this query: {e}", f"--url, {cq.entry}") from None
             except PrometheusQueryError as e:
                 raise InputError(f"the server rejected the query: {e}", cq.entry) from None
 
