@@ -11,6 +11,7 @@ behind its own ``--web.config.file``: TLS with a test CA and basic auth, as oper
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import json
 import subprocess
@@ -51,10 +52,8 @@ class Hostile:
             def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
                 owner.headers.append(dict(self.headers.items()))
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                try:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     respond(self)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -255,11 +254,12 @@ def test_bad_http_configs_are_named(mapping: Path, tmp_path: Path, text: str, na
 # ------------------------------------------------------------------------------------ a real Prometheus behind TLS and basic auth
 def _test_ca(d: Path) -> tuple[Path, Path, Path]:
     """A CA and a server certificate for 127.0.0.1 signed by it (PEM files: ca, cert, key)."""
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    import ipaddress
 
     now = dt.datetime.now(dt.UTC)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
@@ -362,3 +362,19 @@ def test_import_from_a_real_prometheus_behind_tls_and_basic_auth(secured_prometh
     (tmp_path / "wrong").write_text("guess\n")
     (tmp_path / "wrong.toml").write_text(f'[basic_auth]\nusername = "edgetwin"\npassword_file = "wrong"\n[tls_config]\nca_file = "{ca}"\n')
     assert "HTTP 401" in refused_in_one_line(run("b.parquet", "--http-config", str(tmp_path / "wrong.toml")))
+
+
+def test_the_documented_http_config_reads(tmp_path: Path) -> None:
+    """docs/log-format.md's example, as written there, with its files in place."""
+    from edgetwin.contract.prometheus.auth import HTTPClientConfig
+
+    text = (REPO / "docs" / "log-format.md").read_text()
+    block = text.split("```toml\n# prometheus-http.toml\n", 1)[1].split("```", 1)[0]
+    ca = tmp_path / "ca.pem"
+    _test_ca(tmp_path)
+    (tmp_path / "prometheus.password").write_text("pa55word\n")
+    cfg = tmp_path / "prometheus-http.toml"
+    cfg.write_text(block.replace("/etc/ssl/operator-ca.pem", str(ca)))
+    got = HTTPClientConfig.load(cfg)
+    assert got.headers["Authorization"] == "Basic " + base64.b64encode(b"edgetwin:pa55word").decode()
+    assert got.ca_file == ca and got.ssl_context().verify_mode.name == "CERT_REQUIRED"
