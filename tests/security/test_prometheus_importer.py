@@ -129,7 +129,7 @@ def test_an_endless_body_is_cut_at_the_limit(mapping: Path, tmp_path: Path) -> N
     with Hostile(respond) as srv:
         line = refused_in_one_line(run_import(mapping, tmp_path / "o.parquet", srv.url, "--max-answer-mb", "1"))
         sent = srv.sent
-    assert "more than 1,048,576 bytes" in line or "more than 1,0" in line, line
+    assert "over the 1,048,576 accepted (--max-answer-mb)" in line, line
     assert sent < 64 * len(block), f"the client kept reading: {sent:,} bytes sent"
 
 
