@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -45,6 +45,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import RewardFn, TwinSpec
 from edgetwin.policies.export import ALGORITHMS, ActionTransform, _import, export_policy
+from edgetwin.policies.lagrangian import KPIConstraint, LagrangeMultiplierUpdate, LagrangianReward
 from edgetwin.policies.regularised import (
     ACTION_NORM_LAMBDA,
     RegularisedActorCriticPolicy,
@@ -433,6 +434,10 @@ class TrainConfig:
         spec: the spec (inferred from a twin or the cluster env).
         shield: rules projected onto every action in training and exported with the policy.
         reward: a `RewardFn` over each step's columns replacing the spec's reward (twins only).
+        constraints: `KPIConstraint` s (`edgetwin.policies.lagrangian`; e.g. ``constraints_from_log(spec,
+            log)``: every guarded KPI held within its margin of the logging policy's mean): train the
+            constrained objective by Lagrange multipliers (PPO-Lagrangian; twins only). None: the reward.
+        dual_lr: the multipliers' dual-ascent step per rollout (with ``constraints``).
         normalize: VecNormalize observations and rewards (statistics are exported).
         hyper: algorithm keyword arguments over :func:`default_hyper`.
         policy_kwargs: SB3 ``policy_kwargs``.
@@ -460,6 +465,8 @@ class TrainConfig:
     spec: TwinSpec | None = None
     shield: ShieldConfig | None = None
     reward: RewardFn | None = None
+    constraints: Sequence[KPIConstraint] | None = None
+    dual_lr: float = 0.5
     normalize: bool = True
     hyper: Mapping[str, Any] | None = None
     policy_kwargs: Mapping[str, Any] | None = None
@@ -476,7 +483,7 @@ class TrainConfig:
         "algo": (str,), "steps": (int,), "seed": (int,), "out": (str,), "tensorboard_dir": (str,),
         "checkpoint_every": (int,), "resume": (bool,), "action_norm_lambda": (int, float), "eval_every": (int,),
         "patience": (int,), "n_envs": (int,), "normalize": (bool,), "hyper": (dict,), "policy_kwargs": (dict,),
-        "grid_bins": (int,), "twin_opts": (dict,), "progress": (bool,), "verbose": (int,),
+        "grid_bins": (int,), "twin_opts": (dict,), "progress": (bool,), "verbose": (int,), "dual_lr": (int, float),
     }  # fmt: skip
 
     def replace(self, **overrides: Any) -> TrainConfig:
@@ -543,6 +550,12 @@ def train_policy(
     hp.update(hyper or {})
     topts, action_norm_lambda = _twin_defaults(env_or_twin, c.twin_opts, c.action_norm_lambda)
     grid = priority is not None
+    lagrangian = None
+    if c.constraints:
+        if not _is_twin(env_or_twin):
+            raise InputError("constraints act through the twin's per-step reward: train in a twin", "constraints")
+        lagrangian = LagrangianReward(reward if reward is not None else spec.reward_fn(), c.constraints)
+        reward = lagrangian
     chain = build_env(
         env_or_twin,
         spec,
@@ -582,6 +595,9 @@ def train_policy(
         model.set_logger(quiet_logger(verbose))
 
     callbacks: list[BaseCallback] = [_AuxLossLogger()]
+    duals = None if lagrangian is None else LagrangeMultiplierUpdate(lagrangian, c.dual_lr)
+    if duals is not None:
+        callbacks.append(duals)
     if c.checkpoint_every > 0:
         callbacks.append(
             _DataCheckpoint(
@@ -627,6 +643,12 @@ def train_policy(
     )
     if _is_twin(env_or_twin):
         meta.setdefault("training_data_sha256", env_or_twin.meta.get("data_sha256"))
+    if duals is not None:
+        meta["constraints"] = [
+            {"column": k.column, "limit": k.limit, "higher_is_better": k.higher_is_better, "lambda": float(lam),
+             "last_violation": float(duals.history[-1][0][i]) if duals.history else None}
+            for i, (k, lam) in enumerate(zip(duals.reward.constraints, duals.reward.lambdas, strict=True))
+        ]  # fmt: skip
     export_policy(
         model,
         out,
