@@ -447,7 +447,7 @@ class Simulation:
         own, hp = hit[4], hit[5]
         if rows is not None:
             hp = hp[np.searchsorted(own, rows)]
-        return net.forward(xa, hp, net.site_part(site_x)[sites])
+        return net.forward(xa, hp, net.site_part(site_x), sites)
 
     def _agent_std(self) -> np.ndarray:
         """``(N, Y)`` float32 the acting member's output std of each agent's scenario (`_std`),
