@@ -308,6 +308,10 @@ class FusedTick:
     reward: tuple[np.ndarray, np.ndarray, np.ndarray] | None
     predicted_reward: int | None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The constants only: the kept work arrays and column tables are rebuilt where it lands."""
+        return {k: self.__dict__[k] for k in ("layout", "reward", "predicted_reward")}
+
     @staticmethod
     def of(twin: Any, member: int) -> FusedTick | None:
         """A `FusedTick` for ``twin``'s tick with ``member`` acting, or None where the numpy passes must run."""
@@ -351,7 +355,7 @@ class FusedTick:
         act = np.array(action, dtype=np.float64, order="C")
         n, a = act.shape
         za = np.empty((n, a), np.float32)
-        agent_x = np.empty((n, mzs.shape[1] + a), np.float32)
+        agent_x = self._scratch("agent_x", (n, mzs.shape[1] + a), np.float32)  # (gathered per scenario by the caller)
         _legal_actions(act, _f64(low), _f64(high), sc.low, sc.high, sc.mean, sc.std, _f64(mzs), za, agent_x)
         return act, za, agent_x
 
@@ -365,7 +369,7 @@ class FusedTick:
         n, ny = len(y), sc.width
         slot = self._slot("outputs")
         out = np.empty((n, ny), np.float64)
-        packed = np.empty((n, int(sc.log.sum())), np.float64)
+        packed = self._scratch("packed_outputs", (n, int(sc.log.sum())), np.float64)
         zy = np.empty((n, ny), np.float32)
         zlo, zhi = self._zbounds(sc)
         noisy = noise is not None and std_rows is not None
@@ -397,8 +401,8 @@ class FusedTick:
         n = world.n
         zs = world.zstate()
         a, ny, s = len(lay.action), lay.n_outputs, len(lay.state)
-        cat = np.empty((n, a + ny), np.float64)
-        z_next = np.empty((n, s), np.float64)
+        cat = self._scratch("cat", (n, a + ny), np.float64)
+        z_next = self._scratch("z_next", (n, s), np.float64)
         _next_z(za, zy, zs, y, ny, cat, z_next)
         site_now = world.site_means(cat)
         site_cols = lay.site_state_columns
@@ -406,7 +410,7 @@ class FusedTick:
         sc = lay.scalers["state"]
         slot = self._slot("state")
         nxt = np.empty((n, s), np.float64)
-        packed = np.empty((n, int(sc.log.sum())), np.float64)
+        packed = self._scratch("packed_state", (n, int(sc.log.sum())), np.float64)
         _state_first(z_next, np.asarray(site_cols, np.int64), means, world.site.astype(np.int64, copy=False),
                      sc.mean, sc.std, slot, sc.low, sc.high, nxt, packed)
         if packed.shape[1]:
@@ -427,7 +431,7 @@ class FusedTick:
         sc = lay.scalers["state"]
         n, s = state.shape
         slot = self._slot("state")
-        packed = np.empty((n, int(sc.log.sum())), np.float64)
+        packed = self._scratch("packed_state", (n, int(sc.log.sum())), np.float64)
         state = _f64(state)
         if packed.shape[1]:
             _state_z_first(state, slot, packed)
@@ -438,6 +442,15 @@ class FusedTick:
         return zs, mzs
 
     # ---------------------------------------------------------------- constants
+    def _scratch(self, name: str, shape: tuple[int, int], dtype: Any) -> np.ndarray:
+        """A work array of ``shape`` kept from the last tick of the same size: only for arrays no
+        caller keeps (fresh ones would cost their page faults every tick at 10,000 agents)."""
+        memo: dict[str, np.ndarray] = self.__dict__.setdefault("_scratch_memo", {})
+        hit = memo.get(name)
+        if hit is None or hit.shape != shape or hit.dtype != dtype:
+            hit = memo[name] = np.empty(shape, dtype)
+        return hit
+
     def _slot(self, role: str) -> np.ndarray:
         key = f"slot_{role}"
         hit = self.__dict__.get(key)
