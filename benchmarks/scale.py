@@ -368,6 +368,89 @@ def profile_tick(twin_dir: Path, n: int, ticks: int, top: int = 12) -> list[dict
             for (f, line, name), v in rows]
 
 
+# ------------------------------------------------------------------------------------ 2b. PPO in the twin
+def ppo_rate(twin_dir: Path, n: int, timesteps: int, seed: int = 0) -> dict:
+    """SB3 PPO trained ``timesteps`` environment steps in the twin's `TwinVecEnv` and in the emulated
+    cluster's ``EdgeClusterVecEnv`` (``n`` agents = sub-envs each), alternately in this process, with
+    edgetwin's PPO defaults for ``n`` envs (`default_hyper`) and SB3's MlpPolicy on the CPU, one thread.
+
+    Per env: environment steps per CPU-second of the whole ``learn``, and the CPU time inside the
+    env's ``step_wait`` (the twin's tick, or the cluster's), inside ``PPO.train`` (SB3's update:
+    5 epochs of minibatch gradient steps) and the rest (SB3's rollout collection: the policy's
+    forward pass per tick, the buffer, callbacks). CPU time of this process (`time.process_time`):
+    the clock the shared machine's other jobs do not advance.
+    """
+    from stable_baselines3 import PPO
+
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.envs import EdgeClusterVecEnv
+    from edgetwin.policies.train import default_hyper
+    from edgetwin.twin.envs import TwinVecEnv
+    from edgetwin.twin.twin import Twin
+
+    one_thread()
+    twin = Twin.load(twin_dir)
+    makers = {"twin": lambda: TwinVecEnv(twin, n_agents=n, seed=seed),
+              "emulator": lambda: EdgeClusterVecEnv(ClusterConfig(n_agents=n, steps=twin.layout.horizon), seed=seed)}
+    out: dict = {"agents": n, "timesteps": timesteps, "hyper": default_hyper("ppo", n)}
+    for name, make in makers.items():
+        env = make()
+        env.reset()  # warm-up outside the clock: first calls (numba's cached kernels, torch) and a tick
+        for _ in range(3):
+            env.step(np.stack([env.action_space.sample() for _ in range(env.num_envs)]))
+        spent = {"env": 0.0, "update": 0.0}
+        step_wait = env.step_wait
+
+        def timed_step(step_wait=step_wait, spent=spent):  # type: ignore[no-untyped-def]
+            c = time.process_time()
+            try:
+                return step_wait()
+            finally:
+                spent["env"] += time.process_time() - c
+
+        env.step_wait = timed_step  # type: ignore[method-assign]
+        model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **out["hyper"])
+        train = model.train
+
+        def timed_train(train=train, spent=spent):  # type: ignore[no-untyped-def]
+            c = time.process_time()
+            try:
+                return train()
+            finally:
+                spent["update"] += time.process_time() - c
+
+        model.train = timed_train  # type: ignore[method-assign]
+        c0, t0 = time.process_time(), time.perf_counter()
+        model.learn(total_timesteps=timesteps)
+        cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+        steps = model.num_timesteps
+        out[name] = {"steps": steps, "cpu_s": cpu, "wall_s": wall, "steps_per_cpu_s": steps / cpu,
+                     "env_share": spent["env"] / cpu, "update_share": spent["update"] / cpu,
+                     "other_share": 1.0 - (spent["env"] + spent["update"]) / cpu, "env_cpu_s": spent["env"],
+                     "update_cpu_s": spent["update"]}
+    out["ratio"] = out["twin"]["steps_per_cpu_s"] / out["emulator"]["steps_per_cpu_s"]
+    out["load"] = load()
+    return out
+
+
+def ppo_text(rows: list[dict]) -> str:
+    lines = ["**2b. PPO in the twin** (`python benchmarks/scale.py --ppo --twin DIR`: SB3 PPO, MlpPolicy, CPU, one thread, "
+             "edgetwin's PPO defaults for the env count (`default_hyper`: n_steps = max(8, 512 // agents), ~128-row "
+             "minibatches, 5 epochs), trained in the twin's `TwinVecEnv` and then in the emulated cluster's "
+             "`EdgeClusterVecEnv` in the same process, one sub-env per agent; CPU seconds of the process; *env*: inside "
+             "the env's `step_wait` (the twin's tick or the cluster's), *update*: inside `PPO.train`, *rest*: SB3's "
+             "rollout collection around the env (the policy's forward pass, the buffer)):", "",
+             "| agents | env steps | twin steps/CPU-s | emulator steps/CPU-s | twin / emulator | twin: env / update / rest | "
+             "emulator: env / update / rest | load |", "|---:|---:|---:|---:|---:|---|---|---|"]
+    for r in rows:
+        t, e = r["twin"], r["emulator"]
+        lines.append(f"| {r['agents']:,} | {t['steps']:,} | {t['steps_per_cpu_s']:,.0f} | {e['steps_per_cpu_s']:,.0f} | "
+                     f"{r['ratio']:.2f} | {100 * t['env_share']:.0f} / {100 * t['update_share']:.0f} / "
+                     f"{100 * t['other_share']:.0f} % | {100 * e['env_share']:.0f} / {100 * e['update_share']:.0f} / "
+                     f"{100 * e['other_share']:.0f} % | {r['load']} |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------ report
 def exponent(rows: list[int], secs: list[float]) -> float:
     return float(np.polyfit(np.log(rows), np.log(secs), 1)[0]) if len(rows) > 1 else float("nan")
@@ -454,6 +537,10 @@ def section(res: dict) -> str:
                   f"{res['throughput_twin']}."]
     if res.get("throughput_note"):
         lines += ["", res["throughput_note"]]
+    if res.get("ppo"):
+        lines += ["", ppo_text(res["ppo"])]
+        if res.get("ppo_note"):
+            lines += ["", res["ppo_note"]]
     if res.get("throughput_kpis"):
         lines += ["", kpis_text(res["throughput_kpis"], res.get("throughput_before", "the code before"))]
     for key, agents, ticks in (("profile_tick", "1,000", 40), ("profile_tick_10k", "10,000", 20)):
@@ -651,6 +738,10 @@ def main() -> None:
                     help="part 3 only: fit a 1-member twin on ROWS rows with each --caps value of bc_max_steps and "
                          "score them on held-out days; keeps the rest of results.json")
     ap.add_argument("--caps", default="0,5000", help="--cap-fidelity: bc_max_steps values (0: no cap)")
+    ap.add_argument("--ppo", action="store_true",
+                    help="part 2b only: SB3 PPO's env steps per CPU-second in the twin (--twin DIR) and the emulator, "
+                         "and the share of its time in the env's tick vs its update; keeps the rest of results.json")
+    ap.add_argument("--ppo-steps", type=int, default=40_000, help="--ppo: environment steps per run")
     ap.add_argument("--_fit", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_capfit", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_throughput", default=None, help=argparse.SUPPRESS)
@@ -670,6 +761,18 @@ def main() -> None:
         return
     if args.throughput_only:
         throughput_only(args)
+        return
+    if args.ppo:
+        if args.twin is None:
+            raise SystemExit("--ppo needs --twin DIR (a fitted twin, e.g. the one --throughput-only steps)")
+        rows = [ppo_rate(args.twin, n, args.ppo_steps, args.seed) for n in (100, 1000)]
+        print(json.dumps(rows, indent=1, default=float))
+        print(ppo_text(rows))
+        if not args.no_write:
+            res = json.loads((OUT / "results.json").read_text())
+            res["ppo"] = rows
+            (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
+            _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
         return
     if args.cap_fidelity:
         cf = cap_fidelity(args.cap_fidelity, args.seed, tuple(int(c) for c in args.caps.split(",")))
