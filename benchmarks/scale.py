@@ -333,9 +333,8 @@ def kpis_text(k: dict, before: str) -> str:
     lines = [f"**What changed in the numbers** (`python benchmarks/scale.py --throughput-only --twin DIR --compare-with "
              f"BEFORE`, the same twin; {k['seeds']} seeds, {k['agents']:,} agents, a full-horizon rollout of a random "
              f"policy each, member 0; per seed the mean of each column over the rollout; this code against {before}). "
-             "*mean*: the models' means, no response noise (what the float32 rounding of the split first layer, the "
-             "site means' summation order and the clip in z units change); *stochastic*: with the noise (another "
-             "normal stream: per seed other draws, so compare the means over seeds in standard errors):", "",
+             "*mean*: the models' means, no response noise; *stochastic*: with the noise (where the two codes draw "
+             "another normal stream, compare the means over seeds in standard errors):", "",
              "| column | mode | before | now | now - before | seed sd | (now - before) / se | largest per-seed relative change |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for mode in ("mean", "stochastic"):
@@ -366,6 +365,65 @@ def profile_tick(twin_dir: Path, n: int, ticks: int, top: int = 12) -> list[dict
     rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]  # type: ignore[attr-defined]
     return [{"function": f"{Path(f).name}:{line}({name})", "calls": v[1], "own_s": v[2], "share": v[2] / total}
             for (f, line, name), v in rows]
+
+
+def tick_phases(twin_dir: Path, n: int, ticks: int = 40) -> dict:
+    """CPU milliseconds per tick of a twin's tick at ``n`` agents by phase: each function below is
+    wrapped with a `time.process_time` timer (inclusive times; ~1 us of wrapper per call), the rest
+    of `Simulation.step` is "other". One thread, as the throughput runs; after 10 warm-up ticks."""
+    import edgetwin.twin.simulation as sim_mod
+    from edgetwin.contract.policy import RandomPolicy
+    from edgetwin.imitation.layout import Layout
+    from edgetwin.imitation.world import World
+    from edgetwin.twin.fused import FusedTick
+    from edgetwin.twin.twin import Twin
+
+    one_thread()
+    twin = Twin.load(twin_dir)
+    sim = twin.simulation(n_agents=n, seed=0)
+    pol = RandomPolicy(twin.spec, 0)
+    acts = [pol.act(sim.obs()) for _ in range(ticks + 10)]
+    spent: dict[str, float] = {}
+    phases = {  # (owner, attribute, phase name)
+        "network": (sim_mod.Simulation, "_split_forward"),
+        "noise draws": (sim_mod, "normals"),
+        "fused: actions and agent inputs": (FusedTick, "legal_actions"),
+        "fused: noise, outputs' inverse and z": (FusedTick, "outputs"),
+        "fused: reward": (FusedTick, "reward_of"),
+        "fused: end of tick (all of it)": (FusedTick, "end_tick"),
+        "  of it: declared dynamics (numexpr)": (Layout, "apply_declared"),
+        "  of it: next state's z-values": (FusedTick, "state_z"),
+        "site inputs (site means of z(state), lags)": (World, "client_site_inputs"),
+        "observation": (sim_mod.Simulation, "obs"),
+    }
+    saved = []
+    for name, (owner, attr) in phases.items():
+        fn = getattr(owner, attr)
+        saved.append((owner, attr, fn))
+
+        def timed(*a, _fn=fn, _name=name, **k):  # type: ignore[no-untyped-def]
+            c = time.process_time()
+            try:
+                return _fn(*a, **k)
+            finally:
+                spent[_name] = spent.get(_name, 0.0) + time.process_time() - c
+
+        setattr(owner, attr, timed)
+    try:
+        for a in acts[:10]:
+            sim.step(a, with_disagreement=False)
+        spent.clear()
+        c0 = time.process_time()
+        for a in acts[10:]:
+            sim.step(a, with_disagreement=False)
+        total = time.process_time() - c0
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
+    ms = {k: 1e3 * v / ticks for k, v in spent.items()}
+    top = [k for k in ms if not k.startswith("  ")]
+    ms["other"] = 1e3 * total / ticks - sum(ms[k] for k in top)
+    return {"agents": n, "tick_ms": 1e3 * total / ticks, "phases_ms": ms, "load": load()}
 
 
 # ------------------------------------------------------------------------------------ 2b. PPO in the twin
@@ -537,6 +595,12 @@ def section(res: dict) -> str:
                   f"{res['throughput_twin']}."]
     if res.get("throughput_note"):
         lines += ["", res["throughput_note"]]
+    for ph in res.get("tick_phases", []):
+        lines += ["", f"Where a tick's CPU time goes at {ph['agents']:,} agents (`tick_phases`: timers around each "
+                  f"phase, inclusive, ms per tick; the tick {ph['tick_ms']:.2f} ms; load {ph['load']}):", "",
+                  "| phase | ms per tick | share |", "|---|---:|---:|"]
+        for k, v in ph["phases_ms"].items():
+            lines.append(f"| {k} | {v:.3f} | {100 * v / ph['tick_ms']:.0f} % |")
     if res.get("ppo"):
         lines += ["", ppo_text(res["ppo"])]
         if res.get("ppo_note"):
@@ -697,6 +761,7 @@ def throughput_only(args: argparse.Namespace) -> None:
         twin_desc = (f"the quick twin (2 members, 2 MAIL rounds, 5 BC epochs, 300 GAN steps) fitted serially on "
                      f"{rec['rows']:,} rows of emulated-cluster logs, seed {args.seed}")
     tp = throughput_compared(twin_dir, (1000, 10_000), 40, args.compare_with)
+    phases = [tick_phases(twin_dir, n) for n in (1000, 10_000)]
     prof = profile_tick(twin_dir, 1000, 40)
     prof_10k = profile_tick(twin_dir, 10_000, 20)
     res = json.loads((OUT / "results.json").read_text()) if (OUT / "results.json").is_file() else {}
@@ -704,7 +769,7 @@ def throughput_only(args: argparse.Namespace) -> None:
         res["throughput_kpis"] = kpis_compared(twin_dir, args.compare_with)
     else:
         res.pop("throughput_kpis", None)
-    res.update(throughput=tp, profile_tick=prof, profile_tick_10k=prof_10k, throughput_twin=twin_desc,
+    res.update(throughput=tp, tick_phases=phases, profile_tick=prof, profile_tick_10k=prof_10k, throughput_twin=twin_desc,
                throughput_command="python benchmarks/scale.py --throughput-only"
                + (" --twin DIR" if args.twin is not None else "")
                + (" --compare-with BEFORE" if args.compare_with else ""))
