@@ -509,6 +509,44 @@ def ppo_text(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------ 4. the causal fit
+def causal_profile(agents: int, days: int, seed: int = 0) -> dict:
+    """The causal response model's fit against MAIL-MMSG's on the same multi-policy log (the causal-twin
+    benchmark's log ``c1``: the SLO-aware heuristic + 10 % noise for ``days`` days, then a day on which
+    10 % of the service groups are randomized into two arms; ``agents`` service groups x 96 ticks),
+    2 members each, serially, the empirical population model (the same for both, left out), in this
+    process one after the other: CPU seconds of each fit and, from a cProfile of each, the cumulative
+    time and calls of the functions where a fit's time goes."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from causal_twin import cluster_spec, log_regimes
+
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.twin.twin import Twin
+
+    torch.set_num_threads(1)
+    cfg = ClusterConfig(n_agents=agents, steps=96)
+    spec = cluster_spec(cfg)
+    train, _ = generate_logs(cfg, regimes=log_regimes("c1", spec, seed, days), seed=seed)
+    out: dict = {"rows": len(train), "agents": agents, "days": days, "members": 2}
+    watched = ("select_invariance", "_train", "fit_mail", "behaviour_clone", "build_steps", "fit_engines", "_fit_member")
+    for model in ("causal", "mail"):
+        prof = cProfile.Profile()
+        c, t = time.process_time(), time.perf_counter()
+        prof.enable()
+        Twin.fit(train, spec, seed=seed, members=2, progress=False, response_model=model,
+                 population_model="empirical", workers=1)
+        prof.disable()
+        st = pstats.Stats(prof, stream=io.StringIO()).stats  # type: ignore[attr-defined]
+        cum = {f"{Path(f).name}:{name}": {"calls": v[1], "cum_s": v[3]} for (f, _, name), v in st.items() if name in watched}
+        out[model] = {"cpu_s": time.process_time() - c, "wall_s": time.perf_counter() - t, "functions": cum}
+    out["ratio_cpu"] = out["causal"]["cpu_s"] / out["mail"]["cpu_s"]
+    out["load"] = load()
+    return out
+
+
 # ------------------------------------------------------------------------------------ report
 def exponent(rows: list[int], secs: list[float]) -> float:
     return float(np.polyfit(np.log(rows), np.log(secs), 1)[0]) if len(rows) > 1 else float("nan")
@@ -605,6 +643,18 @@ def section(res: dict) -> str:
         lines += ["", ppo_text(res["ppo"])]
         if res.get("ppo_note"):
             lines += ["", res["ppo_note"]]
+    cf = res.get("causal_fit")
+    if cf:
+        lines += ["", f"**4. The causal fit against MAIL-MMSG** (`python benchmarks/scale.py --causal-profile {cf['agents']},{cf['days']}`: "
+                  f"the causal-twin benchmark's log c1, {cf['rows']:,} rows, 3 logged policies, {cf['members']} members each, serially, "
+                  f"the empirical population model; load {cf['load']}): causal {cf['causal']['cpu_s']:.0f} CPU-s, MAIL-MMSG "
+                  f"{cf['mail']['cpu_s']:.0f} CPU-s: **{cf['ratio_cpu']:.2f}x** (target 1.5x).", "",
+                  "| fit | function | calls | cumulative CPU s (cProfile) |", "|---|---|---:|---:|"]
+        for model in ("causal", "mail"):
+            for fn, v in sorted(cf[model]["functions"].items(), key=lambda kv: -kv[1]["cum_s"]):
+                lines.append(f"| {model} | `{fn}` | {v['calls']} | {v['cum_s']:.1f} |")
+        if res.get("causal_note"):
+            lines += ["", res["causal_note"]]
     if res.get("throughput_kpis"):
         lines += ["", kpis_text(res["throughput_kpis"], res.get("throughput_before", "the code before"))]
     for key, agents, ticks in (("profile_tick", "1,000", 40), ("profile_tick_10k", "10,000", 20)):
@@ -807,6 +857,9 @@ def main() -> None:
                     help="part 2b only: SB3 PPO's env steps per CPU-second in the twin (--twin DIR) and the emulator, "
                          "and the share of its time in the env's tick vs its update; keeps the rest of results.json")
     ap.add_argument("--ppo-steps", type=int, default=40_000, help="--ppo: environment steps per run")
+    ap.add_argument("--causal-profile", default=None, metavar="AGENTS,DAYS",
+                    help="part 4 only: the causal fit's CPU time against MAIL-MMSG's on the same multi-policy log "
+                         "(AGENTS service groups, DAYS production days + 1 randomized day) and where it goes")
     ap.add_argument("--_fit", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_capfit", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_throughput", default=None, help=argparse.SUPPRESS)
@@ -826,6 +879,16 @@ def main() -> None:
         return
     if args.throughput_only:
         throughput_only(args)
+        return
+    if args.causal_profile:
+        agents, days = (int(v) for v in args.causal_profile.split(","))
+        cp = causal_profile(agents, days, args.seed)
+        print(json.dumps(cp, indent=1, default=float))
+        if not args.no_write:
+            res = json.loads((OUT / "results.json").read_text())
+            res["causal_fit"] = cp
+            (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
+            _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
         return
     if args.ppo:
         if args.twin is None:
