@@ -355,6 +355,8 @@ def profile_tick(twin_dir: Path, n: int, ticks: int, top: int = 12) -> list[dict
     sim = twin.simulation(n_agents=n, seed=0)
     pol = RandomPolicy(twin.spec, 0)
     acts = [pol.act(sim.obs()) for _ in range(ticks)]
+    for a in acts[:5]:  # warm-up outside the profile: the first calls load numba's cached kernels
+        sim.step(a, with_disagreement=False)
     prof = cProfile.Profile()
     prof.enable()
     for a in acts:
@@ -365,6 +367,19 @@ def profile_tick(twin_dir: Path, n: int, ticks: int, top: int = 12) -> list[dict
     rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]  # type: ignore[attr-defined]
     return [{"function": f"{Path(f).name}:{line}({name})", "calls": v[1], "own_s": v[2], "share": v[2] / total}
             for (f, line, name), v in rows]
+
+
+def _timed(fn, spent: dict[str, float], key: str):  # type: ignore[no-untyped-def]
+    """``fn`` wrapped to add its CPU seconds (`time.process_time`) to ``spent[key]`` per call."""
+
+    def timed(*a, **k):  # type: ignore[no-untyped-def]
+        c = time.process_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent[key] = spent.get(key, 0.0) + time.process_time() - c
+
+    return timed
 
 
 def tick_phases(twin_dir: Path, n: int, ticks: int = 40) -> dict:
@@ -400,15 +415,7 @@ def tick_phases(twin_dir: Path, n: int, ticks: int = 40) -> dict:
     for name, (owner, attr) in phases.items():
         fn = getattr(owner, attr)
         saved.append((owner, attr, fn))
-
-        def timed(*a, _fn=fn, _name=name, **k):  # type: ignore[no-untyped-def]
-            c = time.process_time()
-            try:
-                return _fn(*a, **k)
-            finally:
-                spent[_name] = spent.get(_name, 0.0) + time.process_time() - c
-
-        setattr(owner, attr, timed)
+        setattr(owner, attr, _timed(fn, spent, name))
     try:
         for a in acts[:10]:
             sim.step(a, with_disagreement=False)
@@ -456,28 +463,10 @@ def ppo_rate(twin_dir: Path, n: int, timesteps: int, seed: int = 0) -> dict:
         env.reset()  # warm-up outside the clock: first calls (numba's cached kernels, torch) and a tick
         for _ in range(3):
             env.step(np.stack([env.action_space.sample() for _ in range(env.num_envs)]))
-        spent = {"env": 0.0, "update": 0.0}
-        step_wait = env.step_wait
-
-        def timed_step(step_wait=step_wait, spent=spent):  # type: ignore[no-untyped-def]
-            c = time.process_time()
-            try:
-                return step_wait()
-            finally:
-                spent["env"] += time.process_time() - c
-
-        env.step_wait = timed_step  # type: ignore[method-assign]
+        spent: dict[str, float] = {"env": 0.0, "update": 0.0}
+        env.step_wait = _timed(env.step_wait, spent, "env")  # type: ignore[method-assign]
         model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **out["hyper"])
-        train = model.train
-
-        def timed_train(train=train, spent=spent):  # type: ignore[no-untyped-def]
-            c = time.process_time()
-            try:
-                return train()
-            finally:
-                spent["update"] += time.process_time() - c
-
-        model.train = timed_train  # type: ignore[method-assign]
+        model.train = _timed(model.train, spent, "update")  # type: ignore[method-assign]
         c0, t0 = time.process_time(), time.perf_counter()
         model.learn(total_timesteps=timesteps)
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
