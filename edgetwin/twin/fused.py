@@ -53,31 +53,6 @@ _kernel = numba.njit(fastmath=False, cache=True, nogil=True, boundscheck=False)
 
 # ------------------------------------------------------------------------------ kernels
 @_kernel
-def _inverse_one(
-    z: float, i: int, j: int, mean: np.ndarray, std: np.ndarray, slot: np.ndarray, low: np.ndarray,
-    high: np.ndarray, out: np.ndarray, packed: np.ndarray,
-) -> None:
-    """`ColumnScaler.inverse` of one float64 z-value of column ``j``, row ``i``, up to its ``expm1``:
-    ``z * std + mean``; a log column's clipped to ±50 into ``packed[i, slot[j]]`` (numpy's ``expm1``
-    runs on it, then `_unpack_legal`), any other clipped to its bounds (+0.0) into ``out[i, j]``."""
-    x = z * std[j]
-    x = x + mean[j]
-    k = slot[j]
-    if k >= 0:
-        if x < -50.0:
-            x = -50.0
-        if x > 50.0:
-            x = 50.0
-        packed[i, k] = x
-    else:
-        if x < low[j]:
-            x = low[j]
-        if x > high[j]:
-            x = high[j]
-        out[i, j] = x + 0.0
-
-
-@_kernel
 def _legal_actions(
     action: np.ndarray, lo1: np.ndarray, hi1: np.ndarray, lo2: np.ndarray, hi2: np.ndarray,
     mean: np.ndarray, std: np.ndarray, mzs: np.ndarray, za: np.ndarray, agent_x: np.ndarray,
@@ -138,7 +113,21 @@ def _outputs_first(
             if z > zhi[j]:
                 z = zhi[j]
             zy[i, j] = z + np.float32(0.0)
-            _inverse_one(np.float64(v), i, j, mean, std, slot, low, high, out, packed)
+            x = np.float64(v) * std[j]
+            x = x + mean[j]
+            k = slot[j]
+            if k >= 0:
+                if x < -50.0:
+                    x = -50.0
+                if x > 50.0:
+                    x = 50.0
+                packed[i, k] = x
+            else:
+                if x < low[j]:
+                    x = low[j]
+                if x > high[j]:
+                    x = high[j]
+                out[i, j] = x + 0.0
 
 
 @_kernel
@@ -207,11 +196,27 @@ def _state_first(
     mean (``site_means (n_sites, len(site_cols))``), then ``z * std + mean``; columns without a log
     clipped into ``nxt (n, S)``, the log columns' clipped arguments into ``packed``."""
     n, s = z_next.shape
+    # (the inverse's lines as in `_outputs_first`, written out: a helper called per value costs its
+    # arrays' reference counts every call, 27 instead of 2 ns a value even with inline="always")
     for i in range(n):
         for k in range(site_cols.shape[0]):
             z_next[i, site_cols[k]] = site_means[site[i], k]
         for j in range(s):
-            _inverse_one(z_next[i, j], i, j, mean, std, slot, low, high, nxt, packed)
+            x = z_next[i, j] * std[j]
+            x = x + mean[j]
+            k = slot[j]
+            if k >= 0:
+                if x < -50.0:
+                    x = -50.0
+                if x > 50.0:
+                    x = 50.0
+                packed[i, k] = x
+            else:
+                if x < low[j]:
+                    x = low[j]
+                if x > high[j]:
+                    x = high[j]
+                nxt[i, j] = x + 0.0
 
 
 @_kernel
