@@ -638,7 +638,7 @@ def section(res: dict) -> str:
                   f"the causal-twin benchmark's log c1, {cf['rows']:,} rows, 3 logged policies, {cf['members']} members each, serially, "
                   f"the empirical population model; load {cf['load']}): causal {cf['causal']['cpu_s']:.0f} CPU-s, MAIL-MMSG "
                   f"{cf['mail']['cpu_s']:.0f} CPU-s: **{cf['ratio_cpu']:.2f}x** (target 1.5x).", "",
-                  "| fit | function | calls | cumulative CPU s (cProfile) |", "|---|---|---:|---:|"]
+                  "| fit | function | calls | cumulative s (cProfile, wall clock) |", "|---|---|---:|---:|"]
         for model in ("causal", "mail"):
             for fn, v in sorted(cf[model]["functions"].items(), key=lambda kv: -kv[1]["cum_s"]):
                 lines.append(f"| {model} | `{fn}` | {v['calls']} | {v['cum_s']:.1f} |")
