@@ -91,3 +91,18 @@ def test_the_numpy_passes_run_where_the_fused_ones_do_not_apply(twin: Twin) -> N
     other.layout.spec = copy.copy(twin.layout.spec)
     object.__setattr__(other.layout.spec, "reward_weights", {"kpi.no_such_column": 1.0})
     assert FusedTick.of(other, 0) is None
+
+
+def test_a_pickled_fused_tick_carries_its_constants_not_its_work_arrays(twin: Twin) -> None:
+    import pickle
+
+    sim = twin.simulation(n_agents=30, seed=2, member=0)
+    pol = RandomPolicy(twin.spec, 2)
+    sim.step(pol.act(sim.obs()))
+    fused = sim.fused_tick()
+    assert fused is not None
+    blob = pickle.dumps(fused)
+    assert b"_scratch_memo" not in blob
+    again = pickle.loads(blob)
+    for got, want in zip(again.state_z(sim.world.state), fused.state_z(sim.world.state), strict=True):
+        assert got.tobytes() == want.tobytes()
