@@ -333,9 +333,8 @@ def kpis_text(k: dict, before: str) -> str:
     lines = [f"**What changed in the numbers** (`python benchmarks/scale.py --throughput-only --twin DIR --compare-with "
              f"BEFORE`, the same twin; {k['seeds']} seeds, {k['agents']:,} agents, a full-horizon rollout of a random "
              f"policy each, member 0; per seed the mean of each column over the rollout; this code against {before}). "
-             "*mean*: the models' means, no response noise (what the float32 rounding of the split first layer, the "
-             "site means' summation order and the clip in z units change); *stochastic*: with the noise (another "
-             "normal stream: per seed other draws, so compare the means over seeds in standard errors):", "",
+             "*mean*: the models' means, no response noise; *stochastic*: with the noise (where the two codes draw "
+             "another normal stream, compare the means over seeds in standard errors):", "",
              "| column | mode | before | now | now - before | seed sd | (now - before) / se | largest per-seed relative change |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for mode in ("mean", "stochastic"):
@@ -356,6 +355,8 @@ def profile_tick(twin_dir: Path, n: int, ticks: int, top: int = 12) -> list[dict
     sim = twin.simulation(n_agents=n, seed=0)
     pol = RandomPolicy(twin.spec, 0)
     acts = [pol.act(sim.obs()) for _ in range(ticks)]
+    for a in acts[:5]:  # warm-up outside the profile: the first calls load numba's cached kernels
+        sim.step(a, with_disagreement=False)
     prof = cProfile.Profile()
     prof.enable()
     for a in acts:
@@ -366,6 +367,173 @@ def profile_tick(twin_dir: Path, n: int, ticks: int, top: int = 12) -> list[dict
     rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]  # type: ignore[attr-defined]
     return [{"function": f"{Path(f).name}:{line}({name})", "calls": v[1], "own_s": v[2], "share": v[2] / total}
             for (f, line, name), v in rows]
+
+
+def _timed(fn, spent: dict[str, float], key: str):  # type: ignore[no-untyped-def]
+    """``fn`` wrapped to add its CPU seconds (`time.process_time`) to ``spent[key]`` per call."""
+
+    def timed(*a, **k):  # type: ignore[no-untyped-def]
+        c = time.process_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent[key] = spent.get(key, 0.0) + time.process_time() - c
+
+    return timed
+
+
+def tick_phases(twin_dir: Path, n: int, ticks: int = 40) -> dict:
+    """CPU milliseconds per tick of a twin's tick at ``n`` agents by phase: each function below is
+    wrapped with a `time.process_time` timer (inclusive times; ~1 us of wrapper per call), the rest
+    of `Simulation.step` is "other". One thread, as the throughput runs; after 10 warm-up ticks."""
+    import edgetwin.twin.simulation as sim_mod
+    from edgetwin.contract.policy import RandomPolicy
+    from edgetwin.imitation.layout import Layout
+    from edgetwin.imitation.world import World
+    from edgetwin.twin.fused import FusedTick
+    from edgetwin.twin.twin import Twin
+
+    one_thread()
+    twin = Twin.load(twin_dir)
+    sim = twin.simulation(n_agents=n, seed=0)
+    pol = RandomPolicy(twin.spec, 0)
+    acts = [pol.act(sim.obs()) for _ in range(ticks + 10)]
+    spent: dict[str, float] = {}
+    phases = {  # (owner, attribute, phase name)
+        "network": (sim_mod.Simulation, "_split_forward"),
+        "noise draws": (sim_mod, "normals"),
+        "fused: actions and agent inputs": (FusedTick, "legal_actions"),
+        "fused: noise, outputs' inverse and z": (FusedTick, "outputs"),
+        "fused: reward": (FusedTick, "reward_of"),
+        "fused: end of tick (all of it)": (FusedTick, "end_tick"),
+        "  of it: declared dynamics (numexpr)": (Layout, "apply_declared"),
+        "  of it: next state's z-values": (FusedTick, "state_z"),
+        "site inputs (site means of z(state), lags)": (World, "client_site_inputs"),
+        "observation": (sim_mod.Simulation, "obs"),
+    }
+    saved = []
+    for name, (owner, attr) in phases.items():
+        fn = getattr(owner, attr)
+        saved.append((owner, attr, fn))
+        setattr(owner, attr, _timed(fn, spent, name))
+    try:
+        for a in acts[:10]:
+            sim.step(a, with_disagreement=False)
+        spent.clear()
+        c0 = time.process_time()
+        for a in acts[10:]:
+            sim.step(a, with_disagreement=False)
+        total = time.process_time() - c0
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
+    ms = {k: 1e3 * v / ticks for k, v in spent.items()}
+    top = [k for k in ms if not k.startswith("  ")]
+    ms["other"] = 1e3 * total / ticks - sum(ms[k] for k in top)
+    return {"agents": n, "tick_ms": 1e3 * total / ticks, "phases_ms": ms, "load": load()}
+
+
+# ------------------------------------------------------------------------------------ 2b. PPO in the twin
+def ppo_rate(twin_dir: Path, n: int, timesteps: int, seed: int = 0) -> dict:
+    """SB3 PPO trained ``timesteps`` environment steps in the twin's `TwinVecEnv` and in the emulated
+    cluster's ``EdgeClusterVecEnv`` (``n`` agents = sub-envs each), alternately in this process, with
+    edgetwin's PPO defaults for ``n`` envs (`default_hyper`) and SB3's MlpPolicy on the CPU, one thread.
+
+    Per env: environment steps per CPU-second of the whole ``learn``, and the CPU time inside the
+    env's ``step_wait`` (the twin's tick, or the cluster's), inside ``PPO.train`` (SB3's update:
+    5 epochs of minibatch gradient steps) and the rest (SB3's rollout collection: the policy's
+    forward pass per tick, the buffer, callbacks). CPU time of this process (`time.process_time`):
+    the clock the shared machine's other jobs do not advance.
+    """
+    from stable_baselines3 import PPO
+
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.envs import EdgeClusterVecEnv
+    from edgetwin.policies.train import default_hyper
+    from edgetwin.twin.envs import TwinVecEnv
+    from edgetwin.twin.twin import Twin
+
+    one_thread()
+    twin = Twin.load(twin_dir)
+    makers = {"twin": lambda: TwinVecEnv(twin, n_agents=n, seed=seed),
+              "emulator": lambda: EdgeClusterVecEnv(ClusterConfig(n_agents=n, steps=twin.layout.horizon), seed=seed)}
+    out: dict = {"agents": n, "timesteps": timesteps, "hyper": default_hyper("ppo", n)}
+    for name, make in makers.items():
+        env = make()
+        env.reset()  # warm-up outside the clock: first calls (numba's cached kernels, torch) and a tick
+        for _ in range(3):
+            env.step(np.stack([env.action_space.sample() for _ in range(env.num_envs)]))
+        spent: dict[str, float] = {"env": 0.0, "update": 0.0}
+        env.step_wait = _timed(env.step_wait, spent, "env")  # type: ignore[method-assign]
+        model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **out["hyper"])
+        model.train = _timed(model.train, spent, "update")  # type: ignore[method-assign]
+        c0, t0 = time.process_time(), time.perf_counter()
+        model.learn(total_timesteps=timesteps)
+        cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+        steps = model.num_timesteps
+        out[name] = {"steps": steps, "cpu_s": cpu, "wall_s": wall, "steps_per_cpu_s": steps / cpu,
+                     "env_share": spent["env"] / cpu, "update_share": spent["update"] / cpu,
+                     "other_share": 1.0 - (spent["env"] + spent["update"]) / cpu, "env_cpu_s": spent["env"],
+                     "update_cpu_s": spent["update"]}
+    out["ratio"] = out["twin"]["steps_per_cpu_s"] / out["emulator"]["steps_per_cpu_s"]
+    out["load"] = load()
+    return out
+
+
+def ppo_text(rows: list[dict]) -> str:
+    lines = ["**2b. PPO in the twin** (`python benchmarks/scale.py --ppo --twin DIR`: SB3 PPO, MlpPolicy, CPU, one thread, "
+             "edgetwin's PPO defaults for the env count (`default_hyper`: n_steps = max(8, 512 // agents), ~128-row "
+             "minibatches, 5 epochs), trained in the twin's `TwinVecEnv` and then in the emulated cluster's "
+             "`EdgeClusterVecEnv` in the same process, one sub-env per agent; CPU seconds of the process; *env*: inside "
+             "the env's `step_wait` (the twin's tick or the cluster's), *update*: inside `PPO.train`, *rest*: SB3's "
+             "rollout collection around the env (the policy's forward pass, the buffer)):", "",
+             "| agents | env steps | twin steps/CPU-s | emulator steps/CPU-s | twin / emulator | twin: env / update / rest | "
+             "emulator: env / update / rest | load |", "|---:|---:|---:|---:|---:|---|---|---|"]
+    for r in rows:
+        t, e = r["twin"], r["emulator"]
+        lines.append(f"| {r['agents']:,} | {t['steps']:,} | {t['steps_per_cpu_s']:,.0f} | {e['steps_per_cpu_s']:,.0f} | "
+                     f"{r['ratio']:.2f} | {100 * t['env_share']:.0f} / {100 * t['update_share']:.0f} / "
+                     f"{100 * t['other_share']:.0f} % | {100 * e['env_share']:.0f} / {100 * e['update_share']:.0f} / "
+                     f"{100 * e['other_share']:.0f} % | {r['load']} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ 4. the causal fit
+def causal_profile(agents: int, days: int, seed: int = 0) -> dict:
+    """The causal response model's fit against MAIL-MMSG's on the same multi-policy log (the causal-twin
+    benchmark's log ``c1``: the SLO-aware heuristic + 10 % noise for ``days`` days, then a day on which
+    10 % of the service groups are randomized into two arms; ``agents`` service groups x 96 ticks),
+    2 members each, serially, the empirical population model (the same for both, left out), in this
+    process one after the other: CPU seconds of each fit and, from a cProfile of each, the cumulative
+    time and calls of the functions where a fit's time goes."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from causal_twin import cluster_spec, log_regimes
+
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.twin.twin import Twin
+
+    torch.set_num_threads(1)
+    cfg = ClusterConfig(n_agents=agents, steps=96)
+    spec = cluster_spec(cfg)
+    train, _ = generate_logs(cfg, regimes=log_regimes("c1", spec, seed, days), seed=seed)
+    out: dict = {"rows": len(train), "agents": agents, "days": days, "members": 2}
+    watched = ("select_invariance", "_train", "fit_mail", "behaviour_clone", "build_steps", "fit_engines", "_fit_member")
+    for model in ("causal", "mail"):
+        prof = cProfile.Profile()
+        c, t = time.process_time(), time.perf_counter()
+        prof.enable()
+        Twin.fit(train, spec, seed=seed, members=2, progress=False, response_model=model,
+                 population_model="empirical", workers=1)
+        prof.disable()
+        st = pstats.Stats(prof, stream=io.StringIO()).stats  # type: ignore[attr-defined]
+        cum = {f"{Path(f).name}:{name}": {"calls": v[1], "cum_s": v[3]} for (f, _, name), v in st.items() if name in watched}
+        out[model] = {"cpu_s": time.process_time() - c, "wall_s": time.perf_counter() - t, "functions": cum}
+    out["ratio_cpu"] = out["causal"]["cpu_s"] / out["mail"]["cpu_s"]
+    out["load"] = load()
+    return out
 
 
 # ------------------------------------------------------------------------------------ report
@@ -454,6 +622,28 @@ def section(res: dict) -> str:
                   f"{res['throughput_twin']}."]
     if res.get("throughput_note"):
         lines += ["", res["throughput_note"]]
+    for ph in res.get("tick_phases", []):
+        lines += ["", f"Where a tick's CPU time goes at {ph['agents']:,} agents (`tick_phases`: timers around each "
+                  f"phase, inclusive, ms per tick; the tick {ph['tick_ms']:.2f} ms; load {ph['load']}):", "",
+                  "| phase | ms per tick | share |", "|---|---:|---:|"]
+        for k, v in ph["phases_ms"].items():
+            lines.append(f"| {k} | {v:.3f} | {100 * v / ph['tick_ms']:.0f} % |")
+    if res.get("ppo"):
+        lines += ["", ppo_text(res["ppo"])]
+        if res.get("ppo_note"):
+            lines += ["", res["ppo_note"]]
+    cf = res.get("causal_fit")
+    if cf:
+        lines += ["", f"**4. The causal fit against MAIL-MMSG** (`python benchmarks/scale.py --causal-profile {cf['agents']},{cf['days']}`: "
+                  f"the causal-twin benchmark's log c1, {cf['rows']:,} rows, 3 logged policies, {cf['members']} members each, serially, "
+                  f"the empirical population model; load {cf['load']}): causal {cf['causal']['cpu_s']:.0f} CPU-s, MAIL-MMSG "
+                  f"{cf['mail']['cpu_s']:.0f} CPU-s: **{cf['ratio_cpu']:.2f}x** (target 1.5x).", "",
+                  "| fit | function | calls | cumulative s (cProfile, wall clock) |", "|---|---|---:|---:|"]
+        for model in ("causal", "mail"):
+            for fn, v in sorted(cf[model]["functions"].items(), key=lambda kv: -kv[1]["cum_s"]):
+                lines.append(f"| {model} | `{fn}` | {v['calls']} | {v['cum_s']:.1f} |")
+        if res.get("causal_note"):
+            lines += ["", res["causal_note"]]
     if res.get("throughput_kpis"):
         lines += ["", kpis_text(res["throughput_kpis"], res.get("throughput_before", "the code before"))]
     for key, agents, ticks in (("profile_tick", "1,000", 40), ("profile_tick_10k", "10,000", 20)):
@@ -610,6 +800,7 @@ def throughput_only(args: argparse.Namespace) -> None:
         twin_desc = (f"the quick twin (2 members, 2 MAIL rounds, 5 BC epochs, 300 GAN steps) fitted serially on "
                      f"{rec['rows']:,} rows of emulated-cluster logs, seed {args.seed}")
     tp = throughput_compared(twin_dir, (1000, 10_000), 40, args.compare_with)
+    phases = [tick_phases(twin_dir, n) for n in (1000, 10_000)]
     prof = profile_tick(twin_dir, 1000, 40)
     prof_10k = profile_tick(twin_dir, 10_000, 20)
     res = json.loads((OUT / "results.json").read_text()) if (OUT / "results.json").is_file() else {}
@@ -617,7 +808,7 @@ def throughput_only(args: argparse.Namespace) -> None:
         res["throughput_kpis"] = kpis_compared(twin_dir, args.compare_with)
     else:
         res.pop("throughput_kpis", None)
-    res.update(throughput=tp, profile_tick=prof, profile_tick_10k=prof_10k, throughput_twin=twin_desc,
+    res.update(throughput=tp, tick_phases=phases, profile_tick=prof, profile_tick_10k=prof_10k, throughput_twin=twin_desc,
                throughput_command="python benchmarks/scale.py --throughput-only"
                + (" --twin DIR" if args.twin is not None else "")
                + (" --compare-with BEFORE" if args.compare_with else ""))
@@ -651,6 +842,13 @@ def main() -> None:
                     help="part 3 only: fit a 1-member twin on ROWS rows with each --caps value of bc_max_steps and "
                          "score them on held-out days; keeps the rest of results.json")
     ap.add_argument("--caps", default="0,5000", help="--cap-fidelity: bc_max_steps values (0: no cap)")
+    ap.add_argument("--ppo", action="store_true",
+                    help="part 2b only: SB3 PPO's env steps per CPU-second in the twin (--twin DIR) and the emulator, "
+                         "and the share of its time in the env's tick vs its update; keeps the rest of results.json")
+    ap.add_argument("--ppo-steps", type=int, default=40_000, help="--ppo: environment steps per run")
+    ap.add_argument("--causal-profile", default=None, metavar="AGENTS,DAYS",
+                    help="part 4 only: the causal fit's CPU time against MAIL-MMSG's on the same multi-policy log "
+                         "(AGENTS service groups, DAYS production days + 1 randomized day) and where it goes")
     ap.add_argument("--_fit", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_capfit", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_throughput", default=None, help=argparse.SUPPRESS)
@@ -670,6 +868,28 @@ def main() -> None:
         return
     if args.throughput_only:
         throughput_only(args)
+        return
+    if args.causal_profile:
+        agents, days = (int(v) for v in args.causal_profile.split(","))
+        cp = causal_profile(agents, days, args.seed)
+        print(json.dumps(cp, indent=1, default=float))
+        if not args.no_write:
+            res = json.loads((OUT / "results.json").read_text())
+            res["causal_fit"] = cp
+            (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
+            _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+        return
+    if args.ppo:
+        if args.twin is None:
+            raise SystemExit("--ppo needs --twin DIR (a fitted twin, e.g. the one --throughput-only steps)")
+        rows = [ppo_rate(args.twin, n, args.ppo_steps, args.seed) for n in (100, 1000)]
+        print(json.dumps(rows, indent=1, default=float))
+        print(ppo_text(rows))
+        if not args.no_write:
+            res = json.loads((OUT / "results.json").read_text())
+            res["ppo"] = rows
+            (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
+            _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
         return
     if args.cap_fidelity:
         cf = cap_fidelity(args.cap_fidelity, args.seed, tuple(int(c) for c in args.caps.split(",")))

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -166,7 +167,11 @@ class Expression:
 
         placeholders: dict[str, np.ndarray] = {}
         for k, ((op, inner), names) in enumerate(zip(self.aggregates, self.inner_names, strict=True)):
-            per_agent = np.broadcast_to(np.asarray(_numexpr(inner, local(names, {})), np.float64), (n,))
+            if len(names) == 1 and inner == variable(names[0]):
+                # a bare column (``sum(kpi.edge_cpu)``): its values, which numexpr would copy as they are
+                per_agent = np.broadcast_to(np.asarray(columns[names[0]], np.float64), (n,))
+            else:
+                per_agent = np.broadcast_to(np.asarray(_numexpr(inner, local(names, {})), np.float64), (n,))
             placeholders[f"_agg{k}"] = _reduce(op, per_agent, site, n_sites)[site]
         out = _numexpr(self.outer, local(self.outer_names, placeholders))
         return np.broadcast_to(np.asarray(out, np.float64), (n,)).copy()
@@ -388,6 +393,20 @@ class DeclaredDynamics:
     @property
     def columns(self) -> list[str]:
         return [d.column for d in self.declarations]
+
+    @cached_property
+    def reads(self) -> frozenset[str] | None:
+        """The column names `next_state` reads of its ``columns`` (its expressions' names and each
+        queue's own column), or None when a declared function may read any column."""
+        if any(d.function is not None for d in self.declarations):
+            return None
+        names: set[str] = set()
+        for d in self.declarations:
+            for e in d.expressions:
+                names |= e.names
+            if d.arrivals is not None:
+                names.add(d.column)
+        return frozenset(names - {DT_NAME})
 
     def next_state(
         self, columns: Mapping[str, np.ndarray], site: np.ndarray, n_sites: int | None = None

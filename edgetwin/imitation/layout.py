@@ -496,10 +496,12 @@ class Layout:
         dynamics = self._runtime("dynamics", self.spec.declared_dynamics)
         if dynamics is None:
             return nxt
+        reads = dynamics.reads  # the columns the declarations read (None: a function may read any)
         cols: dict[str, np.ndarray] = {}
         for names, block in ((self.profile, profile), (self.state, state), (self.action, action), (self.outputs, outputs)):
             for j, c in enumerate(names):
-                cols[c] = block[:, j]
+                if reads is None or c in reads:
+                    cols[c] = block[:, j]
         values = dynamics.next_state(cols, site, n_sites)
         for j, c in enumerate(self.state):
             if c in values:

@@ -27,10 +27,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 import torch as th
 
 __all__ = ["SplitNetwork"]
+
+
+@numba.njit(fastmath=False, cache=True, nogil=True, boundscheck=False)
+def _add_parts(h: np.ndarray, profile_h: np.ndarray, site_h: np.ndarray, sites: np.ndarray) -> None:
+    """In place ``h[i] = (h[i] + profile_h[i]) + site_h[sites[i]]`` (float32, row by row): numpy's
+    ``h += profile_h; h += site_h[sites]`` to the bit in one pass, without gathering an ``(n, H)``
+    copy of the site rows (fastmath off: the same two roundings in the same order)."""
+    n, k = h.shape
+    for i in range(n):
+        r = sites[i]
+        for j in range(k):
+            h[i, j] = (h[i, j] + profile_h[i, j]) + site_h[r, j]
 
 
 class SplitNetwork:
@@ -97,19 +110,26 @@ class SplitNetwork:
         out: np.ndarray = th.nn.functional.linear(x, ws).numpy()
         return out
 
-    def forward(self, agent_x: np.ndarray, profile_h: np.ndarray, site_h: np.ndarray) -> np.ndarray:
+    def forward(
+        self, agent_x: np.ndarray, profile_h: np.ndarray, site_h: np.ndarray, sites: np.ndarray | None = None
+    ) -> np.ndarray:
         """``(n, out)`` float32 mean (a fresh array) of ``n`` agents; call under ``torch.no_grad``.
 
         Args:
             agent_x: ``(n, S+A)`` float32 the per-agent inputs (a fresh array: torch may share it).
             profile_h: ``(n, H)`` their `profile_part` rows; site_h: ``(n, H)`` their sites'
-                `site_part` rows (the caller gathers them).
+                `site_part` rows, or with ``sites (n,)`` given, ``(n_sites, H)`` every site's row
+                (added row by row from there: the same bits, no gathered copy).
         """
         _, _, wa, _ = self.blocks()
         h = th.nn.functional.linear(th.as_tensor(agent_x), wa)
         hn = h.numpy()
-        hn += profile_h
-        hn += site_h
+        if sites is not None:
+            _add_parts(hn, np.ascontiguousarray(profile_h, np.float32), np.ascontiguousarray(site_h, np.float32),
+                       np.ascontiguousarray(sites, np.int64))
+        else:
+            hn += profile_h
+            hn += site_h
         for layer in self.layers[1:]:
             if callable(layer):
                 layer(h.numpy())  # in place: the array is the tensor's memory

@@ -285,6 +285,17 @@ class World:
         self.t += 1
         return out_raw, nxt
 
+    def moved_to(self, state: np.ndarray, zs: np.ndarray, mzs: np.ndarray) -> None:
+        """Move to ``state (N, S)`` raw at t+1 (what `apply` ends with; the caller sets `lag`), with
+        its z-values ``zs`` (`zstate`'s float32) and ``mzs`` (`model_zstate`'s values) computed by
+        the caller (`edgetwin.twin.fused.FusedTick`), kept as if this world had computed them."""
+        for a in (zs, mzs):
+            a.flags.writeable = False
+        self.state = state
+        self._memo["zs"] = ((state,), zs)
+        self._memo["mzs"] = ((state,), mzs)
+        self.t += 1
+
     def _site_next(self, zs: np.ndarray, za: np.ndarray, zy: np.ndarray) -> np.ndarray:
         """``(n_sites, k)`` next z of the site-level columns from the site model (before `lag` moves)."""
         m = self.site_model

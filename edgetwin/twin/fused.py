@@ -1,0 +1,504 @@
+"""`FusedTick`: the element-wise part of a twin's tick compiled into a few passes per row (numba).
+
+A tick of `edgetwin.twin.simulation.Simulation` is the client network (torch's GEMMs, numpy's
+``tanh``) and, around it, some 40 numpy passes over ``(N, 3-24)`` arrays: the actions' bounds and
+z-values, the response noise, the outputs' scaler inverse (``expm1`` of the log columns) and bounds,
+their z-values, the reward, ``z(state) + Δz``, the state's scaler inverse and bounds, the clock and
+echo columns, the next state's z-values and the models' view of them. Each pass reads and writes
+its arrays whole, so at 10,000 agents the passes together cost more than the GEMMs (issue 47's
+profile: ~4 of a 7 ms tick). Here they are a few loops over rows (`numba.njit`, ``fastmath=False``),
+each reading a row once and writing every array it feeds.
+
+Why numba and not numexpr (which the declared dynamics use): the passes gather and scatter columns
+(log columns, site-level columns, echoes), clip to per-column bounds and branch per column, which
+numexpr's element-wise expressions cannot say. Why the transcendental functions stay numpy's:
+numba calls the C library's scalar ``expm1`` / ``log1p`` (~9 ns a value here), numpy's SIMD ones
+take ~1 ns; so a kernel writes the log columns' arguments into one packed array, numpy's ufunc runs
+on it in place, and the next kernel reads it back.
+
+What moves in the bits: nothing. Every kernel does the same IEEE operations, in the same order
+and precision, as the numpy passes it replaces (subtraction, division, products and sums, ``max``
+/ ``min`` against the same bounds with the same NaN and signed-zero outcomes, float32 casts where
+numpy cast), and the transcendental functions are numpy's own, so the fused tick gives the numpy
+tick's numbers to the bit (tests/test_fused_tick.py compares them; LLVM does not contract a
+product and a sum into an FMA without fast-math). A row's numbers depend on its own row only (the
+kernels loop over rows and never read another's), except the site means, which are the numpy
+path's own functions over a site's agents, as before.
+
+When it applies (`FusedTick.of`): every state, action and output column is continuous (no discrete snapping), the
+reward is the spec's weights or the predicted ``reward`` column, the state moves by the client's
+``Δz`` (a learned transition without transition models or a site-state model, no spec transition
+function). Otherwise the simulation runs its numpy passes, as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numba
+import numpy as np
+
+from edgetwin.contract.spec import REWARD_COLUMN
+
+if TYPE_CHECKING:
+    from edgetwin.imitation.layout import ColumnScaler, Layout
+    from edgetwin.imitation.world import World
+
+__all__ = ["FusedTick"]
+
+#: every kernel: IEEE arithmetic as written (no fast-math reassociation or FMA contraction), cached on disk
+_kernel = numba.njit(fastmath=False, cache=True, nogil=True, boundscheck=False)
+
+
+# ------------------------------------------------------------------------------ kernels
+@_kernel
+def _inverse_value(z: float, mean: float, std: float, log: bool, low: float, high: float) -> float:
+    """`ColumnScaler.inverse` of one float64 z-value up to its ``expm1``: ``z * std + mean``, then a
+    log column's clipped to ±50 (numpy's ``expm1`` runs on it next), any other clipped to its
+    bounds, +0.0. Scalars in and out: a helper taking the arrays would cost their reference
+    counts every call (measured: 27 instead of 2 ns a value)."""
+    x = z * std
+    x = x + mean
+    if log:
+        if x < -50.0:
+            x = -50.0
+        if x > 50.0:
+            x = 50.0
+        return x
+    if x < low:
+        x = low
+    if x > high:
+        x = high
+    return x + 0.0
+
+
+@_kernel
+def _legal_actions(
+    action: np.ndarray, lo1: np.ndarray, hi1: np.ndarray, lo2: np.ndarray, hi2: np.ndarray,
+    mean: np.ndarray, std: np.ndarray, mzs: np.ndarray, za: np.ndarray, agent_x: np.ndarray,
+) -> None:
+    """In place: ``action (n, A)`` float64 clipped to the twin's bounds then the scaler's (+0.0);
+    ``za (n, A)`` float32 its z-values; ``agent_x (n, S+A)`` float32 ``[mzs, za]``."""
+    n, a = action.shape
+    s = mzs.shape[1]
+    for i in range(n):
+        for j in range(s):
+            agent_x[i, j] = np.float32(mzs[i, j])
+        for j in range(a):
+            v = action[i, j]
+            if v < lo1[j]:
+                v = lo1[j]
+            if v > hi1[j]:
+                v = hi1[j]
+            if v < lo2[j]:
+                v = lo2[j]
+            if v > hi2[j]:
+                v = hi2[j]
+            v = v + 0.0
+            action[i, j] = v
+            z = np.float32((v - mean[j]) / std[j])
+            za[i, j] = z
+            agent_x[i, s + j] = z
+
+
+@_kernel
+def _outputs_first(
+    y: np.ndarray, noise: np.ndarray, std_rows: np.ndarray, noisy: bool,
+    mean: np.ndarray, std: np.ndarray, slot: np.ndarray, low: np.ndarray, high: np.ndarray,
+    zlo: np.ndarray, zhi: np.ndarray, out: np.ndarray, packed: np.ndarray, zy: np.ndarray,
+) -> None:
+    """The response noise and the first half of the outputs' scaler inverse, row by row.
+
+    ``y (n, >=Y)`` float32: its first ``Y`` columns become ``clip(noise * std + y, -10, 10)`` when
+    ``noisy``; ``zy (n, Y)`` float32 their legal z-values (`ColumnScaler.legal_z`); ``out (n, Y)``
+    float64 the raw legal value of every column without a log (``slot[j] < 0``); ``packed (n, k)``
+    the log columns' ``clip(y * std + mean, -50, 50)`` for numpy's ``expm1`` (`_outputs_second`).
+    """
+    n = y.shape[0]
+    ny = out.shape[1]
+    for i in range(n):
+        for j in range(ny):
+            v = y[i, j]
+            if noisy:
+                v = noise[i, j] * std_rows[i, j]
+                v = v + y[i, j]
+                if v < np.float32(-10.0):
+                    v = np.float32(-10.0)
+                if v > np.float32(10.0):
+                    v = np.float32(10.0)
+                y[i, j] = v
+            z = v
+            if z < zlo[j]:
+                z = zlo[j]
+            if z > zhi[j]:
+                z = zhi[j]
+            zy[i, j] = z + np.float32(0.0)
+            k = slot[j]
+            x = _inverse_value(np.float64(v), mean[j], std[j], k >= 0, low[j], high[j])
+            if k >= 0:
+                packed[i, k] = x
+            else:
+                out[i, j] = x
+
+
+@_kernel
+def _unpack_legal(packed: np.ndarray, cols: np.ndarray, low: np.ndarray, high: np.ndarray, out: np.ndarray) -> None:
+    """``out[:, cols[k]]`` = ``packed[:, k]`` clipped to the column's bounds, +0.0."""
+    n = out.shape[0]
+    for i in range(n):
+        for k in range(cols.shape[0]):
+            j = cols[k]
+            x = packed[i, k]
+            if x < low[j]:
+                x = low[j]
+            if x > high[j]:
+                x = high[j]
+            out[i, j] = x + 0.0
+
+
+@_kernel
+def _weighted_reward(
+    profile: np.ndarray, state: np.ndarray, action: np.ndarray, outputs: np.ndarray,
+    block: np.ndarray, col: np.ndarray, weight: np.ndarray, reward: np.ndarray,
+) -> None:
+    """``reward (n,)`` = the weighted sum of the named columns, added in the weights' order from 0.0
+    as `TwinSpec.reward_fn`'s ``weighted`` adds them (block 0 profile, 1 state, 2 action, 3 outputs)."""
+    n = reward.shape[0]
+    for i in range(n):
+        total = 0.0
+        for k in range(block.shape[0]):
+            b = block[k]
+            if b == 0:
+                v = profile[i, col[k]]
+            elif b == 1:
+                v = state[i, col[k]]
+            elif b == 2:
+                v = action[i, col[k]]
+            else:
+                v = outputs[i, col[k]]
+            total = total + weight[k] * v
+        reward[i] = total
+
+
+@_kernel
+def _next_z(
+    za: np.ndarray, zy: np.ndarray, zs: np.ndarray, y: np.ndarray, ny: int, cat: np.ndarray, z_next: np.ndarray,
+) -> None:
+    """``cat (n, A+Y)`` float64 ``[za, zy]`` (whose site means become the next lag) and
+    ``z_next (n, S)`` float64 ``zs + Δz`` (``y[:, ny:]``), row by row."""
+    n, a = za.shape
+    s = zs.shape[1]
+    for i in range(n):
+        for j in range(a):
+            cat[i, j] = np.float64(za[i, j])
+        for j in range(zy.shape[1]):
+            cat[i, a + j] = np.float64(zy[i, j])
+        for j in range(s):
+            z_next[i, j] = np.float64(zs[i, j]) + np.float64(y[i, ny + j])
+
+
+@_kernel
+def _state_first(
+    z_next: np.ndarray, site_cols: np.ndarray, site_means: np.ndarray, site: np.ndarray,
+    mean: np.ndarray, std: np.ndarray, slot: np.ndarray, low: np.ndarray, high: np.ndarray,
+    nxt: np.ndarray, packed: np.ndarray,
+) -> None:
+    """The first half of the state's scaler inverse: site-level columns replaced by their site's
+    mean (``site_means (n_sites, len(site_cols))``), then ``z * std + mean``; columns without a log
+    clipped into ``nxt (n, S)``, the log columns' clipped arguments into ``packed``."""
+    n, s = z_next.shape
+    for i in range(n):
+        for k in range(site_cols.shape[0]):
+            z_next[i, site_cols[k]] = site_means[site[i], k]
+        for j in range(s):
+            k = slot[j]
+            x = _inverse_value(z_next[i, j], mean[j], std[j], k >= 0, low[j], high[j])
+            if k >= 0:
+                packed[i, k] = x
+            else:
+                nxt[i, j] = x
+
+
+@_kernel
+def _clocks_echoes(
+    state: np.ndarray, nxt: np.ndarray, outputs: np.ndarray,
+    clock_cols: np.ndarray, clock_step: np.ndarray, clock_low: np.ndarray, clock_period: np.ndarray,
+    echo_cols: np.ndarray, echo_of: np.ndarray, low: np.ndarray, high: np.ndarray,
+) -> None:
+    """`Layout.roll_clocks` (``period`` NaN: unbounded) then `Layout.roll_echoes`, row by row."""
+    n = nxt.shape[0]
+    for i in range(n):
+        for k in range(clock_cols.shape[0]):
+            j = clock_cols[k]
+            moved = state[i, j] + clock_step[k]
+            p = clock_period[k]
+            if np.isnan(p):
+                nxt[i, j] = moved
+            else:
+                nxt[i, j] = clock_low[k] + (moved - clock_low[k]) % p
+        for k in range(echo_cols.shape[0]):
+            j = echo_cols[k]
+            v = outputs[i, echo_of[k]]
+            if v < low[j]:
+                v = low[j]
+            if v > high[j]:
+                v = high[j]
+            nxt[i, j] = v + 0.0
+
+
+@_kernel
+def _state_z_first(state: np.ndarray, slot: np.ndarray, packed: np.ndarray) -> None:
+    """The log columns of ``state`` floored at 0 into ``packed`` for numpy's ``log1p``."""
+    n, s = state.shape
+    for i in range(n):
+        for j in range(s):
+            k = slot[j]
+            if k >= 0:
+                v = state[i, j]
+                if v < 0.0:
+                    v = 0.0
+                packed[i, k] = v
+
+
+@_kernel
+def _state_z_second(
+    state: np.ndarray, slot: np.ndarray, packed: np.ndarray, mean: np.ndarray, std: np.ndarray,
+    clip_lo: np.ndarray, clip_hi: np.ndarray, clipped: np.ndarray, zs: np.ndarray, mzs: np.ndarray,
+) -> None:
+    """``zs (n, S)`` float32 the state's z-values (`ColumnScaler.transform`) and ``mzs`` float64 as
+    the models see them (`Layout.model_state`: the ``clipped`` columns clipped to their range)."""
+    n, s = state.shape
+    for i in range(n):
+        for j in range(s):
+            k = slot[j]
+            x = packed[i, k] if k >= 0 else state[i, j]
+            x = x - mean[j]
+            x = x / std[j]
+            z = np.float32(x)
+            zs[i, j] = z
+            m = np.float64(z)
+            if clipped[j]:
+                if m < clip_lo[j]:
+                    m = clip_lo[j]
+                if m > clip_hi[j]:
+                    m = clip_hi[j]
+                m = m + 0.0
+            mzs[i, j] = m
+
+
+# ------------------------------------------------------------------------------ the tick
+def _slots(log: np.ndarray) -> np.ndarray:
+    """Per column its position among the log columns, -1 for the others."""
+    slot = np.full(len(log), -1, np.int64)
+    slot[np.asarray(log, bool)] = np.arange(int(np.sum(log)))
+    return slot
+
+
+def _continuous(scaler: ColumnScaler) -> bool:
+    return all(v is None for v in scaler.values)
+
+
+@dataclass
+class FusedTick:
+    """The fused passes of one layout's tick, with their per-column constants (see the module).
+
+    Built by `of`, which says whether a twin's tick can run fused; the arrays are the scalers'
+    statistics and bounds in the dtypes the numpy passes use, so the kernels meet the same values.
+    """
+
+    layout: Layout
+    reward: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    predicted_reward: int | None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The constants only: the kept work arrays and column tables are rebuilt where it lands."""
+        return {k: self.__dict__[k] for k in ("layout", "reward", "predicted_reward")}
+
+    @staticmethod
+    def of(twin: Any, member: int) -> FusedTick | None:
+        """A `FusedTick` for ``twin``'s tick with ``member`` acting, or None where the numpy passes must run."""
+        lay: Layout = twin.layout
+        spec = lay.spec
+        if not all(_continuous(lay.scalers[role]) for role in ("state", "action", "outputs")):
+            return None
+        if spec.reward_function is not None or spec.transition is not None or not lay.learn_transition:
+            return None
+        if twin.member_transitions[member] is not None:
+            return None
+        if twin.members and twin.members[member].site_model is not None:
+            return None
+        if lay.scalers["action"].log.any():
+            return None
+        reward = None
+        predicted = None
+        if spec.reward_weights:
+            blocks = (lay.profile, lay.state, lay.action, lay.outputs)
+            b, c, w = [], [], []
+            for name, weight in dict(spec.reward_weights).items():
+                where = [(k, names.index(name)) for k, names in enumerate(blocks) if name in names]
+                if not where:
+                    return None  # a weight on a column the layout does not carry: the numpy path says so
+                b.append(where[0][0])
+                c.append(where[0][1])
+                w.append(float(weight))
+            reward = (np.asarray(b, np.int64), np.asarray(c, np.int64), np.asarray(w, np.float64))
+        elif REWARD_COLUMN in lay.outputs:
+            predicted = lay.outputs.index(REWARD_COLUMN)
+        return FusedTick(lay, reward, predicted)
+
+    # ---------------------------------------------------------------- respond
+    def legal_actions(
+        self, action: np.ndarray, low: np.ndarray, high: np.ndarray, mzs: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(legal action (n, A) float64, za (n, A) float32, agent inputs (n, S+A) float32)`` of raw
+        ``action`` under the twin's bounds ``low``/``high`` and the action scaler's, and the rows'
+        model z(state) ``mzs (n, S)`` (`World.client_agent_inputs`' columns, to the bit)."""
+        sc = self.layout.scalers["action"]
+        act = np.array(action, dtype=np.float64, order="C")
+        n, a = act.shape
+        za = np.empty((n, a), np.float32)
+        agent_x = self._scratch("agent_x", (n, mzs.shape[1] + a), np.float32)  # (gathered per scenario by the caller)
+        _legal_actions(act, _f64(low), _f64(high), sc.low, sc.high, sc.mean, sc.std, _f64(mzs), za, agent_x)
+        return act, za, agent_x
+
+    def outputs(
+        self, y: np.ndarray, noise: np.ndarray | None, std_rows: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(raw legal outputs (n, Y) float64, their z-values (n, Y) float32)`` of the network's
+        means ``y (n, n_model_outputs)`` float32, after adding ``noise * std_rows`` (float32 ``(n, Y)``,
+        None: the means) into ``y`` in place, clipped to ±10 (what `Simulation._respond` did)."""
+        sc = self.layout.scalers["outputs"]
+        n, ny = len(y), sc.width
+        slot = self._slot("outputs")
+        out = np.empty((n, ny), np.float64)
+        packed = self._scratch("packed_outputs", (n, int(sc.log.sum())), np.float64)
+        zy = np.empty((n, ny), np.float32)
+        zlo, zhi = self._zbounds(sc)
+        noisy = noise is not None and std_rows is not None
+        _outputs_first(y, noise if noise is not None else zy, std_rows if std_rows is not None else zy, noisy, sc.mean, sc.std, slot,
+                       sc.low, sc.high, zlo, zhi, out, packed, zy)
+        if packed.shape[1]:
+            np.expm1(packed, out=packed)
+            _unpack_legal(packed, np.flatnonzero(sc.log), sc.low, sc.high, out)
+        return out, zy
+
+    def reward_of(self, profile: np.ndarray, state: np.ndarray, action: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+        """``(n,)`` float64 the spec's reward (`Simulation._reward`, to the bit)."""
+        n = len(action)
+        if self.reward is not None:
+            r = np.empty(n, np.float64)
+            _weighted_reward(_f64(profile), _f64(state), _f64(action), _f64(outputs), *self.reward, r)
+            return r
+        if self.predicted_reward is not None:
+            return outputs[:, self.predicted_reward].astype(np.float64)
+        return np.zeros(n)
+
+    # ---------------------------------------------------------------- end of tick
+    def end_tick(
+        self, world: World, action: np.ndarray, y: np.ndarray, za: np.ndarray, zy: np.ndarray, outputs: np.ndarray
+    ) -> np.ndarray:
+        """`World.apply` of the tick (the clients' ``Δz`` moving the state), fused: moves ``world`` to
+        t+1 with the next state's z-values already computed, returns the next raw state ``(N, S)``."""
+        lay = self.layout
+        n = world.n
+        zs = world.zstate()
+        a, ny, s = len(lay.action), lay.n_outputs, len(lay.state)
+        cat = self._scratch("cat", (n, a + ny), np.float64)
+        z_next = self._scratch("z_next", (n, s), np.float64)
+        _next_z(za, zy, zs, y, ny, cat, z_next)
+        site_now = world.site_means(cat)
+        site_cols = lay.site_state_columns
+        means = world.site_means(z_next[:, site_cols]) if len(site_cols) else np.zeros((world.n_sites, 0))
+        sc = lay.scalers["state"]
+        slot = self._slot("state")
+        nxt = np.empty((n, s), np.float64)
+        packed = self._scratch("packed_state", (n, int(sc.log.sum())), np.float64)
+        _state_first(z_next, np.asarray(site_cols, np.int64), means, world.site.astype(np.int64, copy=False),
+                     sc.mean, sc.std, slot, sc.low, sc.high, nxt, packed)
+        if packed.shape[1]:
+            np.expm1(packed, out=packed)
+            _unpack_legal(packed, np.flatnonzero(sc.log), sc.low, sc.high, nxt)
+        cols, step, low, period, echo_cols, echo_of = self._rolls()
+        _clocks_echoes(world.state, nxt, outputs, cols, step, low, period, echo_cols, echo_of, sc.low, sc.high)
+        nxt = lay.apply_declared(world.profile, world.state, action, outputs, world.site, nxt, n_sites=world.n_sites)
+        zs_next, mzs_next = self.state_z(nxt)
+        world.lag = site_now
+        world.moved_to(nxt, zs_next, mzs_next)
+        return nxt
+
+    def state_z(self, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(zs (N, S) float32, mzs (N, S) float64)``: `ColumnScaler.transform` of raw ``state`` and
+        `Layout.model_state` of it, in two passes around numpy's ``log1p``."""
+        lay = self.layout
+        sc = lay.scalers["state"]
+        n, s = state.shape
+        slot = self._slot("state")
+        packed = self._scratch("packed_state", (n, int(sc.log.sum())), np.float64)
+        state = _f64(state)
+        if packed.shape[1]:
+            _state_z_first(state, slot, packed)
+            np.log1p(packed, out=packed)
+        zs = np.empty((n, s), np.float32)
+        mzs = np.empty((n, s), np.float64)
+        _state_z_second(state, slot, packed, sc.mean, sc.std, *self._model_clip(), zs, mzs)
+        return zs, mzs
+
+    # ---------------------------------------------------------------- constants
+    def _scratch(self, name: str, shape: tuple[int, int], dtype: Any) -> np.ndarray:
+        """A work array of ``shape`` kept from the last tick of the same size: only for arrays no
+        caller keeps (fresh ones would cost their page faults every tick at 10,000 agents)."""
+        memo: dict[str, np.ndarray] = self.__dict__.setdefault("_scratch_memo", {})
+        hit = memo.get(name)
+        if hit is None or hit.shape != shape or hit.dtype != dtype:
+            hit = memo[name] = np.empty(shape, dtype)
+        return hit
+
+    def _slot(self, role: str) -> np.ndarray:
+        key = f"slot_{role}"
+        hit = self.__dict__.get(key)
+        if hit is None:
+            hit = self.__dict__[key] = _slots(self.layout.scalers[role].log)
+        return hit
+
+    def _zbounds(self, sc: ColumnScaler) -> tuple[np.ndarray, np.ndarray]:
+        """`ColumnScaler.legal_z`'s float32 bounds (computed there, kept on the scaler)."""
+        sc.legal_z(np.zeros((0, sc.width), np.float32))
+        hit = sc.__dict__["_zbounds"]
+        return hit[2], hit[3]
+
+    def _rolls(self) -> tuple[np.ndarray, ...]:
+        hit = self.__dict__.get("_rolls_memo")
+        if hit is None:
+            from edgetwin.imitation.layout import _period
+
+            lay = self.layout
+            cols = [j for j, st in enumerate(lay.clock) if st is not None]
+            steps = [float(lay.clock[j]) for j in cols]  # type: ignore[arg-type]
+            lows = [float(lay.spec.feature(lay.state[j]).low or 0.0) for j in cols]
+            periods = [_period(lay.spec, lay.state[j]) for j in cols]
+            echo = [(j, k) for j, k in enumerate(lay.echo) if k is not None]
+            hit = self.__dict__["_rolls_memo"] = (
+                np.asarray(cols, np.int64), np.asarray(steps, np.float64), np.asarray(lows, np.float64),
+                np.asarray([np.nan if p is None else p for p in periods], np.float64),
+                np.asarray([j for j, _ in echo], np.int64), np.asarray([k for _, k in echo], np.int64),
+            )
+        return hit
+
+    def _model_clip(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        hit = self.__dict__.get("_clip_memo")
+        if hit is None:
+            lay = self.layout
+            s = len(lay.state)
+            lo, hi = np.zeros(s), np.zeros(s)
+            on = np.zeros(s, np.bool_)
+            if any(lay.declared) and len(lay.input_range) == s:
+                for j in np.flatnonzero(lay.declared):
+                    lo[j], hi[j] = lay.input_range[j]
+                    on[j] = True
+            hit = self.__dict__["_clip_memo"] = (lo, hi, on)
+        return hit
+
+
+def _f64(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float64)

@@ -1,0 +1,108 @@
+"""The fused tick (issue 47): a twin's element-wise passes compiled into a few numba loops per row
+(`edgetwin.twin.fused.FusedTick`) must give the numpy passes' numbers to the bit, tick after tick,
+with and without the response noise, whole or agent by agent, and stand aside where it does not apply.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from edgetwin.contract.policy import RandomPolicy
+from edgetwin.emulator.cluster import ClusterConfig
+from edgetwin.emulator.logs import generate_logs
+from edgetwin.twin.fused import FusedTick
+from edgetwin.twin.simulation import Simulation
+from edgetwin.twin.twin import Twin
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def twin() -> Twin:
+    """A tiny twin of the emulated cluster: declared dynamics, site-level state, a clock, echoes,
+    log-scaled outputs and states, a weighted reward: every branch of the fused passes."""
+    df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
+    return Twin.fit(df, spec, members=2, seed=0, progress=False, population_model="empirical", bc_epochs=2,
+                    rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
+
+
+def _pair(twin: Twin, n: int, stochastic: bool) -> tuple[Simulation, Simulation]:
+    fused = twin.simulation(n_agents=n, seed=4, stochastic=stochastic, member=1)
+    plain = twin.simulation(n_agents=n, seed=4, stochastic=stochastic, member=1)
+    plain.use_fused = False
+    assert fused.fused_tick() is not None and plain.fused_tick() is None
+    return fused, plain
+
+
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_a_fused_tick_is_the_numpy_tick_to_the_bit(twin: Twin, stochastic: bool) -> None:
+    fused, plain = _pair(twin, 120, stochastic)
+    pol = RandomPolicy(twin.spec, 3)
+    for t in range(8):
+        a = np.asarray(pol.act(fused.obs()), np.float64)
+        if t == 2:
+            a = a * 3.0 - 1.0  # outside the bounds: clipped the same way
+        if t == 4:
+            a[:7] = np.nan  # NaN actions go through the same max / min
+        got, want = fused.step(a, with_disagreement=t % 2 == 0), plain.step(a, with_disagreement=t % 2 == 0)
+        for k in ("obs", "action", "outputs", "next_state", "reward", "disagreement"):
+            assert getattr(got, k).tobytes() == getattr(want, k).tobytes(), (t, k)
+        assert fused.world.lag.tobytes() == plain.world.lag.tobytes()
+        assert fused.world.zstate().tobytes() == plain.world.zstate().tobytes()
+        assert np.asarray(fused.world.model_zstate(), np.float64).tobytes() == np.asarray(
+            plain.world.model_zstate(), np.float64).tobytes()
+    assert np.isnan(got.outputs).any() or np.isfinite(got.outputs).all()
+
+
+def test_a_fused_tick_in_parts_with_overridden_outputs_is_the_numpy_one(twin: Twin) -> None:
+    """`respond` on row subsets, `override_outputs` and `end_tick` (the what-if engine's and the
+    per-agent environment's path) fused and not: the same bits."""
+    fused, plain = _pair(twin, 60, True)
+    pol = RandomPolicy(twin.spec, 5)
+    parts = (np.arange(0, 60, 3), np.arange(1, 60, 3), np.arange(2, 60, 3))
+    for _ in range(4):
+        a = np.asarray(pol.act(fused.obs()), np.float64)
+        for sim in (fused, plain):
+            outs = [sim.respond(p, a[p], with_disagreement=False) for p in parts]
+            sim.override_outputs(np.arange(4), np.full((4, len(twin.layout.outputs)), 0.5))
+            sim.kept = (outs, sim.end_tick())  # type: ignore[attr-defined]
+        for (fo, fr, _), (po, pr, _) in zip(fused.kept[0], plain.kept[0], strict=True):  # type: ignore[attr-defined]
+            assert fo.tobytes() == po.tobytes() and fr.tobytes() == pr.tobytes()
+        assert fused.kept[1].tobytes() == plain.kept[1].tobytes()  # type: ignore[attr-defined]
+
+
+def test_a_fused_rollout_is_the_same_for_the_same_seed(twin: Twin) -> None:
+    runs = [twin.simulation(n_agents=50, seed=9).run(RandomPolicy(twin.spec, 9), steps=5).frame for _ in range(2)]
+    assert runs[0].equals(runs[1])
+
+
+def test_the_numpy_passes_run_where_the_fused_ones_do_not_apply(twin: Twin) -> None:
+    assert FusedTick.of(twin, 0) is not None
+    other = copy.copy(twin)
+    other.layout = copy.deepcopy(twin.layout)
+    sc = other.layout.scalers["outputs"]
+    sc.values = [None] * (sc.width - 1) + [np.array([0.0, 1.0])]  # a discrete output: snapping is not a clip
+    assert FusedTick.of(other, 0) is None
+    other.layout = copy.deepcopy(twin.layout)
+    other.layout.spec = copy.copy(twin.layout.spec)
+    object.__setattr__(other.layout.spec, "reward_weights", {"kpi.no_such_column": 1.0})
+    assert FusedTick.of(other, 0) is None
+
+
+def test_a_pickled_fused_tick_carries_its_constants_not_its_work_arrays(twin: Twin) -> None:
+    import pickle
+
+    sim = twin.simulation(n_agents=30, seed=2, member=0)
+    pol = RandomPolicy(twin.spec, 2)
+    sim.step(pol.act(sim.obs()))
+    fused = sim.fused_tick()
+    assert fused is not None
+    blob = pickle.dumps(fused)
+    assert b"_scratch_memo" not in blob
+    again = pickle.loads(blob)
+    for got, want in zip(again.state_z(sim.world.state), fused.state_z(sim.world.state), strict=True):
+        assert got.tobytes() == want.tobytes()
