@@ -91,6 +91,14 @@ def test_the_numpy_passes_run_where_the_fused_ones_do_not_apply(twin: Twin) -> N
     other.layout.spec = copy.copy(twin.layout.spec)
     object.__setattr__(other.layout.spec, "reward_weights", {"kpi.no_such_column": 1.0})
     assert FusedTick.of(other, 0) is None
+    # a reward that replaces the spec's (training with another reward or constraints) is called
+    sim = twin.simulation(n_agents=10, seed=0, member=0)
+    assert sim.fused_tick() is not None
+    calls: list[int] = []
+    sim._reward_fn = lambda cols: calls.append(1) or np.zeros(len(next(iter(cols.values()))))
+    assert sim.fused_tick() is None
+    sim.step(RandomPolicy(twin.spec, 0).act(sim.obs()))
+    assert calls
 
 
 def test_a_pickled_fused_tick_carries_its_constants_not_its_work_arrays(twin: Twin) -> None:

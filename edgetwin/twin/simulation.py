@@ -160,6 +160,9 @@ class Simulation:
         self._reward_fn = (
             twin.spec.reward_fn() if (twin.spec.reward_weights or twin.spec.reward_function) else None
         )
+        #: the spec's own reward; a caller that replaces `_reward_fn` (training with another reward or
+        #: constraints) gets the numpy passes, which call it (the fused tick computes the spec's)
+        self._spec_reward_fn = self._reward_fn
         self.world: World
         #: per client model: its std, looked up once (`_std`; a twin's models do not train)
         self._stds: dict[int, tuple[Any, np.ndarray]] = {}
@@ -398,7 +401,7 @@ class Simulation:
     def fused_tick(self) -> FusedTick | None:
         """The `FusedTick` of this twin with the acting member (None: the numpy passes run, because
         `use_fused` is off or the twin's structure needs them; `FusedTick.of`)."""
-        if not self.use_fused:
+        if not self.use_fused or self._reward_fn is not self._spec_reward_fn:
             return None
         key = (self.member, id(self.layout))
         if self._fused is None or self._fused[0] != key:
