@@ -514,8 +514,9 @@ def section(by_logging: dict[str, Any]) -> str:
     for name, d in by_logging.items():
         t, r = d["twin_canary"], d["canary_steps_reach"]
         at = "not reached" if r["steps"] is None else f"{r['steps']:,.0f} agent-steps"
+        q = d.get("quick_canary_steps_ratio", d["canary_steps_ratio"])  # the scale run's headline replaces the key
         ratio = (f"≥ {r['lower_bound']:.1f}× (not reached)" if r.get("lower_bound") is not None
-                 else "n/a" if d["canary_steps_ratio"] is None else f"{d['canary_steps_ratio']:.2f}×")  # fmt: skip
+                 else "n/a" if q is None else f"{q:.2f}×")  # fmt: skip
         how = r["how"] + (f" (largest sweep point {r['max_steps']:,.0f})" if r["steps"] is None else "")
         lines.append(f"| {name} | {_pct(t['verdict_rate'])} / {_pct(t['confident_agreement'])} / "
                      f"{t['canary_agent_steps']:,} | {at} | {ratio} | {how} |")  # fmt: skip
@@ -847,9 +848,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, default=3, help="--coverage: seeds")
     ap.add_argument("--runs", type=int, default=200, help="--coverage: canaries per candidate type and seed")
     ap.add_argument("--days", type=int, default=20, help="--coverage: emulated days per seed (the truth's)")
-    ap.add_argument("--fleet-sizes", type=int, nargs="*", default=[100, 1000, 5000], help="--coverage: fleet sizes")
+    ap.add_argument("--fleet-sizes", type=int, nargs="*", default=[100, 1000, 5000], help="--coverage, --scale: fleet sizes")
+    ap.add_argument("--scale", action="store_true",
+                    help="the closed loop at --fleet-sizes for --seed (closed_loop_scale.run_seed) into --work/scale-s<seed>.json")
+    ap.add_argument("--scale-merge", type=int, nargs="*", default=None, metavar="SEED",
+                    help="pool --work/scale-s<SEED>.json into results_production.json and the page")
+    ap.add_argument("--truth-days", type=int, default=20, help="--scale: days of the whole cluster per policy (the truth)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.scale or args.scale_merge is not None:
+        from closed_loop_scale import run_scale
+
+        run_scale(args, OUT)
+        return
     if args.coverage:
         doc = run_coverage(args)
         print(json.dumps(doc["coverage_experiment"], indent=1, default=float))
