@@ -658,8 +658,9 @@ def coverage_experiment(
     The design (`design_comparison`, all within the same candidate arm, share and hours):
     ``cuped`` (the pre-period adjustment); ``control`` ``"slice"`` (the slice's other groups) or
     ``"fleet"`` (every group not on the candidate, valid as the candidate arm is a uniformly random
-    draw); ``assign`` ``"random"`` or ``"stratified"`` (the slice sorted by the pre-period into two
-    halves, the candidate arm drawn equally from each, before randomizing).
+    draw); ``assign`` ``"random"``, ``"stratified"`` (the slice sorted by the pre-period into two
+    halves, the candidate arm drawn equally from each, before randomizing) or ``"matched"`` (the
+    candidate arm's size in pairs, `_matched_arms`, analysed as pairs: ``paired=True``).
     """
     from scipy.stats import binomtest
 
@@ -697,6 +698,8 @@ def coverage_experiment(
                 lo_h, hi_h = srt[: k // 2], srt[k // 2:]
                 pick = np.concatenate([rng.permutation(lo_h)[: n_c // 2], rng.permutation(hi_h)[: n_c - n_c // 2]])
                 cand, ctrl = pick, np.setdiff1d(sl, pick)
+            elif assign == "matched":  # n_c pairs by the twin's predicted effect and the pre-period, one of each on the candidate
+                cand, ctrl = _matched_arms(sl[: 2 * n_c], fc - fb, x, rng)
             else:
                 cand, ctrl = sl[:n_c], sl[n_c:]
             if control == "fleet":
@@ -706,7 +709,7 @@ def coverage_experiment(
             bv = float(np.var([np.mean(w[2]) for w in others], ddof=1))
             e = ppi_mean_difference(fc, fb, yc[cand], fc[cand], y[ctrl], fb[ctrl], LEVEL,
                                     x_cand=x[cand] if cuped else None, x_ctrl=x[ctrl] if cuped else None,
-                                    day_var=(dv, bv), day_df=5.0)  # fmt: skip
+                                    day_var=(dv, bv), day_df=5.0, paired=assign == "matched")  # fmt: skip
             e.update(n_fleet=float(n), n_candidate=float(len(cand)), n_control=float(len(ctrl)))
             verdict, checks = ppi_verdict({"kpi.slo_violation": e}, margin)
             lo, hi = checks[0].interval
@@ -728,11 +731,27 @@ def coverage_experiment(
     return out
 
 
-#: the designs `design_comparison` measures, all with the same 4 candidate groups of a 10-group slice
+def _matched_arms(sl: np.ndarray, effect: np.ndarray, x: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The slice ``sl`` in matched pairs (`edgetwin.loop.plan.matched_pairs`: by the twin's predicted
+    effect and the pre-period), one group of each pair on the candidate by a fair coin: the arms,
+    pair by pair."""
+    from edgetwin.loop.plan import matched_pairs
+
+    ids = [str(int(i)) for i in sl]
+    pairs = matched_pairs(ids, {i: float(effect[int(i)]) for i in ids}, {i: float(x[int(i)]) for i in ids})
+    flip = rng.random(len(pairs)) < 0.5
+    cand = np.array([int(b if f else a) for (a, b), f in zip(pairs, flip, strict=True)])
+    ctrl = np.array([int(a if f else b) for (a, b), f in zip(pairs, flip, strict=True)])
+    return cand, ctrl
+
+
+#: the designs `design_comparison` measures, all with the same 4 candidate groups (the loss: the
+#: candidate arm's groups x hours) for one day; the matched-pair slice is 8 groups (4 pairs)
 DESIGNS = {
     "random, no CUPED": {"cuped": False},
     "random + CUPED (default)": {},
     "stratified by pre-period + CUPED": {"assign": "stratified"},
+    "matched pairs (twin's effect + pre-period) + CUPED, paired analysis": {"assign": "matched"},
     "fleet control + CUPED": {"control": "fleet"},
 }
 
@@ -845,6 +864,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--docs-only", action="store_true", help="rewrite the page from the results_<logging>.json files")
     ap.add_argument("--coverage", action="store_true",
                     help="only the coverage experiment (coverage_experiment) into results_production.json and its section")
+    ap.add_argument("--designs-only", action="store_true",
+                    help="only the coverage experiment's design table (design_comparison) for --seed, --runs, --days")
     ap.add_argument("--seeds", type=int, default=3, help="--coverage: seeds")
     ap.add_argument("--runs", type=int, default=200, help="--coverage: canaries per candidate type and seed")
     ap.add_argument("--days", type=int, default=20, help="--coverage: emulated days per seed (the truth's)")
@@ -871,6 +892,16 @@ def main(argv: list[str] | None = None) -> None:
                        coverage_seeds=doc["seeds"], coverage_days=doc["days"])  # fmt: skip
             path.write_text(json.dumps(cur, indent=1, default=float))
             write_section(COVERAGE_SECTION, coverage_section(doc), doc=OUT / "README.md")
+        return
+    if args.designs_only:  # the design table alone (seed --seed, --runs canaries per design and type)
+        path = OUT / "results_production.json"
+        cur = json.loads(path.read_text())
+        cur["designs"] = design_comparison(_emulated_days(100, args.days, args.seed), args.runs, args.seed)
+        path.write_text(json.dumps(cur, indent=1, default=float))
+        doc = {k: cur[k] for k in ("coverage_experiment", "simulated_by_fleet_size", "designs")}
+        write_section(COVERAGE_SECTION, coverage_section({**doc, "seeds": cur["coverage_seeds"], "days": cur["coverage_days"]}),
+                      doc=OUT / "README.md")  # fmt: skip
+        print(json.dumps(cur["designs"], indent=1))
         return
     if args.docs_only:
         write_outputs(None, False)
