@@ -262,12 +262,8 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
 
     pairs: list[dict[str, Any]] = []
     per_candidate: list[dict[str, Any]] = []
-    def sweep_label(share: float, hours: float) -> str:
-        return f"{max(4, int(math.floor(share * n_agents + 1e-9)))} groups × {hours:g} h"
-
-    sweep_pairs: dict[str, list[dict[str, Any]]] = {sweep_label(s, h): [] for s, h in sweep}
-    sweep_steps: dict[str, int] = dict.fromkeys(sweep_pairs, 0)
-    sweep_over: dict[str, int] = dict.fromkeys(sweep_pairs, 0)
+    sweep_pairs: dict[str, list[dict[str, Any]]] = {slice_label(n_agents, s, h): [] for s, h in sweep}
+    sweep_steps, sweep_over = dict.fromkeys(sweep_pairs, 0), dict.fromkeys(sweep_pairs, 0)
     t_loop = t_alone = t_sweep = 0.0
     for d in range(n_days):
         fleet_seed = args.seed + 7 + d
@@ -328,21 +324,7 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
                 alone_over += sum(int(_over_max_loss(cres.log, plan, 4, better_col, cols)) for plan, cres in canaries)
             alone = kayenta_pairs(alone_logs, cols, 4)
             t_alone += time.perf_counter() - t_c
-            # the loop's per-pair verdicts: the last round's prediction-powered checks by column
-            tc: dict[str, str] = {}
-            round_states: list[dict[str, str]] = []
-            if res is not None:
-                for rd in res.rounds:
-                    by_col = {c["kpi"]: c["verdict"] for c in rd.checks}
-                    if rd.stop_reason == "guard":  # refused at once; the stopping KPI regresses, the rest as the twin said
-                        by_col = {_guard_kpi(canaries, rd.round): "regress"}
-                    state = {}
-                    for k, c in nominal.items():
-                        col = cols.get(k, (None,))[0]
-                        state[k] = by_col.get(col, c.verdict) if col is not None and col in by_col else c.verdict
-                    round_states.append(state)
-            for k, c in nominal.items():
-                tc[k] = round_states[-1][k] if round_states else c.verdict
+            tc, round_states = loop_round_states(res, canaries, nominal, cols)
             loop_steps = res.agent_steps if res is not None else 0
             # the same measure and budget as canary alone's (the loop's own `over_budget` checks the plan's
             # deciding KPIs only; it is kept per round below)
@@ -358,24 +340,15 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
                     "twin_canary_by_round": [s[k] for s in round_states], "twin_interval": list(c.interval),
                     "out_of_support": c.out_of_support,
                 })  # fmt: skip
-            per_candidate.append({
-                "policy": name, "day": d, "twin_alone": decision.verdict,
-                "twin_canary": res.verdict if res is not None else "abstain",
-                "reason": res.reason if res is not None else f"no canary: {loop_error}",
-                "rounds": [{"round": rd.round, "n_groups": rd.plan["n_groups"], "hours": rd.plan["hours"],
-                            "stop": rd.stop_reason, "agent_steps": rd.candidate_agent_steps, "verdict": rd.verdict,
-                            "realised_loss": rd.realised_loss, "over_budget": rd.over_budget,
-                            "twin_updated": rd.twin_updated} for rd in (res.rounds if res is not None else [])],
-                "twin_canary_agent_steps": loop_steps, "twin_canary_rounds_over_budget": loop_over,
-                "canary_alone_agent_steps": alone_steps, "canary_alone_rounds_over_budget": alone_over,
-            })  # fmt: skip
+            per_candidate.append(candidate_summary(name, d, decision, res, loop_error, loop_steps, loop_over,
+                                                   alone_steps, alone_over))
             print(f"    twin alone {decision.verdict}; loop {per_candidate[-1]['twin_canary']} after "
                   f"{len(per_candidate[-1]['rounds'])} round(s), {loop_steps} steps; canary alone "
                   f"{sorted(set(alone.values()))}; {per_candidate[-1]['reason'][:300]}", flush=True)  # fmt: skip
             # canary alone's sweep: one canary per configuration on a seeded random slice
             t_c = time.perf_counter()
             for i, (share, hours) in enumerate(sweep):
-                label = sweep_label(share, hours)
+                label = slice_label(n_agents, share, hours)
                 ccfg, cplan = random_slice_config(fleet_agents, share, hours, margins, args.seed * 1000 + 100 * d + i + 1,
                                                   spec, levels)  # fmt: skip
                 cres = canary_on_cluster(cfg, copy.deepcopy(current), copy.deepcopy(pol), ccfg, seed=fleet_seed,
@@ -388,6 +361,69 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
             t_sweep += time.perf_counter() - t_c
     timings.update({"loop": t_loop, "canary_alone": t_alone, "sweep": t_sweep})
 
+    arms, curve, sweep_points, reach, ratio = summarize_arms(pairs, per_candidate, sweep_pairs, sweep_steps, sweep_over)
+    return {
+        "logging": args.logging, "quick": bool(quick), "seed": args.seed,
+        "config": {"agents": n_agents, "members": members, "train_days": train_days, "ppo_steps": ppo_steps,
+                   "days": n_days, "candidates": list(pols), "update": update_options, "max_rounds": 3,
+                   "max_share": MAX_SHARE, "max_hours": MAX_HOURS, "max_loss": MAX_LOSS, "margin": MARGIN,
+                   "fleet_control": bool(args.fleet_control),
+                   "kayenta_min_points": KAYENTA_MIN_POINTS, "kayenta_alpha": KAYENTA_ALPHA,
+                   "sweep": [list(x) for x in sweep], "machine_cores": os.cpu_count()},
+        **arms, "canary_steps_ratio": ratio, "canary_steps_reach": reach, "twin_canary_curve": curve,
+        "canary_alone_sweep": sweep_points, "per_candidate": per_candidate, "pairs": pairs, "seconds": timings,
+    }  # fmt: skip
+
+
+def slice_label(n_agents: int, share: float, hours: float) -> str:
+    """A canary-alone sweep point's label: its groups (``share`` of ``n_agents``, at least 4) × hours."""
+    return f"{max(4, int(math.floor(share * n_agents + 1e-9)))} groups × {hours:g} h"
+
+
+def candidate_summary(name: str, day: int, decision: Any, res: Any, loop_error: str | None, loop_steps: int,
+                      loop_over: int, alone_steps: int, alone_over: int) -> dict[str, Any]:
+    """One (candidate, day) of `run_logging`: the twin alone's and the loop's verdicts, the loop's
+    rounds, and each arm's canary agent-steps and rounds over budget."""
+    return {
+        "policy": name, "day": day, "twin_alone": decision.verdict,
+        "twin_canary": res.verdict if res is not None else "abstain",
+        "reason": res.reason if res is not None else f"no canary: {loop_error}",
+        "rounds": [{"round": rd.round, "n_groups": rd.plan["n_groups"], "hours": rd.plan["hours"],
+                    "stop": rd.stop_reason, "agent_steps": rd.candidate_agent_steps, "verdict": rd.verdict,
+                    "realised_loss": rd.realised_loss, "over_budget": rd.over_budget,
+                    "twin_updated": rd.twin_updated} for rd in (res.rounds if res is not None else [])],
+        "twin_canary_agent_steps": loop_steps, "twin_canary_rounds_over_budget": loop_over,
+        "canary_alone_agent_steps": alone_steps, "canary_alone_rounds_over_budget": alone_over,
+    }  # fmt: skip
+
+
+def loop_round_states(res: Any, canaries: list[tuple[Any, Any]], nominal: dict[str, Any],
+                      cols: dict[str, tuple[str, str]]) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """The loop's per-pair verdicts after its last round and after each round: each round's
+    prediction-powered checks by column; a guard-stopped round refuses at once (the stopping KPI
+    regresses, the rest as the twin said); a KPI no canary judged keeps the twin alone's verdict."""
+    round_states: list[dict[str, str]] = []
+    if res is not None:
+        for rd in res.rounds:
+            by_col = {c["kpi"]: c["verdict"] for c in rd.checks}
+            if rd.stop_reason == "guard":
+                by_col = {_guard_kpi(canaries, rd.round): "regress"}
+            state = {}
+            for k, c in nominal.items():
+                col = cols.get(k, (None,))[0]
+                state[k] = by_col.get(col, c.verdict) if col is not None and col in by_col else c.verdict
+            round_states.append(state)
+    tc = {k: round_states[-1][k] if round_states else c.verdict for k, c in nominal.items()}
+    return tc, round_states
+
+
+def summarize_arms(pairs: list[dict[str, Any]], per_candidate: list[dict[str, Any]],
+                   sweep_pairs: dict[str, list[dict[str, Any]]], sweep_steps: dict[str, int],
+                   sweep_over: dict[str, int]) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]],
+                                                        dict[str, Any], float | None]:
+    """`run_logging`'s scores: per arm (`score`, agent-steps, rounds over budget, post-update
+    regression rate), twin + canary after each round, canary alone's sweep points, and the agent-steps
+    at which the sweep reaches twin + canary (`steps_to_reach`) with its ratio."""
     arms: dict[str, Any] = {}
     steps = {"twin_alone": 0, "twin_canary": sum(c["twin_canary_agent_steps"] for c in per_candidate),
              "canary_alone": sum(c["canary_alone_agent_steps"] for c in per_candidate)}  # fmt: skip
@@ -420,17 +456,7 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
         ratio = None
     reach["lower_bound"] = (reach.get("max_steps", 0.0) / tcs["canary_agent_steps"]
                             if reach["steps"] is None and tcs["canary_agent_steps"] > 0 else None)  # fmt: skip
-    return {
-        "logging": args.logging, "quick": bool(quick), "seed": args.seed,
-        "config": {"agents": n_agents, "members": members, "train_days": train_days, "ppo_steps": ppo_steps,
-                   "days": n_days, "candidates": list(pols), "update": update_options, "max_rounds": 3,
-                   "max_share": MAX_SHARE, "max_hours": MAX_HOURS, "max_loss": MAX_LOSS, "margin": MARGIN,
-                   "fleet_control": bool(args.fleet_control),
-                   "kayenta_min_points": KAYENTA_MIN_POINTS, "kayenta_alpha": KAYENTA_ALPHA,
-                   "sweep": [list(x) for x in sweep], "machine_cores": os.cpu_count()},
-        **arms, "canary_steps_ratio": ratio, "canary_steps_reach": reach, "twin_canary_curve": curve,
-        "canary_alone_sweep": sweep_points, "per_candidate": per_candidate, "pairs": pairs, "seconds": timings,
-    }  # fmt: skip
+    return arms, curve, sweep_points, reach, ratio
 
 
 def _guard_kpi(canaries: list[tuple[Any, Any]], round_no: int) -> str | None:
@@ -811,6 +837,21 @@ def run_coverage(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": time.perf_counter() - t0}  # fmt: skip
 
 
+def design_note(designs: dict[str, dict[str, Any]]) -> str:
+    """What the design table says about matched pairs against the random default, from its numbers."""
+    mp = next((v for k, v in designs.items() if k.startswith("matched pairs")), None)
+    rnd = designs.get("random + CUPED (default)")
+    if mp is None or rnd is None:
+        return ""
+    parts = [f"{t}: {100 * mp[t]['median_width']:.0f} pp vs {100 * rnd[t]['median_width']:.0f} pp "
+             f"({'narrower' if mp[t]['median_width'] < rnd[t]['median_width'] else 'wider'})" for t in ("aa", "regressing")]
+    return ("Matched pairs against the random default, median width: " + "; ".join(parts) + ". Pairing pays where "
+            "the groups' responses are alike (the pairs then predict each other); where the candidate's effect varies "
+            "by group the pairs stop predicting each other and 4 pairs leave 3 degrees of freedom, so the paired "
+            "interval is wider. No design wins everywhere: `plan_canary(design=\"auto\")` weighs both per canary by "
+            "the interval the twin expects, and the plan records both widths (`CanaryPlan.expected_width`).")
+
+
 def coverage_section(doc: dict[str, Any]) -> str:
     ce = doc["coverage_experiment"]
     lines = [COVERAGE_SECTION, "",
@@ -846,6 +887,7 @@ def coverage_section(doc: dict[str, Any]) -> str:
             a, g = r["aa"], r["regressing"]
             lines.append(f"| {label} | {100 * a['median_width']:.0f} pp | {100 * a['coverage']:.1f} % | {100 * a['decided']:.0f} % | "
                          f"{100 * g['median_width']:.0f} pp | {100 * g['coverage']:.1f} % | {100 * g['decided']:.0f} % |")  # fmt: skip
+        lines += ["", design_note(doc["designs"])]
     return "\n".join(lines) + "\n"
 
 

@@ -278,7 +278,7 @@ def score_size(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[s
     return {
         "pairs": len(pairs), "truth_regress": sum(bool(p["truth_regress"]) for p in pairs),
         "canary_verdict_rate": vr["rate"], "canary_verdict_rate_ci": vr["ci"],
-        "canary_decided": len(can_dec), "open_after_twin": len(open_),
+        "canary_decided": len(can_dec), "open_after_twin": len(open_), "canary_agreeing": ag["k"],
         "confident_agreement": ag["rate"], "agreement_ci": ag["ci"],
         "twin_alone": {"verdict_rate": rate(len(twin_dec), len(pairs)),
                        "agreement": rate(sum(agree(p, "twin_alone") for p in twin_dec), len(twin_dec))},
@@ -352,6 +352,8 @@ def run_scale(args: Any, out_dir: Path) -> None:
 
 # ------------------------------------------------------------------------------------ output
 SCALE_SECTION = "## Closed loop at 100, 1,000 and 5,000 groups: distinct pairs, multi-day truth, seeds"
+#: hand-written subsections of the scale section that a rerun keeps
+SCALE_KEEP = ("### What the scale run says",)
 
 
 def _r(x: dict[str, Any] | None) -> str:
@@ -390,7 +392,7 @@ def scale_section(res: dict[str, Any]) -> str:
         ta, lp, ca = v["twin_alone"], v["loop"], v["canary_alone"]
         lines.append(f"| {int(n):,} | {v['seeds']} | {v['pairs']} ({v['truth_regress']}) | {_r(ta['verdict_rate'])} / "
                      f"{_r(ta['agreement'])} | {_r(rate(v['canary_decided'], v['open_after_twin']))} | "
-                     f"{_r(rate(round((v['confident_agreement'] or 0) * v['canary_decided']), v['canary_decided']))} | "
+                     f"{_r(rate(v['canary_agreeing'], v['canary_decided']))} | "
                      f"{_r(lp['verdict_rate'])} / {_r(lp['agreement'])} | {_r(ca['verdict_rate'])} / {_r(ca['agreement'])} | "
                      f"{v['twin_canary_agent_steps']:,} |")  # fmt: skip
     lines += ["", "Canary alone at growing slices (Kayenta-style on a seeded random slice per candidate, every pair), "
@@ -444,5 +446,5 @@ def write_scale(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool) 
         for d in seed_docs:
             (out_dir / "scale").mkdir(exist_ok=True)
             (out_dir / "scale" / f"seed{d['seed']}.json").write_text(json.dumps(d, indent=1, default=float))
-        write_section(SCALE_SECTION, scale_section(res), doc=out_dir / "README.md")
+        write_section(SCALE_SECTION, scale_section(res), doc=out_dir / "README.md", keep=SCALE_KEEP)
     return res
