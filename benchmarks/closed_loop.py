@@ -891,6 +891,13 @@ def coverage_section(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_coverage_section(cur: dict[str, Any]) -> None:
+    """The coverage section from ``results_production.json``'s stored coverage experiment."""
+    doc = {k: cur[k] for k in ("coverage_experiment", "simulated_by_fleet_size", "designs")}
+    write_section(COVERAGE_SECTION, coverage_section({**doc, "seeds": cur["coverage_seeds"], "days": cur["coverage_days"]}),
+                  doc=OUT / "README.md")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--logging", choices=sorted(LOGGING_TEXT), default="production")
@@ -940,13 +947,12 @@ def main(argv: list[str] | None = None) -> None:
         cur = json.loads(path.read_text())
         cur["designs"] = design_comparison(_emulated_days(100, args.days, args.seed), args.runs, args.seed)
         path.write_text(json.dumps(cur, indent=1, default=float))
-        doc = {k: cur[k] for k in ("coverage_experiment", "simulated_by_fleet_size", "designs")}
-        write_section(COVERAGE_SECTION, coverage_section({**doc, "seeds": cur["coverage_seeds"], "days": cur["coverage_days"]}),
-                      doc=OUT / "README.md")  # fmt: skip
+        write_coverage_section(cur)
         print(json.dumps(cur["designs"], indent=1))
         return
     if args.docs_only:
         write_outputs(None, False)
+        write_coverage_section(json.loads((OUT / "results_production.json").read_text()))
         return
     t0 = time.perf_counter()
     d = run_logging(args)
