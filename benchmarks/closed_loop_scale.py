@@ -211,24 +211,46 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
     doc.setdefault("by_fleet_size", {})
     doc["seconds_fit"] = time.perf_counter() - t0
     for n in sizes:
-        if str(n) in doc["by_fleet_size"]:
+        run_size(doc, n, twin, train, current, pols, budget, truth_days, seed, out, log)
+    return doc
+
+
+def sweep_for(n: int) -> tuple[tuple[float, float], ...]:
+    """Canary alone's sweep at a fleet of ``n`` groups: every `SCALE_SWEEP` point up to 100 groups,
+    without the whole-fleet point up to `SWEEP_MAX_GROUPS` (serving 1,000 groups the candidate
+    through the runtime for a day did not fit the shared machine), none above."""
+    if n <= 100:
+        return SCALE_SWEEP
+    return tuple(p for p in SCALE_SWEEP if p[0] < 1.0) if n <= SWEEP_MAX_GROUPS else ()
+
+
+def run_size(doc: dict[str, Any], n: int, twin: Any, train: Any, current: Any, pols: dict[str, Any], budget: Any,
+             truth_days: int, seed: int, out: Path, log: Any) -> None:
+    """One fleet size: each candidate's pairs with their multi-day truth, saved to ``out`` after every
+    candidate (``complete`` once all are done; a rerun resumes with the candidates not yet done)."""
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+
+    entry = doc["by_fleet_size"].setdefault(str(n), {"pairs": [], "per_candidate": [], "truth": {}, "complete": False})
+    if entry.get("complete", True):
+        return
+    t1 = time.perf_counter()
+    cfg = ClusterConfig(n_agents=n, steps=96)
+    fleet_seed = seed * 1000 + 7
+    fleet_log, _ = generate_logs(cfg, 1, copy.deepcopy(current), seed=fleet_seed)
+    ctx = {"twin": twin, "fleet_log": fleet_log, "cfg": cfg, "current": current, "seed": seed, "budget": budget,
+           "fleet_seed": fleet_seed, "train": train, "sweep": sweep_for(n),
+           "agents": sorted(fleet_log["agent"].astype(str).unique())}  # fmt: skip
+    entry["sweep"] = [list(p) for p in sweep_for(n)]
+    done = {s["policy"] for s in entry["per_candidate"]}
+    for name, pol in pols.items():
+        if name in done:
             continue
-        t1 = time.perf_counter()
-        cfg = ClusterConfig(n_agents=n, steps=96)
-        fleet_seed = seed * 1000 + 7
-        fleet_log, _ = generate_logs(cfg, 1, copy.deepcopy(current), seed=fleet_seed)
-        ctx = {"twin": twin, "fleet_log": fleet_log, "cfg": cfg, "current": current, "seed": seed, "budget": budget,
-               "fleet_seed": fleet_seed, "train": train, "sweep": SCALE_SWEEP if n <= SWEEP_MAX_GROUPS else (),
-               "agents": sorted(fleet_log["agent"].astype(str).unique())}  # fmt: skip
-        pairs, per = [], []
-        for name, pol in pols.items():
-            p, s = run_candidate(ctx, name, pol)
-            pairs += p
-            per.append(s)
-            log(f"seed {seed} n {n} {name!r}: twin alone {s['twin_alone']}, loop {s['twin_canary']} "
-                f"({len(s['rounds'])} rounds, {s['twin_canary_agent_steps']} steps) [{time.perf_counter() - t1:.0f} s]")
-        t2 = time.perf_counter()
-        truth = multi_day_truth(cfg, {"current": current, **pols}, list(ctx["kdefs"].values()), twin, truth_days, seed)
+        pairs, summ = run_candidate(ctx, name, pol)
+        truth = entry["truth"]
+        if "current" not in truth:
+            truth.update(multi_day_truth(cfg, {"current": current}, list(ctx["kdefs"].values()), twin, truth_days, seed))
+        truth.update(multi_day_truth(cfg, {name: pol}, list(ctx["kdefs"].values()), twin, truth_days, seed))
         for p in pairs:
             rb, rc = truth["current"][p["kpi"]], truth[p["policy"]][p["kpi"]]
             ch = (rc - rb) / abs(rb) if rb else float("nan")
@@ -236,11 +258,15 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
             p["truth_change"] = ch
             p["truth_regress"] = bool(sign * ch > p["allowed_change"])
             p["merged_truth_gap"] = max((abs(_rel(truth, p["policy"], m) - ch) for m in p["merged"]), default=0.0)
-        doc["by_fleet_size"][str(n)] = {"pairs": pairs, "per_candidate": per, "truth": truth,
-                                        "seconds": {"loop": t2 - t1, "truth": time.perf_counter() - t2}}  # fmt: skip
+        entry["pairs"] += pairs
+        entry["per_candidate"].append(summ)
+        entry.setdefault("seconds", {})[name] = time.perf_counter() - t1
         out.write_text(json.dumps(doc, indent=1, default=float))
-        log(f"seed {seed} n {n} done in {time.perf_counter() - t1:.0f} s")
-    return doc
+        log(f"seed {seed} n {n} {name!r}: twin alone {summ['twin_alone']}, loop {summ['twin_canary']} "
+            f"({len(summ['rounds'])} rounds, {summ['twin_canary_agent_steps']} steps) [{time.perf_counter() - t1:.0f} s]")
+    entry["complete"] = True
+    out.write_text(json.dumps(doc, indent=1, default=float))
+    log(f"seed {seed} n {n} done in {time.perf_counter() - t1:.0f} s")
 
 
 def _rel(truth: dict[str, dict[str, float]], policy: str, kpi: str) -> float:
