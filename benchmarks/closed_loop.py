@@ -923,6 +923,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="the closed loop at --fleet-sizes for --seed (closed_loop_scale.run_seed) into --work/scale-s<seed>.json")
     ap.add_argument("--scale-merge", type=int, nargs="*", default=None, metavar="SEED",
                     help="pool --work/scale-s<SEED>.json into results_production.json and the page")
+    ap.add_argument("--scale-more", type=Path, nargs="*", default=[], metavar="DIR",
+                    help="--scale-merge: more work directories whose scale-s<SEED>.json add fleet sizes the first lacks")
     ap.add_argument("--truth-days", type=int, default=20, help="--scale: days of the whole cluster per policy (the truth)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

@@ -285,6 +285,22 @@ def agree(p: dict[str, Any], arm: str) -> bool:
     return (p[arm] == "regress") == bool(p["truth_regress"])
 
 
+def candidate_level(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[str, Any]:
+    """The operator's decision per (seed, candidate): the loop's overall verdict (promote / refuse)
+    against the truth (a candidate regresses when any of its pairs does over the multi-day truth)."""
+    regress: dict[tuple[Any, str], bool] = {}
+    for p in pairs:
+        key = (p.get("seed"), p["policy"])
+        regress[key] = regress.get(key, False) or bool(p["truth_regress"])
+    decided = right = 0
+    for s in per:
+        if s["twin_canary"] in ("promote", "refuse"):
+            decided += 1
+            right += (s["twin_canary"] == "refuse") == regress.get((s.get("seed"), s["policy"]), False)
+    return {"verdict_rate": rate(decided, len(per)), "agreement": rate(right, decided),
+            "truly_regressing": sum(regress.values())}  # fmt: skip
+
+
 def score_size(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[str, Any]:
     """One fleet size over every seed's distinct pairs: who decided what, how often right, at what cost.
 
@@ -314,6 +330,7 @@ def score_size(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[s
                          "agreement": rate(sum(agree(p, "canary_alone") for p in ca_dec), len(ca_dec)),
                          "open_verdict_rate": rate(len(ca_open_dec), len(open_)),
                          "open_agreement": rate(sum(agree(p, "canary_alone") for p in ca_open_dec), len(ca_open_dec))},
+        "candidate_verdicts": candidate_level(pairs, per),
         "twin_canary_agent_steps": sum(s["twin_canary_agent_steps"] for s in per),
         "canary_alone_agent_steps": sum(s["canary_alone_agent_steps"] for s in per),
         "rounds": sum(len(s["rounds"]) for s in per),
@@ -346,6 +363,11 @@ def steps_ratio(pairs: list[dict[str, Any]], per: list[dict[str, Any]], loop: di
             "twin_canary_steps": steps, "sweep": points}  # fmt: skip
 
 
+def first_sweep(seed_docs: list[dict[str, Any]]) -> list[list[float]]:
+    """The run-wide sweep (an entry written before sweeps were recorded per size)."""
+    return list(seed_docs[0].get("sweep", []))
+
+
 def merge(seed_docs: list[dict[str, Any]]) -> dict[str, Any]:
     """The seeds pooled per fleet size: `score_size` and `steps_ratio` over every seed's pairs,
     plus each seed's own scores (``per_seed``) and which seeds ran which size (a run cut short)."""
@@ -353,10 +375,13 @@ def merge(seed_docs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for n in sizes:
         runs = [d for d in seed_docs if str(n) in d["by_fleet_size"]]
-        pairs = [p for d in runs for p in d["by_fleet_size"][str(n)]["pairs"]]
-        per = [s for d in runs for s in d["by_fleet_size"][str(n)]["per_candidate"]]
+        pairs = [{**p, "seed": d["seed"]} for d in runs for p in d["by_fleet_size"][str(n)]["pairs"]]
+        per = [{**s, "seed": d["seed"]} for d in runs for s in d["by_fleet_size"][str(n)]["per_candidate"]]
         sc = score_size(pairs, per)
         out[str(n)] = {**sc, "seeds": [d["seed"] for d in runs], "steps": steps_ratio(pairs, per, sc["loop"]),
+                       "candidates": {str(d["seed"]): [s["policy"] for s in d["by_fleet_size"][str(n)]["per_candidate"]]
+                                      for d in runs},
+                       "sweep": runs[0]["by_fleet_size"][str(n)].get("sweep", first_sweep(seed_docs)),
                        "per_seed": {str(d["seed"]): score_size(d["by_fleet_size"][str(n)]["pairs"],
                                                                d["by_fleet_size"][str(n)]["per_candidate"])
                                     for d in runs}}  # fmt: skip
@@ -372,8 +397,27 @@ def run_scale(args: Any, out_dir: Path) -> None:
         run_seed(args.seed, list(args.fleet_sizes), args.truth_days, args.work, args.work / f"scale-s{args.seed}.json",
                  args.max_candidates, log=lambda s: print(s, flush=True))  # fmt: skip
         return
-    docs = [json.loads((args.work / f"scale-s{s}.json").read_text()) for s in args.scale_merge]
-    write_scale(docs, out_dir, args.no_write)
+    docs, where = [], {}
+    for s in args.scale_merge:
+        doc = json.loads((args.work / f"scale-s{s}.json").read_text())
+        where.update({n: args.work for n in doc["by_fleet_size"]})
+        for more in args.scale_more:  # e.g. the 5,000-group runs, made in their own process and directory
+            path = more / f"scale-s{s}.json"
+            if path.is_file():
+                for n, entry in json.loads(path.read_text())["by_fleet_size"].items():
+                    if n not in doc["by_fleet_size"]:
+                        doc["by_fleet_size"][n] = entry
+                        where[n] = more
+        docs.append(doc)
+    runs: dict[tuple[str, int], list[str]] = {}  # (work directory, candidates) -> fleet sizes
+    for n in sorted(where, key=int):
+        k = max(len(d["by_fleet_size"][n]["per_candidate"]) for d in docs if n in d["by_fleet_size"])
+        runs.setdefault((str(where[n]), k), []).append(n)
+    cmds = [f"python benchmarks/closed_loop.py --scale --seed S --fleet-sizes {' '.join(ns)} --max-candidates {k} "
+            f"--truth-days {args.truth_days} --work {w}" for (w, k), ns in runs.items()]
+    cmds.append(f"python benchmarks/closed_loop.py --scale-merge {' '.join(map(str, args.scale_merge))} --work {args.work}"
+                + (" --scale-more " + " ".join(map(str, args.scale_more)) if args.scale_more else ""))
+    write_scale(docs, out_dir, args.no_write, cmds)
 
 
 # ------------------------------------------------------------------------------------ output
@@ -394,13 +438,11 @@ def scale_section(res: dict[str, Any]) -> str:
     """The page's section for the pooled scale run (`merge`'s result plus what was run)."""
     c = res["scale_config"]
     lines = [SCALE_SECTION, "",
-             f"Commands: `python benchmarks/closed_loop.py --scale --seed S --fleet-sizes {{sizes}} --max-candidates "
-             f"{len(c['candidates'])} --truth-days {c['truth_days']} --work /tmp/cl-scale` per seed, then "
-             f"`python benchmarks/closed_loop.py --scale-merge {' '.join(map(str, res['seeds']))} --work /tmp/cl-scale`. "
-             "What ran (the machine: 2 cores shared by six sessions; the full design did not fit): "
-             + "; ".join(f"{n} groups: seeds {v['seeds']}" for n, v in res["by_fleet_size"].items())
-             + f". Candidates ({len(c['candidates'])} of the what-if gate benchmark's 9, PPO not trained at scale): "
-             + ", ".join(c["candidates"]) + f". Twin: the quick one ({c['twin']['groups']} groups, {c['twin']['days']} "
+             "Commands (per seed S): " + ", then ".join(f"`{x}`" for x in c.get("commands", [])) + ". What ran (the machine: 2 cores shared by six sessions; the full design did not fit): "
+             + "; ".join(f"{int(n):,} groups: seeds {v['seeds']}, candidates per seed "
+                         + ", ".join(f"{sd}: {len(cs)}" for sd, cs in v["candidates"].items()) for n, v in res["by_fleet_size"].items())
+             + f". Candidates, in this order (the first of {len(c['candidates'])} of the what-if gate benchmark's 9 where "
+             "fewer ran; PPO not trained at scale): " + ", ".join(c["candidates"]) + f". Twin: the quick one ({c['twin']['groups']} groups, {c['twin']['days']} "
              f"days, {c['twin']['members']} members) fitted once per seed and reused at every size. Budget per round: "
              f"a fixed {100 * c['budget']['max_share']:g} % share (half on the candidate), ≤ 1 day, no loss cap, ≤ 3 "
              f"rounds, `Twin.update` {c['update']['epochs']} epochs × {c['update']['max_steps']} steps between rounds. "
@@ -412,14 +454,16 @@ def scale_section(res: dict[str, Any]) -> str:
              "intervals are optimistic).", "",
              "| groups | seeds | pairs (truly regressing) | twin alone decided / right | left open → canaries decided "
              "(`canary_verdict_rate`, target ≥ 60 % at 1,000) | canary verdicts right (`confident_agreement`, ≥ 97 %) "
-             "| loop over all pairs: decided / right | canary alone (Kayenta, same canaries): decided / right | loop canary agent-steps |",
-             "|---|---|---|---|---|---|---|---|---:|"]  # fmt: skip
+             "| loop over all pairs: decided / right | canary alone (Kayenta, same canaries): decided / right "
+             "| candidates the loop promoted or refused / right | loop canary agent-steps |",
+             "|---|---|---|---|---|---|---|---|---|---:|"]  # fmt: skip
     for n, v in res["by_fleet_size"].items():
         ta, lp, ca = v["twin_alone"], v["loop"], v["canary_alone"]
         lines.append(f"| {int(n):,} | {v['seeds']} | {v['pairs']} ({v['truth_regress']}) | {_r(ta['verdict_rate'])} / "
                      f"{_r(ta['agreement'])} | {_r(rate(v['canary_decided'], v['open_after_twin']))} | "
                      f"{_r(rate(v['canary_agreeing'], v['canary_decided']))} | "
                      f"{_r(lp['verdict_rate'])} / {_r(lp['agreement'])} | {_r(ca['verdict_rate'])} / {_r(ca['agreement'])} | "
+                     f"{_r(v['candidate_verdicts']['verdict_rate'])} / {_r(v['candidate_verdicts']['agreement'])} | "
                      f"{v['twin_canary_agent_steps']:,} |")  # fmt: skip
     lines += ["", "Canary alone at growing slices (Kayenta-style on a seeded random slice per candidate, every pair), "
               "and the agent-steps it needs to match the loop (`canary_steps_ratio`: canary alone's ÷ the loop's, "
@@ -443,7 +487,7 @@ def scale_section(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_scale(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool) -> dict[str, Any]:
+def write_scale(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str] | None = None) -> dict[str, Any]:
     """Pool the seeds (`merge`) into ``results_production.json`` (``seeds``, ``by_fleet_size`` →
     ``"100"`` / ``"1000"`` / ``"5000"`` → ``canary_verdict_rate``, ``confident_agreement``,
     ``agreement_ci``, ...; ``canary_steps_ratio`` at 1,000 groups, or the largest size measured)
@@ -453,6 +497,7 @@ def write_scale(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool) 
     by = merge(seed_docs)
     first = seed_docs[0]
     cfg = {k: first[k] for k in ("candidates", "truth_days", "twin", "update", "sweep", "budget", "sweep_max_groups")}
+    cfg["commands"] = list(commands or [])
     res = {"seeds": sorted(d["seed"] for d in seed_docs), "by_fleet_size": by, "scale_config": cfg}
     head = "1000" if "1000" in by else max(by, key=int)
     ratio = by[head]["steps"]
