@@ -615,10 +615,22 @@ def plot(d: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+#: keys of results_production.json that the coverage experiment and the scale run write (a rerun of
+#: the closed loop at one size keeps them)
+OTHER_RUNS_KEYS = ("coverage_experiment", "simulated_by_fleet_size", "designs", "coverage_seeds", "coverage_days",
+                   "seeds", "by_fleet_size", "scale_config", "canary_steps_ratio_fleet_size",
+                   "canary_steps_ratio_lower_bound", "quick_canary_steps_ratio")  # fmt: skip
+
+
 def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     if d is not None:
-        (OUT / f"results_{d['logging']}.json").write_text(json.dumps(d, indent=1, default=float))
+        path = OUT / f"results_{d['logging']}.json"
+        cur = json.loads(path.read_text()) if path.is_file() else {}
+        new = {**{k: v for k, v in cur.items() if k in OTHER_RUNS_KEYS}, **d}  # the coverage and scale runs' keys stay
+        if "by_fleet_size" in cur:  # the scale run's headline keeps the key; this run's ratio is the quick one
+            new["quick_canary_steps_ratio"], new["canary_steps_ratio"] = d["canary_steps_ratio"], cur["canary_steps_ratio"]
+        path.write_text(json.dumps(new, indent=1, default=float))
     by_logging = {n: json.loads((OUT / f"results_{n}.json").read_text()) for n in LOGGING_TEXT
                   if (OUT / f"results_{n}.json").is_file()}  # fmt: skip
     for n, r in by_logging.items():
@@ -627,7 +639,8 @@ def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
     keys = ("verdict_rate", "confident_agreement", "canary_agent_steps", "rounds_over_budget",
             "post_update_regression_rate", "canary_rounds", "promoted", "pairs", "decided")  # fmt: skip
     summary = {n: {**{arm: {k: r[arm][k] for k in keys} for arm in ARMS},
-                   "canary_steps_ratio": r["canary_steps_ratio"], "canary_steps_reach": r["canary_steps_reach"],
+                   "canary_steps_ratio": r.get("quick_canary_steps_ratio", r["canary_steps_ratio"]),
+                   "canary_steps_reach": r["canary_steps_reach"],
                    "quick": r["quick"], "seed": r["seed"], "config": r["config"]}
                for n, r in by_logging.items()}  # fmt: skip
     (OUT / "results.json").write_text(json.dumps({**summary, "targets": TARGETS}, indent=1, default=float))
