@@ -572,7 +572,7 @@ def plan_canary(
     from edgetwin.loop.ppi import twin_group_predictions
 
     if design not in ("auto", *DESIGNS):
-        raise InputError(f"unknown canary design {design!r}; expected auto, {', '.join(DESIGNS)}", "--design")
+        raise InputError(f"unknown canary design {design!r}; expected auto, {', '.join(DESIGNS)}", "design")
     budget = budget or PlanBudget()
     kdefs = {k.name: k for k in decision.result.kpis}
     checks, why, margins, loss_budget = _deciding_checks(decision, kdefs, budget)
@@ -604,7 +604,7 @@ def plan_canary(
             options.append((ok, sum(p.fleet_loss for p in planned), n * h, width, n, h, planned, d,
                             {k: v[2] for k, v in got.items()}))  # fmt: skip
     if design == "matched_pairs" and not options:
-        raise InputError(f"a matched-pair canary needs a half share and at most {MAX_PAIRS} pairs", "--design")
+        raise InputError(f"a matched-pair canary needs a half share and at most {MAX_PAIRS} pairs", "design")
     best = _choose(options, why)
     return _draw_slice(decision, best, checks, why, agents, preds, pre, budget, margins, loss_budget, loss_levels,
                        seed, round_no)
