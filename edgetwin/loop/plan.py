@@ -33,6 +33,18 @@ spread is taken after the same pre-tick covariate adjustment the verdict makes (
 for the fleet only when the slice is a random sample of it, so the plan does not pick the groups
 the twin knows least about (that would need inverse-probability weights; not done). The reasons why
 (the out-of-support or straddling checks) are in ``why``.
+
+**Which design.** Within the slice, the arms are either split by fair coins (``random``) or in
+matched pairs (``matched_pairs``): the slice's groups paired by the twin's predicted effect and
+their pre-period level, one of each pair on the candidate (`matched_pairs`, realised through the
+edge's keyed-hash router by `pair_split_seed`, so at most `MAX_PAIRS` pairs), and the verdict
+analyses them as pairs (`edgetwin.loop.ppi.ppi_mean_difference`'s ``paired``). Pairing narrows the
+interval when paired groups respond alike and widens it when they do not (fewer degrees of
+freedom); so by default (``design="auto"``) each size and duration takes the design whose expected
+interval (the residual spread of the twin's error within such pairs, `_paired_spread`) is
+narrower, and the plan records both expected widths (``expected_width``; the loop's rounds record
+the realised ones). Not done: extending a canary that is not hurting beyond one day, and site-level
+switchbacks.
 """
 
 from __future__ import annotations
