@@ -262,12 +262,8 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
 
     pairs: list[dict[str, Any]] = []
     per_candidate: list[dict[str, Any]] = []
-    def sweep_label(share: float, hours: float) -> str:
-        return f"{max(4, int(math.floor(share * n_agents + 1e-9)))} groups × {hours:g} h"
-
-    sweep_pairs: dict[str, list[dict[str, Any]]] = {sweep_label(s, h): [] for s, h in sweep}
-    sweep_steps: dict[str, int] = dict.fromkeys(sweep_pairs, 0)
-    sweep_over: dict[str, int] = dict.fromkeys(sweep_pairs, 0)
+    sweep_pairs: dict[str, list[dict[str, Any]]] = {slice_label(n_agents, s, h): [] for s, h in sweep}
+    sweep_steps, sweep_over = dict.fromkeys(sweep_pairs, 0), dict.fromkeys(sweep_pairs, 0)
     t_loop = t_alone = t_sweep = 0.0
     for d in range(n_days):
         fleet_seed = args.seed + 7 + d
@@ -328,21 +324,7 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
                 alone_over += sum(int(_over_max_loss(cres.log, plan, 4, better_col, cols)) for plan, cres in canaries)
             alone = kayenta_pairs(alone_logs, cols, 4)
             t_alone += time.perf_counter() - t_c
-            # the loop's per-pair verdicts: the last round's prediction-powered checks by column
-            tc: dict[str, str] = {}
-            round_states: list[dict[str, str]] = []
-            if res is not None:
-                for rd in res.rounds:
-                    by_col = {c["kpi"]: c["verdict"] for c in rd.checks}
-                    if rd.stop_reason == "guard":  # refused at once; the stopping KPI regresses, the rest as the twin said
-                        by_col = {_guard_kpi(canaries, rd.round): "regress"}
-                    state = {}
-                    for k, c in nominal.items():
-                        col = cols.get(k, (None,))[0]
-                        state[k] = by_col.get(col, c.verdict) if col is not None and col in by_col else c.verdict
-                    round_states.append(state)
-            for k, c in nominal.items():
-                tc[k] = round_states[-1][k] if round_states else c.verdict
+            tc, round_states = loop_round_states(res, canaries, nominal, cols)
             loop_steps = res.agent_steps if res is not None else 0
             # the same measure and budget as canary alone's (the loop's own `over_budget` checks the plan's
             # deciding KPIs only; it is kept per round below)
@@ -358,24 +340,15 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
                     "twin_canary_by_round": [s[k] for s in round_states], "twin_interval": list(c.interval),
                     "out_of_support": c.out_of_support,
                 })  # fmt: skip
-            per_candidate.append({
-                "policy": name, "day": d, "twin_alone": decision.verdict,
-                "twin_canary": res.verdict if res is not None else "abstain",
-                "reason": res.reason if res is not None else f"no canary: {loop_error}",
-                "rounds": [{"round": rd.round, "n_groups": rd.plan["n_groups"], "hours": rd.plan["hours"],
-                            "stop": rd.stop_reason, "agent_steps": rd.candidate_agent_steps, "verdict": rd.verdict,
-                            "realised_loss": rd.realised_loss, "over_budget": rd.over_budget,
-                            "twin_updated": rd.twin_updated} for rd in (res.rounds if res is not None else [])],
-                "twin_canary_agent_steps": loop_steps, "twin_canary_rounds_over_budget": loop_over,
-                "canary_alone_agent_steps": alone_steps, "canary_alone_rounds_over_budget": alone_over,
-            })  # fmt: skip
+            per_candidate.append(candidate_summary(name, d, decision, res, loop_error, loop_steps, loop_over,
+                                                   alone_steps, alone_over))
             print(f"    twin alone {decision.verdict}; loop {per_candidate[-1]['twin_canary']} after "
                   f"{len(per_candidate[-1]['rounds'])} round(s), {loop_steps} steps; canary alone "
                   f"{sorted(set(alone.values()))}; {per_candidate[-1]['reason'][:300]}", flush=True)  # fmt: skip
             # canary alone's sweep: one canary per configuration on a seeded random slice
             t_c = time.perf_counter()
             for i, (share, hours) in enumerate(sweep):
-                label = sweep_label(share, hours)
+                label = slice_label(n_agents, share, hours)
                 ccfg, cplan = random_slice_config(fleet_agents, share, hours, margins, args.seed * 1000 + 100 * d + i + 1,
                                                   spec, levels)  # fmt: skip
                 cres = canary_on_cluster(cfg, copy.deepcopy(current), copy.deepcopy(pol), ccfg, seed=fleet_seed,
@@ -388,6 +361,69 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
             t_sweep += time.perf_counter() - t_c
     timings.update({"loop": t_loop, "canary_alone": t_alone, "sweep": t_sweep})
 
+    arms, curve, sweep_points, reach, ratio = summarize_arms(pairs, per_candidate, sweep_pairs, sweep_steps, sweep_over)
+    return {
+        "logging": args.logging, "quick": bool(quick), "seed": args.seed,
+        "config": {"agents": n_agents, "members": members, "train_days": train_days, "ppo_steps": ppo_steps,
+                   "days": n_days, "candidates": list(pols), "update": update_options, "max_rounds": 3,
+                   "max_share": MAX_SHARE, "max_hours": MAX_HOURS, "max_loss": MAX_LOSS, "margin": MARGIN,
+                   "fleet_control": bool(args.fleet_control),
+                   "kayenta_min_points": KAYENTA_MIN_POINTS, "kayenta_alpha": KAYENTA_ALPHA,
+                   "sweep": [list(x) for x in sweep], "machine_cores": os.cpu_count()},
+        **arms, "canary_steps_ratio": ratio, "canary_steps_reach": reach, "twin_canary_curve": curve,
+        "canary_alone_sweep": sweep_points, "per_candidate": per_candidate, "pairs": pairs, "seconds": timings,
+    }  # fmt: skip
+
+
+def slice_label(n_agents: int, share: float, hours: float) -> str:
+    """A canary-alone sweep point's label: its groups (``share`` of ``n_agents``, at least 4) × hours."""
+    return f"{max(4, int(math.floor(share * n_agents + 1e-9)))} groups × {hours:g} h"
+
+
+def candidate_summary(name: str, day: int, decision: Any, res: Any, loop_error: str | None, loop_steps: int,
+                      loop_over: int, alone_steps: int, alone_over: int) -> dict[str, Any]:
+    """One (candidate, day) of `run_logging`: the twin alone's and the loop's verdicts, the loop's
+    rounds, and each arm's canary agent-steps and rounds over budget."""
+    return {
+        "policy": name, "day": day, "twin_alone": decision.verdict,
+        "twin_canary": res.verdict if res is not None else "abstain",
+        "reason": res.reason if res is not None else f"no canary: {loop_error}",
+        "rounds": [{"round": rd.round, "n_groups": rd.plan["n_groups"], "hours": rd.plan["hours"],
+                    "stop": rd.stop_reason, "agent_steps": rd.candidate_agent_steps, "verdict": rd.verdict,
+                    "realised_loss": rd.realised_loss, "over_budget": rd.over_budget,
+                    "twin_updated": rd.twin_updated} for rd in (res.rounds if res is not None else [])],
+        "twin_canary_agent_steps": loop_steps, "twin_canary_rounds_over_budget": loop_over,
+        "canary_alone_agent_steps": alone_steps, "canary_alone_rounds_over_budget": alone_over,
+    }  # fmt: skip
+
+
+def loop_round_states(res: Any, canaries: list[tuple[Any, Any]], nominal: dict[str, Any],
+                      cols: dict[str, tuple[str, str]]) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """The loop's per-pair verdicts after its last round and after each round: each round's
+    prediction-powered checks by column; a guard-stopped round refuses at once (the stopping KPI
+    regresses, the rest as the twin said); a KPI no canary judged keeps the twin alone's verdict."""
+    round_states: list[dict[str, str]] = []
+    if res is not None:
+        for rd in res.rounds:
+            by_col = {c["kpi"]: c["verdict"] for c in rd.checks}
+            if rd.stop_reason == "guard":
+                by_col = {_guard_kpi(canaries, rd.round): "regress"}
+            state = {}
+            for k, c in nominal.items():
+                col = cols.get(k, (None,))[0]
+                state[k] = by_col.get(col, c.verdict) if col is not None and col in by_col else c.verdict
+            round_states.append(state)
+    tc = {k: round_states[-1][k] if round_states else c.verdict for k, c in nominal.items()}
+    return tc, round_states
+
+
+def summarize_arms(pairs: list[dict[str, Any]], per_candidate: list[dict[str, Any]],
+                   sweep_pairs: dict[str, list[dict[str, Any]]], sweep_steps: dict[str, int],
+                   sweep_over: dict[str, int]) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]],
+                                                        dict[str, Any], float | None]:
+    """`run_logging`'s scores: per arm (`score`, agent-steps, rounds over budget, post-update
+    regression rate), twin + canary after each round, canary alone's sweep points, and the agent-steps
+    at which the sweep reaches twin + canary (`steps_to_reach`) with its ratio."""
     arms: dict[str, Any] = {}
     steps = {"twin_alone": 0, "twin_canary": sum(c["twin_canary_agent_steps"] for c in per_candidate),
              "canary_alone": sum(c["canary_alone_agent_steps"] for c in per_candidate)}  # fmt: skip
@@ -420,17 +456,7 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
         ratio = None
     reach["lower_bound"] = (reach.get("max_steps", 0.0) / tcs["canary_agent_steps"]
                             if reach["steps"] is None and tcs["canary_agent_steps"] > 0 else None)  # fmt: skip
-    return {
-        "logging": args.logging, "quick": bool(quick), "seed": args.seed,
-        "config": {"agents": n_agents, "members": members, "train_days": train_days, "ppo_steps": ppo_steps,
-                   "days": n_days, "candidates": list(pols), "update": update_options, "max_rounds": 3,
-                   "max_share": MAX_SHARE, "max_hours": MAX_HOURS, "max_loss": MAX_LOSS, "margin": MARGIN,
-                   "fleet_control": bool(args.fleet_control),
-                   "kayenta_min_points": KAYENTA_MIN_POINTS, "kayenta_alpha": KAYENTA_ALPHA,
-                   "sweep": [list(x) for x in sweep], "machine_cores": os.cpu_count()},
-        **arms, "canary_steps_ratio": ratio, "canary_steps_reach": reach, "twin_canary_curve": curve,
-        "canary_alone_sweep": sweep_points, "per_candidate": per_candidate, "pairs": pairs, "seconds": timings,
-    }  # fmt: skip
+    return arms, curve, sweep_points, reach, ratio
 
 
 def _guard_kpi(canaries: list[tuple[Any, Any]], round_no: int) -> str | None:
@@ -514,8 +540,9 @@ def section(by_logging: dict[str, Any]) -> str:
     for name, d in by_logging.items():
         t, r = d["twin_canary"], d["canary_steps_reach"]
         at = "not reached" if r["steps"] is None else f"{r['steps']:,.0f} agent-steps"
+        q = d.get("quick_canary_steps_ratio", d["canary_steps_ratio"])  # the scale run's headline replaces the key
         ratio = (f"≥ {r['lower_bound']:.1f}× (not reached)" if r.get("lower_bound") is not None
-                 else "n/a" if d["canary_steps_ratio"] is None else f"{d['canary_steps_ratio']:.2f}×")  # fmt: skip
+                 else "n/a" if q is None else f"{q:.2f}×")  # fmt: skip
         how = r["how"] + (f" (largest sweep point {r['max_steps']:,.0f})" if r["steps"] is None else "")
         lines.append(f"| {name} | {_pct(t['verdict_rate'])} / {_pct(t['confident_agreement'])} / "
                      f"{t['canary_agent_steps']:,} | {at} | {ratio} | {how} |")  # fmt: skip
@@ -588,10 +615,22 @@ def plot(d: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+#: keys of results_production.json that the coverage experiment and the scale run write (a rerun of
+#: the closed loop at one size keeps them)
+OTHER_RUNS_KEYS = ("coverage_experiment", "simulated_by_fleet_size", "designs", "coverage_seeds", "coverage_days",
+                   "seeds", "by_fleet_size", "scale_config", "canary_steps_ratio_fleet_size",
+                   "canary_steps_ratio_lower_bound", "quick_canary_steps_ratio")  # fmt: skip
+
+
 def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     if d is not None:
-        (OUT / f"results_{d['logging']}.json").write_text(json.dumps(d, indent=1, default=float))
+        path = OUT / f"results_{d['logging']}.json"
+        cur = json.loads(path.read_text()) if path.is_file() else {}
+        new = {**{k: v for k, v in cur.items() if k in OTHER_RUNS_KEYS}, **d}  # the coverage and scale runs' keys stay
+        if "by_fleet_size" in cur:  # the scale run's headline keeps the key; this run's ratio is the quick one
+            new["quick_canary_steps_ratio"], new["canary_steps_ratio"] = d["canary_steps_ratio"], cur["canary_steps_ratio"]
+        path.write_text(json.dumps(new, indent=1, default=float))
     by_logging = {n: json.loads((OUT / f"results_{n}.json").read_text()) for n in LOGGING_TEXT
                   if (OUT / f"results_{n}.json").is_file()}  # fmt: skip
     for n, r in by_logging.items():
@@ -600,7 +639,8 @@ def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
     keys = ("verdict_rate", "confident_agreement", "canary_agent_steps", "rounds_over_budget",
             "post_update_regression_rate", "canary_rounds", "promoted", "pairs", "decided")  # fmt: skip
     summary = {n: {**{arm: {k: r[arm][k] for k in keys} for arm in ARMS},
-                   "canary_steps_ratio": r["canary_steps_ratio"], "canary_steps_reach": r["canary_steps_reach"],
+                   "canary_steps_ratio": r.get("quick_canary_steps_ratio", r["canary_steps_ratio"]),
+                   "canary_steps_reach": r["canary_steps_reach"],
                    "quick": r["quick"], "seed": r["seed"], "config": r["config"]}
                for n, r in by_logging.items()}  # fmt: skip
     (OUT / "results.json").write_text(json.dumps({**summary, "targets": TARGETS}, indent=1, default=float))
@@ -657,8 +697,9 @@ def coverage_experiment(
     The design (`design_comparison`, all within the same candidate arm, share and hours):
     ``cuped`` (the pre-period adjustment); ``control`` ``"slice"`` (the slice's other groups) or
     ``"fleet"`` (every group not on the candidate, valid as the candidate arm is a uniformly random
-    draw); ``assign`` ``"random"`` or ``"stratified"`` (the slice sorted by the pre-period into two
-    halves, the candidate arm drawn equally from each, before randomizing).
+    draw); ``assign`` ``"random"``, ``"stratified"`` (the slice sorted by the pre-period into two
+    halves, the candidate arm drawn equally from each, before randomizing) or ``"matched"`` (the
+    candidate arm's size in pairs, `_matched_arms`, analysed as pairs: ``paired=True``).
     """
     from scipy.stats import binomtest
 
@@ -696,6 +737,8 @@ def coverage_experiment(
                 lo_h, hi_h = srt[: k // 2], srt[k // 2:]
                 pick = np.concatenate([rng.permutation(lo_h)[: n_c // 2], rng.permutation(hi_h)[: n_c - n_c // 2]])
                 cand, ctrl = pick, np.setdiff1d(sl, pick)
+            elif assign == "matched":  # n_c pairs by the twin's predicted effect and the pre-period, one of each on the candidate
+                cand, ctrl = _matched_arms(sl[: 2 * n_c], fc - fb, x, rng)
             else:
                 cand, ctrl = sl[:n_c], sl[n_c:]
             if control == "fleet":
@@ -705,7 +748,7 @@ def coverage_experiment(
             bv = float(np.var([np.mean(w[2]) for w in others], ddof=1))
             e = ppi_mean_difference(fc, fb, yc[cand], fc[cand], y[ctrl], fb[ctrl], LEVEL,
                                     x_cand=x[cand] if cuped else None, x_ctrl=x[ctrl] if cuped else None,
-                                    day_var=(dv, bv), day_df=5.0)  # fmt: skip
+                                    day_var=(dv, bv), day_df=5.0, paired=assign == "matched")  # fmt: skip
             e.update(n_fleet=float(n), n_candidate=float(len(cand)), n_control=float(len(ctrl)))
             verdict, checks = ppi_verdict({"kpi.slo_violation": e}, margin)
             lo, hi = checks[0].interval
@@ -727,11 +770,27 @@ def coverage_experiment(
     return out
 
 
-#: the designs `design_comparison` measures, all with the same 4 candidate groups of a 10-group slice
+def _matched_arms(sl: np.ndarray, effect: np.ndarray, x: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The slice ``sl`` in matched pairs (`edgetwin.loop.plan.matched_pairs`: by the twin's predicted
+    effect and the pre-period), one group of each pair on the candidate by a fair coin: the arms,
+    pair by pair."""
+    from edgetwin.loop.plan import matched_pairs
+
+    ids = [str(int(i)) for i in sl]
+    pairs = matched_pairs(ids, {i: float(effect[int(i)]) for i in ids}, {i: float(x[int(i)]) for i in ids})
+    flip = rng.random(len(pairs)) < 0.5
+    cand = np.array([int(b if f else a) for (a, b), f in zip(pairs, flip, strict=True)])
+    ctrl = np.array([int(a if f else b) for (a, b), f in zip(pairs, flip, strict=True)])
+    return cand, ctrl
+
+
+#: the designs `design_comparison` measures, all with the same 4 candidate groups (the loss: the
+#: candidate arm's groups x hours) for one day; the matched-pair slice is 8 groups (4 pairs)
 DESIGNS = {
     "random, no CUPED": {"cuped": False},
     "random + CUPED (default)": {},
     "stratified by pre-period + CUPED": {"assign": "stratified"},
+    "matched pairs (twin's effect + pre-period) + CUPED, paired analysis": {"assign": "matched"},
     "fleet control + CUPED": {"control": "fleet"},
 }
 
@@ -791,6 +850,21 @@ def run_coverage(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": time.perf_counter() - t0}  # fmt: skip
 
 
+def design_note(designs: dict[str, dict[str, Any]]) -> str:
+    """What the design table says about matched pairs against the random default, from its numbers."""
+    mp = next((v for k, v in designs.items() if k.startswith("matched pairs")), None)
+    rnd = designs.get("random + CUPED (default)")
+    if mp is None or rnd is None:
+        return ""
+    parts = [f"{t}: {100 * mp[t]['median_width']:.0f} pp vs {100 * rnd[t]['median_width']:.0f} pp "
+             f"({'narrower' if mp[t]['median_width'] < rnd[t]['median_width'] else 'wider'})" for t in ("aa", "regressing")]
+    return ("Matched pairs against the random default, median width: " + "; ".join(parts) + ". Pairing pays where "
+            "the groups' responses are alike (the pairs then predict each other); where the candidate's effect varies "
+            "by group the pairs stop predicting each other and 4 pairs leave 3 degrees of freedom, so the paired "
+            "interval is wider. No design wins everywhere: `plan_canary(design=\"auto\")` weighs both per canary by "
+            "the interval the twin expects, and the plan records both widths (`CanaryPlan.expected_width`).")
+
+
 def coverage_section(doc: dict[str, Any]) -> str:
     ce = doc["coverage_experiment"]
     lines = [COVERAGE_SECTION, "",
@@ -826,7 +900,15 @@ def coverage_section(doc: dict[str, Any]) -> str:
             a, g = r["aa"], r["regressing"]
             lines.append(f"| {label} | {100 * a['median_width']:.0f} pp | {100 * a['coverage']:.1f} % | {100 * a['decided']:.0f} % | "
                          f"{100 * g['median_width']:.0f} pp | {100 * g['coverage']:.1f} % | {100 * g['decided']:.0f} % |")  # fmt: skip
+        lines += ["", design_note(doc["designs"])]
     return "\n".join(lines) + "\n"
+
+
+def write_coverage_section(cur: dict[str, Any]) -> None:
+    """The coverage section from ``results_production.json``'s stored coverage experiment."""
+    doc = {k: cur[k] for k in ("coverage_experiment", "simulated_by_fleet_size", "designs")}
+    write_section(COVERAGE_SECTION, coverage_section({**doc, "seeds": cur["coverage_seeds"], "days": cur["coverage_days"]}),
+                  doc=OUT / "README.md")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -844,12 +926,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--docs-only", action="store_true", help="rewrite the page from the results_<logging>.json files")
     ap.add_argument("--coverage", action="store_true",
                     help="only the coverage experiment (coverage_experiment) into results_production.json and its section")
+    ap.add_argument("--designs-only", action="store_true",
+                    help="only the coverage experiment's design table (design_comparison) for --seed, --runs, --days")
     ap.add_argument("--seeds", type=int, default=3, help="--coverage: seeds")
     ap.add_argument("--runs", type=int, default=200, help="--coverage: canaries per candidate type and seed")
     ap.add_argument("--days", type=int, default=20, help="--coverage: emulated days per seed (the truth's)")
-    ap.add_argument("--fleet-sizes", type=int, nargs="*", default=[100, 1000, 5000], help="--coverage: fleet sizes")
+    ap.add_argument("--fleet-sizes", type=int, nargs="*", default=[100, 1000, 5000], help="--coverage, --scale: fleet sizes")
+    ap.add_argument("--scale", action="store_true",
+                    help="the closed loop at --fleet-sizes for --seed (closed_loop_scale.run_seed) into --work/scale-s<seed>.json")
+    ap.add_argument("--scale-merge", type=int, nargs="*", default=None, metavar="SEED",
+                    help="pool --work/scale-s<SEED>.json into results_production.json and the page")
+    ap.add_argument("--scale-more", type=Path, nargs="*", default=[], metavar="DIR",
+                    help="--scale-merge: more work directories whose scale-s<SEED>.json add fleet sizes the first lacks")
+    ap.add_argument("--truth-days", type=int, default=20, help="--scale: days of the whole cluster per policy (the truth)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.scale or args.scale_merge is not None:
+        from closed_loop_scale import run_scale
+
+        run_scale(args, OUT)
+        return
     if args.coverage:
         doc = run_coverage(args)
         print(json.dumps(doc["coverage_experiment"], indent=1, default=float))
@@ -861,8 +957,17 @@ def main(argv: list[str] | None = None) -> None:
             path.write_text(json.dumps(cur, indent=1, default=float))
             write_section(COVERAGE_SECTION, coverage_section(doc), doc=OUT / "README.md")
         return
+    if args.designs_only:  # the design table alone (seed --seed, --runs canaries per design and type)
+        path = OUT / "results_production.json"
+        cur = json.loads(path.read_text())
+        cur["designs"] = design_comparison(_emulated_days(100, args.days, args.seed), args.runs, args.seed)
+        path.write_text(json.dumps(cur, indent=1, default=float))
+        write_coverage_section(cur)
+        print(json.dumps(cur["designs"], indent=1))
+        return
     if args.docs_only:
         write_outputs(None, False)
+        write_coverage_section(json.loads((OUT / "results_production.json").read_text()))
         return
     t0 = time.perf_counter()
     d = run_logging(args)

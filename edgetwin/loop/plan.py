@@ -33,6 +33,18 @@ spread is taken after the same pre-tick covariate adjustment the verdict makes (
 for the fleet only when the slice is a random sample of it, so the plan does not pick the groups
 the twin knows least about (that would need inverse-probability weights; not done). The reasons why
 (the out-of-support or straddling checks) are in ``why``.
+
+**Which design.** Within the slice, the arms are either split by fair coins (``random``) or in
+matched pairs (``matched_pairs``): the slice's groups paired by the twin's predicted effect and
+their pre-period level, one of each pair on the candidate (`matched_pairs`, realised through the
+edge's keyed-hash router by `pair_split_seed`, so at most `MAX_PAIRS` pairs), and the verdict
+analyses them as pairs (`edgetwin.loop.ppi.ppi_mean_difference`'s ``paired``). Pairing narrows the
+interval when paired groups respond alike and widens it when they do not (fewer degrees of
+freedom); so by default (``design="auto"``) each size and duration takes the design whose expected
+interval (the residual spread of the twin's error within such pairs, `_paired_spread`) is
+narrower, and the plan records both expected widths (``expected_width``; the loop's rounds record
+the realised ones). Not done: extending a canary that is not hurting beyond one day, and site-level
+switchbacks.
 """
 
 from __future__ import annotations
@@ -136,6 +148,11 @@ class PlanSlice:
     scenarios: tuple[str, ...] = ()
     treat_share: float = 0.5
     seed: int = 0
+    #: ``"random"`` or ``"matched_pairs"`` (`plan_canary`'s ``design``); ``pairs``: the matched
+    #: pairs, each split between the arms by ``seed`` (`pair_split_seed`), which the verdict
+    #: analyses as pairs (`edgetwin.loop.verdict.canary_verdict`)
+    design: str = "random"
+    pairs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -214,6 +231,9 @@ class CanaryPlan:
     #: the fleet's level of each budgeted column under the current policy (its mean on the log's
     #: last day): what a relative loss is relative to, at the edge as in the plan
     loss_levels: dict[str, float] = field(default_factory=dict)
+    #: the summed expected width of the deciding KPIs' intervals under each design the planner
+    #: weighed for the chosen size and duration (the rounds record the realised widths)
+    expected_width: dict[str, float] = field(default_factory=dict)
 
     @property
     def agent_steps(self) -> int:
@@ -235,12 +255,14 @@ class CanaryPlan:
             return cls(
                 d["candidate"], d["baseline"],
                 PlanSlice(tuple(sl.get("agents", ())), tuple(sl.get("sites", ())), tuple(sl.get("scenarios", ())),
-                          float(sl.get("treat_share", 0.5)), int(sl.get("seed", 0))),
+                          float(sl.get("treat_share", 0.5)), int(sl.get("seed", 0)), str(sl.get("design", "random")),
+                          tuple((str(a), str(b)) for a, b in sl.get("pairs", ()))),
                 float(d["hours"]), tuple(KPIMargin(**m) for m in d["margins"]),
                 [PlannedKPI(**k) for k in d["kpis"]], int(d["n_groups"]), int(d["fleet_groups"]),
                 float(d["share"]), dict(d["budget"]), bool(d["decides"]), list(d["why"]), int(d.get("seed", 0)),
                 int(d.get("round", 1)), {str(k): float(v) for k, v in dict(d.get("loss_budget") or {}).items()},
                 {str(k): float(v) for k, v in dict(d.get("loss_levels") or {}).items()},
+                {str(k): float(v) for k, v in dict(d.get("expected_width") or {}).items()},
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"not a canary plan ({type(e).__name__}: {e})", "plan") from None
@@ -258,7 +280,8 @@ class CanaryPlan:
     def describe(self) -> str:
         lines = [
             f"canary plan (round {self.round}): {self.candidate} vs {self.baseline} on {self.n_groups} of "
-            f"{self.fleet_groups} service groups ({100 * self.share:.1f}%, half on the candidate) for {self.hours:g} h",
+            f"{self.fleet_groups} service groups ({100 * self.share:.1f}%, half on the candidate"
+            + (", in matched pairs" if self.slice.design == "matched_pairs" else "") + f") for {self.hours:g} h",
         ]
         for k in self.kpis:
             lo, hi = k.now
@@ -284,25 +307,37 @@ def _kpi_column(kdef: Any) -> str | None:
 
 def _residual_spread(
     twin: Any, log: pd.DataFrame, columns: Sequence[str], hours: Sequence[float], seed: int, members: Any,
-    pre_ticks: int = 4,
-) -> dict[tuple[str, float], float]:
+    pre_ticks: int = 4, preds: pd.DataFrame | None = None,
+) -> tuple[dict[tuple[str, float], float], Any, dict[str, float]]:
     """Per column and window length: the standard deviation over groups of the twin's per-group
     error for the logged actions on the log's last episode over the ticks a canary of that length
     would judge (after ``pre_ticks``), less each group's own pre-tick level (the covariate the
-    verdict uses, `edgetwin.loop.ppi`): what ``var(y − f)`` will be."""
+    verdict uses, `edgetwin.loop.ppi`): what ``var(y − f)`` will be.
+
+    Returns ``(spread, paired, pre)``: ``spread[(column, hours)]``; ``paired(n)``, the same per
+    (column, hours) for a matched-pair slice of ``n`` groups (`_paired_spread`: the residuals of
+    groups paired by the twin's predicted effect in ``preds`` and the pre-period); ``pre``: each
+    group's pre-period level of the first column (the pairing covariate)."""
     from edgetwin.loop.ppi import twin_group_series
     from edgetwin.twin.whatif import builtin_policy
 
     logged = builtin_policy("logged", twin)
     last = log[log["episode"] == log["episode"].iloc[-1]]
     series = twin_group_series(twin, {"logged": logged}, last, columns, episodes=1, seed=seed, members=members)
-    out = {}
+    out: dict[tuple[str, float], float] = {}
+    resid: dict[tuple[str, float], tuple[np.ndarray, np.ndarray]] = {}
+    pre: dict[str, float] = {}
     for c in columns:
         f = series[("logged", c)]  # agents x T
         y = last.pivot_table(index="agent", columns="t", values=c, aggfunc="mean")
         y = y.reindex(index=f.index)
         ts = sorted(y.columns)
         x = y.loc[:, ts[:pre_ticks]].mean(axis=1).to_numpy() if pre_ticks > 0 else None
+        if x is not None and not pre:
+            pre = {str(a): float(v) for a, v in zip(f.index, x, strict=True)}
+        eff = np.zeros(len(f.index))
+        if preds is not None and ("candidate", c) in preds.columns:
+            eff = (preds[("candidate", c)] - preds[("baseline", c)]).reindex(f.index).to_numpy(np.float64)
         for h in hours:
             n_t = max(1, int(round(h * 4)))
             yw = y.loc[:, ts[pre_ticks:pre_ticks + n_t]].mean(axis=1).to_numpy()
@@ -316,7 +351,197 @@ def _residual_spread(
                 if sxx > 0:
                     r = r - float(xc @ (r - r.mean())) / sxx * xc
             out[(c, h)] = float(np.std(r, ddof=1)) if len(r) > 1 else float("inf")
-    return out
+            e, xv = eff[ok], (x[ok] if x is not None else np.zeros(len(r)))
+            score = sum((v - np.nanmean(v)) / (np.nanstd(v) or 1.0) for v in (np.nan_to_num(e), xv))
+            resid[(c, h)] = (r, np.asarray(score, dtype=np.float64))
+
+    def paired(n: int) -> dict[tuple[str, float], float]:
+        rng = np.random.default_rng([seed, n, 0xA1])
+        return {k: _paired_spread(r, sc, n, rng) for k, (r, sc) in resid.items()}
+
+    return out, paired, pre
+
+
+#: the designs `plan_canary` chooses among (``design="auto"``) by the interval the twin expects
+DESIGNS = ("random", "matched_pairs")
+#: the most pairs a matched-pair slice may have: the edge's router assigns arms by a keyed hash of
+#: (seed, group) (`edgetwin.edge.canary_slice.SliceRouter`), so a pair-splitting assignment is found
+#: by trying seeds (`pair_split_seed`), each splitting every pair with probability 2^-pairs
+MAX_PAIRS = 12
+
+
+def matched_pairs(agents: Sequence[str], effect: Mapping[str, float], pre: Mapping[str, float]) -> list[tuple[str, str]]:
+    """The slice's groups paired by the twin's predicted effect and their pre-period level.
+
+    Each group's score is the sum of its two standardised covariates (``effect``: the twin's
+    per-group ``f_c − f_b``; ``pre``: the group's own level before the canary); the groups sorted by
+    score are paired neighbour to neighbour (Imai, King and Nall 2009's matched-pair design: the
+    randomization happens within pairs, so each arm gets one of every two alike groups). An odd
+    group out is left unpaired (the planner's slices are even). Missing or non-finite covariates
+    count as the mean (0 after standardising)."""
+
+    def z(m: Mapping[str, float]) -> np.ndarray:
+        v = np.array([float(m.get(a, np.nan)) for a in agents], dtype=np.float64)
+        ok = np.isfinite(v)
+        if ok.sum() < 2 or float(np.std(v[ok])) == 0.0:
+            return np.zeros(len(agents))
+        return np.where(ok, (v - np.mean(v[ok])) / np.std(v[ok]), 0.0)
+
+    score = z(effect) + z(pre)
+    order = [agents[i] for i in np.lexsort((np.array(agents, dtype=object).astype(str), score))]
+    return [(order[i], order[i + 1]) for i in range(0, len(order) - 1, 2)]
+
+
+def pair_split_seed(pairs: Sequence[tuple[str, str]], seed: int, tries: int = 1 << 20) -> int | None:
+    """The first assignment seed from ``seed`` whose keyed-hash arms (treat share 0.5) put exactly
+    one group of every pair on the candidate; None when ``tries`` seeds find none.
+
+    Why a seed search: the edge assigns arms by a keyed hash of (seed, group), not from a list
+    (`edgetwin.edge.canary_slice.SliceRouter`). Each seed gives independent fair coins, so among the
+    seeds that split every pair each of the ``2^pairs`` pair-splitting assignments is equally likely:
+    the first one found is a uniform draw of the matched-pair randomization, and each group's
+    propensity stays 1/2 (what the router logs)."""
+    from edgetwin.edge.canary_slice import _uniform
+
+    for k in range(int(tries)):
+        s = int(seed) + k
+        if all((_uniform(s, a) < 0.5) != (_uniform(s, b) < 0.5) for a, b in pairs):
+            return s
+    return None
+
+
+def _paired_spread(r: np.ndarray, score: np.ndarray, n: int, rng: np.random.Generator, draws: int = 8) -> float:
+    """The per-group residual spread a matched-pair slice of ``n`` groups would see: random slices of
+    ``n`` of the groups (``r``: residuals, ``score``: the pairing score), paired by score within the
+    slice, ``sqrt(mean var(r_a − r_b) / 2)`` (so that it replaces `_residual_spread`'s per-group
+    spread in the two-arm variance ``4 s² / n``)."""
+    vs = []
+    for _ in range(draws):
+        idx = rng.choice(len(r), size=min(n, len(r)), replace=False)
+        idx = idx[np.argsort(score[idx], kind="stable")]
+        d = r[idx[0:len(idx) - 1:2]] - r[idx[1:len(idx):2]]
+        if len(d) > 1:
+            vs.append(float(np.var(d, ddof=1)) / 2.0)
+    return math.sqrt(float(np.mean(vs))) if vs else float("inf")
+
+
+def _deciding_checks(decision: Any, kdefs: Mapping[str, Any], budget: PlanBudget) -> tuple[
+        dict[str, Any], list[str], list[KPIMargin], dict[str, float]]:
+    """What the canary must settle and guard: the abstaining nominal checks of per-group-mean KPIs
+    (by KPI), the reasons the others are left to the twin (``why``), the margins of every guarded
+    KPI a canary measures, and the loss budget by log column."""
+    from edgetwin.twin.whatif import NOMINAL
+
+    guarded = {c.kpi for c in decision.checks}
+    unknown = sorted(set(budget.max_loss) - guarded)
+    if unknown:
+        raise InputError(f"unknown KPI(s) {unknown} in the loss budget; the gate guards {sorted(guarded)}", "--max-loss")
+    deciding = [c for c in decision.checks if c.verdict in ("straddle", "unsupported")] or list(decision.checks)
+    why: list[str] = []
+    for c in deciding:
+        if c.scenario != NOMINAL.name:
+            why.append(f"{c.kpi} under {c.scenario!r}: a canary sees nominal traffic only; the twin alone judges it")
+    # one KPI can abstain under several scenarios: the nominal check is what a canary can settle
+    checks: dict[str, Any] = {}
+    for c in (c for c in deciding if c.scenario == NOMINAL.name):
+        if _kpi_column(kdefs[c.kpi]) is None:
+            why.append(f"{c.kpi}: a {kdefs[c.kpi].stat} is not a mean over groups; the canary's guard still watches it")
+            continue
+        checks.setdefault(c.kpi, c)
+    if not checks:
+        raise InputError("nothing for a canary to settle: no abstaining nominal check of a per-group mean KPI", "plan")
+    loss_budget: dict[str, float] = {}
+    for kpi, cap in budget.max_loss.items():  # by the column the canary measures (the tightest when two share one)
+        col = _kpi_column(kdefs[kpi]) if kpi in kdefs else None
+        if col is not None:
+            loss_budget[col] = min(cap, loss_budget.get(col, cap))
+    # every guarded KPI with a column is guarded by the canary, not only the deciding ones
+    margins: list[KPIMargin] = []
+    for c in decision.checks:
+        col = _kpi_column(kdefs[c.kpi])
+        if c.scenario == NOMINAL.name and col is not None and col not in {m.kpi for m in margins}:
+            margins.append(KPIMargin(col, c.max_regression, c.min_delta, kdefs[c.kpi].better == "higher"))
+    return checks, why, margins, loss_budget
+
+
+def _options_space(log: pd.DataFrame, budget: PlanBudget, episode_hours: float | None, pre_ticks: int) -> tuple[
+        list[str], list[float], int]:
+    """The fleet (the groups of the log's last episode), the hours a canary may run, and the most
+    groups the share allows (`InputError` naming the flag when no canary fits)."""
+    last_day = log[log["episode"] == log["episode"].iloc[-1]]
+    agents = sorted(pd.unique(last_day["agent"].astype(str)))
+    if episode_hours is None:
+        episode_hours = int(log.groupby("episode")["t"].nunique().max()) / 4.0
+    max_h = min(budget.hours, episode_hours - pre_ticks / 4.0)
+    hours_opts = sorted({h for h in HOURS_GRID if h <= max_h + 1e-9} | ({max_h} if max_h >= 0.25 else set()))
+    if not hours_opts:
+        raise InputError(f"the budget's {budget.hours:g} h leave no canary tick after {pre_ticks} pre-ticks", "--hours")
+    max_n = int(math.floor(budget.max_share * len(agents) + 1e-9))
+    if max_n < 4:
+        raise InputError(
+            f"{100 * budget.max_share:g}% of {len(agents)} service groups is {max_n}; a canary needs >= 4 (2 per arm)",
+            "--max-share",
+        )
+    return agents, hours_opts, max_n
+
+
+def _expected_option(
+    decision: Any, checks: Mapping[str, Any], kdefs: Mapping[str, Any], preds: pd.DataFrame,
+    spread: Mapping[tuple[str, float], float], budget: PlanBudget, n_fleet: int, n: int, h: float, design: str,
+) -> tuple[bool, float, float, list[PlannedKPI]]:
+    """What a canary of ``n`` groups for ``h`` hours under ``design`` is expected to tell: whether
+    every KPI's expected interval decides, the largest share of a KPI's loss budget it may spend,
+    the summed expected width, and the `PlannedKPI` s. ``spread``: per (column, hours), the
+    per-group residual spread the design's rectifier will see (`_residual_spread`, or its paired
+    counterpart); a matched-pair rectifier has ``n/2 − 1`` degrees of freedom, a random one Welch's."""
+    from edgetwin.loop.ppi import t_quantile, welch_df
+
+    n_c = max(2, int(round(budget.treat_share * n)))
+    n_b = max(2, n - n_c)
+    planned, all_decide, max_frac, width = [], True, 0.0, 0.0
+    for kpi, c in checks.items():
+        col = _kpi_column(kdefs[kpi]) or kpi
+        fc, fb = preds[("candidate", col)].to_numpy(), preds[("baseline", col)].to_numpy()
+        base = abs(float(np.mean(fb))) or 1.0
+        s_r = spread[(col, h)]
+        own = ([(s_r**2 * (1.0 / n_c + 1.0 / n_b), n // 2 - 1)] if design == "matched_pairs"
+               else [(s_r**2 / n_c, n_c - 1), (s_r**2 / n_b, n_b - 1)])  # fmt: skip
+        terms = [(float(np.var(fc - fb, ddof=1)) / len(fc), len(fc) - 1), *own]
+        se = math.sqrt(sum(v for v, _ in terms)) / base
+        q = t_quantile(LEVEL, welch_df(terms))  # the verdict's own reference (`edgetwin.loop.ppi`)
+        point = float(c.change)
+        exp = [point - q * se, point + q * se]
+        sign = -1.0 if c.better == "higher" else 1.0
+        wlo, whi = sorted((sign * exp[0], sign * exp[1]))
+        decides = whi <= c.allowed_change or wlo > c.allowed_change
+        worst = float(c.worsening_interval[1]) if c.worsening_interval else float("inf")
+        fleet_loss = max(0.0, worst) * n_c / n_fleet
+        cap = budget.max_loss.get(kpi)
+        if cap is not None:
+            max_frac = max(max_frac, fleet_loss / cap)
+        all_decide &= decides
+        width += exp[1] - exp[0]
+        days = 1 if decides else days_to_decide(sign * point, q * se, c.allowed_change)
+        planned.append(PlannedKPI(kpi, col, c.better, c.abstain_reason(decision.max_out_of_support), list(c.interval),
+                                  exp, c.allowed_change, decides, worst, fleet_loss, cap, days))  # fmt: skip
+    return all_decide, max_frac, width, planned
+
+
+def _choose(options: list[tuple[Any, ...]], why: list[str]) -> tuple[Any, ...]:
+    """The cheapest deciding option (least worst-case loss, then fewest group-hours, then fewest
+    groups), else the largest the budget allows (most groups, then longest); ``why`` says which."""
+    if not options:
+        raise InputError(
+            "no canary of >= 4 groups fits the loss budget: the twin's worst case is too large; raise --max-loss "
+            "or accept the abstention", "--max-loss",
+        )  # fmt: skip
+    deciding_opts = [o for o in options if o[0]]
+    if deciding_opts:
+        why.append("the cheapest slice (least worst-case loss, then fewest group-hours) whose expected interval decides")
+        return min(deciding_opts, key=lambda o: (o[1], o[2], o[4]))
+    why.append("no slice within the budget is expected to decide: the largest the budget allows (most groups, "
+               "longest), the most evidence for the risk the operator accepts")  # fmt: skip
+    return min(options, key=lambda o: (-o[4], -o[5]))
 
 
 def plan_canary(
@@ -332,6 +557,7 @@ def plan_canary(
     episode_hours: float | None = None,
     pre_ticks: int = 4,
     round_no: int = 1,
+    design: str = "auto",
 ) -> CanaryPlan:
     """The canary plan for an abstaining `edgetwin.policies.gate.GateDecision`.
 
@@ -345,131 +571,66 @@ def plan_canary(
         episode_hours: the longest canary the system allows (default: the log's episode length).
         pre_ticks: ticks on the current policy before the candidate (`CanaryConfig.pre_ticks`).
         round_no: which round of `edgetwin promote --canary` this is (reported).
+        design: ``"random"`` (the slice's groups split by fair coins, re-randomized to balance),
+            ``"matched_pairs"`` (paired by the twin's predicted effect and their pre-period,
+            randomized within pairs: `matched_pairs`; at most `MAX_PAIRS` pairs and a half
+            share), or ``"auto"``: at each slice size and duration, the design whose expected
+            interval is narrower (the plan records both widths in ``expected_width``).
 
     Raises:
         InputError: a ``max_loss`` KPI that is not guarded, nothing to plan (no guarded KPI a
-            canary can measure), a budget that allows fewer than 4 groups.
+            canary can measure), a budget that allows fewer than 4 groups, an unknown design.
     """
     from edgetwin.loop.ppi import twin_group_predictions
 
+    if design not in ("auto", *DESIGNS):
+        raise InputError(f"unknown canary design {design!r}; expected auto, {', '.join(DESIGNS)}", "design")
     budget = budget or PlanBudget()
     kdefs = {k.name: k for k in decision.result.kpis}
-    guarded = {c.kpi for c in decision.checks}
-    unknown = sorted(set(budget.max_loss) - guarded)
-    if unknown:
-        raise InputError(f"unknown KPI(s) {unknown} in the loss budget; the gate guards {sorted(guarded)}", "--max-loss")
-    from edgetwin.twin.whatif import NOMINAL
-
-    deciding = [c for c in decision.checks if c.verdict in ("straddle", "unsupported")] or list(decision.checks)
-    why: list[str] = []
-    nominal = [c for c in deciding if c.scenario == NOMINAL.name]
-    for c in deciding:
-        if c.scenario != NOMINAL.name:
-            why.append(f"{c.kpi} under {c.scenario!r}: a canary sees nominal traffic only; the twin alone judges it")
-    # one KPI can abstain under several scenarios: the nominal check is what a canary can settle
-    checks: dict[str, Any] = {}
-    for c in nominal:
-        col = _kpi_column(kdefs[c.kpi])
-        if col is None:
-            why.append(f"{c.kpi}: a {kdefs[c.kpi].stat} is not a mean over groups; the canary's guard still watches it")
-            continue
-        checks.setdefault(c.kpi, c)
-    if not checks:
-        raise InputError("nothing for a canary to settle: no abstaining nominal check of a per-group mean KPI", "plan")
-    # every guarded KPI with a column is guarded by the canary, not only the deciding ones
-    margins: list[KPIMargin] = []
-    loss_budget: dict[str, float] = {}
-    for kpi, cap in budget.max_loss.items():  # by the column the canary measures (the tightest when two share one)
-        col = _kpi_column(kdefs[kpi]) if kpi in kdefs else None
-        if col is not None:
-            loss_budget[col] = min(cap, loss_budget.get(col, cap))
-    for c in decision.checks:
-        col = _kpi_column(kdefs[c.kpi])
-        if c.scenario == NOMINAL.name and col is not None and col not in {m.kpi for m in margins}:
-            margins.append(KPIMargin(col, c.max_regression, c.min_delta, kdefs[c.kpi].better == "higher"))
-
-    # the fleet: the service groups of the log's last episode (the most recent day's population)
-    last_day = log[log["episode"] == log["episode"].iloc[-1]]
-    agents = sorted(pd.unique(last_day["agent"].astype(str)))
+    checks, why, margins, loss_budget = _deciding_checks(decision, kdefs, budget)
+    agents, hours_opts, max_n = _options_space(log, budget, episode_hours, pre_ticks)
     n_fleet = len(agents)
-    loss_levels = {}
-    for col in loss_budget:
-        lvl = float(last_day[col].mean()) if col in last_day.columns else float("nan")
-        if math.isfinite(lvl) and lvl != 0:
-            loss_levels[col] = lvl
-    if episode_hours is None:
-        steps = int(log.groupby("episode")["t"].nunique().max())
-        episode_hours = steps / 4.0
-    max_h = min(budget.hours, episode_hours - pre_ticks / 4.0)
-    hours_opts = sorted({h for h in HOURS_GRID if h <= max_h + 1e-9} | ({max_h} if max_h >= 0.25 else set()))
-    if not hours_opts:
-        raise InputError(f"the budget's {budget.hours:g} h leave no canary tick after {pre_ticks} pre-ticks", "--hours")
-    max_n = int(math.floor(budget.max_share * n_fleet + 1e-9))
-    if max_n < 4:
-        raise InputError(
-            f"{100 * budget.max_share:g}% of {n_fleet} service groups is {max_n}; a canary needs >= 4 (2 per arm)",
-            "--max-share",
-        )
+    last_day = log[log["episode"] == log["episode"].iloc[-1]]
+    loss_levels = {c: float(last_day[c].mean()) for c in loss_budget if c in last_day.columns
+                   and math.isfinite(float(last_day[c].mean())) and float(last_day[c].mean()) != 0}  # fmt: skip
     columns = sorted({_kpi_column(kdefs[k]) or k for k in checks})
     preds = twin_group_predictions(
         twin, {"candidate": candidate, "baseline": baseline}, log, columns, episodes=1, seed=seed, members=members
     )
-    resid = _residual_spread(twin, log, columns, hours_opts, seed, members, pre_ticks)
-    from edgetwin.loop.ppi import t_quantile, welch_df
-
-    def option(n: int, h: float) -> tuple[bool, float, float, list[PlannedKPI]]:
-        n_c = max(2, int(round(budget.treat_share * n)))
-        n_b = max(2, n - n_c)
-        planned, all_decide, max_frac, width = [], True, 0.0, 0.0
-        for kpi, c in checks.items():
-            col = _kpi_column(kdefs[kpi]) or kpi
-            fc, fb = preds[("candidate", col)].to_numpy(), preds[("baseline", col)].to_numpy()
-            base = abs(float(np.mean(fb))) or 1.0
-            s_r = resid[(col, h)]
-            terms = [(float(np.var(fc - fb, ddof=1)) / len(fc), len(fc) - 1), (s_r**2 / n_c, n_c - 1),
-                     (s_r**2 / n_b, n_b - 1)]  # fmt: skip
-            se = math.sqrt(sum(v for v, _ in terms)) / base
-            q = t_quantile(LEVEL, welch_df(terms))  # the verdict's own reference (`edgetwin.loop.ppi`)
-            point = float(c.change)
-            exp = [point - q * se, point + q * se]
-            sign = -1.0 if c.better == "higher" else 1.0
-            wlo, whi = sorted((sign * exp[0], sign * exp[1]))
-            decides = whi <= c.allowed_change or wlo > c.allowed_change
-            worst = float(c.worsening_interval[1]) if c.worsening_interval else float("inf")
-            fleet_loss = max(0.0, worst) * n_c / n_fleet
-            cap = budget.max_loss.get(kpi)
-            if cap is not None:
-                max_frac = max(max_frac, fleet_loss / cap)
-            all_decide &= decides
-            width += (exp[1] - exp[0])
-            days = 1 if decides else days_to_decide(sign * point, q * se, c.allowed_change)
-            planned.append(PlannedKPI(kpi, col, c.better, c.abstain_reason(decision.max_out_of_support),
-                                      list(c.interval), exp, c.allowed_change, decides, worst, fleet_loss, cap,
-                                      days))  # fmt: skip
-        return all_decide, max_frac, width, planned
-
+    spread, paired, pre = _residual_spread(twin, log, columns, hours_opts, seed, members, pre_ticks, preds=preds)
+    pairable = budget.treat_share == 0.5
     options = []
     for n in range(4, max_n + 1, 2):
+        designs = [d for d in DESIGNS if design in ("auto", d)
+                   and (d == "random" or (pairable and n // 2 <= MAX_PAIRS))]  # fmt: skip
+        by_design = {d: spread if d == "random" else paired(n) for d in designs}
         for h in hours_opts:
-            ok, frac, width, planned = option(n, h)
+            got = {d: _expected_option(decision, checks, kdefs, preds, by_design[d], budget, n_fleet, n, h, d)
+                   for d in designs}  # fmt: skip
+            if not got:
+                continue
+            d = min(got, key=lambda k: got[k][2])  # the narrowest expected interval at this size and duration
+            ok, frac, width, planned = got[d]
             if frac > 1.0 + 1e-12:
                 continue  # over the loss budget
-            risk = sum(p.fleet_loss for p in planned)
-            options.append((ok, risk, n * h, width, n, h, planned))
-    if not options:
-        raise InputError(
-            "no canary of >= 4 groups fits the loss budget: the twin's worst case is too large; raise --max-loss "
-            "or accept the abstention", "--max-loss",
-        )  # fmt: skip
-    deciding_opts = [o for o in options if o[0]]
-    if deciding_opts:
-        best = min(deciding_opts, key=lambda o: (o[1], o[2], o[4]))
-        why.append("the cheapest slice (least worst-case loss, then fewest group-hours) whose expected interval decides")
-    else:
-        best = min(options, key=lambda o: (-o[4], -o[5]))
-        why.append("no slice within the budget is expected to decide: the largest the budget allows (most groups, "
-                   "longest), the most evidence for the risk the operator accepts")
-    _, _, _, _, n, h, planned = best
+            options.append((ok, sum(p.fleet_loss for p in planned), n * h, width, n, h, planned, d,
+                            {k: v[2] for k, v in got.items()}))  # fmt: skip
+    if design == "matched_pairs" and not options:
+        raise InputError(f"a matched-pair canary needs a half share and at most {MAX_PAIRS} pairs", "design")
+    best = _choose(options, why)
+    return _draw_slice(decision, best, checks, why, agents, preds, pre, budget, margins, loss_budget, loss_levels,
+                       seed, round_no)
+
+
+def _draw_slice(
+    decision: Any, best: tuple[Any, ...], checks: Mapping[str, Any], why: list[str], agents: list[str],
+    preds: pd.DataFrame, pre: Mapping[str, float], budget: PlanBudget, margins: list[KPIMargin],
+    loss_budget: dict[str, float], loss_levels: dict[str, float], seed: int, round_no: int,
+) -> CanaryPlan:
+    """The chosen option's groups: a seeded uniform draw from the fleet (the prediction-powered
+    verdict is valid for the fleet only from a random slice), paired and given a pair-splitting
+    assignment seed under the matched-pair design (`matched_pairs`, `pair_split_seed`)."""
+    ok, _, _, _, n, h, planned, design, widths = best
     for c in checks.values():
         if c.verdict == "unsupported":
             why.append(f"{c.kpi}: {100 * c.out_of_support:.0f}% of the candidate's agent-steps lie outside the logs' "
@@ -480,19 +641,37 @@ def plan_canary(
                "for the fleet only from a random slice")  # fmt: skip
     rng = np.random.default_rng([seed, round_no, 0xCA])
     chosen = tuple(sorted(str(a) for a in rng.choice(np.array(agents, dtype=object), n, replace=False)))
+    slice_seed, pairs = seed * 1000 + round_no, tuple[tuple[str, str], ...]()
+    if design == "matched_pairs":
+        col = planned[0].column
+        eff = (preds[("candidate", col)] - preds[("baseline", col)]).to_dict()
+        pr = tuple(matched_pairs(list(chosen), {str(k): float(v) for k, v in eff.items()}, pre))
+        found = pair_split_seed(pr, slice_seed)
+        if found is None:
+            design = "random"
+            why.append("no assignment seed splits every pair: the slice is randomized without pairs")
+        else:
+            slice_seed, pairs = found, pr
+            why.append(f"matched pairs (by the twin's predicted {col} effect and the pre-period), one of each pair on "
+                       f"the candidate: expected width {widths['matched_pairs']:.3g} vs "
+                       f"{widths.get('random', float('nan')):.3g} for a random split (summed over the deciding KPIs)")
     return CanaryPlan(
         candidate=str(decision.candidate), baseline=str(decision.baseline),
-        slice=PlanSlice(chosen, (), (), budget.treat_share, seed * 1000 + round_no),
-        hours=float(h), margins=tuple(margins), kpis=planned, n_groups=n, fleet_groups=n_fleet,
-        share=n / n_fleet, budget={"max_share": budget.max_share, "max_loss": dict(budget.max_loss),
-                                   "hours": budget.hours, "treat_share": budget.treat_share},
-        decides=bool(best[0]), why=why, seed=seed, round=round_no, loss_budget=loss_budget,
-        loss_levels=loss_levels,
+        slice=PlanSlice(chosen, (), (), budget.treat_share, slice_seed, design, pairs),
+        hours=float(h), margins=tuple(margins), kpis=planned, n_groups=n, fleet_groups=len(agents),
+        share=n / len(agents), budget={"max_share": budget.max_share, "max_loss": dict(budget.max_loss),
+                                       "hours": budget.hours, "treat_share": budget.treat_share},
+        decides=bool(ok), why=why, seed=seed, round=round_no, loss_budget=loss_budget, loss_levels=loss_levels,
+        expected_width={k: float(v) for k, v in widths.items()},
     )  # fmt: skip
 
 
 __all__ = [
+    "DESIGNS",
+    "MAX_PAIRS",
     "days_to_decide",
+    "matched_pairs",
+    "pair_split_seed",
     "HOURS_GRID",
     "CanaryPlan",
     "PlanBudget",

@@ -163,6 +163,7 @@ def ppi_mean_difference(
     transport_df: float = float("inf"),
     day_var: tuple[float, float] = (0.0, 0.0),
     day_df: float = float("inf"),
+    paired: bool = False,
 ) -> dict[str, float]:
     """The PPI estimate of ``E[Y_c] − E[Y_b]`` and ``E[Y_b]`` (see the module docstring).
 
@@ -189,6 +190,11 @@ def ppi_mean_difference(
             verdict is about the change averaged over the days the decision lives with, and one
             canary day's change is one draw around it (DESIGN.md, "What a verdict is about").
             Shared by rounds run on the same day. day_df: its degrees of freedom (days − 1).
+        paired: the arms are matched pairs (`edgetwin.loop.plan.matched_pairs`: ``y_cand[i]``
+            and ``y_ctrl[i]`` are pair ``i``, randomized within the pair): the arms' own term is
+            the variance of the ``k`` within-pair differences of the rectifier, ``var(r_c − r_b)/k``
+            on ``k − 1`` degrees of freedom (Imai 2008), instead of Welch's two independent terms.
+            The pairing's gain (alike groups on both arms) is what this term no longer counts.
 
     Returns:
         ``diff``, ``diff_se``, ``base``, ``base_se``, ``rel``, ``rel_lo``, ``rel_hi``, ``twin_diff``,
@@ -224,16 +230,22 @@ def ppi_mean_difference(
     diff = twin_diff + float(np.mean(rc) - np.mean(rb))
     diff_shared = v_fleet + float(transport_var[0]) + float(day_var[0])
     diff_own = v_c + v_b
+    own_terms = [(v_c, len(rc) - 1 - lost), (v_b, len(rb) - 1 - lost)]
+    if paired:
+        if len(rc) != len(rb):
+            raise ValueError("matched pairs need as many candidate as control groups")
+        diff_own = _var(rc - rb) / len(rc)
+        own_terms = [(diff_own, len(rc) - 1 - lost)]
     base = float(np.mean(fb) + np.mean(rb))
     vb_fleet = _var(fb) / len(fb)
     base_shared = vb_fleet + float(transport_var[1]) + float(day_var[1])
-    df = welch_df([(v_fleet, len(fc) - 1), (v_c, len(rc) - 1 - lost), (v_b, len(rb) - 1 - lost),
-                   (float(transport_var[0]), transport_df), (float(day_var[0]), day_df)])  # fmt: skip
+    df = welch_df([(v_fleet, len(fc) - 1), *own_terms, (float(transport_var[0]), transport_df),
+                   (float(day_var[0]), day_df)])  # fmt: skip
     out = finish_estimate(diff, diff_shared + diff_own, base, base_shared + v_b, level, df=df)
     out["twin_diff"] = twin_diff
     out["twin_rel"] = twin_diff / abs(base) if base else float("nan")
     out.update(diff_var_shared=diff_shared, diff_var_own=diff_own, base_var_shared=base_shared, base_var_own=v_b,
-               day_var=float(day_var[0]))
+               day_var=float(day_var[0]), paired=float(bool(paired)))
     return out
 
 
@@ -486,19 +498,44 @@ def _rectified(
     transport_var: tuple[float, float] = (0.0, 0.0),
     transport_df: float = float("inf"),
     day: tuple[float, float, float] = (0.0, 0.0, float("inf")),
+    order: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, float]:
     """`ppi_mean_difference` of one KPI: the full-switch predictions over the fleet, rectified on the
     measured groups against the prediction columns ``against`` (candidate arm's, control arm's);
-    ``at``: ``predictions`` on the measured groups."""
+    ``at``: ``predictions`` on the measured groups. ``order``: row positions of the candidate arm's
+    and the control arm's groups, pair by pair (matched pairs, `pair_order`); None: unpaired."""
     pre = measured[f"pre:{kpi}"].to_numpy() if f"pre:{kpi}" in measured else None
+    ic, ib = (np.flatnonzero(is_c), np.flatnonzero(~is_c)) if order is None else order
     return ppi_mean_difference(
         predictions[(candidate, kpi)].to_numpy(), predictions[(baseline, kpi)].to_numpy(),
-        measured[kpi].to_numpy()[is_c], at[(against[0], kpi)].to_numpy()[is_c],
-        measured[kpi].to_numpy()[~is_c], at[(against[1], kpi)].to_numpy()[~is_c],
+        measured[kpi].to_numpy()[ic], at[(against[0], kpi)].to_numpy()[ic],
+        measured[kpi].to_numpy()[ib], at[(against[1], kpi)].to_numpy()[ib],
         level,
-        x_cand=None if pre is None else pre[is_c], x_ctrl=None if pre is None else pre[~is_c],
+        x_cand=None if pre is None else pre[ic], x_ctrl=None if pre is None else pre[ib],
         transport_var=transport_var, transport_df=transport_df, day_var=(day[0], day[1]), day_df=day[2],
+        paired=order is not None,
     )  # fmt: skip
+
+
+def pair_order(measured: pd.DataFrame, is_c: np.ndarray, pairs: Sequence[tuple[str, str]] | None) -> tuple[
+        np.ndarray, np.ndarray] | None:
+    """Row positions ``(candidate's, control's)`` of ``measured``'s groups pair by pair, when every
+    group was measured, every pair was split between the arms and no other group is measured (the
+    control arm is the slice's own); else None (the verdict then analyses the arms unpaired, which
+    stays valid for a pair-randomized design, only wider)."""
+    if not pairs:
+        return None
+    pos = {str(a): i for i, a in enumerate(measured.index)}
+    ic, ib = [], []
+    for a, b in pairs:
+        if a not in pos or b not in pos or bool(is_c[pos[a]]) == bool(is_c[pos[b]]):
+            return None
+        c, k = (pos[a], pos[b]) if is_c[pos[a]] else (pos[b], pos[a])
+        ic.append(c)
+        ib.append(k)
+    if len(ic) < 2 or len(ic) + len(ib) != len(measured):
+        return None
+    return np.asarray(ic), np.asarray(ib)
 
 
 def ppi_estimates(
@@ -511,6 +548,7 @@ def ppi_estimates(
     canary: str | None = None,
     member_predictions: Sequence[pd.DataFrame] | None = None,
     day_var: Mapping[str, tuple[float, float, float]] | None = None,
+    pairs: Sequence[tuple[str, str]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """PPI for each KPI (name -> direction) from `twin_group_predictions` and `measured_group_means`.
 
@@ -526,6 +564,9 @@ def ppi_estimates(
         day_var: per KPI, ``(var of the change, var of the baseline level, days − 1)`` from day to
             day (`edgetwin.loop.verdict.day_to_day_variance`); None or a KPI missing: the
             interval is about the canary's day only (``day_var`` 0 in the estimate says so).
+        pairs: the plan's matched pairs (`edgetwin.loop.plan.matched_pairs`): the arms are
+            analysed as pairs when the canary split every pair (`pair_order`; ``paired`` 1 in the
+            estimate), else unpaired.
 
     Groups the canary measured but the twin has no prediction for are an error (the canary ran on
     another fleet than the twin's log)."""
@@ -537,18 +578,20 @@ def ppi_estimates(
         )
     is_c = (measured["arm"] == "candidate").to_numpy()
     at = predictions.reindex(measured.index)
+    order = pair_order(measured, is_c, pairs)
     out = {}
     for k in kpis:
         args = (predictions, at, measured, is_c, k, candidate, baseline, level)
         day = (day_var or {}).get(k, (0.0, 0.0, float("inf")))
         if canary is None:
-            out[k] = _rectified(*args, against=(candidate, baseline), day=day)
+            out[k] = _rectified(*args, against=(candidate, baseline), day=day, order=order)
         else:
             out[k] = _rectified(*args, against=(canary, canary), transport_var=interference_var(
                 member_predictions, is_c, list(measured.index), k, candidate, baseline, canary,
             ) if member_predictions else (0.0, 0.0), transport_df=max(len(member_predictions or ()) - 1, 1),
-                day=day)  # fmt: skip
-            local = _rectified(*args, against=(candidate, baseline), day=day)  # assumes no interference: the verdict's hull
+                day=day, order=order)  # fmt: skip
+            # assumes no interference: the verdict's hull
+            local = _rectified(*args, against=(candidate, baseline), day=day, order=order)
             out[k].update({f"{LOCAL}{key}": local[key] for key in _LOCAL_KEYS})
         out[k]["n_fleet"], out[k]["n_candidate"], out[k]["n_control"] = len(predictions), int(is_c.sum()), int((~is_c).sum())
     return out
@@ -597,6 +640,7 @@ def ppi_verdict(
 
 
 __all__ = [
+    "pair_order",
     "LEVEL",
     "CanaryAssignment",
     "PPIEstimate",

@@ -113,8 +113,11 @@ def canary_verdict(
         for m in (members if members is not None else range(twin.n_members))
     ]  # fmt: skip
     preds = sum(per_member[1:], per_member[0]) / len(per_member)
+    sl = getattr(plan, "slice", None)
+    # matched pairs are analysed as pairs when the canary's control arm is the slice's own (`pair_order`)
+    pairs = tuple(getattr(sl, "pairs", ()) or ()) if fleet_rows is None or fleet_rows.empty else ()
     return ppi_estimates(preds, measured, {m.kpi: m.better for m in plan.margins}, "candidate", "baseline", canary="canary",
-                         member_predictions=per_member, day_var=day_var)  # fmt: skip
+                         member_predictions=per_member, day_var=day_var, pairs=pairs)  # fmt: skip
 
 
 def day_to_day_variance(

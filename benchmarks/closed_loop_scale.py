@@ -1,0 +1,521 @@
+"""The closed loop at 100, 1,000 and 5,000 service groups, counted honestly (issue 48, item 5).
+
+`benchmarks/closed_loop.py --scale` runs this per seed; ``--scale-merge`` pools the seeds into
+``docs/benchmarks/closed_loop/results_production.json`` (``seeds``, ``by_fleet_size``,
+``canary_steps_ratio``) and the page's section. What it counts, and why:
+
+* **Distinct pairs.** A (candidate, guarded KPI) pair per *measured quantity*: the gate's ``return``
+  (the per-episode sum of the reward) and ``reward`` (its per-step mean) are the same column over
+  the same number of steps, so their relative changes are identical (the run checks it and records
+  the largest gap between their truths); they are one pair (the ``reward`` one is kept). Likewise
+  any two guarded KPIs that measure one column.
+* **Multi-day truth.** Each policy (the current one and every candidate) runs the *whole* cluster
+  of the fleet's size for ``--truth-days`` (>= 20) days (the same day seeds for every policy:
+  same populations and noise); the truth is the relative change of the KPI's mean over those
+  days, and a pair *regresses* when it is worse than its check's margin.
+* **Who decided.** The twin alone (today's gate, `run_gate` on the canary day's fleet log) decides
+  some pairs; the loop (`canary_loop`) runs canaries for the rest. ``canary_verdict_rate`` is the
+  share of the pairs the twin alone left open that the loop decided after its canaries;
+  ``confident_agreement`` is the share of those verdicts that agree with the truth. The twin
+  alone's verdicts are scored separately.
+* **Intervals.** Every rate carries its Clopper-Pearson 95 % interval (``*_ci``;
+  `scipy.stats.binomtest`), over the pairs of every seed (a pair is one Bernoulli draw; pairs of
+  one candidate share a canary, so the intervals are somewhat optimistic: stated on the page).
+* **Steps ratio.** Canary alone (`closed_loop.kayenta_verdict` per pair on a seeded random slice)
+  at growing slice sizes (`SCALE_SWEEP`) gives agent-steps against verdict rate; the agent-steps at
+  which it reaches the loop's verdict rate over all pairs (twin alone's and the canaries') at at
+  least the loop's agreement, over the loop's own canary agent-steps (`closed_loop.steps_to_reach`).
+
+Cost (a shared 2-core machine): the twin is fitted once per seed (the quick configuration: 60
+groups, 3 days, 3 members; its replay uses the fleet's own logged population, so one twin serves
+every fleet size) and reused at every size; the emulator runs a 5,000-group day in about a second.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: the candidates run at scale (a subset of `whatif_gate.candidates`, to fit a shared machine): one
+#: near the current policy, two that move work to the edge, one that abandons it, and random actions
+SCALE_CANDIDATES = ("slo-aware heuristic", "least-loaded, cheap", "cloud-only, no capacity", "uniform random",
+                    "constant (0.5, 1.0, 0.5)")  # fmt: skip
+#: canary alone's sweep runs at fleets up to this size only (its canaries at 5,000 groups did not fit the machine)
+SWEEP_MAX_GROUPS = 1000
+#: canary alone's slices at scale: (share of the groups, hours)
+SCALE_SWEEP = ((0.02, 23.0), (0.10, 23.0), (0.30, 23.0), (1.00, 23.0))
+#: the quick twin (`closed_loop.py --quick`'s): training groups, days, members; Twin.update's options
+TWIN_GROUPS, TWIN_DAYS, TWIN_MEMBERS = 60, 3, 3
+UPDATE = {"epochs": 2, "max_steps": 300}
+DECIDED = ("ok", "regress")
+
+
+def cp(k: int, n: int) -> list[float] | None:
+    """Clopper-Pearson 95 % interval of ``k`` successes in ``n`` draws (None when ``n == 0``)."""
+    from scipy.stats import binomtest
+
+    if n <= 0:
+        return None
+    ci = binomtest(int(k), int(n)).proportion_ci(0.95, "exact")
+    return [float(ci.low), float(ci.high)]
+
+
+def distinct_pairs(kdefs: dict[str, Any], column_of: Any) -> dict[str, list[str]]:
+    """Guarded KPI names grouped by the quantity they measure: ``{kept KPI: [every KPI of it]}``.
+
+    KPIs with the same log column (`closed_loop.kpi_column`; ``return`` and ``reward`` both read
+    ``reward``) are one pair; the one named like the column is kept. KPIs with no such column (a
+    quantile, a weighted mean) are their own pair."""
+    groups: dict[str, list[str]] = {}
+    for name, kd in sorted(kdefs.items()):
+        groups.setdefault(column_of(kd) or f"kpi:{name}", []).append(name)
+    return {(col if col in names else names[0]): names for col, names in groups.items()}
+
+
+def multi_day_truth(cfg: Any, pols: dict[str, Any], kdefs: list[Any], twin: Any, days: int, seed: int) -> dict[str, Any]:
+    """Per policy (``pols``: name -> policy, the current one included), each KPI's value averaged
+    over ``days`` days of the whole cluster ``cfg`` (day ``d`` on seed ``seed * 1000 + 500 + d`` for
+    every policy: the same populations and noise). Returns ``{policy: {kpi: mean over days}}``."""
+    from closed_loop import truth_kpis
+
+    from edgetwin.emulator.logs import generate_logs
+
+    out: dict[str, dict[str, list[float]]] = {n: {} for n in pols}
+    for d in range(days):
+        for name, pol in pols.items():
+            log, _ = generate_logs(cfg, 1, copy.deepcopy(pol), seed=seed * 1000 + 500 + d)
+            for k, v in truth_kpis(log, twin, kdefs, twin.spec).items():
+                out[name].setdefault(k, []).append(v)
+            del log
+    return {n: {k: float(np.mean(v)) for k, v in ks.items()} for n, ks in out.items()}
+
+
+def loop_pairs(name: str, decision: Any, res: Any, canaries: list[tuple[Any, Any]], nominal: dict[str, Any]) -> dict[str, str]:
+    """The loop's verdict per nominal KPI after its last round (the twin alone's where no canary
+    judged the KPI; the stopping KPI ``regress`` when the canary's guard stopped it)."""
+    if res is None or not res.rounds:
+        return {k: c.verdict for k, c in nominal.items()}
+    rd = res.rounds[-1]
+    by_col = {c["kpi"]: c["verdict"] for c in rd.checks}
+    if rd.stop_reason == "guard":
+        gk = getattr(canaries[rd.round - 1][1].guard_stop, "kpi", None)
+        by_col = {gk: "regress"} if gk else {}
+    from closed_loop import kpi_column
+
+    kd = {k.name: k for k in decision.result.kpis}
+    return {k: by_col.get(kpi_column(kd[k]) or "", c.verdict) for k, c in nominal.items()}
+
+
+def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One candidate at one fleet size: twin alone, the loop, canary alone on the loop's canaries and
+    on the sweep's slices. Returns ``(pairs, summary)``; the pairs still lack their truth."""
+    from closed_loop import MAX_HOURS, MAX_SHARE, kayenta_pairs, kpi_column, random_slice_config
+
+    from edgetwin.contract.errors import InputError
+    from edgetwin.contract.margins import KPIMargin
+    from edgetwin.loop.fleet import canary_on_cluster
+    from edgetwin.loop.rounds import canary_loop
+    from edgetwin.policies.gate import run_gate
+    from edgetwin.twin.whatif import fixed_policy
+
+    twin, fleet_log, cfg, current, seed = ctx["twin"], ctx["fleet_log"], ctx["cfg"], ctx["current"], ctx["seed"]
+    cand_spec = fixed_policy(name, copy.deepcopy(pol))
+    base_spec = fixed_policy("current", copy.deepcopy(current))
+    decision = run_gate(twin, cand_spec, base_spec, log=fleet_log, episodes=1, seed=seed)
+    nominal = {c.kpi: c for c in decision.checks if c.scenario == "nominal"}
+    kdefs = {k.name: k for k in decision.result.kpis if k.name in nominal}
+    ctx.setdefault("kdefs", {}).update(kdefs)
+    canaries: list[tuple[Any, Any]] = []
+    res, loop_error = None, None
+    try:
+        res = canary_loop(twin, fleet_log, copy.deepcopy(pol), copy.deepcopy(current), cfg, candidate_spec=cand_spec,
+                          baseline_spec=base_spec, budget=ctx["budget"], max_rounds=3, seed=seed,
+                          fleet_seed=ctx["fleet_seed"], old_logs=[ctx["train"]], update_options=UPDATE,
+                          decision=decision, log=lambda s: None,
+                          on_canary=lambda r, plan, cres: canaries.append((plan, cres)))  # fmt: skip
+    except InputError as e:  # no first round within the budget: the loop stays where the twin was
+        loop_error = str(e)
+    tc = loop_pairs(name, decision, res, canaries, nominal)
+    cols = {k: (kpi_column(kd), kd.better) for k, kd in kdefs.items() if kpi_column(kd) is not None}
+    margins = tuple(KPIMargin(c, 0.05, 0.0, b == "higher") for c, b in dict(cols.values()).items())
+    alone_logs = [cres.log for _p, cres in canaries]
+    if not alone_logs:  # the loop ran none: one canary of the budget's size on a seeded random slice
+        ccfg, _ = random_slice_config(ctx["agents"], MAX_SHARE, MAX_HOURS - 1.0, margins, seed * 1000 + 1, twin.spec, {})
+        alone_logs.append(canary_on_cluster(cfg, copy.deepcopy(current), copy.deepcopy(pol), ccfg,
+                                            seed=ctx["fleet_seed"], episode=f"alone-{seed}").log)  # fmt: skip
+    alone = kayenta_pairs(alone_logs, cols, 4)
+    alone_steps = sum(int(((lg["policy"].astype(str) == "candidate") & (lg["t"] >= 4)).sum()) for lg in alone_logs)
+    sweep, sweep_steps = {}, {}
+    for i, (share, hours) in enumerate(ctx["sweep"]):
+        ccfg, _ = random_slice_config(ctx["agents"], share, hours, margins, seed * 1000 + 100 + i, twin.spec, {})
+        lg = canary_on_cluster(cfg, copy.deepcopy(current), copy.deepcopy(pol), ccfg, seed=ctx["fleet_seed"],
+                               episode=f"sweep-{seed}-{i}").log  # fmt: skip
+        label = sweep_label(len(ctx["agents"]), share, hours)
+        sweep[label] = kayenta_pairs([lg], cols, ccfg.pre_ticks)
+        sweep_steps[label] = int(((lg["policy"].astype(str) == "candidate") & (lg["t"] >= ccfg.pre_ticks)).sum())
+    keep = distinct_pairs(kdefs, kpi_column)
+    pairs = [{"policy": name, "kpi": k, "merged": names, "better": nominal[k].better,
+              "allowed_change": float(nominal[k].allowed_change), "twin_alone": nominal[k].verdict,
+              "twin_canary": tc[k], "canary_alone": alone.get(k, "straddle"),
+              "sweep": {lb: v.get(k, "straddle") for lb, v in sweep.items()}} for k, names in keep.items()]  # fmt: skip
+    summary = {"policy": name, "twin_alone": decision.verdict, "twin_canary": res.verdict if res else "abstain",
+               "reason": (res.reason if res else f"no canary: {loop_error}")[:400],
+               "rounds": [{"n_groups": r.plan["n_groups"], "hours": r.plan["hours"], "stop": r.stop_reason,
+                           "agent_steps": r.candidate_agent_steps, "verdict": r.verdict,
+                           "widths": {c["kpi"]: [c.get("expected_width"), c.get("realised_width")] for c in r.checks}}
+                          for r in (res.rounds if res else [])],
+               "twin_canary_agent_steps": res.agent_steps if res else 0, "canary_alone_agent_steps": alone_steps,
+               "sweep_agent_steps": sweep_steps, "kdefs": list(kdefs)}  # fmt: skip
+    return pairs, summary
+
+
+def sweep_label(n: int, share: float, hours: float) -> str:
+    return f"{100 * share:g} % ({max(4, int(math.floor(share * n + 1e-9)))} groups) × {hours:g} h"
+
+
+def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path, n_candidates: int = 0,
+             log: Any = print) -> dict[str, Any]:
+    """Every fleet size for one seed (its own training logs and twin, candidates and fleets), saved
+    to ``out`` after each size (a run cut short keeps the sizes it finished)."""
+    from closed_loop import MAX_HOURS, MAX_SHARE
+    from whatif_gate import candidates, fit_or_load, logging_policy
+
+    from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.loop.plan import PlanBudget
+
+    t0 = time.perf_counter()
+    small = ClusterConfig(n_agents=TWIN_GROUPS, steps=96)
+    spec = cluster_spec(small)
+    train, _ = generate_logs(small, episodes=TWIN_DAYS, policy=logging_policy("production", spec, seed), seed=seed)
+    wdir = work / f"production-n{TWIN_GROUPS}-d{TWIN_DAYS}-s{seed}"
+    wdir.mkdir(parents=True, exist_ok=True)
+    twin = fit_or_load(wdir, "production", TWIN_MEMBERS, train, spec)
+    allp = candidates(spec, twin, "production", seed)
+    names = list(SCALE_CANDIDATES)[: n_candidates or None]
+    pols = {n: allp[n] for n in names}
+    current = logging_policy("production", spec, seed + 500)
+    # a fixed 10 % share (issue 48): no loss cap, which would shrink the slice with the twin's worst
+    # case (closed_loop.py's headline run keeps its 2 % cap)
+    budget = PlanBudget(max_share=MAX_SHARE, hours=MAX_HOURS, max_loss={})
+    doc: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
+    doc.update(seed=seed, candidates=names, truth_days=truth_days, twin={"groups": TWIN_GROUPS, "days": TWIN_DAYS,
+               "members": TWIN_MEMBERS}, update=UPDATE, sweep=[list(s) for s in SCALE_SWEEP],
+               budget={"max_share": MAX_SHARE, "hours": MAX_HOURS, "max_loss": {}}, sweep_max_groups=SWEEP_MAX_GROUPS)  # fmt: skip
+    doc.setdefault("by_fleet_size", {})
+    doc["seconds_fit"] = time.perf_counter() - t0
+    for n in sizes:
+        run_size(doc, n, twin, train, current, pols, budget, truth_days, seed, out, log)
+    return doc
+
+
+def sweep_for(n: int) -> tuple[tuple[float, float], ...]:
+    """Canary alone's sweep at a fleet of ``n`` groups: every `SCALE_SWEEP` point up to 100 groups,
+    without the whole-fleet point up to `SWEEP_MAX_GROUPS` (serving 1,000 groups the candidate
+    through the runtime for a day did not fit the shared machine), none above."""
+    if n <= 100:
+        return SCALE_SWEEP
+    return tuple(p for p in SCALE_SWEEP if p[0] < 1.0) if n <= SWEEP_MAX_GROUPS else ()
+
+
+def run_size(doc: dict[str, Any], n: int, twin: Any, train: Any, current: Any, pols: dict[str, Any], budget: Any,
+             truth_days: int, seed: int, out: Path, log: Any) -> None:
+    """One fleet size: each candidate's pairs with their multi-day truth, saved to ``out`` after every
+    candidate (``complete`` once all are done; a rerun resumes with the candidates not yet done)."""
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+
+    entry = doc["by_fleet_size"].setdefault(str(n), {"pairs": [], "per_candidate": [], "truth": {}, "complete": False})
+    if entry.get("complete", True):
+        return
+    t1 = time.perf_counter()
+    cfg = ClusterConfig(n_agents=n, steps=96)
+    fleet_seed = seed * 1000 + 7
+    fleet_log, _ = generate_logs(cfg, 1, copy.deepcopy(current), seed=fleet_seed)
+    ctx = {"twin": twin, "fleet_log": fleet_log, "cfg": cfg, "current": current, "seed": seed, "budget": budget,
+           "fleet_seed": fleet_seed, "train": train, "sweep": sweep_for(n),
+           "agents": sorted(fleet_log["agent"].astype(str).unique())}  # fmt: skip
+    entry["sweep"] = [list(p) for p in sweep_for(n)]
+    done = {s["policy"] for s in entry["per_candidate"]}
+    for name, pol in pols.items():
+        if name in done:
+            continue
+        pairs, summ = run_candidate(ctx, name, pol)
+        truth = entry["truth"]
+        if "current" not in truth:
+            truth.update(multi_day_truth(cfg, {"current": current}, list(ctx["kdefs"].values()), twin, truth_days, seed))
+        truth.update(multi_day_truth(cfg, {name: pol}, list(ctx["kdefs"].values()), twin, truth_days, seed))
+        for p in pairs:
+            rb, rc = truth["current"][p["kpi"]], truth[p["policy"]][p["kpi"]]
+            ch = (rc - rb) / abs(rb) if rb else float("nan")
+            sign = -1.0 if p["better"] == "higher" else 1.0
+            p["truth_change"] = ch
+            p["truth_regress"] = bool(sign * ch > p["allowed_change"])
+            p["merged_truth_gap"] = max((abs(_rel(truth, p["policy"], m) - ch) for m in p["merged"]), default=0.0)
+        entry["pairs"] += pairs
+        entry["per_candidate"].append(summ)
+        entry.setdefault("seconds", {})[name] = time.perf_counter() - t1
+        out.write_text(json.dumps(doc, indent=1, default=float))
+        log(f"seed {seed} n {n} {name!r}: twin alone {summ['twin_alone']}, loop {summ['twin_canary']} "
+            f"({len(summ['rounds'])} rounds, {summ['twin_canary_agent_steps']} steps) [{time.perf_counter() - t1:.0f} s]")
+    entry["complete"] = True
+    out.write_text(json.dumps(doc, indent=1, default=float))
+    log(f"seed {seed} n {n} done in {time.perf_counter() - t1:.0f} s")
+
+
+def _rel(truth: dict[str, dict[str, float]], policy: str, kpi: str) -> float:
+    rb = truth["current"][kpi]
+    return (truth[policy][kpi] - rb) / abs(rb) if rb else float("nan")
+
+
+
+# ------------------------------------------------------------------------------------ scoring
+def rate(k: int, n: int) -> dict[str, Any]:
+    """``k`` of ``n`` with its share and Clopper-Pearson 95 % interval."""
+    return {"k": int(k), "n": int(n), "rate": (k / n) if n else None, "ci": cp(k, n)}
+
+
+def agree(p: dict[str, Any], arm: str) -> bool:
+    return (p[arm] == "regress") == bool(p["truth_regress"])
+
+
+def candidate_level(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[str, Any]:
+    """The operator's decision per (seed, candidate): the loop's overall verdict (promote / refuse)
+    against the truth (a candidate regresses when any of its pairs does over the multi-day truth)."""
+    regress: dict[tuple[Any, str], bool] = {}
+    for p in pairs:
+        key = (p.get("seed"), p["policy"])
+        regress[key] = regress.get(key, False) or bool(p["truth_regress"])
+    decided = right = 0
+    for s in per:
+        if s["twin_canary"] in ("promote", "refuse"):
+            decided += 1
+            right += (s["twin_canary"] == "refuse") == regress.get((s.get("seed"), s["policy"]), False)
+    return {"verdict_rate": rate(decided, len(per)), "agreement": rate(right, decided),
+            "truly_regressing": sum(regress.values())}  # fmt: skip
+
+
+def score_size(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[str, Any]:
+    """One fleet size over every seed's distinct pairs: who decided what, how often right, at what cost.
+
+    ``canary_verdict_rate``: of the pairs the twin alone left open, the share the loop decided after
+    its canaries; ``confident_agreement`` / ``agreement_ci``: of those verdicts, the share that
+    agree with the multi-day truth. ``twin_alone``: the gate's own verdicts and their agreement.
+    ``loop``: every pair, the twin alone's verdict where it decided and the loop's elsewhere (what
+    the operator gets). ``canary_alone``: Kayenta-style on the loop's canaries, same pairs."""
+    open_ = [p for p in pairs if p["twin_alone"] not in DECIDED]
+    twin_dec = [p for p in pairs if p["twin_alone"] in DECIDED]
+    can_dec = [p for p in open_ if p["twin_canary"] in DECIDED]
+    loop = [{**p, "x": p["twin_alone"] if p["twin_alone"] in DECIDED else p["twin_canary"]} for p in pairs]
+    loop_dec = [p for p in loop if p["x"] in DECIDED]
+    ca_dec = [p for p in pairs if p["canary_alone"] in DECIDED]
+    ca_open_dec = [p for p in open_ if p["canary_alone"] in DECIDED]
+    vr, ag = rate(len(can_dec), len(open_)), rate(sum(agree(p, "twin_canary") for p in can_dec), len(can_dec))
+    return {
+        "pairs": len(pairs), "truth_regress": sum(bool(p["truth_regress"]) for p in pairs),
+        "canary_verdict_rate": vr["rate"], "canary_verdict_rate_ci": vr["ci"],
+        "canary_decided": len(can_dec), "open_after_twin": len(open_), "canary_agreeing": ag["k"],
+        "confident_agreement": ag["rate"], "agreement_ci": ag["ci"],
+        "twin_alone": {"verdict_rate": rate(len(twin_dec), len(pairs)),
+                       "agreement": rate(sum(agree(p, "twin_alone") for p in twin_dec), len(twin_dec))},
+        "loop": {"verdict_rate": rate(len(loop_dec), len(pairs)),
+                 "agreement": rate(sum(agree(p, "x") for p in loop_dec), len(loop_dec))},
+        "canary_alone": {"verdict_rate": rate(len(ca_dec), len(pairs)),
+                         "agreement": rate(sum(agree(p, "canary_alone") for p in ca_dec), len(ca_dec)),
+                         "open_verdict_rate": rate(len(ca_open_dec), len(open_)),
+                         "open_agreement": rate(sum(agree(p, "canary_alone") for p in ca_open_dec), len(ca_open_dec))},
+        "candidate_verdicts": candidate_level(pairs, per),
+        "twin_canary_agent_steps": sum(s["twin_canary_agent_steps"] for s in per),
+        "canary_alone_agent_steps": sum(s["canary_alone_agent_steps"] for s in per),
+        "rounds": sum(len(s["rounds"]) for s in per),
+        "max_merged_truth_gap": max((p.get("merged_truth_gap", 0.0) for p in pairs), default=0.0),
+    }  # fmt: skip
+
+
+def steps_ratio(pairs: list[dict[str, Any]], per: list[dict[str, Any]], loop: dict[str, Any]) -> dict[str, Any]:
+    """Canary alone's agent-steps to reach the loop's verdict rate at at least its agreement (over
+    every pair; `closed_loop.steps_to_reach` on `SCALE_SWEEP`'s points), over the loop's canary
+    agent-steps. ``ratio`` None with ``lower_bound`` when no sweep point reaches it."""
+    from closed_loop import steps_to_reach
+
+    labels = list(pairs[0]["sweep"]) if pairs else []
+    points = []
+    for lb in labels:
+        dec = [p for p in pairs if p["sweep"][lb] in DECIDED]
+        points.append({"label": lb, "canary_agent_steps": sum(s["sweep_agent_steps"][lb] for s in per),
+                       "verdict_rate": len(dec) / len(pairs),
+                       "confident_agreement": (sum((p["sweep"][lb] == "regress") == bool(p["truth_regress"]) for p in dec)
+                                               / len(dec)) if dec else None})  # fmt: skip
+    steps = sum(s["twin_canary_agent_steps"] for s in per)
+    if not loop["verdict_rate"]["k"]:
+        return {"ratio": None, "lower_bound": None, "how": "the loop decided no pair: no verdict rate to match",
+                "canary_alone_steps": None, "twin_canary_steps": steps, "sweep": points}  # fmt: skip
+    reach = steps_to_reach(points, loop["verdict_rate"]["rate"] or 0.0, loop["agreement"]["rate"])
+    ratio = reach["steps"] / steps if reach["steps"] is not None and steps > 0 else None
+    lower = reach.get("max_steps", 0.0) / steps if reach["steps"] is None and steps > 0 else None
+    return {"ratio": ratio, "lower_bound": lower, "how": reach["how"], "canary_alone_steps": reach["steps"],
+            "twin_canary_steps": steps, "sweep": points}  # fmt: skip
+
+
+def first_sweep(seed_docs: list[dict[str, Any]]) -> list[list[float]]:
+    """The run-wide sweep (an entry written before sweeps were recorded per size)."""
+    return list(seed_docs[0].get("sweep", []))
+
+
+def merge(seed_docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The seeds pooled per fleet size: `score_size` and `steps_ratio` over every seed's pairs,
+    plus each seed's own scores (``per_seed``) and which seeds ran which size (a run cut short)."""
+    sizes = sorted({int(n) for d in seed_docs for n in d["by_fleet_size"]})
+    out: dict[str, Any] = {}
+    for n in sizes:
+        runs = [d for d in seed_docs if str(n) in d["by_fleet_size"]]
+        pairs = [{**p, "seed": d["seed"]} for d in runs for p in d["by_fleet_size"][str(n)]["pairs"]]
+        per = [{**s, "seed": d["seed"]} for d in runs for s in d["by_fleet_size"][str(n)]["per_candidate"]]
+        sc = score_size(pairs, per)
+        out[str(n)] = {**sc, "seeds": [d["seed"] for d in runs], "steps": steps_ratio(pairs, per, sc["loop"]),
+                       "candidates": {str(d["seed"]): [s["policy"] for s in d["by_fleet_size"][str(n)]["per_candidate"]]
+                                      for d in runs},
+                       "sweep": runs[0]["by_fleet_size"][str(n)].get("sweep", first_sweep(seed_docs)),
+                       "per_seed": {str(d["seed"]): score_size(d["by_fleet_size"][str(n)]["pairs"],
+                                                               d["by_fleet_size"][str(n)]["per_candidate"])
+                                    for d in runs}}  # fmt: skip
+    return out
+
+
+def run_scale(args: Any, out_dir: Path) -> None:
+    """``--scale``: one seed's run; ``--scale-merge SEED ...``: the pooled results and the page."""
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.scale:
+        if args.truth_days < 20:
+            print(f"note: --truth-days {args.truth_days} < 20: not the issue's multi-day truth", flush=True)
+        run_seed(args.seed, list(args.fleet_sizes), args.truth_days, args.work, args.work / f"scale-s{args.seed}.json",
+                 args.max_candidates, log=lambda s: print(s, flush=True))  # fmt: skip
+        return
+    docs, where = [], {}
+    for s in args.scale_merge:
+        doc = json.loads((args.work / f"scale-s{s}.json").read_text())
+        where.update({n: args.work for n in doc["by_fleet_size"]})
+        for more in args.scale_more:  # e.g. the 5,000-group runs, made in their own process and directory
+            path = more / f"scale-s{s}.json"
+            if path.is_file():
+                for n, entry in json.loads(path.read_text())["by_fleet_size"].items():
+                    if n not in doc["by_fleet_size"]:
+                        doc["by_fleet_size"][n] = entry
+                        where[n] = more
+        docs.append(doc)
+    runs: dict[tuple[str, int], list[str]] = {}  # (work directory, candidates) -> fleet sizes
+    for n in sorted(where, key=int):
+        k = max(len(d["by_fleet_size"][n]["per_candidate"]) for d in docs if n in d["by_fleet_size"])
+        runs.setdefault((str(where[n]), k), []).append(n)
+    cmds = [f"python benchmarks/closed_loop.py --scale --seed S --fleet-sizes {' '.join(ns)} --max-candidates {k} "
+            f"--truth-days {args.truth_days} --work {w}" for (w, k), ns in runs.items()]
+    cmds.append(f"python benchmarks/closed_loop.py --scale-merge {' '.join(map(str, args.scale_merge))} --work {args.work}"
+                + (" --scale-more " + " ".join(map(str, args.scale_more)) if args.scale_more else ""))
+    write_scale(docs, out_dir, args.no_write, cmds)
+
+
+# ------------------------------------------------------------------------------------ output
+SCALE_SECTION = "## Closed loop at 100, 1,000 and 5,000 groups: distinct pairs, multi-day truth, seeds"
+#: hand-written subsections of the scale section that a rerun keeps
+SCALE_KEEP = ("### What the scale run says",)
+
+
+def _r(x: dict[str, Any] | None) -> str:
+    """``k/n = p % [lo, hi]`` of a `rate` (``—`` when nothing was counted)."""
+    if not x or not x["n"]:
+        return "— (0 counted)"
+    lo, hi = x["ci"]
+    return f"{x['k']}/{x['n']} = {100 * x['rate']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def scale_section(res: dict[str, Any]) -> str:
+    """The page's section for the pooled scale run (`merge`'s result plus what was run)."""
+    c = res["scale_config"]
+    lines = [SCALE_SECTION, "",
+             "Commands (per seed S): " + ", then ".join(f"`{x}`" for x in c.get("commands", [])) + ". What ran (the machine: 2 cores shared by six sessions; the full design did not fit): "
+             + "; ".join(f"{int(n):,} groups: seeds {v['seeds']}, candidates per seed "
+                         + ", ".join(f"{sd}: {len(cs)}" for sd, cs in v["candidates"].items()) for n, v in res["by_fleet_size"].items())
+             + f". Candidates, in this order (the first of {len(c['candidates'])} of the what-if gate benchmark's 9 where "
+             "fewer ran; PPO not trained at scale): " + ", ".join(c["candidates"]) + f". Twin: the quick one ({c['twin']['groups']} groups, {c['twin']['days']} "
+             f"days, {c['twin']['members']} members) fitted once per seed and reused at every size. Budget per round: "
+             f"a fixed {100 * c['budget']['max_share']:g} % share (half on the candidate), ≤ 1 day, no loss cap, ≤ 3 "
+             f"rounds, `Twin.update` {c['update']['epochs']} epochs × {c['update']['max_steps']} steps between rounds. "
+             f"Truth: each policy on the whole cluster of that size for {c['truth_days']} days (the same day seeds "
+             "for every policy). Pairs: distinct (candidate, KPI) pairs of the gate's 7 measured quantities (return "
+             "and reward are one pair; their truths differ by at most "
+             f"{max(v['max_merged_truth_gap'] for v in res['by_fleet_size'].values()):.1e}). Intervals: Clopper-Pearson "
+             "95 %, over pairs (a candidate's pairs share its canaries, so they are not independent draws and the "
+             "intervals are optimistic).", "",
+             "| groups | seeds | pairs (truly regressing) | twin alone decided / right | left open → canaries decided "
+             "(`canary_verdict_rate`, target ≥ 60 % at 1,000) | canary verdicts right (`confident_agreement`, ≥ 97 %) "
+             "| loop over all pairs: decided / right | canary alone (Kayenta, same canaries): decided / right "
+             "| candidates the loop promoted or refused / right | loop canary agent-steps |",
+             "|---|---|---|---|---|---|---|---|---|---:|"]  # fmt: skip
+    for n, v in res["by_fleet_size"].items():
+        ta, lp, ca = v["twin_alone"], v["loop"], v["canary_alone"]
+        lines.append(f"| {int(n):,} | {v['seeds']} | {v['pairs']} ({v['truth_regress']}) | {_r(ta['verdict_rate'])} / "
+                     f"{_r(ta['agreement'])} | {_r(rate(v['canary_decided'], v['open_after_twin']))} | "
+                     f"{_r(rate(v['canary_agreeing'], v['canary_decided']))} | "
+                     f"{_r(lp['verdict_rate'])} / {_r(lp['agreement'])} | {_r(ca['verdict_rate'])} / {_r(ca['agreement'])} | "
+                     f"{_r(v['candidate_verdicts']['verdict_rate'])} / {_r(v['candidate_verdicts']['agreement'])} | "
+                     f"{v['twin_canary_agent_steps']:,} |")  # fmt: skip
+    lines += ["", "Canary alone at growing slices (Kayenta-style on a seeded random slice per candidate, every pair), "
+              "and the agent-steps it needs to match the loop (`canary_steps_ratio`: canary alone's ÷ the loop's, "
+              "target ≥ 2×):", "", "| groups | slice | agent-steps | verdict rate | confident agreement |",
+              "|---|---|---:|---:|---:|"]  # fmt: skip
+    for n, v in res["by_fleet_size"].items():
+        for p in v["steps"]["sweep"]:
+            ag = "n/a" if p["confident_agreement"] is None else f"{100 * p['confident_agreement']:.1f} %"
+            lines.append(f"| {int(n):,} | {p['label']} | {p['canary_agent_steps']:,} | {100 * p['verdict_rate']:.1f} % | {ag} |")
+    lines += ["", "| groups | loop: verdict rate / agreement / agent-steps | canary alone reaches it at | ratio |", "|---|---|---|---|"]
+    for n, v in res["by_fleet_size"].items():
+        s, lp = v["steps"], v["loop"]
+        if not s["sweep"]:
+            ratio = "not measured (no canary-alone sweep at this size)"
+        elif s["ratio"] is not None:
+            ratio = f"{s['ratio']:.2f}× ({s['how']})"
+        else:
+            ratio = f"not reached (≥ {s['lower_bound']:.1f}×: {s['how']})" if s["lower_bound"] is not None else "n/a"
+        at = "—" if s["canary_alone_steps"] is None else f"{s['canary_alone_steps']:,.0f}"
+        lines.append(f"| {int(n):,} | {_r(lp['verdict_rate'])} / {_r(lp['agreement'])} / {s['twin_canary_steps']:,} | {at} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_scale(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str] | None = None) -> dict[str, Any]:
+    """Pool the seeds (`merge`) into ``results_production.json`` (``seeds``, ``by_fleet_size`` →
+    ``"100"`` / ``"1000"`` / ``"5000"`` → ``canary_verdict_rate``, ``confident_agreement``,
+    ``agreement_ci``, ...; ``canary_steps_ratio`` at 1,000 groups, or the largest size measured)
+    and the page's section."""
+    from _docs import write_section
+
+    by = merge(seed_docs)
+    first = seed_docs[0]
+    cfg = {k: first[k] for k in ("candidates", "truth_days", "twin", "update", "sweep", "budget", "sweep_max_groups")}
+    cfg["commands"] = list(commands or [])
+    res = {"seeds": sorted(d["seed"] for d in seed_docs), "by_fleet_size": by, "scale_config": cfg}
+    head = "1000" if "1000" in by else max(by, key=int)
+    ratio = by[head]["steps"]
+    out = {"seeds": res["seeds"], "scale_config": cfg, "canary_steps_ratio_fleet_size": int(head),
+           "canary_steps_ratio": ratio["ratio"], "canary_steps_ratio_lower_bound": ratio["lower_bound"],
+           "by_fleet_size": {n: {k: v for k, v in b.items() if k != "per_seed"} | {"per_seed": b["per_seed"]}
+                             for n, b in by.items()}}  # fmt: skip
+    print(json.dumps({n: {k: b[k] for k in ("pairs", "canary_verdict_rate", "confident_agreement", "agreement_ci")}
+                      for n, b in by.items()}, indent=1, default=float))  # fmt: skip
+    if not no_write:
+        path = out_dir / "results_production.json"
+        cur = json.loads(path.read_text()) if path.exists() else {}
+        if "quick_canary_steps_ratio" not in cur and "canary_steps_ratio" in cur:
+            cur["quick_canary_steps_ratio"] = cur["canary_steps_ratio"]  # the one-seed, 60-group run's (its section)
+        cur.update(out)
+        path.write_text(json.dumps(cur, indent=1, default=float))
+        for d in seed_docs:
+            (out_dir / "scale").mkdir(exist_ok=True)
+            (out_dir / "scale" / f"seed{d['seed']}.json").write_text(json.dumps(d, indent=1, default=float))
+        write_section(SCALE_SECTION, scale_section(res), doc=out_dir / "README.md", keep=SCALE_KEEP)
+    return res
