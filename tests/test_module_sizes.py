@@ -22,11 +22,6 @@ MAX_COMMAND_PARAMETERS = 20
 #: (kind, "path relative to edgetwin/:qualified name") -> the helper who owns the file this round
 KNOWN_OVER: dict[tuple[str, str], str] = {
     ("function", "loop/plan.py:plan_canary"): "closedloop (issue 48)",
-    # house's own, not yet split this round (issue 46)
-    ("command", "cli/edge.py:serve"): "house (issue 46)",
-    ("command", "cli/policy.py:whatif_cmd"): "house (issue 46)",
-    ("function", "twin/whatif/engine.py:run_episode"): "house (issue 46)",
-    ("function", "twin/whatif/run.py:run_whatif"): "house (issue 46)",
 }
 
 
