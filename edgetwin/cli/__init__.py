@@ -3,7 +3,9 @@ over the layers below (the work itself is in the subpackages).
 
 * `edgetwin.cli.common`: the root `app`, consoles, shared options, JSON output, early path checks.
 * `edgetwin.cli.logs`: ``logs generate``, ``logs validate``.
-* `edgetwin.cli.twin`: ``fit`` (also ``--federated``), ``fidelity``, ``population fit/report``.
+* `edgetwin.cli.twin`: ``fit``, ``fit-federated``, ``update`` (the old ``fit --federated`` /
+  ``fit --update TWIN`` spellings are rewritten to them by `edgetwin.cli.common`), ``fidelity``,
+  ``population fit/report``.
 * `edgetwin.cli.policy`: ``train``, ``evaluate``, ``whatif``, ``promote``.
 * `edgetwin.cli.registry`: ``registry keygen/publish/list/show``.
 * `edgetwin.cli.edge`: ``serve``.

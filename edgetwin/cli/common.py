@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from edgetwin.contract.errors import InputError
 
@@ -51,8 +52,38 @@ def _without_flag_or_list_type(shown: Any) -> Any:
 
 _flags_without_a_type()
 
+
+def legacy_fit_args(args: list[str]) -> list[str]:
+    """The old spellings of the commands split out of ``fit`` (issue 46), as the new commands.
+
+    ``fit ... --update TWIN ...`` -> ``update TWIN ...`` and ``fit ... --federated ...`` ->
+    ``fit-federated ...``: ``fit`` had 27 options for three commands; the old invocations in
+    scripts and docs keep working. Anything else is returned unchanged.
+    """
+    if not args or args[0] != "fit":
+        return args
+    rest = list(args[1:])
+    for i, a in enumerate(rest):
+        if a == "--update" and i + 1 < len(rest):
+            twin = rest[i + 1]
+            return ["update", twin, *rest[:i], *rest[i + 2:]]
+        if a.startswith("--update="):
+            return ["update", a.partition("=")[2], *rest[:i], *rest[i + 1:]]
+    if "--federated" in rest:
+        return ["fit-federated", *[a for a in rest if a != "--federated"]]
+    return args
+
+
+class _Group(TyperGroup):
+    """The root group: old spellings of split commands are rewritten before parsing (`legacy_fit_args`)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, legacy_fit_args(list(args)))
+
+
 app = typer.Typer(
     name="edgetwin",
+    cls=_Group,
     help="Learn a digital twin of an edge-cloud scheduling system from its logs, train policies "
     "offline in it, replay what-ifs and promote to the edge.",
     no_args_is_help=True,

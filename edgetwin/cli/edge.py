@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,6 +23,46 @@ from edgetwin.cli.common import (
 from edgetwin.contract.errors import InputError
 
 
+@dataclass(frozen=True)
+class ServeConfig:
+    """``edgetwin serve --config FILE``: a site's settings set once and kept in a file (a TOML file of
+    these keys; a missing key keeps its default), so that the command keeps to the options every
+    start sets.
+
+    Attributes:
+        cluster: the site's cluster (fallback scope ``cluster/<C>``; default none).
+        probation: KPI reports during which a new version is judged, then accepted.
+        baseline: what the KPI watch compares with: ``auto | previous | metadata | first_window``
+            (`edgetwin.edge.kpi_watch.KPIGuard`, which checks it).
+    """
+
+    cluster: str | None = None
+    probation: int = 100
+    baseline: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.probation < 0:
+            raise ValueError(f"probation: expected >= 0, got {self.probation}")
+
+    @classmethod
+    def load(cls, path: Path | None) -> ServeConfig:
+        from edgetwin.loop.fleet import load_toml_config
+
+        return cls() if path is None else load_toml_config(path, cls, "--config")  # type: ignore[no-any-return]
+
+
+def _shield_config(path: Path | None) -> Any:
+    """``--shield``: the `ShieldConfig` of a JSON file, or None; a bad file is one line, exit 2."""
+    if path is None:
+        return None
+    from edgetwin.policies.shield import ShieldConfig
+
+    try:
+        return ShieldConfig.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        raise InputError(f"expected a JSON shield configuration ({e})", str(path)) from None
+
+
 @app.command("serve")
 def serve(
     site: Annotated[str, typer.Option("--site", help="This edge site's name: serves scope site/<S> (then cluster, global).")],
@@ -35,7 +76,6 @@ def serve(
     shield: Annotated[
         Path | None, typer.Option("--shield", help="Safety shield applied to every action: a JSON ShieldConfig file.")
     ] = None,
-    cluster: Annotated[str | None, typer.Option("--cluster", help="The site's cluster (fallback scope cluster/<C>).")] = None,
     guard: Annotated[
         list[str] | None,
         typer.Option(
@@ -48,8 +88,6 @@ def serve(
     window: Annotated[int, typer.Option(help="KPI reports per sliding window.")] = 20,
     grace: Annotated[int, typer.Option(help="KPI reports ignored after a swap.")] = 2,
     patience: Annotated[int, typer.Option(help="Consecutive regressed windows before rolling back.")] = 2,
-    probation: Annotated[int, typer.Option(help="KPI reports during which a new version is judged, then accepted.")] = 100,
-    baseline: Annotated[str, typer.Option(help="auto | previous | metadata | first_window (see KPIGuard).")] = "auto",
     poll: Annotated[float, typer.Option("--poll", help="Seconds between registry polls.")] = 2.0,
     cache_dir: Annotated[
         Path | None,
@@ -70,6 +108,11 @@ def serve(
     ] = "127.0.0.1",
     duration: Annotated[float, typer.Option(help="Stop after this many seconds (0: run until interrupted).")] = 0.0,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING.")] = "INFO",
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="TOML of the site's rarely changed settings (ServeConfig: cluster, probation, "
+                     "baseline); a missing key keeps its default."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the edge runtime: serve the site's current signed policy until interrupted.
@@ -81,13 +124,16 @@ def serve(
     import re
     import signal
 
+    cfg = ServeConfig.load(config)
+    cluster, probation, baseline = cfg.cluster, cfg.probation, cfg.baseline
+
     from edgetwin.edge.canary_command import command_subject, outcome_subject, status_subject
     from edgetwin.edge.kpi_watch import KPIGuard, KPIMargin
     from edgetwin.edge.registry import open_async_registry
     from edgetwin.edge.runtime import EdgeRuntime
     from edgetwin.edge.signing import TrustStore
 
-    for flag, name in (("--site", site), ("--cluster", cluster)):
+    for flag, name in (("--site", site), ("--config cluster", cluster)):
         if name is not None and not re.fullmatch(r"[A-Za-z0-9_\-]{1,64}", name):
             raise InputError(f"expected 1-64 letters, digits, '_' or '-', got {name!r}", flag)
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -99,14 +145,7 @@ def serve(
     from edgetwin.edge.message_auth import Keyring
 
     reporter_keys = Keyring.from_dir(reporters) if reporters is not None else None
-    shield_cfg = None
-    if shield is not None:
-        from edgetwin.policies.shield import ShieldConfig
-
-        try:
-            shield_cfg = ShieldConfig.from_dict(json.loads(shield.read_text()))
-        except (OSError, ValueError) as e:
-            raise InputError(f"expected a JSON shield configuration ({e})", str(shield)) from None
+    shield_cfg = _shield_config(shield)
     kpi_guard: Any
     if no_watch:
         kpi_guard = None

@@ -333,6 +333,33 @@ ExogenousOpt = Annotated[
 MembersOpt = Annotated[str | None, typer.Option("--members", help="Ensemble members to run, e.g. 0,1,2 (default: all).")]
 
 
+@dataclass(frozen=True)
+class WhatifConfig:
+    """``edgetwin whatif --config FILE``: the what-if's rarely set knobs (a TOML file of these keys;
+    a missing key keeps its default), so that the command keeps to the options every run sets.
+
+    Attributes:
+        deterministic: use the twin's mean responses (no response noise).
+        oos_tolerance: flag a number when more than this share of its agent-steps lies outside the
+            logs' support (a share in [0, 1]).
+        view: a SchedulingView file (TOML/JSON) for ``heuristic:NAME`` policies.
+    """
+
+    deterministic: bool = False
+    oos_tolerance: float = 0.05
+    view: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.oos_tolerance <= 1.0:  # also catches NaN
+            raise ValueError(f"oos_tolerance: expected a share between 0 and 1, got {self.oos_tolerance}")
+
+    @classmethod
+    def load(cls, path: Path | None) -> WhatifConfig:
+        from edgetwin.loop.fleet import load_toml_config
+
+        return cls() if path is None else load_toml_config(path, cls, "--config")  # type: ignore[no-any-return]
+
+
 @app.command("whatif")
 def whatif_cmd(
     twin_dir: Annotated[Path, typer.Argument(help="A twin directory (from `edgetwin fit`).")],
@@ -360,11 +387,11 @@ def whatif_cmd(
         int | None, typer.Option(min=1, help="Steps per episode (default: the twin's horizon / the log's).")
     ] = None,
     agents: Annotated[int | None, typer.Option("--agents", min=1, help="Agents per generated world.")] = None,
-    deterministic: Annotated[bool, typer.Option(help="Use the twin's mean responses (no response noise).")] = False,
-    oos_tolerance: Annotated[
-        float, typer.Option(help="Flag a number when more than this share of its agent-steps is out of support.")
-    ] = 0.05,
-    view: Annotated[Path | None, typer.Option(help="SchedulingView (TOML/JSON) for heuristic:NAME policies.")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="TOML of the rarely set knobs (WhatifConfig: deterministic, oos_tolerance, "
+                     "view); a missing key keeps its default."),
+    ] = None,
     workers: TaskWorkersOpt = 1,
     ray: TaskRayOpt = None,
     trust: TwinTrustOpt = None,
@@ -376,8 +403,8 @@ def whatif_cmd(
     from edgetwin.twin.report import write_report
     from edgetwin.twin.whatif import run_whatif
 
-    if not 0.0 <= oos_tolerance <= 1.0:
-        raise InputError(f"expected a share between 0 and 1, got {oos_tolerance}", "--oos-tolerance")
+    cfg = WhatifConfig.load(config)
+    oos_tolerance, view = cfg.oos_tolerance, cfg.view
     out_dir_arg(out_dir)
     if ray is not None:
         from edgetwin.twin.parallel import check_ray
@@ -397,7 +424,7 @@ def whatif_cmd(
     base_name = None if baseline is None else pols[refs.index(baseline)].name
     result = run_whatif(
         twin, pols, scenarios, baseline=base_name, kpis=kpi_defs, episodes=episodes, seeds=seeds, seed=seed,
-        members=_members(members), steps=steps, n_agents=agents, stochastic=not deterministic, log=table,
+        members=_members(members), steps=steps, n_agents=agents, stochastic=not cfg.deterministic, log=table,
         exogenous=exogenous or (), oos_tolerance=oos_tolerance, progress=not as_json, workers=workers, ray_address=ray,
     )  # fmt: skip
     files = write_report(result, out_dir, title=f"What-if report: {', '.join(result.policies)}")

@@ -1,4 +1,5 @@
-"""``edgetwin fit``, ``fidelity`` and ``population``: learn a twin (centralised or federated) and score it."""
+"""``edgetwin fit``, ``fit-federated``, ``update``, ``fidelity`` and ``population``: learn a twin
+(centralised or federated), update it with new rows, and score it."""
 
 from __future__ import annotations
 
@@ -22,20 +23,40 @@ from edgetwin.cli.common import (
 from edgetwin.cli.trust import TwinTrustOpt, check_twin_trust
 from edgetwin.contract.errors import InputError
 
+#: `fit` and `fit-federated` share these (the model family and where members are fitted)
+SpecOpt = Annotated[Path | None, typer.Option(help="Twin spec (TOML); default LOG.spec.toml beside the log.")]
+MembersOpt = Annotated[int, typer.Option(min=1, help="Ensemble members (bootstrap resamples of episodes).")]
+RoundsOpt = Annotated[int, typer.Option(min=0, help="MAIL-MMSG adversarial rounds per scenario (0: BC only).")]
+PopulationModelOpt = Annotated[str, typer.Option(help="gan-smmsg | gmm | gan | wgan | empirical.")]
+PopulationStepsOpt = Annotated[int | None, typer.Option(min=0, help="Generator updates of the population model.")]
+KeyOpt = Annotated[
+    Path | None,
+    typer.Option("--key", help="Ed25519 private key (PEM): sign the twin (its SIGNATURE.json) so that commands "
+                 "given --trust accept it."),
+]
+
+
+def _signer(key: Path | None) -> Any:
+    """The twin's signer, loaded before the fit: a bad key fails at once, not after the fit."""
+    if key is None:
+        return None
+    from edgetwin.edge.signing import Signer
+
+    return Signer.from_pem(key)
+
 
 @app.command("fit")
 def twin_fit(
     log: Annotated[Path, typer.Argument(help="Log table (.parquet or .csv).")],
     out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the twin to.")],
-    spec: Annotated[Path | None, typer.Option(help="Twin spec (TOML); default LOG.spec.toml beside the log.")] = None,
-    members: Annotated[int, typer.Option(min=1, help="Ensemble members (bootstrap resamples of episodes).")] = 5,
-    rounds: Annotated[int, typer.Option(min=0, help="MAIL-MMSG adversarial rounds per scenario (0: BC only).")] = 10,
+    spec: SpecOpt = None,
+    members: MembersOpt = 5,
+    rounds: RoundsOpt = 10,
     bc_epochs: Annotated[int, typer.Option(min=0, help="Behaviour-cloning epochs (engine and client pre-training).")] = 20,
     response_model: Annotated[str, typer.Option(help="mail | bc | supervised | causal (learns the actions' effects across the log's policy ids) | "
-                                                    "auto (default: causal when the log holds several policies with overlap, else mail); "
-                                                    "--federated: mail | bc | causal | auto (causal when the sites together logged several policies).")] = "auto",
-    population_model: Annotated[str, typer.Option(help="gan-smmsg | gmm | gan | wgan | empirical.")] = "gan-smmsg",
-    population_steps: Annotated[int | None, typer.Option(min=0, help="Generator updates of the population model.")] = None,
+                                                    "auto (default: causal when the log holds several policies with overlap, else mail).")] = "auto",
+    population_model: PopulationModelOpt = "gan-smmsg",
+    population_steps: PopulationStepsOpt = None,
     site_model: Annotated[
         bool,
         typer.Option(
@@ -52,30 +73,6 @@ def twin_fit(
             "default: all of them).",
         ),
     ] = None,
-    federated: Annotated[
-        bool,
-        typer.Option(
-            "--federated",
-            help="Split the log by its site column and fit across the sites, one agent per site in this "
-            "process over the in-process bus: only statistics and parameters travel (docs/federation.md).",
-        ),
-    ] = False,
-    fed_rounds: Annotated[
-        int | None, typer.Option(min=1, help="--federated: FedAvg rounds per member (default: 240 of 5 minibatches; "
-                            "with dp_gaussian 8 of 2 epochs, DP_SCHEDULE).")
-    ] = None,
-    strategy: Annotated[str, typer.Option(help="--federated: fedavg | fedavgm | dp_gaussian.")] = "fedavg",
-    min_agents: Annotated[
-        int, typer.Option(min=1, help="--federated: every statistic a site sends is an aggregate over at least this "
-                          "many agents; a site with fewer sends none (docs/federation.md).")
-    ] = 10,
-    compression: Annotated[str, typer.Option(help="--federated: dense | int8 | topk+int8.")] = "dense",
-    secure: Annotated[bool, typer.Option("--secure", help="--federated: secure aggregation.")] = False,
-    light: Annotated[
-        bool,
-        typer.Option("--light", help="--federated: the light family (behaviour-cloned responses, mixture population) "
-                     "instead of the default MAIL + GAN-SMMSG."),
-    ] = False,
     workers: Annotated[
         int,
         typer.Option(min=0, help="Processes that fit ensemble members in parallel (0: one per core; 1: serially). "
@@ -86,54 +83,19 @@ def twin_fit(
         typer.Option("--ray", help="Fit the members on this Ray cluster (e.g. auto, ray://host:10001; local starts "
                      "one here); needs pip install -e \".[ray]\". The twin does not depend on it."),
     ] = None,
-    key: Annotated[
-        Path | None,
-        typer.Option("--key", help="Ed25519 private key (PEM): sign the twin (its SIGNATURE.json) so that commands "
-                     "given --trust accept it."),
-    ] = None,
-    update: Annotated[
-        Path | None,
-        typer.Option("--update", help="Update this twin with the rows of LOG (e.g. a canary's log) instead of "
-                     "fitting a new one: response models warm-started and fine-tuned on old + new rows, support "
-                     "rebuilt; the new twin names its parent. Needs the twin's own log(s) with --log."),
-    ] = None,
-    old_logs: Annotated[
-        list[Path] | None,
-        typer.Option("--log", help="--update: the twin's training log (repeat, in order, for a twin that was "
-                     "itself updated: its meta.json data_parts)."),
-    ] = None,
-    update_epochs: Annotated[int, typer.Option(min=1, help="--update: fine-tune passes per response model.")] = 5,
-    update_steps: Annotated[int, typer.Option(min=1, help="--update: at most this many gradient steps per model.")] = 1000,
+    key: KeyOpt = None,
     seed: SeedOpt = 0,
     allow_code: AllowCodeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Learn a twin from a log (or, with --update TWIN, update TWIN with LOG's rows). Resumable:
-    finished members are checkpointed in OUT/checkpoint."""
+    """Learn a twin from a log. Resumable: finished members are checkpointed in OUT/checkpoint.
+    Across sites without moving rows: `edgetwin fit-federated` (also spelt `fit --federated`); a
+    twin updated with new rows: `edgetwin update` (also spelt `fit --update TWIN`)."""
     from edgetwin.contract.functions import allow_code as allow
 
     allow(allow_code or [])
     out_dir_arg(out_dir)  # before the heavy imports: a wrong --out is reported at once
-    signer = None
-    if key is not None:
-        from edgetwin.edge.signing import Signer
-
-        signer = Signer.from_pem(key)  # a bad key fails before the fit, not after it
-    if update is not None:
-        _fit_update(update, log, out_dir, spec, old_logs or [], update_epochs, update_steps, seed, as_json)
-        _sign_twin(out_dir, signer, as_json)
-        return
-    if old_logs:
-        raise InputError("--log goes with --update (the twin's training log)", "--log")
-    if federated:
-        fam: dict[str, Any] = {"response_model": "bc", "population_model": "gmm"} if light else {
-            "response_model": response_model, "population_model": population_model, "adv_rounds": rounds}
-        if population_steps is not None:
-            fam["gan_rounds"] = max(1, population_steps // 50)
-        _fit_federated(log, out_dir, spec, members, fed_rounds, strategy, compression, secure, seed, as_json, fam,
-                       min_agents)
-        _sign_twin(out_dir, signer, as_json)
-        return
+    signer = _signer(key)
     import torch
 
     from edgetwin.generative import MODELS
@@ -179,6 +141,85 @@ def twin_fit(
             out.print(overlap_text(twin.meta))
 
 
+@app.command("fit-federated")
+def twin_fit_federated(
+    log: Annotated[Path, typer.Argument(help="Log table (.parquet or .csv) with a site column.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the twin to.")],
+    spec: SpecOpt = None,
+    members: MembersOpt = 5,
+    rounds: RoundsOpt = 10,
+    response_model: Annotated[str, typer.Option(help="mail | bc | causal | auto (default: causal when the sites "
+                                                    "together logged several policies).")] = "auto",
+    population_model: PopulationModelOpt = "gan-smmsg",
+    population_steps: PopulationStepsOpt = None,
+    fed_rounds: Annotated[
+        int | None, typer.Option(min=1, help="FedAvg rounds per member (default: 240 of 5 minibatches; "
+                            "with dp_gaussian 8 of 2 epochs, DP_SCHEDULE).")
+    ] = None,
+    strategy: Annotated[str, typer.Option(help="fedavg | fedavgm | dp_gaussian.")] = "fedavg",
+    min_agents: Annotated[
+        int, typer.Option(min=1, help="Every statistic a site sends is an aggregate over at least this "
+                          "many agents; a site with fewer sends none (docs/federation.md).")
+    ] = 10,
+    compression: Annotated[str, typer.Option(help="dense | int8 | topk+int8.")] = "dense",
+    secure: Annotated[bool, typer.Option("--secure", help="Secure aggregation.")] = False,
+    light: Annotated[
+        bool,
+        typer.Option("--light", help="The light family (behaviour-cloned responses, mixture population) "
+                     "instead of the default MAIL + GAN-SMMSG."),
+    ] = False,
+    key: KeyOpt = None,
+    seed: SeedOpt = 0,
+    allow_code: AllowCodeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Learn a twin across the log's sites (also spelt `edgetwin fit LOG --federated`): the log is
+    split by its site column, one agent per site in this process over the in-process bus; only
+    statistics and parameters travel (docs/federation.md)."""
+    from edgetwin.contract.functions import allow_code as allow
+
+    allow(allow_code or [])
+    out_dir_arg(out_dir)
+    signer = _signer(key)
+    fam: dict[str, Any] = {"response_model": "bc", "population_model": "gmm"} if light else {
+        "response_model": response_model, "population_model": population_model, "adv_rounds": rounds}
+    if population_steps is not None:
+        fam["gan_rounds"] = max(1, population_steps // 50)
+    _fit_federated(log, out_dir, spec, members, fed_rounds, strategy, compression, secure, seed, as_json, fam,
+                   min_agents)
+    _sign_twin(out_dir, signer, as_json)
+
+
+@app.command("update")
+def twin_update(
+    twin_dir: Annotated[Path, typer.Argument(help="The twin to update (it stays as it is).")],
+    log: Annotated[Path, typer.Argument(help="The new rows (e.g. a canary's log; .parquet or .csv).")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the updated twin to.")],
+    old_logs: Annotated[
+        list[Path] | None,
+        typer.Option("--log", help="The twin's training log (repeat, in order, for a twin that was "
+                     "itself updated: its meta.json data_parts)."),
+    ] = None,
+    spec: Annotated[Path | None, typer.Option(help="The new rows' spec; refused unless it is the twin's.")] = None,
+    update_epochs: Annotated[int, typer.Option(min=1, help="Fine-tune passes per response model.")] = 5,
+    update_steps: Annotated[int, typer.Option(min=1, help="At most this many gradient steps per model.")] = 1000,
+    key: KeyOpt = None,
+    seed: SeedOpt = 0,
+    allow_code: AllowCodeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Update TWIN with LOG's rows instead of fitting a new one (also spelt `edgetwin fit LOG --update
+    TWIN`): response models warm-started and fine-tuned on old + new rows, support rebuilt; the new
+    twin names its parent. Needs the twin's own log(s) with --log."""
+    from edgetwin.contract.functions import allow_code as allow
+
+    allow(allow_code or [])
+    out_dir_arg(out_dir)
+    signer = _signer(key)
+    _fit_update(twin_dir, log, out_dir, spec, old_logs or [], update_epochs, update_steps, seed, as_json)
+    _sign_twin(out_dir, signer, as_json)
+
+
 def overlap_text(meta: dict[str, Any]) -> str:
     """What the twin's training logs say about the effect of actions (`overlap_report`, kept in its
     meta at fit time), for people; empty for a twin fitted before the report existed."""
@@ -211,7 +252,7 @@ def _fit_update(twin_dir: Path, new_log: Path, out_dir: Path, spec: Path | None,
         raise InputError("--update needs the twin's training log (--log OLD): a twin does not keep its raw logs, "
                          "and fine-tuning on the new rows alone forgets the old ones", "--log")
     if out_dir.resolve() == twin_dir.resolve():
-        raise InputError("--out must differ from --update: the parent twin stays as it is", "--out")
+        raise InputError("--out must differ from the twin being updated: the parent twin stays as it is", "--out")
     for p in (new_log, *old_logs):
         if not p.is_file():
             raise InputError("no such log file", str(p))
@@ -232,14 +273,14 @@ def _fit_update(twin_dir: Path, new_log: Path, out_dir: Path, spec: Path | None,
                   f"{u['seconds']:.0f} s; parent {str(child.meta['parent']['manifest_sha256'])[:12]}... ({twin_dir})")
 
 
-#: the behaviour-cloning phase's rounds shown by `edgetwin fit --federated` (one line in this many)
+#: the behaviour-cloning phase's rounds shown by `edgetwin fit-federated` (one line in this many)
 WEIGHT_ROUNDS_SHOWN_EVERY = 20
 
 
 def _fit_federated(log: Path, out_dir: Path, spec: Path | None, members: int, rounds: int | None, strategy: str,
                    compression: str, secure: bool, seed: int, as_json: bool, family: dict[str, Any],
                    min_agents: int = 10) -> None:
-    """`edgetwin fit --federated`: one site agent per value of the log's site column, in-process.
+    """`edgetwin fit-federated`: one site agent per value of the log's site column, in-process.
 
     ``family``: `FitOptions` fields choosing the models (default MAIL + GAN-SMMSG, as `Twin.fit`)."""
     import torch

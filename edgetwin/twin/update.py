@@ -94,6 +94,15 @@ def _read(log: Any, spec: TwinSpec, what: str) -> pd.DataFrame:
     return _sorted(df)
 
 
+def _action_bounds(twin: Any, logged: np.ndarray, spec: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The updated twin's action box, shape (n_action,) each: the parent's widened to the logged
+    actions (old + new rows, ``logged`` (n_rows, n_action)), then the spec's finite bounds win."""
+    a_low = np.minimum(twin.action_low, logged.min(axis=0))
+    a_high = np.maximum(twin.action_high, logged.max(axis=0))
+    lo_spec, hi_spec = spec.bounds("action")
+    return np.where(np.isfinite(lo_spec), lo_spec, a_low), np.where(np.isfinite(hi_spec), hi_spec, a_high)
+
+
 def update_twin(
     twin: Any,
     new_log: str | Path | pd.DataFrame,
@@ -217,12 +226,7 @@ def update_twin(
     support = SupportIndex.fit(z, seed=seed, groups=steps_all.episode, n_action=steps_all.za.shape[1])
     composition = Composition.fit(union, layout)
     initial = InitialStates.fit(union, layout)
-    logged = union[layout.action].to_numpy(np.float64)
-    a_low = np.minimum(twin.action_low, logged.min(axis=0))
-    a_high = np.maximum(twin.action_high, logged.max(axis=0))
-    lo_spec, hi_spec = spec.bounds("action")
-    a_low = np.where(np.isfinite(lo_spec), lo_spec, a_low)
-    a_high = np.where(np.isfinite(hi_spec), hi_spec, a_high)
+    a_low, a_high = _action_bounds(twin, union[layout.action].to_numpy(np.float64), spec)
     meta = dict(twin.meta)
     if "overlap" in meta:  # what the data now says about the actions' effects (the canary's arms add to it)
         meta["overlap"] = overlap_report(union, spec, seed=seed).to_dict()

@@ -172,6 +172,122 @@ def _time_shift(p: Perturbation, spec: TwinSpec, step_seconds: float) -> tuple[i
     return ticks, hours / DAY_HOURS * span, low, span
 
 
+def _place_world(
+    twin: Any,
+    sim: Simulation,
+    scenario: Scenario,
+    rng: np.random.Generator,
+    steps: int | None,
+    logged: LoggedEpisode | None,
+) -> tuple[int, np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """`run_episode`'s world: the logged episode's (replay) or the simulation's generated one,
+    with the scenario's episode-level perturbations (population shifts, the clock) applied, placed
+    in ``sim``. Draws from ``rng`` only for a reweighting population shift.
+
+    Returns:
+        (ticks to run, scenario index per agent (n,), site index per agent (n,), site names,
+        the row of ``logged`` each agent copies (n,)).
+    """
+    lay = twin.layout
+    spec = twin.spec
+    site_names: list[str]
+    source = np.arange(sim.n)  # row of ``logged`` each agent copies (population shifts duplicate rows)
+    if logged is not None:
+        steps = logged.steps if steps is None else min(int(steps), logged.steps)
+        scen, site, profile, state = (
+            logged.scenario,
+            logged.site,
+            logged.profile.copy(),
+            logged.state[0].copy(),
+        )
+        site_names = list(logged.site_names)
+        source = np.arange(len(scen))
+    else:
+        steps = lay.horizon if steps is None else int(steps)
+        w = sim.world
+        scen, site, profile, state = w.scenario, w.site, w.profile.copy(), w.state.copy()
+        site_names = list(sim.site_names)
+
+    # --- episode-level perturbations: population shifts and the clock ---------------------------
+    shift_ticks = 0
+    for p in scenario.episode_level():
+        if p.kind == "population_shift":
+            if p.scenario_weights is not None:
+                scen, site, profile, state, source = _reweight(
+                    twin, p, scen, site, profile, state, source, logged, rng
+                )
+            if p.factor is not None and p.column is not None:
+                masks = _Masks(scen, site, site_names, lay.scenarios)
+                rows = masks.rows(p)
+                j = lay.profile.index(p.column)
+                profile[rows, j] *= p.factor
+        elif p.kind == "shift_time":  # the twin's clock here; its column, if any, at every tick
+            shift_ticks += _time_shift(p, spec, spec.step_seconds)[0]
+    profile = lay.scalers["profile"].legalise(profile)
+    state = lay.scalers["state"].legalise(state)
+    n_sites = int(site.max()) + 1 if len(site) else 0
+    sim.place(
+        World(
+            lay,
+            scen,
+            site,
+            profile,
+            state,
+            np.zeros((n_sites, lay.n_lag)),
+            t=(logged.t0 if logged else 0) + shift_ticks,
+        )
+    )
+    return steps, scen, site, site_names, source
+
+
+def _appliers(scenario: Scenario, lay: Any, masks: _Masks, spec: Any, rng: np.random.Generator) -> dict[str, _Applier]:
+    """`run_episode`'s tick-level perturbations, one `_Applier` per thing they act on: the
+    profile and state the policy sees, its actions, the twin's outputs and (when the twin does not
+    predict it) the reward."""
+    return {
+        "profile": _Applier(scenario.tick_level("profile"), lay.profile, masks, spec, rng),
+        "state": _Applier(scenario.tick_level("state"), lay.state, masks, spec, rng),
+        "action": _Applier(scenario.tick_level("action"), lay.action, masks, spec, rng),
+        # the reward is an output when the twin predicts it; else it follows the (perturbed) outputs
+        "output": _Applier(
+            [
+                p
+                for p in scenario.perturbations
+                if p.kind not in EPISODE_KINDS and p.role in (*OUTPUT_ROLES, "output")
+            ],
+            lay.outputs,
+            masks,
+            spec,
+            rng,
+        ),
+        "reward": _Applier(
+            [p for p in scenario.perturbations if p.role == "output" and not lay.predict_reward],
+            [REWARD_COLUMN],
+            masks,
+            spec,
+            rng,
+        ),
+    }
+
+
+def _tick_columns(
+    lay: Any, profile: np.ndarray, state: np.ndarray, action: np.ndarray, outputs: np.ndarray, reward: Any
+) -> dict[str, np.ndarray]:
+    """One tick's columns by name, each (n_agents,): profile and state as the policy saw them, the
+    legal actions, the (perturbed) outputs, and the reward unless the twin predicts it as an output."""
+    cols: dict[str, np.ndarray] = {}
+    for j, c in enumerate(lay.profile):
+        cols[c] = profile[:, j]
+    for j, c in enumerate(lay.state):
+        cols[c] = state[:, j]
+    for j, c in enumerate(lay.action):
+        cols[c] = action[:, j]
+    for j, c in enumerate(lay.outputs):
+        cols[c] = outputs[:, j]
+    cols.setdefault(REWARD_COLUMN, np.asarray(reward, dtype=np.float64))
+    return cols
+
+
 def run_episode(
     twin: Any,
     policy: PolicySpec,
@@ -208,82 +324,12 @@ def run_episode(
     spec = twin.spec
     sim = Simulation(twin, n_agents=n_agents, seed=seed, stochastic=stochastic, member=member)
     rng = np.random.default_rng([seed, 7])  # perturbation noise and support sampling, apart from the twin's
-    site_names: list[str]
-    source = np.arange(sim.n)  # row of ``logged`` each agent copies (population shifts duplicate rows)
-    if logged is not None:
-        steps = logged.steps if steps is None else min(int(steps), logged.steps)
-        scen, site, profile, state = (
-            logged.scenario,
-            logged.site,
-            logged.profile.copy(),
-            logged.state[0].copy(),
-        )
-        site_names = list(logged.site_names)
-        source = np.arange(len(scen))
-    else:
-        steps = lay.horizon if steps is None else int(steps)
-        w = sim.world
-        scen, site, profile, state = w.scenario, w.site, w.profile.copy(), w.state.copy()
-        site_names = list(sim.site_names)
     if policy.factory is None and logged is None:
         raise InputError("the policy 'logged' replays a log's actions: give a log (--log)", "--policy")
-
-    # --- episode-level perturbations: population shifts and the clock ---------------------------
-    shift_ticks = 0
-    for p in scenario.episode_level():
-        if p.kind == "population_shift":
-            if p.scenario_weights is not None:
-                scen, site, profile, state, source = _reweight(
-                    twin, p, scen, site, profile, state, source, logged, rng
-                )
-            if p.factor is not None and p.column is not None:
-                masks = _Masks(scen, site, site_names, lay.scenarios)
-                rows = masks.rows(p)
-                j = lay.profile.index(p.column)
-                profile[rows, j] *= p.factor
-        elif p.kind == "shift_time":  # the twin's clock here; its column, if any, at every tick
-            shift_ticks += _time_shift(p, spec, spec.step_seconds)[0]
-    profile = lay.scalers["profile"].legalise(profile)
-    state = lay.scalers["state"].legalise(state)
-    n_sites = int(site.max()) + 1 if len(site) else 0
-    sim.place(
-        World(
-            lay,
-            scen,
-            site,
-            profile,
-            state,
-            np.zeros((n_sites, lay.n_lag)),
-            t=(logged.t0 if logged else 0) + shift_ticks,
-        )
-    )
+    steps, scen, site, site_names, source = _place_world(twin, sim, scenario, rng, steps, logged)
     n = len(scen)
 
-    masks = _Masks(scen, site, site_names, lay.scenarios)
-    appliers = {
-        "profile": _Applier(scenario.tick_level("profile"), lay.profile, masks, spec, rng),
-        "state": _Applier(scenario.tick_level("state"), lay.state, masks, spec, rng),
-        "action": _Applier(scenario.tick_level("action"), lay.action, masks, spec, rng),
-        # the reward is an output when the twin predicts it; else it follows the (perturbed) outputs
-        "output": _Applier(
-            [
-                p
-                for p in scenario.perturbations
-                if p.kind not in EPISODE_KINDS and p.role in (*OUTPUT_ROLES, "output")
-            ],
-            lay.outputs,
-            masks,
-            spec,
-            rng,
-        ),
-        "reward": _Applier(
-            [p for p in scenario.perturbations if p.role == "output" and not lay.predict_reward],
-            [REWARD_COLUMN],
-            masks,
-            spec,
-            rng,
-        ),
-    }
+    appliers = _appliers(scenario, lay, _Masks(scen, site, site_names, lay.scenarios), spec, rng)
     exo = [lay.state.index(c) for c in exogenous] if logged is not None else []
     pol = None if policy.factory is None else policy.factory(int(seed), int(member), scen)
 
@@ -334,16 +380,7 @@ def run_episode(
                 reward = sim.reward_of(rows, state_now, legal, outputs)
         if appliers["reward"]:
             reward = appliers["reward"].apply(np.asarray(reward, np.float64)[:, None], t)[0][:, 0]
-        cols: dict[str, np.ndarray] = {}
-        for j, c in enumerate(lay.profile):
-            cols[c] = view_profile[:, j]
-        for j, c in enumerate(lay.state):
-            cols[c] = state_now[:, j]
-        for j, c in enumerate(lay.action):
-            cols[c] = legal[:, j]
-        for j, c in enumerate(lay.outputs):
-            cols[c] = outputs[:, j]
-        cols.setdefault(REWARD_COLUMN, np.asarray(reward, dtype=np.float64))
+        cols = _tick_columns(lay, view_profile, state_now, legal, outputs, reward)
         for c in need:
             if c not in cols:
                 raise InputError(

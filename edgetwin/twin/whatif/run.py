@@ -51,6 +51,153 @@ def _cells_task(
     ]
 
 
+def _check_counts(episodes: int, seeds: int, steps: int | None, oos_tolerance: float) -> None:
+    """`run_whatif`'s counts and share, each a one-line `InputError` naming its flag."""
+    if episodes < 1:
+        raise InputError(f"expected >= 1, got {episodes}", "--episodes")
+    if seeds < 1:
+        raise InputError(f"expected >= 1, got {seeds}", "--seeds")
+    if steps is not None and steps < 1:
+        raise InputError(f"expected >= 1, got {steps}", "--steps")
+    if not 0.0 <= oos_tolerance <= 1.0:
+        raise InputError(f"expected a share in [0, 1], got {oos_tolerance}", "--oos-tolerance")
+
+
+def _baseline_and_candidate(names: list[str], baseline: str | None) -> tuple[str | None, str | None]:
+    """The policy the others are compared with (default: the first of two) and the first other one."""
+    if not names:
+        raise InputError("give at least one policy", "--policy")
+    if len(set(names)) != len(names):
+        raise InputError(f"policy names must be unique, got {names}", "--policy")
+    if baseline is None and len(names) == 2:
+        baseline = names[0]
+    if baseline is not None and baseline not in names:
+        raise InputError(f"baseline {baseline!r} is not among the policies {names}", "--baseline")
+    return baseline, (next((n for n in names if n != baseline), None) if baseline is not None else None)
+
+
+def _check_sites(scenario: Scenario, known_sites: list[str] | None, replay: bool) -> None:
+    """Every site a perturbation names must be one the worlds have: the log's (replay), the twin's
+    logged site units (generated), or ``site0, site1, ...`` for a twin saved without site names."""
+    for p in scenario.perturbations:
+        if p.sites is None:
+            continue
+        if known_sites is not None:
+            unknown = sorted(set(p.sites) - set(known_sites))
+            if unknown:
+                where = "the log has" if replay else "the twin's logged sites are"
+                raise InputError(f"key 'sites': unknown site(s) {unknown}; {where} {known_sites}", p.where)
+        elif not all(x.startswith("site") and x[4:].isdigit() for x in p.sites):
+            raise InputError(
+                f"key 'sites': this twin was saved without site names, so its generated worlds name "
+                f"their sites site0, site1, ...; got {list(p.sites)} (refit it, or replay a log with --log)",
+                p.where,
+            )
+
+
+def _cell(
+    policy: str,
+    scenario: str,
+    episodes_out: Sequence[Any],
+    shape: tuple[int, int],
+    kpis: Sequence[KpiDef],
+    outputs: Sequence[str],
+    run_steps: int,
+) -> Cell:
+    """One (policy, scenario) cell from its episodes' `EpisodeOutcome` s, in (member, replicate)
+    order: KPI values (members, replicates), timelines and out-of-support shares per tick
+    (members, replicates, run_steps; NaN past a shorter episode's end)."""
+    vals = {k.name: np.full(shape, np.nan) for k in kpis}
+    tl = {c: np.full((*shape, run_steps), np.nan) for c in outputs}
+    oos = np.zeros(shape)
+    oos_t = np.full((*shape, run_steps), np.nan)
+    for (mi, ri), res in zip(np.ndindex(*shape), episodes_out, strict=True):
+        for name, value in res.kpis.items():
+            vals[name][mi, ri] = value
+        for c, series in res.timeline.items():
+            tl[c][mi, ri, : len(series)] = series
+        oos[mi, ri] = res.oos
+        oos_t[mi, ri, : len(res.oos_t)] = res.oos_t
+    return Cell(policy, scenario, vals, tl, oos, oos_t)
+
+
+def _replicates(
+    seed: int, seeds: int, episodes: int, recorded: list[LoggedEpisode] | None
+) -> list[tuple[int, LoggedEpisode | None]]:
+    """The replicate worlds, (world seed, recorded episode or None): ``episodes`` generated worlds
+    per seed, or every recorded episode per seed in replay."""
+    reps: list[tuple[int, LoggedEpisode | None]] = []
+    for base_seed in episode_seeds(seed, seeds):
+        if recorded is None:
+            reps += [(w, None) for w in episode_seeds(base_seed, episodes)]
+        else:
+            reps += [(w, ep) for w, ep in zip(episode_seeds(base_seed, len(recorded)), recorded, strict=True)]
+    return reps
+
+
+def _settings(
+    twin: Any,
+    seed: int,
+    seeds: int,
+    episodes: int,
+    reps: list[tuple[int, LoggedEpisode | None]],
+    members: list[int],
+    run_steps: int,
+    n_agents: int | None,
+    stochastic: bool,
+    exogenous: Sequence[str],
+    recorded: list[LoggedEpisode] | None,
+    logged_oos: Any,
+) -> dict[str, Any]:
+    """`WhatIfResult.settings`: how the what-if ran, enough to rerun it and to read its numbers."""
+    spec = twin.spec
+    return {
+        "mode": "replay" if recorded is not None else "generated",
+        "seed": int(seed),
+        "seeds": int(seeds),
+        "episodes": int(episodes) if recorded is None else len(recorded),
+        "replicates": len(reps),
+        "members": members,
+        "twin_members": int(twin.n_members),
+        "steps": int(run_steps),
+        "n_agents": None if recorded is not None else int(n_agents or 0),
+        "stochastic": bool(stochastic),
+        "exogenous": list(exogenous),
+        "recorded_episodes": None if recorded is None else [ep.name for ep in recorded],
+        "step_seconds": float(spec.step_seconds),
+        "spec": spec.name,
+        "spec_hash": spec.hash(),
+        "twin_data_sha256": twin.meta.get("data_sha256"),
+        # replay: the share of the recorded traffic's own agent-steps outside the training logs'
+        # support, the reference for the shares of the simulated numbers
+        "recorded_out_of_support": logged_oos,
+    }
+
+
+def _self_calibration(
+    policies: Sequence[PolicySpec],
+    scen_list: Sequence[Scenario],
+    cells: dict[tuple[str, str], Cell],
+    kpis: Sequence[KpiDef],
+    logged_kpis: dict[str, Any],
+    n_recorded: int,
+    n_members: int,
+) -> Any:
+    """Replay's default calibration: the twin's replay of the log's own actions (built-in
+    ``"logged"``) under the nominal scenario against the KPIs the log recorded; None when the
+    logged policy or the nominal scenario is not run."""
+    logged_names = [p.name for p in policies if p.factory is None]
+    if not logged_names or not any(s.name == NOMINAL.name for s in scen_list):
+        return None
+    from edgetwin.twin.intervals import calibration_from_arrays
+
+    cell = cells[(logged_names[0], NOMINAL.name)]
+    return calibration_from_arrays(
+        {k.name: cell.values[k.name] for k in kpis}, logged_kpis, source=(
+            f"the replayed log's own actions ({n_recorded} episode(s) x {n_members} member(s))")
+    )  # fmt: skip
+
+
 def run_whatif(
     twin: Any,
     policies: Sequence[PolicySpec],
@@ -108,24 +255,9 @@ def run_whatif(
     """
     lay = twin.layout
     spec = twin.spec
-    if episodes < 1:
-        raise InputError(f"expected >= 1, got {episodes}", "--episodes")
-    if seeds < 1:
-        raise InputError(f"expected >= 1, got {seeds}", "--seeds")
-    if steps is not None and steps < 1:
-        raise InputError(f"expected >= 1, got {steps}", "--steps")
-    if not 0.0 <= oos_tolerance <= 1.0:
-        raise InputError(f"expected a share in [0, 1], got {oos_tolerance}", "--oos-tolerance")
+    _check_counts(episodes, seeds, steps, oos_tolerance)
     names = [p.name for p in policies]
-    if not names:
-        raise InputError("give at least one policy", "--policy")
-    if len(set(names)) != len(names):
-        raise InputError(f"policy names must be unique, got {names}", "--policy")
-    if baseline is None and len(names) == 2:
-        baseline = names[0]
-    if baseline is not None and baseline not in names:
-        raise InputError(f"baseline {baseline!r} is not among the policies {names}", "--baseline")
-    candidate = next((n for n in names if n != baseline), None) if baseline is not None else None
+    baseline, candidate = _baseline_and_candidate(names, baseline)
     members = list(range(twin.n_members)) if members is None else [int(m) for m in members]
     bad = [m for m in members if not 0 <= m < twin.n_members]
     if bad or not members:
@@ -172,30 +304,10 @@ def run_whatif(
         known_sites = sorted({str(x) for x in comp.unit_sites}) if len(comp.unit_sites) == len(comp.units) else None
     for s in scen_list:
         s.check(spec, columns, min(lengths), lay.scenarios)
-        for p in s.perturbations:
-            if p.sites is None:
-                continue
-            if known_sites is not None:
-                unknown = sorted(set(p.sites) - set(known_sites))
-                if unknown:
-                    where = "the log has" if recorded is not None else "the twin's logged sites are"
-                    raise InputError(f"key 'sites': unknown site(s) {unknown}; {where} {known_sites}", p.where)
-            elif not all(x.startswith("site") and x[4:].isdigit() for x in p.sites):
-                raise InputError(
-                    f"key 'sites': this twin was saved without site names, so its generated worlds name "
-                    f"their sites site0, site1, ...; got {list(p.sites)} (refit it, or replay a log with --log)",
-                    p.where,
-                )
+        _check_sites(s, known_sites, replay=recorded is not None)
 
     # replicate worlds: (seed index, episode) in generated mode, (seed index, recorded episode) in replay
-    base_seeds = episode_seeds(seed, seeds)
-    reps: list[tuple[int, LoggedEpisode | None]] = []
-    if recorded is None:
-        for base_seed in base_seeds:
-            reps += [(w, None) for w in episode_seeds(base_seed, episodes)]
-    else:
-        for base_seed in base_seeds:
-            reps += [(w, ep) for w, ep in zip(episode_seeds(base_seed, len(recorded)), recorded, strict=True)]
+    reps = _replicates(seed, seeds, episodes, recorded)
     total = len(policies) * len(scen_list) * len(members) * len(reps)
     bar = tqdm(total=total, desc="what-if episodes", disable=not progress)
     # the (policy, scenario) cells as tasks (serially, on a process pool or on Ray: same numbers).
@@ -213,53 +325,17 @@ def run_whatif(
     cells: dict[tuple[str, str], Cell] = {}
     for job, job_out in zip(jobs, outcomes, strict=True):
         for (pol, scen), episodes_out in zip(job, job_out, strict=True):
-            vals = {k.name: np.full((len(members), len(reps)), np.nan) for k in kpis}
-            tl = {c: np.full((len(members), len(reps), run_steps), np.nan) for c in outputs}
-            oos = np.zeros((len(members), len(reps)))
-            oos_t = np.full((len(members), len(reps), run_steps), np.nan)
-            for (mi, ri), res in zip(np.ndindex(len(members), len(reps)), episodes_out, strict=True):
-                for name, value in res.kpis.items():
-                    vals[name][mi, ri] = value
-                for c, series in res.timeline.items():
-                    tl[c][mi, ri, : len(series)] = series
-                oos[mi, ri] = res.oos
-                oos_t[mi, ri, : len(res.oos_t)] = res.oos_t
-            cells[(pol.name, scen.name)] = Cell(pol.name, scen.name, vals, tl, oos, oos_t)
+            cells[(pol.name, scen.name)] = _cell(
+                pol.name, scen.name, episodes_out, (len(members), len(reps)), kpis, outputs, run_steps
+            )
     bar.close()
     logged_kpis = logged_episode_kpis(recorded, kpis, spec) if recorded is not None else {}
     logged_oos = None if recorded is None else logged_support_share(twin, recorded, seed=seed)
     order = names if baseline is None else [baseline, *[n for n in names if n != baseline]]
-    settings = {
-        "mode": "replay" if recorded is not None else "generated",
-        "seed": int(seed),
-        "seeds": int(seeds),
-        "episodes": int(episodes) if recorded is None else len(recorded),
-        "replicates": len(reps),
-        "members": members,
-        "twin_members": int(twin.n_members),
-        "steps": int(run_steps),
-        "n_agents": None if recorded is not None else int(n_agents or 0),
-        "stochastic": bool(stochastic),
-        "exogenous": list(exogenous),
-        "recorded_episodes": None if recorded is None else [ep.name for ep in recorded],
-        "step_seconds": float(spec.step_seconds),
-        "spec": spec.name,
-        "spec_hash": spec.hash(),
-        "twin_data_sha256": twin.meta.get("data_sha256"),
-        # replay: the share of the recorded traffic's own agent-steps outside the training logs'
-        # support, the reference for the shares of the simulated numbers
-        "recorded_out_of_support": logged_oos,
-    }
+    settings = _settings(twin, seed, seeds, episodes, reps, members, run_steps, n_agents, stochastic, exogenous,
+                         recorded, logged_oos)  # fmt: skip
     if calibration is None and recorded is not None:
-        logged_names = [p.name for p in policies if p.factory is None]
-        if logged_names and any(s.name == NOMINAL.name for s in scen_list):
-            from edgetwin.twin.intervals import calibration_from_arrays
-
-            cell = cells[(logged_names[0], NOMINAL.name)]
-            calibration = calibration_from_arrays(
-                {k.name: cell.values[k.name] for k in kpis}, logged_kpis, source=(
-                    f"the replayed log's own actions ({len(recorded)} episode(s) x {len(members)} member(s))")
-            )  # fmt: skip
+        calibration = _self_calibration(policies, scen_list, cells, kpis, logged_kpis, len(recorded), len(members))
     return WhatIfResult(
         cells=cells,
         policies=order,
