@@ -535,6 +535,7 @@ async def drive_cluster_over_bus(
     on_tick: Callable[[int], Awaitable[bool | None]] | None = None,
     retries: int = 20,
     sender: str = "cluster",
+    reporter: Callable[[str, int, pd.DataFrame], Awaitable[None]] | None = None,
 ) -> pd.DataFrame:
     """The emulated cluster as an operator's own system: every tick it asks the edge sites for
     decisions over the JSON decision wire (`ask_site`), steps, and reports each site's outcome rows
@@ -551,6 +552,9 @@ async def drive_cluster_over_bus(
         retries: decision requests re-sent to a site that does not answer (`ask_site`).
         sender: the outcome reports' sender (on NATS the sites accept reports signed by a key of
             their ``--reporters``: set ``bus.auth`` to a `MessageAuth` holding this identity's key).
+        reporter: awaited as ``reporter(site, t, rows)`` to report each site's outcome rows of
+            tick t another way (e.g. to the system's metrics, read back from Prometheus and
+            published by `edgetwin.loop.collect.publish_outcomes`); None: published on the bus.
         on_tick: awaited with each tick after its outcomes are reported (e.g. to pace the
             system, or to wait until the sites have joined them); its returning False ends the
             day there (the rest of the log is not generated).
@@ -559,7 +563,7 @@ async def drive_cluster_over_bus(
         The system's own log of those ticks (the log contract; ``policy`` = the registry version
         that decided each row, ``propensity``): what an operator's logs would hold.
     """
-    from edgetwin.edge.canary_command import outcome_envelope, outcome_subject
+    from edgetwin.loop.collect import publish_outcomes
 
     em = EdgeCluster(cluster)
     obs = em.reset(seed=episode_seed(seed, 0), day=day)
@@ -586,13 +590,10 @@ async def drive_cluster_over_bus(
         rows = _rows(em, episode, t, obs, actions, info, reward, policy, prop, np.ones(em.n, bool))
         if report:
             for site in sorted(set(edge)):
-                keep = (edge == site)
-                part = rows[keep].drop(columns=["policy", "propensity"])
-                env = outcome_envelope(site, t, part, sender=sender)
-                # one id per (site, day, tick): JetStream drops a re-sent report as a duplicate, but
-                # tomorrow's tick t is another report than today's
-                env.msg_id = f"outcome-{site}-{episode}-{t}"
-                await bus.publish_durable(outcome_subject(site), env)
+                if reporter is not None:
+                    await reporter(site, t, rows[edge == site])
+                else:
+                    await publish_outcomes(bus, rows[edge == site], site, sender=sender, day=episode)
         out.append(rows)
         if on_tick is not None and await on_tick(t) is False:
             break
