@@ -6,7 +6,7 @@ what its exporters leave there). The operator's bridge imports the day so far ea
 ``edgetwin logs import prometheus`` (`import_prometheus`, here its offline ``--from-file`` path:
 tests/test_prometheus.py shows it gives what a real server gives) and reports the new ticks
 (`publish_outcomes`); the site joins them with its decisions into the canary log, collected from
-the bus: every (group, tick) once, the site's versions, the system's outcomes.""""""
+the bus: every (group, tick) once, the site's versions, the system's outcomes."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import pandas as pd
 from edgetwin.contract.margins import KPIMargin
 from edgetwin.contract.prometheus.importer import import_prometheus
 from edgetwin.edge.bus import make_bus
-from edgetwin.edge.canary_slice import CanarySlice
 from edgetwin.edge.registry import FileRegistry, metadata_from_policy_dir
 from edgetwin.edge.runtime import EdgeRuntime
 from edgetwin.edge.signing import Signer, TrustStore
