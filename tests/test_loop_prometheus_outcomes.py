@@ -36,7 +36,8 @@ DAY0 = 1767225600  # 2026-01-01T00:00:00Z
 KPIS = ["kpi.task_time_ms", "kpi.slo_violation"]
 
 
-def test_outcomes_imported_from_prometheus_are_joined_with_the_site_s_decisions(tmp_path: Path) -> None:
+def _site(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A site serving v1 on an in-process bus, the start of run prom-1 (v2 on half of the groups)."""
     spec = EdgeCluster(CLUSTER).spec
     signer = Signer.generate()
     reg = FileRegistry(tmp_path / "reg")
@@ -56,6 +57,34 @@ def test_outcomes_imported_from_prometheus_are_joined_with_the_site_s_decisions(
     cmd = start_from_plan(plan, candidate="v2", sha256=reg.manifest("v2").sha256, run="prom-1", current="v1",
                           pre_ticks=2)  # fmt: skip
     ticks = cmd.config().total_ticks  # 2 pre-ticks + 8 ticks of the candidate
+
+    return spec, signer, url, rt, cmd, ticks
+
+
+def test_a_site_without_outcomes_keeps_its_slice_on_the_current_policy(tmp_path: Path) -> None:
+    """docs/canary.md: a site counts its canary's ticks by the ticks it joined; with no outcome
+    report the pre-period never ends and every decision stays the current policy's."""
+    _spec, signer, url, rt, cmd, ticks = _site(tmp_path)
+
+    async def run() -> pd.DataFrame:
+        async with make_bus(url) as bus:
+            await publish_start(bus, cmd, signer)
+            for _ in range(500):
+                st = (await fleet_status(bus, ["edge"], "prom-1", timeout=10.0))["edge"]
+                if getattr(st, "phase", "") == "pre":
+                    break
+                await asyncio.sleep(0.01)
+            return await drive_cluster_over_bus(bus, CLUSTER, ["edge"], seed=0, ticks=ticks, report=False)
+
+    with rt.running_in_thread():
+        assert rt._loop is not None
+        day = asyncio.run_coroutine_threadsafe(run(), rt._loop).result(120)
+        assert rt.canary is not None and rt.canary.active and rt.canary.ticks == 0
+    assert len(day) == ticks * CLUSTER.n_agents and set(day["policy"]) == {"v1"}
+
+
+def test_outcomes_imported_from_prometheus_are_joined_with_the_site_s_decisions(tmp_path: Path) -> None:
+    spec, signer, url, rt, cmd, ticks = _site(tmp_path)
 
     async def status(bus) -> object:  # type: ignore[no-untyped-def]
         return (await fleet_status(bus, ["edge"], "prom-1", timeout=10.0))["edge"]
