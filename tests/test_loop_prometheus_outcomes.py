@@ -51,13 +51,12 @@ def _site(tmp_path: Path):  # type: ignore[no-untyped-def]
     margins = (KPIMargin(KPIS[0], 0.5, 0.0, False), KPIMargin(KPIS[1], 0.5, 0.0, False))
     plan = CanaryPlan("v2", "v1", PlanSlice(agents, (), (), 0.5, 0), 2.0, margins, [], len(agents), len(agents), 1.0,
                       {}, True, ["test"])  # fmt: skip
-    url = "memory://prom-outcomes"
+    url = f"memory://prom-outcomes-{tmp_path.name}"  # a broker of its own
     rt = EdgeRuntime("edge", reg, TrustStore([signer.public_key]), bus=url, kpi_guard=None, poll_interval=3600.0,
                      cache_dir=tmp_path / "cache")  # fmt: skip
     cmd = start_from_plan(plan, candidate="v2", sha256=reg.manifest("v2").sha256, run="prom-1", current="v1",
                           pre_ticks=2)  # fmt: skip
     ticks = cmd.config().total_ticks  # 2 pre-ticks + 8 ticks of the candidate
-
     return spec, signer, url, rt, cmd, ticks
 
 
