@@ -9,7 +9,6 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -26,6 +25,7 @@ from edgetwin.emulator.logs import generate_logs, make_policy
 from edgetwin.loop.fleet import _loader, _stub_dir, canary_on_cluster, run_emulated_canary
 from edgetwin.loop.plan import PlanBudget
 from edgetwin.loop.rounds import canary_loop
+from edgetwin.policies.candidates import ConstantPolicy
 from edgetwin.policies.gate import Guard, resolve_policy
 from edgetwin.twin.twin import Twin
 from edgetwin.twin.whatif import fixed_policy
@@ -33,15 +33,6 @@ from edgetwin.twin.whatif import fixed_policy
 torch.set_num_threads(1)
 CLUSTER = ClusterConfig(n_agents=40, steps=24)
 GUARDED = (KPIMargin("kpi.slo_violation", 0.05, 0.0, False), KPIMargin("kpi.task_time_ms", 0.05, 0.0, False))
-
-
-class Constant:
-    def __init__(self, spec, action):  # type: ignore[no-untyped-def]
-        self.spec = spec
-        self.action = np.asarray(action, dtype=np.float64)
-
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        return np.tile(self.action, (len(obs), 1))
 
 
 def _python_path(current, candidate, config: CanaryConfig, seed: int):  # type: ignore[no-untyped-def]
@@ -65,7 +56,7 @@ def _python_path(current, candidate, config: CanaryConfig, seed: int):  # type: 
 @pytest.mark.parametrize("action", [[0.5, 0.5, 0.5], [1.0, 0.05, 0.0]])
 def test_the_driver_over_the_bus_gives_the_python_path_s_canary(action: list[float]) -> None:
     spec = EdgeCluster(CLUSTER).spec
-    current, cand = make_policy("random", spec, seed=1), Constant(spec, action)
+    current, cand = make_policy("random", spec, seed=1), ConstantPolicy(spec, action)
     config = CanaryConfig("edge-heavy-v2", CanarySlice(sites=("edge-ams", "edge-fra"), seed=3), 4.0,
                           GUARDED, batch=2, min_reports=4)  # fmt: skip
     import copy
@@ -94,7 +85,7 @@ def world():  # type: ignore[no-untyped-def]
 
 
 def test_no_collected_canary_log_of_the_loop_names_policy_candidate(world) -> None:  # type: ignore[no-untyped-def]
-    cand = Constant(world["spec"], [1.0, 0.3, 0.2])
+    cand = ConstantPolicy(world["spec"], [1.0, 0.3, 0.2])
     logs: list[pd.DataFrame] = []
     res = canary_loop(
         world["twin"], world["fleet"], cand, make_policy("random", world["spec"], seed=1), CLUSTER,
@@ -115,4 +106,4 @@ def test_the_loop_s_canary_run_needs_its_slice_in_the_cluster() -> None:
     spec = EdgeCluster(CLUSTER).spec
     config = CanaryConfig("v2", CanarySlice(sites=("nowhere",), seed=0), 2.0, GUARDED)
     with pytest.raises(InputError, match="no service group of the cluster is in the canary's slice"):
-        canary_on_cluster(CLUSTER, make_policy("random", spec, seed=1), Constant(spec, [1, 0, 0]), config, seed=0)
+        canary_on_cluster(CLUSTER, make_policy("random", spec, seed=1), ConstantPolicy(spec, [1, 0, 0]), config, seed=0)

@@ -203,14 +203,7 @@ def run_emulated_canary(
         rest of the fleet's rows over the same ticks, as the operator's own logs would hold them).
     """
     em = cluster if isinstance(cluster, EdgeCluster) else EdgeCluster(cluster)
-    if abs(em.dt - config.tick_seconds) > 1e-9:
-        raise InputError(f"the canary's tick is {config.tick_seconds} s but the cluster's is {em.dt} s", "canary")
-    if config.total_ticks > em.steps:
-        raise InputError(
-            f"the canary runs {config.total_ticks} ticks ({config.pre_ticks} before the candidate, then "
-            f"{config.hours} h) but an episode of the cluster has {em.steps}",
-            where="canary",
-        )
+    _check_ticks(em, config)
     loop = runtime._loop
     if loop is None:
         raise InputError("start the runtime first (EdgeRuntime.running_in_thread)", where="canary")
@@ -357,10 +350,8 @@ def canary_on_cluster(
             tmp.cleanup()
 
 
-def _check_fits(em: EdgeCluster, config: CanaryConfig, seed: int, day: float | None) -> None:
-    """The canary's tick is the cluster's, its ticks fit in an episode, and its slice holds a group
-    of the day's population (what the operator's plan, made on the fleet's log, guarantees)."""
-    from edgetwin.edge.canary_slice import CanarySlice, SliceRouter
+def _check_ticks(em: EdgeCluster, config: CanaryConfig) -> None:
+    """The canary's tick is the cluster's and its ticks fit in an episode (else one line)."""
     if abs(em.dt - config.tick_seconds) > 1e-9:
         raise InputError(f"the canary's tick is {config.tick_seconds} s but the cluster's is {em.dt} s", "canary")
     if config.total_ticks > em.steps:
@@ -369,6 +360,14 @@ def _check_fits(em: EdgeCluster, config: CanaryConfig, seed: int, day: float | N
             f"{config.hours} h) but an episode of the cluster has {em.steps}",
             where="canary",
         )
+
+
+def _check_fits(em: EdgeCluster, config: CanaryConfig, seed: int, day: float | None) -> None:
+    """The canary's tick is the cluster's, its ticks fit in an episode, and its slice holds a group
+    of the day's population (what the operator's plan, made on the fleet's log, guarantees)."""
+    from edgetwin.edge.canary_slice import CanarySlice, SliceRouter
+
+    _check_ticks(em, config)
     em.reset(seed=episode_seed(seed, 0), day=day)
     sl = config.slice if isinstance(config.slice, CanarySlice) else CanarySlice.from_dict(dict(config.slice))
     arms = SliceRouter(sl, "next", "current").arms(em.agent_ids.tolist(),
