@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from test_canary_loop import world  # noqa: F401 - the same small world (twin, fleet log)
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.margins import KPIMargin
@@ -21,13 +22,12 @@ from edgetwin.edge.registry import FileRegistry, metadata_from_policy_dir
 from edgetwin.edge.runtime import EdgeRuntime
 from edgetwin.edge.signing import Signer, TrustStore
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
-from edgetwin.emulator.logs import generate_logs, make_policy
+from edgetwin.emulator.logs import make_policy
 from edgetwin.loop.fleet import _loader, _stub_dir, canary_on_cluster, run_emulated_canary
 from edgetwin.loop.plan import PlanBudget
 from edgetwin.loop.rounds import canary_loop
 from edgetwin.policies.candidates import ConstantPolicy
 from edgetwin.policies.gate import Guard, resolve_policy
-from edgetwin.twin.twin import Twin
 from edgetwin.twin.whatif import fixed_policy
 
 torch.set_num_threads(1)
@@ -75,16 +75,7 @@ def test_the_driver_over_the_bus_gives_the_python_path_s_canary(action: list[flo
     assert int(bus.fleet_log["t"].max()) < bus.ticks
 
 
-@pytest.fixture(scope="module")
-def world():  # type: ignore[no-untyped-def]
-    log, spec = generate_logs(CLUSTER, 2, "random", seed=0)
-    twin = Twin.fit(log, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2,
-                    population_model="empirical")  # fmt: skip
-    fleet, _ = generate_logs(CLUSTER, 1, "random", seed=5)
-    return {"log": log, "spec": spec, "twin": twin, "fleet": fleet}
-
-
-def test_no_collected_canary_log_of_the_loop_names_policy_candidate(world) -> None:  # type: ignore[no-untyped-def]
+def test_no_collected_canary_log_of_the_loop_names_policy_candidate(world) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     cand = ConstantPolicy(world["spec"], [1.0, 0.3, 0.2])
     logs: list[pd.DataFrame] = []
     res = canary_loop(
