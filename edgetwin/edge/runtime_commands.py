@@ -10,7 +10,8 @@
   and a count in ``stats.canary_refused`` (``/metrics``: ``edgetwin_canary_commands_refused_total``);
   the fleet stays on its current policy.
 - durably to `outcome_subject` (consumer `outcome_durable_name`): each ``canary_outcome`` tick is
-  joined with the decisions made for it (`edgetwin.edge.canary_join`), spooled by
+  joined with the decisions made for it (`edgetwin.edge.canary_join`), its rows of the run's slice
+  kept (a system reports every group; the others are the fleet's own log), spooled by
   `canary_report` *before* the handler returns (the durable subscription acknowledges only then:
   a runtime killed mid-tick gets the report again), judged by the guard, and shipped as a log
   segment. A tick reported twice is joined once (`Canary.ticks_seen`).
@@ -28,8 +29,11 @@ import json
 import logging
 from pathlib import Path
 
+import pandas as pd
+
 from edgetwin.contract.errors import InputError
 from edgetwin.edge.bus import Received
+from edgetwin.edge.canary import Canary
 from edgetwin.edge.canary_command import (
     KIND_OUTCOME,
     KIND_START,
@@ -53,6 +57,17 @@ from edgetwin.edge.runtime_canary import CanaryRouting
 from edgetwin.edge.runtime_core import _atomic_write
 
 log = logging.getLogger("edgetwin.runtime")
+
+
+def _in_slice(canary: Canary, rows: pd.DataFrame) -> pd.DataFrame:
+    """The joined rows of the run's slice (its candidate and control arms, pre-period included):
+    the canary log is the slice's, as `canary_report`'s rows are; the groups outside it are
+    the fleet's ordinary log, which the system keeps."""
+    if not len(rows):
+        return rows
+    scen = rows["scenario"].astype(str).tolist() if "scenario" in rows.columns else None
+    arms = canary.router.arms(rows["agent"].astype(str).tolist(), rows["site"].astype(str).tolist(), scen)
+    return rows[arms != "fleet"].reset_index(drop=True)
 
 
 class CanaryCommands(CanaryRouting):
@@ -182,8 +197,9 @@ class CanaryCommands(CanaryRouting):
             joined = book.join(t, rows, episode=f"{c.run_id}-{self.site}")
             self.stats.decisions_unjoined += joined.decisions_unmatched
             self.stats.outcomes_unjoined += joined.outcomes_unmatched
-            if len(joined.rows):
-                self.canary_report(joined.rows)  # spooled before this returns, i.e. before the ack
+            rows = _in_slice(c, joined.rows)
+            if len(rows):
+                self.canary_report(rows)  # spooled before this returns, i.e. before the ack
         except InputError as e:
             self._reject_report(KIND_OUTCOME, "invalid", str(e))
 

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from edgetwin.contract.errors import InputError
 from edgetwin.edge.bus import Subjects
 
-__all__ = ["CollectResult", "collect_canary"]
+__all__ = ["CollectResult", "collect_canary", "publish_outcomes"]
 
 
 @dataclass
@@ -182,3 +183,41 @@ async def collect_canary(
         if site not in seen and n > 0:
             res.missing[site] = list(range(1, n + 1))
     return res
+
+
+async def publish_outcomes(
+    bus: Any, outcomes: pd.DataFrame, site: str, *, sender: str = "system", day: str | int = ""
+) -> int:
+    """Report a system's outcome rows to edge ``site``, one durable ``canary_outcome`` per tick
+    (`edgetwin.edge.canary_command.outcome_envelope` on ``edgetwin.canary.outcome.<site>``); the
+    site joins each with the decisions it made for the same groups at that tick into its canary
+    log (``policy`` = the version that decided, ``propensity``, ``arm``; `edgetwin.edge.canary_join`).
+
+    The rows are the log contract's (at least ``t``, ``agent`` and the guarded ``kpi.*``): a
+    system that reports as it runs (`edgetwin.loop.fleet.drive_cluster_over_bus`), or outcomes
+    read from the system's metrics afterwards, e.g. ``edgetwin logs import prometheus`` (whose
+    ``t`` is the tick of the day its ``episode`` names). A ``policy`` / ``propensity`` column is
+    not sent: who decided is the site's record, not the system's claim.
+
+    Args:
+        bus: a connected bus (on NATS with ``bus.auth`` holding ``sender``'s key when the sites'
+            ``--reporters`` require signed reports).
+        day: names the reports' message ids (``outcome-<site>-<day>-<t>``: JetStream drops a
+            re-sent report of the same day and tick as a duplicate; another day's tick t is new).
+
+    Returns:
+        The reports published (one per tick).
+    """
+    from edgetwin.edge.canary_command import outcome_envelope, outcome_subject
+
+    for c in ("t", "agent"):
+        if c not in outcomes.columns:
+            raise InputError(f"outcome rows lack column {c!r}", "outcomes")
+    rows = outcomes.drop(columns=[c for c in ("policy", "propensity") if c in outcomes.columns])
+    n = 0
+    for t, part in rows.groupby("t", sort=True):
+        env = outcome_envelope(site, int(t), part.reset_index(drop=True), sender=sender)
+        env.msg_id = f"outcome-{site}-{day}-{int(t)}"
+        await bus.publish_durable(outcome_subject(site), env)
+        n += 1
+    return n

@@ -81,7 +81,7 @@ def candidate_version(registry: CandidateRegistry, ref: str, signer: Any) -> tup
     md = {**metadata_from_policy_dir(d), "artifact_digest": digest}
     md.pop("version", None)
     if not md.get("name"):
-        md["name"] = "".join(c if c.isalnum() or c in "_-." else "-" for c in d.name).strip("-.") or "candidate"
+        md["name"] = "".join(c if c.isalnum() or c in "_-." else "-" for c in d.name).strip("-.") or "policy"
     version = registry.publish(d, md, signer)
     return version, str(registry.manifest(version).sha256)
 

@@ -1,17 +1,23 @@
 """Run a canary on the emulated cluster ("the real system") through a real edge runtime.
 
-`run_emulated_canary` drives a running `EdgeRuntime`: each tick the cluster's observations go to
-`EdgeRuntime.decide_for` (the slice's candidate arm gets the candidate, everyone else the current
-policy), the cluster steps, and the tick's rows of the slice (the log contract, with ``policy`` and
-``propensity``) go back through `EdgeRuntime.canary_report`, which spools, ships and guards them.
+`canary_on_cluster` is the closed loop's canary (``edgetwin promote --canary``, the demo, the
+benchmarks) and a thin driver over exactly the operator's steps on a fleet (docs/canary.md "On
+your own fleet"), on an in-process bus (`edgetwin.edge.bus`, the same subjects and messages as
+NATS): a signed canary start on the durable command subject (`edgetwin.loop.commands`), the site
+(an `EdgeRuntime`, what ``edgetwin serve`` runs) serving the slice's arms on the JSON decision
+wire, the emulated cluster as the system (`drive_cluster_over_bus`: it asks for decisions naming
+each row's group and tick and reports each tick's outcome rows; it knows nothing of the canary),
+the site's own join and guard, the operator watching the site's status, and the run's durable
+log collected from the bus (`edgetwin.loop.collect.collect_canary`). The verdict is the caller's.
+
+`run_emulated_canary` is the in-process Python path of the same canary: each tick the cluster's
+observations go to `EdgeRuntime.decide_for`, and the slice's rows back through
+`EdgeRuntime.canary_report` (a test checks that both paths give the same log on the same seed).
 When the guard stops the canary, the rest of the hours run on the current policy and are not
 part of the canary's log.
 
-`canary_on_cluster` does the whole set-up for a caller that holds policies rather than a site
-(the closed loop of ``edgetwin promote --canary``, the demo, benchmarks): a signed registry in a
-temporary directory with the current policy promoted at the site and the candidate published, an
-in-process bus with a `CanaryLogCollector` on it (so the log takes the same path as over NATS), a
-runtime, the canary, and the log as the collector received it.
+`python3 -m edgetwin.loop.fleet` runs `drive_cluster_over_bus` in its own process (the
+cross-process test's "real system").
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import pandas as pd
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.manifest import write_manifest
-from edgetwin.edge.canary import CanaryConfig, CanaryLogCollector, CanaryResult
+from edgetwin.edge.canary import CanaryConfig, CanaryResult
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster, check_actions
 from edgetwin.emulator.logs import episode_seed
 from edgetwin.emulator.population import SCENARIOS
@@ -197,14 +203,7 @@ def run_emulated_canary(
         rest of the fleet's rows over the same ticks, as the operator's own logs would hold them).
     """
     em = cluster if isinstance(cluster, EdgeCluster) else EdgeCluster(cluster)
-    if abs(em.dt - config.tick_seconds) > 1e-9:
-        raise InputError(f"the canary's tick is {config.tick_seconds} s but the cluster's is {em.dt} s", "canary")
-    if config.total_ticks > em.steps:
-        raise InputError(
-            f"the canary runs {config.total_ticks} ticks ({config.pre_ticks} before the candidate, then "
-            f"{config.hours} h) but an episode of the cluster has {em.steps}",
-            where="canary",
-        )
+    _check_ticks(em, config)
     loop = runtime._loop
     if loop is None:
         raise InputError("start the runtime first (EdgeRuntime.running_in_thread)", where="canary")
@@ -260,7 +259,19 @@ def canary_on_cluster(
     site: str = "edge",
     workdir: str | Path | None = None,
 ) -> CanaryResult:
-    """Set up a site around ``current`` and ``candidate`` and run ``config`` on the emulated cluster.
+    """Run ``config`` on the emulated cluster through exactly the operator's steps on a fleet.
+
+    A thin driver over the path docs/canary.md "On your own fleet" describes, on an in-process
+    bus: a signed registry holding ``current`` (promoted at ``site``) and ``candidate``; a running
+    `EdgeRuntime` (what ``edgetwin serve`` runs) that trusts the operator's key; **start**: a
+    signed `CanaryStart` on the durable command subject (`edgetwin.loop.commands.publish_start`,
+    what ``edgetwin canary start`` sends); **serve / guard**: the emulated cluster as the real
+    system (`drive_cluster_over_bus`: JSON decision requests naming each row's group and tick,
+    outcome reports per tick; it knows nothing of the canary), the operator watching the site's
+    status after each tick (`edgetwin.loop.commands.fleet_status`) and ending the day when the
+    site's run has stopped (completed, or the guard's or the loss budget's stop); **collect**:
+    the run's durable log segments to a Parquet file (`edgetwin.loop.collect.collect_canary`).
+    The verdict is the caller's (`edgetwin.loop.rounds.canary_loop`).
 
     Args:
         cluster: the emulated system.
@@ -268,15 +279,23 @@ def canary_on_cluster(
             `edgetwin.policies.load_policy`, verified and signed like any version) or an
             in-process policy object with ``act(obs) -> actions`` (published as a sealed stub
             that the runtime's loader maps back to the object: for callers in this process only).
-        config: the canary; ``config.candidate`` names the candidate's registry version
-            (the current one is published as ``"current"``; the names must differ).
-        seed, day, episode: see `run_emulated_canary`.
-        site: the runtime's site name.
-        workdir: where the registry and the runtime's spool go (a temporary directory by default).
+        config: the canary; ``config.candidate`` names the candidate's registry version (the
+            ``policy`` of its rows); the current one is published as ``"current"``.
+        seed, day, episode: the day's population (`episode_seed(seed, 0)`, as `generate_logs`
+            draws it), the carbon series' day, and the ``episode`` value of its rows.
+        site: the runtime's site name (every cluster site is routed to it).
+        workdir: where the registry, the runtime's spool and the collected log go (a temporary
+            directory by default).
 
     Returns:
-        The `CanaryResult`; its ``log`` is the log as the collector received it over the bus
-        (equal to the runtime's spool: a test checks it).
+        The site's `CanaryResult`; its ``log`` is the collected log (the slice's rows in the
+        log contract, ``policy`` = the registry version, ``propensity``), checked to hold
+        as many rows as the site spooled; its ``fleet_log`` the system's own rows of every other
+        group over the ticks the canary ran.
+
+    Raises:
+        InputError: a tick other than the cluster's, more ticks than an episode, a slice holding
+            no group of the cluster, or the candidate named ``current``.
     """
     from edgetwin.edge.registry import FileRegistry, metadata_from_policy_dir
     from edgetwin.edge.runtime import EdgeRuntime
@@ -284,7 +303,8 @@ def canary_on_cluster(
 
     if config.candidate == "current":
         raise InputError("the candidate's version may not be named 'current'", where="canary")
-    em_spec = EdgeCluster(cluster).spec
+    em = EdgeCluster(cluster)
+    _check_fits(em, config, seed, day)
     tmp = tempfile.TemporaryDirectory(prefix="edgetwin-canary-") if workdir is None else None
     root = Path(workdir) if workdir is not None else Path(tmp.name)  # type: ignore[union-attr]
     try:
@@ -298,32 +318,129 @@ def canary_on_cluster(
                 if not hasattr(pol, "act"):
                     raise InputError(f"{name}: expected a policy directory or an object with act(obs)", "canary")
                 objects[name] = pol
-                d = _stub_dir(root / "stubs", name, getattr(pol, "spec", None) or em_spec)
+                d = _stub_dir(root / "stubs", name, getattr(pol, "spec", None) or em.spec)
             reg.publish(d, {**metadata_from_policy_dir(d), "name": name, "version": name}, signer)
         reg.set_current(f"site/{site}", "current", expected=None)
-        loader = _loader(objects)
         bus_name = f"memory://canary-{uuid.uuid4().hex}"  # a broker of its own
         rt = EdgeRuntime(
             site, reg, TrustStore([signer.public_key]), bus=bus_name, kpi_guard=None, poll_interval=3600.0,
-            cache_dir=root / "runtime", loader=loader, spec=em_spec,
+            cache_dir=root / "runtime", loader=_loader(objects), spec=em.spec,
         )  # fmt: skip
-        collector = CanaryLogCollector()
+        start = _start_command(config, str(reg.manifest(config.candidate).sha256), site)
         with rt.running_in_thread():
-            assert rt._loop is not None and rt.bus is not None
-            asyncio.run_coroutine_threadsafe(collector.subscribe(rt.bus), rt._loop).result(30)
-            result = run_emulated_canary(rt, config, cluster, seed=seed, day=day, episode=episode)
-            asyncio.run_coroutine_threadsafe(rt._ship_spool(), rt._loop).result(60)
-            _wait(lambda: collector.rows(site, result.run_id) >= len(result.log), rt._loop)
-        shipped = collector.log(site, result.run_id)
-        if len(shipped) != len(result.log):
+            assert rt._loop is not None
+            day_log, collected = asyncio.run_coroutine_threadsafe(
+                _operate(bus_name, signer, start, cluster, site, root / "canary.parquet", seed=seed, day=day,
+                         episode=episode), rt._loop,
+            ).result()  # fmt: skip
+            result = rt.canary_result()
+        if len(collected) != len(result.log):
             raise RuntimeError(
-                f"canary {result.run_id}: {len(result.log)} rows spooled but {len(shipped)} received over the bus"
+                f"canary {result.run_id}: {len(result.log)} rows spooled but {len(collected)} collected from the bus"
             )
-        result.log = shipped
+        # the log contract's columns, as `load_log` reads the collected file for `canary verdict`
+        # and `fit --update`: the site's ``arm`` annotation (which arm served each row) is not one
+        result.log = collected.drop(columns=["arm"], errors="ignore")
+        in_slice = day_log["agent"].astype(str).isin(set(collected["agent"].astype(str)))
+        rest = day_log[~in_slice & (day_log["t"] < int(result.ticks))]
+        result.fleet_log = rest.reset_index(drop=True) if len(rest) else None
         return result
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _check_ticks(em: EdgeCluster, config: CanaryConfig) -> None:
+    """The canary's tick is the cluster's and its ticks fit in an episode (else one line)."""
+    if abs(em.dt - config.tick_seconds) > 1e-9:
+        raise InputError(f"the canary's tick is {config.tick_seconds} s but the cluster's is {em.dt} s", "canary")
+    if config.total_ticks > em.steps:
+        raise InputError(
+            f"the canary runs {config.total_ticks} ticks ({config.pre_ticks} before the candidate, then "
+            f"{config.hours} h) but an episode of the cluster has {em.steps}",
+            where="canary",
+        )
+
+
+def _check_fits(em: EdgeCluster, config: CanaryConfig, seed: int, day: float | None) -> None:
+    """The canary's tick is the cluster's, its ticks fit in an episode, and its slice holds a group
+    of the day's population (what the operator's plan, made on the fleet's log, guarantees)."""
+    from edgetwin.edge.canary_slice import CanarySlice, SliceRouter
+
+    _check_ticks(em, config)
+    em.reset(seed=episode_seed(seed, 0), day=day)
+    sl = config.slice if isinstance(config.slice, CanarySlice) else CanarySlice.from_dict(dict(config.slice))
+    arms = SliceRouter(sl, "next", "current").arms(em.agent_ids.tolist(),
+                                                   np.array(em.site_names, dtype=object)[em.home].tolist(),
+                                                   np.array(SCENARIOS, dtype=object)[em.scenario].tolist())  # fmt: skip
+    if not (arms != "fleet").any():
+        raise InputError(f"no service group of the cluster is in the canary's slice {sl.to_dict()}", "canary")
+
+
+def _start_command(config: CanaryConfig, sha256: str, site: str) -> Any:
+    """The signed-to-be `CanaryStart` that runs ``config`` at ``site`` (what `start_from_plan`
+    builds from a plan, here from the config the caller already holds: same fields)."""
+    from edgetwin.edge.canary_command import CanaryStart
+    from edgetwin.edge.canary_slice import CanarySlice
+
+    sl = config.slice if isinstance(config.slice, CanarySlice) else CanarySlice.from_dict(dict(config.slice))
+    return CanaryStart(
+        run=f"{config.canary_id}-{uuid.uuid4().hex[:8]}", candidate=config.candidate, sha256=sha256, slice=sl,
+        hours=config.hours, margins=tuple(config.margins), current="current", alpha=config.alpha,
+        pre_ticks=config.pre_ticks, max_loss=tuple(config.max_loss), fleet_groups=int(config.fleet_groups),
+        loss_levels=tuple(config.loss_levels), tick_seconds=config.tick_seconds, batch=config.batch,
+        min_reports=config.min_reports, sites=(site,),
+    )  # fmt: skip
+
+
+async def _operate(
+    bus_url: str, signer: Any, start: Any, cluster: ClusterConfig, site: str, out: Path, *,
+    seed: int, day: float | None, episode: int | str,
+) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """The operator's and the system's side of one run, over the bus only: start → serve / guard
+    (the system drives its day; the operator watches the site's status after each tick) → collect.
+    Returns the system's own log of the ticks it ran and the collected canary log."""
+    from edgetwin.edge.bus import make_bus
+    from edgetwin.loop.collect import collect_canary
+    from edgetwin.loop.commands import fleet_status, publish_start, publish_stop
+
+    async def status() -> Any:
+        st = (await fleet_status(bus, [site], start.run, timeout=30.0))[site]
+        if isinstance(st, str):
+            raise RuntimeError(f"site {site} did not answer the status of canary {start.run}: {st}")
+        return st
+
+    async def until(cond: Callable[[Any], bool], what: str, timeout: float = 120.0) -> Any:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            st = await status()
+            if cond(st):
+                return st
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"canary {start.run} at site {site}: timed out waiting for {what} ({st.to_dict()})")
+            await asyncio.sleep(0.002)
+
+    async def joined(t: int) -> bool:  # the site has judged tick t: go on while its run does
+        st = await until(lambda s: s.phase == "stopped" or s.ticks >= t + 1, f"tick {t} to be joined")
+        return bool(st.phase != "stopped")
+
+    async with make_bus(bus_url) as bus:
+        await publish_start(bus, start, signer)
+        st = await until(lambda s: s.run == start.run and s.phase != "idle", "the site to accept the start")
+        if st.phase == "stopped":
+            raise InputError(f"site {site} ended canary {start.run} at once ({st.stop_reason})", "canary")
+        sites = {s: site for s in EdgeCluster(cluster).site_names}
+        day_log = await drive_cluster_over_bus(bus, cluster, sites, seed=seed, day=day, episode=episode,
+                                               ticks=start.config().total_ticks, on_tick=joined)  # fmt: skip
+        if (await status()).phase != "stopped":  # the day ended before the run did
+            from edgetwin.edge.canary_command import CanaryStop
+
+            await publish_stop(bus, CanaryStop(start.run, "operator", (site,)), signer)
+        st = await until(lambda s: s.phase == "stopped" and s.shipped >= s.segments, "the log to be shipped")
+        res = await collect_canary(bus, start.run, out, idle=0.05, timeout=120.0, expected={site: st.shipped})
+        if res.missing:
+            raise RuntimeError(f"canary {start.run}: segments {res.missing} never arrived")
+    return day_log, pd.read_parquet(out)
 
 
 def _loader(objects: dict[str, Any]) -> Callable[[Path], Any]:
@@ -340,15 +457,6 @@ def _loader(objects: dict[str, Any]) -> Callable[[Path], Any]:
         return load_policy(path)
 
     return load
-
-
-def _wait(cond: Callable[[], bool], loop: asyncio.AbstractEventLoop, timeout: float = 30.0) -> None:
-    async def until() -> None:
-        deadline = loop.time() + timeout
-        while not cond() and loop.time() < deadline:
-            await asyncio.sleep(0.01)
-
-    asyncio.run_coroutine_threadsafe(until(), loop).result(timeout + 5)
 
 
 # ------------------------------------------------------------------ the cluster as an operator's system
@@ -423,9 +531,10 @@ async def drive_cluster_over_bus(
     episode: int | str = 0,
     ticks: int | None = None,
     report: bool = True,
-    on_tick: Callable[[int], Awaitable[None]] | None = None,
+    on_tick: Callable[[int], Awaitable[bool | None]] | None = None,
     retries: int = 20,
     sender: str = "cluster",
+    reporter: Callable[[str, int, pd.DataFrame], Awaitable[None]] | None = None,
 ) -> pd.DataFrame:
     """The emulated cluster as an operator's own system: every tick it asks the edge sites for
     decisions over the JSON decision wire (`ask_site`), steps, and reports each site's outcome rows
@@ -442,14 +551,18 @@ async def drive_cluster_over_bus(
         retries: decision requests re-sent to a site that does not answer (`ask_site`).
         sender: the outcome reports' sender (on NATS the sites accept reports signed by a key of
             their ``--reporters``: set ``bus.auth`` to a `MessageAuth` holding this identity's key).
+        reporter: awaited as ``reporter(site, t, rows)`` to report each site's outcome rows of
+            tick t another way (e.g. to the system's metrics, read back from Prometheus and
+            published by `edgetwin.loop.collect.publish_outcomes`); None: published on the bus.
         on_tick: awaited with each tick after its outcomes are reported (e.g. to pace the
-            system, or to wait until the sites have joined them).
+            system, or to wait until the sites have joined them); its returning False ends the
+            day there (the rest of the log is not generated).
 
     Returns:
         The system's own log of those ticks (the log contract; ``policy`` = the registry version
         that decided each row, ``propensity``): what an operator's logs would hold.
     """
-    from edgetwin.edge.canary_command import outcome_envelope, outcome_subject
+    from edgetwin.loop.collect import publish_outcomes
 
     em = EdgeCluster(cluster)
     obs = em.reset(seed=episode_seed(seed, 0), day=day)
@@ -476,16 +589,13 @@ async def drive_cluster_over_bus(
         rows = _rows(em, episode, t, obs, actions, info, reward, policy, prop, np.ones(em.n, bool))
         if report:
             for site in sorted(set(edge)):
-                keep = (edge == site)
-                part = rows[keep].drop(columns=["policy", "propensity"])
-                env = outcome_envelope(site, t, part, sender=sender)
-                # one id per (site, day, tick): JetStream drops a re-sent report as a duplicate, but
-                # tomorrow's tick t is another report than today's
-                env.msg_id = f"outcome-{site}-{episode}-{t}"
-                await bus.publish_durable(outcome_subject(site), env)
+                if reporter is not None:
+                    await reporter(site, t, rows[edge == site])
+                else:
+                    await publish_outcomes(bus, rows[edge == site], site, sender=sender, day=episode)
         out.append(rows)
-        if on_tick is not None:
-            await on_tick(t)
+        if on_tick is not None and await on_tick(t) is False:
+            break
         obs = new_obs
         if done:
             break

@@ -185,6 +185,7 @@ def canary_loop(
     all_logs = list(old_logs) if old_logs is not None else None
     days_src = list(other_days) if other_days is not None else list(all_logs or [])
     day_var: dict[str, tuple[float, float, float]] | None = None
+    version = candidate_version_name(candidate_spec.name)  # the ``policy`` of its rows in the canary log
     for r in range(1, max_rounds + 1):
         try:
             plan = plan_canary(decision, twin, fleet_log, candidate_spec, baseline_spec, budget, seed=seed,
@@ -197,11 +198,11 @@ def canary_loop(
             break
         plan = balanced(plan)
         log("    " + plan.describe().replace("\n", "\n    "))
-        cfg = CanaryConfig.from_plan(plan, "candidate", spec=twin.spec)
+        cfg = CanaryConfig.from_plan(plan, version, spec=twin.spec)
         res = canary_on_cluster(cluster, current, candidate, cfg, seed=fleet_seed, episode=f"canary-{seed}-{r}")
         if on_canary is not None:
             on_canary(r, plan, res)
-        c_rows = res.log[(res.log["policy"].astype(str) == "candidate") & (res.log["t"] >= cfg.pre_ticks)]
+        c_rows = res.log[(res.log["policy"].astype(str) == version) & (res.log["t"] >= cfg.pre_ticks)]
         # a canary the loss budget stopped judged on the ticks it ran (the twin's window the same)
         ran = max(1, min(cfg.ticks, int(res.ticks) - int(cfg.pre_ticks)))
         if res.stop_reason == "guard":
@@ -217,7 +218,7 @@ def canary_loop(
                 day_var = day_to_day_variance(twin, days_src, [m.kpi for m in plan.margins], candidate_spec,
                                               baseline_spec, seed=seed)  # fmt: skip
             est = canary_verdict(twin, fleet_log, res.log, plan, candidate_spec, baseline_spec,
-                                 candidate_version="candidate", day_var=day_var,
+                                 candidate_version=version, day_var=day_var,
                                  pre_ticks=cfg.pre_ticks, ticks=ran, seed=seed, members=members,
                                  fleet_rows=res.fleet_log if fleet_control else None)  # fmt: skip
             per_round.append(est)
@@ -237,7 +238,7 @@ def canary_loop(
                 reason += " (about the canary's day only: no other days to estimate the day-to-day variance from)"
             if verdict == "abstain":
                 reason = f"undecided: {days_needed(ests, len(per_round))}; {reason}"
-        loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks)
+        loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks, version)
         rounds.append(LoopRound(r, plan.to_dict(), res.stop_reason, len(res.log), len(c_rows), est, verdict, checks,
                                 loss, over))  # fmt: skip
         log("    " + rounds[-1].describe().replace("\n", "\n    "))
@@ -250,6 +251,16 @@ def canary_loop(
         decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
                             episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
     return LoopResult(verdict, reason, gate, rounds, twin)
+
+
+def candidate_version_name(name: str) -> str:
+    """The registry version the emulated site publishes the candidate under, i.e. the ``policy`` of
+    its rows in the canary log: the candidate's own name as a version token (``[A-Za-z0-9_.-]``),
+    never the arm label, and never ``current`` (the version the control arm is served)."""
+    import re
+
+    v = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(name)).strip("-.") or "policy"
+    return v + "-next" if v == "current" else v
 
 
 def days_needed(checks: Sequence[Any], days: int, cap: int = 365) -> str:
@@ -293,7 +304,7 @@ def balanced(plan: CanaryPlan, tries: int = 10_000) -> CanaryPlan:
     want = sl.treat_share * len(sl.agents)
     for k in range(tries):
         seed = int(sl.seed) + k
-        router = SliceRouter(CanarySlice(tuple(sl.agents), (), sl.treat_share, seed), "candidate", "current")
+        router = SliceRouter(CanarySlice(tuple(sl.agents), (), sl.treat_share, seed), "next", "current")
         n_c = int(sum(router.arm(a) == "candidate" for a in sl.agents))
         if abs(n_c - want) <= 1.0 and n_c >= 2 and len(sl.agents) - n_c >= 2:
             return replace(plan, slice=replace(sl, seed=seed))
@@ -301,19 +312,27 @@ def balanced(plan: CanaryPlan, tries: int = 10_000) -> CanaryPlan:
 
 
 def _realised_loss(
-    canary_log: pd.DataFrame, plan: CanaryPlan, pre_ticks: int, planned_ticks: int | None = None
+    canary_log: pd.DataFrame, plan: CanaryPlan, pre_ticks: int, planned_ticks: int | None = None,
+    candidate: str | None = None,
 ) -> tuple[dict[str, float], list[str]]:
     """Per KPI column: what the canary cost the fleet (`edgetwin.edge.canary.fleet_loss` of the
     arms' difference in differences relative to the plan's ``loss_levels``, `arm_worsening`, over
     the ticks it ran against the
     ``planned_ticks``, default the plan's hours), the measure the edge's loss-budget stop uses;
     and the KPIs whose loss exceeded the plan's budget (``loss_budget`` by column; a plan without
-    one: its deciding KPIs' ``budget``), by the gate's KPI names where the plan has them."""
+    one: its deciding KPIs' ``budget``), by the gate's KPI names where the plan has them.
+    ``candidate``: the candidate's version in the log's ``policy`` column (default: the versions
+    its rows after the pre-period hold and its pre-period rows do not)."""
     from edgetwin.edge.canary import arm_worsening, fleet_loss
 
     rows = canary_log[canary_log["t"] >= pre_ticks]
     pre = canary_log[canary_log["t"] < pre_ticks]
-    cand_groups = set(rows.loc[rows["policy"].astype(str) == "candidate", "agent"].astype(str))
+    pol = rows["policy"].astype(str)
+    if candidate is None:  # the version(s) served after the pre-period that none of it was served
+        new = set(pol) - set(pre["policy"].astype(str)) if len(pre) else {str(plan.candidate)}
+        cand_groups = set(rows.loc[pol.isin(new), "agent"].astype(str))
+    else:
+        cand_groups = set(rows.loc[pol == candidate, "agent"].astype(str))
     is_c = rows["agent"].astype(str).isin(cand_groups)
     pre_c = pre["agent"].astype(str).isin(cand_groups)
     n_run = int(rows["t"].nunique())
@@ -372,4 +391,6 @@ def promote_after_canary(
     return version
 
 
-__all__ = ["LoopResult", "LoopRound", "balanced", "canary_loop", "days_needed", "promote_after_canary"]
+__all__ = [
+    "LoopResult", "LoopRound", "balanced", "canary_loop", "candidate_version_name", "days_needed", "promote_after_canary",
+]
