@@ -310,7 +310,10 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
             # canary alone on the same canaries; a canary of the loop's first-round size when it ran none
             alone_logs, alone_steps, alone_over = [], 0, 0
             if canaries:
-                alone_logs += [cres.log for _plan, cres in canaries]
+                # the loop publishes its candidate under its own registry version: the canary-alone measures
+                # below read the candidate arm's rows by the benchmark's own name for it
+                alone_logs += [cres.log.assign(policy=cres.log["policy"].astype(str).replace(cres.candidate, "candidate"))
+                               for _plan, cres in canaries]  # fmt: skip
             else:
                 ccfg, cplan = random_slice_config(fleet_agents, MAX_SHARE, MAX_HOURS - 1.0, margins,
                                                   args.seed * 1000 + d, spec, levels)  # fmt: skip
