@@ -63,7 +63,7 @@ def test_default_demo_follows_the_canarys_statistics(tmp_path: Path) -> None:
     """The default demo: the gate abstains (one calibration day supports 50 %, 90 % is asked), one
     canary round on <= 10 % of the service groups for <= 1 simulated day, and the demo does what its
     verdict says: serves the promoted version, or promotes nothing and says what evidence is missing
-    (README: on the defaults it ends undecided)."""
+    (README: says how it ends on the defaults)."""
     torch.set_num_threads(1)
     res = run_demo(tmp_path / "demo", seed=0, log=lambda _: None)
     n = res.numbers
@@ -89,7 +89,11 @@ def test_default_demo_follows_the_canarys_statistics(tmp_path: Path) -> None:
     # the README says how the default demo ends: keep it true
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     says_undecided = "On the embedded\ndefaults (seed 0) it ends **undecided**" in readme
+    says_refused = "On the embedded\ndefaults (seed 0) it ends **refused on the canary's evidence**" in readme
     assert says_undecided == (n["canary"]["verdict"] == "abstain")
+    assert says_refused == (n["canary"]["verdict"] == "refuse")
+    if says_refused:  # the README names the guard's KPI and how long the slice ran
+        assert "kpi.task_time_ms regressed" in n["canary"]["reason"] and "task time regressed" in readme
     # the policy is trained for the operator's multi-objective, not for offload: the summary says what
     # it gained and gave on every declared KPI, and the CLI prints it in one line
     assert {"kpi.revenue", "kpi.energy_j", "kpi.carbon_g", "response.offload_ratio"} <= set(n["cluster_change"])
