@@ -936,7 +936,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--days", type=int, default=20, help="--coverage: emulated days per seed (the truth's)")
     ap.add_argument("--fleet-sizes", type=int, nargs="*", default=[100, 1000, 5000], help="--coverage, --scale: fleet sizes")
     ap.add_argument("--scale", action="store_true",
-                    help="the closed loop at --fleet-sizes for --seed (closed_loop_scale.run_seed) into --work/scale-s<seed>.json")
+                    help="the closed loop at --fleet-sizes for --seed (_closed_loop_scale.run_seed) into --work/scale-s<seed>.json")
     ap.add_argument("--scale-merge", type=int, nargs="*", default=None, metavar="SEED",
                     help="pool --work/scale-s<SEED>.json into results_production.json and the page")
     ap.add_argument("--scale-more", type=Path, nargs="*", default=[], metavar="DIR",
@@ -945,7 +945,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.scale or args.scale_merge is not None:
-        from closed_loop_scale import run_scale
+        from _closed_loop_scale import run_scale
 
         run_scale(args, OUT)
         return

@@ -25,9 +25,9 @@ def res() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def scale() -> Iterator[Any]:
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import closed_loop_scale
+    import _closed_loop_scale
 
-    yield closed_loop_scale
+    yield _closed_loop_scale
     sys.path.remove(str(ROOT / "benchmarks"))
 
 
