@@ -103,6 +103,6 @@ class DualAscentCallback(BaseCallback):
     def _on_rollout_end(self) -> None:
         costs = self.wrapper.pop_mean_costs()
         lam = self.wrapper.multipliers.update(costs)
-        for c, v, m in zip(self.wrapper.multipliers.constraints, lam, costs):
+        for c, v, m in zip(self.wrapper.multipliers.constraints, lam, costs, strict=True):
             self.logger.record(f"lagrangian/lambda_{c.key}", float(v))
             self.logger.record(f"lagrangian/cost_{c.key}", float(m))
