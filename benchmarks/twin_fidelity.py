@@ -372,7 +372,10 @@ def kpi_change_summary(rows: list[dict]) -> dict:  # type: ignore[type-arg]
         return {"n": n, "coverage": k / n if n else float("nan"),
                 "coverage_bootstrap_only": kb / n if n else float("nan"),
                 "coverage_interval": [ci.low, ci.high] if ci else None,
-                "median_abs_error_points": float(np.median([r["error_points"] for r in rs])) if rs else float("nan")}
+                "median_abs_error_points": float(np.median([r["error_points"] for r in rs])) if rs else float("nan"),
+                # the twin's bias on the change (a shared sign = a biased point estimate, not a narrow interval)
+                "mean_signed_error_points": float(np.mean([100 * (r["twin_change"] - r["real_change"]) for r in rs]))
+                if rs else float("nan")}
 
     out = one(rows)
     out["per_kpi"] = {k: one([r for r in rows if r["kpi"] == k]) for k in dict.fromkeys(r["kpi"] for r in rows)}
