@@ -50,3 +50,20 @@ def test_the_pages_kpi_change_numbers_are_the_jsons() -> None:
     glance = (ROOT / "docs/benchmarks/README.md").read_text()
     assert f"| {100 * quick['coverage']:.0f} % (CP 90 %" in glance
     assert f"| {quick['median_abs_error_points']:.1f} points" in glance
+
+
+def test_kpi_change_rows_with_logged_day_noise_widen_the_twins_interval_and_keep_the_bootstrap() -> None:
+    tf = pytest.importorskip("twin_fidelity")
+    rng = np.random.default_rng(1)
+    better = {"kpi.revenue": "higher"}
+
+    def days(level: float) -> pd.DataFrame:
+        return pd.DataFrame({"kpi.revenue": level * (1 + 0.2 * rng.standard_normal(10))})
+
+    data = {"random": {"real": days(1.0), "twin": days(1.0)}, "cand": {"real": days(1.3), "twin": days(1.3)}}
+    logged = 1 + 0.2 * rng.standard_normal(10)
+    plain = tf.kpi_change_rows(data, "random", better, n_boot=300)[0]
+    cal = tf.kpi_change_rows(data, "random", better, n_boot=300, calibration={"kpi.revenue": (logged, 0.1)})[0]
+    assert cal["twin_bootstrap_interval"] == plain["twin_interval"]
+    assert cal["twin_interval"][0] < plain["twin_interval"][0] and cal["twin_interval"][1] > plain["twin_interval"][1]
+    assert tf.kpi_change_summary([cal])["coverage_bootstrap_only"] == float(cal["covers_bootstrap"])

@@ -52,6 +52,7 @@ __all__ = [
     "change_interval",
     "conformal_quantile",
     "interval",
+    "measured_change_interval",
 ]
 
 #: The nominal level of every interval the twin reports.
@@ -325,3 +326,45 @@ def change_interval(
             return min(lo, mid - w), max(hi, mid + w)
     w = calibration.width(kpi) * math.hypot(c, b) / abs(b)
     return lo - w, hi + w
+
+
+def measured_change_interval(
+    twin_change: float,
+    twin_ci: Sequence[float],
+    logged_days: np.ndarray,
+    n_candidate: int,
+    n_baseline: int,
+    q_rel: float = 0.0,
+    level: float = LEVEL,
+) -> tuple[float, float]:
+    """The interval a relative change *measured on the real system over a finite number of days*
+    should fall in, given the twin's prediction.
+
+    Why: the twin's own interval (``twin_ci``, a bootstrap over its simulated days and members) is
+    about the twin's mean. A change the real system measures on ``n_candidate`` and ``n_baseline``
+    days carries its own day-to-day noise, independent of the twin's; an exact twin whose interval
+    ignored it would cover far below the level. That noise is estimated from the logs alone:
+    ``logged_days`` ``(E,)`` are one KPI's per-day means on held-out logged days (the logging
+    policy's), whose coefficient of variation ``cv`` gives the measured change's standard error
+    ``cv · sqrt(1/n_candidate + 1/n_baseline) · |1 + change|`` (delta method, the candidate's days
+    taken as noisy as the logging policy's). It is combined in quadrature with the twin's own
+    spread (the ``twin_ci`` half-width read as a normal quantile), and the twin's model error is
+    added as the calibrated relative error ``q_rel`` (`Calibration.quantile`) applied to the size of
+    the change, as `change_interval`'s ``"hybrid"`` does. Shapes: scalars and ``(E,)``; units: the
+    change is a fraction (0.1 = +10 %).
+    """
+    from scipy.stats import norm
+
+    z = float(norm.ppf(0.5 + level / 2.0))
+    lo, hi = float(twin_ci[0]), float(twin_ci[1])
+    d = np.asarray(logged_days, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    if not math.isfinite(twin_change) or len(d) < 2 or n_candidate < 1 or n_baseline < 1:
+        return lo, hi
+    mean = float(d.mean())
+    cv = float(d.std(ddof=1) / abs(mean)) if mean != 0 else 0.0
+    sd_real = cv * math.sqrt(1.0 / n_candidate + 1.0 / n_baseline) * abs(1.0 + twin_change)
+    sd_lo, sd_hi = max(twin_change - lo, 0.0) / z, max(hi - twin_change, 0.0) / z
+    w_model = (q_rel if math.isfinite(q_rel) else 0.0) * abs(twin_change)
+    return (twin_change - z * math.hypot(sd_lo, sd_real) - w_model,
+            twin_change + z * math.hypot(sd_hi, sd_real) + w_model)
