@@ -550,9 +550,10 @@ class Canary:
             acc[0] += 1
             acc[1:] += vals[i]
 
-    def composition(self) -> dict[str, tuple[float, float]]:
+    def composition(self) -> dict[str, tuple[float, float, float]]:
         """Per guarded KPI, what the arms' composition contributes to the candidate's measured
-        worsening: ``(offset, se)`` in the KPI's units.
+        worsening: ``(offset, se, df)`` in the KPI's units (df: Welch-Satterthwaite's degrees of
+        freedom of se).
 
         Each group ``i`` has its canary mean ``y_i`` and (with ``pre_ticks``) its pre-canary mean
         ``x_i``. ``theta`` = `edgetwin.edge.canary_guard.cuped_slope` (the verdict's too: pooled
@@ -574,14 +575,18 @@ class Canary:
             yt, xt = (np.asarray(v) for v in groups["candidate"])
             theta = cuped_slope([xt, xc], [yt, yc]) if int(self.config.pre_ticks) > 0 else 0.0  # shared with the verdict
             if len(yc) < 2 or len(yt) < 2:
-                out[m.kpi] = (0.0, math.inf)
+                out[m.kpi] = (0.0, math.inf, math.inf)
                 continue
             comp = theta * (float(xt.mean()) - float(xc.mean()))  # candidate minus control, KPI units
             offset = -comp if m.higher_is_better else comp
             rt, rc = yt - theta * xt, yc - theta * xc
-            se = math.sqrt(float(np.var(rt, ddof=1)) / len(rt)
-                           + (1.0 + m.max_regression) ** 2 * float(np.var(rc, ddof=1)) / len(rc))  # fmt: skip
-            out[m.kpi] = (offset, se)
+            a = float(np.var(rt, ddof=1)) / len(rt)
+            b = (1.0 + m.max_regression) ** 2 * float(np.var(rc, ddof=1)) / len(rc)
+            se = math.sqrt(a + b)
+            # Welch-Satterthwaite: a handful of groups per arm estimate se; the guard's bound on the
+            # composition is a t bound with these degrees of freedom, not a normal one
+            df = (a + b) ** 2 / (a**2 / (len(rt) - 1) + b**2 / (len(rc) - 1)) if a + b > 0 else math.inf
+            out[m.kpi] = (offset, se, df)
         return out
 
     def unshipped(self) -> list[Path]:
