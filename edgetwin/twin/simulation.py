@@ -538,16 +538,7 @@ class Simulation:
         self, profile: np.ndarray, state: np.ndarray, action: np.ndarray, outputs: np.ndarray
     ) -> np.ndarray:
         """`reward_of` given the agents' raw profiles ``(n, P)`` themselves."""
-        lay = self.layout
-        cols: dict[str, np.ndarray] = {}
-        for j, c in enumerate(lay.profile):
-            cols[c] = profile[:, j]
-        for j, c in enumerate(lay.state):
-            cols[c] = state[:, j]
-        for j, c in enumerate(lay.action):
-            cols[c] = action[:, j]
-        for j, c in enumerate(lay.outputs):
-            cols[c] = outputs[:, j]
+        cols = step_columns(self.layout, profile, state, action, outputs)
         if self._reward_fn is not None:
             return np.asarray(self._reward_fn(cols), dtype=np.float64).reshape(-1)
         if REWARD_COLUMN in cols:
@@ -605,3 +596,16 @@ class Simulation:
             "out_of_support": float((score > 1.0).mean()) if len(score) else 0.0,
             "median_distance": float(np.median(score)) if len(score) else 0.0,
         }
+
+
+def step_columns(
+    layout: Any, profile: np.ndarray, state: np.ndarray, action: np.ndarray, outputs: np.ndarray
+) -> dict[str, np.ndarray]:
+    """One tick's columns by name, each ``(n,)`` (views of the inputs): profile ``(n, P)``, state
+    ``(n, S)``, action ``(n, A)`` and outputs ``(n, O)`` in the layout's column order; what a
+    `RewardFn` and the what-if engine's KPIs read."""
+    cols: dict[str, np.ndarray] = {}
+    for names, arr in ((layout.profile, profile), (layout.state, state), (layout.action, action), (layout.outputs, outputs)):
+        for j, c in enumerate(names):
+            cols[c] = arr[:, j]
+    return cols

@@ -13,7 +13,7 @@ import numpy as np
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
 from edgetwin.imitation.world import World
-from edgetwin.twin.simulation import Simulation
+from edgetwin.twin.simulation import Simulation, step_columns
 from edgetwin.twin.whatif.kpis import KpiDef
 from edgetwin.twin.whatif.perturbations import EPISODE_KINDS, Perturbation
 from edgetwin.twin.whatif.policies import PolicySpec
@@ -275,15 +275,7 @@ def _tick_columns(
 ) -> dict[str, np.ndarray]:
     """One tick's columns by name, each (n_agents,): profile and state as the policy saw them, the
     legal actions, the (perturbed) outputs, and the reward unless the twin predicts it as an output."""
-    cols: dict[str, np.ndarray] = {}
-    for j, c in enumerate(lay.profile):
-        cols[c] = profile[:, j]
-    for j, c in enumerate(lay.state):
-        cols[c] = state[:, j]
-    for j, c in enumerate(lay.action):
-        cols[c] = action[:, j]
-    for j, c in enumerate(lay.outputs):
-        cols[c] = outputs[:, j]
+    cols = step_columns(lay, profile, state, action, outputs)
     cols.setdefault(REWARD_COLUMN, np.asarray(reward, dtype=np.float64))
     return cols
 
