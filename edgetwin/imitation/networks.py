@@ -300,14 +300,16 @@ def _check_shapes(path: str | Path, kwargs: dict[str, Any]) -> None:
     arch = kwargs.get("net_arch")
     heads = list(arch.values()) if isinstance(arch, dict) else [arch] if arch is not None else []
     claimed = 0.0
+    lstm = kwargs.get("lstm_hidden_size")
+    head_in = n_in  # what the MLP heads read: the observation, or the LSTM's output in front of them
+    if isinstance(lstm, int) and lstm > 0:
+        claimed += 4.0 * lstm * (n_in + lstm)
+        head_in = lstm
     for widths in heads:
         if not isinstance(widths, (list, tuple)) or not all(isinstance(w, int) and w > 0 for w in widths):
             raise ValueError(f"net_arch must list positive integer widths, got {widths!r}")
-        chain = [n_in, *widths]
+        chain = [head_in, *widths]
         claimed += float(sum(a * b for a, b in zip(chain[:-1], chain[1:], strict=False)))
-    lstm = kwargs.get("lstm_hidden_size")
-    if isinstance(lstm, int) and lstm > 0:
-        claimed += 4.0 * lstm * (n_in + lstm)
     if claimed > stored:
         raise ValueError(
             f"the header's network needs at least {claimed:,.0f} weights, the file holds {stored:,} "

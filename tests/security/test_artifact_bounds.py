@@ -113,3 +113,21 @@ def test_deep_json_in_signature_json_is_refused(world: dict[str, Any], tmp_path:
     (p / "SIGNATURE.json").write_text(DEEP)
     with pytest.raises(ArtifactRejected, match="nested 100,000 levels deep"):
         verify_directory(p, "policy", TrustStore([signer.public_key]))
+
+
+def test_the_weight_bound_admits_a_recurrent_network_with_a_narrow_lstm(tmp_path: Path) -> None:
+    """The bound is a lower bound of what an honest file holds: behind an LSTM the heads read the
+    LSTM's output, not the observation (a wide observation and a narrow LSTM must still load)."""
+    import gymnasium as gym
+    import numpy as np
+    from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
+
+    from edgetwin.imitation.networks import load_network, save_network
+
+    classes = {"RecurrentActorCriticPolicy": RecurrentActorCriticPolicy}
+    obs, act = gym.spaces.Box(-1, 1, (200,), np.float32), gym.spaces.Box(-1, 1, (3,), np.float32)
+    net = RecurrentActorCriticPolicy(obs, act, lambda _: 1e-3, net_arch={"pi": [64], "vf": [64]}, lstm_hidden_size=16)
+    f = tmp_path / "n.safetensors"
+    save_network(net, f, classes, extra={"lstm_hidden_size": 16})
+    back = load_network(f, classes)
+    assert sum(p.numel() for p in back.parameters()) == sum(p.numel() for p in net.parameters())
