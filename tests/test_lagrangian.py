@@ -75,3 +75,15 @@ def test_ppo_lagrangian_holds_a_kpi_the_reward_would_give_away(twin: Twin, log, 
     free_off, held_off = mean_offload(free.path, twin), mean_offload(tmp_path / "held", twin)
     assert free_off > base, (free_off, base)  # unconstrained PPO gives the KPI away
     assert abs(held_off - base) < abs(free_off - base), (held_off, free_off, base)
+
+
+def test_a_validation_envs_scorer_penalises_alike_and_records_nothing() -> None:
+    """Early stopping scores validation steps with the penalised reward; those steps must not enter
+    the dual update, which is about the training rollouts."""
+    c = KPIConstraint("kpi.latency", 10.0, higher_is_better=False)
+    r = LagrangianReward(lambda cols: np.zeros(len(cols["kpi.latency"])), [c], lambdas=[1.0])
+    cols = {"kpi.latency": np.array([20.0, 5.0])}
+    np.testing.assert_allclose(r.scorer()(cols), [-1.0, 0.5])
+    assert r.take_mean_violation() is None
+    np.testing.assert_allclose(r(cols), [-1.0, 0.5])
+    np.testing.assert_allclose(r.take_mean_violation(), [0.25])

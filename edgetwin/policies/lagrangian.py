@@ -104,11 +104,23 @@ class LagrangianReward:
         self._rows = 0
 
     def __call__(self, cols: Mapping[str, np.ndarray]) -> np.ndarray:
-        r = np.asarray(self.base(cols), np.float64)
-        g = np.stack([c.violation(cols[c.column]) for c in self.constraints])  # (K, N)
+        g = self._violations(cols)
         self._sums += g.sum(axis=1)
         self._rows += g.shape[1]
-        return r - self.lambdas @ g
+        return np.asarray(self.base(cols), np.float64) - self.lambdas @ g
+
+    def _violations(self, cols: Mapping[str, np.ndarray]) -> np.ndarray:
+        """``g`` ``(K, N)``: each constraint's violation per row."""
+        return np.stack([c.violation(cols[c.column]) for c in self.constraints])
+
+    def scorer(self) -> RewardFn:
+        """The same penalised reward at the current multipliers, recording nothing: for a
+        validation env, whose steps must not enter the training rollouts' dual update."""
+
+        def score(cols: Mapping[str, np.ndarray]) -> np.ndarray:
+            return np.asarray(self.base(cols), np.float64) - self.lambdas @ self._violations(cols)
+
+        return score
 
     def take_mean_violation(self) -> np.ndarray | None:
         """The mean ``g_k`` over the steps since the last call (None if none), and reset."""

@@ -609,7 +609,8 @@ def train_policy(
     eval_cb = None
     if c.early_stop_on is not None:
         eval_cb = _early_stop_callback(
-            c.early_stop_on, spec, algo, n_envs, seed, shield, normalize, grid_bins, reward, hp, grid, topts,
+            c.early_stop_on, spec, algo, n_envs, seed, shield, normalize, grid_bins,
+            reward if lagrangian is None else lagrangian.scorer(), hp, grid, topts,
             train_envs=venv.num_envs, eval_every=c.eval_every, patience=c.patience, out=out, verbose=verbose,
         )  # fmt: skip
         callbacks.append(eval_cb)

@@ -53,18 +53,24 @@ def reseal(path: Path, kind: str) -> None:
     write_manifest(path, kind)
 
 
-def test_a_header_claiming_a_huge_network_is_refused_before_it_is_built(world: dict[str, Any], tmp_path: Path) -> None:
+def twin_with_engine_net_arch(world: dict[str, Any], dest: Path, net_arch: list[int]) -> Path:
+    """A copy of the twin whose member 0 engine header claims ``net_arch`` over its own tensors, resealed."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    p = copy_of(world, "twin", tmp_path)
+    p = copy_of(world, "twin", dest)
     f = p / "member_0" / "engine_0.safetensors"
     with safe_open(str(f), framework="pt") as sf:
         tensors = {k: sf.get_tensor(k) for k in sf.keys()}  # noqa: SIM118 - safe_open has no __iter__
         header = json.loads(sf.metadata()["edgetwin"])
-    header["kwargs"]["net_arch"] = [12000, 12000]
+    header["kwargs"]["net_arch"] = net_arch
     save_file(tensors, str(f), metadata={"edgetwin": json.dumps(header)})
     reseal(p, "twin")
+    return p
+
+
+def test_a_header_claiming_a_huge_network_is_refused_before_it_is_built(world: dict[str, Any], tmp_path: Path) -> None:
+    p = twin_with_engine_net_arch(world, tmp_path, [12000, 12000])
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
     with pytest.raises(InputError, match=r"engine_0\.safetensors.*needs at least [\d,]+ weights, the file holds [\d,]+"):
         Twin.load(p)
@@ -73,17 +79,7 @@ def test_a_header_claiming_a_huge_network_is_refused_before_it_is_built(world: d
 
 
 def test_a_header_with_nonsense_widths_is_refused(world: dict[str, Any], tmp_path: Path) -> None:
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    p = copy_of(world, "twin", tmp_path)
-    f = p / "member_0" / "engine_0.safetensors"
-    with safe_open(str(f), framework="pt") as sf:
-        tensors = {k: sf.get_tensor(k) for k in sf.keys()}  # noqa: SIM118 - safe_open has no __iter__
-        header = json.loads(sf.metadata()["edgetwin"])
-    header["kwargs"]["net_arch"] = [64, -3]
-    save_file(tensors, str(f), metadata={"edgetwin": json.dumps(header)})
-    reseal(p, "twin")
+    p = twin_with_engine_net_arch(world, tmp_path, [64, -3])
     with pytest.raises(InputError, match="net_arch must list positive integer widths"):
         Twin.load(p)
 
