@@ -103,7 +103,7 @@ def canary_plan_cmd(
 
 @canary_app.command("verdict")
 def canary_verdict_cmd(
-    twin_dir: Annotated[Path, typer.Argument(help="Twin directory (from `edgetwin fit`, or `fit --update` with earlier canaries).")],
+    twin_dir: Annotated[Path, typer.Argument(help="Twin directory (from `edgetwin fit`, or `edgetwin update` with earlier canaries).")],
     canary_log: Annotated[Path, typer.Option("--canary-log", help="The collected canary log (`edgetwin canary collect`).")],
     fleet_log: Annotated[Path, typer.Option("--fleet-log", help="The fleet's log on the current policy the plan was made on.")],
     plan_path: Annotated[Path, typer.Option("--plan", help="The canary plan it ran (`edgetwin canary plan --out`).")],

@@ -339,7 +339,7 @@ def canary_on_cluster(
                 f"canary {result.run_id}: {len(result.log)} rows spooled but {len(collected)} collected from the bus"
             )
         # the log contract's columns, as `load_log` reads the collected file for `canary verdict`
-        # and `fit --update`: the site's ``arm`` annotation (which arm served each row) is not one
+        # and `edgetwin update`: the site's ``arm`` annotation (which arm served each row) is not one
         result.log = collected.drop(columns=["arm"], errors="ignore")
         in_slice = day_log["agent"].astype(str).isin(set(collected["agent"].astype(str)))
         rest = day_log[~in_slice & (day_log["t"] < int(result.ticks))]

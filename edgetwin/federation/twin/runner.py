@@ -91,7 +91,7 @@ class FederatedFitDiverged(FederatedFitFailed):
 
 
 def split_by_site(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """One log per value of its ``site`` column (what `edgetwin fit --federated` does)."""
+    """One log per value of its ``site`` column (what `edgetwin fit-federated` does)."""
     if "site" not in df.columns:
         raise InputError("the log has no 'site' column to split by", where="site")
     return {str(s): part.reset_index(drop=True) for s, part in df.groupby(df["site"].astype(str), sort=True)}
