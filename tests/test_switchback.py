@@ -272,6 +272,9 @@ def test_plan_switchback_simulates_it_in_the_twin(twin_and_log) -> None:  # type
     assert p1.sites == (str(share.idxmin()),)  # the least exposure by default
     assert p1.site_share * p1.hours <= 0.25 * 6.0 + 1e-9 and p1.n_blocks >= 4  # the same share x hours
     assert 0 < p1.expected_width[SLO] < np.inf and np.isfinite(p1.twin_change[SLO])
+    assert np.isfinite(p1.twin_interference[SLO]) and p1.expected_width_sum == pytest.approx(
+        p1.expected_width[SLO]
+    )
     assert p1.start_tick == 4 and p1.episode_ticks == 24
     with pytest.raises(InputError, match="unknown site"):
         plan_switchback_(twin, log, cand, base, budget, sites=["nowhere"], **kw)
@@ -279,6 +282,29 @@ def test_plan_switchback_simulates_it_in_the_twin(twin_and_log) -> None:  # type
         plan_switchback_(twin, log, cand, base, PlanBudget(max_share=0.01, hours=1.0), **kw)
     with pytest.raises(InputError, match="logged"):
         plan_switchback_(twin, log, builtin_policy("logged", twin), base, budget, **kw)
+
+
+def test_plan_switchback_from_the_gates_decision_counts_its_risk(twin_and_log) -> None:  # type: ignore[no-untyped-def]
+    from edgetwin.loop.plan import PlanBudget
+    from edgetwin.loop.switchback import plan_switchback
+    from edgetwin.policies.gate import resolve_policy, run_gate
+    from edgetwin.twin.whatif import fixed_policy
+
+    twin, log = twin_and_log
+    cand = fixed_policy("always-edge", Constant([1.0, 0.3, 0.2]))
+    base = resolve_policy("logging", twin, name="current")
+    decision = run_gate(twin, cand, base, log=log, episodes=1, seed=0)
+    kw = dict(block_ticks=2, carryover_ticks=1, sims=1)
+    plan = plan_switchback(decision, twin, log, cand, base, PlanBudget(max_share=0.25, hours=6.0), **kw)
+    assert (
+        set(plan.expected_width) == set(plan.fleet_loss) and plan.expected_width
+    )  # the deciding KPIs' columns
+    worst = max(plan.fleet_loss, key=lambda k: plan.fleet_loss[k])
+    assert plan.fleet_loss[worst] > 0
+    kpi = next(k.name for k in decision.result.kpis if k.column == worst)  # the gate's KPI of that column
+    tight = PlanBudget(max_share=0.25, hours=6.0, max_loss={kpi: plan.fleet_loss[worst] / 2})
+    with pytest.raises(InputError, match="over the"):
+        plan_switchback(decision, twin, log, cand, base, tight, **kw)
 
 
 def plan_switchback_(*args, **kwargs):  # type: ignore[no-untyped-def]

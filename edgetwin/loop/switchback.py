@@ -134,7 +134,12 @@ class SwitchbackPlan:
         assignment: per block, 1 = candidate (drawn from ``seed`` when empty; refused when it is
             not that draw: a tampered plan).
         expected_width: per KPI column, the median width of the relative interval over the twin's
-            simulations (`plan_switchback`); twin_change: the twin's relative change on the sites.
+            simulations (`plan_switchback`); twin_change: the twin's relative change on the sites
+            (all of them switched); twin_interference: per KPI, the twin's fleet-wide relative change
+            under a full switch less the one its slice of the same share would measure (the
+            congestion a group-split canary would miss: the reason to switch back, `plan_switchback`);
+            fleet_loss: per KPI, the gate's worst relative worsening × the sites' share × 1/2 (half
+            the blocks on the candidate), as `edgetwin.loop.plan` counts a canary's risk.
         site_share: the sites' share of the fleet's service groups (the budget's share; 0: not known).
         candidate, baseline: names (reported). level: the interval's level.
     """
@@ -151,6 +156,8 @@ class SwitchbackPlan:
     assignment: tuple[int, ...] = ()
     expected_width: dict[str, float] = field(default_factory=dict)
     twin_change: dict[str, float] = field(default_factory=dict)
+    twin_interference: dict[str, float] = field(default_factory=dict)
+    fleet_loss: dict[str, float] = field(default_factory=dict)
     site_share: float = 0.0
     candidate: str = CANDIDATE
     baseline: str = CURRENT
@@ -185,6 +192,12 @@ class SwitchbackPlan:
         return self.ticks * float(self.tick_seconds) / 3600.0
 
     @property
+    def expected_width_sum(self) -> float:
+        """The expected widths summed over the KPIs: what `edgetwin.loop.plan.CanaryPlan.expected_width`
+        records per design (the summed width of the deciding KPIs), to weigh the switchback against them."""
+        return float(sum(self.expected_width.values()))
+
+    @property
     def judged_ticks(self) -> int:
         """Ticks the estimate uses (every block less its burn-in)."""
         return int(self.n_blocks) * (int(self.block_ticks) - int(self.carryover_ticks))
@@ -205,6 +218,8 @@ class SwitchbackPlan:
                 tuple(int(v) for v in d.get("assignment", ())),
                 {str(k): float(v) for k, v in dict(d.get("expected_width") or {}).items()},
                 {str(k): float(v) for k, v in dict(d.get("twin_change") or {}).items()},
+                {str(k): float(v) for k, v in dict(d.get("twin_interference") or {}).items()},
+                {str(k): float(v) for k, v in dict(d.get("fleet_loss") or {}).items()},
                 float(d.get("site_share", 0.0)), str(d.get("candidate", CANDIDATE)),
                 str(d.get("baseline", CURRENT)), float(d.get("level", LEVEL)),
             )  # fmt: skip
@@ -564,7 +579,13 @@ def _twin_day(
     src = out.source if out.source is not None else np.arange(len(ep.agents))
     sites = np.asarray(ep.site_names, dtype=object)[np.asarray(ep.site)[src]]
     steps, n = out.series[kpis[0]].shape
-    frame = pd.DataFrame({"tick": first_tick + np.repeat(np.arange(steps), n), "site": np.tile(sites, steps)})
+    frame = pd.DataFrame(
+        {
+            "tick": first_tick + np.repeat(np.arange(steps), n),
+            "site": np.tile(sites, steps),
+            "row": np.tile(src, steps),
+        }
+    )
     for k in kpis:
         frame[k] = np.asarray(out.series[k], dtype=np.float64).reshape(-1)
     return frame
@@ -616,13 +637,15 @@ def plan_switchback(
             scheme: the design. sims: twin simulations behind the expected width.
 
     Raises:
-        InputError: unknown sites, a budget that does not buy 4 blocks, a ``logged`` policy.
+        InputError: unknown sites, a budget that does not buy 4 blocks, a worst case over the loss
+            budget, a ``logged`` policy.
     """
     from edgetwin.loop.plan import PlanBudget, _deciding_checks, _kpi_column
-    from edgetwin.twin.whatif.kpis import KpiDef
     from edgetwin.twin.whatif.replay import logged_episodes
 
     budget = budget or PlanBudget()
+    kdefs_all: dict[str, Any] = {}
+    checks: Mapping[str, Any] = {}
     if decision is not None:
         kdefs_all = {k.name: k for k in decision.result.kpis}
         checks = _deciding_checks(decision, kdefs_all, budget)[0]
@@ -649,33 +672,89 @@ def plan_switchback(
     common = dict(sites=chosen, block_ticks=block_ticks, carryover_ticks=carryover_ticks, n_blocks=n_blocks,
                   scheme=scheme, start_tick=pre_ticks, episode_ticks=steps, tick_seconds=float(twin.spec.step_seconds),
                   site_share=share, candidate=candidate.name, baseline=baseline.name)  # fmt: skip
+    losses: dict[str, float] = {}
+    if decision is not None:  # the risk, counted as a canary's: the worst case on the candidate's share
+        for c in checks.values():
+            col = _kpi_column(kdefs_all[c.kpi]) or c.kpi
+            worst = float(c.worsening_interval[1]) if c.worsening_interval else float("inf")
+            losses[col] = max(losses.get(col, 0.0), max(0.0, worst) * share / 2.0)
+            cap = budget.max_loss.get(c.kpi)
+            if cap is not None and losses[col] > cap:
+                raise InputError(f"{c.kpi}: a switchback of sites {list(chosen)} risks {100 * losses[col]:.2f}% of the "
+                                 f"fleet at the twin's worst case, over the {100 * cap:g}% budget", "--max-loss")  # fmt: skip
+    common = dict(sites=chosen, block_ticks=block_ticks, carryover_ticks=carryover_ticks, n_blocks=n_blocks,
+                  scheme=scheme, start_tick=pre_ticks, episode_ticks=steps, tick_seconds=float(twin.spec.step_seconds),
+                  site_share=share, candidate=candidate.name, baseline=baseline.name, fleet_loss=losses)  # fmt: skip
+    sim = _simulate(twin, ep, candidate, baseline, SwitchbackPlan(seed=seed, **common), kpis, seed, members,  # type: ignore[arg-type]
+                    sims, budget.max_share)  # fmt: skip
+    return SwitchbackPlan(seed=int(seed), **sim, **common)  # type: ignore[arg-type]
+
+
+def _simulate(
+    twin: Any,
+    ep: Any,
+    candidate: Any,
+    baseline: Any,
+    plan: SwitchbackPlan,
+    kpis: Sequence[str],
+    seed: int,
+    members: Sequence[int] | None,
+    sims: int,
+    slice_share: float,
+) -> dict[str, dict[str, float]]:
+    """``sims`` switchbacks like ``plan`` in the twin (each its own world seeds and assignment),
+    estimated as the canary's log will be: the median interval width per KPI; and on each one's
+    first day, the twin's effect on the sites (every group on each policy) and its interference
+    (the fleet's full-switch change less the change on a random ``slice_share`` of the groups
+    with the others on the baseline, the canary's configuration)."""
+    from edgetwin.twin.whatif import routed_policy
+    from edgetwin.twin.whatif.kpis import KpiDef
+
     kdefs = [KpiDef(k, k, "mean") for k in kpis]
     mem = list(members) if members is not None else list(range(twin.n_members))
-    days = math.ceil((pre_ticks + n_blocks * block_ticks) / steps)
-    widths: dict[str, list[float]] = {k: [] for k in kpis}
-    effects: dict[str, list[float]] = {k: [] for k in kpis}
+    steps = int(plan.episode_ticks)
+    days = math.ceil((plan.start_tick + plan.ticks) / steps)
+    out: dict[str, dict[str, list[float]]] = {
+        w: {k: [] for k in kpis} for w in ("width", "change", "interference")
+    }
     for i in range(int(sims)):
-        sim_plan = SwitchbackPlan(seed=int(np.random.default_rng([seed, i, 0x5E]).integers(2**31)), **common)  # type: ignore[arg-type]
-        frames, full = [], {}
+        sim_plan = SwitchbackPlan.from_dict({**plan.to_dict(), "assignment": [],
+                                             "seed": int(np.random.default_rng([seed, i, 0x5E]).integers(2**31))})  # fmt: skip
+        frames, runs = [], {}
         for d in range(days):
             m = mem[(i + d) % len(mem)]
             wseed = int(np.random.default_rng([seed, i, d, m]).integers(2**31))
             spec = _switchback_spec(baseline, candidate, sim_plan, ep, d * steps)
             frames.append(_twin_day(twin, ep, spec, kdefs, kpis, wseed, m, d * steps))
-            if d == 0:  # the twin's own effect on the sites: every group on one policy, same world
-                full = {name: _twin_day(twin, ep, pol, kdefs, kpis, wseed, m, 0)
-                        for name, pol in ((CANDIDATE, candidate), (CURRENT, baseline))}  # fmt: skip
+            if d == 0:  # same world: every group on one policy, and a slice on the candidate
+                mask = np.random.default_rng([seed, i, 0x5F]).random(len(ep.agents)) < slice_share
+                pols = {
+                    CANDIDATE: candidate,
+                    CURRENT: baseline,
+                    "slice": routed_policy("slice", candidate, baseline, mask),
+                }
+                runs = {
+                    name: _twin_day(twin, ep, pol, kdefs, kpis, wseed, m, 0) for name, pol in pols.items()
+                }
         est = estimate_switchback(pd.concat(frames, ignore_index=True), sim_plan, kpis)
+        on_slice = runs["slice"]["row"].isin(np.flatnonzero(mask))
         for k in kpis:
-            widths[k].append(est[k].width)
-            c, b = (full[a].loc[full[a]["site"].isin(chosen), k].mean() for a in (CANDIDATE, CURRENT))
-            effects[k].append(float(c / abs(b) - np.sign(b)) if b else float("nan"))
-    return SwitchbackPlan(
-        seed=int(seed),
-        expected_width={k: float(np.median(v)) for k, v in widths.items()},
-        twin_change={k: float(np.nanmean(v)) for k, v in effects.items()},
-        **common,  # type: ignore[arg-type]
-    )
+            out["width"][k].append(est[k].width)
+            at = {a: runs[a].loc[runs[a]["site"].isin(plan.sites), k].mean() for a in (CANDIDATE, CURRENT)}
+            out["change"][k].append(_relative(at[CANDIDATE], at[CURRENT]))
+            fleet = _relative(runs[CANDIDATE][k].mean(), runs[CURRENT][k].mean())
+            sl = _relative(runs["slice"].loc[on_slice, k].mean(), runs["slice"].loc[~on_slice, k].mean())
+            out["interference"][k].append(fleet - sl)
+    return {
+        "expected_width": {k: float(np.median(v)) for k, v in out["width"].items()},
+        "twin_change": {k: float(np.nanmean(v)) for k, v in out["change"].items()},
+        "twin_interference": {k: float(np.nanmean(v)) for k, v in out["interference"].items()},
+    }
+
+
+def _relative(c: float, b: float) -> float:
+    """``(c − b) / |b|`` (NaN when ``b`` is 0 or missing)."""
+    return float((c - b) / abs(b)) if b and math.isfinite(b) else float("nan")
 
 
 __all__ = [
