@@ -29,6 +29,7 @@ from edgetwin.loop.switchback import (
     run_switchback_on_cluster,
     switchback_assignment,
 )
+from tests.test_plan_design import gated  # noqa: F401  (the module's twin, log, candidate and gate decision)
 
 SLO = "kpi.slo_violation"
 
@@ -239,30 +240,11 @@ def test_burn_in_brings_the_estimate_nearer_the_days_truth() -> None:
 
 
 # ------------------------------------------------------------------------------------ planning in the twin
-@pytest.fixture(scope="module")
-def twin_and_log():  # type: ignore[no-untyped-def]
-    import torch
-
-    from edgetwin.emulator.logs import generate_logs
-    from edgetwin.twin.twin import Twin
-
-    torch.set_num_threads(1)
-    cluster = ClusterConfig(n_agents=40, steps=24)
-    train, spec = generate_logs(cluster, 2, "random", seed=0)
-    twin = Twin.fit(train, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2,
-                    population_model="empirical")  # fmt: skip
-    log, _ = generate_logs(cluster, 1, "random", seed=7)
-    return twin, log
-
-
-def test_plan_switchback_simulates_it_in_the_twin(twin_and_log) -> None:  # type: ignore[no-untyped-def]
+def test_plan_switchback_simulates_it_in_the_twin(gated) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     from edgetwin.loop.plan import PlanBudget
-    from edgetwin.policies.gate import resolve_policy
-    from edgetwin.twin.whatif import builtin_policy, fixed_policy
+    from edgetwin.twin.whatif import builtin_policy
 
-    twin, log = twin_and_log
-    cand = fixed_policy("always-edge", Constant([1.0, 0.3, 0.2]))
-    base = resolve_policy("logging", twin, name="current")
+    twin, log, cand, base = gated["twin"], gated["log"], gated["cand"], gated["base"]
     budget = PlanBudget(max_share=0.25, hours=6.0)
     kw = dict(kpis=[SLO], block_ticks=2, carryover_ticks=1, sims=2)
     p1 = plan_switchback_(twin, log, cand, base, budget, seed=3, **kw)
@@ -284,16 +266,11 @@ def test_plan_switchback_simulates_it_in_the_twin(twin_and_log) -> None:  # type
         plan_switchback_(twin, log, builtin_policy("logged", twin), base, budget, **kw)
 
 
-def test_plan_switchback_from_the_gates_decision_counts_its_risk(twin_and_log) -> None:  # type: ignore[no-untyped-def]
+def test_plan_switchback_from_the_gates_decision_counts_its_risk(gated) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     from edgetwin.loop.plan import PlanBudget
     from edgetwin.loop.switchback import plan_switchback
-    from edgetwin.policies.gate import resolve_policy, run_gate
-    from edgetwin.twin.whatif import fixed_policy
 
-    twin, log = twin_and_log
-    cand = fixed_policy("always-edge", Constant([1.0, 0.3, 0.2]))
-    base = resolve_policy("logging", twin, name="current")
-    decision = run_gate(twin, cand, base, log=log, episodes=1, seed=0)
+    twin, log, cand, base, decision = (gated[k] for k in ("twin", "log", "cand", "base", "decision"))
     kw = dict(block_ticks=2, carryover_ticks=1, sims=1)
     plan = plan_switchback(decision, twin, log, cand, base, PlanBudget(max_share=0.25, hours=6.0), **kw)
     assert (
