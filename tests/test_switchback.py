@@ -147,6 +147,25 @@ def test_block_outcomes_burn_in_and_a_log_that_is_not_the_plans() -> None:
         estimate_switchback(rows[rows["tick"] < 12], plan, [SLO])
 
 
+def test_the_verdict_decides_on_a_switchback_estimate() -> None:
+    from edgetwin.contract.margins import KPIMargin
+    from edgetwin.loop.ppi import ppi_verdict
+
+    plan = SwitchbackPlan(("s",), 4, 1, 12, seed=5)
+    u = np.asarray(plan.assignment)
+    wobble = np.random.default_rng(1).normal(0.0, 0.005, 12)
+    margin = [KPIMargin(SLO, 0.05, 0.0, False)]
+    for effect, verdict in ((0.30, "refuse"), (0.0, "promote")):
+        blocks = pd.DataFrame({SLO: 0.2 * (1 + wobble) * (1 + effect * u), "arm": u, "ticks": 3})
+        est = estimate_switchback(blocks, plan, [SLO])[SLO]
+        got, checks = ppi_verdict({SLO: est.terms}, margin)
+        assert (
+            got == verdict
+            and checks[0].n_candidate == 6
+            and checks[0].interval == pytest.approx(est.interval)
+        )
+
+
 def test_randomization_interval_needs_enough_pairs() -> None:
     rng = np.random.default_rng(0)
     for pairs, finite in ((4, False), (10, True)):

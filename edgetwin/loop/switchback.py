@@ -361,8 +361,11 @@ class SwitchbackEstimate:
         baseline: the current policy's block mean. df: the t reference's degrees of freedom.
         n_blocks: blocks; n_pairs: pairs (paired scheme; 0 otherwise). method: `METHODS`.
         terms: `edgetwin.loop.ppi.finish_estimate`'s dict (``diff``, ``diff_se``, ``base``,
-            ``base_se``, ``rel``, ``rel_lo``, ``rel_hi``, ``df``, ``level``): what the verdict and
-            `edgetwin.loop.ppi.combine_estimates` read.
+            ``base_se``, ``rel``, ``rel_lo``, ``rel_hi``, ``df``, ``level``; the randomization
+            interval in ``rel_lo``/``rel_hi`` under that method) with ``twin_rel``, ``twin_diff``,
+            ``n_fleet`` (0), ``n_candidate``, ``n_control`` (blocks): what
+            `edgetwin.loop.ppi.ppi_verdict` and `edgetwin.loop.ppi.combine_estimates` read, so
+            ``ppi_verdict({kpi: est.terms}, margins)`` decides on a switchback.
     """
 
     kpi: str
@@ -490,6 +493,12 @@ def estimate_switchback(
         interval = [terms["rel_lo"], terms["rel_hi"]]
         if method == "randomization":
             interval = randomization_interval(y, plan, level)
+            terms["rel_lo"], terms["rel_hi"] = interval
+        # what `edgetwin.loop.ppi.ppi_verdict` reads besides: no fleet term; the blocks behind each arm;
+        # the twin's own change on the sites where the plan recorded it
+        twin_rel = float(plan.twin_change.get(k, float("nan")))
+        terms.update(twin_rel=twin_rel, twin_diff=twin_rel * abs(terms["base"]), n_fleet=0.0,
+                     n_candidate=float(u.sum()), n_control=float(len(u) - u.sum()))  # fmt: skip
         out[k] = SwitchbackEstimate(
             k, float(terms["rel"]), [float(v) for v in interval], float(terms["diff"]), float(terms["diff_se"]),
             float(terms["base"]), float(terms["df"]), level, int(plan.n_blocks),
