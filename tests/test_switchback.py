@@ -307,3 +307,39 @@ def plan_switchback_(*args, **kwargs):  # type: ignore[no-untyped-def]
     from edgetwin.loop.switchback import plan_switchback
 
     return plan_switchback(None, *args, **kwargs)
+
+
+def test_the_modules_measured_claims_are_the_benchmarks() -> None:
+    """`edgetwin.loop.switchback`'s docstring quotes docs/benchmarks/switchback/results.json: its
+    coverage range, width ratio, the edge hog under congestion and where the switchback loses."""
+    from pathlib import Path
+
+    import edgetwin.loop.switchback as sb
+
+    res = json.loads(
+        (Path(__file__).resolve().parents[1] / "docs/benchmarks/switchback/results.json").read_text()
+    )
+    assert res["config"]["runs"] >= 200 and not res["config"]["quick"]
+    r = res["results"]
+    cov = [
+        r[c][n]["switchback"][k]["coverage_day"]
+        for c in r
+        for n in ("A/A", "regressing")
+        for k in r[c][n]["switchback"]
+    ]
+    doc = " ".join(sb.__doc__.split())
+    assert f"({100 * min(cov):.1f}-{100 * max(cov):.1f} % of A/A and regressing runs at 90 %)" in doc
+    ratios = [r[c]["A/A"]["switchback"][k]["median_width"] / r[c]["A/A"]["group_split"][k]["median_width"]
+              for c in r for k in r[c]["A/A"]["switchback"]]  # fmt: skip
+    assert min(ratios) > 1 / 3 - 0.05 and max(ratios) < 0.5 + 0.05 and "a third to a half as wide" in doc
+    hog = r["congested"]["edge-hog"]
+    gs, sw = hog["group_split"][SLO], hog["switchback"][SLO]
+    assert f"estimates −{abs(100 * gs['mean_change']):.0f} % SLO violations" in doc
+    assert (
+        f"against the fleet's +{100 * gs['fleet_truth']:.0f} % (covering it in {100 * gs['coverage_fleet_truth']:.0f} % of runs)"
+        in doc
+    )
+    assert f"the switchback estimates +{100 * sw['mean_change']:.0f} % on its" in doc
+    assert f"it covers the fleet's truth in {100 * sw['coverage_fleet_truth']:.0f} % of those runs" in doc
+    tt = hog["switchback"]["kpi.task_time_ms"]["coverage_day"]
+    assert f"{100 * tt:.0f} % coverage of its day" in doc
