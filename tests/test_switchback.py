@@ -303,6 +303,22 @@ def test_plan_switchback_from_the_gates_decision_counts_its_risk(gated) -> None:
         plan_switchback(decision, twin, log, cand, base, tight, **kw)
 
 
+def test_twin_carryover_from_a_switch_mid_episode(gated) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """The twin's own carryover: deterministic for a seed, within half an episode, at least a tick for
+    a candidate that changes SLO violations; the planner burns it in by default (blocks twice as long)."""
+    from edgetwin.loop.plan import PlanBudget
+    from edgetwin.loop.switchback import twin_carryover
+
+    twin, log, cand, base = gated["twin"], gated["log"], gated["cand"], gated["base"]
+    m = twin_carryover(twin, log, cand, base, [SLO], seed=1)
+    assert m == twin_carryover(twin, log, cand, base, [SLO], seed=1)
+    assert 1 <= m <= 24 // 2
+    plan = plan_switchback_(
+        twin, log, cand, base, PlanBudget(max_share=1.0, hours=24.0), kpis=[SLO], seed=1, sims=1
+    )
+    assert plan.carryover_ticks == m and plan.block_ticks == max(2, 2 * m)
+
+
 def plan_switchback_(*args, **kwargs):  # type: ignore[no-untyped-def]
     from edgetwin.loop.switchback import plan_switchback
 

@@ -587,13 +587,16 @@ def _twin_day(
     wseed: int,
     member: int,
     first_tick: int,
+    stochastic: bool = True,
 ) -> pd.DataFrame:
     """One replayed day of the recent log's episode ``ep`` in the twin under ``policy`` (a
     `PolicySpec`), as log rows (``tick``, ``site``, the KPI columns)."""
     from edgetwin.twin.whatif import NOMINAL
     from edgetwin.twin.whatif.engine import run_episode
 
-    out = run_episode(twin, policy, NOMINAL, kdefs, seed=wseed, member=member, logged=ep)
+    out = run_episode(
+        twin, policy, NOMINAL, kdefs, seed=wseed, member=member, logged=ep, stochastic=stochastic
+    )
     src = out.source if out.source is not None else np.arange(len(ep.agents))
     sites = np.asarray(ep.site_names, dtype=object)[np.asarray(ep.site)[src]]
     steps, n = out.series[kpis[0]].shape
@@ -622,6 +625,84 @@ def _switchback_spec(current: Any, candidate: Any, plan: SwitchbackPlan, ep: Any
     return PolicySpec("switchback", build)
 
 
+#: a switch has settled once every later tick differs from the policy's own steady run by at most
+#: this share of the steady effect (`twin_carryover`)
+SETTLED = 0.15
+
+
+class _SwitchAt:
+    """Every row on ``before`` until tick ``at``, on ``after`` from it on: a step of the policy
+    (both act every tick, as in `SwitchbackPolicy`)."""
+
+    def __init__(self, before: Any, after: Any, at: int) -> None:
+        self.before, self.after, self.at, self.tick = before, after, int(at), 0
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        a, b = self.before.act(obs), self.after.act(obs)
+        self.tick += 1
+        return np.asarray(a if self.tick <= self.at else b, dtype=np.float64)
+
+
+def twin_carryover(
+    twin: Any,
+    log: pd.DataFrame,
+    candidate: Any,
+    baseline: Any,
+    kpis: Sequence[str],
+    *,
+    seed: int = 0,
+    members: Sequence[int] | None = None,
+    sims: int = 2,
+) -> int:
+    """The carryover, in ticks, that the twin predicts: the recent log's last episode replayed
+    with the policy switched mid-episode (baseline to candidate, and back), against the same world
+    on either policy throughout, with the twin's mean responses (no sampled noise, so that the
+    switched and the steady run differ by the carryover alone); the carryover is the first lag after which every later tick of the
+    switched run is within `SETTLED` of the steady effect of the run it switched to (the largest
+    over KPIs and both directions, averaged over ``sims`` world seeds × members). KPIs whose
+    steady effect is within twice its standard error over the ticks are skipped (0 when all are:
+    no effect, nothing to carry over); half an episode when it never settles."""
+    from edgetwin.twin.whatif import PolicySpec
+    from edgetwin.twin.whatif.kpis import KpiDef
+    from edgetwin.twin.whatif.replay import logged_episodes
+
+    ep = logged_episodes(log, twin, max_episodes=1)[0]
+    at = int(ep.steps) // 2
+    kdefs = [KpiDef(k, k, "mean") for k in kpis]
+    mem = list(members) if members is not None else list(range(twin.n_members))
+
+    def step(before: Any, after: Any) -> Any:
+        return PolicySpec(
+            "switch", lambda sd, m, sc: _SwitchAt(before.factory(sd, m, sc), after.factory(sd, m, sc), at)
+        )
+
+    pols = {
+        "on": candidate,
+        "off": baseline,
+        "up": step(baseline, candidate),
+        "down": step(candidate, baseline),
+    }
+    devs: dict[tuple[str, str], list[np.ndarray]] = {}
+    for i in range(int(sims)):
+        for m in mem:
+            wseed = int(np.random.default_rng([seed, i, m, 0xCC]).integers(2**31))
+            runs = {n: _twin_day(twin, ep, p, kdefs, kpis, wseed, m, 0, stochastic=False).groupby("tick")[list(kpis)]
+                    .mean() for n, p in pols.items()}  # fmt: skip
+            for k in kpis:
+                gap = (runs["on"][k] - runs["off"][k]).to_numpy()[at:]
+                effect = float(gap.mean())
+                if not abs(effect) > 2.0 * float(np.std(gap, ddof=1)) / math.sqrt(len(gap)):
+                    continue  # no steady effect to carry over (within the ticks' own spread)
+                for switched, steady in (("up", "on"), ("down", "off")):
+                    dev = np.abs((runs[switched][k] - runs[steady][k]).to_numpy()[at:]) / abs(effect)
+                    devs.setdefault((k, switched), []).append(dev)
+    if not devs:
+        return 0
+    profile = np.max([np.mean(v, axis=0) for v in devs.values()], axis=0)  # by lag after the switch
+    over = np.flatnonzero(profile > SETTLED)
+    return int(over[-1] + 1) if len(over) else 0
+
+
 def plan_switchback(
     decision: Any,
     twin: Any,
@@ -635,8 +716,8 @@ def plan_switchback(
     seed: int = 0,
     members: Sequence[int] | None = None,
     pre_ticks: int = 4,
-    block_ticks: int = 4,
-    carryover_ticks: int = 1,
+    block_ticks: int | None = None,
+    carryover_ticks: int | None = None,
     scheme: str = "paired",
     sims: int = 4,
 ) -> SwitchbackPlan:
@@ -651,12 +732,14 @@ def plan_switchback(
             a group-split canary (its sites' share of the groups × its hours <= ``max_share × hours``).
         sites: the sites that switch (default: the site with the fewest groups: the least exposure).
         seed: draws the assignment (the simulations draw their own). members: ensemble members.
-        pre_ticks: current-policy ticks before the first block. block_ticks, carryover_ticks,
-            scheme: the design. sims: twin simulations behind the expected width.
+        pre_ticks: current-policy ticks before the first block.
+        carryover_ticks: ticks burned in per block (default: the twin's, `twin_carryover`).
+        block_ticks: ticks per block (default: twice the carryover, at least 2: half of each block
+            judged). scheme: `SCHEMES`. sims: twin simulations behind the expected width.
 
     Raises:
-        InputError: unknown sites, a budget that does not buy 4 blocks, a worst case over the loss
-            budget, a ``logged`` policy.
+        InputError: unknown sites, a budget that does not buy 4 blocks (of the twin's carryover's
+            length, by default), a worst case over the loss budget, a ``logged`` policy.
     """
     from edgetwin.loop.plan import PlanBudget, _deciding_checks, _kpi_column
     from edgetwin.twin.whatif.replay import logged_episodes
@@ -679,13 +762,18 @@ def plan_switchback(
     if unknown:
         raise InputError(f"unknown site(s) {unknown}; the log's sites are {sorted(per_site.index)}", "--site")
     share = float(per_site[list(chosen)].sum()) / float(per_site.sum())
+    if carryover_ticks is None:
+        carryover_ticks = twin_carryover(twin, log, candidate, baseline, kpis, seed=seed, members=members)
+    if block_ticks is None:
+        block_ticks = max(2, 2 * int(carryover_ticks))
     ep = logged_episodes(log, twin, max_episodes=1)[0]
     steps = int(ep.steps)
     tph = 3600.0 / float(twin.spec.step_seconds)
     n_blocks = int(budget.max_share * budget.hours / share * tph // block_ticks) // 2 * 2
     if n_blocks < 4:
         raise InputError(f"{100 * budget.max_share:g}% x {budget.hours:g} h buys {n_blocks} blocks of {block_ticks} "
-                         f"ticks on sites {list(chosen)} ({100 * share:.0f}% of the groups); a switchback needs >= 4",
+                         f"ticks on sites {list(chosen)} ({100 * share:.0f}% of the groups, carryover {carryover_ticks} ticks); a "
+                         "switchback needs >= 4",
                          "--max-share")  # fmt: skip
     common = dict(sites=chosen, block_ticks=block_ticks, carryover_ticks=carryover_ticks, n_blocks=n_blocks,
                   scheme=scheme, start_tick=pre_ticks, episode_ticks=steps, tick_seconds=float(twin.spec.step_seconds),
@@ -765,9 +853,16 @@ def _simulate(
             out["interference"][k].append(fleet - sl)
     return {
         "expected_width": {k: float(np.median(v)) for k, v in out["width"].items()},
-        "twin_change": {k: float(np.nanmean(v)) for k, v in out["change"].items()},
-        "twin_interference": {k: float(np.nanmean(v)) for k, v in out["interference"].items()},
+        "twin_change": {k: _finite_mean(v) for k, v in out["change"].items()},
+        "twin_interference": {k: _finite_mean(v) for k, v in out["interference"].items()},
     }
+
+
+def _finite_mean(values: Sequence[float]) -> float:
+    """The mean of the finite values (NaN when none is: e.g. a slice of the whole fleet has no
+    groups off it, so no interference to compare)."""
+    v = np.asarray(values, dtype=np.float64)
+    return float(v[np.isfinite(v)].mean()) if np.isfinite(v).any() else float("nan")
 
 
 def _relative(c: float, b: float) -> float:
@@ -794,4 +889,5 @@ __all__ = [
     "run_switchback_on_cluster",
     "switchback_assignment",
     "switchback_ticks",
+    "twin_carryover",
 ]
