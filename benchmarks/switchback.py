@@ -360,9 +360,10 @@ def findings(res: dict[str, Any]) -> list[str]:
             for per in res["planned"].values()
             for v in per.values()
         ]
+        blocks = sorted({v["n_blocks"] for per in res["planned"].values() for v in per.values()})
         out.append(
-            f"- The twin's plan expected {min(ratio):.2f}-{max(ratio):.2f}× the width the runs got (with fewer, "
-            f"longer-budgeted blocks: see its table), and predicted a carryover of {min(carry)}-{max(carry)} ticks where "
+            f"- The twin's plan expected {min(ratio):.2f}-{max(ratio):.2f}× the width the runs got (at "
+            f"{'/'.join(str(b) for b in blocks)} blocks against the runs' {BLOCKS}), and predicted a carryover of {min(carry)}-{max(carry)} ticks where "
             f"the emulator's settles in about {CARRY}: a plan on the twin's own carryover burns in more and buys fewer "
             "blocks than this cluster needs."
         )
