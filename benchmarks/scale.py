@@ -400,7 +400,7 @@ def tick_phases(twin_dir: Path, n: int, ticks: int = 40) -> dict:
     acts = [pol.act(sim.obs()) for _ in range(ticks + 10)]
     spent: dict[str, float] = {}
     phases = {  # (owner, attribute, phase name)
-        "network": (sim_mod.Simulation, "_split_forward"),
+        "network": (sim_mod.Simulation, "_grouped"),
         "noise draws": (sim_mod, "normals"),
         "fused: actions and agent inputs": (FusedTick, "legal_actions"),
         "fused: noise, outputs' inverse and z": (FusedTick, "outputs"),

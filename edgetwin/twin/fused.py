@@ -76,15 +76,17 @@ def _inverse_value(z: float, mean: float, std: float, log: bool, low: float, hig
 @_kernel
 def _legal_actions(
     action: np.ndarray, lo1: np.ndarray, hi1: np.ndarray, lo2: np.ndarray, hi2: np.ndarray,
-    mean: np.ndarray, std: np.ndarray, mzs: np.ndarray, za: np.ndarray, agent_x: np.ndarray,
+    mean: np.ndarray, std: np.ndarray, mzs: np.ndarray, za: np.ndarray, pos: np.ndarray, agent_x: np.ndarray,
 ) -> None:
     """In place: ``action (n, A)`` float64 clipped to the twin's bounds then the scaler's (+0.0);
-    ``za (n, A)`` float32 its z-values; ``agent_x (n, S+A)`` float32 ``[mzs, za]``."""
+    ``za (n, A)`` float32 its z-values; row ``pos[i]`` of ``agent_x (n, S+A)`` float32 row i's
+    ``[mzs, za]`` (the rows in scenario order, `edgetwin.twin.forward.ScenarioOrder`)."""
     n, a = action.shape
     s = mzs.shape[1]
     for i in range(n):
+        p = pos[i]
         for j in range(s):
-            agent_x[i, j] = np.float32(mzs[i, j])
+            agent_x[p, j] = np.float32(mzs[i, j])
         for j in range(a):
             v = action[i, j]
             if v < lo1[j]:
@@ -99,35 +101,40 @@ def _legal_actions(
             action[i, j] = v
             z = np.float32((v - mean[j]) / std[j])
             za[i, j] = z
-            agent_x[i, s + j] = z
+            agent_x[p, s + j] = z
 
 
 @_kernel
 def _outputs_first(
-    y: np.ndarray, noise: np.ndarray, std_rows: np.ndarray, noisy: bool,
+    means: np.ndarray, pos: np.ndarray, y: np.ndarray, noise: np.ndarray, std_rows: np.ndarray, noisy: bool,
     mean: np.ndarray, std: np.ndarray, slot: np.ndarray, low: np.ndarray, high: np.ndarray,
     zlo: np.ndarray, zhi: np.ndarray, out: np.ndarray, packed: np.ndarray, zy: np.ndarray,
 ) -> None:
-    """The response noise and the first half of the outputs' scaler inverse, row by row.
+    """The network's means back in row order, the response noise and the first half of the
+    outputs' scaler inverse, row by row.
 
-    ``y (n, >=Y)`` float32: its first ``Y`` columns become ``clip(noise * std + y, -10, 10)`` when
-    ``noisy``; ``zy (n, Y)`` float32 their legal z-values (`ColumnScaler.legal_z`); ``out (n, Y)``
-    float64 the raw legal value of every column without a log (``slot[j] < 0``); ``packed (n, k)``
-    the log columns' ``clip(y * std + mean, -50, 50)`` for numpy's ``expm1`` (`_outputs_second`).
+    ``y (n, m)`` float32 row i: row ``pos[i]`` of ``means (n, m)`` (the network's, in scenario
+    order), its first ``Y`` columns ``clip(noise * std + mean, -10, 10)`` when ``noisy``; ``zy (n, Y)``
+    float32 their legal z-values (`ColumnScaler.legal_z`); ``out (n, Y)`` float64 the raw legal
+    value of every column without a log (``slot[j] < 0``); ``packed (n, k)`` the log columns'
+    ``clip(y * std + mean, -50, 50)`` for numpy's ``expm1`` (`_unpack_legal`).
     """
-    n = y.shape[0]
+    n, m = y.shape
     ny = out.shape[1]
     for i in range(n):
+        p = pos[i]
+        for j in range(ny, m):
+            y[i, j] = means[p, j]
         for j in range(ny):
-            v = y[i, j]
+            v = means[p, j]
             if noisy:
                 v = noise[i, j] * std_rows[i, j]
-                v = v + y[i, j]
+                v = v + means[p, j]
                 if v < np.float32(-10.0):
                     v = np.float32(-10.0)
                 if v > np.float32(10.0):
                     v = np.float32(10.0)
-                y[i, j] = v
+            y[i, j] = v
             z = v
             if z < zlo[j]:
                 z = zlo[j]
@@ -349,39 +356,46 @@ class FusedTick:
 
     # ---------------------------------------------------------------- respond
     def legal_actions(
-        self, action: np.ndarray, low: np.ndarray, high: np.ndarray, mzs: np.ndarray
+        self, action: np.ndarray, low: np.ndarray, high: np.ndarray, mzs: np.ndarray, pos: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(legal action (n, A) float64, za (n, A) float32, agent inputs (n, S+A) float32)`` of raw
         ``action`` under the twin's bounds ``low``/``high`` and the action scaler's, and the rows'
-        model z(state) ``mzs (n, S)`` (`World.client_agent_inputs`' columns, to the bit)."""
+        model z(state) ``mzs (n, S)`` (`World.client_agent_inputs`' columns, to the bit); row i's
+        agent inputs are row ``pos[i]`` (scenario order, `edgetwin.twin.forward.ScenarioOrder`), a
+        work array the next call overwrites."""
         sc = self.layout.scalers["action"]
         act = np.array(action, dtype=np.float64, order="C")
         n, a = act.shape
         za = np.empty((n, a), np.float32)
-        agent_x = self._scratch("agent_x", (n, mzs.shape[1] + a), np.float32)  # (gathered per scenario by the caller)
-        _legal_actions(act, _f64(low), _f64(high), sc.low, sc.high, sc.mean, sc.std, _f64(mzs), za, agent_x)
+        agent_x = self._scratch("agent_x", (n, mzs.shape[1] + a), np.float32)
+        _legal_actions(act, _f64(low), _f64(high), sc.low, sc.high, sc.mean, sc.std, _f64(mzs), za,
+                       np.ascontiguousarray(pos, np.int64), agent_x)
         return act, za, agent_x
 
     def outputs(
-        self, y: np.ndarray, noise: np.ndarray | None, std_rows: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``(raw legal outputs (n, Y) float64, their z-values (n, Y) float32)`` of the network's
-        means ``y (n, n_model_outputs)`` float32, after adding ``noise * std_rows`` (float32 ``(n, Y)``,
-        None: the means) into ``y`` in place, clipped to ±10 (what `Simulation._respond` did)."""
+        self, means: np.ndarray, pos: np.ndarray, noise: np.ndarray | None, std_rows: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(raw legal outputs (n, Y) float64, their z-values (n, Y) float32, y (n, n_model_outputs)
+        float32)`` of the network's means ``means (n, n_model_outputs)`` float32 in scenario order
+        (row i's at ``pos[i]``): ``y`` the means in row order with ``noise * std_rows`` (float32
+        ``(n, Y)``, None: the means) added to the outputs, clipped to ±10 (what `Simulation._respond`
+        did), a fresh array."""
         sc = self.layout.scalers["outputs"]
-        n, ny = len(y), sc.width
+        n, ny = len(means), sc.width
         slot = self._slot("outputs")
         out = np.empty((n, ny), np.float64)
         packed = self._scratch("packed_outputs", (n, int(sc.log.sum())), np.float64)
         zy = np.empty((n, ny), np.float32)
+        y = np.empty(means.shape, np.float32)
         zlo, zhi = self._zbounds(sc)
         noisy = noise is not None and std_rows is not None
-        _outputs_first(y, noise if noise is not None else zy, std_rows if std_rows is not None else zy, noisy, sc.mean, sc.std, slot,
+        _outputs_first(means, np.ascontiguousarray(pos, np.int64), y, noise if noise is not None else zy,
+                       std_rows if std_rows is not None else zy, noisy, sc.mean, sc.std, slot,
                        sc.low, sc.high, zlo, zhi, out, packed, zy)
         if packed.shape[1]:
             np.expm1(packed, out=packed)
-            _unpack_legal(packed, np.flatnonzero(sc.log), sc.low, sc.high, out)
-        return out, zy
+            _unpack_legal(packed, self._log_cols(sc), sc.low, sc.high, out)
+        return out, zy, y
 
     def reward_of(self, profile: np.ndarray, state: np.ndarray, action: np.ndarray, outputs: np.ndarray) -> np.ndarray:
         """``(n,)`` float64 the spec's reward (`Simulation._reward`, to the bit)."""
@@ -418,7 +432,7 @@ class FusedTick:
                      sc.mean, sc.std, slot, sc.low, sc.high, nxt, packed)
         if packed.shape[1]:
             np.expm1(packed, out=packed)
-            _unpack_legal(packed, np.flatnonzero(sc.log), sc.low, sc.high, nxt)
+            _unpack_legal(packed, self._log_cols(sc), sc.low, sc.high, nxt)
         cols, step, low, period, echo_cols, echo_of = self._rolls()
         _clocks_echoes(world.state, nxt, outputs, cols, step, low, period, echo_cols, echo_of, sc.low, sc.high)
         nxt = lay.apply_declared(world.profile, world.state, action, outputs, world.site, nxt, n_sites=world.n_sites)
@@ -460,6 +474,14 @@ class FusedTick:
         if hit is None:
             hit = self.__dict__[key] = _slots(self.layout.scalers[role].log)
         return hit
+
+    def _log_cols(self, sc: ColumnScaler) -> np.ndarray:
+        """The log columns of ``sc`` (int64), kept per scaler."""
+        memo: dict[int, tuple[ColumnScaler, np.ndarray]] = self.__dict__.setdefault("_log_cols_memo", {})
+        hit = memo.get(id(sc))
+        if hit is None or hit[0] is not sc:
+            hit = memo[id(sc)] = (sc, np.flatnonzero(sc.log).astype(np.int64))
+        return hit[1]
 
     def _zbounds(self, sc: ColumnScaler) -> tuple[np.ndarray, np.ndarray]:
         """`ColumnScaler.legal_z`'s float32 bounds (computed there, kept on the scaler)."""
