@@ -40,6 +40,7 @@ import numba
 import numpy as np
 
 from edgetwin.contract.spec import REWARD_COLUMN
+from edgetwin.imitation.steps import segment_starts
 
 if TYPE_CHECKING:
     from edgetwin.imitation.layout import ColumnScaler, Layout
@@ -294,6 +295,59 @@ def _state_z_second(
             mzs[i, j] = m
 
 
+@_kernel
+def _pairwise_sum(v: np.ndarray, j: int, start: int, n: int) -> float:
+    """numpy's pairwise sum (``pairwise_sum_DOUBLE``) of ``v[start:start + n, j]``: below 8 values
+    one by one from -0.0, up to 128 in 8 interleaved partial sums, above that the halves (split at
+    a multiple of 8) summed recursively: the order numpy's ``add.reduce`` / ``add.reduceat`` add a
+    column in, so the sums are theirs to the bit (tests/test_fused_tick.py checks it)."""
+    if n < 8:
+        res = -0.0
+        for i in range(n):
+            res = res + v[start + i, j]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3 = v[start, j], v[start + 1, j], v[start + 2, j], v[start + 3, j]
+        r4, r5, r6, r7 = v[start + 4, j], v[start + 5, j], v[start + 6, j], v[start + 7, j]
+        i = 8
+        stop = n - n % 8
+        while i < stop:
+            a = start + i
+            r0 = r0 + v[a, j]
+            r1 = r1 + v[a + 1, j]
+            r2 = r2 + v[a + 2, j]
+            r3 = r3 + v[a + 3, j]
+            r4 = r4 + v[a + 4, j]
+            r5 = r5 + v[a + 5, j]
+            r6 = r6 + v[a + 6, j]
+            r7 = r7 + v[a + 7, j]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res = res + v[start + i, j]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise_sum(v, j, start, n2) + _pairwise_sum(v, j, start + n2, n - n2)
+
+
+@_kernel
+def _segment_means(v: np.ndarray, cols: np.ndarray, starts: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
+    """``out (n_groups, len(cols))`` = `segment_means` of ``v[:, cols]`` (rows grouped in runs
+    beginning at ``starts``): ``np.add.reduceat``'s sums (a run's first row plus the pairwise sum
+    of the rest) divided by ``max(count, 1)``, to the bit, without the column copy."""
+    g = starts.shape[0]
+    n = v.shape[0]
+    for k in range(g):
+        a = starts[k]
+        e = starts[k + 1] if k + 1 < g else n
+        c = max(counts[k], 1.0)
+        for m in range(cols.shape[0]):
+            j = cols[m]
+            out[k, m] = (v[a, j] + _pairwise_sum(v, j, a + 1, e - a - 1)) / c
+
+
 # ------------------------------------------------------------------------------ the tick
 def _slots(log: np.ndarray) -> np.ndarray:
     """Per column its position among the log columns, -1 for the others."""
@@ -421,9 +475,17 @@ class FusedTick:
         cat = self._scratch("cat", (n, a + ny), np.float64)
         z_next = self._scratch("z_next", (n, s), np.float64)
         _next_z(za, zy, zs, y, ny, cat, z_next)
-        site_now = world.site_means(cat)
         site_cols = lay.site_state_columns
-        means = world.site_means(z_next[:, site_cols]) if len(site_cols) else np.zeros((world.n_sites, 0))
+        runs = self._site_runs(world)
+        if runs is not None:  # agents site by site (a generated world): one compiled pass per array
+            site_now = np.empty((len(runs[0]), a + ny), np.float64)
+            _segment_means(cat, self._arange(a + ny), runs[0], runs[1], site_now)
+            means = np.empty((len(runs[0]), len(site_cols)), np.float64)
+            if len(site_cols):
+                _segment_means(z_next, np.asarray(site_cols, np.int64), runs[0], runs[1], means)
+        else:
+            site_now = world.site_means(cat)
+            means = world.site_means(z_next[:, site_cols]) if len(site_cols) else np.zeros((world.n_sites, 0))
         sc = lay.scalers["state"]
         slot = self._slot("state")
         nxt = np.empty((n, s), np.float64)
@@ -473,6 +535,25 @@ class FusedTick:
         hit = self.__dict__.get(key)
         if hit is None:
             hit = self.__dict__[key] = _slots(self.layout.scalers[role].log)
+        return hit
+
+    def _site_runs(self, world: World) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(starts (n_sites,) int64, counts (n_sites,) float64)`` of ``world``'s sites when its
+        agents come site by site (`segment_starts`, as `World.site_means` uses them), else None;
+        kept per site array."""
+        hit = self.__dict__.get("_runs_memo")
+        if hit is None or hit[0] is not world.site:
+            n_sites = world.n_sites
+            starts = segment_starts(world.site, n_sites)
+            runs = None if starts is None else (
+                starts.astype(np.int64), np.bincount(world.site, minlength=n_sites).astype(np.float64))
+            hit = self.__dict__["_runs_memo"] = (world.site, runs)
+        return hit[1]
+
+    def _arange(self, k: int) -> np.ndarray:
+        hit = self.__dict__.get("_arange_memo")
+        if hit is None or len(hit) != k:
+            hit = self.__dict__["_arange_memo"] = np.arange(k, dtype=np.int64)
         return hit
 
     def _log_cols(self, sc: ColumnScaler) -> np.ndarray:
