@@ -24,6 +24,7 @@ other bits than the same agent in a whole tick; now a row's numbers depend on it
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch as th
@@ -73,15 +74,24 @@ class GroupedForward:
     """
 
     def __init__(self) -> None:
-        self._work: dict[tuple[str, int, int], th.Tensor] = {}
+        #: (kind, key, width) -> (base tensor, {n: its first n rows})
+        self._work: dict[tuple[str, int, int], tuple[th.Tensor, dict[int, th.Tensor]]] = {}
+        #: the views each block's layers write, by (slot, n, start, stop, widths), for this generation
+        self._dests: dict[tuple[Any, ...], list[th.Tensor]] = {}
 
     def _array(self, kind: str, key: int, n: int, width: int) -> th.Tensor:
         """A kept ``(n, width)`` float32 work tensor (fresh arrays of ~2.5 MB at 10,000 agents cost
-        their allocation and page faults every tick)."""
+        their allocation and page faults every tick); the same view object for the same ``n``."""
         hit = self._work.get((kind, key, width))
-        if hit is None or hit.shape[0] < n:
-            hit = self._work[(kind, key, width)] = th.empty((n, width), dtype=th.float32)
-        return hit[:n]
+        if hit is None or hit[0].shape[0] < n:
+            hit = self._work[(kind, key, width)] = (th.empty((n, width), dtype=th.float32), {})
+            self._dests.clear()  # views of the old arrays
+        view = hit[1].get(n)
+        if view is None:
+            if len(hit[1]) > 64:
+                hit[1].clear()
+            view = hit[1][n] = hit[0][:n]
+        return view
 
     def run(
         self,
@@ -117,8 +127,7 @@ class GroupedForward:
             rows = stop - start
             x, hp, st = x_all[start:stop], profile_h[g], sites[start:stop]
             if rows >= MIN_ROWS:
-                dest = [self._array("h", k, n, width)[start:stop] for k, width in enumerate(widths[:-1])]
-                self._block(net, x, hp, site_h[g], st, [*dest, out[start:stop]])
+                self._block(net, x, hp, site_h[g], st, self._dest(slot, n, start, stop, widths))
             else:  # torch's small-GEMM kernel rounds otherwise: MIN_ROWS rows (the last repeated), keep the first
                 keep = np.minimum(np.arange(MIN_ROWS), rows - 1)
                 h = self._block(net, x[th.from_numpy(keep)], hp[keep], site_h[g], st[keep],
@@ -128,6 +137,19 @@ class GroupedForward:
             return np.zeros((n, 0), np.float32)
         res: np.ndarray = out.numpy()
         return res
+
+    def _dest(self, slot: int, n: int, start: int, stop: int, widths: list[int]) -> list[th.Tensor]:
+        """Where each linear layer of the block ``[start, stop)`` writes: its rows of the kept hidden
+        arrays, the last into slot ``slot``'s output (kept: a tick makes the same views every time)."""
+        key = (slot, n, start, stop, tuple(widths))
+        hit = self._dests.get(key)
+        if hit is None:
+            if len(self._dests) > 64:  # row subsets of many sizes (a what-if's): keep it bounded
+                self._dests.clear()
+            views = [self._array("h", k, n, width)[start:stop] for k, width in enumerate(widths[:-1])]
+            out = self._array("out", slot, n, widths[-1])
+            hit = self._dests[key] = [*views, out[start:stop]]
+        return hit
 
     @staticmethod
     def _widths(net: SplitNetwork) -> list[int]:

@@ -565,9 +565,12 @@ class FusedTick:
         return hit[1]
 
     def _zbounds(self, sc: ColumnScaler) -> tuple[np.ndarray, np.ndarray]:
-        """`ColumnScaler.legal_z`'s float32 bounds (computed there, kept on the scaler)."""
-        sc.legal_z(np.zeros((0, sc.width), np.float32))
-        hit = sc.__dict__["_zbounds"]
+        """`ColumnScaler.legal_z`'s float32 bounds (computed there, kept on the scaler; looked up
+        without a call while its statistics are the same arrays)."""
+        hit = sc.__dict__.get("_zbounds")
+        if hit is None or hit[0] is not sc.mean or hit[1] is not sc.std:
+            sc.legal_z(np.zeros((0, sc.width), np.float32))
+            hit = sc.__dict__["_zbounds"]
         return hit[2], hit[3]
 
     def _rolls(self) -> tuple[np.ndarray, ...]:

@@ -507,13 +507,14 @@ class Simulation:
         nets: list[SplitNetwork] = []
         hps: list[np.ndarray] = []
         shs: list[np.ndarray] = []
+        site_t = th.from_numpy(np.ascontiguousarray(site_x, np.float32))  # (one tensor for every scenario)
         for s, idx in order.groups:
             net = self._split(models[s])
             assert net is not None
             own, hp = self._profile_part(m, s, net)
             nets.append(net)
             hps.append(hp if rows is None else hp[np.searchsorted(own, rows[idx])])
-            shs.append(net.site_part(site_x))
+            shs.append(th.nn.functional.linear(site_t, net.blocks()[3]).numpy())  # `SplitNetwork.site_part`
         return self._network.run(nets, order, agent_x, hps, shs, sites, slot)
 
     def _agent_std(self) -> np.ndarray:
