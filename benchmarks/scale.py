@@ -549,6 +549,19 @@ def peaks(f: dict) -> str:
     return cell
 
 
+#: issue 47's targets: twin / emulator agent-steps per CPU-second, by agents
+TICK_TARGETS = {1000: 1.0, 10_000: 1.5}
+
+
+def tick_budget(throughput: list[dict], agents: int) -> float | None:
+    """The CPU milliseconds a twin tick of ``agents`` agents may take to meet `TICK_TARGETS`, from the
+    emulator's agent-steps per CPU-second in the same run's ``throughput`` rows (None: not measured)."""
+    row = next((r for r in throughput if r["agents"] == agents and "emulator_cpu" in r), None)
+    if row is None or agents not in TICK_TARGETS:
+        return None
+    return 1e3 * agents / (TICK_TARGETS[agents] * row["emulator_cpu"])
+
+
 def section(res: dict) -> str:
     m = res["machine"]
     lines = [
@@ -623,8 +636,12 @@ def section(res: dict) -> str:
     if res.get("throughput_note"):
         lines += ["", res["throughput_note"]]
     for ph in res.get("tick_phases", []):
+        budget = tick_budget(res["throughput"], ph["agents"])
         lines += ["", f"Where a tick's CPU time goes at {ph['agents']:,} agents (`tick_phases`: timers around each "
-                  f"phase, inclusive, ms per tick; the tick {ph['tick_ms']:.2f} ms; load {ph['load']}):", "",
+                  f"phase, inclusive, ms per tick; the tick {ph['tick_ms']:.2f} ms; load {ph['load']})"
+                  + (f"; the target ({TICK_TARGETS[ph['agents']]:g}x the emulator) needs a tick of {budget:.2f} ms: "
+                     f"{ph['agents']:,} agent-steps at {TICK_TARGETS[ph['agents']]:g}x the emulator's "
+                     "agent-steps per CPU-second in the throughput rows above" if budget else "") + ":", "",
                   "| phase | ms per tick | share |", "|---|---:|---:|"]
         for k, v in ph["phases_ms"].items():
             lines.append(f"| {k} | {v:.3f} | {100 * v / ph['tick_ms']:.0f} % |")
