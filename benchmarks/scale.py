@@ -264,6 +264,11 @@ def throughput_compared(twin_dir: Path, sizes: tuple[int, ...], ticks: int, befo
         row["twin_cpu"] = max(b["twin_cpu"] for b in runs["after"])
         row["ratio"] = row["twin"] / row["emulator"]
         row["ratio_cpu"] = row["twin_cpu"] / row["emulator_cpu"]
+        # per run, the twin against the emulator stepped in the same process minutes later: under a
+        # shifting load each run's pair shares its minutes, the bests above may not
+        for tag, key in (("after", "paired_cpu"), ("before", "paired_cpu_before")):
+            if runs[tag]:
+                row[key] = [b["twin_cpu"] / b["emulator_cpu"] for b in runs[tag]]
         if "before" in best:
             row["twin_before"] = best["before"]["twin"]
             row["twin_cpu_before"] = max(b["twin_cpu"] for b in runs["before"])
@@ -630,6 +635,15 @@ def section(res: dict) -> str:
                              f"({r['ratio_cpu_before']:.2f}) | |")
         else:
             lines.append(f"| {r['agents']:,} | {r['twin']:,.0f} | {r['emulator']:,.0f} | {r['ratio']:.2f} | {r['load']} |")
+    paired = [r for r in res["throughput"] if r.get("paired_cpu")]
+    if paired:
+        lines += ["", "Per run (twin / emulator per CPU-second, both stepped in the same process, so each pair shares "
+                  "its minutes of the load): " + "; ".join(
+                      f"{r['agents']:,} agents median {np.median(r['paired_cpu']):.2f} "
+                      f"(runs {', '.join(f'{x:.2f}' for x in r['paired_cpu'])})"
+                      + (f", code before median {np.median(r['paired_cpu_before']):.2f} "
+                         f"({', '.join(f'{x:.2f}' for x in r['paired_cpu_before'])})" if r.get("paired_cpu_before") else "")
+                      for r in paired) + "."]
     if res.get("throughput_twin"):
         lines += ["", f"Part 2 was rerun on its own: `{res.get('throughput_command')}`; twin stepped: "
                   f"{res['throughput_twin']}."]
