@@ -439,16 +439,20 @@ def tick_phases(twin_dir: Path, n: int, ticks: int = 40) -> dict:
 
 
 # ------------------------------------------------------------------------------------ 2b. PPO in the twin
-def ppo_rate(twin_dir: Path, n: int, timesteps: int, seed: int = 0) -> dict:
+def ppo_rate(twin_dir: Path, n: int, timesteps: int, seed: int = 0, repeats: int = 3) -> dict:
     """SB3 PPO trained ``timesteps`` environment steps in the twin's `TwinVecEnv` and in the emulated
-    cluster's ``EdgeClusterVecEnv`` (``n`` agents = sub-envs each), alternately in this process, with
-    edgetwin's PPO defaults for ``n`` envs (`default_hyper`) and SB3's MlpPolicy on the CPU, one thread.
+    cluster's ``EdgeClusterVecEnv`` (``n`` agents = sub-envs each), ``repeats`` times each, alternately in
+    this process (twin first, then emulator first, ...), with edgetwin's PPO defaults for ``n`` envs
+    (`default_hyper`) and SB3's MlpPolicy on the CPU, one thread.
 
-    Per env: environment steps per CPU-second of the whole ``learn``, and the CPU time inside the
-    env's ``step_wait`` (the twin's tick, or the cluster's), inside ``PPO.train`` (SB3's update:
-    5 epochs of minibatch gradient steps) and the rest (SB3's rollout collection: the policy's
+    Per env, over its runs: environment steps per CPU-second of the whole ``learn``, and the CPU time
+    inside the env's ``step_wait`` (the twin's tick, or the cluster's), inside ``PPO.train`` (SB3's
+    update: 5 epochs of minibatch gradient steps) and the rest (SB3's rollout collection: the policy's
     forward pass per tick, the buffer, callbacks). CPU time of this process (`time.process_time`):
-    the clock the shared machine's other jobs do not advance.
+    the clock the shared machine's other jobs do not advance. ``ratio``: the median over the run
+    pairs of twin / emulator steps per CPU-second (one pair shares its minutes of the load; SB3's
+    update, the same work in both, is ~90 % of the time and moves with the load by more than the
+    envs differ), ``pairs``: every pair's, ``pooled``: all steps over all CPU-seconds.
     """
     from stable_baselines3 import PPO
 
@@ -462,25 +466,34 @@ def ppo_rate(twin_dir: Path, n: int, timesteps: int, seed: int = 0) -> dict:
     twin = Twin.load(twin_dir)
     makers = {"twin": lambda: TwinVecEnv(twin, n_agents=n, seed=seed),
               "emulator": lambda: EdgeClusterVecEnv(ClusterConfig(n_agents=n, steps=twin.layout.horizon), seed=seed)}
-    out: dict = {"agents": n, "timesteps": timesteps, "hyper": default_hyper("ppo", n)}
-    for name, make in makers.items():
-        env = make()
-        env.reset()  # warm-up outside the clock: first calls (numba's cached kernels, torch) and a tick
-        for _ in range(3):
-            env.step(np.stack([env.action_space.sample() for _ in range(env.num_envs)]))
-        spent: dict[str, float] = {"env": 0.0, "update": 0.0}
-        env.step_wait = _timed(env.step_wait, spent, "env")  # type: ignore[method-assign]
-        model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **out["hyper"])
-        model.train = _timed(model.train, spent, "update")  # type: ignore[method-assign]
-        c0, t0 = time.process_time(), time.perf_counter()
-        model.learn(total_timesteps=timesteps)
-        cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-        steps = model.num_timesteps
-        out[name] = {"steps": steps, "cpu_s": cpu, "wall_s": wall, "steps_per_cpu_s": steps / cpu,
-                     "env_share": spent["env"] / cpu, "update_share": spent["update"] / cpu,
-                     "other_share": 1.0 - (spent["env"] + spent["update"]) / cpu, "env_cpu_s": spent["env"],
-                     "update_cpu_s": spent["update"]}
-    out["ratio"] = out["twin"]["steps_per_cpu_s"] / out["emulator"]["steps_per_cpu_s"]
+    out: dict = {"agents": n, "timesteps": timesteps, "hyper": default_hyper("ppo", n), "repeats": repeats}
+    runs: dict[str, list[dict]] = {"twin": [], "emulator": []}
+    for rep in range(repeats):
+        for name in (("twin", "emulator") if rep % 2 == 0 else ("emulator", "twin")):
+            env = makers[name]()
+            env.reset()  # warm-up outside the clock: first calls (numba's cached kernels, torch) and a tick
+            for _ in range(3):
+                env.step(np.stack([env.action_space.sample() for _ in range(env.num_envs)]))
+            spent: dict[str, float] = {"env": 0.0, "update": 0.0}
+            env.step_wait = _timed(env.step_wait, spent, "env")  # type: ignore[method-assign]
+            model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **out["hyper"])
+            model.train = _timed(model.train, spent, "update")  # type: ignore[method-assign]
+            c0, t0 = time.process_time(), time.perf_counter()
+            model.learn(total_timesteps=timesteps)
+            runs[name].append({"steps": model.num_timesteps, "cpu_s": time.process_time() - c0,
+                               "wall_s": time.perf_counter() - t0, "env_cpu_s": spent["env"],
+                               "update_cpu_s": spent["update"]})
+    for name, rs in runs.items():
+        steps, cpu = sum(r["steps"] for r in rs), sum(r["cpu_s"] for r in rs)
+        env_s, upd_s = sum(r["env_cpu_s"] for r in rs), sum(r["update_cpu_s"] for r in rs)
+        out[name] = {"steps": steps // len(rs), "cpu_s": cpu, "wall_s": sum(r["wall_s"] for r in rs),
+                     "steps_per_cpu_s": steps / cpu, "env_share": env_s / cpu, "update_share": upd_s / cpu,
+                     "other_share": 1.0 - (env_s + upd_s) / cpu, "env_cpu_s": env_s, "update_cpu_s": upd_s,
+                     "runs": rs}
+    out["pairs"] = [t["steps"] / t["cpu_s"] / (e["steps"] / e["cpu_s"])
+                    for t, e in zip(runs["twin"], runs["emulator"], strict=True)]
+    out["ratio"] = float(np.median(out["pairs"]))
+    out["pooled"] = out["twin"]["steps_per_cpu_s"] / out["emulator"]["steps_per_cpu_s"]
     out["load"] = load()
     return out
 
@@ -491,13 +504,17 @@ def ppo_text(rows: list[dict]) -> str:
              "minibatches, 5 epochs), trained in the twin's `TwinVecEnv` and then in the emulated cluster's "
              "`EdgeClusterVecEnv` in the same process, one sub-env per agent; CPU seconds of the process; *env*: inside "
              "the env's `step_wait` (the twin's tick or the cluster's), *update*: inside `PPO.train`, *rest*: SB3's "
-             "rollout collection around the env (the policy's forward pass, the buffer)):", "",
-             "| agents | env steps | twin steps/CPU-s | emulator steps/CPU-s | twin / emulator | twin: env / update / rest | "
-             "emulator: env / update / rest | load |", "|---:|---:|---:|---:|---:|---|---|---|"]
+             "rollout collection around the env (the policy's forward pass, the buffer); where runs were repeated, each "
+             "env's runs alternate with the other's (twin first, then emulator first), the rates and shares are over "
+             "all of an env's runs and *twin / emulator* is the median of the run pairs' ratios):", "",
+             "| agents | env steps (per run) | twin steps/CPU-s | emulator steps/CPU-s | twin / emulator (each pair) | "
+             "twin: env / update / rest | emulator: env / update / rest | load |", "|---:|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         t, e = r["twin"], r["emulator"]
-        lines.append(f"| {r['agents']:,} | {t['steps']:,} | {t['steps_per_cpu_s']:,.0f} | {e['steps_per_cpu_s']:,.0f} | "
-                     f"{r['ratio']:.2f} | {100 * t['env_share']:.0f} / {100 * t['update_share']:.0f} / "
+        pairs = f" ({', '.join(f'{x:.2f}' for x in r['pairs'])})" if r.get("pairs") else ""
+        lines.append(f"| {r['agents']:,} | {t['steps']:,}{' x ' + str(r['repeats']) if r.get('repeats', 1) > 1 else ''} | "
+                     f"{t['steps_per_cpu_s']:,.0f} | {e['steps_per_cpu_s']:,.0f} | "
+                     f"{r['ratio']:.2f}{pairs} | {100 * t['env_share']:.0f} / {100 * t['update_share']:.0f} / "
                      f"{100 * t['other_share']:.0f} % | {100 * e['env_share']:.0f} / {100 * e['update_share']:.0f} / "
                      f"{100 * e['other_share']:.0f} % | {r['load']} |")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ import torch
 from edgetwin.contract.policy import RandomPolicy
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import generate_logs
+from edgetwin.twin.forward import MIN_ROWS, ScenarioOrder
 from edgetwin.twin.fused import FusedTick
 from edgetwin.twin.simulation import Simulation
 from edgetwin.twin.twin import Twin
@@ -113,4 +114,54 @@ def test_a_pickled_fused_tick_carries_its_constants_not_its_work_arrays(twin: Tw
     assert b"_scratch_memo" not in blob
     again = pickle.loads(blob)
     for got, want in zip(again.state_z(sim.world.state), fused.state_z(sim.world.state), strict=True):
+        assert got.tobytes() == want.tobytes()
+
+
+# ------------------------------------------------------------------ the networks by scenario block
+# (`edgetwin.twin.forward`): the same bits as each scenario's `SplitNetwork.forward` on its gathered
+# rows, and a row's bits independent of how many other rows its call has, down to one.
+
+
+def test_the_grouped_networks_are_each_scenarios_network_to_the_bit(twin: Twin) -> None:
+    sim = twin.simulation(n_agents=200, seed=2)
+    pol = RandomPolicy(twin.spec, 2)
+    for _ in range(2):
+        sim.step(pol.act(sim.obs()))
+    w = sim.world
+    za = twin.layout.scalers["action"].transform(sim.legal_action(pol.act(sim.obs())))
+    agent_x = w.client_agent_inputs(za)
+    order = ScenarioOrder.of(w.scenario_rows(), w.n)
+    assert len(order.groups) == 3 and np.array_equal(order.perm[order.pos], np.arange(w.n))
+    site_x = w.client_site_inputs()
+    with torch.no_grad():
+        for m in range(twin.n_members):
+            got = sim._grouped(m, order, np.ascontiguousarray(agent_x[order.perm]),
+                               np.ascontiguousarray(w.site[order.perm], np.int64), site_x, None)[order.pos]
+            for s, idx in w.scenario_rows():
+                want = sim._split_forward(m, s, agent_x[idx], w.site[idx], site_x, None)
+                assert got[idx].tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_one_agent_at_a_time_is_the_whole_tick_to_the_bit(twin: Twin, fused: bool) -> None:
+    """The per-agent environment's path (`respond` of one row) against a tick of every agent: torch's
+    GEMM rounds 1-3 rows otherwise, so blocks under `MIN_ROWS` rows are padded."""
+    whole = twin.simulation(n_agents=30, seed=7, stochastic=False, member=0)
+    single = twin.simulation(n_agents=30, seed=7, stochastic=False, member=0)
+    whole.use_fused = single.use_fused = fused
+    pol = RandomPolicy(twin.spec, 7)
+    for _ in range(3):
+        a = np.asarray(pol.act(whole.obs()), np.float64)
+        r = whole.step(a, with_disagreement=True)
+        parts = [single.respond(np.array([j]), a[j : j + 1], with_disagreement=True) for j in range(whole.n)]
+        nxt = single.end_tick()
+        for k, got in enumerate(np.concatenate([p[k] for p in parts]) for k in range(3)):
+            want = (r.outputs, r.reward, r.disagreement)[k]
+            assert got.tobytes() == want.tobytes(), k
+        assert nxt.tobytes() == r.next_state.tobytes()
+    # blocks of 2 and of MIN_ROWS + 1 rows too
+    for rows in (np.array([3, 11]), np.arange(MIN_ROWS + 1)):
+        a = np.asarray(pol.act(whole.obs()), np.float64)
+        want = whole.respond(np.arange(whole.n), a, with_disagreement=False)[0][rows]
+        got = single.respond(rows, a[rows], with_disagreement=False)[0]
         assert got.tobytes() == want.tobytes()

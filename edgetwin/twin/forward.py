@@ -12,7 +12,7 @@ in row order in a pass it makes anyway (`FusedTick.outputs`).
 
 What moves in the bits: nothing against `SplitNetwork.forward` of each scenario's rows: the same
 torch calls (``linear`` without a bias is ``mm``, with one ``addmm``) on the same values, the first
-layer's parts added by the same kernel, the same numpy activations (tests/test_tick_network.py
+layer's parts added by the same kernel, the same numpy activations (tests/test_fused_tick.py
 compares them byte for byte). One exception, on purpose: torch's CPU GEMM takes another kernel for
 1-3 rows, whose sums round differently (measured: every row count of 1-3 differs in the last bits
 from the same rows inside a larger batch, 4-39 do not), so a scenario block of fewer than

@@ -22,8 +22,14 @@ and precision, as the numpy passes it replaces (subtraction, division, products 
 numpy cast), and the transcendental functions are numpy's own, so the fused tick gives the numpy
 tick's numbers to the bit (tests/test_fused_tick.py compares them; LLVM does not contract a
 product and a sum into an FMA without fast-math). A row's numbers depend on its own row only (the
-kernels loop over rows and never read another's), except the site means, which are the numpy
-path's own functions over a site's agents, as before.
+kernels loop over rows and never read another's), except the site means, which are over a site's
+agents, as before: where the agents come site by site (a generated world) a compiled pass adds each
+site's rows in numpy's own pairwise order (`_segment_means`: ``np.add.reduceat``'s bits, checked by
+tests/test_fused_sums.py), elsewhere `World.site_means` runs.
+
+The network between the passes runs every scenario on a contiguous block of rows
+(`edgetwin.twin.forward`): `FusedTick.legal_actions` writes the per-agent inputs in that order and
+`FusedTick.outputs` reads the means back in row order, so no pass gathers or scatters by scenario.
 
 When it applies (`FusedTick.of`): every state, action and output column is continuous (no discrete snapping), the
 reward is the spec's weights or the predicted ``reward`` column, the state moves by the client's
