@@ -165,3 +165,35 @@ def test_one_agent_at_a_time_is_the_whole_tick_to_the_bit(twin: Twin, fused: boo
         want = whole.respond(np.arange(whole.n), a, with_disagreement=False)[0][rows]
         got = single.respond(rows, a[rows], with_disagreement=False)[0]
         assert got.tobytes() == want.tobytes()
+
+
+def test_a_world_not_site_by_site_runs_the_same_fused_and_not(twin: Twin) -> None:
+    """A placed world whose agents are not grouped by site (a log's, a what-if's): the site means take
+    `World.site_means`, not the compiled runs; fused and numpy passes still agree to the bit."""
+    from edgetwin.imitation.world import World
+
+    fused, plain = _pair(twin, 80, True)
+    order = np.random.default_rng(3).permutation(80)
+    for sim in (fused, plain):
+        w = sim.world
+        sim.place(World(w.layout, w.scenario[order], w.site[order], w.profile[order], w.state[order], w.lag.copy()))
+    ft = fused.fused_tick()
+    assert ft is not None and ft._site_runs(fused.world) is None
+    pol = RandomPolicy(twin.spec, 8)
+    for _ in range(3):
+        a = np.asarray(pol.act(fused.obs()), np.float64)
+        got, want = fused.step(a, with_disagreement=True), plain.step(a, with_disagreement=True)
+        for k in ("outputs", "next_state", "reward", "disagreement"):
+            assert getattr(got, k).tobytes() == getattr(want, k).tobytes(), k
+        assert fused.world.lag.tobytes() == plain.world.lag.tobytes()
+
+
+def test_a_copied_simulation_steps_as_the_original(twin: Twin) -> None:
+    """Its kept work arrays (the networks' blocks, the scenario order) are copied with it, not shared."""
+    sim = twin.simulation(n_agents=40, seed=6, member=0)
+    pol = RandomPolicy(twin.spec, 6)
+    sim.step(pol.act(sim.obs()))
+    again = copy.deepcopy(sim)
+    for _ in range(2):
+        a = pol.act(sim.obs())
+        assert sim.step(a).outputs.tobytes() == again.step(a).outputs.tobytes()
