@@ -197,3 +197,12 @@ def test_a_copied_simulation_steps_as_the_original(twin: Twin) -> None:
     for _ in range(2):
         a = pol.act(sim.obs())
         assert sim.step(a).outputs.tobytes() == again.step(a).outputs.tobytes()
+
+
+def test_responding_for_no_agent_changes_nothing(twin: Twin) -> None:
+    sim = twin.simulation(n_agents=12, seed=1, stochastic=False, member=0)
+    ref = twin.simulation(n_agents=12, seed=1, stochastic=False, member=0)
+    a = np.asarray(RandomPolicy(twin.spec, 1).act(sim.obs()), np.float64)
+    out, reward, dis = sim.respond(np.zeros(0, np.int64), a[:0])
+    assert out.shape == (0, len(twin.layout.outputs)) and reward.shape == dis.shape == (0,)
+    assert sim.step(a).next_state.tobytes() == ref.step(a).next_state.tobytes()

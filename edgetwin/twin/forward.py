@@ -61,7 +61,7 @@ class ScenarioOrder:
         pos = np.empty(n, np.int64)
         pos[perm] = np.arange(n, dtype=np.int64)
         stops = np.cumsum([len(idx) for _, idx in groups]).tolist()
-        starts = [0, *stops[:-1]]
+        starts = [0, *stops[:-1]] if stops else []
         return ScenarioOrder(groups, perm, pos, list(zip(starts, stops, strict=True)))
 
 

@@ -298,6 +298,8 @@ class Simulation:
             ``(raw outputs (n, Y), reward (n,), disagreement (n,))``.
         """
         rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0:  # nobody acts: nothing to respond, nothing pending changes
+            return np.zeros((0, self.layout.n_outputs)), np.zeros(0), np.zeros(0)
         everyone = len(rows) == self.world.n and bool(np.array_equal(rows, np.arange(self.world.n)))
         return self._respond(None if everyone else rows, action, with_disagreement)
 
