@@ -264,6 +264,11 @@ def throughput_compared(twin_dir: Path, sizes: tuple[int, ...], ticks: int, befo
         row["twin_cpu"] = max(b["twin_cpu"] for b in runs["after"])
         row["ratio"] = row["twin"] / row["emulator"]
         row["ratio_cpu"] = row["twin_cpu"] / row["emulator_cpu"]
+        # per run, the twin against the emulator stepped in the same process minutes later: under a
+        # shifting load each run's pair shares its minutes, the bests above may not
+        for tag, key in (("after", "paired_cpu"), ("before", "paired_cpu_before")):
+            if runs[tag]:
+                row[key] = [b["twin_cpu"] / b["emulator_cpu"] for b in runs[tag]]
         if "before" in best:
             row["twin_before"] = best["before"]["twin"]
             row["twin_cpu_before"] = max(b["twin_cpu"] for b in runs["before"])
@@ -400,7 +405,7 @@ def tick_phases(twin_dir: Path, n: int, ticks: int = 40) -> dict:
     acts = [pol.act(sim.obs()) for _ in range(ticks + 10)]
     spent: dict[str, float] = {}
     phases = {  # (owner, attribute, phase name)
-        "network": (sim_mod.Simulation, "_split_forward"),
+        "network": (sim_mod.Simulation, "_grouped"),
         "noise draws": (sim_mod, "normals"),
         "fused: actions and agent inputs": (FusedTick, "legal_actions"),
         "fused: noise, outputs' inverse and z": (FusedTick, "outputs"),
@@ -434,16 +439,20 @@ def tick_phases(twin_dir: Path, n: int, ticks: int = 40) -> dict:
 
 
 # ------------------------------------------------------------------------------------ 2b. PPO in the twin
-def ppo_rate(twin_dir: Path, n: int, timesteps: int, seed: int = 0) -> dict:
+def ppo_rate(twin_dir: Path, n: int, timesteps: int, seed: int = 0, repeats: int = 3) -> dict:
     """SB3 PPO trained ``timesteps`` environment steps in the twin's `TwinVecEnv` and in the emulated
-    cluster's ``EdgeClusterVecEnv`` (``n`` agents = sub-envs each), alternately in this process, with
-    edgetwin's PPO defaults for ``n`` envs (`default_hyper`) and SB3's MlpPolicy on the CPU, one thread.
+    cluster's ``EdgeClusterVecEnv`` (``n`` agents = sub-envs each), ``repeats`` times each, alternately in
+    this process (twin first, then emulator first, ...), with edgetwin's PPO defaults for ``n`` envs
+    (`default_hyper`) and SB3's MlpPolicy on the CPU, one thread.
 
-    Per env: environment steps per CPU-second of the whole ``learn``, and the CPU time inside the
-    env's ``step_wait`` (the twin's tick, or the cluster's), inside ``PPO.train`` (SB3's update:
-    5 epochs of minibatch gradient steps) and the rest (SB3's rollout collection: the policy's
+    Per env, over its runs: environment steps per CPU-second of the whole ``learn``, and the CPU time
+    inside the env's ``step_wait`` (the twin's tick, or the cluster's), inside ``PPO.train`` (SB3's
+    update: 5 epochs of minibatch gradient steps) and the rest (SB3's rollout collection: the policy's
     forward pass per tick, the buffer, callbacks). CPU time of this process (`time.process_time`):
-    the clock the shared machine's other jobs do not advance.
+    the clock the shared machine's other jobs do not advance. ``ratio``: the median over the run
+    pairs of twin / emulator steps per CPU-second (one pair shares its minutes of the load; SB3's
+    update, the same work in both, is ~90 % of the time and moves with the load by more than the
+    envs differ), ``pairs``: every pair's, ``pooled``: all steps over all CPU-seconds.
     """
     from stable_baselines3 import PPO
 
@@ -457,25 +466,34 @@ def ppo_rate(twin_dir: Path, n: int, timesteps: int, seed: int = 0) -> dict:
     twin = Twin.load(twin_dir)
     makers = {"twin": lambda: TwinVecEnv(twin, n_agents=n, seed=seed),
               "emulator": lambda: EdgeClusterVecEnv(ClusterConfig(n_agents=n, steps=twin.layout.horizon), seed=seed)}
-    out: dict = {"agents": n, "timesteps": timesteps, "hyper": default_hyper("ppo", n)}
-    for name, make in makers.items():
-        env = make()
-        env.reset()  # warm-up outside the clock: first calls (numba's cached kernels, torch) and a tick
-        for _ in range(3):
-            env.step(np.stack([env.action_space.sample() for _ in range(env.num_envs)]))
-        spent: dict[str, float] = {"env": 0.0, "update": 0.0}
-        env.step_wait = _timed(env.step_wait, spent, "env")  # type: ignore[method-assign]
-        model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **out["hyper"])
-        model.train = _timed(model.train, spent, "update")  # type: ignore[method-assign]
-        c0, t0 = time.process_time(), time.perf_counter()
-        model.learn(total_timesteps=timesteps)
-        cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-        steps = model.num_timesteps
-        out[name] = {"steps": steps, "cpu_s": cpu, "wall_s": wall, "steps_per_cpu_s": steps / cpu,
-                     "env_share": spent["env"] / cpu, "update_share": spent["update"] / cpu,
-                     "other_share": 1.0 - (spent["env"] + spent["update"]) / cpu, "env_cpu_s": spent["env"],
-                     "update_cpu_s": spent["update"]}
-    out["ratio"] = out["twin"]["steps_per_cpu_s"] / out["emulator"]["steps_per_cpu_s"]
+    out: dict = {"agents": n, "timesteps": timesteps, "hyper": default_hyper("ppo", n), "repeats": repeats}
+    runs: dict[str, list[dict]] = {"twin": [], "emulator": []}
+    for rep in range(repeats):
+        for name in (("twin", "emulator") if rep % 2 == 0 else ("emulator", "twin")):
+            env = makers[name]()
+            env.reset()  # warm-up outside the clock: first calls (numba's cached kernels, torch) and a tick
+            for _ in range(3):
+                env.step(np.stack([env.action_space.sample() for _ in range(env.num_envs)]))
+            spent: dict[str, float] = {"env": 0.0, "update": 0.0}
+            env.step_wait = _timed(env.step_wait, spent, "env")  # type: ignore[method-assign]
+            model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **out["hyper"])
+            model.train = _timed(model.train, spent, "update")  # type: ignore[method-assign]
+            c0, t0 = time.process_time(), time.perf_counter()
+            model.learn(total_timesteps=timesteps)
+            runs[name].append({"steps": model.num_timesteps, "cpu_s": time.process_time() - c0,
+                               "wall_s": time.perf_counter() - t0, "env_cpu_s": spent["env"],
+                               "update_cpu_s": spent["update"]})
+    for name, rs in runs.items():
+        steps, cpu = sum(r["steps"] for r in rs), sum(r["cpu_s"] for r in rs)
+        env_s, upd_s = sum(r["env_cpu_s"] for r in rs), sum(r["update_cpu_s"] for r in rs)
+        out[name] = {"steps": steps // len(rs), "cpu_s": cpu, "wall_s": sum(r["wall_s"] for r in rs),
+                     "steps_per_cpu_s": steps / cpu, "env_share": env_s / cpu, "update_share": upd_s / cpu,
+                     "other_share": 1.0 - (env_s + upd_s) / cpu, "env_cpu_s": env_s, "update_cpu_s": upd_s,
+                     "runs": rs}
+    out["pairs"] = [t["steps"] / t["cpu_s"] / (e["steps"] / e["cpu_s"])
+                    for t, e in zip(runs["twin"], runs["emulator"], strict=True)]
+    out["ratio"] = float(np.median(out["pairs"]))
+    out["pooled"] = out["twin"]["steps_per_cpu_s"] / out["emulator"]["steps_per_cpu_s"]
     out["load"] = load()
     return out
 
@@ -486,13 +504,17 @@ def ppo_text(rows: list[dict]) -> str:
              "minibatches, 5 epochs), trained in the twin's `TwinVecEnv` and then in the emulated cluster's "
              "`EdgeClusterVecEnv` in the same process, one sub-env per agent; CPU seconds of the process; *env*: inside "
              "the env's `step_wait` (the twin's tick or the cluster's), *update*: inside `PPO.train`, *rest*: SB3's "
-             "rollout collection around the env (the policy's forward pass, the buffer)):", "",
-             "| agents | env steps | twin steps/CPU-s | emulator steps/CPU-s | twin / emulator | twin: env / update / rest | "
-             "emulator: env / update / rest | load |", "|---:|---:|---:|---:|---:|---|---|---|"]
+             "rollout collection around the env (the policy's forward pass, the buffer); where runs were repeated, each "
+             "env's runs alternate with the other's (twin first, then emulator first), the rates and shares are over "
+             "all of an env's runs and *twin / emulator* is the median of the run pairs' ratios):", "",
+             "| agents | env steps (per run) | twin steps/CPU-s | emulator steps/CPU-s | twin / emulator (each pair) | "
+             "twin: env / update / rest | emulator: env / update / rest | load |", "|---:|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         t, e = r["twin"], r["emulator"]
-        lines.append(f"| {r['agents']:,} | {t['steps']:,} | {t['steps_per_cpu_s']:,.0f} | {e['steps_per_cpu_s']:,.0f} | "
-                     f"{r['ratio']:.2f} | {100 * t['env_share']:.0f} / {100 * t['update_share']:.0f} / "
+        pairs = f" ({', '.join(f'{x:.2f}' for x in r['pairs'])})" if r.get("pairs") else ""
+        lines.append(f"| {r['agents']:,} | {t['steps']:,}{' x ' + str(r['repeats']) if r.get('repeats', 1) > 1 else ''} | "
+                     f"{t['steps_per_cpu_s']:,.0f} | {e['steps_per_cpu_s']:,.0f} | "
+                     f"{r['ratio']:.2f}{pairs} | {100 * t['env_share']:.0f} / {100 * t['update_share']:.0f} / "
                      f"{100 * t['other_share']:.0f} % | {100 * e['env_share']:.0f} / {100 * e['update_share']:.0f} / "
                      f"{100 * e['other_share']:.0f} % | {r['load']} |")
     return "\n".join(lines)
@@ -547,6 +569,19 @@ def peaks(f: dict) -> str:
     if "peak_gib_total_pss" in f:
         cell += f" / {f['peak_gib_total_pss']:.2f} PSS ({f['peak_gib_total_rss']:.2f} RSS)"
     return cell
+
+
+#: issue 47's targets: twin / emulator agent-steps per CPU-second, by agents
+TICK_TARGETS = {1000: 1.0, 10_000: 1.5}
+
+
+def tick_budget(throughput: list[dict], agents: int) -> float | None:
+    """The CPU milliseconds a twin tick of ``agents`` agents may take to meet `TICK_TARGETS`, from the
+    emulator's agent-steps per CPU-second in the same run's ``throughput`` rows (None: not measured)."""
+    row = next((r for r in throughput if r["agents"] == agents and "emulator_cpu" in r), None)
+    if row is None or agents not in TICK_TARGETS:
+        return None
+    return 1e3 * agents / (TICK_TARGETS[agents] * row["emulator_cpu"])
 
 
 def section(res: dict) -> str:
@@ -617,14 +652,27 @@ def section(res: dict) -> str:
                              f"({r['ratio_cpu_before']:.2f}) | |")
         else:
             lines.append(f"| {r['agents']:,} | {r['twin']:,.0f} | {r['emulator']:,.0f} | {r['ratio']:.2f} | {r['load']} |")
+    paired = [r for r in res["throughput"] if r.get("paired_cpu")]
+    if paired:
+        lines += ["", "Per run (twin / emulator per CPU-second, both stepped in the same process, so each pair shares "
+                  "its minutes of the load): " + "; ".join(
+                      f"{r['agents']:,} agents median {np.median(r['paired_cpu']):.2f} "
+                      f"(runs {', '.join(f'{x:.2f}' for x in r['paired_cpu'])})"
+                      + (f", code before median {np.median(r['paired_cpu_before']):.2f} "
+                         f"({', '.join(f'{x:.2f}' for x in r['paired_cpu_before'])})" if r.get("paired_cpu_before") else "")
+                      for r in paired) + "."]
     if res.get("throughput_twin"):
         lines += ["", f"Part 2 was rerun on its own: `{res.get('throughput_command')}`; twin stepped: "
                   f"{res['throughput_twin']}."]
     if res.get("throughput_note"):
         lines += ["", res["throughput_note"]]
     for ph in res.get("tick_phases", []):
+        budget = tick_budget(res["throughput"], ph["agents"])
         lines += ["", f"Where a tick's CPU time goes at {ph['agents']:,} agents (`tick_phases`: timers around each "
-                  f"phase, inclusive, ms per tick; the tick {ph['tick_ms']:.2f} ms; load {ph['load']}):", "",
+                  f"phase, inclusive, ms per tick; the tick {ph['tick_ms']:.2f} ms; load {ph['load']})"
+                  + (f"; the target ({TICK_TARGETS[ph['agents']]:g}x the emulator) needs a tick of {budget:.2f} ms: "
+                     f"{ph['agents']:,} agent-steps at {TICK_TARGETS[ph['agents']]:g}x the emulator's "
+                     "agent-steps per CPU-second in the throughput rows above" if budget else "") + ":", "",
                   "| phase | ms per tick | share |", "|---|---:|---:|"]
         for k, v in ph["phases_ms"].items():
             lines.append(f"| {k} | {v:.3f} | {100 * v / ph['tick_ms']:.0f} % |")

@@ -22,8 +22,14 @@ and precision, as the numpy passes it replaces (subtraction, division, products 
 numpy cast), and the transcendental functions are numpy's own, so the fused tick gives the numpy
 tick's numbers to the bit (tests/test_fused_tick.py compares them; LLVM does not contract a
 product and a sum into an FMA without fast-math). A row's numbers depend on its own row only (the
-kernels loop over rows and never read another's), except the site means, which are the numpy
-path's own functions over a site's agents, as before.
+kernels loop over rows and never read another's), except the site means, which are over a site's
+agents, as before: where the agents come site by site (a generated world) a compiled pass adds each
+site's rows in numpy's own pairwise order (`_segment_means`: ``np.add.reduceat``'s bits, checked by
+tests/test_fused_sums.py), elsewhere `World.site_means` runs.
+
+The network between the passes runs every scenario on a contiguous block of rows
+(`edgetwin.twin.forward`): `FusedTick.legal_actions` writes the per-agent inputs in that order and
+`FusedTick.outputs` reads the means back in row order, so no pass gathers or scatters by scenario.
 
 When it applies (`FusedTick.of`): every state, action and output column is continuous (no discrete snapping), the
 reward is the spec's weights or the predicted ``reward`` column, the state moves by the client's
@@ -40,6 +46,7 @@ import numba
 import numpy as np
 
 from edgetwin.contract.spec import REWARD_COLUMN
+from edgetwin.imitation.steps import segment_starts
 
 if TYPE_CHECKING:
     from edgetwin.imitation.layout import ColumnScaler, Layout
@@ -76,15 +83,17 @@ def _inverse_value(z: float, mean: float, std: float, log: bool, low: float, hig
 @_kernel
 def _legal_actions(
     action: np.ndarray, lo1: np.ndarray, hi1: np.ndarray, lo2: np.ndarray, hi2: np.ndarray,
-    mean: np.ndarray, std: np.ndarray, mzs: np.ndarray, za: np.ndarray, agent_x: np.ndarray,
+    mean: np.ndarray, std: np.ndarray, mzs: np.ndarray, za: np.ndarray, pos: np.ndarray, agent_x: np.ndarray,
 ) -> None:
     """In place: ``action (n, A)`` float64 clipped to the twin's bounds then the scaler's (+0.0);
-    ``za (n, A)`` float32 its z-values; ``agent_x (n, S+A)`` float32 ``[mzs, za]``."""
+    ``za (n, A)`` float32 its z-values; row ``pos[i]`` of ``agent_x (n, S+A)`` float32 row i's
+    ``[mzs, za]`` (the rows in scenario order, `edgetwin.twin.forward.ScenarioOrder`)."""
     n, a = action.shape
     s = mzs.shape[1]
     for i in range(n):
+        p = pos[i]
         for j in range(s):
-            agent_x[i, j] = np.float32(mzs[i, j])
+            agent_x[p, j] = np.float32(mzs[i, j])
         for j in range(a):
             v = action[i, j]
             if v < lo1[j]:
@@ -99,35 +108,40 @@ def _legal_actions(
             action[i, j] = v
             z = np.float32((v - mean[j]) / std[j])
             za[i, j] = z
-            agent_x[i, s + j] = z
+            agent_x[p, s + j] = z
 
 
 @_kernel
 def _outputs_first(
-    y: np.ndarray, noise: np.ndarray, std_rows: np.ndarray, noisy: bool,
+    means: np.ndarray, pos: np.ndarray, y: np.ndarray, noise: np.ndarray, std_rows: np.ndarray, noisy: bool,
     mean: np.ndarray, std: np.ndarray, slot: np.ndarray, low: np.ndarray, high: np.ndarray,
     zlo: np.ndarray, zhi: np.ndarray, out: np.ndarray, packed: np.ndarray, zy: np.ndarray,
 ) -> None:
-    """The response noise and the first half of the outputs' scaler inverse, row by row.
+    """The network's means back in row order, the response noise and the first half of the
+    outputs' scaler inverse, row by row.
 
-    ``y (n, >=Y)`` float32: its first ``Y`` columns become ``clip(noise * std + y, -10, 10)`` when
-    ``noisy``; ``zy (n, Y)`` float32 their legal z-values (`ColumnScaler.legal_z`); ``out (n, Y)``
-    float64 the raw legal value of every column without a log (``slot[j] < 0``); ``packed (n, k)``
-    the log columns' ``clip(y * std + mean, -50, 50)`` for numpy's ``expm1`` (`_outputs_second`).
+    ``y (n, m)`` float32 row i: row ``pos[i]`` of ``means (n, m)`` (the network's, in scenario
+    order), its first ``Y`` columns ``clip(noise * std + mean, -10, 10)`` when ``noisy``; ``zy (n, Y)``
+    float32 their legal z-values (`ColumnScaler.legal_z`); ``out (n, Y)`` float64 the raw legal
+    value of every column without a log (``slot[j] < 0``); ``packed (n, k)`` the log columns'
+    ``clip(y * std + mean, -50, 50)`` for numpy's ``expm1`` (`_unpack_legal`).
     """
-    n = y.shape[0]
+    n, m = y.shape
     ny = out.shape[1]
     for i in range(n):
+        p = pos[i]
+        for j in range(ny, m):
+            y[i, j] = means[p, j]
         for j in range(ny):
-            v = y[i, j]
+            v = means[p, j]
             if noisy:
                 v = noise[i, j] * std_rows[i, j]
-                v = v + y[i, j]
+                v = v + means[p, j]
                 if v < np.float32(-10.0):
                     v = np.float32(-10.0)
                 if v > np.float32(10.0):
                     v = np.float32(10.0)
-                y[i, j] = v
+            y[i, j] = v
             z = v
             if z < zlo[j]:
                 z = zlo[j]
@@ -287,6 +301,59 @@ def _state_z_second(
             mzs[i, j] = m
 
 
+@_kernel
+def _pairwise_sum(v: np.ndarray, j: int, start: int, n: int) -> float:
+    """numpy's pairwise sum (``pairwise_sum_DOUBLE``) of ``v[start:start + n, j]``: below 8 values
+    one by one from -0.0, up to 128 in 8 interleaved partial sums, above that the halves (split at
+    a multiple of 8) summed recursively: the order numpy's ``add.reduce`` / ``add.reduceat`` add a
+    column in, so the sums are theirs to the bit (tests/test_fused_tick.py checks it)."""
+    if n < 8:
+        res = -0.0
+        for i in range(n):
+            res = res + v[start + i, j]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3 = v[start, j], v[start + 1, j], v[start + 2, j], v[start + 3, j]
+        r4, r5, r6, r7 = v[start + 4, j], v[start + 5, j], v[start + 6, j], v[start + 7, j]
+        i = 8
+        stop = n - n % 8
+        while i < stop:
+            a = start + i
+            r0 = r0 + v[a, j]
+            r1 = r1 + v[a + 1, j]
+            r2 = r2 + v[a + 2, j]
+            r3 = r3 + v[a + 3, j]
+            r4 = r4 + v[a + 4, j]
+            r5 = r5 + v[a + 5, j]
+            r6 = r6 + v[a + 6, j]
+            r7 = r7 + v[a + 7, j]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res = res + v[start + i, j]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise_sum(v, j, start, n2) + _pairwise_sum(v, j, start + n2, n - n2)
+
+
+@_kernel
+def _segment_means(v: np.ndarray, cols: np.ndarray, starts: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
+    """``out (n_groups, len(cols))`` = `segment_means` of ``v[:, cols]`` (rows grouped in runs
+    beginning at ``starts``): ``np.add.reduceat``'s sums (a run's first row plus the pairwise sum
+    of the rest) divided by ``max(count, 1)``, to the bit, without the column copy."""
+    g = starts.shape[0]
+    n = v.shape[0]
+    for k in range(g):
+        a = starts[k]
+        e = starts[k + 1] if k + 1 < g else n
+        c = max(counts[k], 1.0)
+        for m in range(cols.shape[0]):
+            j = cols[m]
+            out[k, m] = (v[a, j] + _pairwise_sum(v, j, a + 1, e - a - 1)) / c
+
+
 # ------------------------------------------------------------------------------ the tick
 def _slots(log: np.ndarray) -> np.ndarray:
     """Per column its position among the log columns, -1 for the others."""
@@ -349,39 +416,46 @@ class FusedTick:
 
     # ---------------------------------------------------------------- respond
     def legal_actions(
-        self, action: np.ndarray, low: np.ndarray, high: np.ndarray, mzs: np.ndarray
+        self, action: np.ndarray, low: np.ndarray, high: np.ndarray, mzs: np.ndarray, pos: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(legal action (n, A) float64, za (n, A) float32, agent inputs (n, S+A) float32)`` of raw
         ``action`` under the twin's bounds ``low``/``high`` and the action scaler's, and the rows'
-        model z(state) ``mzs (n, S)`` (`World.client_agent_inputs`' columns, to the bit)."""
+        model z(state) ``mzs (n, S)`` (`World.client_agent_inputs`' columns, to the bit); row i's
+        agent inputs are row ``pos[i]`` (scenario order, `edgetwin.twin.forward.ScenarioOrder`), a
+        work array the next call overwrites."""
         sc = self.layout.scalers["action"]
         act = np.array(action, dtype=np.float64, order="C")
         n, a = act.shape
         za = np.empty((n, a), np.float32)
-        agent_x = self._scratch("agent_x", (n, mzs.shape[1] + a), np.float32)  # (gathered per scenario by the caller)
-        _legal_actions(act, _f64(low), _f64(high), sc.low, sc.high, sc.mean, sc.std, _f64(mzs), za, agent_x)
+        agent_x = self._scratch("agent_x", (n, mzs.shape[1] + a), np.float32)
+        _legal_actions(act, _f64(low), _f64(high), sc.low, sc.high, sc.mean, sc.std, _f64(mzs), za,
+                       np.ascontiguousarray(pos, np.int64), agent_x)
         return act, za, agent_x
 
     def outputs(
-        self, y: np.ndarray, noise: np.ndarray | None, std_rows: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``(raw legal outputs (n, Y) float64, their z-values (n, Y) float32)`` of the network's
-        means ``y (n, n_model_outputs)`` float32, after adding ``noise * std_rows`` (float32 ``(n, Y)``,
-        None: the means) into ``y`` in place, clipped to ±10 (what `Simulation._respond` did)."""
+        self, means: np.ndarray, pos: np.ndarray, noise: np.ndarray | None, std_rows: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(raw legal outputs (n, Y) float64, their z-values (n, Y) float32, y (n, n_model_outputs)
+        float32)`` of the network's means ``means (n, n_model_outputs)`` float32 in scenario order
+        (row i's at ``pos[i]``): ``y`` the means in row order with ``noise * std_rows`` (float32
+        ``(n, Y)``, None: the means) added to the outputs, clipped to ±10 (what `Simulation._respond`
+        did), a fresh array."""
         sc = self.layout.scalers["outputs"]
-        n, ny = len(y), sc.width
+        n, ny = len(means), sc.width
         slot = self._slot("outputs")
         out = np.empty((n, ny), np.float64)
         packed = self._scratch("packed_outputs", (n, int(sc.log.sum())), np.float64)
         zy = np.empty((n, ny), np.float32)
+        y = np.empty(means.shape, np.float32)
         zlo, zhi = self._zbounds(sc)
         noisy = noise is not None and std_rows is not None
-        _outputs_first(y, noise if noise is not None else zy, std_rows if std_rows is not None else zy, noisy, sc.mean, sc.std, slot,
+        _outputs_first(means, np.ascontiguousarray(pos, np.int64), y, noise if noise is not None else zy,
+                       std_rows if std_rows is not None else zy, noisy, sc.mean, sc.std, slot,
                        sc.low, sc.high, zlo, zhi, out, packed, zy)
         if packed.shape[1]:
             np.expm1(packed, out=packed)
-            _unpack_legal(packed, np.flatnonzero(sc.log), sc.low, sc.high, out)
-        return out, zy
+            _unpack_legal(packed, self._log_cols(sc), sc.low, sc.high, out)
+        return out, zy, y
 
     def reward_of(self, profile: np.ndarray, state: np.ndarray, action: np.ndarray, outputs: np.ndarray) -> np.ndarray:
         """``(n,)`` float64 the spec's reward (`Simulation._reward`, to the bit)."""
@@ -407,9 +481,17 @@ class FusedTick:
         cat = self._scratch("cat", (n, a + ny), np.float64)
         z_next = self._scratch("z_next", (n, s), np.float64)
         _next_z(za, zy, zs, y, ny, cat, z_next)
-        site_now = world.site_means(cat)
         site_cols = lay.site_state_columns
-        means = world.site_means(z_next[:, site_cols]) if len(site_cols) else np.zeros((world.n_sites, 0))
+        runs = self._site_runs(world)
+        if runs is not None:  # agents site by site (a generated world): one compiled pass per array
+            site_now = np.empty((len(runs[0]), a + ny), np.float64)
+            _segment_means(cat, self._arange(a + ny), runs[0], runs[1], site_now)
+            means = np.empty((len(runs[0]), len(site_cols)), np.float64)
+            if len(site_cols):
+                _segment_means(z_next, np.asarray(site_cols, np.int64), runs[0], runs[1], means)
+        else:
+            site_now = world.site_means(cat)
+            means = world.site_means(z_next[:, site_cols]) if len(site_cols) else np.zeros((world.n_sites, 0))
         sc = lay.scalers["state"]
         slot = self._slot("state")
         nxt = np.empty((n, s), np.float64)
@@ -418,7 +500,7 @@ class FusedTick:
                      sc.mean, sc.std, slot, sc.low, sc.high, nxt, packed)
         if packed.shape[1]:
             np.expm1(packed, out=packed)
-            _unpack_legal(packed, np.flatnonzero(sc.log), sc.low, sc.high, nxt)
+            _unpack_legal(packed, self._log_cols(sc), sc.low, sc.high, nxt)
         cols, step, low, period, echo_cols, echo_of = self._rolls()
         _clocks_echoes(world.state, nxt, outputs, cols, step, low, period, echo_cols, echo_of, sc.low, sc.high)
         nxt = lay.apply_declared(world.profile, world.state, action, outputs, world.site, nxt, n_sites=world.n_sites)
@@ -461,10 +543,40 @@ class FusedTick:
             hit = self.__dict__[key] = _slots(self.layout.scalers[role].log)
         return hit
 
+    def _site_runs(self, world: World) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(starts (n_sites,) int64, counts (n_sites,) float64)`` of ``world``'s sites when its
+        agents come site by site (`segment_starts`, as `World.site_means` uses them), else None;
+        kept per site array."""
+        hit = self.__dict__.get("_runs_memo")
+        if hit is None or hit[0] is not world.site:
+            n_sites = world.n_sites
+            starts = segment_starts(world.site, n_sites)
+            runs = None if starts is None else (
+                starts.astype(np.int64), np.bincount(world.site, minlength=n_sites).astype(np.float64))
+            hit = self.__dict__["_runs_memo"] = (world.site, runs)
+        return hit[1]
+
+    def _arange(self, k: int) -> np.ndarray:
+        hit = self.__dict__.get("_arange_memo")
+        if hit is None or len(hit) != k:
+            hit = self.__dict__["_arange_memo"] = np.arange(k, dtype=np.int64)
+        return hit
+
+    def _log_cols(self, sc: ColumnScaler) -> np.ndarray:
+        """The log columns of ``sc`` (int64), kept per scaler."""
+        memo: dict[int, tuple[ColumnScaler, np.ndarray]] = self.__dict__.setdefault("_log_cols_memo", {})
+        hit = memo.get(id(sc))
+        if hit is None or hit[0] is not sc:
+            hit = memo[id(sc)] = (sc, np.flatnonzero(sc.log).astype(np.int64))
+        return hit[1]
+
     def _zbounds(self, sc: ColumnScaler) -> tuple[np.ndarray, np.ndarray]:
-        """`ColumnScaler.legal_z`'s float32 bounds (computed there, kept on the scaler)."""
-        sc.legal_z(np.zeros((0, sc.width), np.float32))
-        hit = sc.__dict__["_zbounds"]
+        """`ColumnScaler.legal_z`'s float32 bounds (computed there, kept on the scaler; looked up
+        without a call while its statistics are the same arrays)."""
+        hit = sc.__dict__.get("_zbounds")
+        if hit is None or hit[0] is not sc.mean or hit[1] is not sc.std:
+            sc.legal_z(np.zeros((0, sc.width), np.float32))
+            hit = sc.__dict__["_zbounds"]
         return hit[2], hit[3]
 
     def _rolls(self) -> tuple[np.ndarray, ...]:

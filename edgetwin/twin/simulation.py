@@ -23,6 +23,7 @@ from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.mail import GaussianModel, numpy_forward
 from edgetwin.imitation.split import SplitNetwork
 from edgetwin.imitation.world import Composition, InitialStates, World
+from edgetwin.twin.forward import GroupedForward, ScenarioOrder
 from edgetwin.twin.fused import FusedTick
 from edgetwin.twin.member import Member
 from edgetwin.twin.support import ProfileSupport, SupportIndex
@@ -177,6 +178,10 @@ class Simulation:
         self._agent_stds: tuple[np.ndarray, list[Any], np.ndarray] | None = None
         #: ``((member, layout id), FusedTick | None)`` of the last `fused_tick`
         self._fused: tuple[tuple[int, int], FusedTick | None] | None = None
+        #: ``(world scenarios, their ScenarioOrder, (world sites, sites in that order) | None)``
+        self._orders: tuple[np.ndarray, ScenarioOrder, tuple[np.ndarray, np.ndarray] | None] | None = None
+        #: the client networks of a tick's scenarios, with their kept work arrays
+        self._network = GroupedForward()
         #: the tick's pending legal z-values of the outputs ``(N, Y)`` float32 (kept while a
         #: `FusedTick` can end the tick; None otherwise)
         self._pending_zy: np.ndarray | None = None
@@ -293,6 +298,8 @@ class Simulation:
             ``(raw outputs (n, Y), reward (n,), disagreement (n,))``.
         """
         rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0:  # nobody acts: nothing to respond, nothing pending changes
+            return np.zeros((0, self.layout.n_outputs)), np.zeros(0), np.zeros(0)
         everyone = len(rows) == self.world.n and bool(np.array_equal(rows, np.arange(self.world.n)))
         return self._respond(None if everyone else rows, action, with_disagreement)
 
@@ -303,7 +310,6 @@ class Simulation:
         then no row index is gathered or scattered, the arrays are used whole)."""
         lay, w = self.layout, self.world
         n = w.n if rows is None else len(rows)
-        y = np.zeros((n, lay.n_model_outputs), np.float32)
         disagreement = np.zeros(n)
         models = self.twin.member_models
         if rows is None:
@@ -316,42 +322,47 @@ class Simulation:
         used = range(len(models)) if every else (self.member,)
         split = all(self._split(models[m][s]) is not None for s, _ in groups for m in used)
         fused = self.fused_tick() if split else None
+        # the call's rows scenario by scenario: each scenario's network runs on a contiguous block
+        order = self._scenario_order(groups, n, rows is None) if split else None
         if fused is not None:
-            # the action's bounds and z-values and the per-agent inputs in one pass (`FusedTick`)
+            # the action's bounds and z-values and the per-agent inputs (in scenario order) in one pass
+            assert order is not None
             mzs = w.model_zstate()
             action, za, agent_x = fused.legal_actions(
                 np.asarray(action).reshape(n, -1), self.twin.action_low, self.twin.action_high,
-                mzs if rows is None else mzs[rows],
+                mzs if rows is None else mzs[rows], order.pos,
             )
         else:
             action = self.legal_action(np.asarray(action).reshape(n, -1))
             za = lay.scalers["action"].transform(action)
-        if split:
-            # the first layer by blocks (`SplitNetwork`): no (n, in) input array is assembled
-            site_x = w.client_site_inputs()
-            if fused is None:
-                agent_x = w.client_agent_inputs(za, rows)
-            site_of = w.site if rows is None else w.site[rows]
-        else:
-            x = w.client_inputs(action, rows, za=za)
+        mu_p: np.ndarray | None = None  # the acting member's means in scenario order (split networks)
         with th.no_grad():  # one grad-mode switch per tick, not one per network call
-            for s, idx in groups:
-                if split:
-                    xa, sites = agent_x[idx], site_of[idx]
-                    outs = {
-                        m: self._split_forward(m, s, xa, sites, site_x, None if rows is None else rows[idx])
-                        for m in used
-                    }
-                else:
-                    xs = x[idx]
-                    outs = {m: self._forward(models[m][s], xs) for m in used}
+            if split:
+                # the first layer by blocks (`SplitNetwork`): no (n, in) input array is assembled
+                assert order is not None
+                site_x = w.client_site_inputs()
+                if fused is None:
+                    agent_x = np.ascontiguousarray(w.client_agent_inputs(za, rows)[order.perm])
+                sites = self._order_sites(order, rows)
+                outs = {m: self._grouped(m, order, agent_x, sites, site_x, rows, slot=k) for k, m in enumerate(used)}
                 if every:
-                    means = np.stack([outs[m] for m in range(len(models))])  # (M, n_s, out)
-                    mu = means[self.member]
-                    disagreement[idx] = means.std(axis=0).mean(axis=1)
+                    means = np.stack([outs[m] for m in range(len(models))])  # (M, n, out), scenario order
+                    disagreement = means.std(axis=0).mean(axis=1)[order.pos]
+                    mu_p = means[self.member]
                 else:
-                    mu = outs[self.member]
-                y[idx] = mu
+                    mu_p = outs[self.member]
+            else:
+                x = w.client_inputs(action, rows, za=za)
+                y = np.zeros((n, lay.n_model_outputs), np.float32)
+                for s, idx in groups:
+                    xs = x[idx]
+                    per = {m: self._forward(models[m][s], xs) for m in used}
+                    if every:
+                        stacked = np.stack([per[m] for m in range(len(models))])  # (M, n_s, out)
+                        disagreement[idx] = stacked.std(axis=0).mean(axis=1)
+                        y[idx] = stacked[self.member]
+                    else:
+                        y[idx] = per[self.member]
         noise, std = None, None
         if self.stochastic and ny:
             # noise on the outputs only: the client's Gaussian has one std per output for all
@@ -364,9 +375,13 @@ class Simulation:
                 std = std[rows]
         zy: np.ndarray | None = None
         if fused is not None:
-            # noise, clip, the outputs' inverse and bounds and their z-values in two passes
-            outputs, zy = fused.outputs(y, noise, std)
+            # the means back in row order, noise, clip, the outputs' inverse and bounds and their
+            # z-values in two passes
+            assert mu_p is not None and order is not None
+            outputs, zy, y = fused.outputs(mu_p, order.pos, noise, std)
         else:
+            if mu_p is not None and order is not None:
+                y = mu_p[order.pos]  # row order (a fresh array)
             if noise is not None:
                 noise *= std
                 noise += y[:, :ny]
@@ -437,20 +452,72 @@ class Simulation:
         """Member ``m``'s client network of scenario ``s`` on its agents of this tick: ``xa (n, S+A)``
         their per-agent inputs (`World.client_agent_inputs`), ``sites (n,)`` their sites, ``site_x``
         every site's inputs (`World.client_site_inputs`), ``rows`` their rows in the world (None:
-        all of the scenario's agents, in order). ``(n, out)`` float32, a fresh array."""
+        all of the scenario's agents, in order). ``(n, out)`` float32, a fresh array: one scenario
+        through `SplitNetwork.forward` (a tick runs every scenario at once, `_grouped`)."""
         net = self._split(self.twin.member_models[m][s])
         assert net is not None
+        own, hp = self._profile_part(m, s, net)
+        if rows is not None:
+            hp = hp[np.searchsorted(own, rows)]
+        return net.forward(xa, hp, net.site_part(site_x), sites)
+
+    def _profile_part(self, m: int, s: int, net: SplitNetwork) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows of scenario s's agents (n_s,), their first layer's profile part (n_s, H))`` of
+        member ``m``'s network: kept for the episode (while the world's profiles and scenarios and
+        the network's weights are the same)."""
         w = self.world
-        # the profile part of the first layer, per agent of the scenario: kept for the episode
         key = (m, s)
         hit = self._profile_h.get(key)
         if hit is None or hit[0] is not w.profile or hit[1] is not w.scenario or hit[2] is not net or hit[3] != net.version():
             own = dict(w.scenario_rows()).get(s, np.zeros(0, np.int64))
             hit = self._profile_h[key] = (w.profile, w.scenario, net, net.version(), own, net.profile_part(w.zprofile()[own]))
-        own, hp = hit[4], hit[5]
+        return hit[4], hit[5]
+
+    def _scenario_order(self, groups: list[tuple[int, np.ndarray]], n: int, whole: bool) -> ScenarioOrder:
+        """The `ScenarioOrder` of a call's ``groups`` (kept for a whole tick while the world's
+        scenarios are the same array)."""
+        if not whole:
+            return ScenarioOrder.of(groups, n)
+        hit = self._orders
+        if hit is None or hit[0] is not self.world.scenario:
+            hit = self._orders = (self.world.scenario, ScenarioOrder.of(groups, n), None)
+        return hit[1]
+
+    def _order_sites(self, order: ScenarioOrder, rows: np.ndarray | None) -> np.ndarray:
+        """``(n,)`` int64 the sites of the call's rows in scenario order (kept for a whole tick)."""
+        w = self.world
         if rows is not None:
-            hp = hp[np.searchsorted(own, rows)]
-        return net.forward(xa, hp, net.site_part(site_x), sites)
+            return np.ascontiguousarray(w.site[rows][order.perm], np.int64)
+        hit = self._orders
+        assert hit is not None and hit[1] is order
+        if hit[2] is None or hit[2][0] is not w.site:
+            self._orders = (hit[0], order, (w.site, np.ascontiguousarray(w.site[order.perm], np.int64)))
+            hit = self._orders
+        assert hit[2] is not None
+        return hit[2][1]
+
+    def _grouped(
+        self, m: int, order: ScenarioOrder, agent_x: np.ndarray, sites: np.ndarray, site_x: np.ndarray,
+        rows: np.ndarray | None, slot: int = 0,
+    ) -> np.ndarray:
+        """Member ``m``'s client networks of every scenario on the call's agents at this tick (rows
+        ``rows`` of the world, None: all): ``agent_x (n, S+A)`` float32 their per-agent inputs and
+        ``sites (n,)`` their sites, both in scenario order (``order``), ``site_x`` every site's
+        inputs. ``(n, out)`` float32 means in scenario order, in a work array the next call with the
+        same ``slot`` overwrites (`GroupedForward`)."""
+        models = self.twin.member_models[m]
+        nets: list[SplitNetwork] = []
+        hps: list[np.ndarray] = []
+        shs: list[np.ndarray] = []
+        site_t = th.from_numpy(np.ascontiguousarray(site_x, np.float32))  # (one tensor for every scenario)
+        for s, idx in order.groups:
+            net = self._split(models[s])
+            assert net is not None
+            own, hp = self._profile_part(m, s, net)
+            nets.append(net)
+            hps.append(hp if rows is None else hp[np.searchsorted(own, rows[idx])])
+            shs.append(th.nn.functional.linear(site_t, net.blocks()[3]).numpy())  # `SplitNetwork.site_part`
+        return self._network.run(nets, order, agent_x, hps, shs, sites, slot)
 
     def _agent_std(self) -> np.ndarray:
         """``(N, Y)`` float32 the acting member's output std of each agent's scenario (`_std`),
