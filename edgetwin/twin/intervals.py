@@ -336,6 +336,7 @@ def measured_change_interval(
     n_baseline: int,
     q_rel: float = 0.0,
     level: float = LEVEL,
+    paired_twin_days: int | None = None,
 ) -> tuple[float, float]:
     """The interval a relative change *measured on the real system over a finite number of days*
     should fall in, given the twin's prediction.
@@ -352,11 +353,35 @@ def measured_change_interval(
     added as the calibrated relative error ``q_rel`` (`Calibration.quantile`) applied to the size of
     the change, as `change_interval`'s ``"hybrid"`` does. Shapes: scalars and ``(E,)``; units: the
     change is a fraction (0.1 = +10 %).
+
+    ``paired_twin_days``: the real change is measured *paired* (both policies on the same days:
+    the same populations and noise, common random numbers) and ``twin_ci`` is the twin's paired
+    bootstrap over that many simulated days, paired the same way. A paired change's day noise is
+    what is left of the day-to-day spread once both policies share it: not the logged days' spread
+    of one policy (much larger), and not estimable from logs of one policy. The twin's own paired
+    spread is its estimate, scaled to the real system's ``n_candidate`` days
+    (``sd · sqrt(paired_twin_days / n_candidate)``), and the two are read with Student's t at
+    ``paired_twin_days - 1`` degrees of freedom (the bootstrap's plug-in spread corrected by
+    ``sqrt(n / (n - 1))``): 10 days are no normal sample. ``logged_days`` is then unused.
     """
     from scipy.stats import norm
 
     z = float(norm.ppf(0.5 + level / 2.0))
     lo, hi = float(twin_ci[0]), float(twin_ci[1])
+    sd_lo, sd_hi = max(twin_change - lo, 0.0) / z, max(hi - twin_change, 0.0) / z
+    w_model = (q_rel if math.isfinite(q_rel) else 0.0) * abs(twin_change)
+    if paired_twin_days is not None:
+        if not math.isfinite(twin_change) or paired_twin_days < 2 or n_candidate < 1:
+            return lo, hi
+        from scipy.stats import t as student_t
+
+        # a percentile bootstrap over n days is a plug-in: its spread is sqrt((n-1)/n) of the
+        # unbiased one; over a few days the combined spread is read with Student's t (n-1 df)
+        n = paired_twin_days
+        tq = float(student_t.ppf(0.5 + level / 2.0, n - 1)) * math.sqrt(n / (n - 1.0))
+        scale = math.sqrt(n / n_candidate)
+        return (twin_change - tq * math.hypot(sd_lo, sd_lo * scale) - w_model,
+                twin_change + tq * math.hypot(sd_hi, sd_hi * scale) + w_model)
     d = np.asarray(logged_days, dtype=np.float64)
     d = d[np.isfinite(d)]
     if not math.isfinite(twin_change) or len(d) < 2 or n_candidate < 1 or n_baseline < 1:
@@ -364,7 +389,5 @@ def measured_change_interval(
     mean = float(d.mean())
     cv = float(d.std(ddof=1) / abs(mean)) if mean != 0 else 0.0
     sd_real = cv * math.sqrt(1.0 / n_candidate + 1.0 / n_baseline) * abs(1.0 + twin_change)
-    sd_lo, sd_hi = max(twin_change - lo, 0.0) / z, max(hi - twin_change, 0.0) / z
-    w_model = (q_rel if math.isfinite(q_rel) else 0.0) * abs(twin_change)
     return (twin_change - z * math.hypot(sd_lo, sd_real) - w_model,
             twin_change + z * math.hypot(sd_hi, sd_real) + w_model)
