@@ -270,6 +270,7 @@ KEEP_SUBSECTIONS = (
     "### Declared site dynamics",
     "### Where the generated-population twin's error comes from",
     "### Where the return error comes from",
+    "### Constrained policy vs plain PPO, scored on the cluster (issue 44)",  # benchmarks/constrained_training.py
 )
 
 
