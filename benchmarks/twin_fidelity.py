@@ -270,6 +270,7 @@ KEEP_SUBSECTIONS = (
     "### Declared site dynamics",
     "### Where the generated-population twin's error comes from",
     "### Where the return error comes from",
+    "### Where the twin's revenue and task-time change bias came from (issue 44)",
     "### Constrained policy vs plain PPO, scored on the cluster (issue 44)",  # benchmarks/constrained_training.py
 )
 
