@@ -315,8 +315,8 @@ def day_means(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
 
 def kpi_change_rows(days: dict[str, dict[str, pd.DataFrame]], baseline: str, better: dict[str, str],
                     n_boot: int = 2000, seed: int = 0,
-                    calibration: dict[str, tuple[np.ndarray, float]] | None = None,
-                    paired: bool = False) -> list[dict]:  # type: ignore[type-arg]
+                    calibration: dict[str, tuple[np.ndarray, float, float]] | None = None,
+                    paired: bool = False, effect: bool = True) -> list[dict]:  # type: ignore[type-arg]
     """Per candidate and declared KPI: the cluster's relative change against ``baseline`` and the
     twin's, the twin's 90 % interval (percentile bootstrap over its simulated days of both policies,
     resampled independently), whether it covers the cluster's change, and the error in points.
@@ -332,7 +332,8 @@ def kpi_change_rows(days: dict[str, dict[str, pd.DataFrame]], baseline: str, bet
     on a finite number of days too: its 90 % interval (same bootstrap) is reported beside it.
 
     ``calibration``: KPI -> (per-day means of held-out *logged* days, the twin's conformal relative
-    level error on them). With it, the twin's interval is `measured_change_interval` (its own spread,
+    level error on them[, its conformal effect-size error: `change_calibration`]); ``effect``: add the
+    effect-size error to the interval (`measured_change_interval`'s ``q_effect``). With it, the twin's interval is `measured_change_interval` (its own spread,
     the measured change's day noise estimated from the logs, and its model error); the bootstrap-only
     interval stays in the row as ``twin_bootstrap_interval`` / ``covers_bootstrap``."""
     from edgetwin.twin.intervals import measured_change_interval
@@ -365,9 +366,11 @@ def kpi_change_rows(days: dict[str, dict[str, pd.DataFrame]], baseline: str, bet
             twin, blo, bhi = change_and_interval(d["twin"][k].to_numpy(), days[baseline]["twin"][k].to_numpy())
             lo, hi = blo, bhi
             if calibration is not None and k in calibration:
-                lo, hi = measured_change_interval(twin, (blo, bhi), calibration[k][0], len(d["real"]),
-                                                  len(days[baseline]["real"]), calibration[k][1],
-                                                  paired_twin_days=len(d["twin"]) if paired else None)
+                cal = calibration[k]
+                lo, hi = measured_change_interval(twin, (blo, bhi), cal[0], len(d["real"]),
+                                                  len(days[baseline]["real"]), cal[1],
+                                                  paired_twin_days=len(d["twin"]) if paired else None,
+                                                  q_effect=cal[2] if effect and len(cal) > 2 else 0.0)
             rows.append({"policy": name, "kpi": k, "better": direction, "real_change": real,
                          "real_interval": [rlo, rhi], "twin_change": twin, "twin_interval": [lo, hi],
                          "covers": bool(lo <= real <= hi), "error_points": 100 * abs(twin - real),
@@ -401,7 +404,8 @@ def kpi_change_summary(rows: list[dict]) -> dict:  # type: ignore[type-arg]
 
 
 def kpi_change_markdown(rows: list[dict], summary: dict, baseline: str, days: int,  # type: ignore[type-arg]
-                        unpaired: dict | None = None) -> list[str]:  # type: ignore[type-arg]
+                        unpaired: dict | None = None,  # type: ignore[type-arg]
+                        with_effect: dict | None = None) -> list[str]:  # type: ignore[type-arg]
     """The page's per-KPI section: the headline, one line per KPI, and every miss as a finding.
 
     ``unpaired``: the `kpi_change_summary` of the same runs compared the previous way (the twin's
@@ -433,10 +437,19 @@ def kpi_change_markdown(rows: list[dict], summary: dict, baseline: str, days: in
           f"{days} days, so the twin's interval (`edgetwin.twin.intervals.measured_change_interval`) combines its own "
           "spread (a percentile bootstrap over its simulated days; 1 member, so no ensemble term) with the day-to-day "
           f"noise of a measured change, {noise}, and adds the "
-          f"twin's split-conformal relative error on {days} held-out logged days' means times the size of the change. "
+          f"twin's split-conformal relative error on {days} held-out logged days' means times the size of the change"
+          + ". "
           "Everything it uses comes from the logs and the twin, none from the candidates' cluster runs. "
           f"The twin's bootstrap alone covers {100 * summary['coverage_bootstrap_only']:.0f} % "
           "of the same rows."]
+    if with_effect is not None:
+        ci_e = with_effect["coverage_interval"]
+        L += ["", "With the twin's effect-size error added to each interval (`kpi_change_effect` in the JSON: the "
+              "split-conformal quantile of `action_contrast_errors` on the same held-out logged days, the mean of a KPI "
+              "among rows whose action fell in one third of its range against all rows, the twin answering the same "
+              "logged states and actions one step ahead): coverage "
+              f"{100 * with_effect['coverage']:.0f} % of {with_effect['n']} (90 % CP interval {100 * ci_e[0]:.0f}-"
+              f"{100 * ci_e[1]:.0f} %)."]
     if unpaired is not None:
         L += ["", "The same runs compared the previous way, each policy's twin days drawn with a seed of its own "
               f"(so every candidate is compared with one draw of the baseline's generated population): coverage "
@@ -455,12 +468,18 @@ def kpi_change_markdown(rows: list[dict], summary: dict, baseline: str, days: in
 
 
 def change_calibration(twin: Twin, held: pd.DataFrame, policy: PlatformPolicy, kpis: list[str],
-                       seed: int) -> dict[str, tuple[np.ndarray, float]]:
+                       seed: int) -> dict[str, tuple[np.ndarray, float, float]]:
     """Per KPI, from held-out *logged* days only (the logging policy's, days the twin was not fitted
-    on): their per-day means (the day-to-day noise a measured change carries) and the twin's
+    on): their per-day means (the day-to-day noise a measured change carries), the twin's
     split-conformal relative error on those days' means, ``|real - twin| / |twin|`` with the twin
-    running the logging policy on the same days' populations (`logged_rollout`)."""
-    from edgetwin.twin.intervals import conformal_quantile
+    running the logging policy on the same days' populations (`logged_rollout`), and its
+    split-conformal error on the effects those days show (`action_contrast_errors` of the twin
+    answering their logged states and actions, `one_step_outputs`; change units)."""
+    from edgetwin.twin.intervals import action_contrast_errors, conformal_quantile
+
+    actions = [c for c in held.columns if c.startswith("action.")]
+    one = one_step_outputs(twin, held, seed=seed)
+    contrast = action_contrast_errors(held[actions].to_numpy(), held[kpis].to_numpy(), one[kpis].to_numpy())
 
     real = day_means(held, kpis)
     twin_days = day_means(logged_rollout(twin, policy, held, seed=seed), kpis)
@@ -470,7 +489,8 @@ def change_calibration(twin: Twin, held: pd.DataFrame, policy: PlatformPolicy, k
         n = min(len(r), len(t))
         with np.errstate(divide="ignore", invalid="ignore"):
             scores = np.abs(r[:n] - t[:n]) / np.abs(t[:n])
-        out[k] = (r, conformal_quantile([float(x) for x in scores], 0.9)[0])
+        effect = [abs(float(x)) for x in contrast[kpis.index(k)]]
+        out[k] = (r, conformal_quantile([float(x) for x in scores], 0.9)[0], conformal_quantile(effect, 0.9)[0])
     return out
 
 
@@ -546,11 +566,16 @@ def quick_ranking(args: argparse.Namespace) -> None:
     baseline = "random"  # the policy every candidate is compared with, as the demo's logging policy
     held, _ = generate_logs(cfg, episodes=eval_eps, policy=logging_policy(args, spec, args.seed + 7), seed=args.seed + 300)
     calibration = change_calibration(twin, held, logging_policy(args, spec, args.seed + 8), list(better), args.seed + 9)
-    change_rows = kpi_change_rows(days, baseline, better, seed=args.seed, calibration=calibration, paired=True)
+    change_rows = kpi_change_rows(days, baseline, better, seed=args.seed, calibration=calibration, paired=True,
+                                  effect=False)
     change_summary = kpi_change_summary(change_rows)
-    unpaired_rows = kpi_change_rows(days_unpaired, baseline, better, seed=args.seed, calibration=calibration)
+    unpaired_rows = kpi_change_rows(days_unpaired, baseline, better, seed=args.seed, calibration=calibration,
+                                    effect=False)
     unpaired_summary = kpi_change_summary(unpaired_rows)
-    L += kpi_change_markdown(change_rows, change_summary, baseline, eval_eps, unpaired=unpaired_summary)
+    effect_rows = kpi_change_rows(days, baseline, better, seed=args.seed, calibration=calibration, paired=True)
+    effect_summary = kpi_change_summary(effect_rows)
+    L += kpi_change_markdown(change_rows, change_summary, baseline, eval_eps, unpaired=unpaired_summary,
+                             with_effect=effect_summary)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "policies": rank.to_dict("records"),
                                                "scores": scores, "noise_floor_rel_err": noise_floor(rank),
@@ -559,6 +584,9 @@ def quick_ranking(args: argparse.Namespace) -> None:
                                                "kpi_change_unpaired": {"baseline": baseline,
                                                                        "summary": unpaired_summary,
                                                                        "rows": unpaired_rows},
+                                               "kpi_change_effect": {"baseline": baseline, "summary": effect_summary,
+                                                                     "rows": effect_rows},
+                                               "effect_error_q90": {k: v[2] for k, v in calibration.items()},
                                                # per policy, the per-day KPI means behind both comparisons
                                                "day_means": {n: {side: d.to_dict("list") for side, d in v.items()}
                                                              for n, v in days.items()},

@@ -72,3 +72,21 @@ def test_a_paired_measurement_gets_the_twins_paired_spread_not_one_policys_day_n
         widths_unpaired.append(uhi - ulo)
     assert hits / trials >= 0.84
     assert np.median(widths) < 0.5 * np.median(widths_unpaired)
+
+
+def test_action_contrasts_score_a_twin_that_ignores_an_action_and_widen_the_interval() -> None:
+    """Logs of an exploring policy hold effects: rows by action bin against all rows. An exact twin
+    has no contrast error; a twin blind to the action misses each bin's effect by exactly that effect."""
+    from edgetwin.twin.intervals import action_contrast_errors
+
+    rng = np.random.default_rng(4)
+    a = rng.uniform(0, 1, (3000, 1))
+    real = (1 + a[:, :1]) * (1 + 0.01 * rng.standard_normal((3000, 1)))  # +50 % at a = 1, -50 % at a = 0 vs mean
+    exact = action_contrast_errors(a, real, real.copy())
+    assert exact.shape == (1, 3) and np.allclose(exact, 0.0)
+    blind = action_contrast_errors(a, real, np.full_like(real, real.mean()))
+    assert blind[0, 0] > 0.2 and blind[0, 2] < -0.2  # the low bin's real effect is negative, the twin's 0
+    q = float(np.max(np.abs(blind)))
+    lo0, hi0 = measured_change_interval(0.1, (0.05, 0.15), np.array([1.0, 1.1, 0.9]), 5, 5)
+    lo1, hi1 = measured_change_interval(0.1, (0.05, 0.15), np.array([1.0, 1.1, 0.9]), 5, 5, q_effect=q)
+    assert np.isclose(lo0 - lo1, q) and np.isclose(hi1 - hi0, q)
