@@ -270,6 +270,8 @@ KEEP_SUBSECTIONS = (
     "### Declared site dynamics",
     "### Where the generated-population twin's error comes from",
     "### Where the return error comes from",
+    "### Where the twin's revenue and task-time change bias came from (issue 44)",
+    "### Constrained policy vs plain PPO, scored on the cluster (issue 44)",  # benchmarks/constrained_training.py
 )
 
 
@@ -313,16 +315,25 @@ def day_means(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
 
 def kpi_change_rows(days: dict[str, dict[str, pd.DataFrame]], baseline: str, better: dict[str, str],
                     n_boot: int = 2000, seed: int = 0,
-                    calibration: dict[str, tuple[np.ndarray, float]] | None = None) -> list[dict]:  # type: ignore[type-arg]
+                    calibration: dict[str, tuple[np.ndarray, float, float]] | None = None,
+                    paired: bool = False, effect: bool = True) -> list[dict]:  # type: ignore[type-arg]
     """Per candidate and declared KPI: the cluster's relative change against ``baseline`` and the
     twin's, the twin's 90 % interval (percentile bootstrap over its simulated days of both policies,
     resampled independently), whether it covers the cluster's change, and the error in points.
+
+    ``paired``: every policy ran on the same days, on the cluster and in the twin alike (the same
+    seeds: the same populations and noise, common random numbers, as the what-if engine compares
+    policies), so day ``i`` of a candidate and of the baseline are resampled together, and the
+    measured change's day noise is the twin's paired spread (`measured_change_interval`'s
+    ``paired_twin_days``). Unpaired, a twin change compares two different sets of generated days:
+    their population noise, shared by every candidate through the one baseline run, reads as a bias.
 
     ``days[policy]["real" | "twin"]`` are `day_means` frames. The cluster's own change is measured
     on a finite number of days too: its 90 % interval (same bootstrap) is reported beside it.
 
     ``calibration``: KPI -> (per-day means of held-out *logged* days, the twin's conformal relative
-    level error on them). With it, the twin's interval is `measured_change_interval` (its own spread,
+    level error on them[, its conformal effect-size error: `change_calibration`]); ``effect``: add the
+    effect-size error to the interval (`measured_change_interval`'s ``q_effect``). With it, the twin's interval is `measured_change_interval` (its own spread,
     the measured change's day noise estimated from the logs, and its model error); the bootstrap-only
     interval stays in the row as ``twin_bootstrap_interval`` / ``covers_bootstrap``."""
     from edgetwin.twin.intervals import measured_change_interval
@@ -333,10 +344,16 @@ def kpi_change_rows(days: dict[str, dict[str, pd.DataFrame]], baseline: str, bet
         base = float(b.mean())
         if base == 0:
             return float("nan"), float("nan"), float("nan")
+        if paired and len(c) != len(b):
+            raise ValueError(f"paired days: {len(c)} candidate days vs {len(b)} baseline days")
         boot = []
         for _ in range(n_boot):
-            bb = float(rng.choice(b, len(b)).mean())
-            boot.append((float(rng.choice(c, len(c)).mean()) - bb) / abs(bb or base))
+            if paired:
+                i = rng.integers(len(b), size=len(b))
+                bb, cc = float(b[i].mean()), float(c[i].mean())
+            else:
+                bb, cc = float(rng.choice(b, len(b)).mean()), float(rng.choice(c, len(c)).mean())
+            boot.append((cc - bb) / abs(bb or base))
         lo, hi = np.percentile(boot, [5, 95])
         return float((c.mean() - base) / abs(base)), float(lo), float(hi)
 
@@ -349,11 +366,15 @@ def kpi_change_rows(days: dict[str, dict[str, pd.DataFrame]], baseline: str, bet
             twin, blo, bhi = change_and_interval(d["twin"][k].to_numpy(), days[baseline]["twin"][k].to_numpy())
             lo, hi = blo, bhi
             if calibration is not None and k in calibration:
-                lo, hi = measured_change_interval(twin, (blo, bhi), calibration[k][0], len(d["real"]),
-                                                  len(days[baseline]["real"]), calibration[k][1])
+                cal = calibration[k]
+                lo, hi = measured_change_interval(twin, (blo, bhi), cal[0], len(d["real"]),
+                                                  len(days[baseline]["real"]), cal[1],
+                                                  paired_twin_days=len(d["twin"]) if paired else None,
+                                                  q_effect=cal[2] if effect and len(cal) > 2 else 0.0)
             rows.append({"policy": name, "kpi": k, "better": direction, "real_change": real,
                          "real_interval": [rlo, rhi], "twin_change": twin, "twin_interval": [lo, hi],
                          "covers": bool(lo <= real <= hi), "error_points": 100 * abs(twin - real),
+                         "protocol": "paired" if paired else "independent",
                          "twin_bootstrap_interval": [blo, bhi], "covers_bootstrap": bool(blo <= real <= bhi)})
     return rows
 
@@ -382,30 +403,60 @@ def kpi_change_summary(rows: list[dict]) -> dict:  # type: ignore[type-arg]
     return out
 
 
-def kpi_change_markdown(rows: list[dict], summary: dict, baseline: str, days: int) -> list[str]:  # type: ignore[type-arg]
-    """The page's per-KPI section: the headline, one line per KPI, and every miss as a finding."""
+def kpi_change_markdown(rows: list[dict], summary: dict, baseline: str, days: int,  # type: ignore[type-arg]
+                        unpaired: dict | None = None,  # type: ignore[type-arg]
+                        with_effect: dict | None = None) -> list[str]:  # type: ignore[type-arg]
+    """The page's per-KPI section: the headline, one line per KPI, and every miss as a finding.
+
+    ``unpaired``: the `kpi_change_summary` of the same runs compared the previous way (the twin's
+    days of each policy drawn with its own seed), printed beside the paired one."""
     ci = summary["coverage_interval"]
+    paired = bool(rows) and "paired" in rows[0].get("protocol", "")
     L = ["", "#### The change each candidate makes to each declared KPI (issue 44)", "",
          f"Candidate vs `{baseline}`, relative change of the KPI's mean over agent-steps, on {days} cluster days and "
-         f"{days} twin days per policy. Target: coverage >= 90 % of (candidate, KPI) changes inside the twin's 90 % "
+         f"{days} twin days per policy"
+         + (", every policy on the same days on each side (the same seeds: the same populations and noise, common "
+            "random numbers, as the what-if engine compares policies)" if paired else "")
+         + ". Target: coverage >= 90 % of (candidate, KPI) changes inside the twin's 90 % "
          "interval, median absolute change error <= 10 points.", "",
          f"Coverage: **{100 * summary['coverage']:.0f} %** of {summary['n']} (candidate, KPI) changes "
          f"(90 % CP interval {100 * ci[0]:.0f}-{100 * ci[1]:.0f} %, optimistic: KPIs of one candidate are correlated); "
          f"median absolute change error **{summary['median_abs_error_points']:.1f} points**. "
          f"{'Met' if summary['coverage'] >= 0.9 and summary['median_abs_error_points'] <= 10 else 'Missed'}.", "",
-         "| KPI | direction | coverage | median abs. error (points) |", "|---|---|---:|---:|"]
+         "| KPI | direction | coverage | median abs. error (points) | mean signed error (points) |",
+         "|---|---|---:|---:|---:|"]
     better = {r["kpi"]: r["better"] for r in rows}
     for k, s in summary["per_kpi"].items():
-        L.append(f"| {k} | {better[k]} | {100 * s['coverage']:.0f} % of {s['n']} | {s['median_abs_error_points']:.1f} |")
+        L.append(f"| {k} | {better[k]} | {100 * s['coverage']:.0f} % of {s['n']} | {s['median_abs_error_points']:.1f} "
+                 f"| {s['mean_signed_error_points']:+.1f} |")
     misses = [r for r in rows if not r["covers"]]
+    noise = ("the twin's own paired spread scaled to the cluster's days (a paired change's day noise cannot be read "
+             "off one policy's logs)" if paired else
+             f"estimated from {days} held-out logged days of the logging policy")
     L += ["", "What the coverage is about: the cluster's change is itself measured on "
           f"{days} days, so the twin's interval (`edgetwin.twin.intervals.measured_change_interval`) combines its own "
           "spread (a percentile bootstrap over its simulated days; 1 member, so no ensemble term) with the day-to-day "
-          f"noise of a measured change, estimated from {days} held-out logged days of the logging policy, and adds the "
-          "twin's split-conformal relative error on those days' means times the size of the change. Everything it uses "
-          "comes from the logs, none from the candidates' cluster runs. "
-          f"The twin's bootstrap alone (the previous interval) covers {100 * summary['coverage_bootstrap_only']:.0f} % "
+          f"noise of a measured change, {noise}, and adds the "
+          f"twin's split-conformal relative error on {days} held-out logged days' means times the size of the change"
+          + ". "
+          "Everything it uses comes from the logs and the twin, none from the candidates' cluster runs. "
+          f"The twin's bootstrap alone covers {100 * summary['coverage_bootstrap_only']:.0f} % "
           "of the same rows."]
+    if with_effect is not None:
+        ci_e = with_effect["coverage_interval"]
+        L += ["", "With the twin's effect-size error added to each interval (`kpi_change_effect` in the JSON: the "
+              "split-conformal quantile of `action_contrast_errors` on the same held-out logged days, the mean of a KPI "
+              "among rows whose action fell in one third of its range against all rows, the twin answering the same "
+              "logged states and actions one step ahead): coverage "
+              f"{100 * with_effect['coverage']:.0f} % of {with_effect['n']} (90 % CP interval {100 * ci_e[0]:.0f}-"
+              f"{100 * ci_e[1]:.0f} %)."]
+    if unpaired is not None:
+        L += ["", "The same runs compared the previous way, each policy's twin days drawn with a seed of its own "
+              f"(so every candidate is compared with one draw of the baseline's generated population): coverage "
+              f"{100 * unpaired['coverage']:.0f} %, median absolute change error "
+              f"{unpaired['median_abs_error_points']:.1f} points, mean signed error per KPI "
+              + ", ".join(f"{k} {v['mean_signed_error_points']:+.1f}" for k, v in unpaired["per_kpi"].items())
+              + " (points)."]
     L += ["", f"Findings: the twin gets {len(misses)} change(s) wrong by more than its interval:", ""]
     L += ["| candidate | KPI | cluster change [90 %] | twin change [its 90 % interval] | error (points) |",
           "|---|---|---:|---:|---:|"]
@@ -417,12 +468,18 @@ def kpi_change_markdown(rows: list[dict], summary: dict, baseline: str, days: in
 
 
 def change_calibration(twin: Twin, held: pd.DataFrame, policy: PlatformPolicy, kpis: list[str],
-                       seed: int) -> dict[str, tuple[np.ndarray, float]]:
+                       seed: int) -> dict[str, tuple[np.ndarray, float, float]]:
     """Per KPI, from held-out *logged* days only (the logging policy's, days the twin was not fitted
-    on): their per-day means (the day-to-day noise a measured change carries) and the twin's
+    on): their per-day means (the day-to-day noise a measured change carries), the twin's
     split-conformal relative error on those days' means, ``|real - twin| / |twin|`` with the twin
-    running the logging policy on the same days' populations (`logged_rollout`)."""
-    from edgetwin.twin.intervals import conformal_quantile
+    running the logging policy on the same days' populations (`logged_rollout`), and its
+    split-conformal error on the effects those days show (`action_contrast_errors` of the twin
+    answering their logged states and actions, `one_step_outputs`; change units)."""
+    from edgetwin.twin.intervals import action_contrast_errors, conformal_quantile
+
+    actions = [c for c in held.columns if c.startswith("action.")]
+    one = one_step_outputs(twin, held, seed=seed)
+    contrast = action_contrast_errors(held[actions].to_numpy(), held[kpis].to_numpy(), one[kpis].to_numpy())
 
     real = day_means(held, kpis)
     twin_days = day_means(logged_rollout(twin, policy, held, seed=seed), kpis)
@@ -432,7 +489,8 @@ def change_calibration(twin: Twin, held: pd.DataFrame, policy: PlatformPolicy, k
         n = min(len(r), len(t))
         with np.errstate(divide="ignore", invalid="ignore"):
             scores = np.abs(r[:n] - t[:n]) / np.abs(t[:n])
-        out[k] = (r, conformal_quantile([float(x) for x in scores], 0.9)[0])
+        effect = [abs(float(x)) for x in contrast[kpis.index(k)]]
+        out[k] = (r, conformal_quantile([float(x) for x in scores], 0.9)[0], conformal_quantile(effect, 0.9)[0])
     return out
 
 
@@ -466,11 +524,16 @@ def quick_ranking(args: argparse.Namespace) -> None:
     terms: list[dict] = []  # type: ignore[type-arg]
     better = declared_kpis(spec)
     days: dict[str, dict[str, pd.DataFrame]] = {}
+    days_unpaired: dict[str, dict[str, pd.DataFrame]] = {}  # the previous protocol: one twin seed per policy
     for i, (name, pol) in enumerate(policies.items()):
         real_df, _ = generate_logs(cfg, episodes=eval_eps, policy=pol, seed=args.seed + 500)
-        twin_df = twin.rollout(pol, episodes=eval_eps, seed=args.seed + 500 + i, n_agents=n_agents, steps=steps,
+        # every policy on the same generated days (common random numbers), as on the cluster above
+        twin_df = twin.rollout(pol, episodes=eval_eps, seed=args.seed + 500, n_agents=n_agents, steps=steps,
                                all_members=True)
         days[name] = {"real": day_means(real_df, list(better)), "twin": day_means(twin_df, list(better))}
+        other = twin_df if i == 0 else twin.rollout(pol, episodes=eval_eps, seed=args.seed + 500 + i,
+                                                    n_agents=n_agents, steps=steps, all_members=True)
+        days_unpaired[name] = {"real": days[name]["real"], "twin": day_means(other, list(better))}
         rep_df = logged_rollout(twin, pol, real_df, seed=args.seed + 500 + i, all_members=True)
         one_df = one_step_outputs(twin, real_df, seed=args.seed + 500 + i)
         for col, df in (("real", real_df), ("twin", twin_df), (REPLAY_COL, rep_df), (ONE_STEP_COL, one_df)):
@@ -503,14 +566,32 @@ def quick_ranking(args: argparse.Namespace) -> None:
     baseline = "random"  # the policy every candidate is compared with, as the demo's logging policy
     held, _ = generate_logs(cfg, episodes=eval_eps, policy=logging_policy(args, spec, args.seed + 7), seed=args.seed + 300)
     calibration = change_calibration(twin, held, logging_policy(args, spec, args.seed + 8), list(better), args.seed + 9)
-    change_rows = kpi_change_rows(days, baseline, better, seed=args.seed, calibration=calibration)
+    change_rows = kpi_change_rows(days, baseline, better, seed=args.seed, calibration=calibration, paired=True,
+                                  effect=False)
     change_summary = kpi_change_summary(change_rows)
-    L += kpi_change_markdown(change_rows, change_summary, baseline, eval_eps)
+    unpaired_rows = kpi_change_rows(days_unpaired, baseline, better, seed=args.seed, calibration=calibration,
+                                    effect=False)
+    unpaired_summary = kpi_change_summary(unpaired_rows)
+    effect_rows = kpi_change_rows(days, baseline, better, seed=args.seed, calibration=calibration, paired=True)
+    effect_summary = kpi_change_summary(effect_rows)
+    L += kpi_change_markdown(change_rows, change_summary, baseline, eval_eps, unpaired=unpaired_summary,
+                             with_effect=effect_summary)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "policies": rank.to_dict("records"),
                                                "scores": scores, "noise_floor_rel_err": noise_floor(rank),
                                                "kpi_change": {"baseline": baseline, "summary": change_summary,
-                                                              "rows": change_rows}},
+                                                              "rows": change_rows, "paired": True},
+                                               "kpi_change_unpaired": {"baseline": baseline,
+                                                                       "summary": unpaired_summary,
+                                                                       "rows": unpaired_rows},
+                                               "kpi_change_effect": {"baseline": baseline, "summary": effect_summary,
+                                                                     "rows": effect_rows},
+                                               "effect_error_q90": {k: v[2] for k, v in calibration.items()},
+                                               # per policy, the per-day KPI means behind both comparisons
+                                               "day_means": {n: {side: d.to_dict("list") for side, d in v.items()}
+                                                             for n, v in days.items()},
+                                               "twin_day_means_unpaired": {n: v["twin"].to_dict("list")
+                                                                           for n, v in days_unpaired.items()}},
                                               indent=1, default=str))
     tt = pd.DataFrame(terms)
     names = [c for c in tt.columns if c not in ("policy", "mode")]

@@ -219,6 +219,31 @@ def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def declared_kpi_summary(rows: list[dict[str, Any]], declared: list[str]) -> dict[str, Any]:
+    """Per KPI the spec declares a direction for (issue 44): over the candidates, the coverage of the
+    cluster's change by the twin's 90 % interval (with its Clopper-Pearson 90 % interval), the median
+    absolute and the mean signed change error in points (twin minus cluster: a shared sign is a bias),
+    and the findings, every (candidate, KPI) whose change the twin gets wrong by more than its interval."""
+    from scipy.stats import binomtest
+
+    def one(rs: list[dict[str, Any]]) -> dict[str, Any]:
+        rs = [r for r in rs if math.isfinite(r["real_change"]) and math.isfinite(r["twin_change"])]
+        k, n = sum(r["covered"] for r in rs), len(rs)
+        ci = binomtest(k, n).proportion_ci(0.90, method="exact") if n else None
+        err = [100 * (r["twin_change"] - r["real_change"]) for r in rs]
+        return {"n": n, "coverage": k / n if n else float("nan"),
+                "coverage_interval": [ci.low, ci.high] if ci else None,
+                "median_abs_error_points": float(np.median(np.abs(err))) if n else float("nan"),
+                "mean_signed_error_points": float(np.mean(err)) if n else float("nan")}
+
+    mine = [r for r in rows if r["kpi"] in declared]
+    findings = sorted((r for r in mine if not r["covered"]),
+                      key=lambda r: -abs(r["twin_change"] - r["real_change"]))
+    return {**one(mine), "per_kpi": {k: one([r for r in mine if r["kpi"] == k]) for k in declared},
+            "findings": [{k: r[k] for k in ("policy", "kpi", "twin_change", "interval", "real_change",
+                                            "out_of_support", "verdict")} for r in findings]}
+
+
 def split_policies(names: list[str], seed: int) -> tuple[list[str], list[str]]:
     """The candidates in two disjoint halves, by a seeded shuffle: ``(choose on, report on)``.
 
@@ -384,6 +409,7 @@ def main() -> None:
     rc = risk_coverage(rows, MAX_OUT_OF_SUPPORT)
     summary["risk_coverage"] = rc
     summary["rows"] = rows
+    summary["declared_kpis"] = declared_kpi_summary(rows, [f.name for f in spec.features if f.better is not None])
 
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / results_name(args.logging, args.calibrate_on)).write_text(json.dumps(summary, indent=1, default=float))
@@ -415,7 +441,12 @@ def main() -> None:
 
 def _rewrite_docs(args: argparse.Namespace) -> None:
     """Rewrite the docs section from the results files of earlier runs."""
-    last = json.loads((OUT / f"results_{args.logging}.json").read_text())
+    path = OUT / f"results_{args.logging}.json"
+    last = json.loads(path.read_text())
+    if "declared_kpis" not in last:  # a results file written before the per-declared-KPI summary: add it
+        declared = [f.name for f in cluster_spec(ClusterConfig(n_agents=1, steps=1)).features if f.better is not None]
+        last["declared_kpis"] = declared_kpi_summary(last["rows"], declared)
+        path.write_text(json.dumps(last, indent=1, default=float))
     by_logging = {n: json.loads((OUT / f"results_{n}.json").read_text()) for n in LOGGING_TEXT
                   if (OUT / f"results_{n}.json").is_file()}  # fmt: skip
     args.quick = bool(last["quick"])
@@ -515,6 +546,7 @@ def section(by_logging: dict[str, Any], last: dict[str, Any], args: argparse.Nam
             "|---|---|---:|---:|---:|---:|---|",
             *cal_rows,
         ]
+    lines += _declared_lines(last)
     lines += [
         "",
         f"Per (policy, KPI), logs: {LOGGING_TEXT[last['logging']]} (the last run; every run's rows are in "
@@ -541,6 +573,38 @@ def section(by_logging: dict[str, Any], last: dict[str, Any], args: argparse.Nam
         "",
     ]
     return "\n".join(lines)
+
+
+def _declared_lines(last: dict[str, Any]) -> list[str]:
+    """The section's per-declared-KPI block (issue 44) of the last run: coverage and error per KPI
+    the spec gives a direction, and the findings (empty without ``declared_kpis`` in the results)."""
+    d = last.get("declared_kpis")
+    if not d or not d["n"]:
+        return []
+    ci = d["coverage_interval"]
+    lines = [
+        "",
+        f"Per KPI the cluster's spec declares a direction for (issue 44; logs: {last['logging']}, the last run): the "
+        "twin's predicted change vs the cluster's over the candidates, each on the same days on both sides. Coverage "
+        f"{100 * d['coverage']:.0f} % of {d['n']} (90 % CP interval {100 * ci[0]:.0f}-{100 * ci[1]:.0f} %, optimistic: "
+        f"KPIs of one candidate are correlated), median absolute change error {d['median_abs_error_points']:.1f} points.",
+        "",
+        "| KPI | coverage | median abs. error (points) | mean signed error, twin minus cluster (points) |",
+        "|---|---:|---:|---:|",
+    ]
+    for k, v in d["per_kpi"].items():
+        lines.append(f"| {k} | {100 * v['coverage']:.0f} % of {v['n']} | {v['median_abs_error_points']:.1f} | "
+                     f"{v['mean_signed_error_points']:+.1f} |")
+    lines += ["", f"Findings: the twin gets {len(d['findings'])} declared-KPI change(s) wrong by more than its interval"
+              + (":" if d["findings"] else "."), ""]
+    if d["findings"]:
+        lines += ["| candidate | KPI | cluster change | twin change [90 % interval] | out of support | gate's verdict |",
+                  "|---|---|---:|---:|---:|---|"]
+        for r in d["findings"]:
+            lines.append(f"| {r['policy']} | {r['kpi']} | {100 * r['real_change']:+.1f} % | "
+                         f"{100 * r['twin_change']:+.1f} % [{100 * r['interval'][0]:+.1f}, {100 * r['interval'][1]:+.1f}] | "
+                         f"{100 * r['out_of_support']:.0f} % | {r['verdict']} |")
+    return lines
 
 
 def _plot(rc: dict[str, list[float]], path: Path, logging: str) -> None:

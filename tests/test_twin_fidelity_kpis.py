@@ -67,3 +67,28 @@ def test_kpi_change_rows_with_logged_day_noise_widen_the_twins_interval_and_keep
     assert cal["twin_bootstrap_interval"] == plain["twin_interval"]
     assert cal["twin_interval"][0] < plain["twin_interval"][0] and cal["twin_interval"][1] > plain["twin_interval"][1]
     assert tf.kpi_change_summary([cal])["coverage_bootstrap_only"] == float(cal["covers_bootstrap"])
+
+
+def test_paired_days_cancel_the_days_shared_swing_and_unequal_days_are_refused() -> None:
+    """Every policy on the same days (common random numbers): a twin whose days swing as much as the
+    cluster's but whose effect is right has a paired change that is right, covered by its interval."""
+    tf = pytest.importorskip("twin_fidelity")
+    rng = np.random.default_rng(2)
+    better = {"kpi.revenue": "higher"}
+    swing_real, swing_twin = 1 + 0.3 * rng.standard_normal(10), 1 + 0.3 * rng.standard_normal(10)
+
+    def days(swing: np.ndarray, effect: float) -> pd.DataFrame:
+        return pd.DataFrame({"kpi.revenue": effect * swing * (1 + 0.01 * rng.standard_normal(10))})
+
+    data = {"random": {"real": days(swing_real, 1.0), "twin": days(swing_twin, 1.0)},
+            "cand": {"real": days(swing_real, 1.3), "twin": days(swing_twin, 1.3)}}
+    logged = 1 + 0.3 * rng.standard_normal(10)
+    row = tf.kpi_change_rows(data, "random", better, n_boot=300, calibration={"kpi.revenue": (logged, 0.05)},
+                             paired=True)[0]
+    assert row["protocol"] == "paired" and row["covers"] and row["error_points"] < 3
+    assert row["twin_interval"][1] - row["twin_interval"][0] < 0.2  # the 0.3 swing cancels
+    unpaired = tf.kpi_change_rows(data, "random", better, n_boot=300, calibration={"kpi.revenue": (logged, 0.05)})[0]
+    assert unpaired["twin_interval"][1] - unpaired["twin_interval"][0] > row["twin_interval"][1] - row["twin_interval"][0]
+    data["cand"]["twin"] = data["cand"]["twin"].iloc[:9]
+    with pytest.raises(ValueError, match="paired days"):
+        tf.kpi_change_rows(data, "random", better, n_boot=10, paired=True)

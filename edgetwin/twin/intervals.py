@@ -53,6 +53,7 @@ __all__ = [
     "conformal_quantile",
     "interval",
     "measured_change_interval",
+    "action_contrast_errors",
 ]
 
 #: The nominal level of every interval the twin reports.
@@ -336,6 +337,8 @@ def measured_change_interval(
     n_baseline: int,
     q_rel: float = 0.0,
     level: float = LEVEL,
+    paired_twin_days: int | None = None,
+    q_effect: float = 0.0,
 ) -> tuple[float, float]:
     """The interval a relative change *measured on the real system over a finite number of days*
     should fall in, given the twin's prediction.
@@ -352,11 +355,41 @@ def measured_change_interval(
     added as the calibrated relative error ``q_rel`` (`Calibration.quantile`) applied to the size of
     the change, as `change_interval`'s ``"hybrid"`` does. Shapes: scalars and ``(E,)``; units: the
     change is a fraction (0.1 = +10 %).
+
+    ``paired_twin_days``: the real change is measured *paired* (both policies on the same days:
+    the same populations and noise, common random numbers) and ``twin_ci`` is the twin's paired
+    bootstrap over that many simulated days, paired the same way. A paired change's day noise is
+    what is left of the day-to-day spread once both policies share it: not the logged days' spread
+    of one policy (much larger), and not estimable from logs of one policy. The twin's own paired
+    spread is its estimate, scaled to the real system's ``n_candidate`` days
+    (``sd · sqrt(paired_twin_days / n_candidate)``), and the two are read with Student's t at
+    ``paired_twin_days - 1`` degrees of freedom (the bootstrap's plug-in spread corrected by
+    ``sqrt(n / (n - 1))``): 10 days are no normal sample. ``logged_days`` is then unused.
+
+    ``q_effect``: the twin's error on the *size* of an effect, in change units (0.1 = 10 points), e.g.
+    the conformal quantile of `action_contrast_errors`; added to the model term: a twin can get an
+    effect wrong by a fixed amount whatever the size of the change it predicts, which
+    ``q_rel · |change|`` (a level error scaled by the change) misses when the change is small.
     """
     from scipy.stats import norm
 
     z = float(norm.ppf(0.5 + level / 2.0))
     lo, hi = float(twin_ci[0]), float(twin_ci[1])
+    sd_lo, sd_hi = max(twin_change - lo, 0.0) / z, max(hi - twin_change, 0.0) / z
+    w_model = (q_rel if math.isfinite(q_rel) else 0.0) * abs(twin_change)
+    w_model += q_effect if math.isfinite(q_effect) else 0.0
+    if paired_twin_days is not None:
+        if not math.isfinite(twin_change) or paired_twin_days < 2 or n_candidate < 1:
+            return lo, hi
+        from scipy.stats import t as student_t
+
+        # a percentile bootstrap over n days is a plug-in: its spread is sqrt((n-1)/n) of the
+        # unbiased one; over a few days the combined spread is read with Student's t (n-1 df)
+        n = paired_twin_days
+        tq = float(student_t.ppf(0.5 + level / 2.0, n - 1)) * math.sqrt(n / (n - 1.0))
+        scale = math.sqrt(n / n_candidate)
+        return (twin_change - tq * math.hypot(sd_lo, sd_lo * scale) - w_model,
+                twin_change + tq * math.hypot(sd_hi, sd_hi * scale) + w_model)
     d = np.asarray(logged_days, dtype=np.float64)
     d = d[np.isfinite(d)]
     if not math.isfinite(twin_change) or len(d) < 2 or n_candidate < 1 or n_baseline < 1:
@@ -364,7 +397,47 @@ def measured_change_interval(
     mean = float(d.mean())
     cv = float(d.std(ddof=1) / abs(mean)) if mean != 0 else 0.0
     sd_real = cv * math.sqrt(1.0 / n_candidate + 1.0 / n_baseline) * abs(1.0 + twin_change)
-    sd_lo, sd_hi = max(twin_change - lo, 0.0) / z, max(hi - twin_change, 0.0) / z
-    w_model = (q_rel if math.isfinite(q_rel) else 0.0) * abs(twin_change)
     return (twin_change - z * math.hypot(sd_lo, sd_real) - w_model,
             twin_change + z * math.hypot(sd_hi, sd_real) + w_model)
+
+
+def action_contrast_errors(actions: np.ndarray, real: np.ndarray, twin: np.ndarray, bins: int = 3) -> np.ndarray:
+    """The twin's errors on effects that logged data can show: ``(K, C)`` per output, per contrast.
+
+    Why: a change between two policies is an effect, and logs of one policy have no second policy to
+    score a twin's effects against. Logs of an exploring policy still hold effects: the mean of an
+    output among rows whose action ``j`` fell in one of its quantile bins, against its mean over all
+    rows (the logging policy's), is a relative change the real system produced (under the logged
+    states), in the units of a candidate-vs-logging change. The twin answering the same rows
+    (teacher forced: the logged states and actions, e.g. `edgetwin.twin.fidelity.one_step_outputs`)
+    gives its own; the difference is an effect-size error with no policy run on the real system.
+    ``C = A · bins`` contrasts. One step ahead, so it misses errors that compound over a day (a
+    lower bound on a rolled-out change's error); and a bin is a slice of the logged states, not a
+    policy's own state distribution.
+
+    Args:
+        actions: ``(N, A)`` logged actions.
+        real: ``(N, K)`` the outputs the real system logged on those rows.
+        twin: ``(N, K)`` the twin's outputs on the same rows.
+        bins: quantile bins per action column.
+
+    Returns:
+        ``(K, C)`` ``twin contrast - real contrast`` in change units (NaN where an output's real mean
+        over all rows is 0).
+    """
+    a = np.asarray(actions, np.float64)
+    y, t = np.asarray(real, np.float64), np.asarray(twin, np.float64)
+    ry_all, ty_all = y.mean(axis=0), t.mean(axis=0)
+    out: list[np.ndarray] = []
+    for j in range(a.shape[1]):
+        edges = np.quantile(a[:, j], np.linspace(0.0, 1.0, bins + 1)[1:-1])
+        b = np.searchsorted(edges, a[:, j], side="right")
+        for k in range(bins):
+            rows = b == k
+            if not rows.any():
+                continue
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rc = np.where(ry_all != 0, (y[rows].mean(axis=0) - ry_all) / np.abs(ry_all), np.nan)
+                tc = np.where(ty_all != 0, (t[rows].mean(axis=0) - ty_all) / np.abs(ty_all), np.nan)
+            out.append(tc - rc)
+    return np.stack(out, axis=1) if out else np.zeros((y.shape[1], 0))
