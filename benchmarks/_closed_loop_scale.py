@@ -134,11 +134,12 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
     canaries: list[tuple[Any, Any]] = []
     res, loop_error = None, None
     try:
+        ext = {"days": ctx["day_source"], "max_days": ctx["max_days"], "other_days": [ctx["recent"]]} if ctx["max_days"] > 1 else {}
         res = canary_loop(twin, fleet_log, copy.deepcopy(pol), copy.deepcopy(current), cfg, candidate_spec=cand_spec,
                           baseline_spec=base_spec, budget=ctx["budget"], max_rounds=3, seed=seed,
                           fleet_seed=ctx["fleet_seed"], old_logs=[ctx["train"]], update_options=UPDATE,
                           decision=decision, log=lambda s: None,
-                          on_canary=lambda r, plan, cres: canaries.append((plan, cres)))  # fmt: skip
+                          on_canary=lambda r, plan, cres: canaries.append((plan, _lean(cres))), **ext)  # fmt: skip
     except InputError as e:  # no first round within the budget: the loop stays where the twin was
         loop_error = str(e)
     tc = loop_pairs(name, decision, res, canaries, nominal)
@@ -152,7 +153,10 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
     alone = kayenta_pairs(alone_logs, cols, 4)
     alone_steps = sum(int(((lg["policy"].astype(str) == "candidate") & (lg["t"] >= 4)).sum()) for lg in alone_logs)
     sweep, sweep_steps = {}, {}
-    for i, (share, hours) in enumerate(ctx["sweep"]):
+    reused = ctx.get("reuse", {}).get(name)
+    if reused is not None:  # the same seeded sweep of an earlier run (it does not depend on the loop)
+        sweep, sweep_steps = reused
+    for i, (share, hours) in enumerate(ctx["sweep"] if reused is None else ()):
         ccfg, _ = random_slice_config(ctx["agents"], share, hours, margins, seed * 1000 + 100 + i, twin.spec, {})
         lg = canary_on_cluster(cfg, copy.deepcopy(current), copy.deepcopy(pol), ccfg, seed=ctx["fleet_seed"],
                                episode=f"sweep-{seed}-{i}").log  # fmt: skip
@@ -160,19 +164,31 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
         sweep[label] = kayenta_pairs([lg], cols, ccfg.pre_ticks)
         sweep_steps[label] = int(((lg["policy"].astype(str) == "candidate") & (lg["t"] >= ccfg.pre_ticks)).sum())
     keep = distinct_pairs(kdefs, kpi_column)
-    pairs = [{"policy": name, "kpi": k, "merged": names, "better": nominal[k].better,
+    pairs = [{"policy": name, "kpi": k, "column": kpi_column(kdefs[k]), "merged": names, "better": nominal[k].better,
               "allowed_change": float(nominal[k].allowed_change), "twin_alone": nominal[k].verdict,
               "twin_canary": tc[k], "canary_alone": alone.get(k, "straddle"),
               "sweep": {lb: v.get(k, "straddle") for lb, v in sweep.items()}} for k, names in keep.items()]  # fmt: skip
     summary = {"policy": name, "twin_alone": decision.verdict, "twin_canary": res.verdict if res else "abstain",
                "reason": (res.reason if res else f"no canary: {loop_error}")[:400],
                "rounds": [{"n_groups": r.plan["n_groups"], "hours": r.plan["hours"], "stop": r.stop_reason,
-                           "agent_steps": r.candidate_agent_steps, "verdict": r.verdict,
+                           "agent_steps": r.candidate_agent_steps, "verdict": r.verdict, "look": r.look,
+                           "checks": {c["kpi"]: c["verdict"] for c in r.checks},
+                           "guard_kpi": getattr(canaries[r.round - 1][1].guard_stop, "kpi", None)
+                           if r.stop_reason == "guard" and len(canaries) >= r.round else None,
                            "widths": {c["kpi"]: [c.get("expected_width"), c.get("realised_width")] for c in r.checks}}
                           for r in (res.rounds if res else [])],
                "twin_canary_agent_steps": res.agent_steps if res else 0, "canary_alone_agent_steps": alone_steps,
+               "max_days": ctx["max_days"],
                "sweep_agent_steps": sweep_steps, "kdefs": list(kdefs)}  # fmt: skip
     return pairs, summary
+
+
+def _lean(cres: Any) -> Any:
+    """What the benchmark keeps of a loop canary's `CanaryResult`: its slice's log and the guard's
+    stop (not the rest of the fleet's rows: 16 days of 1,000-group fleets would not fit memory)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(log=cres.log, guard_stop=cres.guard_stop)
 
 
 def sweep_label(n: int, share: float, hours: float) -> str:
@@ -180,9 +196,16 @@ def sweep_label(n: int, share: float, hours: float) -> str:
 
 
 def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path, n_candidates: int = 0,
-             log: Any = print) -> dict[str, Any]:
+             log: Any = print, max_days: int = 1, reuse: Path | None = None) -> dict[str, Any]:
     """Every fleet size for one seed (its own training logs and twin, candidates and fleets), saved
-    to ``out`` after each size (a run cut short keeps the sizes it finished)."""
+    to ``out`` after each size (a run cut short keeps the sizes it finished).
+
+    ``max_days`` > 1: each candidate's canary is extended up to that many days (`canary_loop`'s
+    ``days``: day ``d`` a fresh population on seed ``seed·1000 + 200 + d``, judged at
+    `edgetwin.loop.ppi.look_days`), its day-to-day variance from 6 recent days of the fleet's own
+    size (seed ``seed·1000 + 300``). ``reuse``: an earlier run's ``seed<S>.json`` (same seed,
+    candidates, twin and truth days) whose multi-day truth and canary-alone sweep are taken as
+    they are (both are seeded and do not depend on the loop), so that only the loop runs again."""
     from closed_loop import MAX_HOURS, MAX_SHARE
     from whatif_gate import candidates, fit_or_load, logging_policy
 
@@ -210,8 +233,17 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
                budget={"max_share": MAX_SHARE, "hours": MAX_HOURS, "max_loss": {}}, sweep_max_groups=SWEEP_MAX_GROUPS)  # fmt: skip
     doc.setdefault("by_fleet_size", {})
     doc["seconds_fit"] = time.perf_counter() - t0
+    doc["max_days"] = int(max_days)
+    old_doc = json.loads(reuse.read_text()) if reuse is not None else None
+    if old_doc is not None:
+        same = all(old_doc.get(k) == doc.get(k) for k in ("seed", "truth_days", "twin")) and \
+            old_doc.get("candidates", [])[: len(names)] == names[: len(old_doc.get("candidates", []))]
+        if not same:
+            raise SystemExit(f"--reuse {reuse}: another seed, twin, truth or candidate list than this run")
+        doc["reused"] = {"from": str(reuse), "what": ["truth", "canary-alone sweep"]}
     for n in sizes:
-        run_size(doc, n, twin, train, current, pols, budget, truth_days, seed, out, log)
+        run_size(doc, n, twin, train, current, pols, budget, truth_days, seed, out, log, max_days=max_days,
+                 reuse=(old_doc or {}).get("by_fleet_size", {}).get(str(n)))  # fmt: skip
     return doc
 
 
@@ -225,7 +257,8 @@ def sweep_for(n: int) -> tuple[tuple[float, float], ...]:
 
 
 def run_size(doc: dict[str, Any], n: int, twin: Any, train: Any, current: Any, pols: dict[str, Any], budget: Any,
-             truth_days: int, seed: int, out: Path, log: Any) -> None:
+             truth_days: int, seed: int, out: Path, log: Any, max_days: int = 1,
+             reuse: dict[str, Any] | None = None) -> None:
     """One fleet size: each candidate's pairs with their multi-day truth, saved to ``out`` after every
     candidate (``complete`` once all are done; a rerun resumes with the candidates not yet done)."""
     from edgetwin.emulator.cluster import ClusterConfig
@@ -240,7 +273,16 @@ def run_size(doc: dict[str, Any], n: int, twin: Any, train: Any, current: Any, p
     fleet_log, _ = generate_logs(cfg, 1, copy.deepcopy(current), seed=fleet_seed)
     ctx = {"twin": twin, "fleet_log": fleet_log, "cfg": cfg, "current": current, "seed": seed, "budget": budget,
            "fleet_seed": fleet_seed, "train": train, "sweep": sweep_for(n),
-           "agents": sorted(fleet_log["agent"].astype(str).unique())}  # fmt: skip
+           "agents": sorted(fleet_log["agent"].astype(str).unique()), "max_days": int(max_days)}  # fmt: skip
+    if max_days > 1:
+        ctx["day_source"] = lambda d: (generate_logs(cfg, 1, copy.deepcopy(current), seed=seed * 1000 + 200 + d)[0],
+                                       seed * 1000 + 200 + d)  # fmt: skip
+        ctx["recent"] = generate_logs(cfg, 6, copy.deepcopy(current), seed=seed * 1000 + 300)[0]
+    if reuse is not None:
+        ctx["reuse"] = {s["policy"]: ({lb: {p["kpi"]: p["sweep"][lb] for p in reuse["pairs"] if p["policy"] == s["policy"]}
+                                      for lb in s["sweep_agent_steps"]}, s["sweep_agent_steps"])
+                        for s in reuse["per_candidate"]}  # fmt: skip
+        entry["truth"].update(reuse.get("truth", {}))
     entry["sweep"] = [list(p) for p in sweep_for(n)]
     done = {s["policy"] for s in entry["per_candidate"]}
     for name, pol in pols.items():
@@ -250,7 +292,8 @@ def run_size(doc: dict[str, Any], n: int, twin: Any, train: Any, current: Any, p
         truth = entry["truth"]
         if "current" not in truth:
             truth.update(multi_day_truth(cfg, {"current": current}, list(ctx["kdefs"].values()), twin, truth_days, seed))
-        truth.update(multi_day_truth(cfg, {name: pol}, list(ctx["kdefs"].values()), twin, truth_days, seed))
+        if name not in truth:
+            truth.update(multi_day_truth(cfg, {name: pol}, list(ctx["kdefs"].values()), twin, truth_days, seed))
         for p in pairs:
             rb, rc = truth["current"][p["kpi"]], truth[p["policy"]][p["kpi"]]
             ch = (rc - rb) / abs(rb) if rb else float("nan")
@@ -335,7 +378,46 @@ def score_size(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[s
         "canary_alone_agent_steps": sum(s["canary_alone_agent_steps"] for s in per),
         "rounds": sum(len(s["rounds"]) for s in per),
         "max_merged_truth_gap": max((p.get("merged_truth_gap", 0.0) for p in pairs), default=0.0),
+        "by_day": by_day(pairs, per),
     }  # fmt: skip
+
+
+def verdict_at(pair: dict[str, Any], summary: dict[str, Any], day: int) -> str:
+    """The loop's verdict on ``pair`` had it stopped after canary day ``day``: its last look (or
+    guard stop) on or before that day, the twin alone's before any (a loop that had stopped earlier
+    keeps its last verdict). With one round per day, round ``r`` is day ``r``."""
+    rounds = [r for i, r in enumerate(summary.get("rounds", []), start=1) if i <= day and r.get("look", True)]
+    if not rounds:
+        return str(pair["twin_alone"])
+    last = rounds[-1]
+    if last.get("stop") == "guard":
+        return "regress" if last.get("guard_kpi") and last.get("guard_kpi") == pair.get("column") else str(pair["twin_alone"])
+    return str(last.get("checks", {}).get(pair.get("column") or "", pair["twin_alone"]))
+
+
+def by_day(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The canary verdict rate and its agreement as the canaries are extended: per look day ``d``
+    (`edgetwin.loop.ppi.look_days` of the run's ``max_days``), the share of the pairs the twin alone
+    left open that the loop had decided had it stopped after day ``d`` (`verdict_at`; the same
+    schedule's looks and levels: stopping early at a planned look keeps the level), with
+    Clopper-Pearson intervals, and the loop's candidate agent-steps up to that day."""
+    from edgetwin.loop.ppi import look_days
+
+    summ = {(s.get("seed"), s["policy"]): s for s in per}
+    n_days = max((len(s.get("rounds", [])) for s in per), default=0)
+    if n_days <= 1:
+        return []
+    max_days = max(int(s.get("max_days", n_days)) for s in per)
+    open_ = [p for p in pairs if p["twin_alone"] not in DECIDED]
+    out = []
+    for d in look_days(max_days):
+        got = [(p, verdict_at(p, summ[(p.get("seed"), p["policy"])], d)) for p in open_]
+        dec = [(p, v) for p, v in got if v in DECIDED]
+        right = sum((v == "regress") == bool(p["truth_regress"]) for p, v in dec)
+        steps = sum(r["agent_steps"] for s in per for i, r in enumerate(s.get("rounds", []), start=1) if i <= d)
+        out.append({"day": d, "verdict_rate": rate(len(dec), len(open_)), "agreement": rate(right, len(dec)),
+                    "agent_steps": steps})  # fmt: skip
+    return out
 
 
 def steps_ratio(pairs: list[dict[str, Any]], per: list[dict[str, Any]], loop: dict[str, Any]) -> dict[str, Any]:
@@ -395,7 +477,8 @@ def run_scale(args: Any, out_dir: Path) -> None:
         if args.truth_days < 20:
             print(f"note: --truth-days {args.truth_days} < 20: not the issue's multi-day truth", flush=True)
         run_seed(args.seed, list(args.fleet_sizes), args.truth_days, args.work, args.work / f"scale-s{args.seed}.json",
-                 args.max_candidates, log=lambda s: print(s, flush=True))  # fmt: skip
+                 args.max_candidates, log=lambda s: print(s, flush=True), max_days=args.max_days,
+                 reuse=args.reuse / f"seed{args.seed}.json" if args.reuse else None)  # fmt: skip
         return
     docs, where = [], {}
     for s in args.scale_merge:

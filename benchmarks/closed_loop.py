@@ -942,6 +942,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scale-more", type=Path, nargs="*", default=[], metavar="DIR",
                     help="--scale-merge: more work directories whose scale-s<SEED>.json add fleet sizes the first lacks")
     ap.add_argument("--truth-days", type=int, default=20, help="--scale: days of the whole cluster per policy (the truth)")
+    ap.add_argument("--max-days", type=int, default=1,
+                    help="--scale: extend a candidate that is not hurting up to this many canary days (1: one day, 3 rounds)")
+    ap.add_argument("--reuse", type=Path, default=None, metavar="DIR",
+                    help="--scale: take the truth and canary-alone sweep from DIR/seed<S>.json of an earlier run")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.scale or args.scale_merge is not None:
