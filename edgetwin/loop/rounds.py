@@ -188,6 +188,7 @@ def canary_loop(
     """
     from edgetwin.edge.canary import CanaryConfig
     from edgetwin.loop.fleet import canary_on_cluster
+    from edgetwin.loop.plan import CanaryPlan as CanaryPlanT
     from edgetwin.loop.plan import plan_canary
     from edgetwin.loop.ppi import LEVEL, combine_estimates, look_days, look_level, ppi_verdict
     from edgetwin.policies.gate import run_gate
@@ -213,9 +214,12 @@ def canary_loop(
         if days is not None and r > 1:
             day_log, day_seed = days(r - 1)
         try:
-            plan = plan_canary(decision, twin, day_log, candidate_spec, baseline_spec, budget, seed=seed,
-                               members=members, round_no=r, day_var=day_var,
-                               max_days=n_rounds if days is not None else 1)  # fmt: skip
+            if days is not None and rounds:  # an extension day: the first day's plan on a fresh slice of this day's fleet
+                plan = redraw(CanaryPlanT.from_dict(rounds[0].plan), day_log, seed, r)
+            else:
+                plan = plan_canary(decision, twin, day_log, candidate_spec, baseline_spec, budget, seed=seed,
+                                   members=members, round_no=r, day_var=day_var,
+                                   max_days=n_rounds if days is not None else 1)  # fmt: skip
         except InputError as e:
             if r == 1:
                 raise
@@ -289,9 +293,34 @@ def canary_loop(
             twin = twin.update(res.log, all_logs, seed=seed + r, **(update_options or {}))
             all_logs.append(res.log)
             rounds[-1].twin_updated = True
-        decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
-                            episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
+        if days is None:  # the next round is planned again (an extension keeps its first day's plan)
+            decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
+                                episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
     return LoopResult(verdict, reason, gate, rounds, twin)
+
+
+def redraw(plan: CanaryPlan, day_log: pd.DataFrame, seed: int, round_no: int) -> CanaryPlan:
+    """An extension day's plan: the first day's size, hours, margins and budgets on a fresh seeded
+    uniform draw of that day's fleet (the groups of ``day_log``'s last episode), split by fair coins
+    (`balanced`). The slice is redrawn, not kept, so that each day's rectifier is an independent
+    random sample of that day's fleet (the pooling treats the days' own terms as independent); the
+    size is not re-planned, which would need the twin's replay of every day (the plan's ``days``
+    already says how many such days the decision needs)."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from edgetwin.loop.plan import PlanSlice
+
+    last = day_log[day_log["episode"] == day_log["episode"].iloc[-1]]
+    agents = sorted(last["agent"].astype(str).unique())
+    n = min(int(plan.n_groups), len(agents))
+    rng = np.random.default_rng([seed, round_no, 0xCA])
+    chosen = tuple(sorted(str(a) for a in rng.choice(np.array(agents, dtype=object), n, replace=False)))
+    sl = PlanSlice(chosen, (), (), plan.slice.treat_share, seed * 1000 + round_no, "random", ())
+    return balanced(replace(plan, slice=sl, n_groups=n, fleet_groups=len(agents), share=n / len(agents),
+                            round=round_no, why=[*plan.why, f"extension day {round_no}: the first day's plan on a "
+                                                 "fresh random slice of this day's fleet"]))  # fmt: skip
 
 
 def _day_variance(twin: Twin, decision: GateDecision, days_src: Sequence[pd.DataFrame], candidate: PolicySpec,
