@@ -500,6 +500,11 @@ def run_scale(args: Any, out_dir: Path) -> None:
             f"--truth-days {args.truth_days} --work {w}" for (w, k), ns in runs.items()]
     cmds.append(f"python benchmarks/closed_loop.py --scale-merge {' '.join(map(str, args.scale_merge))} --work {args.work}"
                 + (" --scale-more " + " ".join(map(str, args.scale_more)) if args.scale_more else ""))
+    if max(int(d.get("max_days", 1)) for d in docs) > 1:
+        cmds[:-1] = [c.replace(" --work", f" --max-days {docs[0]['max_days']} --reuse docs/benchmarks/closed_loop/scale"
+                               " --work") for c in cmds[:-1]]  # fmt: skip
+        write_extended(docs, out_dir, args.no_write, cmds)
+        return
     write_scale(docs, out_dir, args.no_write, cmds)
 
 
@@ -601,4 +606,99 @@ def write_scale(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, 
             (out_dir / "scale").mkdir(exist_ok=True)
             (out_dir / "scale" / f"seed{d['seed']}.json").write_text(json.dumps(d, indent=1, default=float))
         write_section(SCALE_SECTION, scale_section(res), doc=out_dir / "README.md", keep=SCALE_KEEP)
+    return res
+
+
+# ------------------------------------------------------------------------------------ extension
+EXT_SECTION = "## Extended canaries: the verdict rate as the canaries run more days"
+EXT_KEEP = ("### What the extension says",)
+
+
+def extended_section(res: dict[str, Any]) -> str:
+    """The page's section for the extended run (`merge`'s result, every seed's ``max_days`` > 1)."""
+    c = res["scale_config"]
+    lines = [EXT_SECTION, "",
+             "Commands (per seed S): " + ", then ".join(f"`{x}`" for x in c.get("commands", [])) + ". "
+             f"The same seeds, twins, candidates, fleets, truths and budget as the section above (the 20-day truth and "
+             f"canary alone's sweep are taken from its `scale/seed<S>.json`: both are seeded and do not depend on the "
+             f"loop); what changes is the loop: a candidate that is not hurting (its day ran its hours, the guard "
+             f"silent, the edge's loss-budget stop not reached) is extended for up to {res['max_days']} canary days, one "
+             "canary a day on a fresh random slice of that day's fleet (a new population each day, "
+             "as the truth's days are), the first day's plan kept; judged at days "
+             f"{', '.join(map(str, res['looks']))} (each look at {100 * res['look_level']:.1f} %: 90 % spent over the looks); "
+             "the rounds pooled with the fleet's and the interference's terms as perfectly correlated and the day-to-day "
+             "term (the twin's replay of 6 recent days of the fleet's own size) independent across days only; "
+             "`Twin.update` after each look; the loop stops early when no open KPI can decide in the days left "
+             "(futility). What ran: " + "; ".join(f"{int(n):,} groups: seeds {v['seeds']}, candidates per seed "
+             + ", ".join(f"{sd}: {len(cs)}" for sd, cs in v["candidates"].items()) for n, v in res["by_fleet_size"].items())
+             + ". Intervals: Clopper-Pearson 95 % over pairs (optimistic: a candidate's pairs share its canaries).", "",
+             "| groups | seeds | pairs (truly regressing) | left open by the twin alone → canaries decided (`canary_verdict_rate`, "
+             "target ≥ 60 % at 1,000) | canary verdicts right (`confident_agreement`, ≥ 97 %) | candidates promoted or "
+             "refused / right | loop canary agent-steps | canary days run |",
+             "|---|---|---|---|---|---|---:|---:|"]  # fmt: skip
+    for n, v in res["by_fleet_size"].items():
+        days = sum(len(s["rounds"]) for s in v.get("per_candidate_rounds", []))
+        lines.append(f"| {int(n):,} | {v['seeds']} | {v['pairs']} ({v['truth_regress']}) | "
+                     f"{_r(rate(v['canary_decided'], v['open_after_twin']))} | "
+                     f"{_r(rate(v['canary_agreeing'], v['canary_decided']))} | "
+                     f"{_r(v['candidate_verdicts']['verdict_rate'])} / {_r(v['candidate_verdicts']['agreement'])} | "
+                     f"{v['twin_canary_agent_steps']:,} | {days} |")  # fmt: skip
+    lines += ["", "The verdict rate by canary day (had the loop stopped after day d: its last look on or before d; "
+              "same schedule and levels):", "",
+              "| groups | day | canaries decided | verdicts right | loop canary agent-steps so far |", "|---|---:|---|---|---:|"]
+    for n, v in res["by_fleet_size"].items():
+        for row in v.get("by_day", []):
+            lines.append(f"| {int(n):,} | {row['day']} | {_r(row['verdict_rate'])} | {_r(row['agreement'])} | "
+                         f"{row['agent_steps']:,} |")  # fmt: skip
+    lines += ["", "Steps ratio against canary alone's one-day sweep (the slices of the section above; `canary_steps_ratio`: "
+              "canary alone's agent-steps to reach the loop's verdict rate over all pairs at at least its agreement, "
+              "over the loop's):", "", "| groups | loop: verdict rate / agreement / agent-steps | canary alone reaches it at | ratio |",
+              "|---|---|---|---|"]  # fmt: skip
+    for n, v in res["by_fleet_size"].items():
+        s, lp = v["steps"], v["loop"]
+        if not s["sweep"]:
+            ratio = "not measured (no canary-alone sweep at this size)"
+        elif s["ratio"] is not None:
+            ratio = f"{s['ratio']:.2f}× ({s['how']})"
+        else:
+            ratio = f"not reached (≥ {s['lower_bound']:.2f}×: {s['how']})" if s["lower_bound"] is not None else f"n/a ({s['how']})"
+        at = "—" if s["canary_alone_steps"] is None else f"{s['canary_alone_steps']:,.0f}"
+        lines.append(f"| {int(n):,} | {_r(lp['verdict_rate'])} / {_r(lp['agreement'])} / {s['twin_canary_steps']:,} | {at} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str]) -> dict[str, Any]:
+    """Pool the extended run's seeds (`merge`) into ``results_production.json``'s ``extended`` key
+    (``max_days``, ``looks``, ``by_fleet_size`` → ``"1000"`` → ``canary_verdict_rate``,
+    ``confident_agreement``, ``agreement_ci``, ``by_day``, ``steps``; ``canary_steps_ratio``) and
+    the page's section; the one-day run's keys are left as they are."""
+    from _docs import write_section
+
+    from edgetwin.loop.ppi import look_days, look_level
+
+    by = merge(seed_docs)
+    for n, b in by.items():
+        b["per_candidate_rounds"] = [{"seed": d["seed"], "policy": s["policy"], "rounds": s["rounds"]}
+                                     for d in seed_docs if n in d["by_fleet_size"] for s in d["by_fleet_size"][n]["per_candidate"]]  # fmt: skip
+    max_days = max(int(d.get("max_days", 1)) for d in seed_docs)
+    looks = list(look_days(max_days))
+    cfg = {k: seed_docs[0][k] for k in ("candidates", "truth_days", "twin", "update", "sweep", "budget", "sweep_max_groups")}
+    cfg["commands"] = list(commands)
+    head = "1000" if "1000" in by else max(by, key=int)
+    res = {"seeds": sorted(d["seed"] for d in seed_docs), "max_days": max_days, "looks": looks,
+           "look_level": look_level(0.9, len(looks)), "scale_config": cfg, "by_fleet_size": by,
+           "canary_steps_ratio_fleet_size": int(head), "canary_steps_ratio": by[head]["steps"]["ratio"],
+           "canary_steps_ratio_lower_bound": by[head]["steps"]["lower_bound"]}  # fmt: skip
+    print(json.dumps({n: {k: b[k] for k in ("pairs", "canary_verdict_rate", "confident_agreement", "agreement_ci")}
+                      | {"by_day": [(r["day"], r["verdict_rate"]["rate"], r["agreement"]["rate"]) for r in b["by_day"]]}
+                      for n, b in by.items()}, indent=1, default=float))  # fmt: skip
+    if not no_write:
+        path = out_dir / "results_production.json"
+        cur = json.loads(path.read_text()) if path.exists() else {}
+        cur["extended"] = res
+        path.write_text(json.dumps(cur, indent=1, default=float))
+        (out_dir / "scale").mkdir(exist_ok=True)
+        for d in seed_docs:
+            (out_dir / "scale" / f"extended_seed{d['seed']}.json").write_text(json.dumps(d, indent=1, default=float))
+        write_section(EXT_SECTION, extended_section(res), doc=out_dir / "README.md", keep=EXT_KEEP)
     return res

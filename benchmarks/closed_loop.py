@@ -622,7 +622,7 @@ def plot(d: dict[str, Any], path: Path) -> None:
 #: the closed loop at one size keeps them)
 OTHER_RUNS_KEYS = ("coverage_experiment", "simulated_by_fleet_size", "designs", "coverage_seeds", "coverage_days",
                    "seeds", "by_fleet_size", "scale_config", "canary_steps_ratio_fleet_size",
-                   "canary_steps_ratio_lower_bound", "quick_canary_steps_ratio")  # fmt: skip
+                   "canary_steps_ratio_lower_bound", "quick_canary_steps_ratio", "extended")  # fmt: skip
 
 
 def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
