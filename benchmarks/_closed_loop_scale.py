@@ -196,14 +196,16 @@ def sweep_label(n: int, share: float, hours: float) -> str:
 
 
 def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path, n_candidates: int = 0,
-             log: Any = print, max_days: int = 1, reuse: Path | None = None) -> dict[str, Any]:
+             log: Any = print, max_days: int = 1, reuse: Path | None = None, skip: int = 0) -> dict[str, Any]:
     """Every fleet size for one seed (its own training logs and twin, candidates and fleets), saved
     to ``out`` after each size (a run cut short keeps the sizes it finished).
 
     ``max_days`` > 1: each candidate's canary is extended up to that many days (`canary_loop`'s
     ``days``: day ``d`` a fresh population on seed ``seed·1000 + 200 + d``, judged at
     `edgetwin.loop.ppi.look_days`), its day-to-day variance from 6 recent days of the fleet's own
-    size (seed ``seed·1000 + 300``). ``reuse``: an earlier run's ``seed<S>.json`` (same seed,
+    size (seed ``seed·1000 + 300``). ``skip``: leave out the first ``skip`` candidates (a second
+    process for the rest of the list, in its own ``--work``; ``--scale-more`` merges its candidates
+    into the first's). ``reuse``: an earlier run's ``seed<S>.json`` (same seed,
     candidates, twin and truth days) whose multi-day truth and canary-alone sweep are taken as
     they are (both are seeded and do not depend on the loop), so that only the loop runs again."""
     from closed_loop import MAX_HOURS, MAX_SHARE
@@ -222,7 +224,7 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
     twin = fit_or_load(wdir, "production", TWIN_MEMBERS, train, spec)
     allp = candidates(spec, twin, "production", seed)
     names = list(SCALE_CANDIDATES)[: n_candidates or None]
-    pols = {n: allp[n] for n in names}
+    pols = {n: allp[n] for n in names[skip:]}
     current = logging_policy("production", spec, seed + 500)
     # a fixed 10 % share (issue 48): no loss cap, which would shrink the slice with the twin's worst
     # case (closed_loop.py's headline run keeps its 2 % cap)
@@ -478,7 +480,7 @@ def run_scale(args: Any, out_dir: Path) -> None:
             print(f"note: --truth-days {args.truth_days} < 20: not the issue's multi-day truth", flush=True)
         run_seed(args.seed, list(args.fleet_sizes), args.truth_days, args.work, args.work / f"scale-s{args.seed}.json",
                  args.max_candidates, log=lambda s: print(s, flush=True), max_days=args.max_days,
-                 reuse=args.reuse / f"seed{args.seed}.json" if args.reuse else None)  # fmt: skip
+                 reuse=args.reuse / f"seed{args.seed}.json" if args.reuse else None, skip=args.skip_candidates)  # fmt: skip
         return
     docs, where = [], {}
     for s in args.scale_merge:
@@ -491,6 +493,14 @@ def run_scale(args: Any, out_dir: Path) -> None:
                     if n not in doc["by_fleet_size"]:
                         doc["by_fleet_size"][n] = entry
                         where[n] = more
+                    else:  # the same size in two processes (``--skip-candidates``): the candidates the first lacks
+                        have = doc["by_fleet_size"][n]
+                        done = {c["policy"] for c in have["per_candidate"]}
+                        new = [c for c in entry["per_candidate"] if c["policy"] not in done]
+                        names = {c["policy"] for c in new}
+                        have["per_candidate"] += new
+                        have["pairs"] += [p for p in entry["pairs"] if p["policy"] in names]
+                        have["truth"] = {**entry.get("truth", {}), **have.get("truth", {})}
         docs.append(doc)
     runs: dict[tuple[str, int], list[str]] = {}  # (work directory, candidates) -> fleet sizes
     for n in sorted(where, key=int):

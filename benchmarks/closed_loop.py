@@ -921,6 +921,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--agents", type=int, default=0, help="service groups (default 100; 60 with --quick)")
     ap.add_argument("--max-candidates", type=int, default=0, help="only the first N candidates (0: all; for smoke runs)")
+    ap.add_argument("--skip-candidates", type=int, default=0,
+                    help="--scale: leave out the first N of those candidates (a second process for the rest, its own --work)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/edgetwin-closed-loop"))
     ap.add_argument("--no-write", action="store_true", help="write no results or page (smoke runs)")
     ap.add_argument("--fleet-control", action="store_true",
