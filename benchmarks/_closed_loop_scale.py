@@ -235,7 +235,7 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
                budget={"max_share": MAX_SHARE, "hours": MAX_HOURS, "max_loss": {}}, sweep_max_groups=SWEEP_MAX_GROUPS)  # fmt: skip
     doc.setdefault("by_fleet_size", {})
     doc["seconds_fit"] = time.perf_counter() - t0
-    doc["max_days"] = int(max_days)
+    doc["max_days"], doc["skip_candidates"] = int(max_days), int(skip)
     old_doc = json.loads(reuse.read_text()) if reuse is not None else None
     if old_doc is not None:
         same = all(old_doc.get(k) == doc.get(k) for k in ("seed", "truth_days", "twin")) and \
@@ -511,9 +511,17 @@ def run_scale(args: Any, out_dir: Path) -> None:
     cmds.append(f"python benchmarks/closed_loop.py --scale-merge {' '.join(map(str, args.scale_merge))} --work {args.work}"
                 + (" --scale-more " + " ".join(map(str, args.scale_more)) if args.scale_more else ""))
     if max(int(d.get("max_days", 1)) for d in docs) > 1:
-        cmds[:-1] = [c.replace(" --work", f" --max-days {docs[0]['max_days']} --reuse docs/benchmarks/closed_loop/scale"
-                               " --work") for c in cmds[:-1]]  # fmt: skip
-        write_extended(docs, out_dir, args.no_write, cmds)
+        ext = []
+        for w in [args.work, *args.scale_more]:
+            path = w / f"scale-s{args.scale_merge[0]}.json"
+            if path.is_file():
+                d = json.loads(path.read_text())
+                ext.append(f"python benchmarks/closed_loop.py --scale --seed S --fleet-sizes {' '.join(d['by_fleet_size'])} "
+                           f"--max-candidates {len(d['candidates'])}"
+                           + (f" --skip-candidates {d['skip_candidates']}" if d.get("skip_candidates") else "")
+                           + f" --truth-days {d['truth_days']} --work {w} --max-days {d['max_days']} "
+                           "--reuse docs/benchmarks/closed_loop/scale")  # fmt: skip
+        write_extended(docs, out_dir, args.no_write, [*ext, cmds[-1]])
         return
     write_scale(docs, out_dir, args.no_write, cmds)
 
