@@ -580,17 +580,24 @@ def scale_section(res: dict[str, Any]) -> str:
             ag = "n/a" if p["confident_agreement"] is None else f"{100 * p['confident_agreement']:.1f} %"
             lines.append(f"| {int(n):,} | {p['label']} | {p['canary_agent_steps']:,} | {100 * p['verdict_rate']:.1f} % | {ag} |")
     lines += ["", "| groups | loop: verdict rate / agreement / agent-steps | canary alone reaches it at | ratio |", "|---|---|---|---|"]
-    for n, v in res["by_fleet_size"].items():
+    lines += steps_rows(res["by_fleet_size"], 1)
+    return "\n".join(lines) + "\n"
+
+
+def steps_rows(by_size: dict[str, Any], digits: int) -> list[str]:
+    """The steps-ratio table's rows, one per fleet size (`steps_ratio`'s result under ``steps``)."""
+    rows = []
+    for n, v in by_size.items():
         s, lp = v["steps"], v["loop"]
         if not s["sweep"]:
             ratio = "not measured (no canary-alone sweep at this size)"
         elif s["ratio"] is not None:
             ratio = f"{s['ratio']:.2f}× ({s['how']})"
         else:
-            ratio = f"not reached (≥ {s['lower_bound']:.1f}×: {s['how']})" if s["lower_bound"] is not None else "n/a"
+            ratio = f"not reached (≥ {s['lower_bound']:.{digits}f}×: {s['how']})" if s["lower_bound"] is not None else f"n/a ({s['how']})"
         at = "—" if s["canary_alone_steps"] is None else f"{s['canary_alone_steps']:,.0f}"
-        lines.append(f"| {int(n):,} | {_r(lp['verdict_rate'])} / {_r(lp['agreement'])} / {s['twin_canary_steps']:,} | {at} | {ratio} |")
-    return "\n".join(lines) + "\n"
+        rows.append(f"| {int(n):,} | {_r(lp['verdict_rate'])} / {_r(lp['agreement'])} / {s['twin_canary_steps']:,} | {at} | {ratio} |")
+    return rows
 
 
 def write_scale(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str] | None = None) -> dict[str, Any]:
@@ -672,16 +679,7 @@ def extended_section(res: dict[str, Any]) -> str:
               "canary alone's agent-steps to reach the loop's verdict rate over all pairs at at least its agreement, "
               "over the loop's):", "", "| groups | loop: verdict rate / agreement / agent-steps | canary alone reaches it at | ratio |",
               "|---|---|---|---|"]  # fmt: skip
-    for n, v in res["by_fleet_size"].items():
-        s, lp = v["steps"], v["loop"]
-        if not s["sweep"]:
-            ratio = "not measured (no canary-alone sweep at this size)"
-        elif s["ratio"] is not None:
-            ratio = f"{s['ratio']:.2f}× ({s['how']})"
-        else:
-            ratio = f"not reached (≥ {s['lower_bound']:.2f}×: {s['how']})" if s["lower_bound"] is not None else f"n/a ({s['how']})"
-        at = "—" if s["canary_alone_steps"] is None else f"{s['canary_alone_steps']:,.0f}"
-        lines.append(f"| {int(n):,} | {_r(lp['verdict_rate'])} / {_r(lp['agreement'])} / {s['twin_canary_steps']:,} | {at} | {ratio} |")
+    lines += steps_rows(res["by_fleet_size"], 2)
     return "\n".join(lines) + "\n"
 
 
