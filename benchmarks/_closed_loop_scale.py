@@ -120,7 +120,7 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
     from edgetwin.contract.errors import InputError
     from edgetwin.contract.margins import KPIMargin
     from edgetwin.loop.fleet import canary_on_cluster
-    from edgetwin.loop.rounds import canary_loop
+    from edgetwin.loop.rounds import canary_loop, candidate_version_name
     from edgetwin.policies.gate import run_gate
     from edgetwin.twin.whatif import fixed_policy
 
@@ -145,7 +145,11 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
     tc = loop_pairs(name, decision, res, canaries, nominal)
     cols = {k: (kpi_column(kd), kd.better) for k, kd in kdefs.items() if kpi_column(kd) is not None}
     margins = tuple(KPIMargin(c, 0.05, 0.0, b == "higher") for c, b in dict(cols.values()).items())
-    alone_logs = [cres.log for _p, cres in canaries]
+    # the loop publishes its candidate under its own registry version: canary alone reads the
+    # candidate arm's rows by the benchmark's name for it (as closed_loop.py's quick run does)
+    version = candidate_version_name(cand_spec.name)
+    alone_logs = [cres.log.assign(policy=cres.log["policy"].astype(str).replace(version, "candidate"))
+                  for _p, cres in canaries]  # fmt: skip
     if not alone_logs:  # the loop ran none: one canary of the budget's size on a seeded random slice
         ccfg, _ = random_slice_config(ctx["agents"], MAX_SHARE, MAX_HOURS - 1.0, margins, seed * 1000 + 1, twin.spec, {})
         alone_logs.append(canary_on_cluster(cfg, copy.deepcopy(current), copy.deepcopy(pol), ccfg,
@@ -235,7 +239,7 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
                budget={"max_share": MAX_SHARE, "hours": MAX_HOURS, "max_loss": {}}, sweep_max_groups=SWEEP_MAX_GROUPS)  # fmt: skip
     doc.setdefault("by_fleet_size", {})
     doc["seconds_fit"] = time.perf_counter() - t0
-    doc["max_days"], doc["skip_candidates"] = int(max_days), int(skip)
+    doc["max_days"], doc["skip_candidates"], doc["canary_alone_relabelled"] = int(max_days), int(skip), True
     old_doc = json.loads(reuse.read_text()) if reuse is not None else None
     if old_doc is not None:
         same = all(old_doc.get(k) == doc.get(k) for k in ("seed", "truth_days", "twin")) and \
@@ -694,6 +698,10 @@ def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: boo
 
     by = merge(seed_docs)
     for n, b in by.items():
+        if not any("canary_alone_relabelled" in d for d in seed_docs):  # runs before that fix: its measure read no candidate row
+            b["canary_alone"] = "not measured in this run (the loop's canaries name the candidate by its registry version)"
+            for ps in b.get("per_seed", {}).values():
+                ps["canary_alone"] = b["canary_alone"]
         b["per_candidate_rounds"] = [{"seed": d["seed"], "policy": s["policy"], "rounds": s["rounds"]}
                                      for d in seed_docs if n in d["by_fleet_size"] for s in d["by_fleet_size"][n]["per_candidate"]]  # fmt: skip
     max_days = max(int(d.get("max_days", 1)) for d in seed_docs)
