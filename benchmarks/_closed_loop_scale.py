@@ -120,7 +120,7 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
     from edgetwin.contract.errors import InputError
     from edgetwin.contract.margins import KPIMargin
     from edgetwin.loop.fleet import canary_on_cluster
-    from edgetwin.loop.rounds import canary_loop
+    from edgetwin.loop.rounds import canary_loop, candidate_version_name
     from edgetwin.policies.gate import run_gate
     from edgetwin.twin.whatif import fixed_policy
 
@@ -134,17 +134,22 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
     canaries: list[tuple[Any, Any]] = []
     res, loop_error = None, None
     try:
+        ext = {"days": ctx["day_source"], "max_days": ctx["max_days"], "other_days": [ctx["recent"]]} if ctx["max_days"] > 1 else {}
         res = canary_loop(twin, fleet_log, copy.deepcopy(pol), copy.deepcopy(current), cfg, candidate_spec=cand_spec,
                           baseline_spec=base_spec, budget=ctx["budget"], max_rounds=3, seed=seed,
                           fleet_seed=ctx["fleet_seed"], old_logs=[ctx["train"]], update_options=UPDATE,
                           decision=decision, log=lambda s: None,
-                          on_canary=lambda r, plan, cres: canaries.append((plan, cres)))  # fmt: skip
+                          on_canary=lambda r, plan, cres: canaries.append((plan, _lean(cres))), **ext)  # fmt: skip
     except InputError as e:  # no first round within the budget: the loop stays where the twin was
         loop_error = str(e)
     tc = loop_pairs(name, decision, res, canaries, nominal)
     cols = {k: (kpi_column(kd), kd.better) for k, kd in kdefs.items() if kpi_column(kd) is not None}
     margins = tuple(KPIMargin(c, 0.05, 0.0, b == "higher") for c, b in dict(cols.values()).items())
-    alone_logs = [cres.log for _p, cres in canaries]
+    # the loop publishes its candidate under its own registry version: canary alone reads the
+    # candidate arm's rows by the benchmark's name for it (as closed_loop.py's quick run does)
+    version = candidate_version_name(cand_spec.name)
+    alone_logs = [cres.log.assign(policy=cres.log["policy"].astype(str).replace(version, "candidate"))
+                  for _p, cres in canaries]  # fmt: skip
     if not alone_logs:  # the loop ran none: one canary of the budget's size on a seeded random slice
         ccfg, _ = random_slice_config(ctx["agents"], MAX_SHARE, MAX_HOURS - 1.0, margins, seed * 1000 + 1, twin.spec, {})
         alone_logs.append(canary_on_cluster(cfg, copy.deepcopy(current), copy.deepcopy(pol), ccfg,
@@ -152,7 +157,10 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
     alone = kayenta_pairs(alone_logs, cols, 4)
     alone_steps = sum(int(((lg["policy"].astype(str) == "candidate") & (lg["t"] >= 4)).sum()) for lg in alone_logs)
     sweep, sweep_steps = {}, {}
-    for i, (share, hours) in enumerate(ctx["sweep"]):
+    reused = ctx.get("reuse", {}).get(name)
+    if reused is not None:  # the same seeded sweep of an earlier run (it does not depend on the loop)
+        sweep, sweep_steps = reused
+    for i, (share, hours) in enumerate(ctx["sweep"] if reused is None else ()):
         ccfg, _ = random_slice_config(ctx["agents"], share, hours, margins, seed * 1000 + 100 + i, twin.spec, {})
         lg = canary_on_cluster(cfg, copy.deepcopy(current), copy.deepcopy(pol), ccfg, seed=ctx["fleet_seed"],
                                episode=f"sweep-{seed}-{i}").log  # fmt: skip
@@ -160,19 +168,31 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
         sweep[label] = kayenta_pairs([lg], cols, ccfg.pre_ticks)
         sweep_steps[label] = int(((lg["policy"].astype(str) == "candidate") & (lg["t"] >= ccfg.pre_ticks)).sum())
     keep = distinct_pairs(kdefs, kpi_column)
-    pairs = [{"policy": name, "kpi": k, "merged": names, "better": nominal[k].better,
+    pairs = [{"policy": name, "kpi": k, "column": kpi_column(kdefs[k]), "merged": names, "better": nominal[k].better,
               "allowed_change": float(nominal[k].allowed_change), "twin_alone": nominal[k].verdict,
               "twin_canary": tc[k], "canary_alone": alone.get(k, "straddle"),
               "sweep": {lb: v.get(k, "straddle") for lb, v in sweep.items()}} for k, names in keep.items()]  # fmt: skip
     summary = {"policy": name, "twin_alone": decision.verdict, "twin_canary": res.verdict if res else "abstain",
                "reason": (res.reason if res else f"no canary: {loop_error}")[:400],
                "rounds": [{"n_groups": r.plan["n_groups"], "hours": r.plan["hours"], "stop": r.stop_reason,
-                           "agent_steps": r.candidate_agent_steps, "verdict": r.verdict,
+                           "agent_steps": r.candidate_agent_steps, "verdict": r.verdict, "look": r.look,
+                           "checks": {c["kpi"]: c["verdict"] for c in r.checks},
+                           "guard_kpi": getattr(canaries[r.round - 1][1].guard_stop, "kpi", None)
+                           if r.stop_reason == "guard" and len(canaries) >= r.round else None,
                            "widths": {c["kpi"]: [c.get("expected_width"), c.get("realised_width")] for c in r.checks}}
                           for r in (res.rounds if res else [])],
                "twin_canary_agent_steps": res.agent_steps if res else 0, "canary_alone_agent_steps": alone_steps,
+               "max_days": ctx["max_days"],
                "sweep_agent_steps": sweep_steps, "kdefs": list(kdefs)}  # fmt: skip
     return pairs, summary
+
+
+def _lean(cres: Any) -> Any:
+    """What the benchmark keeps of a loop canary's `CanaryResult`: its slice's log and the guard's
+    stop (not the rest of the fleet's rows: 16 days of 1,000-group fleets would not fit memory)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(log=cres.log, guard_stop=cres.guard_stop)
 
 
 def sweep_label(n: int, share: float, hours: float) -> str:
@@ -180,9 +200,18 @@ def sweep_label(n: int, share: float, hours: float) -> str:
 
 
 def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path, n_candidates: int = 0,
-             log: Any = print) -> dict[str, Any]:
+             log: Any = print, max_days: int = 1, reuse: Path | None = None, skip: int = 0) -> dict[str, Any]:
     """Every fleet size for one seed (its own training logs and twin, candidates and fleets), saved
-    to ``out`` after each size (a run cut short keeps the sizes it finished)."""
+    to ``out`` after each size (a run cut short keeps the sizes it finished).
+
+    ``max_days`` > 1: each candidate's canary is extended up to that many days (`canary_loop`'s
+    ``days``: day ``d`` a fresh population on seed ``seed·1000 + 200 + d``, judged at
+    `edgetwin.loop.ppi.look_days`), its day-to-day variance from 6 recent days of the fleet's own
+    size (seed ``seed·1000 + 300``). ``skip``: leave out the first ``skip`` candidates (a second
+    process for the rest of the list, in its own ``--work``; ``--scale-more`` merges its candidates
+    into the first's). ``reuse``: an earlier run's ``seed<S>.json`` (same seed,
+    candidates, twin and truth days) whose multi-day truth and canary-alone sweep are taken as
+    they are (both are seeded and do not depend on the loop), so that only the loop runs again."""
     from closed_loop import MAX_HOURS, MAX_SHARE
     from whatif_gate import candidates, fit_or_load, logging_policy
 
@@ -199,7 +228,7 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
     twin = fit_or_load(wdir, "production", TWIN_MEMBERS, train, spec)
     allp = candidates(spec, twin, "production", seed)
     names = list(SCALE_CANDIDATES)[: n_candidates or None]
-    pols = {n: allp[n] for n in names}
+    pols = {n: allp[n] for n in names[skip:]}
     current = logging_policy("production", spec, seed + 500)
     # a fixed 10 % share (issue 48): no loss cap, which would shrink the slice with the twin's worst
     # case (closed_loop.py's headline run keeps its 2 % cap)
@@ -210,8 +239,17 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
                budget={"max_share": MAX_SHARE, "hours": MAX_HOURS, "max_loss": {}}, sweep_max_groups=SWEEP_MAX_GROUPS)  # fmt: skip
     doc.setdefault("by_fleet_size", {})
     doc["seconds_fit"] = time.perf_counter() - t0
+    doc["max_days"], doc["skip_candidates"], doc["canary_alone_relabelled"] = int(max_days), int(skip), True
+    old_doc = json.loads(reuse.read_text()) if reuse is not None else None
+    if old_doc is not None:
+        same = all(old_doc.get(k) == doc.get(k) for k in ("seed", "truth_days", "twin")) and \
+            old_doc.get("candidates", [])[: len(names)] == names[: len(old_doc.get("candidates", []))]
+        if not same:
+            raise SystemExit(f"--reuse {reuse}: another seed, twin, truth or candidate list than this run")
+        doc["reused"] = {"from": str(reuse), "what": ["truth", "canary-alone sweep"]}
     for n in sizes:
-        run_size(doc, n, twin, train, current, pols, budget, truth_days, seed, out, log)
+        run_size(doc, n, twin, train, current, pols, budget, truth_days, seed, out, log, max_days=max_days,
+                 reuse=(old_doc or {}).get("by_fleet_size", {}).get(str(n)))  # fmt: skip
     return doc
 
 
@@ -225,7 +263,8 @@ def sweep_for(n: int) -> tuple[tuple[float, float], ...]:
 
 
 def run_size(doc: dict[str, Any], n: int, twin: Any, train: Any, current: Any, pols: dict[str, Any], budget: Any,
-             truth_days: int, seed: int, out: Path, log: Any) -> None:
+             truth_days: int, seed: int, out: Path, log: Any, max_days: int = 1,
+             reuse: dict[str, Any] | None = None) -> None:
     """One fleet size: each candidate's pairs with their multi-day truth, saved to ``out`` after every
     candidate (``complete`` once all are done; a rerun resumes with the candidates not yet done)."""
     from edgetwin.emulator.cluster import ClusterConfig
@@ -240,7 +279,16 @@ def run_size(doc: dict[str, Any], n: int, twin: Any, train: Any, current: Any, p
     fleet_log, _ = generate_logs(cfg, 1, copy.deepcopy(current), seed=fleet_seed)
     ctx = {"twin": twin, "fleet_log": fleet_log, "cfg": cfg, "current": current, "seed": seed, "budget": budget,
            "fleet_seed": fleet_seed, "train": train, "sweep": sweep_for(n),
-           "agents": sorted(fleet_log["agent"].astype(str).unique())}  # fmt: skip
+           "agents": sorted(fleet_log["agent"].astype(str).unique()), "max_days": int(max_days)}  # fmt: skip
+    if max_days > 1:
+        ctx["day_source"] = lambda d: (generate_logs(cfg, 1, copy.deepcopy(current), seed=seed * 1000 + 200 + d)[0],
+                                       seed * 1000 + 200 + d)  # fmt: skip
+        ctx["recent"] = generate_logs(cfg, 6, copy.deepcopy(current), seed=seed * 1000 + 300)[0]
+    if reuse is not None:
+        ctx["reuse"] = {s["policy"]: ({lb: {p["kpi"]: p["sweep"][lb] for p in reuse["pairs"] if p["policy"] == s["policy"]}
+                                      for lb in s["sweep_agent_steps"]}, s["sweep_agent_steps"])
+                        for s in reuse["per_candidate"]}  # fmt: skip
+        entry["truth"].update(reuse.get("truth", {}))
     entry["sweep"] = [list(p) for p in sweep_for(n)]
     done = {s["policy"] for s in entry["per_candidate"]}
     for name, pol in pols.items():
@@ -250,7 +298,8 @@ def run_size(doc: dict[str, Any], n: int, twin: Any, train: Any, current: Any, p
         truth = entry["truth"]
         if "current" not in truth:
             truth.update(multi_day_truth(cfg, {"current": current}, list(ctx["kdefs"].values()), twin, truth_days, seed))
-        truth.update(multi_day_truth(cfg, {name: pol}, list(ctx["kdefs"].values()), twin, truth_days, seed))
+        if name not in truth:
+            truth.update(multi_day_truth(cfg, {name: pol}, list(ctx["kdefs"].values()), twin, truth_days, seed))
         for p in pairs:
             rb, rc = truth["current"][p["kpi"]], truth[p["policy"]][p["kpi"]]
             ch = (rc - rb) / abs(rb) if rb else float("nan")
@@ -335,7 +384,46 @@ def score_size(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[s
         "canary_alone_agent_steps": sum(s["canary_alone_agent_steps"] for s in per),
         "rounds": sum(len(s["rounds"]) for s in per),
         "max_merged_truth_gap": max((p.get("merged_truth_gap", 0.0) for p in pairs), default=0.0),
+        "by_day": by_day(pairs, per),
     }  # fmt: skip
+
+
+def verdict_at(pair: dict[str, Any], summary: dict[str, Any], day: int) -> str:
+    """The loop's verdict on ``pair`` had it stopped after canary day ``day``: its last look (or
+    guard stop) on or before that day, the twin alone's before any (a loop that had stopped earlier
+    keeps its last verdict). With one round per day, round ``r`` is day ``r``."""
+    rounds = [r for i, r in enumerate(summary.get("rounds", []), start=1) if i <= day and r.get("look", True)]
+    if not rounds:
+        return str(pair["twin_alone"])
+    last = rounds[-1]
+    if last.get("stop") == "guard":
+        return "regress" if last.get("guard_kpi") and last.get("guard_kpi") == pair.get("column") else str(pair["twin_alone"])
+    return str(last.get("checks", {}).get(pair.get("column") or "", pair["twin_alone"]))
+
+
+def by_day(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The canary verdict rate and its agreement as the canaries are extended: per look day ``d``
+    (`edgetwin.loop.ppi.look_days` of the run's ``max_days``), the share of the pairs the twin alone
+    left open that the loop had decided had it stopped after day ``d`` (`verdict_at`; the same
+    schedule's looks and levels: stopping early at a planned look keeps the level), with
+    Clopper-Pearson intervals, and the loop's candidate agent-steps up to that day."""
+    from edgetwin.loop.ppi import look_days
+
+    summ = {(s.get("seed"), s["policy"]): s for s in per}
+    n_days = max((len(s.get("rounds", [])) for s in per), default=0)
+    if n_days <= 1:
+        return []
+    max_days = max(int(s.get("max_days", n_days)) for s in per)
+    open_ = [p for p in pairs if p["twin_alone"] not in DECIDED]
+    out = []
+    for d in look_days(max_days):
+        got = [(p, verdict_at(p, summ[(p.get("seed"), p["policy"])], d)) for p in open_]
+        dec = [(p, v) for p, v in got if v in DECIDED]
+        right = sum((v == "regress") == bool(p["truth_regress"]) for p, v in dec)
+        steps = sum(r["agent_steps"] for s in per for i, r in enumerate(s.get("rounds", []), start=1) if i <= d)
+        out.append({"day": d, "verdict_rate": rate(len(dec), len(open_)), "agreement": rate(right, len(dec)),
+                    "agent_steps": steps})  # fmt: skip
+    return out
 
 
 def steps_ratio(pairs: list[dict[str, Any]], per: list[dict[str, Any]], loop: dict[str, Any]) -> dict[str, Any]:
@@ -395,7 +483,8 @@ def run_scale(args: Any, out_dir: Path) -> None:
         if args.truth_days < 20:
             print(f"note: --truth-days {args.truth_days} < 20: not the issue's multi-day truth", flush=True)
         run_seed(args.seed, list(args.fleet_sizes), args.truth_days, args.work, args.work / f"scale-s{args.seed}.json",
-                 args.max_candidates, log=lambda s: print(s, flush=True))  # fmt: skip
+                 args.max_candidates, log=lambda s: print(s, flush=True), max_days=args.max_days,
+                 reuse=args.reuse / f"seed{args.seed}.json" if args.reuse else None, skip=args.skip_candidates)  # fmt: skip
         return
     docs, where = [], {}
     for s in args.scale_merge:
@@ -408,6 +497,14 @@ def run_scale(args: Any, out_dir: Path) -> None:
                     if n not in doc["by_fleet_size"]:
                         doc["by_fleet_size"][n] = entry
                         where[n] = more
+                    else:  # the same size in two processes (``--skip-candidates``): the candidates the first lacks
+                        have = doc["by_fleet_size"][n]
+                        done = {c["policy"] for c in have["per_candidate"]}
+                        new = [c for c in entry["per_candidate"] if c["policy"] not in done]
+                        names = {c["policy"] for c in new}
+                        have["per_candidate"] += new
+                        have["pairs"] += [p for p in entry["pairs"] if p["policy"] in names]
+                        have["truth"] = {**entry.get("truth", {}), **have.get("truth", {})}
         docs.append(doc)
     runs: dict[tuple[str, int], list[str]] = {}  # (work directory, candidates) -> fleet sizes
     for n in sorted(where, key=int):
@@ -417,6 +514,19 @@ def run_scale(args: Any, out_dir: Path) -> None:
             f"--truth-days {args.truth_days} --work {w}" for (w, k), ns in runs.items()]
     cmds.append(f"python benchmarks/closed_loop.py --scale-merge {' '.join(map(str, args.scale_merge))} --work {args.work}"
                 + (" --scale-more " + " ".join(map(str, args.scale_more)) if args.scale_more else ""))
+    if max(int(d.get("max_days", 1)) for d in docs) > 1:
+        ext = []
+        for w in [args.work, *args.scale_more]:
+            path = w / f"scale-s{args.scale_merge[0]}.json"
+            if path.is_file():
+                d = json.loads(path.read_text())
+                ext.append(f"python benchmarks/closed_loop.py --scale --seed S --fleet-sizes {' '.join(d['by_fleet_size'])} "
+                           f"--max-candidates {len(d['candidates'])}"
+                           + (f" --skip-candidates {d['skip_candidates']}" if d.get("skip_candidates") else "")
+                           + f" --truth-days {d['truth_days']} --work {w} --max-days {d['max_days']} "
+                           "--reuse docs/benchmarks/closed_loop/scale")  # fmt: skip
+        write_extended(docs, out_dir, args.no_write, [*ext, cmds[-1]])
+        return
     write_scale(docs, out_dir, args.no_write, cmds)
 
 
@@ -474,17 +584,24 @@ def scale_section(res: dict[str, Any]) -> str:
             ag = "n/a" if p["confident_agreement"] is None else f"{100 * p['confident_agreement']:.1f} %"
             lines.append(f"| {int(n):,} | {p['label']} | {p['canary_agent_steps']:,} | {100 * p['verdict_rate']:.1f} % | {ag} |")
     lines += ["", "| groups | loop: verdict rate / agreement / agent-steps | canary alone reaches it at | ratio |", "|---|---|---|---|"]
-    for n, v in res["by_fleet_size"].items():
+    lines += steps_rows(res["by_fleet_size"], 1)
+    return "\n".join(lines) + "\n"
+
+
+def steps_rows(by_size: dict[str, Any], digits: int) -> list[str]:
+    """The steps-ratio table's rows, one per fleet size (`steps_ratio`'s result under ``steps``)."""
+    rows = []
+    for n, v in by_size.items():
         s, lp = v["steps"], v["loop"]
         if not s["sweep"]:
             ratio = "not measured (no canary-alone sweep at this size)"
         elif s["ratio"] is not None:
             ratio = f"{s['ratio']:.2f}× ({s['how']})"
         else:
-            ratio = f"not reached (≥ {s['lower_bound']:.1f}×: {s['how']})" if s["lower_bound"] is not None else "n/a"
+            ratio = f"not reached (≥ {s['lower_bound']:.{digits}f}×: {s['how']})" if s["lower_bound"] is not None else f"n/a ({s['how']})"
         at = "—" if s["canary_alone_steps"] is None else f"{s['canary_alone_steps']:,.0f}"
-        lines.append(f"| {int(n):,} | {_r(lp['verdict_rate'])} / {_r(lp['agreement'])} / {s['twin_canary_steps']:,} | {at} | {ratio} |")
-    return "\n".join(lines) + "\n"
+        rows.append(f"| {int(n):,} | {_r(lp['verdict_rate'])} / {_r(lp['agreement'])} / {s['twin_canary_steps']:,} | {at} | {ratio} |")
+    return rows
 
 
 def write_scale(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str] | None = None) -> dict[str, Any]:
@@ -518,4 +635,94 @@ def write_scale(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, 
             (out_dir / "scale").mkdir(exist_ok=True)
             (out_dir / "scale" / f"seed{d['seed']}.json").write_text(json.dumps(d, indent=1, default=float))
         write_section(SCALE_SECTION, scale_section(res), doc=out_dir / "README.md", keep=SCALE_KEEP)
+    return res
+
+
+# ------------------------------------------------------------------------------------ extension
+EXT_SECTION = "## Extended canaries: the verdict rate as the canaries run more days"
+EXT_KEEP = ("### What the extension says",)
+
+
+def extended_section(res: dict[str, Any]) -> str:
+    """The page's section for the extended run (`merge`'s result, every seed's ``max_days`` > 1)."""
+    c = res["scale_config"]
+    lines = [EXT_SECTION, "",
+             "Commands (per seed S): " + ", then ".join(f"`{x}`" for x in c.get("commands", [])) + ". "
+             f"The same seeds, twins, candidates, fleets, truths and budget as the section above (the 20-day truth and "
+             f"canary alone's sweep are taken from its `scale/seed<S>.json`: both are seeded and do not depend on the "
+             f"loop); what changes is the loop: a candidate that is not hurting (its day ran its hours, the guard "
+             f"silent, the edge's loss-budget stop not reached) is extended for up to {res['max_days']} canary days, one "
+             "canary a day on a fresh random slice of that day's fleet (a new population each day, "
+             "as the truth's days are), the first day's plan kept; judged at days "
+             f"{', '.join(map(str, res['looks']))} (each look at {100 * res['look_level']:.1f} %: 90 % spent over the looks); "
+             "the rounds pooled with the fleet's and the interference's terms as perfectly correlated and the day-to-day "
+             "term (the twin's replay of 6 recent days of the fleet's own size) independent across days only; "
+             "`Twin.update` after each look; the loop stops early when no open KPI can decide in the days left "
+             "(futility). What ran: " + "; ".join(f"{int(n):,} groups: seeds {v['seeds']}, candidates per seed "
+             + ", ".join(f"{sd}: {len(cs)}" for sd, cs in v["candidates"].items()) for n, v in res["by_fleet_size"].items())
+             + ". Intervals: Clopper-Pearson 95 % over pairs (optimistic: a candidate's pairs share its canaries).", "",
+             "| groups | seeds | pairs (truly regressing) | left open by the twin alone → canaries decided (`canary_verdict_rate`, "
+             "target ≥ 60 % at 1,000) | canary verdicts right (`confident_agreement`, ≥ 97 %) | candidates promoted or "
+             "refused / right | loop canary agent-steps | canary days run |",
+             "|---|---|---|---|---|---|---:|---:|"]  # fmt: skip
+    for n, v in res["by_fleet_size"].items():
+        days = sum(len(s["rounds"]) for s in v.get("per_candidate_rounds", []))
+        lines.append(f"| {int(n):,} | {v['seeds']} | {v['pairs']} ({v['truth_regress']}) | "
+                     f"{_r(rate(v['canary_decided'], v['open_after_twin']))} | "
+                     f"{_r(rate(v['canary_agreeing'], v['canary_decided']))} | "
+                     f"{_r(v['candidate_verdicts']['verdict_rate'])} / {_r(v['candidate_verdicts']['agreement'])} | "
+                     f"{v['twin_canary_agent_steps']:,} | {days} |")  # fmt: skip
+    lines += ["", "The verdict rate by canary day (had the loop stopped after day d: its last look on or before d; "
+              "same schedule and levels):", "",
+              "| groups | day | canaries decided | verdicts right | loop canary agent-steps so far |", "|---|---:|---|---|---:|"]
+    for n, v in res["by_fleet_size"].items():
+        for row in v.get("by_day", []):
+            lines.append(f"| {int(n):,} | {row['day']} | {_r(row['verdict_rate'])} | {_r(row['agreement'])} | "
+                         f"{row['agent_steps']:,} |")  # fmt: skip
+    lines += ["", "Steps ratio against canary alone's one-day sweep (the slices of the section above; `canary_steps_ratio`: "
+              "canary alone's agent-steps to reach the loop's verdict rate over all pairs at at least its agreement, "
+              "over the loop's):", "", "| groups | loop: verdict rate / agreement / agent-steps | canary alone reaches it at | ratio |",
+              "|---|---|---|---|"]  # fmt: skip
+    lines += steps_rows(res["by_fleet_size"], 2)
+    return "\n".join(lines) + "\n"
+
+
+def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str]) -> dict[str, Any]:
+    """Pool the extended run's seeds (`merge`) into ``results_production.json``'s ``extended`` key
+    (``max_days``, ``looks``, ``by_fleet_size`` → ``"1000"`` → ``canary_verdict_rate``,
+    ``confident_agreement``, ``agreement_ci``, ``by_day``, ``steps``; ``canary_steps_ratio``) and
+    the page's section; the one-day run's keys are left as they are."""
+    from _docs import write_section
+
+    from edgetwin.loop.ppi import look_days, look_level
+
+    by = merge(seed_docs)
+    for n, b in by.items():
+        if not any("canary_alone_relabelled" in d for d in seed_docs):  # runs before that fix: its measure read no candidate row
+            b["canary_alone"] = "not measured in this run (the loop's canaries name the candidate by its registry version)"
+            for ps in b.get("per_seed", {}).values():
+                ps["canary_alone"] = b["canary_alone"]
+        b["per_candidate_rounds"] = [{"seed": d["seed"], "policy": s["policy"], "rounds": s["rounds"]}
+                                     for d in seed_docs if n in d["by_fleet_size"] for s in d["by_fleet_size"][n]["per_candidate"]]  # fmt: skip
+    max_days = max(int(d.get("max_days", 1)) for d in seed_docs)
+    looks = list(look_days(max_days))
+    cfg = {k: seed_docs[0][k] for k in ("candidates", "truth_days", "twin", "update", "sweep", "budget", "sweep_max_groups")}
+    cfg["commands"] = list(commands)
+    head = "1000" if "1000" in by else max(by, key=int)
+    res = {"seeds": sorted(d["seed"] for d in seed_docs), "max_days": max_days, "looks": looks,
+           "look_level": look_level(0.9, len(looks)), "scale_config": cfg, "by_fleet_size": by,
+           "canary_steps_ratio_fleet_size": int(head), "canary_steps_ratio": by[head]["steps"]["ratio"],
+           "canary_steps_ratio_lower_bound": by[head]["steps"]["lower_bound"]}  # fmt: skip
+    print(json.dumps({n: {k: b[k] for k in ("pairs", "canary_verdict_rate", "confident_agreement", "agreement_ci")}
+                      | {"by_day": [(r["day"], r["verdict_rate"]["rate"], r["agreement"]["rate"]) for r in b["by_day"]]}
+                      for n, b in by.items()}, indent=1, default=float))  # fmt: skip
+    if not no_write:
+        path = out_dir / "results_production.json"
+        cur = json.loads(path.read_text()) if path.exists() else {}
+        cur["extended"] = res
+        path.write_text(json.dumps(cur, indent=1, default=float))
+        (out_dir / "scale").mkdir(exist_ok=True)
+        for d in seed_docs:
+            (out_dir / "scale" / f"extended_seed{d['seed']}.json").write_text(json.dumps(d, indent=1, default=float))
+        write_section(EXT_SECTION, extended_section(res), doc=out_dir / "README.md", keep=EXT_KEEP)
     return res

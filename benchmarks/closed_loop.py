@@ -622,7 +622,7 @@ def plot(d: dict[str, Any], path: Path) -> None:
 #: the closed loop at one size keeps them)
 OTHER_RUNS_KEYS = ("coverage_experiment", "simulated_by_fleet_size", "designs", "coverage_seeds", "coverage_days",
                    "seeds", "by_fleet_size", "scale_config", "canary_steps_ratio_fleet_size",
-                   "canary_steps_ratio_lower_bound", "quick_canary_steps_ratio")  # fmt: skip
+                   "canary_steps_ratio_lower_bound", "quick_canary_steps_ratio", "extended")  # fmt: skip
 
 
 def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
@@ -921,6 +921,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--agents", type=int, default=0, help="service groups (default 100; 60 with --quick)")
     ap.add_argument("--max-candidates", type=int, default=0, help="only the first N candidates (0: all; for smoke runs)")
+    ap.add_argument("--skip-candidates", type=int, default=0,
+                    help="--scale: leave out the first N of those candidates (a second process for the rest, its own --work)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/edgetwin-closed-loop"))
     ap.add_argument("--no-write", action="store_true", help="write no results or page (smoke runs)")
     ap.add_argument("--fleet-control", action="store_true",
@@ -942,6 +944,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scale-more", type=Path, nargs="*", default=[], metavar="DIR",
                     help="--scale-merge: more work directories whose scale-s<SEED>.json add fleet sizes the first lacks")
     ap.add_argument("--truth-days", type=int, default=20, help="--scale: days of the whole cluster per policy (the truth)")
+    ap.add_argument("--max-days", type=int, default=1,
+                    help="--scale: extend a candidate that is not hurting up to this many canary days (1: one day, 3 rounds)")
+    ap.add_argument("--reuse", type=Path, default=None, metavar="DIR",
+                    help="--scale: take the truth and canary-alone sweep from DIR/seed<S>.json of an earlier run")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.scale or args.scale_merge is not None:

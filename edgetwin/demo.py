@@ -465,7 +465,7 @@ def _promote_and_serve(
         log(f"    the twin's gate says {decision.verdict}: {decision.reason()}")
         if decision.verdict == "abstain":
             numbers["gate_abstained"] = decision.reason()
-            _canary(twin, policy_dir, config, seed, out, numbers, log, SimpleNamespace(decision=decision))
+            _canary(twin, policy_dir, config, seed, out, numbers, log, SimpleNamespace(decision=decision), log_df)
         numbers["promoted_version"] = None
         numbers["cluster_" + ("refused" if objection[0] == "refuse" else "undecided")] = objection[1]
         log(f"    not promoted ({objection[0]} on the cluster's own evidence): {objection[1]}")
@@ -491,7 +491,7 @@ def _promote_and_serve(
         numbers["gate_abstained"] = str(abstained)
         log(f"    the gate abstained (the twin cannot tell): {abstained}")
         log("    asking the edge: a canary on <= 10% of the service groups for <= 1 simulated day")
-        verdict = _canary(twin, policy_dir, config, seed, out, numbers, log, getattr(abstained, "result", None))
+        verdict = _canary(twin, policy_dir, config, seed, out, numbers, log, getattr(abstained, "result", None), log_df)
         if verdict is None:
             return numbers
         version = promote_after_canary(registry, policy_dir, verdict, signer, scope="global", expected=None,
@@ -518,10 +518,15 @@ def _promote_and_serve(
 
 def _canary(
     twin: Any, policy_dir: Path, config: Any, seed: int, out: Path, numbers: dict[str, Any],
-    log: Callable[[str], None], promotion: Any = None,
+    log: Callable[[str], None], promotion: Any = None, recent: Any = None,
 ) -> Any:
     """The gate abstained: one canary round (<= 10 % of the service groups, <= 1 simulated day)
     on the emulated cluster through an edge runtime, judged by prediction-powered inference.
+
+    ``recent``: the fleet's recent days on the current policy (the gate's held-out log): the
+    twin's replay of them gives the day-to-day variance of the change, so that the verdict is
+    about the change averaged over the days the decision lives with, not the canary's day
+    (`edgetwin.loop.verdict.day_to_day_variance`; None: about the canary's day, and it says so).
 
     Returns the `LoopResult` when its verdict is promote; else records the refusal or abstention
     (with its reason) in ``numbers`` and returns None. The fleet is a day the twin never saw
@@ -542,6 +547,7 @@ def _canary(
             baseline_spec=resolve_policy("logging", twin, name="current"),
             budget=PlanBudget(max_share=0.10, hours=24.0), max_rounds=1, seed=seed, fleet_seed=fleet_seed,
             decision=getattr(promotion, "decision", None), log=log,
+            other_days=[recent] if recent is not None else None,
         )  # fmt: skip
     except InputError as e:  # e.g. 10 % of a small fleet is fewer than the 4 groups a canary needs
         numbers["canary"] = {"verdict": "abstain", "reason": f"no canary: {e}"}

@@ -148,3 +148,34 @@ def test_the_plan_says_how_many_days_a_decision_needs() -> None:
     assert days_to_decide(-0.05, 0.2, 0.05) == 4
     assert days_to_decide(-0.30, 0.2, 0.05) == 1
     assert days_to_decide(0.05, 0.2, 0.05) is None
+
+
+def test_cli_bad_design_exits_2_with_one_line_before_loading_anything(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from edgetwin.cli import main
+
+    with pytest.raises(SystemExit) as ex:  # the twin and log need not exist: the flag is checked first
+        main(["canary", "plan", str(tmp_path / "twin"), "--policy", "random", "--log", str(tmp_path / "log.parquet"),
+              "--design", "switchbacks"])  # fmt: skip
+    assert ex.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--design" in err and "switchbacks" in err and "matched_pairs" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("design", ["random", "matched_pairs"])
+def test_cli_plan_design_flag_picks_the_design(gated, tmp_path: Path, capsys, design: str) -> None:  # type: ignore[no-untyped-def]
+    from edgetwin.cli import main
+
+    root: Path = gated["root"]
+    args = ["canary", "plan", str(root / "twin"), "--policy", "random", "--log", str(root / "log.parquet"),
+            "--max-share", "25%", "--episodes", "1", "--json", "--seed", "1", "--design", design,
+            "--max-regression", "kpi.slo_violation=0"]  # fmt: skip
+    try:
+        main(args)
+    except SystemExit as ex:
+        assert not ex.code
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"] is not None
+    # the plan weighed only the design asked for (auto weighs both)
+    assert set(doc["plan"]["expected_width"]) == {design}
+    assert doc["plan"]["slice"]["design"] in (design, "random")  # random when no seed splits every pair

@@ -287,7 +287,8 @@ def test_the_day_to_day_variance_widens_the_interval_and_undecided_says_how_many
     args = (f_c, f_b, f_c[:4] + rng.normal(0, 0.01, 4), f_c[:4], f_b[4:10] + rng.normal(0, 0.01, 6), f_b[4:10])
     day = ppi_mean_difference(*args, day_var=(0.02**2, 0.0), day_df=5.0)
     one = ppi_mean_difference(*args)
-    assert day["diff_se"] > one["diff_se"] and day["diff_var_shared"] >= 0.02**2 and day["day_var"] == 0.02**2
+    assert day["diff_se"] > one["diff_se"] and day["diff_var_day"] == 0.02**2 and day["day_var"] == 0.02**2
+    assert day["diff_var_shared"] == pytest.approx(one["diff_var_shared"])  # the day term is its own, not shared
 
     def check(change: float, lo: float, hi: float) -> SimpleNamespace:
         return SimpleNamespace(kpi="kpi.x", verdict="straddle", better="lower", change=change,

@@ -57,6 +57,9 @@ def canary_plan_cmd(
     scope: Annotated[str, typer.Option("--scope", help="Scope of the current version.")] = "global",
     episodes: Annotated[int, typer.Option(min=1, help="Recorded episodes the gate replays.")] = 2,
     plan_out: Annotated[Path | None, typer.Option("--out", help="Write the plan (JSON) here.")] = None,
+    design: Annotated[str, typer.Option(
+        "--design", help="auto (the narrower expected interval), random (fair coins) or matched_pairs (paired by "
+        "the twin's predicted effect and the pre-period, randomized within pairs).")] = "auto",
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -67,10 +70,12 @@ def canary_plan_cmd(
     import tempfile
 
     from edgetwin.cli.policy import _whatif_inputs
-    from edgetwin.loop.plan import budget_from_flags, plan_canary
+    from edgetwin.loop.plan import DESIGNS, budget_from_flags, plan_canary
     from edgetwin.policies.gate import parse_guards, resolve_guards, resolve_policy, run_gate
 
-    budget = budget_from_flags(max_share, max_loss, hours)  # before anything long
+    if design not in ("auto", *DESIGNS):  # before anything long
+        raise InputError(f"unknown canary design {design!r}; expected one of auto, {', '.join(DESIGNS)}", "--design")
+    budget = budget_from_flags(max_share, max_loss, hours)
     guards = parse_guards(max_regression or [])
     twin, _scen, kpi_defs, table = _whatif_inputs(twin_dir, None, None, log, None)
     known = {g.kpi for g, _k in resolve_guards(kpi_defs, guards or None)}
@@ -91,7 +96,12 @@ def canary_plan_cmd(
             else:
                 out.print(f"nothing to plan: the gate decides ({decision.verdict}): {decision.reason()}")
             return
-        plan = plan_canary(decision, twin, table, cand, base, budget, seed=seed)
+        try:
+            plan = plan_canary(decision, twin, table, cand, base, budget, seed=seed, design=design)
+        except InputError as e:  # a matched-pair design the budget cannot pair: name the flag
+            if e.where != "design":
+                raise
+            raise InputError(e.message, "--design") from None
     if plan_out is not None:
         plan_out.parent.mkdir(parents=True, exist_ok=True)
         plan_out.write_text(plan.to_json())

@@ -43,8 +43,13 @@ interval when paired groups respond alike and widens it when they do not (fewer 
 freedom); so by default (``design="auto"``) each size and duration takes the design whose expected
 interval (the residual spread of the twin's error within such pairs, `_paired_spread`) is
 narrower, and the plan records both expected widths (``expected_width``; the loop's rounds record
-the realised ones). Not done: extending a canary that is not hurting beyond one day, and site-level
-switchbacks.
+the realised ones). Site-level switchbacks are not planned here.
+
+**How many days.** The verdict is about the change averaged over the days the decision lives with;
+given the day-to-day variance (``day_var``), one day's expected interval carries it and each
+KPI's ``days`` says how many canary days of this size would decide it, reckoned at the level of
+the extension's looks (``max_days``); the fleet's term never shrinks with days. A candidate that
+is not hurting is then extended day by day (`edgetwin.loop.rounds.canary_loop`'s ``days``).
 """
 
 from __future__ import annotations
@@ -191,15 +196,22 @@ def _days_text(days: int | None) -> str:
     return f"may not decide: about {days} day(s) of such canaries would"
 
 
-def days_to_decide(point_worsening: float, half_width: float, allowed: float) -> int | None:
-    """Canary days of one size whose pooled interval is expected to clear the margin: the interval's
-    half-width shrinks as ``1/sqrt(days)`` with independent days, so ``ceil((half / gap)²)`` with
-    ``gap`` the distance of the point estimate from the margin (a lower bound: the terms rounds
-    share do not shrink). None when the point sits on the margin."""
+def days_to_decide(point_worsening: float, half_width: float, allowed: float, fixed_half: float = 0.0,
+                   cap: int = 365) -> int | None:
+    """Canary days of one size whose pooled interval is expected to clear the margin.
+
+    ``half_width``: one day's half-width; ``fixed_half``: the part of it (in quadrature) that more
+    days do not shrink (the fleet's and the interference's terms, shared by every round); the rest
+    (each day's own rectifier and its day-to-day term) shrinks as ``1/sqrt(days)`` with independent
+    days: ``days = ceil((half² − fixed²) / (gap² − fixed²))`` with ``gap`` the distance of the
+    point estimate from the margin. None when the point sits on the margin, the fixed part alone
+    reaches it, or more than ``cap`` days would be needed."""
     gap = abs(float(point_worsening) - float(allowed))
-    if not (gap > 1e-9 and math.isfinite(half_width)):
+    fixed = float(fixed_half)
+    if not (gap > 1e-9 and math.isfinite(half_width)) or fixed >= gap:
         return None
-    return max(1, math.ceil((float(half_width) / gap) ** 2 - 1e-9))
+    days = max(1, math.ceil((float(half_width) ** 2 - fixed**2) / (gap**2 - fixed**2) - 1e-9))
+    return days if days <= cap else None
 
 
 @dataclass
@@ -240,9 +252,26 @@ class CanaryPlan:
         """Agent-steps the candidate arm is expected to serve (15-minute ticks)."""
         return int(round(self.slice.treat_share * self.n_groups * self.hours * 4))
 
+    @property
+    def days(self) -> int | None:
+        """Canary days of this size the decision is expected to need, as the twin sees it now: where
+        some KPI is expected to regress, the fewest days by which one of those decides (one
+        regression refuses); else the most days any KPI needs (a promotion needs every KPI ok).
+        None when no number of days is expected to decide."""
+        def regresses(k: PlannedKPI) -> bool:
+            mid = (k.expected[0] + k.expected[1]) / 2.0
+            return (-mid if k.better == "higher" else mid) > k.margin
+
+        bad = [k.days for k in self.kpis if regresses(k) and k.days is not None]
+        if bad:
+            return min(bad)
+        got = [k.days for k in self.kpis]
+        return None if not got or any(d is None for d in got) else max(d for d in got if d is not None)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["agent_steps"] = self.agent_steps
+        d["days"] = self.days
         return d
 
     def to_json(self) -> str:
@@ -292,6 +321,9 @@ class CanaryPlan:
                 f"worst case on the slice {100 * k.worst_on_slice:+.1f}% -> fleet {100 * k.fleet_loss:.2f}%"
                 + (f" (budget {100 * k.budget:g}%)" if k.budget is not None else "")
             )
+        days = self.days
+        if not self.decides:
+            lines.append(f"  days: {'no number of canary days of this size is expected to decide' if days is None else f'about {days} canary day(s) of this size are expected to decide'}")
         lines += [f"  why: {w}" for w in self.why]
         return "\n".join(lines)
 
@@ -488,13 +520,17 @@ def _options_space(log: pd.DataFrame, budget: PlanBudget, episode_hours: float |
 def _expected_option(
     decision: Any, checks: Mapping[str, Any], kdefs: Mapping[str, Any], preds: pd.DataFrame,
     spread: Mapping[tuple[str, float], float], budget: PlanBudget, n_fleet: int, n: int, h: float, design: str,
+    day_var: Mapping[str, tuple[float, float, float]] | None = None, max_days: int = 1,
 ) -> tuple[bool, float, float, list[PlannedKPI]]:
     """What a canary of ``n`` groups for ``h`` hours under ``design`` is expected to tell: whether
     every KPI's expected interval decides, the largest share of a KPI's loss budget it may spend,
     the summed expected width, and the `PlannedKPI` s. ``spread``: per (column, hours), the
     per-group residual spread the design's rectifier will see (`_residual_spread`, or its paired
-    counterpart); a matched-pair rectifier has ``n/2 − 1`` degrees of freedom, a random one Welch's."""
-    from edgetwin.loop.ppi import t_quantile, welch_df
+    counterpart); a matched-pair rectifier has ``n/2 − 1`` degrees of freedom, a random one Welch's.
+    ``day_var``: per column, the day-to-day variance of the change (`day_to_day_variance`), a term of
+    one day's interval that only more days shrink; ``max_days``: the extension's days, whose looks
+    (`edgetwin.loop.ppi.look_days`) set the level at which ``days`` (of `PlannedKPI`) is reckoned."""
+    from edgetwin.loop.ppi import look_days, look_level, t_quantile, welch_df
 
     n_c = max(2, int(round(budget.treat_share * n)))
     n_b = max(2, n - n_c)
@@ -506,7 +542,9 @@ def _expected_option(
         s_r = spread[(col, h)]
         own = ([(s_r**2 * (1.0 / n_c + 1.0 / n_b), n // 2 - 1)] if design == "matched_pairs"
                else [(s_r**2 / n_c, n_c - 1), (s_r**2 / n_b, n_b - 1)])  # fmt: skip
-        terms = [(float(np.var(fc - fb, ddof=1)) / len(fc), len(fc) - 1), *own]
+        dv = (day_var or {}).get(col)
+        fleet_term = (float(np.var(fc - fb, ddof=1)) / len(fc), len(fc) - 1)
+        terms = [fleet_term, *own, *([(float(dv[0]), float(dv[2]))] if dv else [])]
         se = math.sqrt(sum(v for v, _ in terms)) / base
         q = t_quantile(LEVEL, welch_df(terms))  # the verdict's own reference (`edgetwin.loop.ppi`)
         point = float(c.change)
@@ -521,7 +559,10 @@ def _expected_option(
             max_frac = max(max_frac, fleet_loss / cap)
         all_decide &= decides
         width += exp[1] - exp[0]
-        days = 1 if decides else days_to_decide(sign * point, q * se, c.allowed_change)
+        # over an extension's looks, each at its share of alpha (`look_level`); the fleet term never shrinks
+        q_ext = t_quantile(look_level(LEVEL, len(look_days(max_days))), welch_df(terms))
+        days = 1 if decides else days_to_decide(sign * point, q_ext * se, c.allowed_change,
+                                                 q_ext * math.sqrt(fleet_term[0]) / base)  # fmt: skip
         planned.append(PlannedKPI(kpi, col, c.better, c.abstain_reason(decision.max_out_of_support), list(c.interval),
                                   exp, c.allowed_change, decides, worst, fleet_loss, cap, days))  # fmt: skip
     return all_decide, max_frac, width, planned
@@ -558,6 +599,8 @@ def plan_canary(
     pre_ticks: int = 4,
     round_no: int = 1,
     design: str = "auto",
+    day_var: Mapping[str, tuple[float, float, float]] | None = None,
+    max_days: int = 1,
 ) -> CanaryPlan:
     """The canary plan for an abstaining `edgetwin.policies.gate.GateDecision`.
 
@@ -576,6 +619,13 @@ def plan_canary(
             randomized within pairs: `matched_pairs`; at most `MAX_PAIRS` pairs and a half
             share), or ``"auto"``: at each slice size and duration, the design whose expected
             interval is narrower (the plan records both widths in ``expected_width``).
+        day_var: per KPI column, ``(var of the change, var of the baseline, days − 1)`` from day to
+            day (`edgetwin.loop.verdict.day_to_day_variance`): the verdict is about the change
+            averaged over the days the decision lives with, so one day's expected interval carries
+            it, and each KPI's ``days`` (and the plan's ``days``) says how many canary days of
+            this size are expected to decide (only more days shrink it). None: not counted.
+        max_days: the extension's most days (`edgetwin.loop.rounds.canary_loop`'s ``max_days``):
+            ``days`` is reckoned at the level of its looks.
 
     Raises:
         InputError: a ``max_loss`` KPI that is not guarded, nothing to plan (no guarded KPI a
@@ -605,8 +655,8 @@ def plan_canary(
                    and (d == "random" or (pairable and n // 2 <= MAX_PAIRS))]  # fmt: skip
         by_design = {d: spread if d == "random" else paired(n) for d in designs}
         for h in hours_opts:
-            got = {d: _expected_option(decision, checks, kdefs, preds, by_design[d], budget, n_fleet, n, h, d)
-                   for d in designs}  # fmt: skip
+            got = {d: _expected_option(decision, checks, kdefs, preds, by_design[d], budget, n_fleet, n, h, d,
+                                       day_var, max_days) for d in designs}  # fmt: skip
             if not got:
                 continue
             d = min(got, key=lambda k: got[k][2])  # the narrowest expected interval at this size and duration

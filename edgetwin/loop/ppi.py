@@ -91,7 +91,8 @@ LEVEL = 0.90
 #: key prefix of the no-interference estimate kept beside a transporting one (module docstring)
 LOCAL = "local:"
 _LOCAL_KEYS = ("diff", "diff_se", "base", "base_se", "rel", "rel_lo", "rel_hi", "df",
-               "diff_var_shared", "diff_var_own", "base_var_shared", "base_var_own")
+               "diff_var_shared", "diff_var_own", "base_var_shared", "base_var_own", "diff_var_day", "base_var_day",
+               "day_df", "day")
 
 
 @dataclass
@@ -201,7 +202,9 @@ def ppi_mean_difference(
         and what pooling rounds needs (`combine_estimates`): ``df`` (Welch-Satterthwaite, the
         interval's t reference), ``diff_var_shared`` / ``base_var_shared`` (the fleet and
         interference terms, which rounds share: the same fleet and a twin that only learns
-        slowly) and ``diff_var_own`` / ``base_var_own`` (the round's own rectifier).
+        slowly), ``diff_var_day`` / ``base_var_day`` / ``day_df`` (the day-to-day terms, shared by
+        the rounds of one day and independent across days; ``day``: the day's index, 0 here, the
+        loop sets it) and ``diff_var_own`` / ``base_var_own`` (the round's own rectifier).
     """
     from edgetwin.edge.canary_guard import cuped_slope
 
@@ -228,7 +231,7 @@ def ppi_mean_difference(
             lost = 0.5
     v_fleet, v_c, v_b = _var(fc - fb) / len(fc), _var(rc) / len(rc), _var(rb) / len(rb)
     diff = twin_diff + float(np.mean(rc) - np.mean(rb))
-    diff_shared = v_fleet + float(transport_var[0]) + float(day_var[0])
+    diff_shared = v_fleet + float(transport_var[0])
     diff_own = v_c + v_b
     own_terms = [(v_c, len(rc) - 1 - lost), (v_b, len(rb) - 1 - lost)]
     if paired:
@@ -238,14 +241,16 @@ def ppi_mean_difference(
         own_terms = [(diff_own, len(rc) - 1 - lost)]
     base = float(np.mean(fb) + np.mean(rb))
     vb_fleet = _var(fb) / len(fb)
-    base_shared = vb_fleet + float(transport_var[1]) + float(day_var[1])
+    base_shared = vb_fleet + float(transport_var[1])
     df = welch_df([(v_fleet, len(fc) - 1), *own_terms, (float(transport_var[0]), transport_df),
                    (float(day_var[0]), day_df)])  # fmt: skip
-    out = finish_estimate(diff, diff_shared + diff_own, base, base_shared + v_b, level, df=df)
+    out = finish_estimate(diff, diff_shared + diff_own + float(day_var[0]), base,
+                          base_shared + v_b + float(day_var[1]), level, df=df)  # fmt: skip
     out["twin_diff"] = twin_diff
     out["twin_rel"] = twin_diff / abs(base) if base else float("nan")
     out.update(diff_var_shared=diff_shared, diff_var_own=diff_own, base_var_shared=base_shared, base_var_own=v_b,
-               day_var=float(day_var[0]), paired=float(bool(paired)))
+               diff_var_day=float(day_var[0]), base_var_day=float(day_var[1]), day_df=float(day_df),
+               day_var=float(day_var[0]), paired=float(bool(paired)), day=0.0)
     return out
 
 
@@ -281,36 +286,70 @@ def look_level(level: float, looks: int) -> float:
 
     Alpha spending by the union bound (Bonferroni over looks): look ``r`` of at most ``looks``
     spends ``(1 − level) / looks``, so whichever look the loop stops at (a verdict, the guard's
-    early stop, the budget), the chance that any look's interval missed is at most ``1 − level``.
-    Why not an anytime-valid PPI confidence sequence (confseq): the loop has a small, fixed
-    maximum of looks (``--canary-rounds``, 3 by default), and at a handful of groups per arm a
-    confidence sequence's boundary is much wider than the t quantile at ``1 − α/3`` (e.g. 90 %
-    over 3 looks: each look at 96.7 %)."""
+    early stop, the budget, futility), the chance that any look's interval missed is at most
+    ``1 − level``. Why not an anytime-valid PPI confidence sequence (Kilian, Cortinovis, Caron 2025;
+    neither ``confseq`` nor ``expectation`` is installable here: the first builds only from source
+    with Boost, the second needs Python ≥ 3.12): the loop's looks are few and fixed in advance
+    (`look_days`: doubling days, so ``D`` days cost ``⌈log2 D⌉ + 1`` looks), and at a handful of groups per
+    arm a confidence sequence's boundary is much wider than the t quantile at ``1 − α/looks``
+    (e.g. 90 % over 5 looks: each look at 98 %)."""
     return 1.0 - (1.0 - float(level)) / max(1, int(looks))
+
+
+def look_days(max_days: int) -> tuple[int, ...]:
+    """The canary days after which an extended canary is judged: 1, 2, 4, 8, … and ``max_days``.
+
+    Each look spends ``(1 − level) / len(look_days(max_days))`` of alpha (`look_level`), fixed
+    before the first day, so the verdict at whichever look decides holds at the level. Doubling
+    keeps the number of looks logarithmic in the days (16 days: 5 looks, each at 98 % for 90 %),
+    while a candidate that is clearly good or bad is still judged after its first day."""
+    n = max(1, int(max_days))
+    out, d = [], 1
+    while d < n:
+        out.append(d)
+        d *= 2
+    return (*out, n)
 
 
 def _pool(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> tuple[float, float, float, float, float]:
     """Inverse-variance pooled ``(diff, diff_var, base, base_var, df)`` of one KPI's rounds.
 
-    The rounds' own rectifiers are independent (each round's canary is a new random slice, judged
-    with the twin from before it); their shared terms (the fleet's and the interference's) are not,
-    so they are added as perfectly correlated (``(Σ w_i·sd_i)²``), the conservative bound, never
-    as independent (which would shrink them by the number of rounds)."""
+    Three kinds of term, pooled as what they are:
 
-    def one(key: str) -> tuple[float, float, list[float], list[float]]:
+    * the rounds' own rectifiers are independent (each round's canary is a new random slice,
+      judged with the twin from before it): ``Σ w_i²·own_i``;
+    * the fleet's and the interference's terms are shared by every round (the same twin that
+      only learns slowly, the same kind of fleet): added as perfectly correlated,
+      ``(Σ w_i·sd_i)²``, the conservative bound, never as independent (which would shrink them by
+      the number of rounds);
+    * the day-to-day term (``*_var_day``; the estimand is the change averaged over the days the
+      decision lives with, one canary day's change is one draw around it) is shared by the rounds
+      of one day (``day``, the day's index) and independent across days:
+      ``Σ_days (Σ_{i in day} w_i·sd_i)²``. So more rounds on one day never shrink it; more days
+      shrink it as ``1/days`` — the day-to-day variance shrinks only with more days."""
+
+    def one(key: str) -> tuple[float, float, list[float], float, float]:
         tot = [r[f"{prefix}{key}_se"] ** 2 for r in rounds]
         w = np.array([1.0 / max(v, 1e-300) for v in tot])
         w = w / w.sum()
         val = float(np.sum(w * np.array([r[f"{prefix}{key}"] for r in rounds])))
         shared = [float(r.get(f"{prefix}{key}_var_shared", 0.0)) for r in rounds]
-        own = [max(t - s, 0.0) for t, s in zip(tot, shared, strict=True)]
-        var = float(np.sum(w * w * np.array(own)) + np.sum(w * np.sqrt(shared)) ** 2)
-        return val, var, list(w * w * np.array(own)), [float(np.sum(w * np.sqrt(shared)) ** 2)]
+        day = [float(r.get(f"{prefix}{key}_var_day", 0.0)) for r in rounds]
+        own = [max(t - s - d, 0.0) for t, s, d in zip(tot, shared, day, strict=True)]
+        by_day: dict[float, float] = {}
+        for wi, d, r in zip(w, day, rounds, strict=True):
+            k = float(r.get(f"{prefix}day", 0.0))
+            by_day[k] = by_day.get(k, 0.0) + float(wi) * math.sqrt(d)
+        shared_v = float(np.sum(w * np.sqrt(shared)) ** 2)
+        day_v = float(sum(v * v for v in by_day.values()))
+        own_terms = list(w * w * np.array(own))
+        return val, float(np.sum(own_terms)) + shared_v + day_v, own_terms, shared_v, day_v
 
-    diff, dv, own_terms, shared_term = one("diff")
-    base, bv, _, _ = one("base")
+    diff, dv, own_terms, shared_v, day_v = one("diff")
+    base, bv, _, _, _ = one("base")
     dfs = [float(r.get(f"{prefix}df", float("inf"))) for r in rounds]
-    df = welch_df([(v, d) for v, d in zip(own_terms, dfs, strict=True)] + [(shared_term[0], min(dfs))])
+    day_df = min((float(r.get(f"{prefix}day_df", float("inf"))) for r in rounds), default=float("inf"))
+    df = welch_df([(v, d) for v, d in zip(own_terms, dfs, strict=True)] + [(shared_v, min(dfs)), (day_v, day_df)])
     return diff, dv, base, bv, df
 
 
@@ -327,6 +366,7 @@ def combine_estimates(
     out["twin_diff"] = float(np.sum(tw * np.array([r["twin_diff"] for r in rounds])) / np.sum(tw))
     out["twin_rel"] = out["twin_diff"] / abs(base) if base else float("nan")
     out["rounds"] = float(len(rounds))
+    out["days"] = float(len({float(r.get("day", 0.0)) for r in rounds}))
     if all(f"{LOCAL}diff" in r for r in rounds):
         ld, ldv, lb, lbv, ldf = _pool(rounds, LOCAL)
         local = finish_estimate(ld, ldv, lb, lbv, level, df=ldf)
@@ -647,6 +687,7 @@ __all__ = [
     "combine_estimates",
     "finish_estimate",
     "interference_var",
+    "look_days",
     "look_level",
     "measured_group_means",
     "ppi_estimates",

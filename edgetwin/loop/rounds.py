@@ -62,6 +62,9 @@ class LoopRound:
     realised_loss: dict[str, float] = field(default_factory=dict)
     over_budget: list[str] = field(default_factory=list)
     twin_updated: bool = False
+    #: judged at this round (a look of `edgetwin.loop.ppi.look_days`); an extension day between
+    #: looks is only pooled into the next look
+    look: bool = True
 
     def describe(self) -> str:
         p = self.plan
@@ -126,6 +129,8 @@ def canary_loop(
     on_canary: Callable[[int, CanaryPlan, Any], Any] | None = None,
     fleet_control: bool = False,
     other_days: Sequence[pd.DataFrame] | None = None,
+    days: Callable[[int], tuple[pd.DataFrame, int]] | None = None,
+    max_days: int = 1,
 ) -> LoopResult:
     """Plan → canary → update → verdict, until a verdict or ``max_rounds``.
 
@@ -158,9 +163,24 @@ def canary_loop(
             canary's day. None and no ``old_logs``: the intervals are about the canary's day, and
             the result says so.
 
-    Each round is one look at the pooled evidence and spends ``(1 − 90 %) / max_rounds`` of alpha
-    (`edgetwin.loop.ppi.look_level`). An undecided result says how many more canary days the
-    pooled interval needs to clear its margin (`days_needed`).
+        days: the extension's days: ``days(d)`` returns the fleet's log on the current policy for
+            canary day ``d`` (1, 2, …; day 0 is ``fleet_log``) and the seed its population was
+            drawn with (``fleet_seed``'s counterpart). With it, round ``r`` runs on day ``r − 1``
+            (a fresh random slice of that day's fleet) and the loop runs up to ``max_days`` rounds
+            (``max_rounds`` is then not used); None: every round on ``fleet_log``'s day.
+        max_days: with ``days``, how many canary days a candidate that is not hurting may run
+            (`extend`): one canary per day, judged at `edgetwin.loop.ppi.look_days` (1, 2, 4, …,
+            ``max_days``), each look spending ``(1 − 90 %) / looks`` of alpha. The rounds are
+            pooled with their shared terms (`edgetwin.loop.ppi.combine_estimates`): the fleet's and
+            the interference's as perfectly correlated across rounds, the day-to-day term as
+            independent across days only, so the interval about the change averaged over the days
+            the decision lives with shrinks only with more days.
+
+    Without ``days`` each round is one look at the pooled evidence and spends
+    ``(1 − 90 %) / max_rounds`` of alpha (`edgetwin.loop.ppi.look_level`). An undecided result
+    says how many more canary days the pooled interval needs to clear its margin (`days_needed`);
+    an extended loop stops early (futility) when, for every open KPI, even that lower bound is more
+    days than remain (a KPI that can still decide keeps it running: one regression refuses).
 
     A later round whose plan cannot be made (e.g. no slice fits the loss budget any more) ends the
     loop with the verdict so far (abstain) and says why; a first round's raises (`InputError`), as
@@ -168,8 +188,9 @@ def canary_loop(
     """
     from edgetwin.edge.canary import CanaryConfig
     from edgetwin.loop.fleet import canary_on_cluster
+    from edgetwin.loop.plan import CanaryPlan as CanaryPlanT
     from edgetwin.loop.plan import plan_canary
-    from edgetwin.loop.ppi import LEVEL, combine_estimates, look_level, ppi_verdict
+    from edgetwin.loop.ppi import LEVEL, combine_estimates, look_days, look_level, ppi_verdict
     from edgetwin.policies.gate import run_gate
 
     if decision is None:
@@ -184,12 +205,21 @@ def canary_loop(
     verdict, reason = "abstain", decision.reason()
     all_logs = list(old_logs) if old_logs is not None else None
     days_src = list(other_days) if other_days is not None else list(all_logs or [])
-    day_var: dict[str, tuple[float, float, float]] | None = None
     version = candidate_version_name(candidate_spec.name)  # the ``policy`` of its rows in the canary log
-    for r in range(1, max_rounds + 1):
+    n_rounds = max(1, int(max_days)) if days is not None else max_rounds
+    looks = set(look_days(n_rounds)) if days is not None else set(range(1, max_rounds + 1))
+    day_log, day_seed = fleet_log, fleet_seed
+    day_var = _day_variance(twin, decision, days_src, candidate_spec, baseline_spec, seed)
+    for r in range(1, n_rounds + 1):
+        if days is not None and r > 1:
+            day_log, day_seed = days(r - 1)
         try:
-            plan = plan_canary(decision, twin, fleet_log, candidate_spec, baseline_spec, budget, seed=seed,
-                               members=members, round_no=r)  # fmt: skip
+            if days is not None and rounds:  # an extension day: the first day's plan on a fresh slice of this day's fleet
+                plan = redraw(CanaryPlanT.from_dict(rounds[0].plan), day_log, seed, r)
+            else:
+                plan = plan_canary(decision, twin, day_log, candidate_spec, baseline_spec, budget, seed=seed,
+                                   members=members, round_no=r, day_var=day_var,
+                                   max_days=n_rounds if days is not None else 1)  # fmt: skip
         except InputError as e:
             if r == 1:
                 raise
@@ -199,7 +229,7 @@ def canary_loop(
         plan = balanced(plan)
         log("    " + plan.describe().replace("\n", "\n    "))
         cfg = CanaryConfig.from_plan(plan, version, spec=twin.spec)
-        res = canary_on_cluster(cluster, current, candidate, cfg, seed=fleet_seed, episode=f"canary-{seed}-{r}")
+        res = canary_on_cluster(cluster, current, candidate, cfg, seed=day_seed, episode=f"canary-{seed}-{r}")
         if on_canary is not None:
             on_canary(r, plan, res)
         c_rows = res.log[(res.log["policy"].astype(str) == version) & (res.log["t"] >= cfg.pre_ticks)]
@@ -212,19 +242,24 @@ def canary_loop(
             est: dict[str, dict[str, float]] = {}
             checks: list[dict[str, Any]] = []
         else:
-            if day_var is None:  # once, with the twin the loop started from
-                from edgetwin.loop.verdict import day_to_day_variance
-
-                day_var = day_to_day_variance(twin, days_src, [m.kpi for m in plan.margins], candidate_spec,
-                                              baseline_spec, seed=seed)  # fmt: skip
-            est = canary_verdict(twin, fleet_log, res.log, plan, candidate_spec, baseline_spec,
+            est = canary_verdict(twin, day_log, res.log, plan, candidate_spec, baseline_spec,
                                  candidate_version=version, day_var=day_var,
                                  pre_ticks=cfg.pre_ticks, ticks=ran, seed=seed, members=members,
                                  fleet_rows=res.fleet_log if fleet_control else None)  # fmt: skip
+            for one in est.values():  # the day this round ran on: its day-to-day term is its own
+                one["day"] = one["local:day"] = float(r - 1 if days is not None else 0)
             per_round.append(est)
-            # each round is one look: it spends its share of alpha (`look_level`), so that stopping at
-            # whichever round decides keeps the level over the loop
-            pooled = {k: combine_estimates([pr[k] for pr in per_round], look_level(LEVEL, max_rounds)) for k in est}
+            loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks, version)
+            hurt = hurting(res.stop_reason, over) if days is not None else None
+            if r not in looks and hurt is None:  # an extension day between looks: pooled at the next look
+                rounds.append(LoopRound(r, plan.to_dict(), res.stop_reason, len(res.log), len(c_rows), est,
+                                        "abstain", [], loss, over, look=False))  # fmt: skip
+                log("    " + rounds[-1].describe().replace("\n", "\n    "))
+                continue
+            # each look spends its share of alpha (`look_level`), so that stopping at whichever look
+            # decides keeps the level over the loop; a candidate that hurts is not extended, and its
+            # last day is judged now in place of the next planned look (whose alpha it spends)
+            pooled = {k: combine_estimates([pr[k] for pr in per_round], look_level(LEVEL, len(looks))) for k in est}
             verdict, ests = ppi_verdict(pooled, list(plan.margins))
             expected = {pk.column: pk.expected for pk in plan.kpis}
             checks = [{**e.to_dict(), "realised_width": e.interval[1] - e.interval[0],
@@ -236,21 +271,69 @@ def canary_loop(
             )
             if not day_var:
                 reason += " (about the canary's day only: no other days to estimate the day-to-day variance from)"
+            n_days = len({e["day"] for pr in per_round for e in pr.values()})
             if verdict == "abstain":
-                reason = f"undecided: {days_needed(ests, len(per_round))}; {reason}"
+                reason = f"undecided: {days_needed(ests, n_days)}; {reason}"
         loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks, version)
         rounds.append(LoopRound(r, plan.to_dict(), res.stop_reason, len(res.log), len(c_rows), est, verdict, checks,
                                 loss, over))  # fmt: skip
         log("    " + rounds[-1].describe().replace("\n", "\n    "))
-        if verdict != "abstain" or r == max_rounds:
+        if verdict != "abstain" or r == n_rounds:
             break
+        if days is not None:
+            hurt = hurting(res.stop_reason, over)
+            if hurt is not None:
+                reason = f"{reason}; not extended past day {r}: {hurt}"
+                break
+            more = [more_days([e], n_days) for e in ests if e.verdict == "straddle"]
+            if all(m is None or m > n_rounds - r for m in more):  # futility: no open KPI can decide in the days left
+                reason = f"stopped at day {r} of {n_rounds}: {reason}"
+                break
         if all_logs is not None:
             twin = twin.update(res.log, all_logs, seed=seed + r, **(update_options or {}))
             all_logs.append(res.log)
             rounds[-1].twin_updated = True
-        decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
-                            episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
+        if days is None:  # the next round is planned again (an extension keeps its first day's plan)
+            decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
+                                episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
     return LoopResult(verdict, reason, gate, rounds, twin)
+
+
+def redraw(plan: CanaryPlan, day_log: pd.DataFrame, seed: int, round_no: int) -> CanaryPlan:
+    """An extension day's plan: the first day's size, hours, margins and budgets on a fresh seeded
+    uniform draw of that day's fleet (the groups of ``day_log``'s last episode), split by fair coins
+    (`balanced`). The slice is redrawn, not kept, so that each day's rectifier is an independent
+    random sample of that day's fleet (the pooling treats the days' own terms as independent); the
+    size is not re-planned, which would need the twin's replay of every day (the plan's ``days``
+    already says how many such days the decision needs)."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from edgetwin.loop.plan import PlanSlice
+
+    last = day_log[day_log["episode"] == day_log["episode"].iloc[-1]]
+    agents = sorted(last["agent"].astype(str).unique())
+    n = min(int(plan.n_groups), len(agents))
+    rng = np.random.default_rng([seed, round_no, 0xCA])
+    chosen = tuple(sorted(str(a) for a in rng.choice(np.array(agents, dtype=object), n, replace=False)))
+    sl = PlanSlice(chosen, (), (), plan.slice.treat_share, seed * 1000 + round_no, "random", ())
+    return balanced(replace(plan, slice=sl, n_groups=n, fleet_groups=len(agents), share=n / len(agents),
+                            round=round_no, why=[*plan.why, f"extension day {round_no}: the first day's plan on a "
+                                                 "fresh random slice of this day's fleet"]))  # fmt: skip
+
+
+def _day_variance(twin: Twin, decision: GateDecision, days_src: Sequence[pd.DataFrame], candidate: PolicySpec,
+                  baseline: PolicySpec, seed: int) -> dict[str, tuple[float, float, float]]:
+    """The day-to-day variance of every guarded per-group-mean KPI column (`day_to_day_variance`),
+    once, with the twin the loop starts from: the plan reckons its days with it and every round's
+    verdict carries it."""
+    from edgetwin.loop.plan import _kpi_column
+    from edgetwin.loop.verdict import day_to_day_variance
+
+    kdefs = {k.name: k for k in decision.result.kpis}
+    cols = sorted({c for c in (_kpi_column(kdefs[ch.kpi]) for ch in decision.checks if ch.kpi in kdefs) if c})
+    return day_to_day_variance(twin, days_src, cols, candidate, baseline, seed=seed) if cols else {}
 
 
 def candidate_version_name(name: str) -> str:
@@ -263,14 +346,22 @@ def candidate_version_name(name: str) -> str:
     return v + "-next" if v == "current" else v
 
 
-def days_needed(checks: Sequence[Any], days: int, cap: int = 365) -> str:
-    """What would decide the straddling checks: "run N more days" of canaries like these.
+def hurting(stop_reason: str, over_budget: Sequence[str]) -> str | None:
+    """Why a canary day says the candidate is hurting (so it is not extended), or None.
 
-    For each straddling check, the gap between its point estimate and its margin, and the
-    interval's half-width; each more canary day (a fresh random slice on another day) adds an
-    independent measurement, so the half-width shrinks as ``sqrt(days / (days + N))`` (an
-    approximation: the fleet and interference terms do not shrink, so N is a lower bound). A point
-    estimate on the margin, or an N over ``cap``, cannot be decided by more days of this design."""
+    Extension is for a candidate that is not hurting: its day ran its hours (``completed``: the
+    guard silent, the edge's loss-budget stop not reached, nobody stopped it) and its realised loss
+    stayed within the plan's budget on every KPI. Anything else ends the extension."""
+    if stop_reason != "completed":
+        return f"the canary stopped ({stop_reason})"
+    if over_budget:
+        return f"its realised loss passed the budget on {', '.join(over_budget)}"
+    return None
+
+
+def more_days(checks: Sequence[Any], days: int) -> int | None:
+    """More canary days the straddling checks need at least (`days_needed`'s N; 0 when none
+    straddles), or None when a point estimate sits on its margin (no number of days decides)."""
     worst = 0
     for c in checks:
         if getattr(c, "verdict", "") != "straddle":
@@ -280,8 +371,25 @@ def days_needed(checks: Sequence[Any], days: int, cap: int = 365) -> str:
         gap = abs(sign * float(c.change) - float(c.allowed_change))
         half = (float(hi) - float(lo)) / 2.0
         if not (gap > 1e-9 and math.isfinite(half)):
-            return f"{c.kpi}'s estimate sits on its margin: more days of this canary will not decide it"
+            return None
         worst = max(worst, math.ceil(days * ((half / gap) ** 2 - 1.0)))
+    return worst
+
+
+def days_needed(checks: Sequence[Any], days: int, cap: int = 365) -> str:
+    """What would decide the straddling checks: "run N more days" of canaries like these.
+
+    For each straddling check, the gap between its point estimate and its margin, and the
+    interval's half-width; each more canary day (a fresh random slice on another day) adds an
+    independent measurement, so the half-width shrinks as ``sqrt(days / (days + N))`` (an
+    approximation: the fleet and interference terms do not shrink, so N is a lower bound). A point
+    estimate on the margin, or an N over ``cap``, cannot be decided by more days of this design."""
+    worst = more_days(checks, days)
+    if worst is None:
+        c = next(c for c in checks if getattr(c, "verdict", "") == "straddle" and not (
+            abs((-1.0 if c.better == "higher" else 1.0) * float(c.change) - float(c.allowed_change)) > 1e-9
+            and math.isfinite(float(c.worsening_interval[1]) - float(c.worsening_interval[0]))))  # fmt: skip
+        return f"{c.kpi}'s estimate sits on its margin: more days of this canary will not decide it"
     if worst > cap:
         return f"more than {cap} more days of this canary would be needed: accept the abstention or widen the slice"
     return f"run {max(worst, 1)} more day(s) of this canary (the pooled interval must shrink to clear the margin)"
@@ -392,5 +500,6 @@ def promote_after_canary(
 
 
 __all__ = [
-    "LoopResult", "LoopRound", "balanced", "canary_loop", "candidate_version_name", "days_needed", "promote_after_canary",
+    "LoopResult", "LoopRound", "balanced", "canary_loop", "candidate_version_name", "days_needed", "hurting", "more_days",
+    "promote_after_canary",
 ]
