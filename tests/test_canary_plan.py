@@ -179,3 +179,32 @@ def test_cli_plan_design_flag_picks_the_design(gated, tmp_path: Path, capsys, de
     # the plan weighed only the design asked for (auto weighs both)
     assert set(doc["plan"]["expected_width"]) == {design}
     assert doc["plan"]["slice"]["design"] in (design, "random")  # random when no seed splits every pair
+
+
+def test_cli_plan_weighs_a_switchback_of_a_site(gated, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``--switchback-site``: the switchback is planned on the same budget, written beside --out, and
+    weighed against the group split (both widths named; interference or not, said)."""
+    import pandas as pd
+
+    from edgetwin.cli import main
+    from edgetwin.loop.switchback import SwitchbackPlan
+
+    root: Path = gated["root"]
+    log = pd.read_parquet(root / "log.parquet")
+    last = log[log["episode"] == log["episode"].iloc[-1]]
+    site = str(last.groupby(last["site"].astype(str))["agent"].nunique().idxmin())
+    out_path = tmp_path / "plan.json"
+    args = ["canary", "plan", str(root / "twin"), "--policy", "random", "--log", str(root / "log.parquet"),
+            "--max-share", "25%", "--episodes", "1", "--json", "--seed", "1", "--design", "random",
+            "--max-regression", "kpi.slo_violation=0", "--switchback-site", site, "--out", str(out_path)]  # fmt: skip
+    try:
+        main(args)
+    except SystemExit as ex:
+        assert not ex.code
+    doc = json.loads(capsys.readouterr().out)
+    sb = SwitchbackPlan.from_dict(doc["switchback"]["plan"])
+    assert sb.sites == (site,) and sb.n_blocks >= 4 and sb.expected_width
+    first, second = doc["switchback"]["weighed"]
+    assert f"{sb.expected_width_sum:.3g}" in first and f"{doc['plan']['expected_width']['random']:.3g}" in first
+    assert ("prefer the switchback" in second) != ("group split's fleet-wide interval" in second)
+    assert SwitchbackPlan.from_dict(json.loads(out_path.with_suffix(".switchback.json").read_text())) == sb

@@ -359,3 +359,25 @@ def test_the_modules_measured_claims_are_the_benchmarks() -> None:
     assert f"it covers the fleet's truth in {100 * sw['coverage_fleet_truth']:.0f} % of those runs" in doc
     tt = hog["switchback"]["kpi.task_time_ms"]["coverage_day"]
     assert f"{100 * tt:.0f} % coverage of its day" in doc
+
+
+def test_weighing_a_switchback_names_interference_beyond_half_a_margin() -> None:
+    """`weigh_against_canary`: the switchback is preferred only where the twin predicts interference
+    beyond half the KPI's margin (the plan's own margins), whatever the widths."""
+    from types import SimpleNamespace
+
+    from edgetwin.contract.margins import KPIMargin
+    from edgetwin.loop.switchback import SwitchbackPlan, weigh_against_canary
+
+    canary = SimpleNamespace(slice=SimpleNamespace(design="random"), expected_width={"random": 0.9},
+                             margins=(KPIMargin(SLO, 0.10, 0.0, False),))  # fmt: skip
+    quiet = SwitchbackPlan(sites=("s",), block_ticks=4, carryover_ticks=2, n_blocks=6, expected_width={SLO: 0.3},
+                           twin_interference={SLO: 0.04})  # fmt: skip
+    lines = weigh_against_canary(quiet, canary)
+    assert "0.3 against 0.9" in lines[0] and "group split's fleet-wide interval" in lines[1]
+    crowded = SwitchbackPlan(sites=("s",), block_ticks=4, carryover_ticks=2, n_blocks=6, expected_width={SLO: 1.2},
+                             twin_interference={SLO: -0.08})  # fmt: skip
+    lines = weigh_against_canary(crowded, canary)
+    assert "1.2 against 0.9" in lines[0] and "prefer the switchback" in lines[1] and "-8.0 %" in lines[1]
+    # at the default 5 % margin, 4 % of interference is beyond half of it
+    assert "prefer the switchback" in weigh_against_canary(quiet, canary, margins={})[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,6 +61,12 @@ def canary_plan_cmd(
     design: Annotated[str, typer.Option(
         "--design", help="auto (the narrower expected interval), random (fair coins) or matched_pairs (paired by "
         "the twin's predicted effect and the pre-period, randomized within pairs).")] = "auto",
+    switchback_site: Annotated[
+        list[str] | None,
+        typer.Option("--switchback-site", help="Also plan a site-level switchback of this site (repeatable) with the "
+                     "same share x hours and say which the twin expects to be narrower and whether it predicts "
+                     "interference a group split would miss (written beside --out as *.switchback.json)."),
+    ] = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -102,13 +109,26 @@ def canary_plan_cmd(
             if e.where != "design":
                 raise
             raise InputError(e.message, "--design") from None
+        switchback, weighed = None, []
+        if switchback_site:
+            from edgetwin.loop.switchback import plan_switchback, weigh_against_canary
+
+            switchback = plan_switchback(decision, twin, table, cand, base, budget, sites=switchback_site, seed=seed)
+            weighed = weigh_against_canary(switchback, plan)
     if plan_out is not None:
         plan_out.parent.mkdir(parents=True, exist_ok=True)
         plan_out.write_text(plan.to_json())
+        if switchback is not None:
+            plan_out.with_suffix(".switchback.json").write_text(json.dumps(switchback.to_dict(), indent=1))
     if as_json:
-        emit_json({"plan": plan.to_dict(), "gate": {"verdict": decision.verdict, "reason": decision.reason()}})
+        answer: dict[str, Any] = {"plan": plan.to_dict(), "gate": {"verdict": decision.verdict, "reason": decision.reason()}}
+        if switchback is not None:
+            answer["switchback"] = {"plan": switchback.to_dict(), "weighed": weighed}
+        emit_json(answer)
     else:
         out.print(plan.describe())
+        for line in weighed:
+            out.print(f"switchback: {line}")
 
 
 @canary_app.command("verdict")

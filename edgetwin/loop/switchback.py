@@ -775,9 +775,6 @@ def plan_switchback(
                          f"ticks on sites {list(chosen)} ({100 * share:.0f}% of the groups, carryover {carryover_ticks} ticks); a "
                          "switchback needs >= 4",
                          "--max-share")  # fmt: skip
-    common = dict(sites=chosen, block_ticks=block_ticks, carryover_ticks=carryover_ticks, n_blocks=n_blocks,
-                  scheme=scheme, start_tick=pre_ticks, episode_ticks=steps, tick_seconds=float(twin.spec.step_seconds),
-                  site_share=share, candidate=candidate.name, baseline=baseline.name)  # fmt: skip
     losses: dict[str, float] = {}
     if decision is not None:  # the risk, counted as a canary's: the worst case on the candidate's share
         for c in checks.values():
@@ -891,3 +888,39 @@ __all__ = [
     "switchback_ticks",
     "twin_carryover",
 ]
+
+
+def weigh_against_canary(switchback: SwitchbackPlan, plan: Any, margins: Mapping[str, float] | None = None) -> list[str]:
+    """What the planner says of a switchback beside the group-split canary ``plan`` (an
+    `edgetwin.loop.plan.CanaryPlan`) of the same share × hours: one line per point, for the plan's
+    reasons and `edgetwin canary plan --switchback-site`.
+
+    The two expected widths are the same kind of number (the deciding KPIs' relative-interval widths,
+    summed) but not about the same thing: the canary's interval is about the fleet over the days the
+    decision lives with (it carries the fleet and day-to-day terms), the switchback's about its own
+    sites on its day. So the narrower interval is named, and the switchback is recommended only
+    where the twin predicts interference a group split would miss (``twin_interference`` beyond
+    half the KPI's margin: ``margins`` per column, by default the plan's own, else 5 %): there the split's control arm
+    shares the candidate's congestion and its interval is about the wrong effect. The edge does not
+    follow a switchback's blocks yet; `run_switchback_on_cluster` runs one on the emulated cluster.
+    """
+    design = getattr(plan.slice, "design", "random")
+    if margins is None:
+        margins = {m.kpi: float(m.max_regression) for m in getattr(plan, "margins", ())}
+    canary_w = float(plan.expected_width.get(design, float("nan")))
+    sb_w = switchback.expected_width_sum
+    lines = [f"a switchback of site(s) {', '.join(switchback.sites)} ({switchback.n_blocks} blocks of "
+             f"{switchback.block_ticks} ticks, {switchback.carryover_ticks} burned in) expects a summed width of "
+             f"{sb_w:.3g} against {canary_w:.3g} for the {design} group split; the switchback's is about its "
+             "sites on its day, the split's about the fleet over the days the decision lives with"]  # fmt: skip
+    crowded = {k: v for k, v in switchback.twin_interference.items()
+               if math.isfinite(v) and abs(v) > 0.5 * float(margins.get(k, 0.05))}  # fmt: skip
+    if crowded:
+        worst = max(crowded, key=lambda k: abs(crowded[k]))
+        lines.append(f"the twin predicts interference a group split would miss ({worst}: {100 * crowded[worst]:+.1f} % "
+                     "of the fleet under a full switch beyond what the slice sees): prefer the switchback")  # fmt: skip
+    else:
+        lines.append("the twin predicts no interference beyond half a margin: the group split's fleet-wide "
+                     "interval is the one to run")  # fmt: skip
+    return lines
+
