@@ -24,7 +24,7 @@ or whose columns are not the twin's, is refused (`check_canary_log`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -135,62 +135,42 @@ def canary_loop(
     """Plan → canary → update → verdict, until a verdict or ``max_rounds``.
 
     Args:
-        twin: the twin; fleet_log: the fleet's log on the current policy (module docstring).
-        candidate, current: what the edge serves (policy directories or objects with ``act``).
-        cluster: the emulated cluster's `ClusterConfig` (the "real system").
-        candidate_spec, baseline_spec: the same two policies as the twin runs them (`PolicySpec`).
-        budget: the operator's `PlanBudget` per round. guards: the gate's guards (default: every
-            KPI with a direction at 5 %).
-        max_rounds: rounds at most. seed: plans, twin updates, predictions. fleet_seed: the day's
-            population (the seed ``fleet_log`` was generated with).
-        old_logs: the twin's training data (`Twin.update` needs it); None: the twin is not updated.
-        update_options: passed to `Twin.update` (e.g. ``epochs``, ``max_steps``).
-        decision: the gate's abstaining `GateDecision` to start from (default: the gate is run on
-            ``fleet_log``); a caller that already has the gate's abstention passes it, so that the
-            verdict is not shopped for by re-running the gate on other traffic.
-        fleet_control: judge each canary against every group not on the candidate (its
-            ``fleet_log``: the rest of the fleet's rows over its ticks; `canary_verdict`'s
-            ``fleet_rows``) instead of the slice's own control half. Both are randomized controls;
-            the fleet's is larger. Off by default: measured on the closed-loop benchmark it decided
-            fewer pairs (36.1 % vs 41.7 % on production-like logs, 66.7 % vs 77.8 % on random ones)
-            and was right on all it decided (100 % vs 93.3 %), one seed of 36 pairs, and the
-            demo's one-day canary no longer decides with it (docs/benchmarks/closed_loop).
-        on_canary: called as ``on_canary(round, plan, canary_result)`` after each round's canary
-            (e.g. a benchmark that judges the same canary's log another way); None: nothing.
+        twin, fleet_log: the twin; the fleet's log on the current policy (module docstring).
+        candidate, current: what the edge serves (policy directories or objects with ``act``);
+            cluster: the emulated cluster's `ClusterConfig`; candidate_spec, baseline_spec: the
+            same two policies as the twin runs them (`PolicySpec`).
+        budget: the operator's `PlanBudget` per round; guards: the gate's (default: every KPI with a
+            direction at 5 %); max_rounds: rounds at most; seed: plans, updates, predictions;
+            fleet_seed: the seed ``fleet_log``'s population was drawn with.
+        old_logs: the twin's training data (`Twin.update` needs it; None: no update);
+            update_options: passed to `Twin.update` (e.g. ``epochs``, ``max_steps``).
+        decision: the gate's abstaining `GateDecision` to start from (default: run on ``fleet_log``),
+            so that the verdict is not shopped for by re-running the gate on other traffic.
+        fleet_control: judge against every group not on the candidate (`canary_verdict`'s ``fleet_rows``).
+        on_canary: ``on_canary(round, plan, canary_result)`` after each round's canary (a benchmark).
         other_days: logs of other days (default: ``old_logs``) whose replay in the twin gives the
             day-to-day variance of the change (`edgetwin.loop.verdict.day_to_day_variance`): the
-            verdict is about the change averaged over the days the decision lives with, not the
-            canary's day. None and no ``old_logs``: the intervals are about the canary's day, and
-            the result says so.
-
+            verdict is about the change averaged over the days the decision lives with (None and
+            no ``old_logs``: about the canary's day, and the result says so).
         days: the extension's days: ``days(d)`` returns the fleet's log on the current policy for
-            canary day ``d`` (1, 2, …; day 0 is ``fleet_log``) and the seed its population was
-            drawn with (``fleet_seed``'s counterpart). With it, round ``r`` runs on day ``r − 1``
-            (a fresh random slice of that day's fleet) and the loop runs up to ``max_days`` rounds
-            (``max_rounds`` is then not used); None: every round on ``fleet_log``'s day.
-        max_days: with ``days``, how many canary days a candidate that is not hurting may run
-            (`extend`): one canary per day, judged at `edgetwin.loop.ppi.look_days` (1, 2, 4, …,
-            ``max_days``), each look spending ``(1 − 90 %) / looks`` of alpha. The rounds are
-            pooled with their shared terms (`edgetwin.loop.ppi.combine_estimates`): the fleet's and
-            the interference's as perfectly correlated across rounds, the day-to-day term as
-            independent across days only, so the interval about the change averaged over the days
-            the decision lives with shrinks only with more days.
+            canary day ``d`` (1, 2, …; day 0 is ``fleet_log``) and its population's seed; round ``r``
+            runs on day ``r − 1`` (a fresh random slice, `redraw`), up to ``max_days`` rounds
+            (``max_rounds`` unused). None: every round on ``fleet_log``'s day.
+        max_days: with ``days``, the most canary days for a candidate that is not hurting
+            (`hurting`), judged at `edgetwin.loop.ppi.look_days` (1, 2, 4, …) at ``(1 − 90 %) /
+            looks`` of alpha each, rounds pooled by `edgetwin.loop.ppi.combine_estimates` (fleet and
+            interference terms correlated, the day-to-day term independent across days only).
 
-    Without ``days`` each round is one look at the pooled evidence and spends
-    ``(1 − 90 %) / max_rounds`` of alpha (`edgetwin.loop.ppi.look_level`). An undecided result
-    says how many more canary days the pooled interval needs to clear its margin (`days_needed`);
-    an extended loop stops early (futility) when, for every open KPI, even that lower bound is more
-    days than remain (a KPI that can still decide keeps it running: one regression refuses).
-
-    A later round whose plan cannot be made (e.g. no slice fits the loss budget any more) ends the
-    loop with the verdict so far (abstain) and says why; a first round's raises (`InputError`), as
-    ``edgetwin promote --canary`` reports it.
+    Without ``days`` each round is a look at ``(1 − 90 %) / max_rounds`` of alpha. An undecided
+    result says how many more days would clear the margin (`days_needed`); an extension stops when
+    no open KPI can decide in the days left. A later round without a plan ends the loop (abstain,
+    saying why); a first round's raises (`InputError`).
     """
     from edgetwin.edge.canary import CanaryConfig
     from edgetwin.loop.fleet import canary_on_cluster
     from edgetwin.loop.plan import CanaryPlan as CanaryPlanT
     from edgetwin.loop.plan import plan_canary
-    from edgetwin.loop.ppi import LEVEL, combine_estimates, look_days, look_level, ppi_verdict
+    from edgetwin.loop.ppi import look_days
     from edgetwin.policies.gate import run_gate
 
     if decision is None:
@@ -202,6 +182,8 @@ def canary_loop(
     log(f"    the twin cannot tell: {decision.reason()}")
     rounds: list[LoopRound] = []
     per_round: list[dict[str, dict[str, float]]] = []
+    est: dict[str, dict[str, float]]
+    checks: list[dict[str, Any]]
     verdict, reason = "abstain", decision.reason()
     all_logs = list(old_logs) if old_logs is not None else None
     days_src = list(other_days) if other_days is not None else list(all_logs or [])
@@ -213,13 +195,10 @@ def canary_loop(
     for r in range(1, n_rounds + 1):
         if days is not None and r > 1:
             day_log, day_seed = days(r - 1)
-        try:
-            if days is not None and rounds:  # an extension day: the first day's plan on a fresh slice of this day's fleet
-                plan = redraw(CanaryPlanT.from_dict(rounds[0].plan), day_log, seed, r)
-            else:
-                plan = plan_canary(decision, twin, day_log, candidate_spec, baseline_spec, budget, seed=seed,
-                                   members=members, round_no=r, day_var=day_var,
-                                   max_days=n_rounds if days is not None else 1)  # fmt: skip
+        try:  # an extension day: the first day's plan on a fresh slice of this day's fleet
+            plan = (redraw(CanaryPlanT.from_dict(rounds[0].plan), day_log, seed, r) if days is not None and rounds
+                    else plan_canary(decision, twin, day_log, candidate_spec, baseline_spec, budget, seed=seed,
+                                     members=members, round_no=r, day_var=day_var, max_days=n_rounds if days else 1))
         except InputError as e:
             if r == 1:
                 raise
@@ -236,11 +215,9 @@ def canary_loop(
         # a canary the loss budget stopped judged on the ticks it ran (the twin's window the same)
         ran = max(1, min(cfg.ticks, int(res.ticks) - int(cfg.pre_ticks)))
         if res.stop_reason == "guard":
-            gs = res.guard_stop
-            verdict = "refuse"
-            reason = f"the canary's guard stopped it: {getattr(gs, 'kpi', '?')} regressed beyond its margin (always-valid, alpha {cfg.alpha})"
-            est: dict[str, dict[str, float]] = {}
-            checks: list[dict[str, Any]] = []
+            verdict, est, checks = "refuse", {}, []
+            reason = (f"the canary's guard stopped it: {getattr(res.guard_stop, 'kpi', '?')} regressed beyond its margin "
+                      f"(always-valid, alpha {cfg.alpha})")  # fmt: skip
         else:
             est = canary_verdict(twin, day_log, res.log, plan, candidate_spec, baseline_spec,
                                  candidate_version=version, day_var=day_var,
@@ -259,21 +236,7 @@ def canary_loop(
             # each look spends its share of alpha (`look_level`), so that stopping at whichever look
             # decides keeps the level over the loop; a candidate that hurts is not extended, and its
             # last day is judged now in place of the next planned look (whose alpha it spends)
-            pooled = {k: combine_estimates([pr[k] for pr in per_round], look_level(LEVEL, len(looks))) for k in est}
-            verdict, ests = ppi_verdict(pooled, list(plan.margins))
-            expected = {pk.column: pk.expected for pk in plan.kpis}
-            checks = [{**e.to_dict(), "realised_width": e.interval[1] - e.interval[0],
-                       "expected_width": (lambda x: x[1] - x[0] if x else float("nan"))(expected.get(e.kpi)),
-                       "day_to_day": bool(day_var and e.kpi in day_var)} for e in ests]  # fmt: skip
-            reason = "; ".join(
-                f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
-                f"{100 * e.allowed_change:g}% ({e.verdict})" for e in ests
-            )
-            if not day_var:
-                reason += " (about the canary's day only: no other days to estimate the day-to-day variance from)"
-            n_days = len({e["day"] for pr in per_round for e in pr.values()})
-            if verdict == "abstain":
-                reason = f"undecided: {days_needed(ests, n_days)}; {reason}"
+            verdict, ests, checks, reason, n_days = _pooled_verdict(per_round, len(looks), plan, day_var)
         loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks, version)
         rounds.append(LoopRound(r, plan.to_dict(), res.stop_reason, len(res.log), len(c_rows), est, verdict, checks,
                                 loss, over))  # fmt: skip
@@ -281,13 +244,9 @@ def canary_loop(
         if verdict != "abstain" or r == n_rounds:
             break
         if days is not None:
-            hurt = hurting(res.stop_reason, over)
-            if hurt is not None:
-                reason = f"{reason}; not extended past day {r}: {hurt}"
-                break
-            more = [more_days([e], n_days) for e in ests if e.verdict == "straddle"]
-            if all(m is None or m > n_rounds - r for m in more):  # futility: no open KPI can decide in the days left
-                reason = f"stopped at day {r} of {n_rounds}: {reason}"
+            stop = _not_extended(res.stop_reason, over, ests, n_days, r, n_rounds)
+            if stop is not None:
+                reason = stop.format(reason=reason)
                 break
         if all_logs is not None:
             twin = twin.update(res.log, all_logs, seed=seed + r, **(update_options or {}))
@@ -297,6 +256,45 @@ def canary_loop(
             decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
                                 episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
     return LoopResult(verdict, reason, gate, rounds, twin)
+
+
+def _pooled_verdict(
+    per_round: list[dict[str, dict[str, float]]], n_looks: int, plan: CanaryPlan,
+    day_var: Mapping[str, Any] | None,
+) -> tuple[str, list[Any], list[dict[str, Any]], str, int]:
+    """The rounds so far pooled (`edgetwin.loop.ppi.combine_estimates`) at one look's level (each of
+    ``n_looks`` spends its share of alpha, `look_level`) and judged against the plan's margins:
+    (verdict, per-KPI estimates, their checks with expected and realised widths, the reason, days)."""
+    from edgetwin.loop.ppi import LEVEL, combine_estimates, look_level, ppi_verdict
+
+    pooled = {k: combine_estimates([pr[k] for pr in per_round], look_level(LEVEL, n_looks)) for k in per_round[-1]}
+    verdict, ests = ppi_verdict(pooled, list(plan.margins))
+    expected = {pk.column: pk.expected for pk in plan.kpis}
+    checks = [{**e.to_dict(), "realised_width": e.interval[1] - e.interval[0],
+               "expected_width": (lambda x: x[1] - x[0] if x else float("nan"))(expected.get(e.kpi)),
+               "day_to_day": bool(day_var and e.kpi in day_var)} for e in ests]  # fmt: skip
+    reason = "; ".join(
+        f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
+        f"{100 * e.allowed_change:g}% ({e.verdict})" for e in ests
+    )
+    if not day_var:
+        reason += " (about the canary's day only: no other days to estimate the day-to-day variance from)"
+    n_days = len({e["day"] for pr in per_round for e in pr.values()})
+    if verdict == "abstain":
+        reason = f"undecided: {days_needed(ests, n_days)}; {reason}"
+    return verdict, list(ests), checks, reason, n_days
+
+
+def _not_extended(stop_reason: str, over: Any, ests: Sequence[Any], n_days: int, r: int, n_rounds: int) -> str | None:
+    """Why an extended canary stops after day ``r`` (a template with ``{reason}``), or None: a
+    candidate that hurts is not extended; futility when no open KPI can decide in the days left."""
+    hurt = hurting(stop_reason, over)
+    if hurt is not None:
+        return f"{{reason}}; not extended past day {r}: {hurt}"
+    more = [more_days([e], n_days) for e in ests if e.verdict == "straddle"]
+    if all(m is None or m > n_rounds - r for m in more):
+        return f"stopped at day {r} of {n_rounds}: {{reason}}"
+    return None
 
 
 def redraw(plan: CanaryPlan, day_log: pd.DataFrame, seed: int, round_no: int) -> CanaryPlan:
