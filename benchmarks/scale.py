@@ -963,6 +963,10 @@ def main() -> None:
             (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
             _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
         return
+    if args.render and args.results.resolve() != RESULTS.resolve():
+        res = json.loads(args.results.read_text())
+        _docs.write_section(FIT_SECTION, fit_section(res, _rel(args.results)), doc=OUT / "README.md", keep=("### ",))
+        return
     if args.render:
         res = json.loads((OUT / "results.json").read_text())
         every = res["fits"] + [f for r in res.get("extra_runs", []) for f in r["fits"]]
@@ -1078,7 +1082,8 @@ def fit_section(res: dict, source: str) -> str:
                   "", f"Causal / MAIL-MMSG CPU: **{cp['ratio_cpu']:.2f}x** (target <= 1.5x: "
                   f"{'met' if cp['ratio_cpu'] <= 1.5 else 'MISSED'}).", ""]
         if c.get("invariance_chosen") is not None:
-            lines += [f"Invariance weight chosen per scenario (once, on the whole log): {c['invariance_chosen']}.", ""]
+            lines += ["Invariance weight of each member's client model of each scenario (chosen once per scenario, on the "
+                      "whole log): " + "; ".join(f"member {i}: {v}" for i, v in enumerate(c["invariance_chosen"])) + ".", ""]
         lines += ["Where the causal fit's time goes (cProfile, cumulative wall seconds under the profiler):", "",
                   "| function | calls | cumulative s |", "|---|---:|---:|"]
         lines += [f"| `{k}` | {v['calls']} | {v['cum_s']:.1f} |" for k, v in sorted(c["functions"].items(), key=lambda kv: -kv[1]["cum_s"])]
