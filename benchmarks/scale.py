@@ -1101,6 +1101,8 @@ def fit_section(res: dict, source: str) -> str:
             lines += ["", f"Phases of the last fit ({last['rows']:,} rows): CPU seconds of the fitting process, of its pool "
                       "workers, and wall seconds:", "", "| phase | CPU s main | CPU s workers | wall s |", "|---|---:|---:|---:|"]
             lines += [f"| `{k}` | {v['cpu_main']:.1f} | {v['cpu_workers']:.1f} | {v['wall']:.1f} |" for k, v in last["phases"].items()]
+        if res.get("note"):
+            lines += ["", res["note"]]
         ok = last["rows"] >= 950_000 and last["seconds"] <= 300 and last.get("peak_gib_total_pss", 99) <= 6
         lines += ["", f"Target 1M rows <= 5 min and <= 6 GiB PSS in one run: {'met' if ok else 'MISSED'} in the last run "
                   f"({last['seconds'] / 60:.1f} min, {last.get('peak_gib_total_pss', float('nan')):.2f} GiB)."]

@@ -63,7 +63,6 @@ from edgetwin.twin.logdata import (
 )
 from edgetwin.twin.member import Member
 from edgetwin.twin.parallel import check_ray, resolve_workers, run_tasks
-from edgetwin.twin.pending_population import PopulationInBackground
 from edgetwin.twin.simulation import RolloutRecord, Simulation
 from edgetwin.twin.support import ProfileSupport, SupportIndex
 
@@ -318,32 +317,22 @@ class Twin:
             },
         )
 
+        population = cls._fit_population(
+            df, spec, population_model, seed, progress, dict(population_hyper or {})
+        )
         composition = Composition.fit(df, layout)
         initial = InitialStates.fit(df, layout)
+
+        sampler = PopulationSampler(population, layout.profile)
         # the causal model's invariance weight, chosen once per scenario on the whole log for every member
         invariances = _choose_invariances(df, layout, cfg, seed) if response_model == "causal" else None
         episodes = df["episode"].unique()
         fitted, tasks = _plan_members(members, seed, len(episodes), ckpt, len(layout.scenarios))
-
-        def fit_population() -> Any:
-            return cls._fit_population(df, spec, population_model, seed, progress, dict(population_hyper or {}))
-
-        def fit_members(sampler: Any) -> None:
-            _fit_members(
-                fitted, tasks, ckpt, workers=workers, ray_address=ray_address, progress=progress,
-                data=(df, episodes, layout, response_model, cfg, sampler, initial, composition),
-                options=(transition_model, site_model, invariances),
-            )  # fmt: skip
-
-        if _on_local_pool(tasks, workers, ray_address) and population_model != "empirical" and spec.names("profile"):
-            # the pool's workers fit the members while this process fits the population (they
-            # need it only once their GAIL rounds start): `edgetwin.twin.pending_population`
-            with PopulationInBackground(fit_population, layout.profile) as background:
-                fit_members(background.sampler())
-            population = background.population()
-        else:
-            population = fit_population()
-            fit_members(PopulationSampler(population, layout.profile))
+        _fit_members(
+            fitted, tasks, ckpt, workers=workers, ray_address=ray_address, progress=progress,
+            data=(df, episodes, layout, response_model, cfg, sampler, initial, composition),
+            options=(transition_model, site_model, invariances),
+        )  # fmt: skip
         fitted_list = [fitted[m] for m in range(members)]
         support, a_low, a_high = _support_and_action_bounds(df, layout, spec, seed)
         meta = {
@@ -833,11 +822,6 @@ def _fit_members(
         shared=(*data, progress and not parallel, *options),
         on_result=finished,
     )
-
-
-def _on_local_pool(tasks: Sequence[Any], workers: int | None, ray_address: str | None) -> bool:
-    """Whether `_fit_members` fits ``tasks`` on a local process pool (not serially, not on Ray)."""
-    return ray_address is None and len(tasks) > 1 and resolve_workers(workers, len(tasks)) > 1
 
 
 def _choose_invariances(
