@@ -1060,6 +1060,7 @@ def store_fits(path: Path, run: dict, append: bool = False) -> None:
     elif append and res.get("fits"):
         res = append_run(res, run)
     else:
+        res.pop("note", None)  # a note is about the run it came with
         res.update(run)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1, default=float))
