@@ -25,6 +25,7 @@ Writes the ``## Scale`` section of docs/benchmarks/scale/README.md and docs/benc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -45,6 +46,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks" / "scale"
 SECTION = "## Scale"
+RESULTS = OUT / "results.json"
+FIT_SECTION = "## The fit"
 AGENTS = 500  # service groups per logged episode; episodes = rows / (agents * 96)
 QUICK_AGENTS = 100
 
@@ -149,7 +152,8 @@ def fit_once(rows: int, workers: int, hyper: dict, seed: int, ray: str | None, o
     t0 = time.perf_counter()
     if workers != 1 or ray is not None:  # (an older checkout of `--compare-with` knows neither)
         kw.update(workers=workers, ray_address=ray)
-    with TreeMemory() as mem:
+    phases: dict[str, dict[str, float]] = {}
+    with TreeMemory() as mem, fit_phases(phases):
         twin = Twin.fit(df, spec, seed=seed, progress=False, population_hyper=pop, **kw)
     secs = time.perf_counter() - t0
     twin.save(out)
@@ -162,7 +166,57 @@ def fit_once(rows: int, workers: int, hyper: dict, seed: int, ray: str | None, o
             # the fitting process and its workers together (sampled each second; see TreeMemory)
             "peak_gib_total_pss": mem.peak_pss_kib / 2**20, "peak_gib_total_rss": mem.peak_rss_kib / 2**20,
             "memory_samples": mem.samples, "max_processes": mem.max_processes,
-            "load_after": load()}
+            "phases": phases, "load_after": load()}
+
+
+#: the steps of `Twin.fit` timed by `fit_phases`: (attribute path in edgetwin.twin.twin, phase name)
+PHASES = (("load_log", "load and validate the log"), ("overlap_report", "overlap report"), ("Layout.fit", "layout"),
+          ("data_sha256", "data hash"), ("Twin._fit_population", "population model (GAN-SMMSG)"),
+          ("Composition.fit", "composition"), ("InitialStates.fit", "initial states"),
+          ("_choose_invariances", "causal invariance choice"), ("_fit_members", "members (MAIL-MMSG or causal)"),
+          ("_support_and_action_bounds", "support index"), ("episode_hashes", "episode hashes"))
+
+
+@contextlib.contextmanager
+def fit_phases(out: dict[str, dict[str, float]]):  # type: ignore[no-untyped-def]
+    """Time the steps of `Twin.fit` (`PHASES`) while the block runs: per phase, the CPU seconds of
+    this process, of its children that finished within it (the pool's workers) and the wall
+    seconds, added into ``out``. The functions are wrapped where `Twin.fit` looks them up (the
+    module's globals, the classes' attributes) and restored after; a name an older checkout does
+    not have is skipped."""
+    import edgetwin.twin.twin as tw
+
+    undo = []
+    for path, name in PHASES:
+        *owner_path, attr = path.split(".")
+        owner = tw
+        for part in owner_path:
+            owner = getattr(owner, part, None)
+        if owner is None or attr not in vars(owner):
+            continue
+        raw = vars(owner)[attr]
+        fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+
+        def timed(*a, _fn=fn, _name=name, **k):  # type: ignore[no-untyped-def]
+            c, w = time.process_time(), time.perf_counter()
+            kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+            try:
+                return _fn(*a, **k)  # (a classmethod's class comes first in ``a``)
+            finally:
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                rec = out.setdefault(_name, {"cpu_main": 0.0, "cpu_workers": 0.0, "wall": 0.0})
+                rec["cpu_main"] += time.process_time() - c
+                rec["cpu_workers"] += after.ru_utime + after.ru_stime - kids.ru_utime - kids.ru_stime
+                rec["wall"] += time.perf_counter() - w
+
+        kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+        setattr(owner, attr, kind(timed) if kind else timed)
+        undo.append((owner, attr, raw))
+    try:
+        yield out
+    finally:
+        for owner, attr, raw in reversed(undo):
+            setattr(owner, attr, raw)
 
 
 def timed_fit(rows: int, workers: int, hyper: dict, seed: int, ray: str | None, pkg: Path | None,
@@ -542,17 +596,21 @@ def causal_profile(agents: int, days: int, seed: int = 0) -> dict:
     spec = cluster_spec(cfg)
     train, _ = generate_logs(cfg, regimes=log_regimes("c1", spec, seed, days), seed=seed)
     out: dict = {"rows": len(train), "agents": agents, "days": days, "members": 2}
-    watched = ("select_invariance", "_train", "fit_mail", "behaviour_clone", "build_steps", "fit_engines", "_fit_member")
+    watched = ("select_invariance", "_choose_invariances", "_train", "_train_stack", "fit_mail", "behaviour_clone",
+               "build_steps", "fit_engines", "_fit_member")
     for model in ("causal", "mail"):
         prof = cProfile.Profile()
         c, t = time.process_time(), time.perf_counter()
         prof.enable()
-        Twin.fit(train, spec, seed=seed, members=2, progress=False, response_model=model,
-                 population_model="empirical", workers=1)
+        twin = Twin.fit(train, spec, seed=seed, members=2, progress=False, response_model=model,
+                        population_model="empirical", workers=1)
         prof.disable()
         st = pstats.Stats(prof, stream=io.StringIO()).stats  # type: ignore[attr-defined]
         cum = {f"{Path(f).name}:{name}": {"calls": v[1], "cum_s": v[3]} for (f, _, name), v in st.items() if name in watched}
         out[model] = {"cpu_s": time.process_time() - c, "wall_s": time.perf_counter() - t, "functions": cum}
+        if model == "causal":  # the invariance weight of each member's client model of each scenario
+            out[model]["invariance_chosen"] = [[float(cl.chosen) for _, cl in sorted(mem.clients.items())]
+                                               for mem in twin.members]
     out["ratio_cpu"] = out["causal"]["cpu_s"] / out["mail"]["cpu_s"]
     out["load"] = load()
     return out
@@ -897,6 +955,11 @@ def main() -> None:
     ap.add_argument("--causal-profile", default=None, metavar="AGENTS,DAYS",
                     help="part 4 only: the causal fit's CPU time against MAIL-MMSG's on the same multi-policy log "
                          "(AGENTS service groups, DAYS production days + 1 randomized day) and where it goes")
+    ap.add_argument("--results", type=Path, default=RESULTS,
+                    help="the JSON the fit runs (--rows, --causal-profile) go to (default: results.json, and the page's "
+                         "'## Scale' section); another file (e.g. docs/benchmarks/scale/fit.json) keeps its other keys "
+                         "and renders the page's '## The fit' section")
+    ap.add_argument("--fit-only", action="store_true", help="--rows: the fits only (no twin throughput or tick profile)")
     ap.add_argument("--_fit", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_capfit", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_throughput", default=None, help=argparse.SUPPRESS)
@@ -922,10 +985,7 @@ def main() -> None:
         cp = causal_profile(agents, days, args.seed)
         print(json.dumps(cp, indent=1, default=float))
         if not args.no_write:
-            res = json.loads((OUT / "results.json").read_text())
-            res["causal_fit"] = cp
-            (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
-            _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+            store_fits(args.results, {"causal_fit": cp})
         return
     if args.ppo:
         if args.twin is None:
@@ -950,6 +1010,10 @@ def main() -> None:
                                          key=lambda c: c["rows"])
             (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
             _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+        return
+    if args.render and args.results.resolve() != RESULTS.resolve():
+        res = json.loads(args.results.read_text())
+        _docs.write_section(FIT_SECTION, fit_section(res, _rel(args.results)), doc=OUT / "README.md", keep=("### ",))
         return
     if args.render:
         res = json.loads((OUT / "results.json").read_text())
@@ -998,14 +1062,16 @@ def main() -> None:
                  f"{after['seconds']:.0f} s now ({before['seconds'] / after['seconds']:.2f}x).")
     target, est = target_1m(fits, expo)
     twin_dir = work / f"{modes[0]}_{rows[0]}"
-    tp = [throughput(twin_dir, n, 20) for n in (1000, 10_000)]
-    prof = profile_tick(twin_dir, 1000, 40)
+    tp = [] if args.fit_only else [throughput(twin_dir, n, 20) for n in (1000, 10_000)]
+    prof = [] if args.fit_only else profile_tick(twin_dir, 1000, 40)
     import torch
 
     res = {
         "command": "python benchmarks/scale.py" + (" --quick" if args.quick else "")
         + (f" --rows {args.rows}" if args.rows else "") + (f" --modes {args.modes}" if args.modes != "serial,pool" else "")
-        + (f" --compare-with {args.compare_with}" if args.compare_with else "") + (" --append" if args.append else ""),
+        + (f" --compare-with {args.compare_with}" if args.compare_with else "") + (" --append" if args.append else "")
+        + (" --fit-only" if args.fit_only else "")
+        + (f" --results {_rel(args.results)}" if args.results.resolve() != RESULTS.resolve() else ""),
         "machine": f"{os.cpu_count()} CPU cores shared with other sessions, {platform.machine()}, Python "
         f"{platform.python_version()}, torch {torch.__version__}",
         "twin": twin_desc, "agents": QUICK_AGENTS if args.quick else AGENTS, "fits": fits, "exponent": expo, "speedup": speed, "target_1m": target,
@@ -1014,10 +1080,82 @@ def main() -> None:
     print(json.dumps(res, indent=1, default=float))
     if not args.no_write:
         OUT.mkdir(parents=True, exist_ok=True)
+        if args.results.resolve() != RESULTS.resolve():
+            store_fits(args.results, res, append=args.append)
+            return
         if args.append and (OUT / "results.json").is_file():
             res = append_run(json.loads((OUT / "results.json").read_text()), res)
         (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
         _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def store_fits(path: Path, run: dict, append: bool = False) -> None:
+    """Write a fit run (``--rows``, or ``{"causal_fit": ...}``) into ``path`` and render the page's
+    ``## The fit`` section from it (the default results.json and ``## Scale`` are written by `main`).
+
+    A ``--rows`` run replaces the file's fits (with ``append``: adds them as an extra run, as
+    results.json's runs); its other keys (the causal profile) stay."""
+    res = json.loads(path.read_text()) if path.is_file() else {}
+    if "causal_fit" in run and "fits" not in run:
+        res["causal_fit"] = run["causal_fit"]
+    elif append and res.get("fits"):
+        res = append_run(res, run)
+    else:
+        res.pop("note", None)  # a note is about the run it came with
+        res.update(run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1, default=float))
+    _docs.write_section(FIT_SECTION, fit_section(res, _rel(path)), doc=OUT / "README.md", keep=("### ",))
+
+
+def fit_section(res: dict, source: str) -> str:
+    """The ``## The fit`` section: the causal fit against MAIL-MMSG's on one multi-policy log, and the
+    default twin's fit at 1M rows with where its time goes (CPU seconds per phase)."""
+    lines = [FIT_SECTION, "", f"Numbers from `{source}` (issue 47's fit targets). This machine is shared by several "
+             "sessions: wall times are inflated by their load, CPU seconds much less so.", ""]
+    cp = res.get("causal_fit")
+    if cp:
+        c, m = cp["causal"], cp["mail"]
+        lines += [f"**The causal fit against MAIL-MMSG's** (`python benchmarks/scale.py --causal-profile "
+                  f"{cp['agents']},{cp['days']} --results {source}`; the causal-twin benchmark's log c1, {cp['rows']:,} rows, "
+                  f"{cp['members']} members each, serially, one process, load {cp['load']}):", "",
+                  "| response model | CPU s | wall s |", "|---|---:|---:|",
+                  f"| causal | {c['cpu_s']:.0f} | {c['wall_s']:.0f} |", f"| MAIL-MMSG | {m['cpu_s']:.0f} | {m['wall_s']:.0f} |",
+                  "", f"Causal / MAIL-MMSG CPU: **{cp['ratio_cpu']:.2f}x** (target <= 1.5x: "
+                  f"{'met' if cp['ratio_cpu'] <= 1.5 else 'MISSED'}).", ""]
+        if c.get("invariance_chosen") is not None:
+            lines += ["Invariance weight of each member's client model of each scenario (chosen once per scenario, on the "
+                      "whole log): " + "; ".join(f"member {i}: {v}" for i, v in enumerate(c["invariance_chosen"])) + ".", ""]
+        lines += ["Where the causal fit's time goes (cProfile, cumulative wall seconds under the profiler):", "",
+                  "| function | calls | cumulative s |", "|---|---:|---:|"]
+        lines += [f"| `{k}` | {v['calls']} | {v['cum_s']:.1f} |" for k, v in sorted(c["functions"].items(), key=lambda kv: -kv[1]["cum_s"])]
+        lines.append("")
+    fits = [f for f in res.get("fits", [])] + [f for r in res.get("extra_runs", []) for f in r["fits"]]
+    if fits:
+        lines += [f"**The default twin's fit** (`{res.get('command', '')}`; twin: {res.get('twin', '')}):", "",
+                  "| rows | mode | wall s | CPU s (main / workers) | peak GiB (main / worker / all together) | load before -> after |",
+                  "|---:|---|---:|---|---|---|"]
+        for f in fits:
+            lines.append(f"| {f['rows']:,} | {f['mode']} | {f['seconds']:.0f} | {f['cpu_s_main']:.0f} / {f['cpu_s_workers']:.0f} | "
+                         f"{peaks(f)} | {f['load_before']} -> {f['load_after']} |")
+        last = fits[-1]
+        if last.get("phases"):
+            lines += ["", f"Phases of the last fit ({last['rows']:,} rows): CPU seconds of the fitting process, of its pool "
+                      "workers, and wall seconds:", "", "| phase | CPU s main | CPU s workers | wall s |", "|---|---:|---:|---:|"]
+            lines += [f"| `{k}` | {v['cpu_main']:.1f} | {v['cpu_workers']:.1f} | {v['wall']:.1f} |" for k, v in last["phases"].items()]
+        if res.get("note"):
+            lines += ["", res["note"]]
+        ok = last["rows"] >= 950_000 and last["seconds"] <= 300 and last.get("peak_gib_total_pss", 99) <= 6
+        lines += ["", f"Target 1M rows <= 5 min and <= 6 GiB PSS in one run: {'met' if ok else 'MISSED'} in the last run "
+                  f"({last['seconds'] / 60:.1f} min, {last.get('peak_gib_total_pss', float('nan')):.2f} GiB)."]
+    return "\n".join(lines)
 
 
 def append_run(res: dict, run: dict) -> dict:

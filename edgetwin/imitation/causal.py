@@ -27,7 +27,10 @@ How strongly to ask for the invariance is chosen from the data, not fixed: with 
 (agent-days: rows of one agent's day are not independent) for each λ of `GRID` (0 included: then it
 is each-policy-weighed-alike regression), and the λ with the lowest held-out *per-policy* error —
 each policy's held-out mean squared error, averaged over the policies with equal weight, so a small
-randomized arm counts as much as the production policy — is refit on all rows. Why: the invariance
+randomized arm counts as much as the production policy — is refit on all rows. The cross-fitting's fits draw a quarter of the model's rows per policy per
+step (`SELECTION_BATCH`) and the four λ of a fold train side by side as one stack
+(`CausalResponseModel._train_stack`); a twin chooses λ once per scenario on its whole log and fits
+every ensemble member at it (`choose_invariance`, `edgetwin.twin.twin.Twin.fit`). Why: the invariance
 is an assumption (the hidden conditions are distributed the same under every policy, and the
 residual spread does not depend on the action); where it holds, a confounded fit predicts the
 other policies' rows badly and a large λ wins; where it does not — on the emulated cluster the
@@ -54,6 +57,7 @@ Shapes: ``x (N, in)`` client inputs, ``y (N, out)`` standardised outputs (as for
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch as th
@@ -67,6 +71,52 @@ INVARIANCE = 300.0
 GRID = (0.0, 3.0, 30.0, 300.0)
 #: Folds of the cross-fitted selection.
 FOLDS = 3
+#: The cross-fitted selection's fits draw this share of the model's rows per policy per step
+#: (`select_invariance`; the same Adam steps): they only rank the λ of `GRID`, the final fit at the
+#: chosen λ draws the model's own. Why a quarter: on the scale benchmark's multi-policy log (48,000
+#: rows; docs/benchmarks/scale/README.md, "The fit") and on the closed-form systems of
+#: tests/test_causal_twin.py it chose the same λ as full batches, at ~a quarter of the cost; a
+#: third of the steps did not (on the unconfounded system it chose λ = 0 over 3).
+SELECTION_BATCH = 1 / 4
+
+
+class _Tanh(th.autograd.Function):
+    """tanh with numpy's kernel forward (``(…)`` float32 in, the same shape out) and its derivative
+    ``1 - tanh²`` backward: see `CausalResponseModel._train_stack` for why."""
+
+    @staticmethod
+    def forward(ctx: th.autograd.function.FunctionCtx, x: th.Tensor) -> th.Tensor:  # type: ignore[override]
+        y = th.from_numpy(np.tanh(x.detach().numpy()))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: th.autograd.function.FunctionCtx, grad: th.Tensor) -> th.Tensor:  # type: ignore[override]
+        (y,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        return grad * (1.0 - y * y)
+
+
+@dataclass(frozen=True)
+class InvarianceChoice:
+    """A cross-fitted choice of λ (`choose_invariance`): the λ, and per λ of the grid its held-out
+    worst-policy error and invariance violation (`select_invariance`)."""
+
+    invariance: float
+    errors: Mapping[float, float]
+    violation: Mapping[float, float]
+
+
+def _prepared(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 ``x (N, in)`` and ``y (N, out)`` clipped to ±`OUTPUT_CLIP` (a 1-d ``y``: one output)."""
+    y = np.clip(np.asarray(y, np.float32), -OUTPUT_CLIP, OUTPUT_CLIP)
+    return np.asarray(x, np.float32), y[:, None] if y.ndim == 1 else y
+
+
+def policy_codes(policy: Sequence[object] | np.ndarray | None, n: int) -> np.ndarray:
+    """``(n,)`` int codes of the rows' policy ids (all 0 without ids)."""
+    if policy is None:
+        return np.zeros(n, np.int64)
+    return np.unique(np.asarray(policy, dtype=str), return_inverse=True)[1].astype(np.int64)
 
 
 class CausalResponseModel:
@@ -110,11 +160,17 @@ class CausalResponseModel:
         y: np.ndarray,
         policy: Sequence[object] | np.ndarray | None = None,
         groups: Sequence[object] | np.ndarray | None = None,
+        chosen: InvarianceChoice | None = None,
     ) -> CausalResponseModel:
         """Fit on ``x (N, in)`` -> ``y (N, out)``; ``policy (N,)`` says which policy decided each row.
 
         ``groups (N,)``: ids of rows that are not independent of each other (e.g. one agent's day),
         kept together in one fold of the cross-fitted choice of λ (default: every row its own group).
+
+        ``chosen``: with ``invariance="cv"``, a choice of λ already made (`choose_invariance`, e.g.
+        once per scenario on the whole log for every bootstrap member of a twin, `Twin.fit`), used
+        instead of cross-fitting again on these rows. Why: the cross-fitting is 12 fits, a member's
+        own fit one; the members of one twin share the log, so one choice serves them all.
 
         Runs on one torch thread (restored after): the net is small, and on a shared 2-core machine
         two threads made a 250-step fit 15 times slower, not faster.
@@ -122,15 +178,14 @@ class CausalResponseModel:
         threads = th.get_num_threads()
         th.set_num_threads(1)
         try:
-            x = np.asarray(x, np.float32)
-            y = np.clip(np.asarray(y, np.float32), -OUTPUT_CLIP, OUTPUT_CLIP)
-            if y.ndim == 1:
-                y = y[:, None]
-            codes = np.zeros(len(x), np.int64) if policy is None else np.unique(np.asarray(policy, dtype=str), return_inverse=True)[1]
-            if self.invariance == "cv":
-                self.chosen = select_invariance(self, x, y, codes, groups) if len(np.unique(codes)) >= 2 else 0.0
-            else:
+            x, y = _prepared(x, y)
+            codes = policy_codes(policy, len(x))
+            if self.invariance != "cv":
                 self.chosen = float(self.invariance)
+            elif chosen is not None:
+                self.chosen, self.cv_errors, self.cv_violation = chosen.invariance, dict(chosen.errors), dict(chosen.violation)
+            else:
+                self.chosen = select_invariance(self, x, y, codes, groups) if len(np.unique(codes)) >= 2 else 0.0
             self.history = []
             self.net = self._train(x, y, codes, self.chosen)
             self.noise_std = (y - self.mean(x)).std(axis=0)
@@ -140,31 +195,74 @@ class CausalResponseModel:
 
     def _train(self, x: np.ndarray, y: np.ndarray, codes: np.ndarray, invariance: float) -> th.nn.Sequential:
         """One fit of the net at a given λ on float32 ``x``, clipped ``y (N, out)``, policy ``codes``."""
+        return self._train_stack(x, y, codes, (invariance,), self.steps, self.batch, history=True)[0]
+
+    def _train_stack(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        codes: np.ndarray,
+        invariances: Sequence[float],
+        steps: int,
+        batch: int,
+        history: bool = False,
+    ) -> list[th.nn.Sequential]:
+        """One fit of the net per λ of ``invariances`` on float32 ``x``, clipped ``y (N, out)``, policy
+        ``codes``, trained side by side as one stack: the nets (L of them) are ``(L, in, out)``
+        weight tensors, each step draws one batch (every λ's own fit drew the same one: the draws are
+        seeded alike), gathers it once and runs every net on it with batched matrix products; the
+        loss is the sum of the λ's losses. The nets share no parameter, so each gets its own
+        gradient, and Adam and the cosine schedule act element by element: the same fits as one at a
+        time (up to float rounding), at a fraction of the per-step overhead. A policy's rows are
+        drawn with replacement, ``batch`` per step (all of them when it has fewer).
+
+        The hidden activations are tanh computed by numpy (`_Tanh`): on this machine's torch (2.13,
+        CPU) ``torch.tanh`` was 4-15x slower than numpy's and a quarter of a step's time.
+        """
         groups = [np.flatnonzero(codes == k) for k in np.unique(codes)]
         groups = [g for g in groups if len(g) >= 2]  # a variance needs two rows
         gen = th.Generator().manual_seed(self.seed)
-        net = self.init_net(x.shape[1], y.shape[1])
-        opt = th.optim.Adam(net.parameters(), lr=self.lr)
-        sched = th.optim.lr_scheduler.CosineAnnealingLR(opt, self.steps)
+        start = [m for m in self.init_net(x.shape[1], y.shape[1]) if isinstance(m, th.nn.Linear)]
+        n = len(invariances)
+        weights = [th.nn.Parameter(m.weight.detach().t().expand(n, -1, -1).clone()) for m in start]  # (L, in, out)
+        biases = [th.nn.Parameter(m.bias.detach().expand(n, 1, -1).clone()) for m in start]  # (L, 1, out)
+        opt = th.optim.Adam([*weights, *biases], lr=self.lr)
+        sched = th.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+        lam = th.tensor([float(v) for v in invariances], dtype=th.float32)
         xt, yt = th.from_numpy(x), th.from_numpy(y)
         gt = [th.from_numpy(g) for g in groups]
-        for step in range(self.steps):
-            idx = [g if len(g) <= self.batch else g[th.randint(len(g), (self.batch,), generator=gen)] for g in gt]
-            res = [yt[i] - net(xt[i]) for i in idx]
-            error = th.stack([(r**2).mean() for r in res]).mean()
-            means = th.stack([r.mean(0) for r in res])  # (K, out)
-            logvar = th.stack([th.log(r.var(0) + 1e-6) for r in res])
-            penalty = ((means - means.mean(0)) ** 2).sum(1).mean() + (
-                (logvar - th.log(logvar.exp().mean(0))) ** 2
-            ).sum(1).mean()
-            loss = error + invariance * penalty
+        sizes = [min(len(g), batch) for g in gt]
+        for step in range(steps):
+            idx = th.cat([g if len(g) <= batch else g[th.randint(len(g), (batch,), generator=gen)] for g in gt])
+            xb = th.index_select(xt, 0, idx)
+            # first layer of every net in one GEMM: (B, in) @ (in, L·h) -> (L, B, h)
+            w0 = weights[0].transpose(0, 1).reshape(x.shape[1], -1)
+            h = (xb @ w0).view(len(xb), n, -1).transpose(0, 1) + biases[0]
+            for w, b in zip(weights[1:], biases[1:], strict=True):
+                h = th.baddbmm(b, _Tanh.apply(h), w)
+            res = th.split(th.index_select(yt, 0, idx).unsqueeze(0) - h, sizes, dim=1)  # K x (L, n_k, out)
+            error = th.stack([(r**2).mean((1, 2)) for r in res]).mean(0)  # (L,)
+            means = th.stack([r.mean(1) for r in res], 1)  # (L, K, out)
+            logvar = th.stack([th.log(r.var(1) + 1e-6) for r in res], 1)
+            penalty = ((means - means.mean(1, keepdim=True)) ** 2).sum(2).mean(1) + (
+                (logvar - th.log(logvar.exp().mean(1, keepdim=True))) ** 2
+            ).sum(2).mean(1)
+            loss = (error + lam * penalty).sum()
             opt.zero_grad()
             loss.backward()
             opt.step()
             sched.step()
-            if step % 50 == 0 or step == self.steps - 1:
-                self.history.append((float(error.detach()), float(penalty.detach())))
-        return net
+            if history and (step % 50 == 0 or step == steps - 1):
+                self.history.append((float(error[0].detach()), float(penalty[0].detach())))
+        nets = []
+        for i in range(n):
+            net = self.init_net(x.shape[1], y.shape[1])
+            with th.no_grad():
+                for m, w, b in zip([m for m in net if isinstance(m, th.nn.Linear)], weights, biases, strict=True):
+                    m.weight.copy_(w[i].t())
+                    m.bias.copy_(b[i, 0])
+            nets.append(net)
+        return nets
 
     def init_net(self, n_in: int, n_out: int) -> th.nn.Sequential:
         """The untrained MLP ``n_in -> hidden (tanh) -> n_out``, initialised from ``seed`` (torch's
@@ -326,12 +424,13 @@ def select_invariance(
         rows = np.flatnonzero(codes == k)
         fold[rows] = [assign[v] for v in gid[rows].tolist()]
     resid = {float(lam): np.zeros_like(y) for lam in grid}
+    batch = max(2, round(model.batch * SELECTION_BATCH))
     for f in range(folds):
         train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
         if len(test) == 0 or len(train) < 2:
             continue
-        for lam in grid:
-            net = model._train(x[train], y[train], codes[train], float(lam))
+        nets = model._train_stack(x[train], y[train], codes[train], [float(v) for v in grid], model.steps, batch)
+        for lam, net in zip(grid, nets, strict=True):
             with th.no_grad():
                 resid[float(lam)][test] = y[test] - net(th.from_numpy(x[test])).numpy()
     pols = [np.flatnonzero(codes == k) for k in np.unique(codes)]
@@ -346,6 +445,34 @@ def select_invariance(
     se = float(g_means.std(ddof=1) / np.sqrt(len(g_means))) if len(g_means) > 1 else float("inf")
     near = [lam for lam, e in model.cv_errors.items() if e <= model.cv_errors[best] + se]
     return min(near, key=lambda lam: (model.cv_violation[lam], lam))
+
+
+def choose_invariance(
+    x: np.ndarray,
+    y: np.ndarray,
+    policy: Sequence[object] | np.ndarray | None,
+    groups: Sequence[object] | np.ndarray | None,
+    hidden: tuple[int, ...] = (64, 64),
+    steps: int = 600,
+    batch: int = 4096,
+    lr: float = 1e-2,
+    seed: int = 0,
+) -> InvarianceChoice:
+    """`select_invariance` on ``x (N, in)``, ``y (N, out)`` (standardised; clipped here as `fit`
+    clips them) for a model of these hyper-parameters, as a value that `CausalResponseModel.fit`
+    takes (``chosen``). With fewer than two policies λ is moot: 0, nothing cross-fitted."""
+    threads = th.get_num_threads()
+    th.set_num_threads(1)  # as `CausalResponseModel.fit`
+    try:
+        x, y = _prepared(x, y)
+        codes = policy_codes(policy, len(x))
+        if len(np.unique(codes)) < 2:
+            return InvarianceChoice(0.0, {}, {})
+        model = CausalResponseModel(hidden, "cv", steps, batch, lr, seed)
+        lam = select_invariance(model, x, y, codes, groups)
+        return InvarianceChoice(lam, dict(model.cv_errors), dict(model.cv_violation))
+    finally:
+        th.set_num_threads(threads)
 
 
 def _violation(resid: np.ndarray, pols: Sequence[np.ndarray]) -> float:

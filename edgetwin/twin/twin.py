@@ -38,7 +38,7 @@ from edgetwin.contract.manifest import MANIFEST_FILE, SIGNATURE_FILE, verify_man
 from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.imitation.baselines import ClonedPlatformPolicy, SupervisedResponseModel
-from edgetwin.imitation.causal import CausalResponseModel
+from edgetwin.imitation.causal import CausalResponseModel, InvarianceChoice, choose_invariance
 from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.mail import (
     MailConfig,
@@ -124,6 +124,7 @@ def _fit_member_task(
     progress: bool,
     transition_model: str,
     site_model: bool | list[str],
+    invariances: Mapping[int, InvarianceChoice] | None,
     m: int,
     pick: np.ndarray | None,
     seed: int,
@@ -142,6 +143,7 @@ def _fit_member_task(
         progress,
         transition_model,
         site_model,
+        invariances,
     )
 
 
@@ -250,7 +252,8 @@ class Twin:
                 at least two policies and its actions vary independently of the context
                 (`edgetwin.imitation.overlap.overlap_report`, kept in ``twin.meta["overlap"]``), else
                 ``"mail"``; the default. The causal model chooses its invariance weight by
-                cross-fitting on the log (`edgetwin.imitation.causal.select_invariance`). Why ``"auto"``
+                cross-fitting on the log (`edgetwin.imitation.causal.select_invariance`), once per
+                scenario on the whole log, and every member fits at it. Why ``"auto"``
                 is the default: on the causal-twin benchmark's logs with several policies
                 (docs/benchmarks/causal_twin/README.md, two regimes and 1-3 randomized canary rounds)
                 the causal model ranks unseen policies better than MAIL-MMSG on every log (quick run,
@@ -321,12 +324,14 @@ class Twin:
         initial = InitialStates.fit(df, layout)
 
         sampler = PopulationSampler(population, layout.profile)
+        # the causal model's invariance weight, chosen once per scenario on the whole log for every member
+        invariances = _choose_invariances(df, layout, cfg, seed) if response_model == "causal" else None
         episodes = df["episode"].unique()
         fitted, tasks = _plan_members(members, seed, len(episodes), ckpt, len(layout.scenarios))
         _fit_members(
             fitted, tasks, ckpt, workers=workers, ray_address=ray_address, progress=progress,
             data=(df, episodes, layout, response_model, cfg, sampler, initial, composition),
-            options=(transition_model, site_model),
+            options=(transition_model, site_model, invariances),
         )  # fmt: skip
         fitted_list = [fitted[m] for m in range(members)]
         support, a_low, a_high = _support_and_action_bounds(df, layout, spec, seed)
@@ -376,6 +381,7 @@ class Twin:
         progress: bool,
         transition_model: str = "client",
         site_model: bool | list[str] = False,
+        invariances: Mapping[int, InvarianceChoice] | None = None,
     ) -> Member:
         steps = build_steps(sub, layout)
         del sub  # the steps hold what the fit needs; a bootstrap copy of a large log would stay resident
@@ -391,14 +397,14 @@ class Twin:
             clients: dict[int, Any] = {}
             policy = steps.policy_ids()
             # an agent's day: its rows are not independent, so the causal model's cross-fitted choice
-            # of its invariance keeps them in one fold
+            # of its invariance keeps them in one fold (where it is not chosen already: ``invariances``)
             agent_day = steps.agent_days()
             for s in range(len(layout.scenarios)):
                 rows = client_rows(steps, layout, s)
                 if response_model == "causal":
                     clients[s] = CausalResponseModel(tuple(cfg.net_arch), seed=seed + s).fit(
                         steps.x_client[rows], steps.y_client[rows], None if policy is None else policy[rows],
-                        groups=agent_day[rows],
+                        groups=agent_day[rows], chosen=None if invariances is None else invariances.get(s),
                     )
                 else:
                     clients[s] = SupervisedResponseModel(tuple(cfg.net_arch), seed=seed + s).fit(
@@ -816,6 +822,30 @@ def _fit_members(
         shared=(*data, progress and not parallel, *options),
         on_result=finished,
     )
+
+
+def _choose_invariances(
+    df: pd.DataFrame, layout: Layout, cfg: MailConfig, seed: int
+) -> dict[int, InvarianceChoice]:
+    """Per scenario, the causal response model's invariance weight, cross-fitted on the whole log
+    (`edgetwin.imitation.causal.choose_invariance`; folds of whole agent-days), which every member
+    then fits at.
+
+    Separate, and before the members, because choosing it inside each member (on its bootstrap
+    draw) cross-fitted 12 fits per member and scenario for one final fit: 89 % of a causal fit's
+    time on the scale benchmark's multi-policy log (docs/benchmarks/scale/README.md, "The fit"). The
+    members' spread is the bootstrap's, not the spread of a hyper-parameter's choice.
+    """
+    steps = build_steps(df, layout)
+    policy, agent_day = steps.policy_ids(), steps.agent_days()
+    out = {}
+    for s in range(len(layout.scenarios)):
+        rows = client_rows(steps, layout, s)
+        out[s] = choose_invariance(
+            steps.x_client[rows], steps.y_client[rows], None if policy is None else policy[rows], agent_day[rows],
+            tuple(cfg.net_arch), seed=seed + s,
+        )  # fmt: skip
+    return out
 
 
 def _support_and_action_bounds(
