@@ -22,3 +22,27 @@ def test_the_readme_closed_loop_numbers_are_the_scale_runs() -> None:
     cand = r["1000"]["candidate_verdicts"]
     assert cand["agreement"]["k"] == cand["verdict_rate"]["k"]
     assert f"made for {cand['verdict_rate']['k']} of the {cand['verdict_rate']['n']} candidates at 1,000 groups, all right" in readme
+
+
+def test_the_readme_extension_numbers_are_the_extended_run() -> None:
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    ext = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())["extended"]
+    r = ext["by_fleet_size"]["1000"]
+    lo, hi = (100 * x for x in r["canary_verdict_rate_ci"])
+    looks = ", ".join(str(d) for d in ext["looks"][:-1]) + f" and {ext['looks'][-1]}"
+    assert f"for up to {ext['max_days']} canary days" in readme and f"looks at days {looks}" in readme
+    assert (f"at 1,000 groups to {100 * r['canary_verdict_rate']:.1f} % [{lo:.1f} %, {hi:.1f} %], all "
+            f"{r['canary_decided']} of those verdicts right") in readme  # fmt: skip
+    assert r["canary_agreeing"] == r["canary_decided"]
+    cand = r["candidate_verdicts"]
+    assert cand["agreement"]["k"] == cand["verdict_rate"]["k"]
+    assert f"decides {cand['verdict_rate']['k']} of the {cand['verdict_rate']['n']} candidates, all right" in readme
+
+
+def test_the_readme_switchback_numbers_are_the_benchmarks() -> None:
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    doc = (ROOT / "docs/benchmarks/switchback/README.md").read_text()
+    assert "--switchback-site" in readme
+    for claim in ("+11.2", "-5.2", "+10.8"):  # the page's numbers behind the README's rounded ones
+        assert claim in doc.replace("−", "-"), claim
+    assert "SLO violations at +11 % on its site where a group split of the same budget said -5 % against the fleet's +11 %" in readme
