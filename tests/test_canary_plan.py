@@ -208,3 +208,16 @@ def test_cli_plan_weighs_a_switchback_of_a_site(gated, tmp_path: Path, capsys) -
     assert f"{sb.expected_width_sum:.3g}" in first and f"{doc['plan']['expected_width']['random']:.3g}" in first
     assert ("prefer the switchback" in second) != ("group split's fleet-wide interval" in second)
     assert SwitchbackPlan.from_dict(json.loads(out_path.with_suffix(".switchback.json").read_text())) == sb
+
+
+def test_cli_plan_names_switchback_site_for_an_unknown_site(gated, capsys) -> None:  # type: ignore[no-untyped-def]
+    from edgetwin.cli import main
+
+    root: Path = gated["root"]
+    with pytest.raises(SystemExit) as ex:
+        main(["canary", "plan", str(root / "twin"), "--policy", "random", "--log", str(root / "log.parquet"),
+              "--max-share", "25%", "--episodes", "1", "--seed", "1", "--design", "random",
+              "--max-regression", "kpi.slo_violation=0", "--switchback-site", "no-such-site"])  # fmt: skip
+    assert ex.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--switchback-site" in err and "no-such-site" in err

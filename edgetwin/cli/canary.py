@@ -113,7 +113,10 @@ def canary_plan_cmd(
         if switchback_site:
             from edgetwin.loop.switchback import plan_switchback, weigh_against_canary
 
-            switchback = plan_switchback(decision, twin, table, cand, base, budget, sites=switchback_site, seed=seed)
+            try:
+                switchback = plan_switchback(decision, twin, table, cand, base, budget, sites=switchback_site, seed=seed)
+            except InputError as e:  # the library names its own argument; here the sites are --switchback-site
+                raise InputError(e.message, "--switchback-site" if e.where == "--site" else e.where) from None
             weighed = weigh_against_canary(switchback, plan)
     if plan_out is not None:
         plan_out.parent.mkdir(parents=True, exist_ok=True)
