@@ -2,11 +2,12 @@
 
 Subpackages are layered (DESIGN.md, "Layout: one package, layered"); each imports only from the
 layers before it: ``contract`` (1) <- ``generative``, ``imitation`` (2) <- ``twin`` (3) <-
-``policies`` (4) <- ``emulator`` (5) <- ``edge`` (6) <- ``federation`` (7) <- ``cli``, ``demo`` (8).
+``policies`` (4) <- ``emulator`` (5) <- ``edge`` (6) <- ``loop``, ``federation`` (7) <- ``cli``, ``demo`` (8).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
@@ -18,6 +19,15 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0"
 
 __all__ = ["__version__", "lazy_exports"]
+
+# stable-baselines3 imports the old `gym` package whenever it is installed (d3rlpy, the OPE baseline,
+# depends on it) only to convert old-gym environments, which edgetwin never passes it; gym's import
+# then prints a deprecation notice to stderr (gym_notices) that tells an edgetwin user nothing and
+# would open every command's output, the demo's twice (its spawned worker imports SB3 too). Only
+# that notice is skipped, and only when gym was not imported before edgetwin: gym itself still
+# imports and warns through `warnings` as usual.
+if "gym" not in sys.modules:
+    sys.modules.setdefault("gym_notices", None)  # type: ignore[arg-type]
 
 
 def lazy_exports(package: str, where: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
