@@ -40,6 +40,7 @@ PAGES: dict[str, str] = {
     "## Prometheus import": "prometheus_import",
     "## Closed loop: twin alone vs canary alone vs twin + canary": "closed_loop",
     "## Second system: admission control behind a hidden load": "causal_twin",
+    "## The main job: edgetwin demo": "demo",
 }
 
 #: page directory -> its title (the page's ``# `` line)
@@ -61,6 +62,7 @@ TITLES: dict[str, str] = {
     "scale": "Scale",
     "twin_update": "Twin update from a canary",
     "closed_loop": "Closed loop: when the twin cannot tell, ask the edge",
+    "demo": "The main job: edgetwin demo",
 }
 #: the single file the pages replaced; a write aimed at it goes to the section's page
 OLD_DOC = ROOT / "docs" / "benchmarks.md"

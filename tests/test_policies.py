@@ -484,3 +484,22 @@ def test_cli_evaluates_random_on_the_cluster_with_kpis(capsys: pytest.CaptureFix
         "utilisation",
     ):
         assert k in doc["mean"] and k in doc["ci95"], k
+
+
+def test_checkpoints_of_another_run_are_not_resumed(tmp_path: Path, twin: Twin, caplog: pytest.LogCaptureFixture) -> None:
+    """`edgetwin demo --out` an existing directory trained on from the previous run's checkpoints
+    (another twin's): a checkpoint is resumed only by the run that wrote it (`run_identity`)."""
+    kw = {"out": tmp_path / "p", "checkpoint_every": 256, "twin_opts": TWIN_OPTS, "hyper": {"n_steps": 8}}
+    train_policy(twin, "a2c", steps=512, seed=0, **kw)
+    fresh = train_policy(twin, "a2c", steps=512, seed=1, out=tmp_path / "q", checkpoint_every=256,
+                         twin_opts=TWIN_OPTS, hyper={"n_steps": 8})  # fmt: skip
+    with caplog.at_level("WARNING", logger="edgetwin.train"):
+        other = train_policy(twin, "a2c", steps=512, seed=1, **kw)  # another seed, the same directory
+    assert other.metadata["resumed_from"] is None
+    assert "checkpoint(s) of another run" in caplog.text
+    # the same policy as the same seed in a fresh directory, to the bit
+    a = (tmp_path / "p" / "model.safetensors").read_bytes()
+    assert a == (tmp_path / "q" / "model.safetensors").read_bytes(), fresh.path
+    # and the directory now resumes this run only
+    again = train_policy(twin, "a2c", steps=1024, seed=1, **kw)
+    assert again.metadata["resumed_from"] is not None and again.steps == 1024

@@ -77,7 +77,7 @@ def policy_train(
     patience: Annotated[int, typer.Option(min=1, help="Evaluations without a new best before stopping.")] = 3,
     eval_every: Annotated[int, typer.Option(min=1, help="Steps between validations.")] = 5_000,
     checkpoint_every: Annotated[int, typer.Option(min=0, help="Steps between checkpoints (0: none).")] = 10_000,
-    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue from OUT/checkpoints.")] = True,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Continue from OUT/checkpoints if this run (same twin, seed, settings) wrote them; another run's are removed.")] = True,
     tensorboard: Annotated[Path | None, typer.Option(help="TensorBoard log directory.")] = None,
     trust: TwinTrustOpt = None,
     seed: SeedOpt = 0,

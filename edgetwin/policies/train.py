@@ -17,11 +17,13 @@ the default only for environments that are not twins (no ensemble to disagree).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -422,7 +424,9 @@ class TrainConfig:
         out: the exported policy directory; checkpoints go to ``out/checkpoints``.
         tensorboard_dir: TensorBoard logs, if given.
         checkpoint_every: steps between checkpoints (0 = none).
-        resume: continue from the newest checkpoint in ``out/checkpoints`` if there is one.
+        resume: continue from the newest checkpoint in ``out/checkpoints`` if there is one and it was
+            written by the same run (`run_identity`: the same environment or twin, seed, algorithm and
+            settings; only ``steps`` may grow); checkpoints of another run are removed, with a warning.
         action_norm_lambda: λ of seed 004 eq. 8 for the on-policy algorithms (0 = off). Default:
             0 when training in a twin (the support-aware penalty regularises instead), else
             ``ACTION_NORM_LAMBDA`` (0.4).
@@ -579,7 +583,8 @@ def train_policy(
     cls = _import(ALGORITHMS[algo])
     policy, pk = _policy_and_kwargs(algo, venv, priority, c.policy_kwargs, action_norm_lambda, hp)
 
-    found = latest_checkpoint(ckpt_dir) if c.resume and ckpt_dir.is_dir() else None
+    identity = run_identity(env_or_twin, spec, c, hp)
+    found = _own_checkpoint(ckpt_dir, identity, c.resume, record=c.checkpoint_every > 0)
     model = cls(
         policy,
         venv,
@@ -740,6 +745,71 @@ def _policy_and_kwargs(
     return policy, pk
 
 
+def _stable(value: Any) -> Any:
+    """``value`` as JSON the same in every process: callables and other objects by their qualified
+    name (never a ``repr`` with a memory address)."""
+    if isinstance(value, Mapping):
+        return {str(k): _stable(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_stable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if is_dataclass(value) and not isinstance(value, type):
+        return {"type": _stable(type(value)), **{f.name: _stable(getattr(value, f.name)) for f in fields(value)}}
+    if isinstance(value, np.ndarray):
+        return hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest() + str(value.shape)
+    kind = value if isinstance(value, type) or callable(value) and hasattr(value, "__qualname__") else type(value)
+    return f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', type(kind).__name__)}"
+
+
+def run_identity(env_or_twin: Any, spec: TwinSpec, c: TrainConfig, hyper: Mapping[str, Any]) -> str:
+    """sha256 of what makes a training run this run, apart from its length: the environment (a twin
+    by its metadata: data, spec, seed and settings, without its timings; a gym env factory by its
+    name), the spec, algorithm, seed and settings.
+
+    Why: a checkpoint left in ``out/checkpoints`` by another run (another twin, seed or setting;
+    ``edgetwin demo --out`` an existing directory) must not be resumed: the policy would silently
+    continue someone else's training, and the same seed would no longer give the same policy.
+    """
+    if _is_twin(env_or_twin):
+        env: Any = {k: v for k, v in env_or_twin.meta.items() if "seconds" not in k and k != "versions"}
+    else:
+        env = _stable(env_or_twin)
+    key = {"env": env, "spec": spec.hash(), "algo": c.algo, "seed": c.seed, "hyper": hyper, "n_envs": c.n_envs,
+           "normalize": c.normalize, "shield": c.shield, "reward": c.reward, "constraints": c.constraints,
+           "policy_kwargs": c.policy_kwargs, "priority": c.priority, "grid_bins": c.grid_bins,
+           "action_norm_lambda": c.action_norm_lambda, "twin_opts": c.twin_opts}  # fmt: skip
+    return hashlib.sha256(json.dumps(_stable(key), sort_keys=True, default=str).encode()).hexdigest()
+
+
+#: The file in a checkpoint directory naming the run that wrote its checkpoints.
+RUN_FILE = "run.json"
+
+
+def _own_checkpoint(ckpt_dir: Path, identity: str, resume: bool, record: bool) -> tuple[Path, int] | None:
+    """The newest checkpoint to resume, if ``resume`` and it is this run's (`run_identity`); the
+    checkpoints of another run (or of one that did not record its identity) are removed with a
+    warning, so that a later resume cannot mix two runs; with ``record`` (checkpoints will be
+    written) the directory then names this run."""
+    found = latest_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
+    try:
+        recorded = json.loads((ckpt_dir / RUN_FILE).read_text()).get("identity")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if found is not None and recorded != identity:
+        stale = [*ckpt_dir.glob("ckpt_*_steps.zip"), *ckpt_dir.glob("ckpt_vecnormalize_*_steps.npz")]
+        logging.getLogger("edgetwin.train").warning(
+            "%s: %d checkpoint(s) of another run (other twin, seed or settings) removed, not resumed",
+            ckpt_dir, len(stale))  # fmt: skip
+        for f in stale:
+            f.unlink()
+        found = None
+    if record:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        (ckpt_dir / RUN_FILE).write_text(json.dumps({"identity": identity}) + "\n")
+    return found if resume else None
+
+
 def _resume_from(model: Any, chain: Any, ckpt_dir: Path, found: tuple[Path, int] | None) -> str | None:
     """Load the newest checkpoint's weights, VecNormalize statistics and step count into the
     freshly built ``model``, if there is one; returns its path (for the metadata) or None.
@@ -851,6 +921,7 @@ __all__ = [
     "default_hyper",
     "minibatch_size",
     "latest_checkpoint",
+    "run_identity",
     "spec_of",
     "train_policy",
 ]

@@ -516,13 +516,24 @@ def test_population_models_are_data_and_old_ones_are_refused(world: dict[str, An
         load_population(path)
 
 
-def test_train_resumes_from_checkpoints_as_data_only(world: dict[str, Any], tmp_path: Path, marker: Path) -> None:
+def test_train_resumes_from_checkpoints_as_data_only(
+    world: dict[str, Any], tmp_path: Path, marker: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Checkpoints live inside the exported policy directory, which travels: resuming reads only
-    their tensors. A checkpoint whose pickled ``data`` carries a payload is refused, unrun."""
+    their tensors. A checkpoint of this run (its directory names the run) whose pickled ``data``
+    carries a payload is refused, unrun; one of no recorded run is removed, unread."""
     out = tmp_path / "policy"
-    (out / "checkpoints").mkdir(parents=True)
-    sb3_zip_payload(out / "checkpoints" / "ckpt_8_steps.zip", marker)
-    (out / "checkpoints" / "ckpt_vecnormalize_8_steps.pkl").write_bytes(__import__("pickle").dumps(Payload(marker)))
-    refused(run("train", str(world["dir"] / "twin"), "--out", str(out), "--steps", "16", "--no-select",
-                "--checkpoint-every", "8"), "ckpt_8_steps.zip")  # fmt: skip
+    argv = ("train", str(world["dir"] / "twin"), "--out", str(out), "--steps", "16", "--no-select", "--checkpoint-every", "8")
+    assert run(*argv)[0] == 0 and (out / "checkpoints" / "run.json").is_file()
+    sb3_zip_payload(out / "checkpoints" / "ckpt_1000_steps.zip", marker)
+    (out / "checkpoints" / "ckpt_vecnormalize_1000_steps.pkl").write_bytes(__import__("pickle").dumps(Payload(marker)))
+    refused(run(*argv), "ckpt_1000_steps.zip")
     assert not marker.exists()
+    # planted in a directory that records no run: not this run's, so never read, and removed
+    other = tmp_path / "other"
+    (other / "checkpoints").mkdir(parents=True)
+    sb3_zip_payload(other / "checkpoints" / "ckpt_4_steps.zip", marker)
+    with caplog.at_level("WARNING", logger="edgetwin.train"):
+        assert run(*argv[:3], str(other), *argv[4:])[0] == 0
+    assert "checkpoint(s) of another run" in caplog.text
+    assert not marker.exists() and not (other / "checkpoints" / "ckpt_4_steps.zip").exists()
