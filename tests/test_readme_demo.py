@@ -1,0 +1,55 @@
+"""The README's account of `edgetwin demo` on the defaults is one run's output: every number of its
+paragraph is in what `python benchmarks/demo_run.py` recorded the demo printing
+(docs/benchmarks/demo/results.json), and the ending it names is that run's. The slow test
+`tests/test_demo.py::test_default_demo_follows_the_canarys_statistics` ties the ending to a live run."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = json.loads((ROOT / "docs" / "benchmarks" / "demo" / "results.json").read_text())
+PRINTED = "\n".join(RESULTS["stdout"])
+README = (ROOT / "README.md").read_text()
+START, END = "On the embedded\ndefaults (seed 0) it ends", "It prints\nits time budget first"
+
+
+def _paragraph() -> str:
+    return " ".join(README[README.index(START) : README.index(END)].split())
+
+
+def _printed(number: str) -> bool:
+    """``number`` (sign and decimals as written) is printed as a number, not inside another."""
+    return re.search(rf"(?<![\d.]){re.escape(number)}(?![\d])", PRINTED) is not None
+
+
+def test_every_decimal_of_the_demo_paragraph_is_what_the_demo_printed() -> None:
+    decimals = re.findall(r"[-+]?\d+\.\d+", _paragraph())
+    assert len(decimals) >= 15, decimals  # the intervals, widths and trade-off are quoted
+    assert [d for d in decimals if not _printed(d)] == []
+
+
+def test_the_demo_paragraphs_counts_are_what_the_demo_printed() -> None:
+    para = _paragraph()
+    pairs = [  # (the README's phrase, the demo's own words), each with the number they share
+        (r"support a (\d+) % claim", r"support at most (\d+)% and 90% was asked"),
+        (r"naming the (\d+) days that would", r"(\d+) are needed \("),
+        (r"puts (\d+ of the \d+) service groups", r"on (\d+ of \d+) service groups"),
+        (r"for (\d+) h;", r"for (\d+) h\n"),
+        (r"would decide \((\d+)\)", r"undecided: run (\d+) more day"),
+    ]
+    for readme, printed in pairs:
+        said, did = re.search(readme, para), re.search(printed, PRINTED)
+        assert said and did, (readme, printed)
+        assert said.group(1).replace("of the ", "of ") == did.group(1), (said.group(0), did.group(0))
+
+
+def test_the_ending_the_readme_names_is_the_recorded_runs() -> None:
+    para = _paragraph()
+    undecided = para.startswith("On the embedded defaults (seed 0) it ends **undecided**")
+    assert undecided == (RESULTS["verdict"] == "abstain")
+    if "nothing is promoted or served" in para:
+        assert RESULTS["promoted_version"] is None and not RESULTS["numbers"].get("served_decisions")
+    assert RESULTS["outputs_identical_across_runs"]
