@@ -20,7 +20,10 @@ two schemes: ``"paired"`` (blocks ``2p`` and ``2p+1`` are a pair and a fair coin
 two gets the candidate: a crossover in time that cancels the slow diurnal trend within each pair)
 or ``"complete"`` (half of all blocks on the candidate, uniformly). Each block's propensity is 1/2
 either way. All sites of a plan follow one assignment: sites that share a cloud region interfere
-with each other, so they switch together. The edge follows `switchback_assignment(plan, tick)`.
+with each other, so they switch together. The schedule (`draw_assignment`, `block_of`,
+`switchback_assignment`, `is_burn_in`) lives in `edgetwin.edge.canary_switchback`, the lowest layer
+that needs it: a running ``edgetwin serve`` follows `switchback_assignment(plan, tick)` there
+(`judge_switchback` judges its collected log), and this module imports it.
 
 **Carryover.** The outcome at tick ``t`` may depend on the policies of ticks ``t−m .. t`` (the
 paper's carryover of order ``m``: backlogs drain, clients' latency memory fades). A block must be
@@ -92,13 +95,20 @@ import numpy as np
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
+from edgetwin.edge.canary_switchback import (
+    CANDIDATE,
+    CURRENT,
+    SCHEMES,
+    block_index,
+    block_of,
+    check_assignment,
+    draw_assignment,
+    is_burn_in,
+    switchback_assignment,
+)
 
 #: the interval's level (the verdict's)
 LEVEL = 0.90
-#: the arms as the edge names them (`edgetwin.edge.canary`): the candidate, and the current policy
-CANDIDATE, CURRENT = "candidate", "current"
-#: how blocks are randomized (`draw_assignment`)
-SCHEMES = ("paired", "complete")
 #: estimation methods (`estimate_switchback`)
 METHODS = ("t", "randomization")
 #: the most assignments a randomization interval enumerates (more: a seeded sample of them)
@@ -106,28 +116,6 @@ MAX_ENUMERATED = 4096
 
 
 # ------------------------------------------------------------------------------------ the design
-def draw_assignment(n_blocks: int, seed: int, scheme: str = "paired") -> tuple[int, ...]:
-    """``n_blocks`` arms (1 = candidate), exactly half of each, from ``seed`` alone.
-
-    ``"paired"``: a fair coin per pair of consecutive blocks says which of the two is on the
-    candidate; ``"complete"``: a uniformly random half of the blocks. Each block's propensity is
-    1/2 under both."""
-    if scheme not in SCHEMES:
-        raise InputError(
-            f"unknown switchback scheme {scheme!r}; expected one of {', '.join(SCHEMES)}", "scheme"
-        )
-    if n_blocks < 4 or n_blocks % 2:
-        raise InputError(f"a switchback needs an even number of blocks >= 4, got {n_blocks}", "n_blocks")
-    rng = np.random.default_rng([int(seed), 0x5B, SCHEMES.index(scheme)])
-    if scheme == "paired":
-        first = rng.random(n_blocks // 2) < 0.5
-        out = np.empty(n_blocks, dtype=np.int64)
-        out[0::2], out[1::2] = first, ~first
-    else:
-        out = rng.permutation(np.repeat([1, 0], n_blocks // 2))
-    return tuple(int(v) for v in out)
-
-
 @dataclass
 class SwitchbackPlan:
     """A site-level switchback: which sites, how the blocks run, and what it is expected to tell.
@@ -183,13 +171,7 @@ class SwitchbackPlan:
             raise InputError("start_tick must be >= 0, episode_ticks >= 1 and tick_seconds > 0", "plan")
         if not 0.0 < float(self.level) < 1.0:
             raise InputError(f"the level must be in (0, 1), got {self.level}", "--level")
-        drawn = draw_assignment(int(self.n_blocks), int(self.seed), self.scheme)
-        given = tuple(int(v) for v in self.assignment)
-        if given and given != drawn:
-            raise InputError(
-                "the plan's assignment is not the one its seed draws (a changed plan)", "assignment"
-            )
-        self.assignment = drawn
+        self.assignment = check_assignment(int(self.n_blocks), int(self.seed), self.scheme, self.assignment)
 
     @property
     def ticks(self) -> int:
@@ -234,26 +216,6 @@ class SwitchbackPlan:
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"not a switchback plan ({type(e).__name__}: {e})", "plan") from None
-
-
-def block_of(plan: SwitchbackPlan, tick: int) -> int | None:
-    """The block a switchback tick falls in (None: before the first or after the last block)."""
-    k = (int(tick) - int(plan.start_tick)) // int(plan.block_ticks)
-    return k if int(tick) >= int(plan.start_tick) and k < int(plan.n_blocks) else None
-
-
-def switchback_assignment(plan: SwitchbackPlan, tick: int) -> str:
-    """The arm the plan's sites serve at ``tick`` of the switchback's clock: `CANDIDATE` or
-    `CURRENT` (every tick outside the blocks). Deterministic from the plan (its seed)."""
-    k = block_of(plan, tick)
-    return CANDIDATE if k is not None and plan.assignment[k] == 1 else CURRENT
-
-
-def is_burn_in(plan: SwitchbackPlan, tick: int) -> bool:
-    """Whether ``tick`` is one of its block's first ``carryover_ticks`` ticks (not judged)."""
-    return block_of(plan, tick) is not None and (int(tick) - int(plan.start_tick)) % int(
-        plan.block_ticks
-    ) < int(plan.carryover_ticks)
 
 
 # ------------------------------------------------------------------------------------ the composite policy
@@ -315,8 +277,9 @@ def block_outcomes(rows: pd.DataFrame, plan: SwitchbackPlan, kpis: Sequence[str]
     """Per block, the mean over its judged ticks (burn-in dropped) of each KPI's per-tick mean over
     the plan's sites' rows.
 
-    Rows of other sites are ignored. When the log says which arm served a row (``arm``), a judged
-    row whose arm is not the plan's is refused: the log is not this switchback's.
+    Rows of other sites are ignored. When the log says which arm served a row (``arm``: `CANDIDATE`,
+    or `CURRENT` / ``control`` as the edge writes it), a judged row whose arm is not the plan's is
+    refused: the log is not this switchback's.
 
     Returns:
         index the block (0..n_blocks-1), columns ``kpis`` plus ``arm`` (1 = candidate) and ``ticks``
@@ -329,18 +292,16 @@ def block_outcomes(rows: pd.DataFrame, plan: SwitchbackPlan, kpis: Sequence[str]
         raise InputError("the switchback log needs a 'site' column", "site")
     at = rows[rows["site"].astype(str).isin(plan.sites)]
     ticks = switchback_ticks(at, plan)
-    rel = ticks - int(plan.start_tick)
-    block = rel // int(plan.block_ticks)
-    judged = (
-        (rel >= 0) & (block < int(plan.n_blocks)) & (rel % int(plan.block_ticks) >= int(plan.carryover_ticks))
-    )
+    block, judged = block_index(plan, ticks)
     at = at.loc[judged, list(kpis) + (["arm"] if "arm" in at.columns else [])].assign(
         _tick=ticks[judged], _block=block[judged]
     )
     assign = np.asarray(plan.assignment)
     if "arm" in at.columns:
         want = np.where(assign[at["_block"].to_numpy()] == 1, CANDIDATE, CURRENT)
-        bad = at["arm"].astype(str).to_numpy() != want
+        # the edge names the current policy's arm ``control`` (`edgetwin.edge.canary_switchback`)
+        served = at["arm"].astype(str).replace({"control": CURRENT}).to_numpy()
+        bad = served != want
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise InputError(f"row of tick {int(at['_tick'].iloc[i])} was served by {at['arm'].iloc[i]!r}, the plan says "
@@ -901,8 +862,10 @@ def weigh_against_canary(switchback: SwitchbackPlan, plan: Any, margins: Mapping
     sites on its day. So the narrower interval is named, and the switchback is recommended only
     where the twin predicts interference a group split would miss (``twin_interference`` beyond
     half the KPI's margin: ``margins`` per column, by default the plan's own, else 5 %): there the split's control arm
-    shares the candidate's congestion and its interval is about the wrong effect. The edge does not
-    follow a switchback's blocks yet; `run_switchback_on_cluster` runs one on the emulated cluster.
+    shares the candidate's congestion and its interval is about the wrong effect. A running
+    ``edgetwin serve`` follows the switchback's blocks when ``edgetwin canary start --design switchback``
+    sends it (`edgetwin.edge.canary_switchback`); `run_switchback_on_cluster` runs one on the emulated
+    cluster directly.
     """
     design = getattr(plan.slice, "design", "random")
     if margins is None:
