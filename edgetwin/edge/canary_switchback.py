@@ -110,11 +110,20 @@ def check_assignment(n_blocks: int, seed: int, scheme: str, given: Sequence[int]
 class Schedule(Protocol):
     """What the schedule's functions read (a `SwitchbackDesign`, or the loop's `SwitchbackPlan`)."""
 
-    start_tick: int
-    block_ticks: int
-    carryover_ticks: int
-    n_blocks: int
-    assignment: tuple[int, ...]
+    @property
+    def start_tick(self) -> int: ...
+
+    @property
+    def block_ticks(self) -> int: ...
+
+    @property
+    def carryover_ticks(self) -> int: ...
+
+    @property
+    def n_blocks(self) -> int: ...
+
+    @property
+    def assignment(self) -> tuple[int, ...]: ...
 
 
 def block_of(plan: Schedule, tick: int) -> int | None:
@@ -212,6 +221,8 @@ class SwitchbackDesign:
             return cls(tuple(str(s) for s in sites), int(d["block_ticks"]), int(d["carryover_ticks"]),
                        int(d["n_blocks"]), int(d.get("seed", 0)), str(d.get("scheme", "paired")),
                        int(d.get("start_tick", 0)), tuple(assignment))  # fmt: skip
+        except InputError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"not a switchback design ({type(e).__name__}: {e})", "switchback") from None
 

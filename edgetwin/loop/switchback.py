@@ -214,6 +214,8 @@ class SwitchbackPlan:
                 float(d.get("site_share", 0.0)), str(d.get("candidate", CANDIDATE)),
                 str(d.get("baseline", CURRENT)), float(d.get("level", LEVEL)),
             )  # fmt: skip
+        except InputError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"not a switchback plan ({type(e).__name__}: {e})", "plan") from None
 
@@ -475,6 +477,65 @@ def estimate_switchback(
             int(plan.n_blocks) // 2 if plan.scheme == "paired" else 0, method, dict(terms),
         )  # fmt: skip
     return out
+
+
+# ------------------------------------------------------------------------------------ the verdict
+def judge_switchback(
+    canary_log: pd.DataFrame,
+    plan: SwitchbackPlan,
+    margins: Sequence[Any],
+    *,
+    candidate_version: str | None = None,
+    level: float | None = None,
+) -> tuple[str, list[Any], str, dict[str, SwitchbackEstimate]]:
+    """The verdict of a switchback from its collected log (`edgetwin canary verdict --design
+    switchback`): `estimate_switchback` per guarded KPI (its t interval over the blocks), judged by
+    `edgetwin.loop.ppi.ppi_verdict` against ``margins`` exactly as a group split's estimates are.
+
+    The log is what the sites shipped (`edgetwin canary collect`): rows of the plan's sites with
+    ``site``, ``t`` (the run's tick) or ``tick``, ``policy`` (the registry version that decided),
+    ``arm`` (``candidate`` / ``control`` inside the blocks) and the guarded KPI columns. A judged
+    row served by another arm than the plan's block says the log is not this switchback's
+    (`block_outcomes` refuses it); a row of the candidate arm naming another policy than
+    ``candidate_version`` (default: the one version on that arm) likewise.
+
+    What it is about: the effect on the plan's sites when they switch whole, on the run's own
+    days (the module docstring: not the fleet, not other days).
+
+    Returns:
+        ``(verdict, checks, reason, estimates)``: ``promote`` / ``refuse`` / ``undecided`` (the
+        gate's abstain), the `edgetwin.loop.ppi.PPIEstimate` s, one line per KPI, and the
+        `SwitchbackEstimate` s.
+
+    Raises:
+        InputError: a log that is not this switchback's, or lacks a guarded KPI (``--canary-log``).
+    """
+    from edgetwin.loop.ppi import ppi_verdict
+
+    where = "--canary-log"
+    need = [c for c in ("site", "policy", *(m.kpi for m in margins)) if c not in canary_log.columns]
+    if need:
+        raise InputError(f"the switchback log has no column(s) {need}", where)
+    if "tick" not in canary_log.columns and "t" not in canary_log.columns:
+        raise InputError("the switchback log needs a 't' (or 'tick') column", where)
+    at = canary_log[canary_log["site"].astype(str).isin(plan.sites)]
+    if "arm" in at.columns:
+        served = at.loc[at["arm"].astype(str) == CANDIDATE, "policy"].astype(str)
+        versions = sorted(set(served))
+        want = candidate_version or (versions[0] if len(versions) == 1 else None)
+        if want is None or set(versions) - {want}:
+            raise InputError(f"the candidate arm's rows name policies {versions}"
+                             + (f", not {candidate_version!r}" if candidate_version else "; name one with --candidate-version"),
+                             where)  # fmt: skip
+    kpis = [m.kpi for m in margins]
+    try:
+        est = estimate_switchback(at, plan, kpis, level=level)
+    except InputError as e:
+        raise InputError(e.message, where) from None
+    verdict, checks = ppi_verdict({k: e.terms for k, e in est.items()}, list(margins))
+    reason = "; ".join(f"{c.kpi} {100 * c.change:+.1f}% [{100 * c.interval[0]:+.1f}%, {100 * c.interval[1]:+.1f}%] vs "
+                       f"margin {100 * c.allowed_change:g}% ({c.verdict}; {est[c.kpi].n_blocks} blocks)" for c in checks)  # fmt: skip
+    return ("undecided" if verdict == "abstain" else verdict), checks, reason, est
 
 
 # ------------------------------------------------------------------------------------ the emulated cluster
@@ -841,6 +902,7 @@ __all__ = [
     "draw_assignment",
     "estimate_switchback",
     "is_burn_in",
+    "judge_switchback",
     "plan_switchback",
     "randomization_interval",
     "run_on_cluster",
