@@ -20,12 +20,17 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from conftest import free_port
 from test_edge_switchback import GROUPS, LATE, PLAN, SITE, _run, _served_arm, _start_cli, fleet  # noqa: F401
 
 from edgetwin.edge import decision_wire as W
 from edgetwin.edge.bus import NatsBus, NatsConfig
-from edgetwin.edge.canary_command import CanaryStatus, outcome_envelope, outcome_subject, status_request, status_subject
+from edgetwin.edge.canary_command import (
+    CanaryStatus,
+    outcome_envelope,
+    outcome_subject,
+    status_request,
+    status_subject,
+)
 from edgetwin.edge.message_auth import Keyring, MessageAuth
 from edgetwin.edge.runtime import request_decision
 from edgetwin.edge.signing import Signer, save_public_key
