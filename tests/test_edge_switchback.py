@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -314,6 +315,38 @@ def test_serve_follows_the_blocks_on_every_wire_and_collect_and_verdict_judge_it
 
     est = estimate_switchback(pd.read_parquet(out), PLAN, [LATE])[LATE]
     assert np.allclose(check["interval"], est.interval) and np.isclose(check["change"], est.change)
+    # the policy is promoted on the switchback's evidence (a copy of the registry: the fleet's stays on v1)
+    shutil.copytree(d / "reg", tmp_path / "reg")
+    assert _run("promote", str(d / "v2"), "--registry", str(tmp_path / "reg"), "--twin", str(d / "twin"), "--key",
+                str(d / "key.pem"), "--evidence", str(tmp_path / "evidence.json")) == 0  # fmt: skip
+    promoted = FileRegistry(tmp_path / "reg")
+    assert promoted.current("global") not in (None, "v1")
+    assert promoted.manifest(promoted.current("global")).metadata["evidence"]["verdict"] == "promote"
+
+
+def test_judge_switchback_refuses_a_log_that_is_not_the_switchbacks() -> None:
+    from edgetwin.loop.switchback import judge_switchback
+
+    ticks = np.arange(PLAN.start_tick + PLAN.ticks)
+    arm = np.array([_served_arm(PLAN, int(t)) for t in ticks])
+    rng = np.random.default_rng(0)
+    log = pd.DataFrame({"t": np.repeat(ticks, 3), "site": SITE, "agent": np.tile(["a", "b", "c"], len(ticks)),
+                        "arm": np.repeat(arm, 3), "policy": np.where(np.repeat(arm, 3) == "candidate", "v2", "v1"),
+                        LATE: rng.uniform(1, 2, 3 * len(ticks))})  # fmt: skip
+    margins = [KPIMargin(LATE, max_regression=0.05)]
+    verdict, checks, _reason, est = judge_switchback(log, PLAN, margins)
+    assert verdict in ("promote", "refuse", "undecided") and checks[0].kpi == LATE and est[LATE].n_blocks == 8
+    judged = log.index[(log["t"] == PLAN.start_tick + 1)]  # block 0's first judged tick
+    flipped = log.copy()
+    flipped.loc[judged, "arm"] = np.where(flipped.loc[judged, "arm"] == "candidate", "control", "candidate")
+    with pytest.raises(InputError, match="not this switchback's log") as e:
+        judge_switchback(flipped, PLAN, margins)
+    assert e.value.where == "--canary-log"
+    two = log.copy()
+    two.loc[two.index[two["arm"] == "candidate"][:3], "policy"] = "v9"
+    with pytest.raises(InputError, match="name policies") as e:
+        judge_switchback(two, PLAN, margins)
+    assert e.value.where == "--canary-log"
 
 
 def test_the_guard_stops_a_regressing_switchback_and_the_site_is_back_on_current(
@@ -333,6 +366,45 @@ def test_the_guard_stops_a_regressing_switchback_and_the_site_is_back_on_current
         if t > stop:
             assert seen["policies"][t] == ["v1"] * len(GROUPS)
     assert seen["version"] == "v1"
+
+
+def _synthetic_switchback(seed: int, effect: float, spool: Path, groups: int = 10) -> tuple[str | None, int]:
+    """One switchback of a synthetic site through `Canary` (what a runtime runs per report): 16
+    paired blocks of 3 ticks (1 burned in) after 2 pre-ticks; each group's KPI its own level times a
+    daily swing of ±30 % (a period of 48 ticks), times ``1 + effect`` on the candidate's ticks, plus
+    noise 0.3; the margin 5 %. Returns (stop reason, ticks reported)."""
+    from edgetwin.edge.canary import Canary, CanaryConfig
+
+    d = SwitchbackDesign(("s",), 3, 1, 16, seed=seed, start_tick=2)
+    cfg = CanaryConfig(candidate="v2", slice=CanarySlice(sites=("s",)), hours=16 * 3 * 0.25,
+                       margins=(KPIMargin("kpi.x", max_regression=0.05),), pre_ticks=2, switchback=d,
+                       canary_id=f"c{seed}")  # fmt: skip
+    c = Canary(cfg, "v1", spool, run_id=f"r{seed}")
+    rng = np.random.default_rng(seed)
+    level = rng.uniform(1, 3, groups)
+    for t in range(2 + d.ticks):
+        on = switchback_assignment(d, t) == "candidate"
+        y = level * (1 + 0.3 * np.sin(2 * np.pi * t / 48)) * (1 + (effect if on else 0.0)) + rng.normal(0, 0.3, groups)
+        c.record(pd.DataFrame({"episode": "e", "t": t, "agent": [f"g{i}" for i in range(groups)], "site": "s",
+                               "policy": "v2" if on else "v1", "propensity": np.nan, "kpi.x": y}))  # fmt: skip
+        if not c.active:
+            break
+    return c.stop_reason, c.ticks
+
+
+def test_the_pair_guard_stops_a_clear_regression_before_the_end(tmp_path: Path) -> None:
+    got = [_synthetic_switchback(s, 0.6, tmp_path) for s in range(6)]
+    assert all(r == "guard" and n < 50 for r, n in got), got
+
+
+@pytest.mark.slow
+def test_the_pair_guard_false_stop_rate_at_the_margin_is_within_alpha(tmp_path: Path) -> None:
+    """docs/canary.md's numbers: at the margin (+5 %) 5 of 200 switchbacks stopped (α = 5 %); at
+    +20 % all 200 (the seeds are fixed; a bound, not an equality, so a changed float path passes)."""
+    at_margin = [_synthetic_switchback(s, 0.05, tmp_path)[0] for s in range(200)]
+    assert sum(r == "guard" for r in at_margin) <= 10  # 5 measured; CP95 upper bound 5.7 %
+    regressing = [_synthetic_switchback(s, 0.20, tmp_path)[0] for s in range(200)]
+    assert sum(r == "guard" for r in regressing) >= 190
 
 
 def test_a_changed_switchback_command_is_refused_by_the_site_with_one_line(

@@ -99,9 +99,9 @@ from edgetwin.edge.canary_switchback import (
     CANDIDATE,
     CURRENT,
     SCHEMES,
+    SwitchbackDesign,
     block_index,
     block_of,
-    check_assignment,
     draw_assignment,
     is_burn_in,
     switchback_assignment,
@@ -116,9 +116,13 @@ MAX_ENUMERATED = 4096
 
 
 # ------------------------------------------------------------------------------------ the design
-@dataclass
-class SwitchbackPlan:
+@dataclass(frozen=True)
+class SwitchbackPlan(SwitchbackDesign):
     """A site-level switchback: which sites, how the blocks run, and what it is expected to tell.
+
+    The layout and assignment are its `edgetwin.edge.canary_switchback.SwitchbackDesign` (the
+    schedule the sites follow; checked there); the plan adds the day, the tick and what the twin
+    expects.
 
     Attributes:
         sites: the sites that switch (every agent of them, together).
@@ -141,16 +145,8 @@ class SwitchbackPlan:
         candidate, baseline: names (reported). level: the interval's level.
     """
 
-    sites: tuple[str, ...]
-    block_ticks: int
-    carryover_ticks: int
-    n_blocks: int
-    seed: int = 0
-    scheme: str = "paired"
-    start_tick: int = 0
     episode_ticks: int = 96
     tick_seconds: float = 900.0
-    assignment: tuple[int, ...] = ()
     expected_width: dict[str, float] = field(default_factory=dict)
     twin_change: dict[str, float] = field(default_factory=dict)
     twin_interference: dict[str, float] = field(default_factory=dict)
@@ -161,22 +157,11 @@ class SwitchbackPlan:
     level: float = LEVEL
 
     def __post_init__(self) -> None:
-        self.sites = tuple(str(s) for s in self.sites)
-        if not self.sites:
-            raise InputError("a switchback needs at least one site", "sites")
-        if not (int(self.block_ticks) >= 1 and 0 <= int(self.carryover_ticks) < int(self.block_ticks)):
-            raise InputError(f"need 0 <= carryover_ticks < block_ticks, got {self.carryover_ticks} and "
-                             f"{self.block_ticks}", "block_ticks")  # fmt: skip
-        if int(self.start_tick) < 0 or int(self.episode_ticks) < 1 or not self.tick_seconds > 0:
-            raise InputError("start_tick must be >= 0, episode_ticks >= 1 and tick_seconds > 0", "plan")
+        super().__post_init__()  # the design: sites, blocks, burn-in, start tick, the seed's assignment
+        if int(self.episode_ticks) < 1 or not self.tick_seconds > 0:
+            raise InputError("episode_ticks must be >= 1 and tick_seconds > 0", "plan")
         if not 0.0 < float(self.level) < 1.0:
             raise InputError(f"the level must be in (0, 1), got {self.level}", "--level")
-        self.assignment = check_assignment(int(self.n_blocks), int(self.seed), self.scheme, self.assignment)
-
-    @property
-    def ticks(self) -> int:
-        """Ticks from the first block's start to the last block's end."""
-        return int(self.n_blocks) * int(self.block_ticks)
 
     @property
     def hours(self) -> float:
@@ -204,15 +189,15 @@ class SwitchbackPlan:
         try:
             return cls(
                 tuple(d["sites"]), int(d["block_ticks"]), int(d["carryover_ticks"]), int(d["n_blocks"]),
-                int(d.get("seed", 0)), str(d.get("scheme", "paired")), int(d.get("start_tick", 0)),
-                int(d.get("episode_ticks", 96)), float(d.get("tick_seconds", 900.0)),
-                tuple(int(v) for v in d.get("assignment", ())),
-                {str(k): float(v) for k, v in dict(d.get("expected_width") or {}).items()},
-                {str(k): float(v) for k, v in dict(d.get("twin_change") or {}).items()},
-                {str(k): float(v) for k, v in dict(d.get("twin_interference") or {}).items()},
-                {str(k): float(v) for k, v in dict(d.get("fleet_loss") or {}).items()},
-                float(d.get("site_share", 0.0)), str(d.get("candidate", CANDIDATE)),
-                str(d.get("baseline", CURRENT)), float(d.get("level", LEVEL)),
+                seed=int(d.get("seed", 0)), scheme=str(d.get("scheme", "paired")), start_tick=int(d.get("start_tick", 0)),
+                assignment=tuple(int(v) for v in d.get("assignment", ())),
+                episode_ticks=int(d.get("episode_ticks", 96)), tick_seconds=float(d.get("tick_seconds", 900.0)),
+                expected_width={str(k): float(v) for k, v in dict(d.get("expected_width") or {}).items()},
+                twin_change={str(k): float(v) for k, v in dict(d.get("twin_change") or {}).items()},
+                twin_interference={str(k): float(v) for k, v in dict(d.get("twin_interference") or {}).items()},
+                fleet_loss={str(k): float(v) for k, v in dict(d.get("fleet_loss") or {}).items()},
+                site_share=float(d.get("site_share", 0.0)), candidate=str(d.get("candidate", CANDIDATE)),
+                baseline=str(d.get("baseline", CURRENT)), level=float(d.get("level", LEVEL)),
             )  # fmt: skip
         except InputError:
             raise
