@@ -406,7 +406,7 @@ class Canary:
             self.router = SwitchbackRouter(sb, config.candidate, current)
             wait = max(2, math.ceil(int(config.min_reports) / int(config.batch)))
             self.guard = CanaryGuard(config.margins, alpha=config.alpha, t_star=pairs, batch=1,
-                                     min_reports=min(wait, pairs))  # fmt: skip
+                                     min_reports=min(wait, pairs), unit="pairs of blocks")  # fmt: skip
         # a switchback's blocks: per block, judged ticks seen and the sum of their per-tick KPI means;
         # the last block a tick was seen of; the blocks already fed to the guard
         self._sb_sums: dict[int, np.ndarray] = {}
