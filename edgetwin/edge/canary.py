@@ -3,6 +3,9 @@
 `EdgeRuntime.start_canary(CanaryConfig)` fetches the candidate version from the registry (verified
 like any version), and from then on `EdgeRuntime.decide_for` serves each row by its group's arm
 (`edgetwin.edge.canary_slice`): the candidate on the candidate arm, the current policy elsewhere.
+A site-level switchback (`CanaryConfig.switchback`) serves every group of its sites the arm of the
+block of each decision's tick instead (`edgetwin.edge.canary_switchback`), and its guard judges
+pairs of blocks (`Canary._observe_switchback`).
 Whoever observes the outcomes (the emulated cluster's driver, `edgetwin.loop.fleet`, or
 a site's collector) hands each tick's rows back with `EdgeRuntime.canary_report`; those rows are
 the canary's log: ordinary rows of the log contract, with ``policy`` (the registry version that

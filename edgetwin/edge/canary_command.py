@@ -34,7 +34,9 @@ count of `REFUSALS` in ``/metrics``; the fleet stays on its current policy.
 
 Commands go to every site on one durable subject; a start's ``sites`` (empty: every site that
 receives it) says which runtimes run it, and its slice says which of their groups take part
-(`CanarySlice`). The runtime's durable consumer is named `command_durable_name` (one per site),
+(`CanarySlice`). A start may carry a site-level switchback instead of a group split
+(``switchback``: `edgetwin.edge.canary_switchback.SwitchbackDesign`, signed with the rest and
+checked on receipt: an assignment that is not its seed's draw is refused, ``invalid``). The runtime's durable consumer is named `command_durable_name` (one per site),
 so a site that was down when a command was published gets it when it comes back.
 
 **Outcomes.** The real system reports, per site and per tick, the outcome rows of the groups it
