@@ -445,6 +445,61 @@ def test_a_changed_switchback_command_is_refused_by_the_site_with_one_line(
     assert len(lines) == 1 and "assignment" in lines[0] and "Traceback" not in lines[0]
 
 
+def test_a_runtime_that_died_mid_switchback_resumes_it_on_its_blocks(fleet: dict[str, Any], tmp_path: Path) -> None:
+    """A restarted runtime on the same cache directory resumes a command-started switchback from its
+    spool: the blocks go on by the decision's tick, and the guard has seen each pair once."""
+    from edgetwin.edge.bus import MemoryBroker
+
+    cmd = _start(run="sb-resume", sha256=fleet["reg"].manifest("v2").sha256)
+    broker = MemoryBroker()
+    obs = np.column_stack([np.linspace(1, 5, len(GROUPS)), np.zeros(len(GROUPS))])
+    ticks = PLAN.start_tick + PLAN.ticks
+    served: dict[int, list[str]] = {}
+
+    def runtime(bus: InMemoryBus) -> EdgeRuntime:
+        return EdgeRuntime(SITE, fleet["reg"], TrustStore([fleet["signer"].public_key]), bus=bus, kpi_guard=None,
+                           poll_interval=60, cache_dir=tmp_path / "cache")  # fmt: skip
+
+    async def ticks_from(rt: EdgeRuntime, system: InMemoryBus, first: int, last: int) -> None:
+        c = rt.canary
+        assert c is not None
+        for t in range(first, last):
+            served[t] = list(rt.decide_for(obs, GROUPS, t=t).arm)
+            rows = pd.DataFrame({"agent": GROUPS, LATE: 1.0 + 0.01 * t})
+            await system.publish_durable(outcome_subject(SITE), outcome_envelope(SITE, t, rows, "system"))
+            for _ in range(500):
+                if c.ticks >= t + 1:
+                    break
+                await asyncio.sleep(0.005)
+
+    async def first() -> None:
+        bus = InMemoryBus(broker, name="rt")
+        async with bus, InMemoryBus(broker, name="op") as op, runtime(bus) as rt:
+            await op.publish_durable(command_subject(), sign_start(cmd, fleet["signer"]))
+            for _ in range(400):
+                if rt.canary is not None:
+                    break
+                await asyncio.sleep(0.01)
+            await ticks_from(rt, op, 0, 11)
+
+    async def second() -> dict[str, Any]:
+        bus = InMemoryBus(broker, name="rt2")
+        async with bus, InMemoryBus(broker, name="op2") as op, runtime(bus) as rt:
+            c = rt.canary
+            assert c is not None and c.active and c.ticks == 11 and rt.stats.canary_accepted == 0
+            await ticks_from(rt, op, 11, ticks)
+            return {"reason": c.stop_reason, "obs": c.guard.intervals()[LATE]["observations"],
+                    "log": read_spool(c.dir)}  # fmt: skip
+
+    asyncio.run(first())
+    (tmp_path / "cache" / "canary" / "sb-resume" / "stopped.json").unlink()  # a crash leaves no end mark
+    got = asyncio.run(second())
+    assert got["reason"] == "completed" and got["obs"] == PLAN.n_blocks // 2  # each pair once
+    for t in range(ticks):
+        assert served[t] == [_served_arm(PLAN, t)] * len(GROUPS), t
+    assert sorted(got["log"]["t"].unique().tolist()) == list(range(ticks))
+
+
 @pytest.mark.parametrize("case", ["design", "missing", "changed", "site", "stray"])
 def test_bad_switchback_flags_are_one_line_exit_2(fleet: dict[str, Any], tmp_path: Path, case: str,
                                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
