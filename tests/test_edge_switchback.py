@@ -24,9 +24,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import torch
+from test_cli_canary_commands import _run
 from test_cli_canary_verdict import warehouse_day, warehouse_spec
 
-from edgetwin.cli import main
 from edgetwin.contract.errors import InputError
 from edgetwin.edge import decision_wire as W
 from edgetwin.edge.bus import InMemoryBus, RawMessage, make_bus
@@ -61,14 +61,6 @@ LATE = "kpi.late"
 #: 2 pre-ticks, then 8 blocks of 3 ticks (1 burned in): 26 ticks
 PLAN = SwitchbackPlan(sites=(SITE,), block_ticks=3, carryover_ticks=1, n_blocks=8, seed=5, start_tick=2,
                       episode_ticks=26, tick_seconds=900.0)  # fmt: skip
-
-
-def _run(*args: str) -> int:
-    try:
-        main(list(args))
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
 
 
 def _served_arm(plan: Any, t: int) -> str:
