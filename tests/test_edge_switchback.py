@@ -372,7 +372,7 @@ def _synthetic_switchback(seed: int, effect: float, spool: Path, groups: int = 1
     cfg = CanaryConfig(candidate="v2", slice=CanarySlice(sites=("s",)), hours=16 * 3 * 0.25,
                        margins=(KPIMargin("kpi.x", max_regression=0.05),), pre_ticks=2, switchback=d,
                        canary_id=f"c{seed}")  # fmt: skip
-    c = Canary(cfg, "v1", spool, run_id=f"r{seed}")
+    c = Canary(cfg, "v1", spool / f"effect-{effect:g}", run_id=f"r{seed}")  # a run of its own (not resumed)
     rng = np.random.default_rng(seed)
     level = rng.uniform(1, 3, groups)
     for t in range(2 + d.ticks):
