@@ -36,6 +36,41 @@ def resolve_baseline(ref: str, twin: Any, registry: str | None, scope: str, tmp:
     return resolve_policy(d, twin, name=f"current-{version}")
 
 
+DesignOpt = Annotated[str, typer.Option(
+    "--design", help="plan (the plan's group split) or switchback (the site-level switchback `canary plan "
+    "--switchback-site --out` wrote beside the plan, or --switchback-plan).")]
+SwitchbackPlanOpt = Annotated[Path | None, typer.Option(
+    "--switchback-plan", help="With --design switchback: the switchback plan (default: the plan's *.switchback.json).")]
+
+
+def load_switchback(design: str, plan_path: Path, switchback_plan: Path | None) -> Any:
+    """The `SwitchbackPlan` a ``--design switchback`` command runs or judges (None for ``--design plan``);
+    one line naming the flag on a bad design, a missing or changed switchback plan."""
+    from edgetwin.loop.switchback import SwitchbackPlan
+
+    if design not in ("plan", "switchback"):
+        raise InputError(f"unknown design {design!r}; expected plan or switchback", "--design")
+    if design == "plan":
+        if switchback_plan is not None:
+            raise InputError("a switchback plan needs --design switchback", "--switchback-plan")
+        return None
+    path = switchback_plan or plan_path.with_suffix(".switchback.json")
+    flag = f"--switchback-plan {path}"
+    if not path.is_file():
+        raise InputError("switchback plan not found (write it with `edgetwin canary plan --switchback-site SITE --out PLAN`)",
+                         flag)  # fmt: skip
+    try:
+        doc = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"not JSON ({e})", flag) from None
+    if not isinstance(doc, dict):
+        raise InputError("not a switchback plan (a JSON object)", flag)
+    try:
+        return SwitchbackPlan.from_dict(doc)
+    except InputError as e:
+        raise InputError(e.message, flag) from None
+
+
 @canary_app.command("plan")
 def canary_plan_cmd(
     twin_dir: Annotated[Path, typer.Argument(help="Twin directory (from `edgetwin fit`).")],
@@ -148,13 +183,20 @@ def canary_verdict_cmd(
     ] = None,
     pre_ticks: Annotated[int, typer.Option("--pre-ticks", min=0, help="Ticks on the current policy before the candidate started.")] = 4,
     evidence_out: Annotated[Path | None, typer.Option("--out", help="Write the verdict as evidence for `edgetwin promote --evidence`.")] = None,
+    design: DesignOpt = "plan",
+    switchback_plan: SwitchbackPlanOpt = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Judge a collected canary: the prediction-powered estimate of the fleet-wide change of every
     guarded KPI of the plan, its interval and level, against its margin. Exit 0 promote, 1 refuse,
     3 undecided (an interval straddles its margin); 2 on bad input. Works on any system's logs that
-    follow the log contract (`policy` = the registry version that served each row)."""
+    follow the log contract (`policy` = the registry version that served each row).
+
+    With --design switchback: the switchback's estimate over its blocks (Horvitz-Thompson, burn-in
+    dropped, Neyman's conservative variance on a t reference: `edgetwin.loop.switchback`) of the
+    change on its sites, judged against the plan's margins by the same rule; the twin and the fleet
+    log are what the plan was made from (recorded in the evidence), not terms of the estimate."""
     from edgetwin.cli.policy import _whatif_inputs
     from edgetwin.loop.evidence import Evidence, artifact_digest, file_digest, infer_versions, judge_canary
     from edgetwin.loop.plan import CanaryPlan
@@ -163,16 +205,28 @@ def canary_verdict_cmd(
     from edgetwin.twin.twin import load_log
 
     plan = CanaryPlan.load(plan_path)
+    switchback = load_switchback(design, plan_path, switchback_plan)
     for p, flag in ((canary_log, "--canary-log"), (fleet_log, "--fleet-log")):
         if not p.exists():
             raise InputError("log not found", f"{flag} {p}")
     twin, _s, _k, fleet = _whatif_inputs(twin_dir, None, None, fleet_log, None)
     canary, _ = load_log(canary_log, twin.spec)
-    version, current_version = infer_versions(canary, fleet, candidate_version)
-    cand = resolve_policy(candidate, twin, name=f"candidate-{version}")
-    base = resolve_policy(current, twin, name=f"current-{current_version or 'current'}")
-    verdict, checks, reason = judge_canary(twin, fleet, canary, plan, cand, base, candidate_version=version,
-                                           pre_ticks=pre_ticks, seed=seed)  # fmt: skip
+    if switchback is not None:
+        from edgetwin.loop.switchback import judge_switchback
+
+        # validated above against the twin's spec; judged on the log as collected, whose switchback
+        # columns (arm, tick, block, arm_probability) the spec does not name
+        canary = _read_table(canary_log)
+        verdict, checks, reason, _est = judge_switchback(canary, switchback, list(plan.margins),
+                                                         candidate_version=candidate_version)  # fmt: skip
+        version, current_version = _switchback_versions(canary, switchback)
+        version = candidate_version or version
+    else:
+        version, current_version = infer_versions(canary, fleet, candidate_version)
+        cand = resolve_policy(candidate, twin, name=f"candidate-{version}")
+        base = resolve_policy(current, twin, name=f"current-{current_version or 'current'}")
+        verdict, checks, reason = judge_canary(twin, fleet, canary, plan, cand, base, candidate_version=version,
+                                               pre_ticks=pre_ticks, seed=seed)  # fmt: skip
     ev = Evidence(
         verdict, reason, [c.to_dict() for c in checks], LEVEL, version, current_version,
         artifact_digest(candidate, "policy") if Path(candidate).is_dir() else None,
@@ -183,12 +237,40 @@ def canary_verdict_cmd(
         ev.save(evidence_out)
     if as_json:
         emit_json(ev.to_dict())
+    elif switchback is not None:
+        out.print(f"switchback verdict: {verdict.upper()} ({100 * LEVEL:g} % intervals of the change on site(s) "
+                  f"{', '.join(switchback.sites)} when they switch whole, over {switchback.n_blocks} blocks)")  # fmt: skip
+        for c in checks:
+            out.print(f"  {c.kpi}: {100 * c.change:+.2f}% [{100 * c.interval[0]:+.2f}%, {100 * c.interval[1]:+.2f}%] "
+                      f"vs margin {100 * c.allowed_change:g}% -> {c.verdict}")  # fmt: skip
     else:
         out.print(f"canary verdict: {verdict.upper()} ({100 * LEVEL:g} % intervals of the fleet-wide change)")
         for c in checks:
             out.print(f"  {c.kpi}: {100 * c.change:+.2f}% [{100 * c.interval[0]:+.2f}%, {100 * c.interval[1]:+.2f}%] "
                       f"vs margin {100 * c.allowed_change:g}% -> {c.verdict}")  # fmt: skip
     raise typer.Exit({"promote": 0, "refuse": 1, "undecided": 3}[verdict])
+
+
+def _read_table(path: Path) -> Any:
+    """A log file as a DataFrame, every column kept (Parquet, else CSV)."""
+    import pandas as pd
+
+    try:
+        return pd.read_parquet(path) if path.suffix != ".csv" else pd.read_csv(path)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read the log ({type(e).__name__}: {e})", f"--canary-log {path}") from None
+
+
+def _switchback_versions(canary: Any, switchback: Any) -> tuple[str, str | None]:
+    """The registry versions on the switchback's candidate and control arms of its log."""
+    at = canary[canary["site"].astype(str).isin(switchback.sites)] if "site" in canary.columns else canary
+    if "arm" not in at.columns or "policy" not in at.columns:
+        raise InputError("a switchback log names each row's arm and policy (columns 'arm', 'policy')", "--canary-log")
+    on = sorted(set(at.loc[at["arm"].astype(str) == "candidate", "policy"].astype(str)))
+    off = sorted(set(at.loc[at["arm"].astype(str) != "candidate", "policy"].astype(str)) - set(on))
+    if not on:
+        raise InputError("no row of the switchback's sites was served by the candidate arm", "--canary-log")
+    return on[0], (off[0] if len(off) == 1 else None)
 
 
 BusOpt = Annotated[str, typer.Option("--bus", help="The fleet's bus: nats://host:port (memory://NAME in one process).")]
@@ -232,12 +314,20 @@ def canary_start_cmd(
     alpha: Annotated[float, typer.Option("--alpha", help="The guard's error level (a candidate within its margins is stopped with at most this chance).")] = 0.05,
     tick_seconds: Annotated[float, typer.Option("--tick-seconds", help="Length of one reported tick, seconds.")] = 900.0,
     sites: SitesOpt = None,
+    design: DesignOpt = "plan",
+    switchback_plan: SwitchbackPlanOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Publish a signed canary start on the fleet's durable command subject: the candidate's
     registry version and digest, the plan's slice, hours, margins and loss budget, α, pre-ticks and
     the run id. Running `edgetwin serve` sites accept it only from a key in their --trust directory
-    and for a version their registry holds. Exit 2 on a bad plan, key or candidate: nothing is sent."""
+    and for a version their registry holds. Exit 2 on a bad plan, key or candidate: nothing is sent.
+
+    With --design switchback the command carries the switchback plan's design instead of the group
+    split (its sites, blocks, burn-in, seed and assignment; its start tick is the pre-period and its
+    tick length the tick, so --pre-ticks and --tick-seconds are not used): each site named serves
+    every one of its groups the candidate in the candidate's blocks and the current policy in the
+    others, by the block of each decision's tick; --site, when given, must be among its sites."""
     from edgetwin.edge.registry import open_registry
     from edgetwin.edge.signing import Signer
     from edgetwin.loop.commands import candidate_version, new_run_id, publish_start, start_from_plan
@@ -246,6 +336,10 @@ def canary_start_cmd(
     if not (0.0 < alpha < 1.0):
         raise InputError(f"expected 0 < alpha < 1, got {alpha}", "--alpha")
     plan = CanaryPlan.load(plan_path)
+    switchback = load_switchback(design, plan_path, switchback_plan)
+    if switchback is not None and sites and set(sites) - set(switchback.sites):
+        raise InputError(f"site(s) {sorted(set(sites) - set(switchback.sites))} are not the switchback's "
+                         f"{list(switchback.sites)}", "--site")  # fmt: skip
     signer = Signer.from_pem(key)
     run_id = run or new_run_id()
     with open_registry(registry) as reg:
@@ -254,12 +348,20 @@ def canary_start_cmd(
     if cur and cur == version:
         raise InputError(f"the candidate {version!r} is the current version already", "--candidate")
     cmd = start_from_plan(plan, candidate=version, sha256=sha, run=run_id, current=cur, pre_ticks=pre_ticks,
-                          alpha=alpha, tick_seconds=tick_seconds, sites=sites or ())  # fmt: skip
+                          alpha=alpha, tick_seconds=tick_seconds, sites=sites or (), switchback=switchback)  # fmt: skip
     seq = _on_bus(bus, lambda b: publish_start(b, cmd, signer))
     doc = {"run": run_id, "candidate": version, "sha256": sha, "current": cur, "stream_seq": seq,
-           "sites": list(cmd.sites), "hours": cmd.hours, "pre_ticks": cmd.pre_ticks}  # fmt: skip
+           "sites": list(cmd.sites), "hours": cmd.hours, "pre_ticks": cmd.pre_ticks,
+           "design": "switchback" if cmd.switchback is not None else "plan"}  # fmt: skip
+    if cmd.switchback is not None:
+        doc["switchback"] = cmd.switchback.to_dict()
     if as_json:
         emit_json(doc)
+    elif cmd.switchback is not None:
+        sb = cmd.switchback
+        out.print(f"switchback {run_id} started: {version} on site(s) {', '.join(sb.sites)} in {sb.n_blocks // 2} of "
+                  f"{sb.n_blocks} blocks of {sb.block_ticks} ticks ({sb.carryover_ticks} burned in each) after "
+                  f"{sb.start_tick} pre-ticks, {cur or 'as served'} in the others")  # fmt: skip
     else:
         out.print(f"canary {run_id} started: {version} on {len(plan.slice.agents) or 'the'} groups' slice for "
                   f"{cmd.hours:g} h after {cmd.pre_ticks} pre-ticks (current {cur or 'as served'})")  # fmt: skip

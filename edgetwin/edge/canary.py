@@ -3,6 +3,9 @@
 `EdgeRuntime.start_canary(CanaryConfig)` fetches the candidate version from the registry (verified
 like any version), and from then on `EdgeRuntime.decide_for` serves each row by its group's arm
 (`edgetwin.edge.canary_slice`): the candidate on the candidate arm, the current policy elsewhere.
+A site-level switchback (`CanaryConfig.switchback`) serves every group of its sites the arm of the
+block of each decision's tick instead (`edgetwin.edge.canary_switchback`), and its guard judges
+pairs of blocks (`Canary._observe_switchback`).
 Whoever observes the outcomes (the emulated cluster's driver, `edgetwin.loop.fleet`, or
 a site's collector) hands each tick's rows back with `EdgeRuntime.canary_report`; those rows are
 the canary's log: ordinary rows of the log contract, with ``policy`` (the registry version that
@@ -50,6 +53,7 @@ from edgetwin.contract.errors import InputError
 from edgetwin.edge.bus import Received, Subjects
 from edgetwin.edge.canary_guard import CanaryGuard, GuardStop, cuped_slope
 from edgetwin.edge.canary_slice import CanarySlice, SliceRouter
+from edgetwin.edge.canary_switchback import SwitchbackDesign, SwitchbackRouter, block_index
 from edgetwin.edge.kpi_watch import KPIMargin
 from edgetwin.edge.messages import Envelope, KindSchema, register_kind
 from edgetwin.edge.parquet_bounds import read_parquet_bounded
@@ -120,6 +124,11 @@ class CanaryConfig:
             mean by ~0.05), so without it the guard's composition term swamps any effect. The
             canary runs ``pre_ticks`` + its hours' ticks. 0: no baseline (every group judged).
         canary_id: a name for logs and the bus (default: a hash of everything above).
+        switchback: a site-level switchback (`edgetwin.edge.canary_switchback.SwitchbackDesign`)
+            instead of a group split: every group of its sites on one arm at a time, by the block
+            of the decision's tick. Its slice is its sites (``slice.sites``), its ``pre_ticks`` its
+            ``start_tick``, its hours its blocks' ticks; no loss budget (`Canary` says how its
+            guard judges). None: the slice's groups split into two arms.
     """
 
     candidate: str
@@ -135,6 +144,7 @@ class CanaryConfig:
     max_loss: tuple[tuple[str, float], ...] = ()
     fleet_groups: int = 0
     loss_levels: tuple[tuple[str, float], ...] = ()
+    switchback: SwitchbackDesign | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "margins", tuple(self.margins))
@@ -163,15 +173,37 @@ class CanaryConfig:
                                  where="canary")  # fmt: skip
         if self.max_loss and int(self.fleet_groups) < 1:
             raise InputError("a loss budget needs the fleet's size (fleet_groups >= 1)", where="canary")
+        if self.switchback is not None:
+            self._check_switchback(self.switchback)
         if not self.canary_id:
             order: dict[str, Any] = {"candidate": self.candidate, "slice": self.slice.to_dict(), "hours": self.hours,
                                      "margins": [dataclasses.asdict(m) for m in self.margins], "alpha": self.alpha}
             if self.max_loss:  # only then: an order without a budget keeps the id it always had
                 order.update(max_loss=list(self.max_loss), fleet_groups=int(self.fleet_groups),
                              loss_levels=list(self.loss_levels))  # fmt: skip
+            if self.switchback is not None:
+                order["switchback"] = self.switchback.to_dict()
             doc = json.dumps(order, sort_keys=True)
             object.__setattr__(self, "canary_id", "c" + hashlib.sha256(doc.encode()).hexdigest()[:12])
         Subjects.decision(self.canary_id)  # a subject token: it names the bus messages
+
+    def _check_switchback(self, sb: SwitchbackDesign) -> None:
+        """A switchback's slice, pre-period and hours are its design's (one line otherwise)."""
+        if not isinstance(sb, SwitchbackDesign):
+            raise InputError("switchback must be a SwitchbackDesign", where="canary switchback")
+        sl = self.slice
+        if sl.agents or sl.scenarios or set(sl.sites) != set(sb.sites):
+            raise InputError(f"a switchback's slice is its sites {list(sb.sites)}, got {sl.to_dict()}",
+                             where="canary switchback")  # fmt: skip
+        if int(self.pre_ticks) != int(sb.start_tick):
+            raise InputError(f"a switchback's pre_ticks are its start_tick ({sb.start_tick}), got {self.pre_ticks}",
+                             where="canary switchback")  # fmt: skip
+        if self.ticks != sb.ticks:
+            raise InputError(f"{self.hours:g} h of {self.tick_seconds:g} s ticks is {self.ticks} ticks, the switchback's "
+                             f"{sb.n_blocks} blocks of {sb.block_ticks} ticks are {sb.ticks}", where="canary switchback")  # fmt: skip
+        if self.max_loss:
+            raise InputError("a switchback carries no loss budget (its guard stops it; the plan checked its worst "
+                             "case)", where="canary switchback")  # fmt: skip
 
     @property
     def ticks(self) -> int:
@@ -363,11 +395,26 @@ class Canary:
     def __init__(self, config: CanaryConfig, current: str, spool_dir: Path, run_id: str | None = None) -> None:
         self.config = config
         self.current = current
-        self.router = SliceRouter(config.slice, config.candidate, current)
-        self.guard = CanaryGuard(
-            config.margins, alpha=config.alpha, t_star=config.ticks, batch=config.batch,
-            min_reports=config.min_reports,
-        )  # fmt: skip
+        sb = config.switchback
+        self.router: SliceRouter | SwitchbackRouter
+        if sb is None:
+            self.router = SliceRouter(config.slice, config.candidate, current)
+            self.guard = CanaryGuard(
+                config.margins, alpha=config.alpha, t_star=config.ticks, batch=config.batch,
+                min_reports=config.min_reports,
+            )  # fmt: skip
+        else:  # one observation per pair of blocks (`_observe_switchback`); as many observations
+            # before it may stop as a split's guard waits for (min_reports ticks in batches of batch)
+            pairs = int(sb.n_blocks) // 2
+            self.router = SwitchbackRouter(sb, config.candidate, current)
+            wait = max(2, math.ceil(int(config.min_reports) / int(config.batch)))
+            self.guard = CanaryGuard(config.margins, alpha=config.alpha, t_star=pairs, batch=1,
+                                     min_reports=min(wait, pairs), unit="pairs of blocks")  # fmt: skip
+        # a switchback's blocks: per block, judged ticks seen and the sum of their per-tick KPI means;
+        # the last block a tick was seen of; the blocks already fed to the guard
+        self._sb_sums: dict[int, np.ndarray] = {}
+        self._sb_last = -1
+        self._sb_fed: set[int] = set()
         # One run of a canary: the same order run twice is two runs (two spools, and bus message
         # ids that JetStream's de-duplication does not confuse).
         self.run_id = run_id or f"{config.canary_id}-{uuid.uuid4().hex[:8]}"
@@ -443,6 +490,8 @@ class Canary:
 
     def _observe(self, rows: pd.DataFrame) -> GuardStop | None:
         """Feed one spooled tick to the guard, the loss budget and the arms' bookkeeping."""
+        if self.config.switchback is not None:
+            return self._observe_switchback(rows)
         if "t" in rows.columns:
             self.ticks_seen.update(int(v) for v in pd.unique(rows["t"]))
         scen = rows["scenario"].astype(str).tolist() if "scenario" in rows.columns else None
@@ -474,6 +523,88 @@ class Canary:
                 self.stop("budget")
             elif self.ticks >= self.config.total_ticks:
                 self.stop("completed")
+        return stop
+
+    def _observe_switchback(self, rows: pd.DataFrame) -> GuardStop | None:
+        """Feed one spooled tick of a switchback: its judged rows (of its sites, in a block, past
+        the block's burn-in) make the tick's mean of each guarded KPI, a block's mean is the mean
+        of its judged ticks, and each pair of blocks with one on each arm, once both are over,
+        is ONE observation of the guard (candidate block's mean vs the current block's).
+
+        Why pairs of blocks and not ticks: within a block every tick is on the same arm, so no tick
+        has both arms to compare; a pair is the switchback's unit of randomization (under the
+        ``paired`` scheme a coin said which of its two blocks gets the candidate, so the
+        difference of its blocks is unbiased for the pair's effect and cancels the slow trend of
+        the day; under ``complete`` the k-th candidate block is paired with the k-th current
+        block in time order). The guard's always-valid sequence is then over pairs (``t_star`` =
+        the pairs, ``batch`` 1, no composition term: the same groups are on both arms; it may stop
+        after ``ceil(min_reports / batch)`` pairs, at least 2, as many observations as a split's
+        guard waits for), so a regression stops the whole site at the end of the first pair that
+        makes it certain.
+        A block is over once its judged ticks are all seen or a tick of a later block arrives."""
+        sb = self.config.switchback
+        assert sb is not None and isinstance(self.router, SwitchbackRouter)
+        kpis = [m.kpi for m in self.config.margins]
+        ticks = rows["t"].to_numpy(np.int64) if "t" in rows.columns else np.full(len(rows), self.ticks - 1)
+        if len(ticks):
+            self.ticks_seen.update(int(v) for v in np.unique(ticks))
+            self.router.tick = int(ticks.max())
+        sites = rows["site"].astype(str).tolist()
+        block, judged = block_index(sb, ticks)
+        arms = np.where(block >= 0, self.router.arms(rows["agent"].astype(str).tolist(), sites, None, t=ticks), "fleet")
+        agents = rows["agent"].astype(str)
+        for a in ("candidate", "control", "fleet"):
+            self._arm_groups[a].update(agents[arms == a])
+        sel = judged & self.router.in_sites(sites)
+        if sel.any():
+            per_tick = rows.loc[sel, kpis].astype(np.float64).groupby(ticks[sel]).mean()
+            for tick, means in per_tick.iterrows():
+                b = int(block_index(sb, np.array([int(tick)]))[0][0])
+                acc = self._sb_sums.setdefault(b, np.zeros(len(kpis) + 1))
+                acc[0] += 1
+                acc[1:] += means.to_numpy(np.float64)
+        if (block >= 0).any():
+            self._sb_last = max(self._sb_last, int(block.max()))
+        stop = None
+        if self.active:
+            stop = self._feed_pairs(kpis, final=self.ticks >= self.config.total_ticks)
+            if stop is not None:
+                self.guard_stop = stop
+                self.stop("guard")
+            elif self.ticks >= self.config.total_ticks:
+                self.stop("completed")
+        return stop
+
+    def _feed_pairs(self, kpis: list[str], final: bool) -> GuardStop | None:
+        """Feed the guard every pair of blocks that is over and not fed yet (`_observe_switchback`)."""
+        sb = self.config.switchback
+        assert sb is not None
+        need = sb.judged_ticks_per_block
+
+        def over(b: int) -> bool:
+            acc = self._sb_sums.get(b)
+            return final or self._sb_last > b or (acc is not None and acc[0] >= need)
+
+        done = [b for b in range(int(sb.n_blocks)) if over(b) and b not in self._sb_fed]
+        if sb.scheme == "paired":
+            pairs = [(b, b + 1) for b in done if b % 2 == 0 and b + 1 in done]
+        else:  # the k-th candidate block with the k-th current block, in time order
+            fed_c = sum(1 for b in self._sb_fed if sb.assignment[b] == 1)
+            fed_b = len(self._sb_fed) - fed_c
+            on_c = [b for b in range(int(sb.n_blocks)) if sb.assignment[b] == 1 and (over(b) or b in self._sb_fed)]
+            on_b = [b for b in range(int(sb.n_blocks)) if sb.assignment[b] == 0 and (over(b) or b in self._sb_fed)]
+            k0 = min(fed_c, fed_b)
+            pairs = list(zip(on_c[k0:], on_b[k0:], strict=False))
+        stop = None
+        for a, b in pairs:
+            self._sb_fed.update((a, b))
+            on, off = (a, b) if sb.assignment[a] == 1 else (b, a)
+            acc_on, acc_off = self._sb_sums.get(on), self._sb_sums.get(off)
+            if acc_on is None or acc_off is None or acc_on[0] < 1 or acc_off[0] < 1:
+                continue  # a block with no judged tick reported: nothing to compare
+            cand = {k: float(acc_on[1 + j] / acc_on[0]) for j, k in enumerate(kpis)}
+            ctrl = {k: float(acc_off[1 + j] / acc_off[0]) for j, k in enumerate(kpis)}
+            stop = self.guard.observe(cand, ctrl, None) or stop
         return stop
 
     def loss_so_far(self) -> dict[str, float]:

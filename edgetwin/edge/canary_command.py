@@ -34,7 +34,9 @@ count of `REFUSALS` in ``/metrics``; the fleet stays on its current policy.
 
 Commands go to every site on one durable subject; a start's ``sites`` (empty: every site that
 receives it) says which runtimes run it, and its slice says which of their groups take part
-(`CanarySlice`). The runtime's durable consumer is named `command_durable_name` (one per site),
+(`CanarySlice`). A start may carry a site-level switchback instead of a group split
+(``switchback``: `edgetwin.edge.canary_switchback.SwitchbackDesign`, signed with the rest and
+checked on receipt: an assignment that is not its seed's draw is refused, ``invalid``). The runtime's durable consumer is named `command_durable_name` (one per site),
 so a site that was down when a command was published gets it when it comes back.
 
 **Outcomes.** The real system reports, per site and per tick, the outcome rows of the groups it
@@ -66,6 +68,7 @@ from edgetwin.contract.errors import InputError
 from edgetwin.edge.bus import Subjects
 from edgetwin.edge.canary import STOP_REASONS, CanaryConfig, canary_log_subject
 from edgetwin.edge.canary_slice import CanarySlice
+from edgetwin.edge.canary_switchback import SwitchbackDesign
 from edgetwin.edge.kpi_watch import KPIMargin
 from edgetwin.edge.messages import NUMBER, Envelope, KindSchema, register_kind
 from edgetwin.edge.parquet_bounds import read_parquet_bounded
@@ -191,8 +194,15 @@ class CanaryStart:
         max_loss: ``(kpi, fraction)`` loss budget; fleet_groups and loss_levels its scale
             (`CanaryConfig`).
         batch, min_reports: the guard's (`CanaryGuard`).
-        sites: the runtimes that run it (empty: every site that receives it).
+        sites: the runtimes that run it (empty: every site that receives it; a switchback's sites
+            by default).
         issued: unix seconds when it was signed.
+        switchback: a site-level switchback (`SwitchbackDesign`: sites, block length, burn-in, seed,
+            scheme, the assignment) in place of the slice's group split; the payload's
+            ``switchback`` object, covered by the signature like every field, and checked on receipt
+            (an assignment that is not its seed's draw is refused, ``invalid``). Its ``slice`` is
+            its sites, its ``pre_ticks`` its ``start_tick``, its hours its blocks
+            (`edgetwin.edge.canary.CanaryConfig`).
     """
 
     run: str
@@ -212,6 +222,7 @@ class CanaryStart:
     min_reports: int = 8
     sites: tuple[str, ...] = ()
     issued: float = dataclasses.field(default_factory=time.time)
+    switchback: SwitchbackDesign | None = None
 
     def __post_init__(self) -> None:
         Subjects._tok(self.run, "canary run id")
@@ -223,6 +234,14 @@ class CanaryStart:
         object.__setattr__(self, "sites", tuple(str(s) for s in self.sites))
         for s in self.sites:
             Subjects._tok(s, "canary start: sites")
+        if self.switchback is not None:
+            for s in self.switchback.sites:
+                Subjects._tok(s, "canary start: switchback sites")
+            if not self.sites:
+                object.__setattr__(self, "sites", tuple(self.switchback.sites))
+            elif set(self.sites) - set(self.switchback.sites):
+                raise InputError(f"sites {sorted(set(self.sites) - set(self.switchback.sites))} are not the "
+                                 f"switchback's {list(self.switchback.sites)}", where="canary start")  # fmt: skip
         self.config()  # every CanaryConfig check, at the sender
 
     def config(self) -> CanaryConfig:
@@ -232,12 +251,19 @@ class CanaryStart:
             alpha=float(self.alpha), tick_seconds=float(self.tick_seconds), batch=int(self.batch),
             min_reports=int(self.min_reports), pre_ticks=int(self.pre_ticks), canary_id=self.run,
             max_loss=self.max_loss, fleet_groups=int(self.fleet_groups), loss_levels=self.loss_levels,
+            switchback=self.switchback,
         )  # fmt: skip
 
     def for_site(self, site: str) -> bool:
         return not self.sites or site in self.sites
 
     def to_payload(self) -> dict[str, Any]:
+        p = self._payload()
+        if self.switchback is not None:  # only then: a split's payload (and signature) is what it always was
+            p["switchback"] = self.switchback.to_dict()
+        return p
+
+    def _payload(self) -> dict[str, Any]:
         return {
             "run": self.run, "candidate": self.candidate, "sha256": self.sha256, "current": self.current,
             "slice": self.slice.to_dict(), "hours": float(self.hours), "margins": [_margin_dict(m) for m in self.margins],
@@ -259,6 +285,7 @@ class CanaryStart:
                                      higher_is_better=bool(m.get("higher_is_better", False))))  # fmt: skip
         if not isinstance(p["slice"], dict):
             raise InputError("slice must be an object", where="slice")
+        sb = SwitchbackDesign.from_dict(p["switchback"]) if p.get("switchback") is not None else None
         return cls(
             run=str(p["run"]), candidate=str(p["candidate"]), sha256=str(p["sha256"]), current=str(p.get("current", "")),
             slice=CanarySlice.from_dict(p["slice"]), hours=float(p["hours"]), margins=tuple(margins),
@@ -268,6 +295,7 @@ class CanaryStart:
             loss_levels=tuple(sorted((str(k), float(v)) for k, v in dict(p.get("loss_levels", {})).items())),
             tick_seconds=float(p.get("tick_seconds", 900.0)), batch=int(p.get("batch", 4)),
             min_reports=int(p.get("min_reports", 8)), sites=tuple(p.get("sites", ())), issued=float(p["issued"]),
+            switchback=sb,
         )  # fmt: skip
 
 
@@ -307,7 +335,8 @@ register_kind(KIND_START, KindSchema(
     required={"run": str, "candidate": str, "sha256": str, "slice": dict, "hours": NUMBER, "margins": list,
               "issued": NUMBER},
     optional={"current": str, "alpha": NUMBER, "pre_ticks": int, "max_loss": dict, "fleet_groups": int,
-              "loss_levels": dict, "tick_seconds": NUMBER, "batch": int, "min_reports": int, "sites": list, **_SIG},
+              "loss_levels": dict, "tick_seconds": NUMBER, "batch": int, "min_reports": int, "sites": list,
+              "switchback": dict, **_SIG},
 ))  # fmt: skip
 register_kind(KIND_STOP, KindSchema(required={"run": str, "issued": NUMBER},
                                     optional={"reason": str, "sites": list, **_SIG}))  # fmt: skip

@@ -188,12 +188,13 @@ class GuardStop:
     control: float
     margin: str
     alpha: float
+    unit: str = "ticks"
 
     def reason(self) -> str:
         return (
             f"{self.kpi} regressed beyond its margin {self.margin}: candidate {self.candidate:.4g} vs control "
             f"{self.control:.4g}, excess worsening {self.estimate:.4g} in [{self.lower:.4g}, {self.upper:.4g}] "
-            f"(always-valid one-sided bound at error {100 * self.alpha:g}%, {self.reports} ticks)"
+            f"(always-valid one-sided bound at error {100 * self.alpha:g}%, {self.reports} {self.unit})"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -211,6 +212,8 @@ class CanaryGuard:
         batch: consecutive ticks averaged into one observation of the sequence (see the module
             docstring: autocorrelation).
         min_reports: ticks before the guard may stop (the variance estimate needs some).
+        unit: what one report is, as a stop's reason names it (``ticks``; a switchback's guard is
+            fed ``pairs of blocks``, `edgetwin.edge.canary.Canary`).
     """
 
     def __init__(
@@ -221,8 +224,10 @@ class CanaryGuard:
         t_star: int = 96,
         batch: int = 4,
         min_reports: int = 8,
+        unit: str = "ticks",
     ) -> None:
         margins = tuple(margins)
+        self.unit = str(unit)
         if not margins:
             raise InputError("a canary guard needs at least one guarded KPI (a margin)", where="canary guard")
         names = [m.kpi for m in margins]
@@ -295,7 +300,7 @@ class CanaryGuard:
                 self.stopped = GuardStop(
                     kpi=m.kpi, reports=self.reports, estimate=self._cs[m.kpi].mean - off, lower=lo, upper=hi,
                     candidate=s[0] / s[2], control=s[1] / s[2], margin=m.describe(),
-                    alpha=self._alpha_kpi,
+                    alpha=self._alpha_kpi, unit=self.unit,
                 )  # fmt: skip
                 return self.stopped
         return None

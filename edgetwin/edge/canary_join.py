@@ -18,7 +18,7 @@ dropped and counted, not kept forever), and counts of what found no partner.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -62,8 +62,11 @@ class DecisionBook:
     def add(
         self, t: int, agents: Sequence[str], sites: Sequence[str], scenarios: Sequence[str] | None,
         obs: np.ndarray, actions: np.ndarray, policy: np.ndarray, propensity: np.ndarray, arm: np.ndarray,
+        extra: Mapping[str, np.ndarray] | None = None,
     ) -> None:  # fmt: skip
-        """Record N decisions of tick ``t`` (obs (N, O), actions (N, A), the rest (N,))."""
+        """Record N decisions of tick ``t`` (obs (N, O), actions (N, A), the rest (N,)); ``extra``:
+        more (N,) columns the runtime records with the decision (a switchback's ``tick``, ``block``
+        and ``arm_probability``), placed before ``policy``."""
         df = pd.DataFrame(np.asarray(obs, dtype=np.float64), columns=self.observation_columns)
         for j, c in enumerate(self.action_columns):
             df[c] = np.asarray(actions, dtype=np.float64)[:, j]
@@ -71,6 +74,8 @@ class DecisionBook:
         df.insert(1, "site", [str(s) for s in sites])
         if scenarios is not None:
             df.insert(2, "scenario", [str(s) for s in scenarios])
+        for name, values in (extra or {}).items():
+            df[name] = np.broadcast_to(np.asarray(values), (len(df),))
         df["policy"] = np.asarray(policy, dtype=object).astype(str)
         df["propensity"] = np.asarray(propensity, dtype=np.float64)
         df["arm"] = np.asarray(arm, dtype=object).astype(str)

@@ -24,6 +24,7 @@ from edgetwin.edge.canary import (
 )
 from edgetwin.edge.canary_guard import GuardStop
 from edgetwin.edge.canary_join import DecisionBook
+from edgetwin.edge.canary_switchback import SwitchbackRouter, block_index
 from edgetwin.edge.registry import (
     VersionNotFound,
 )
@@ -120,7 +121,12 @@ class CanaryRouting(Serving):
         Returns:
             `RoutedDecision`: actions (N, A), and per row the policy (registry version) that
             decided it, the probability of its action and its arm. Without an active canary every
-            row is the current policy's (arm ``"fleet"``).
+            row is the current policy's (arm ``"fleet"``). With a switchback
+            (`CanaryConfig.switchback`) the arm is the block's of tick ``t``
+            (`edgetwin.edge.canary_switchback`): rows of its sites on ``candidate`` in the
+            candidate's blocks and on ``control`` in the others, every row ``fleet`` outside the
+            blocks; ``assignment`` is the block's probability (1/2), and the decisions kept for the
+            join carry ``tick``, ``block`` (-1 outside) and ``arm_probability``.
         """
         t0 = time.perf_counter()
         x = self._check_obs(obs)
@@ -134,13 +140,25 @@ class CanaryRouting(Serving):
             served, canary, cand = self._active, self._canary, self._canary_policy
         if served is None:
             raise NoPolicyLoaded(f"site {self.site!r} has no verified policy yet (scopes {self.scopes}); see the log")
-        if canary is None or not canary.active or cand is None or canary.in_pre_period:
+        tick = None if canary is None else canary.ticks if t is None else int(t)
+        sb = None if canary is None else canary.config.switchback
+        extra: dict[str, Any] | None = None
+        block = -1 if sb is None or tick is None else int(block_index(sb, np.array([tick]))[0][0])
+        if canary is None or not canary.active or cand is None:
+            off = True
+        elif isinstance(canary.router, SwitchbackRouter):  # a switchback: the arm is its block's at this tick
+            off = block < 0
+            arms = canary.router.arms(agent_ids, site_ids, None, t=tick)
+        else:
+            off = canary.in_pre_period
+            arms = canary.router.arms(agent_ids, site_ids, scen_ids)
+        if off:
             arms = np.full(len(x), "fleet", dtype=object)
             actions, prop = served.act_logged(x)
             policy = np.full(len(x), served.version, dtype=object)
             assign = np.ones(len(x))
         else:
-            arms = canary.router.arms(agent_ids, site_ids, scen_ids)
+            assert canary is not None and cand is not None
             on_cand = arms == "candidate"
             actions = np.empty((len(x), len(served.action_columns)))
             prop = np.empty(len(x))
@@ -150,10 +168,12 @@ class CanaryRouting(Serving):
             policy = canary.router.policy_ids(arms)
             policy[~on_cand] = served.version
             assign = canary.router.assignment_propensity(arms)
+        if sb is not None and tick is not None:
+            extra = {"tick": np.full(len(x), tick, dtype=np.int64), "block": np.full(len(x), block, dtype=np.int64),
+                     "arm_probability": np.asarray(assign, dtype=np.float64)}  # fmt: skip
         book = self._book
-        if book is not None and canary is not None and canary.active:
-            book.add(canary.ticks if t is None else int(t), agent_ids, site_ids, scen_ids,
-                     x, actions, policy, prop, arms)  # fmt: skip
+        if book is not None and canary is not None and canary.active and tick is not None:
+            book.add(tick, agent_ids, site_ids, scen_ids, x, actions, policy, prop, arms, extra)
         with self._stats_lock:
             self.stats.decisions += 1
             self.stats.rows += len(x)

@@ -97,15 +97,34 @@ def start_from_plan(
     alpha: float = 0.05,
     tick_seconds: float = 900.0,
     sites: Sequence[str] = (),
+    switchback: Any = None,
 ) -> CanaryStart:
     """The `CanaryStart` that runs ``plan`` (`edgetwin.loop.plan.CanaryPlan`): its slice, hours,
     margins and loss budget (`edgetwin.edge.canary.CanaryConfig.from_plan`), the candidate's
     registry ``candidate`` version and ``sha256``, the ``current`` version the sites must be serving
     ("": whatever they serve), ``pre_ticks`` on the current policy first, the guard's ``alpha``.
 
+    With ``switchback`` (a `edgetwin.loop.switchback.SwitchbackPlan`, e.g. the ``*.switchback.json``
+    that ``canary plan --switchback-site --out`` writes) the command runs that site-level switchback
+    instead of the plan's group split: the plan gives the guarded margins, the switchback its sites
+    (the slice, and the runtimes that run it), blocks, burn-in, seed and assignment, its
+    ``start_tick`` as the pre-period (``pre_ticks`` is then not used) and its ``tick_seconds``; no
+    loss budget travels (the planner checked the switchback's worst case against it).
+
     Raises:
         InputError: a plan or option that does not make a canary (one line)."""
     from edgetwin.edge.canary import CanaryConfig
+
+    if switchback is not None:
+        from edgetwin.edge.canary_switchback import SwitchbackDesign
+
+        design = SwitchbackDesign.from_plan(switchback)
+        return CanaryStart(
+            run=run, candidate=candidate, sha256=sha256, slice=CanarySlice(sites=design.sites, seed=design.seed),
+            hours=float(switchback.hours), margins=tuple(plan.margins), current=current, alpha=alpha,
+            pre_ticks=int(design.start_tick), tick_seconds=float(switchback.tick_seconds),
+            sites=tuple(sites) or design.sites, switchback=design,
+        )  # fmt: skip
 
     cfg = CanaryConfig.from_plan(plan, candidate, alpha=alpha, tick_seconds=tick_seconds, pre_ticks=pre_ticks)
     sl = cfg.slice if isinstance(cfg.slice, CanarySlice) else CanarySlice.from_dict(dict(cfg.slice))

@@ -20,7 +20,10 @@ two schemes: ``"paired"`` (blocks ``2p`` and ``2p+1`` are a pair and a fair coin
 two gets the candidate: a crossover in time that cancels the slow diurnal trend within each pair)
 or ``"complete"`` (half of all blocks on the candidate, uniformly). Each block's propensity is 1/2
 either way. All sites of a plan follow one assignment: sites that share a cloud region interfere
-with each other, so they switch together. The edge follows `switchback_assignment(plan, tick)`.
+with each other, so they switch together. The schedule (`draw_assignment`, `block_of`,
+`switchback_assignment`, `is_burn_in`) lives in `edgetwin.edge.canary_switchback`, the lowest layer
+that needs it: a running ``edgetwin serve`` follows `switchback_assignment(plan, tick)` there
+(`judge_switchback` judges its collected log), and this module imports it.
 
 **Carryover.** The outcome at tick ``t`` may depend on the policies of ticks ``t−m .. t`` (the
 paper's carryover of order ``m``: backlogs drain, clients' latency memory fades). A block must be
@@ -92,13 +95,20 @@ import numpy as np
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
+from edgetwin.edge.canary_switchback import (
+    CANDIDATE,
+    CURRENT,
+    SCHEMES,
+    SwitchbackDesign,
+    block_index,
+    block_of,
+    draw_assignment,
+    is_burn_in,
+    switchback_assignment,
+)
 
 #: the interval's level (the verdict's)
 LEVEL = 0.90
-#: the arms as the edge names them (`edgetwin.edge.canary`): the candidate, and the current policy
-CANDIDATE, CURRENT = "candidate", "current"
-#: how blocks are randomized (`draw_assignment`)
-SCHEMES = ("paired", "complete")
 #: estimation methods (`estimate_switchback`)
 METHODS = ("t", "randomization")
 #: the most assignments a randomization interval enumerates (more: a seeded sample of them)
@@ -106,31 +116,13 @@ MAX_ENUMERATED = 4096
 
 
 # ------------------------------------------------------------------------------------ the design
-def draw_assignment(n_blocks: int, seed: int, scheme: str = "paired") -> tuple[int, ...]:
-    """``n_blocks`` arms (1 = candidate), exactly half of each, from ``seed`` alone.
-
-    ``"paired"``: a fair coin per pair of consecutive blocks says which of the two is on the
-    candidate; ``"complete"``: a uniformly random half of the blocks. Each block's propensity is
-    1/2 under both."""
-    if scheme not in SCHEMES:
-        raise InputError(
-            f"unknown switchback scheme {scheme!r}; expected one of {', '.join(SCHEMES)}", "scheme"
-        )
-    if n_blocks < 4 or n_blocks % 2:
-        raise InputError(f"a switchback needs an even number of blocks >= 4, got {n_blocks}", "n_blocks")
-    rng = np.random.default_rng([int(seed), 0x5B, SCHEMES.index(scheme)])
-    if scheme == "paired":
-        first = rng.random(n_blocks // 2) < 0.5
-        out = np.empty(n_blocks, dtype=np.int64)
-        out[0::2], out[1::2] = first, ~first
-    else:
-        out = rng.permutation(np.repeat([1, 0], n_blocks // 2))
-    return tuple(int(v) for v in out)
-
-
-@dataclass
-class SwitchbackPlan:
+@dataclass(frozen=True)
+class SwitchbackPlan(SwitchbackDesign):
     """A site-level switchback: which sites, how the blocks run, and what it is expected to tell.
+
+    The layout and assignment are its `edgetwin.edge.canary_switchback.SwitchbackDesign` (the
+    schedule the sites follow; checked there); the plan adds the day, the tick and what the twin
+    expects.
 
     Attributes:
         sites: the sites that switch (every agent of them, together).
@@ -153,16 +145,8 @@ class SwitchbackPlan:
         candidate, baseline: names (reported). level: the interval's level.
     """
 
-    sites: tuple[str, ...]
-    block_ticks: int
-    carryover_ticks: int
-    n_blocks: int
-    seed: int = 0
-    scheme: str = "paired"
-    start_tick: int = 0
     episode_ticks: int = 96
     tick_seconds: float = 900.0
-    assignment: tuple[int, ...] = ()
     expected_width: dict[str, float] = field(default_factory=dict)
     twin_change: dict[str, float] = field(default_factory=dict)
     twin_interference: dict[str, float] = field(default_factory=dict)
@@ -173,28 +157,11 @@ class SwitchbackPlan:
     level: float = LEVEL
 
     def __post_init__(self) -> None:
-        self.sites = tuple(str(s) for s in self.sites)
-        if not self.sites:
-            raise InputError("a switchback needs at least one site", "sites")
-        if not (int(self.block_ticks) >= 1 and 0 <= int(self.carryover_ticks) < int(self.block_ticks)):
-            raise InputError(f"need 0 <= carryover_ticks < block_ticks, got {self.carryover_ticks} and "
-                             f"{self.block_ticks}", "block_ticks")  # fmt: skip
-        if int(self.start_tick) < 0 or int(self.episode_ticks) < 1 or not self.tick_seconds > 0:
-            raise InputError("start_tick must be >= 0, episode_ticks >= 1 and tick_seconds > 0", "plan")
+        super().__post_init__()  # the design: sites, blocks, burn-in, start tick, the seed's assignment
+        if int(self.episode_ticks) < 1 or not self.tick_seconds > 0:
+            raise InputError("episode_ticks must be >= 1 and tick_seconds > 0", "plan")
         if not 0.0 < float(self.level) < 1.0:
             raise InputError(f"the level must be in (0, 1), got {self.level}", "--level")
-        drawn = draw_assignment(int(self.n_blocks), int(self.seed), self.scheme)
-        given = tuple(int(v) for v in self.assignment)
-        if given and given != drawn:
-            raise InputError(
-                "the plan's assignment is not the one its seed draws (a changed plan)", "assignment"
-            )
-        self.assignment = drawn
-
-    @property
-    def ticks(self) -> int:
-        """Ticks from the first block's start to the last block's end."""
-        return int(self.n_blocks) * int(self.block_ticks)
 
     @property
     def hours(self) -> float:
@@ -222,38 +189,20 @@ class SwitchbackPlan:
         try:
             return cls(
                 tuple(d["sites"]), int(d["block_ticks"]), int(d["carryover_ticks"]), int(d["n_blocks"]),
-                int(d.get("seed", 0)), str(d.get("scheme", "paired")), int(d.get("start_tick", 0)),
-                int(d.get("episode_ticks", 96)), float(d.get("tick_seconds", 900.0)),
-                tuple(int(v) for v in d.get("assignment", ())),
-                {str(k): float(v) for k, v in dict(d.get("expected_width") or {}).items()},
-                {str(k): float(v) for k, v in dict(d.get("twin_change") or {}).items()},
-                {str(k): float(v) for k, v in dict(d.get("twin_interference") or {}).items()},
-                {str(k): float(v) for k, v in dict(d.get("fleet_loss") or {}).items()},
-                float(d.get("site_share", 0.0)), str(d.get("candidate", CANDIDATE)),
-                str(d.get("baseline", CURRENT)), float(d.get("level", LEVEL)),
+                seed=int(d.get("seed", 0)), scheme=str(d.get("scheme", "paired")), start_tick=int(d.get("start_tick", 0)),
+                assignment=tuple(int(v) for v in d.get("assignment", ())),
+                episode_ticks=int(d.get("episode_ticks", 96)), tick_seconds=float(d.get("tick_seconds", 900.0)),
+                expected_width={str(k): float(v) for k, v in dict(d.get("expected_width") or {}).items()},
+                twin_change={str(k): float(v) for k, v in dict(d.get("twin_change") or {}).items()},
+                twin_interference={str(k): float(v) for k, v in dict(d.get("twin_interference") or {}).items()},
+                fleet_loss={str(k): float(v) for k, v in dict(d.get("fleet_loss") or {}).items()},
+                site_share=float(d.get("site_share", 0.0)), candidate=str(d.get("candidate", CANDIDATE)),
+                baseline=str(d.get("baseline", CURRENT)), level=float(d.get("level", LEVEL)),
             )  # fmt: skip
+        except InputError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"not a switchback plan ({type(e).__name__}: {e})", "plan") from None
-
-
-def block_of(plan: SwitchbackPlan, tick: int) -> int | None:
-    """The block a switchback tick falls in (None: before the first or after the last block)."""
-    k = (int(tick) - int(plan.start_tick)) // int(plan.block_ticks)
-    return k if int(tick) >= int(plan.start_tick) and k < int(plan.n_blocks) else None
-
-
-def switchback_assignment(plan: SwitchbackPlan, tick: int) -> str:
-    """The arm the plan's sites serve at ``tick`` of the switchback's clock: `CANDIDATE` or
-    `CURRENT` (every tick outside the blocks). Deterministic from the plan (its seed)."""
-    k = block_of(plan, tick)
-    return CANDIDATE if k is not None and plan.assignment[k] == 1 else CURRENT
-
-
-def is_burn_in(plan: SwitchbackPlan, tick: int) -> bool:
-    """Whether ``tick`` is one of its block's first ``carryover_ticks`` ticks (not judged)."""
-    return block_of(plan, tick) is not None and (int(tick) - int(plan.start_tick)) % int(
-        plan.block_ticks
-    ) < int(plan.carryover_ticks)
 
 
 # ------------------------------------------------------------------------------------ the composite policy
@@ -315,8 +264,9 @@ def block_outcomes(rows: pd.DataFrame, plan: SwitchbackPlan, kpis: Sequence[str]
     """Per block, the mean over its judged ticks (burn-in dropped) of each KPI's per-tick mean over
     the plan's sites' rows.
 
-    Rows of other sites are ignored. When the log says which arm served a row (``arm``), a judged
-    row whose arm is not the plan's is refused: the log is not this switchback's.
+    Rows of other sites are ignored. When the log says which arm served a row (``arm``: `CANDIDATE`,
+    or `CURRENT` / ``control`` as the edge writes it), a judged row whose arm is not the plan's is
+    refused: the log is not this switchback's.
 
     Returns:
         index the block (0..n_blocks-1), columns ``kpis`` plus ``arm`` (1 = candidate) and ``ticks``
@@ -329,18 +279,16 @@ def block_outcomes(rows: pd.DataFrame, plan: SwitchbackPlan, kpis: Sequence[str]
         raise InputError("the switchback log needs a 'site' column", "site")
     at = rows[rows["site"].astype(str).isin(plan.sites)]
     ticks = switchback_ticks(at, plan)
-    rel = ticks - int(plan.start_tick)
-    block = rel // int(plan.block_ticks)
-    judged = (
-        (rel >= 0) & (block < int(plan.n_blocks)) & (rel % int(plan.block_ticks) >= int(plan.carryover_ticks))
-    )
+    block, judged = block_index(plan, ticks)
     at = at.loc[judged, list(kpis) + (["arm"] if "arm" in at.columns else [])].assign(
         _tick=ticks[judged], _block=block[judged]
     )
     assign = np.asarray(plan.assignment)
     if "arm" in at.columns:
         want = np.where(assign[at["_block"].to_numpy()] == 1, CANDIDATE, CURRENT)
-        bad = at["arm"].astype(str).to_numpy() != want
+        # the edge names the current policy's arm ``control`` (`edgetwin.edge.canary_switchback`)
+        served = at["arm"].astype(str).replace({"control": CURRENT}).to_numpy()
+        bad = served != want
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise InputError(f"row of tick {int(at['_tick'].iloc[i])} was served by {at['arm'].iloc[i]!r}, the plan says "
@@ -514,6 +462,65 @@ def estimate_switchback(
             int(plan.n_blocks) // 2 if plan.scheme == "paired" else 0, method, dict(terms),
         )  # fmt: skip
     return out
+
+
+# ------------------------------------------------------------------------------------ the verdict
+def judge_switchback(
+    canary_log: pd.DataFrame,
+    plan: SwitchbackPlan,
+    margins: Sequence[Any],
+    *,
+    candidate_version: str | None = None,
+    level: float | None = None,
+) -> tuple[str, list[Any], str, dict[str, SwitchbackEstimate]]:
+    """The verdict of a switchback from its collected log (`edgetwin canary verdict --design
+    switchback`): `estimate_switchback` per guarded KPI (its t interval over the blocks), judged by
+    `edgetwin.loop.ppi.ppi_verdict` against ``margins`` exactly as a group split's estimates are.
+
+    The log is what the sites shipped (`edgetwin canary collect`): rows of the plan's sites with
+    ``site``, ``t`` (the run's tick) or ``tick``, ``policy`` (the registry version that decided),
+    ``arm`` (``candidate`` / ``control`` inside the blocks) and the guarded KPI columns. A judged
+    row served by another arm than the plan's block says the log is not this switchback's
+    (`block_outcomes` refuses it); a row of the candidate arm naming another policy than
+    ``candidate_version`` (default: the one version on that arm) likewise.
+
+    What it is about: the effect on the plan's sites when they switch whole, on the run's own
+    days (the module docstring: not the fleet, not other days).
+
+    Returns:
+        ``(verdict, checks, reason, estimates)``: ``promote`` / ``refuse`` / ``undecided`` (the
+        gate's abstain), the `edgetwin.loop.ppi.PPIEstimate` s, one line per KPI, and the
+        `SwitchbackEstimate` s.
+
+    Raises:
+        InputError: a log that is not this switchback's, or lacks a guarded KPI (``--canary-log``).
+    """
+    from edgetwin.loop.ppi import ppi_verdict
+
+    where = "--canary-log"
+    need = [c for c in ("site", "policy", *(m.kpi for m in margins)) if c not in canary_log.columns]
+    if need:
+        raise InputError(f"the switchback log has no column(s) {need}", where)
+    if "tick" not in canary_log.columns and "t" not in canary_log.columns:
+        raise InputError("the switchback log needs a 't' (or 'tick') column", where)
+    at = canary_log[canary_log["site"].astype(str).isin(plan.sites)]
+    if "arm" in at.columns:
+        served = at.loc[at["arm"].astype(str) == CANDIDATE, "policy"].astype(str)
+        versions = sorted(set(served))
+        want = candidate_version or (versions[0] if len(versions) == 1 else None)
+        if want is None or set(versions) - {want}:
+            raise InputError(f"the candidate arm's rows name policies {versions}"
+                             + (f", not {candidate_version!r}" if candidate_version else "; name one with --candidate-version"),
+                             where)  # fmt: skip
+    kpis = [m.kpi for m in margins]
+    try:
+        est = estimate_switchback(at, plan, kpis, level=level)
+    except InputError as e:
+        raise InputError(e.message, where) from None
+    verdict, checks = ppi_verdict({k: e.terms for k, e in est.items()}, list(margins))
+    reason = "; ".join(f"{c.kpi} {100 * c.change:+.1f}% [{100 * c.interval[0]:+.1f}%, {100 * c.interval[1]:+.1f}%] vs "
+                       f"margin {100 * c.allowed_change:g}% ({c.verdict}; {est[c.kpi].n_blocks} blocks)" for c in checks)  # fmt: skip
+    return ("undecided" if verdict == "abstain" else verdict), checks, reason, est
 
 
 # ------------------------------------------------------------------------------------ the emulated cluster
@@ -880,6 +887,7 @@ __all__ = [
     "draw_assignment",
     "estimate_switchback",
     "is_burn_in",
+    "judge_switchback",
     "plan_switchback",
     "randomization_interval",
     "run_on_cluster",
@@ -901,8 +909,10 @@ def weigh_against_canary(switchback: SwitchbackPlan, plan: Any, margins: Mapping
     sites on its day. So the narrower interval is named, and the switchback is recommended only
     where the twin predicts interference a group split would miss (``twin_interference`` beyond
     half the KPI's margin: ``margins`` per column, by default the plan's own, else 5 %): there the split's control arm
-    shares the candidate's congestion and its interval is about the wrong effect. The edge does not
-    follow a switchback's blocks yet; `run_switchback_on_cluster` runs one on the emulated cluster.
+    shares the candidate's congestion and its interval is about the wrong effect. A running
+    ``edgetwin serve`` follows the switchback's blocks when ``edgetwin canary start --design switchback``
+    sends it (`edgetwin.edge.canary_switchback`); `run_switchback_on_cluster` runs one on the emulated
+    cluster directly.
     """
     design = getattr(plan.slice, "design", "random")
     if margins is None:
