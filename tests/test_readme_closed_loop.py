@@ -46,3 +46,18 @@ def test_the_readme_switchback_numbers_are_the_benchmarks() -> None:
     for claim in ("+11.2", "-5.2", "+10.8"):  # the page's numbers behind the README's rounded ones
         assert claim in doc.replace("−", "-"), claim
     assert "SLO violations at +11 % on its site where a group split of the same budget said -5 % against the fleet's +11 %" in readme
+
+
+def test_the_readme_switchback_wire_numbers_are_the_wire_run() -> None:
+    """The README's account of a switchback through the wire is docs/benchmarks/switchback/wire.json's."""
+    import json
+    import re
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    wire = json.loads((ROOT / "docs/benchmarks/switchback/wire.json").read_text())
+    said = re.search(r"equal the direct run's on (\d+ of \d+) days", readme)
+    assert said, "the README no longer states the wire run's agreement"
+    served = re.search(r"on (\d+ of \d+) days; the largest KPI difference between the wire's log and the direct run is 0 ",
+                       wire["findings"][0])  # fmt: skip
+    assert served and served.group(1) == said.group(1)
+    assert "canary verdict --design switchback" in readme
