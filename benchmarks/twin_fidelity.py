@@ -403,6 +403,18 @@ def kpi_change_summary(rows: list[dict]) -> dict:  # type: ignore[type-arg]
     return out
 
 
+def pool_kpi_changes(paths: list[str], key: str = "kpi_change_effect") -> dict:  # type: ignore[type-arg]
+    """`kpi_change_summary` of the ``key`` rows of several quick runs' JSON files together (the
+    seeds pooled: every (seed, candidate, KPI) change one row), with the files it read."""
+    rows: list[dict] = []  # type: ignore[type-arg]
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        if key not in d:
+            raise SystemExit(f"{p}: no {key!r} (a --quick --json run of this benchmark?)")
+        rows += d[key]["rows"]
+    return {"files": paths, "key": key, **kpi_change_summary(rows)}
+
+
 def kpi_change_markdown(rows: list[dict], summary: dict, baseline: str, days: int,  # type: ignore[type-arg]
                         unpaired: dict | None = None,  # type: ignore[type-arg]
                         with_effect: dict | None = None) -> list[str]:  # type: ignore[type-arg]
@@ -699,8 +711,14 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="--quick: also write its numbers to this JSON file")
     ap.add_argument("--profile-retries", type=int, default=4,
                     help="redraws of generated profiles out of the logs' support (0: keep them all)")
+    ap.add_argument("--pool", nargs="+", metavar="JSON", default=None,
+                    help="pool the KPI-change rows (with the effect term) of several --quick --json runs (one per "
+                         "seed) and print their coverage with its Clopper-Pearson 90 %% interval, per KPI too")
     add_scale_args(ap)
     args = ap.parse_args()
+    if args.pool:
+        print(json.dumps(pool_kpi_changes(args.pool), indent=1))
+        return
     if args.site_columns:
         args.site_model = [c.strip() for c in args.site_columns.split(",") if c.strip()]
     torch.set_num_threads(1)
