@@ -91,6 +91,7 @@ LOGGING_TEXT = {
 }
 #: hand-written subsections of the docs section that a rerun keeps
 KEEP = (
+    "### The response model's output noise by predicted level",
     "### Where the tail KPIs' errors come from",
     "### Where the energy and carbon KPIs' errors come from",
 )
