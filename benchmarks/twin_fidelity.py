@@ -403,6 +403,18 @@ def kpi_change_summary(rows: list[dict]) -> dict:  # type: ignore[type-arg]
     return out
 
 
+def pool_kpi_changes(paths: list[str], key: str = "kpi_change_effect") -> dict:  # type: ignore[type-arg]
+    """`kpi_change_summary` of the ``key`` rows of several quick runs' JSON files together (the
+    seeds pooled: every (seed, candidate, KPI) change one row), with the files it read."""
+    rows: list[dict] = []  # type: ignore[type-arg]
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        if key not in d:
+            raise SystemExit(f"{p}: no {key!r} (a --quick --json run of this benchmark?)")
+        rows += d[key]["rows"]
+    return {"files": paths, "key": key, **kpi_change_summary(rows)}
+
+
 def kpi_change_markdown(rows: list[dict], summary: dict, baseline: str, days: int,  # type: ignore[type-arg]
                         unpaired: dict | None = None,  # type: ignore[type-arg]
                         with_effect: dict | None = None) -> list[str]:  # type: ignore[type-arg]
@@ -494,6 +506,52 @@ def change_calibration(twin: Twin, held: pd.DataFrame, policy: PlatformPolicy, k
     return out
 
 
+def one_step_levels(twin: Twin, logs: dict[str, pd.DataFrame], kpis: list[str], seed: int) -> dict:  # type: ignore[type-arg]
+    """Teacher forced (`one_step_outputs`, sampled) raw KPI means of the twin over the real ones, per
+    policy's cluster days in ``logs``, with each member's output noise model (`Member.noise`) as
+    fitted and with it switched off (one std per output, what twins drew before issue 44): what
+    the noise model moves in the response model's raw level and in each policy's change against
+    the first policy, before anything compounds."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    kept = [m.noise for m in twin.members]
+    try:
+        for mode in ("noise model", "one std"):
+            if mode == "one std":
+                for m in twin.members:
+                    m.noise = None
+            for name, df in logs.items():
+                one = one_step_outputs(twin, df, seed=seed)
+                out.setdefault(mode, {})[name] = {k: float(one[k].mean()) for k in kpis}
+    finally:
+        for m, n in zip(twin.members, kept, strict=True):
+            m.noise = n
+    out["real"] = {name: {k: float(df[k].mean()) for k in kpis} for name, df in logs.items()}
+    return out
+
+
+def one_step_levels_markdown(levels: dict, baseline: str) -> list[str]:  # type: ignore[type-arg]
+    """Per KPI: the twin's one-step raw level over the real one under ``baseline``, and the mean
+    absolute error of the other policies' changes against it (points), with and without the noise model."""
+    kpis = list(next(iter(levels["real"].values())))
+    names = [n for n in levels["real"] if n != baseline]
+    L = ["", f"Teacher forced one step on each policy's cluster days (`one_step_levels`): the twin's raw level "
+         f"over the cluster's under {baseline}, and the mean absolute error of the other {len(names)} policies' "
+         f"changes against {baseline} (points), with the members' output noise model and with one std per output:", "",
+         "| KPI | level, noise model | level, one std | change error, noise model | change error, one std |",
+         "|---|---:|---:|---:|---:|"]
+    for k in kpis:
+        cells = []
+        for mode in ("noise model", "one std"):
+            cells.append(levels[mode][baseline][k] / levels["real"][baseline][k])
+        errs = []
+        for mode in ("noise model", "one std"):
+            e = [abs(100 * (levels[mode][n][k] / levels[mode][baseline][k] - levels["real"][n][k] / levels["real"][baseline][k]))
+                 for n in names]
+            errs.append(float(np.mean(e)))
+        L.append(f"| {k} | {cells[0]:.2f} | {cells[1]:.2f} | {errs[0]:.1f} | {errs[1]:.1f} |")
+    return L
+
+
 def logging_policy(args: argparse.Namespace, spec, seed: int) -> PlatformPolicy:  # type: ignore[no-untyped-def]
     """The policy the training (and held-out) logs are taken under: ``--logging random|regimes``."""
     if args.logging == "regimes":
@@ -525,8 +583,11 @@ def quick_ranking(args: argparse.Namespace) -> None:
     better = declared_kpis(spec)
     days: dict[str, dict[str, pd.DataFrame]] = {}
     days_unpaired: dict[str, dict[str, pd.DataFrame]] = {}  # the previous protocol: one twin seed per policy
+    level_logs: dict[str, pd.DataFrame] = {}  # 2 cluster days of each fixed policy, for `one_step_levels`
     for i, (name, pol) in enumerate(policies.items()):
         real_df, _ = generate_logs(cfg, episodes=eval_eps, policy=pol, seed=args.seed + 500)
+        if name != "PPO trained in the twin":
+            level_logs[name] = real_df[real_df["episode"].isin(real_df["episode"].unique()[:2])]
         # every policy on the same generated days (common random numbers), as on the cluster above
         twin_df = twin.rollout(pol, episodes=eval_eps, seed=args.seed + 500, n_agents=n_agents, steps=steps,
                                all_members=True)
@@ -576,6 +637,8 @@ def quick_ranking(args: argparse.Namespace) -> None:
     effect_summary = kpi_change_summary(effect_rows)
     L += kpi_change_markdown(change_rows, change_summary, baseline, eval_eps, unpaired=unpaired_summary,
                              with_effect=effect_summary)
+    levels = one_step_levels(twin, level_logs, list(better), seed=args.seed + 11)
+    L += one_step_levels_markdown(levels, baseline)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "policies": rank.to_dict("records"),
                                                "scores": scores, "noise_floor_rel_err": noise_floor(rank),
@@ -587,6 +650,9 @@ def quick_ranking(args: argparse.Namespace) -> None:
                                                "kpi_change_effect": {"baseline": baseline, "summary": effect_summary,
                                                                      "rows": effect_rows},
                                                "effect_error_q90": {k: v[2] for k, v in calibration.items()},
+                                               "one_step_levels": levels,
+                                               "output_noise": [m.noise_source if m.noise else "none"
+                                                                for m in twin.members],
                                                # per policy, the per-day KPI means behind both comparisons
                                                "day_means": {n: {side: d.to_dict("list") for side, d in v.items()}
                                                              for n, v in days.items()},
@@ -645,8 +711,14 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="--quick: also write its numbers to this JSON file")
     ap.add_argument("--profile-retries", type=int, default=4,
                     help="redraws of generated profiles out of the logs' support (0: keep them all)")
+    ap.add_argument("--pool", nargs="+", metavar="JSON", default=None,
+                    help="pool the KPI-change rows (with the effect term) of several --quick --json runs (one per "
+                         "seed) and print their coverage with its Clopper-Pearson 90 %% interval, per KPI too")
     add_scale_args(ap)
     args = ap.parse_args()
+    if args.pool:
+        print(json.dumps(pool_kpi_changes(args.pool), indent=1))
+        return
     if args.site_columns:
         args.site_model = [c.strip() for c in args.site_columns.split(",") if c.strip()]
     torch.set_num_threads(1)

@@ -91,6 +91,7 @@ LOGGING_TEXT = {
 }
 #: hand-written subsections of the docs section that a rerun keeps
 KEEP = (
+    "### The response model's output noise by predicted level",
     "### Where the tail KPIs' errors come from",
     "### Where the energy and carbon KPIs' errors come from",
 )
@@ -158,10 +159,31 @@ def fit_or_load(
     """The benchmark's twin, cached in ``work``; ``scale``: `scale_kwargs` (where the members are fitted)."""
     path = work / f"twin-{logging}-m{members}"
     if (path / "meta.json").is_file():
-        return Twin.load(path)
+        return with_output_noise(Twin.load(path), train, spec)
     twin = Twin.fit(train, spec, seed=0, members=members, progress=True, population_model="empirical", rounds=10,
                     bc_epochs=10, checkpoint_dir=str(path) + "-ckpt", **(scale or {}))  # fmt: skip
     twin.save(path)
+    return twin
+
+
+def with_output_noise(twin: Twin, train: Any, spec: Any) -> Twin:
+    """``twin`` with every member's output noise model (issue 44): a twin cached by an edgetwin
+    from before it has none, and gets each member's fitted here as `Twin.fit` fits it (the same
+    sorted log, the same bootstrap draws and seeds, `Member.fit_output_noise`), so that a cached
+    fit of the members is not redone to measure it. A twin that has them is returned as it is."""
+    if all(m.noise is not None for m in twin.members):
+        return twin
+    from edgetwin.twin.logdata import load_log
+    from edgetwin.twin.twin import _plan_members
+
+    df, _ = load_log(train, spec)
+    df = df.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+    episodes = df["episode"].unique()
+    seed = int(twin.meta.get("seed", 0))
+    _, tasks = _plan_members(twin.n_members, seed, len(episodes), None, len(twin.layout.scenarios))
+    for m, pick, member_seed in tasks:
+        twin.members[m].fit_output_noise(df, episodes, pick, twin.layout, member_seed + 700)
+    print(f"output noise fitted on the cached twin's members ({twin.members[0].noise_source})", flush=True)
     return twin
 
 

@@ -151,6 +151,18 @@ class ColumnScaler:
             x[:, self.log] = np.expm1(g, out=g)
         return self._legalise(x, out=x)
 
+    def inverse_column(self, z: np.ndarray, j: int) -> np.ndarray:
+        """`inverse` of column ``j`` alone: standardised ``(N,)`` -> raw ``(N,)`` float64 (what the
+        output noise model's raw-mean matching evaluates many times, one column at a time)."""
+        if self.values[j] is not None:  # discrete: the full inverse snaps it
+            full = np.zeros((len(z), self.width))
+            full[:, j] = z
+            return self.inverse(full)[:, j]
+        x = np.asarray(z, np.float64) * self.std[j] + self.mean[j]
+        if self.log[j]:
+            x = np.expm1(np.clip(x, -50.0, 50.0))
+        return np.clip(x, self.low[j], self.high[j])
+
     def legal_z(self, z: np.ndarray) -> np.ndarray | None:
         """``transform(inverse(z))`` of standardised ``z (N, D)`` up to rounding, as float32: ``z``
         clipped to the bounds' standardised images (a log column's to ``log1p`` of them, floored at

@@ -14,11 +14,19 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from edgetwin.contract.errors import InputError
 from edgetwin.imitation.baselines import SupervisedResponseModel
 from edgetwin.imitation.causal import CausalResponseModel
+from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.mail import GaussianModel
 from edgetwin.imitation.networks import load_network, save_network
+from edgetwin.imitation.noise import OutputNoise, noise_from_json, noise_to_json
 from edgetwin.imitation.site_model import SiteStateModel
 
 __all__ = ["NETWORK_CLASSES", "Member"]
+
+#: the member's output noise model (`edgetwin.imitation.noise`), when it has one
+NOISE_FILE = "output_noise.json"
+#: at most this many rows (whole episodes) are read to fit a member's output noise model: a
+#: binned quantile per output needs thousands, not a million-row log's rows
+NOISE_MAX_ROWS = 100_000
 
 #: The only network classes a member's files may name (clients, engines and transitions are all
 #: SB3 actor-critic policies): a file chooses among these, never adds to them.
@@ -57,6 +65,9 @@ class Member:
     history: pd.DataFrame = field(default_factory=pd.DataFrame)
     transition: dict[int, ActorCriticPolicy] | None = None
     site_model: SiteStateModel | None = None
+    noise: dict[int, OutputNoise] | None = None
+    #: which rows the noise model's residuals came from ("held-out episodes" / "training episodes")
+    noise_source: str = ""
 
     def save(self, path: Path) -> None:
         """Write the member as data: networks in safetensors (`edgetwin.imitation.networks`),
@@ -81,6 +92,8 @@ class Member:
             arrays, tensors = self.site_model.to_data()
             _save_npz(path / "site_model.npz", arrays)
             save_file(tensors, str(path / "site_model.safetensors"))
+        if self.noise is not None:
+            (path / NOISE_FILE).write_text(noise_to_json(self.noise, self.noise_source))
         self.history.to_csv(path / "history.csv", index=False)
         (path / "DONE").write_text("ok\n")
 
@@ -136,7 +149,55 @@ class Member:
             arrays = _read(path / "site_model.npz", _load_npz)
             tensors = _read(path / "site_model.safetensors", lambda p: load_file(str(p), device="cpu"))
             site_model = _read(path / "site_model.safetensors", lambda _: SiteStateModel.from_data(arrays, tensors))
-        return cls(clients, engines, hist, transition, site_model)
+        noise, source = None, ""
+        if (path / NOISE_FILE).is_file():
+            noise, source = _read(path / NOISE_FILE, lambda p: noise_from_json(p.read_text(), n_scenarios))
+        return cls(clients, engines, hist, transition, site_model, noise, source)
+
+    def fit_output_noise(
+        self, log: pd.DataFrame, episodes: np.ndarray, pick: np.ndarray | None, layout: Layout, seed: int,
+        kind: str = "quantile", match_raw: bool = False,
+    ) -> Member:
+        """Fit `noise` (per scenario, `OutputNoise.fit`) on this member's residuals; returns self.
+
+        The residuals are read on the episodes of ``log`` the member was not fitted on (those
+        ``episodes`` its bootstrap draw ``pick`` left out) when there are any, else (one member
+        fitted on every episode) on its training episodes, which understates the spread by the
+        model's own fitting error (`noise_source` says which). At most `NOISE_MAX_ROWS` rows are
+        read: whole episodes drawn with ``seed``.
+
+        Args:
+            log: the twin's log, ``episodes``: its episode ids, ``pick``: the member's draw of
+                their indices (None: all of them).
+            kind: ``"quantile"`` or ``"gaussian"`` (`OutputNoise.fit`).
+            match_raw: mean-match the bins of the log-scaled outputs in raw units (`OutputNoise.fit`'s
+                ``match``: their ``expm1`` mean is made in a tail a table cannot hold).
+        """
+        from edgetwin.imitation.steps import build_steps
+
+        ny = layout.n_outputs
+        if ny == 0 or len(episodes) == 0:
+            return self
+        held = np.setdiff1d(np.arange(len(episodes)), pick) if pick is not None else np.zeros(0, np.int64)
+        use, self.noise_source = (held, "held-out episodes") if len(held) else (
+            np.arange(len(episodes)), "training episodes")
+        rng = np.random.default_rng(seed)
+        per_episode = max(1, len(log) // len(episodes))
+        keep = rng.permutation(use)[: max(1, NOISE_MAX_ROWS // per_episode)]
+        sub = log[log["episode"].isin(episodes[np.sort(keep)])]
+        steps = build_steps(sub, layout)
+        models = self.models()
+        noise: dict[int, OutputNoise] = {}
+        for s, model in models.items():
+            rows = steps.rows(s)
+            if len(rows) == 0:
+                continue
+            mu = np.asarray(model.mean(steps.x_client[rows]))[:, :ny]
+            sc = layout.scalers["outputs"]
+            noise[s] = OutputNoise.fit(mu, steps.y_client[rows, :ny], kind=kind, raw=sc.inverse_column,
+                                       match=sc.log if match_raw else None)
+        self.noise = noise or None
+        return self
 
     def models(self) -> dict[int, Any]:
         """Client models with ``mean(x)`` / ``sample(x, rng)`` (SB3 policies wrapped)."""

@@ -21,6 +21,7 @@ from edgetwin.contract.policy import PlatformPolicy
 from edgetwin.contract.spec import REWARD_COLUMN, TwinSpec
 from edgetwin.imitation.layout import Layout
 from edgetwin.imitation.mail import GaussianModel, numpy_forward
+from edgetwin.imitation.noise import OutputNoise, noise_residuals, stack_tables
 from edgetwin.imitation.split import SplitNetwork
 from edgetwin.imitation.world import Composition, InitialStates, World
 from edgetwin.twin.forward import GroupedForward, ScenarioOrder
@@ -365,10 +366,11 @@ class Simulation:
                         y[idx] = per[self.member]
         noise, std = None, None
         if self.stochastic and ny:
-            # noise on the outputs only: the client's Gaussian has one std per output for all
-            # inputs, and fed into Δstate it compounds into drift far beyond the logged noise.
-            # One draw for the call's agents in row order, float32 throughout as `y` is kept
-            # (`normals`: Box-Muller, 3x numpy's ziggurat), each agent's scenario's std
+            # noise on the outputs only: fed into Δstate it would compound into drift far beyond
+            # the logged noise. One draw for the call's agents in row order, float32 throughout as
+            # `y` is kept (`normals`: Box-Muller, 3x numpy's ziggurat), scaled by each agent's
+            # scenario's std, or mapped through the member's noise model by predicted level
+            # (`_level_noise`) where it has one
             noise = normals(self.rng, (n, ny))
             std = self._agent_std()
             if rows is not None:
@@ -378,11 +380,14 @@ class Simulation:
             # the means back in row order, noise, clip, the outputs' inverse and bounds and their
             # z-values in two passes
             assert mu_p is not None and order is not None
+            if noise is not None:
+                noise, std = self._level_noise(noise, std, mu_p, order.pos, rows)
             outputs, zy, y = fused.outputs(mu_p, order.pos, noise, std)
         else:
             if mu_p is not None and order is not None:
                 y = mu_p[order.pos]  # row order (a fresh array)
             if noise is not None:
+                noise, std = self._level_noise(noise, std, y, np.arange(n, dtype=np.int64), rows)
                 noise *= std
                 noise += y[:, :ny]
                 np.clip(noise, -10.0, 10.0, out=y[:, :ny])
@@ -533,6 +538,45 @@ class Simulation:
                 std[idx] = self._std(model)[:ny]
             hit = self._agent_stds = (w.scenario, acting, std)
         return hit[2]
+
+    def _level_noise(
+        self, eps: np.ndarray, std: np.ndarray | None, mu: np.ndarray, pos: np.ndarray, rows: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(noise, scale)`` of the call's rows, both ``(n, Y)`` float32, whose product the tick
+        adds to the means: ``(eps, std)`` as they are when the acting member has no noise model;
+        else the model's noise of each row (`noise_residuals`: its prediction ``mu[pos[i]]``, its
+        draw ``eps[i]``, its scenario's table) and a scale of ones (``x * 1.0f`` is ``x``)."""
+        tables = self._noise_tables()
+        if tables is None:
+            return eps, std
+        scen = self.world.scenario if rows is None else self.world.scenario[rows]
+        out = np.empty(eps.shape, np.float32)
+        noise_residuals(np.ascontiguousarray(mu, np.float32), np.ascontiguousarray(pos, np.int64),
+                        np.ascontiguousarray(scen, np.int64), eps, *tables, out)
+        ones = self.__dict__.get("_ones")
+        if ones is None or ones.shape != out.shape:
+            ones = self.__dict__["_ones"] = np.ones(out.shape, np.float32)
+        return out, ones
+
+    def _noise_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The acting member's noise tables stacked by scenario id (`stack_tables`; a scenario it
+        has none for draws with its model's one std), or None when it has none; kept per member."""
+        member = self.twin.members[self.member] if self.twin.members else None
+        noise = None if member is None else member.noise
+        hit = self.__dict__.get("_noise_memo")
+        if hit is not None and hit[0] is noise and hit[1] == self.member:
+            return hit[2]  # type: ignore[no-any-return]
+        tables = None
+        if noise is not None:
+            ny = self.layout.n_outputs
+            models = self.twin.member_models[self.member]
+            per = [noise.get(s) or OutputNoise.homoscedastic(self._std(models[s])[:ny])
+                   for s in range(len(self.layout.scenarios))]
+            if any(m.width != ny for m in per):
+                raise ValueError(f"member {self.member}'s output noise model is not of the twin's {ny} outputs")
+            tables = stack_tables(per)
+        self.__dict__["_noise_memo"] = (noise, self.member, tables)
+        return tables
 
     def _std(self, model: Any) -> np.ndarray:
         """``(out,)`` float32 std of a client model's Gaussian, kept per model."""

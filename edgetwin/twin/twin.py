@@ -130,8 +130,9 @@ def _fit_member_task(
     seed: int,
 ) -> Member:
     """One ensemble member from the log, its bootstrap draw ``pick`` and its seed: a task of
-    `edgetwin.twin.parallel.run_tasks` (serial, pool or Ray give the same member)."""
-    return Twin._fit_member(
+    `edgetwin.twin.parallel.run_tasks` (serial, pool or Ray give the same member), with its output
+    noise model fitted on the episodes its draw left out (`Member.fit_output_noise`)."""
+    member = Twin._fit_member(
         bootstrap_episodes(df, episodes, pick),
         layout,
         response_model,
@@ -145,6 +146,7 @@ def _fit_member_task(
         site_model,
         invariances,
     )
+    return member.fit_output_noise(df, episodes, pick, layout, seed + 700)
 
 
 class _Constant:
