@@ -447,7 +447,9 @@ def why_open(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> list[dic
     shrinks (``shared``, of it ``interference``), the day-to-day term after the days run (``day``)
     and one day's day-to-day spread (``day_one_sd``: ``sqrt(day var)/|base|``, the spread of the
     daily fleet-wide change itself), the hull's half-width (``half``: the interval the verdict
-    decides on, with the no-interference estimate's), and how many pairs each term dominates.
+    decides on, with the no-interference estimate's) beside the interference-carrying estimate's
+    alone (``transport``: its three terms together), the t quantile's degrees of freedom (``df``),
+    and how many pairs each term dominates.
     ``floor``: pairs whose shared term alone reaches the gap (no number of canary days decides
     them); ``days_16``: pairs whose day-to-day term alone would still reach the gap after 16 days
     (``t·day_one_sd/4``)."""
@@ -475,12 +477,13 @@ def why_open(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> list[dic
             **half, "gap": abs(why["allowed"] - sign * why["change"]), "half": (hi - lo) / 2,
             "day_one_sd": math.sqrt(max(t["day_one"], 0.0)) / b, "days": t["days"], "q": q, "df": t["df"],
             "day_16": q * math.sqrt(max(t["day_one"], 0.0)) / b / 4.0,
+            "transport": q * math.sqrt(max(t["own"] + t["shared"] + t["day"], 0.0)) / b,
         })  # fmt: skip
     out = []
     for col in sorted(counts):
         got = rows.get(col, [])
         med = {k: float(np.median([g[k] for g in got])) if got else None
-               for k in ("gap", "half", "own", "shared", "interference", "day", "day_one_sd", "days", "df", "q")}
+               for k in ("gap", "half", "transport", "own", "shared", "interference", "day", "day_one_sd", "days", "df", "q")}
         dom = {k: sum(max(("own", "shared", "day"), key=lambda x: g[x]) == k for g in got) for k in ("own", "shared", "day")}
         out.append({"kpi": col, "open": counts[col], "with_terms": len(got), "median": med, "dominant": dom,
                     "floor": sum(g["shared"] >= g["gap"] for g in got),
@@ -636,13 +639,16 @@ def run_scale(args: Any, out_dir: Path) -> None:
                     if n not in doc["by_fleet_size"]:
                         doc["by_fleet_size"][n] = entry
                         where[n] = more
-                    else:  # the same size in two processes (``--skip-candidates``): the candidates the first lacks
+                    else:  # the same size in two processes (``--skip-candidates``): the candidates the first
+                        # lacks, and a loop run afresh in place of one taken from an earlier run (`reused_loops`)
                         have = doc["by_fleet_size"][n]
-                        done = {c["policy"] for c in have["per_candidate"]}
-                        new = [c for c in entry["per_candidate"] if c["policy"] not in done]
+                        done = {c["policy"] for c in have["per_candidate"] if not c.get("loop_reused")}
+                        new = [c for c in entry["per_candidate"] if c["policy"] not in done
+                               and (not c.get("loop_reused") or c["policy"] not in {h["policy"] for h in have["per_candidate"]})]
                         names = {c["policy"] for c in new}
-                        have["per_candidate"] += new
-                        have["pairs"] += [p for p in entry["pairs"] if p["policy"] in names]
+                        have["per_candidate"] = [c for c in have["per_candidate"] if c["policy"] not in names] + new
+                        have["pairs"] = [p for p in have["pairs"] if p["policy"] not in names] + \
+                            [p for p in entry["pairs"] if p["policy"] in names]
                         have["truth"] = {**entry.get("truth", {}), **have.get("truth", {})}
         docs.append(doc)
     runs: dict[tuple[str, int], list[str]] = {}  # (work directory, candidates) -> fleet sizes
@@ -656,14 +662,19 @@ def run_scale(args: Any, out_dir: Path) -> None:
     if max(int(d.get("max_days", 1)) for d in docs) > 1:
         ext = []
         for w in [args.work, *args.scale_more]:
-            path = w / f"scale-s{args.scale_merge[0]}.json"
-            if path.is_file():
+            path = next((w / f"scale-s{s}.json" for s in args.scale_merge if (w / f"scale-s{s}.json").is_file()), None)
+            if path is not None:
                 d = json.loads(path.read_text())
-                ext.append(f"python benchmarks/closed_loop.py --scale --seed S --fleet-sizes {' '.join(d['by_fleet_size'])} "
+                only = sorted(s for s in args.scale_merge if (w / f"scale-s{s}.json").is_file())
+                seeds = "S" if len(only) == len(args.scale_merge) else "S (S in " + ", ".join(map(str, only)) + ")"
+                ext.append(f"python benchmarks/closed_loop.py --scale --seed {seeds} --fleet-sizes {' '.join(d['by_fleet_size'])} "
                            f"--max-candidates {len(d['candidates'])}"
                            + (f" --skip-candidates {d['skip_candidates']}" if d.get("skip_candidates") else "")
                            + f" --truth-days {d['truth_days']} --work {w} --max-days {d['max_days']} "
-                           "--reuse docs/benchmarks/closed_loop/scale")  # fmt: skip
+                           "--reuse docs/benchmarks/closed_loop/scale"
+                           + (" --reuse-loop " + str(Path(d["reused_loops"]["from"]).parent) if d.get("reused_loops") else "")
+                           + (" --fresh-sizes " + " ".join(map(str, d["reused_loops"]["fresh_sizes"]))
+                              if (d.get("reused_loops") or {}).get("fresh_sizes") else ""))  # fmt: skip
         write_extended(docs, out_dir, args.no_write, [*ext, cmds[-1]])
         return
     write_scale(docs, out_dir, args.no_write, cmds)
@@ -879,8 +890,9 @@ def why_open_rows(by_size: dict[str, Any]) -> list[str]:
     for n, v in by_size.items():
         for w in v.get("why_open", []):
             m, d = w["median"], w["dominant"]
+            df = "—" if m["df"] is None else f"{m['df']:.0f}"
             rows.append(f"| {int(n):,} | {w['kpi']} | {w['open']} ({w['with_terms']}) | {pct(m['gap'])} | {pct(m['half'])} | "
-                        f"{pct(m['own'])} | {pct(m['shared'])} ({pct(m['interference'])}) | {pct(m['day'])} | "
+                        f"{pct(m['transport'])} | {df} | {pct(m['own'])} | {pct(m['shared'])} ({pct(m['interference'])}) | {pct(m['day'])} | "
                         f"{pct(m['day_one_sd'])} | {d['own']} / {d['shared']} / {d['day']} | {w['floor']} | {w['days_16']} |")  # fmt: skip
     if not rows:
         return []
@@ -890,11 +902,14 @@ def why_open_rows(by_size: dict[str, Any]) -> list[str]:
             "degrees of freedom: the canaries' group split (own: shrinks with more groups and days), the fleet's and "
             "the twin's interference terms (shared, of it interference: no number of canary days shrinks them), the "
             "day-to-day term after the days run (shrinks as 1/days) and one day's spread of the fleet-wide change "
-            "(sd of one day, relative); which term dominates; pairs whose shared term alone reaches the gap (no days "
+            "(sd of one day, relative); the hull's half-width beside the interference-carrying estimate's alone (the "
+            "rest is the two ends' disagreement about the interference) and the t reference's degrees of freedom; "
+            "which term dominates; pairs whose shared term alone reaches the gap (no days "
             "decide them) and whose day-to-day term alone would still reach it after 16 days:", "",
-            "| groups | KPI | open (with terms) | gap | hull half-width | own | shared (interference) | day-to-day | "
-            "sd of one day | dominant own / shared / day | shared ≥ gap | day term ≥ gap at 16 days |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|", *rows]  # fmt: skip
+            "| groups | KPI | open (with terms) | gap | hull half-width | with interference alone | df | own | "
+            "shared (interference) | day-to-day | sd of one day | dominant own / shared / day | shared ≥ gap | "
+            "day term ≥ gap at 16 days |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|", *rows]  # fmt: skip
 
 
 #: what the issue's headline fields hold at each fleet size (`headline`)
