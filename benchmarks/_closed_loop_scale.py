@@ -873,13 +873,16 @@ def same_canaries_rows(by_size: dict[str, Any]) -> list[str]:
             rows.append(f"| {int(n):,} | {sc['candidates']} candidates, {sc['pairs']} pairs | {lp['agent_steps']:,} | "
                         f"{_r(lp['verdict_rate'])} / {_r(lp['agreement'])} | {ca['agent_steps']:,} | "
                         f"{_r(ca['verdict_rate'])} / {_r(ca['agreement'])} |")  # fmt: skip
-    if not rows:
-        return []
-    return ["", "Both arms on the same canary agent-steps (`same_canaries`: canary alone, Kayenta-style, judging every "
-            "canary the loop ran for the candidate, all its days pooled; agent-steps counted alike for both: the "
-            "candidate arm's group-ticks after the pre-period; candidates whose loop ran afresh in this run):", "",
-            "| groups | candidates | loop agent-steps | loop: decided / right | canary alone agent-steps | canary alone: "
-            "decided / right |", "|---|---|---:|---|---:|---|", *rows]  # fmt: skip
+    return _table("Both arms on the same canary agent-steps (`same_canaries`: canary alone, Kayenta-style, judging every "
+                  "canary the loop ran for the candidate, all its days pooled; agent-steps counted alike for both: the "
+                  "candidate arm's group-ticks after the pre-period; candidates whose loop ran afresh in this run):",
+                  "| groups | candidates | loop agent-steps | loop: decided / right | canary alone agent-steps | canary "
+                  "alone: decided / right |", "|---|---|---:|---|---:|---|", rows)  # fmt: skip
+
+
+def _table(intro: str, header: str, rule: str, rows: list[str]) -> list[str]:
+    """A page table after its introducing paragraph (nothing when it has no rows)."""
+    return ["", intro, "", header, rule, *rows] if rows else []
 
 
 def why_open_rows(by_size: dict[str, Any]) -> list[str]:
@@ -895,9 +898,7 @@ def why_open_rows(by_size: dict[str, Any]) -> list[str]:
             rows.append(f"| {int(n):,} | {w['kpi']} | {w['open']} ({w['with_terms']}) | {pct(m['gap'])} | {pct(m['half'])} | "
                         f"{pct(m['transport'])} | {df} | {pct(m['own'])} | {pct(m['shared'])} ({pct(m['interference'])}) | {pct(m['day'])} | "
                         f"{pct(m['day_one_sd'])} | {d['own']} / {d['shared']} / {d['day']} | {w['floor']} | {w['days_16']} |")  # fmt: skip
-    if not rows:
-        return []
-    return ["", "Why the pairs stay open (`why_open`): per KPI, the open pairs (those with their last look's terms "
+    return _table("Why the pairs stay open (`why_open`): per KPI, the open pairs (those with their last look's terms "
             "recorded), medians of the distance from the point estimate to the margin (gap: what the interval's "
             "half-width must get below) and of the relative half-width each term alone gives at the look's level and "
             "degrees of freedom: the canaries' group split (own: shrinks with more groups and days), the fleet's and "
@@ -906,11 +907,11 @@ def why_open_rows(by_size: dict[str, Any]) -> list[str]:
             "(sd of one day, relative); the hull's half-width beside the interference-carrying estimate's alone (the "
             "rest is the two ends' disagreement about the interference) and the t reference's degrees of freedom; "
             "which term dominates; pairs whose shared term alone reaches the gap (no days "
-            "decide them) and whose day-to-day term alone would still reach it after 16 days:", "",
+            "decide them) and whose day-to-day term alone would still reach it after 16 days:",
             "| groups | KPI | open (with terms) | gap | hull half-width | with interference alone | df | own | "
             "shared (interference) | day-to-day | sd of one day | dominant own / shared / day | shared ≥ gap | "
             "day term ≥ gap at 16 days |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|", *rows]  # fmt: skip
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|", rows)  # fmt: skip
 
 
 #: what the issue's headline fields hold at each fleet size (`headline`)
