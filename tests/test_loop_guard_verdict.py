@@ -87,3 +87,53 @@ def test_the_benchmark_counts_a_guard_stopped_candidate_s_other_kpis(scale: Any)
     bare = {"rounds": [{"stop": "guard", "guard_kpi": "kpi.a", "look": True, "checks": {}}]}
     assert scale.verdict_at({"column": "kpi.b", "twin_alone": "abstain"}, bare, 1) == "abstain"
     assert scale.verdict_at({"column": "kpi.a", "twin_alone": "abstain"}, bare, 1) == "regress"
+
+
+@pytest.mark.slow  # fits a small twin and runs one real canary (~20 s on a quiet 2-core machine)
+def test_the_loop_judges_every_kpi_of_a_canary_its_guard_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real canary, marked as the edge marks a guard stop on SLO violations: the loop refuses, and
+    its last round answers every guarded KPI (the guard's one ``regress`` by the guard)."""
+    import torch
+
+    import edgetwin.loop.fleet as fleet
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs, make_policy
+    from edgetwin.loop.plan import PlanBudget
+    from edgetwin.loop.rounds import canary_loop
+    from edgetwin.policies.gate import Guard, resolve_policy
+    from edgetwin.twin.twin import Twin
+    from edgetwin.twin.whatif import fixed_policy
+
+    torch.set_num_threads(1)
+    cluster = ClusterConfig(n_agents=40, steps=24)
+    log, spec = generate_logs(cluster, 2, "random", seed=0)
+    twin = Twin.fit(log, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2, population_model="empirical")
+    fleet_log, _ = generate_logs(cluster, 1, "random", seed=5)
+    real = fleet.canary_on_cluster
+
+    def stopped(*a: Any, **k: Any) -> Any:
+        res = real(*a, **k)
+        res.stop_reason, res.guard_stop = "guard", SimpleNamespace(kpi="kpi.slo_violation")
+        return res
+
+    monkeypatch.setattr(fleet, "canary_on_cluster", stopped)
+
+    class Constant:
+        def act(self, obs: np.ndarray) -> np.ndarray:
+            return np.tile(np.array([1.0, 0.3, 0.2]), (len(obs), 1))
+
+    guards = [Guard("response.offload_ratio", 0.05), Guard("kpi.slo_violation", 0.05)]
+    res = canary_loop(twin, fleet_log, Constant(), make_policy("random", spec, seed=1), cluster,
+                      candidate_spec=fixed_policy("always-edge", Constant()),
+                      baseline_spec=resolve_policy("logging", twin, name="current"), budget=PlanBudget(max_share=0.25),
+                      guards=guards, max_rounds=2, seed=0, fleet_seed=5, old_logs=[log], other_days=[log],
+                      update_options={"epochs": 1, "max_steps": 20}, log=lambda s: None)  # fmt: skip
+    if res.gate["verdict"] != "abstain":
+        pytest.skip("the twin alone decided: no canary ran")
+    last = res.rounds[-1]
+    assert res.verdict == "refuse" and len(res.rounds) == 1 and last.stop_reason == "guard"
+    by = {c["kpi"]: c for c in last.checks}
+    assert set(by) == {"response.offload_ratio", "kpi.slo_violation"}
+    assert by["kpi.slo_violation"]["verdict"] == "regress" and by["kpi.slo_violation"]["by"] == "guard"
+    assert by["response.offload_ratio"]["verdict"] in ("ok", "regress", "straddle") and "by" not in by["response.offload_ratio"]
+    assert "every KPI on the" in res.reason and set(last.estimates) == set(by)

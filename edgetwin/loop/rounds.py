@@ -12,7 +12,8 @@ plan's share × hours × loss budget) is spent.
 canary (the twin never saw those rows), and rounds are pooled by inverse-variance weights
 (`edgetwin.loop.ppi.combine_estimates`), so the updated twin narrows later rounds without
 biasing any. A canary the guard stopped (a guarded KPI's regression beyond its margin is certain,
-always-valid) refuses at once.
+always-valid) refuses at once, and every other guarded KPI is judged on the ticks it ran
+(`_guard_verdict`), so that a refused candidate's other questions are answered too.
 
 **The fleet.** ``fleet_log`` is the fleet's log on the current policy for the day the canaries run
 (its last episode's service groups are the fleet; on the emulated cluster it is
