@@ -98,12 +98,13 @@ def multi_day_truth(cfg: Any, pols: dict[str, Any], kdefs: list[Any], twin: Any,
 
 def loop_pairs(name: str, decision: Any, res: Any, canaries: list[tuple[Any, Any]], nominal: dict[str, Any]) -> dict[str, str]:
     """The loop's verdict per nominal KPI after its last round (the twin alone's where no canary
-    judged the KPI; the stopping KPI ``regress`` when the canary's guard stopped it)."""
+    judged the KPI). A canary the guard stopped: its KPI ``regress`` (the guard's), every other KPI as
+    judged on the ticks it ran (`edgetwin.loop.rounds._guard_verdict`), or open when there were none."""
     if res is None or not res.rounds:
         return {k: c.verdict for k, c in nominal.items()}
     rd = res.rounds[-1]
     by_col = {c["kpi"]: c["verdict"] for c in rd.checks}
-    if rd.stop_reason == "guard":
+    if rd.stop_reason == "guard" and not rd.checks:  # no estimate on the ticks it ran: the guard's KPI alone
         gk = getattr(canaries[rd.round - 1][1].guard_stop, "kpi", None)
         by_col = {gk: "regress"} if gk else {}
     from closed_loop import kpi_column
@@ -179,7 +180,10 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
                            "checks": {c["kpi"]: c["verdict"] for c in r.checks},
                            "guard_kpi": getattr(canaries[r.round - 1][1].guard_stop, "kpi", None)
                            if r.stop_reason == "guard" and len(canaries) >= r.round else None,
-                           "widths": {c["kpi"]: [c.get("expected_width"), c.get("realised_width")] for c in r.checks}}
+                           "widths": {c["kpi"]: [c.get("expected_width"), c.get("realised_width")] for c in r.checks},
+                           "why": {c["kpi"]: {"change": c["change"], "interval": c["interval"],
+                                              "worsening": c["worsening_interval"], "allowed": c["allowed_change"],
+                                              "terms": c.get("terms")} for c in r.checks}}
                           for r in (res.rounds if res else [])],
                "twin_canary_agent_steps": res.agent_steps if res else 0, "canary_alone_agent_steps": alone_steps,
                "max_days": ctx["max_days"],
@@ -200,7 +204,8 @@ def sweep_label(n: int, share: float, hours: float) -> str:
 
 
 def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path, n_candidates: int = 0,
-             log: Any = print, max_days: int = 1, reuse: Path | None = None, skip: int = 0) -> dict[str, Any]:
+             log: Any = print, max_days: int = 1, reuse: Path | None = None, skip: int = 0,
+             reuse_loop: Path | None = None, fresh_sizes: list[int] | None = None) -> dict[str, Any]:
     """Every fleet size for one seed (its own training logs and twin, candidates and fleets), saved
     to ``out`` after each size (a run cut short keeps the sizes it finished).
 
@@ -247,10 +252,35 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
         if not same:
             raise SystemExit(f"--reuse {reuse}: another seed, twin, truth or candidate list than this run")
         doc["reused"] = {"from": str(reuse), "what": ["truth", "canary-alone sweep"]}
+    loops = json.loads(reuse_loop.read_text()) if reuse_loop is not None else None
+    if loops is not None:
+        doc["reused_loops"] = {"from": str(reuse_loop), "fresh_sizes": sorted(int(x) for x in fresh_sizes or ())}
     for n in sizes:
+        again = reused_loops(loops, n, seed, doc) if loops is not None and n not in set(fresh_sizes or ()) else None
         run_size(doc, n, twin, train, current, pols, budget, truth_days, seed, out, log, max_days=max_days,
-                 reuse=(old_doc or {}).get("by_fleet_size", {}).get(str(n)))  # fmt: skip
+                 reuse=(old_doc or {}).get("by_fleet_size", {}).get(str(n)), reuse_loop=again)  # fmt: skip
     return doc
+
+
+def reused_loops(old: dict[str, Any], n: int, seed: int, doc: dict[str, Any]) -> dict[str, Any]:
+    """From an earlier extended run's ``extended_seed<S>.json`` (same seed, twin, candidates, truth
+    days and ``max_days``): candidate -> ``(pairs, summary)`` at fleet size ``n`` for every candidate
+    whose loop did not end on the guard's stop. Judging a guard-stopped canary's other KPIs
+    (`edgetwin.loop.rounds._guard_verdict`) changes nothing on any other path, and the loop is
+    seeded, so those loops are what a rerun would compute (a fresh run of one of them at 1,000
+    groups is the check: the page says which). Their Kayenta measure on the loop's canaries is
+    dropped (``canary_alone`` None): that run read the candidate arm by the wrong name."""
+    same = all(old.get(k) == doc.get(k) for k in ("seed", "truth_days", "twin", "max_days")) and old.get("seed") == seed
+    if not same:
+        raise SystemExit("--reuse-loop: another seed, twin, truth days or --max-days than this run")
+    entry = old.get("by_fleet_size", {}).get(str(n), {})
+    out = {}
+    for s in entry.get("per_candidate", []):
+        if not s["rounds"] or s["rounds"][-1]["stop"] == "guard":
+            continue
+        pairs = [{**p, "canary_alone": None} for p in entry["pairs"] if p["policy"] == s["policy"]]
+        out[s["policy"]] = (pairs, {**s, "loop_reused": True, "canary_alone_agent_steps": None})
+    return out
 
 
 def sweep_for(n: int) -> tuple[tuple[float, float], ...]:
@@ -264,9 +294,10 @@ def sweep_for(n: int) -> tuple[tuple[float, float], ...]:
 
 def run_size(doc: dict[str, Any], n: int, twin: Any, train: Any, current: Any, pols: dict[str, Any], budget: Any,
              truth_days: int, seed: int, out: Path, log: Any, max_days: int = 1,
-             reuse: dict[str, Any] | None = None) -> None:
+             reuse: dict[str, Any] | None = None, reuse_loop: dict[str, Any] | None = None) -> None:
     """One fleet size: each candidate's pairs with their multi-day truth, saved to ``out`` after every
-    candidate (``complete`` once all are done; a rerun resumes with the candidates not yet done)."""
+    candidate (``complete`` once all are done; a rerun resumes with the candidates not yet done).
+    ``reuse_loop``: candidate -> ``(pairs, summary)`` taken as they are (`reused_loops`)."""
     from edgetwin.emulator.cluster import ClusterConfig
     from edgetwin.emulator.logs import generate_logs
 
@@ -294,7 +325,8 @@ def run_size(doc: dict[str, Any], n: int, twin: Any, train: Any, current: Any, p
     for name, pol in pols.items():
         if name in done:
             continue
-        pairs, summ = run_candidate(ctx, name, pol)
+        old = (reuse_loop or {}).get(name)
+        pairs, summ = old if old is not None else run_candidate(ctx, name, pol)
         truth = entry["truth"]
         if "current" not in truth:
             truth.update(multi_day_truth(cfg, {"current": current}, list(ctx["kdefs"].values()), twin, truth_days, seed))
@@ -363,8 +395,10 @@ def score_size(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[s
     can_dec = [p for p in open_ if p["twin_canary"] in DECIDED]
     loop = [{**p, "x": p["twin_alone"] if p["twin_alone"] in DECIDED else p["twin_canary"]} for p in pairs]
     loop_dec = [p for p in loop if p["x"] in DECIDED]
-    ca_dec = [p for p in pairs if p["canary_alone"] in DECIDED]
-    ca_open_dec = [p for p in open_ if p["canary_alone"] in DECIDED]
+    measured = [p for p in pairs if p.get("canary_alone") is not None]  # a reused loop's was not (`reused_loops`)
+    ca_dec = [p for p in measured if p["canary_alone"] in DECIDED]
+    ca_open_dec = [p for p in open_ if p.get("canary_alone") in DECIDED]
+    ca_open_n = sum(p.get("canary_alone") is not None for p in open_)
     vr, ag = rate(len(can_dec), len(open_)), rate(sum(agree(p, "twin_canary") for p in can_dec), len(can_dec))
     return {
         "pairs": len(pairs), "truth_regress": sum(bool(p["truth_regress"]) for p in pairs),
@@ -375,16 +409,19 @@ def score_size(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[s
                        "agreement": rate(sum(agree(p, "twin_alone") for p in twin_dec), len(twin_dec))},
         "loop": {"verdict_rate": rate(len(loop_dec), len(pairs)),
                  "agreement": rate(sum(agree(p, "x") for p in loop_dec), len(loop_dec))},
-        "canary_alone": {"verdict_rate": rate(len(ca_dec), len(pairs)),
+        "canary_alone_pairs_measured": len(measured),
+        "canary_alone": {"verdict_rate": rate(len(ca_dec), len(measured)),
                          "agreement": rate(sum(agree(p, "canary_alone") for p in ca_dec), len(ca_dec)),
-                         "open_verdict_rate": rate(len(ca_open_dec), len(open_)),
+                         "open_verdict_rate": rate(len(ca_open_dec), ca_open_n),
                          "open_agreement": rate(sum(agree(p, "canary_alone") for p in ca_open_dec), len(ca_open_dec))},
         "candidate_verdicts": candidate_level(pairs, per),
         "twin_canary_agent_steps": sum(s["twin_canary_agent_steps"] for s in per),
-        "canary_alone_agent_steps": sum(s["canary_alone_agent_steps"] for s in per),
+        "canary_alone_agent_steps": sum(s["canary_alone_agent_steps"] or 0 for s in per),
         "rounds": sum(len(s["rounds"]) for s in per),
         "max_merged_truth_gap": max((p.get("merged_truth_gap", 0.0) for p in pairs), default=0.0),
         "by_day": by_day(pairs, per),
+        "why_open": why_open(pairs, per),
+        "loops_reused": [f"seed {s.get('seed')}: {s['policy']}" for s in per if s.get("loop_reused")],
     }  # fmt: skip
 
 
@@ -396,9 +433,64 @@ def verdict_at(pair: dict[str, Any], summary: dict[str, Any], day: int) -> str:
     if not rounds:
         return str(pair["twin_alone"])
     last = rounds[-1]
-    if last.get("stop") == "guard":
+    if last.get("stop") == "guard" and not last.get("checks"):
         return "regress" if last.get("guard_kpi") and last.get("guard_kpi") == pair.get("column") else str(pair["twin_alone"])
     return str(last.get("checks", {}).get(pair.get("column") or "", pair["twin_alone"]))
+
+
+def why_open(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Why the pairs the canaries left open stay open (issue 48): per KPI column, over the open pairs
+    whose last look recorded its interval's terms (`edgetwin.loop.ppi.width_terms`), the medians of
+    the distance from the point estimate to the margin (``gap``: how far the interval must shrink)
+    and of the half-widths each term alone gives at the look's level and degrees of freedom
+    (``t·sqrt(term)/|base|``, relative; the delta method's baseline part left out): the canaries'
+    group split (``own``), the fleet's and the twin's interference terms, which no number of days
+    shrinks (``shared``, of it ``interference``), the day-to-day term after the days run (``day``)
+    and one day's day-to-day spread (``day_one_sd``: ``sqrt(day var)/|base|``, the spread of the
+    daily fleet-wide change itself), the hull's half-width (``half``: the interval the verdict
+    decides on, with the no-interference estimate's) beside the interference-carrying estimate's
+    alone (``transport``: its three terms together), the t quantile's degrees of freedom (``df``),
+    and how many pairs each term dominates.
+    ``floor``: pairs whose shared term alone reaches the gap (no number of canary days decides
+    them); ``days_16``: pairs whose day-to-day term alone would still reach the gap after 16 days
+    (``t·day_one_sd/4``)."""
+    from edgetwin.loop.ppi import t_quantile
+
+    summ = {(s.get("seed"), s["policy"]): s for s in per}
+    rows: dict[str, list[dict[str, float]]] = {}
+    counts: dict[str, int] = {}
+    for p in pairs:
+        if p["twin_alone"] in DECIDED or p["twin_canary"] in DECIDED:
+            continue
+        col = p.get("column") or ""
+        counts[col] = counts.get(col, 0) + 1
+        looks = [r for r in summ.get((p.get("seed"), p["policy"]), {}).get("rounds", [])
+                 if isinstance(r, dict) and r.get("look", True)]
+        why = (looks[-1].get("why") or {}).get(col) if looks else None
+        t = (why or {}).get("terms")
+        if not t or not t.get("base"):
+            continue
+        q, b = t_quantile(t["level"], t["df"]), abs(t["base"])
+        half = {k: q * math.sqrt(max(t[k], 0.0)) / b for k in ("own", "shared", "interference", "day")}
+        lo, hi = why["worsening"]
+        sign = -1.0 if p["better"] == "higher" else 1.0
+        rows.setdefault(col, []).append({
+            **half, "gap": abs(why["allowed"] - sign * why["change"]), "half": (hi - lo) / 2,
+            "day_one_sd": math.sqrt(max(t["day_one"], 0.0)) / b, "days": t["days"], "q": q, "df": t["df"],
+            "day_16": q * math.sqrt(max(t["day_one"], 0.0)) / b / 4.0,
+            "transport": q * math.sqrt(max(t["own"] + t["shared"] + t["day"], 0.0)) / b,
+        })  # fmt: skip
+    out = []
+    for col in sorted(counts):
+        got = rows.get(col, [])
+        med = {k: float(np.median([g[k] for g in got])) if got else None
+               for k in ("gap", "half", "transport", "own", "shared", "interference", "day", "day_one_sd", "days", "df", "q")}
+        dom = {k: sum(max(("own", "shared", "day"), key=lambda x: g[x]) == k for g in got) for k in ("own", "shared", "day")}
+        out.append({"kpi": col, "open": counts[col], "with_terms": len(got), "median": med, "dominant": dom,
+                    "floor": sum(g["shared"] >= g["gap"] for g in got),
+                    "days_16": sum(g["day_16"] >= g["gap"] for g in got),
+                    "day_one_over_margin": sum(g["day_one_sd"] > 0.05 for g in got)})  # fmt: skip
+    return out
 
 
 def by_day(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -441,14 +533,63 @@ def steps_ratio(pairs: list[dict[str, Any]], per: list[dict[str, Any]], loop: di
                        "confident_agreement": (sum((p["sweep"][lb] == "regress") == bool(p["truth_regress"]) for p in dec)
                                                / len(dec)) if dec else None})  # fmt: skip
     steps = sum(s["twin_canary_agent_steps"] for s in per)
+    same = same_canaries(pairs, per)
     if not loop["verdict_rate"]["k"]:
         return {"ratio": None, "lower_bound": None, "how": "the loop decided no pair: no verdict rate to match",
-                "canary_alone_steps": None, "twin_canary_steps": steps, "sweep": points}  # fmt: skip
+                "canary_alone_steps": None, "twin_canary_steps": steps, "sweep": points, "same_canaries": same}  # fmt: skip
     reach = steps_to_reach(points, loop["verdict_rate"]["rate"] or 0.0, loop["agreement"]["rate"])
     ratio = reach["steps"] / steps if reach["steps"] is not None and steps > 0 else None
     lower = reach.get("max_steps", 0.0) / steps if reach["steps"] is None and steps > 0 else None
     return {"ratio": ratio, "lower_bound": lower, "how": reach["how"], "canary_alone_steps": reach["steps"],
-            "twin_canary_steps": steps, "sweep": points}  # fmt: skip
+            "twin_canary_steps": steps, "sweep": points, "same_canaries": same}  # fmt: skip
+
+
+def same_canaries(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Both arms of the steps comparison on the same canary agent-steps: canary alone
+    (`closed_loop.kayenta_verdict` per pair over every canary the loop ran for that candidate, all
+    its days pooled) against the loop (the twin alone's verdict where it decided, the loop's
+    elsewhere), over the candidates where canary alone was measured on the loop's canaries (a
+    reused loop's was not). Canary alone's agent-steps are the loop's canaries' candidate rows,
+    counted as the loop counts its own (`LoopRound.candidate_agent_steps`: candidate-arm group-ticks
+    after the pre-period). None when no candidate was measured."""
+    keys = {(s.get("seed"), s["policy"]) for s in per if s.get("canary_alone_agent_steps") is not None}
+    ps = [p for p in pairs if (p.get("seed"), p["policy"]) in keys and p.get("canary_alone") is not None]
+    if not ps:
+        return None
+    ca = [p for p in ps if p["canary_alone"] in DECIDED]
+    lp = [{**p, "x": p["twin_alone"] if p["twin_alone"] in DECIDED else p["twin_canary"]} for p in ps]
+    ld = [p for p in lp if p["x"] in DECIDED]
+    sel = [s for s in per if (s.get("seed"), s["policy"]) in keys]
+    return {"candidates": len(sel), "pairs": len(ps),
+            "canary_alone": {"verdict_rate": rate(len(ca), len(ps)), "agreement": rate(sum(agree(p, "canary_alone") for p in ca), len(ca)),
+                             "agent_steps": sum(int(s["canary_alone_agent_steps"]) for s in sel)},
+            "loop": {"verdict_rate": rate(len(ld), len(ps)), "agreement": rate(sum(agree(p, "x") for p in ld), len(ld)),
+                     "agent_steps": sum(int(s["twin_canary_agent_steps"]) for s in sel)}}  # fmt: skip
+
+
+def reuse_check(seed_docs: list[dict[str, Any]], old_dir: Path) -> dict[str, Any]:
+    """Candidates run afresh whose loop an earlier run (``old_dir/extended_seed<S>.json``) had ended
+    without the guard's stop: is every pair's verdict and the loop's agent-steps the same? (The
+    check that `reused_loops`' reuse gives what a rerun would.)"""
+    same, differ = [], []
+    for d in seed_docs:
+        path = old_dir / f"extended_seed{d['seed']}.json"
+        if not path.is_file():
+            continue
+        old = json.loads(path.read_text())
+        for n, e in d["by_fleet_size"].items():
+            oe = old.get("by_fleet_size", {}).get(n, {})
+            olds = {s["policy"]: s for s in oe.get("per_candidate", [])}
+            for s in e["per_candidate"]:
+                o = olds.get(s["policy"])
+                if s.get("loop_reused") or o is None or not o["rounds"] or o["rounds"][-1]["stop"] == "guard":
+                    continue
+                a = {p["kpi"]: p["twin_canary"] for p in e["pairs"] if p["policy"] == s["policy"]}
+                b = {p["kpi"]: p["twin_canary"] for p in oe["pairs"] if p["policy"] == s["policy"]}
+                key = f"seed {d['seed']}, {int(n):,} groups, {s['policy']}"
+                ok = a == b and s["twin_canary_agent_steps"] == o["twin_canary_agent_steps"]
+                (same if ok else differ).append(key)
+    return {"identical": same, "differing": differ}
 
 
 def first_sweep(seed_docs: list[dict[str, Any]]) -> list[list[float]]:
@@ -484,7 +625,9 @@ def run_scale(args: Any, out_dir: Path) -> None:
             print(f"note: --truth-days {args.truth_days} < 20: not the issue's multi-day truth", flush=True)
         run_seed(args.seed, list(args.fleet_sizes), args.truth_days, args.work, args.work / f"scale-s{args.seed}.json",
                  args.max_candidates, log=lambda s: print(s, flush=True), max_days=args.max_days,
-                 reuse=args.reuse / f"seed{args.seed}.json" if args.reuse else None, skip=args.skip_candidates)  # fmt: skip
+                 reuse=args.reuse / f"seed{args.seed}.json" if args.reuse else None, skip=args.skip_candidates,
+                 reuse_loop=args.reuse_loop / f"extended_seed{args.seed}.json" if args.reuse_loop else None,
+                 fresh_sizes=list(args.fresh_sizes))  # fmt: skip
         return
     docs, where = [], {}
     for s in args.scale_merge:
@@ -497,13 +640,16 @@ def run_scale(args: Any, out_dir: Path) -> None:
                     if n not in doc["by_fleet_size"]:
                         doc["by_fleet_size"][n] = entry
                         where[n] = more
-                    else:  # the same size in two processes (``--skip-candidates``): the candidates the first lacks
+                    else:  # the same size in two processes (``--skip-candidates``): the candidates the first
+                        # lacks, and a loop run afresh in place of one taken from an earlier run (`reused_loops`)
                         have = doc["by_fleet_size"][n]
-                        done = {c["policy"] for c in have["per_candidate"]}
-                        new = [c for c in entry["per_candidate"] if c["policy"] not in done]
+                        done = {c["policy"] for c in have["per_candidate"] if not c.get("loop_reused")}
+                        new = [c for c in entry["per_candidate"] if c["policy"] not in done
+                               and (not c.get("loop_reused") or c["policy"] not in {h["policy"] for h in have["per_candidate"]})]
                         names = {c["policy"] for c in new}
-                        have["per_candidate"] += new
-                        have["pairs"] += [p for p in entry["pairs"] if p["policy"] in names]
+                        have["per_candidate"] = [c for c in have["per_candidate"] if c["policy"] not in names] + new
+                        have["pairs"] = [p for p in have["pairs"] if p["policy"] not in names] + \
+                            [p for p in entry["pairs"] if p["policy"] in names]
                         have["truth"] = {**entry.get("truth", {}), **have.get("truth", {})}
         docs.append(doc)
     runs: dict[tuple[str, int], list[str]] = {}  # (work directory, candidates) -> fleet sizes
@@ -517,14 +663,19 @@ def run_scale(args: Any, out_dir: Path) -> None:
     if max(int(d.get("max_days", 1)) for d in docs) > 1:
         ext = []
         for w in [args.work, *args.scale_more]:
-            path = w / f"scale-s{args.scale_merge[0]}.json"
-            if path.is_file():
+            path = next((w / f"scale-s{s}.json" for s in args.scale_merge if (w / f"scale-s{s}.json").is_file()), None)
+            if path is not None:
                 d = json.loads(path.read_text())
-                ext.append(f"python benchmarks/closed_loop.py --scale --seed S --fleet-sizes {' '.join(d['by_fleet_size'])} "
+                only = sorted(s for s in args.scale_merge if (w / f"scale-s{s}.json").is_file())
+                seeds = "S" if len(only) == len(args.scale_merge) else "S (S in " + ", ".join(map(str, only)) + ")"
+                ext.append(f"python benchmarks/closed_loop.py --scale --seed {seeds} --fleet-sizes {' '.join(d['by_fleet_size'])} "
                            f"--max-candidates {len(d['candidates'])}"
                            + (f" --skip-candidates {d['skip_candidates']}" if d.get("skip_candidates") else "")
                            + f" --truth-days {d['truth_days']} --work {w} --max-days {d['max_days']} "
-                           "--reuse docs/benchmarks/closed_loop/scale")  # fmt: skip
+                           "--reuse docs/benchmarks/closed_loop/scale"
+                           + (" --reuse-loop " + str(Path(d["reused_loops"]["from"]).parent) if d.get("reused_loops") else "")
+                           + (" --fresh-sizes " + " ".join(map(str, d["reused_loops"]["fresh_sizes"]))
+                              if (d.get("reused_loops") or {}).get("fresh_sizes") else ""))  # fmt: skip
         write_extended(docs, out_dir, args.no_write, [*ext, cmds[-1]])
         return
     write_scale(docs, out_dir, args.no_write, cmds)
@@ -629,7 +780,11 @@ def write_scale(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, 
         cur = json.loads(path.read_text()) if path.exists() else {}
         if "quick_canary_steps_ratio" not in cur and "canary_steps_ratio" in cur:
             cur["quick_canary_steps_ratio"] = cur["canary_steps_ratio"]  # the one-seed, 60-group run's (its section)
-        cur.update(out)
+        if "one_day" in cur:  # the headline is the extended run's (`headline`): the one-day run keeps its own key
+            cur["one_day"] = {k: out[k] for k in out if k != "seeds"} | {"seeds": out["seeds"]}
+            headline(cur, cur["extended"])
+        else:
+            cur.update(out)
         path.write_text(json.dumps(cur, indent=1, default=float))
         for d in seed_docs:
             (out_dir / "scale").mkdir(exist_ok=True)
@@ -658,7 +813,10 @@ def extended_section(res: dict[str, Any]) -> str:
              "the rounds pooled with the fleet's and the interference's terms as perfectly correlated and the day-to-day "
              "term (the twin's replay of 6 recent days of the fleet's own size) independent across days only; "
              "`Twin.update` after each look; the loop stops early when no open KPI can decide in the days left "
-             "(futility). What ran: " + "; ".join(f"{int(n):,} groups: seeds {v['seeds']}, candidates per seed "
+             "(futility). A canary the guard stopped refuses its candidate (the guard's KPI *regresses*, always-valid) "
+             "and every other KPI is judged on the ticks it ran, pooled with the earlier days at the look's level "
+             "(`edgetwin.loop.rounds._guard_verdict`): each (candidate, KPI) question is answered once. "
+             + reuse_text(res) + "What ran: " + "; ".join(f"{int(n):,} groups: seeds {v['seeds']}, candidates per seed "
              + ", ".join(f"{sd}: {len(cs)}" for sd, cs in v["candidates"].items()) for n, v in res["by_fleet_size"].items())
              + ". Intervals: Clopper-Pearson 95 % over pairs (optimistic: a candidate's pairs share its canaries).", "",
              "| groups | seeds | pairs (truly regressing) | left open by the twin alone → canaries decided (`canary_verdict_rate`, "
@@ -684,7 +842,98 @@ def extended_section(res: dict[str, Any]) -> str:
               "over the loop's):", "", "| groups | loop: verdict rate / agreement / agent-steps | canary alone reaches it at | ratio |",
               "|---|---|---|---|"]  # fmt: skip
     lines += steps_rows(res["by_fleet_size"], 2)
+    lines += same_canaries_rows(res["by_fleet_size"])
+    lines += why_open_rows(res["by_fleet_size"])
     return "\n".join(lines) + "\n"
+
+
+def reuse_text(res: dict[str, Any]) -> str:
+    """The page's sentence on which loops were taken from an earlier run and the check that they
+    are what a rerun gives (`reused_loops`, `reuse_check`)."""
+    reused = {n: v.get("loops_reused", []) for n, v in res["by_fleet_size"].items()}
+    if not any(reused.values()):
+        return ""
+    chk = res.get("reuse_check", {})
+    same, differ = chk.get("identical", []), chk.get("differing", [])
+    return ("Loops taken as they were from the earlier extended run (" + ", ".join(res.get("reused_loops", [])) + "; none "
+            "ended on the guard's stop, the only path this run changes; their Kayenta measure on the loop's canaries is "
+            "not counted): " + "; ".join(f"{int(n):,} groups: {', '.join(v)}" for n, v in reused.items() if v)
+            + f". The check: {len(same)} such loop(s) run afresh gave the same verdict on every pair and the same "
+            f"agent-steps ({'; '.join(same) or 'none'})" + (f", {len(differ)} did not ({'; '.join(differ)})" if differ else "")
+            + ". ")  # fmt: skip
+
+
+def same_canaries_rows(by_size: dict[str, Any]) -> list[str]:
+    """Both arms on the same agent-steps (`same_canaries`), one row per fleet size measured."""
+    rows = []
+    for n, v in by_size.items():
+        sc = v["steps"].get("same_canaries")
+        if sc:
+            ca, lp = sc["canary_alone"], sc["loop"]
+            rows.append(f"| {int(n):,} | {sc['candidates']} candidates, {sc['pairs']} pairs | {lp['agent_steps']:,} | "
+                        f"{_r(lp['verdict_rate'])} / {_r(lp['agreement'])} | {ca['agent_steps']:,} | "
+                        f"{_r(ca['verdict_rate'])} / {_r(ca['agreement'])} |")  # fmt: skip
+    return _table("Both arms on the same canary agent-steps (`same_canaries`: canary alone, Kayenta-style, judging every "
+                  "canary the loop ran for the candidate, all its days pooled; agent-steps counted alike for both: the "
+                  "candidate arm's group-ticks after the pre-period; candidates whose loop ran afresh in this run):",
+                  "| groups | candidates | loop agent-steps | loop: decided / right | canary alone agent-steps | canary "
+                  "alone: decided / right |", "|---|---|---:|---|---:|---|", rows)  # fmt: skip
+
+
+def _table(intro: str, header: str, rule: str, rows: list[str]) -> list[str]:
+    """A page table after its introducing paragraph (nothing when it has no rows)."""
+    return ["", intro, "", header, rule, *rows] if rows else []
+
+
+def why_open_rows(by_size: dict[str, Any]) -> list[str]:
+    """The page's why-the-pairs-stay-open table (`why_open`), one row per fleet size and KPI."""
+    def pct(x: float | None) -> str:
+        return "—" if x is None else f"{100 * x:.1f} %"
+
+    rows = []
+    for n, v in by_size.items():
+        for w in v.get("why_open", []):
+            m, d = w["median"], w["dominant"]
+            df = "—" if m["df"] is None else f"{m['df']:.0f}"
+            rows.append(f"| {int(n):,} | {w['kpi']} | {w['open']} ({w['with_terms']}) | {pct(m['gap'])} | {pct(m['half'])} | "
+                        f"{pct(m['transport'])} | {df} | {pct(m['own'])} | {pct(m['shared'])} ({pct(m['interference'])}) | {pct(m['day'])} | "
+                        f"{pct(m['day_one_sd'])} | {d['own']} / {d['shared']} / {d['day']} | {w['floor']} | {w['days_16']} |")  # fmt: skip
+    return _table("Why the pairs stay open (`why_open`): per KPI, the open pairs (those with their last look's terms "
+            "recorded), medians of the distance from the point estimate to the margin (gap: what the interval's "
+            "half-width must get below) and of the relative half-width each term alone gives at the look's level and "
+            "degrees of freedom: the canaries' group split (own: shrinks with more groups and days), the fleet's and "
+            "the twin's interference terms (shared, of it interference: no number of canary days shrinks them), the "
+            "day-to-day term after the days run (shrinks as 1/days) and one day's spread of the fleet-wide change "
+            "(sd of one day, relative); the hull's half-width beside the interference-carrying estimate's alone (the "
+            "rest is the two ends' disagreement about the interference) and the t reference's degrees of freedom; "
+            "which term dominates; pairs whose shared term alone reaches the gap (no days "
+            "decide them) and whose day-to-day term alone would still reach it after 16 days:",
+            "| groups | KPI | open (with terms) | gap | hull half-width | with interference alone | df | own | "
+            "shared (interference) | day-to-day | sd of one day | dominant own / shared / day | shared ≥ gap | "
+            "day term ≥ gap at 16 days |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|", rows)  # fmt: skip
+
+
+#: what the issue's headline fields hold at each fleet size (`headline`)
+EXTENDED_DESIGN = ("extended canaries (up to 16 days, looks at 1, 2, 4, 8, 16) with a guard-stopped candidate's "
+                   "other KPIs judged on the ticks it ran")
+ONE_DAY_DESIGN = "one day, ≤ 3 rounds (not rerun with the extension: 5,000 groups did not fit the shared machine)"
+
+
+def headline(cur: dict[str, Any], ext: dict[str, Any]) -> None:
+    """The issue's fields (``by_fleet_size`` → ``"100"`` / ``"1000"`` / ``"5000"`` →
+    ``canary_verdict_rate``, ``confident_agreement``, ``agreement_ci``; ``canary_steps_ratio``) from
+    the extended run where it ran, the one-day run's elsewhere, each entry naming its ``design``.
+    The one-day run's own keys move, once, to ``one_day`` (its page section reads its seed files)."""
+    if "one_day" not in cur and "by_fleet_size" in cur:
+        cur["one_day"] = {k: cur[k] for k in ("by_fleet_size", "canary_steps_ratio", "canary_steps_ratio_lower_bound",
+                                              "canary_steps_ratio_fleet_size", "scale_config") if k in cur}  # fmt: skip
+    by = {n: {k: v for k, v in b.items() if k != "per_candidate_rounds"} | {"design": EXTENDED_DESIGN}
+          for n, b in ext["by_fleet_size"].items()}  # fmt: skip
+    for n, b in cur.get("one_day", {}).get("by_fleet_size", {}).items():
+        by.setdefault(n, {**b, "design": ONE_DAY_DESIGN})
+    cur["by_fleet_size"] = {n: by[n] for n in sorted(by, key=int)}
+    cur.update({k: ext[k] for k in ("canary_steps_ratio", "canary_steps_ratio_lower_bound", "canary_steps_ratio_fleet_size")})
 
 
 def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str]) -> dict[str, Any]:
@@ -697,6 +946,7 @@ def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: boo
     from edgetwin.loop.ppi import look_days, look_level
 
     by = merge(seed_docs)
+    check = reuse_check(seed_docs, out_dir / "scale")
     for n, b in by.items():
         if not any("canary_alone_relabelled" in d for d in seed_docs):  # runs before that fix: its measure read no candidate row
             b["canary_alone"] = "not measured in this run (the loop's canaries name the candidate by its registry version)"
@@ -712,7 +962,8 @@ def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: boo
     res = {"seeds": sorted(d["seed"] for d in seed_docs), "max_days": max_days, "looks": looks,
            "look_level": look_level(0.9, len(looks)), "scale_config": cfg, "by_fleet_size": by,
            "canary_steps_ratio_fleet_size": int(head), "canary_steps_ratio": by[head]["steps"]["ratio"],
-           "canary_steps_ratio_lower_bound": by[head]["steps"]["lower_bound"]}  # fmt: skip
+           "canary_steps_ratio_lower_bound": by[head]["steps"]["lower_bound"], "reuse_check": check,
+           "reused_loops": sorted({str(d["reused_loops"]["from"]) for d in seed_docs if d.get("reused_loops")})}  # fmt: skip
     print(json.dumps({n: {k: b[k] for k in ("pairs", "canary_verdict_rate", "confident_agreement", "agreement_ci")}
                       | {"by_day": [(r["day"], r["verdict_rate"]["rate"], r["agreement"]["rate"]) for r in b["by_day"]]}
                       for n, b in by.items()}, indent=1, default=float))  # fmt: skip
@@ -720,6 +971,7 @@ def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: boo
         path = out_dir / "results_production.json"
         cur = json.loads(path.read_text()) if path.exists() else {}
         cur["extended"] = res
+        headline(cur, res)
         path.write_text(json.dumps(cur, indent=1, default=float))
         (out_dir / "scale").mkdir(exist_ok=True)
         for d in seed_docs:

@@ -622,7 +622,7 @@ def plot(d: dict[str, Any], path: Path) -> None:
 #: the closed loop at one size keeps them)
 OTHER_RUNS_KEYS = ("coverage_experiment", "simulated_by_fleet_size", "designs", "coverage_seeds", "coverage_days",
                    "seeds", "by_fleet_size", "scale_config", "canary_steps_ratio_fleet_size",
-                   "canary_steps_ratio_lower_bound", "quick_canary_steps_ratio", "extended")  # fmt: skip
+                   "canary_steps_ratio_lower_bound", "quick_canary_steps_ratio", "extended", "one_day")  # fmt: skip
 
 
 def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
@@ -948,6 +948,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="--scale: extend a candidate that is not hurting up to this many canary days (1: one day, 3 rounds)")
     ap.add_argument("--reuse", type=Path, default=None, metavar="DIR",
                     help="--scale: take the truth and canary-alone sweep from DIR/seed<S>.json of an earlier run")
+    ap.add_argument("--reuse-loop", type=Path, default=None, metavar="DIR",
+                    help="--scale: take from DIR/extended_seed<S>.json the loop of every candidate whose canary the "
+                         "guard did not stop (the only path a guard-stop change touches); rerun the others")
+    ap.add_argument("--fresh-sizes", type=int, nargs="*", default=[], metavar="N",
+                    help="--scale with --reuse-loop: fleet sizes at which every candidate's loop runs again")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.scale or args.scale_merge is not None:

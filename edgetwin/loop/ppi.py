@@ -249,6 +249,7 @@ def ppi_mean_difference(
     out["twin_diff"] = twin_diff
     out["twin_rel"] = twin_diff / abs(base) if base else float("nan")
     out.update(diff_var_shared=diff_shared, diff_var_own=diff_own, base_var_shared=base_shared, base_var_own=v_b,
+               diff_var_interference=float(transport_var[0]),
                diff_var_day=float(day_var[0]), base_var_day=float(day_var[1]), day_df=float(day_df),
                day_var=float(day_var[0]), paired=float(bool(paired)), day=0.0)
     return out
@@ -311,10 +312,32 @@ def look_days(max_days: int) -> tuple[int, ...]:
     return (*out, n)
 
 
+def _pool_terms(rounds: Sequence[Mapping[str, float]], key: str, prefix: str = "") -> tuple[
+        float, float, list[float], float, float]:
+    """One quantity's (``key``: ``diff`` or ``base``) inverse-variance pooled value over the rounds and
+    its variance, with the terms it is made of: ``(value, variance, own terms, shared, day)``
+    (`_pool` says how each kind of term is pooled)."""
+    tot = [r[f"{prefix}{key}_se"] ** 2 for r in rounds]
+    w = np.array([1.0 / max(v, 1e-300) for v in tot])
+    w = w / w.sum()
+    val = float(np.sum(w * np.array([r[f"{prefix}{key}"] for r in rounds])))
+    shared = [float(r.get(f"{prefix}{key}_var_shared", 0.0)) for r in rounds]
+    day = [float(r.get(f"{prefix}{key}_var_day", 0.0)) for r in rounds]
+    own = [max(t - s - d, 0.0) for t, s, d in zip(tot, shared, day, strict=True)]
+    by_day: dict[float, float] = {}
+    for wi, d, r in zip(w, day, rounds, strict=True):
+        k = float(r.get(f"{prefix}day", 0.0))
+        by_day[k] = by_day.get(k, 0.0) + float(wi) * math.sqrt(d)
+    shared_v = float(np.sum(w * np.sqrt(shared)) ** 2)
+    day_v = float(sum(v * v for v in by_day.values()))
+    own_terms = list(w * w * np.array(own))
+    return val, float(np.sum(own_terms)) + shared_v + day_v, own_terms, shared_v, day_v
+
+
 def _pool(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> tuple[float, float, float, float, float]:
     """Inverse-variance pooled ``(diff, diff_var, base, base_var, df)`` of one KPI's rounds.
 
-    Three kinds of term, pooled as what they are:
+    Three kinds of term, pooled as what they are (`_pool_terms`):
 
     * the rounds' own rectifiers are independent (each round's canary is a new random slice,
       judged with the twin from before it): ``Σ w_i²·own_i``;
@@ -327,30 +350,33 @@ def _pool(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> tuple[floa
       of one day (``day``, the day's index) and independent across days:
       ``Σ_days (Σ_{i in day} w_i·sd_i)²``. So more rounds on one day never shrink it; more days
       shrink it as ``1/days`` — the day-to-day variance shrinks only with more days."""
-
-    def one(key: str) -> tuple[float, float, list[float], float, float]:
-        tot = [r[f"{prefix}{key}_se"] ** 2 for r in rounds]
-        w = np.array([1.0 / max(v, 1e-300) for v in tot])
-        w = w / w.sum()
-        val = float(np.sum(w * np.array([r[f"{prefix}{key}"] for r in rounds])))
-        shared = [float(r.get(f"{prefix}{key}_var_shared", 0.0)) for r in rounds]
-        day = [float(r.get(f"{prefix}{key}_var_day", 0.0)) for r in rounds]
-        own = [max(t - s - d, 0.0) for t, s, d in zip(tot, shared, day, strict=True)]
-        by_day: dict[float, float] = {}
-        for wi, d, r in zip(w, day, rounds, strict=True):
-            k = float(r.get(f"{prefix}day", 0.0))
-            by_day[k] = by_day.get(k, 0.0) + float(wi) * math.sqrt(d)
-        shared_v = float(np.sum(w * np.sqrt(shared)) ** 2)
-        day_v = float(sum(v * v for v in by_day.values()))
-        own_terms = list(w * w * np.array(own))
-        return val, float(np.sum(own_terms)) + shared_v + day_v, own_terms, shared_v, day_v
-
-    diff, dv, own_terms, shared_v, day_v = one("diff")
-    base, bv, _, _, _ = one("base")
+    diff, dv, own_terms, shared_v, day_v = _pool_terms(rounds, "diff", prefix)
+    base, bv, _, _, _ = _pool_terms(rounds, "base", prefix)
     dfs = [float(r.get(f"{prefix}df", float("inf"))) for r in rounds]
     day_df = min((float(r.get(f"{prefix}day_df", float("inf"))) for r in rounds), default=float("inf"))
     df = welch_df([(v, d) for v, d in zip(own_terms, dfs, strict=True)] + [(shared_v, min(dfs)), (day_v, day_df)])
     return diff, dv, base, bv, df
+
+
+def width_terms(rounds: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """What a pooled interval of the change is made of (issue 48: why a pair stays open), as
+    variances of the difference in the KPI's units squared, beside the baseline level:
+
+    ``own`` (the canaries' group split: the arms' rectifiers, shrinks with more groups or days),
+    ``shared`` (the fleet's and the twin's interference terms, every round's at once: no number of
+    canary days shrinks it), of which ``interference`` (the twin members' spread over the
+    interference, `interference_var`, pooled as perfectly correlated like the rest of it), ``day``
+    (the day-to-day term: shrinks as ``1/days``) and ``day_one`` (one day's day-to-day variance,
+    the spread of the daily change itself), ``base`` (the pooled baseline level) and ``days``."""
+    _, _, own_terms, shared_v, day_v = _pool_terms(rounds, "diff")
+    base = _pool_terms(rounds, "base")[0]
+    tot = [r["diff_se"] ** 2 for r in rounds]
+    w = np.array([1.0 / max(v, 1e-300) for v in tot])
+    w = w / w.sum()
+    interf = float(np.sum(w * np.sqrt([max(float(r.get("diff_var_interference", 0.0)), 0.0) for r in rounds])) ** 2)
+    return {"own": float(np.sum(own_terms)), "shared": shared_v, "interference": min(interf, shared_v), "day": day_v,
+            "day_one": float(max((float(r.get("diff_var_day", 0.0)) for r in rounds), default=0.0)), "base": base,
+            "days": float(len({float(r.get("day", 0.0)) for r in rounds}))}  # fmt: skip
 
 
 def combine_estimates(
@@ -696,4 +722,5 @@ __all__ = [
     "twin_group_predictions",
     "twin_group_series",
     "welch_df",
+    "width_terms",
 ]

@@ -12,7 +12,8 @@ plan's share × hours × loss budget) is spent.
 canary (the twin never saw those rows), and rounds are pooled by inverse-variance weights
 (`edgetwin.loop.ppi.combine_estimates`), so the updated twin narrows later rounds without
 biasing any. A canary the guard stopped (a guarded KPI's regression beyond its margin is certain,
-always-valid) refuses at once.
+always-valid) refuses at once, and every other guarded KPI is judged on the ticks it ran
+(`_guard_verdict`), so that a refused candidate's other questions are answered too.
 
 **The fleet.** ``fleet_log`` is the fleet's log on the current policy for the day the canaries run
 (its last episode's service groups are the fleet; on the emulated cluster it is
@@ -212,21 +213,16 @@ def canary_loop(
         if on_canary is not None:
             on_canary(r, plan, res)
         c_rows = res.log[(res.log["policy"].astype(str) == version) & (res.log["t"] >= cfg.pre_ticks)]
-        # a canary the loss budget stopped judged on the ticks it ran (the twin's window the same)
+        # a canary the loss budget or the guard stopped is judged on the ticks it ran (the twin's window the same)
         ran = max(1, min(cfg.ticks, int(res.ticks) - int(cfg.pre_ticks)))
-        if res.stop_reason == "guard":
-            verdict, est, checks = "refuse", {}, []
-            reason = (f"the canary's guard stopped it: {getattr(res.guard_stop, 'kpi', '?')} regressed beyond its margin "
-                      f"(always-valid, alpha {cfg.alpha})")  # fmt: skip
-        else:
-            est = canary_verdict(twin, day_log, res.log, plan, candidate_spec, baseline_spec,
-                                 candidate_version=version, day_var=day_var,
-                                 pre_ticks=cfg.pre_ticks, ticks=ran, seed=seed, members=members,
-                                 fleet_rows=res.fleet_log if fleet_control else None)  # fmt: skip
-            for one in est.values():  # the day this round ran on: its day-to-day term is its own
-                one["day"] = one["local:day"] = float(r - 1 if days is not None else 0)
+        est = _round_estimates(twin, day_log, res, plan, candidate_spec, baseline_spec, version, day_var, cfg.pre_ticks,
+                               ran, seed, members, fleet_control, float(r - 1 if days is not None else 0))  # fmt: skip
+        if est:
             per_round.append(est)
-            loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks, version)
+        loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks, version)
+        if res.stop_reason == "guard":  # refused; every other KPI judged on the ticks it ran (`_guard_verdict`)
+            verdict, ests, checks, reason, n_days = _guard_verdict(res, cfg, per_round, len(looks), plan, day_var, ran)
+        else:
             hurt = hurting(res.stop_reason, over) if days is not None else None
             if r not in looks and hurt is None:  # an extension day between looks: pooled at the next look
                 rounds.append(LoopRound(r, plan.to_dict(), res.stop_reason, len(res.log), len(c_rows), est,
@@ -237,7 +233,6 @@ def canary_loop(
             # decides keeps the level over the loop; a candidate that hurts is not extended, and its
             # last day is judged now in place of the next planned look (whose alpha it spends)
             verdict, ests, checks, reason, n_days = _pooled_verdict(per_round, len(looks), plan, day_var)
-        loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks, version)
         rounds.append(LoopRound(r, plan.to_dict(), res.stop_reason, len(res.log), len(c_rows), est, verdict, checks,
                                 loss, over))  # fmt: skip
         log("    " + rounds[-1].describe().replace("\n", "\n    "))
@@ -258,6 +253,52 @@ def canary_loop(
     return LoopResult(verdict, reason, gate, rounds, twin)
 
 
+def _round_estimates(
+    twin: Twin, day_log: pd.DataFrame, res: Any, plan: CanaryPlan, candidate: PolicySpec, baseline: PolicySpec,
+    version: str, day_var: Mapping[str, Any], pre_ticks: int, ran: int, seed: int, members: Sequence[int] | None,
+    fleet_control: bool, day: float,
+) -> dict[str, dict[str, float]]:
+    """One canary's per-KPI estimates (`canary_verdict`) on the ``ran`` ticks after its pre-period,
+    stamped with the index of the ``day`` it ran on (its day-to-day term is its own). A canary the
+    guard stopped before both arms had a measured tick has none (``{}``): the guard's refusal stands
+    alone; any other canary's failure to estimate is raised."""
+    try:
+        est = canary_verdict(twin, day_log, res.log, plan, candidate, baseline, candidate_version=version,
+                             day_var=day_var, pre_ticks=pre_ticks, ticks=ran, seed=seed, members=members,
+                             fleet_rows=res.fleet_log if fleet_control else None)  # fmt: skip
+    except (InputError, ValueError, KeyError):
+        if res.stop_reason != "guard":
+            raise
+        return {}
+    for one in est.values():
+        one["day"] = one["local:day"] = day
+    return est
+
+
+def _guard_verdict(
+    res: Any, cfg: Any, per_round: list[dict[str, dict[str, float]]], n_looks: int, plan: CanaryPlan,
+    day_var: Mapping[str, Any] | None, ran: int,
+) -> tuple[str, list[Any], list[dict[str, Any]], str, int]:
+    """A canary the guard stopped: refuse (the guard's always-valid test saw its KPI regress beyond
+    its margin), and judge every other guarded KPI on the ticks it ran, pooled with the earlier days
+    at one look's level (`_pooled_verdict`: the same small-sample construction, alpha spending and
+    day-to-day term as every other verdict; the stop takes the place of the next planned look and
+    spends its alpha, as a hurting day's last verdict does), so that a refused candidate's other
+    questions are not left open. The guard's KPI keeps the guard's ``regress`` (each question is
+    answered once). Caveat: the stop time is chosen by the data (the guard fired on a bad stretch),
+    so the other KPIs' intervals at it are not covered by the schedule's alpha spending in the strict
+    sense; the closed-loop benchmark measures how often they agree with the multi-day truth."""
+    gk = getattr(res.guard_stop, "kpi", None)
+    reason = f"the canary's guard stopped it: {gk or '?'} regressed beyond its margin (always-valid, alpha {cfg.alpha})"
+    if not per_round:
+        return "refuse", [], [], reason, 0
+    _, ests, checks, other, n_days = _pooled_verdict(per_round, n_looks, plan, day_var)
+    for c in checks:
+        if c["kpi"] == gk:
+            c["verdict"], c["by"] = "regress", "guard"
+    return "refuse", ests, checks, f"{reason}; every KPI on the {ran} tick(s) it ran: {other}", n_days
+
+
 def _pooled_verdict(
     per_round: list[dict[str, dict[str, float]]], n_looks: int, plan: CanaryPlan,
     day_var: Mapping[str, Any] | None,
@@ -265,14 +306,18 @@ def _pooled_verdict(
     """The rounds so far pooled (`edgetwin.loop.ppi.combine_estimates`) at one look's level (each of
     ``n_looks`` spends its share of alpha, `look_level`) and judged against the plan's margins:
     (verdict, per-KPI estimates, their checks with expected and realised widths, the reason, days)."""
-    from edgetwin.loop.ppi import LEVEL, combine_estimates, look_level, ppi_verdict
+    from edgetwin.loop.ppi import LEVEL, combine_estimates, look_level, ppi_verdict, width_terms
 
     pooled = {k: combine_estimates([pr[k] for pr in per_round], look_level(LEVEL, n_looks)) for k in per_round[-1]}
     verdict, ests = ppi_verdict(pooled, list(plan.margins))
     expected = {pk.column: pk.expected for pk in plan.kpis}
     checks = [{**e.to_dict(), "realised_width": e.interval[1] - e.interval[0],
                "expected_width": (lambda x: x[1] - x[0] if x else float("nan"))(expected.get(e.kpi)),
-               "day_to_day": bool(day_var and e.kpi in day_var)} for e in ests]  # fmt: skip
+               "day_to_day": bool(day_var and e.kpi in day_var),
+               "terms": {**width_terms([pr[e.kpi] for pr in per_round]), "df": float(pooled[e.kpi]["df"]),
+                         "level": float(pooled[e.kpi]["level"]), "transport_rel": float(pooled[e.kpi]["rel"]),
+                         "local_rel": float(pooled[e.kpi].get("local:rel", pooled[e.kpi]["rel"]))}}
+              for e in ests]  # fmt: skip
     reason = "; ".join(
         f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
         f"{100 * e.allowed_change:g}% ({e.verdict})" for e in ests
