@@ -76,22 +76,30 @@ def test_no_round_s_realised_loss_exceeds_its_budget_on_a_clearly_worse_candidat
     # canary must stop before it does.
     cand = Constant(world["spec"], [1.0, 0.05, 0.0])
     budget = {"kpi.slo_violation": 0.02, "response.offload_ratio": 0.02}
-    res = canary_loop(
-        world["twin"], world["fleet"], cand, make_policy("random", world["spec"], seed=1), CLUSTER,
-        candidate_spec=fixed_policy("edge-no-capacity", cand),
-        baseline_spec=resolve_policy("logging", world["twin"], name="current"),
-        budget=PlanBudget(max_share=0.5, max_loss=budget),
-        guards=[Guard("response.offload_ratio", 0.05), Guard("kpi.slo_violation", 0.05)],
-        max_rounds=2, seed=0, fleet_seed=5, old_logs=[world["log"]], update_options={"epochs": 1, "max_steps": 30},
-        log=lambda s: None,
-    )  # fmt: skip
+    try:
+        res = canary_loop(
+            world["twin"], world["fleet"], cand, make_policy("random", world["spec"], seed=1), CLUSTER,
+            candidate_spec=fixed_policy("edge-no-capacity", cand),
+            baseline_spec=resolve_policy("logging", world["twin"], name="current"),
+            budget=PlanBudget(max_share=0.5, max_loss=budget),
+            guards=[Guard("response.offload_ratio", 0.05), Guard("kpi.slo_violation", 0.05)],
+            max_rounds=2, seed=0, fleet_seed=5, old_logs=[world["log"]], update_options={"epochs": 1, "max_steps": 30},
+            log=lambda s: None,
+        )  # fmt: skip
+    except InputError as e:
+        # the safe outcome when the twin's worst case is wide (this small twin's, with its output noise
+        # model since issue 44): no canary at all, saying what would allow one; the edge's own budget
+        # stop is tested in tests/test_canary.py
+        assert "--max-loss" in str(e) and "no canary" in str(e), e
+        return
     assert res.rounds
     for r in res.rounds:
         assert r.plan["loss_budget"] == budget  # the plan hands the budget to the edge by column
         assert not r.over_budget, (r.round, r.realised_loss)
         for k, cap in budget.items():
             assert r.realised_loss.get(k, 0.0) <= cap, (r.round, k, r.realised_loss)
-    # the budget (or the guard) cut a canary short: the twin's worst case alone did not keep it in
+    # where the plan took a slice, the budget (or the guard) cut a canary short: the twin's worst case
+    # alone did not keep it in
     assert any(r.stop_reason in ("budget", "guard") for r in res.rounds), [r.stop_reason for r in res.rounds]
     assert res.verdict in ("refuse", "abstain")  # never promoted
 

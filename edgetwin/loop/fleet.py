@@ -389,7 +389,7 @@ def _start_command(config: CanaryConfig, sha256: str, site: str) -> Any:
         hours=config.hours, margins=tuple(config.margins), current="current", alpha=config.alpha,
         pre_ticks=config.pre_ticks, max_loss=tuple(config.max_loss), fleet_groups=int(config.fleet_groups),
         loss_levels=tuple(config.loss_levels), tick_seconds=config.tick_seconds, batch=config.batch,
-        min_reports=config.min_reports, sites=(site,),
+        min_reports=config.min_reports, sites=(site,), switchback=config.switchback,
     )  # fmt: skip
 
 
