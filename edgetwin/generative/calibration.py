@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import logsumexp
 
 #: Quantile levels of the maps; 0 and 1 included so the ends are the samples' min and max.
 DEFAULT_KNOTS = 1001
@@ -90,13 +89,7 @@ class MarginalCalibration:
                 yk[s] = np.quantile(t[:, cols], levels, axis=0).T
             for a, b in logit_blocks or []:
                 want = np.log(np.clip(t[:, a:b].mean(axis=0), 1e-12, None))
-                logits = g[:, a:b].astype(np.float64)
-                bb = np.zeros(b - a)
-                for _ in range(ipf_iters):
-                    z = logits + bb
-                    have = logsumexp(z - logsumexp(z, axis=1, keepdims=True), axis=0) - np.log(len(z))
-                    bb += want - have
-                bias[s, a:b] = bb - bb.mean()  # a common shift of all logits changes nothing
+                bias[s, a:b] = _proportional_fit(g[:, a:b].astype(np.float64), want, ipf_iters)
         return cls(quantile_cols=cols, x_knots=xk, y_knots=yk, bias=bias)
 
     def apply(self, raw: np.ndarray, scenario: np.ndarray) -> np.ndarray:
@@ -129,6 +122,29 @@ class MarginalCalibration:
             y_knots=np.asarray(st["y_knots"]),
             bias=np.asarray(st["bias"]),
         )
+
+
+def _proportional_fit(logits: np.ndarray, want: np.ndarray, iters: int) -> np.ndarray:
+    """The bias ``b (K,)`` (mean 0) with ``log mean_i softmax(logits_i + b) = want`` for logits
+    ``(N, K)`` and target log-proportions ``want (K,)``: ``iters`` steps of proportional fitting,
+    ``b += want - have``.
+
+    ``have`` is computed from ``E = exp(logits - rowmax)`` taken once: ``softmax(l_i + b)_j =
+    E_ij w_j / (E_i · w)`` with ``w = exp(b - max b)``, so ``have_j = log w_j + log mean_i E_ij /
+    (E_i · w)``: one product with ``w`` and one with ``1 / (E w)`` per step. Why not
+    ``scipy.special.logsumexp`` over ``logits + b`` twice per step (the formula as written): it
+    exponentiated the whole ``(N, K)`` block twice an iteration, ~1.5 s per 50,000-row block and
+    half the GAN-SMMSG fit's calibration time; this is ~85x faster and agrees with it to ~1e-14
+    (tests/test_gan_fit_cost.py). No overflow: ``E`` is in ``(0, 1]`` with a 1 in every
+    row and ``w`` in ``(0, 1]`` with a 1, so ``E w > 0`` unless ``b`` spans ~700 nats.
+    """
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    b = np.zeros(logits.shape[1])
+    for _ in range(iters):
+        top = b.max()
+        have = b - top + np.log((1.0 / (e @ np.exp(b - top))) @ e / len(e))
+        b += want - have
+    return b - b.mean()  # a common shift of all logits changes nothing
 
 
 def _strictly_increasing(q: np.ndarray) -> np.ndarray:

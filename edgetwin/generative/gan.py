@@ -246,7 +246,11 @@ class SetDiscriminator(nn.Module):
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         g, m, _ = x.shape
         h = F.leaky_relu(self.phi(torch.cat([x, c[:, None, :].expand(g, m, -1)], dim=2)), 0.2)
-        pooled = torch.cat([h.mean(dim=1), h.std(dim=1)], dim=1)
+        # the std by hand: torch's CPU ``std`` (and ``var``) forward and backward took 3x as long
+        # on these (G, 64, 128) blocks, ~4 % of a GAN-SMMSG step; the same values up to rounding
+        mean = h.mean(dim=1, keepdim=True)
+        std = ((h - mean).square().sum(dim=1) / (m - 1)).sqrt()
+        pooled = torch.cat([mean.squeeze(1), std], dim=1)
         return self.rho(torch.cat([pooled, c], dim=1)).squeeze(1)
 
 

@@ -19,7 +19,9 @@ from edgetwin.contract.spec import TwinSpec
 from edgetwin.contract.validate import load_valid_log
 
 __all__ = [
+    "MappedLog",
     "bootstrap_episodes",
+    "bootstrap_rows",
     "data_sha256",
     "episode_hash_columns",
     "episode_hashes",
@@ -133,6 +135,21 @@ def load_log(
     return df, sp
 
 
+def bootstrap_rows(
+    episode: pd.Series | np.ndarray, episodes: np.ndarray, pick: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows of a log a bootstrap draw of its episodes takes, and their new episode names:
+    ``(rows (M,), names (M,))`` for the log's ``episode`` column ``(N,)``, its distinct
+    ``episodes`` and the drawn indices ``pick``; the k-th drawn episode is named ``<episode>#k``.
+    The drawn episodes come in the order of their new names, each with its rows in the log's
+    order (`bootstrap_episodes`)."""
+    ep_rows = pd.DataFrame({"episode": episode}).groupby("episode", sort=False).indices
+    names = np.array([f"{episodes[e]}#{k}" for k, e in enumerate(pick)], dtype=object)
+    order = np.argsort(names, kind="stable")
+    rows = [ep_rows[episodes[pick[k]]] for k in order]
+    return np.concatenate(rows), np.repeat(names[order], [len(r) for r in rows])
+
+
 def bootstrap_episodes(df: pd.DataFrame, episodes: np.ndarray, pick: np.ndarray | None) -> pd.DataFrame:
     """The log with episodes ``episodes[pick]`` (all of it when ``pick`` is None); the k-th drawn
     episode is renamed ``<episode>#k``, so a repeated episode becomes a distinct one.
@@ -144,12 +161,71 @@ def bootstrap_episodes(df: pd.DataFrame, episodes: np.ndarray, pick: np.ndarray 
     """
     if pick is None:
         return df
-    ep_rows = df.groupby("episode", sort=False).indices
-    names = np.array([f"{episodes[e]}#{k}" for k, e in enumerate(pick)], dtype=object)
-    order = np.argsort(names, kind="stable")
-    rows = [ep_rows[episodes[pick[k]]] for k in order]
+    rows, names = bootstrap_rows(df["episode"], episodes, pick)
     # one take of every drawn row (not a copy per draw and then their concatenation: at a million
     # rows the parts and the result would sit in a pool worker's memory together)
-    out = df.take(np.concatenate(rows)).reset_index(drop=True)
-    out["episode"] = np.repeat(names[order], [len(r) for r in rows])
+    out = df.take(rows).reset_index(drop=True)
+    out["episode"] = names
     return out
+
+
+class MappedLog:
+    """A fit's log as an Arrow IPC file that pool workers memory-map (``path``; written once by
+    `write`), from which each member takes only its bootstrap draw (`draw`).
+
+    Why: a pool worker that received the log itself (unpickled) kept the whole table resident
+    while it fitted a member from its draw, and for its next member: at a million rows ~0.4 GB per
+    worker beside the draw, the step table and behaviour cloning's batches, the largest share of
+    the 1M-row fit's peak that the members did not need (docs/benchmarks/scale/README.md, "The
+    fit"). From the mapped file a worker reads the ``episode`` column and takes the drawn rows;
+    the file's pages are the page cache's, shared by the workers and released with the map.
+    The draw is `bootstrap_episodes`' frame exactly (tests/test_fit_memory.py): Arrow holds the
+    log's float64, int64 and string columns as they are, and pandas' metadata restores the dtypes.
+    """
+
+    def __init__(self, path: str, n_rows: int = 0) -> None:
+        self.path = path
+        self.n_rows = int(n_rows)
+
+    def __len__(self) -> int:
+        """Rows of the written log (as ``len`` of the frame it was written from)."""
+        return self.n_rows
+
+    @classmethod
+    def write(cls, df: pd.DataFrame, path: str) -> MappedLog:
+        """Write ``df`` (index dropped) to ``path``."""
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        return cls(path, len(df))
+
+    def rows_of(self, ids: np.ndarray) -> pd.DataFrame:
+        """The rows of the episodes named ``ids``, in the log's order: ``df[df["episode"].isin(ids)]``
+        of the written frame (index dropped), for a member's held-out episodes (its output noise)."""
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+
+        table = ipc.open_file(pa.memory_map(self.path)).read_all()
+        rows = np.flatnonzero(table.column("episode").to_pandas().isin(ids).to_numpy())
+        out = table.take(pa.array(rows)).to_pandas()
+        del table
+        return out
+
+    def draw(self, episodes: np.ndarray, pick: np.ndarray | None) -> pd.DataFrame:
+        """`bootstrap_episodes` of the written log (all of it when ``pick`` is None)."""
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+
+        # (no ``with``: a frame of the whole log may hold zero-copy views of the map, which then
+        # lives as long as they do)
+        table = ipc.open_file(pa.memory_map(self.path)).read_all()
+        if pick is None:
+            return table.to_pandas()
+        rows, names = bootstrap_rows(table.column("episode").to_pandas(), episodes, pick)
+        out = table.take(pa.array(rows)).to_pandas()
+        del table  # the map goes with it: the draw is a copy
+        out["episode"] = names
+        return out

@@ -19,6 +19,7 @@ from edgetwin.imitation.mail import GaussianModel
 from edgetwin.imitation.networks import load_network, save_network
 from edgetwin.imitation.noise import OutputNoise, noise_from_json, noise_to_json
 from edgetwin.imitation.site_model import SiteStateModel
+from edgetwin.twin.logdata import MappedLog
 
 __all__ = ["NETWORK_CLASSES", "Member"]
 
@@ -155,8 +156,8 @@ class Member:
         return cls(clients, engines, hist, transition, site_model, noise, source)
 
     def fit_output_noise(
-        self, log: pd.DataFrame, episodes: np.ndarray, pick: np.ndarray | None, layout: Layout, seed: int,
-        kind: str = "quantile", match_raw: bool = False,
+        self, log: pd.DataFrame | MappedLog, episodes: np.ndarray, pick: np.ndarray | None, layout: Layout,
+        seed: int, kind: str = "quantile", match_raw: bool = False,
     ) -> Member:
         """Fit `noise` (per scenario, `OutputNoise.fit`) on this member's residuals; returns self.
 
@@ -167,7 +168,7 @@ class Member:
         read: whole episodes drawn with ``seed``.
 
         Args:
-            log: the twin's log, ``episodes``: its episode ids, ``pick``: the member's draw of
+            log: the twin's log (or a pool worker's memory-mapped copy of it), ``episodes``: its episode ids, ``pick``: the member's draw of
                 their indices (None: all of them).
             kind: ``"quantile"`` or ``"gaussian"`` (`OutputNoise.fit`).
             match_raw: mean-match the bins of the log-scaled outputs in raw units (`OutputNoise.fit`'s
@@ -184,7 +185,9 @@ class Member:
         rng = np.random.default_rng(seed)
         per_episode = max(1, len(log) // len(episodes))
         keep = rng.permutation(use)[: max(1, NOISE_MAX_ROWS // per_episode)]
-        sub = log[log["episode"].isin(episodes[np.sort(keep)])]
+        chosen = episodes[np.sort(keep)]
+        # a pool worker's log is the fit's memory-mapped copy (`edgetwin.twin.logdata.MappedLog`)
+        sub = log.rows_of(chosen) if isinstance(log, MappedLog) else log[log["episode"].isin(chosen)]
         steps = build_steps(sub, layout)
         models = self.models()
         noise: dict[int, OutputNoise] = {}

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -54,6 +56,7 @@ from edgetwin.imitation.world import Composition, InitialStates
 from edgetwin.twin.envs import TwinEnv, TwinParallelEnv, TwinVecEnv
 from edgetwin.twin.intervals import LEVEL, Calibration, interval
 from edgetwin.twin.logdata import (
+    MappedLog,
     bootstrap_episodes,
     data_sha256,
     episode_hash_columns,
@@ -113,7 +116,7 @@ class PopulationSampler:
 
 
 def _fit_member_task(
-    df: pd.DataFrame,
+    df: pd.DataFrame | MappedLog,
     episodes: np.ndarray,
     layout: Layout,
     response_model: str,
@@ -133,7 +136,7 @@ def _fit_member_task(
     `edgetwin.twin.parallel.run_tasks` (serial, pool or Ray give the same member), with its output
     noise model fitted on the episodes its draw left out (`Member.fit_output_noise`)."""
     member = Twin._fit_member(
-        bootstrap_episodes(df, episodes, pick),
+        df.draw(episodes, pick) if isinstance(df, MappedLog) else bootstrap_episodes(df, episodes, pick),
         layout,
         response_model,
         cfg,
@@ -814,16 +817,26 @@ def _fit_members(
 
     n_workers = 1 if ray_address is None and len(tasks) <= 1 else resolve_workers(workers, len(tasks))
     parallel = ray_address is not None or n_workers > 1
-    run_tasks(
-        _fit_member_task,
-        tasks,
-        workers=n_workers,
-        ray_address=ray_address,
-        progress=progress,
-        desc="twin members",
-        shared=(*data, progress and not parallel, *options),
-        on_result=finished,
-    )
+    mapped = None
+    if ray_address is None and n_workers > 1:  # the pool's workers map the log (`MappedLog`)
+        fd, path = tempfile.mkstemp(prefix="edgetwin-log-", suffix=".arrow")
+        os.close(fd)
+        mapped = MappedLog.write(data[0], path)
+        data = (mapped, *data[1:])
+    try:
+        run_tasks(
+            _fit_member_task,
+            tasks,
+            workers=n_workers,
+            ray_address=ray_address,
+            progress=progress,
+            desc="twin members",
+            shared=(*data, progress and not parallel, *options),
+            on_result=finished,
+        )
+    finally:
+        if mapped is not None:
+            os.unlink(mapped.path)
 
 
 def _choose_invariances(
