@@ -12,6 +12,10 @@ load average before and after, since a shared machine's wall time measures mostl
     python benchmarks/demo_run.py                # one run: docs/benchmarks/demo/{README.md,results.json}
     python benchmarks/demo_run.py --repeat 2     # several runs (the output of the first is kept; every
                                                  # run's times are recorded, and their outputs compared)
+    python benchmarks/demo_run.py --repeat 2 --baseline fe80514
+                                                 # and the demo of that commit (a git worktree of it),
+                                                 # alternating with this code's runs: the time ratio in
+                                                 # the same conditions (a shared machine's speed drifts)
 """
 
 from __future__ import annotations
@@ -59,15 +63,17 @@ def _commit() -> str:
         return "unknown"
 
 
-def run_once(seed: int) -> dict:
-    """One `python -m edgetwin.cli demo` in a fresh directory: its stdout lines (without the lines that
-    name paths), summary numbers, wall seconds and the CPU seconds of it and its children."""
+def run_once(seed: int, code: Path = ROOT) -> dict:
+    """One `python -m edgetwin.cli demo` of the code under ``code`` in a fresh directory: its printed
+    lines (without progress bars and the lines that name paths), summary numbers, wall seconds and
+    the CPU seconds of it and its children."""
     with tempfile.TemporaryDirectory(prefix="edgetwin-demo-") as tmp:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         load0 = os.getloadavg()[0]
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "edgetwin.cli", "demo", "--out", str(Path(tmp) / "demo"),
-                               "--seed", str(seed)], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+                               "--seed", str(seed)], capture_output=True, text=True, cwd=code,
+                              env={**os.environ, "PYTHONPATH": str(code)})  # fmt: skip
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode != 0:
@@ -84,14 +90,28 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=1, help="runs of the demo (times of each are recorded)")
+    ap.add_argument("--baseline", default=None, help="a git commit whose demo runs alternately with this code's")
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
-    runs = []
-    for i in range(args.repeat):
-        print(f"demo run {i + 1} of {args.repeat} ...", flush=True)
-        runs.append(run_once(args.seed))
-        print(f"  {runs[-1]['wall_s']:.1f} s wall, {runs[-1]['cpu_s']:.1f} CPU s, load {runs[-1]['load_before']:.1f}", flush=True)
+    runs, base_runs = [], []
+    with tempfile.TemporaryDirectory(prefix="edgetwin-baseline-") as tmp:
+        base = None
+        if args.baseline:
+            base = Path(tmp) / "code"
+            subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.baseline], cwd=ROOT, check=True)
+        try:
+            for i in range(args.repeat):
+                print(f"demo run {i + 1} of {args.repeat} ...", flush=True)
+                runs.append(run_once(args.seed))
+                print(f"  {runs[-1]['wall_s']:.1f} s wall, {runs[-1]['cpu_s']:.1f} CPU s, load {runs[-1]['load_before']:.1f}",
+                      flush=True)  # fmt: skip
+                if base is not None:
+                    base_runs.append(run_once(args.seed, base))
+                    print(f"  baseline {args.baseline}: {base_runs[-1]['wall_s']:.1f} s wall", flush=True)
+        finally:
+            if base is not None:
+                subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
     first = runs[0]
     same = all(r["stdout"][1:] == first["stdout"][1:] for r in runs[1:])  # line 0 is the time budget
     n = first["numbers"]
@@ -102,13 +122,21 @@ def main(argv: list[str] | None = None) -> None:
         "outputs_identical_across_runs": same, "stdout": first["stdout"], "numbers": n,
         "verdict": (n.get("canary") or {}).get("verdict"), "promoted_version": n.get("promoted_version"),
     }  # fmt: skip
+    if base_runs:
+        res["baseline"] = {"commit": args.baseline, "runs": [{k: r[k] for k in ("wall_s", "cpu_s", "load_before", "load_after")}
+                                                            for r in base_runs]}  # fmt: skip
+        res["wall_ratio_to_baseline"] = round(sum(r["wall_s"] for r in runs) / sum(r["wall_s"] for r in base_runs), 3)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(res, indent=1) + "\n")
     times = ", ".join(f"{r['wall_s']:.1f} s wall / {r['cpu_s']:.1f} CPU s at load {r['load_before']:.1f}" for r in runs)
+    if base_runs:
+        times += (f"; the demo of {args.baseline}, run alternately in the same conditions: "
+                  + ", ".join(f"{r['wall_s']:.1f} s wall" for r in base_runs)
+                  + f" (this code's wall time {res['wall_ratio_to_baseline']:.2f}x the baseline's)")
     ending = res["promoted_version"] and f"promoted {res['promoted_version']}" or f"not promoted (canary: {res['verdict']})"
     text = f"""{SECTION}
 
-`python benchmarks/demo_run.py{f' --repeat {args.repeat}' if args.repeat > 1 else ''}` at {res['commit']} on
+`python benchmarks/demo_run.py{f' --repeat {args.repeat}' if args.repeat > 1 else ''}{f' --baseline {args.baseline}' if args.baseline else ''}` at {res['commit']} on
 {res['date']} ({res['machine']}), seed {args.seed}: {times}. The same output in every run:
 {'yes' if same else 'NO'}. How it ended: {ending}. What it printed (progress bars and paths left out):
 
