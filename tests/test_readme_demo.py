@@ -53,3 +53,13 @@ def test_the_ending_the_readme_names_is_the_recorded_runs() -> None:
     if "nothing is promoted or served" in para:
         assert RESULTS["promoted_version"] is None and not RESULTS["numbers"].get("served_decisions")
     assert RESULTS["outputs_identical_across_runs"]
+
+
+def test_the_readme_demo_times_are_the_recorded_runs() -> None:
+    """The README's demo times and their ratio to the older code are the recorded run's (same conditions)."""
+    readme = " ".join(README.split())
+    walls = " and ".join(f"{r['wall_s']:.1f} s" for r in RESULTS["runs"])
+    base = RESULTS["baseline"]
+    base_walls = " and ".join(f"{r['wall_s']:.1f} s" for r in base["runs"])
+    assert f"--baseline {base['commit']}`" in readme
+    assert f"took {walls} against the older code's {base_walls}: {RESULTS['wall_ratio_to_baseline']:.2f}x its time" in readme
