@@ -272,6 +272,7 @@ KEEP_SUBSECTIONS = (
     "### Where the return error comes from",
     "### Where the twin's revenue and task-time change bias came from (issue 44)",
     "### Constrained policy vs plain PPO, scored on the cluster (issue 44)",  # benchmarks/constrained_training.py
+    "### The response model's output noise by predicted level (issue 44)",
 )
 
 

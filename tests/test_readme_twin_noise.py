@@ -19,3 +19,21 @@ def test_the_readme_noise_model_numbers_are_the_benchmarks() -> None:
     assert row in page
     assert "cover 72.7 % of 198 (candidate, KPI) changes over 3 seeds (77.3 % with one std)" in readme
     assert (ROOT / "edgetwin/imitation/noise.py").is_file()
+
+
+def test_the_pooled_coverages_are_the_committed_seeds_runs() -> None:
+    """The README's and the page's pooled coverages are `twin_fidelity.py --pool` of the committed runs
+    (seed 0 with the noise model is quick.json; the one-std runs are the code before it, fe80514)."""
+    import sys
+
+    import pytest
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    tf = pytest.importorskip("twin_fidelity")
+    d = ROOT / "docs/benchmarks/twin_fidelity"
+    noise = tf.pool_kpi_changes([str(d / "quick.json"), *(str(d / f"seeds/noise_seed{s}.json") for s in (1, 2))])
+    one_std = tf.pool_kpi_changes([str(d / f"seeds/onestd_seed{s}.json") for s in (0, 1, 2)])
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"cover {100 * noise['coverage']:.1f} % of {noise['n']} (candidate, KPI) changes over 3 seeds "
+            f"({100 * one_std['coverage']:.1f} % with one std)") in readme  # fmt: skip
+    assert f"8.1 -> **{noise['median_abs_error_points']:.1f}** |" in (d / "README.md").read_text()
