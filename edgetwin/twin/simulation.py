@@ -364,25 +364,29 @@ class Simulation:
                         y[idx] = stacked[self.member]
                     else:
                         y[idx] = per[self.member]
-        noise, std = None, None
+        noise, std, tables = None, None, None
         if self.stochastic and ny:
             # noise on the outputs only: fed into Δstate it would compound into drift far beyond
             # the logged noise. One draw for the call's agents in row order, float32 throughout as
             # `y` is kept (`normals`: Box-Muller, 3x numpy's ziggurat), scaled by each agent's
             # scenario's std, or mapped through the member's noise model by predicted level
-            # (`_level_noise`) where it has one
+            # (`_level_noise`; the fused tick maps them in its noise pass) where it has one
             noise = normals(self.rng, (n, ny))
-            std = self._agent_std()
-            if rows is not None:
-                std = std[rows]
+            tables = self._noise_tables()
+            if fused is None or tables is None:
+                std = self._agent_std()
+                if rows is not None:
+                    std = std[rows]
         zy: np.ndarray | None = None
         if fused is not None:
-            # the means back in row order, noise, clip, the outputs' inverse and bounds and their
+            # the means back in row order, noise (mapped by predicted level in the same pass where
+            # the member has a noise model), clip, the outputs' inverse and bounds and their
             # z-values in two passes
             assert mu_p is not None and order is not None
-            if noise is not None:
-                noise, std = self._level_noise(noise, std, mu_p, order.pos, rows)
-            outputs, zy, y = fused.outputs(mu_p, order.pos, noise, std)
+            level = None
+            if noise is not None and tables is not None:
+                level = (w.scenario if rows is None else w.scenario[rows], tables)
+            outputs, zy, y = fused.outputs(mu_p, order.pos, noise, std, level)
         else:
             if mu_p is not None and order is not None:
                 y = mu_p[order.pos]  # row order (a fresh array)
