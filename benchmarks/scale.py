@@ -445,6 +445,7 @@ def tick_phases(twin_dir: Path, n: int, ticks: int = 40) -> dict:
     """CPU milliseconds per tick of a twin's tick at ``n`` agents by phase: each function below is
     wrapped with a `time.process_time` timer (inclusive times; ~1 us of wrapper per call), the rest
     of `Simulation.step` is "other". One thread, as the throughput runs; after 10 warm-up ticks."""
+    import edgetwin.twin.fused as fused_mod
     import edgetwin.twin.simulation as sim_mod
     from edgetwin.contract.policy import RandomPolicy
     from edgetwin.imitation.layout import Layout
@@ -463,6 +464,11 @@ def tick_phases(twin_dir: Path, n: int, ticks: int = 40) -> dict:
         "noise draws": (sim_mod, "normals"),
         "fused: actions and agent inputs": (FusedTick, "legal_actions"),
         "fused: noise, outputs' inverse and z": (FusedTick, "outputs"),
+        # the output noise by predicted level: inside the pass above since issue 47's second round
+        # (`fused._level_draws`), its own pass before it (`Simulation._level_noise`); a phase the
+        # code being timed does not have is left out
+        "  of it: noise by predicted level": (fused_mod, "_level_draws"),
+        "noise by predicted level (its own pass)": (sim_mod.Simulation, "_level_noise"),
         "fused: reward": (FusedTick, "reward_of"),
         "fused: end of tick (all of it)": (FusedTick, "end_tick"),
         "  of it: declared dynamics (numexpr)": (Layout, "apply_declared"),
@@ -472,6 +478,8 @@ def tick_phases(twin_dir: Path, n: int, ticks: int = 40) -> dict:
     }
     saved = []
     for name, (owner, attr) in phases.items():
+        if not hasattr(owner, attr):  # (an older checkout, `--compare-with`)
+            continue
         fn = getattr(owner, attr)
         saved.append((owner, attr, fn))
         setattr(owner, attr, _timed(fn, spent, name))
@@ -486,7 +494,7 @@ def tick_phases(twin_dir: Path, n: int, ticks: int = 40) -> dict:
     finally:
         for owner, attr, fn in saved:
             setattr(owner, attr, fn)
-    ms = {k: 1e3 * v / ticks for k, v in spent.items()}
+    ms = {k: 1e3 * v / ticks for k in phases if (v := spent.get(k)) is not None}
     top = [k for k in ms if not k.startswith("  ")]
     ms["other"] = 1e3 * total / ticks - sum(ms[k] for k in top)
     return {"agents": n, "tick_ms": 1e3 * total / ticks, "phases_ms": ms, "load": load()}
@@ -726,14 +734,28 @@ def section(res: dict) -> str:
         lines += ["", res["throughput_note"]]
     for ph in res.get("tick_phases", []):
         budget = tick_budget(res["throughput"], ph["agents"])
+        old = next((b for b in res.get("tick_phases_before", []) if b["agents"] == ph["agents"]), None)
         lines += ["", f"Where a tick's CPU time goes at {ph['agents']:,} agents (`tick_phases`: timers around each "
                   f"phase, inclusive, ms per tick; the tick {ph['tick_ms']:.2f} ms; load {ph['load']})"
                   + (f"; the target ({TICK_TARGETS[ph['agents']]:g}x the emulator) needs a tick of {budget:.2f} ms: "
                      f"{ph['agents']:,} agent-steps at {TICK_TARGETS[ph['agents']]:g}x the emulator's "
-                     "agent-steps per CPU-second in the throughput rows above" if budget else "") + ":", "",
-                  "| phase | ms per tick | share |", "|---|---:|---:|"]
-        for k, v in ph["phases_ms"].items():
-            lines.append(f"| {k} | {v:.3f} | {100 * v / ph['tick_ms']:.0f} % |")
+                     "agent-steps per CPU-second in the throughput rows above" if budget else "")
+                  + (f"; *code before*: the same timers on {res.get('throughput_before', 'the code before')} in a "
+                     f"fresh process of the same run (its tick {old['tick_ms']:.2f} ms, load {old['load']})" if old else "")
+                  + ":", ""]
+        if old:
+            lines += ["| phase | ms per tick | share | code before, ms per tick |", "|---|---:|---:|---:|"]
+            names = list(ph["phases_ms"]) + [k for k in old["phases_ms"] if k not in ph["phases_ms"]]
+            names = [k for k in names if k != "other"] + ["other"]
+            for k in names:
+                v, b = ph["phases_ms"].get(k), old["phases_ms"].get(k)
+                now, share = ("-", "-") if v is None else (f"{v:.3f}", f"{100 * v / ph['tick_ms']:.0f} %")
+                lines.append(f"| {k} | {now} | {share} | {'-' if b is None else f'{b:.3f}'} |")
+            lines.append(f"| the tick | {ph['tick_ms']:.3f} | 100 % | {old['tick_ms']:.3f} |")
+        else:
+            lines += ["| phase | ms per tick | share |", "|---|---:|---:|"]
+            for k, v in ph["phases_ms"].items():
+                lines.append(f"| {k} | {v:.3f} | {100 * v / ph['tick_ms']:.0f} % |")
     if res.get("ppo"):
         lines += ["", ppo_text(res["ppo"])]
         if res.get("ppo_note"):
@@ -895,6 +917,16 @@ def target_1m(fits: list[dict], expo: dict[str, float]) -> tuple[str, float]:
             f"exponent {e:.2f}: {est / 60:.0f} min.", est)
 
 
+def tick_phases_of(twin_dir: Path, n: int, pkg: Path) -> dict:
+    """`tick_phases` with the edgetwin package of ``pkg`` (another checkout), in a fresh interpreter."""
+    env = dict(os.environ, PYTHONPATH=str(pkg))
+    res = subprocess.run([sys.executable, __file__, "--_phases", json.dumps({"twin": str(twin_dir), "n": n})],
+                         env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"tick phases of {pkg} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def throughput_only(args: argparse.Namespace) -> None:
     """Part 2 alone: rewrite results.json's throughput and tick profile, keep its fits."""
     twin_dir = args.twin
@@ -907,6 +939,7 @@ def throughput_only(args: argparse.Namespace) -> None:
                      f"{rec['rows']:,} rows of emulated-cluster logs, seed {args.seed}")
     tp = throughput_compared(twin_dir, (1000, 10_000), 40, args.compare_with)
     phases = [tick_phases(twin_dir, n) for n in (1000, 10_000)]
+    phases_before = [tick_phases_of(twin_dir, n, args.compare_with) for n in (1000, 10_000)] if args.compare_with else []
     prof = profile_tick(twin_dir, 1000, 40)
     prof_10k = profile_tick(twin_dir, 10_000, 20)
     res = json.loads((OUT / "results.json").read_text()) if (OUT / "results.json").is_file() else {}
@@ -914,7 +947,7 @@ def throughput_only(args: argparse.Namespace) -> None:
         res["throughput_kpis"] = kpis_compared(twin_dir, args.compare_with)
     else:
         res.pop("throughput_kpis", None)
-    res.update(throughput=tp, tick_phases=phases, profile_tick=prof, profile_tick_10k=prof_10k, throughput_twin=twin_desc,
+    res.update(throughput=tp, tick_phases=phases, tick_phases_before=phases_before, profile_tick=prof, profile_tick_10k=prof_10k, throughput_twin=twin_desc,
                throughput_command="python benchmarks/scale.py --throughput-only"
                + (" --twin DIR" if args.twin is not None else "")
                + (" --compare-with BEFORE" if args.compare_with else ""))
@@ -964,7 +997,12 @@ def main() -> None:
     ap.add_argument("--_capfit", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_throughput", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_kpis", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_phases", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args._phases:
+        a = json.loads(args._phases)
+        print(json.dumps(tick_phases(Path(a["twin"]), a["n"])))
+        return
     if args._kpis:
         a = json.loads(args._kpis)
         print(json.dumps(rollout_kpis(Path(a["twin"]), a["seeds"], a["agents"])))
