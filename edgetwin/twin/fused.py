@@ -27,6 +27,10 @@ agents, as before: where the agents come site by site (a generated world) a comp
 site's rows in numpy's own pairwise order (`_segment_means`: ``np.add.reduceat``'s bits, checked by
 tests/test_fused_sums.py), elsewhere `World.site_means` runs.
 
+The response noise by predicted level (`edgetwin.imitation.noise`: each draw mapped through its
+scenario's table at the row's own mean) runs in the noise pass too (`_level_draws`, then
+`_outputs_first`), with `noise_residuals`' numbers to the bit.
+
 The network between the passes runs every scenario on a contiguous block of rows
 (`edgetwin.twin.forward`): `FusedTick.legal_actions` writes the per-agent inputs in that order and
 `FusedTick.outputs` reads the means back in row order, so no pass gathers or scatters by scenario.
@@ -94,8 +98,10 @@ def _level_draws(
     Why not that function: its bin search branches on the data (a loop until the next knot is
     above the mean, an interpolation only inside), which mispredicts about once a value: 1.9 ms of
     a 10,000-agent tick (110,000 values). Here the bin is a count of the knots below the mean and
-    the rest selects (the knots of a table are sorted bin centres, so the count is the index the
-    search finds): ~1.2 ms, the same bits."""
+    the rest selects: ~1.2 ms, the same bits. The count is the index the search finds because a
+    table's knots are non-decreasing (bin centres; `OutputNoise.from_dict` refuses others) and an
+    output's padding repeats its last real knot, so inside the outer knots no knot from ``nb - 1``
+    on is below the mean."""
     n, ny = eps.shape
     g = table.shape[3]
     kk = knots.shape[2]
@@ -125,6 +131,7 @@ def _level_draws(
             b = table[mi, j, hi, k] + f * (table[mi, j, hi, k + 1] - table[mi, j, hi, k])
             r = a + w * (b - a)
             eps[i, j] = np.float32(r if w > 0.0 else a)
+
 
 @_kernel
 def _legal_actions(
