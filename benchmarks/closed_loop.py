@@ -953,8 +953,18 @@ def main(argv: list[str] | None = None) -> None:
                          "guard did not stop (the only path a guard-stop change touches); rerun the others")
     ap.add_argument("--fresh-sizes", type=int, nargs="*", default=[], metavar="N",
                     help="--scale with --reuse-loop: fleet sizes at which every candidate's loop runs again")
+    ap.add_argument("--levers", action="store_true",
+                    help="what narrows the interval: every lever on the loop's first-day canaries at 1,000 groups for --seed "
+                         "(_closed_loop_levers.run_levers) into --work/levers-s<seed>.json")
+    ap.add_argument("--levers-merge", type=int, nargs="*", default=None, metavar="SEED",
+                    help="pool --work/levers-s<SEED>.json into results_production.json's levers and the page")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.levers or args.levers_merge is not None:
+        from _closed_loop_levers import run_lever_cli
+
+        run_lever_cli(args, OUT)
+        return
     if args.scale or args.scale_merge is not None:
         from _closed_loop_scale import run_scale
 

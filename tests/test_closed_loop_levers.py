@@ -1,0 +1,70 @@
+"""The levers experiment's counting (benchmarks/_closed_loop_levers.py, issue 48): per lever, the day-1
+verdicts on the pairs the twin alone left open, scored against the 20-day truth with Clopper-Pearson
+intervals; the terms medians over the pairs the loop's own estimate left open; the section renders them."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def lev() -> Iterator[Any]:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _closed_loop_levers
+
+    yield _closed_loop_levers
+    sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def _v(verdict: str, own: float, interference: float, gap: float) -> dict[str, Any]:
+    return {"verdict": verdict, "by": "interval", "change": 0.0, "interval": [0.0, 0.0], "half": own + interference,
+            "gap": gap, "df": 30.0, "own": own, "interference": interference, "shared": interference, "day": 0.0}
+
+
+def _docs(lev: Any) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+    keys = [lv[0] for lv in lev.LEVERS]
+    # two open pairs of one candidate: the loop decides neither, the fleet control decides both (one wrongly)
+    levers = {k: {"a": _v("straddle", 0.2, 0.1, 0.05), "b": _v("straddle", 0.1, 0.01, 0.05)} for k in keys}
+    levers["fleet_control"] = {"a": _v("ok", 0.05, 0.01, 0.1), "b": _v("regress", 0.05, 0.01, 0.1)}
+    doc = {"seed": 0, "n": 1000, "level": 0.98, "candidates": {"c": {
+        "levers": levers, "extended_day1": {"a": "straddle", "b": "straddle"}, "seconds": 60.0,
+        "switchback": {"fits": False, "why": "buys 0 blocks"}}}}
+    ext = {"by_fleet_size": {"1000": {"pairs": [
+        {"policy": "c", "column": "a", "twin_alone": "straddle", "truth_regress": False, "truth_change": 0.01},
+        {"policy": "c", "column": "b", "twin_alone": "straddle", "truth_regress": False, "truth_change": 0.02},
+        {"policy": "c", "column": "z", "twin_alone": "ok", "truth_regress": False, "truth_change": 0.0},
+    ]}}}
+    return [doc], {0: ext}
+
+
+def test_merge_scores_each_lever_on_the_pairs_the_twin_left_open(lev: Any) -> None:
+    docs, ext = _docs(lev)
+    res = lev.merge_levers(docs, ext)
+    assert res["pairs_open_after_twin"] == 2  # the twin alone's decided pair is not the canaries'
+    loop, fleet = res["by_lever"]["loop"], res["by_lever"]["fleet_control"]
+    assert loop["verdict_rate"]["k"] == 0 and fleet["verdict_rate"]["k"] == 2
+    assert fleet["agreement"]["k"] == 1 and len(fleet["wrong"]) == 1 and "regress" in fleet["wrong"][0]
+    lo, hi = fleet["agreement"]["ci"]
+    assert lo < 0.5 < hi
+    # terms over the pairs the loop left open (both): the interference reaches the gap on pair a only
+    assert loop["on_loop_open"]["pairs"] == 2 and loop["on_loop_open"]["interference_reaches_gap"] == 1
+    assert res["loop_reproduces_extended_day1"] == {"pairs": 2, "same_verdict": 2}
+    assert res["switchback"][0]["fits"] is False
+
+
+def test_section_shows_every_lever_and_the_switchback(lev: Any) -> None:
+    docs, ext = _docs(lev)
+    res = lev.merge_levers(docs, ext)
+    text = lev.levers_section(res, ["python benchmarks/closed_loop.py --levers --seed 0"])
+    assert text.startswith(lev.SECTION)
+    for key in res["by_lever"]:
+        assert f"| {lev.LEVER_TEXT[key]} |" in text
+    assert "2/2 = 100.0 %" in text and "1/2 = 50.0 %" in text
+    assert "fits for 0 of 1 candidates" in text and "does not fit: buys 0 blocks" in text
