@@ -682,6 +682,7 @@ def run_scale(args: Any, out_dir: Path) -> None:
                            + (f" --skip-candidates {d['skip_candidates']}" if d.get("skip_candidates") else "")
                            + f" --truth-days {d['truth_days']} --work {w} --max-days {d['max_days']} "
                            "--reuse docs/benchmarks/closed_loop/scale"
+                           + (f" --fleet-control --cuped {d.get('cuped', 'pooled')}" if d.get("fleet_control") else "")
                            + (" --reuse-loop " + str(Path(d["reused_loops"]["from"]).parent) if d.get("reused_loops") else "")
                            + (" --fresh-sizes " + " ".join(map(str, d["reused_loops"]["fresh_sizes"]))
                               if (d.get("reused_loops") or {}).get("fresh_sizes") else ""))  # fmt: skip
@@ -807,12 +808,13 @@ EXT_SECTION = "## Extended canaries: the verdict rate as the canaries run more d
 EXT_KEEP = ("### What the extension says",)
 
 
-def extended_section(res: dict[str, Any]) -> str:
-    """The page's section for the extended run (`merge`'s result, every seed's ``max_days`` > 1)."""
+def extended_section(res: dict[str, Any], heading: str = EXT_SECTION, design: str = "") -> str:
+    """The page's section for the extended run (`merge`'s result, every seed's ``max_days`` > 1);
+    ``design``: a sentence on what this run's loop does differently (the fleet-control run's)."""
     c = res["scale_config"]
-    lines = [EXT_SECTION, "",
-             "Commands (per seed S): " + ", then ".join(f"`{x}`" for x in c.get("commands", [])) + ". "
-             f"The same seeds, twins, candidates, fleets, truths and budget as the section above (the 20-day truth and "
+    lines = [heading, "",
+             "Commands (per seed S): " + ", then ".join(f"`{x}`" for x in c.get("commands", [])) + ". " + design
+             + f"The same seeds, twins, candidates, fleets, truths and budget as the section above (the 20-day truth and "
              f"canary alone's sweep are taken from its `scale/seed<S>.json`: both are seeded and do not depend on the "
              f"loop); what changes is the loop: a candidate that is not hurting (its day ran its hours, the guard "
              f"silent, the edge's loss-budget stop not reached) is extended for up to {res['max_days']} canary days, one "
@@ -945,6 +947,25 @@ def headline(cur: dict[str, Any], ext: dict[str, Any]) -> None:
     cur.update({k: ext[k] for k in ("canary_steps_ratio", "canary_steps_ratio_lower_bound", "canary_steps_ratio_fleet_size")})
 
 
+#: the fleet-control extended run (`write_extended`'s ``fleet_control``): its key, section and what it changes
+EXT_FC_KEY = "extended_fleet_control"
+EXT_FC_SECTION = "## Extended canaries with the rest of the fleet as control"
+EXT_FC_KEEP = ("### What the fleet control says",)
+EXT_FC_DESIGN = (
+    "**This run's loop judges each canary against every group not on the candidate** (`canary_loop(fleet_control="
+    "True, cuped=\"per_arm\")`): the candidate arm, and so the share × hours × loss each canary spends, is the "
+    "section above's (half of a random 10 % slice); the control arm is the slice's other half and the 900 groups "
+    "outside the slice, all on the current policy meanwhile (valid: the candidate arm is a uniformly random draw "
+    "from the fleet); the pre-period slope is each arm's own (Lin 2013: with 50 against 950 groups a pooled slope "
+    "is the control arm's, and a candidate that changes how a group follows its pre-period widens its arm's "
+    "term instead of narrowing it). Chosen before this run from the interval widths alone (the 1,000-group "
+    "design table of the coverage section, on simulated canaries, and the levers section's half-widths on "
+    "the loop's own first-day canaries), never from a verdict; the headline's 1,000-group entry is this run's, "
+    "the section above keeps the slice-control loop's. ")
+EXTENDED_FC_DESIGN = ("extended canaries (up to 16 days, looks at 1, 2, 4, 8, 16), the rest of the fleet as control "
+                      "with a CUPED slope per arm (extended_fleet_control)")
+
+
 def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str]) -> dict[str, Any]:
     """Pool the extended run's seeds (`merge`) into ``results_production.json``'s ``extended`` key
     (``max_days``, ``looks``, ``by_fleet_size`` → ``"1000"`` → ``canary_verdict_rate``,
@@ -955,7 +976,8 @@ def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: boo
     from edgetwin.loop.ppi import look_days, look_level
 
     by = merge(seed_docs)
-    check = reuse_check(seed_docs, out_dir / "scale")
+    check = reuse_check(seed_docs, out_dir / "scale") if not all(d.get("fleet_control") for d in seed_docs) else \
+        {"identical": [], "differing": []}
     for n, b in by.items():
         if not any("canary_alone_relabelled" in d for d in seed_docs):  # runs before that fix: its measure read no candidate row
             b["canary_alone"] = "not measured in this run (the loop's canaries name the candidate by its registry version)"
@@ -979,11 +1001,21 @@ def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: boo
     if not no_write:
         path = out_dir / "results_production.json"
         cur = json.loads(path.read_text()) if path.exists() else {}
-        cur["extended"] = res
-        headline(cur, res)
-        path.write_text(json.dumps(cur, indent=1, default=float))
+        fc = all(d.get("fleet_control") for d in seed_docs)
         (out_dir / "scale").mkdir(exist_ok=True)
+        if fc:  # its own key, seed files and section; the headline's sizes it ran take its numbers
+            cur[EXT_FC_KEY] = res
+            for n, b in res["by_fleet_size"].items():
+                cur["by_fleet_size"][n] = {k: v for k, v in b.items() if k != "per_candidate_rounds"} | {"design": EXTENDED_FC_DESIGN}
+            if "1000" in res["by_fleet_size"]:
+                cur.update({k: res[k] for k in ("canary_steps_ratio", "canary_steps_ratio_lower_bound", "canary_steps_ratio_fleet_size")})
+            name, heading, keep, design = "extended_fc_seed", EXT_FC_SECTION, EXT_FC_KEEP, EXT_FC_DESIGN
+        else:
+            cur["extended"] = res
+            headline(cur, res)
+            name, heading, keep, design = "extended_seed", EXT_SECTION, EXT_KEEP, ""
+        path.write_text(json.dumps(cur, indent=1, default=float))
         for d in seed_docs:
-            (out_dir / "scale" / f"extended_seed{d['seed']}.json").write_text(json.dumps(d, indent=1, default=float))
-        write_section(EXT_SECTION, extended_section(res), doc=out_dir / "README.md", keep=EXT_KEEP)
+            (out_dir / "scale" / f"{name}{d['seed']}.json").write_text(json.dumps(d, indent=1, default=float))
+        write_section(heading, extended_section(res, heading, design), doc=out_dir / "README.md", keep=keep)
     return res

@@ -68,3 +68,21 @@ def test_section_shows_every_lever_and_the_switchback(lev: Any) -> None:
         assert f"| {lev.LEVER_TEXT[key]} |" in text
     assert "2/2 = 100.0 %" in text and "1/2 = 50.0 %" in text
     assert "fits for 0 of 1 candidates" in text and "does not fit: buys 0 blocks" in text
+
+
+def test_canary_doc_fleet_control_numbers_are_the_1000_group_design_table() -> None:
+    """docs/canary.md's widths and coverages of the fleet as control at 1,000 groups are the stored
+    design table's (results_production.json ``designs_by_fleet_size``)."""
+    import json
+
+    res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())
+    d = res["designs_by_fleet_size"]["1000"]["designs"]
+    text = " ".join((ROOT / "docs/canary.md").read_text().split())
+    rnd, fc, arm = (d[k]["aa"] for k in ("random + CUPED (default)", "fleet control + CUPED",
+                                          "fleet control + CUPED slope per arm"))
+    assert (f"from {100 * rnd['median_width']:.1f} to {100 * fc['median_width']:.1f} points "
+            f"({100 * arm['median_width']:.1f} with per-arm slopes)") in text
+    covs = [100 * d[k][t]["coverage"] for k in ("fleet control + CUPED", "fleet control + CUPED slope per arm")
+            for t in ("aa", "regressing")]
+    assert f"at {min(covs):.1f}-{max(covs):.1f} % coverage of 90 %" in text
+    assert fc["median_width"] < rnd["median_width"]

@@ -58,3 +58,16 @@ def test_unknown_slope_refused() -> None:
     z = np.zeros(4)
     with pytest.raises(ValueError, match="per_arm"):
         ppi_mean_difference(z, z, z[:2] + 1, z[:2], z[:2], z[:2], x_cand=z[:2], x_ctrl=z[:2], cuped="both")
+
+
+def test_small_arms_keep_the_pooled_slope() -> None:
+    """With 4 candidate groups a per-arm slope under-covers (the coverage section's 100-group table):
+    below MIN_PER_ARM groups an arm's slope is the pooled one, so both options agree."""
+    from edgetwin.loop.ppi import MIN_PER_ARM
+
+    rng = np.random.default_rng(3)
+    xc, yc, xb, yb, _ = _canary(rng, 4, MIN_PER_ARM + 10, -1.0, 1.0, 0.3)
+    zero = np.zeros(100)
+    a = ppi_mean_difference(zero, zero, yc, np.zeros(4), yb, np.zeros(len(yb)), x_cand=xc, x_ctrl=xb, cuped="per_arm")
+    b = ppi_mean_difference(zero, zero, yc, np.zeros(4), yb, np.zeros(len(yb)), x_cand=xc, x_ctrl=xb, cuped="pooled")
+    assert a["diff"] == b["diff"] and a["diff_se"] == b["diff_se"]

@@ -88,6 +88,11 @@ from edgetwin.contract.errors import InputError
 from edgetwin.contract.margins import KPIMargin
 
 LEVEL = 0.90
+#: the fewest groups of each arm for a per-arm CUPED slope (``cuped="per_arm"``); below, the pooled one.
+#: Simulated at the loop's arm sizes (docs/benchmarks/closed_loop, the design tables): with 50 groups per
+#: arm a per-arm slope's 90 % interval covered 90.0-93.0 %; with 4 candidate groups, before this floor
+#: (commit 767c351's table), 71.5-88.5 %
+MIN_PER_ARM = 20
 #: key prefix of the no-interference estimate kept beside a transporting one (module docstring)
 LOCAL = "local:"
 _LOCAL_KEYS = ("diff", "diff_se", "base", "base_se", "rel", "rel_lo", "rel_hi", "df",
@@ -203,7 +208,8 @@ def ppi_mean_difference(
             adjustment; a pooled slope can be, when the arms are of very unequal sizes and the
             candidate changes how a group's canary mean follows its pre-period (Freedman 2008), as
             with the rest of the fleet as control: 50 candidate groups against 950). It costs each
-            arm's term one degree of freedom.
+            arm's term one degree of freedom; asymptotic, so only where both arms have at least
+            `MIN_PER_ARM` groups (else the pooled slope).
 
     Returns:
         ``diff``, ``diff_se``, ``base``, ``base_se``, ``rel``, ``rel_lo``, ``rel_hi``, ``twin_diff``,
@@ -236,7 +242,7 @@ def ppi_mean_difference(
             raise ValueError("covariates must pair up with the measurements")
         if np.isfinite(xc).all() and np.isfinite(xb).all():
             xm = float(np.mean(np.concatenate([xc, xb])))
-            if cuped == "per_arm":
+            if cuped == "per_arm" and min(len(xc), len(xb)) >= MIN_PER_ARM:
                 b_c, b_b = cuped_slope([xc], [rc]), cuped_slope([xb], [rb])
                 rc, rb = rc - b_c * (xc - xm), rb - b_b * (xb - xm)
                 lost = 1.0
