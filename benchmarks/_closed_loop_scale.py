@@ -960,8 +960,8 @@ EXT_FC_DESIGN = (
     "is the control arm's, and a candidate that changes how a group follows its pre-period widens its arm's "
     "term instead of narrowing it). Chosen before this run from the interval widths alone (the 1,000-group "
     "design table of the coverage section, on simulated canaries, and the levers section's half-widths on "
-    "the loop's own first-day canaries), never from a verdict; the headline's 1,000-group entry is this run's, "
-    "the section above keeps the slice-control loop's. ")
+    "the loop's own first-day canaries), never from a verdict. Results: `extended_fleet_control` in "
+    "results_production.json (the headline's `by_fleet_size` keeps the slice-control loop of the section above). ")
 EXTENDED_FC_DESIGN = ("extended canaries (up to 16 days, looks at 1, 2, 4, 8, 16), the rest of the fleet as control "
                       "with a CUPED slope per arm (extended_fleet_control)")
 
@@ -1003,12 +1003,8 @@ def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: boo
         cur = json.loads(path.read_text()) if path.exists() else {}
         fc = all(d.get("fleet_control") for d in seed_docs)
         (out_dir / "scale").mkdir(exist_ok=True)
-        if fc:  # its own key, seed files and section; the headline's sizes it ran take its numbers
-            cur[EXT_FC_KEY] = res
-            for n, b in res["by_fleet_size"].items():
-                cur["by_fleet_size"][n] = {k: v for k, v in b.items() if k != "per_candidate_rounds"} | {"design": EXTENDED_FC_DESIGN}
-            if "1000" in res["by_fleet_size"]:
-                cur.update({k: res[k] for k in ("canary_steps_ratio", "canary_steps_ratio_lower_bound", "canary_steps_ratio_fleet_size")})
+        if fc:  # its own key, seed files and section (the headline, which README.md quotes, is the lead's to move)
+            cur[EXT_FC_KEY] = res | {"design": EXTENDED_FC_DESIGN}
             name, heading, keep, design = "extended_fc_seed", EXT_FC_SECTION, EXT_FC_KEEP, EXT_FC_DESIGN
         else:
             cur["extended"] = res
