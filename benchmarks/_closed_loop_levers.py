@@ -260,6 +260,7 @@ def merge_levers(docs: list[dict[str, Any]], extended_docs: dict[int, dict[str, 
         (p["levers"]["loop"] or {}).get("verdict") == p["extended_day1"] for p in same)}
     out["switchback"] = [{"seed": d["seed"], "policy": name, **(c.get("switchback") or {"fits": None})}
                          for d in docs for name, c in d["candidates"].items()]  # fmt: skip
+    out["switchback_fits"] = sum(bool(x.get("fits")) for x in out["switchback"])
     out["seconds"] = sum(c["seconds"] for d in docs for c in d["candidates"].values())
     return out
 

@@ -902,27 +902,27 @@ def coverage_section(doc: dict[str, Any]) -> str:
         lines.append(f"| {n} | {arms[0]} vs {arms[1]} | " + " | ".join(f"{100 * r[t]['decided']:.0f} %" for t in COVERAGE_TYPES) + " |")
     if doc.get("designs"):
         lines += ["", "What narrows the interval within the same budget (the same 4 candidate groups x 1 day; seed "
-                  f"{doc['seeds'][0]}, {ce['aa']['runs'] // len(doc['seeds'])} canaries per design and type, `design_comparison`):", "",
-                  "| design | median width (A/A) | coverage (A/A) | decided (A/A) | median width (regressing) | coverage (regressing) | decided (regressing) |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for label, r in doc["designs"].items():
-            a, g = r["aa"], r["regressing"]
-            lines.append(f"| {label} | {100 * a['median_width']:.0f} pp | {100 * a['coverage']:.1f} % | {100 * a['decided']:.0f} % | "
-                         f"{100 * g['median_width']:.0f} pp | {100 * g['coverage']:.1f} % | {100 * g['decided']:.0f} % |")  # fmt: skip
-        lines += ["", design_note(doc["designs"])]
+                  f"{doc['seeds'][0]}, {ce['aa']['runs'] // len(doc['seeds'])} canaries per design and type, `design_comparison`):", ""]
+        lines += design_rows(doc["designs"], 0) + ["", design_note(doc["designs"])]
     for n, r in (doc.get("designs_by_fleet_size") or {}).items():
         lines += ["", f"The same designs at {int(n):,} groups (the scale loop's arms: {r['arm_sizes'][0]} candidate groups, "
                   f"{r['arm_sizes'][1]} in the slice's control half, {int(n) - r['arm_sizes'][0]} with the fleet as control; "
                   f"seed {r['seed']}, {r['runs']} canaries per design and type, {r['days']} emulated days; "
                   f"`python benchmarks/closed_loop.py --designs-only --designs-fleet {n} --seed {r['seed']} --runs {r['runs']} "
-                  f"--days {r['days']}`):", "",
-                  "| design | median width (A/A) | coverage (A/A) | decided (A/A) | median width (regressing) | coverage (regressing) | decided (regressing) |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for label, d in r["designs"].items():
-            a, g = d["aa"], d["regressing"]
-            lines.append(f"| {label} | {100 * a['median_width']:.1f} pp | {100 * a['coverage']:.1f} % | {100 * a['decided']:.0f} % | "
-                         f"{100 * g['median_width']:.1f} pp | {100 * g['coverage']:.1f} % | {100 * g['decided']:.0f} % |")  # fmt: skip
+                  f"--days {r['days']}`):", ""]  # fmt: skip
+        lines += design_rows(r["designs"], 1)
     return "\n".join(lines) + "\n"
+
+
+def design_rows(designs: dict[str, Any], digits: int) -> list[str]:
+    """The design table (`design_comparison`'s result), widths in points at ``digits`` decimals."""
+    lines = ["| design | median width (A/A) | coverage (A/A) | decided (A/A) | median width (regressing) | coverage (regressing) | decided (regressing) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for label, r in designs.items():
+        a, g = r["aa"], r["regressing"]
+        lines.append(f"| {label} | {100 * a['median_width']:.{digits}f} pp | {100 * a['coverage']:.1f} % | {100 * a['decided']:.0f} % | "
+                     f"{100 * g['median_width']:.{digits}f} pp | {100 * g['coverage']:.1f} % | {100 * g['decided']:.0f} % |")  # fmt: skip
+    return lines
 
 
 def write_coverage_section(cur: dict[str, Any]) -> None:
