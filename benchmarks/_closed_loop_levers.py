@@ -283,7 +283,7 @@ def _pct(x: float | None) -> str:
 
 def levers_section(res: dict[str, Any], commands: list[str]) -> str:
     """The page's section from `merge_levers`' result."""
-    lines = [SECTION, "", f"Commands: {'; then '.join(f'`{c}`' for c in commands)}. " + (__doc__ or "").split("\n\n")[1]
+    lines = [SECTION, "", f"Commands: {'; then '.join(f'`{c}`' for c in commands)}. " + (__doc__ or "").split("\n\n")[2]
              .replace("\n", " ").replace("**Why this experiment, and what it is not.** ", "What and why: ")
              + f" Seeds {res['seeds']}; {res['pairs_open_after_twin']} distinct (candidate, KPI) pairs the twin alone "
              f"left open; each look at {100 * res['level']:.1f} %; Clopper-Pearson 95 % over pairs (optimistic: a "
@@ -302,12 +302,15 @@ def levers_section(res: dict[str, Any], commands: list[str]) -> str:
     if wrong:
         lines += ["", "Verdicts the 20-day truth contradicts: " + "; ".join(wrong) + "."]
     fits = [s for s in res["switchback"] if s.get("fits")]
-    lines += ["", f"The site-level switchback under the same budget (`plan_switchback`, 10 % of the groups × 23 h over "
-              f"the switching site's share): fits for {len(fits)} of {len(res['switchback'])} candidates."]
+    lines += ["", f"The site-level switchback under the same budget (`plan_switchback`: the group split's 10 % of the "
+              f"groups × hours, spent over the switching site's share): fits for {len(fits)} of "
+              f"{len(res['switchback'])} candidates."]
+    by_what: dict[str, list[str]] = {}
     for s in res["switchback"]:
         what = (f"{s['n_blocks']} blocks of {s['block_ticks']} ticks on {s['sites']} (carryover {s['carryover_ticks']})"
                 if s.get("fits") else f"does not fit: {s.get('why')}")
-        lines.append(f"- seed {s['seed']}, {s['policy']}: {what}")
+        by_what.setdefault(what, []).append(f"seed {s['seed']} {s['policy']}")
+    lines += [f"- {what} ({'; '.join(who)})" for what, who in by_what.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -67,7 +67,7 @@ def test_section_shows_every_lever_and_the_switchback(lev: Any) -> None:
     for key in res["by_lever"]:
         assert f"| {lev.LEVER_TEXT[key]} |" in text
     assert "2/2 = 100.0 %" in text and "1/2 = 50.0 %" in text
-    assert "fits for 0 of 1 candidates" in text and "does not fit: buys 0 blocks" in text
+    assert "fits for 0 of 1 candidates" in text and "- does not fit: buys 0 blocks (seed 0 c)" in text
 
 
 def test_canary_doc_fleet_control_numbers_are_the_1000_group_design_table() -> None:
@@ -86,3 +86,36 @@ def test_canary_doc_fleet_control_numbers_are_the_1000_group_design_table() -> N
             for t in ("aa", "regressing")]
     assert f"at {min(covs):.1f}-{max(covs):.1f} % coverage of 90 %" in text
     assert fc["median_width"] < rnd["median_width"]
+
+
+def test_the_levers_analysis_numbers_are_the_runs() -> None:
+    """The closed-loop page's "What the levers say" quotes results_production.json's ``levers``."""
+    import json
+
+    lev = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())["levers"]
+    page = (ROOT / "docs/benchmarks/closed_loop/README.md").read_text()
+    text = " ".join(page[page.index("### What the levers say"):].split())
+    b = lev["by_lever"]
+
+    def pct(key: str) -> str:
+        return f"{100 * b[key]['verdict_rate']['rate']:.1f} %"
+
+    n = lev["pairs_open_after_twin"]
+    assert (f"from {b['loop']['verdict_rate']['k']} to {b['fleet_control']['verdict_rate']['k']} of {n} "
+            f"({pct('loop')} → {pct('fleet_control')})") in text
+    fa = b["fleet_control_per_arm"]
+    lo, hi = (100 * x for x in fa["verdict_rate"]["ci"])
+    assert f"to {fa['verdict_rate']['k']} ({pct('fleet_control_per_arm')} [{lo:.1f}, {hi:.1f}]), {fa['agreement']['k']} of the" in text
+    lo_open, fa_open = b["loop"]["on_loop_open"], fa["on_loop_open"]
+    assert (f"from {100 * lo_open['median_half']:.1f} % to {100 * fa_open['median_half']:.1f} % of the baseline, its "
+            f"group-split term from {100 * lo_open['median_own']:.1f} % to {100 * fa_open['median_own']:.1f} %") in text
+    sp = b["slice_per_arm"]
+    assert f"it decides {sp['verdict_rate']['k']} but only {sp['agreement']['k']} right ({100 * sp['agreement']['rate']:.1f} %" in text
+    m3, m5 = b["members5_first3"], b["members5"]
+    assert (f"from {100 * m3['on_loop_open']['median_interference']:.1f} % to {100 * m5['on_loop_open']['median_interference']:.1f} %"
+            f" of the baseline, the pairs on which it alone reaches the gap from {m3['on_loop_open']['interference_reaches_gap']} "
+            f"to {m5['on_loop_open']['interference_reaches_gap']} of {m5['on_loop_open']['pairs']}, and the day-1 verdicts "
+            f"from {m3['verdict_rate']['k']} to {m5['verdict_rate']['k']}") in text  # fmt: skip
+    assert m5["on_loop_open"]["median_interference"] > m3["on_loop_open"]["median_interference"]
+    assert lev["switchback_fits"] == 0 and f"no block at all for any of the {len(lev['switchback'])} candidates" in text
+    assert f"on {lo_open['interference_reaches_gap']} of the {lo_open['pairs']} pairs the loop's day 1 left open" in text
