@@ -36,6 +36,9 @@ def test_the_fleet_control_analysis_numbers_are_the_run() -> None:
     assert f"{n_open} pairs stay open" in text and f"on {sum(w['floor'] for w in fc['why_open'])} of the {n_open}" in text
     assert sum(w["dominant"]["own"] for w in fc["why_open"]) > n_open / 2  # "the group split still dominates most"
     assert sum(w["days_16"] for w in fc["why_open"]) == 0 and "the day-to-day term blocks none" in text
+    lev = page[page.index("### What the levers say"):page.index("## Extended canaries with the rest of the fleet")]
+    assert (f"reaches {100 * fc['canary_verdict_rate']:.1f} % after 16 days (the next section), {fc['canary_agreeing']} "
+            f"of its {fc['canary_decided']} verdicts right") in " ".join(lev.split())
     # the headline (quoted by README.md) stays the slice-control loop's
     assert res["by_fleet_size"]["1000"]["canary_verdict_rate"] == old["canary_verdict_rate"]
 
