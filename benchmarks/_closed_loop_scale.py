@@ -139,7 +139,8 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
         res = canary_loop(twin, fleet_log, copy.deepcopy(pol), copy.deepcopy(current), cfg, candidate_spec=cand_spec,
                           baseline_spec=base_spec, budget=ctx["budget"], max_rounds=3, seed=seed,
                           fleet_seed=ctx["fleet_seed"], old_logs=[ctx["train"]], update_options=UPDATE,
-                          decision=decision, log=lambda s: None,
+                          decision=decision, log=lambda s: None, fleet_control=ctx.get("fleet_control", False),
+                          cuped=ctx.get("cuped", "pooled"),
                           on_canary=lambda r, plan, cres: canaries.append((plan, _lean(cres))), **ext)  # fmt: skip
     except InputError as e:  # no first round within the budget: the loop stays where the twin was
         loop_error = str(e)
@@ -205,7 +206,8 @@ def sweep_label(n: int, share: float, hours: float) -> str:
 
 def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path, n_candidates: int = 0,
              log: Any = print, max_days: int = 1, reuse: Path | None = None, skip: int = 0,
-             reuse_loop: Path | None = None, fresh_sizes: list[int] | None = None) -> dict[str, Any]:
+             reuse_loop: Path | None = None, fresh_sizes: list[int] | None = None, fleet_control: bool = False,
+             cuped: str = "pooled") -> dict[str, Any]:
     """Every fleet size for one seed (its own training logs and twin, candidates and fleets), saved
     to ``out`` after each size (a run cut short keeps the sizes it finished).
 
@@ -216,7 +218,8 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
     process for the rest of the list, in its own ``--work``; ``--scale-more`` merges its candidates
     into the first's). ``reuse``: an earlier run's ``seed<S>.json`` (same seed,
     candidates, twin and truth days) whose multi-day truth and canary-alone sweep are taken as
-    they are (both are seeded and do not depend on the loop), so that only the loop runs again."""
+    they are (both are seeded and do not depend on the loop), so that only the loop runs again.
+    ``fleet_control``, ``cuped``: the loop's control arm and pre-period slope (`canary_loop`'s)."""
     from closed_loop import MAX_HOURS, MAX_SHARE
     from whatif_gate import candidates, fit_or_load, logging_policy
 
@@ -245,6 +248,7 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
     doc.setdefault("by_fleet_size", {})
     doc["seconds_fit"] = time.perf_counter() - t0
     doc["max_days"], doc["skip_candidates"], doc["canary_alone_relabelled"] = int(max_days), int(skip), True
+    doc["fleet_control"], doc["cuped"] = bool(fleet_control), str(cuped)
     old_doc = json.loads(reuse.read_text()) if reuse is not None else None
     if old_doc is not None:
         same = all(old_doc.get(k) == doc.get(k) for k in ("seed", "truth_days", "twin")) and \
@@ -258,7 +262,7 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
     for n in sizes:
         again = reused_loops(loops, n, seed, doc) if loops is not None and n not in set(fresh_sizes or ()) else None
         run_size(doc, n, twin, train, current, pols, budget, truth_days, seed, out, log, max_days=max_days,
-                 reuse=(old_doc or {}).get("by_fleet_size", {}).get(str(n)), reuse_loop=again)  # fmt: skip
+                 fleet_control=fleet_control, cuped=cuped, reuse=(old_doc or {}).get("by_fleet_size", {}).get(str(n)), reuse_loop=again)  # fmt: skip
     return doc
 
 
@@ -271,6 +275,8 @@ def reused_loops(old: dict[str, Any], n: int, seed: int, doc: dict[str, Any]) ->
     groups is the check: the page says which). Their Kayenta measure on the loop's canaries is
     dropped (``canary_alone`` None): that run read the candidate arm by the wrong name."""
     same = all(old.get(k) == doc.get(k) for k in ("seed", "truth_days", "twin", "max_days")) and old.get("seed") == seed
+    same = same and bool(old.get("fleet_control", False)) == bool(doc.get("fleet_control", False)) and \
+        old.get("cuped", "pooled") == doc.get("cuped", "pooled")
     if not same:
         raise SystemExit("--reuse-loop: another seed, twin, truth days or --max-days than this run")
     entry = old.get("by_fleet_size", {}).get(str(n), {})
@@ -294,7 +300,8 @@ def sweep_for(n: int) -> tuple[tuple[float, float], ...]:
 
 def run_size(doc: dict[str, Any], n: int, twin: Any, train: Any, current: Any, pols: dict[str, Any], budget: Any,
              truth_days: int, seed: int, out: Path, log: Any, max_days: int = 1,
-             reuse: dict[str, Any] | None = None, reuse_loop: dict[str, Any] | None = None) -> None:
+             reuse: dict[str, Any] | None = None, reuse_loop: dict[str, Any] | None = None,
+             fleet_control: bool = False, cuped: str = "pooled") -> None:
     """One fleet size: each candidate's pairs with their multi-day truth, saved to ``out`` after every
     candidate (``complete`` once all are done; a rerun resumes with the candidates not yet done).
     ``reuse_loop``: candidate -> ``(pairs, summary)`` taken as they are (`reused_loops`)."""
@@ -310,7 +317,8 @@ def run_size(doc: dict[str, Any], n: int, twin: Any, train: Any, current: Any, p
     fleet_log, _ = generate_logs(cfg, 1, copy.deepcopy(current), seed=fleet_seed)
     ctx = {"twin": twin, "fleet_log": fleet_log, "cfg": cfg, "current": current, "seed": seed, "budget": budget,
            "fleet_seed": fleet_seed, "train": train, "sweep": sweep_for(n),
-           "agents": sorted(fleet_log["agent"].astype(str).unique()), "max_days": int(max_days)}  # fmt: skip
+           "agents": sorted(fleet_log["agent"].astype(str).unique()), "max_days": int(max_days),
+           "fleet_control": bool(fleet_control), "cuped": str(cuped)}  # fmt: skip
     if max_days > 1:
         ctx["day_source"] = lambda d: (generate_logs(cfg, 1, copy.deepcopy(current), seed=seed * 1000 + 200 + d)[0],
                                        seed * 1000 + 200 + d)  # fmt: skip
@@ -627,7 +635,8 @@ def run_scale(args: Any, out_dir: Path) -> None:
                  args.max_candidates, log=lambda s: print(s, flush=True), max_days=args.max_days,
                  reuse=args.reuse / f"seed{args.seed}.json" if args.reuse else None, skip=args.skip_candidates,
                  reuse_loop=args.reuse_loop / f"extended_seed{args.seed}.json" if args.reuse_loop else None,
-                 fresh_sizes=list(args.fresh_sizes))  # fmt: skip
+                 fresh_sizes=list(args.fresh_sizes), fleet_control=bool(args.fleet_control),
+                 cuped=getattr(args, "cuped", "pooled"))  # fmt: skip
         return
     docs, where = [], {}
     for s in args.scale_merge:
@@ -673,6 +682,7 @@ def run_scale(args: Any, out_dir: Path) -> None:
                            + (f" --skip-candidates {d['skip_candidates']}" if d.get("skip_candidates") else "")
                            + f" --truth-days {d['truth_days']} --work {w} --max-days {d['max_days']} "
                            "--reuse docs/benchmarks/closed_loop/scale"
+                           + (f" --fleet-control --cuped {d.get('cuped', 'pooled')}" if d.get("fleet_control") else "")
                            + (" --reuse-loop " + str(Path(d["reused_loops"]["from"]).parent) if d.get("reused_loops") else "")
                            + (" --fresh-sizes " + " ".join(map(str, d["reused_loops"]["fresh_sizes"]))
                               if (d.get("reused_loops") or {}).get("fresh_sizes") else ""))  # fmt: skip
@@ -798,12 +808,13 @@ EXT_SECTION = "## Extended canaries: the verdict rate as the canaries run more d
 EXT_KEEP = ("### What the extension says",)
 
 
-def extended_section(res: dict[str, Any]) -> str:
-    """The page's section for the extended run (`merge`'s result, every seed's ``max_days`` > 1)."""
+def extended_section(res: dict[str, Any], heading: str = EXT_SECTION, design: str = "") -> str:
+    """The page's section for the extended run (`merge`'s result, every seed's ``max_days`` > 1);
+    ``design``: a sentence on what this run's loop does differently (the fleet-control run's)."""
     c = res["scale_config"]
-    lines = [EXT_SECTION, "",
-             "Commands (per seed S): " + ", then ".join(f"`{x}`" for x in c.get("commands", [])) + ". "
-             f"The same seeds, twins, candidates, fleets, truths and budget as the section above (the 20-day truth and "
+    lines = [heading, "",
+             "Commands (per seed S): " + ", then ".join(f"`{x}`" for x in c.get("commands", [])) + ". " + design
+             + f"The same seeds, twins, candidates, fleets, truths and budget as the section above (the 20-day truth and "
              f"canary alone's sweep are taken from its `scale/seed<S>.json`: both are seeded and do not depend on the "
              f"loop); what changes is the loop: a candidate that is not hurting (its day ran its hours, the guard "
              f"silent, the edge's loss-budget stop not reached) is extended for up to {res['max_days']} canary days, one "
@@ -936,6 +947,25 @@ def headline(cur: dict[str, Any], ext: dict[str, Any]) -> None:
     cur.update({k: ext[k] for k in ("canary_steps_ratio", "canary_steps_ratio_lower_bound", "canary_steps_ratio_fleet_size")})
 
 
+#: the fleet-control extended run (`write_extended`'s ``fleet_control``): its key, section and what it changes
+EXT_FC_KEY = "extended_fleet_control"
+EXT_FC_SECTION = "## Extended canaries with the rest of the fleet as control"
+EXT_FC_KEEP = ("### What the fleet control says",)
+EXT_FC_DESIGN = (
+    "**This run's loop judges each canary against every group not on the candidate** (`canary_loop(fleet_control="
+    "True, cuped=\"per_arm\")`): the candidate arm, and so the share × hours × loss each canary spends, is the "
+    "section above's (half of a random 10 % slice); the control arm is the slice's other half and the 900 groups "
+    "outside the slice, all on the current policy meanwhile (valid: the candidate arm is a uniformly random draw "
+    "from the fleet); the pre-period slope is each arm's own (Lin 2013: with 50 against 950 groups a pooled slope "
+    "is the control arm's, and a candidate that changes how a group follows its pre-period widens its arm's "
+    "term instead of narrowing it). Chosen before this run from the interval widths alone (the 1,000-group "
+    "design table of the coverage section, on simulated canaries, and the levers section's half-widths on "
+    "the loop's own first-day canaries), never from a verdict. Results: `extended_fleet_control` in "
+    "results_production.json (the headline's `by_fleet_size` keeps the slice-control loop of the section above). ")
+EXTENDED_FC_DESIGN = ("extended canaries (up to 16 days, looks at 1, 2, 4, 8, 16), the rest of the fleet as control "
+                      "with a CUPED slope per arm (extended_fleet_control)")
+
+
 def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str]) -> dict[str, Any]:
     """Pool the extended run's seeds (`merge`) into ``results_production.json``'s ``extended`` key
     (``max_days``, ``looks``, ``by_fleet_size`` → ``"1000"`` → ``canary_verdict_rate``,
@@ -946,7 +976,8 @@ def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: boo
     from edgetwin.loop.ppi import look_days, look_level
 
     by = merge(seed_docs)
-    check = reuse_check(seed_docs, out_dir / "scale")
+    check = reuse_check(seed_docs, out_dir / "scale") if not all(d.get("fleet_control") for d in seed_docs) else \
+        {"identical": [], "differing": []}
     for n, b in by.items():
         if not any("canary_alone_relabelled" in d for d in seed_docs):  # runs before that fix: its measure read no candidate row
             b["canary_alone"] = "not measured in this run (the loop's canaries name the candidate by its registry version)"
@@ -970,11 +1001,17 @@ def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: boo
     if not no_write:
         path = out_dir / "results_production.json"
         cur = json.loads(path.read_text()) if path.exists() else {}
-        cur["extended"] = res
-        headline(cur, res)
-        path.write_text(json.dumps(cur, indent=1, default=float))
+        fc = all(d.get("fleet_control") for d in seed_docs)
         (out_dir / "scale").mkdir(exist_ok=True)
+        if fc:  # its own key, seed files and section (the headline, which README.md quotes, is the lead's to move)
+            cur[EXT_FC_KEY] = res | {"design": EXTENDED_FC_DESIGN}
+            name, heading, keep, design = "extended_fc_seed", EXT_FC_SECTION, EXT_FC_KEEP, EXT_FC_DESIGN
+        else:
+            cur["extended"] = res
+            headline(cur, res)
+            name, heading, keep, design = "extended_seed", EXT_SECTION, EXT_KEEP, ""
+        path.write_text(json.dumps(cur, indent=1, default=float))
         for d in seed_docs:
-            (out_dir / "scale" / f"extended_seed{d['seed']}.json").write_text(json.dumps(d, indent=1, default=float))
-        write_section(EXT_SECTION, extended_section(res), doc=out_dir / "README.md", keep=EXT_KEEP)
+            (out_dir / "scale" / f"{name}{d['seed']}.json").write_text(json.dumps(d, indent=1, default=float))
+        write_section(heading, extended_section(res, heading, design), doc=out_dir / "README.md", keep=keep)
     return res

@@ -622,7 +622,8 @@ def plot(d: dict[str, Any], path: Path) -> None:
 #: the closed loop at one size keeps them)
 OTHER_RUNS_KEYS = ("coverage_experiment", "simulated_by_fleet_size", "designs", "coverage_seeds", "coverage_days",
                    "seeds", "by_fleet_size", "scale_config", "canary_steps_ratio_fleet_size",
-                   "canary_steps_ratio_lower_bound", "quick_canary_steps_ratio", "extended", "one_day")  # fmt: skip
+                   "canary_steps_ratio_lower_bound", "quick_canary_steps_ratio", "extended", "one_day",
+                   "designs_by_fleet_size", "levers")  # fmt: skip
 
 
 def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
@@ -680,6 +681,7 @@ def coverage_experiment(
     days_data: list[dict[str, Any]], runs: int, seed: int, share: float = 0.10, treat: float = 0.4,
     twin_error: float = 0.2, twin_bias: float = -0.05, day_sd: float = 0.02, group_sd: float = 0.10,
     cuped: bool = True, control: str = "slice", assign: str = "random", types: tuple[str, ...] = tuple(COVERAGE_TYPES),
+    slope: str = "pooled",
 ) -> dict[str, dict[str, Any]]:
     """``runs`` canaries per candidate type, simulated on the emulator's per-group outcomes without
     fitting twins (cheap on a shared 2-core machine; what it checks is the verdict's interval
@@ -702,7 +704,8 @@ def coverage_experiment(
     ``"fleet"`` (every group not on the candidate, valid as the candidate arm is a uniformly random
     draw); ``assign`` ``"random"``, ``"stratified"`` (the slice sorted by the pre-period into two
     halves, the candidate arm drawn equally from each, before randomizing) or ``"matched"`` (the
-    candidate arm's size in pairs, `_matched_arms`, analysed as pairs: ``paired=True``).
+    candidate arm's size in pairs, `_matched_arms`, analysed as pairs: ``paired=True``); ``slope``
+    the CUPED slope, ``"pooled"`` or ``"per_arm"`` (`ppi_mean_difference`'s ``cuped``).
     """
     from scipy.stats import binomtest
 
@@ -751,7 +754,7 @@ def coverage_experiment(
             bv = float(np.var([np.mean(w[2]) for w in others], ddof=1))
             e = ppi_mean_difference(fc, fb, yc[cand], fc[cand], y[ctrl], fb[ctrl], LEVEL,
                                     x_cand=x[cand] if cuped else None, x_ctrl=x[ctrl] if cuped else None,
-                                    day_var=(dv, bv), day_df=5.0, paired=assign == "matched")  # fmt: skip
+                                    day_var=(dv, bv), day_df=5.0, paired=assign == "matched", cuped=slope)  # fmt: skip
             e.update(n_fleet=float(n), n_candidate=float(len(cand)), n_control=float(len(ctrl)))
             verdict, checks = ppi_verdict({"kpi.slo_violation": e}, margin)
             lo, hi = checks[0].interval
@@ -795,17 +798,20 @@ DESIGNS = {
     "stratified by pre-period + CUPED": {"assign": "stratified"},
     "matched pairs (twin's effect + pre-period) + CUPED, paired analysis": {"assign": "matched"},
     "fleet control + CUPED": {"control": "fleet"},
+    "random + CUPED slope per arm": {"slope": "per_arm"},
+    "fleet control + CUPED slope per arm": {"control": "fleet", "slope": "per_arm"},
 }
 
 
-def design_comparison(days_data: list[dict[str, Any]], runs: int, seed: int) -> dict[str, dict[str, Any]]:
+def design_comparison(days_data: list[dict[str, Any]], runs: int, seed: int, treat: float = 0.4) -> dict[str, dict[str, Any]]:
     """Within one budget (the candidate arm's groups x hours, so the same expected loss), what
     narrows the verdict's interval: median width, coverage and decided share per design
     (`DESIGNS`) for the A/A and the truly regressing candidates, on the same simulated canaries as
-    `coverage_experiment` (same seed: the same days, slices and twins)."""
+    `coverage_experiment` (same seed: the same days, slices and twins); ``treat``: the candidate's share
+    of the 10 % slice (0.4: the demo's 4 of 10 groups; the scale loop's half: 0.5)."""
     out = {}
     for label, kw in DESIGNS.items():
-        r = coverage_experiment(days_data, runs, seed, types=("aa", "regressing"), **kw)
+        r = coverage_experiment(days_data, runs, seed, types=("aa", "regressing"), treat=treat, **kw)
         out[label] = {t: {"median_width": v["median_width"], "coverage": v["coverage"],
                           "decided": v["promoted"] + v["refused"]} for t, v in r.items()}  # fmt: skip
     return out
@@ -896,20 +902,33 @@ def coverage_section(doc: dict[str, Any]) -> str:
         lines.append(f"| {n} | {arms[0]} vs {arms[1]} | " + " | ".join(f"{100 * r[t]['decided']:.0f} %" for t in COVERAGE_TYPES) + " |")
     if doc.get("designs"):
         lines += ["", "What narrows the interval within the same budget (the same 4 candidate groups x 1 day; seed "
-                  f"{doc['seeds'][0]}, {ce['aa']['runs'] // len(doc['seeds'])} canaries per design and type, `design_comparison`):", "",
-                  "| design | median width (A/A) | coverage (A/A) | decided (A/A) | median width (regressing) | coverage (regressing) | decided (regressing) |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for label, r in doc["designs"].items():
-            a, g = r["aa"], r["regressing"]
-            lines.append(f"| {label} | {100 * a['median_width']:.0f} pp | {100 * a['coverage']:.1f} % | {100 * a['decided']:.0f} % | "
-                         f"{100 * g['median_width']:.0f} pp | {100 * g['coverage']:.1f} % | {100 * g['decided']:.0f} % |")  # fmt: skip
-        lines += ["", design_note(doc["designs"])]
+                  f"{doc['seeds'][0]}, {ce['aa']['runs'] // len(doc['seeds'])} canaries per design and type, `design_comparison`):", ""]
+        lines += design_rows(doc["designs"], 0) + ["", design_note(doc["designs"])]
+    for n, r in (doc.get("designs_by_fleet_size") or {}).items():
+        lines += ["", f"The same designs at {int(n):,} groups (the scale loop's arms: {r['arm_sizes'][0]} candidate groups, "
+                  f"{r['arm_sizes'][1]} in the slice's control half, {int(n) - r['arm_sizes'][0]} with the fleet as control; "
+                  f"seed {r['seed']}, {r['runs']} canaries per design and type, {r['days']} emulated days; "
+                  f"`python benchmarks/closed_loop.py --designs-only --designs-fleet {n} --seed {r['seed']} --runs {r['runs']} "
+                  f"--days {r['days']}`):", ""]  # fmt: skip
+        lines += design_rows(r["designs"], 1)
     return "\n".join(lines) + "\n"
+
+
+def design_rows(designs: dict[str, Any], digits: int) -> list[str]:
+    """The design table (`design_comparison`'s result), widths in points at ``digits`` decimals."""
+    lines = ["| design | median width (A/A) | coverage (A/A) | decided (A/A) | median width (regressing) | coverage (regressing) | decided (regressing) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for label, r in designs.items():
+        a, g = r["aa"], r["regressing"]
+        lines.append(f"| {label} | {100 * a['median_width']:.{digits}f} pp | {100 * a['coverage']:.1f} % | {100 * a['decided']:.0f} % | "
+                     f"{100 * g['median_width']:.{digits}f} pp | {100 * g['coverage']:.1f} % | {100 * g['decided']:.0f} % |")  # fmt: skip
+    return lines
 
 
 def write_coverage_section(cur: dict[str, Any]) -> None:
     """The coverage section from ``results_production.json``'s stored coverage experiment."""
     doc = {k: cur[k] for k in ("coverage_experiment", "simulated_by_fleet_size", "designs")}
+    doc["designs_by_fleet_size"] = cur.get("designs_by_fleet_size", {})
     write_section(COVERAGE_SECTION, coverage_section({**doc, "seeds": cur["coverage_seeds"], "days": cur["coverage_days"]}),
                   doc=OUT / "README.md")  # fmt: skip
 
@@ -928,11 +947,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fleet-control", action="store_true",
                     help="the loop judges each canary against every group not on the candidate (canary_loop(fleet_control=True)); "
                          "measure with --no-write: the page holds the default's run")
+    ap.add_argument("--cuped", choices=("pooled", "per_arm"), default="pooled",
+                    help="--scale: the verdict's pre-period slope (canary_loop(cuped=...)); per_arm: Lin 2013's, for --fleet-control's unequal arms")
     ap.add_argument("--docs-only", action="store_true", help="rewrite the page from the results_<logging>.json files")
     ap.add_argument("--coverage", action="store_true",
                     help="only the coverage experiment (coverage_experiment) into results_production.json and its section")
     ap.add_argument("--designs-only", action="store_true",
                     help="only the coverage experiment's design table (design_comparison) for --seed, --runs, --days")
+    ap.add_argument("--designs-fleet", type=int, default=100,
+                    help="--designs-only: fleet size (100: the demo's arms, 4 of 10 on the candidate; else half of 10 %% on it)")
     ap.add_argument("--seeds", type=int, default=3, help="--coverage: seeds")
     ap.add_argument("--runs", type=int, default=200, help="--coverage: canaries per candidate type and seed")
     ap.add_argument("--days", type=int, default=20, help="--coverage: emulated days per seed (the truth's)")
@@ -953,8 +976,18 @@ def main(argv: list[str] | None = None) -> None:
                          "guard did not stop (the only path a guard-stop change touches); rerun the others")
     ap.add_argument("--fresh-sizes", type=int, nargs="*", default=[], metavar="N",
                     help="--scale with --reuse-loop: fleet sizes at which every candidate's loop runs again")
+    ap.add_argument("--levers", action="store_true",
+                    help="what narrows the interval: every lever on the loop's first-day canaries at 1,000 groups for --seed "
+                         "(_closed_loop_levers.run_levers) into --work/levers-s<seed>.json")
+    ap.add_argument("--levers-merge", type=int, nargs="*", default=None, metavar="SEED",
+                    help="pool --work/levers-s<SEED>.json into results_production.json's levers and the page")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.levers or args.levers_merge is not None:
+        from _closed_loop_levers import run_lever_cli
+
+        run_lever_cli(args, OUT)
+        return
     if args.scale or args.scale_merge is not None:
         from _closed_loop_scale import run_scale
 
@@ -974,10 +1007,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.designs_only:  # the design table alone (seed --seed, --runs canaries per design and type)
         path = OUT / "results_production.json"
         cur = json.loads(path.read_text())
-        cur["designs"] = design_comparison(_emulated_days(100, args.days, args.seed), args.runs, args.seed)
+        if args.designs_fleet == 100:
+            cur["designs"] = design_comparison(_emulated_days(100, args.days, args.seed), args.runs, args.seed)
+            shown = cur["designs"]
+        else:  # the scale loop's arms: half of the 10 % slice on the candidate
+            n = int(args.designs_fleet)
+            k = max(4, int(round(0.10 * n)))
+            shown = design_comparison(_emulated_days(n, args.days, args.seed), args.runs, args.seed, treat=0.5)
+            cur.setdefault("designs_by_fleet_size", {})[str(n)] = {
+                "seed": args.seed, "runs": args.runs, "days": args.days, "arm_sizes": [k // 2, k - k // 2], "designs": shown}
         path.write_text(json.dumps(cur, indent=1, default=float))
         write_coverage_section(cur)
-        print(json.dumps(cur["designs"], indent=1))
+        print(json.dumps(shown, indent=1))
         return
     if args.docs_only:
         write_outputs(None, False)

@@ -88,6 +88,11 @@ from edgetwin.contract.errors import InputError
 from edgetwin.contract.margins import KPIMargin
 
 LEVEL = 0.90
+#: the fewest groups of each arm for a per-arm CUPED slope (``cuped="per_arm"``); below, the pooled one.
+#: Simulated at the loop's arm sizes (docs/benchmarks/closed_loop, the design tables): with 50 groups per
+#: arm a per-arm slope's 90 % interval covered 90.0-93.0 %; with 4 candidate groups, before this floor
+#: (commit 767c351's table), 71.5-88.5 %
+MIN_PER_ARM = 20
 #: key prefix of the no-interference estimate kept beside a transporting one (module docstring)
 LOCAL = "local:"
 _LOCAL_KEYS = ("diff", "diff_se", "base", "base_se", "rel", "rel_lo", "rel_hi", "df",
@@ -165,6 +170,7 @@ def ppi_mean_difference(
     day_var: tuple[float, float] = (0.0, 0.0),
     day_df: float = float("inf"),
     paired: bool = False,
+    cuped: str = "pooled",
 ) -> dict[str, float]:
     """The PPI estimate of ``E[Y_c] − E[Y_b]`` and ``E[Y_b]`` (see the module docstring).
 
@@ -196,6 +202,14 @@ def ppi_mean_difference(
             the variance of the ``k`` within-pair differences of the rectifier, ``var(r_c − r_b)/k``
             on ``k − 1`` degrees of freedom (Imai 2008), instead of Welch's two independent terms.
             The pairing's gain (alike groups on both arms) is what this term no longer counts.
+        cuped: ``"pooled"`` (one slope for both arms, `cuped_slope` over the arms: the guard's) or
+            ``"per_arm"`` (each arm its own slope, both arms centred on the pooled covariate mean:
+            Lin 2013's interacted adjustment, which is asymptotically never less precise than no
+            adjustment; a pooled slope can be, when the arms are of very unequal sizes and the
+            candidate changes how a group's canary mean follows its pre-period (Freedman 2008), as
+            with the rest of the fleet as control: 50 candidate groups against 950). It costs each
+            arm's term one degree of freedom; asymptotic, so only where both arms have at least
+            `MIN_PER_ARM` groups (else the pooled slope).
 
     Returns:
         ``diff``, ``diff_se``, ``base``, ``base_se``, ``rel``, ``rel_lo``, ``rel_hi``, ``twin_diff``,
@@ -208,6 +222,8 @@ def ppi_mean_difference(
     """
     from edgetwin.edge.canary_guard import cuped_slope
 
+    if cuped not in ("pooled", "per_arm"):
+        raise ValueError(f"unknown CUPED slope {cuped!r}; expected pooled or per_arm")
     arrs = [np.asarray(a, dtype=np.float64) for a in (fleet_cand, fleet_base, y_cand, f_cand, y_ctrl, f_ctrl)]
     fc, fb, yc, pc, yb, pb = arrs
     if len(fc) != len(fb) or len(yc) != len(pc) or len(yb) != len(pb):
@@ -226,9 +242,14 @@ def ppi_mean_difference(
             raise ValueError("covariates must pair up with the measurements")
         if np.isfinite(xc).all() and np.isfinite(xb).all():
             xm = float(np.mean(np.concatenate([xc, xb])))
-            beta = cuped_slope([xc, xb], [rc, rb])
-            rc, rb = rc - beta * (xc - xm), rb - beta * (xb - xm)
-            lost = 0.5
+            if cuped == "per_arm" and min(len(xc), len(xb)) >= MIN_PER_ARM:
+                b_c, b_b = cuped_slope([xc], [rc]), cuped_slope([xb], [rb])
+                rc, rb = rc - b_c * (xc - xm), rb - b_b * (xb - xm)
+                lost = 1.0
+            else:
+                beta = cuped_slope([xc, xb], [rc, rb])
+                rc, rb = rc - beta * (xc - xm), rb - beta * (xb - xm)
+                lost = 0.5
     v_fleet, v_c, v_b = _var(fc - fb) / len(fc), _var(rc) / len(rc), _var(rb) / len(rb)
     diff = twin_diff + float(np.mean(rc) - np.mean(rb))
     diff_shared = v_fleet + float(transport_var[0])
@@ -565,6 +586,7 @@ def _rectified(
     transport_df: float = float("inf"),
     day: tuple[float, float, float] = (0.0, 0.0, float("inf")),
     order: tuple[np.ndarray, np.ndarray] | None = None,
+    cuped: str = "pooled",
 ) -> dict[str, float]:
     """`ppi_mean_difference` of one KPI: the full-switch predictions over the fleet, rectified on the
     measured groups against the prediction columns ``against`` (candidate arm's, control arm's);
@@ -579,7 +601,7 @@ def _rectified(
         level,
         x_cand=None if pre is None else pre[ic], x_ctrl=None if pre is None else pre[ib],
         transport_var=transport_var, transport_df=transport_df, day_var=(day[0], day[1]), day_df=day[2],
-        paired=order is not None,
+        paired=order is not None, cuped=cuped,
     )  # fmt: skip
 
 
@@ -615,6 +637,7 @@ def ppi_estimates(
     member_predictions: Sequence[pd.DataFrame] | None = None,
     day_var: Mapping[str, tuple[float, float, float]] | None = None,
     pairs: Sequence[tuple[str, str]] | None = None,
+    cuped: str = "pooled",
 ) -> dict[str, dict[str, float]]:
     """PPI for each KPI (name -> direction) from `twin_group_predictions` and `measured_group_means`.
 
@@ -633,6 +656,7 @@ def ppi_estimates(
         pairs: the plan's matched pairs (`edgetwin.loop.plan.matched_pairs`): the arms are
             analysed as pairs when the canary split every pair (`pair_order`; ``paired`` 1 in the
             estimate), else unpaired.
+        cuped: the pre-period adjustment's slope (`ppi_mean_difference`'s ``cuped``).
 
     Groups the canary measured but the twin has no prediction for are an error (the canary ran on
     another fleet than the twin's log)."""
@@ -650,14 +674,14 @@ def ppi_estimates(
         args = (predictions, at, measured, is_c, k, candidate, baseline, level)
         day = (day_var or {}).get(k, (0.0, 0.0, float("inf")))
         if canary is None:
-            out[k] = _rectified(*args, against=(candidate, baseline), day=day, order=order)
+            out[k] = _rectified(*args, against=(candidate, baseline), day=day, order=order, cuped=cuped)
         else:
             out[k] = _rectified(*args, against=(canary, canary), transport_var=interference_var(
                 member_predictions, is_c, list(measured.index), k, candidate, baseline, canary,
             ) if member_predictions else (0.0, 0.0), transport_df=max(len(member_predictions or ()) - 1, 1),
-                day=day, order=order)  # fmt: skip
+                day=day, order=order, cuped=cuped)  # fmt: skip
             # assumes no interference: the verdict's hull
-            local = _rectified(*args, against=(candidate, baseline), day=day, order=order)
+            local = _rectified(*args, against=(candidate, baseline), day=day, order=order, cuped=cuped)
             out[k].update({f"{LOCAL}{key}": local[key] for key in _LOCAL_KEYS})
         out[k]["n_fleet"], out[k]["n_candidate"], out[k]["n_control"] = len(predictions), int(is_c.sum()), int((~is_c).sum())
     return out

@@ -132,6 +132,7 @@ def canary_loop(
     other_days: Sequence[pd.DataFrame] | None = None,
     days: Callable[[int], tuple[pd.DataFrame, int]] | None = None,
     max_days: int = 1,
+    cuped: str = "pooled",
 ) -> LoopResult:
     """Plan → canary → update → verdict, until a verdict or ``max_rounds``.
 
@@ -148,6 +149,8 @@ def canary_loop(
         decision: the gate's abstaining `GateDecision` to start from (default: run on ``fleet_log``),
             so that the verdict is not shopped for by re-running the gate on other traffic.
         fleet_control: judge against every group not on the candidate (`canary_verdict`'s ``fleet_rows``).
+        cuped: the verdict's pre-period slope, ``"pooled"`` or ``"per_arm"`` (`canary_verdict`'s ``cuped``:
+            Lin 2013's per-arm slope, for the very unequal arms of ``fleet_control``).
         on_canary: ``on_canary(round, plan, canary_result)`` after each round's canary (a benchmark).
         other_days: logs of other days (default: ``old_logs``) whose replay in the twin gives the
             day-to-day variance of the change (`edgetwin.loop.verdict.day_to_day_variance`): the
@@ -216,7 +219,7 @@ def canary_loop(
         # a canary the loss budget or the guard stopped is judged on the ticks it ran (the twin's window the same)
         ran = max(1, min(cfg.ticks, int(res.ticks) - int(cfg.pre_ticks)))
         est = _round_estimates(twin, day_log, res, plan, candidate_spec, baseline_spec, version, day_var, cfg.pre_ticks,
-                               ran, seed, members, fleet_control, float(r - 1 if days is not None else 0))  # fmt: skip
+                               ran, seed, members, fleet_control, float(r - 1 if days is not None else 0), cuped)  # fmt: skip
         if est:
             per_round.append(est)
         loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks, version)
@@ -256,7 +259,7 @@ def canary_loop(
 def _round_estimates(
     twin: Twin, day_log: pd.DataFrame, res: Any, plan: CanaryPlan, candidate: PolicySpec, baseline: PolicySpec,
     version: str, day_var: Mapping[str, Any], pre_ticks: int, ran: int, seed: int, members: Sequence[int] | None,
-    fleet_control: bool, day: float,
+    fleet_control: bool, day: float, cuped: str = "pooled",
 ) -> dict[str, dict[str, float]]:
     """One canary's per-KPI estimates (`canary_verdict`) on the ``ran`` ticks after its pre-period,
     stamped with the index of the ``day`` it ran on (its day-to-day term is its own). A canary the
@@ -265,7 +268,7 @@ def _round_estimates(
     try:
         est = canary_verdict(twin, day_log, res.log, plan, candidate, baseline, candidate_version=version,
                              day_var=day_var, pre_ticks=pre_ticks, ticks=ran, seed=seed, members=members,
-                             fleet_rows=res.fleet_log if fleet_control else None)  # fmt: skip
+                             fleet_rows=res.fleet_log if fleet_control else None, cuped=cuped)  # fmt: skip
     except (InputError, ValueError, KeyError):
         if res.stop_reason != "guard":
             raise

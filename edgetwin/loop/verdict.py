@@ -70,6 +70,7 @@ def canary_verdict(
     members: Sequence[int] | None = None,
     fleet_rows: pd.DataFrame | None = None,
     day_var: Mapping[str, tuple[float, float, float]] | None = None,
+    cuped: str = "pooled",
 ) -> dict[str, dict[str, float]]:
     """One round's PPI estimates per guarded KPI column (`edgetwin.loop.ppi.ppi_estimates`): the
     plan's margins (`edgetwin.contract.margins.KPIMargin`) name the columns and their directions.
@@ -81,6 +82,8 @@ def canary_verdict(
     as the slice's other half, and 50-odd groups instead of 3 cut the control term's variance
     about tenfold. The twin's replay of the canary already predicts those groups (everyone outside
     the candidate arm is on the baseline there). None: the slice's control arm alone.
+    ``cuped``: the pre-period adjustment's slope (`edgetwin.loop.ppi.ppi_mean_difference`): ``"per_arm"``
+    (Lin 2013) where the arms are of very unequal sizes, as with ``fleet_rows``.
 
     The twin replays the fleet's day three times on the same world seed and window: every group on
     the candidate, every group on the baseline (the fleet-wide change the verdict is about), and
@@ -117,7 +120,7 @@ def canary_verdict(
     # matched pairs are analysed as pairs when the canary's control arm is the slice's own (`pair_order`)
     pairs = tuple(getattr(sl, "pairs", ()) or ()) if fleet_rows is None or fleet_rows.empty else ()
     return ppi_estimates(preds, measured, {m.kpi: m.better for m in plan.margins}, "candidate", "baseline", canary="canary",
-                         member_predictions=per_member, day_var=day_var, pairs=pairs)  # fmt: skip
+                         member_predictions=per_member, day_var=day_var, pairs=pairs, cuped=cuped)  # fmt: skip
 
 
 def day_to_day_variance(
