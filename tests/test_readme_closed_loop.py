@@ -64,3 +64,16 @@ def test_the_readme_switchback_wire_numbers_are_the_wire_run() -> None:
                        wire["findings"][0])  # fmt: skip
     assert served and served.group(1) == said.group(1)
     assert "canary verdict --design switchback" in readme
+
+
+def test_the_readme_fleet_control_numbers_are_its_run() -> None:
+    """The README's fleet-as-control sentence is `extended_fleet_control`'s 1,000-group run and the levers' switchback count."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())
+    fc = res["extended_fleet_control"]["by_fleet_size"]["1000"]
+    lo, hi = (100 * x for x in fc["canary_verdict_rate_ci"])
+    assert (f"decides {100 * fc['canary_verdict_rate']:.1f} % [{lo:.1f} %, {hi:.1f} %] at 1,000 groups, and "
+            f"{fc['canary_agreeing']} of those {fc['canary_decided']} verdicts are right") in readme  # fmt: skip
+    assert fc["confident_agreement"] < 0.97 and "fewer right than the 97 % asked, so the default stays" in readme
+    lev = res["levers"]
+    assert f"fits the 10 % x one-day budget for {lev['switchback_fits']} of the {len(lev['switchback'])} candidates" in readme
