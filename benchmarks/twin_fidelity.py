@@ -273,7 +273,10 @@ KEEP_SUBSECTIONS = (
     "### Where the twin's revenue and task-time change bias came from (issue 44)",
     "### Constrained policy vs plain PPO, scored on the cluster (issue 44)",  # benchmarks/constrained_training.py
     "### The response model's output noise by predicted level (issue 44)",
+    "### The effect-size term calibrated on replayed held-out days (issue 44)",
 )
+#: the subsection `--pool ... --write-pooled` writes (kept by full runs: `KEEP_SUBSECTIONS`)
+POOLED_SECTION = KEEP_SUBSECTIONS[-1]
 
 
 def _site_flags(args: argparse.Namespace) -> str:
@@ -422,6 +425,87 @@ def pool_kpi_changes(paths: list[str], key: str = "kpi_change_effect") -> dict: 
             raise SystemExit(f"{p}: no {key!r} (a --quick --json run of this benchmark?)")
         rows += d[key]["rows"]
     return {"files": paths, "key": key, **kpi_change_summary(rows)}
+
+
+def pooled_markdown(paths: list[str]) -> str:
+    """The `POOLED_SECTION` from several quick runs' JSON files (one per seed): per seed and pooled,
+    the coverage and median width of the change intervals with the one-step effect term
+    (``kpi_change_effect``) and with the term calibrated on replayed held-out days
+    (``kpi_change_replayed``), the replayed multiples per KPI, and every change still missed."""
+    runs = [(p, json.loads(Path(p).read_text())) for p in paths]
+    for p, d in runs:
+        if "kpi_change_replayed" not in d:
+            raise SystemExit(f"{p}: no 'kpi_change_replayed' (a --quick --json run of this benchmark's current code?)")
+    keys = ("kpi_change_effect", "kpi_change_replayed")
+    pooled = {k: pool_kpi_changes(paths, k) for k in keys}
+
+    def cov(s: dict) -> str:  # type: ignore[type-arg]
+        k = round(s["coverage"] * s["n"])
+        lo, hi = s["coverage_interval"]
+        return f"{k} / {s['n']} = {100 * s['coverage']:.1f} % (CP 90 % {100 * lo:.0f}-{100 * hi:.0f})"
+
+    L = [POOLED_SECTION, "",
+         "Command: `python benchmarks/twin_fidelity.py --quick --seed S --json docs/benchmarks/twin_fidelity/seeds/"
+         "replayed_seedS.json` for S = 0, 1, 2 (the quick twin: 3 training days, 1 member; 10 cluster and 10 twin days "
+         "per policy; 2 CPU cores shared with four other sessions), then `python benchmarks/twin_fidelity.py --pool "
+         + " ".join(Path(p).name for p, _ in runs) + " --pool-key kpi_change_replayed --write-pooled` (from the seeds "
+         "directory). Both intervals are computed in the same runs, on the same twins and cluster days.", "",
+         "The effect-size term of a candidate's change interval (`measured_change_interval`'s `q_effect`) was the "
+         "split-conformal quantile of the one-step action contrasts' errors (the twin teacher forced on held-out "
+         "logged rows; the same for every candidate). Here it is calibrated on what can be checked without the "
+         "cluster: each of the 10 held-out logged days (the random logging policy's, days the twin was not fitted on) "
+         "is replayed in the twin from its logged first states with its logged actions, free-running (its states its "
+         "own: what compounds over a day is in it); the mean of each KPI among the rows whose action fell in one third "
+         "of its range against all rows is a change the cluster produced, the twin's the same change in the replay, and "
+         "their difference divided by how far that third moves the action (the 1-Wasserstein distance, in units of "
+         "the range the log explored) is an effect error per unit of action moved; a day scores its largest "
+         "(`replayed_effect_scores`). The multiple `λ` is the split-conformal 90 % quantile of the 10 days' scores "
+         "(the 10th of 10: the largest), and a candidate's term is `λ x (its action shift + the baseline's)`, its "
+         "shift the same distance between its actions in its own twin days and the log's (`action_shift`, "
+         "`replayed_effect_terms`). The level is the intervals' 90 %; no constant was chosen, and nothing in the "
+         "interval comes from a candidate's cluster run (they only score it).", "",
+         "| seed | coverage, one-step effect term | coverage, replayed effect term | median width (points), one-step "
+         "-> replayed | median abs. change error (points) |",
+         "|---|---|---|---|---:|"]
+    for _, d in runs:
+        e, r = d["kpi_change_effect"]["summary"], d["kpi_change_replayed"]["summary"]
+        L.append(f"| {d['args']['seed']} | {cov(e)} | {cov(r)} | {e['median_width_points']:.0f} -> "
+                 f"{r['median_width_points']:.0f} | {r['median_abs_error_points']:.1f} |")
+    e, r = pooled["kpi_change_effect"], pooled["kpi_change_replayed"]
+    L.append(f"| {len(runs)} seeds pooled | {cov(e)} | **{cov(r)}** | {e['median_width_points']:.0f} -> "
+             f"**{r['median_width_points']:.0f}** | {r['median_abs_error_points']:.1f} |")
+    L += ["", f"Target: coverage >= 90 %: {'met' if r['coverage'] >= 0.9 else 'missed'} with the replayed term. "
+          "The CP interval treats the rows as independent; the KPIs of one candidate are not, so it is optimistic.", "",
+          "Per KPI, pooled (replayed term), with each seed's multiple `λ` (change per unit of action moved):", "",
+          "| KPI | coverage | median width (points) | λ by seed |", "|---|---|---:|---|"]
+    for k, sk in r["per_kpi"].items():
+        lams = ", ".join(f"{d['kpi_change_replayed']['calibration'][k]['multiple']:.2f}" for _, d in runs)
+        L.append(f"| {k} | {cov(sk)} | {sk['median_width_points']:.0f} | {lams} |")
+    misses = [(d["args"]["seed"], x) for _, d in runs for x in d["kpi_change_replayed"]["rows"] if not x["covers"]]
+    L += ["", f"Where it is still missed ({len(misses)} changes), largest error first:", "",
+          "| seed | candidate | KPI | cluster change | twin change [its 90 % interval] | error (points) |",
+          "|---|---|---|---:|---:|---:|"]
+    for seed, x in sorted(misses, key=lambda m: -m[1]["error_points"]):
+        L.append(f"| {seed} | {x['policy']} | {x['kpi']} | {100 * x['real_change']:+.1f} % | "
+                 f"{100 * x['twin_change']:+.1f} % [{100 * x['twin_interval'][0]:+.1f}, "
+                 f"{100 * x['twin_interval'][1]:+.1f}] | {x['error_points']:.1f} |")
+    return "\n".join(L) + "\n"
+
+
+def write_subsection(heading: str, md: str) -> None:
+    """Replace the ``heading`` subsection of the twin-fidelity section with ``md`` (up to the next
+    heading), or append it at the end of the section (`QUICK_SECTION`, `POOLED_SECTION`)."""
+    text = DOC.read_text()
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |^### |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: md + "\n", text)
+    else:
+        sec = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+        m = sec.search(text)
+        if m is None:
+            raise SystemExit(f"docs/benchmarks/twin_fidelity/README.md has no {SECTION!r} section")
+        text = text[: m.end()].rstrip("\n") + "\n\n" + md + "\n" + text[m.end():]
+    DOC.write_text(text)
 
 
 def kpi_change_markdown(rows: list[dict], summary: dict, baseline: str, days: int,  # type: ignore[type-arg]
@@ -716,17 +800,7 @@ def quick_ranking(args: argparse.Namespace) -> None:
     md = "\n".join(L) + "\n"
     print(md)
     if args.write_quick:
-        text = DOC.read_text()
-        pattern = re.compile(rf"^{re.escape(QUICK_SECTION)}\n.*?(?=^## |^### |\Z)", re.S | re.M)
-        if pattern.search(text):
-            text = pattern.sub(md + "\n", text)
-        else:  # append at the end of the Twin fidelity section
-            sec = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-            m = sec.search(text)
-            if m is None:
-                raise SystemExit(f"docs/benchmarks/twin_fidelity/README.md has no {SECTION!r} section")
-            text = text[: m.end()].rstrip("\n") + "\n\n" + md + "\n" + text[m.end():]
-        DOC.write_text(text)
+        write_subsection(QUICK_SECTION, md)
 
 
 # ------------------------------------------------------------------------------------ main
@@ -762,9 +836,17 @@ def main() -> None:
     ap.add_argument("--pool-key", default="kpi_change_effect",
                     help="--pool: which rows of the JSON files (default kpi_change_effect; kpi_change_replayed: "
                          "the effect-size multiple calibrated on replayed held-out days)")
+    ap.add_argument("--write-pooled", action="store_true",
+                    help="--pool: write the pooled one-step vs replayed effect-term coverages as a subsection of "
+                         "docs/benchmarks/twin_fidelity/README.md")
     add_scale_args(ap)
     args = ap.parse_args()
     if args.pool:
+        if args.write_pooled:
+            md = pooled_markdown(args.pool)
+            print(md)
+            write_subsection(POOLED_SECTION, md)
+            return
         print(json.dumps(pool_kpi_changes(args.pool, args.pool_key), indent=1))
         return
     if args.site_columns:

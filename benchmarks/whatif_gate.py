@@ -324,6 +324,10 @@ def main() -> None:
     ap.add_argument("--calibrate-on", choices=CALIBRATION_SETS, default="held",
                     help="the logged days the intervals are calibrated on: held (3 held-out days, the headline), "
                          "recent (the replayed days themselves: what `check_candidate` does by default), or both")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="write this run's summary (with its seed) to this file instead of the docs' results file "
+                         "and page: one seed of a rate over several (use a --work directory per seed: the twin and "
+                         "PPO are cached there)")
     ap.add_argument("--docs-only", action="store_true",
                     help="only rewrite the docs section from the results_<logging>.json files of earlier runs")
     add_scale_args(ap)
@@ -433,6 +437,11 @@ def main() -> None:
     summary["rows"] = rows
     summary["declared_kpis"] = declared_kpi_summary(rows, [f.name for f in spec.features if f.better is not None])
 
+    if args.json is not None:  # one seed of several: its summary only, the docs untouched
+        args.json.write_text(json.dumps({**summary, "seed": args.seed}, indent=1, default=float))
+        print(json.dumps({k: summary[k] for k in ("logging", "confident_agreement", "confident_pairs", "abstention",
+                                                  "coverage_90", "median_interval_width")}, default=float))
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / results_name(args.logging, args.calibrate_on)).write_text(json.dumps(summary, indent=1, default=float))
     if args.calibrate_on != "held":  # a side run: its headline only; the section shows it beside the held-out one
