@@ -448,8 +448,8 @@ def pooled_markdown(paths: list[str]) -> str:
          "Command: `python benchmarks/twin_fidelity.py --quick --seed S --json docs/benchmarks/twin_fidelity/seeds/"
          "replayed_seedS.json` for S = 0, 1, 2 (the quick twin: 3 training days, 1 member; 10 cluster and 10 twin days "
          "per policy; 2 CPU cores shared with four other sessions), then `python benchmarks/twin_fidelity.py --pool "
-         + " ".join(Path(p).name for p, _ in runs) + " --pool-key kpi_change_replayed --write-pooled` (from the seeds "
-         "directory). Both intervals are computed in the same runs, on the same twins and cluster days.", "",
+         + " ".join(p for p, _ in runs) + " --pool-key kpi_change_replayed --write-pooled`. Both intervals are "
+         "computed in the same runs, on the same twins and cluster days.", "",
          "The effect-size term of a candidate's change interval (`measured_change_interval`'s `q_effect`) was the "
          "split-conformal quantile of the one-step action contrasts' errors (the twin teacher forced on held-out "
          "logged rows; the same for every candidate). Here it is calibrated on what can be checked without the "
@@ -750,9 +750,9 @@ def quick_ranking(args: argparse.Namespace) -> None:
     unpaired_summary = kpi_change_summary(unpaired_rows)
     effect_rows = kpi_change_rows(days, baseline, better, seed=args.seed, calibration=calibration, paired=True)
     effect_summary = kpi_change_summary(effect_rows)
-    terms, replayed = replayed_effect_terms(twin, held, list(better), pol_actions, baseline, args.seed + 10)
+    effect_terms, replayed = replayed_effect_terms(twin, held, list(better), pol_actions, baseline, args.seed + 10)
     replayed_rows = kpi_change_rows(days, baseline, better, seed=args.seed, calibration=calibration, paired=True,
-                                    effect_of=terms)
+                                    effect_of=effect_terms)
     replayed_summary = kpi_change_summary(replayed_rows)
     L += kpi_change_markdown(change_rows, change_summary, baseline, eval_eps, unpaired=unpaired_summary,
                              with_effect=effect_summary)
@@ -838,7 +838,7 @@ def main() -> None:
                          "the effect-size multiple calibrated on replayed held-out days)")
     ap.add_argument("--write-pooled", action="store_true",
                     help="--pool: write the pooled one-step vs replayed effect-term coverages as a subsection of "
-                         "docs/benchmarks/twin_fidelity/README.md")
+                         "docs/benchmarks/twin_fidelity/README.md and their pooled summaries to seeds/pooled.json")
     add_scale_args(ap)
     args = ap.parse_args()
     if args.pool:
@@ -846,6 +846,8 @@ def main() -> None:
             md = pooled_markdown(args.pool)
             print(md)
             write_subsection(POOLED_SECTION, md)
+            pooled = {k: pool_kpi_changes(args.pool, k) for k in ("kpi_change_effect", "kpi_change_replayed")}
+            (FIG / "seeds" / "pooled.json").write_text(json.dumps(pooled, indent=1))
             return
         print(json.dumps(pool_kpi_changes(args.pool, args.pool_key), indent=1))
         return

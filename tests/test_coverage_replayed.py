@@ -80,3 +80,26 @@ def test_replayed_calibration_on_a_small_twin_is_deterministic_and_says_how_many
         assert one[k]["multiple"] == max(one[k]["day_scores"]) > 0
     with pytest.raises(InputError, match="kpi.nope"):
         replayed_effect_calibration(twin, held, ["kpi.nope"], seed=1)
+
+
+def test_the_pages_pooled_replayed_coverage_is_the_committed_seed_runs() -> None:
+    """docs/benchmarks/twin_fidelity's replayed-term subsection and seeds/pooled.json are `--pool` of the
+    committed seed runs (`twin_fidelity.py --quick --json`), each of which holds both interval terms."""
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    tf = pytest.importorskip("twin_fidelity")
+    d = root / "docs/benchmarks/twin_fidelity"
+    files = [str(d / f"seeds/replayed_seed{s}.json") for s in (0, 1, 2)]
+    pooled = tf.pool_kpi_changes(files, "kpi_change_replayed")
+    one_step = tf.pool_kpi_changes(files, "kpi_change_effect")
+    stored = json.loads((d / "seeds/pooled.json").read_text())
+    assert stored["kpi_change_replayed"]["coverage"] == pytest.approx(pooled["coverage"])
+    k = round(pooled["coverage"] * pooled["n"])
+    page = (d / "README.md").read_text()
+    assert f"**{k} / {pooled['n']} = {100 * pooled['coverage']:.1f} %" in page
+    assert f"{100 * one_step['coverage']:.1f} %" in page
+    assert f"**{pooled['median_width_points']:.0f}** |" in page
