@@ -241,6 +241,24 @@ def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def pool_seeds(paths: list[Path]) -> dict[str, Any]:
+    """`headline` of several ``--json`` runs' rows together (one per seed: every (seed, candidate, KPI)
+    a row), with the confident agreement's Clopper-Pearson 90 % interval (the rows of one candidate are
+    not independent, so it is optimistic) and each seed's own headline."""
+    from scipy.stats import binomtest
+
+    runs = [json.loads(p.read_text()) for p in paths]
+    rows = [r for d in runs for r in d["rows"]]
+    out: dict[str, Any] = {"files": [str(p) for p in paths], "seeds": [d.get("seed") for d in runs], **headline(rows)}
+    k = sum(bool(r["agree"]) for r in rows if r["agree"] is not None)
+    n = out["confident_pairs"]
+    ci = binomtest(k, n).proportion_ci(0.90, method="exact") if n else None
+    out["confident_agreed"] = k
+    out["confident_agreement_interval"] = [ci.low, ci.high] if ci else None
+    out["per_seed"] = [{"seed": d.get("seed"), **headline(d["rows"])} for d in runs]
+    return out
+
+
 def declared_kpi_summary(rows: list[dict[str, Any]], declared: list[str]) -> dict[str, Any]:
     """Per KPI the spec declares a direction for (issue 44): over the candidates, the coverage of the
     cluster's change by the twin's 90 % interval (with its Clopper-Pearson 90 % interval), the median
@@ -330,8 +348,17 @@ def main() -> None:
                          "PPO are cached there)")
     ap.add_argument("--docs-only", action="store_true",
                     help="only rewrite the docs section from the results_<logging>.json files of earlier runs")
+    ap.add_argument("--pool", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="pool the rows of several --json runs (one per seed), print their headline with the confident "
+                         "agreement's Clopper-Pearson 90 %% interval and write it to whatif_gate/seeds/pooled_<logging>.json")
     add_scale_args(ap)
     args = ap.parse_args()
+    if args.pool:
+        pooled = pool_seeds(args.pool)
+        (OUT / "seeds").mkdir(parents=True, exist_ok=True)
+        (OUT / "seeds" / f"pooled_{args.logging}.json").write_text(json.dumps(pooled, indent=1, default=float))
+        print(json.dumps({k: v for k, v in pooled.items() if k != "per_seed"}, indent=1, default=float))
+        return
     scale = scale_kwargs(args)
     torch.set_num_threads(1)
     if args.docs_only:
