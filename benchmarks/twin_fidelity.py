@@ -273,7 +273,10 @@ KEEP_SUBSECTIONS = (
     "### Where the twin's revenue and task-time change bias came from (issue 44)",
     "### Constrained policy vs plain PPO, scored on the cluster (issue 44)",  # benchmarks/constrained_training.py
     "### The response model's output noise by predicted level (issue 44)",
+    "### The effect-size term calibrated on replayed held-out days (issue 44)",
 )
+#: the subsection `--pool ... --write-pooled` writes (kept by full runs: `KEEP_SUBSECTIONS`)
+POOLED_SECTION = KEEP_SUBSECTIONS[-1]
 
 
 def _site_flags(args: argparse.Namespace) -> str:
@@ -317,7 +320,8 @@ def day_means(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
 def kpi_change_rows(days: dict[str, dict[str, pd.DataFrame]], baseline: str, better: dict[str, str],
                     n_boot: int = 2000, seed: int = 0,
                     calibration: dict[str, tuple[np.ndarray, float, float]] | None = None,
-                    paired: bool = False, effect: bool = True) -> list[dict]:  # type: ignore[type-arg]
+                    paired: bool = False, effect: bool = True,
+                    effect_of: dict[str, dict[str, float]] | None = None) -> list[dict]:  # type: ignore[type-arg]
     """Per candidate and declared KPI: the cluster's relative change against ``baseline`` and the
     twin's, the twin's 90 % interval (percentile bootstrap over its simulated days of both policies,
     resampled independently), whether it covers the cluster's change, and the error in points.
@@ -334,7 +338,9 @@ def kpi_change_rows(days: dict[str, dict[str, pd.DataFrame]], baseline: str, bet
 
     ``calibration``: KPI -> (per-day means of held-out *logged* days, the twin's conformal relative
     level error on them[, its conformal effect-size error: `change_calibration`]); ``effect``: add the
-    effect-size error to the interval (`measured_change_interval`'s ``q_effect``). With it, the twin's interval is `measured_change_interval` (its own spread,
+    effect-size error to the interval (`measured_change_interval`'s ``q_effect``); ``effect_of``:
+    policy -> KPI -> its own effect-size term instead (`replayed_effect_terms`: the multiple calibrated
+    on replayed held-out days times how far the policy moves the actions). With it, the twin's interval is `measured_change_interval` (its own spread,
     the measured change's day noise estimated from the logs, and its model error); the bootstrap-only
     interval stays in the row as ``twin_bootstrap_interval`` / ``covers_bootstrap``."""
     from edgetwin.twin.intervals import measured_change_interval
@@ -368,10 +374,13 @@ def kpi_change_rows(days: dict[str, dict[str, pd.DataFrame]], baseline: str, bet
             lo, hi = blo, bhi
             if calibration is not None and k in calibration:
                 cal = calibration[k]
+                q_eff = cal[2] if effect and len(cal) > 2 else 0.0
+                if effect_of is not None:
+                    q_eff = effect_of[name][k]
                 lo, hi = measured_change_interval(twin, (blo, bhi), cal[0], len(d["real"]),
                                                   len(days[baseline]["real"]), cal[1],
                                                   paired_twin_days=len(d["twin"]) if paired else None,
-                                                  q_effect=cal[2] if effect and len(cal) > 2 else 0.0)
+                                                  q_effect=q_eff)
             rows.append({"policy": name, "kpi": k, "better": direction, "real_change": real,
                          "real_interval": [rlo, rhi], "twin_change": twin, "twin_interval": [lo, hi],
                          "covers": bool(lo <= real <= hi), "error_points": 100 * abs(twin - real),
@@ -395,6 +404,8 @@ def kpi_change_summary(rows: list[dict]) -> dict:  # type: ignore[type-arg]
                 "coverage_bootstrap_only": kb / n if n else float("nan"),
                 "coverage_interval": [ci.low, ci.high] if ci else None,
                 "median_abs_error_points": float(np.median([r["error_points"] for r in rs])) if rs else float("nan"),
+                "median_width_points": float(np.median([100 * (r["twin_interval"][1] - r["twin_interval"][0])
+                                                        for r in rs])) if rs else float("nan"),
                 # the twin's bias on the change (a shared sign = a biased point estimate, not a narrow interval)
                 "mean_signed_error_points": float(np.mean([100 * (r["twin_change"] - r["real_change"]) for r in rs]))
                 if rs else float("nan")}
@@ -414,6 +425,87 @@ def pool_kpi_changes(paths: list[str], key: str = "kpi_change_effect") -> dict: 
             raise SystemExit(f"{p}: no {key!r} (a --quick --json run of this benchmark?)")
         rows += d[key]["rows"]
     return {"files": paths, "key": key, **kpi_change_summary(rows)}
+
+
+def pooled_markdown(paths: list[str]) -> str:
+    """The `POOLED_SECTION` from several quick runs' JSON files (one per seed): per seed and pooled,
+    the coverage and median width of the change intervals with the one-step effect term
+    (``kpi_change_effect``) and with the term calibrated on replayed held-out days
+    (``kpi_change_replayed``), the replayed multiples per KPI, and every change still missed."""
+    runs = [(p, json.loads(Path(p).read_text())) for p in paths]
+    for p, d in runs:
+        if "kpi_change_replayed" not in d:
+            raise SystemExit(f"{p}: no 'kpi_change_replayed' (a --quick --json run of this benchmark's current code?)")
+    keys = ("kpi_change_effect", "kpi_change_replayed")
+    pooled = {k: pool_kpi_changes(paths, k) for k in keys}
+
+    def cov(s: dict) -> str:  # type: ignore[type-arg]
+        k = round(s["coverage"] * s["n"])
+        lo, hi = s["coverage_interval"]
+        return f"{k} / {s['n']} = {100 * s['coverage']:.1f} % (CP 90 % {100 * lo:.0f}-{100 * hi:.0f})"
+
+    L = [POOLED_SECTION, "",
+         "Command: `python benchmarks/twin_fidelity.py --quick --seed S --json docs/benchmarks/twin_fidelity/seeds/"
+         "replayed_seedS.json` for S = 0, 1, 2 (the quick twin: 3 training days, 1 member; 10 cluster and 10 twin days "
+         "per policy; 2 CPU cores shared with four other sessions), then `python benchmarks/twin_fidelity.py --pool "
+         + " ".join(p for p, _ in runs) + " --pool-key kpi_change_replayed --write-pooled`. Both intervals are "
+         "computed in the same runs, on the same twins and cluster days.", "",
+         "The effect-size term of a candidate's change interval (`measured_change_interval`'s `q_effect`) was the "
+         "split-conformal quantile of the one-step action contrasts' errors (the twin teacher forced on held-out "
+         "logged rows; the same for every candidate). Here it is calibrated on what can be checked without the "
+         "cluster: each of the 10 held-out logged days (the random logging policy's, days the twin was not fitted on) "
+         "is replayed in the twin from its logged first states with its logged actions, free-running (its states its "
+         "own: what compounds over a day is in it); the mean of each KPI among the rows whose action fell in one third "
+         "of its range against all rows is a change the cluster produced, the twin's the same change in the replay, and "
+         "their difference divided by how far that third moves the action (the 1-Wasserstein distance, in units of "
+         "the range the log explored) is an effect error per unit of action moved; a day scores its largest "
+         "(`replayed_effect_scores`). The multiple `λ` is the split-conformal 90 % quantile of the 10 days' scores "
+         "(the 10th of 10: the largest), and a candidate's term is `λ x (its action shift + the baseline's)`, its "
+         "shift the same distance between its actions in its own twin days and the log's (`action_shift`, "
+         "`replayed_effect_terms`). The level is the intervals' 90 %; no constant was chosen, and nothing in the "
+         "interval comes from a candidate's cluster run (they only score it).", "",
+         "| seed | coverage, one-step effect term | coverage, replayed effect term | median width (points), one-step "
+         "-> replayed | median abs. change error (points) |",
+         "|---|---|---|---|---:|"]
+    for _, d in runs:
+        e, r = d["kpi_change_effect"]["summary"], d["kpi_change_replayed"]["summary"]
+        L.append(f"| {d['args']['seed']} | {cov(e)} | {cov(r)} | {e['median_width_points']:.0f} -> "
+                 f"{r['median_width_points']:.0f} | {r['median_abs_error_points']:.1f} |")
+    e, r = pooled["kpi_change_effect"], pooled["kpi_change_replayed"]
+    L.append(f"| {len(runs)} seeds pooled | {cov(e)} | **{cov(r)}** | {e['median_width_points']:.0f} -> "
+             f"**{r['median_width_points']:.0f}** | {r['median_abs_error_points']:.1f} |")
+    L += ["", f"Target: coverage >= 90 %: {'met' if r['coverage'] >= 0.9 else 'missed'} with the replayed term. "
+          "The CP interval treats the rows as independent; the KPIs of one candidate are not, so it is optimistic.", "",
+          "Per KPI, pooled (replayed term), with each seed's multiple `λ` (change per unit of action moved):", "",
+          "| KPI | coverage | median width (points) | λ by seed |", "|---|---|---:|---|"]
+    for k, sk in r["per_kpi"].items():
+        lams = ", ".join(f"{d['kpi_change_replayed']['calibration'][k]['multiple']:.2f}" for _, d in runs)
+        L.append(f"| {k} | {cov(sk)} | {sk['median_width_points']:.0f} | {lams} |")
+    misses = [(d["args"]["seed"], x) for _, d in runs for x in d["kpi_change_replayed"]["rows"] if not x["covers"]]
+    L += ["", f"Where it is still missed ({len(misses)} changes), largest error first:", "",
+          "| seed | candidate | KPI | cluster change | twin change [its 90 % interval] | error (points) |",
+          "|---|---|---|---:|---:|---:|"]
+    for seed, x in sorted(misses, key=lambda m: -m[1]["error_points"]):
+        L.append(f"| {seed} | {x['policy']} | {x['kpi']} | {100 * x['real_change']:+.1f} % | "
+                 f"{100 * x['twin_change']:+.1f} % [{100 * x['twin_interval'][0]:+.1f}, "
+                 f"{100 * x['twin_interval'][1]:+.1f}] | {x['error_points']:.1f} |")
+    return "\n".join(L) + "\n"
+
+
+def write_subsection(heading: str, md: str) -> None:
+    """Replace the ``heading`` subsection of the twin-fidelity section with ``md`` (up to the next
+    heading), or append it at the end of the section (`QUICK_SECTION`, `POOLED_SECTION`)."""
+    text = DOC.read_text()
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |^### |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: md + "\n", text)
+    else:
+        sec = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+        m = sec.search(text)
+        if m is None:
+            raise SystemExit(f"docs/benchmarks/twin_fidelity/README.md has no {SECTION!r} section")
+        text = text[: m.end()].rstrip("\n") + "\n\n" + md + "\n" + text[m.end():]
+    DOC.write_text(text)
 
 
 def kpi_change_markdown(rows: list[dict], summary: dict, baseline: str, days: int,  # type: ignore[type-arg]
@@ -507,6 +599,26 @@ def change_calibration(twin: Twin, held: pd.DataFrame, policy: PlatformPolicy, k
     return out
 
 
+def replayed_effect_terms(twin: Twin, held: pd.DataFrame, kpis: list[str], actions: dict[str, np.ndarray],
+                          baseline: str, seed: int) -> tuple[dict[str, dict[str, float]], dict]:  # type: ignore[type-arg]
+    """Per policy and KPI, the effect-size term of its change interval against ``baseline``:
+    ``λ_k · (action_shift(policy) + action_shift(baseline))``, with ``λ_k`` the conformal multiple of
+    the twin's effect-size error per unit of action moved on the held-out *logged* days ``held``, the
+    twin free-running each day with its logged actions (`replayed_effect_calibration`), and each
+    policy's shift measured on its own rows in the twin (``actions[policy]``, ``(N, A)``) against
+    ``held``'s logged actions. Nothing in it comes from a policy run on the cluster. The level is the
+    intervals' 90 %; the multiple is the conformal quantile of the days' scores as it comes, with no
+    constant chosen. Returns ``(terms, details)``; details go to the JSON."""
+    from edgetwin.twin.intervals import action_shift
+    from edgetwin.twin.policy_calibration import replayed_effect_calibration
+
+    cal = replayed_effect_calibration(twin, held, kpis, seed=seed)
+    logged = held[twin.spec.action_columns].to_numpy()
+    shift = {n: action_shift(a, logged) for n, a in actions.items()}
+    terms = {n: {k: cal[k]["multiple"] * (shift[n] + shift[baseline]) for k in kpis} for n in actions}
+    return terms, {"calibration": cal, "action_shift": shift}
+
+
 def one_step_levels(twin: Twin, logs: dict[str, pd.DataFrame], kpis: list[str], seed: int) -> dict:  # type: ignore[type-arg]
     """Teacher forced (`one_step_outputs`, sampled) raw KPI means of the twin over the real ones, per
     policy's cluster days in ``logs``, with each member's output noise model (`Member.noise`) as
@@ -585,6 +697,7 @@ def quick_ranking(args: argparse.Namespace) -> None:
     days: dict[str, dict[str, pd.DataFrame]] = {}
     days_unpaired: dict[str, dict[str, pd.DataFrame]] = {}  # the previous protocol: one twin seed per policy
     level_logs: dict[str, pd.DataFrame] = {}  # 2 cluster days of each fixed policy, for `one_step_levels`
+    pol_actions: dict[str, np.ndarray] = {}  # each policy's actions on its own rows in the twin
     for i, (name, pol) in enumerate(policies.items()):
         real_df, _ = generate_logs(cfg, episodes=eval_eps, policy=pol, seed=args.seed + 500)
         if name != "PPO trained in the twin":
@@ -593,6 +706,7 @@ def quick_ranking(args: argparse.Namespace) -> None:
         twin_df = twin.rollout(pol, episodes=eval_eps, seed=args.seed + 500, n_agents=n_agents, steps=steps,
                                all_members=True)
         days[name] = {"real": day_means(real_df, list(better)), "twin": day_means(twin_df, list(better))}
+        pol_actions[name] = twin_df[spec.action_columns].to_numpy()
         other = twin_df if i == 0 else twin.rollout(pol, episodes=eval_eps, seed=args.seed + 500 + i,
                                                     n_agents=n_agents, steps=steps, all_members=True)
         days_unpaired[name] = {"real": days[name]["real"], "twin": day_means(other, list(better))}
@@ -636,8 +750,19 @@ def quick_ranking(args: argparse.Namespace) -> None:
     unpaired_summary = kpi_change_summary(unpaired_rows)
     effect_rows = kpi_change_rows(days, baseline, better, seed=args.seed, calibration=calibration, paired=True)
     effect_summary = kpi_change_summary(effect_rows)
+    effect_terms, replayed = replayed_effect_terms(twin, held, list(better), pol_actions, baseline, args.seed + 10)
+    replayed_rows = kpi_change_rows(days, baseline, better, seed=args.seed, calibration=calibration, paired=True,
+                                    effect_of=effect_terms)
+    replayed_summary = kpi_change_summary(replayed_rows)
     L += kpi_change_markdown(change_rows, change_summary, baseline, eval_eps, unpaired=unpaired_summary,
                              with_effect=effect_summary)
+    ci_r = replayed_summary["coverage_interval"]
+    L += ["", "With the effect-size term calibrated on replayed held-out logged days instead (`kpi_change_replayed`: "
+          "the conformal multiple of the twin's effect error per unit of action moved, the twin free-running each "
+          "day with its logged actions, times how far the candidate moves the actions; `replayed_effect_terms`): "
+          f"coverage {100 * replayed_summary['coverage']:.0f} % of {replayed_summary['n']} (90 % CP interval "
+          f"{100 * ci_r[0]:.0f}-{100 * ci_r[1]:.0f} %), median width {replayed_summary['median_width_points']:.0f} "
+          f"points (the one-step effect term's: {effect_summary['median_width_points']:.0f})."]
     levels = one_step_levels(twin, level_logs, list(better), seed=args.seed + 11)
     L += one_step_levels_markdown(levels, baseline)
     if args.json:
@@ -651,6 +776,9 @@ def quick_ranking(args: argparse.Namespace) -> None:
                                                "kpi_change_effect": {"baseline": baseline, "summary": effect_summary,
                                                                      "rows": effect_rows},
                                                "effect_error_q90": {k: v[2] for k, v in calibration.items()},
+                                               "kpi_change_replayed": {"baseline": baseline,
+                                                                       "summary": replayed_summary,
+                                                                       "rows": replayed_rows, **replayed},
                                                "one_step_levels": levels,
                                                "output_noise": [m.noise_source if m.noise else "none"
                                                                 for m in twin.members],
@@ -672,17 +800,7 @@ def quick_ranking(args: argparse.Namespace) -> None:
     md = "\n".join(L) + "\n"
     print(md)
     if args.write_quick:
-        text = DOC.read_text()
-        pattern = re.compile(rf"^{re.escape(QUICK_SECTION)}\n.*?(?=^## |^### |\Z)", re.S | re.M)
-        if pattern.search(text):
-            text = pattern.sub(md + "\n", text)
-        else:  # append at the end of the Twin fidelity section
-            sec = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-            m = sec.search(text)
-            if m is None:
-                raise SystemExit(f"docs/benchmarks/twin_fidelity/README.md has no {SECTION!r} section")
-            text = text[: m.end()].rstrip("\n") + "\n\n" + md + "\n" + text[m.end():]
-        DOC.write_text(text)
+        write_subsection(QUICK_SECTION, md)
 
 
 # ------------------------------------------------------------------------------------ main
@@ -715,10 +833,23 @@ def main() -> None:
     ap.add_argument("--pool", nargs="+", metavar="JSON", default=None,
                     help="pool the KPI-change rows (with the effect term) of several --quick --json runs (one per "
                          "seed) and print their coverage with its Clopper-Pearson 90 %% interval, per KPI too")
+    ap.add_argument("--pool-key", default="kpi_change_effect",
+                    help="--pool: which rows of the JSON files (default kpi_change_effect; kpi_change_replayed: "
+                         "the effect-size multiple calibrated on replayed held-out days)")
+    ap.add_argument("--write-pooled", action="store_true",
+                    help="--pool: write the pooled one-step vs replayed effect-term coverages as a subsection of "
+                         "docs/benchmarks/twin_fidelity/README.md and their pooled summaries to seeds/pooled.json")
     add_scale_args(ap)
     args = ap.parse_args()
     if args.pool:
-        print(json.dumps(pool_kpi_changes(args.pool), indent=1))
+        if args.write_pooled:
+            md = pooled_markdown(args.pool)
+            print(md)
+            write_subsection(POOLED_SECTION, md)
+            pooled = {k: pool_kpi_changes(args.pool, k) for k in ("kpi_change_effect", "kpi_change_replayed")}
+            (FIG / "seeds" / "pooled.json").write_text(json.dumps(pooled, indent=1))
+            return
+        print(json.dumps(pool_kpi_changes(args.pool, args.pool_key), indent=1))
         return
     if args.site_columns:
         args.site_model = [c.strip() for c in args.site_columns.split(",") if c.strip()]

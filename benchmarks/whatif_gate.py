@@ -241,6 +241,24 @@ def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def pool_seeds(paths: list[Path]) -> dict[str, Any]:
+    """`headline` of several ``--json`` runs' rows together (one per seed: every (seed, candidate, KPI)
+    a row), with the confident agreement's Clopper-Pearson 90 % interval (the rows of one candidate are
+    not independent, so it is optimistic) and each seed's own headline."""
+    from scipy.stats import binomtest
+
+    runs = [json.loads(p.read_text()) for p in paths]
+    rows = [r for d in runs for r in d["rows"]]
+    out: dict[str, Any] = {"files": [str(p) for p in paths], "seeds": [d.get("seed") for d in runs], **headline(rows)}
+    k = sum(bool(r["agree"]) for r in rows if r["agree"] is not None)
+    n = out["confident_pairs"]
+    ci = binomtest(k, n).proportion_ci(0.90, method="exact") if n else None
+    out["confident_agreed"] = k
+    out["confident_agreement_interval"] = [ci.low, ci.high] if ci else None
+    out["per_seed"] = [{"seed": d.get("seed"), **headline(d["rows"])} for d in runs]
+    return out
+
+
 def declared_kpi_summary(rows: list[dict[str, Any]], declared: list[str]) -> dict[str, Any]:
     """Per KPI the spec declares a direction for (issue 44): over the candidates, the coverage of the
     cluster's change by the twin's 90 % interval (with its Clopper-Pearson 90 % interval), the median
@@ -324,10 +342,23 @@ def main() -> None:
     ap.add_argument("--calibrate-on", choices=CALIBRATION_SETS, default="held",
                     help="the logged days the intervals are calibrated on: held (3 held-out days, the headline), "
                          "recent (the replayed days themselves: what `check_candidate` does by default), or both")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="write this run's summary (with its seed) to this file instead of the docs' results file "
+                         "and page: one seed of a rate over several (use a --work directory per seed: the twin and "
+                         "PPO are cached there)")
     ap.add_argument("--docs-only", action="store_true",
                     help="only rewrite the docs section from the results_<logging>.json files of earlier runs")
+    ap.add_argument("--pool", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="pool the rows of several --json runs (one per seed), print their headline with the confident "
+                         "agreement's Clopper-Pearson 90 %% interval and write it to whatif_gate/seeds/pooled_<logging>.json")
     add_scale_args(ap)
     args = ap.parse_args()
+    if args.pool:
+        pooled = pool_seeds(args.pool)
+        (OUT / "seeds").mkdir(parents=True, exist_ok=True)
+        (OUT / "seeds" / f"pooled_{args.logging}.json").write_text(json.dumps(pooled, indent=1, default=float))
+        print(json.dumps({k: v for k, v in pooled.items() if k != "per_seed"}, indent=1, default=float))
+        return
     scale = scale_kwargs(args)
     torch.set_num_threads(1)
     if args.docs_only:
@@ -433,6 +464,11 @@ def main() -> None:
     summary["rows"] = rows
     summary["declared_kpis"] = declared_kpi_summary(rows, [f.name for f in spec.features if f.better is not None])
 
+    if args.json is not None:  # one seed of several: its summary only, the docs untouched
+        args.json.write_text(json.dumps({**summary, "seed": args.seed}, indent=1, default=float))
+        print(json.dumps({k: summary[k] for k in ("logging", "confident_agreement", "confident_pairs", "abstention",
+                                                  "coverage_90", "median_interval_width")}, default=float))
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / results_name(args.logging, args.calibrate_on)).write_text(json.dumps(summary, indent=1, default=float))
     if args.calibrate_on != "held":  # a side run: its headline only; the section shows it beside the held-out one

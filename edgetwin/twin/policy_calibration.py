@@ -53,7 +53,13 @@ import pandas as pd
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import REWARD_COLUMN
 from edgetwin.twin.fidelity import logged_rollout
-from edgetwin.twin.intervals import LEVEL, Calibration, conformal_quantile
+from edgetwin.twin.intervals import (
+    LEVEL,
+    Calibration,
+    conformal_quantile,
+    effect_multiple,
+    replayed_effect_scores,
+)
 from edgetwin.twin.whatif.replay import logged_episodes
 
 __all__ = [
@@ -62,6 +68,7 @@ __all__ = [
     "episode_folds",
     "logged_policy_values",
     "policy_value_calibration",
+    "replayed_effect_calibration",
 ]
 
 #: columns of a table of calibration units (`logged_policy_values`, `cross_fitted_policy_values`)
@@ -200,3 +207,45 @@ def policy_value_calibration(
     cal.dropped[kpi] = n_groups - len(scores)
     return cal
 
+
+
+def replayed_effect_calibration(
+    twin: Any, log: pd.DataFrame, kpis: Sequence[str], *, seed: int = 0, bins: int = 3, level: float = LEVEL
+) -> dict[str, dict[str, Any]]:
+    """The twin's effect-size error per unit of action moved, calibrated on held-out logged days.
+
+    Each episode (day) of ``log`` (days the twin was not fitted on) is replayed in the twin from its
+    logged first states with its logged actions (`LoggedActions`, every member, their outputs
+    averaged per (t, agent)), free-running: its states are its own. The day's score per KPI is
+    `edgetwin.twin.intervals.replayed_effect_scores` of its logged actions, logged KPIs and the
+    twin's; the multiple ``λ`` is their split-conformal quantile over days (`effect_multiple`), so a
+    policy's change interval gets ``λ · action_shift`` (change units) for the effect the log can show.
+    Uses only the log and the twin: no policy is run on the real system.
+
+    Returns:
+        ``{kpi: {"multiple": λ, "exact": bool, "day_scores": [per day], "days": n}}``.
+
+    Raises:
+        InputError: ``log`` lacks a KPI or a column the twin needs to replay it.
+    """
+    missing = [k for k in kpis if k not in log.columns]
+    if missing:
+        raise InputError(f"the log has no {missing[0]!r} column to calibrate the effect sizes on", "--log")
+    actions = list(twin.spec.action_columns)
+    lab = log.assign(agent=log["agent"].astype(str), episode=log["episode"].astype(str))
+    scores: dict[str, list[float]] = {k: [] for k in kpis}
+    for ep in logged_episodes(log, twin):
+        rows = lab[lab["episode"] == str(ep.name)]
+        sim = logged_rollout(twin, LoggedActions(ep.action), log[log["episode"].astype(str) == str(ep.name)],
+                             seed=seed, all_members=True)
+        sim = sim.assign(agent=sim["agent"].astype(str)).groupby(["t", "agent"], as_index=False)[list(kpis)].mean()
+        both = rows[["t", "agent", *actions, *kpis]].merge(sim, on=["t", "agent"], suffixes=("", "_twin"))
+        day = replayed_effect_scores(both[actions].to_numpy(), both[list(kpis)].to_numpy(),
+                                     both[[f"{k}_twin" for k in kpis]].to_numpy(), bins)
+        for k, x in zip(kpis, day, strict=True):
+            scores[k].append(float(x))
+    out: dict[str, dict[str, Any]] = {}
+    for k in kpis:
+        lam, exact = effect_multiple(scores[k], level)
+        out[k] = {"multiple": lam, "exact": exact, "day_scores": scores[k], "days": len(scores[k])}
+    return out

@@ -14,6 +14,9 @@ policy in MAIL's training worlds) and site-state model; what the new rows teach 
   ``response_model="causal"``) is refitted on the same rows with each row's ``policy`` id and its
   agent-day, its invariance weight chosen again by cross-fitting: a canary's randomized arms are the
   evidence that model exists for, and a plain regression on them would drop its invariance;
+- **each member's output noise model** (`Member.fit_output_noise`, as `Twin.fit` fits one): the
+  residuals of its fine-tuned models on the old and new episodes its draws left out (on all of them
+  for a single member), so that it draws from what the updated models get wrong, not the parent's;
 - **the support index, logged initial states and site composition**, rebuilt on old + new rows
   (cheap: they are summaries, not models), so that the candidate's steps that the canary covered
   are no longer out of support.
@@ -180,6 +183,7 @@ def update_twin(
 
     old_eps = old_df["episode"].unique()
     new_eps = new_df["episode"].unique()
+    union_eps = np.concatenate([old_eps, new_eps])  # a member's draws index into this, old then new
     parent_seed = int(twin.meta.get("seed", 0))
     n_members = twin.n_members
     members: list[Member] = []
@@ -219,7 +223,11 @@ def update_twin(
                     seed=seed * 1000 + m * 10 + s, max_steps=max_steps,
                 ))  # fmt: skip
             clients[s] = tuned
-        members.append(Member(clients, parent.engines, parent.history, parent.transition, parent.site_model))
+        member = Member(clients, parent.engines, parent.history, parent.transition, parent.site_model)
+        # its output noise model, as `Twin.fit` gives every member: fitted on the union's episodes its
+        # draws left out (old and new), so the updated twin draws from the updated models' residuals
+        pick = np.concatenate([pick_old, len(old_eps) + pick_new])
+        members.append(member.fit_output_noise(union, union_eps, pick, layout, seed * 1000 + m * 10 + 700))
 
     steps_all = build_steps(union, layout)
     z = np.concatenate([steps_all.x_engine, steps_all.za], axis=1)

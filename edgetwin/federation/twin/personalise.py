@@ -198,7 +198,16 @@ class _SiteCandidates:
         return out
 
     def as_twin(self, members: list[Member]) -> Twin:
+        """A twin of ``members``, each with its output noise model (`Member.fit_output_noise`, as
+        `Twin.fit` fits one) fitted at the site on the rows its models were fitted on: the kept
+        groups' (``noise_source`` "training episodes": it understates the spread by the models' own
+        fitting error). Not on the held-out groups: they score the candidates
+        (`closed_loop_scores`), and a noise model fitted there would take part in its own selection.
+        The rows never leave the site; neither does the personalised twin."""
         t = self.twin
+        rows = self.df[~self.held_rows] if self.held_rows.any() else self.df
+        for m, mem in enumerate(members):
+            mem.fit_output_noise(rows, rows["episode"].unique(), None, self.lay, self.seed * 1000 + m * 10 + 700)
         return Twin(self.lay, members, t.population, t.composition, t.initial, t.support, t.action_low,
                     t.action_high, dict(t.meta))
 

@@ -34,6 +34,10 @@ class KpiDef:
         unit: for reports.
         margin: the relative worsening the operator accepts (the spec's ``margin`` of the column);
             None: the gate's default margin.
+        low, high: the range the KPI's value can take, from the spec's declared bounds of its
+            column (None: unbounded on that side). A change against a baseline ``b`` then lies in
+            ``[(low - b)/|b|, (high - b)/|b|]`` (-100 % for a non-negative KPI), and its interval is
+            clipped to that range (`edgetwin.twin.whatif.results.WhatIfResult.compare`).
     """
 
     name: str
@@ -43,6 +47,8 @@ class KpiDef:
     better: str | None = None
     unit: str = ""
     margin: float | None = None
+    low: float | None = None
+    high: float | None = None
 
     def __post_init__(self) -> None:
         if self.stat not in STATS:
@@ -112,7 +118,11 @@ def default_kpis(spec: TwinSpec, outputs: Sequence[str]) -> list[KpiDef]:
         if feat is not None and feat.better is not None:
             better = feat.better
         unit = "" if feat is None else feat.unit
-        out.append(KpiDef(c, c, "mean", better=better, unit=unit, margin=None if feat is None else feat.margin))
+        # the mean of a column bounded by the spec lies within the same bounds
+        low = None if feat is None or feat.low is None else float(feat.low)
+        high = None if feat is None or feat.high is None else float(feat.high)
+        out.append(KpiDef(c, c, "mean", better=better, unit=unit, margin=None if feat is None else feat.margin,
+                          low=low, high=high))
     if has_reward:
         if REWARD_COLUMN not in outputs:
             out.append(KpiDef(REWARD_COLUMN, REWARD_COLUMN, "mean", better="higher"))

@@ -186,7 +186,7 @@ class WhatIfResult:
             "change": change,
             "change_ci": [lo, hi],
             "change_interval": list(
-                change_interval((lo90, hi90), va, vb, self.calibration, kpi)
+                _within_range(change_interval((lo90, hi90), va, vb, self.calibration, kpi), mb, k.low, k.high)
             ),
             "worsening": None if sign == 0.0 else sign * change,
             "worsening_abs": None if sign == 0.0 else sign * (ma - mb),
@@ -285,3 +285,22 @@ def _paired_ci(
         a = (1.0 - level) / 2.0
         out.append((float(np.quantile(boots, a)), float(np.quantile(boots, 1.0 - a))))
     return out
+
+
+def _within_range(
+    ci: tuple[float, float], baseline: float, low: float | None, high: float | None
+) -> tuple[float, float]:
+    """``ci`` of a relative change against ``baseline`` clipped to the changes the KPI's declared
+    range allows: ``[(low - b)/|b|, (high - b)/|b|]`` (a non-negative KPI cannot fall by more than
+    100 %). A bound, not a model: a width the calibration gives past it is the calibration's to fix
+    (`edgetwin.twin.intervals.change_interval`)."""
+    lo, hi = float(ci[0]), float(ci[1])
+    if not math.isfinite(baseline) or baseline == 0.0:
+        return lo, hi
+    if low is not None and math.isfinite(low):
+        floor = (low - baseline) / abs(baseline)
+        lo, hi = max(lo, floor), max(hi, floor)
+    if high is not None and math.isfinite(high):
+        ceil = (high - baseline) / abs(baseline)
+        lo, hi = min(lo, ceil), min(hi, ceil)
+    return lo, hi
