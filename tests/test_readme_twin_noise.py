@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_readme_noise_model_numbers_are_the_benchmarks() -> None:
     readme = " ".join((ROOT / "README.md").read_text().split())
     gate = json.loads((ROOT / "docs/benchmarks/whatif_gate/results_random.json").read_text())
-    assert f"agree with the cluster {100 * gate['confident_agreement']:.1f} % of the time (90.6 % with one std)" in readme
+    assert f"agree with the cluster {100 * gate['confident_agreement']:.1f} % of the time (90.6 % with one std;" in readme
     before = "| confident agreement (target ≥ 95 %) | 29 / 32 = 90.6 % (CP 90 %: 77.5-97.4) |"
     assert before in (ROOT / "docs/benchmarks/whatif_gate/README.md").read_text()
     page = (ROOT / "docs/benchmarks/twin_fidelity/README.md").read_text()
@@ -37,3 +37,19 @@ def test_the_pooled_coverages_are_the_committed_seeds_runs() -> None:
     assert (f"cover {100 * noise['coverage']:.1f} % of {noise['n']} (candidate, KPI) changes over 3 seeds "
             f"({100 * one_std['coverage']:.1f} % with one std)") in readme  # fmt: skip
     assert f"8.1 -> **{noise['median_abs_error_points']:.1f}** |" in (d / "README.md").read_text()
+
+
+def test_the_readme_replayed_coverage_and_gate_seeds_are_the_pooled_runs() -> None:
+    """The README's replayed effect-term coverage and the gate's 3-seed agreement are the committed pooled JSONs."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    pooled = json.loads((ROOT / "docs/benchmarks/twin_fidelity/seeds/pooled.json").read_text())
+    rep, one = pooled["kpi_change_replayed"], pooled["kpi_change_effect"]
+    lo, hi = (round(100 * x) for x in rep["coverage_interval"])
+    assert (f"covers {100 * rep['coverage']:.1f} % of {rep['n']} changes over 3 seeds (CP 90 % {lo}-{hi} %; "
+            f"{100 * one['coverage']:.1f} % with the one-step term in the same runs), at a price in width: median "
+            f"{rep['median_width_points']:.0f} points against {one['median_width_points']:.0f}") in readme  # fmt: skip
+    gate = json.loads((ROOT / "docs/benchmarks/whatif_gate/seeds/pooled_random.json").read_text())
+    glo, ghi = (round(100 * x) for x in gate["confident_agreement_interval"])
+    assert (f"over 3 seeds {100 * gate['confident_agreement']:.1f} %, {gate['confident_agreed']} of "
+            f"{gate['confident_pairs']}, CP 90 % {glo}-{ghi} %") in readme  # fmt: skip
+    assert gate["seeds"] == [0, 1, 2]
