@@ -185,12 +185,11 @@ def update_twin(
     new_eps = new_df["episode"].unique()
     union_eps = np.concatenate([old_eps, new_eps])  # a member's draws index into this, old then new
     parent_seed = int(twin.meta.get("seed", 0))
-    n_members = twin.n_members
     members: list[Member] = []
     fit_stats: list[dict[str, float]] = []
     for m, parent in enumerate(twin.members):
         # the member's draw of the old episodes (as its parent drew them) + its own of the new ones
-        if n_members == 1:
+        if twin.n_members == 1:
             pick_old, pick_new = np.arange(len(old_eps)), np.arange(len(new_eps))
         else:
             pick_old = np.random.default_rng([parent_seed, m]).choice(len(old_eps), size=len(old_eps), replace=True)
@@ -224,8 +223,7 @@ def update_twin(
                 ))  # fmt: skip
             clients[s] = tuned
         member = Member(clients, parent.engines, parent.history, parent.transition, parent.site_model)
-        # its output noise model, as `Twin.fit` gives every member: fitted on the union's episodes its
-        # draws left out (old and new), so the updated twin draws from the updated models' residuals
+        # its output noise model on the union's episodes its draws left out (as `Twin.fit` gives one)
         pick = np.concatenate([pick_old, len(old_eps) + pick_new])
         members.append(member.fit_output_noise(union, union_eps, pick, layout, seed * 1000 + m * 10 + 700))
 
