@@ -318,6 +318,9 @@ def behaviour_clone(
         ent_weight=0.0,
         l2_weight=0.0,
         custom_logger=_quiet_logger(),
+        # Adam over all the policy's tensors at once instead of a Python loop over them: the same
+        # arithmetic element by element (the same weights), ~a sixth of a 256-row step less
+        optimizer_kwargs={"foreach": True},
     )
     # the same batches as imitation's DataLoader, gathered by index instead of sample by sample
     trainer._demo_data_loader = ShuffledBatches(x, y, min(batch_size, len(x)))
@@ -434,7 +437,8 @@ class ShuffledBatches:
         perm = th.randperm(n, generator=generator)
         for k in range(n // b):
             idx = perm[k * b : (k + 1) * b]
-            yield {"obs": self.obs[idx], "acts": self.acts[idx]}
+            # index_select: the rows of advanced indexing, without its generic indexing path
+            yield {"obs": th.index_select(self.obs, 0, idx), "acts": th.index_select(self.acts, 0, idx)}
 
 
 # --------------------------------------------------------------------------- the client's environment
