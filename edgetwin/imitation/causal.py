@@ -208,16 +208,8 @@ class CausalResponseModel:
         """One fit of the net at a given λ on float32 ``x``, clipped ``y (N, out)``, policy ``codes``."""
         return self._train_stack(x, y, codes, (invariance,), self.steps, self.batch, history=True)[0]
 
-    def _train_stack(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        codes: np.ndarray,
-        invariances: Sequence[float],
-        steps: int,
-        batch: int,
-        history: bool = False,
-    ) -> list[th.nn.Sequential]:
+    def _train_stack(self, x: np.ndarray, y: np.ndarray, codes: np.ndarray, invariances: Sequence[float], steps: int,
+                     batch: int, history: bool = False) -> list[th.nn.Sequential]:
         """One fit of the net per λ of ``invariances`` on float32 ``x``, clipped ``y (N, out)``, policy
         ``codes``, trained side by side as one stack (`NetStack`): the same fits as one at a time
         (up to float rounding), at a fraction of the per-step overhead."""
