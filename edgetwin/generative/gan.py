@@ -598,8 +598,10 @@ class GanSteps:
         d_params = list(model.discriminator.parameters())
         if model.set_discriminator is not None:
             d_params += list(model.set_discriminator.parameters())
-        self.opt_g = torch.optim.Adam(model.generator.parameters(), lr=float(h["lr_g"]), betas=h["betas"])
-        self.opt_d = torch.optim.Adam(d_params, lr=float(h["lr_d"]), betas=h["betas"])
+        # foreach: Adam over all tensors at once, not a Python loop over them (the same arithmetic
+        # element by element: the same weights)
+        self.opt_g = torch.optim.Adam(model.generator.parameters(), lr=float(h["lr_g"]), betas=h["betas"], foreach=True)
+        self.opt_d = torch.optim.Adam(d_params, lr=float(h["lr_d"]), betas=h["betas"], foreach=True)
         self.noise_dim = model.generator.noise_in
         self.total_steps = int(total_steps)
         self.n_critic = int(h.get("n_critic", 1))

@@ -28,8 +28,8 @@ How strongly to ask for the invariance is chosen from the data, not fixed: with 
 is each-policy-weighed-alike regression), and the λ with the lowest held-out *per-policy* error —
 each policy's held-out mean squared error, averaged over the policies with equal weight, so a small
 randomized arm counts as much as the production policy — is refit on all rows. The cross-fitting's fits draw a quarter of the model's rows per policy per
-step (`SELECTION_BATCH`) and the four λ of a fold train side by side as one stack
-(`CausalResponseModel._train_stack`); a twin chooses λ once per scenario on its whole log and fits
+step (`SELECTION_BATCH`), the four λ of a fold train side by side as one stack (`NetStack`), and the
+λ that are out of the running are stopped early (`SELECTION_CHECKS`); a twin chooses λ once per scenario on its whole log and fits
 every ensemble member at it (`choose_invariance`, `edgetwin.twin.twin.Twin.fit`). Why: the invariance
 is an assumption (the hidden conditions are distributed the same under every policy, and the
 residual spread does not depend on the action); where it holds, a confounded fit predicts the
@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch as th
@@ -78,11 +79,21 @@ FOLDS = 3
 #: tests/test_causal_twin.py it chose the same λ as full batches, at ~a quarter of the cost; a
 #: third of the steps did not (on the unconfounded system it chose λ = 0 over 3).
 SELECTION_BATCH = 1 / 4
+#: Shares of the selection's steps at which `select_invariance` drops the λ that are out of the
+#: running (successive halving; the survivors' fits continue unchanged), and how far out: a λ whose
+#: held-out worst-policy error is more than `SELECTION_DROP_SE` standard errors above the best λ's
+#: there. Why these: on the unconfounded and confounded systems of tests/test_causal_twin.py
+#: (3 seeds each) and the scale benchmark's log c1, traced every 1/12 of the steps, a λ's excess
+#: over the best shrank to 60-70 % of its value at a quarter of the steps by the end, and the
+#: near-tie λ = 0 / 3 of the unconfounded system stood at 2.0 standard errors there; with 3 a
+#: dropped λ ends above the one-standard-error band the final rule keeps.
+SELECTION_CHECKS: tuple[float, ...] = (1 / 4, 1 / 2)
+SELECTION_DROP_SE = 3.0
 
 
 class _Tanh(th.autograd.Function):
     """tanh with numpy's kernel forward (``(…)`` float32 in, the same shape out) and its derivative
-    ``1 - tanh²`` backward: see `CausalResponseModel._train_stack` for why."""
+    ``1 - tanh²`` backward: see `NetStack` for why."""
 
     @staticmethod
     def forward(ctx: th.autograd.function.FunctionCtx, x: th.Tensor) -> th.Tensor:  # type: ignore[override]
@@ -197,72 +208,14 @@ class CausalResponseModel:
         """One fit of the net at a given λ on float32 ``x``, clipped ``y (N, out)``, policy ``codes``."""
         return self._train_stack(x, y, codes, (invariance,), self.steps, self.batch, history=True)[0]
 
-    def _train_stack(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        codes: np.ndarray,
-        invariances: Sequence[float],
-        steps: int,
-        batch: int,
-        history: bool = False,
-    ) -> list[th.nn.Sequential]:
+    def _train_stack(self, x: np.ndarray, y: np.ndarray, codes: np.ndarray, invariances: Sequence[float], steps: int,
+                     batch: int, history: bool = False) -> list[th.nn.Sequential]:
         """One fit of the net per λ of ``invariances`` on float32 ``x``, clipped ``y (N, out)``, policy
-        ``codes``, trained side by side as one stack: the nets (L of them) are ``(L, in, out)``
-        weight tensors, each step draws one batch (every λ's own fit drew the same one: the draws are
-        seeded alike), gathers it once and runs every net on it with batched matrix products; the
-        loss is the sum of the λ's losses. The nets share no parameter, so each gets its own
-        gradient, and Adam and the cosine schedule act element by element: the same fits as one at a
-        time (up to float rounding), at a fraction of the per-step overhead. A policy's rows are
-        drawn with replacement, ``batch`` per step (all of them when it has fewer).
-
-        The hidden activations are tanh computed by numpy (`_Tanh`): on this machine's torch (2.13,
-        CPU) ``torch.tanh`` was 4-15x slower than numpy's and a quarter of a step's time.
-        """
-        groups = [np.flatnonzero(codes == k) for k in np.unique(codes)]
-        groups = [g for g in groups if len(g) >= 2]  # a variance needs two rows
-        gen = th.Generator().manual_seed(self.seed)
-        start = [m for m in self.init_net(x.shape[1], y.shape[1]) if isinstance(m, th.nn.Linear)]
-        n = len(invariances)
-        weights = [th.nn.Parameter(m.weight.detach().t().expand(n, -1, -1).clone()) for m in start]  # (L, in, out)
-        biases = [th.nn.Parameter(m.bias.detach().expand(n, 1, -1).clone()) for m in start]  # (L, 1, out)
-        opt = th.optim.Adam([*weights, *biases], lr=self.lr)
-        sched = th.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-        lam = th.tensor([float(v) for v in invariances], dtype=th.float32)
-        xt, yt = th.from_numpy(x), th.from_numpy(y)
-        gt = [th.from_numpy(g) for g in groups]
-        sizes = [min(len(g), batch) for g in gt]
-        for step in range(steps):
-            idx = th.cat([g if len(g) <= batch else g[th.randint(len(g), (batch,), generator=gen)] for g in gt])
-            xb = th.index_select(xt, 0, idx)
-            # first layer of every net in one GEMM: (B, in) @ (in, L·h) -> (L, B, h)
-            w0 = weights[0].transpose(0, 1).reshape(x.shape[1], -1)
-            h = (xb @ w0).view(len(xb), n, -1).transpose(0, 1) + biases[0]
-            for w, b in zip(weights[1:], biases[1:], strict=True):
-                h = th.baddbmm(b, _Tanh.apply(h), w)
-            res = th.split(th.index_select(yt, 0, idx).unsqueeze(0) - h, sizes, dim=1)  # K x (L, n_k, out)
-            error = th.stack([(r**2).mean((1, 2)) for r in res]).mean(0)  # (L,)
-            means = th.stack([r.mean(1) for r in res], 1)  # (L, K, out)
-            logvar = th.stack([th.log(r.var(1) + 1e-6) for r in res], 1)
-            penalty = ((means - means.mean(1, keepdim=True)) ** 2).sum(2).mean(1) + (
-                (logvar - th.log(logvar.exp().mean(1, keepdim=True))) ** 2
-            ).sum(2).mean(1)
-            loss = (error + lam * penalty).sum()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            if history and (step % 50 == 0 or step == steps - 1):
-                self.history.append((float(error[0].detach()), float(penalty[0].detach())))
-        nets = []
-        for i in range(n):
-            net = self.init_net(x.shape[1], y.shape[1])
-            with th.no_grad():
-                for m, w, b in zip([m for m in net if isinstance(m, th.nn.Linear)], weights, biases, strict=True):
-                    m.weight.copy_(w[i].t())
-                    m.bias.copy_(b[i, 0])
-            nets.append(net)
-        return nets
+        ``codes``, trained side by side as one stack (`NetStack`): the same fits as one at a time
+        (up to float rounding), at a fraction of the per-step overhead."""
+        stack = NetStack(self, x, y, codes, invariances, steps, batch)
+        stack.run(steps, self.history if history else None)
+        return stack.nets()
 
     def init_net(self, n_in: int, n_out: int) -> th.nn.Sequential:
         """The untrained MLP ``n_in -> hidden (tanh) -> n_out``, initialised from ``seed`` (torch's
@@ -348,6 +301,132 @@ class CausalResponseModel:
         )
 
 
+class NetStack:
+    """L fits of a `CausalResponseModel`'s net, one per λ of ``invariances``, trained side by side
+    as one stack on the rows ``rows`` of float32 ``x (N, in)``, clipped ``y (N, out)`` with policy
+    ``codes (N,)`` (None: all rows), for ``steps`` Adam steps with a cosine schedule, and resumable:
+    `run` trains up to a step, `keep` drops nets from the stack, `nets` reads them out.
+
+    The nets (L of them) are ``(L, in, out)`` weight tensors; each step draws one batch (every
+    λ's own fit drew the same one: the draws are seeded alike), gathers it once and runs every net
+    on it with batched matrix products; the loss is the sum of the λ's losses. The nets share no
+    parameter, so each gets its own gradient, and Adam and the cosine schedule act element by
+    element: the same fits as one at a time (up to float rounding), at a fraction of the per-step
+    overhead — and a net dropped by `keep` changes nothing of the others' fits (up to float
+    rounding), which is what lets `select_invariance` stop the λ that are out of the running
+    early. A policy's rows are drawn with replacement, ``batch`` per step (all of them when it has
+    fewer).
+
+    The hidden activations are tanh computed by numpy (`_Tanh`): on this machine's torch (2.13,
+    CPU) ``torch.tanh`` was 4-15x slower than numpy's and a quarter of a step's time.
+    """
+
+    def __init__(
+        self,
+        model: CausalResponseModel,
+        x: np.ndarray,
+        y: np.ndarray,
+        codes: np.ndarray,
+        invariances: Sequence[float],
+        steps: int,
+        batch: int,
+        rows: np.ndarray | None = None,
+    ) -> None:
+        rows = np.arange(len(x)) if rows is None else np.asarray(rows, np.int64)
+        sub = codes[rows]
+        groups = [rows[np.flatnonzero(sub == k)] for k in np.unique(sub)]
+        groups = [g for g in groups if len(g) >= 2]  # a variance needs two rows
+        self.model, self.batch, self.step = model, int(batch), 0
+        self.gen = th.Generator().manual_seed(model.seed)
+        self.shape = (x.shape[1], y.shape[1])
+        start = [m for m in model.init_net(*self.shape) if isinstance(m, th.nn.Linear)]
+        n = len(invariances)
+        self.weights = [th.nn.Parameter(m.weight.detach().t().expand(n, -1, -1).clone()) for m in start]  # (L, in, out)
+        self.biases = [th.nn.Parameter(m.bias.detach().expand(n, 1, -1).clone()) for m in start]  # (L, 1, out)
+        # foreach: one kernel per Adam operation over all tensors instead of a Python loop over them
+        # (the same arithmetic element by element)
+        self.opt = th.optim.Adam([*self.weights, *self.biases], lr=model.lr, foreach=True)
+        self.sched = th.optim.lr_scheduler.CosineAnnealingLR(self.opt, steps)
+        self.lam = th.tensor([float(v) for v in invariances], dtype=th.float32)
+        self.xt, self.yt = th.from_numpy(x), th.from_numpy(y)
+        self.gt = [th.from_numpy(g) for g in groups]
+        sizes = [min(len(g), self.batch) for g in self.gt]
+        # a batch is each policy's draw in turn: its rows' policy as a (K, B) indicator, so that
+        # the per-policy sums of every net are two matrix products (`_stack_loss`)
+        self.member = th.zeros(len(sizes), sum(sizes))
+        for k, (a, b) in enumerate(zip(np.cumsum([0, *sizes[:-1]]), np.cumsum(sizes), strict=True)):
+            self.member[k, a:b] = 1.0
+        self.count = th.tensor(sizes, dtype=th.float32)[:, None]  # (K, 1)
+
+    def __len__(self) -> int:
+        return len(self.lam)
+
+    def run(self, until: int, history: list[tuple[float, float]] | None = None) -> None:
+        """Train every net of the stack up to step ``until`` (of the schedule's ``steps``);
+        ``history``: append the first net's (error, penalty) every 50 steps and at the last."""
+        last = self.sched.T_max - 1
+        n, n_in = len(self.lam), self.shape[0]
+        for step in range(self.step, until):
+            b = self.batch
+            idx = th.cat([g if len(g) <= b else g[th.randint(len(g), (b,), generator=self.gen)] for g in self.gt])
+            xb = th.index_select(self.xt, 0, idx)
+            # first layer of every net in one GEMM: (B, in) @ (in, L·h) -> (L, B, h)
+            w0 = self.weights[0].transpose(0, 1).reshape(n_in, -1)
+            h = (xb @ w0).view(len(xb), n, -1).transpose(0, 1) + self.biases[0]
+            for w, bias in zip(self.weights[1:], self.biases[1:], strict=True):
+                h = th.baddbmm(bias, _Tanh.apply(h), w)
+            r = th.index_select(self.yt, 0, idx).unsqueeze(0) - h  # (L, B, out)
+            error, penalty = _stack_loss(th.matmul(self.member, r), th.matmul(self.member, r * r), self.count)
+            loss = (error + self.lam * penalty).sum()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            self.sched.step()
+            if history is not None and (step % 50 == 0 or step == last):
+                history.append((float(error[0].detach()), float(penalty[0].detach())))
+        self.step = max(self.step, until)
+
+    def keep(self, which: Sequence[int]) -> None:
+        """Keep only the nets ``which`` (indices into the stack), with their Adam state: the kept
+        nets' further steps are the ones they would have taken in the whole stack."""
+        ix = th.as_tensor(list(which), dtype=th.int64)
+        group = self.opt.param_groups[0]
+        state: dict[th.Tensor, dict[str, Any]] = {}
+        fresh: list[th.nn.Parameter] = []
+        for p in group["params"]:
+            q = th.nn.Parameter(p.detach().index_select(0, ix).clone())
+            old = self.opt.state.get(p, {})
+            state[q] = {k: (v.index_select(0, ix).clone() if k != "step" and v.dim() else v.clone()) for k, v in old.items()}
+            fresh.append(q)
+        # the same optimizer object (the schedule holds it), now over the kept slices
+        group["params"] = fresh
+        self.opt.state.clear()
+        self.opt.state.update(state)
+        k = len(self.weights)
+        self.weights, self.biases = fresh[:k], fresh[k:]
+        self.lam = self.lam.index_select(0, ix)
+
+    def nets(self) -> list[th.nn.Sequential]:
+        """The stack's nets as plain MLPs (`CausalResponseModel.init_net`'s layout)."""
+        out = []
+        for i in range(len(self.lam)):
+            net = self.model.init_net(*self.shape)
+            with th.no_grad():
+                for m, w, b in zip([m for m in net if isinstance(m, th.nn.Linear)], self.weights, self.biases, strict=True):
+                    m.weight.copy_(w[i].t())
+                    m.bias.copy_(b[i, 0])
+            out.append(net)
+        return out
+
+    def predict(self, x: np.ndarray, i: int) -> np.ndarray:
+        """``(n, out)`` net ``i``'s prediction at ``x (n, in)`` float32."""
+        with th.no_grad():
+            h = th.from_numpy(x) @ self.weights[0][i] + self.biases[0][i]
+            for w, b in zip(self.weights[1:], self.biases[1:], strict=True):
+                h = th.tanh(h) @ w[i] + b[i]
+            return h.numpy()
+
+
 def group_sums(residuals: Sequence[th.Tensor]) -> th.Tensor:
     """``(K, 1 + 2·out)``: per policy, its row count, Σr and Σr² per output — everything
     `invariance_loss` needs from the rows (differentiable in the residuals ``(n_k, out)``)."""
@@ -356,6 +435,24 @@ def group_sums(residuals: Sequence[th.Tensor]) -> th.Tensor:
         n = th.full((1,), float(len(r)), dtype=r.dtype)
         out.append(th.cat([n, r.sum(0), (r * r).sum(0)]))
     return th.stack(out)
+
+
+def _stack_loss(s1: th.Tensor, s2: th.Tensor, count: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """``(error (L,), penalty (L,))`` of L nets from their residuals' per-policy sums ``s1 = Σr``,
+    ``s2 = Σr²`` ``(L, K, out)`` over ``count (K, 1)`` rows each: the per-policy mean squared
+    residual averaged over the policies, and the invariance penalty on the per-policy means and
+    unbiased variances — `invariance_loss`'s formulas, net by net. Why sums: two matrix products
+    per step instead of a mean, a variance (torch's ``var`` was 8 % of a step on CPU) and a square
+    per policy."""
+    out = s1.shape[2]
+    error = (s2.sum(2) / (count[:, 0] * out)).mean(1)
+    means = s1 / count
+    var = (s2 - count * means**2) / (count - 1)
+    logvar = th.log(var.clamp_min(0.0) + 1e-6)
+    penalty = ((means - means.mean(1, keepdim=True)) ** 2).sum(2).mean(1) + (
+        (logvar - th.log(logvar.exp().mean(1, keepdim=True))) ** 2
+    ).sum(2).mean(1)
+    return error, penalty
 
 
 def invariance_loss(sums: th.Tensor, invariance: float) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
@@ -414,6 +511,16 @@ def select_invariance(
     effect moves the prediction error only by its square times the action's variance (on the
     closed-form test's randomized arm, 1 % of the error for an effect 40 % off), so held-out error
     cannot tell λ = 30 from λ = 300 there, while the held-out invariance can.
+
+    Successive halving: the folds' stacks (`NetStack`) are trained side by side, and at
+    `SELECTION_CHECKS` of the steps the rule's numbers are taken on the held-out rows; a λ more
+    than `SELECTION_DROP_SE` standard errors above the best there is dropped from every fold's
+    stack (the others' fits continue unchanged), and when one λ is left it is the choice. Why: on
+    a log where one λ is far ahead (the scale benchmark's log c1, its first scenario: λ = 3's
+    held-out error 27 standard errors above λ = 0's at a quarter of the steps) training the others
+    to the end only confirmed it; on a near tie every candidate runs to the end, so the choice is
+    the full cross-fitting's (tests/test_causal_halving.py). ``cv_errors`` / ``cv_violation`` of a
+    dropped λ are its numbers where it was dropped.
     """
     gid = np.arange(len(x)) if groups is None else np.unique(np.asarray(groups, dtype=str), return_inverse=True)[1]
     rng = np.random.default_rng(model.seed)
@@ -423,28 +530,44 @@ def select_invariance(
         assign = dict(zip(rng.permutation(g).tolist(), np.arange(len(g)) % folds, strict=True))
         rows = np.flatnonzero(codes == k)
         fold[rows] = [assign[v] for v in gid[rows].tolist()]
-    resid = {float(lam): np.zeros_like(y) for lam in grid}
+    lams = [float(v) for v in grid]
     batch = max(2, round(model.batch * SELECTION_BATCH))
+    parts = []
     for f in range(folds):
         train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
         if len(test) == 0 or len(train) < 2:
             continue
-        nets = model._train_stack(x[train], y[train], codes[train], [float(v) for v in grid], model.steps, batch)
-        for lam, net in zip(grid, nets, strict=True):
-            with th.no_grad():
-                resid[float(lam)][test] = y[test] - net(th.from_numpy(x[test])).numpy()
+        parts.append((NetStack(model, x, y, codes, lams, model.steps, batch, rows=train), test))
     pols = [np.flatnonzero(codes == k) for k in np.unique(codes)]
-    per_policy = {lam: [float((r[rows] ** 2).mean()) for rows in pols] for lam, r in resid.items()}
-    model.cv_errors = {lam: max(v) for lam, v in per_policy.items()}
-    model.cv_violation = {lam: _violation(r, pols) for lam, r in resid.items()}
-    best = min(model.cv_errors, key=lambda lam: (model.cv_errors[lam], lam))
-    worst = pols[int(np.argmax(per_policy[best]))]
-    sq = (resid[best][worst] ** 2).mean(1)
-    _, g_of = np.unique(gid[worst], return_inverse=True)
-    g_means = np.bincount(g_of, weights=sq) / np.bincount(g_of)
-    se = float(g_means.std(ddof=1) / np.sqrt(len(g_means))) if len(g_means) > 1 else float("inf")
-    near = [lam for lam, e in model.cv_errors.items() if e <= model.cv_errors[best] + se]
-    return min(near, key=lambda lam: (model.cv_violation[lam], lam))
+    alive = list(range(len(lams)))
+    errors: dict[float, float] = {}
+    violation: dict[float, float] = {}
+    stops = sorted({min(model.steps, max(1, round(model.steps * c))) for c in SELECTION_CHECKS} | {model.steps})
+    for until in stops:
+        resid = {i: np.zeros_like(y) for i in alive}
+        for stack, test in parts:
+            stack.run(until)
+            for j, i in enumerate(alive):
+                resid[i][test] = y[test] - stack.predict(x[test], j)
+        per_policy = {i: [float((r[rows] ** 2).mean()) for rows in pols] for i, r in resid.items()}
+        for i, r in resid.items():
+            errors[lams[i]], violation[lams[i]] = max(per_policy[i]), _violation(r, pols)
+        best = min(alive, key=lambda i: (errors[lams[i]], lams[i]))
+        worst = pols[int(np.argmax(per_policy[best]))]
+        sq = (resid[best][worst] ** 2).mean(1)
+        _, g_of = np.unique(gid[worst], return_inverse=True)
+        g_means = np.bincount(g_of, weights=sq) / np.bincount(g_of)
+        se = float(g_means.std(ddof=1) / np.sqrt(len(g_means))) if len(g_means) > 1 else float("inf")
+        bound = errors[lams[best]] + (se if until == model.steps else SELECTION_DROP_SE * se)
+        near = [i for i in alive if errors[lams[i]] <= bound]
+        if until == model.steps or len(near) == 1:
+            model.cv_errors, model.cv_violation = errors, violation
+            return lams[min(near, key=lambda i: (violation[lams[i]], lams[i]))]
+        if len(near) < len(alive):
+            for stack, _ in parts:
+                stack.keep([alive.index(i) for i in near])
+            alive = near
+    raise AssertionError("unreachable: the last check decides")
 
 
 def choose_invariance(

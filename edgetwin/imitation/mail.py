@@ -26,6 +26,7 @@ platform policy under evaluation replaces it.
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import tempfile
 import warnings
@@ -44,6 +45,7 @@ from imitation.data import types as itypes
 from imitation.rewards.reward_nets import BasicRewardNet
 from imitation.util import logger as imit_logger
 from stable_baselines3 import PPO
+from stable_baselines3.common.distributions import DiagGaussianDistribution
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.preprocessing import preprocess_obs
 from stable_baselines3.common.torch_layers import FlattenExtractor
@@ -318,6 +320,9 @@ def behaviour_clone(
         ent_weight=0.0,
         l2_weight=0.0,
         custom_logger=_quiet_logger(),
+        # Adam over all the policy's tensors at once instead of a Python loop over them: the same
+        # arithmetic element by element (the same weights), ~a sixth of a 256-row step less
+        optimizer_kwargs={"foreach": True},
     )
     # the same batches as imitation's DataLoader, gathered by index instead of sample by sample
     trainer._demo_data_loader = ShuffledBatches(x, y, min(batch_size, len(x)))
@@ -377,6 +382,18 @@ def bc_steps(n: int, epochs: int, batch_size: int, max_steps: int | None = None)
     return min(full, int(max_steps)) if max_steps else full
 
 
+def _diag_gaussian_log_prob(mean: th.Tensor, log_std: th.Tensor, actions: th.Tensor) -> th.Tensor:
+    """``(n,)`` SB3's `DiagGaussianDistribution` log-density of ``actions (n, out)`` at ``mean (n, out)``
+    and ``log_std (out,)``: the same tensor operations in the same order as its
+    ``proba_distribution`` and torch's ``Normal.log_prob`` (so the same bits and gradients), without
+    building a `torch.distributions.Normal` per minibatch (its argument checks and broadcasting
+    were ~7 % of a behaviour-cloning step)."""
+    std = th.ones_like(mean) * log_std.exp()
+    var = std**2
+    log_prob = -((actions - mean) ** 2) / (2 * var) - std.log() - math.log(math.sqrt(2 * math.pi))
+    return log_prob.sum(dim=1) if log_prob.dim() > 1 else log_prob.sum()
+
+
 class NeglogpLoss:
     """imitation's BC loss with ``ent_weight = l2_weight = 0`` (how `behaviour_clone` calls it),
     computed without its zero-weighted parts.
@@ -396,7 +413,10 @@ class NeglogpLoss:
         features = policy.extract_features(obs_t)
         assert isinstance(features, th.Tensor)  # one shared extractor (`behaviour_clone` checks it)
         latent_pi = policy.mlp_extractor.forward_actor(features)
-        log_prob = policy._get_action_dist_from_latent(latent_pi).log_prob(acts_t)
+        if type(policy.action_dist) is DiagGaussianDistribution:
+            log_prob = _diag_gaussian_log_prob(policy.action_net(latent_pi), policy.log_std, acts_t)
+        else:
+            log_prob = policy._get_action_dist_from_latent(latent_pi).log_prob(acts_t)
         neglogp = -log_prob.mean()
         zero = th.zeros(())
         with th.no_grad():
@@ -434,7 +454,8 @@ class ShuffledBatches:
         perm = th.randperm(n, generator=generator)
         for k in range(n // b):
             idx = perm[k * b : (k + 1) * b]
-            yield {"obs": self.obs[idx], "acts": self.acts[idx]}
+            # index_select: the rows of advanced indexing, without its generic indexing path
+            yield {"obs": th.index_select(self.obs, 0, idx), "acts": th.index_select(self.acts, 0, idx)}
 
 
 # --------------------------------------------------------------------------- the client's environment

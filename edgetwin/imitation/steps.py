@@ -201,6 +201,16 @@ class StepTable:
         return self.frame["episode"].astype(str).to_numpy() + "/" + self.frame["agent"].astype(str).to_numpy()
 
 
+def _lookup(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``(M,)`` int64 the position in ``keys (N,)`` (distinct int64) of each of ``wanted (M,)``,
+    -1 where it is not there (a sorted search, no hash table of Python objects)."""
+    order = np.argsort(keys, kind="stable")
+    ranked = keys[order]
+    at = np.minimum(np.searchsorted(ranked, wanted), max(len(keys) - 1, 0))
+    found = (ranked[at] == wanted) if len(keys) else np.zeros(len(wanted), bool)
+    return np.where(found, order[at] if len(keys) else -1, -1).astype(np.int64)
+
+
 def build_steps(log: pd.DataFrame, layout: Layout) -> StepTable:
     """Turn a log table into `StepTable` arrays (vectorised; no per-row Python)."""
     df = log.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
@@ -210,35 +220,40 @@ def build_steps(log: pd.DataFrame, layout: Layout) -> StepTable:
     za = sc["action"].transform(df[layout.action].to_numpy(np.float64))
     zy = sc["outputs"].transform(df[layout.outputs].to_numpy(np.float64))
     t = df["t"].to_numpy(np.int64)
-    site_key = df["episode"].astype(str) + "\x1f" + df["site"].astype(str)
-    site_codes, _ = pd.factorize(site_key)
-    group_codes, group_uniques = pd.factorize(pd.MultiIndex.from_arrays([site_codes, t]))
+    # integer keys, not tuples: a MultiIndex of strings materialised a million Python tuples (its
+    # `_values`) per lookup, ~3 s of each member's steps at a million rows; the codes and their
+    # order of first appearance are the MultiIndex's (pandas factorizes both that way)
+    episode_code = pd.factorize(df["episode"].astype(str))[0].astype(np.int64)
+    site_in_episode = pd.factorize(df["site"].astype(str))[0].astype(np.int64)
+    site_codes = pd.factorize(episode_code * (int(site_in_episode.max(initial=0)) + 1) + site_in_episode)[0].astype(np.int64)
+    t0 = int(t.min(initial=0))
+    span = int(t.max(initial=0)) - t0 + 2  # room for t - 1 and t + 1 of every row
+    group_codes, group_uniques = pd.factorize(site_codes * span + (t - t0 + 1))
     n_groups = len(group_uniques)
 
     # actions and outputs of each (site, t) group, shifted so that every row sees t-1
     y_means = group_means(np.concatenate([za, zy], axis=1).astype(np.float64), group_codes, n_groups)
-    g_site = np.asarray([u[0] for u in group_uniques], dtype=np.int64)
-    g_t = np.asarray([u[1] for u in group_uniques], dtype=np.int64)
-    lookup = pd.Series(np.arange(n_groups), index=pd.MultiIndex.from_arrays([g_site, g_t]))
-    prev = lookup.reindex(pd.MultiIndex.from_arrays([site_codes, t - 1])).to_numpy()
+    prev = _lookup(np.asarray(group_uniques, np.int64), site_codes * span + (t - t0))
     lag = np.zeros((len(df), layout.n_lag), dtype=np.float64)
-    ok = ~np.isnan(prev)
-    lag[ok] = y_means[prev[ok].astype(np.int64)]
+    ok = prev >= 0
+    lag[ok] = y_means[prev[ok]]
 
     x = client_features(layout, zp, zs, za, group_codes, n_groups, lag, t)
 
     # next-state targets: the same (episode, agent) at t+1
-    key = pd.MultiIndex.from_arrays([df["episode"].astype(str), df["agent"].astype(str), t])
-    row_of = pd.Series(np.arange(len(df)), index=key)
-    if row_of.index.has_duplicates:
-        dup = row_of.index[row_of.index.duplicated()][0]
-        raise InputError(f"duplicate (episode, agent, t) row {dup}; validate the log first", "log")
-    nxt = row_of.reindex(
-        pd.MultiIndex.from_arrays([df["episode"].astype(str), df["agent"].astype(str), t + 1])
-    )
-    nxt_arr = nxt.to_numpy()
-    has_next = ~np.isnan(nxt_arr)
-    next_index = np.where(has_next, np.nan_to_num(nxt_arr, nan=-1), -1).astype(np.int64)
+    agent_code = pd.factorize(df["agent"].astype(str))[0].astype(np.int64)
+    row_key = (episode_code * (int(agent_code.max(initial=0)) + 1) + agent_code) * span + (t - t0)
+    uniq, first = np.unique(row_key, return_index=True)
+    if len(uniq) < len(row_key):
+        seen = np.zeros(len(row_key), bool)
+        seen[first] = True
+        dup = int(np.flatnonzero(~seen)[0])
+        raise InputError(
+            f"duplicate (episode, agent, t) row {(str(df['episode'].iloc[dup]), str(df['agent'].iloc[dup]), int(t[dup]))}; "
+            "validate the log first", "log",
+        )
+    next_index = _lookup(row_key, row_key + 1)
+    has_next = next_index >= 0
     y = zy
     if layout.learn_transition:
         delta = np.full_like(zs, np.nan)

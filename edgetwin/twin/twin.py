@@ -25,7 +25,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -333,13 +334,27 @@ class Twin:
         invariances = _choose_invariances(df, layout, cfg, seed) if response_model == "causal" else None
         episodes = df["episode"].unique()
         fitted, tasks = _plan_members(members, seed, len(episodes), ckpt, len(layout.scenarios))
-        _fit_members(
-            fitted, tasks, ckpt, workers=workers, ray_address=ray_address, progress=progress,
-            data=(df, episodes, layout, response_model, cfg, sampler, initial, composition),
-            options=(transition_model, site_model, invariances),
-        )  # fmt: skip
+        # the support index and the episodes' hashes need the log only: on a pool they are computed
+        # here while the last members run (a core idle), else after the members
+        after = ThreadPoolExecutor(max_workers=1)
+        tail: list[Future[Any]] = []
+
+        def start_tail() -> None:
+            if not tail:
+                tail.append(after.submit(lambda: (_support_and_action_bounds(df, layout, spec, seed),
+                                                  episode_hashes(df, episode_hash_columns(layout)))))
+
+        try:
+            _fit_members(
+                fitted, tasks, ckpt, workers=workers, ray_address=ray_address, progress=progress,
+                data=(df, episodes, layout, response_model, cfg, sampler, initial, composition),
+                options=(transition_model, site_model, invariances), on_idle=start_tail,
+            )  # fmt: skip
+            start_tail()
+            (support, a_low, a_high), hashes = tail[0].result()
+        finally:
+            after.shutdown(wait=True)
         fitted_list = [fitted[m] for m in range(members)]
-        support, a_low, a_high = _support_and_action_bounds(df, layout, spec, seed)
         meta = {
             "format_version": FORMAT_VERSION,
             "seed": seed,
@@ -352,7 +367,7 @@ class Twin:
             "data_sha256": sha,
             # per-episode hashes: the gate refuses to calibrate on episodes the twin was fitted on
             "episode_hash_columns": episode_hash_columns(layout),
-            "episode_sha256": episode_hashes(df, episode_hash_columns(layout)),
+            "episode_sha256": hashes,
             "n_rows": len(df),
             "n_episodes": len(episodes),
             "overlap": overlap.to_dict(),
@@ -798,17 +813,27 @@ def _fit_members(
     progress: bool,
     data: tuple[Any, ...],
     options: tuple[Any, ...],
+    on_idle: Callable[[], None] | None = None,
 ) -> None:
     """Fit the planned members (serially, on a process pool or on Ray), adding each to
     ``fitted`` and saving it to the checkpoint as it finishes.
 
     `_fit_member_task` receives ``(*data, inner progress, *options)``: the inner progress bars
     are shown only when fitting serially, as several processes' bars would interleave.
+    ``on_idle``: called (in this process, maybe more than once) when a local pool's worker has no
+    member left to start, so that the caller can use that core while the last members run (five
+    members on two workers leave one core idle for the last member's whole fit).
     """
+
+    done = [0]
 
     def finished(i: int, member: Member) -> None:
         m = tasks[i][0]
         fitted[m] = member
+        done[0] += 1
+        # a pool worker has nothing left to start: the caller may use the core (``on_idle``)
+        if on_idle is not None and parallel and ray_address is None and len(tasks) - done[0] < n_workers:
+            on_idle()
         mdir = ckpt / f"member_{m}" if ckpt is not None else None
         if mdir is not None:
             if mdir.exists():
