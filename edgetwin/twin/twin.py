@@ -350,8 +350,10 @@ class Twin:
                 data=(df, episodes, layout, response_model, cfg, sampler, initial, composition),
                 options=(transition_model, site_model, invariances), on_idle=start_tail,
             )  # fmt: skip
-            start_tail()
-            (support, a_low, a_high), hashes = tail[0].result()
+            # serially (no idle core) in this thread: a second thread's BLAS calls beside sklearn's
+            # OpenMP distance loops make OpenBLAS warn "Detect OpenMP Loop" once per call
+            (support, a_low, a_high), hashes = tail[0].result() if tail else (
+                _support_and_action_bounds(df, layout, spec, seed), episode_hashes(df, episode_hash_columns(layout)))
         finally:
             after.shutdown(wait=True)
         fitted_list = [fitted[m] for m in range(members)]
