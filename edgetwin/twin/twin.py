@@ -334,28 +334,11 @@ class Twin:
         invariances = _choose_invariances(df, layout, cfg, seed) if response_model == "causal" else None
         episodes = df["episode"].unique()
         fitted, tasks = _plan_members(members, seed, len(episodes), ckpt, len(layout.scenarios))
-        # the support index and the episodes' hashes need the log only: on a pool they are computed
-        # here while the last members run (a core idle), else after the members
-        after = ThreadPoolExecutor(max_workers=1)
-        tail: list[Future[Any]] = []
-
-        def start_tail() -> None:
-            if not tail:
-                tail.append(after.submit(lambda: (_support_and_action_bounds(df, layout, spec, seed),
-                                                  episode_hashes(df, episode_hash_columns(layout)))))
-
-        try:
-            _fit_members(
-                fitted, tasks, ckpt, workers=workers, ray_address=ray_address, progress=progress,
-                data=(df, episodes, layout, response_model, cfg, sampler, initial, composition),
-                options=(transition_model, site_model, invariances), on_idle=start_tail,
-            )  # fmt: skip
-            # serially (no idle core) in this thread: a second thread's BLAS calls beside sklearn's
-            # OpenMP distance loops make OpenBLAS warn "Detect OpenMP Loop" once per call
-            (support, a_low, a_high), hashes = tail[0].result() if tail else (
-                _support_and_action_bounds(df, layout, spec, seed), episode_hashes(df, episode_hash_columns(layout)))
-        finally:
-            after.shutdown(wait=True)
+        (support, a_low, a_high), hashes = _members_then_tail(
+            fitted, tasks, ckpt, (df, layout, spec, seed), workers=workers, ray_address=ray_address, progress=progress,
+            data=(df, episodes, layout, response_model, cfg, sampler, initial, composition),
+            options=(transition_model, site_model, invariances),
+        )  # fmt: skip
         fitted_list = [fitted[m] for m in range(members)]
         meta = {
             "format_version": FORMAT_VERSION,
@@ -888,6 +871,29 @@ def _choose_invariances(
             tuple(cfg.net_arch), seed=seed + s,
         )  # fmt: skip
     return out
+
+
+def _members_then_tail(
+    fitted: dict[int, Member], tasks: list[Any], ckpt: Path | None, tail_args: tuple[Any, ...], **fit_kw: Any
+) -> tuple[tuple[SupportIndex, np.ndarray, np.ndarray], dict[str, str]]:
+    """`_fit_members`, then the support index and the episodes' hashes (``tail_args`` = df, layout, spec, seed).
+
+    The tail needs the log only: on a local pool it runs in a helper thread while the last members
+    run (a core idle); fitted serially it runs here after them, as a second thread's BLAS calls
+    beside sklearn's OpenMP distance loops make OpenBLAS warn "Detect OpenMP Loop" once per call."""
+    df, layout, spec, seed = tail_args
+
+    def tail() -> tuple[tuple[SupportIndex, np.ndarray, np.ndarray], dict[str, str]]:
+        return _support_and_action_bounds(df, layout, spec, seed), episode_hashes(df, episode_hash_columns(layout))
+
+    after = ThreadPoolExecutor(max_workers=1)
+    started: list[Future[Any]] = []
+    try:
+        _fit_members(fitted, tasks, ckpt, **fit_kw,
+                     on_idle=lambda: None if started else started.append(after.submit(tail)))  # fmt: skip
+        return started[0].result() if started else tail()  # type: ignore[no-any-return]
+    finally:
+        after.shutdown(wait=True)
 
 
 def _support_and_action_bounds(
