@@ -883,15 +883,17 @@ def _members_then_tail(
     beside sklearn's OpenMP distance loops make OpenBLAS warn "Detect OpenMP Loop" once per call."""
     df, layout, spec, seed = tail_args
 
-    def tail() -> tuple[tuple[SupportIndex, np.ndarray, np.ndarray], dict[str, str]]:
+    Tail = tuple[tuple[SupportIndex, np.ndarray, np.ndarray], dict[str, str]]
+
+    def tail() -> Tail:
         return _support_and_action_bounds(df, layout, spec, seed), episode_hashes(df, episode_hash_columns(layout))
 
     after = ThreadPoolExecutor(max_workers=1)
-    started: list[Future[Any]] = []
+    started: list[Future[Tail]] = []
     try:
         _fit_members(fitted, tasks, ckpt, **fit_kw,
                      on_idle=lambda: None if started else started.append(after.submit(tail)))  # fmt: skip
-        return started[0].result() if started else tail()  # type: ignore[no-any-return]
+        return started[0].result() if started else tail()
     finally:
         after.shutdown(wait=True)
 
