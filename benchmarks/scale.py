@@ -253,6 +253,17 @@ def one_thread() -> None:
     threadpool_limits(1)  # every native pool (OpenBLAS, OpenMP), for the rest of this process
 
 
+#: agent-steps of one throughput run at least (`throughput_ticks`)
+RUN_AGENT_STEPS = 200_000
+
+
+def throughput_ticks(n: int) -> int:
+    """Ticks of one throughput or phase-timing run at ``n`` agents: 40, or more where 40 ticks are
+    fewer than `RUN_AGENT_STEPS` agent-steps (1,000 agents: 200 ticks, ~0.2 CPU-s: 40 ticks there
+    were ~50 ms, a few scheduler slices on a loaded machine)."""
+    return max(40, RUN_AGENT_STEPS // max(n, 1))
+
+
 def throughput(twin_dir: Path, n: int, ticks: int, rounds: int = 3, seed: int = 0) -> dict:
     """Best of ``rounds`` alternating runs of the twin and the cluster (each ``ticks`` ticks, after
     ``ticks // 4`` warm-up ticks of the twin)."""
@@ -282,7 +293,7 @@ def throughput(twin_dir: Path, n: int, ticks: int, rounds: int = 3, seed: int = 
         best_c = max(best_c, n * ticks / (time.perf_counter() - t0))
         cpu_c = max(cpu_c, n * ticks / max(time.process_time() - c0, 1e-9))
     # per CPU-second too: on a shared machine the wall clock also counts the time other jobs held the core
-    return {"agents": n, "twin": best_t, "emulator": best_c, "ratio": best_t / best_c, "twin_cpu": cpu_t,
+    return {"agents": n, "ticks": ticks, "twin": best_t, "emulator": best_c, "ratio": best_t / best_c, "twin_cpu": cpu_t,
             "emulator_cpu": cpu_c, "load": load()}
 
 
@@ -650,6 +661,11 @@ def tick_budget(throughput: list[dict], agents: int) -> float | None:
     return 1e3 * agents / (TICK_TARGETS[agents] * row["emulator_cpu"])
 
 
+def _run_ticks(res: dict) -> str:
+    """How many ticks a throughput run of ``res`` stepped, as the page says it."""
+    return ", ".join(f"{r.get('ticks', 40)} ticks at {r['agents']:,} agents" for r in res["throughput"])
+
+
 def section(res: dict) -> str:
     m = res["machine"]
     lines = [
@@ -702,7 +718,7 @@ def section(res: dict) -> str:
     if before:
         lines[-4] = ("**2. Twin throughput** (agent-steps/s, uniformly random actions, one process, one thread each for torch, numexpr and the BLAS, no "
                      "ensemble disagreement; each number the best of 3 runs, each run a fresh process that steps the "
-                     f"twin and then the emulator; the code before ({res.get('throughput_before', 'another checkout')}) "
+                     f"twin and then the emulator ({_run_ticks(res)}); the code before ({res.get('throughput_before', 'another checkout')}) "
                      "and this code alternate run by run on the same fitted twin; *wall*: agent-steps per second of "
                      "wall clock, *CPU*: per CPU-second of the stepping process, which leaves out the time other jobs "
                      "held the core):")
@@ -937,8 +953,8 @@ def throughput_only(args: argparse.Namespace) -> None:
         rec = timed_fit(19_200, 1, hyper, args.seed, None, None, twin_dir)
         twin_desc = (f"the quick twin (2 members, 2 MAIL rounds, 5 BC epochs, 300 GAN steps) fitted serially on "
                      f"{rec['rows']:,} rows of emulated-cluster logs, seed {args.seed}")
-    tp = throughput_compared(twin_dir, (1000, 10_000), 40, args.compare_with)
-    phases = [tick_phases(twin_dir, n) for n in (1000, 10_000)]
+    tp = [throughput_compared(twin_dir, (n,), throughput_ticks(n), args.compare_with)[0] for n in (1000, 10_000)]
+    phases = [tick_phases(twin_dir, n, throughput_ticks(n)) for n in (1000, 10_000)]
     phases_before = [tick_phases_of(twin_dir, n, args.compare_with) for n in (1000, 10_000)] if args.compare_with else []
     prof = profile_tick(twin_dir, 1000, 40)
     prof_10k = profile_tick(twin_dir, 10_000, 20)
@@ -1001,7 +1017,7 @@ def main() -> None:
     args = ap.parse_args()
     if args._phases:
         a = json.loads(args._phases)
-        print(json.dumps(tick_phases(Path(a["twin"]), a["n"])))
+        print(json.dumps(tick_phases(Path(a["twin"]), a["n"], throughput_ticks(a["n"]))))
         return
     if args._kpis:
         a = json.loads(args._kpis)
