@@ -717,7 +717,8 @@ def section(res: dict) -> str:
     before = [r for r in res["throughput"] if "twin_before" in r]
     if before:
         lines[-4] = ("**2. Twin throughput** (agent-steps/s, uniformly random actions, one process, one thread each for torch, numexpr and the BLAS, no "
-                     "ensemble disagreement; each number the best of 3 runs, each run a fresh process that steps the "
+                     f"ensemble disagreement; each number the best of {res['throughput'][0].get('rounds', 3)} runs, each run "
+                     "a fresh process that steps the "
                      f"twin and then the emulator ({_run_ticks(res)}); the code before ({res.get('throughput_before', 'another checkout')}) "
                      "and this code alternate run by run on the same fitted twin; *wall*: agent-steps per second of "
                      "wall clock, *CPU*: per CPU-second of the stepping process, which leaves out the time other jobs "
@@ -953,7 +954,10 @@ def throughput_only(args: argparse.Namespace) -> None:
         rec = timed_fit(19_200, 1, hyper, args.seed, None, None, twin_dir)
         twin_desc = (f"the quick twin (2 members, 2 MAIL rounds, 5 BC epochs, 300 GAN steps) fitted serially on "
                      f"{rec['rows']:,} rows of emulated-cluster logs, seed {args.seed}")
-    tp = [throughput_compared(twin_dir, (n,), throughput_ticks(n), args.compare_with)[0] for n in (1000, 10_000)]
+    tp = [throughput_compared(twin_dir, (n,), throughput_ticks(n), args.compare_with, rounds=args.rounds)[0]
+          for n in (1000, 10_000)]
+    for row in tp:
+        row["rounds"] = args.rounds
     phases = [tick_phases(twin_dir, n, throughput_ticks(n)) for n in (1000, 10_000)]
     phases_before = [tick_phases_of(twin_dir, n, args.compare_with) for n in (1000, 10_000)] if args.compare_with else []
     prof = profile_tick(twin_dir, 1000, 40)
@@ -966,7 +970,8 @@ def throughput_only(args: argparse.Namespace) -> None:
     res.update(throughput=tp, tick_phases=phases, tick_phases_before=phases_before, profile_tick=prof, profile_tick_10k=prof_10k, throughput_twin=twin_desc,
                throughput_command="python benchmarks/scale.py --throughput-only"
                + (" --twin DIR" if args.twin is not None else "")
-               + (" --compare-with BEFORE" if args.compare_with else ""))
+               + (" --compare-with BEFORE" if args.compare_with else "")
+               + (f" --rounds {args.rounds}" if args.rounds != 3 else ""))
     if args.compare_with:
         res["throughput_before"] = str(args.compare_with)
     print(json.dumps({k: res[k] for k in ("throughput", "profile_tick")}, indent=1, default=float))
@@ -993,6 +998,8 @@ def main() -> None:
                     help="rerun part 2 only (a quick twin fitted on 19,200 rows unless --twin), keep part 1's fits "
                          "from results.json; with --compare-with, the before code's twin throughput beside it")
     ap.add_argument("--twin", type=Path, default=None, help="--throughput-only: step this fitted twin")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="--throughput-only: alternating runs per size and code (the best and every pair are reported)")
     ap.add_argument("--cap-fidelity", type=int, default=None, metavar="ROWS",
                     help="part 3 only: fit a 1-member twin on ROWS rows with each --caps value of bc_max_steps and "
                          "score them on held-out days; keeps the rest of results.json")

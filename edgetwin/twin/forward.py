@@ -170,11 +170,7 @@ class GroupedForward:
         x_all = th.from_numpy(agent_x)
         blocks: list[tuple[Any, ...]] = []
         out: th.Tensor | None = None
-        for g, (start, stop) in enumerate(order.bounds):
-            if stop == start:
-                continue
-            net = nets[g]
-            widths = self._widths(net)
+        for g, start, stop, net, widths in self._nonempty(nets, order):
             dest = self._dest(slot, n, start, stop, widths)
             out = self._array("out", slot, n, widths[-1])
             _, _, wa, ws = net.blocks()
@@ -202,11 +198,7 @@ class GroupedForward:
         n = len(agent_x)
         x_all = th.from_numpy(agent_x)
         out: th.Tensor | None = None
-        for g, (start, stop) in enumerate(order.bounds):
-            if stop == start:
-                continue
-            net = nets[g]
-            widths = self._widths(net)
+        for g, start, stop, net, widths in self._nonempty(nets, order):
             if out is None:
                 out = self._array("out", slot, n, widths[-1])
             rows = stop - start
@@ -236,6 +228,13 @@ class GroupedForward:
             out = self._array("out", slot, n, widths[-1])
             hit = self._dests[key] = [*views, out[start:stop]]
         return hit
+
+    def _nonempty(
+        self, nets: list[SplitNetwork], order: ScenarioOrder
+    ) -> list[tuple[int, int, int, SplitNetwork, list[int]]]:
+        """``[(group, start, stop, its network, its layers' widths)]`` of the groups with rows."""
+        return [(g, start, stop, nets[g], self._widths(nets[g]))
+                for g, (start, stop) in enumerate(order.bounds) if stop > start]
 
     @staticmethod
     def _widths(net: SplitNetwork) -> list[int]:
