@@ -90,3 +90,21 @@ def test_a_block_under_min_rows_runs_padded_without_a_plan() -> None:
         got = fw.run(nets, order, agent_x, hps, site_x, sites).copy()
     assert got.tobytes() == _want(nets, order, agent_x, hps, site_x, sites).tobytes()
     assert not fw._plans
+
+
+def test_a_copied_forward_with_its_arrays_is_not_replayed_on_stale_views() -> None:
+    """A deep copy (or a pickle) of a `GroupedForward` together with the arrays it was called with:
+    a plan's numpy views of its torch work arrays would be separate copies there, so the copy keeps
+    no plan and builds its own."""
+    import copy
+
+    rng = np.random.default_rng(3)
+    call = _call(rng, (25, 31))
+    fw = GroupedForward()
+    with th.no_grad():
+        fw.run(*call)
+        fw2, call2 = copy.deepcopy((fw, call))
+        assert not fw2._plans
+        call2[2][:] = rng.standard_normal(call2[2].shape)  # new values in the copied inputs
+        got = fw2.run(*call2).copy()
+    assert got.tobytes() == _want(*call2).tobytes()

@@ -81,6 +81,11 @@ class GroupedForward:
         #: per slot the last call's plan (`_plan`): its key, its blocks' calls, the output array
         self._plans: dict[int, tuple[tuple[Any, ...], list[tuple[Any, ...]], np.ndarray]] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the plans: their numpy views of the torch work arrays would be separate arrays in
+        a copy or a pickle (the torch views among the work arrays stay views); a copy plans anew."""
+        return {**self.__dict__, "_plans": {}}
+
     def _array(self, kind: str, key: int, n: int, width: int) -> th.Tensor:
         """A kept ``(n, width)`` float32 work tensor (fresh arrays of ~2.5 MB at 10,000 agents cost
         their allocation and page faults every tick); the same view object for the same ``n``."""
