@@ -77,6 +77,10 @@ def test_a_plan_sees_weights_changed_in_place_and_new_arrays() -> None:
         got = fw.run(nets, order, agent_x, hps, site_x, sites).copy()
         assert got.tobytes() != before.tobytes()
         assert got.tobytes() == _want(nets, order, agent_x, hps, site_x, sites).tobytes()
+        w, b = nets[0].layers[4]
+        nets[0].layers[4] = (w * 2.0, b)  # a layer replaced by another tensor: another plan
+        got = fw.run(nets, order, agent_x, hps, site_x, sites).copy()
+        assert got.tobytes() == _want(nets, order, agent_x, hps, site_x, sites).tobytes()
         other = agent_x.copy() + 1.0  # another array: another plan
         got = fw.run(nets, order, other, hps, site_x, sites).copy()
         assert got.tobytes() == _want(nets, order, other, hps, site_x, sites).tobytes()

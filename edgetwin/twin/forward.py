@@ -149,12 +149,15 @@ class GroupedForward:
         self, nets: list[SplitNetwork], order: ScenarioOrder, agent_x: np.ndarray, profile_h: list[np.ndarray],
         sites: np.ndarray, slot: int, site_shape: tuple[int, ...],
     ) -> tuple[tuple[Any, ...], list[tuple[Any, ...]], np.ndarray] | None:
-        """The kept plan of this call (built when the call's arrays, networks or weights changed),
-        or None where a block is padded (fewer than `MIN_ROWS` rows) or there is no row."""
-        key = (order, agent_x, sites, *profile_h, *nets, tuple(net.version() for net in nets), site_shape)
+        """The kept plan of this call (built when the call's arrays, networks, their layers or the
+        first layer's weights changed: the objects compared by identity, the first layer's versions
+        and the site inputs' shape by value), or None where a block is padded (fewer than
+        `MIN_ROWS` rows) or there is no row."""
+        same = (order, agent_x, sites, *profile_h, *nets, *(layer for net in nets for layer in net.layers))
+        key = (same, tuple(net.version() for net in nets), site_shape)
         hit = self._plans.get(slot)
-        if hit is not None and len(hit[0]) == len(key) and all(
-            a is b if not isinstance(a, tuple) else a == b for a, b in zip(hit[0], key, strict=True)
+        if hit is not None and key[1:] == hit[0][1:] and len(hit[0][0]) == len(same) and all(
+            a is b for a, b in zip(hit[0][0], same, strict=True)
         ):
             return hit
         if not order.bounds or any(0 < stop - start < MIN_ROWS for start, stop in order.bounds):
