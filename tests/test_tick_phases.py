@@ -10,26 +10,19 @@ import numpy as np
 import pytest
 import torch
 
-from edgetwin.emulator.cluster import ClusterConfig
-from edgetwin.emulator.logs import generate_logs
 from edgetwin.twin.twin import Twin
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import scale  # noqa: E402
+from test_fused_tick import twin  # noqa: E402, F401 - its module fixture: the tiny twin
 
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def tiny() -> Twin:
-    df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
-    return Twin.fit(df, spec, members=2, seed=0, progress=False, population_model="empirical", bc_epochs=2,
-                    rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
-
-
-def test_the_fastest_pass_is_kept_whole(tiny: Twin, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fastest_pass_is_kept_whole(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny: Twin = request.getfixturevalue("twin")  # the fused tick's tiny twin (tests/test_fused_tick.py)
     monkeypatch.setattr(Twin, "load", staticmethod(lambda _path: tiny))
     clock = {"t": 0.0, "steps": 0}
     ticks, passes = 4, 3
