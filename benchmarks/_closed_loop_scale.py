@@ -121,13 +121,12 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
     from edgetwin.contract.errors import InputError
     from edgetwin.contract.margins import KPIMargin
     from edgetwin.loop.fleet import canary_on_cluster
+    from edgetwin.loop.ppi import replay_spec
     from edgetwin.loop.rounds import canary_loop, candidate_version_name
     from edgetwin.policies.gate import run_gate
-    from edgetwin.twin.whatif import fixed_policy
 
     twin, fleet_log, cfg, current, seed = ctx["twin"], ctx["fleet_log"], ctx["cfg"], ctx["current"], ctx["seed"]
-    cand_spec = fixed_policy(name, copy.deepcopy(pol))
-    base_spec = fixed_policy("current", copy.deepcopy(current))
+    cand_spec, base_spec = replay_spec(name, pol), replay_spec("current", current)  # each replay afresh
     decision = run_gate(twin, cand_spec, base_spec, log=fleet_log, episodes=1, seed=seed)
     nominal = {c.kpi: c for c in decision.checks if c.scenario == "nominal"}
     kdefs = {k.name: k for k in decision.result.kpis if k.name in nominal}

@@ -230,9 +230,9 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
     from edgetwin.emulator.logs import generate_logs
     from edgetwin.loop.fleet import canary_on_cluster
     from edgetwin.loop.plan import PlanBudget
+    from edgetwin.loop.ppi import replay_spec
     from edgetwin.loop.rounds import canary_loop
     from edgetwin.policies.gate import run_gate
-    from edgetwin.twin.whatif import fixed_policy
 
     quick = args.quick
     n_agents = args.agents or (60 if quick else 100)
@@ -274,12 +274,12 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
         for name, pol in pols.items():
             t_c = time.perf_counter()
             print(f"[{args.logging}] day {d} candidate {name!r}", flush=True)
-            cand_spec = fixed_policy(name, copy.deepcopy(pol))
-            # the current policy as the twin runs it, a fresh copy per candidate: a sampling policy
-            # (random, or the heuristic's exploration noise) draws from its own stream, which no
-            # reset() rewinds, so a copy shared by every candidate would hand each candidate's gate
-            # the draws the earlier candidates' loops left (twin alone would depend on the loop)
-            base_spec = fixed_policy("current", copy.deepcopy(current))
+            # the policies as the twin runs them, each replay from the same state (`replay_spec`): a
+            # sampling policy (random, or the heuristic's exploration noise) draws from its own
+            # stream, so one object shared by every replay would hand each replay the draws the
+            # earlier ones left (identical calls would answer differently)
+            cand_spec = replay_spec(name, pol)
+            base_spec = replay_spec("current", current)
             decision = run_gate(twin, cand_spec, base_spec, log=fleet_log, episodes=1, seed=args.seed)
             nominal = {c.kpi: c for c in decision.checks if c.scenario == "nominal"}
             kdefs = {k.name: k for k in decision.result.kpis if k.name in nominal}
