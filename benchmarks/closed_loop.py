@@ -673,7 +673,8 @@ def _emulated_days(n_agents: int, days: int, seed: int, col: str = "kpi.slo_viol
         post = log[log["t"] >= 4].groupby("agent")[col].mean()
         pre = log[log["t"] < 4].groupby("agent")[col].mean().reindex(post.index)
         del g
-        out.append({"y": post.to_numpy(float), "x": pre.to_numpy(float)})
+        site = log[log["t"] == 0].groupby("agent")["site"].first().reindex(post.index)
+        out.append({"y": post.to_numpy(float), "x": pre.to_numpy(float), "site": site.to_numpy(str)})
     return out
 
 
@@ -956,6 +957,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="only the coverage experiment's design table (design_comparison) for --seed, --runs, --days")
     ap.add_argument("--designs-fleet", type=int, default=100,
                     help="--designs-only: fleet size (100: the demo's arms, 4 of 10 on the candidate; else half of 10 %% on it)")
+    ap.add_argument("--saturation", action="store_true",
+                    help="simulate the randomized-saturation canary against the twin's interference term at "
+                         "--designs-fleet groups (_closed_loop_saturation) into results_production.json's saturation")
     ap.add_argument("--seeds", type=int, default=3, help="--coverage: seeds")
     ap.add_argument("--runs", type=int, default=200, help="--coverage: canaries per candidate type and seed")
     ap.add_argument("--days", type=int, default=20, help="--coverage: emulated days per seed (the truth's)")
@@ -1003,6 +1007,30 @@ def main(argv: list[str] | None = None) -> None:
                        coverage_seeds=doc["seeds"], coverage_days=doc["days"])  # fmt: skip
             path.write_text(json.dumps(cur, indent=1, default=float))
             write_section(COVERAGE_SECTION, coverage_section(doc), doc=OUT / "README.md")
+        return
+    if args.saturation:
+        from _closed_loop_saturation import KEEP as SAT_KEEP
+        from _closed_loop_saturation import SECTION as SAT_SECTION
+        from _closed_loop_saturation import (
+            members_interference_sd,
+            saturation_comparison,
+            saturation_section,
+            update_narrowing,
+        )
+
+        n = int(args.designs_fleet)
+        isd = members_interference_sd(OUT / "scale" / "levers")
+        res = saturation_comparison(_emulated_days(n, args.days, args.seed), args.runs, args.seed, interference_sd=isd)
+        res["update_narrowing"] = update_narrowing(OUT / "scale", n)
+        print(json.dumps(res, indent=1, default=float))
+        if not args.no_write:
+            path = OUT / "results_production.json"
+            cur = json.loads(path.read_text())
+            cur["saturation"] = res
+            path.write_text(json.dumps(cur, indent=1, default=float))
+            cmd = (f"python benchmarks/closed_loop.py --saturation --designs-fleet {n} --seed {args.seed} "
+                   f"--runs {args.runs} --days {args.days}")
+            write_section(SAT_SECTION, saturation_section(res, cmd), doc=OUT / "README.md", keep=SAT_KEEP)
         return
     if args.designs_only:  # the design table alone (seed --seed, --runs canaries per design and type)
         path = OUT / "results_production.json"
