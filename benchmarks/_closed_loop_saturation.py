@@ -158,6 +158,24 @@ def saturation_comparison(days_data: list[dict[str, Any]], runs: int, seed: int,
     return out
 
 
+def site_share_of_residual(days_data: list[dict[str, Any]]) -> dict[str, float]:
+    """How much a candidate arm stratified by site could narrow the group split: per emulated day, the
+    share of the groups' CUPED-adjusted outcome variance (``y − b·x``, one slope) that their site's mean
+    explains (a stratified arm removes that share of the own term's variance, at best). Median,
+    minimum and maximum over the days."""
+    shares = []
+    for d in days_data:
+        y, x, site = (np.asarray(d[k]) for k in ("y", "x", "site"))
+        ok = np.isfinite(y) & np.isfinite(x.astype(float))
+        y, x, site = y[ok].astype(float), x[ok].astype(float), site[ok]
+        r = y - float(np.cov(x, y)[0, 1] / max(np.var(x, ddof=1), 1e-300)) * x
+        means = {k: float(np.mean(r[site == k])) for k in set(site.tolist())}
+        within = r - np.array([means[k] for k in site])
+        shares.append(1.0 - float(np.var(within)) / max(float(np.var(r)), 1e-300))
+    return {"median": float(np.median(shares)), "min": float(np.min(shares)), "max": float(np.max(shares)),
+            "days": len(shares)}  # fmt: skip
+
+
 def update_narrowing(scale_dir: Path, n: int = 1000) -> dict[str, Any]:
     """Does `Twin.update` after each canary look narrow the members' disagreement about the interference?
     Measured on the stored extended loops (``extended_seed*.json``: the slice as control;
@@ -210,6 +228,12 @@ def saturation_section(res: dict[str, Any], command: str) -> str:
     sd = st.get("slope_sd")
     lines += ["", f"The measured slope's spread over the simulated canaries: sd {sd:.4f} per unit share (KPI units)."
               if sd is not None else ""]
+    sh = res.get("site_share")
+    if sh:
+        lines += ["", f"A candidate arm stratified by site (`site_share_of_residual`): the sites' means explain a median "
+                  f"{100 * sh['median']:.1f} % (from {100 * sh['min']:.1f} % to {100 * sh['max']:.1f} % over the "
+                  f"{sh['days']} days) of the groups' CUPED-adjusted SLO-violation variance: at best that share of "
+                  "the group split's variance, about half of it in width."]
     upd = res.get("update_narrowing") or {}
     if upd:
         lines += ["", "Does `Twin.update` after each canary look narrow the members' disagreement (`update_narrowing`, "

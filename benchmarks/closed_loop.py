@@ -1015,12 +1015,15 @@ def main(argv: list[str] | None = None) -> None:
             members_interference_sd,
             saturation_comparison,
             saturation_section,
+            site_share_of_residual,
             update_narrowing,
         )
 
         n = int(args.designs_fleet)
         isd = members_interference_sd(OUT / "scale" / "levers")
-        res = saturation_comparison(_emulated_days(n, args.days, args.seed), args.runs, args.seed, interference_sd=isd)
+        days = _emulated_days(n, args.days, args.seed)
+        res = saturation_comparison(days, args.runs, args.seed, interference_sd=isd)
+        res["site_share"] = site_share_of_residual(days)
         res["update_narrowing"] = update_narrowing(OUT / "scale", n)
         print(json.dumps(res, indent=1, default=float))
         if not args.no_write:

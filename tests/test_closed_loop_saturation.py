@@ -89,3 +89,14 @@ def test_the_members_term_is_read_from_the_stored_levers(sat, tmp_path: Path) ->
     assert sat.members_interference_sd(tmp_path) == pytest.approx(0.1 / stats.t.ppf(0.99, 10.0))
     with pytest.raises(SystemExit):
         sat.members_interference_sd(tmp_path / "none")
+
+
+def test_the_site_share_of_the_residual_is_what_the_site_means_explain(sat) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(3)
+    site = np.repeat(np.array(["a", "b"]), 200)
+    x = rng.normal(0, 1, 400)
+    flat = {"y": 2.0 * x + rng.normal(0, 1, 400), "x": x, "site": site}  # no site effect
+    shifted = {"y": 2.0 * x + rng.normal(0, 1, 400) + np.where(site == "a", 3.0, -3.0), "x": x, "site": site}
+    assert sat.site_share_of_residual([flat])["median"] < 0.05
+    got = sat.site_share_of_residual([flat, shifted])
+    assert got["max"] > 0.8 and got["min"] < 0.05 and got["days"] == 2

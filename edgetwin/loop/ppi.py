@@ -723,6 +723,12 @@ def ppi_verdict(
     no-interference estimate beside it (``local:*``, `ppi_estimates` with a canary replay) is
     judged on the hull of the two intervals, which ``interval`` then shows.
 
+    **What each verdict is about (its estimand):** the fleet-wide relative change of a KPI if every
+    group switched to the candidate, averaged over the days the decision lives with — not the
+    canary's slice, and not the canary's day. The full switch is the twin's prediction rectified by
+    the canary; the days enter through the day-to-day term (``day_var``, `ppi_mean_difference`); the
+    interference a slice cannot see through the twin's members' spread and the hull.
+
     Args:
         estimates: from `ppi_estimates`. guards: the guarded KPIs' margins (`KPIMargin`, with
             their directions). better: KPI -> ``"higher"`` / ``"lower"`` overriding a margin's
