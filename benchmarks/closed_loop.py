@@ -968,6 +968,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="the closed loop at --fleet-sizes for --seed (_closed_loop_scale.run_seed) into --work/scale-s<seed>.json")
     ap.add_argument("--scale-merge", type=int, nargs="*", default=None, metavar="SEED",
                     help="pool --work/scale-s<SEED>.json into results_production.json and the page")
+    ap.add_argument("--merge-as", default="", metavar="NAME",
+                    help="--scale-merge of a --fleet-control run: results key extended_fleet_control_NAME, its own seed "
+                         "files and page section, beside the stored run (e.g. reseeded: the rerun after the replay-stream fix)")
     ap.add_argument("--scale-more", type=Path, nargs="*", default=[], metavar="DIR",
                     help="--scale-merge: more work directories whose scale-s<SEED>.json add fleet sizes the first lacks")
     ap.add_argument("--truth-days", type=int, default=20, help="--scale: days of the whole cluster per policy (the truth)")

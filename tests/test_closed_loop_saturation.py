@@ -100,3 +100,17 @@ def test_the_site_share_of_the_residual_is_what_the_site_means_explain(sat) -> N
     assert sat.site_share_of_residual([flat])["median"] < 0.05
     got = sat.site_share_of_residual([flat, shifted])
     assert got["max"] > 0.8 and got["min"] < 0.05 and got["days"] == 2
+
+
+def test_a_fleet_control_rerun_is_kept_beside_the_stored_one() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import _closed_loop_scale as sc
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    key, name, heading, keep, design = sc.fc_variant("")
+    assert (key, name, heading) == ("extended_fleet_control", "extended_fc_seed", sc.EXT_FC_SECTION)
+    key, name, heading, keep, design = sc.fc_variant("reseeded")
+    assert key == "extended_fleet_control_reseeded" and name == "extended_fc_reseeded_seed"
+    assert heading != sc.EXT_FC_SECTION and heading.startswith(sc.EXT_FC_SECTION) and keep[0].endswith("(reseeded)")
+    assert "`extended_fleet_control_reseeded`" in design and "`extended_fleet_control`" not in design
