@@ -1018,6 +1018,11 @@ def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: boo
         if fc:  # its own key, seed files and section (the headline, which README.md quotes, is the lead's to move)
             key, name, heading, keep, design = fc_variant(variant)
             cur[key] = res | {"design": EXTENDED_FC_DESIGN + (f", {variant}" if variant else "")}
+        elif variant:  # a slice-control rerun beside the stored one: the headline (README.md's) is not moved
+            cur[f"extended_{variant}"] = res
+            name, heading, keep = f"extended_{variant}_seed", f"{EXT_SECTION} ({variant})", (f"{EXT_KEEP[0]} ({variant})",)
+            design = (f"**A rerun of the section above's slice-control loop** (results: `extended_{variant}` in "
+                      "results_production.json; the headline's `by_fleet_size` keeps the stored run). ")
         else:
             cur["extended"] = res
             headline(cur, res)
