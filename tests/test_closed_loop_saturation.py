@@ -4,9 +4,8 @@ read from stored extended loops, and the page section."""
 
 from __future__ import annotations
 
+import importlib
 import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def sat() -> Iterator[Any]:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import _closed_loop_saturation
-
-    yield _closed_loop_saturation
-    sys.path.remove(str(ROOT / "benchmarks"))
+@pytest.fixture
+def sat(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the module imports closed_loop when it runs
+    return importlib.import_module("_closed_loop_saturation")
 
 
 def test_site_slope_recovers_a_linear_spillover_and_says_how_sure_it_is(sat) -> None:  # type: ignore[no-untyped-def]
@@ -102,12 +98,9 @@ def test_the_site_share_of_the_residual_is_what_the_site_means_explain(sat) -> N
     assert got["max"] > 0.8 and got["min"] < 0.05 and got["days"] == 2
 
 
-def test_a_fleet_control_rerun_is_kept_beside_the_stored_one() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import _closed_loop_scale as sc
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def test_a_fleet_control_rerun_is_kept_beside_the_stored_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sc = importlib.import_module("_closed_loop_scale")
     key, name, heading, keep, design = sc.fc_variant("")
     assert (key, name, heading) == ("extended_fleet_control", "extended_fc_seed", sc.EXT_FC_SECTION)
     key, name, heading, keep, design = sc.fc_variant("reseeded")
