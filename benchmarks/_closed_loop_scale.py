@@ -1021,8 +1021,9 @@ def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: boo
         elif variant:  # a slice-control rerun beside the stored one: the headline (README.md's) is not moved
             cur[f"extended_{variant}"] = res
             name, heading, keep = f"extended_{variant}_seed", f"{EXT_SECTION} ({variant})", (f"{EXT_KEEP[0]} ({variant})",)
-            design = (f"**A rerun of the section above's slice-control loop** (results: `extended_{variant}` in "
-                      "results_production.json; the headline's `by_fleet_size` keeps the stored run). ")
+            design = (f"**A rerun of the slice-control loop of \"{EXT_SECTION[3:]}\"** (results: `extended_{variant}` in "
+                      "results_production.json; the headline's `by_fleet_size` keeps the stored run; \"the section above\" "
+                      "below is the 1,000-group scale section). ")
         else:
             cur["extended"] = res
             headline(cur, res)

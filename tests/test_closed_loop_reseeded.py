@@ -45,3 +45,39 @@ def test_the_reseeded_fleet_control_analysis_quotes_its_run() -> None:
     same = st["same_canaries"]["canary_alone"]
     assert f"decides {same['verdict_rate']['k']} of 84 but only {same['agreement']['k']} of those right " \
            f"({100 * same['agreement']['rate']:.1f} %)" in text
+
+
+def test_the_reseeded_slice_control_analysis_quotes_its_run() -> None:
+    res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())
+    new, old = (res[k]["by_fleet_size"]["1000"] for k in ("extended_reseeded", "extended"))
+    page = (ROOT / "docs/benchmarks/closed_loop/README.md").read_text()
+    start = page.index("### What the extension says (reseeded)")
+    end = page.find("\n## ", start)
+    text = " ".join(page[start:end if end > 0 else None].split())
+
+    def ci(b: dict, key: str) -> str:
+        return f"[{100 * b[key][0]:.1f}, {100 * b[key][1]:.1f}]"
+
+    assert (f"{new['canary_decided']} of {new['open_after_twin']} open pairs decided ({100 * new['canary_verdict_rate']:.1f} % "
+            f"{ci(new, 'canary_verdict_rate_ci')}; the stored run, whose replays shared one stream: {old['canary_decided']}, "
+            f"{100 * old['canary_verdict_rate']:.1f} % {ci(old, 'canary_verdict_rate_ci')}") in text
+    assert (f"{new['canary_agreeing']} of the {new['canary_decided']} right ({100 * new['confident_agreement']:.1f} % "
+            f"{ci(new, 'agreement_ci')}; stored: {old['canary_agreeing']} of {old['canary_decided']})") in text
+    curve = ", ".join(f"{100 * d['verdict_rate']['rate']:.1f} % after {'day ' if i == 0 else ''}{d['day']}"
+                      for i, d in enumerate(new["by_day"]))
+    assert curve in text
+    assert f"{new['twin_canary_agent_steps']:,} canary agent-steps (stored: {old['twin_canary_agent_steps']:,}" in text
+    cand = new["candidate_verdicts"]
+    assert f"{cand['verdict_rate']['k']} of {cand['verdict_rate']['n']}, all right" in text
+    assert cand["agreement"]["k"] == cand["verdict_rate"]["k"]
+    changed = 0
+    for s in (0, 1, 2):
+        a, b = (json.loads((ROOT / f"docs/benchmarks/closed_loop/scale/{n}{s}.json").read_text())["by_fleet_size"]["1000"]["pairs"]
+                for n in ("extended_seed", "extended_reseeded_seed"))  # fmt: skip
+        va = {(p["policy"], p["column"]): p["twin_canary"] for p in a}
+        changed += sum(va[(p["policy"], p["column"])] != p["twin_canary"] for p in b)
+    assert changed == 5 and "Five pairs changed verdict" in text
+    st = new["steps"]
+    assert st["ratio"] is None and f"not reached (≥ {st['lower_bound']:.2f}×)" in text
+    # the headline README.md quotes stays the stored run's
+    assert res["by_fleet_size"]["1000"]["canary_verdict_rate"] == old["canary_verdict_rate"]
