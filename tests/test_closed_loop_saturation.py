@@ -107,3 +107,16 @@ def test_a_fleet_control_rerun_is_kept_beside_the_stored_one(monkeypatch: pytest
     assert key == "extended_fleet_control_reseeded" and name == "extended_fc_reseeded_seed"
     assert heading != sc.EXT_FC_SECTION and heading.startswith(sc.EXT_FC_SECTION) and keep[0].endswith("(reseeded)")
     assert "`extended_fleet_control_reseeded`" in design and "`extended_fleet_control`" not in design
+
+
+def test_the_page_quotes_the_stored_saturation_run() -> None:
+    res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())["saturation"]
+    page = (ROOT / "docs/benchmarks/closed_loop/README.md").read_text()
+    text = " ".join(page[page.index("### What the saturation simulation says"):].split())
+    sat, twin = res["saturation"]["aa"], res["twin"]["aa"]
+    assert f"A/A median width {100 * sat['median_width']:.1f} pp against {100 * twin['median_width']:.1f} pp" in text
+    assert sat["median_width"] > 5 * twin["median_width"] and "about 7×" in text
+    assert f"a median {100 * res['site_share']['median']:.1f} % of the groups' CUPED-adjusted" in text
+    upd = res["update_narrowing"]
+    assert f"{upd['slice']['median_ratio']:.2f}× (slice control; narrower on only {upd['slice']['narrower']} of " \
+           f"{upd['slice']['compared']} pairs)" in text
