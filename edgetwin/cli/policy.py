@@ -544,6 +544,11 @@ def promote_cmd(
                           "support less abstains (exit 3) saying what would reach it; ask for less only knowingly.")
     ] = "90%",
     force: Annotated[bool, typer.Option("--force", help="Promote even if the gate refuses or abstains (recorded in the metadata).")] = False,
+    interval_method: Annotated[
+        str | None, typer.Option("--interval-method", help="The intervals' construction: replayed (default: the twin's "
+                                 "effect-size error calibrated on the replayed days, times how far the policies move the "
+                                 "actions), hybrid (before it: narrower), relative or normalized.")
+    ] = None,
     gate_config: Annotated[
         Path | None, typer.Option("--gate-config", help="TOML of the gate's replay knobs (against, scenario, default_margin, "
                                   "spec, exogenous, seeds, members, refuse_out_of_support, name, bucket).")
@@ -617,7 +622,7 @@ def promote_cmd(
                 episodes=episodes, seeds=gc.seeds, seed=seed, members=_members(gc.members), steps=steps,
                 exogenous=list(gc.exogenous), refuse_out_of_support=gc.refuse_out_of_support,
                 max_out_of_support=max_out_of_support, force=force, out_dir=out_dir, name=gc.name, metadata=base_md,
-                progress=not as_json, level=asked,
+                progress=not as_json, level=asked, method=interval_method,
             )  # fmt: skip
         except GateAbstained as e:
             if canary is None or not hasattr(e, "result"):
