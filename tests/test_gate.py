@@ -43,7 +43,7 @@ GATE = {"episodes": 2, "seeds": 1, "steps": 10, "level": 0.6, "method": "hybrid"
 #: short days, the default "replayed" intervals straddle every margin for the far moves these tests
 #: make (test_gate_decides_direction_aware shows it), and the tests are about directions, pointers,
 #: support and levels, which the construction does not change
-HYBRID = ["--interval-method", "hybrid"]
+HYBRID = 'interval_method = "hybrid"\n'  # the same for `edgetwin promote --gate-config FILE`
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +124,13 @@ def test_gate_decides_direction_aware(world: dict[str, Any]) -> None:
     assert run_gate(twin, bad, good, log=recent, guards=[Guard("return", 50.0)], max_out_of_support=1.0, **GATE).passed
     with pytest.raises(InputError, match="has no direction"):
         run_gate(twin, bad, good, log=recent, guards=[Guard("kpi.utilisation", 0.1)], **GATE)
+
+
+def _hybrid_config(d: Path) -> Path:
+    """A ``--gate-config`` that asks for the hybrid intervals (`HYBRID`)."""
+    path = d / "hybrid-gate.toml"
+    path.write_text(HYBRID)
+    return path
 
 
 def _constant(edge: float, cap: float, price: float) -> FunctionPolicy:
@@ -216,7 +223,8 @@ def test_cli_promote_exit_codes_and_force(world: dict[str, Any], tmp_path: Path,
     d = world["dir"]
     reg = tmp_path / "reg"
     base = ["--registry", str(reg), "--log", str(d / "recent.parquet"), "--twin", str(d / "twin"), "--key", str(d / "key.pem"),
-            "--episodes", "2", "--steps", "10", "--scope", "site/edge-ams", "--level", "60%", *HYBRID]  # fmt: skip
+            "--episodes", "2", "--steps", "10", "--scope", "site/edge-ams", "--level", "60%",
+            "--gate-config", str(_hybrid_config(tmp_path))]  # fmt: skip
 
     def run(*args: str) -> int:
         with pytest.raises(SystemExit) as e:
@@ -263,7 +271,7 @@ def test_one_calibration_episode_abstains_at_90_and_may_decide_when_50_is_asked(
     d = world["dir"]
     base = ["--registry", str(tmp_path / "reg"), "--log", str(d / "recent.parquet"), "--twin", str(d / "twin"),
             "--key", str(d / "key.pem"), "--episodes", "1", "--steps", "10", "--max-out-of-support", "1",
-            "--max-regression", "response.offload_ratio=0.05", "--json", *HYBRID]  # fmt: skip
+            "--max-regression", "response.offload_ratio=0.05", "--json", "--gate-config", str(_hybrid_config(tmp_path))]  # fmt: skip
 
     def run(*args: str) -> tuple[int, dict[str, Any]]:
         with pytest.raises(SystemExit) as e:

@@ -194,3 +194,35 @@ def test_the_vectorised_kpi_on_rows_is_kpidef_compute() -> None:
         got = _on_rows(kpi, x, None if kpi.weight is None else w, rows)
         want = [kpi.compute(np.where(rows, x[r], np.nan), None if kpi.weight is None else w[r]) for r in range(3)]
         assert got == pytest.approx(want, rel=1e-9), kpi.name
+
+
+def test_fewer_effect_days_than_level_days_are_what_the_gate_names(gate: dict[str, Any]) -> None:
+    import copy
+
+    res = copy.copy(gate["decision"].result)
+    cal = copy.deepcopy(res.calibration)
+    for k, scores in cal.effect_scores.items():  # one of the 4 days measured no effect of any KPI
+        cal.effect_scores[k] = [float("nan"), *scores[1:]]
+    res.calibrate(cal)
+    assert cal.n_independent["return"] == 4 and cal.n_support("return") == 3
+    d = decide(res, [Guard("return", 1000.0)], level=0.8)  # 3 days support 75 %, not the 80 % asked
+    below = [ch for ch in d.checks if ch.verdict == "below_level"]
+    assert below and "3 independent calibration episode(s) support at most 75%" in below[0].note
+
+
+def test_a_bad_interval_method_is_a_one_line_error(tmp_path: Any, gate: dict[str, Any]) -> None:
+    from edgetwin.cli.policy import GateConfig
+    from edgetwin.contract.errors import InputError
+
+    bad = tmp_path / "gate.toml"
+    bad.write_text('interval_method = "widest"\n')
+    with pytest.raises(InputError) as e:
+        GateConfig.load(bad)
+    assert "interval_method" in str(e.value) and "replayed" in str(e.value) and str(bad) in str(e.value)
+    ok = tmp_path / "ok.toml"
+    ok.write_text('interval_method = "hybrid"\n')
+    assert GateConfig.load(ok).interval_method == "hybrid" and GateConfig().interval_method is None
+    res = gate["decision"].result
+    with pytest.raises(InputError, match="unknown interval method 'widest'"):
+        run_gate(None, None, None, log=None, method="widest")  # type: ignore[arg-type]  # refused before anything runs
+    assert res.calibration.method == "replayed"

@@ -206,7 +206,7 @@ def run_gate(
     from edgetwin.twin.intervals import METHODS
 
     if method is not None and method not in METHODS:
-        raise InputError(f"unknown interval method {method!r}; expected one of {', '.join(METHODS)}", "--interval-method")
+        raise InputError(f"unknown interval method {method!r}; expected one of {', '.join(METHODS)}", "interval_method")
     if candidate.name == baseline.name:
         candidate = PolicySpec(f"{candidate.name} (candidate)", candidate.factory)
     # fail on a bad guard, or none, before the long replay

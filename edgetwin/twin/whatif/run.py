@@ -126,6 +126,30 @@ def _cell(
     return Cell(policy, scenario, vals, tl, oos, oos_t, sketch)
 
 
+def _cells_and_effects(
+    jobs: list[list[tuple[PolicySpec, Scenario]]],
+    outcomes: list[Any],
+    shape: tuple[int, int],
+    reps: list[tuple[int, LoggedEpisode | None]],
+    kpis: Sequence[KpiDef],
+    outputs: Sequence[str],
+    run_steps: int,
+    action_columns: Sequence[str],
+    replay: bool,
+) -> tuple[dict[tuple[str, str], Cell], Any]:
+    """Every job's cells (`_cell`) and, in replay, the effect-size scores of the log's own actions
+    under the nominal scenario (`edgetwin.twin.whatif.effects.replayed_effects`; None otherwise)."""
+    cells: dict[tuple[str, str], Cell] = {}
+    effects = None
+    for job, job_out in zip(jobs, outcomes, strict=True):
+        for (pol, scen), episodes_out in zip(job, job_out, strict=True):
+            cells[(pol.name, scen.name)] = _cell(pol.name, scen.name, episodes_out, shape, kpis, outputs, run_steps,
+                                                 action_columns)  # fmt: skip
+            if effects is None and replay and pol.factory is None and scen.name == NOMINAL.name:
+                effects = replayed_effects(episodes_out, reps, kpis, action_columns)
+    return cells, effects
+
+
 def _replicates(
     seed: int, seeds: int, episodes: int, recorded: list[LoggedEpisode] | None
 ) -> list[tuple[int, LoggedEpisode | None]]:
@@ -327,15 +351,8 @@ def run_whatif(
         _cells_task, [(job,) for job in jobs], workers=workers, ray_address=ray_address,
         shared=(twin, list(kpis), members, reps, opts), on_result=lambda i, r: bar.update(sum(map(len, r))),
     )  # fmt: skip
-    cells: dict[tuple[str, str], Cell] = {}
-    effects = None
-    for job, job_out in zip(jobs, outcomes, strict=True):
-        for (pol, scen), episodes_out in zip(job, job_out, strict=True):
-            cells[(pol.name, scen.name)] = _cell(
-                pol.name, scen.name, episodes_out, (len(members), len(reps)), kpis, outputs, run_steps, lay.action
-            )
-            if effects is None and pol.factory is None and scen.name == NOMINAL.name and recorded is not None:
-                effects = replayed_effects(episodes_out, reps, kpis, lay.action)
+    cells, effects = _cells_and_effects(jobs, outcomes, (len(members), len(reps)), reps, kpis, outputs, run_steps,
+                                        lay.action, recorded is not None)  # fmt: skip
     bar.close()
     logged_kpis = logged_episode_kpis(recorded, kpis, spec) if recorded is not None else {}
     logged_oos = None if recorded is None else logged_support_share(twin, recorded, seed=seed)
