@@ -464,6 +464,12 @@ def pooled_markdown(paths: list[str]) -> str:
          "shift the same distance between its actions in its own twin days and the log's (`action_shift`, "
          "`replayed_effect_terms`). The level is the intervals' 90 %; no constant was chosen, and nothing in the "
          "interval comes from a candidate's cluster run (they only score it).", "",
+         "This term is the benchmark's. The product's change interval (`change_interval`, the what-if and the "
+         "promotion gate) carries its own version since issue 44's second round (`edgetwin/twin/whatif/effects.py`, "
+         "method `replayed`): calibrated at decision time on the days the gate replays, one multiple per action column, "
+         "contrasts in the KPI's own units and net of their own sampling noise (a paired bootstrap over the day's "
+         "agents). Its coverage where the product is scored: "
+         "[the what-if gate's page](../whatif_gate/README.md#the-replayed-effect-size-term-in-the-products-change-interval-issue-44).", "",
          "| seed | coverage, one-step effect term | coverage, replayed effect term | median width (points), one-step "
          "-> replayed | median abs. change error (points) |",
          "|---|---|---|---|---:|"]

@@ -91,6 +91,7 @@ LOGGING_TEXT = {
 }
 #: hand-written subsections of the docs section that a rerun keeps
 KEEP = (
+    "### The replayed effect-size term in the product's change interval",
     "### The response model's output noise by predicted level",
     "### Where the tail KPIs' errors come from",
     "### Where the energy and carbon KPIs' errors come from",
@@ -219,6 +220,7 @@ def score_rows(res: Any, kpis: list[Any], pols: dict[str, Any], real_base: dict[
                 "policy": name, "kpi": k.name, "better": k.better, "twin_change": c["change"],
                 "twin_change_w": sign * c["change"], "interval": [lo, hi], "w_interval": w_int,
                 "real_change": real_change, "out_of_support": c["out_of_support"], "verdict": verdict,
+                "action_shift": c.get("action_shift"),
                 "real_regress": real_regress, "covered": bool(lo <= real_change <= hi),
                 "agree": None if verdict in ("straddle", "unsupported") else (verdict == "regress") == real_regress,
             })  # fmt: skip
@@ -256,6 +258,10 @@ def pool_seeds(paths: list[Path]) -> dict[str, Any]:
     out["confident_agreed"] = k
     out["confident_agreement_interval"] = [ci.low, ci.high] if ci else None
     out["per_seed"] = [{"seed": d.get("seed"), **headline(d["rows"])} for d in runs]
+    declared = list(dict.fromkeys(k for d in runs for k in (d.get("declared_kpis") or {}).get("per_kpi", {})))
+    if declared:  # the declared KPIs' changes over every seed (issue 44), with their findings
+        out["declared_kpis"] = declared_kpi_summary(rows, declared)
+        out["per_seed_declared_coverage"] = [d["declared_kpis"]["coverage"] for d in runs]
     return out
 
 
@@ -568,10 +574,11 @@ def section(by_logging: dict[str, Any], last: dict[str, Any], args: argparse.Nam
         "| logs | " + " | ".join(("bootstrap only", *METHODS)) + " |",
         "|---|" + "---|" * (1 + len(METHODS)),
     ]
-    for name, d in by_logging.items():
+    for name, d in by_logging.items():  # a results file from before a construction existed: n/a there
         lines.append(f"| {name} | " + " | ".join(
             f"{pct(m['coverage_90'])} / {pct(m['confident_agreement'])} / {pct(m['abstention'])} / "
-            f"{100 * m['median_interval_width']:.0f} pp" for m in d["by_method"].values()) + " |")
+            f"{100 * m['median_interval_width']:.0f} pp" if m else "n/a"
+            for m in (d["by_method"].get(k) for k in ("bootstrap", *METHODS))) + " |")
     split = {n: d["method_choice"] for n, d in by_logging.items() if "method_choice" in d}
     if split:
         lines += [

@@ -38,7 +38,12 @@ torch.set_num_threads(1)
 CONFIG = ClusterConfig(n_agents=48, steps=16)
 #: 2 held-out episodes support 2/3, not 90 %: these tests are about directions, pointers and support,
 #: so they ask for the level the episodes support (the default abstains: test_gate_level.py)
-GATE = {"episodes": 2, "seeds": 1, "steps": 10, "level": 0.6}
+GATE = {"episodes": 2, "seeds": 1, "steps": 10, "level": 0.6, "method": "hybrid"}
+#: the intervals without the replayed effect-size term (method "hybrid"): on this 1-member twin of 4
+#: short days, the default "replayed" intervals straddle every margin for the far moves these tests
+#: make (test_gate_decides_direction_aware shows it), and the tests are about directions, pointers,
+#: support and levels, which the construction does not change
+HYBRID = 'interval_method = "hybrid"\n'  # the same for `edgetwin promote --gate-config FILE`
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +91,18 @@ def test_gate_decides_direction_aware(world: dict[str, Any]) -> None:
         {"name": "burst", "perturbation": [{"kind": "burst", "column": "response.demand", "factor": 2, "start": 2, "end": 6}]},
         "t.toml", "burst",
     )  # fmt: skip
-    # with support ignored, a clear regression is refused, naming KPI, margin and interval
+    # the product's intervals carry the twin's effect-size error calibrated on the 2 replayed days times
+    # how far the two policies move the actions (method "replayed"): this 1-member twin's error per unit
+    # of action moved, carried to two policies at opposite corners of the logged box, straddles every
+    # margin, so the gate abstains rather than refuse on it (docs/benchmarks/whatif_gate/README.md)
+    d = run_gate(twin, bad, good, log=recent, scenarios=[burst], max_out_of_support=1.0, **{**GATE, "method": None})
+    assert d.result.calibration.method == "replayed" and d.verdict in ("abstain", "refuse")
+    off = next(c for c in d.checks if c.kpi == "response.offload_ratio" and c.scenario == "nominal")
+    cmp = d.result.compare("nominal", "response.offload_ratio")
+    effect = d.result.calibration.effect_width("response.offload_ratio", cmp["action_shift"]) / abs(cmp["baseline"])
+    assert cmp["action_shift"] > 1.0 and effect > abs(off.change) and off.verdict == "straddle"
+    # the direction logic, on the hybrid construction (no effect term): a clear regression is refused,
+    # naming KPI, margin and interval
     d = run_gate(twin, bad, good, log=recent, scenarios=[burst], max_out_of_support=1.0, **GATE)
     assert d.verdict == "refuse" and d.exit_code == 1 and not d.passed
     assert {c.scenario for c in d.failures} == {"nominal", "burst"}
@@ -108,6 +124,13 @@ def test_gate_decides_direction_aware(world: dict[str, Any]) -> None:
     assert run_gate(twin, bad, good, log=recent, guards=[Guard("return", 50.0)], max_out_of_support=1.0, **GATE).passed
     with pytest.raises(InputError, match="has no direction"):
         run_gate(twin, bad, good, log=recent, guards=[Guard("kpi.utilisation", 0.1)], **GATE)
+
+
+def _hybrid_config(d: Path) -> Path:
+    """A ``--gate-config`` that asks for the hybrid intervals (`HYBRID`)."""
+    path = d / "hybrid-gate.toml"
+    path.write_text(HYBRID)
+    return path
 
 
 def _constant(edge: float, cap: float, price: float) -> FunctionPolicy:
@@ -200,7 +223,8 @@ def test_cli_promote_exit_codes_and_force(world: dict[str, Any], tmp_path: Path,
     d = world["dir"]
     reg = tmp_path / "reg"
     base = ["--registry", str(reg), "--log", str(d / "recent.parquet"), "--twin", str(d / "twin"), "--key", str(d / "key.pem"),
-            "--episodes", "2", "--steps", "10", "--scope", "site/edge-ams", "--level", "60%"]  # fmt: skip
+            "--episodes", "2", "--steps", "10", "--scope", "site/edge-ams", "--level", "60%",
+            "--gate-config", str(_hybrid_config(tmp_path))]  # fmt: skip
 
     def run(*args: str) -> int:
         with pytest.raises(SystemExit) as e:
@@ -247,7 +271,7 @@ def test_one_calibration_episode_abstains_at_90_and_may_decide_when_50_is_asked(
     d = world["dir"]
     base = ["--registry", str(tmp_path / "reg"), "--log", str(d / "recent.parquet"), "--twin", str(d / "twin"),
             "--key", str(d / "key.pem"), "--episodes", "1", "--steps", "10", "--max-out-of-support", "1",
-            "--max-regression", "response.offload_ratio=0.05", "--json"]  # fmt: skip
+            "--max-regression", "response.offload_ratio=0.05", "--json", "--gate-config", str(_hybrid_config(tmp_path))]  # fmt: skip
 
     def run(*args: str) -> tuple[int, dict[str, Any]]:
         with pytest.raises(SystemExit) as e:

@@ -463,6 +463,10 @@ class GateConfig:
             outside the logs' support.
         name: the policy's name in the registry (default: the directory's).
         bucket: the NATS bucket prefix of the registry.
+        interval_method: the intervals' construction (`edgetwin.twin.intervals.METHODS`): ``replayed``
+            (the default: the twin's effect-size error calibrated on the replayed days, times how far the
+            two policies move the actions), ``hybrid`` (the construction before it: narrower), ``relative``
+            or ``normalized``.
     """
 
     against: str = "auto"
@@ -475,8 +479,13 @@ class GateConfig:
     refuse_out_of_support: bool = False
     name: str | None = None
     bucket: str = "edgetwin"
+    interval_method: str | None = None
 
     def __post_init__(self) -> None:
+        from edgetwin.twin.intervals import METHODS
+
+        if self.interval_method is not None and self.interval_method not in METHODS:
+            raise ValueError(f"interval_method: expected one of {', '.join(METHODS)}, got {self.interval_method!r}")
         if not self.default_margin >= 0:  # also catches NaN
             raise ValueError(f"default_margin: expected a fraction >= 0, got {self.default_margin}")
         if self.seeds < 1:
@@ -617,7 +626,7 @@ def promote_cmd(
                 episodes=episodes, seeds=gc.seeds, seed=seed, members=_members(gc.members), steps=steps,
                 exogenous=list(gc.exogenous), refuse_out_of_support=gc.refuse_out_of_support,
                 max_out_of_support=max_out_of_support, force=force, out_dir=out_dir, name=gc.name, metadata=base_md,
-                progress=not as_json, level=asked,
+                progress=not as_json, level=asked, method=gc.interval_method,
             )  # fmt: skip
         except GateAbstained as e:
             if canary is None or not hasattr(e, "result"):

@@ -189,6 +189,7 @@ def run_gate(
     calibration: Any = None,
     progress: bool = False,
     level: float | None = None,
+    method: str | None = None,
 ) -> GateDecision:
     """Replay ``candidate`` and ``baseline`` in the twin (recent ``log``, nominal + ``scenarios``)
     and check the guarded KPIs; see the module docstring and `decide`. ``episodes`` recorded
@@ -197,7 +198,15 @@ def run_gate(
     ``calibration`` (`edgetwin.twin.intervals.Calibration`) widens the intervals by the twin's
     error on held-out logs; by default (with a log) the log's own actions are replayed too and the
     twin is calibrated on them: the recent log is traffic the twin was not fitted on, and its
-    logged KPIs are the real system's answer for the logged actions."""
+    logged KPIs are the real system's answer for the logged actions.
+
+    ``method``: the intervals' construction (`edgetwin.twin.intervals.METHODS`; default
+    ``"replayed"``, the effect-size term calibrated on the replayed days; ``"hybrid"`` is the
+    construction before it, narrower, whose normalised term can collapse or explode on a small twin)."""
+    from edgetwin.twin.intervals import METHODS
+
+    if method is not None and method not in METHODS:
+        raise InputError(f"unknown interval method {method!r}; expected one of {', '.join(METHODS)}", "interval_method")
     if candidate.name == baseline.name:
         candidate = PolicySpec(f"{candidate.name} (candidate)", candidate.factory)
     # fail on a bad guard, or none, before the long replay
@@ -234,6 +243,12 @@ def run_gate(
         progress=progress,
         calibration=calibration,
     )
+    if method is not None and result.calibration is not None and result.calibration.method != method:
+        import copy
+
+        chosen = copy.copy(result.calibration)
+        chosen.method = method
+        result.calibrate(chosen)
     return decide(result, guards, default_margin, refuse_out_of_support, max_out_of_support, level)
 
 
@@ -328,6 +343,7 @@ def promote(
     view: Any = None,
     progress: bool = False,
     level: float | None = None,
+    method: str | None = None,
 ) -> PromotionResult:
     """Gate ``policy`` against the scope's current version and promote it if nothing regresses.
 
@@ -370,7 +386,7 @@ def promote(
             twin, candidate, baseline, log=log, scenarios=scenarios, guards=guards, default_margin=default_margin,
             kpis=kpis, episodes=episodes, seeds=seeds, seed=seed, members=members, steps=steps, exogenous=exogenous,
             refuse_out_of_support=refuse_out_of_support, max_out_of_support=max_out_of_support,
-            calibration=calibration, progress=progress, level=level,
+            calibration=calibration, progress=progress, level=level, method=method,
         )  # fmt: skip
 
         files = _write_gate_report(decision, out, candidate.name, against_label, scope, force)

@@ -226,7 +226,7 @@ class GateDecision:
         cal = self.result.calibration
         if cal is None or self.level >= cal.level - 1e-12:
             return ""
-        n = min((cal.n_independent.get(c.kpi, 0) for c in self.checks), default=0)
+        n = min((cal.n_support(c.kpi) for c in self.checks), default=0)
         return (
             f"; {level_text(self.level_requested)} was asked with --level, {n} independent calibration episode(s) "
             f"support at most {level_text(self.level)}; {episodes_needed(cal.level)} are needed for {level_text(cal.level)}"
@@ -379,7 +379,7 @@ def decide(
             cal = result.calibration
             level = LEVEL if cal is None else min(cal.level, cal.attained(k.name))
             if verdict in ("ok", "regress") and level < asked - 1e-12 and cal is not None:
-                note = _below_level_note(verdict, cal.n_independent.get(k.name, 0), level, asked)
+                note = _below_level_note(verdict, cal.n_support(k.name), level, asked)
                 verdict = "below_level"
             checks.append(
                 GuardCheck(

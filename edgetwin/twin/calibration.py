@@ -41,10 +41,13 @@ def calibration_from_result(
         raise ValueError("calibration needs a replay of a log (run_whatif(..., log=...))")
     cell = result.cell(policy, scenario)
     n_eps = len(result.settings.get("recorded_episodes") or [])
-    return calibration_from_arrays(
+    cal = calibration_from_arrays(
         {k.name: cell.values[k.name] for k in result.kpis}, result.logged_kpis, level,
         f"{n_eps} held-out logged episode(s) x {cell.oos.shape[0]} member(s)",
     )  # fmt: skip
+    if result.replayed_effects is not None:  # the change intervals' effect-size term, same days
+        result.replayed_effects.apply(cal, level)
+    return cal
 
 
 def calibrate(

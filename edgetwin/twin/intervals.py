@@ -8,8 +8,8 @@ bootstrap interval of a twin's mean therefore covers the twin's own mean, not th
 on the emulated cluster it excluded the real change of a KPI in most (policy, KPI) pairs
 (docs/benchmarks/whatif_gate/README.md).
 
-The construction used everywhere (`interval`, `change_interval`, method ``"hybrid"``), chosen by
-measured coverage (`benchmarks/whatif_gate.py` reports every construction's coverage side by side):
+The construction used everywhere (`interval`, `change_interval`, method ``"replayed"``; the
+``"hybrid"`` before it), measured side by side with the others on `benchmarks/whatif_gate.py`:
 
 1. the 90 % two-level bootstrap interval ``[lo, hi]`` of the twin's mean (members x replicates);
 2. calibration (`edgetwin.twin.calibration.calibrate`) on **held-out logged episodes**: the twin
@@ -23,6 +23,14 @@ measured coverage (`benchmarks/whatif_gate.py` reports every construction's cove
    ``q_rel · |change| + q_norm · sd_members(change)``. Pairing cancels the error both policies share
    (the twin's level bias, which is large: widening a change by the level error abstained on almost
    everything); what is left is an error in the size of the effect and the members' disagreement.
+   ``"replayed"`` widens it by ``q_rel · |change| + λ · shift / |b|`` instead: ``λ`` the twin's error
+   on the size of an effect (the KPI's units) per unit of action moved, calibrated on the same held-out days replayed
+   with their logged actions (`edgetwin.twin.whatif.effects`, at decision time from the replay the
+   gate runs anyway), ``shift`` how far the two policies move the actions from the logged ones
+   (`sketch_shift`). The hybrid's ``q_norm · sd`` divides by the members' spread at the logged
+   actions, which collapses on a small twin (a multiple of 1,502 from one day); ``λ`` is in the KPI's
+   units, net of the contrasts' own noise, and only measured where a day moved the actions
+   (`MIN_CONTRAST_SHIFT`).
 
 The conformal step is valid for the logging policy (exchangeable held-out episodes); for another
 policy it is only as good as the twin's error there resembles its error on logged behaviour,
@@ -58,6 +66,10 @@ __all__ = [
     "action_shift",
     "effect_multiple",
     "replayed_effect_scores",
+    "ACTION_QUANTILES",
+    "MIN_CONTRAST_SHIFT",
+    "action_sketch",
+    "sketch_shift",
 ]
 
 #: The nominal level of every interval the twin reports.
@@ -68,8 +80,20 @@ LEVEL = 0.90
 #: by the relative error applied to the size of the change plus the normalised multiple of the
 #: members' spread of the change). Chosen by measured coverage on the what-if-gate benchmark's rows
 #: (docs/benchmarks/whatif_gate/README.md, which also reports a choice made on half of its candidates).
-METHODS = ("relative", "normalized", "hybrid")
-DEFAULT_METHOD = "hybrid"
+#: ``"replayed"`` (the default): the hybrid with its members-normalised term replaced by the effect-size
+#: term calibrated on replayed held-out logged days (`Calibration.effect_multiple` times how far the two
+#: policies move the actions, `sketch_shift`); a KPI whose effect was not calibrated (a calibration from
+#: before the term) falls back to the hybrid, and says so (`Calibration.effect_note`).
+METHODS = ("relative", "normalized", "hybrid", "replayed")
+DEFAULT_METHOD = "replayed"
+#: points of the quantile function an action column is summarised by (`action_sketch`): the
+#: 1-Wasserstein distance between two sketches is the mean absolute gap of their quantiles
+ACTION_QUANTILES = 64
+#: a contrast of a calibration day counts only when it moves its action column by at least this share
+#: of the range the day explored (`replayed_effects`): below it, the effect per unit of action moved
+#: divides a noise-sized error by a near-zero move and explodes (a normalised multiple of 1,502 came
+#: from one day whose ensemble members had collapsed: the failure this keeps out)
+MIN_CONTRAST_SHIFT = 0.05
 
 
 def conformal_quantile(scores: Sequence[float] | np.ndarray, level: float = LEVEL) -> tuple[float, bool]:
@@ -130,12 +154,54 @@ class Calibration:
     #: episode name -> sha256 of its rows (`edgetwin.twin.logdata.episode_hashes`): what it was
     #: calibrated on, compared with the twin's training episodes by the gate
     episode_sha256: dict[str, str] = field(default_factory=dict)
+    #: KPI name -> ``λ``, the conformal multiple of an action shift that bounds the twin's error on the
+    #: size of an effect, in the KPI's units per unit of action moved (`edgetwin.twin.whatif.effects`);
+    #: NaN when no calibration day moved the actions enough to measure one
+    effect_multiple: dict[str, float] = field(default_factory=dict)
+    #: KPI name -> the calibration days' effect scores ``λ`` is the quantile of (NaN: nothing measured)
+    effect_scores: dict[str, list[float]] = field(default_factory=dict)
+    #: KPI name -> action column -> ``λ_j``, the same multiple from the contrasts of that column only:
+    #: a change interval adds ``Σ_j λ_j · shift_j`` (a KPI that does not respond to a column is not
+    #: widened by the largest column's multiple for moving it); NaN where no day measured it
+    effect_by_column: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: action column -> `action_sketch` of the calibration days' logged actions: the reference a
+    #: policy's action shift is measured from (`sketch_shift`)
+    action_quantiles: dict[str, list[float]] = field(default_factory=dict)
+    #: action column -> the range (max - min) the calibration days explored: the unit of a shift
+    action_span: dict[str, float] = field(default_factory=dict)
+
+    def effect_days(self, kpi: str) -> int:
+        """How many calibration days measured ``kpi``'s effect (independent effect scores)."""
+        return sum(1 for x in self.effect_scores.get(kpi, []) if not math.isnan(x))
+
+    def uses_effect(self, kpi: str) -> bool:
+        """Whether ``kpi``'s change interval carries the replayed effect-size term (method
+        ``"replayed"`` and the term calibrated); else the ``"hybrid"`` construction answers."""
+        return self.method == "replayed" and kpi in self.effect_multiple
+
+    def n_support(self, kpi: str) -> int:
+        """The independent calibration days ``kpi``'s change interval rests on: its level scores'
+        and, with the effect term, the fewer of those and its effect scores."""
+        n = self.n_independent.get(kpi, len(self.scores.get(kpi, [])))
+        return min(n, self.effect_days(kpi)) if self.uses_effect(kpi) else n
 
     def attained(self, kpi: str) -> float:
-        """The level ``kpi``'s intervals attain: `attained_level` of its independent scores (0 when
-        it was not calibrated)."""
-        n = self.n_independent.get(kpi, len(self.scores.get(kpi, [])))
-        return attained_level(n, self.level)
+        """The level ``kpi``'s intervals attain: `attained_level` of the independent calibration days
+        they rest on (`n_support`; 0 when it was not calibrated)."""
+        return attained_level(self.n_support(kpi), self.level)
+
+    def effect_note(self) -> str:
+        """What the change intervals' effect-size term rests on (reports): days and level, or why a
+        KPI has none."""
+        if self.method != "replayed":
+            return ""
+        if not self.effect_multiple:
+            return ("no effect-size term (this calibration has none: recalibrate on a held-out log); the "
+                    "members-normalised term instead")
+        days = sorted({self.effect_days(k) for k in self.effect_multiple})
+        lo = min(days) if days else 0
+        return (f"effect-size term calibrated on {lo} replayed held-out day(s) (supports at most "
+                f"{100 * attained_level(lo, self.level):.0f} %)")
 
     def problem(self, kpi: str) -> str | None:
         """Why ``kpi``'s calibration cannot back a verdict (None when it can): not calibrated,
@@ -151,6 +217,13 @@ class Calibration:
                 f"the calibration of {kpi} has infinite scores (the twin predicted exactly 0 where the log did not), "
                 "so its interval is unbounded"
             )
+        if self.uses_effect(kpi) and not math.isfinite(self.effect_multiple[kpi]):
+            n = len(self.effect_scores.get(kpi, []))
+            return (
+                f"the twin's error on the size of {kpi}'s effects could not be calibrated: none of the {n} "
+                f"calibration day(s) moved an action by {100 * MIN_CONTRAST_SHIFT:g} % of its explored range "
+                f"with a measurable {kpi} (a log that explores the actions calibrates it)"
+            )
         return None
 
     def width(self, kpi: str) -> float:
@@ -163,6 +236,38 @@ class Calibration:
         """The members-normalised quantile of ``kpi`` (0 when not calibrated)."""
         q = self.quantile_norm.get(kpi, 0.0)
         return 0.0 if math.isnan(q) else q
+
+    def width_effect(self, kpi: str) -> float:
+        """``λ`` of ``kpi`` (0 when not calibrated; ``inf`` kept: see `problem`)."""
+        q = self.effect_multiple.get(kpi, 0.0)
+        return 0.0 if math.isnan(q) else q
+
+    def shift(self, actions: Mapping[str, Sequence[float]] | None) -> float:
+        """How far a policy whose `action_sketch` is ``actions`` moves the actions from the
+        calibration days' (`sketch_shift`); NaN when either is unknown."""
+        if not actions or not self.action_quantiles:
+            return float("nan")
+        return sketch_shift(actions, self.action_quantiles, self.action_span)
+
+    def shifts(self, actions: Mapping[str, Sequence[float]] | None) -> dict[str, float]:
+        """`shift` per action column (``{column: shift}``; their sum is `shift`); empty when unknown."""
+        if not actions or not self.action_quantiles:
+            return {}
+        return {c: sketch_shift(actions, {c: q}, self.action_span) for c, q in self.action_quantiles.items()}
+
+    def effect_width(self, kpi: str, shift: float | Mapping[str, float]) -> float:
+        """The effect term of ``kpi``'s change interval for ``shift`` (a total, or per column):
+        ``Σ_j λ_j · shift_j`` with a column's own multiple (`effect_by_column`; the KPI's ``λ``
+        where the column has none), ``λ · shift`` for a total."""
+        lam = self.width_effect(kpi)
+        if not isinstance(shift, Mapping):
+            return lam * float(shift)
+        own = self.effect_by_column.get(kpi, {})
+        total = 0.0
+        for c, x in shift.items():
+            lj = own.get(c, float("nan"))
+            total += (lj if math.isfinite(lj) else lam) * float(x)
+        return total
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -177,6 +282,12 @@ class Calibration:
             "attained_level": {k: self.attained(k) for k in self.quantile},
             "episode_sha256": dict(self.episode_sha256),
             "source": self.source,
+            "effect_multiple": dict(self.effect_multiple),
+            "effect_scores": {k: list(v) for k, v in self.effect_scores.items()},
+            "effect_days": {k: self.effect_days(k) for k in self.effect_multiple},
+            "effect_by_column": {k: dict(v) for k, v in self.effect_by_column.items()},
+            "action_quantiles": {k: list(v) for k, v in self.action_quantiles.items()},
+            "action_span": dict(self.action_span),
         }
 
     @classmethod
@@ -191,6 +302,12 @@ class Calibration:
             n_independent={str(k): int(v) for k, v in dict(d.get("n_independent", d.get("n", {}))).items()},
             dropped={str(k): int(v) for k, v in dict(d.get("dropped", {})).items()},
             episode_sha256={str(k): str(v) for k, v in dict(d.get("episode_sha256", {})).items()},
+            effect_multiple={str(k): float(v) for k, v in dict(d.get("effect_multiple", {})).items()},
+            effect_scores={str(k): [float(x) for x in v] for k, v in dict(d.get("effect_scores", {})).items()},
+            action_quantiles={str(k): [float(x) for x in v] for k, v in dict(d.get("action_quantiles", {})).items()},
+            effect_by_column={str(k): {str(c): float(x) for c, x in dict(v).items()}
+                              for k, v in dict(d.get("effect_by_column", {})).items()},
+            action_span={str(k): float(v) for k, v in dict(d.get("action_span", {})).items()},
         )
 
 
@@ -301,8 +418,20 @@ def change_interval(
     baseline: np.ndarray | float,
     calibration: Calibration | None,
     kpi: str,
+    shift: float | Mapping[str, float] | None = None,
 ) -> tuple[float, float]:
     """Widen the paired bootstrap interval of a relative change by the twin's calibrated error.
+
+    ``"replayed"`` (the default): ± ``(q_k · |change| + λ_k · shift / |b|)``, ``λ_k`` the calibrated
+    effect multiple (`Calibration.effect_multiple`, the KPI's units per unit of action moved) and
+    ``shift`` how far the candidate and the baseline together move the actions from the calibration
+    days' (`Calibration.shift` of each, summed: the twin's effect error on ``candidate - baseline`` is
+    at most its error on each against the logged actions); given per action column
+    (`Calibration.shifts`), each column's shift gets its own multiple (`Calibration.effect_width`).
+    ``λ_k`` is measured only on contrasts that
+    move the actions by `MIN_CONTRAST_SHIFT` or more, so it is bounded by the calibration days' effect
+    errors, unlike ``q_norm`` below. A KPI without the term (not calibrated, or ``shift`` unknown)
+    gets the hybrid.
 
     ``candidate`` and ``baseline`` are the ``(M, R)`` values (or their means, for ``"relative"``).
     ``"relative"``: ± ``q_k · sqrt(c² + b²) / |b|``; ``"normalized"``: the change's point estimate ±
@@ -330,11 +459,16 @@ def change_interval(
         c, b = float(np.nanmean(va)), float(np.nanmean(vb))
         if not (math.isfinite(c) and math.isfinite(b)) or b == 0.0:
             return lo, hi
-        if calibration.method in ("normalized", "hybrid"):
+        total = float(sum(shift.values())) if isinstance(shift, Mapping) and shift else shift
+        if calibration.uses_effect(kpi) and isinstance(total, float) and math.isfinite(total):
+            assert shift is not None
+            w = calibration.width(kpi) * abs((c - b) / abs(b)) + calibration.effect_width(kpi, shift) / abs(b)
+            return lo - w, hi + w
+        if calibration.method in ("normalized", "hybrid", "replayed"):
             per_member = (np.nanmean(va, axis=1) - np.nanmean(vb, axis=1)) / abs(b)
             sd = float(np.nanstd(per_member, ddof=1)) if len(per_member) > 1 else 0.0
             mid = (c - b) / abs(b)
-            if calibration.method == "hybrid":
+            if calibration.method != "normalized":
                 w = calibration.width(kpi) * abs(mid) + calibration.width_norm(kpi) * sd
                 return lo - w, hi + w
             w = calibration.width_norm(kpi) * sd
@@ -537,3 +671,36 @@ def effect_multiple(day_scores: Sequence[float] | np.ndarray, level: float = LEV
     units) to its model term (`measured_change_interval`'s ``q_effect``). Returns ``(λ, exact)``;
     with fewer than 9 days at 90 % it is the largest score and ``exact`` is False."""
     return conformal_quantile(day_scores, level)
+
+
+def action_sketch(actions: np.ndarray, columns: Sequence[str], q: int = ACTION_QUANTILES) -> dict[str, list[float]]:
+    """``(N, A)`` actions -> per column its quantile function at ``q`` mid-points ``(i + 0.5)/q``:
+    a fixed-size summary of an action marginal from which `sketch_shift` reads a 1-Wasserstein
+    distance (the mean absolute gap of two quantile functions) without keeping the rows. NaN rows
+    (agents absent) are left out; a column with no value gets no entry."""
+    a = np.asarray(actions, np.float64).reshape(-1, len(columns))
+    u = (np.arange(q) + 0.5) / q
+    out: dict[str, list[float]] = {}
+    for j, c in enumerate(columns):
+        x = a[:, j][np.isfinite(a[:, j])]
+        if len(x):
+            out[c] = [float(v) for v in np.quantile(x, u)]
+    return out
+
+
+def sketch_shift(
+    actions: Mapping[str, Sequence[float]], reference: Mapping[str, Sequence[float]], span: Mapping[str, float]
+) -> float:
+    """`action_shift` from sketches (`action_sketch`): the sum over the reference's columns of the
+    1-Wasserstein distance between the two marginals, each in units of ``span`` (the range the
+    reference log explored; a column it never moved counts 0, as in `action_shift`). NaN when a
+    column the reference moved is missing from ``actions``."""
+    total = 0.0
+    for c, ref in reference.items():
+        w = float(span.get(c, 0.0))
+        if w <= 0:
+            continue
+        if c not in actions:
+            return float("nan")
+        total += float(np.mean(np.abs(np.asarray(actions[c], np.float64) - np.asarray(ref, np.float64)))) / w
+    return total

@@ -338,6 +338,10 @@ class TwinAssembler:
         for s, model in models.items():
             if counted[s] > 0:
                 mem.clients[s] = model
+                if mem.noise:  # fitted on the behaviour-cloned model's residuals: the causal one has its own std
+                    mem.noise.pop(s, None)
+        if mem.noise is not None and not mem.noise:
+            mem.noise = None
         mem.history = pd.concat([mem.history, pd.DataFrame(rounds)], ignore_index=True)
 
     def add_member(self, member: int, params: np.ndarray, residual_total: np.ndarray, rounds: list[dict[str, Any]]) -> None:
@@ -355,7 +359,22 @@ class TwinAssembler:
                     pol.log_std.copy_(th.as_tensor(np.log(np.maximum(rms, MIN_STD)), dtype=pol.log_std.dtype))
         clients = {s: pols[f"client{s}"] for s in range(plan.n_scen)}
         engines = {s: pols[f"engine{s}"] for s in range(plan.n_scen)}
-        self.members.append(Member(clients, engines, pd.DataFrame(rounds)))
+        mem = Member(clients, engines, pd.DataFrame(rounds))
+        assert plan.layout is not None
+        # the output noise by predicted level from the same round's pooled per-bin moments
+        # (`edgetwin.federation.twin.noise`): the sites' rows of this member, never moved
+        from edgetwin.federation.twin.noise import noise_from_sums
+
+        noise = {}
+        for s in range(plan.n_scen):
+            # the first n_outputs of the client's outputs are the twin's (`Member.fit_output_noise`'s ``ny``)
+            ny = plan.layout.n_outputs
+            model = noise_from_sums({k: r[f"client.bin_{k}"][s][:ny] for k in ("n", "s1", "ss", "smu")})
+            if model is not None:
+                noise[s] = model
+        mem.noise = noise or None
+        mem.noise_source = "training episodes (pooled per-bin residual moments of the sites, residual round)"
+        self.members.append(mem)
 
     def twin(self, meta_extra: Mapping[str, Any] | None = None) -> Twin:
         """The fitted twin: an ordinary `Twin` (save/load, envs, what-ifs, training)."""

@@ -268,8 +268,12 @@ class TwinFitPlan:
             return {"grad": (causal_size(self.layout, self.options.to_dict()),)}
         if phase == "residual":
             assert self.layout is not None
-            return {"client.ss": (n, self.layout.n_model_outputs), "client.n": (n,),
-                    "engine.ss": (n, self.width("action")), "engine.n": (n,)}
+            from edgetwin.federation.twin.noise import N_BINS
+
+            y = self.layout.n_model_outputs
+            # the per-bin residual moments of the output noise by predicted level (`federation.twin.noise`)
+            return {"client.ss": (n, y), "client.n": (n,), "engine.ss": (n, self.width("action")), "engine.n": (n,),
+                    **{f"client.bin_{k}": (n, y, N_BINS) for k in ("n", "s1", "ss", "smu")}}
         raise InputError(f"unknown phase {phase!r}", where="twin_task")
 
     def size(self, phase: str) -> int:

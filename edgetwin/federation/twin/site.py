@@ -406,8 +406,12 @@ class SiteFitter:
         steps = self._member_steps(member)
         pols = plan.new_policies(member)
         plan.load_policy_vector(pols, np.asarray(global_vector, np.float32)[: plan.policy_size])
+        from edgetwin.federation.twin.noise import N_BINS, binned_residual_sums
+
         parts = {"client.ss": np.zeros((plan.n_scen, lay.n_model_outputs)), "client.n": np.zeros(plan.n_scen),
-                 "engine.ss": np.zeros((plan.n_scen, plan.width("action"))), "engine.n": np.zeros(plan.n_scen)}
+                 "engine.ss": np.zeros((plan.n_scen, plan.width("action"))), "engine.n": np.zeros(plan.n_scen),
+                 **{f"client.bin_{k}": np.zeros((plan.n_scen, lay.n_model_outputs, N_BINS))
+                    for k in ("n", "s1", "ss", "smu")}}
         for s in range(plan.n_scen):
             rows = steps.rows(s)
             if len(rows):
@@ -420,6 +424,8 @@ class SiteFitter:
                 mu = GaussianModel(pols[f"client{s}"]).mean(steps.x_client[crow])
                 parts["client.ss"][s] = ((y - mu) ** 2).sum(axis=0)
                 parts["client.n"][s] = len(crow)
+                for k, v in binned_residual_sums(mu, y).items():
+                    parts[f"client.bin_{k}"][s] = v
         return plan.pack("residual", parts)
 
     # --- the causal response model (`edgetwin.federation.twin.causal`) ------------------------

@@ -42,6 +42,9 @@ class EpisodeOutcome:
     #: replayed logged episode each agent copies (None for a generated world)
     series: dict[str, np.ndarray] = field(default_factory=dict)
     source: np.ndarray | None = None
+    #: ``(T, N, A)`` the legal actions the policy took (float32): how far it moves the actions from
+    #: the logged ones (`edgetwin.twin.intervals.action_sketch`, the change interval's effect term)
+    actions: np.ndarray | None = None
 
 
 class _Masks:
@@ -332,6 +335,7 @@ def run_episode(
     }
     z_rows: list[np.ndarray] = []
     z_t: list[np.ndarray] = []
+    taken: list[np.ndarray] = []
     base_profile = sim.world.profile.copy()
     last_logged_action = None
     for t in range(steps):
@@ -361,6 +365,7 @@ def run_episode(
         rows = np.arange(n)
         outputs, reward, _ = sim.respond(rows, act, with_disagreement=False)
         legal = sim.pending_action
+        taken.append(np.asarray(legal, dtype=np.float32))
         state_now = w.state.copy()
         if appliers["output"]:
             outputs, done = appliers["output"].apply(outputs, t)
@@ -421,6 +426,7 @@ def run_episode(
         oos_t=oos_t,
         series={c: np.stack(v) for c, v in series.items()},
         source=None if logged is None else np.asarray(source),
+        actions=np.stack(taken) if taken else None,
     )
 
 

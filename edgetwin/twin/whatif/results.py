@@ -33,6 +33,9 @@ class Cell:
     timeline: dict[str, np.ndarray]
     oos: np.ndarray
     oos_t: np.ndarray
+    #: action column -> `edgetwin.twin.intervals.action_sketch` of every action the policy took in the
+    #: cell (all members and replicates): its action shift from the calibration days' actions
+    action_quantiles: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -62,6 +65,9 @@ class WhatIfResult:
     logged_kpis: dict[str, np.ndarray] = field(default_factory=dict)
     oos_tolerance: float = 0.05
     calibration: Any = None
+    #: replay mode with the built-in ``"logged"`` policy: the twin's effect-size errors on the replayed
+    #: days (`edgetwin.twin.whatif.effects.ReplayedEffects`), calibrated into the change intervals
+    replayed_effects: Any = None
     _memo: dict[tuple[str, ...], dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -109,12 +115,17 @@ class WhatIfResult:
             "normalized": "ensemble mean ± the conformal multiple of the members' spread (at least the bootstrap)",
             "hybrid": "levels widened by the conformal quantile of the ensemble's relative error, changes by that "
             "error applied to the change plus the conformal multiple of the members' spread of the change",
+            "replayed": "levels widened by the conformal quantile of the ensemble's relative error, changes by that "
+            "error applied to the change plus the conformal multiple of the twin's effect-size error per unit of "
+            "action moved (replayed held-out days) times how far the two policies move the actions",
         }.get(self.calibration.method, self.calibration.method)
         cal = self.calibration
         text = f"two-level bootstrap over members x replicates, {how} on {cal.source}"
+        if cal.effect_note():
+            text += f"; {cal.effect_note()}"
         attained = min((cal.attained(k) for k in cal.quantile), default=cal.level)
         if attained < cal.level - 1e-12:
-            n = min(cal.n_independent.get(k, 0) for k in cal.quantile)
+            n = min(cal.n_support(k) for k in cal.quantile)
             return (
                 f"{100 * attained:.0f} % intervals ({100 * cal.level:.0f} % asked; {n} independent calibration "
                 f"episode(s) support no more): {text}"
@@ -176,6 +187,10 @@ class WhatIfResult:
         sign = {"higher": -1.0, "lower": 1.0}.get(k.better or "", 0.0)
         ma, mb = float(np.nanmean(va)), float(np.nanmean(vb))
         oos = max(float(np.nanmean(a.oos)), float(np.nanmean(b.oos)))
+        cal = self.calibration
+        # per action column, the candidate's and the baseline's shifts from the calibration days' actions
+        sa, sb = ({}, {}) if cal is None else (cal.shifts(a.action_quantiles), cal.shifts(b.action_quantiles))
+        shift = {c: sa[c] + sb[c] for c in sa if c in sb} if sa and sb else None
         return {
             "scenario": scenario,
             "kpi": kpi,
@@ -186,8 +201,9 @@ class WhatIfResult:
             "change": change,
             "change_ci": [lo, hi],
             "change_interval": list(
-                _within_range(change_interval((lo90, hi90), va, vb, self.calibration, kpi), mb, k.low, k.high)
+                _within_range(change_interval((lo90, hi90), va, vb, cal, kpi, shift), mb, k.low, k.high)
             ),
+            "action_shift": float("nan") if shift is None else float(sum(shift.values())),
             "worsening": None if sign == 0.0 else sign * change,
             "worsening_abs": None if sign == 0.0 else sign * (ma - mb),
             "out_of_support": oos,

@@ -11,7 +11,9 @@ from tqdm.auto import tqdm
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import REWARD_COLUMN
+from edgetwin.twin.intervals import action_sketch
 from edgetwin.twin.parallel import run_tasks
+from edgetwin.twin.whatif.effects import replayed_effects
 from edgetwin.twin.whatif.engine import EpisodeOutcome, run_episode
 from edgetwin.twin.whatif.kpis import KpiDef, default_kpis
 from edgetwin.twin.whatif.policies import PolicySpec
@@ -103,6 +105,7 @@ def _cell(
     kpis: Sequence[KpiDef],
     outputs: Sequence[str],
     run_steps: int,
+    action_columns: Sequence[str] = (),
 ) -> Cell:
     """One (policy, scenario) cell from its episodes' `EpisodeOutcome` s, in (member, replicate)
     order: KPI values (members, replicates), timelines and out-of-support shares per tick
@@ -111,6 +114,8 @@ def _cell(
     tl = {c: np.full((*shape, run_steps), np.nan) for c in outputs}
     oos = np.zeros(shape)
     oos_t = np.full((*shape, run_steps), np.nan)
+    taken = [res.actions.reshape(-1, res.actions.shape[-1]) for res in episodes_out if res.actions is not None]
+    sketch = action_sketch(np.concatenate(taken), action_columns) if taken else {}
     for (mi, ri), res in zip(np.ndindex(*shape), episodes_out, strict=True):
         for name, value in res.kpis.items():
             vals[name][mi, ri] = value
@@ -118,7 +123,31 @@ def _cell(
             tl[c][mi, ri, : len(series)] = series
         oos[mi, ri] = res.oos
         oos_t[mi, ri, : len(res.oos_t)] = res.oos_t
-    return Cell(policy, scenario, vals, tl, oos, oos_t)
+    return Cell(policy, scenario, vals, tl, oos, oos_t, sketch)
+
+
+def _cells_and_effects(
+    jobs: list[list[tuple[PolicySpec, Scenario]]],
+    outcomes: list[Any],
+    shape: tuple[int, int],
+    reps: list[tuple[int, LoggedEpisode | None]],
+    kpis: Sequence[KpiDef],
+    outputs: Sequence[str],
+    run_steps: int,
+    action_columns: Sequence[str],
+    replay: bool,
+) -> tuple[dict[tuple[str, str], Cell], Any]:
+    """Every job's cells (`_cell`) and, in replay, the effect-size scores of the log's own actions
+    under the nominal scenario (`edgetwin.twin.whatif.effects.replayed_effects`; None otherwise)."""
+    cells: dict[tuple[str, str], Cell] = {}
+    effects = None
+    for job, job_out in zip(jobs, outcomes, strict=True):
+        for (pol, scen), episodes_out in zip(job, job_out, strict=True):
+            cells[(pol.name, scen.name)] = _cell(pol.name, scen.name, episodes_out, shape, kpis, outputs, run_steps,
+                                                 action_columns)  # fmt: skip
+            if effects is None and replay and pol.factory is None and scen.name == NOMINAL.name:
+                effects = replayed_effects(episodes_out, reps, kpis, action_columns)
+    return cells, effects
 
 
 def _replicates(
@@ -322,12 +351,8 @@ def run_whatif(
         _cells_task, [(job,) for job in jobs], workers=workers, ray_address=ray_address,
         shared=(twin, list(kpis), members, reps, opts), on_result=lambda i, r: bar.update(sum(map(len, r))),
     )  # fmt: skip
-    cells: dict[tuple[str, str], Cell] = {}
-    for job, job_out in zip(jobs, outcomes, strict=True):
-        for (pol, scen), episodes_out in zip(job, job_out, strict=True):
-            cells[(pol.name, scen.name)] = _cell(
-                pol.name, scen.name, episodes_out, (len(members), len(reps)), kpis, outputs, run_steps
-            )
+    cells, effects = _cells_and_effects(jobs, outcomes, (len(members), len(reps)), reps, kpis, outputs, run_steps,
+                                        lay.action, recorded is not None)  # fmt: skip
     bar.close()
     logged_kpis = logged_episode_kpis(recorded, kpis, spec) if recorded is not None else {}
     logged_oos = None if recorded is None else logged_support_share(twin, recorded, seed=seed)
@@ -336,6 +361,8 @@ def run_whatif(
                          recorded, logged_oos)  # fmt: skip
     if calibration is None and recorded is not None:
         calibration = _self_calibration(policies, scen_list, cells, kpis, logged_kpis, len(recorded), len(members))
+        if calibration is not None and effects is not None:
+            effects.apply(calibration)
     return WhatIfResult(
         cells=cells,
         policies=order,
@@ -347,4 +374,5 @@ def run_whatif(
         logged_kpis=logged_kpis,
         oos_tolerance=oos_tolerance,
         calibration=calibration,
+        replayed_effects=effects,
     )
