@@ -53,3 +53,8 @@ def test_the_readme_replayed_coverage_and_gate_seeds_are_the_pooled_runs() -> No
     assert (f"over 3 seeds {100 * gate['confident_agreement']:.1f} %, {gate['confident_agreed']} of "
             f"{gate['confident_pairs']}, CP 90 % {glo}-{ghi} %") in readme  # fmt: skip
     assert gate["seeds"] == [0, 1, 2]
+    dec = gate["declared_kpis"]
+    dlo, dhi = (round(100 * x) for x in dec["coverage_interval"])
+    assert (f"covers {100 * dec['coverage']:.1f} % of {dec['n']} declared-KPI changes over 3 seeds (CP 90 % {dlo}-{dhi} %; "
+            f"83.7 % before) at the price of more abstention, {100 * gate['abstention']:.1f} % against 77.2 %") in readme
+    assert 'interval_method = "hybrid"' in readme and (ROOT / "edgetwin/twin/whatif/effects.py").is_file()
