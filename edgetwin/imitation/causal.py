@@ -332,6 +332,7 @@ class NetStack:
         self.opt = th.optim.Adam([*self.weights, *self.biases], lr=model.lr, foreach=True)
         self.sched = th.optim.lr_scheduler.CosineAnnealingLR(self.opt, steps)
         self.lam = th.tensor([float(v) for v in invariances], dtype=th.float32)
+        self.lam_np = np.asarray([float(v) for v in invariances], np.float64)
         self.xt, self.yt = th.from_numpy(x), th.from_numpy(y)
         self.gt = [th.from_numpy(g) for g in groups]
         sizes = [min(len(g), self.batch) for g in self.gt]
@@ -341,7 +342,8 @@ class NetStack:
         for k, (a, b) in enumerate(zip(np.cumsum([0, *sizes[:-1]]), np.cumsum(sizes), strict=True)):
             self.member[k, a:b] = 1.0
         self.count = th.tensor(sizes, dtype=th.float32)[:, None]  # (K, 1)
-        self.sizes = th.tensor(sizes, dtype=th.int64)  # (K,) rows of each policy's draw
+        self.sizes = np.asarray(sizes, np.float64)  # (K,) rows of each policy's draw
+        self.blocks = list(zip(np.cumsum([0, *sizes[:-1]]).tolist(), np.cumsum(sizes).tolist(), strict=True))
 
     def __len__(self) -> int:
         return len(self.lam)
@@ -367,47 +369,48 @@ class NetStack:
         Backpropagation written out (the chain rule layer by layer, the same GEMMs autograd runs)
         instead of autograd over the step. Why: a step's matrix products are a fixed cost (on this
         machine ~3.7 ms of a (64, 64) net's step on ~4,600 rows, at the core's measured GEMM rate),
-        and with autograd the rest of the step cost as much again: autograd on the few (K, out)
-        numbers of the loss (~0.9 ms: dozens of tiny operations and their graph), the per-policy
-        sums' backward as (L, B, out) products, torch's CPU tanh (4-15x slower than numpy's here),
-        and a fresh (L, B, h) array per element-wise operation. Here: the first layer of every net
-        and its bias in one GEMM into a (B, L·h) array, tanh by numpy in place, the loss's gradient
-        in the per-policy sums in closed form (`_stack_loss_grad`), ``∂loss/∂r = g1[k(row)] +
-        2 r g2[k(row)]`` by policy block, and tanh's derivative ``1 - tanh²`` from the activations
-        kept. The same gradient as autograd's up to float rounding (tests/test_causal_fused_step.py).
+        and with autograd the rest of the step cost as much again: autograd and torch's per-operation
+        overhead on the few (L, K, out) numbers of the loss (~0.9 ms a step), the per-policy sums'
+        backward as (L, B, out) products, torch's CPU tanh (4-15x slower than numpy's here), and a
+        fresh (L, B, h) array per element-wise operation. Here: every layer of every net is one
+        batched GEMM (the batch seen by all L nets without a copy), tanh by numpy in place, the
+        loss's gradient in the per-policy sums in closed form in numpy (`_stack_loss_grad`),
+        ``∂loss/∂r = g1[k(row)] + 2 r g2[k(row)]`` policy block by policy block, and tanh's
+        derivative ``1 - tanh²`` from the activations kept. The same gradient as autograd's up to
+        float rounding (tests/test_causal_fused_step.py).
         """
-        n, n_in, rows = len(self.lam), self.shape[0], len(xb)
+        n = len(self.lam)
         weights = [w.detach() for w in self.weights]
         biases = [b.detach() for b in self.biases]
-        # forward; activations (L, B, h), the first layer's as a view of a (B, L·h) array
-        first = th.addmm(biases[0].reshape(-1), xb, weights[0].transpose(0, 1).reshape(n_in, -1))
-        np.tanh(first.numpy(), out=first.numpy())
-        acts = [first.view(rows, n, -1).transpose(0, 1)]
-        for w, bias in zip(weights[1:-1], biases[1:-1], strict=True):
-            z = th.baddbmm(bias, acts[-1], w)
+        xs = xb.expand(n, -1, -1)  # every net sees the batch: (L, B, in) without a copy
+        acts: list[th.Tensor] = []  # (L, B, h) per hidden layer
+        for w, bias in zip(weights[:-1], biases[:-1], strict=True):
+            z = th.baddbmm(bias, acts[-1] if acts else xs, w)
             np.tanh(z.numpy(), out=z.numpy())
             acts.append(z)
         r = th.baddbmm(biases[-1], acts[-1], weights[-1]).neg_().add_(yb)  # (L, B, out) residuals
-        error, penalty, g1, g2 = _stack_loss_grad(th.matmul(self.member, r), th.matmul(self.member, r * r),
-                                                  self.count, self.lam)
-        # ∂loss/∂output = -∂loss/∂r = -(g1[k(row)] + 2 r g2[k(row)])
-        d = th.addcmul(g1.repeat_interleave(self.sizes, dim=1), r, g2.repeat_interleave(self.sizes, dim=1), value=2.0)
-        d.neg_()
+        error, penalty, g1, g2 = _stack_loss_grad(th.matmul(self.member, r).numpy(),
+                                                  th.matmul(self.member, r * r).numpy(), self.sizes, self.lam_np)
+        # ∂loss/∂output = -∂loss/∂r = -(g1[k(row)] + 2 r g2[k(row)]), policy block by policy block
+        rn = r.numpy()
+        d = np.empty_like(rn)
+        for k, (lo, hi) in enumerate(self.blocks):
+            np.multiply(rn[:, lo:hi], (-2.0 * g2[:, k, None, :]).astype(np.float32), out=d[:, lo:hi])
+            d[:, lo:hi] -= g1[:, k, None, :].astype(np.float32)
+        dt = th.from_numpy(d)
         for i in range(len(weights) - 1, 0, -1):
             a = acts[i - 1]
-            self.weights[i].grad = th.bmm(a.transpose(1, 2), d)
-            self.biases[i].grad = d.sum(1, keepdim=True)
-            d = th.bmm(d, weights[i].transpose(1, 2))
+            self.weights[i].grad = th.bmm(a.transpose(1, 2), dt)
+            self.biases[i].grad = dt.sum(1, keepdim=True)
+            dt = th.bmm(dt, weights[i].transpose(1, 2))
             an = a.numpy()
             slope = np.multiply(an, an)
             np.subtract(1.0, slope, out=slope)
-            dn = d.numpy()
+            dn = dt.numpy()
             dn *= slope  # tanh's derivative, from the activation kept
-        # the first layer's weights of every net in one GEMM: (in, B) @ (B, L·h)
-        flat = d.transpose(0, 1).reshape(rows, -1)
-        self.weights[0].grad = (xb.t() @ flat).view(n_in, n, -1).transpose(0, 1).contiguous()
-        self.biases[0].grad = d.sum(1, keepdim=True)
-        return error, penalty
+        self.weights[0].grad = th.bmm(xs.transpose(1, 2), dt)
+        self.biases[0].grad = dt.sum(1, keepdim=True)
+        return th.from_numpy(error.astype(np.float32)), th.from_numpy(penalty.astype(np.float32))
 
     def keep(self, which: Sequence[int]) -> None:
         """Keep only the nets ``which`` (indices into the stack), with their Adam state: the kept
@@ -428,6 +431,7 @@ class NetStack:
         k = len(self.weights)
         self.weights, self.biases = fresh[:k], fresh[k:]
         self.lam = self.lam.index_select(0, ix)
+        self.lam_np = self.lam_np[list(which)]
 
     def nets(self) -> list[th.nn.Sequential]:
         """The stack's nets as plain MLPs (`CausalResponseModel.init_net`'s layout)."""
@@ -479,33 +483,37 @@ def _stack_loss(s1: th.Tensor, s2: th.Tensor, count: th.Tensor) -> tuple[th.Tens
 
 
 def _stack_loss_grad(
-    s1: th.Tensor, s2: th.Tensor, count: th.Tensor, lam: th.Tensor
-) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
-    """``(error (L,), penalty (L,), g1, g2)``: `_stack_loss` and the gradient of
-    ``Σ_l error_l + lam_l · penalty_l`` in ``s1`` and ``s2`` ``(L, K, out)``, in closed form.
+    s1: np.ndarray, s2: np.ndarray, count: np.ndarray, lam: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(error (L,), penalty (L,), g1, g2)``: `_stack_loss` of the per-policy sums ``s1 = Σr``,
+    ``s2 = Σr²`` ``(L, K, out)`` over ``count (K,)`` rows each, and the gradient of
+    ``Σ_l error_l + lam_l · penalty_l`` in ``s1`` and ``s2``, in closed form, in float64 numpy.
 
-    Why not autograd: these are a few (L, K, out) numbers, and autograd's graph over them cost as
-    much per training step as a hidden layer's matrix product (`NetStack._gradients`). With ``m =
-    s1 / n`` and ``var = (s2 - n m²) / (n - 1)`` per policy (``n``: its rows), ``v = max(var, 0) +
-    1e-6``, ``e = log v - log mean_k v``: the error's derivative in ``s2`` is ``1 / (K n out)``; the
-    mean term's in ``m`` is ``2 (m - mean_k m) / K`` (the centring's own derivative sums to zero);
-    the log-variance term's in ``log v`` is ``2 (e - w Σ_k e) / K`` with ``w = v / Σ_k v`` (the
-    derivative of ``log mean_k v``), in ``var`` that over ``v`` where ``var > 0`` (the clamp's), and
-    ``∂var/∂s2 = 1 / (n - 1)``, ``∂var/∂s1 = -2 m / (n - 1)``. The same as autograd's to float
-    rounding (tests/test_causal_fused_step.py).
+    Why not autograd: these are a few (L, K, out) numbers, and autograd's graph over them (or torch's
+    per-operation overhead) cost as much per training step as a hidden layer's matrix product
+    (`NetStack._gradients`). With ``m = s1 / n`` and ``var = (s2 - n m²) / (n - 1)`` per policy
+    (``n``: its rows), ``v = max(var, 0) + 1e-6``, ``e = log v - log mean_k v``: the error's
+    derivative in ``s2`` is ``1 / (K n out)``; the mean term's in ``m`` is ``2 (m - mean_k m) / K``
+    (the centring's own derivative sums to zero); the log-variance term's in ``log v`` is
+    ``2 (e - w Σ_k e) / K`` with ``w = v / Σ_k v`` (the derivative of ``log mean_k v``), in ``var``
+    that over ``v`` where ``var > 0`` (the clamp's), and ``∂var/∂s2 = 1 / (n - 1)``,
+    ``∂var/∂s1 = -2 m / (n - 1)``. The same as autograd's to float rounding
+    (tests/test_causal_fused_step.py).
     """
+    s1, s2 = np.asarray(s1, np.float64), np.asarray(s2, np.float64)
     k, out = s1.shape[1], s1.shape[2]
-    n = count[None]  # (1, K, 1)
-    error = (s2.sum(2) / (count[:, 0] * out)).mean(1)
+    n = np.asarray(count, np.float64).reshape(1, -1, 1)  # (1, K, 1)
+    lam3 = np.asarray(lam, np.float64)[:, None, None]
+    error = (s2.sum(2) / (n[:, :, 0] * out)).mean(1)
     means = s1 / n
-    centred = means - means.mean(1, keepdim=True)
+    centred = means - means.mean(1, keepdims=True)
     var = (s2 - n * means**2) / (n - 1)
-    v = var.clamp_min(0.0) + 1e-6
-    e = th.log(v) - th.log(v.mean(1, keepdim=True))
+    v = np.maximum(var, 0.0) + 1e-6
+    e = np.log(v) - np.log(v.mean(1, keepdims=True))
     penalty = (centred**2).sum(2).mean(1) + (e**2).sum(2).mean(1)
-    d_logv = (2.0 / k) * (e - v / v.sum(1, keepdim=True) * e.sum(1, keepdim=True))
-    d_var = th.where(var > 0, d_logv / v, th.zeros_like(v)) * lam[:, None, None] / (n - 1)
-    g1 = lam[:, None, None] * (2.0 / k) * centred / n - 2.0 * means * d_var
+    d_logv = (2.0 / k) * (e - v / v.sum(1, keepdims=True) * e.sum(1, keepdims=True))
+    d_var = np.where(var > 0, d_logv / v, 0.0) * lam3 / (n - 1)
+    g1 = lam3 * (2.0 / k) * centred / n - 2.0 * means * d_var
     g2 = 1.0 / (k * n * out) + d_var
     return error, penalty, g1, g2
 
