@@ -44,7 +44,9 @@ def test_the_written_out_step_is_autograds_gradient() -> None:
     idx = th.from_numpy(np.concatenate([np.flatnonzero(codes == k) for k in (0, 1)]))
     xb, yb = stack.xt[idx], stack.yt[idx]
     error, penalty = stack._gradients(xb, yb)
-    written = [p.grad.clone() for p in (*stack.weights, *stack.biases)]
+    grads = [p.grad for p in (*stack.weights, *stack.biases)]
+    assert all(g is not None for g in grads)
+    written = [g.clone() for g in grads if g is not None]
     h = th.einsum("bi,lih->lbh", xb, stack.weights[0]) + stack.biases[0]
     for w, b in zip(stack.weights[1:], stack.biases[1:], strict=True):
         h = th.tanh(h) @ w + b
