@@ -133,11 +133,11 @@ def run_levers(seed: int, work: Path, out: Path, extended: Path, n: int = 1000, 
         look_days,
         look_level,
         measured_group_means,
+        replay_spec,
         twin_group_predictions,
     )
     from edgetwin.loop.rounds import _day_variance, balanced, candidate_version_name
     from edgetwin.policies.gate import run_gate
-    from edgetwin.twin.whatif import fixed_policy
 
     ext = json.loads(extended.read_text())
     if int(ext.get("seed", -1)) != seed or int(ext.get("max_days", 0)) != max_days:
@@ -166,8 +166,7 @@ def run_levers(seed: int, work: Path, out: Path, extended: Path, n: int = 1000, 
             continue
         t0 = time.perf_counter()
         pol = allp[name]
-        cand_spec = fixed_policy(name, copy.deepcopy(pol))
-        base_spec = fixed_policy("current", copy.deepcopy(current))
+        cand_spec, base_spec = replay_spec(name, pol), replay_spec("current", current)
         decision = run_gate(twin3, cand_spec, base_spec, log=fleet_log, episodes=1, seed=seed)
         day_var = _day_variance(twin3, decision, [recent], cand_spec, base_spec, seed)
         plan = balanced(plan_canary(decision, twin3, fleet_log, cand_spec, base_spec, budget, seed=seed, round_no=1,

@@ -121,13 +121,12 @@ def run_candidate(ctx: dict[str, Any], name: str, pol: Any) -> tuple[list[dict[s
     from edgetwin.contract.errors import InputError
     from edgetwin.contract.margins import KPIMargin
     from edgetwin.loop.fleet import canary_on_cluster
+    from edgetwin.loop.ppi import replay_spec
     from edgetwin.loop.rounds import canary_loop, candidate_version_name
     from edgetwin.policies.gate import run_gate
-    from edgetwin.twin.whatif import fixed_policy
 
     twin, fleet_log, cfg, current, seed = ctx["twin"], ctx["fleet_log"], ctx["cfg"], ctx["current"], ctx["seed"]
-    cand_spec = fixed_policy(name, copy.deepcopy(pol))
-    base_spec = fixed_policy("current", copy.deepcopy(current))
+    cand_spec, base_spec = replay_spec(name, pol), replay_spec("current", current)  # each replay afresh
     decision = run_gate(twin, cand_spec, base_spec, log=fleet_log, episodes=1, seed=seed)
     nominal = {c.kpi: c for c in decision.checks if c.scenario == "nominal"}
     kdefs = {k.name: k for k in decision.result.kpis if k.name in nominal}
@@ -668,7 +667,8 @@ def run_scale(args: Any, out_dir: Path) -> None:
     cmds = [f"python benchmarks/closed_loop.py --scale --seed S --fleet-sizes {' '.join(ns)} --max-candidates {k} "
             f"--truth-days {args.truth_days} --work {w}" for (w, k), ns in runs.items()]
     cmds.append(f"python benchmarks/closed_loop.py --scale-merge {' '.join(map(str, args.scale_merge))} --work {args.work}"
-                + (" --scale-more " + " ".join(map(str, args.scale_more)) if args.scale_more else ""))
+                + (" --scale-more " + " ".join(map(str, args.scale_more)) if args.scale_more else "")
+                + (f" --merge-as {args.merge_as}" if getattr(args, "merge_as", "") else ""))
     if max(int(d.get("max_days", 1)) for d in docs) > 1:
         ext = []
         for w in [args.work, *args.scale_more]:
@@ -686,7 +686,7 @@ def run_scale(args: Any, out_dir: Path) -> None:
                            + (" --reuse-loop " + str(Path(d["reused_loops"]["from"]).parent) if d.get("reused_loops") else "")
                            + (" --fresh-sizes " + " ".join(map(str, d["reused_loops"]["fresh_sizes"]))
                               if (d.get("reused_loops") or {}).get("fresh_sizes") else ""))  # fmt: skip
-        write_extended(docs, out_dir, args.no_write, [*ext, cmds[-1]])
+        write_extended(docs, out_dir, args.no_write, [*ext, cmds[-1]], variant=getattr(args, "merge_as", "") or "")
         return
     write_scale(docs, out_dir, args.no_write, cmds)
 
@@ -966,11 +966,23 @@ EXTENDED_FC_DESIGN = ("extended canaries (up to 16 days, looks at 1, 2, 4, 8, 16
                       "with a CUPED slope per arm (extended_fleet_control)")
 
 
-def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str]) -> dict[str, Any]:
+def fc_variant(variant: str) -> tuple[str, str, str, tuple[str, ...], str]:
+    """A fleet-control run's results key, seed-file prefix, page heading, kept subsections and design text;
+    ``variant`` (``--merge-as``, e.g. ``reseeded``) puts a rerun beside the stored one instead of over it."""
+    if not variant:
+        return EXT_FC_KEY, "extended_fc_seed", EXT_FC_SECTION, EXT_FC_KEEP, EXT_FC_DESIGN
+    key = f"{EXT_FC_KEY}_{variant}"
+    return (key, f"extended_fc_{variant}_seed", f"{EXT_FC_SECTION} ({variant})",
+            (f"{EXT_FC_KEEP[0]} ({variant})",), EXT_FC_DESIGN.replace(f"`{EXT_FC_KEY}`", f"`{key}`"))
+
+
+def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str],
+                   variant: str = "") -> dict[str, Any]:
     """Pool the extended run's seeds (`merge`) into ``results_production.json``'s ``extended`` key
     (``max_days``, ``looks``, ``by_fleet_size`` → ``"1000"`` → ``canary_verdict_rate``,
     ``confident_agreement``, ``agreement_ci``, ``by_day``, ``steps``; ``canary_steps_ratio``) and
-    the page's section; the one-day run's keys are left as they are."""
+    the page's section; the one-day run's keys are left as they are. A fleet-control run goes to
+    its own key (`fc_variant`: ``variant`` names a rerun kept beside the stored one)."""
     from _docs import write_section
 
     from edgetwin.loop.ppi import look_days, look_level
@@ -1004,8 +1016,14 @@ def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: boo
         fc = all(d.get("fleet_control") for d in seed_docs)
         (out_dir / "scale").mkdir(exist_ok=True)
         if fc:  # its own key, seed files and section (the headline, which README.md quotes, is the lead's to move)
-            cur[EXT_FC_KEY] = res | {"design": EXTENDED_FC_DESIGN}
-            name, heading, keep, design = "extended_fc_seed", EXT_FC_SECTION, EXT_FC_KEEP, EXT_FC_DESIGN
+            key, name, heading, keep, design = fc_variant(variant)
+            cur[key] = res | {"design": EXTENDED_FC_DESIGN + (f", {variant}" if variant else "")}
+        elif variant:  # a slice-control rerun beside the stored one: the headline (README.md's) is not moved
+            cur[f"extended_{variant}"] = res
+            name, heading, keep = f"extended_{variant}_seed", f"{EXT_SECTION} ({variant})", (f"{EXT_KEEP[0]} ({variant})",)
+            design = (f"**A rerun of the slice-control loop of \"{EXT_SECTION[3:]}\"** (results: `extended_{variant}` in "
+                      "results_production.json; the headline's `by_fleet_size` keeps the stored run; \"the section above\" "
+                      "below is the 1,000-group scale section). ")
         else:
             cur["extended"] = res
             headline(cur, res)

@@ -230,9 +230,9 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
     from edgetwin.emulator.logs import generate_logs
     from edgetwin.loop.fleet import canary_on_cluster
     from edgetwin.loop.plan import PlanBudget
+    from edgetwin.loop.ppi import replay_spec
     from edgetwin.loop.rounds import canary_loop
     from edgetwin.policies.gate import run_gate
-    from edgetwin.twin.whatif import fixed_policy
 
     quick = args.quick
     n_agents = args.agents or (60 if quick else 100)
@@ -274,12 +274,12 @@ def run_logging(args: argparse.Namespace) -> dict[str, Any]:
         for name, pol in pols.items():
             t_c = time.perf_counter()
             print(f"[{args.logging}] day {d} candidate {name!r}", flush=True)
-            cand_spec = fixed_policy(name, copy.deepcopy(pol))
-            # the current policy as the twin runs it, a fresh copy per candidate: a sampling policy
-            # (random, or the heuristic's exploration noise) draws from its own stream, which no
-            # reset() rewinds, so a copy shared by every candidate would hand each candidate's gate
-            # the draws the earlier candidates' loops left (twin alone would depend on the loop)
-            base_spec = fixed_policy("current", copy.deepcopy(current))
+            # the policies as the twin runs them, each replay from the same state (`replay_spec`): a
+            # sampling policy (random, or the heuristic's exploration noise) draws from its own
+            # stream, so one object shared by every replay would hand each replay the draws the
+            # earlier ones left (identical calls would answer differently)
+            cand_spec = replay_spec(name, pol)
+            base_spec = replay_spec("current", current)
             decision = run_gate(twin, cand_spec, base_spec, log=fleet_log, episodes=1, seed=args.seed)
             nominal = {c.kpi: c for c in decision.checks if c.scenario == "nominal"}
             kdefs = {k.name: k for k in decision.result.kpis if k.name in nominal}
@@ -673,7 +673,8 @@ def _emulated_days(n_agents: int, days: int, seed: int, col: str = "kpi.slo_viol
         post = log[log["t"] >= 4].groupby("agent")[col].mean()
         pre = log[log["t"] < 4].groupby("agent")[col].mean().reindex(post.index)
         del g
-        out.append({"y": post.to_numpy(float), "x": pre.to_numpy(float)})
+        site = log[log["t"] == 0].groupby("agent")["site"].first().reindex(post.index)
+        out.append({"y": post.to_numpy(float), "x": pre.to_numpy(float), "site": site.to_numpy(str)})
     return out
 
 
@@ -956,6 +957,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="only the coverage experiment's design table (design_comparison) for --seed, --runs, --days")
     ap.add_argument("--designs-fleet", type=int, default=100,
                     help="--designs-only: fleet size (100: the demo's arms, 4 of 10 on the candidate; else half of 10 %% on it)")
+    ap.add_argument("--saturation", action="store_true",
+                    help="simulate the randomized-saturation canary against the twin's interference term at "
+                         "--designs-fleet groups (_closed_loop_saturation) into results_production.json's saturation")
     ap.add_argument("--seeds", type=int, default=3, help="--coverage: seeds")
     ap.add_argument("--runs", type=int, default=200, help="--coverage: canaries per candidate type and seed")
     ap.add_argument("--days", type=int, default=20, help="--coverage: emulated days per seed (the truth's)")
@@ -964,6 +968,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="the closed loop at --fleet-sizes for --seed (_closed_loop_scale.run_seed) into --work/scale-s<seed>.json")
     ap.add_argument("--scale-merge", type=int, nargs="*", default=None, metavar="SEED",
                     help="pool --work/scale-s<SEED>.json into results_production.json and the page")
+    ap.add_argument("--merge-as", default="", metavar="NAME",
+                    help="--scale-merge of a --fleet-control run: results key extended_fleet_control_NAME, its own seed "
+                         "files and page section, beside the stored run (e.g. reseeded: the rerun after the replay-stream fix)")
     ap.add_argument("--scale-more", type=Path, nargs="*", default=[], metavar="DIR",
                     help="--scale-merge: more work directories whose scale-s<SEED>.json add fleet sizes the first lacks")
     ap.add_argument("--truth-days", type=int, default=20, help="--scale: days of the whole cluster per policy (the truth)")
@@ -1003,6 +1010,33 @@ def main(argv: list[str] | None = None) -> None:
                        coverage_seeds=doc["seeds"], coverage_days=doc["days"])  # fmt: skip
             path.write_text(json.dumps(cur, indent=1, default=float))
             write_section(COVERAGE_SECTION, coverage_section(doc), doc=OUT / "README.md")
+        return
+    if args.saturation:
+        from _closed_loop_saturation import KEEP as SAT_KEEP
+        from _closed_loop_saturation import SECTION as SAT_SECTION
+        from _closed_loop_saturation import (
+            members_interference_sd,
+            saturation_comparison,
+            saturation_section,
+            site_share_of_residual,
+            update_narrowing,
+        )
+
+        n = int(args.designs_fleet)
+        isd = members_interference_sd(OUT / "scale" / "levers")
+        days = _emulated_days(n, args.days, args.seed)
+        res = saturation_comparison(days, args.runs, args.seed, interference_sd=isd)
+        res["site_share"] = site_share_of_residual(days)
+        res["update_narrowing"] = update_narrowing(OUT / "scale", n)
+        print(json.dumps(res, indent=1, default=float))
+        if not args.no_write:
+            path = OUT / "results_production.json"
+            cur = json.loads(path.read_text())
+            cur["saturation"] = res
+            path.write_text(json.dumps(cur, indent=1, default=float))
+            cmd = (f"python benchmarks/closed_loop.py --saturation --designs-fleet {n} --seed {args.seed} "
+                   f"--runs {args.runs} --days {args.days}")
+            write_section(SAT_SECTION, saturation_section(res, cmd), doc=OUT / "README.md", keep=SAT_KEEP)
         return
     if args.designs_only:  # the design table alone (seed --seed, --runs canaries per design and type)
         path = OUT / "results_production.json"

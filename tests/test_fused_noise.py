@@ -69,6 +69,30 @@ def test_the_branch_free_level_draws_are_noise_residuals_to_the_bit() -> None:
     assert sub.tobytes() == want[rows].tobytes()
 
 
+def test_level_draws_in_chunks_of_one_scenario_with_repeated_means_and_no_row() -> None:
+    """`_level_draws` maps up to `_LEVEL_CHUNK` rows of one scenario at a time: rows of one scenario
+    in runs longer than a chunk, rows reading the same mean, an unused scenario and no row at all
+    give `noise_residuals`' bits."""
+    from edgetwin.twin.fused import _LEVEL_CHUNK
+
+    rng = np.random.default_rng(5)
+    width = 4
+    knots, table, n_bins = stack_tables(_models(rng, width))
+    n = 3 * _LEVEL_CHUNK + 7
+    mu = rng.normal(scale=1.5, size=(50, width + 1)).astype(np.float32)
+    pos = rng.integers(0, 50, size=n).astype(np.int64)  # repeated, and fewer means than rows
+    model = np.where(np.arange(n) < 2 * _LEVEL_CHUNK + 3, 2, 0).astype(np.int64)  # scenario 1 unused
+    eps = rng.normal(size=(n, width)).astype(np.float32)
+    want = np.empty((n, width), np.float32)
+    noise_residuals(mu, pos, model, eps, knots, table, n_bins, want)
+    got = eps.copy()
+    _level_draws(mu, pos, model, got, knots, table, n_bins)
+    assert got.tobytes() == want.tobytes()
+    none = np.zeros((0, width), np.float32)
+    _level_draws(mu, pos[:0], model[:0], none, knots, table, n_bins)
+    assert none.shape == (0, width)
+
+
 @pytest.fixture(scope="module")
 def noisy_twin() -> Twin:
     """A tiny twin whose member 1 carries a noise model of several bins per output (the tiny fit's

@@ -77,3 +77,23 @@ def test_the_readme_fleet_control_numbers_are_its_run() -> None:
     assert fc["confident_agreement"] < 0.97 and "fewer right than the 97 % asked, so the default stays" in readme
     lev = res["levers"]
     assert f"fits the 10 % x one-day budget for {lev['switchback_fits']} of the {len(lev['switchback'])} candidates" in readme
+
+
+def test_the_readme_reseeded_reruns_and_saturation_are_their_runs() -> None:
+    """The README's rerun sentence is `extended_reseeded` / `extended_fleet_control_reseeded` at 1,000 groups, and its
+    saturation ratio and widths are the `saturation` simulation's A/A medians."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())
+    runs = (("extended_reseeded", "the default loop decides {rate} at 1,000 groups, {right} of those {n} verdicts right"),
+            ("extended_fleet_control_reseeded", "the fleet-as-control loop {rate} again, {right} of {n} right"))
+    for key, sentence in runs:
+        r = res[key]["by_fleet_size"]["1000"]
+        lo, hi = (100 * x for x in r["canary_verdict_rate_ci"])
+        rate = f"{100 * r['canary_verdict_rate']:.1f} % [{lo:.1f} %, {hi:.1f} %]"
+        said = sentence.format(rate=rate, right=r["canary_agreeing"], n=r["canary_decided"])
+        assert said in readme, (key, said)
+    sat = res["saturation"]
+    loop_w, sat_w = 100 * sat["twin"]["aa"]["median_width"], 100 * sat["saturation"]["aa"]["median_width"]
+    assert sat_w > loop_w
+    assert f"would be {sat_w / loop_w:.1f}x wider" in readme
+    assert f"median width {sat_w:.1f} against {loop_w:.1f} points" in readme

@@ -35,8 +35,19 @@ def test_the_phase_tables_show_the_code_before_beside_this_code() -> None:
     assert res.get("tick_phases_before"), "the run compared with the code before (--compare-with)"
     for ph, old in zip(res["tick_phases"], res["tick_phases_before"], strict=True):
         assert ph["agents"] == old["agents"]
-        # the noise by predicted level: inside the fused pass now, its own pass in the code before
+        # the noise by predicted level: inside the fused noise pass in both codes since issue 47's second round
         assert "  of it: noise by predicted level" in ph["phases_ms"]
-        assert "noise by predicted level (its own pass)" in old["phases_ms"]
-        row = next(ln for ln in lines if ln.startswith(f"| the tick | {ph['tick_ms']:.3f} |"))
-        assert row.endswith(f"| {old['tick_ms']:.3f} |")
+        start = next(k for k, ln in enumerate(lines) if ln.startswith(f"Where a tick's CPU time goes at {ph['agents']:,} agents"))
+        table = lines[start + 2 : next(k for k in range(start + 2, len(lines)) if lines[k].startswith("| the tick |")) + 1]
+        for name, ms in old["phases_ms"].items():  # every phase of the code before, beside this code's
+            row = next(ln for ln in table if ln.startswith(f"| {name} | "))
+            assert row.endswith(f"| {ms:.3f} |"), row
+        assert table[-1] == f"| the tick | {ph['tick_ms']:.3f} | 100 % | {old['tick_ms']:.3f} |"
+
+
+def test_the_page_says_how_many_ticks_a_throughput_run_stepped() -> None:
+    res, lines, _ = _rendered()
+    text = "\n".join(lines)
+    for r in res["throughput"]:
+        assert r["ticks"] == scale.throughput_ticks(r["agents"])
+        assert f"{r['ticks']} ticks at {r['agents']:,} agents" in text

@@ -6,6 +6,7 @@ through this one protocol, on a batch of per-agent observations ``[profile.*, st
 
 from __future__ import annotations
 
+import copy
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -99,6 +100,12 @@ class NoisyPolicy:
     The kind of logging policy a production scheduler with exploration produces: mostly the
     base policy's decisions, with ``scale`` x (bound width) standard deviation around them.
     Unbounded sides are treated as width 2 (like `RandomPolicy`'s ``[-1, 1]``).
+
+    The noise comes from one stream that every ``act`` call advances. A twin replay that reuses the
+    same object (`edgetwin.twin.whatif.fixed_policy`) would therefore see different noise on every
+    replay, and identical replays would answer differently; `reseeded` gives each replay its own
+    stream, a function of the construction seed and the replay's seed only
+    (`edgetwin.loop.ppi.replay_spec` builds one per replay).
     """
 
     def __init__(self, base: PlatformPolicy, spec: TwinSpec, scale: float, seed: int = 0) -> None:
@@ -107,7 +114,17 @@ class NoisyPolicy:
         self.base, self.scale = base, float(scale)
         self.low, self.high = spec.bounds("action")
         self._width = np.where(np.isfinite(self.high - self.low), self.high - self.low, 2.0)
+        self.seed = int(seed)
         self.rng = np.random.default_rng(seed)
+
+    def reseeded(self, seed: int) -> NoisyPolicy:
+        """A copy of this policy (its base deep-copied) whose noise stream starts afresh from
+        ``(construction seed, seed)``: the same ``seed`` always gives the same draws, whatever this
+        object has drawn before."""
+        new = copy.copy(self)
+        new.base = copy.deepcopy(self.base)
+        new.rng = np.random.default_rng([self.seed % 2**63, int(seed) % 2**63])
+        return new
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         return self.act_logged(obs)[0]

@@ -75,6 +75,7 @@ its policies gives ``f^canary``), and `ppi_verdict` turns the intervals into the
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -447,6 +448,33 @@ class CanaryAssignment:
         return routed_policy(name, self.candidate, self.rest, mask)
 
 
+def replay_spec(name: str, policy: Any) -> Any:
+    """A `PolicySpec` whose every replay starts the policy from the same state.
+
+    `edgetwin.twin.whatif.fixed_policy` hands the *same* object to every replay; a policy that samples
+    (`edgetwin.contract.policy.NoisyPolicy`, `RandomPolicy`) then continues its stream from wherever
+    the previous replay left it, so two identical calls of `twin_group_series` answer differently
+    (the closed-loop benchmark's levers run reproduced its stored day-1 verdicts on 81 of 84 pairs).
+    Here each replay gets its own object: ``policy.reseeded(seed)`` where the policy offers it (a
+    stream seeded from the replay's world seed, so members and episodes draw apart and an identical
+    call draws the same), else a deep copy of ``policy`` as it was when the spec was made (its
+    ``reset()`` called). ``shared`` is False: no state passes between episodes.
+    """
+    from edgetwin.twin.whatif import PolicySpec
+
+    frozen = copy.deepcopy(policy)
+
+    def build(seed: int, member: int, scen: np.ndarray) -> Any:
+        if hasattr(frozen, "reseeded"):
+            return frozen.reseeded(int(seed))
+        fresh = copy.deepcopy(frozen)
+        if hasattr(fresh, "reset"):
+            fresh.reset()
+        return fresh
+
+    return PolicySpec(name, build)
+
+
 def twin_group_series(
     twin: Any,
     policies: Mapping[str, Any],
@@ -694,6 +722,12 @@ def ppi_verdict(
     beyond its margin refuses; all within it promote; else abstain. An estimate that carries a
     no-interference estimate beside it (``local:*``, `ppi_estimates` with a canary replay) is
     judged on the hull of the two intervals, which ``interval`` then shows.
+
+    **What each verdict is about (its estimand):** the fleet-wide relative change of a KPI if every
+    group switched to the candidate, averaged over the days the decision lives with — not the
+    canary's slice, and not the canary's day. The full switch is the twin's prediction rectified by
+    the canary; the days enter through the day-to-day term (``day_var``, `ppi_mean_difference`); the
+    interference a slice cannot see through the twin's members' spread and the hull.
 
     Args:
         estimates: from `ppi_estimates`. guards: the guarded KPIs' margins (`KPIMargin`, with

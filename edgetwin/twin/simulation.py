@@ -517,16 +517,13 @@ class Simulation:
         models = self.twin.member_models[m]
         nets: list[SplitNetwork] = []
         hps: list[np.ndarray] = []
-        shs: list[np.ndarray] = []
-        site_t = th.from_numpy(np.ascontiguousarray(site_x, np.float32))  # (one tensor for every scenario)
         for s, idx in order.groups:
             net = self._split(models[s])
             assert net is not None
             own, hp = self._profile_part(m, s, net)
             nets.append(net)
             hps.append(hp if rows is None else hp[np.searchsorted(own, rows[idx])])
-            shs.append(th.nn.functional.linear(site_t, net.blocks()[3]).numpy())  # `SplitNetwork.site_part`
-        return self._network.run(nets, order, agent_x, hps, shs, sites, slot)
+        return self._network.run(nets, order, agent_x, hps, site_x, sites, slot)
 
     def _agent_std(self) -> np.ndarray:
         """``(N, Y)`` float32 the acting member's output std of each agent's scenario (`_std`),
