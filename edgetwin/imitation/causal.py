@@ -470,7 +470,8 @@ def _stack_loss(s1: th.Tensor, s2: th.Tensor, count: th.Tensor) -> tuple[th.Tens
     residual averaged over the policies, and the invariance penalty on the per-policy means and
     unbiased variances — `invariance_loss`'s formulas, net by net. Why sums: two matrix products
     per step instead of a mean, a variance (torch's ``var`` was 8 % of a step on CPU) and a square
-    per policy."""
+    per policy. Training uses `_stack_loss_grad` (these values and their gradient in closed form);
+    this differentiable definition is what tests/test_causal_fused_step.py checks it against."""
     out = s1.shape[2]
     error = (s2.sum(2) / (count[:, 0] * out)).mean(1)
     means = s1 / count
