@@ -15,7 +15,7 @@ import torch as th
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import Regime, generate_logs
 from edgetwin.imitation import causal
-from edgetwin.imitation.causal import CausalResponseModel, InvarianceChoice, _Tanh, choose_invariance
+from edgetwin.imitation.causal import CausalResponseModel, InvarianceChoice, choose_invariance
 from edgetwin.twin.twin import Twin
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,12 +44,6 @@ def toy(n: int = 900, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray
     x = rng.standard_normal((n, 3)).astype(np.float32)
     y = (x @ rng.standard_normal((3, 2)) + 0.3 * rng.standard_normal((n, 2))).astype(np.float32)
     return x, y, np.where(rng.random(n) < 0.2, 1, 0)
-
-
-def test_the_numpy_tanh_is_tanh_and_its_gradient() -> None:
-    x = th.randn(40, 5, dtype=th.float64, requires_grad=True)
-    assert th.allclose(_Tanh.apply(x), th.tanh(x), atol=1e-12)
-    assert th.autograd.gradcheck(_Tanh.apply, (x,))
 
 
 def test_the_stacked_fits_are_the_fits_one_at_a_time() -> None:

@@ -91,22 +91,6 @@ SELECTION_CHECKS: tuple[float, ...] = (1 / 4, 1 / 2)
 SELECTION_DROP_SE = 3.0
 
 
-class _Tanh(th.autograd.Function):
-    """tanh with numpy's kernel forward (``(…)`` float32 in, the same shape out) and its derivative
-    ``1 - tanh²`` backward: see `NetStack` for why."""
-
-    @staticmethod
-    def forward(ctx: th.autograd.function.FunctionCtx, x: th.Tensor) -> th.Tensor:  # type: ignore[override]
-        y = th.from_numpy(np.tanh(x.detach().numpy()))
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx: th.autograd.function.FunctionCtx, grad: th.Tensor) -> th.Tensor:  # type: ignore[override]
-        (y,) = ctx.saved_tensors  # type: ignore[attr-defined]
-        return grad * (1.0 - y * y)
-
-
 @dataclass(frozen=True)
 class InvarianceChoice:
     """A cross-fitted choice of λ (`choose_invariance`): the λ, and per λ of the grid its held-out
@@ -317,8 +301,8 @@ class NetStack:
     early. A policy's rows are drawn with replacement, ``batch`` per step (all of them when it has
     fewer).
 
-    The hidden activations are tanh computed by numpy (`_Tanh`): on this machine's torch (2.13,
-    CPU) ``torch.tanh`` was 4-15x slower than numpy's and a quarter of a step's time.
+    A step's gradient is backpropagation written out (`_gradients`): the same gradient as autograd's
+    (up to float rounding) at about two thirds of the step's time.
     """
 
     def __init__(
@@ -348,6 +332,7 @@ class NetStack:
         self.opt = th.optim.Adam([*self.weights, *self.biases], lr=model.lr, foreach=True)
         self.sched = th.optim.lr_scheduler.CosineAnnealingLR(self.opt, steps)
         self.lam = th.tensor([float(v) for v in invariances], dtype=th.float32)
+        self.lam_np = np.asarray([float(v) for v in invariances], np.float64)
         self.xt, self.yt = th.from_numpy(x), th.from_numpy(y)
         self.gt = [th.from_numpy(g) for g in groups]
         sizes = [min(len(g), self.batch) for g in self.gt]
@@ -357,6 +342,8 @@ class NetStack:
         for k, (a, b) in enumerate(zip(np.cumsum([0, *sizes[:-1]]), np.cumsum(sizes), strict=True)):
             self.member[k, a:b] = 1.0
         self.count = th.tensor(sizes, dtype=th.float32)[:, None]  # (K, 1)
+        self.sizes = np.asarray(sizes, np.float64)  # (K,) rows of each policy's draw
+        self.blocks = list(zip(np.cumsum([0, *sizes[:-1]]).tolist(), np.cumsum(sizes).tolist(), strict=True))
 
     def __len__(self) -> int:
         return len(self.lam)
@@ -365,26 +352,65 @@ class NetStack:
         """Train every net of the stack up to step ``until`` (of the schedule's ``steps``);
         ``history``: append the first net's (error, penalty) every 50 steps and at the last."""
         last = self.sched.T_max - 1
-        n, n_in = len(self.lam), self.shape[0]
         for step in range(self.step, until):
             b = self.batch
             idx = th.cat([g if len(g) <= b else g[th.randint(len(g), (b,), generator=self.gen)] for g in self.gt])
-            xb = th.index_select(self.xt, 0, idx)
-            # first layer of every net in one GEMM: (B, in) @ (in, L·h) -> (L, B, h)
-            w0 = self.weights[0].transpose(0, 1).reshape(n_in, -1)
-            h = (xb @ w0).view(len(xb), n, -1).transpose(0, 1) + self.biases[0]
-            for w, bias in zip(self.weights[1:], self.biases[1:], strict=True):
-                h = th.baddbmm(bias, _Tanh.apply(h), w)
-            r = th.index_select(self.yt, 0, idx).unsqueeze(0) - h  # (L, B, out)
-            error, penalty = _stack_loss(th.matmul(self.member, r), th.matmul(self.member, r * r), self.count)
-            loss = (error + self.lam * penalty).sum()
-            self.opt.zero_grad()
-            loss.backward()
+            error, penalty = self._gradients(th.index_select(self.xt, 0, idx), th.index_select(self.yt, 0, idx))
             self.opt.step()
             self.sched.step()
             if history is not None and (step % 50 == 0 or step == last):
                 history.append((float(error[0].detach()), float(penalty[0].detach())))
         self.step = max(self.step, until)
+
+    def _gradients(self, xb: th.Tensor, yb: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """Set every net's gradient of the stack's loss on the batch ``xb (B, in)``, ``yb (B, out)``
+        (each policy's draw in turn, `member`'s order); return ``(error (L,), penalty (L,))``.
+
+        Backpropagation written out (the chain rule layer by layer, the same GEMMs autograd runs)
+        instead of autograd over the step. Why: a step's matrix products are a fixed cost (on this
+        machine ~3.7 ms of a (64, 64) net's step on ~4,600 rows, at the core's measured GEMM rate),
+        and with autograd the rest of the step cost as much again: autograd and torch's per-operation
+        overhead on the few (L, K, out) numbers of the loss (~0.9 ms a step), the per-policy sums'
+        backward as (L, B, out) products, torch's CPU tanh (4-15x slower than numpy's here), and a
+        fresh (L, B, h) array per element-wise operation. Here: every layer of every net is one
+        batched GEMM (the batch seen by all L nets without a copy), tanh by numpy in place, the
+        loss's gradient in the per-policy sums in closed form in numpy (`_stack_loss_grad`),
+        ``∂loss/∂r = g1[k(row)] + 2 r g2[k(row)]`` policy block by policy block, and tanh's
+        derivative ``1 - tanh²`` from the activations kept. The same gradient as autograd's up to
+        float rounding (tests/test_causal_fused_step.py).
+        """
+        n = len(self.lam)
+        weights = [w.detach() for w in self.weights]
+        biases = [b.detach() for b in self.biases]
+        xs = xb.expand(n, -1, -1)  # every net sees the batch: (L, B, in) without a copy
+        acts: list[th.Tensor] = []  # (L, B, h) per hidden layer
+        for w, bias in zip(weights[:-1], biases[:-1], strict=True):
+            z = th.baddbmm(bias, acts[-1] if acts else xs, w)
+            np.tanh(z.numpy(), out=z.numpy())
+            acts.append(z)
+        r = th.baddbmm(biases[-1], acts[-1], weights[-1]).neg_().add_(yb)  # (L, B, out) residuals
+        error, penalty, g1, g2 = _stack_loss_grad(th.matmul(self.member, r).numpy(),
+                                                  th.matmul(self.member, r * r).numpy(), self.sizes, self.lam_np)
+        # ∂loss/∂output = -∂loss/∂r = -(g1[k(row)] + 2 r g2[k(row)]), policy block by policy block
+        rn = r.numpy()
+        d = np.empty_like(rn)
+        for k, (lo, hi) in enumerate(self.blocks):
+            np.multiply(rn[:, lo:hi], (-2.0 * g2[:, k, None, :]).astype(np.float32), out=d[:, lo:hi])
+            d[:, lo:hi] -= g1[:, k, None, :].astype(np.float32)
+        dt = th.from_numpy(d)
+        for i in range(len(weights) - 1, 0, -1):
+            a = acts[i - 1]
+            self.weights[i].grad = th.bmm(a.transpose(1, 2), dt)
+            self.biases[i].grad = dt.sum(1, keepdim=True)
+            dt = th.bmm(dt, weights[i].transpose(1, 2))
+            an = a.numpy()
+            slope = np.multiply(an, an)
+            np.subtract(1.0, slope, out=slope)
+            dn = dt.numpy()
+            dn *= slope  # tanh's derivative, from the activation kept
+        self.weights[0].grad = th.bmm(xs.transpose(1, 2), dt)
+        self.biases[0].grad = dt.sum(1, keepdim=True)
+        return th.from_numpy(error.astype(np.float32)), th.from_numpy(penalty.astype(np.float32))
 
     def keep(self, which: Sequence[int]) -> None:
         """Keep only the nets ``which`` (indices into the stack), with their Adam state: the kept
@@ -405,6 +431,7 @@ class NetStack:
         k = len(self.weights)
         self.weights, self.biases = fresh[:k], fresh[k:]
         self.lam = self.lam.index_select(0, ix)
+        self.lam_np = self.lam_np[list(which)]
 
     def nets(self) -> list[th.nn.Sequential]:
         """The stack's nets as plain MLPs (`CausalResponseModel.init_net`'s layout)."""
@@ -443,7 +470,8 @@ def _stack_loss(s1: th.Tensor, s2: th.Tensor, count: th.Tensor) -> tuple[th.Tens
     residual averaged over the policies, and the invariance penalty on the per-policy means and
     unbiased variances — `invariance_loss`'s formulas, net by net. Why sums: two matrix products
     per step instead of a mean, a variance (torch's ``var`` was 8 % of a step on CPU) and a square
-    per policy."""
+    per policy. Training uses `_stack_loss_grad` (these values and their gradient in closed form);
+    this differentiable definition is what tests/test_causal_fused_step.py checks it against."""
     out = s1.shape[2]
     error = (s2.sum(2) / (count[:, 0] * out)).mean(1)
     means = s1 / count
@@ -453,6 +481,42 @@ def _stack_loss(s1: th.Tensor, s2: th.Tensor, count: th.Tensor) -> tuple[th.Tens
         (logvar - th.log(logvar.exp().mean(1, keepdim=True))) ** 2
     ).sum(2).mean(1)
     return error, penalty
+
+
+def _stack_loss_grad(
+    s1: np.ndarray, s2: np.ndarray, count: np.ndarray, lam: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(error (L,), penalty (L,), g1, g2)``: `_stack_loss` of the per-policy sums ``s1 = Σr``,
+    ``s2 = Σr²`` ``(L, K, out)`` over ``count (K,)`` rows each, and the gradient of
+    ``Σ_l error_l + lam_l · penalty_l`` in ``s1`` and ``s2``, in closed form, in float64 numpy.
+
+    Why not autograd: these are a few (L, K, out) numbers, and autograd's graph over them (or torch's
+    per-operation overhead) cost as much per training step as a hidden layer's matrix product
+    (`NetStack._gradients`). With ``m = s1 / n`` and ``var = (s2 - n m²) / (n - 1)`` per policy
+    (``n``: its rows), ``v = max(var, 0) + 1e-6``, ``e = log v - log mean_k v``: the error's
+    derivative in ``s2`` is ``1 / (K n out)``; the mean term's in ``m`` is ``2 (m - mean_k m) / K``
+    (the centring's own derivative sums to zero); the log-variance term's in ``log v`` is
+    ``2 (e - w Σ_k e) / K`` with ``w = v / Σ_k v`` (the derivative of ``log mean_k v``), in ``var``
+    that over ``v`` where ``var > 0`` (the clamp's), and ``∂var/∂s2 = 1 / (n - 1)``,
+    ``∂var/∂s1 = -2 m / (n - 1)``. The same as autograd's to float rounding
+    (tests/test_causal_fused_step.py).
+    """
+    s1, s2 = np.asarray(s1, np.float64), np.asarray(s2, np.float64)
+    k, out = s1.shape[1], s1.shape[2]
+    n = np.asarray(count, np.float64).reshape(1, -1, 1)  # (1, K, 1)
+    lam3 = np.asarray(lam, np.float64)[:, None, None]
+    error = (s2.sum(2) / (n[:, :, 0] * out)).mean(1)
+    means = s1 / n
+    centred = means - means.mean(1, keepdims=True)
+    var = (s2 - n * means**2) / (n - 1)
+    v = np.maximum(var, 0.0) + 1e-6
+    e = np.log(v) - np.log(v.mean(1, keepdims=True))
+    penalty = (centred**2).sum(2).mean(1) + (e**2).sum(2).mean(1)
+    d_logv = (2.0 / k) * (e - v / v.sum(1, keepdims=True) * e.sum(1, keepdims=True))
+    d_var = np.where(var > 0, d_logv / v, 0.0) * lam3 / (n - 1)
+    g1 = lam3 * (2.0 / k) * centred / n - 2.0 * means * d_var
+    g2 = 1.0 / (k * n * out) + d_var
+    return error, penalty, g1, g2
 
 
 def invariance_loss(sums: th.Tensor, invariance: float) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
