@@ -1,0 +1,243 @@
+"""The at-a-glance table does not pass off numbers measured under the emulated cluster's old reward.
+
+Commit bd3f855 made the emulated cluster's reward (`edgetwin.emulator.cluster.REWARD_WEIGHTS`, what
+`EdgeCluster` pays per agent-step, what its logs' ``reward`` column holds, what a twin's spec scores
+and what PPO trained on either maximises) the operator's multi-objective over revenue, offload, SLO
+violations, task time, energy and carbon; before it the reward was the offload ratio minus half the
+SLO violations. A benchmark JSON file written before that commit whose number is a return, a rank
+correlation of returns, or a KPI of a policy trained on that reward no longer says what the code
+does (a rerun of the causal twin's quick mode gives c3's ρ 0.37 where its JSON says 0.946).
+
+`STALE` lists those files; every table line citing one must say "unverified". Where git history is
+available, each listed file's last commit must still predate the change (rerunning the benchmark and
+committing its JSON forces removing it from the list, and the line its verdict back), and every other
+cited file written before the change whose benchmark imports the emulator and speaks of a reward or
+return must be argued independent of the reward in `INDEPENDENT`. Static checks and a few ``git``
+calls: fast.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import io
+import re
+import shlex
+import shutil
+import subprocess
+import tokenize
+from pathlib import Path
+
+import pytest
+from test_benchmark_docs import BENCH_DOCS, ROOT, code, table_lines
+
+#: the commit that made the emulated cluster's reward the operator's multi-objective
+REWARD_CHANGE = "bd3f855"
+
+#: JSON files (under docs/benchmarks/) measured before `REWARD_CHANGE` whose cited numbers depend on
+#: the emulated cluster's reward; the file and function that decide it
+STALE: dict[str, str] = {
+    "twin_fidelity/results.json": "twin_fidelity.py main: 12 policies' mean `reward` on EdgeCluster vs in the twin "
+    "(spec.reward_fn = REWARD_WEIGHTS), PPO among them trained on it (ppo_in_twin)",
+    "table2_generalisation/results.json": "table2_generalisation.py main: train_policy in the twin with no `reward=`, "
+    "i.e. the spec's reward; the offload gain is what that PPO learned to trade",
+    "train_selection/results_production.json": "train_selection.py real_return: the mean `reward` of EdgeCluster "
+    "logs; PPO trained on the spec's reward and select_export ranks candidates by it",
+    "mafl/mafl_tables.json": "mafl_tables.py via federation.learners PPOLearner: PPO on EdgeClusterVecEnv of "
+    "site.cluster_config (heterogeneous_sites sets no reward_weights: REWARD_WEIGHTS); p95 task time is its outcome",
+    "causal_twin/results.json": "causal_twin.py policy_rows: the policies' mean `reward` on the cluster vs the "
+    "causal twin's, whose spec is cluster_spec (REWARD_WEIGHTS)",
+    "causal_twin/quick/results.json": "causal_twin.py policy_rows (as the mid run); rerun on today's code: "
+    "c3 rho 0.37, error 112 % against the file's 0.946, 11.8 %",
+}
+
+#: JSON files written before `REWARD_CHANGE`, cited by a line whose benchmark imports the emulator and
+#: mentions a reward or return, whose cited number does not depend on the emulated cluster's reward
+INDEPENDENT: dict[str, str] = {
+    "emulated_cluster/results.json": "emulator_throughput.py time_batch: wall time of EdgeCluster.step; the reward "
+    "is a weighted sum of columns already computed (6 terms instead of 2), not the value timed",
+    "table1/cluster.json": "table1_population.py: KL of generated vs real agent profiles; profiles come from "
+    "generate_logs' population, not from any reward",
+    "edge_runtime/results.json": "edge_latency.py: decision latency of an exported, untrained PPO (no learn()); "
+    "the reward only exists in the env it was built on",
+    "prometheus_import/results.json": "prometheus_import.py: import time over Parquet read time of the same "
+    "rows; the reward is one more column",
+    "twin_update/results.json": "twin_update.py: Twin.update time over a refit's on the same rows; the canary "
+    "guards kpi.slo_violation, the logging policy is the SLO-aware heuristic, neither reads the reward",
+    "erlfc/results.json": "erlfc.py: its own DAG federation (emulator.dag) and reward (dag.logs.erlfc_reward), "
+    "not EdgeCluster's",
+    "mafl/mafl_scale.json": "mafl_scale.py: ForecastLearner, whose 'reward' is forecast R² on site_series "
+    "(SLO-aware heuristic's telemetry); no cluster reward",
+    "heuristics_vs_rl/results.json": "heuristics_vs_rl.py: the cited PPO trains on its own wa3c_reward "
+    "(MultiObjectiveReward replaces the twin's reward fn) and every policy is scored with it; the twin is fit "
+    "on random-policy logs, whose columns do not depend on the reward",
+    "energy_carbon/results.json": "energy_carbon.py: the carbon-aware PPO trains on its own energy-saver "
+    "MultiObjectiveReward; the number is an energy ratio on the cluster",
+    "causal_twin/results_second_system.json": "causal_twin_second_system.py: its own admission-control system "
+    "(emulator.admission, reward goodput - 0.4 x premium cost); no EdgeCluster",
+}
+
+ROWS = table_lines()
+VERDICT = re.compile(r"unverified: measured at ([0-9a-f]{7,40}) \((\d{4}-\d{2}-\d{2})\), before the emulated "
+                     r"cluster's reward became the operator's multi-objective \(" + REWARD_CHANGE + r"\); not rerun since")  # fmt: skip
+
+
+def source_file(row: list[str]) -> str:
+    """The JSON file (relative to docs/benchmarks/) a table line's source cell names."""
+    return code(row[6]).partition(":")[0]
+
+
+def script_of(row: list[str]) -> Path:
+    return ROOT / shlex.split(code(row[5]))[1]
+
+
+@functools.cache
+def emulator_and_reward(script: Path) -> tuple[bool, bool]:
+    """Whether ``script`` or a benchmarks/ helper it imports imports ``edgetwin.emulator``, and whether
+    one mentions a reward or return in a name, string or comment (the keyword ``return`` is not one),
+    or trains a policy (``train_policy``, PPO, A2C: trained on the spec's reward unless told otherwise;
+    table2_generalisation.py names no reward at all)."""
+    return _scan(script, set())
+
+
+def _scan(script: Path, seen: set[Path]) -> tuple[bool, bool]:
+    seen.add(script)
+    text = script.read_text()
+    emulator = False
+    words = []
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type in (tokenize.STRING, tokenize.COMMENT) or (
+            tok.type == tokenize.NAME and tok.string != "return"
+        ):
+            words.append(tok.string)
+    mentions = bool(re.search(r"reward|return|train_policy|\bPPO\b|\bA2C\b", " ".join(words), re.I))
+    for node in ast.walk(ast.parse(text)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])  # fmt: skip
+        for name in names:
+            emulator |= name == "edgetwin.emulator" or name.startswith("edgetwin.emulator.")
+            helper = script.parent / f"{name}.py"
+            if helper.is_file() and helper not in seen:
+                e, m = _scan(helper, seen)
+                emulator, mentions = emulator or e, mentions or m
+    return emulator, mentions
+
+
+def git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False)
+
+
+@functools.cache
+def history_unavailable() -> str | None:
+    """Why the git checks cannot run here, or None (a source tarball, a shallow clone)."""
+    if shutil.which("git") is None:
+        return "no git executable"
+    if git("rev-parse", "--is-inside-work-tree").stdout.strip() != "true":
+        return "not a git checkout"
+    if git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        return "a shallow clone: the last commit of a file may lie beyond its boundary"
+    if git("rev-parse", "--verify", "--quiet", f"{REWARD_CHANGE}^{{commit}}").returncode != 0:
+        return f"{REWARD_CHANGE} is not in this history"
+    return None
+
+
+@functools.cache
+def last_written(file: str) -> tuple[str, str, bool] | None:
+    """(full hash, date YYYY-MM-DD, after `REWARD_CHANGE`) of the last commit of docs/benchmarks/<file>;
+    an uncommitted rewrite counts as after; None if git has never seen the file."""
+    path = f"docs/benchmarks/{file}"
+    if git("status", "--porcelain", "--", path).stdout.strip():
+        return "", "", True
+    out = git("log", "-1", "--format=%H %cs", "--", path).stdout.split()
+    if not out:
+        return None
+    commit, date = out
+    after = git("merge-base", "--is-ancestor", REWARD_CHANGE, commit).returncode == 0
+    return commit, date, after
+
+
+def need_history() -> None:
+    why = history_unavailable()
+    if why is not None:
+        pytest.skip(f"git history unavailable: {why}")
+
+
+def test_the_lists_name_cited_files_once() -> None:
+    cited = {source_file(r) for r in ROWS}
+    assert not set(STALE) & set(INDEPENDENT), sorted(set(STALE) & set(INDEPENDENT))
+    for file in [*STALE, *INDEPENDENT]:
+        assert (BENCH_DOCS / file).is_file(), f"no file docs/benchmarks/{file}"
+        assert file in cited, f"{file} is listed but no at-a-glance line cites it: drop it from the list"
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if source_file(r) in STALE], ids=lambda r: r[0][:50])
+def test_a_line_citing_a_stale_file_is_unverified(row: list[str]) -> None:
+    verdict = row[4]
+    assert verdict.startswith("unverified"), (
+        f"{row[0][:60]}: cites {source_file(row)}, measured before {REWARD_CHANGE} changed the cluster's reward "
+        f"({STALE[source_file(row)]}), yet its verdict is {verdict[:40]!r}"
+    )
+    assert VERDICT.match(verdict), (
+        f"{row[0][:60]}: the verdict should read {VERDICT.pattern!r}, not {verdict!r}"
+    )
+
+
+def test_only_stale_files_carry_the_stale_verdict() -> None:
+    """A file rerun and dropped from `STALE` must get its met / missed verdict back."""
+    for row in ROWS:
+        if VERDICT.match(row[4]):
+            assert source_file(row) in STALE, (
+                f"{row[0][:60]}: says measured before {REWARD_CHANGE}, but {source_file(row)} is not in STALE"
+            )
+
+
+@pytest.mark.parametrize("file", sorted(STALE))
+def test_a_stale_file_still_predates_the_reward_change(file: str) -> None:
+    need_history()
+    seen = last_written(file)
+    assert seen is not None, f"git has no commit of docs/benchmarks/{file}"
+    commit, date, after = seen
+    assert not after, (f"docs/benchmarks/{file} was rewritten after {REWARD_CHANGE} ({commit[:7] or 'uncommitted'}): "
+                       f"remove it from STALE and give its lines a met / missed verdict")  # fmt: skip
+    for row in ROWS:
+        if source_file(row) == file:
+            m = VERDICT.match(row[4])
+            assert m and commit.startswith(m.group(1)) and m.group(2) == date, (
+                f"{row[0][:60]}: the verdict should name {commit[:7]} ({date}), the last commit of {file}"
+            )
+
+
+def test_every_file_measured_before_the_change_on_the_emulator_reward_is_listed() -> None:
+    need_history()
+    unexplained = []
+    for row in ROWS:
+        file = source_file(row)
+        if file in STALE or file in INDEPENDENT:
+            continue
+        seen = last_written(file)
+        if seen is None or seen[2]:
+            continue
+        emulator, mentions = emulator_and_reward(script_of(row))
+        if emulator and mentions:
+            unexplained.append(f"{file} ({seen[0][:7]}, {seen[1]}; {script_of(row).name})")
+    assert not unexplained, (
+        f"written before {REWARD_CHANGE}, cited by a line whose benchmark imports edgetwin.emulator and speaks of a "
+        f"reward or return: put each in STALE (and mark its lines unverified) or argue it in INDEPENDENT: "
+        f"{sorted(set(unexplained))}"
+    )
+
+
+def test_the_scan_sees_the_emulator_and_the_reward(tmp_path: Path) -> None:
+    """The scan behind the last check: through a helper module, and not fooled by the ``return`` keyword."""
+    bench = ROOT / "benchmarks"
+    # the emulator through _policy_bench; no reward named, but train_policy
+    assert emulator_and_reward(bench / "table2_generalisation.py") == (True, True)
+    assert emulator_and_reward(bench / "bench_validate.py")[0] is False
+    assert emulator_and_reward(bench / "causal_twin_second_system.py")[0] is True  # via causal_twin
+    (tmp_path / "_helper.py").write_text("from edgetwin.emulator.cluster import EdgeCluster\n")
+    (tmp_path / "bench.py").write_text("import _helper\n\n\ndef f() -> int:\n    return 1\n")
+    assert _scan(tmp_path / "bench.py", set()) == (True, False)
+    (tmp_path / "bench.py").write_text(
+        "import _helper\n\n\ndef f() -> int:\n    return 1  # the mean reward\n"
+    )
+    assert _scan(tmp_path / "bench.py", set()) == (True, True)
