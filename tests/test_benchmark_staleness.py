@@ -12,8 +12,9 @@ does (a rerun of the causal twin's quick mode gives c3's ρ 0.37 where its JSON 
 available, each listed file's last commit must still predate the change (rerunning the benchmark and
 committing its JSON forces removing it from the list, and the line its verdict back), and every other
 cited file written before the change whose benchmark imports the emulator and speaks of a reward or
-return must be argued independent of the reward in `INDEPENDENT`. Static checks and a few ``git``
-calls: fast.
+return must be argued independent of the reward in `INDEPENDENT`. The same holds field by field (`STALE_FIELDS`, `INDEPENDENT_FIELDS`)
+for a file rewritten after the change that still carries, unchanged, a run from before it. Static
+checks and a few ``git`` calls: fast.
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ from __future__ import annotations
 import ast
 import functools
 import io
+import json
 import re
 import shlex
 import shutil
 import subprocess
 import tokenize
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from test_benchmark_docs import BENCH_DOCS, ROOT, code, table_lines
+from test_benchmark_docs import BENCH_DOCS, ROOT, code, field, table_lines
 
 #: the commit that made the emulated cluster's reward the operator's multi-objective
 REWARD_CHANGE = "bd3f855"
@@ -77,6 +80,28 @@ INDEPENDENT: dict[str, str] = {
     "(emulator.admission, reward goodput - 0.4 x premium cost); no EdgeCluster",
 }
 
+#: Fields of files rewritten after `REWARD_CHANGE` that still hold a run from before it (a later run
+#: merged other keys into the file): "file:field" -> (the field's path before the change, reason).
+#: A line citing the field or a field under it must be unverified.
+STALE_FIELDS: dict[str, tuple[str, str]] = {
+    "closed_loop/results_production.json:twin_canary": ("twin_canary", "closed_loop.py --logging production --quick: "
+    "verdicts on (policy, KPI) pairs whose KPIs include `reward` and `return` (config.max_loss), one candidate PPO "
+    "trained in the twin on the spec's reward; the later commits of the file merged the scale runs"),
+    "closed_loop/results_production.json:quick_canary_steps_ratio": ("canary_steps_ratio", "the same quick run's "
+    "steps ratio, renamed from canary_steps_ratio by 7df36d8 with its value"),
+}
+
+#: Fields cited by a line whose benchmark imports the emulator and speaks of a reward, in files rewritten
+#: after `REWARD_CHANGE`, whose value equals the last one before it, yet that do not depend on the reward
+INDEPENDENT_FIELDS: dict[str, str] = {
+    "whatif_gate/results_production.json:confident_agreement": "rerun after bd3f855 (abstention 90.1 % -> 94.9 %); "
+    "all confident verdicts right again, 100 % both times",
+    "scale/results.json:extra_runs": "scale.py --append: wall time and memory of a 1M-row Twin.fit, which learns the "
+    "outputs and computes the reward from the spec's weights, not from the logs' reward",
+    "closed_loop/results_production.json:coverage_experiment": "closed_loop.py coverage_experiment: canaries simulated "
+    "on the emulator's per-group SLO-violation rates (one KPIMargin on kpi.slo_violation); no reward, no twin",
+}
+
 ROWS = table_lines()
 VERDICT = re.compile(r"unverified: measured at ([0-9a-f]{7,40}) \((\d{4}-\d{2}-\d{2})\), before the emulated "
                      r"cluster's reward became the operator's multi-objective \(" + REWARD_CHANGE + r"\); not rerun since")  # fmt: skip
@@ -85,6 +110,20 @@ VERDICT = re.compile(r"unverified: measured at ([0-9a-f]{7,40}) \((\d{4}-\d{2}-\
 def source_file(row: list[str]) -> str:
     """The JSON file (relative to docs/benchmarks/) a table line's source cell names."""
     return code(row[6]).partition(":")[0]
+
+
+def source_field(row: list[str]) -> str:
+    """``file:field`` of a line's source (the first field of a ratio, without a scale factor)."""
+    file, _, expr = re.sub(r"\s*[×÷]\s*[\d.]+$", "", code(row[6])).partition(":")
+    return f"{file}:{expr.split(' / ')[0].strip()}"
+
+
+def listed_under(key: str, listed: Iterable[str]) -> str | None:
+    """The entry of ``listed`` (``file:field``) that ``key`` is or lies under, or None."""
+    for entry in listed:
+        if key == entry or key.startswith(entry + ".") or key.startswith(entry + "["):
+            return entry
+    return None
 
 
 def script_of(row: list[str]) -> Path:
@@ -156,6 +195,18 @@ def last_written(file: str) -> tuple[str, str, bool] | None:
     return commit, date, after
 
 
+def value_at(commit: str, key: str) -> object:
+    """The value of ``file:field`` in the file as committed at ``commit`` (None if absent there)."""
+    file, _, path = key.partition(":")
+    shown = git("show", f"{commit}:docs/benchmarks/{file}")
+    if shown.returncode != 0:
+        return None
+    try:
+        return field(json.loads(shown.stdout), path)
+    except AssertionError:
+        return None
+
+
 def need_history() -> None:
     why = history_unavailable()
     if why is not None:
@@ -168,14 +219,25 @@ def test_the_lists_name_cited_files_once() -> None:
     for file in [*STALE, *INDEPENDENT]:
         assert (BENCH_DOCS / file).is_file(), f"no file docs/benchmarks/{file}"
         assert file in cited, f"{file} is listed but no at-a-glance line cites it: drop it from the list"
+    keys = [source_field(r) for r in ROWS]
+    for entry in [*STALE_FIELDS, *INDEPENDENT_FIELDS]:
+        assert any(listed_under(k, [entry]) for k in keys), f"no at-a-glance line cites {entry}: drop it"
 
 
-@pytest.mark.parametrize("row", [r for r in ROWS if source_file(r) in STALE], ids=lambda r: r[0][:50])
+def stale_reason(row: list[str]) -> str | None:
+    """Why the line's number predates the reward change (`STALE` or `STALE_FIELDS`), or None."""
+    if source_file(row) in STALE:
+        return STALE[source_file(row)]
+    entry = listed_under(source_field(row), STALE_FIELDS)
+    return None if entry is None else STALE_FIELDS[entry][1]
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if stale_reason(r)], ids=lambda r: r[0][:50])
 def test_a_line_citing_a_stale_file_is_unverified(row: list[str]) -> None:
     verdict = row[4]
     assert verdict.startswith("unverified"), (
-        f"{row[0][:60]}: cites {source_file(row)}, measured before {REWARD_CHANGE} changed the cluster's reward "
-        f"({STALE[source_file(row)]}), yet its verdict is {verdict[:40]!r}"
+        f"{row[0][:60]}: cites {source_field(row)}, measured before {REWARD_CHANGE} changed the cluster's reward "
+        f"({stale_reason(row)}), yet its verdict is {verdict[:40]!r}"
     )
     assert VERDICT.match(verdict), (
         f"{row[0][:60]}: the verdict should read {VERDICT.pattern!r}, not {verdict!r}"
@@ -186,8 +248,9 @@ def test_only_stale_files_carry_the_stale_verdict() -> None:
     """A file rerun and dropped from `STALE` must get its met / missed verdict back."""
     for row in ROWS:
         if VERDICT.match(row[4]):
-            assert source_file(row) in STALE, (
-                f"{row[0][:60]}: says measured before {REWARD_CHANGE}, but {source_file(row)} is not in STALE"
+            assert stale_reason(row), (
+                f"{row[0][:60]}: says measured before {REWARD_CHANGE}, but {source_field(row)} is in neither "
+                f"STALE nor STALE_FIELDS"
             )
 
 
@@ -224,6 +287,53 @@ def test_every_file_measured_before_the_change_on_the_emulator_reward_is_listed(
         f"written before {REWARD_CHANGE}, cited by a line whose benchmark imports edgetwin.emulator and speaks of a "
         f"reward or return: put each in STALE (and mark its lines unverified) or argue it in INDEPENDENT: "
         f"{sorted(set(unexplained))}"
+    )
+
+
+@pytest.mark.parametrize("key", sorted(STALE_FIELDS))
+def test_a_stale_field_still_holds_its_run_from_before_the_reward_change(key: str) -> None:
+    """Rerunning the quick closed loop (or any listed run) changes the value: then drop it from the list."""
+    need_history()
+    old_path = STALE_FIELDS[key][0]
+    file, _, path = key.partition(":")
+    for row in ROWS:
+        here = source_field(row)
+        if listed_under(here, [key]) is None:
+            continue
+        m = VERDICT.match(row[4])
+        assert m, f"{row[0][:60]}: not unverified"
+        commit = git("rev-parse", "--verify", "--quiet", f"{m.group(1)}^{{commit}}").stdout.strip()
+        assert commit, f"{row[0][:60]}: names {m.group(1)}, which is not a commit here"
+        assert git("merge-base", "--is-ancestor", REWARD_CHANGE, commit).returncode != 0, (
+            f"{row[0][:60]}: names {m.group(1)}, which comes after {REWARD_CHANGE}")
+        before = value_at(commit, file + ":" + old_path + here.partition(":")[2][len(path):])
+        now = field(json.loads((BENCH_DOCS / file).read_text()), here.partition(":")[2])
+        assert before is not None and before == now, (
+            f"{here} is {now!r}, not the {before!r} it held at {m.group(1)}: it was rerun; remove {key} from "
+            f"STALE_FIELDS and give its lines a met / missed verdict")
+
+
+def test_every_field_unchanged_across_the_change_on_the_emulator_reward_is_listed() -> None:
+    """A file rewritten after the change may still carry, unchanged, a field of a run from before it."""
+    need_history()
+    unexplained = []
+    for row in ROWS:
+        file, key = source_file(row), source_field(row)
+        seen = last_written(file)
+        if file in STALE or file in INDEPENDENT or seen is None or not seen[2]:
+            continue
+        if listed_under(key, STALE_FIELDS) or listed_under(key, INDEPENDENT_FIELDS):
+            continue
+        if not all(emulator_and_reward(script_of(row))):
+            continue
+        before = git("log", "-1", "--format=%H", REWARD_CHANGE, "--", f"docs/benchmarks/{file}").stdout.strip()
+        old = value_at(before, key) if before else None
+        if old is not None and old == field(json.loads((BENCH_DOCS / file).read_text()), key.partition(":")[2]):
+            unexplained.append(f"{key} (as at {before[:7]})")
+    assert not unexplained, (
+        f"cited fields of files rewritten after {REWARD_CHANGE} that hold the value they had before it, from "
+        f"benchmarks on the emulator's reward: put each in STALE_FIELDS (and mark its lines unverified) or argue "
+        f"it in INDEPENDENT_FIELDS: {sorted(set(unexplained))}"
     )
 
 
