@@ -12,9 +12,9 @@ does (a rerun of the causal twin's quick mode gives c3's ρ 0.37 where its JSON 
 available, each listed file's last commit must still predate the change (rerunning the benchmark and
 committing its JSON forces removing it from the list, and the line its verdict back), and every other
 cited file written before the change whose benchmark imports the emulator and speaks of a reward or
-return must be argued independent of the reward in `INDEPENDENT`. The same holds field by field (`STALE_FIELDS`, `INDEPENDENT_FIELDS`)
-for a file rewritten after the change that still carries, unchanged, a run from before it. Static
-checks and a few ``git`` calls: fast.
+return must be argued independent of the reward in `INDEPENDENT`. The same holds field by field
+(`STALE_FIELDS`, `INDEPENDENT_FIELDS`) for a file rewritten after the change that still carries,
+unchanged, a run from before it. Static checks and a few ``git`` calls: fast.
 """
 
 from __future__ import annotations
