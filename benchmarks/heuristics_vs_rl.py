@@ -2,12 +2,12 @@
 
 On the emulated cluster (0 days of drift), compare: PPO trained in the twin with the WA3C
 multi-objective reward (QoS, energy, priority, fairness, dismissal; weights 0.25/0.2/0.25/0.15/0.15,
-seed 001 eq. 1), PPO and A2C trained in the same twin on the spec's plain reward (offload ratio -
-0.5 x SLO violations), and the heuristics Round-Robin, SJF, LJF, Tetris (best fit), Random,
-least-loaded and lowest-carbon. Reported: latency (mean and p95 task completion time), energy per
-request, dismissal rate (the cluster sheds no tasks, so the share of tasks over their SLO stands in
-for it), Jain fairness of SLO attainment across service groups, and the WA3C reward measured on the
-cluster's columns.
+seed 001 eq. 1), PPO and A2C trained in the same twin on the spec's reward (`REWARD_WEIGHTS`: the
+operator's multi-objective over revenue, offload, SLO violations, task time, energy and carbon), and
+the heuristics Round-Robin, SJF, LJF, Tetris (best fit), Random, least-loaded and lowest-carbon.
+Reported: latency (mean and p95 task completion time), energy per request, dismissal rate (the
+cluster sheds no tasks, so the share of tasks over their SLO stands in for it), Jain fairness of SLO
+attainment across service groups, and the WA3C reward measured on the cluster's columns.
 
 Run:  python benchmarks/heuristics_vs_rl.py [--quick] [--work DIR] [--no-write]
 Writes the `## Seed 001-style comparison: heuristics vs DRL` section of docs/benchmarks/heuristics_vs_rl/README.md and

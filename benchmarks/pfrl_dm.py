@@ -456,7 +456,7 @@ def describe_cluster(args: argparse.Namespace, budget: int) -> list[str]:
             "**Reward curve = held-out evaluation.** A site's training return is dominated by which population and "
             "day each episode happens to play (±1.5 between consecutive episodes, the same sequence for every method), "
             f"so each round the policy the site holds is scored (deterministic actions) on {args.eval_episodes} fixed "
-            "held-out episodes of its own cluster (return per service group: offload ratio − 0.5 × SLO violations "
+            "held-out episodes of its own cluster (return per service group: the cluster's reward, `REWARD_WEIGHTS`, "
             "summed over 24 ticks), the same episodes every round. 'Episodes to 95 %': per seed, site episodes until "
             "the 3-round trailing mean of the site-mean evaluation curve first makes 95 % of the way from the common "
             "start to the best final value (mean of the last 3 points) of any method; the same rule for every method; "
@@ -516,7 +516,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--objectives", choices=("offload", "mixed"), default="offload",
-        help="offload: every site maximises offload ratio − 0.5 SLO violations; mixed: every second site is "
+        help="offload: every site maximises the cluster's reward (REWARD_WEIGHTS, the operator's multi-objective, "
+        "offload among its terms); mixed: every second site is "
         "run for cost instead (seed 003's cost-cap mode: utilisation of reserved capacity − 0.5 SLO "
         "violations), so the sites' best actions conflict",
     )

@@ -1011,7 +1011,7 @@ def _markdown(args, q, cfg, train, held, members, hyper, pop, secs, reports, exp
     for name, c in comp.items():
         get = lambda h, c=c: c.loc[c["h"] == h, "outputs"].iloc[0] if (c["h"] == h).any() else float("nan")  # noqa: E731
         L.append(f"| {name} | {get(1):.3f} | {get(10):.3f} | {get(50):.3f} | {get(95):.3f} | {expo[name]:.2f} |")
-    L += ["", "**3. Policy ranking** (mean per-step reward = offload ratio - 0.5 SLO violation, per group and tick, "
+    L += ["", "**3. Policy ranking** (mean per-step reward = the spec's weighted multi-objective, `REWARD_WEIGHTS`, per group and tick, "
           f"over {rank_days} days of each policy on the cluster and {rank_days} generated days in each twin; "
           "the MAIL twin's value is the mean over all its ensemble members on the same populations):", "",
           "| policy | real | MAIL twin | MAIL twin, replaying the evaluation days' populations | MAIL twin, nothing "

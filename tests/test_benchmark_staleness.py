@@ -351,3 +351,12 @@ def test_the_scan_sees_the_emulator_and_the_reward(tmp_path: Path) -> None:
         "import _helper\n\n\ndef f() -> int:\n    return 1  # the mean reward\n"
     )
     assert _scan(tmp_path / "bench.py", set()) == (True, True)
+
+
+def test_no_code_text_describes_the_old_reward_as_the_clusters() -> None:
+    """Benchmark scripts write their pages from their own text: a script still calling the cluster's
+    reward "offload ratio − 0.5 SLO violations" would print the old reward beside a new run."""
+    old = re.compile(r"offload ratio\s*[-−]\s*(?:0\.5|half)|plain reward \(offload", re.I)
+    said = [f"{p.relative_to(ROOT)}:{i}" for p in sorted([*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "edgetwin").rglob("*.py")])
+            for i, line in enumerate(p.read_text().splitlines(), 1) if old.search(line)]  # fmt: skip
+    assert not said, f"the cluster's reward is REWARD_WEIGHTS since {REWARD_CHANGE}; old description at {said}"

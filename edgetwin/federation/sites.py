@@ -47,7 +47,8 @@ class SiteSpec:
         twin: a twin directory to train in instead of the emulated cluster (PPO learner only).
         seed: the site's own randomness (data, environment).
         reward_weights: what the site's operator optimises, as weights of ``response.*`` / ``kpi.*``
-            columns (None: the emulated cluster's default, offload ratio − 0.5 SLO violations).
+            columns (None: the emulated cluster's default, `REWARD_WEIGHTS`, the operator's multi-objective
+            over revenue, offload, SLO violations, task time, energy and carbon).
     """
 
     name: str
