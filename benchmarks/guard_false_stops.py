@@ -33,7 +33,7 @@ cluster on it vs on the random policy over ``--truth-days`` days (`policy_truth`
 
 Usage::
 
-    python3 benchmarks/guard_false_stops.py --days 50 --slices 4 --policy DIR/policy  # 200 per candidate
+    python3 benchmarks/guard_false_stops.py --days 50 --slices 4 --policy DIR/policy --truth-days 60  # 200 per candidate
     python3 benchmarks/guard_false_stops.py --quick                        # 8 canaries, no page
 
 Writes ``docs/benchmarks/canary_guard/README.md`` and ``results.json``.
@@ -338,10 +338,13 @@ def conclusion(res: dict[str, Any]) -> list[str]:
         out.append(f"- policy ({res.get('policy')}: the trained policy of an `edgetwin demo --out DIR` run, defaults, "
                    f"seed 0): {s['stops']} stops in {s['canaries']} canaries (95 % CP upper {_pct(s['ci'][1])}).")  # fmt: skip
         if tt:
+            se = tt["day_sd"] / math.sqrt(max(res["truth_days"], 1))
+            where = ("within" if tt["worsening"] + 2 * se < tt["margin"] else
+                     "beyond" if tt["worsening"] - 2 * se > tt["margin"] else "not distinguishable from")  # fmt: skip
             out.append(f"  Its task time over {res['truth_days']} days of the whole cluster: {_pct(tt['worsening'])} "
-                       f"(day-to-day sd {_pct(tt['day_sd'])}, so a standard error of "
-                       f"{_pct(tt['day_sd'] / math.sqrt(max(res['truth_days'], 1)))} on that mean) against a "
-                       f"{_pct(tt['margin'])} margin: one day's change is no evidence either way.")  # fmt: skip
+                       f"(day-to-day sd {_pct(tt['day_sd'])}, a standard error of about {_pct(se)} on that mean): "
+                       f"{where} its {_pct(tt['margin'])} margin (+- 2 se). One day's change (sd {_pct(tt['day_sd'])}) "
+                       "says little about it.")  # fmt: skip
     return out
 
 
