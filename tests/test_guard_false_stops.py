@@ -64,3 +64,18 @@ def test_the_benchmark_core_reproduces_a_recorded_stop_and_a_non_stop(tmp_path: 
     free = next(j for j in range(res["slices_per_day"]) if [d, j] not in [r[:2] for r in shipped["aa"]["runs"]])
     sl = g.draw_slice(sorted(set(day["agent"].astype(str))), d, free)
     assert not g.run_canary(day, sl, 0.0, tmp_path / "c")["stopped"]
+
+
+def test_the_readme_guard_rates_are_the_benchmarks() -> None:
+    """The README's false-stop and power sentence is docs/benchmarks/canary_guard/results.json's."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = " ".join((root / "README.md").read_text().split())
+    g = json.loads((root / "docs/benchmarks/canary_guard/results.json").read_text())["guards"]["as shipped"]
+    aa, reg = g["aa"], g["regressing"]
+    lo, hi = (100 * x for x in aa["ci"])
+    assert (f"it stops {100 * aa['rate']:.1f} % of A/A canaries on the emulated cluster ({aa['stops']} of "
+            f"{aa['canaries']}, Clopper-Pearson 95 % [{lo:.1f} %, {hi:.1f} %]) but only {100 * reg['rate']:.1f} % of "
+            "candidates 3x beyond every margin") in readme
