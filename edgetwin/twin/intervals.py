@@ -69,6 +69,7 @@ __all__ = [
     "ACTION_QUANTILES",
     "MIN_CONTRAST_SHIFT",
     "action_sketch",
+    "sketch_points",
     "sketch_shift",
 ]
 
@@ -673,13 +674,19 @@ def effect_multiple(day_scores: Sequence[float] | np.ndarray, level: float = LEV
     return conformal_quantile(day_scores, level)
 
 
+def sketch_points(q: int = ACTION_QUANTILES) -> np.ndarray:
+    """The ``q`` mid-points ``(i + 0.5) / q`` at which `action_sketch` reads a quantile function (and
+    `edgetwin.twin.whatif.effects` a contrast's 1-Wasserstein shift: the same grid, the same units)."""
+    return (np.arange(q) + 0.5) / q
+
+
 def action_sketch(actions: np.ndarray, columns: Sequence[str], q: int = ACTION_QUANTILES) -> dict[str, list[float]]:
     """``(N, A)`` actions -> per column its quantile function at ``q`` mid-points ``(i + 0.5)/q``:
     a fixed-size summary of an action marginal from which `sketch_shift` reads a 1-Wasserstein
     distance (the mean absolute gap of two quantile functions) without keeping the rows. NaN rows
     (agents absent) are left out; a column with no value gets no entry."""
     a = np.asarray(actions, np.float64).reshape(-1, len(columns))
-    u = (np.arange(q) + 0.5) / q
+    u = sketch_points(q)
     out: dict[str, list[float]] = {}
     for j, c in enumerate(columns):
         x = a[:, j][np.isfinite(a[:, j])]

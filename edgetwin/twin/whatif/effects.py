@@ -40,6 +40,7 @@ from edgetwin.twin.intervals import (
     Calibration,
     action_sketch,
     effect_multiple,
+    sketch_points,
 )
 from edgetwin.twin.whatif.kpis import KpiDef
 from edgetwin.twin.whatif.replay import LoggedEpisode
@@ -216,8 +217,8 @@ def contrast_effects(
     return out
 
 
-#: mid-points of the quantile function a contrast's shift is read on (as `action_sketch`)
-_U = (np.arange(64) + 0.5) / 64
+#: mid-points of the quantile function a contrast's shift is read on (`action_sketch`'s grid)
+_U = sketch_points()
 
 
 def replayed_effects(
