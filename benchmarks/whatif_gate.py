@@ -66,10 +66,10 @@ from _scale_args import add_scale_args, scale_kwargs
 from edgetwin.contract.policy import FunctionPolicy, NoisyPolicy, RandomPolicy
 from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
 from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs
-from edgetwin.policies.gate import DEFAULT_MARGIN, MAX_OUT_OF_SUPPORT, check_verdict
+from edgetwin.policies.gate import DEFAULT_MARGIN, MAX_OUT_OF_SUPPORT, check_verdict, evidence_problem
 from edgetwin.policies.heuristics import LeastLoaded, SchedulingView, Target
 from edgetwin.twin.calibration import calibrate
-from edgetwin.twin.intervals import DEFAULT_METHOD, METHODS
+from edgetwin.twin.intervals import DEFAULT_METHOD, LEVEL, METHODS
 from edgetwin.twin.twin import Twin
 from edgetwin.twin.whatif import (
     builtin_policy,
@@ -92,6 +92,7 @@ LOGGING_TEXT = {
 #: hand-written subsections of the docs section that a rerun keeps
 KEEP = (
     "### The replayed effect-size term in the product's change interval",
+    "### The replayed effect-size term held out",
     "### The response model's output noise by predicted level",
     "### Where the tail KPIs' errors come from",
     "### Where the energy and carbon KPIs' errors come from",
@@ -201,14 +202,32 @@ def train_ppo(twin: Twin, work: Path, steps: int, seed: int) -> Any:
         return load_policy(res.path)
 
 
+def gate_verdict(verdict: str, note: str | None, attained: float, level: float = LEVEL) -> str:
+    """The verdict the product's gate (`edgetwin.policies.gate.decide`) gives a check whose interval
+    verdict is ``verdict``: ``no_evidence`` when the twin's number cannot back one (``note``,
+    `evidence_problem`) and the interval did not refuse, ``below_level`` when the interval would decide
+    but the calibration days support only ``attained`` < ``level``. The benchmark's own verdict
+    (``verdict``) reads the interval at the level its days attain; this one says why the product would
+    abstain (issue 44: the abstentions by reason)."""
+    if note and verdict in ("ok", "straddle"):
+        return "no_evidence"
+    if verdict in ("ok", "regress") and attained < level - 1e-12:
+        return "below_level"
+    return verdict
+
+
 def score_rows(res: Any, kpis: list[Any], pols: dict[str, Any], real_base: dict[str, np.ndarray],
                real_pol: dict[str, dict[str, np.ndarray]]) -> list[dict[str, Any]]:
     """Every (policy, KPI): the twin's change and interval (with ``res``'s calibration), the real change,
-    the gate's verdict and whether it agrees with the cluster."""
+    the gate's verdict and whether it agrees with the cluster; and the product gate's verdict of the
+    check (`gate_verdict`: with the evidence and level checks the benchmark's verdict leaves out)."""
     rows = []
+    cal = res.calibration
     for name in pols:
         for k in kpis:
             c = res.compare("nominal", k.name, candidate=name)
+            note = evidence_problem(res, k.name, c)
+            attained = LEVEL if cal is None else min(cal.level, cal.attained(k.name))
             rb, rc = float(np.mean(real_base[k.name])), float(np.mean(real_pol[name][k.name]))
             real_change = (rc - rb) / abs(rb) if rb else float("nan")
             sign = -1.0 if k.better == "higher" else 1.0
@@ -223,6 +242,8 @@ def score_rows(res: Any, kpis: list[Any], pols: dict[str, Any], real_base: dict[
                 "action_shift": c.get("action_shift"),
                 "real_regress": real_regress, "covered": bool(lo <= real_change <= hi),
                 "agree": None if verdict in ("straddle", "unsupported") else (verdict == "regress") == real_regress,
+                "attained_level": attained, "evidence_note": note,
+                "gate_verdict": gate_verdict(verdict, note, attained),
             })  # fmt: skip
     return rows
 
@@ -356,13 +377,17 @@ def main() -> None:
                     help="only rewrite the docs section from the results_<logging>.json files of earlier runs")
     ap.add_argument("--pool", nargs="+", type=Path, default=None, metavar="JSON",
                     help="pool the rows of several --json runs (one per seed), print their headline with the confident "
-                         "agreement's Clopper-Pearson 90 %% interval and write it to whatif_gate/seeds/pooled_<logging>.json")
+                         "agreement's Clopper-Pearson 90 %% interval and write it to --pool-out")
+    ap.add_argument("--pool-out", type=Path, default=None, metavar="JSON",
+                    help="where --pool writes (default whatif_gate/seeds/pooled_<logging>.json; give another file for "
+                         "another set of seeds, e.g. the held-out ones, so the pooled seeds the page cites stay)")
     add_scale_args(ap)
     args = ap.parse_args()
     if args.pool:
         pooled = pool_seeds(args.pool)
-        (OUT / "seeds").mkdir(parents=True, exist_ok=True)
-        (OUT / "seeds" / f"pooled_{args.logging}.json").write_text(json.dumps(pooled, indent=1, default=float))
+        out = args.pool_out or OUT / "seeds" / f"pooled_{args.logging}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(pooled, indent=1, default=float))
         print(json.dumps({k: v for k, v in pooled.items() if k != "per_seed"}, indent=1, default=float))
         return
     scale = scale_kwargs(args)
