@@ -264,6 +264,38 @@ def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def abstention_reasons(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Why the gate abstains on ``rows`` (issue 44), as counts of (candidate, KPI) checks: the interval's
+    verdict (``decided``: ok or regress; ``straddle``, split by where the twin's point estimate lies,
+    within the margin or beyond it; ``unsupported``: more than the out-of-support budget), and what
+    the product's gate adds (`gate_verdict`): ``no_evidence`` (the twin's number cannot back a verdict)
+    and ``below_level`` (the interval decides, but the calibration days support less than the level
+    asked). Per KPI, the share of its checks the interval leaves undecided. Rows of runs before
+    ``gate_verdict`` was recorded count no product verdicts (``product_recorded`` says how many did)."""
+    n = len(rows)
+    straddle = [r for r in rows if r["verdict"] == "straddle"]
+    recorded = [r for r in rows if "gate_verdict" in r]
+    by_kpi: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_kpi.setdefault(r["kpi"], []).append(r)
+    return {
+        "pairs": n,
+        "decided": sum(r["verdict"] in ("ok", "regress") for r in rows),
+        "straddle": len(straddle),
+        "straddle_point_within_margin": sum(r["twin_change_w"] <= DEFAULT_MARGIN for r in straddle),
+        "straddle_point_beyond_margin": sum(r["twin_change_w"] > DEFAULT_MARGIN for r in straddle),
+        "unsupported": sum(r["verdict"] == "unsupported" for r in rows),
+        "product_recorded": len(recorded),
+        "no_evidence": sum(r["gate_verdict"] == "no_evidence" for r in recorded),
+        "below_level": sum(r["gate_verdict"] == "below_level" for r in recorded),
+        "product_abstention": (sum(r["gate_verdict"] not in ("ok", "regress") for r in recorded) / len(recorded)
+                               if recorded else float("nan")),
+        "attained_levels": sorted({float(r["attained_level"]) for r in recorded}),
+        "undecided_by_kpi": {k: sum(r["verdict"] not in ("ok", "regress") for r in rs) / len(rs)
+                             for k, rs in by_kpi.items()},
+    }
+
+
 def pool_seeds(paths: list[Path]) -> dict[str, Any]:
     """`headline` of several ``--json`` runs' rows together (one per seed: every (seed, candidate, KPI)
     a row), with the confident agreement's Clopper-Pearson 90 % interval (the rows of one candidate are
@@ -271,19 +303,133 @@ def pool_seeds(paths: list[Path]) -> dict[str, Any]:
     from scipy.stats import binomtest
 
     runs = [json.loads(p.read_text()) for p in paths]
-    rows = [r for d in runs for r in d["rows"]]
+    rows = [{**r, "seed": d.get("seed")} for d in runs for r in d["rows"]]
     out: dict[str, Any] = {"files": [str(p) for p in paths], "seeds": [d.get("seed") for d in runs], **headline(rows)}
     k = sum(bool(r["agree"]) for r in rows if r["agree"] is not None)
     n = out["confident_pairs"]
     ci = binomtest(k, n).proportion_ci(0.90, method="exact") if n else None
     out["confident_agreed"] = k
     out["confident_agreement_interval"] = [ci.low, ci.high] if ci else None
-    out["per_seed"] = [{"seed": d.get("seed"), **headline(d["rows"])} for d in runs]
+    out["per_seed"] = [{"seed": d.get("seed"), **headline(d["rows"]), "abstention_reasons": abstention_reasons(d["rows"]),
+                        "by_method": d.get("by_method"),
+                        "declared": {k: v for k, v in (d.get("declared_kpis") or {}).items() if k in ("n", "coverage")}}
+                       for d in runs]
+    out["abstention_reasons"] = abstention_reasons(rows)
+    out["risk_coverage"] = risk_coverage(rows, MAX_OUT_OF_SUPPORT)
     declared = list(dict.fromkeys(k for d in runs for k in (d.get("declared_kpis") or {}).get("per_kpi", {})))
     if declared:  # the declared KPIs' changes over every seed (issue 44), with their findings
         out["declared_kpis"] = declared_kpi_summary(rows, declared)
         out["per_seed_declared_coverage"] = [d["declared_kpis"]["coverage"] for d in runs]
     return out
+
+
+def _cp(k: int, n: int) -> str:
+    """``"a-b %"``: the Clopper-Pearson 90 % interval of ``k`` of ``n``, in whole percent."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(k, n).proportion_ci(0.90, method="exact")
+    return f"{100 * ci.low:.0f}-{100 * ci.high:.0f} %"
+
+
+def widest_scaling(rc: dict[str, list[float]], kept_at_least: float) -> tuple[float, float, float]:
+    """``(κ, kept, risk)`` of the largest interval scaling κ of a `risk_coverage` curve that keeps at
+    least ``kept_at_least`` of the checks decided (κ = 0, the point estimates alone, when none wider does)."""
+    best = (rc["kappa"][0], rc["kept"][0], rc["risk"][0])
+    for k, kept, risk in zip(rc["kappa"], rc["kept"], rc["risk"], strict=True):
+        if kept >= kept_at_least - 1e-12 and k > best[0]:
+            best = (k, kept, risk)
+    return best
+
+
+def pooled_by_method(pooled: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per interval construction, its abstention and coverage over every seed of a `pool_seeds` result
+    (each seed's ``by_method`` headline weighted by its pairs) and its confident verdicts that agreed
+    with the cluster, of how many; empty when a seed lacks one."""
+    runs = [ps.get("by_method") or {} for ps in pooled["per_seed"]]
+    methods = [m for m in (runs[0] if runs else {}) if all(m in r for r in runs)]
+    out = {}
+    for m in methods:
+        tot = sum(r[m]["pairs"] for r in runs)
+        out[m] = {k: sum(r[m][k] * r[m]["pairs"] for r in runs) / tot for k in ("abstention", "coverage_90")}
+        conf = sum(r[m]["confident_pairs"] for r in runs)
+        out[m]["confident_pairs"] = conf
+        out[m]["confident_agreed"] = sum(round(r[m]["confident_agreement"] * r[m]["confident_pairs"])
+                                         for r in runs if r[m]["confident_pairs"])
+    return out
+
+
+def pooled_tables(pooled: dict[str, Any], label: str) -> str:
+    """The Markdown tables of a `pool_seeds` result (``label`` names the pooled row, e.g. ``"seeds 3-5
+    pooled"``): per seed and pooled, the declared KPIs' coverage of the 90 % interval, abstention,
+    confident agreement, coverage over every KPI, median width and the `hybrid` construction's coverage /
+    abstention on the same rows; per declared KPI pooled; and the abstentions by reason
+    (`abstention_reasons`). Every number is read from ``pooled``, so a test can compare the page with it."""
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f} %"
+
+    def head(h: dict[str, Any], declared: dict[str, Any] | None, hybrid: dict[str, Any] | None) -> list[str]:
+        n, k = h["pairs"], h["confident_pairs"]
+        agreed = round(h["confident_agreement"] * k) if k else 0
+        cov = "n/a" if declared is None else (
+            f"{pct(declared['coverage'])} of {declared['n']} (CP 90 %: {_cp(round(declared['coverage'] * declared['n']), declared['n'])})")
+        hyb = "n/a" if hybrid is None else f"{pct(hybrid['coverage_90'])} / {pct(hybrid['abstention'])}"
+        return [cov, f"{pct(h['abstention'])} (CP 90 %: {_cp(n - k, n)})",
+                f"{pct(h['confident_agreement'])} ({agreed} of {k})" if k else "n/a",
+                pct(h["coverage_90"]), f"{100 * h['median_interval_width']:.0f} pp", hyb]
+
+    lines = ["| random logs, quick | declared-KPI coverage (target ≥ 90 %) | abstention (≤ 30 %) | confident agreement "
+             "(≥ 95 %) | coverage, all KPIs | median width | `hybrid` on the same rows: coverage / abstention |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for ps in pooled["per_seed"]:
+        dec = ps.get("declared") or None
+        hyb = (ps.get("by_method") or {}).get("hybrid")
+        lines.append("| " + " | ".join([f"seed {ps['seed']}", *head(ps, dec, hyb)]) + " |")
+    by_method = pooled_by_method(pooled)
+    lines.append("| " + " | ".join([f"**{label}**", *head(pooled, pooled.get("declared_kpis"), by_method.get("hybrid"))])
+                 + " |")
+    dk = pooled.get("declared_kpis")
+    if dk:
+        lines += ["", f"Per declared KPI, {label}:", "",
+                  "| KPI | coverage | CP 90 % | median abs. error (points) | mean signed error, twin minus cluster (points) |",
+                  "|---|---:|---:|---:|---:|"]
+        for kpi, v in dk["per_kpi"].items():
+            lines.append(f"| {kpi} | {pct(v['coverage'])} of {v['n']} | {_cp(round(v['coverage'] * v['n']), v['n'])} | "
+                         f"{v['median_abs_error_points']:.1f} | {v['mean_signed_error_points']:+.1f} |")
+    lines += ["", f"The abstentions by reason, (candidate, KPI) checks, {label}:", "",
+              "| | checks | decided by the interval | straddles the margin, twin's point within it | straddles, "
+              "point beyond it | out of support | no evidence (product) | decided but below the 90 % level "
+              "(product) | the product gate's abstention |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, ar in [*((f"seed {ps['seed']}", ps["abstention_reasons"]) for ps in pooled["per_seed"]),
+                     (f"**{label}**", pooled["abstention_reasons"])]:
+        prod = "n/a" if not ar["product_recorded"] else pct(ar["product_abstention"])
+        lines.append(f"| {name} | {ar['pairs']} | {ar['decided']} | {ar['straddle_point_within_margin']} | "
+                     f"{ar['straddle_point_beyond_margin']} | {ar['unsupported']} | {ar['no_evidence']} | "
+                     f"{ar['below_level']} | {prod} |")
+    by_kpi = pooled["abstention_reasons"]["undecided_by_kpi"]
+    lines += ["", f"Share of each KPI's checks the interval leaves undecided, {label}: "
+              + ", ".join(f"{k} {100 * v:.0f} %" for k, v in sorted(by_kpi.items(), key=lambda kv: -kv[1])) + "."]
+    if dk and dk["findings"]:
+        lines += ["", f"The declared-KPI changes outside the twin's 90 % interval, {label}:", "",
+                  "| seed | candidate | KPI | cluster change | twin change [90 % interval] | out of support | verdict |",
+                  "|---|---|---|---:|---:|---:|---|"]
+        for f in dk["findings"]:
+            lines.append(f"| {f.get('seed', 'n/a')} | {f['policy']} | {f['kpi']} | {100 * f['real_change']:+.1f} % | {100 * f['twin_change']:+.1f} % "
+                         f"[{100 * f['interval'][0]:+.1f}, {100 * f['interval'][1]:+.1f}] | "
+                         f"{100 * f['out_of_support']:.0f} % | {f['verdict']} |")
+    if "risk_coverage" in pooled:
+        kappa, kept, risk = widest_scaling(pooled["risk_coverage"], 1.0 - TARGETS["abstention"])
+        lines += ["", f"Scaling every interval about its point estimate by κ (the risk-coverage curve of these rows, "
+                  f"a diagnostic: the gate's level and margin stay), the widest that decides at least "
+                  f"{100 * (1.0 - TARGETS['abstention']):.0f} % of the checks is κ = {kappa:.2f}: it decides "
+                  f"{pct(kept)}, {pct(risk)} of them wrong."]
+    if by_method:
+        lines += ["", "Abstention / coverage of the 90 % interval / confident verdicts that agree with the cluster, by "
+                  f"interval construction on the same rows, {label}: "
+                  + ", ".join(f"{m} {pct(h['abstention'])} / {pct(h['coverage_90'])} / "
+                              f"{h['confident_agreed']:.0f} of {h['confident_pairs']:.0f}" for m, h in by_method.items())
+                  + "."]
+    return "\n".join(lines)
 
 
 def declared_kpi_summary(rows: list[dict[str, Any]], declared: list[str]) -> dict[str, Any]:
@@ -307,8 +453,8 @@ def declared_kpi_summary(rows: list[dict[str, Any]], declared: list[str]) -> dic
     findings = sorted((r for r in mine if not r["covered"]),
                       key=lambda r: -abs(r["twin_change"] - r["real_change"]))
     return {**one(mine), "per_kpi": {k: one([r for r in mine if r["kpi"] == k]) for k in declared},
-            "findings": [{k: r[k] for k in ("policy", "kpi", "twin_change", "interval", "real_change",
-                                            "out_of_support", "verdict")} for r in findings]}
+            "findings": [{k: r[k] for k in ("seed", "policy", "kpi", "twin_change", "interval", "real_change",
+                                            "out_of_support", "verdict") if k in r} for r in findings]}
 
 
 def split_policies(names: list[str], seed: int) -> tuple[list[str], list[str]]:
