@@ -46,7 +46,8 @@ def _run(rows: list[dict], seed: int) -> dict:
 
 def _row(agree: bool | None, verdict: str) -> dict:
     return {"policy": "p", "kpi": "return", "covered": True, "agree": agree, "verdict": verdict,
-            "interval": [0.0, 0.2], "twin_change_w": 0.0, "real_regress": False, "real_change": 0.0,
+            "interval": [0.0, 0.2], "w_interval": [-0.2, 0.0], "twin_change_w": 0.0, "real_regress": False,
+            "real_change": 0.0,
             "twin_change": 0.0, "out_of_support": 0.0}
 
 
