@@ -358,6 +358,14 @@ def pooled_by_method(pooled: dict[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
+def pool_label(seeds: list[Any]) -> str:
+    """``"seeds 3-5 pooled"`` for consecutive seeds, ``"seeds 0, 2 pooled"`` otherwise."""
+    ints = [int(x) for x in seeds if x is not None]
+    if len(ints) == len(seeds) and len(ints) > 1 and ints == list(range(ints[0], ints[0] + len(ints))):
+        return f"seeds {ints[0]}-{ints[-1]} pooled"
+    return "seeds " + ", ".join(str(x) for x in seeds) + " pooled"
+
+
 def pooled_tables(pooled: dict[str, Any], label: str) -> str:
     """The Markdown tables of a `pool_seeds` result (``label`` names the pooled row, e.g. ``"seeds 3-5
     pooled"``): per seed and pooled, the declared KPIs' coverage of the 90 % interval, abstention,
@@ -534,7 +542,9 @@ def main() -> None:
         out = args.pool_out or OUT / "seeds" / f"pooled_{args.logging}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(pooled, indent=1, default=float))
-        print(json.dumps({k: v for k, v in pooled.items() if k != "per_seed"}, indent=1, default=float))
+        print(json.dumps({k: v for k, v in pooled.items() if k not in ("per_seed", "risk_coverage")}, indent=1,
+                         default=float))
+        print(pooled_tables(pooled, pool_label(pooled["seeds"])))  # the page's tables of these seeds
         return
     scale = scale_kwargs(args)
     torch.set_num_threads(1)

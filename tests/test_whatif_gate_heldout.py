@@ -67,6 +67,7 @@ def test_the_pool_is_the_pool_of_the_seed_files(pooled: dict[str, Any]) -> None:
 
 def test_the_page_shows_the_pools_tables() -> None:
     wg = _module()
+    assert wg.pool_label(list(HELD)) == LABEL and wg.pool_label([0, 2]) == "seeds 0, 2 pooled"
     tables = wg.pooled_tables(wg.pool_seeds(_files()), LABEL)
     sub = _subsection()
     for line in tables.splitlines():
