@@ -6,27 +6,18 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_whatif_gate_split import _module  # the benchmark script as a module
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks"
 SEEDS = ROOT / "docs" / "benchmarks" / "whatif_gate" / "seeds"
 PAGE = ROOT / "docs" / "benchmarks" / "whatif_gate" / "README.md"
 HELD = (3, 4, 5)
 LABEL = "seeds 3-5 pooled"
 
-
-def _module():  # noqa: ANN202
-    sys.path.insert(0, str(BENCH))
-    try:
-        import whatif_gate
-    finally:
-        sys.path.remove(str(BENCH))
-    return whatif_gate
 
 
 def _files() -> list[Path]:

@@ -10,18 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_whatif_gate_split import _module  # the benchmark script as a module
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 ROOT = BENCH.parent
-
-
-def _module():  # noqa: ANN202
-    sys.path.insert(0, str(BENCH))
-    try:
-        import whatif_gate
-    finally:
-        sys.path.remove(str(BENCH))
-    return whatif_gate
 
 
 def test_gate_verdict_is_decides_order_of_checks() -> None:
