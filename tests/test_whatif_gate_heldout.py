@@ -129,3 +129,30 @@ def test_the_at_a_glance_rows_say_held_out(pooled: dict[str, Any]) -> None:
     assert f"{ar['straddle']} of {ar['pairs']} checks straddle the margin, {ar['unsupported']} out of support" in abst
     per_seed = ", ".join(f"{100 * p['declared']['coverage']:.1f} %" for p in pooled["per_seed"])
     assert f"seeds 3, 4, 5: {per_seed}" in next(r for r in rows if "the same share, held out" in r)
+
+
+def test_the_seeded_bootstrap_moves_only_the_seeds_it_reseeds() -> None:
+    """The reruns of seeds 0-2 after the bootstrap took the run's seed: seed 0 is the same run, seeds 1
+    and 2 keep their verdicts' rates and move their widths, as the held-out subsection says."""
+    sub = " ".join(_subsection().split())
+    old = {s: json.loads((SEEDS / f"random_seed{s}.json").read_text()) for s in (0, 1, 2)}
+    new = {s: json.loads((SEEDS / "reseeded" / f"random_seed{s}.json").read_text()) for s in (0, 1, 2)}
+    assert [r["interval"] for r in old[0]["rows"]] == [r["interval"] for r in new[0]["rows"]]
+    assert "seed 0 gives the same rows to the last digit" in sub
+    for s in (1, 2):
+        for k in ("abstention", "confident_pairs", "confident_agreement"):
+            assert old[s][k] == new[s][k], (s, k)
+        assert old[s]["declared_kpis"]["coverage"] == new[s]["declared_kpis"]["coverage"]
+        assert old[s]["rows"][0]["interval"] != new[s]["rows"][0]["interval"]  # the resample moved
+    widths = " and ".join(f"{100 * old[s]['median_interval_width']:.1f} → {100 * new[s]['median_interval_width']:.1f} pp"
+                          for s in (1, 2))
+    assert f"(median width {widths};" in sub
+    assert f"{100 * old[2]['coverage_90']:.1f} % → {100 * new[2]['coverage_90']:.1f} %" in sub
+    flipped = sum(a["covered"] and not b["covered"] for a, b in zip(old[2]["rows"], new[2]["rows"], strict=True))
+    assert flipped == 2 and not any(b["covered"] and not a["covered"]
+                                    for a, b in zip(old[2]["rows"], new[2]["rows"], strict=True))
+    was = json.loads((SEEDS / "pooled_random.json").read_text())
+    now = json.loads((SEEDS / "reseeded" / "pooled_random.json").read_text())
+    assert now["seeds"] == [0, 1, 2] and now["confident_agreed"] == was["confident_agreed"] == 62
+    assert now["declared_kpis"]["coverage"] == was["declared_kpis"]["coverage"] and now["abstention"] == was["abstention"]
+    assert f"coverage over every KPI {100 * was['coverage_90']:.1f} % → {100 * now['coverage_90']:.1f} %" in sub
