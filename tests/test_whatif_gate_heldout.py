@@ -124,6 +124,9 @@ def test_the_at_a_glance_rows_say_held_out(pooled: dict[str, Any]) -> None:
     table = (ROOT / "docs" / "benchmarks" / "README.md").read_text()
     rows = [line for line in table.splitlines() if "held out (seeds 3-5, the replayed effect-size term fixed" in line]
     assert len(rows) == 3 and all("pooled_random_heldout.json" in r for r in rows)
+    chosen = [line for line in table.splitlines() if "whatif_gate/seeds/pooled_random.json:" in line]
+    assert chosen and all("chosen on these seeds" in r or "on which the replayed effect-size term was chosen" in r
+                          for r in chosen)
     ar = pooled["abstention_reasons"]
     abst = next(r for r in rows if "abstention, held out" in r)
     assert f"{ar['straddle']} of {ar['pairs']} checks straddle the margin, {ar['unsupported']} out of support" in abst
