@@ -58,3 +58,20 @@ def test_pool_out_writes_elsewhere_and_leaves_the_cited_pool(tmp_path: Path, mon
     pooled = json.loads(out.read_text())
     assert pooled["seeds"] == [7, 8] and pooled["pairs"] == 3 and pooled["confident_pairs"] == 2
     assert pooled["confident_agreed"] == 1
+
+
+def test_held_days_is_a_whole_number_of_days_and_needs_its_own_file(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    wg = _module()
+    assert wg.held_days_arg("9") == 9
+    for bad in ("0", "nine", "2.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            wg.held_days_arg(bad)
+    assert wg.calibration_log("held", "H", "R", 9) == ("H", 9)
+    # the page's results are of 3 held-out days: another number writes only to its own --json file
+    monkeypatch.setattr(sys, "argv", ["whatif_gate.py", "--held-days", "9"])
+    with pytest.raises(SystemExit) as e:
+        wg.main()
+    assert e.value.code == 2 and "--held-days other than 3 needs --json" in capsys.readouterr().err
