@@ -159,3 +159,33 @@ def test_the_seeded_bootstrap_moves_only_the_seeds_it_reseeds() -> None:
     assert now["seeds"] == [0, 1, 2] and now["confident_agreed"] == was["confident_agreed"] == 62
     assert now["declared_kpis"]["coverage"] == was["declared_kpis"]["coverage"] and now["abstention"] == was["abstention"]
     assert f"coverage over every KPI {100 * was['coverage_90']:.1f} % → {100 * now['coverage_90']:.1f} %" in sub
+
+
+def test_with_nine_calibration_days_the_gate_abstains_for_width_alone(pooled: dict[str, Any]) -> None:
+    wg = _module()
+    sub = _subsection()
+    files = [SEEDS / "held9" / f"random_seed{s}.json" for s in HELD]
+    for s, f in zip(HELD, files, strict=True):
+        d = json.loads(f.read_text())
+        assert d["seed"] == s and d["held_days"] == 9 and d["method"] == "replayed"
+        three = json.loads((SEEDS / f"random_seed{s}.json").read_text())
+        # the same twin, candidates and cluster days: only the calibration differs
+        assert [r["twin_change"] for r in d["rows"]] == [r["twin_change"] for r in three["rows"]]
+        assert [r["real_change"] for r in d["rows"]] == [r["real_change"] for r in three["rows"]]
+    nine = wg.pool_seeds(files)
+    assert json.loads((SEEDS / "held9" / "pooled_random.json").read_text())["abstention"] == nine["abstention"]
+    tables = wg.pooled_tables(nine, LABEL).splitlines()
+    first = tables[: tables.index("")]
+    reasons = [line for line in tables[tables.index(next(t for t in tables if t.startswith("The abstentions"))):]
+               if line.startswith("| ")][:5]
+    for line in [*first, *reasons]:
+        assert line in sub, line
+    ar = nine["abstention_reasons"]
+    assert ar["attained_levels"] == [0.9] and ar["below_level"] == 0
+    assert ar["product_abstention"] == pytest.approx(nine["abstention"]) and nine["abstention"] > 0.30
+    flat = " ".join(sub.split())
+    assert f"the gate still abstains on {100 * nine['abstention']:.1f} % of the checks (target ≤ 30 %: missed)" in flat
+    w3, w9 = 100 * pooled["median_interval_width"], 100 * nine["median_interval_width"]
+    assert f"(median width {w3:.0f} → {w9:.0f} pp)" in flat
+    assert f"coverage rises to {100 * nine['declared_kpis']['coverage']:.1f} %" in flat
+    assert nine["confident_agreed"] == nine["confident_pairs"] and f"every one of the {nine['confident_pairs']} confident" in flat
