@@ -123,7 +123,14 @@ def test_the_pages_claims_are_the_files(pooled: dict[str, Any]) -> None:
 def test_the_at_a_glance_rows_say_held_out(pooled: dict[str, Any]) -> None:
     table = (ROOT / "docs" / "benchmarks" / "README.md").read_text()
     rows = [line for line in table.splitlines() if "held out (seeds 3-5, the replayed effect-size term fixed" in line]
-    assert len(rows) == 3 and all("pooled_random_heldout.json" in r for r in rows)
+    assert len(rows) == 4 and sum("pooled_random_heldout.json" in r for r in rows) == 3
+    nine = json.loads((SEEDS / "held9" / "pooled_random.json").read_text())
+    row9 = next(line for line in table.splitlines() if "held9/pooled_random.json:abstention" in line)
+    seeds9 = ", ".join(f"{100 * p['abstention']:.1f} %" for p in nine["per_seed"])
+    assert f"seeds 3, 4, 5: {seeds9}; no check below the level" in row9 and nine["abstention_reasons"]["below_level"] == 0
+    assert f"declared-KPI coverage {100 * nine['declared_kpis']['coverage']:.1f} %" in row9
+    assert f"confident agreement {nine['confident_agreed']} of {nine['confident_pairs']}" in row9
+    assert f"median width {100 * nine['median_interval_width']:.0f} pp" in row9
     chosen = [line for line in table.splitlines() if "whatif_gate/seeds/pooled_random.json:" in line]
     assert chosen and all("chosen on these seeds" in r or "on which the replayed effect-size term was chosen" in r
                           for r in chosen)
