@@ -40,6 +40,13 @@ the held-out calibration.
 
 ``--quick``: PPO 10k steps instead of 40k, and the replay cut to the first 48 ticks of each day.
 
+Several seeds: ``--seed S --json FILE`` writes one seed's summary (rows included) and leaves the docs;
+``--pool FILE ... [--pool-out FILE]`` pools such files (`pool_seeds`: the headline with Clopper-Pearson
+intervals, the declared KPIs, the abstentions by reason) and prints the page's tables of them
+(`pooled_tables`). ``--held-days N`` calibrates on N held-out days instead of 3 (9 attain the gate's
+90 %; only with ``--json``). Each row records the verdict the product's gate would give
+(`gate_verdict`: the benchmark's own verdict reads the interval at the level its days attain).
+
 Choosing the interval construction: the product's default (`edgetwin.twin.intervals.DEFAULT_METHOD`)
 was chosen on this benchmark's rows, so its coverage over every row is optimistic. Each run also
 splits the candidates in two halves by a seeded shuffle (`split_policies`), chooses the construction
