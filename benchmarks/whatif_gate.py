@@ -323,7 +323,9 @@ def pool_seeds(paths: list[Path]) -> dict[str, Any]:
 
     runs = [json.loads(p.read_text()) for p in paths]
     rows = [{**r, "seed": d.get("seed")} for d in runs for r in d["rows"]]
-    out: dict[str, Any] = {"files": [str(p) for p in paths], "seeds": [d.get("seed") for d in runs], **headline(rows)}
+    out: dict[str, Any] = {"files": [str(p) for p in paths], "seeds": [d.get("seed") for d in runs],
+                           "logging": runs[0].get("logging") if runs else None,
+                           "quick": all(d.get("quick", True) for d in runs), **headline(rows)}
     k = sum(bool(r["agree"]) for r in rows if r["agree"] is not None)
     n = out["confident_pairs"]
     ci = binomtest(k, n).proportion_ci(0.90, method="exact") if n else None
@@ -404,7 +406,8 @@ def pooled_tables(pooled: dict[str, Any], label: str) -> str:
                 f"{pct(h['confident_agreement'])} ({agreed} of {k})" if k else "n/a",
                 pct(h["coverage_90"]), f"{100 * h['median_interval_width']:.0f} pp", hyb]
 
-    lines = ["| random logs, quick | declared-KPI coverage (target ≥ 90 %) | abstention (≤ 30 %) | confident agreement "
+    logs = f"{pooled.get('logging') or 'random'} logs{', quick' if pooled.get('quick', True) else ''}"
+    lines = [f"| {logs} | declared-KPI coverage (target ≥ 90 %) | abstention (≤ 30 %) | confident agreement "
              "(≥ 95 %) | coverage, all KPIs | median width | `hybrid` on the same rows: coverage / abstention |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for ps in pooled["per_seed"]:
@@ -445,11 +448,14 @@ def pooled_tables(pooled: dict[str, Any], label: str) -> str:
                          f"[{100 * f['interval'][0]:+.1f}, {100 * f['interval'][1]:+.1f}] | "
                          f"{100 * f['out_of_support']:.0f} % | {f['verdict']} |")
     if "risk_coverage" in pooled:
-        kappa, kept, risk = widest_scaling(pooled["risk_coverage"], 1.0 - TARGETS["abstention"])
-        lines += ["", f"Scaling every interval about its point estimate by κ (the risk-coverage curve of these rows, "
-                  f"a diagnostic: the gate's level and margin stay), the widest that decides at least "
-                  f"{100 * (1.0 - TARGETS['abstention']):.0f} % of the checks is κ = {kappa:.2f}: it decides "
-                  f"{pct(kept)}, {pct(risk)} of them wrong."]
+        want = 1.0 - TARGETS["abstention"]
+        kappa, kept, risk = widest_scaling(pooled["risk_coverage"], want)
+        said = (f"the widest that decides at least {100 * want:.0f} % of the checks is κ = {kappa:.2f}: it decides "
+                f"{pct(kept)}, {pct(risk)} of them wrong." if kept >= want - 1e-12 else
+                f"none decides {100 * want:.0f} % of the checks: the point estimates alone (κ = 0) decide {pct(kept)} "
+                f"(the rest are out of support), {pct(risk)} of them wrong.")
+        lines += ["", "Scaling every interval about its point estimate by κ (the risk-coverage curve of these rows, "
+                  "a diagnostic: the gate's level and margin stay), " + said]
     if by_method:
         lines += ["", "Abstention / coverage of the 90 % interval / confident verdicts that agree with the cluster, by "
                   f"interval construction on the same rows, {label}: "

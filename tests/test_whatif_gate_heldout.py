@@ -123,7 +123,7 @@ def test_the_pages_claims_are_the_files(pooled: dict[str, Any]) -> None:
 def test_the_at_a_glance_rows_say_held_out(pooled: dict[str, Any]) -> None:
     table = (ROOT / "docs" / "benchmarks" / "README.md").read_text()
     rows = [line for line in table.splitlines() if "held out (seeds 3-5, the replayed effect-size term fixed" in line]
-    assert len(rows) == 4 and sum("pooled_random_heldout.json" in r for r in rows) == 3
+    assert len(rows) == 6 and sum("pooled_random_heldout.json" in r for r in rows) == 3
     nine = json.loads((SEEDS / "held9" / "pooled_random.json").read_text())
     row9 = next(line for line in table.splitlines() if "held9/pooled_random.json:abstention" in line)
     seeds9 = ", ".join(f"{100 * p['abstention']:.1f} %" for p in nine["per_seed"])
@@ -196,3 +196,39 @@ def test_with_nine_calibration_days_the_gate_abstains_for_width_alone(pooled: di
     assert f"(median width {w3:.0f} → {w9:.0f} pp)" in flat
     assert f"coverage rises to {100 * nine['declared_kpis']['coverage']:.1f} %" in flat
     assert nine["confident_agreed"] == nine["confident_pairs"] and f"every one of the {nine['confident_pairs']} confident" in flat
+
+
+def test_production_logs_held_out_abstain_for_support() -> None:
+    wg = _module()
+    files = [SEEDS / f"production_seed{s}.json" for s in HELD]
+    prod = wg.pool_seeds(files)
+    stored = json.loads((SEEDS / "pooled_production_heldout.json").read_text())
+    assert stored["seeds"] == list(HELD) and stored["logging"] == "production"
+    assert stored["abstention"] == prod["abstention"] and stored["declared_kpis"]["coverage"] == prod["declared_kpis"]["coverage"]
+    sub = _subsection()
+    tables = wg.pooled_tables(prod, LABEL).splitlines()
+    keep = tables[: tables.index("")]
+    start = tables.index(next(t for t in tables if t.startswith("The abstentions")))
+    keep += [line for line in tables[start:] if line.startswith("| ")][:5]
+    start = tables.index(next(t for t in tables if t.startswith("The declared-KPI changes outside")))
+    keep += [line for line in tables[start:] if line.startswith("| ")]
+    for line in keep:
+        assert line in sub, line
+    flat = " ".join(sub.split())
+    ar, dk = prod["abstention_reasons"], prod["declared_kpis"]
+    assert f"Declared-KPI coverage {100 * dk['coverage']:.1f} % (target ≥ 90 %) **met**" in flat and dk["coverage"] >= 0.9
+    k, n = prod["confident_agreed"], prod["confident_pairs"]
+    low = prod["confident_agreement_interval"][0]
+    assert k == n and f"confident agreement {k} of {n}" in flat and f"reaches down to {100 * low:.0f} %" in flat
+    assert f"abstention {100 * prod['abstention']:.1f} % **missed**" in flat and prod["abstention"] > 0.30
+    assert f"({ar['unsupported']} of {ar['pairs']}: 6 of the 9 candidates on every seed)" in flat
+    for f in files:
+        rows = json.loads(f.read_text())["rows"]
+        assert len({r["policy"] for r in rows if r["verdict"] == "unsupported"}) == 6
+        assert len({r["policy"] for r in rows}) == 9
+    assert dk["findings"] and all(x["verdict"] == "unsupported" for x in dk["findings"])
+    assert f"The {'three' if len(dk['findings']) == 3 else len(dk['findings'])} declared changes it misses" in flat
+    table = (ROOT / "docs" / "benchmarks" / "README.md").read_text()
+    rows = [line for line in table.splitlines() if "pooled_production_heldout.json:" in line]
+    assert len(rows) == 2 and any(f"{ar['unsupported']} of {ar['pairs']} checks out of support" in r for r in rows)
+    assert any(f"{round(dk['coverage'] * dk['n'])} of {dk['n']}" in r for r in rows)
