@@ -150,6 +150,7 @@ def contrast_effects(
     span: np.ndarray,
     bins: int = BINS,
     contrasts: list[tuple[int, np.ndarray, float]] | None = None,
+    seed: int = 0,
 ) -> np.ndarray:
     """One day's effect-size scores of ``kpi``, ``(A,)`` per action column: the largest over the
     column's contrasts of the twin's error on the contrast beyond the contrast's own sampling noise,
@@ -174,6 +175,9 @@ def contrast_effects(
         span: ``(A,)`` the range each action column explored (the unit of a shift).
         bins: quantile bins per action column.
         contrasts: `day_contrasts` of ``actions`` (computed here when None; the same for every KPI).
+        seed: the seed of the agent resamples (`replayed_effects` passes the what-if's seed): the same
+            seed gives the same resamples, hence the same score; 0, the what-if's default seed, is
+            the resampling every score used before the seed was threaded through.
     """
     k = dataclasses.replace(kpi, stat="mean") if kpi.stat == "sum" else kpi
     a = np.asarray(actions, np.float64)
@@ -186,7 +190,7 @@ def contrast_effects(
     tx = np.stack([np.asarray(x, np.float64) for x, _ in twin])
     tw = None if any(w is None for _, w in twin) else np.stack([np.asarray(w, np.float64) for _, w in twin])
     # the paired agent bootstrap: the same resampled agents on both sides, the twin's runs averaged
-    idx = np.random.default_rng(0).integers(rx.shape[2], size=(N_BOOT, rx.shape[2]))
+    idx = np.random.default_rng(seed).integers(rx.shape[2], size=(N_BOOT, rx.shape[2]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         mx = np.nanmean(tx, axis=0)
@@ -226,12 +230,14 @@ def replayed_effects(
     reps: Sequence[tuple[int, LoggedEpisode | None]],
     kpis: Sequence[KpiDef],
     action_columns: Sequence[str],
+    seed: int = 0,
 ) -> ReplayedEffects | None:
     """The effect-size scores of a replay of the log's own actions: ``outcomes`` are the
     `EpisodeOutcome` s of the ``"logged"`` policy's nominal cell in (member, replicate) order,
     ``reps`` the replicates' (world seed, recorded episode); replicates of one recorded episode (its
-    noise seeds) and the members are the twin's replays of that day, scored together. None when the
-    replicates are not recorded days or the outcomes lack per-agent series."""
+    noise seeds) and the members are the twin's replays of that day, scored together; ``seed`` (the
+    what-if's) seeds each day's agent bootstrap (`contrast_effects`). None when the replicates are not
+    recorded days or the outcomes lack per-agent series."""
     eps: dict[str, LoggedEpisode] = {}
     for _, ep in reps:
         if ep is None:
@@ -266,7 +272,8 @@ def replayed_effects(
                 continue
             real = (ep.columns[k.column][:t], None if k.weight is None else ep.columns[k.weight][:t])
             twin = [(o.series[k.column][:t], None if k.weight is None else o.series[k.weight][:t]) for o in runs[name]]
-            days.append(contrast_effects(k, ep.action[:t], real, twin, span, contrasts=contrasts[name]))
+            days.append(contrast_effects(k, ep.action[:t], real, twin, span, contrasts=contrasts[name],
+                                         seed=seed))
         out.column_scores[k.name] = [[float(x) for x in d] for d in days]
         out.scores[k.name] = [float(np.nanmax(d)) if np.isfinite(d).any() else float("nan") for d in days]
     return out

@@ -136,9 +136,11 @@ def _cells_and_effects(
     run_steps: int,
     action_columns: Sequence[str],
     replay: bool,
+    seed: int = 0,
 ) -> tuple[dict[tuple[str, str], Cell], Any]:
     """Every job's cells (`_cell`) and, in replay, the effect-size scores of the log's own actions
-    under the nominal scenario (`edgetwin.twin.whatif.effects.replayed_effects`; None otherwise)."""
+    under the nominal scenario (`edgetwin.twin.whatif.effects.replayed_effects`, its agent bootstrap
+    seeded by the what-if's ``seed``; None otherwise)."""
     cells: dict[tuple[str, str], Cell] = {}
     effects = None
     for job, job_out in zip(jobs, outcomes, strict=True):
@@ -146,7 +148,7 @@ def _cells_and_effects(
             cells[(pol.name, scen.name)] = _cell(pol.name, scen.name, episodes_out, shape, kpis, outputs, run_steps,
                                                  action_columns)  # fmt: skip
             if effects is None and replay and pol.factory is None and scen.name == NOMINAL.name:
-                effects = replayed_effects(episodes_out, reps, kpis, action_columns)
+                effects = replayed_effects(episodes_out, reps, kpis, action_columns, seed=seed)
     return cells, effects
 
 
@@ -352,7 +354,7 @@ def run_whatif(
         shared=(twin, list(kpis), members, reps, opts), on_result=lambda i, r: bar.update(sum(map(len, r))),
     )  # fmt: skip
     cells, effects = _cells_and_effects(jobs, outcomes, (len(members), len(reps)), reps, kpis, outputs, run_steps,
-                                        lay.action, recorded is not None)  # fmt: skip
+                                        lay.action, recorded is not None, seed)  # fmt: skip
     bar.close()
     logged_kpis = logged_episode_kpis(recorded, kpis, spec) if recorded is not None else {}
     logged_oos = None if recorded is None else logged_support_share(twin, recorded, seed=seed)
