@@ -46,8 +46,6 @@ STALE: dict[str, str] = {
     "i.e. the spec's reward; the offload gain is what that PPO learned to trade",
     "train_selection/results_production.json": "train_selection.py real_return: the mean `reward` of EdgeCluster "
     "logs; PPO trained on the spec's reward and select_export ranks candidates by it",
-    "mafl/mafl_tables.json": "mafl_tables.py via federation.learners PPOLearner: PPO on EdgeClusterVecEnv of "
-    "site.cluster_config (heterogeneous_sites sets no reward_weights: REWARD_WEIGHTS); p95 task time is its outcome",
     "causal_twin/results.json": "causal_twin.py policy_rows: the policies' mean `reward` on the cluster vs the "
     "causal twin's, whose spec is cluster_spec (REWARD_WEIGHTS)",
     "causal_twin/quick/results.json": "causal_twin.py policy_rows (as the mid run); rerun on today's code: "
