@@ -42,8 +42,6 @@ REWARD_CHANGE = "bd3f855"
 STALE: dict[str, str] = {
     "twin_fidelity/results.json": "twin_fidelity.py main: 12 policies' mean `reward` on EdgeCluster vs in the twin "
     "(spec.reward_fn = REWARD_WEIGHTS), PPO among them trained on it (ppo_in_twin)",
-    "table2_generalisation/results.json": "table2_generalisation.py main: train_policy in the twin with no `reward=`, "
-    "i.e. the spec's reward; the offload gain is what that PPO learned to trade",
     "causal_twin/results.json": "causal_twin.py policy_rows: the policies' mean `reward` on the cluster vs the "
     "causal twin's, whose spec is cluster_spec (REWARD_WEIGHTS)",
     "causal_twin/quick/results.json": "causal_twin.py policy_rows (as the mid run); rerun on today's code: "
