@@ -8,10 +8,9 @@ Static checks on committed files: fast.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,15 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks" / "train_selection"
 
 
-@pytest.fixture(scope="module")
-def script() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import train_selection
-
-        yield train_selection
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+@pytest.fixture
+def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """benchmarks/train_selection.py as a module (its sibling helpers importable while the test runs)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return importlib.import_module("train_selection")
 
 
 def results() -> dict[str, dict[str, Any]]:
