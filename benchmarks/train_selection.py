@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from _docs import write_section
 from _scale_args import add_scale_args, scale_kwargs
+from scipy.stats import spearmanr
 from whatif_gate import LOGGING_TEXT, fit_or_load, logging_policy
 
 from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
@@ -107,6 +108,38 @@ def main() -> None:
         write_section(SECTION, text, keep=KEEP)
 
 
+def candidate_reals(doc: dict[str, Any], run: dict[str, Any]) -> list[tuple[dict[str, Any], float]]:
+    """Each candidate the selection of ``run`` scored in the twin, with its real return (the trained
+    network's is the default network's)."""
+    return [(s, run["default"]["network_real"] if s["trained"] else doc["simple_real"][s["name"]])
+            for s in run["selection"]["scores"]]  # fmt: skip
+
+
+def why(doc: dict[str, Any]) -> str:
+    """Where the default loses, per seed, from the selection's own record: which candidate it exported
+    and why, and how the twin's ranking of the scored candidates agrees with their real returns."""
+    parts = []
+    for r in doc["runs"]:
+        sel, scored = r["selection"], candidate_reals(doc, r)
+        trained = next(s for s, _ in scored if s["trained"])
+        if sel["exported_trained_network"]:
+            reason = "exported the trained network"
+        elif trained["out_of_support"] > sel["max_out_of_support"]:
+            reason = (f"set aside the trained network ({100 * trained['out_of_support']:.0f} % of its agent-steps outside "
+                      f"the logs' support, over the {100 * sel['max_out_of_support']:.0f} % rule; real "
+                      f"{r['default']['network_real']:.4f}) for {sel['chosen']} (real {r['default']['exported_real']:.4f})")
+        else:
+            reason = (f"preferred {sel['chosen']} (real {r['default']['exported_real']:.4f}) to the trained network (real "
+                      f"{r['default']['network_real']:.4f}) by the lower bound in the twin")
+        best, _ = max(((s, real) for s, real in scored if not s["trained"]), key=lambda x: x[1])
+        eligible = "eligible" if best["out_of_support"] <= sel["max_out_of_support"] else "not eligible"
+        rho = spearmanr([s["mean"] for s, _ in scored], [real for _, real in scored])[0]
+        parts.append(f"seed {r['seed']} {reason}; the best simple candidate on the cluster, {best['name']}, had "
+                     f"{100 * best['out_of_support']:.0f} % outside the support ({eligible}); twin's mean return vs "
+                     f"real return over the {len(scored)} scored candidates: Spearman ρ {rho:+.2f}")
+    return "; ".join(parts) + "."
+
+
 def section(docs: dict[str, dict[str, Any]]) -> str:
     steps = sorted({int(d["steps"]) for d in docs.values()})
     minutes = " + ".join(f"{d['minutes']:.0f} min ({name})" for name, d in docs.items())
@@ -116,7 +149,9 @@ def section(docs: dict[str, dict[str, Any]]) -> str:
         f"{'/'.join(str(s) for s in steps)}` ({minutes} on 2 shared CPU cores; the script's default is 40k PPO "
         "steps). The "
         "whatif-gate benchmark's twin (MAIL-MMSG, 5 members, 6 logged days); PPO in it with 64 agents per episode; "
-        "real return = mean per-step reward over 2 paired days of the cluster (100 service groups). *default* = "
+        "real return = mean per-step reward over 2 paired days of the cluster (100 service groups), the reward "
+        "being the cluster's `REWARD_WEIGHTS` (the operator's multi-objective since bd3f855; the JSON files of "
+        "runs before it, e.g. at 0e8be39, hold returns of another reward, not comparable). *default* = "
         "`edgetwin train`'s defaults: support-aware penalty (1 x ensemble disagreement), no action-norm pull, then "
         "selection among the trained network and the simple candidates by the lower bound of the 90 % interval of "
         "the return in the twin. The λ rows export the network as trained (no support penalty).", "",
@@ -145,7 +180,7 @@ def section(docs: dict[str, dict[str, Any]]) -> str:
             + " / ".join(f"{r['lambda=0']['network_real']:.3f}" for r in runs)
             + f"; best simple candidate {runs[0]['best_simple_real']:.3f}, logging policy {d['logging_real']:.3f}; "
             f"below the best simple candidate on seed(s): {below or 'none'}; smallest margin over it "
-            f"{margin:+.4f}."
+            f"{margin:+.4f}. Why: {why(d)}"
         )
         lines.append("")
     return "\n".join(lines)

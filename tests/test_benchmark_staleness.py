@@ -42,12 +42,6 @@ REWARD_CHANGE = "bd3f855"
 STALE: dict[str, str] = {
     "twin_fidelity/results.json": "twin_fidelity.py main: 12 policies' mean `reward` on EdgeCluster vs in the twin "
     "(spec.reward_fn = REWARD_WEIGHTS), PPO among them trained on it (ppo_in_twin)",
-    "table2_generalisation/results.json": "table2_generalisation.py main: train_policy in the twin with no `reward=`, "
-    "i.e. the spec's reward; the offload gain is what that PPO learned to trade",
-    "train_selection/results_production.json": "train_selection.py real_return: the mean `reward` of EdgeCluster "
-    "logs; PPO trained on the spec's reward and select_export ranks candidates by it",
-    "mafl/mafl_tables.json": "mafl_tables.py via federation.learners PPOLearner: PPO on EdgeClusterVecEnv of "
-    "site.cluster_config (heterogeneous_sites sets no reward_weights: REWARD_WEIGHTS); p95 task time is its outcome",
     "causal_twin/results.json": "causal_twin.py policy_rows: the policies' mean `reward` on the cluster vs the "
     "causal twin's, whose spec is cluster_spec (REWARD_WEIGHTS)",
     "causal_twin/quick/results.json": "causal_twin.py policy_rows (as the mid run); rerun on today's code: "
