@@ -618,12 +618,16 @@ def plot(d: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-#: keys of results_production.json that the coverage experiment and the scale run write (a rerun of
-#: the closed loop at one size keeps them)
-OTHER_RUNS_KEYS = ("coverage_experiment", "simulated_by_fleet_size", "designs", "coverage_seeds", "coverage_days",
-                   "seeds", "by_fleet_size", "scale_config", "canary_steps_ratio_fleet_size",
-                   "canary_steps_ratio_lower_bound", "quick_canary_steps_ratio", "extended", "one_day",
-                   "designs_by_fleet_size", "levers")  # fmt: skip
+def merged_results(cur: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
+    """A results file ``cur`` with the quick run ``d`` merged in: the quick run replaces the keys it
+    writes and every other key stays (the coverage, scale, extended, levers and saturation runs'
+    keys, which the at-a-glance table cites; a list of keys to keep went stale as runs were added
+    and would have dropped them). Where a scale run wrote the headline ``canary_steps_ratio``, it
+    keeps that key and the quick run's ratio goes to ``quick_canary_steps_ratio``."""
+    new = {**cur, **d}
+    if "by_fleet_size" in cur:
+        new["quick_canary_steps_ratio"], new["canary_steps_ratio"] = d["canary_steps_ratio"], cur["canary_steps_ratio"]
+    return new
 
 
 def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
@@ -631,10 +635,7 @@ def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
     if d is not None:
         path = OUT / f"results_{d['logging']}.json"
         cur = json.loads(path.read_text()) if path.is_file() else {}
-        new = {**{k: v for k, v in cur.items() if k in OTHER_RUNS_KEYS}, **d}  # the coverage and scale runs' keys stay
-        if "by_fleet_size" in cur:  # the scale run's headline keeps the key; this run's ratio is the quick one
-            new["quick_canary_steps_ratio"], new["canary_steps_ratio"] = d["canary_steps_ratio"], cur["canary_steps_ratio"]
-        path.write_text(json.dumps(new, indent=1, default=float))
+        path.write_text(json.dumps(merged_results(cur, d), indent=1, default=float))
     by_logging = {n: json.loads((OUT / f"results_{n}.json").read_text()) for n in LOGGING_TEXT
                   if (OUT / f"results_{n}.json").is_file()}  # fmt: skip
     for n, r in by_logging.items():
@@ -983,6 +984,12 @@ def main(argv: list[str] | None = None) -> None:
                          "guard did not stop (the only path a guard-stop change touches); rerun the others")
     ap.add_argument("--fresh-sizes", type=int, nargs="*", default=[], metavar="N",
                     help="--scale with --reuse-loop: fleet sizes at which every candidate's loop runs again")
+    ap.add_argument("--day-truth", action="store_true",
+                    help="recompute the 1,000-group scale truth of --seed day by day (--truth-days days, twin cached in "
+                         "--work) into scale/day_truth_seed<S>.json (_closed_loop_bound)")
+    ap.add_argument("--bound", action="store_true",
+                    help="classify the reseeded extended runs' open pairs by their distance from the margin against the "
+                         "day-to-day spread and the 16-day design's half-width (_closed_loop_bound) into verdict_bound")
     ap.add_argument("--levers", action="store_true",
                     help="what narrows the interval: every lever on the loop's first-day canaries at 1,000 groups for --seed "
                          "(_closed_loop_levers.run_levers) into --work/levers-s<seed>.json")
@@ -990,6 +997,18 @@ def main(argv: list[str] | None = None) -> None:
                     help="pool --work/levers-s<SEED>.json into results_production.json's levers and the page")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.day_truth:
+        from _closed_loop_bound import run_day_truth_cli
+
+        run_day_truth_cli(args.seed, args.truth_days, args.work, OUT)
+        return
+    if args.bound:
+        from _closed_loop_bound import run_bound_cli
+
+        res = run_bound_cli(OUT)
+        print(json.dumps({k: {a: b for a, b in r.items() if a != "pairs_detail"} for k, r in res["runs"].items()},
+                         indent=1, default=float))  # fmt: skip
+        return
     if args.levers or args.levers_merge is not None:
         from _closed_loop_levers import run_lever_cli
 

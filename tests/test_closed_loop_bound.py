@@ -1,0 +1,107 @@
+"""What bounds the loop's verdict rate (benchmarks/_closed_loop_bound.py, issue 48): the classes of the open
+pairs by the definition fixed before the numbers, the 16-day projection of the verdict's half-width, what the
+60 % target asks of it; and the quick run's merge into a results file that other runs also write."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bound() -> Iterator[Any]:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _closed_loop_bound
+
+    yield _closed_loop_bound
+    sys.path.remove(str(ROOT / "benchmarks"))
+
+
+@pytest.fixture(scope="module")
+def cl() -> Iterator[Any]:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import closed_loop
+
+    yield closed_loop
+    sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_the_classes_follow_the_definition(bound: Any) -> None:
+    assert bound.classify(0.01, 0.02, 0.5) == "within_day_spread"  # inside a day's spread, whatever h16
+    assert bound.classify(0.01, 0.02, None) == "within_day_spread"
+    assert bound.classify(0.10, 0.02, 0.20) == "beyond_16_days"
+    assert bound.classify(0.10, 0.02, 0.05) == "decidable"
+    assert bound.classify(0.10, 0.02, None) == "no_terms"
+
+
+def test_h16_pools_the_group_split_over_16_days_and_keeps_the_shared_term(bound: Any) -> None:
+    from edgetwin.loop.ppi import t_quantile
+
+    t = {"own": 4.0, "shared": 1.0, "day_one": 0.5, "days": 2.0, "df": 30.0, "level": 0.98, "base": 10.0}
+    q = t_quantile(0.98, 30.0)
+    assert math.isclose(bound.h16_of(t), q * math.sqrt(4.0 * 2 / 16 + 1.0 + 0.5 / 16) / 10.0)
+    # at 16 days already, only the day term's 1/16 applies to the one-day variance
+    t16 = {**t, "days": 16.0}
+    assert math.isclose(bound.h16_of(t16), q * math.sqrt(4.0 + 1.0 + 0.5 / 16) / 10.0)
+    # the shared term alone is a floor no number of days goes below
+    assert bound.h16_of({**t, "own": 0.0, "day_one": 0.0}, days=10_000) == pytest.approx(q * 1.0 / 10.0)
+    assert bound.h16_of(None) is None and bound.h16_of({**t, "base": 0.0}) is None
+
+
+def test_what_the_target_asks_is_the_gap_60_percent_of_the_pairs_exceed(bound: Any) -> None:
+    gaps = [0.5, 0.4, 0.3, 0.2, 0.1]
+    h = bound.needed(gaps, 0.6)  # 3 of 5 must exceed it: below the third largest
+    assert h == 0.3 and sum(g >= h for g in gaps) == 3 and sum(g > 0.2 for g in gaps) >= 3
+    assert bound.needed([1.0] * 10, 0.6) == 1.0
+    assert math.isnan(bound.needed([], 0.6))
+
+
+def test_daily_changes_average_to_the_multi_day_truth(bound: Any) -> None:
+    values = {"current": {"k": [1.0, 2.0, 3.0]}, "cand": {"k": [1.5, 2.0, 3.3]}}
+    ch = bound.daily_changes(values, "cand", "k")
+    assert ch.shape == (3,)
+    truth = (sum(values["cand"]["k"]) - sum(values["current"]["k"])) / sum(values["current"]["k"])
+    assert math.isclose(float(ch.mean()), truth)
+
+
+def _doc(seed: int, truth_change: float, verdict: str, terms: dict[str, float] | None) -> dict[str, Any]:
+    pair = {"policy": "p", "kpi": "k", "column": "c", "better": "lower", "allowed_change": 0.05,
+            "twin_alone": "abstain", "twin_canary": verdict, "truth_change": truth_change,
+            "truth_regress": truth_change > 0.05}  # fmt: skip
+    rounds = [{"look": True, "why": {"c": {"terms": terms}}}] if terms else [{"look": True, "why": {}}]
+    return {"seed": seed, "by_fleet_size": {"1000": {"pairs": [pair], "per_candidate": [{"policy": "p", "rounds": rounds}]}}}
+
+
+def test_verdict_bound_counts_decided_pairs_per_class_and_refuses_a_foreign_day_truth(bound: Any) -> None:
+    terms = {"own": 0.0, "shared": 0.0, "day_one": 0.0, "days": 1.0, "df": 30.0, "level": 0.98, "base": 1.0}
+    day = {0: {"values": {"current": {"k": [1.0, 1.0]}, "p": {"k": [1.2, 1.2]}}},  # +20 %, no spread: decidable
+           1: {"values": {"current": {"k": [1.0, 1.0]}, "p": {"k": [0.9, 1.22]}}}}  # +6 %, sd 22.6 %: within a day
+    docs = [_doc(0, 0.2, "regress", terms), _doc(1, 0.06, "abstain", terms)]
+    res = bound.verdict_bound({"r": docs}, day)["runs"]["r"]
+    assert res["pairs"] == 2 and res["decided"] == 1
+    assert res["by_class"]["decidable"]["decided"] == 1 and res["by_class"]["decidable"]["right"] == 1
+    assert res["by_class"]["within_day_spread"]["pairs"] == 1 and res["by_class"]["within_day_spread"]["decided"] == 0
+    assert res["by_class"]["decidable"]["ci"][1] == 1.0
+    with pytest.raises(ValueError, match="not the stored truth"):
+        bound.verdict_bound({"r": [_doc(0, 0.3, "regress", terms)]}, day)
+    with pytest.raises(ValueError, match="no day truth for seed 2"):
+        bound.verdict_bound({"r": [_doc(2, 0.2, "regress", terms)]}, day)
+
+
+def test_the_quick_run_merges_into_a_results_file_and_keeps_every_other_run(cl: Any) -> None:
+    cur = {"twin_canary": {"verdict_rate": 0.1}, "canary_steps_ratio": None, "by_fleet_size": {"1000": {}},
+           "extended_reseeded": {"x": 1}, "saturation": {"y": 2}, "some_future_run": [3]}  # fmt: skip
+    quick = {"twin_canary": {"verdict_rate": 0.4}, "canary_steps_ratio": 2.5, "logging": "production"}
+    new = cl.merged_results(cur, quick)
+    assert new["twin_canary"] == {"verdict_rate": 0.4} and new["logging"] == "production"
+    assert new["extended_reseeded"] == {"x": 1} and new["saturation"] == {"y": 2} and new["some_future_run"] == [3]
+    assert new["canary_steps_ratio"] is None and new["quick_canary_steps_ratio"] == 2.5  # the scale headline stays
+    alone = cl.merged_results({}, quick)  # no scale run in the file: the quick ratio is the file's own
+    assert alone["canary_steps_ratio"] == 2.5 and "quick_canary_steps_ratio" not in alone
