@@ -105,3 +105,42 @@ def test_the_quick_run_merges_into_a_results_file_and_keeps_every_other_run(cl: 
     assert new["canary_steps_ratio"] is None and new["quick_canary_steps_ratio"] == 2.5  # the scale headline stays
     alone = cl.merged_results({}, quick)  # no scale run in the file: the quick ratio is the file's own
     assert alone["canary_steps_ratio"] == 2.5 and "quick_canary_steps_ratio" not in alone
+
+
+def _stored() -> dict[str, Any]:
+    import json
+
+    return json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())["verdict_bound"]
+
+
+def test_the_stored_bound_is_what_the_stored_runs_and_day_truths_give(bound: Any) -> None:
+    """Recomputed from the scale runs' per-seed JSONs and the per-day truths: the same classes, counts and
+    what the target asks; each seed's day truth averages to the stored 20-day truth."""
+    import json
+
+    scale = ROOT / "docs/benchmarks/closed_loop/scale"
+    days = {s: json.loads((scale / f"day_truth_seed{s}.json").read_text()) for s in (0, 1, 2)}
+    for s, d in days.items():
+        assert d["days"] == 20 and d["fleet"] == 1000
+        assert all(c["kpis"] >= 7 and c["max_rel_gap"] < 1e-9 for c in d["check"].values()), (s, d["check"])
+    runs = {key: [json.loads((scale / f"{stem}_seed{s}.json").read_text()) for s in (0, 1, 2)]
+            for key, stem in bound.RUNS.items()}  # fmt: skip
+    again = bound.verdict_bound(runs, days)
+    stored = _stored()
+    for key, r in again["runs"].items():
+        s = stored["runs"][key]
+        assert r["pairs"] == s["pairs"] == 84 and r["decided"] == s["decided"]
+        for c in bound.CLASSES:
+            assert {k: r["by_class"][c][k] for k in ("pairs", "decided", "right")} == \
+                {k: s["by_class"][c][k] for k in ("pairs", "decided", "right")}, (key, c)
+        for k in ("h_needed", "f_needed", "median_gap", "median_h16", "median_day_sd", "reachable"):
+            assert r[k] == pytest.approx(s[k], rel=1e-9), (key, k)
+    # the loop's own scores: the decided pairs are the run's canary_verdict_rate's
+    res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())
+    for key in bound.RUNS:
+        assert stored["runs"][key]["decided"] == res[key]["by_fleet_size"]["1000"]["canary_decided"]
+
+
+def test_the_page_shows_the_stored_bound(bound: Any) -> None:
+    page = (ROOT / "docs/benchmarks/closed_loop/README.md").read_text()
+    assert bound.bound_section(_stored()).strip() in page
