@@ -43,6 +43,13 @@ target): ``h_needed``, the largest uniform relative half-width at which at least
 have ``gap`` above it (with the point estimate at the truth, a pair is decided iff its half-width
 is below its gap), and ``f_needed``, the largest factor ``f`` such that at least 60 % of the pairs
 have ``gap > f · h16`` (below 1: the 16-day intervals must narrow by ``1/f``).
+
+Added after the classes were first computed (not the definition; ``post_hoc_ratio``): the same
+classes with the day's spread measured as the sd of the daily *ratio* ``(candidate_d −
+current_d) / |current_d|`` (what one day's canary estimates), which differs from ``day_sd`` where a
+large effect meets a baseline level that moves from day to day (cloud-only's carbon: −98 % every
+day, on a carbon level that moves by 12 %). ``label_uncertain``: the pairs whose 20-day truth is
+itself within two standard errors (``2·day_sd/sqrt(20)``) of the margin.
 """
 
 from __future__ import annotations
@@ -196,14 +203,34 @@ def classified_pairs(run_docs: list[dict[str, Any]], day_docs: dict[int, dict[st
             sign = -1.0 if p["better"] == "higher" else 1.0
             gap = abs(p["allowed_change"] - sign * p["truth_change"])
             day_sd = float(np.std(ch, ddof=1))
+            cur, cand = (np.asarray(values[n][p["kpi"]], dtype=float) for n in ("current", p["policy"]))
+            ratio_sd = float(np.std((cand - cur) / np.abs(cur), ddof=1)) if np.all(cur != 0) else float("nan")
             terms = last_look_terms(entry["per_candidate"], p["policy"], p.get("column") or "")
             h16 = h16_of(terms)
             decided = p["twin_canary"] in DECIDED
             out.append({"seed": seed, "policy": p["policy"], "kpi": p["kpi"], "column": p.get("column"),
-                        "gap": gap, "day_sd": day_sd, "h16": h16,
+                        "gap": gap, "day_sd": day_sd, "h16": h16, "day_ratio_sd": ratio_sd, "truth_days": len(ch),
                         "twin_day_sd": (math.sqrt(max(terms["day_one"], 0.0)) / abs(terms["base"])) if terms else None,
                         "class": classify(gap, day_sd, h16), "decided": decided,
                         "right": decided and (p["twin_canary"] == "regress") == bool(p["truth_regress"])})  # fmt: skip
+    return out
+
+
+def by_kpi(pairs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per KPI column: the pairs, the medians of ``gap``, ``day_sd`` (the emulator's days), the
+    twin's own one-day spread at the last look (``twin_day_sd``: ``sqrt(day_one)/|base|``, the term
+    the verdict carries) and ``h16``, the classes' counts and the pairs decided."""
+    out: dict[str, dict[str, Any]] = {}
+    for col in sorted({str(p["column"]) for p in pairs}):
+        got = [p for p in pairs if str(p["column"]) == col]
+
+        def med(k: str, got: list[dict[str, Any]] = got) -> float | None:
+            v = [p[k] for p in got if p[k] is not None]
+            return float(np.median(v)) if v else None
+
+        out[col] = {"pairs": len(got), "decided": sum(p["decided"] for p in got),
+                    **{k: med(k) for k in ("gap", "day_sd", "twin_day_sd", "h16")},
+                    "classes": {c: sum(p["class"] == c for p in got) for c in CLASSES}}  # fmt: skip
     return out
 
 
@@ -231,6 +258,12 @@ def verdict_bound(run_docs: dict[str, list[dict[str, Any]]], day_docs: dict[int,
             "median_gap": float(np.median(gaps)), "median_h16": float(np.median(h16s)) if h16s else None,
             "median_day_sd": float(np.median([p["day_sd"] for p in pairs])),
             "reachable": sum(p["class"] == "decidable" for p in pairs) / len(pairs) if pairs else None,
+            "by_kpi": by_kpi(pairs),
+            # post hoc: pairs whose 20-day label is itself within two of its standard errors of the margin
+            "label_uncertain": sum(p["gap"] < 2.0 * p["day_sd"] / math.sqrt(p["truth_days"]) for p in pairs),
+            "post_hoc_ratio": {c: {"pairs": sum(classify(p["gap"], p["day_ratio_sd"], p["h16"]) == c for p in pairs),
+                                   "decided": sum(classify(p["gap"], p["day_ratio_sd"], p["h16"]) == c and p["decided"]
+                                                  for p in pairs)} for c in CLASSES},
             "pairs_detail": pairs,
         }  # fmt: skip
     return res
@@ -293,6 +326,28 @@ def bound_section(res: dict[str, Any]) -> str:
         lines.append(f"| {RUN_TEXT.get(key, key)} | {r['pairs']} | {_pct(r['reachable'])} | {_pct(r['median_gap'])} | "
                      f"{_pct(r['median_h16'])} | {_pct(r['median_day_sd'])} | {_pct(r['h_needed'])} | "
                      f"{r['f_needed']:.2f} ({r['f_pairs']}) |")  # fmt: skip
+    keys = list(res["runs"])
+    first = res["runs"][keys[0]]
+    names = " / ".join(RUN_TEXT.get(k, k).split(" (")[0].split(",")[0] for k in keys)
+    lines += ["", f"Per KPI (medians; where two values: {names}); the twin's one-day spread is the day-to-day term the "
+              "verdict carries (`sqrt(day_one)/|base|` at the last look, from the twin's replay of 6 recent days), beside "
+              "the emulator's over the 20 truth days:", "",
+              "| KPI | open pairs | gap | sd of the daily effect (emulator) | the twin's one-day sd | h16 | within a day's "
+              "spread / beyond 16 days / decidable | decided |", "|---|---:|---:|---:|---:|---:|---|---|"]  # fmt: skip
+    for col, a in first["by_kpi"].items():
+        bs = [res["runs"][k]["by_kpi"][col] for k in keys]
+        lines.append(f"| {col} | {a['pairs']} | {_pct(a['gap'])} | {_pct(a['day_sd'])} | "
+                     f"{' / '.join(_pct(b['twin_day_sd']) for b in bs)} | {' / '.join(_pct(b['h16']) for b in bs)} | "
+                     + " ; ".join("/".join(str(b["classes"][c]) for c in CLASSES[:3]) for b in bs)
+                     + f" | {' / '.join(str(b['decided']) for b in bs)} |")  # fmt: skip
+    lines += ["", "Added after the classes were first computed (not the definition): with the day's spread measured as the "
+              "sd of the daily ratio (candidate ÷ current that day − 1: what one day's canary estimates), the classes "
+              "within a day's spread / beyond 16 days / decidable hold "
+              + "; ".join(f"{RUN_TEXT.get(k, k)}: " + " / ".join(
+                  f"{r['post_hoc_ratio'][c]['pairs']} ({r['post_hoc_ratio'][c]['decided']} decided)" for c in CLASSES[:3])
+                  for k, r in res["runs"].items()) + f" pairs. The 20-day truth itself lies within two of its standard "
+              f"errors (2 × the sd of the daily effect / √20) of the margin for {first['label_uncertain']} of the "
+              f"{first['pairs']} pairs: their label is not sure either."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -144,3 +144,51 @@ def test_the_stored_bound_is_what_the_stored_runs_and_day_truths_give(bound: Any
 def test_the_page_shows_the_stored_bound(bound: Any) -> None:
     page = (ROOT / "docs/benchmarks/closed_loop/README.md").read_text()
     assert bound.bound_section(_stored()).strip() in page
+
+
+def test_what_the_bound_says_quotes_the_stored_bound(bound: Any) -> None:
+    """Every number of the hand-written subsection is the stored `verdict_bound`'s."""
+    page = (ROOT / "docs/benchmarks/closed_loop/README.md").read_text()
+    start = page.index("### What the bound says")
+    end = page.find("\n## ", start)
+    text = " ".join(page[start:end if end > 0 else None].split())
+    st = _stored()
+    sl, fc = (st["runs"][k] for k in ("extended_reseeded", "extended_fleet_control_reseeded"))
+    cls = [r["by_class"] for r in (sl, fc)]
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f} %"
+
+    def rate(c: dict[str, Any]) -> str:
+        return f"{c['decided']}/{c['pairs']} = {pct(c['rate'])} [{100 * c['ci'][0]:.1f}, {100 * c['ci'][1]:.1f}]"
+
+    assert f"Of the {sl['pairs']} open pairs, {cls[0]['within_day_spread']['pairs']} lie within one day's" in text
+    assert cls[0]["within_day_spread"]["pairs"] == cls[1]["within_day_spread"]["pairs"]  # same truths, same sd
+    assert (f"{cls[0]['beyond_16_days']['pairs']} (slice control) / {cls[1]['beyond_16_days']['pairs']} (fleet control) "
+            f"lie beyond") in text  # fmt: skip
+    assert f"{cls[0]['decidable']['pairs']} / {cls[1]['decidable']['pairs']} are decidable" in text
+    assert f"({pct(sl['reachable'])} / {pct(fc['reachable'])} of the open pairs)" in text
+    assert f"half-width below {pct(sl['h_needed'])} of the baseline" in text and sl["h_needed"] == fc["h_needed"]
+    assert f"median h16 is {pct(sl['median_h16'])} / {pct(fc['median_h16'])}" in text
+    assert f"{rate(cls[0]['decidable'])} and {rate(cls[1]['decidable'])}" in text
+    assert all(c["decidable"]["right"] == c["decidable"]["decided"] for c in cls)  # "all right"
+    for c, who in zip(cls, ("slice-control loop decided", "fleet-control loop"), strict=True):
+        out = [c[k] for k in ("within_day_spread", "beyond_16_days")]
+        k, n = sum(o["decided"] for o in out), sum(o["pairs"] for o in out)
+        wrong = k - sum(o["right"] for o in out)
+        assert f"{who} {k} of {n} ({wrong} wrong" in text, who
+    assert f"{cls[1]['within_day_spread']['decided']} of them within a day's spread" in text
+    kpis = {k: v for k, v in sl["by_kpi"].items() if k != "reward"}
+    twin = [v["twin_day_sd"] for r in (sl, fc) for k, v in r["by_kpi"].items() if k != "reward"]
+    emu = [v["day_sd"] for v in kpis.values()]
+    assert f"is {pct(min(twin))[:-2]}-{pct(max(twin))} of the baseline per KPI" in text
+    assert f"spread the fleet-wide effect by {pct(min(emu))[:-2]}-{pct(max(emu))}" in text
+    assert (f"carbon {pct(kpis['kpi.carbon_g']['day_sd'])}, task time {pct(kpis['kpi.task_time_ms']['day_sd'])}, "
+            f"energy {pct(kpis['kpi.energy_j']['day_sd'])}") in text  # fmt: skip
+    assert f"not sure either for {sl['label_uncertain']} of the {sl['pairs']} pairs" in text
+    wrong = {k: [(p["seed"], p["policy"], p["column"], p["class"], round(p["gap"], 3))
+                 for p in st["runs"][k]["pairs_detail"] if p["decided"] and not p["right"]] for k in st["runs"]}  # fmt: skip
+    assert (0, "least-loaded, cheap", "kpi.carbon_g", "beyond_16_days", 0.146) in wrong["extended_reseeded"]
+    assert "seed 0 least-loaded, cheap's carbon *regress*, truth −9.6 %, beyond the 16-day design" in text
+    assert (1, "slo-aware heuristic", "kpi.carbon_g", "within_day_spread", 0.001) in wrong["extended_fleet_control_reseeded"]
+    assert "seed 1 SLO-aware heuristic's carbon *ok*, 0.1 % from the margin: wrong" in text
