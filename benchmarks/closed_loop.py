@@ -486,6 +486,15 @@ def _pct(x: Any) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f} %"
 
 
+def guarded_kpis(by_logging: dict[str, Any]) -> str:
+    """The KPIs the runs' pairs guard, per logging where the runs differ (a run from before the
+    gate guarded more KPIs holds fewer)."""
+    kpis = {n: sorted({str(p["kpi"]) for p in d["pairs"]}) for n, d in by_logging.items()}
+    if len({tuple(v) for v in kpis.values()}) == 1:
+        return ", ".join(next(iter(kpis.values())))
+    return "; ".join(f"{n}: {', '.join(v)}" for n, v in kpis.items())
+
+
 def section(by_logging: dict[str, Any]) -> str:
     any_run = next(iter(by_logging.values()))
     c = any_run["config"]
@@ -500,7 +509,7 @@ def section(by_logging: dict[str, Any]) -> str:
         f"gate benchmark's settings); candidates: the what-if gate benchmark's {len(c['candidates'])} "
         f"(`whatif_gate.candidates`, PPO {c['ppo_steps']} steps in the twin); {c['days']} day(s) per candidate; "
         f"budget per round: ≤ {100 * c['max_share']:g} % of the groups (half on the candidate), ≤ 1 day "
-        f"(23 h after 4 pre-ticks), fleet-wide realised loss ≤ {100 * MAX_LOSS['return']:g} % per guarded KPI; "
+        f"(23 h after 4 pre-ticks), fleet-wide realised loss ≤ {100 * MAX_LOSS['return']:g} % per capped KPI; "
         f"≤ {c['max_rounds']} rounds, `Twin.update` {c['update']['epochs']} epochs × {c['update']['max_steps']} "
         f"steps between rounds; margin {100 * c['margin']:g} %. Canary alone: Mann-Whitney U per KPI on per-tick "
         f"arm means, two one-sided tests at {c['kayenta_alpha']:g}, Inconclusive below {c['kayenta_min_points']} "
@@ -509,16 +518,17 @@ def section(by_logging: dict[str, Any]) -> str:
         "no loss-budget stop (Kayenta has none), their loss measured against the same budget. Truth: each "
         "candidate on the whole cluster for the same day.",
         "",
-        "Wall time of the last runs (both at once, on the shared machine): "
+        "Wall time of the last runs (on the shared machine, beside other jobs): "
         + ", ".join(f"{n} {d['seconds']['total'] / 60:.1f} min (twin fit or load {d['seconds']['fit']:.0f} s, loop "
                     f"{d['seconds']['loop'] / 60:.1f} min, canary alone's sweep {d['seconds']['sweep'] / 60:.1f} min)"
                     for n, d in by_logging.items())
         + "; the twin and the PPO candidate are cached in `--work` (a cold run fits them: ~3 min more when loaded).",
         "",
-        "Guarded pairs: the gate's default guards (every KPI with a direction: offload ratio, SLO violation, "
-        "reward, return; 5 % margin). The what-if gate benchmark's extra KPIs (p95 task time, energy and carbon "
-        "per demand, the demand-weighted SLO rate) are not in this benchmark: neither the prediction-powered "
-        "verdict (a difference of per-group means) nor a per-tick arm mean estimates a quantile or a ratio.",
+        f"Guarded pairs: the gate's default guards, every KPI with a direction ({guarded_kpis(by_logging)}; "
+        f"{100 * c['margin']:g} % margin); the loss budget caps {', '.join(c['max_loss'])} (relative to the fleet's "
+        "level). The what-if gate benchmark's quantile and ratio KPIs (p95 task time, energy and carbon per demand, "
+        "the demand-weighted SLO rate) are not in this benchmark: neither the prediction-powered verdict (a "
+        "difference of per-group means) nor a per-tick arm mean estimates a quantile or a ratio.",
         "",
         "| logs | arm | pairs | verdict rate (target ≥ 90 %) | confident agreement (≥ 97 %) | canary agent-steps "
         "| canary rounds | rounds over budget (0) | post-update regression rate (promoted) |",
@@ -984,6 +994,9 @@ def main(argv: list[str] | None = None) -> None:
                          "guard did not stop (the only path a guard-stop change touches); rerun the others")
     ap.add_argument("--fresh-sizes", type=int, nargs="*", default=[], metavar="N",
                     help="--scale with --reuse-loop: fleet sizes at which every candidate's loop runs again")
+    ap.add_argument("--loss-diagnosis", action="store_true",
+                    help="with --quick: per candidate, the smallest canary's worst-case loss against each capped KPI's "
+                         "budget (_closed_loop_budget) into results_<logging>.json's loss_budget_diagnosis")
     ap.add_argument("--day-truth", action="store_true",
                     help="recompute the 1,000-group scale truth of --seed day by day (--truth-days days, twin cached in "
                          "--work) into scale/day_truth_seed<S>.json (_closed_loop_bound)")
@@ -997,6 +1010,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="pool --work/levers-s<SEED>.json into results_production.json's levers and the page")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.loss_diagnosis:
+        from _closed_loop_budget import loss_budget_diagnosis
+
+        diag = loss_budget_diagnosis(args)
+        path = OUT / f"results_{args.logging}.json"
+        cur = json.loads(path.read_text())
+        cur["loss_budget_diagnosis"] = diag
+        path.write_text(json.dumps(cur, indent=1, default=float))
+        return
     if args.day_truth:
         from _closed_loop_bound import run_day_truth_cli
 
