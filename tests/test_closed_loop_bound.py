@@ -192,3 +192,22 @@ def test_what_the_bound_says_quotes_the_stored_bound(bound: Any) -> None:
     assert "seed 0 least-loaded, cheap's carbon *regress*, truth −9.6 %, beyond the 16-day design" in text
     assert (1, "slo-aware heuristic", "kpi.carbon_g", "within_day_spread", 0.001) in wrong["extended_fleet_control_reseeded"]
     assert "seed 1 SLO-aware heuristic's carbon *ok*, 0.1 % from the margin: wrong" in text
+
+
+def test_the_at_a_glance_line_quotes_the_stored_bound() -> None:
+    readme = (ROOT / "docs/benchmarks/README.md").read_text().splitlines()
+    (line,) = [x for x in readme if "verdict_bound.runs.extended_reseeded.reachable" in x]
+    st = _stored()
+    sl, fc = (st["runs"][k] for k in ("extended_reseeded", "extended_fleet_control_reseeded"))
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f} %"
+
+    assert f"share of the {sl['pairs']} open pairs" in line and f"fleet control {pct(fc['reachable'])})" in line
+    assert (f"decides {pct(sl['by_class']['decidable']['rate'])} of these (fleet control "
+            f"{pct(fc['by_class']['decidable']['rate'])}), all right") in line  # fmt: skip
+    assert all(r["by_class"]["decidable"]["right"] == r["by_class"]["decidable"]["decided"] for r in (sl, fc))
+    assert f"half-width below {pct(sl['h_needed'])} where the median is {pct(sl['median_h16'])}" in line
+    twin = [v["twin_day_sd"] for r in (sl, fc) for k, v in r["by_kpi"].items() if k != "reward"]
+    emu = [v["day_sd"] for k, v in sl["by_kpi"].items() if k != "reward"]
+    assert f"by {100 * min(emu):.1f}-{pct(max(emu))} per KPI" in line and f"carries {100 * min(twin):.1f}-{pct(max(twin))})" in line
