@@ -76,20 +76,15 @@ def day_truth(seed: int, days: int, work: Path, log: Any = print) -> dict[str, A
     at `FLEET` groups (the same twin, candidates, current policy, configuration and day seeds as
     `_closed_loop_scale.run_seed` / `multi_day_truth`; the policies fresh, as every day's copy
     there is a deep copy). Returns ``{"seed", "days", "values": {policy: {kpi: [v_d]}}}``."""
-    from _closed_loop_scale import SCALE_CANDIDATES, TWIN_DAYS, TWIN_GROUPS, TWIN_MEMBERS
+    from _closed_loop_scale import SCALE_CANDIDATES, seed_twin
     from closed_loop import truth_kpis
-    from whatif_gate import candidates, fit_or_load, logging_policy
+    from whatif_gate import candidates, logging_policy
 
-    from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
+    from edgetwin.emulator.cluster import ClusterConfig
     from edgetwin.emulator.logs import generate_logs
     from edgetwin.twin.whatif import default_kpis
 
-    small = ClusterConfig(n_agents=TWIN_GROUPS, steps=96)
-    spec = cluster_spec(small)
-    train, _ = generate_logs(small, episodes=TWIN_DAYS, policy=logging_policy("production", spec, seed), seed=seed)
-    wdir = work / f"production-n{TWIN_GROUPS}-d{TWIN_DAYS}-s{seed}"
-    wdir.mkdir(parents=True, exist_ok=True)
-    twin = fit_or_load(wdir, "production", TWIN_MEMBERS, train, spec)
+    spec, _train, twin = seed_twin(seed, work)
     lay = twin.layout
     kdefs = default_kpis(twin.spec, lay.outputs + ([] if lay.predict_reward else ["reward"]))
     allp = candidates(spec, twin, "production", seed)
