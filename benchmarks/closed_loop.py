@@ -554,7 +554,9 @@ def section(by_logging: dict[str, Any]) -> str:
         t, r = d["twin_canary"], d["canary_steps_reach"]
         at = "not reached" if r["steps"] is None else f"{r['steps']:,.0f} agent-steps"
         q = d.get("quick_canary_steps_ratio", d["canary_steps_ratio"])  # the scale run's headline replaces the key
-        ratio = (f"≥ {r['lower_bound']:.1f}× (not reached)" if r.get("lower_bound") is not None
+        # a loop that decided nothing sets no rate to reach: any canary "reaches" 0 %, so no ratio
+        ratio = ("n/a (the loop decided nothing)" if not t["decided"]
+                 else f"≥ {r['lower_bound']:.1f}× (not reached)" if r.get("lower_bound") is not None
                  else "n/a" if q is None else f"{q:.2f}×")  # fmt: skip
         how = r["how"] + (f" (largest sweep point {r['max_steps']:,.0f})" if r["steps"] is None else "")
         lines.append(f"| {name} | {_pct(t['verdict_rate'])} / {_pct(t['confident_agreement'])} / "

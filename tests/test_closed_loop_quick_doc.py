@@ -108,3 +108,27 @@ def test_the_at_a_glance_lines_say_what_the_quick_run_did() -> None:
     assert res["quick_canary_steps_ratio"] is None and tc["canary_agent_steps"] == 0 and "no ratio" in steps
     (budget,) = _lines("twin_canary.canary_rounds")
     assert f"went over on {ca['rounds_over_budget']} of {ca['canary_rounds']}" in budget and tc["canary_rounds"] == 0
+
+
+def test_what_the_numbers_say_quotes_the_random_run() -> None:
+    res, text = json.loads((DOCS / "results_random.json").read_text()), _said()
+    tc, ca, diag = res["twin_canary"], res["canary_alone"], res["loss_budget_diagnosis"]
+    alone = collections.Counter(p["twin_alone"] for p in res["pairs"])
+    assert f"Twin + canary {_pct(tc['verdict_rate'])} of {tc['pairs']} pairs" in text and tc["decided"] == 0
+    assert f"({alone['straddle']} *straddle*, {alone['below_level']} below the asked level)" in text
+    assert res["twin_alone"]["decided"] == 0
+    blocked = {n: c for n, c in diag["candidates"].items() if "reward" in c["blocked_by"]}
+    share = [c["kpis"]["reward"]["share"] for c in blocked.values()]
+    assert f"smallest canary for {len(blocked)} of the {len(diag['candidates'])}" in text
+    assert f"({min(share):.2f}× to {max(share):.2f}× its cap" in text
+    assert f"mean reward {diag['levels']['reward']:.3f}, its groups spread by {diag['group_sd']['reward']:.2f})" in text
+    (free,) = [n for n, c in diag["candidates"].items() if not c["blocked_by"]]
+    (pc,) = [c for c in res["per_candidate"] if c["policy"] == free]
+    assert free == "uniform random" and f"ran {len(pc['rounds'])} rounds ({tc['canary_agent_steps']} agent-steps)" in text
+    assert "more than 365 more days" in pc["reason"]
+    assert all(c["rounds"] == [] for c in res["per_candidate"] if c["policy"] != free)
+    assert f"decides {_pct(ca['verdict_rate'])} at {_pct(ca['confident_agreement'])}" in text
+    assert f"`canary_steps_ratio` on random logs, {res['canary_steps_ratio']:.2f}," in text
+    assert res["canary_steps_reach"]["steps"] / tc["canary_agent_steps"] == pytest.approx(res["canary_steps_ratio"])
+    page = " ".join((DOCS / "README.md").read_text().split())
+    assert page.count("| n/a (the loop decided nothing) |") == 2  # the steps table: no ratio on either logging
