@@ -57,6 +57,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,12 @@ def needed(values: list[float], target: float = TARGET) -> float:
 def run_day_truth_cli(seed: int, days: int, work: Path, out: Path) -> dict[str, Any]:
     """``--day-truth``: the per-day truth of ``seed`` into ``out/scale/day_truth_seed<S>.json``,
     with its check against the stored 20-day truth (``scale/seed<S>.json``)."""
-    stored = json.loads((out / "scale" / f"seed{seed}.json").read_text())["by_fleet_size"][str(FLEET)]["truth"]
+    path = out / "scale" / f"seed{seed}.json"
+    try:
+        stored = json.loads(path.read_text())["by_fleet_size"][str(FLEET)]["truth"]
+    except (OSError, KeyError, ValueError) as e:
+        print(f"--day-truth --seed {seed}: no stored {FLEET}-group truth in {path} ({type(e).__name__})", file=sys.stderr)
+        raise SystemExit(2) from None
     doc = day_truth(seed, days, work, log=lambda s: print(s, flush=True))
     doc["check"] = check_against_stored(doc, stored)
     (out / "scale" / f"day_truth_seed{seed}.json").write_text(json.dumps(doc, indent=1))
@@ -352,12 +358,16 @@ def run_bound_cli(out: Path) -> dict[str, Any]:
     from _docs import write_section
 
     scale = out / "scale"
-    days = {int(p.stem.removeprefix("day_truth_seed")): json.loads(p.read_text())
-            for p in sorted(scale.glob("day_truth_seed*.json"))}  # fmt: skip
-    cur = json.loads((out / "results_production.json").read_text())
-    runs = {key: [json.loads((scale / f"{stem}_seed{s}.json").read_text()) for s in cur[key]["seeds"]]
-            for key, stem in RUNS.items()}  # fmt: skip
-    res = verdict_bound(runs, days)
+    try:
+        days = {int(p.stem.removeprefix("day_truth_seed")): json.loads(p.read_text())
+                for p in sorted(scale.glob("day_truth_seed*.json"))}  # fmt: skip
+        cur = json.loads((out / "results_production.json").read_text())
+        runs = {key: [json.loads((scale / f"{stem}_seed{s}.json").read_text()) for s in cur[key]["seeds"]]
+                for key, stem in RUNS.items()}  # fmt: skip
+        res = verdict_bound(runs, days)
+    except (OSError, KeyError, ValueError) as e:  # a missing or foreign input: one line, exit 2
+        print(f"--bound: {type(e).__name__}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     cur["verdict_bound"] = res
     (out / "results_production.json").write_text(json.dumps(cur, indent=1, default=float))
     write_section(SECTION, bound_section(res), out / "README.md", keep=KEEP)

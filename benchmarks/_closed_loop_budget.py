@@ -16,6 +16,7 @@ multi-objective reward since bd3f855) is one no worst case fits. Written to
 from __future__ import annotations
 
 import copy
+import sys
 from typing import Any
 
 #: the smallest canary the planner considers: 4 groups, half on the candidate
@@ -36,7 +37,8 @@ def loss_budget_diagnosis(args: Any) -> dict[str, Any]:
     from edgetwin.policies.gate import run_gate
 
     if not args.quick:
-        raise SystemExit("--loss-diagnosis: only the quick configuration (--quick) is diagnosed")
+        print("--loss-diagnosis: only the quick configuration (--quick) is diagnosed", file=sys.stderr)
+        raise SystemExit(2)
     n_agents = args.agents or 60
     cfg = ClusterConfig(n_agents=n_agents, steps=96)
     spec = cluster_spec(cfg)

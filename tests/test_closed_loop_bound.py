@@ -211,3 +211,13 @@ def test_the_at_a_glance_line_quotes_the_stored_bound() -> None:
     twin = [v["twin_day_sd"] for r in (sl, fc) for k, v in r["by_kpi"].items() if k != "reward"]
     emu = [v["day_sd"] for k, v in sl["by_kpi"].items() if k != "reward"]
     assert f"by {100 * min(emu):.1f}-{pct(max(emu))} per KPI" in line and f"carries {100 * min(twin):.1f}-{pct(max(twin))})" in line
+
+
+def test_missing_inputs_are_one_line_errors_with_exit_2(bound: Any, tmp_path: Path, capsys: Any) -> None:
+    with pytest.raises(SystemExit) as e:
+        bound.run_bound_cli(tmp_path)  # no results_production.json, no day truths
+    assert e.value.code == 2 and capsys.readouterr().err.startswith("--bound: ")
+    with pytest.raises(SystemExit) as e:
+        bound.run_day_truth_cli(7, 20, tmp_path / "work", tmp_path)  # no scale/seed7.json: refused before any run
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--day-truth --seed 7" in err and "seed7.json" in err and err.endswith("\n") and err.count("\n") == 1
