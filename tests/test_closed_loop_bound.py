@@ -221,3 +221,15 @@ def test_missing_inputs_are_one_line_errors_with_exit_2(bound: Any, tmp_path: Pa
         bound.run_day_truth_cli(7, 20, tmp_path / "work", tmp_path)  # no scale/seed7.json: refused before any run
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--day-truth --seed 7" in err and "seed7.json" in err and err.endswith("\n") and err.count("\n") == 1
+
+
+def test_the_headline_line_qualifies_its_day_to_day_clause_with_the_bound() -> None:
+    """The 1,000-group headline line says the open pairs are not held by the day term the verdict carries; it
+    quotes that term beside the emulator's own day-to-day spread (`verdict_bound`)."""
+    readme = (ROOT / "docs/benchmarks/README.md").read_text().splitlines()
+    (line,) = [x for x in readme if "`closed_loop/results_production.json:by_fleet_size.1000.canary_verdict_rate × 100`" in x]
+    st = _stored()["runs"]
+    twin = [v["twin_day_sd"] for r in st.values() for k, v in r["by_kpi"].items() if k != "reward"]
+    emu = [v["day_sd"] for k, v in st["extended_reseeded"]["by_kpi"].items() if k != "reward"]
+    assert (f"the day-to-day term the verdict carries, {100 * min(twin):.1f}-{100 * max(twin):.1f} % per KPI where the "
+            f"emulator's days spread the effect by {100 * min(emu):.1f}-{100 * max(emu):.1f} %") in line  # fmt: skip
