@@ -42,6 +42,8 @@ sweep point's agent-steps over twin + canary's).
 
     python benchmarks/closed_loop.py --logging random|production [--quick] [--seed 0] [--work DIR] [--no-write]
     python benchmarks/closed_loop.py --coverage [--seeds 3] [--runs 200] [--days 20] [--fleet-sizes 100 1000 5000]
+    python benchmarks/closed_loop.py --loss-diagnosis --logging L --quick --seed 0 --work DIR   (_closed_loop_budget)
+    python benchmarks/closed_loop.py --day-truth --seed S --truth-days 20 --work DIR; ... --bound   (_closed_loop_bound)
 
 ``--coverage`` (about a minute of CPU): the coverage experiment of issue 48 (`coverage_experiment`,
 `design_comparison`): canaries simulated on the emulator's per-group outcomes, no twin fitted, into
