@@ -203,6 +203,23 @@ def sweep_label(n: int, share: float, hours: float) -> str:
     return f"{100 * share:g} % ({max(4, int(math.floor(share * n + 1e-9)))} groups) × {hours:g} h"
 
 
+def seed_twin(seed: int, work: Path) -> tuple[Any, Any, Any]:
+    """One seed's ``(spec, training logs, twin)``: `TWIN_DAYS` days of `TWIN_GROUPS` groups under the
+    production logging policy, the twin fitted once and cached under ``work`` (the scale run and the
+    per-day truth, `_closed_loop_bound.day_truth`, share it)."""
+    from whatif_gate import fit_or_load, logging_policy
+
+    from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
+    from edgetwin.emulator.logs import generate_logs
+
+    small = ClusterConfig(n_agents=TWIN_GROUPS, steps=96)
+    spec = cluster_spec(small)
+    train, _ = generate_logs(small, episodes=TWIN_DAYS, policy=logging_policy("production", spec, seed), seed=seed)
+    wdir = work / f"production-n{TWIN_GROUPS}-d{TWIN_DAYS}-s{seed}"
+    wdir.mkdir(parents=True, exist_ok=True)
+    return spec, train, fit_or_load(wdir, "production", TWIN_MEMBERS, train, spec)
+
+
 def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path, n_candidates: int = 0,
              log: Any = print, max_days: int = 1, reuse: Path | None = None, skip: int = 0,
              reuse_loop: Path | None = None, fresh_sizes: list[int] | None = None, fleet_control: bool = False,
@@ -220,19 +237,12 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
     they are (both are seeded and do not depend on the loop), so that only the loop runs again.
     ``fleet_control``, ``cuped``: the loop's control arm and pre-period slope (`canary_loop`'s)."""
     from closed_loop import MAX_HOURS, MAX_SHARE
-    from whatif_gate import candidates, fit_or_load, logging_policy
+    from whatif_gate import candidates, logging_policy
 
-    from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
-    from edgetwin.emulator.logs import generate_logs
     from edgetwin.loop.plan import PlanBudget
 
     t0 = time.perf_counter()
-    small = ClusterConfig(n_agents=TWIN_GROUPS, steps=96)
-    spec = cluster_spec(small)
-    train, _ = generate_logs(small, episodes=TWIN_DAYS, policy=logging_policy("production", spec, seed), seed=seed)
-    wdir = work / f"production-n{TWIN_GROUPS}-d{TWIN_DAYS}-s{seed}"
-    wdir.mkdir(parents=True, exist_ok=True)
-    twin = fit_or_load(wdir, "production", TWIN_MEMBERS, train, spec)
+    spec, train, twin = seed_twin(seed, work)
     allp = candidates(spec, twin, "production", seed)
     names = list(SCALE_CANDIDATES)[: n_candidates or None]
     pols = {n: allp[n] for n in names[skip:]}

@@ -42,6 +42,8 @@ sweep point's agent-steps over twin + canary's).
 
     python benchmarks/closed_loop.py --logging random|production [--quick] [--seed 0] [--work DIR] [--no-write]
     python benchmarks/closed_loop.py --coverage [--seeds 3] [--runs 200] [--days 20] [--fleet-sizes 100 1000 5000]
+    python benchmarks/closed_loop.py --loss-diagnosis --logging L --quick --seed 0 --work DIR   (_closed_loop_budget)
+    python benchmarks/closed_loop.py --day-truth --seed S --truth-days 20 --work DIR; ... --bound   (_closed_loop_bound)
 
 ``--coverage`` (about a minute of CPU): the coverage experiment of issue 48 (`coverage_experiment`,
 `design_comparison`): canaries simulated on the emulator's per-group outcomes, no twin fitted, into
@@ -486,6 +488,15 @@ def _pct(x: Any) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f} %"
 
 
+def guarded_kpis(by_logging: dict[str, Any]) -> str:
+    """The KPIs the runs' pairs guard, per logging where the runs differ (a run from before the
+    gate guarded more KPIs holds fewer)."""
+    kpis = {n: sorted({str(p["kpi"]) for p in d["pairs"]}) for n, d in by_logging.items()}
+    if len({tuple(v) for v in kpis.values()}) == 1:
+        return ", ".join(next(iter(kpis.values())))
+    return "; ".join(f"{n}: {', '.join(v)}" for n, v in kpis.items())
+
+
 def section(by_logging: dict[str, Any]) -> str:
     any_run = next(iter(by_logging.values()))
     c = any_run["config"]
@@ -500,7 +511,7 @@ def section(by_logging: dict[str, Any]) -> str:
         f"gate benchmark's settings); candidates: the what-if gate benchmark's {len(c['candidates'])} "
         f"(`whatif_gate.candidates`, PPO {c['ppo_steps']} steps in the twin); {c['days']} day(s) per candidate; "
         f"budget per round: ≤ {100 * c['max_share']:g} % of the groups (half on the candidate), ≤ 1 day "
-        f"(23 h after 4 pre-ticks), fleet-wide realised loss ≤ {100 * MAX_LOSS['return']:g} % per guarded KPI; "
+        f"(23 h after 4 pre-ticks), fleet-wide realised loss ≤ {100 * MAX_LOSS['return']:g} % per capped KPI; "
         f"≤ {c['max_rounds']} rounds, `Twin.update` {c['update']['epochs']} epochs × {c['update']['max_steps']} "
         f"steps between rounds; margin {100 * c['margin']:g} %. Canary alone: Mann-Whitney U per KPI on per-tick "
         f"arm means, two one-sided tests at {c['kayenta_alpha']:g}, Inconclusive below {c['kayenta_min_points']} "
@@ -509,16 +520,17 @@ def section(by_logging: dict[str, Any]) -> str:
         "no loss-budget stop (Kayenta has none), their loss measured against the same budget. Truth: each "
         "candidate on the whole cluster for the same day.",
         "",
-        "Wall time of the last runs (both at once, on the shared machine): "
+        "Wall time of the last runs (on the shared machine, beside other jobs): "
         + ", ".join(f"{n} {d['seconds']['total'] / 60:.1f} min (twin fit or load {d['seconds']['fit']:.0f} s, loop "
                     f"{d['seconds']['loop'] / 60:.1f} min, canary alone's sweep {d['seconds']['sweep'] / 60:.1f} min)"
                     for n, d in by_logging.items())
         + "; the twin and the PPO candidate are cached in `--work` (a cold run fits them: ~3 min more when loaded).",
         "",
-        "Guarded pairs: the gate's default guards (every KPI with a direction: offload ratio, SLO violation, "
-        "reward, return; 5 % margin). The what-if gate benchmark's extra KPIs (p95 task time, energy and carbon "
-        "per demand, the demand-weighted SLO rate) are not in this benchmark: neither the prediction-powered "
-        "verdict (a difference of per-group means) nor a per-tick arm mean estimates a quantile or a ratio.",
+        f"Guarded pairs: the gate's default guards, every KPI with a direction ({guarded_kpis(by_logging)}; "
+        f"{100 * c['margin']:g} % margin); the loss budget caps {', '.join(c['max_loss'])} (relative to the fleet's "
+        "level). The what-if gate benchmark's quantile and ratio KPIs (p95 task time, energy and carbon per demand, "
+        "the demand-weighted SLO rate) are not in this benchmark: neither the prediction-powered verdict (a "
+        "difference of per-group means) nor a per-tick arm mean estimates a quantile or a ratio.",
         "",
         "| logs | arm | pairs | verdict rate (target ≥ 90 %) | confident agreement (≥ 97 %) | canary agent-steps "
         "| canary rounds | rounds over budget (0) | post-update regression rate (promoted) |",
@@ -544,7 +556,9 @@ def section(by_logging: dict[str, Any]) -> str:
         t, r = d["twin_canary"], d["canary_steps_reach"]
         at = "not reached" if r["steps"] is None else f"{r['steps']:,.0f} agent-steps"
         q = d.get("quick_canary_steps_ratio", d["canary_steps_ratio"])  # the scale run's headline replaces the key
-        ratio = (f"≥ {r['lower_bound']:.1f}× (not reached)" if r.get("lower_bound") is not None
+        # a loop that decided nothing sets no rate to reach: any canary "reaches" 0 %, so no ratio
+        ratio = ("n/a (the loop decided nothing)" if not t["decided"]
+                 else f"≥ {r['lower_bound']:.1f}× (not reached)" if r.get("lower_bound") is not None
                  else "n/a" if q is None else f"{q:.2f}×")  # fmt: skip
         how = r["how"] + (f" (largest sweep point {r['max_steps']:,.0f})" if r["steps"] is None else "")
         lines.append(f"| {name} | {_pct(t['verdict_rate'])} / {_pct(t['confident_agreement'])} / "
@@ -618,12 +632,16 @@ def plot(d: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-#: keys of results_production.json that the coverage experiment and the scale run write (a rerun of
-#: the closed loop at one size keeps them)
-OTHER_RUNS_KEYS = ("coverage_experiment", "simulated_by_fleet_size", "designs", "coverage_seeds", "coverage_days",
-                   "seeds", "by_fleet_size", "scale_config", "canary_steps_ratio_fleet_size",
-                   "canary_steps_ratio_lower_bound", "quick_canary_steps_ratio", "extended", "one_day",
-                   "designs_by_fleet_size", "levers")  # fmt: skip
+def merged_results(cur: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
+    """A results file ``cur`` with the quick run ``d`` merged in: the quick run replaces the keys it
+    writes and every other key stays (the coverage, scale, extended, levers and saturation runs'
+    keys, which the at-a-glance table cites; a list of keys to keep went stale as runs were added
+    and would have dropped them). Where a scale run wrote the headline ``canary_steps_ratio``, it
+    keeps that key and the quick run's ratio goes to ``quick_canary_steps_ratio``."""
+    new = {**cur, **d}
+    if "by_fleet_size" in cur:
+        new["quick_canary_steps_ratio"], new["canary_steps_ratio"] = d["canary_steps_ratio"], cur["canary_steps_ratio"]
+    return new
 
 
 def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
@@ -631,10 +649,7 @@ def write_outputs(d: dict[str, Any] | None, no_write: bool) -> None:
     if d is not None:
         path = OUT / f"results_{d['logging']}.json"
         cur = json.loads(path.read_text()) if path.is_file() else {}
-        new = {**{k: v for k, v in cur.items() if k in OTHER_RUNS_KEYS}, **d}  # the coverage and scale runs' keys stay
-        if "by_fleet_size" in cur:  # the scale run's headline keeps the key; this run's ratio is the quick one
-            new["quick_canary_steps_ratio"], new["canary_steps_ratio"] = d["canary_steps_ratio"], cur["canary_steps_ratio"]
-        path.write_text(json.dumps(new, indent=1, default=float))
+        path.write_text(json.dumps(merged_results(cur, d), indent=1, default=float))
     by_logging = {n: json.loads((OUT / f"results_{n}.json").read_text()) for n in LOGGING_TEXT
                   if (OUT / f"results_{n}.json").is_file()}  # fmt: skip
     for n, r in by_logging.items():
@@ -983,6 +998,15 @@ def main(argv: list[str] | None = None) -> None:
                          "guard did not stop (the only path a guard-stop change touches); rerun the others")
     ap.add_argument("--fresh-sizes", type=int, nargs="*", default=[], metavar="N",
                     help="--scale with --reuse-loop: fleet sizes at which every candidate's loop runs again")
+    ap.add_argument("--loss-diagnosis", action="store_true",
+                    help="with --quick: per candidate, the smallest canary's worst-case loss against each capped KPI's "
+                         "budget (_closed_loop_budget) into results_<logging>.json's loss_budget_diagnosis")
+    ap.add_argument("--day-truth", action="store_true",
+                    help="recompute the 1,000-group scale truth of --seed day by day (--truth-days days, twin cached in "
+                         "--work) into scale/day_truth_seed<S>.json (_closed_loop_bound)")
+    ap.add_argument("--bound", action="store_true",
+                    help="classify the reseeded extended runs' open pairs by their distance from the margin against the "
+                         "day-to-day spread and the 16-day design's half-width (_closed_loop_bound) into verdict_bound")
     ap.add_argument("--levers", action="store_true",
                     help="what narrows the interval: every lever on the loop's first-day canaries at 1,000 groups for --seed "
                          "(_closed_loop_levers.run_levers) into --work/levers-s<seed>.json")
@@ -990,6 +1014,27 @@ def main(argv: list[str] | None = None) -> None:
                     help="pool --work/levers-s<SEED>.json into results_production.json's levers and the page")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.loss_diagnosis:
+        from _closed_loop_budget import loss_budget_diagnosis
+
+        diag = loss_budget_diagnosis(args)
+        path = OUT / f"results_{args.logging}.json"
+        cur = json.loads(path.read_text())
+        cur["loss_budget_diagnosis"] = diag
+        path.write_text(json.dumps(cur, indent=1, default=float))
+        return
+    if args.day_truth:
+        from _closed_loop_bound import run_day_truth_cli
+
+        run_day_truth_cli(args.seed, args.truth_days, args.work, OUT)
+        return
+    if args.bound:
+        from _closed_loop_bound import run_bound_cli
+
+        res = run_bound_cli(OUT)
+        print(json.dumps({k: {a: b for a, b in r.items() if a != "pairs_detail"} for k, r in res["runs"].items()},
+                         indent=1, default=float))  # fmt: skip
+        return
     if args.levers or args.levers_merge is not None:
         from _closed_loop_levers import run_lever_cli
 

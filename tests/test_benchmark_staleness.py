@@ -77,13 +77,7 @@ INDEPENDENT: dict[str, str] = {
 #: Fields of files rewritten after `REWARD_CHANGE` that still hold a run from before it (a later run
 #: merged other keys into the file): "file:field" -> (the field's path before the change, reason).
 #: A line citing the field or a field under it must be unverified.
-STALE_FIELDS: dict[str, tuple[str, str]] = {
-    "closed_loop/results_production.json:twin_canary": ("twin_canary", "closed_loop.py --logging production --quick: "
-    "verdicts on (policy, KPI) pairs whose KPIs include `reward` and `return` (config.max_loss), one candidate PPO "
-    "trained in the twin on the spec's reward; the later commits of the file merged the scale runs"),
-    "closed_loop/results_production.json:quick_canary_steps_ratio": ("canary_steps_ratio", "the same quick run's "
-    "steps ratio, renamed from canary_steps_ratio by 7df36d8 with its value"),
-}
+STALE_FIELDS: dict[str, tuple[str, str]] = {}
 
 #: Fields cited by a line whose benchmark imports the emulator and speaks of a reward, in files rewritten
 #: after `REWARD_CHANGE`, whose value equals the last one before it, yet that do not depend on the reward
