@@ -87,9 +87,13 @@ KEEP = ("### What the numbers say",)
 KAYENTA_MIN_POINTS = 50
 KAYENTA_ALPHA = 0.05
 #: the operator's budget per round: share of the groups, hours, and the largest fleet-wide relative
-#: worsening of each KPI the canary may cause (`PlanBudget.max_loss`)
+#: worsening of each KPI the canary may cause (`PlanBudget.max_loss`). Only quantities of one sign
+#: are capped: a relative worsening of `reward` or `return` (the operator's weighted multi-objective,
+#: which takes both signs, fleet mean near 0) has no meaning and `plan_canary` refuses it; the
+#: composite's parts are capped through the declared KPIs instead.
 MAX_SHARE, MAX_HOURS = 0.10, 24.0
-MAX_LOSS = {"return": 0.02, "kpi.slo_violation": 0.02, "response.offload_ratio": 0.02, "reward": 0.02}
+MAX_LOSS_SHARE = 0.02
+MAX_LOSS = {"kpi.slo_violation": MAX_LOSS_SHARE, "response.offload_ratio": MAX_LOSS_SHARE}
 #: canary alone's sweep: (share of the groups in the slice, hours)
 SWEEP = ((0.04, 13.0), (0.10, 13.0), (0.10, 23.0), (0.20, 23.0), (0.40, 23.0), (1.00, 23.0))
 #: where `plan_canary` says no canary fits the budget (the loop then stays where the twin was)
@@ -511,7 +515,7 @@ def section(by_logging: dict[str, Any]) -> str:
         f"gate benchmark's settings); candidates: the what-if gate benchmark's {len(c['candidates'])} "
         f"(`whatif_gate.candidates`, PPO {c['ppo_steps']} steps in the twin); {c['days']} day(s) per candidate; "
         f"budget per round: ≤ {100 * c['max_share']:g} % of the groups (half on the candidate), ≤ 1 day "
-        f"(23 h after 4 pre-ticks), fleet-wide realised loss ≤ {100 * MAX_LOSS['return']:g} % per capped KPI; "
+        f"(23 h after 4 pre-ticks), fleet-wide realised loss ≤ {100 * MAX_LOSS_SHARE:g} % per capped KPI; "
         f"≤ {c['max_rounds']} rounds, `Twin.update` {c['update']['epochs']} epochs × {c['update']['max_steps']} "
         f"steps between rounds; margin {100 * c['margin']:g} %. Canary alone: Mann-Whitney U per KPI on per-tick "
         f"arm means, two one-sided tests at {c['kayenta_alpha']:g}, Inconclusive below {c['kayenta_min_points']} "
