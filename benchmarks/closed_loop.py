@@ -90,7 +90,8 @@ KAYENTA_ALPHA = 0.05
 #: worsening of each KPI the canary may cause (`PlanBudget.max_loss`). Only quantities of one sign
 #: are capped: a relative worsening of `reward` or `return` (the operator's weighted multi-objective,
 #: which takes both signs, fleet mean near 0) has no meaning and `plan_canary` refuses it; the
-#: composite's parts are capped through the declared KPIs instead.
+#: composite is capped through the declared KPIs it is made of (here its two heaviest weights:
+#: SLO violations and offload; revenue, task time, energy and carbon have the guard's margins only).
 MAX_SHARE, MAX_HOURS = 0.10, 24.0
 MAX_LOSS_SHARE = 0.02
 MAX_LOSS = {"kpi.slo_violation": MAX_LOSS_SHARE, "response.offload_ratio": MAX_LOSS_SHARE}
@@ -532,7 +533,14 @@ def section(by_logging: dict[str, Any]) -> str:
         "",
         f"Guarded pairs: the gate's default guards, every KPI with a direction ({guarded_kpis(by_logging)}; "
         f"{100 * c['margin']:g} % margin); the loss budget caps {', '.join(c['max_loss'])} (relative to the fleet's "
-        "level). The what-if gate benchmark's quantile and ratio KPIs (p95 task time, energy and carbon per demand, "
+        "level)" + ("" if {"reward", "return"} & set(c["max_loss"]) else
+                    ": only KPIs of one positive sign, because a relative worsening has a meaning only against a "
+                    "level of one sign, and the reward and return (the operator's weighted multi-objective, which "
+                    "takes both signs with a fleet mean near zero) do not have one; `plan_canary` refuses a "
+                    "relative cap on them (`edgetwin.loop.plan.check_loss_budget_signs`); the composite's parts are "
+                    "capped instead where the budget names them (SLO violations and offload, its two heaviest "
+                    "weights), the others (revenue, task time, energy, carbon) guarded by the canary's margins "
+                    "without a loss cap, as before") + ". The what-if gate benchmark's quantile and ratio KPIs (p95 task time, energy and carbon per demand, "
         "the demand-weighted SLO rate) are not in this benchmark: neither the prediction-powered verdict (a "
         "difference of per-group means) nor a per-tick arm mean estimates a quantile or a ratio.",
         "",
