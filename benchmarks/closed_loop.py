@@ -510,7 +510,7 @@ def section(by_logging: dict[str, Any]) -> str:
         SECTION, "",
         f"Command: `python benchmarks/closed_loop.py --logging {{random,production}}{' --quick' if quick else ''} "
         f"--seed {any_run['seed']}` (one run per logging; machine: {c['machine_cores']} CPU cores shared with other "
-        "jobs, torch threads 1, `nice -n 10`). "
+        "jobs, torch threads 1, `nice -n 5`). "
         f"Configuration{' (quick)' if quick else ''}: {c['agents']} service groups, 96 ticks (15 min) a day; twin "
         f"MAIL-MMSG with {c['members']} members fitted on {c['train_days']} days of the logging policy (the what-if "
         f"gate benchmark's settings); candidates: the what-if gate benchmark's {len(c['candidates'])} "
