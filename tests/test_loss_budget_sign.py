@@ -6,47 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from edgetwin.contract.errors import InputError
-from edgetwin.emulator.cluster import ClusterConfig
-from edgetwin.emulator.logs import generate_logs
 from edgetwin.loop.plan import PlanBudget, check_loss_budget_signs, plan_canary
-from edgetwin.policies.gate import resolve_policy, run_gate
-from edgetwin.twin.twin import Twin
-from edgetwin.twin.whatif import fixed_policy
 from edgetwin.twin.whatif.kpis import KpiDef
-
-torch.set_num_threads(1)
-CLUSTER = ClusterConfig(n_agents=40, steps=24)
-
-
-class Constant:
-    def __init__(self, spec, action):  # type: ignore[no-untyped-def]
-        self.spec = spec
-        self.action = np.asarray(action, dtype=np.float64)
-
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        return np.tile(self.action, (len(obs), 1))
-
-
-@pytest.fixture(scope="module")
-def gated(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    root = tmp_path_factory.mktemp("loss-sign")
-    train, spec = generate_logs(CLUSTER, 2, "random", seed=0)
-    twin = Twin.fit(train, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2,
-                    population_model="empirical")  # fmt: skip
-    log, _ = generate_logs(CLUSTER, 1, "random", seed=7)
-    log.to_parquet(root / "log.parquet")
-    spec.save(root / "log.spec.toml")
-    twin.save(root / "twin")
-    cand = fixed_policy("always-edge", Constant(spec, [1.0, 0.3, 0.2]))
-    base = resolve_policy("logging", twin, name="current")
-    decision = run_gate(twin, cand, base, log=log, episodes=1, seed=0)
-    return {"root": root, "twin": twin, "log": log, "cand": cand, "base": base, "decision": decision}
+from tests.test_canary_plan import gated  # noqa: F401  (the module's twin, recent log, candidate and gate decision)
 
 
 def _plan(g, max_loss):  # type: ignore[no-untyped-def]
@@ -54,7 +20,7 @@ def _plan(g, max_loss):  # type: ignore[no-untyped-def]
                        PlanBudget(max_share=0.25, max_loss=max_loss), seed=0)  # fmt: skip
 
 
-def test_a_loss_budget_on_a_two_signed_kpi_is_refused(gated) -> None:  # type: ignore[no-untyped-def]
+def test_a_loss_budget_on_a_two_signed_kpi_is_refused(gated) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     reward = gated["log"]["reward"]
     assert reward.min() < 0 < reward.max()  # the operator's multi-objective takes both signs
     for kpi in ("reward", "return"):  # the return is the reward's sum: the same sign problem
@@ -64,7 +30,7 @@ def test_a_loss_budget_on_a_two_signed_kpi_is_refused(gated) -> None:  # type: i
         assert "fleet mean" in e.value.message and "one sign" in e.value.message
 
 
-def test_a_one_signed_kpi_is_still_capped(gated) -> None:  # type: ignore[no-untyped-def]
+def test_a_one_signed_kpi_is_still_capped(gated) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     slo = gated["log"]["kpi.slo_violation"]
     assert slo.min() >= 0 and slo.mean() > 0
     free = _plan(gated, {})
@@ -94,7 +60,7 @@ def test_the_rule_is_about_sign_only() -> None:
     check_loss_budget_signs({}, kdefs, log([-1.0, 1.0]))  # no cap, nothing to refuse
 
 
-def test_cli_refuses_it_in_one_line_with_exit_2(gated, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_cli_refuses_it_in_one_line_with_exit_2(gated, capsys) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     from edgetwin.cli import main
 
     root: Path = gated["root"]
