@@ -602,6 +602,109 @@ def ppo_text(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------ 2c. the episode reset
+#: functions whose cumulative time splits a reset in `reset_compared`'s profile: (qualified name, label)
+RESET_PARTS = (("simulation.py:_draw_profiles", "the population model's draws"),
+               ("support.py:inside", "the support check"), ("world.py:sample", "the initial states"))
+
+
+def reset_compared(twin_dir: Path, n: int, resets: int = 10, rounds: int = 6, seed: int = 0) -> dict:
+    """CPU milliseconds of the twin's episode reset (`Simulation.reset`, ``n`` agents: the next
+    population, its support check and initial states) against the code before issue 47's reset pass
+    (`_scale_reset_before.reset_before`, the same twin) and the emulated cluster's reset
+    (``EdgeClusterVecEnv.reset``), in this process, one thread.
+
+    ``rounds`` rounds of ``resets`` resets each of the three, the order turning round by round, the
+    twin's two codes on the same seeds; every reset of the two codes is compared bit for bit
+    (observations, the world's arrays, the acting member, the redrawn shares and the random
+    stream after it: ``identical``). Per variant the median over rounds of a round's mean; ``ratio``:
+    the median over rounds of before / now (a round's two share its minutes of the load).
+    ``profile_shares``: a cProfile of ``2 * resets`` resets now, the cumulative share of each of
+    `RESET_PARTS`.
+    """
+    from _scale_reset_before import reset_before
+
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.envs import EdgeClusterVecEnv
+    from edgetwin.twin.simulation import Simulation
+    from edgetwin.twin.twin import Twin
+
+    one_thread()
+    twin = Twin.load(twin_dir)
+    now, before = Simulation(twin, n_agents=n, seed=seed), Simulation(twin, n_agents=n, seed=seed)
+    emulator = EdgeClusterVecEnv(ClusterConfig(n_agents=n, steps=twin.layout.horizon), seed=seed)
+    identical = True
+
+    def same(a: Simulation, b: Simulation) -> bool:
+        wa, wb = a.world, b.world
+        return (all(getattr(wa, k).tobytes() == getattr(wb, k).tobytes()
+                    for k in ("scenario", "site", "profile", "state", "lag"))
+                and a.obs().tobytes() == b.obs().tobytes() and a.member == b.member
+                and (a.profile_redrawn, a.profile_outside) == (b.profile_redrawn, b.profile_outside)
+                and a.rng.bit_generator.state == b.rng.bit_generator.state)
+
+    for s in range(3):  # warm-up outside the clock
+        now.reset(seed + s), reset_before(before, seed + s), emulator.reset()
+    times: dict[str, list[float]] = {"now": [], "before": [], "emulator": []}
+    for r in range(rounds):
+        seeds = [seed + 1000 * (r + 1) + i for i in range(resets)]
+        order = ("now", "before", "emulator") if r % 2 == 0 else ("emulator", "before", "now")
+        for name in order:
+            c = time.process_time()
+            if name == "now":
+                for sd in seeds:
+                    now.reset(sd)
+            elif name == "before":
+                for sd in seeds:
+                    reset_before(before, sd)
+            else:
+                for _ in seeds:
+                    emulator.reset()
+            times[name].append(1e3 * (time.process_time() - c) / resets)
+        for sd in seeds[:2]:  # outside the clock: the two codes, reset for reset
+            now.reset(sd), reset_before(before, sd)
+            identical = identical and same(now, before)
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(2 * resets):
+        now.reset(seed + i)
+    prof.disable()
+    st = pstats.Stats(prof)
+    total = max(v[3] for k, v in st.stats.items() if k[2] == "reset" and k[0].endswith("simulation.py"))  # type: ignore[attr-defined]
+    shares = {}
+    for qual, label in RESET_PARTS:
+        fname, func = qual.split(":")
+        shares[label] = sum(v[3] for k, v in st.stats.items() if k[0].endswith(fname) and k[2] == func) / total  # type: ignore[attr-defined]
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    return {"agents": n, "resets": resets, "rounds": rounds, "horizon": twin.layout.horizon, "ms": med, "rounds_ms": times,
+            "ratio": float(np.median([b / a for a, b in zip(times["now"], times["before"], strict=True)])),
+            "vs_emulator": med["now"] / med["emulator"], "identical": identical, "profile_shares": shares, "load": load()}
+
+
+def reset_text(rows: list[dict], note: str | None = None) -> str:
+    lines = ["**2c. The episode reset** (`python benchmarks/scale.py --reset --twin DIR`: CPU ms of one reset, in one process, "
+             "one thread: the twin's `Simulation.reset` (the next population from the population model, its support check, "
+             "the initial states) now and with the code before this pass (main at 869c062, kept in benchmarks/_scale_reset_before.py), "
+             "and the emulated cluster's `EdgeClusterVecEnv.reset`; rounds of resets of each, the order turning round by round, "
+             "the two codes on the same seeds and compared bit for bit; the median over rounds of a round's mean; *before / now*: "
+             "the median of the rounds' ratios; *per tick*: the reset spread over the episode's ticks):", "",
+             "| agents | rounds x resets | twin now, ms | twin before, ms | before / now | emulator, ms | twin now / emulator | "
+             "per tick now (before), ms | same bits | load |", "|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for r in rows:
+        ms = r["ms"]
+        lines.append(f"| {r['agents']:,} | {r['rounds']} x {r['resets']} | {ms['now']:.2f} | {ms['before']:.2f} | "
+                     f"{r['ratio']:.2f}x | {ms['emulator']:.2f} | {r['vs_emulator']:.2f} | "
+                     f"{ms['now'] / r['horizon']:.3f} ({ms['before'] / r['horizon']:.3f}) | "
+                     f"{'yes' if r['identical'] else 'NO'} | {r['load']} |")
+    last = rows[-1]
+    parts = ", ".join(f"{k} {100 * v:.0f} %" for k, v in last["profile_shares"].items())
+    lines += ["", f"Where a reset's time goes now (cProfile of {2 * last['resets']} resets at {last['agents']:,} agents, "
+              f"cumulative): {parts}."]
+    if note:
+        lines += ["", note]
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------ 4. the causal fit
 def causal_profile(agents: int, days: int, seed: int = 0) -> dict:
     """The causal response model's fit against MAIL-MMSG's on the same multi-policy log (the causal-twin
@@ -788,6 +891,8 @@ def section(res: dict) -> str:
         lines += ["", ppo_text(res["ppo"])]
         if res.get("ppo_note"):
             lines += ["", res["ppo_note"]]
+    if res.get("reset"):
+        lines += ["", reset_text(res["reset"], res.get("reset_note"))]
     cf = res.get("causal_fit")
     if cf:
         lines += ["", f"**4. The causal fit against MAIL-MMSG** (`python benchmarks/scale.py --causal-profile {cf['agents']},{cf['days']}`: "
@@ -1019,6 +1124,8 @@ def main() -> None:
                     help="part 2b only: SB3 PPO's env steps per CPU-second in the twin (--twin DIR) and the emulator, "
                          "and the share of its time in the env's tick vs its update; keeps the rest of results.json")
     ap.add_argument("--ppo-steps", type=int, default=40_000, help="--ppo: environment steps per run")
+    ap.add_argument("--reset", action="store_true",
+                    help="the twin's episode reset now vs the code before vs the emulator's, in one process (needs --twin)")
     ap.add_argument("--causal-profile", default=None, metavar="AGENTS,DAYS",
                     help="part 4 only: the causal fit's CPU time against MAIL-MMSG's on the same multi-policy log "
                          "(AGENTS service groups, DAYS production days + 1 randomized day) and where it goes")
@@ -1058,6 +1165,18 @@ def main() -> None:
         print(json.dumps(cp, indent=1, default=float))
         if not args.no_write:
             store_fits(args.results, {"causal_fit": cp})
+        return
+    if args.reset:
+        if args.twin is None:
+            raise SystemExit("--reset needs --twin DIR (a fitted twin, e.g. the one --throughput-only steps)")
+        rows = [reset_compared(args.twin, n, seed=args.seed) for n in (100, 1000)]
+        print(json.dumps(rows, indent=1, default=float))
+        print(reset_text(rows))
+        if not args.no_write:
+            res = json.loads((OUT / "results.json").read_text())
+            res["reset"] = rows
+            (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
+            _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
         return
     if args.ppo:
         if args.twin is None:
