@@ -747,6 +747,74 @@ def causal_profile(agents: int, days: int, seed: int = 0) -> dict:
     return out
 
 
+def _steps_with_torch_adam(stack, opt, sched, steps: int) -> None:  # type: ignore[no-untyped-def]
+    """``steps`` of `NetStack.run` as they were before `FlatAdam`: torch's foreach Adam and cosine
+    schedule over the stack's parameters (kept here only to time and compare against)."""
+    import torch as th
+
+    for _ in range(steps):
+        b = stack.batch
+        idx = th.cat([g if len(g) <= b else g[th.randint(len(g), (b,), generator=stack.gen)] for g in stack.gt])
+        stack._gradients(th.index_select(stack.xt, 0, idx), th.index_select(stack.yt, 0, idx))
+        opt.step()
+        sched.step()
+
+
+def causal_adam_compared(rounds: int = 6, steps: int = 100, seed: int = 0) -> dict:
+    """CPU ms per step of the causal fit's training (`NetStack.run`) with `FlatAdam` (now) and with
+    torch's ``Adam(foreach=True)`` + ``CosineAnnealingLR`` (before), in this process, one thread,
+    alternating round by round (``rounds`` rounds of ``steps`` steps each); on stacks of the shapes
+    the causal fit of log c1 (``--causal-profile 100,4``) trains: 70 inputs, 24 outputs, hidden
+    (64, 64), 3 policies of 95, 95 and 15,580 rows (random numbers: the time does not depend on
+    them); *selection*: the 4 λ of a fold, 1,024 rows drawn per policy; *final*: one net, 4,096.
+    Also the two fits' largest prediction gap after ``rounds * steps`` steps each (float rounding)."""
+    import torch as th
+
+    from edgetwin.imitation.causal import GRID, CausalResponseModel, NetStack
+
+    one_thread()
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((15_770, 70)).astype(np.float32)
+    y = np.tanh(x[:, :24] + 0.3 * rng.standard_normal((15_770, 24))).astype(np.float32)
+    codes = np.full(len(x), 2)
+    codes[:95], codes[95:190] = 0, 1
+    out: dict = {"rounds": rounds, "steps": steps, "stacks": []}
+    total = rounds * steps
+    for name, lams, batch in (("selection", GRID, 1024), ("final", (GRID[1],), 4096)):
+        model = CausalResponseModel((64, 64), steps=total, batch=batch, seed=seed)
+        now, before = NetStack(model, x, y, codes, lams, total, batch), NetStack(model, x, y, codes, lams, total, batch)
+        opt = th.optim.Adam([*before.weights, *before.biases], lr=model.lr, foreach=True)
+        sched = th.optim.lr_scheduler.CosineAnnealingLR(opt, total)
+        times: dict[str, list[float]] = {"now": [], "before": []}
+        for r in range(rounds):
+            for which in (("now", "before") if r % 2 == 0 else ("before", "now")):
+                c = time.process_time()
+                if which == "now":
+                    now.run(now.step + steps)
+                else:
+                    _steps_with_torch_adam(before, opt, sched, steps)
+                times[which].append(1e3 * (time.process_time() - c) / steps)
+        gap = max(float(np.abs(now.predict(x, i) - before.predict(x, i)).max()) for i in range(len(lams)))
+        out["stacks"].append({"stack": name, "nets": len(lams), "batch": batch,
+                              "ms_now": float(np.median(times["now"])), "ms_before": float(np.median(times["before"])),
+                              "ratio": float(np.median([b / a for a, b in zip(times["now"], times["before"], strict=True)])),
+                              "rounds_ms": times, "prediction_gap": gap, "output_scale": float(np.abs(y).max())})
+    out["load"] = load()
+    return out
+
+
+def causal_adam_text(ca: dict) -> str:
+    parts = "; ".join(f"{r['stack']} ({r['nets']} net{'s' if r['nets'] > 1 else ''}, {r['batch']:,} rows per policy): "
+                      f"{r['ms_before']:.2f} -> {r['ms_now']:.2f} ms a step, before / now {r['ratio']:.2f}x, the largest "
+                      f"prediction gap after {ca['rounds'] * ca['steps']} steps {r['prediction_gap']:.1e}"
+                      for r in ca["stacks"])
+    return ("**The causal fit's optimiser** (`python benchmarks/scale.py --causal-adam`: a training step of `NetStack` with "
+            "Adam in numpy over one flat buffer (`FlatAdam`) against torch's foreach Adam and cosine schedule, in one "
+            f"process, alternating, {ca['rounds']} rounds of {ca['steps']} steps, medians; stacks of the shapes the causal "
+            f"fit of log c1 trains; load {ca['load']}): {parts} (outputs up to {ca['stacks'][0]['output_scale']:.2f}: "
+            "float rounding).")
+
+
 # ------------------------------------------------------------------------------------ report
 def exponent(rows: list[int], secs: list[float]) -> float:
     return float(np.polyfit(np.log(rows), np.log(secs), 1)[0]) if len(rows) > 1 else float("nan")
@@ -893,6 +961,8 @@ def section(res: dict) -> str:
             lines += ["", res["ppo_note"]]
     if res.get("reset"):
         lines += ["", reset_text(res["reset"], res.get("reset_note"))]
+    if res.get("causal_adam"):
+        lines += ["", causal_adam_text(res["causal_adam"])]
     cf = res.get("causal_fit")
     if cf:
         lines += ["", f"**4. The causal fit against MAIL-MMSG** (`python benchmarks/scale.py --causal-profile {cf['agents']},{cf['days']}`: "
@@ -1124,6 +1194,8 @@ def main() -> None:
                     help="part 2b only: SB3 PPO's env steps per CPU-second in the twin (--twin DIR) and the emulator, "
                          "and the share of its time in the env's tick vs its update; keeps the rest of results.json")
     ap.add_argument("--ppo-steps", type=int, default=40_000, help="--ppo: environment steps per run")
+    ap.add_argument("--causal-adam", action="store_true",
+                    help="the causal fit's training step with FlatAdam vs torch's Adam, in one process")
     ap.add_argument("--reset", action="store_true",
                     help="the twin's episode reset now vs the code before vs the emulator's, in one process (needs --twin)")
     ap.add_argument("--causal-profile", default=None, metavar="AGENTS,DAYS",
@@ -1165,6 +1237,16 @@ def main() -> None:
         print(json.dumps(cp, indent=1, default=float))
         if not args.no_write:
             store_fits(args.results, {"causal_fit": cp})
+        return
+    if args.causal_adam:
+        ca = causal_adam_compared(seed=args.seed)
+        print(json.dumps(ca, indent=1, default=float))
+        print(causal_adam_text(ca))
+        if not args.no_write:
+            res = json.loads((OUT / "results.json").read_text())
+            res["causal_adam"] = ca
+            (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
+            _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
         return
     if args.reset:
         if args.twin is None:
