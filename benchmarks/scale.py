@@ -620,7 +620,7 @@ def reset_compared(twin_dir: Path, n: int, resets: int = 10, rounds: int = 6, se
     stream after it: ``identical``). Per variant the median over rounds of a round's mean; ``ratio``:
     the median over rounds of before / now (a round's two share its minutes of the load).
     ``profile_shares``: a cProfile of ``2 * resets`` resets now, the cumulative share of each of
-    `RESET_PARTS`.
+    `RESET_PARTS`; ``draw_calls_per_reset``: the population model's calls per reset in it.
     """
     from _scale_reset_before import reset_before
 
@@ -675,10 +675,12 @@ def reset_compared(twin_dir: Path, n: int, resets: int = 10, rounds: int = 6, se
     for qual, label in RESET_PARTS:
         fname, func = qual.split(":")
         shares[label] = sum(v[3] for k, v in st.stats.items() if k[0].endswith(fname) and k[2] == func) / total  # type: ignore[attr-defined]
+    draws = sum(v[1] for k, v in st.stats.items() if k[0].endswith("simulation.py") and k[2] == "_draw_profiles")  # type: ignore[attr-defined]
     med = {k: float(np.median(v)) for k, v in times.items()}
     return {"agents": n, "resets": resets, "rounds": rounds, "horizon": twin.layout.horizon, "ms": med, "rounds_ms": times,
             "ratio": float(np.median([b / a for a, b in zip(times["now"], times["before"], strict=True)])),
-            "vs_emulator": med["now"] / med["emulator"], "identical": identical, "profile_shares": shares, "load": load()}
+            "vs_emulator": med["now"] / med["emulator"], "identical": identical, "profile_shares": shares,
+            "draw_calls_per_reset": draws / (2 * resets), "load": load()}
 
 
 def reset_text(rows: list[dict], note: str | None = None) -> str:
@@ -702,6 +704,23 @@ def reset_text(rows: list[dict], note: str | None = None) -> str:
               f"cumulative): {parts}."]
     if note:
         lines += ["", note]
+    return "\n".join(lines)
+
+
+def ppo_reruns_text(reruns: list[dict]) -> str:
+    """The ``--ppo`` runs of the code before and this code taken one after the other in one window
+    (``ppo_reruns`` in results.json: ``{"code", "window", "rows"}`` per run, ``rows`` as `ppo_rate`'s)."""
+    lines = ["**PPO reruns, the code before and this code in one window** (`python benchmarks/scale.py --ppo --twin DIR "
+             "--no-write` with each code in turn, the same twin; *env ms per tick*: CPU ms inside `step_wait` per "
+             "tick of the 100 or 1,000 sub-envs, resets included):", "",
+             "| run | code | agents | twin / emulator (each pair) | twin env ms per tick | emulator env ms per tick | load |",
+             "|---:|---|---:|---:|---:|---:|---|"]
+    for i, run in enumerate(reruns):
+        for r in run["rows"]:
+            ticks = {k: r[k]["steps"] * r["repeats"] / r["agents"] for k in ("twin", "emulator")}
+            lines.append(f"| {i} | {run['code']} | {r['agents']:,} | {r['ratio']:.2f} "
+                         f"({', '.join(f'{x:.2f}' for x in r['pairs'])}) | {1e3 * r['twin']['env_cpu_s'] / ticks['twin']:.2f} | "
+                         f"{1e3 * r['emulator']['env_cpu_s'] / ticks['emulator']:.2f} | {r['load']} |")
     return "\n".join(lines)
 
 
@@ -767,7 +786,9 @@ def causal_adam_compared(rounds: int = 6, steps: int = 100, seed: int = 0) -> di
     the causal fit of log c1 (``--causal-profile 100,4``) trains: 70 inputs, 24 outputs, hidden
     (64, 64), 3 policies of 95, 95 and 15,580 rows (random numbers: the time does not depend on
     them); *selection*: the 4 λ of a fold, 1,024 rows drawn per policy; *final*: one net, 4,096.
-    Also the two fits' largest prediction gap after ``rounds * steps`` steps each (float rounding)."""
+    Also the two fits' largest prediction gap after ``rounds * steps`` steps each, and the control:
+    the gap between torch's fit and torch's fit from the same start with one weight of each net moved
+    by one ulp (how far float rounding alone carries these fits)."""
     import torch as th
 
     from edgetwin.imitation.causal import GRID, CausalResponseModel, NetStack
@@ -795,7 +816,14 @@ def causal_adam_compared(rounds: int = 6, steps: int = 100, seed: int = 0) -> di
                     _steps_with_torch_adam(before, opt, sched, steps)
                 times[which].append(1e3 * (time.process_time() - c) / steps)
         gap = max(float(np.abs(now.predict(x, i) - before.predict(x, i)).max()) for i in range(len(lams)))
-        out["stacks"].append({"stack": name, "nets": len(lams), "batch": batch,
+        # the control: torch's Adam again from the same start but one weight of each net moved by one ulp
+        nudged = NetStack(model, x, y, codes, lams, total, batch)
+        first = nudged.adam.views(nudged.adam.theta)[0]  # (L, in, hidden): the nets' first layers
+        first[:, 0, 0] = np.nextafter(first[:, 0, 0], np.float32(np.inf))
+        n_opt = th.optim.Adam([*nudged.weights, *nudged.biases], lr=model.lr, foreach=True)
+        _steps_with_torch_adam(nudged, n_opt, th.optim.lr_scheduler.CosineAnnealingLR(n_opt, total), total)
+        control = max(float(np.abs(nudged.predict(x, i) - before.predict(x, i)).max()) for i in range(len(lams)))
+        out["stacks"].append({"stack": name, "nets": len(lams), "batch": batch, "control_gap": control,
                               "ms_now": float(np.median(times["now"])), "ms_before": float(np.median(times["before"])),
                               "ratio": float(np.median([b / a for a, b in zip(times["now"], times["before"], strict=True)])),
                               "rounds_ms": times, "prediction_gap": gap, "output_scale": float(np.abs(y).max())})
@@ -806,13 +834,14 @@ def causal_adam_compared(rounds: int = 6, steps: int = 100, seed: int = 0) -> di
 def causal_adam_text(ca: dict) -> str:
     parts = "; ".join(f"{r['stack']} ({r['nets']} net{'s' if r['nets'] > 1 else ''}, {r['batch']:,} rows per policy): "
                       f"{r['ms_before']:.2f} -> {r['ms_now']:.2f} ms a step, before / now {r['ratio']:.2f}x, the largest "
-                      f"prediction gap after {ca['rounds'] * ca['steps']} steps {r['prediction_gap']:.1e}"
+                      f"prediction gap after {ca['rounds'] * ca['steps']} steps {r['prediction_gap']:.1e} (torch's own fit "
+                      f"with one weight of each net moved by one ulp: {r['control_gap']:.1e})"
                       for r in ca["stacks"])
     return ("**The causal fit's optimiser** (`python benchmarks/scale.py --causal-adam`: a training step of `NetStack` with "
             "Adam in numpy over one flat buffer (`FlatAdam`) against torch's foreach Adam and cosine schedule, in one "
             f"process, alternating, {ca['rounds']} rounds of {ca['steps']} steps, medians; stacks of the shapes the causal "
-            f"fit of log c1 trains; load {ca['load']}): {parts} (outputs up to {ca['stacks'][0]['output_scale']:.2f}: "
-            "float rounding).")
+            f"fit of log c1 trains; load {ca['load']}): {parts}; outputs up to {ca['stacks'][0]['output_scale']:.2f}: "
+            "a gap of the size one ulp's nudge alone leaves (float rounding, carried by the training).")
 
 
 # ------------------------------------------------------------------------------------ report
@@ -961,6 +990,8 @@ def section(res: dict) -> str:
             lines += ["", res["ppo_note"]]
     if res.get("reset"):
         lines += ["", reset_text(res["reset"], res.get("reset_note"))]
+    if res.get("ppo_reruns"):
+        lines += ["", ppo_reruns_text(res["ppo_reruns"])]
     if res.get("causal_adam"):
         lines += ["", causal_adam_text(res["causal_adam"])]
     cf = res.get("causal_fit")
@@ -1166,6 +1197,14 @@ def throughput_only(args: argparse.Namespace) -> None:
         _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
 
 
+def store_result(key: str, value: object) -> None:
+    """Set ``key`` of results.json to ``value`` and render the ``## Scale`` section from it."""
+    res = json.loads((OUT / "results.json").read_text())
+    res[key] = value
+    (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
+    _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes and a small twin (minutes)")
@@ -1243,10 +1282,7 @@ def main() -> None:
         print(json.dumps(ca, indent=1, default=float))
         print(causal_adam_text(ca))
         if not args.no_write:
-            res = json.loads((OUT / "results.json").read_text())
-            res["causal_adam"] = ca
-            (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
-            _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+            store_result("causal_adam", ca)
         return
     if args.reset:
         if args.twin is None:
@@ -1255,10 +1291,7 @@ def main() -> None:
         print(json.dumps(rows, indent=1, default=float))
         print(reset_text(rows))
         if not args.no_write:
-            res = json.loads((OUT / "results.json").read_text())
-            res["reset"] = rows
-            (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
-            _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+            store_result("reset", rows)
         return
     if args.ppo:
         if args.twin is None:
@@ -1267,10 +1300,7 @@ def main() -> None:
         print(json.dumps(rows, indent=1, default=float))
         print(ppo_text(rows))
         if not args.no_write:
-            res = json.loads((OUT / "results.json").read_text())
-            res["ppo"] = rows
-            (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
-            _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+            store_result("ppo", rows)
         return
     if args.cap_fidelity:
         cf = cap_fidelity(args.cap_fidelity, args.seed, tuple(int(c) for c in args.caps.split(",")))

@@ -14,6 +14,8 @@ import torch as th
 from edgetwin.imitation.causal import CausalResponseModel, FlatAdam, NetStack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from scale import _steps_with_torch_adam  # noqa: E402
 from test_causal_selection import one_torch_thread, toy  # noqa: E402, F401  (an autouse fixture)
 
 
@@ -71,16 +73,10 @@ def test_flat_adam_keep_is_the_whole_stack_to_the_bit() -> None:
 
 
 def _fit_with_torchs_adam(stack: NetStack, steps: int) -> None:
-    """The stack's training loop as it was before (`NetStack.run` with torch's Adam and schedule
-    over the stack's parameters), kept here only to compare."""
+    """The stack's training loop as it was before (torch's Adam and schedule over the stack's
+    parameters: benchmarks/scale.py keeps it to time and compare against)."""
     opt = th.optim.Adam([*stack.weights, *stack.biases], lr=stack.model.lr, foreach=True)
-    sched = th.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-    for _ in range(steps):
-        b = stack.batch
-        idx = th.cat([g if len(g) <= b else g[th.randint(len(g), (b,), generator=stack.gen)] for g in stack.gt])
-        stack._gradients(th.index_select(stack.xt, 0, idx), th.index_select(stack.yt, 0, idx))
-        opt.step()
-        sched.step()
+    _steps_with_torch_adam(stack, opt, th.optim.lr_scheduler.CosineAnnealingLR(opt, steps), steps)
 
 
 def test_a_stack_fitted_with_flat_adam_is_the_torch_adam_fit_up_to_rounding() -> None:
