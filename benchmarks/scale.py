@@ -779,6 +779,84 @@ def _steps_with_torch_adam(stack, opt, sched, steps: int) -> None:  # type: igno
         sched.step()
 
 
+def _torch_adam_stack():  # type: ignore[no-untyped-def]
+    """`NetStack` as it trained before `FlatAdam` (torch's foreach Adam and cosine schedule; `keep`
+    moving torch's Adam state), kept here only to time the choice of λ against."""
+    import torch as th
+
+    from edgetwin.imitation.causal import NetStack
+
+    class TorchAdamStack(NetStack):
+        def __init__(self, *a, **k) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(*a, **k)
+            self.opt = th.optim.Adam([*self.weights, *self.biases], lr=self.model.lr, foreach=True)
+            self.sched = th.optim.lr_scheduler.CosineAnnealingLR(self.opt, self.adam.steps)
+
+        def run(self, until: int, history: list | None = None) -> None:
+            _steps_with_torch_adam(self, self.opt, self.sched, until - self.step)
+            self.step = max(self.step, until)
+
+        def keep(self, which) -> None:  # type: ignore[no-untyped-def]
+            ix = th.as_tensor(list(which), dtype=th.int64)
+            group = self.opt.param_groups[0]
+            state, fresh = {}, []
+            for p in group["params"]:
+                q = th.nn.Parameter(p.detach().index_select(0, ix).clone())
+                old = self.opt.state.get(p, {})
+                state[q] = {k: (v.index_select(0, ix).clone() if k != "step" and v.dim() else v.clone()) for k, v in old.items()}
+                fresh.append(q)
+            group["params"] = fresh
+            self.opt.state.clear()
+            self.opt.state.update(state)  # type: ignore[arg-type]
+            n = len(self.weights)
+            self.weights, self.biases = fresh[:n], fresh[n:]
+            self.adam.keep(list(which))  # only for its gradient buffer, which `_gradients` writes
+            self._grads = [th.from_numpy(v) for v in self.adam.views(self.adam.grad)]
+            self.lam = self.lam.index_select(0, ix)
+            self.lam_np = self.lam_np[list(which)]
+
+    return TorchAdamStack
+
+
+def choice_compared(rounds: int = 2, agents: int = 100, days: int = 4, seed: int = 0) -> dict:
+    """CPU seconds of choosing λ on log c1 (`Twin.fit`'s `_choose_invariances`: every scenario's
+    cross-fitting with successive halving, the causal fit's largest part) with `FlatAdam` (now) and
+    with torch's Adam (before, `_torch_adam_stack`), alternating in this process, ``rounds`` each;
+    the λ chosen per scenario by each."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from causal_twin import cluster_spec, log_regimes
+
+    import edgetwin.imitation.causal as causal
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.imitation.layout import Layout
+    from edgetwin.imitation.mail import MailConfig
+    from edgetwin.twin.logdata import load_log
+    from edgetwin.twin.twin import _choose_invariances
+
+    cfg_c = ClusterConfig(n_agents=agents, steps=96)
+    spec = cluster_spec(cfg_c)
+    train, _ = generate_logs(cfg_c, regimes=log_regimes("c1", spec, seed, days), seed=seed)
+    df, spec = load_log(train, spec)
+    df = df.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+    layout, cfg = Layout.fit(df, spec), MailConfig.from_hyper({})
+    now_cls, before_cls = causal.NetStack, _torch_adam_stack()
+    times: dict[str, list[float]] = {"now": [], "before": []}
+    chosen: dict[str, list[float]] = {}
+    try:
+        for r in range(rounds):
+            for which in (("now", "before") if r % 2 == 0 else ("before", "now")):
+                causal.NetStack = now_cls if which == "now" else before_cls  # type: ignore[misc]
+                c = time.process_time()
+                got = _choose_invariances(df, layout, cfg, seed)
+                times[which].append(time.process_time() - c)
+                chosen[which] = [float(v.invariance) for _, v in sorted(got.items())]
+    finally:
+        causal.NetStack = now_cls  # type: ignore[misc]
+    return {"rows": len(df), "rounds": rounds, "cpu_s": times, "chosen": chosen,
+            "ratio": float(np.median([b / a for a, b in zip(times["now"], times["before"], strict=True)])), "load": load()}
+
+
 def causal_adam_compared(rounds: int = 6, steps: int = 100, seed: int = 0) -> dict:
     """CPU ms per step of the causal fit's training (`NetStack.run`) with `FlatAdam` (now) and with
     torch's ``Adam(foreach=True)`` + ``CosineAnnealingLR`` (before), in this process, one thread,
@@ -828,6 +906,7 @@ def causal_adam_compared(rounds: int = 6, steps: int = 100, seed: int = 0) -> di
                               "ratio": float(np.median([b / a for a, b in zip(times["now"], times["before"], strict=True)])),
                               "rounds_ms": times, "prediction_gap": gap, "output_scale": float(np.abs(y).max())})
     out["load"] = load()
+    out["choice"] = choice_compared(seed=seed)
     return out
 
 
@@ -841,7 +920,17 @@ def causal_adam_text(ca: dict) -> str:
             "Adam in numpy over one flat buffer (`FlatAdam`) against torch's foreach Adam and cosine schedule, in one "
             f"process, alternating, {ca['rounds']} rounds of {ca['steps']} steps, medians; stacks of the shapes the causal "
             f"fit of log c1 trains; load {ca['load']}): {parts}; outputs up to {ca['stacks'][0]['output_scale']:.2f}: "
-            "a gap of the size one ulp's nudge alone leaves (float rounding, carried by the training).")
+            "a gap of the size one ulp's nudge alone leaves (float rounding, carried by the training)."
+            + (choice_text(ca["choice"]) if ca.get("choice") else ""))
+
+
+def choice_text(ch: dict) -> str:
+    same = "the same λ" if ch["chosen"]["now"] == ch["chosen"]["before"] else "other λ"
+    return (f" **Choosing λ on log c1** ({ch['rows']:,} rows, `Twin.fit`'s `_choose_invariances`: the three scenarios' "
+            f"cross-fittings, the causal fit's largest part; the two optimisers alternating, {ch['rounds']} runs each, "
+            f"load {ch['load']}): CPU s {', '.join(f'{v:.1f}' for v in ch['cpu_s']['before'])} before, "
+            f"{', '.join(f'{v:.1f}' for v in ch['cpu_s']['now'])} now, before / now {ch['ratio']:.2f}x; {same} "
+            f"({', '.join(f'{v:g}' for v in ch['chosen']['now'])} now, {', '.join(f'{v:g}' for v in ch['chosen']['before'])} before).")
 
 
 # ------------------------------------------------------------------------------------ report

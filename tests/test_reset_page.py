@@ -66,3 +66,13 @@ def test_the_reset_notes_numbers_are_the_jsons() -> None:
     share = b["profile_shares"]["the population model's draws"]
     assert f"({100 * share:.0f} % at 1,000 agents" in note and share == max(b["profile_shares"].values())  # "most of what is left"
     assert f"{b['draw_calls_per_reset']:.1f} calls a reset" in note and b["draw_calls_per_reset"] >= 3  # one per scenario at least
+
+
+def test_choosing_lambda_with_the_flat_adam_is_faster_and_chooses_the_same() -> None:
+    ch = RES["causal_adam"]["choice"]
+    now, before = ch["cpu_s"]["now"], ch["cpu_s"]["before"]
+    assert len(now) == len(before) == ch["rounds"] >= 2
+    assert all(b > a for a, b in zip(now, before, strict=True))  # faster in every alternating pair
+    assert ch["ratio"] == float(np.median([b / a for a, b in zip(now, before, strict=True)]))
+    assert ch["chosen"]["now"] == ch["chosen"]["before"] and len(ch["chosen"]["now"]) == 3
+    assert "the same λ" in scale.choice_text(ch)

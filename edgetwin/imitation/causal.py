@@ -327,7 +327,7 @@ class NetStack:
         n = len(invariances)
         parts = [m.weight.detach().t().expand(n, -1, -1) for m in start]  # (L, in, out)
         parts += [m.bias.detach().expand(n, 1, -1) for m in start]  # (L, 1, out)
-        #: Adam over every weight and bias of the stack at once, with the cosine schedule (`_adam_step`)
+        #: Adam over every weight and bias of the stack at once, with the cosine schedule (`FlatAdam`)
         self.adam = FlatAdam([p.numpy() for p in parts], lr=model.lr, steps=steps)
         self.weights: list[th.nn.Parameter] = []
         self.biases: list[th.nn.Parameter] = []
@@ -462,7 +462,7 @@ class FlatAdam:
     Why not ``torch.optim.Adam(foreach=True)``: on a causal stack's ~30,000 numbers its step took
     ~0.3 ms, ~10 foreach kernels over the stack's six tensors with torch's per-call overhead and
     the optimizer's Python around them; here the same update is ~10 numpy passes over one buffer
-    (~0.05 ms). Element by element it is torch's arithmetic in float32 (``m += (1 - β1)(g - m)``,
+    (~0.05 ms; a training step of log c1's shapes: benchmarks/scale.py --causal-adam). Element by element it is torch's arithmetic in float32 (``m += (1 - β1)(g - m)``,
     ``v = β2 v + (1 - β2) g²``, ``θ += -(lr / (1 - β1^t)) · m / (√v / √(1 - β2^t) + eps)``, the
     scalars computed in float64 and rounded to float32 as torch rounds them), but not its order of
     rounding in every operation (torch's vectorised ``lerp`` and ``addcmul`` may fuse a multiply
