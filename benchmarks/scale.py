@@ -1286,6 +1286,14 @@ def throughput_only(args: argparse.Namespace) -> None:
         _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
 
 
+def report_result(key: str, value: object, text: str, no_write: bool) -> None:
+    """Print a run's JSON and its rendered text; unless ``no_write``, store it (`store_result`)."""
+    print(json.dumps(value, indent=1, default=float))
+    print(text)
+    if not no_write:
+        store_result(key, value)
+
+
 def store_result(key: str, value: object) -> None:
     """Set ``key`` of results.json to ``value`` and render the ``## Scale`` section from it."""
     res = json.loads((OUT / "results.json").read_text())
@@ -1368,28 +1376,19 @@ def main() -> None:
         return
     if args.causal_adam:
         ca = causal_adam_compared(seed=args.seed)
-        print(json.dumps(ca, indent=1, default=float))
-        print(causal_adam_text(ca))
-        if not args.no_write:
-            store_result("causal_adam", ca)
+        report_result("causal_adam", ca, causal_adam_text(ca), args.no_write)
         return
     if args.reset:
         if args.twin is None:
             raise SystemExit("--reset needs --twin DIR (a fitted twin, e.g. the one --throughput-only steps)")
         rows = [reset_compared(args.twin, n, seed=args.seed) for n in (100, 1000)]
-        print(json.dumps(rows, indent=1, default=float))
-        print(reset_text(rows))
-        if not args.no_write:
-            store_result("reset", rows)
+        report_result("reset", rows, reset_text(rows), args.no_write)
         return
     if args.ppo:
         if args.twin is None:
             raise SystemExit("--ppo needs --twin DIR (a fitted twin, e.g. the one --throughput-only steps)")
         rows = [ppo_rate(args.twin, n, args.ppo_steps, args.seed) for n in (100, 1000)]
-        print(json.dumps(rows, indent=1, default=float))
-        print(ppo_text(rows))
-        if not args.no_write:
-            store_result("ppo", rows)
+        report_result("ppo", rows, ppo_text(rows), args.no_write)
         return
     if args.cap_fidelity:
         cf = cap_fidelity(args.cap_fidelity, args.seed, tuple(int(c) for c in args.caps.split(",")))
