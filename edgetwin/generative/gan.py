@@ -511,9 +511,12 @@ class GANPopulation(PopulationModel):
         self.meta["train_seconds"] = time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------- sampling
-    @torch.no_grad()
+    @torch.inference_mode()
     def _raw_chunks(self, scenario_idx: np.ndarray, g: torch.Generator):  # noqa: ANN202
-        """Yield ``(rows, raw (n, net_dim))`` chunks of the sampler's output for these scenarios."""
+        """Yield ``(rows, raw (n, net_dim))`` chunks of the sampler's output for these scenarios.
+
+        Under ``inference_mode`` (no autograd bookkeeping at all, not only no graph): the same
+        numbers, ~12 % less time a call on a reset's few hundred rows (issue 47)."""
         net = self.sampler
         n_s = len(self.scenarios)
         chunk = int(self.hyper["sample_chunk"])
@@ -535,7 +538,7 @@ class GANPopulation(PopulationModel):
         target = self.transformer.transform(profiles, rng=rng).astype(np.float64)
         return target, list(self.layout.cont), list(self.layout.blocks)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _sample_profiles(self, scenario_idx: np.ndarray, rng: np.random.Generator, seed: int) -> np.ndarray:
         g = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
         outs = []
