@@ -707,20 +707,26 @@ def reset_text(rows: list[dict], note: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def env_ms_per_tick(row: dict) -> dict[str, float]:
+    """CPU ms inside each env's ``step_wait`` per tick of a `ppo_rate` row (all its runs)."""
+    return {k: 1e3 * row[k]["env_cpu_s"] / (row[k]["steps"] * row["repeats"] / row["agents"]) for k in ("twin", "emulator")}
+
+
 def ppo_reruns_text(reruns: list[dict]) -> str:
     """The ``--ppo`` runs of the code before and this code taken one after the other in one window
     (``ppo_reruns`` in results.json: ``{"code", "window", "rows"}`` per run, ``rows`` as `ppo_rate`'s)."""
     lines = ["**PPO reruns, the code before and this code in one window** (`python benchmarks/scale.py --ppo --twin DIR "
              "--no-write` with each code in turn, the same twin; *env ms per tick*: CPU ms inside `step_wait` per "
              "tick of the 100 or 1,000 sub-envs, resets included):", "",
-             "| run | code | agents | twin / emulator (each pair) | twin env ms per tick | emulator env ms per tick | load |",
-             "|---:|---|---:|---:|---:|---:|---|"]
+             "| run | code | agents | twin / emulator (each pair) | twin env ms per tick | emulator env ms per tick | "
+             "env: twin / emulator | load |",
+             "|---:|---|---:|---:|---:|---:|---:|---|"]
     for i, run in enumerate(reruns):
         for r in run["rows"]:
-            ticks = {k: r[k]["steps"] * r["repeats"] / r["agents"] for k in ("twin", "emulator")}
+            env = env_ms_per_tick(r)
             lines.append(f"| {i} | {run['code']} | {r['agents']:,} | {r['ratio']:.2f} "
-                         f"({', '.join(f'{x:.2f}' for x in r['pairs'])}) | {1e3 * r['twin']['env_cpu_s'] / ticks['twin']:.2f} | "
-                         f"{1e3 * r['emulator']['env_cpu_s'] / ticks['emulator']:.2f} | {r['load']} |")
+                         f"({', '.join(f'{x:.2f}' for x in r['pairs'])}) | {env['twin']:.2f} | "
+                         f"{env['emulator']:.2f} | {env['twin'] / env['emulator']:.2f} | {r['load']} |")
     return "\n".join(lines)
 
 

@@ -76,3 +76,19 @@ def test_choosing_lambda_with_the_flat_adam_is_faster_and_chooses_the_same() -> 
     assert ch["ratio"] == float(np.median([b / a for a, b in zip(now, before, strict=True)]))
     assert ch["chosen"]["now"] == ch["chosen"]["before"] and len(ch["chosen"]["now"]) == 3
     assert "the same λ" in scale.choice_text(ch)
+
+
+def test_the_ppo_reruns_show_the_twins_env_cheaper_than_before_window_by_window() -> None:
+    """The note's env ratios at 100 agents are the JSON's, and each window's run of this code has a
+    lower twin / emulator env ratio than the code before's run just before it."""
+    ratios: dict[str, list[float]] = {"before (869c062)": [], "this code": []}
+    for run in RES["ppo_reruns"]:
+        row = next(r for r in run["rows"] if r["agents"] == 100)
+        env = scale.env_ms_per_tick(row)
+        ratios[run["code"]].append(env["twin"] / env["emulator"])
+    before, now = ratios["before (869c062)"], ratios["this code"]
+    assert len(before) == len(now) >= 3
+    assert all(n < b for b, n in zip(before, now, strict=True))
+    note = RES["reset_note"]
+    assert f"{', '.join(f'{v:.2f}' for v in before)} times the emulator's with the code before" in note
+    assert f"and {', '.join(f'{v:.2f}' for v in now)} with this code" in note
