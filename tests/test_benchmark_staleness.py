@@ -40,8 +40,6 @@ REWARD_CHANGE = "bd3f855"
 #: JSON files (under docs/benchmarks/) measured before `REWARD_CHANGE` whose cited numbers depend on
 #: the emulated cluster's reward; the file and function that decide it
 STALE: dict[str, str] = {
-    "twin_fidelity/results.json": "twin_fidelity.py main: 12 policies' mean `reward` on EdgeCluster vs in the twin "
-    "(spec.reward_fn = REWARD_WEIGHTS), PPO among them trained on it (ppo_in_twin)",
     "causal_twin/results.json": "causal_twin.py policy_rows: the policies' mean `reward` on the cluster vs the "
     "causal twin's, whose spec is cluster_spec (REWARD_WEIGHTS)",
 }
