@@ -602,6 +602,134 @@ def ppo_text(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------ 2c. the episode reset
+#: functions whose cumulative time splits a reset in `reset_compared`'s profile: (qualified name, label)
+RESET_PARTS = (("simulation.py:_draw_profiles", "the population model's draws"),
+               ("support.py:inside", "the support check"), ("world.py:sample", "the initial states"))
+
+
+def reset_compared(twin_dir: Path, n: int, resets: int = 10, rounds: int = 6, seed: int = 0) -> dict:
+    """CPU milliseconds of the twin's episode reset (`Simulation.reset`, ``n`` agents: the next
+    population, its support check and initial states) against the code before issue 47's reset pass
+    (`_scale_reset_before.reset_before`, the same twin) and the emulated cluster's reset
+    (``EdgeClusterVecEnv.reset``), in this process, one thread.
+
+    ``rounds`` rounds of ``resets`` resets each of the three, the order turning round by round, the
+    twin's two codes on the same seeds; every reset of the two codes is compared bit for bit
+    (observations, the world's arrays, the acting member, the redrawn shares and the random
+    stream after it: ``identical``). Per variant the median over rounds of a round's mean; ``ratio``:
+    the median over rounds of before / now (a round's two share its minutes of the load).
+    ``profile_shares``: a cProfile of ``2 * resets`` resets now, the cumulative share of each of
+    `RESET_PARTS`; ``draw_calls_per_reset``: the population model's calls per reset in it.
+    """
+    from _scale_reset_before import reset_before
+
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.envs import EdgeClusterVecEnv
+    from edgetwin.twin.simulation import Simulation
+    from edgetwin.twin.twin import Twin
+
+    one_thread()
+    twin = Twin.load(twin_dir)
+    now, before = Simulation(twin, n_agents=n, seed=seed), Simulation(twin, n_agents=n, seed=seed)
+    emulator = EdgeClusterVecEnv(ClusterConfig(n_agents=n, steps=twin.layout.horizon), seed=seed)
+    identical = True
+
+    def same(a: Simulation, b: Simulation) -> bool:
+        wa, wb = a.world, b.world
+        return (all(getattr(wa, k).tobytes() == getattr(wb, k).tobytes()
+                    for k in ("scenario", "site", "profile", "state", "lag"))
+                and a.obs().tobytes() == b.obs().tobytes() and a.member == b.member
+                and (a.profile_redrawn, a.profile_outside) == (b.profile_redrawn, b.profile_outside)
+                and a.rng.bit_generator.state == b.rng.bit_generator.state)
+
+    for s in range(3):  # warm-up outside the clock
+        now.reset(seed + s), reset_before(before, seed + s), emulator.reset()
+    times: dict[str, list[float]] = {"now": [], "before": [], "emulator": []}
+    for r in range(rounds):
+        seeds = [seed + 1000 * (r + 1) + i for i in range(resets)]
+        order = ("now", "before", "emulator") if r % 2 == 0 else ("emulator", "before", "now")
+        for name in order:
+            c = time.process_time()
+            if name == "now":
+                for sd in seeds:
+                    now.reset(sd)
+            elif name == "before":
+                for sd in seeds:
+                    reset_before(before, sd)
+            else:
+                for _ in seeds:
+                    emulator.reset()
+            times[name].append(1e3 * (time.process_time() - c) / resets)
+        for sd in seeds[:2]:  # outside the clock: the two codes, reset for reset
+            now.reset(sd), reset_before(before, sd)
+            identical = identical and same(now, before)
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(2 * resets):
+        now.reset(seed + i)
+    prof.disable()
+    st = pstats.Stats(prof)
+    total = max(v[3] for k, v in st.stats.items() if k[2] == "reset" and k[0].endswith("simulation.py"))  # type: ignore[attr-defined]
+    shares = {}
+    for qual, label in RESET_PARTS:
+        fname, func = qual.split(":")
+        shares[label] = sum(v[3] for k, v in st.stats.items() if k[0].endswith(fname) and k[2] == func) / total  # type: ignore[attr-defined]
+    draws = sum(v[1] for k, v in st.stats.items() if k[0].endswith("simulation.py") and k[2] == "_draw_profiles")  # type: ignore[attr-defined]
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    return {"agents": n, "resets": resets, "rounds": rounds, "horizon": twin.layout.horizon, "ms": med, "rounds_ms": times,
+            "ratio": float(np.median([b / a for a, b in zip(times["now"], times["before"], strict=True)])),
+            "vs_emulator": med["now"] / med["emulator"], "identical": identical, "profile_shares": shares,
+            "draw_calls_per_reset": draws / (2 * resets), "load": load()}
+
+
+def reset_text(rows: list[dict], note: str | None = None) -> str:
+    lines = ["**2c. The episode reset** (`python benchmarks/scale.py --reset --twin DIR`: CPU ms of one reset, in one process, "
+             "one thread: the twin's `Simulation.reset` (the next population from the population model, its support check, "
+             "the initial states) now and with the code before this pass (main at 869c062, kept in benchmarks/_scale_reset_before.py), "
+             "and the emulated cluster's `EdgeClusterVecEnv.reset`; rounds of resets of each, the order turning round by round, "
+             "the two codes on the same seeds and compared bit for bit; the median over rounds of a round's mean; *before / now*: "
+             "the median of the rounds' ratios; *per tick*: the reset spread over the episode's ticks):", "",
+             "| agents | rounds x resets | twin now, ms | twin before, ms | before / now | emulator, ms | twin now / emulator | "
+             "per tick now (before), ms | same bits | load |", "|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for r in rows:
+        ms = r["ms"]
+        lines.append(f"| {r['agents']:,} | {r['rounds']} x {r['resets']} | {ms['now']:.2f} | {ms['before']:.2f} | "
+                     f"{r['ratio']:.2f}x | {ms['emulator']:.2f} | {r['vs_emulator']:.2f} | "
+                     f"{ms['now'] / r['horizon']:.3f} ({ms['before'] / r['horizon']:.3f}) | "
+                     f"{'yes' if r['identical'] else 'NO'} | {r['load']} |")
+    last = rows[-1]
+    parts = ", ".join(f"{k} {100 * v:.0f} %" for k, v in last["profile_shares"].items())
+    lines += ["", f"Where a reset's time goes now (cProfile of {2 * last['resets']} resets at {last['agents']:,} agents, "
+              f"cumulative): {parts}."]
+    if note:
+        lines += ["", note]
+    return "\n".join(lines)
+
+
+def env_ms_per_tick(row: dict) -> dict[str, float]:
+    """CPU ms inside each env's ``step_wait`` per tick of a `ppo_rate` row (all its runs)."""
+    return {k: 1e3 * row[k]["env_cpu_s"] / (row[k]["steps"] * row["repeats"] / row["agents"]) for k in ("twin", "emulator")}
+
+
+def ppo_reruns_text(reruns: list[dict]) -> str:
+    """The ``--ppo`` runs of the code before and this code taken one after the other in one window
+    (``ppo_reruns`` in results.json: ``{"code", "window", "rows"}`` per run, ``rows`` as `ppo_rate`'s)."""
+    lines = ["**PPO reruns, the code before and this code in one window** (`python benchmarks/scale.py --ppo --twin DIR "
+             "--no-write` with each code in turn, the same twin; *env ms per tick*: CPU ms inside `step_wait` per "
+             "tick of the 100 or 1,000 sub-envs, resets included):", "",
+             "| run | code | agents | twin / emulator (each pair) | twin env ms per tick | emulator env ms per tick | "
+             "env: twin / emulator | load |",
+             "|---:|---|---:|---:|---:|---:|---:|---|"]
+    for i, run in enumerate(reruns):
+        for r in run["rows"]:
+            env = env_ms_per_tick(r)
+            lines.append(f"| {i} | {run['code']} | {r['agents']:,} | {r['ratio']:.2f} "
+                         f"({', '.join(f'{x:.2f}' for x in r['pairs'])}) | {env['twin']:.2f} | "
+                         f"{env['emulator']:.2f} | {env['twin'] / env['emulator']:.2f} | {r['load']} |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------ 4. the causal fit
 def causal_profile(agents: int, days: int, seed: int = 0) -> dict:
     """The causal response model's fit against MAIL-MMSG's on the same multi-policy log (the causal-twin
@@ -642,6 +770,173 @@ def causal_profile(agents: int, days: int, seed: int = 0) -> dict:
     out["ratio_cpu"] = out["causal"]["cpu_s"] / out["mail"]["cpu_s"]
     out["load"] = load()
     return out
+
+
+def _steps_with_torch_adam(stack, opt, sched, steps: int) -> None:  # type: ignore[no-untyped-def]
+    """``steps`` of `NetStack.run` as they were before `FlatAdam`: torch's foreach Adam and cosine
+    schedule over the stack's parameters (kept here only to time and compare against)."""
+    import torch as th
+
+    for _ in range(steps):
+        b = stack.batch
+        idx = th.cat([g if len(g) <= b else g[th.randint(len(g), (b,), generator=stack.gen)] for g in stack.gt])
+        stack._gradients(th.index_select(stack.xt, 0, idx), th.index_select(stack.yt, 0, idx))
+        opt.step()
+        sched.step()
+
+
+def _torch_adam_stack():  # type: ignore[no-untyped-def]
+    """`NetStack` as it trained before `FlatAdam` (torch's foreach Adam and cosine schedule; `keep`
+    moving torch's Adam state), kept here only to time the choice of λ against."""
+    import torch as th
+
+    from edgetwin.imitation.causal import NetStack
+
+    class TorchAdamStack(NetStack):
+        def __init__(self, *a, **k) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(*a, **k)
+            self.opt = th.optim.Adam([*self.weights, *self.biases], lr=self.model.lr, foreach=True)
+            self.sched = th.optim.lr_scheduler.CosineAnnealingLR(self.opt, self.adam.steps)
+
+        def run(self, until: int, history: list | None = None) -> None:
+            _steps_with_torch_adam(self, self.opt, self.sched, until - self.step)
+            self.step = max(self.step, until)
+
+        def keep(self, which) -> None:  # type: ignore[no-untyped-def]
+            ix = th.as_tensor(list(which), dtype=th.int64)
+            group = self.opt.param_groups[0]
+            state, fresh = {}, []
+            for p in group["params"]:
+                q = th.nn.Parameter(p.detach().index_select(0, ix).clone())
+                old = self.opt.state.get(p, {})
+                state[q] = {k: (v.index_select(0, ix).clone() if k != "step" and v.dim() else v.clone()) for k, v in old.items()}
+                fresh.append(q)
+            group["params"] = fresh
+            self.opt.state.clear()
+            self.opt.state.update(state)  # type: ignore[arg-type]
+            n = len(self.weights)
+            self.weights, self.biases = fresh[:n], fresh[n:]
+            self.adam.keep(list(which))  # only for its gradient buffer, which `_gradients` writes
+            self._grads = [th.from_numpy(v) for v in self.adam.views(self.adam.grad)]
+            self.lam = self.lam.index_select(0, ix)
+            self.lam_np = self.lam_np[list(which)]
+
+    return TorchAdamStack
+
+
+def choice_compared(rounds: int = 2, agents: int = 100, days: int = 4, seed: int = 0) -> dict:
+    """CPU seconds of choosing λ on log c1 (`Twin.fit`'s `_choose_invariances`: every scenario's
+    cross-fitting with successive halving, the causal fit's largest part) with `FlatAdam` (now) and
+    with torch's Adam (before, `_torch_adam_stack`), alternating in this process, ``rounds`` each;
+    the λ chosen per scenario by each."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from causal_twin import cluster_spec, log_regimes
+
+    import edgetwin.imitation.causal as causal
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.imitation.layout import Layout
+    from edgetwin.imitation.mail import MailConfig
+    from edgetwin.twin.logdata import load_log
+    from edgetwin.twin.twin import _choose_invariances
+
+    cfg_c = ClusterConfig(n_agents=agents, steps=96)
+    spec = cluster_spec(cfg_c)
+    train, _ = generate_logs(cfg_c, regimes=log_regimes("c1", spec, seed, days), seed=seed)
+    df, spec = load_log(train, spec)
+    df = df.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
+    layout, cfg = Layout.fit(df, spec), MailConfig.from_hyper({})
+    now_cls, before_cls = causal.NetStack, _torch_adam_stack()
+    times: dict[str, list[float]] = {"now": [], "before": []}
+    chosen: dict[str, list[float]] = {}
+    try:
+        for r in range(rounds):
+            for which in (("now", "before") if r % 2 == 0 else ("before", "now")):
+                causal.NetStack = now_cls if which == "now" else before_cls  # type: ignore[misc]
+                c = time.process_time()
+                got = _choose_invariances(df, layout, cfg, seed)
+                times[which].append(time.process_time() - c)
+                chosen[which] = [float(v.invariance) for _, v in sorted(got.items())]
+    finally:
+        causal.NetStack = now_cls  # type: ignore[misc]
+    return {"rows": len(df), "rounds": rounds, "cpu_s": times, "chosen": chosen,
+            "ratio": float(np.median([b / a for a, b in zip(times["now"], times["before"], strict=True)])), "load": load()}
+
+
+def causal_adam_compared(rounds: int = 6, steps: int = 100, seed: int = 0) -> dict:
+    """CPU ms per step of the causal fit's training (`NetStack.run`) with `FlatAdam` (now) and with
+    torch's ``Adam(foreach=True)`` + ``CosineAnnealingLR`` (before), in this process, one thread,
+    alternating round by round (``rounds`` rounds of ``steps`` steps each); on stacks of the shapes
+    the causal fit of log c1 (``--causal-profile 100,4``) trains: 70 inputs, 24 outputs, hidden
+    (64, 64), 3 policies of 95, 95 and 15,580 rows (random numbers: the time does not depend on
+    them); *selection*: the 4 λ of a fold, 1,024 rows drawn per policy; *final*: one net, 4,096.
+    Also the two fits' largest prediction gap after ``rounds * steps`` steps each, and the control:
+    the gap between torch's fit and torch's fit from the same start with one weight of each net moved
+    by one ulp (how far float rounding alone carries these fits)."""
+    import torch as th
+
+    from edgetwin.imitation.causal import GRID, CausalResponseModel, NetStack
+
+    one_thread()
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((15_770, 70)).astype(np.float32)
+    y = np.tanh(x[:, :24] + 0.3 * rng.standard_normal((15_770, 24))).astype(np.float32)
+    codes = np.full(len(x), 2)
+    codes[:95], codes[95:190] = 0, 1
+    out: dict = {"rounds": rounds, "steps": steps, "stacks": []}
+    total = rounds * steps
+    for name, lams, batch in (("selection", GRID, 1024), ("final", (GRID[1],), 4096)):
+        model = CausalResponseModel((64, 64), steps=total, batch=batch, seed=seed)
+        now, before = NetStack(model, x, y, codes, lams, total, batch), NetStack(model, x, y, codes, lams, total, batch)
+        opt = th.optim.Adam([*before.weights, *before.biases], lr=model.lr, foreach=True)
+        sched = th.optim.lr_scheduler.CosineAnnealingLR(opt, total)
+        times: dict[str, list[float]] = {"now": [], "before": []}
+        for r in range(rounds):
+            for which in (("now", "before") if r % 2 == 0 else ("before", "now")):
+                c = time.process_time()
+                if which == "now":
+                    now.run(now.step + steps)
+                else:
+                    _steps_with_torch_adam(before, opt, sched, steps)
+                times[which].append(1e3 * (time.process_time() - c) / steps)
+        gap = max(float(np.abs(now.predict(x, i) - before.predict(x, i)).max()) for i in range(len(lams)))
+        # the control: torch's Adam again from the same start but one weight of each net moved by one ulp
+        nudged = NetStack(model, x, y, codes, lams, total, batch)
+        first = nudged.adam.views(nudged.adam.theta)[0]  # (L, in, hidden): the nets' first layers
+        first[:, 0, 0] = np.nextafter(first[:, 0, 0], np.float32(np.inf))
+        n_opt = th.optim.Adam([*nudged.weights, *nudged.biases], lr=model.lr, foreach=True)
+        _steps_with_torch_adam(nudged, n_opt, th.optim.lr_scheduler.CosineAnnealingLR(n_opt, total), total)
+        control = max(float(np.abs(nudged.predict(x, i) - before.predict(x, i)).max()) for i in range(len(lams)))
+        out["stacks"].append({"stack": name, "nets": len(lams), "batch": batch, "control_gap": control,
+                              "ms_now": float(np.median(times["now"])), "ms_before": float(np.median(times["before"])),
+                              "ratio": float(np.median([b / a for a, b in zip(times["now"], times["before"], strict=True)])),
+                              "rounds_ms": times, "prediction_gap": gap, "output_scale": float(np.abs(y).max())})
+    out["load"] = load()
+    out["choice"] = choice_compared(seed=seed)
+    return out
+
+
+def causal_adam_text(ca: dict) -> str:
+    parts = "; ".join(f"{r['stack']} ({r['nets']} net{'s' if r['nets'] > 1 else ''}, {r['batch']:,} rows per policy): "
+                      f"{r['ms_before']:.2f} -> {r['ms_now']:.2f} ms a step, before / now {r['ratio']:.2f}x, the largest "
+                      f"prediction gap after {ca['rounds'] * ca['steps']} steps {r['prediction_gap']:.1e} (torch's own fit "
+                      f"with one weight of each net moved by one ulp: {r['control_gap']:.1e})"
+                      for r in ca["stacks"])
+    return ("**The causal fit's optimiser** (`python benchmarks/scale.py --causal-adam`: a training step of `NetStack` with "
+            "Adam in numpy over one flat buffer (`FlatAdam`) against torch's foreach Adam and cosine schedule, in one "
+            f"process, alternating, {ca['rounds']} rounds of {ca['steps']} steps, medians; stacks of the shapes the causal "
+            f"fit of log c1 trains; load {ca['load']}): {parts}; outputs up to {ca['stacks'][0]['output_scale']:.2f}: "
+            "a gap of the size one ulp's nudge alone leaves (float rounding, carried by the training)."
+            + (choice_text(ca["choice"]) if ca.get("choice") else ""))
+
+
+def choice_text(ch: dict) -> str:
+    same = "the same λ" if ch["chosen"]["now"] == ch["chosen"]["before"] else "other λ"
+    return (f" **Choosing λ on log c1** ({ch['rows']:,} rows, `Twin.fit`'s `_choose_invariances`: the three scenarios' "
+            f"cross-fittings, the causal fit's largest part; the two optimisers alternating, {ch['rounds']} runs each, "
+            f"load {ch['load']}): CPU s {', '.join(f'{v:.1f}' for v in ch['cpu_s']['before'])} before, "
+            f"{', '.join(f'{v:.1f}' for v in ch['cpu_s']['now'])} now, before / now {ch['ratio']:.2f}x; {same} "
+            f"({', '.join(f'{v:g}' for v in ch['chosen']['now'])} now, {', '.join(f'{v:g}' for v in ch['chosen']['before'])} before).")
 
 
 # ------------------------------------------------------------------------------------ report
@@ -788,6 +1083,12 @@ def section(res: dict) -> str:
         lines += ["", ppo_text(res["ppo"])]
         if res.get("ppo_note"):
             lines += ["", res["ppo_note"]]
+    if res.get("reset"):
+        lines += ["", reset_text(res["reset"], res.get("reset_note"))]
+    if res.get("ppo_reruns"):
+        lines += ["", ppo_reruns_text(res["ppo_reruns"])]
+    if res.get("causal_adam"):
+        lines += ["", causal_adam_text(res["causal_adam"])]
     cf = res.get("causal_fit")
     if cf:
         lines += ["", f"**4. The causal fit against MAIL-MMSG** (`python benchmarks/scale.py --causal-profile {cf['agents']},{cf['days']}`: "
@@ -991,6 +1292,22 @@ def throughput_only(args: argparse.Namespace) -> None:
         _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
 
 
+def report_result(key: str, value: object, text: str, no_write: bool) -> None:
+    """Print a run's JSON and its rendered text; unless ``no_write``, store it (`store_result`)."""
+    print(json.dumps(value, indent=1, default=float))
+    print(text)
+    if not no_write:
+        store_result(key, value)
+
+
+def store_result(key: str, value: object) -> None:
+    """Set ``key`` of results.json to ``value`` and render the ``## Scale`` section from it."""
+    res = json.loads((OUT / "results.json").read_text())
+    res[key] = value
+    (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
+    _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes and a small twin (minutes)")
@@ -1019,6 +1336,10 @@ def main() -> None:
                     help="part 2b only: SB3 PPO's env steps per CPU-second in the twin (--twin DIR) and the emulator, "
                          "and the share of its time in the env's tick vs its update; keeps the rest of results.json")
     ap.add_argument("--ppo-steps", type=int, default=40_000, help="--ppo: environment steps per run")
+    ap.add_argument("--causal-adam", action="store_true",
+                    help="the causal fit's training step with FlatAdam vs torch's Adam, in one process")
+    ap.add_argument("--reset", action="store_true",
+                    help="the twin's episode reset now vs the code before vs the emulator's, in one process (needs --twin)")
     ap.add_argument("--causal-profile", default=None, metavar="AGENTS,DAYS",
                     help="part 4 only: the causal fit's CPU time against MAIL-MMSG's on the same multi-policy log "
                          "(AGENTS service groups, DAYS production days + 1 randomized day) and where it goes")
@@ -1059,17 +1380,21 @@ def main() -> None:
         if not args.no_write:
             store_fits(args.results, {"causal_fit": cp})
         return
+    if args.causal_adam:
+        ca = causal_adam_compared(seed=args.seed)
+        report_result("causal_adam", ca, causal_adam_text(ca), args.no_write)
+        return
+    if args.reset:
+        if args.twin is None:
+            raise SystemExit("--reset needs --twin DIR (a fitted twin, e.g. the one --throughput-only steps)")
+        rows = [reset_compared(args.twin, n, seed=args.seed) for n in (100, 1000)]
+        report_result("reset", rows, reset_text(rows), args.no_write)
+        return
     if args.ppo:
         if args.twin is None:
             raise SystemExit("--ppo needs --twin DIR (a fitted twin, e.g. the one --throughput-only steps)")
         rows = [ppo_rate(args.twin, n, args.ppo_steps, args.seed) for n in (100, 1000)]
-        print(json.dumps(rows, indent=1, default=float))
-        print(ppo_text(rows))
-        if not args.no_write:
-            res = json.loads((OUT / "results.json").read_text())
-            res["ppo"] = rows
-            (OUT / "results.json").write_text(json.dumps(res, indent=1, default=float))
-            _docs.write_section(SECTION, section(res), keep=("### Profile of a default fit",))
+        report_result("ppo", rows, ppo_text(rows), args.no_write)
         return
     if args.cap_fidelity:
         cf = cap_fidelity(args.cap_fidelity, args.seed, tuple(int(c) for c in args.caps.split(",")))

@@ -267,6 +267,7 @@ def reward_terms(df: pd.DataFrame, spec) -> dict[str, float]:  # type: ignore[no
     return {c: float(w * df[c].mean()) for c, w in (spec.reward_weights or {}).items() if c in df}
 #: subsections written by hand (where the twin errs, the error decomposition); a full run keeps them
 KEEP_SUBSECTIONS = (
+    "### Under the operator's multi-objective reward (rerun 2026-11-29)",
     "### Declared site dynamics",
     "### Where the generated-population twin's error comes from",
     "### Where the return error comes from",

@@ -97,3 +97,32 @@ def test_the_readme_reseeded_reruns_and_saturation_are_their_runs() -> None:
     assert sat_w > loop_w
     assert f"would be {sat_w / loop_w:.1f}x wider" in readme
     assert f"median width {sat_w:.1f} against {loop_w:.1f} points" in readme
+
+
+def test_the_readme_verdict_bound_is_the_bound_run() -> None:
+    """The README's account of what bounds the verdict rate is `verdict_bound` (`closed_loop.py --bound`): the day
+    spreads per KPI over both runs (the reward, near 0, left out), the pairs within a day's spread, the reachable share, the
+    half-width 60 % asks against the median, and the rates within reach; and the 100-group reseeded rerun."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())
+    vb = res["verdict_bound"]["runs"]
+    sl, fc = vb["extended_reseeded"], vb["extended_fleet_control_reseeded"]
+    kpis = [v for run in (sl, fc) for k, v in run["by_kpi"].items() if k != "reward"]
+    twin = [100 * v["twin_day_sd"] for v in kpis]
+    emu = [100 * v["day_sd"] for v in kpis]
+    assert f"other days ({min(twin):.1f}-{max(twin):.1f} % per KPI)" in readme
+    assert f"spread the fleet-wide effect by {min(emu):.1f}-{max(emu):.1f} % per KPI" in readme
+    within = sl["by_class"]["within_day_spread"]["pairs"]
+    assert f"{within} of the {sl['pairs']} open pairs at 1,000 groups lie within one day's spread" in readme
+    assert (f"only {100 * sl['reachable']:.1f} % (fleet control {100 * fc['reachable']:.1f} %) are decidable by the "
+            "16-day design") in readme
+    assert (f"60 % asks a 16-day half-width below {100 * sl['h_needed']:.1f} % where the median is "
+            f"{100 * sl['median_h16']:.1f} %") in readme
+    d_sl, d_fc = sl["by_class"]["decidable"], fc["by_class"]["decidable"]
+    assert d_sl["right"] == d_sl["decided"] and d_fc["right"] == d_fc["decided"]  # "all right"
+    assert (f"the loop decides {100 * d_sl['rate']:.1f} % (fleet control {100 * d_fc['rate']:.1f} %), all right"
+            in readme)
+    r100 = res["extended_reseeded"]["by_fleet_size"]["100"]
+    lo, hi = (100 * x for x in r100["canary_verdict_rate_ci"])
+    assert (f"at 100 groups the default decides {100 * r100['canary_verdict_rate']:.1f} % [{lo:.1f} %, {hi:.1f} %], "
+            f"{r100['canary_agreeing']} of {r100['canary_decided']} right") in readme

@@ -109,6 +109,22 @@ class PopulationModel(ABC):
             DataFrame with columns ``["scenario", *spec.names("profile")]`` and ``n`` rows; discrete
             columns only take their allowed values and every column is within its spec bounds.
         """
+        idx, prof = self._draw(n, scenario, seed)
+        cols = {c: prof[:, j] for j, c in enumerate(self.spec.names("profile"))}
+        return pd.DataFrame({"scenario": np.asarray(self.scenarios, dtype=object)[idx], **cols})
+
+    def sample_profiles(self, n: int, scenario: str | None = None, seed: int = 0) -> np.ndarray:
+        """`sample`'s profile columns as one float64 array ``(n, P)`` in ``spec.names("profile")``'s
+        order: the same draws and values as ``sample(n, scenario, seed)[spec.names("profile")]``.
+
+        Why: a twin's episode reset draws its population with a few of these calls (one per
+        scenario and the redraws outside the support); building `sample`'s DataFrame column by
+        column was ~60 % of the reset (issue 47), more than the generator itself.
+        """
+        return self._draw(n, scenario, seed)[1]
+
+    def _draw(self, n: int, scenario: str | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scenario indices (n,), profiles (n, P) float64)``: `sample`'s draws, seeded by ``seed``."""
         if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
             raise InputError(f"n must be a non-negative integer, got {n!r}", "n")
         rng = np.random.default_rng(seed)
@@ -120,15 +136,9 @@ class PopulationModel(ABC):
                     f"unknown scenario {scenario!r}; the model knows {self.scenarios}", "scenario"
                 )
             idx = np.full(int(n), self.scenarios.index(scenario), dtype=np.int64)
-        prof = (
-            self._sample_profiles(idx, rng, seed)
-            if n
-            else pd.DataFrame({c: np.zeros(0) for c in self.spec.names("profile")})
-        )
-        out = pd.DataFrame({"scenario": np.asarray(self.scenarios, dtype=object)[idx]})
-        for c in self.spec.names("profile"):
-            out[c] = prof[c].to_numpy(np.float64)
-        return out
+        width = len(self.spec.names("profile"))
+        prof = self._sample_profiles(idx, rng, seed) if n else np.zeros((0, width))
+        return idx, np.asarray(prof, dtype=np.float64)
 
     # ---------------------------------------------------------------------------- calibration
     def fit_calibration(
@@ -170,8 +180,9 @@ class PopulationModel(ABC):
         """Training rows in the raw encoding, the quantile-mapped columns, the logit blocks; hook."""
 
     @abstractmethod
-    def _sample_profiles(self, scenario_idx: np.ndarray, rng: np.random.Generator, seed: int) -> pd.DataFrame:
-        """Profiles for agents whose scenario indices are ``scenario_idx (N,)``; subclass hook."""
+    def _sample_profiles(self, scenario_idx: np.ndarray, rng: np.random.Generator, seed: int) -> np.ndarray:
+        """Profiles ``(N, P)`` (``spec.names("profile")``'s order) for agents whose scenario
+        indices are ``scenario_idx (N,)``; subclass hook."""
 
     # ---------------------------------------------------------------------------- persistence
     def save(self, path: str | Path) -> Path:

@@ -140,11 +140,11 @@ class GMMPopulation(PopulationModel):
         target = self.transformer.transform_codes(profiles, rng=rng)
         return target, list(range(target.shape[1])), []
 
-    def _sample_profiles(self, scenario_idx: np.ndarray, rng: np.random.Generator, seed: int) -> pd.DataFrame:
+    def _sample_profiles(self, scenario_idx: np.ndarray, rng: np.random.Generator, seed: int) -> np.ndarray:
         z = self._sample_raw(scenario_idx, rng)
         if self.calibration is not None:
             z = self.calibration.apply(z, scenario_idx)
-        return self.transformer.inverse_codes(z)
+        return self.transformer.inverse_codes_array(z)
 
     def _save_params(self, path: Path) -> None:
         arrays = {}

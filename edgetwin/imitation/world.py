@@ -20,6 +20,7 @@ from sklearn.neighbors import NearestNeighbors
 
 from edgetwin.contract.errors import InputError
 from edgetwin.imitation.layout import DAY_SECONDS, Layout
+from edgetwin.imitation.neighbours import kneighbors
 from edgetwin.imitation.site_model import SiteStateModel, site_element_features
 from edgetwin.imitation.steps import (
     client_features,
@@ -445,6 +446,9 @@ class InitialStates:
     zprofiles: list[np.ndarray]
     states: list[np.ndarray]
     k: int = 5
+    #: per scenario ``(bank, k, fitted NearestNeighbors)``, reused while the bank is the same array:
+    #: refitting at every draw was ~1 ms a scenario of a twin's episode reset (issue 47)
+    _nn: dict[int, tuple[np.ndarray, int, NearestNeighbors]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def fit(cls, log: pd.DataFrame, layout: Layout) -> InitialStates:
@@ -471,8 +475,11 @@ class InitialStates:
             if bank_p.shape[1] == 0:
                 pick = rng.integers(len(bank_s), size=len(rows))
             else:
-                nn = NearestNeighbors(n_neighbors=k).fit(bank_p)
-                near = nn.kneighbors(zp[rows], return_distance=False)
+                kept = self._nn.get(int(s))
+                if kept is None or kept[0] is not bank_p or kept[1] != k:
+                    kept = self._nn[int(s)] = (bank_p, k, NearestNeighbors(n_neighbors=k).fit(bank_p))
+                nn = kept[2]
+                near = kneighbors(nn, zp[rows], k, return_distance=False)
                 pick = near[np.arange(len(rows)), rng.integers(k, size=len(rows))]
             out[rows] = bank_s[pick]
         return out

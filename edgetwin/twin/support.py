@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 from sklearn.neighbors import NearestNeighbors
 
+from edgetwin.imitation.neighbours import kneighbors
+
 __all__ = ["ProfileSupport", "SupportIndex"]
 
 
@@ -182,5 +184,5 @@ class ProfileSupport:
         nn = self.nn[scenario]
         if nn is None or len(zp) == 0:
             return np.ones(len(zp), dtype=bool)
-        d = nn.kneighbors(zp, n_neighbors=1)[0][:, 0]
+        d = kneighbors(nn, zp, 1)[0][:, 0]  # the tree asked directly: the same distances
         return d <= self.threshold[scenario]
