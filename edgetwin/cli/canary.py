@@ -112,7 +112,7 @@ def canary_plan_cmd(
     import tempfile
 
     from edgetwin.cli.policy import _whatif_inputs
-    from edgetwin.loop.plan import DESIGNS, budget_from_flags, plan_canary
+    from edgetwin.loop.plan import DESIGNS, budget_from_flags, check_loss_budget_signs, plan_canary
     from edgetwin.policies.gate import parse_guards, resolve_guards, resolve_policy, run_gate
 
     if design not in ("auto", *DESIGNS):  # before anything long
@@ -120,10 +120,13 @@ def canary_plan_cmd(
     budget = budget_from_flags(max_share, max_loss, hours)
     guards = parse_guards(max_regression or [])
     twin, _scen, kpi_defs, table = _whatif_inputs(twin_dir, None, None, log, None)
-    known = {g.kpi for g, _k in resolve_guards(kpi_defs, guards or None)}
+    resolved = resolve_guards(kpi_defs, guards or None)
+    known = {g.kpi for g, _k in resolved}
     bad = sorted(set(budget.max_loss) - known)
     if bad:
         raise InputError(f"unknown KPI(s) {bad}; the gate guards {sorted(known)}", "--max-loss")
+    if table is not None:  # before the gate: a relative cap needs a KPI of one positive sign
+        check_loss_budget_signs(budget.max_loss, {k.name: k for _g, k in resolved}, table)
     with tempfile.TemporaryDirectory(prefix="edgetwin-plan-") as tmp:
         base = resolve_baseline(baseline, twin, registry, scope, Path(tmp))
         cand = resolve_policy(policy, twin, name=Path(policy).name or "candidate")

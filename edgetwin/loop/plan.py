@@ -114,7 +114,9 @@ class PlanBudget:
     Attributes:
         max_share: at most this share of the fleet's service groups in the slice (0 < s <= 1).
         max_loss: KPI -> the largest fleet-wide relative worsening the canary may cause at worst
-            (0.005 = 0.5 %); KPIs not named are capped by share and hours only.
+            (0.005 = 0.5 %); KPIs not named are capped by share and hours only. Only a KPI of one
+            positive sign can be capped so (`check_loss_budget_signs`: relative to a level near 0
+            or of either sign, a share means nothing).
         hours: at most this many hours (in the system's time).
         treat_share: the candidate's share of the slice's groups (the rest is the control arm).
     """
@@ -141,6 +143,55 @@ def budget_from_flags(max_share: str | float, max_loss: Sequence[str] | None, ho
     if not (hours > 0 and math.isfinite(hours)):  # also NaN
         raise InputError(f"expected hours > 0, got {hours}", "--hours")
     return PlanBudget(max_share=share, max_loss=parse_max_loss(max_loss or []), hours=hours)
+
+
+def check_loss_budget_signs(max_loss: Mapping[str, float], kdefs: Mapping[str, Any], log: pd.DataFrame) -> None:
+    """Refuse a relative loss budget on a KPI that is not a quantity of one positive sign.
+
+    ``max_loss`` caps a *relative* worsening: ``fleet_loss`` (a share of the fleet's level) and the
+    edge's loss-budget stop (`edgetwin.loop.rounds._realised_loss`) divide by the fleet's baseline.
+    That ratio has a meaning only when the quantity has one sign and a positive level: for a KPI
+    whose logged values take both signs (e.g. a reward that is a weighted sum of gains and
+    penalties) the fleet mean can sit near zero or cross it, and "2 % worse" becomes an arbitrary
+    absolute amount — the same unit error as a relative interval on a KPI near 0. So no threshold
+    is tuned here: the rule is about sign only. A KPI is refused when its column's logged values
+    (the whole recent log) take both signs, or when the fleet's baseline (its mean over the log's
+    last episode, the groups a canary is drawn from) is ≤ 0. KPIs without a column in the log are
+    left alone (nothing to tell their sign by).
+
+    Args:
+        max_loss: KPI name -> relative cap (`PlanBudget.max_loss`).
+        kdefs: KPI name -> `edgetwin.twin.whatif.kpis.KpiDef` (its ``column``).
+        log: the recent log, one row per (episode, tick, agent).
+
+    Raises:
+        InputError: naming ``--max-loss`` and the KPI, with the sign and fleet mean that rule it out.
+    """
+    if not max_loss or "episode" not in log.columns:
+        return
+    last_day = log[log["episode"] == log["episode"].iloc[-1]]
+    for kpi in max_loss:
+        kdef = kdefs.get(kpi)
+        col = None if kdef is None else str(kdef.column)
+        if col is None or col not in log.columns:
+            continue
+        values = pd.to_numeric(log[col], errors="coerce").to_numpy(dtype=float)
+        values = values[np.isfinite(values)]
+        if values.size == 0:
+            continue
+        level = float(np.nanmean(pd.to_numeric(last_day[col], errors="coerce").to_numpy(dtype=float)))
+        lo, hi = float(values.min()), float(values.max())
+        name = kpi if col == kpi else f"{kpi} ({col})"
+        if lo < 0.0 < hi:
+            raise InputError(
+                f"{name} takes both signs in the log (from {lo:.3g} to {hi:.3g}, fleet mean {level:.3g}); a relative "
+                "loss budget needs a quantity of one sign — cap the KPIs it is made of", "--max-loss",
+            )  # fmt: skip
+        if not level > 0.0:  # also NaN
+            raise InputError(
+                f"{name}'s fleet mean is {level:.3g} (≤ 0); a relative loss budget needs a positive level — cap a "
+                "quantity of one positive sign", "--max-loss",
+            )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ the plan
@@ -628,7 +679,8 @@ def plan_canary(
             ``days`` is reckoned at the level of its looks.
 
     Raises:
-        InputError: a ``max_loss`` KPI that is not guarded, nothing to plan (no guarded KPI a
+        InputError: a ``max_loss`` KPI that is not guarded or not of one positive sign
+            (`check_loss_budget_signs`), nothing to plan (no guarded KPI a
             canary can measure), a budget that allows fewer than 4 groups, an unknown design.
     """
     from edgetwin.loop.ppi import twin_group_predictions
@@ -638,6 +690,7 @@ def plan_canary(
     budget = budget or PlanBudget()
     kdefs = {k.name: k for k in decision.result.kpis}
     checks, why, margins, loss_budget = _deciding_checks(decision, kdefs, budget)
+    check_loss_budget_signs(budget.max_loss, kdefs, log)
     agents, hours_opts, max_n = _options_space(log, budget, episode_hours, pre_ticks)
     n_fleet = len(agents)
     last_day = log[log["episode"] == log["episode"].iloc[-1]]
@@ -728,6 +781,7 @@ __all__ = [
     "PlanSlice",
     "PlannedKPI",
     "budget_from_flags",
+    "check_loss_budget_signs",
     "parse_max_loss",
     "parse_share",
     "plan_canary",
