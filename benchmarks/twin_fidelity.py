@@ -271,6 +271,7 @@ KEEP_SUBSECTIONS = (
     "### Declared site dynamics",
     "### Where the generated-population twin's error comes from",
     "### Where the return error comes from",
+    QUICK_SECTION,  # written by --write-quick: a full run must keep it
     "### Where the twin's revenue and task-time change bias came from (issue 44)",
     "### Constrained policy vs plain PPO, scored on the cluster (issue 44)",  # benchmarks/constrained_training.py
     "### The response model's output noise by predicted level (issue 44)",

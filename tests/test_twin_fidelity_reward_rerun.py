@@ -41,3 +41,17 @@ def test_the_readme_sentence_is_the_full_run() -> None:
             in readme)
     assert f"it puts every policy {-max(gap):.2f}-{-min(gap):.2f} below the cluster's value" in readme
     assert -max(gap) > max(reals) - min(reals)  # "a level offset larger than the policies' whole spread"
+
+
+def test_a_full_run_keeps_every_subsection_of_the_page(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The full run rewrites the `## Twin fidelity (MAIL-MMSG)` section and keeps only `KEEP_SUBSECTIONS`: every
+    `###` subsection on the page must be listed, or the next full run drops it (it dropped the quick run's)."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    tf = importlib.import_module("twin_fidelity")
+    page = (ROOT / "docs/benchmarks/twin_fidelity/README.md").read_text().splitlines()
+    subsections = [line.strip() for line in page if line.startswith("### ")]
+    assert subsections and tf.QUICK_SECTION in subsections
+    missing = [s for s in subsections if s not in tf.KEEP_SUBSECTIONS]
+    assert not missing, f"not kept by a full run: {missing}"
