@@ -55,3 +55,22 @@ def test_a_full_run_keeps_every_subsection_of_the_page(monkeypatch) -> None:  # 
     assert subsections and tf.QUICK_SECTION in subsections
     missing = [s for s in subsections if s not in tf.KEEP_SUBSECTIONS]
     assert not missing, f"not kept by a full run: {missing}"
+
+
+def test_the_quick_runs_reward_gap_and_its_linear_split_are_the_json() -> None:
+    """The page's contrast with the quick run: its twin-minus-real reward range, and that the reward is the
+    `REWARD_WEIGHTS` sum of the KPIs' day means (to float rounding) for every policy."""
+    import numpy as np
+
+    from edgetwin.emulator.cluster import REWARD_WEIGHTS
+
+    page = " ".join((ROOT / "docs/benchmarks/twin_fidelity/README.md").read_text().split())
+    q = json.loads((ROOT / "docs/benchmarks/twin_fidelity/quick.json").read_text())
+    gaps = [p["twin"] - p["real"] for p in q["policies"]]
+    assert f"lies within {min(gaps):.3f} to {max(gaps):+.3f} of each policy's real one" in page
+    for p in q["policies"]:
+        days = q["day_means"][p["policy"]]["real"]
+        linear = sum(w * float(np.mean(days[k])) for k, w in REWARD_WEIGHTS.items())
+        assert abs(linear - p["real"]) < 1e-6 * max(1.0, abs(p["real"]))
+    full = [x["twin"] - x["real"] for x in _run()["ranking"]]
+    assert max(abs(g) for g in gaps) < -max(full)  # "no such offset": every quick gap below the full run's smallest
