@@ -71,3 +71,15 @@ def test_cli_refuses_it_in_one_line_with_exit_2(gated, capsys) -> None:  # type:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert "--max-loss" in err and "reward" in err and "both signs" in err and "slo_violation" not in err
+
+
+def test_a_switchback_refuses_it_too(gated) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """`plan_switchback` caps its risk by the same relative budget, so it refuses the same KPIs as `plan_canary`."""
+    from edgetwin.loop.switchback import plan_switchback
+
+    g = gated
+    with pytest.raises(InputError) as e:
+        plan_switchback(g["decision"], g["twin"], g["log"], g["cand"], g["base"],
+                        PlanBudget(max_share=0.25, hours=6.0, max_loss={"reward": 0.02}),
+                        block_ticks=2, carryover_ticks=1, sims=1)  # fmt: skip
+    assert e.value.where == "--max-loss" and "reward" in e.value.message and "both signs" in e.value.message

@@ -295,7 +295,9 @@ def test_plan_switchback_from_the_gates_decision_counts_its_risk(gated) -> None:
     assert (
         set(plan.expected_width) == set(plan.fleet_loss) and plan.expected_width
     )  # the deciding KPIs' columns
-    worst = max(plan.fleet_loss, key=lambda k: plan.fleet_loss[k])
+    # a relative cap needs a KPI of one positive sign (`check_loss_budget_signs`): the worst such column
+    one_signed = [c for c in plan.fleet_loss if c in log.columns and log[c].min() >= 0 and log[c].mean() > 0]
+    worst = max(one_signed, key=lambda k: plan.fleet_loss[k])
     assert plan.fleet_loss[worst] > 0
     kpi = next(k.name for k in decision.result.kpis if k.column == worst)  # the gate's KPI of that column
     tight = PlanBudget(max_share=0.25, hours=6.0, max_loss={kpi: plan.fleet_loss[worst] / 2})

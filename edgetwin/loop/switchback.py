@@ -746,9 +746,10 @@ def plan_switchback(
 
     Raises:
         InputError: unknown sites, a budget that does not buy 4 blocks (of the twin's carryover's
-            length, by default), a worst case over the loss budget, a ``logged`` policy.
+            length, by default), a worst case over the loss budget, a loss budget on a KPI not of one
+            positive sign (`edgetwin.loop.plan.check_loss_budget_signs`), a ``logged`` policy.
     """
-    from edgetwin.loop.plan import PlanBudget, _deciding_checks, _kpi_column
+    from edgetwin.loop.plan import PlanBudget, _deciding_checks, _kpi_column, check_loss_budget_signs
     from edgetwin.twin.whatif.replay import logged_episodes
 
     budget = budget or PlanBudget()
@@ -757,6 +758,7 @@ def plan_switchback(
     if decision is not None:
         kdefs_all = {k.name: k for k in decision.result.kpis}
         checks = _deciding_checks(decision, kdefs_all, budget)[0]
+        check_loss_budget_signs(budget.max_loss, kdefs_all, log)  # the caps below are relative, as a canary's
         kpis = sorted({_kpi_column(kdefs_all[k]) or k for k in checks})
     if not kpis:
         raise InputError("give the gate's decision or the KPI columns to judge", "kpis")
