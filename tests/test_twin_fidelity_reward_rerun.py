@@ -74,3 +74,16 @@ def test_the_quick_runs_reward_gap_and_its_linear_split_are_the_json() -> None:
         assert abs(linear - p["real"]) < 1e-6 * max(1.0, abs(p["real"]))
     full = [x["twin"] - x["real"] for x in _run()["ranking"]]
     assert max(abs(g) for g in gaps) < -max(full)  # "no such offset": every quick gap below the full run's smallest
+
+
+def test_the_pages_logging_policy_contrast_is_the_run() -> None:
+    """Section 1's KL (mean over MAIL's outputs, the reward's own) against section 3's offset of the same uniformly
+    random policy, as the page's "Not diagnosed" bullet states them (0.294: the run before the reward change)."""
+    page = " ".join((ROOT / "docs/benchmarks/twin_fidelity/README.md").read_text().split())
+    r = _run()
+    kl = r["kl"]["mail"]
+    mean = sum(kl.values()) / len(kl)
+    assert mean < 0.294 and f"MAIL's mean over outputs {mean:.3f} nats against 0.294 then" in page
+    assert f"the reward's own {kl['reward']:.3f}" in page
+    random = next(x for x in r["ranking"] if x["policy"] == "random")
+    assert f"puts its mean reward {random['real'] - random['twin']:.2f} below the cluster's" in page
