@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numba
 import numpy as np
 
+from edgetwin.contract.dynamics_program import compile_program
 from edgetwin.contract.spec import REWARD_COLUMN
 from edgetwin.imitation.noise import _DZ, _Z0
 from edgetwin.imitation.steps import segment_starts
@@ -618,11 +619,28 @@ class FusedTick:
             _unpack_legal(packed, self._log_cols(sc), sc.low, sc.high, nxt)
         cols, step, low, period, echo_cols, echo_of = self._rolls()
         _clocks_echoes(world.state, nxt, outputs, cols, step, low, period, echo_cols, echo_of, sc.low, sc.high)
-        nxt = lay.apply_declared(world.profile, world.state, action, outputs, world.site, nxt, n_sites=world.n_sites)
+        nxt = self.declared(world, action, outputs, nxt)
         zs_next, mzs_next = self.state_z(nxt)
         world.lag = site_now
         world.moved_to(nxt, zs_next, mzs_next)
         return nxt
+
+    def declared(self, world: World, action: np.ndarray, outputs: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+        """``nxt (N, S)`` with the declared state columns computed from the tick (`Layout.apply_declared`,
+        to the bit): by the spec's declarations compiled into one call (`DeclaredProgram`) where they
+        compile, else by `Layout.apply_declared`."""
+        lay = self.layout
+        if not any(lay.declared):
+            return nxt
+        hit = self.__dict__.get("_declared_memo")
+        if hit is None or hit[0] is not lay.spec:
+            dynamics = lay.spec.declared_dynamics()
+            program = None if dynamics is None else compile_program(
+                dynamics, (lay.profile, lay.state, lay.action, lay.outputs), lay.state)
+            hit = self.__dict__["_declared_memo"] = (lay.spec, program)
+        if hit[1] is None or world.n == 0:
+            return lay.apply_declared(world.profile, world.state, action, outputs, world.site, nxt, n_sites=world.n_sites)
+        return hit[1].apply(world.profile, world.state, action, outputs, world.site, nxt, world.n_sites)
 
     def state_z(self, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(zs (N, S) float32, mzs (N, S) float64)``: `ColumnScaler.transform` of raw ``state`` and
