@@ -622,7 +622,11 @@ class FusedTick:
         nxt = self.declared(world, action, outputs, nxt)
         zs_next, mzs_next = self.state_z(nxt)
         world.lag = site_now
-        world.moved_to(nxt, zs_next, mzs_next)
+        zs_means = None
+        if runs is not None:  # the next tick's site means of the models' z(state), as `World.site_means` takes them
+            zs_means = np.empty((len(runs[0]), s), np.float64)
+            _segment_means(mzs_next, self._arange(s), runs[0], runs[1], zs_means)
+        world.moved_to(nxt, zs_next, mzs_next, zs_means)
         return nxt
 
     def declared(self, world: World, action: np.ndarray, outputs: np.ndarray, nxt: np.ndarray) -> np.ndarray:
@@ -690,9 +694,10 @@ class FusedTick:
         return hit[1]
 
     def _arange(self, k: int) -> np.ndarray:
-        hit = self.__dict__.get("_arange_memo")
-        if hit is None or len(hit) != k:
-            hit = self.__dict__["_arange_memo"] = np.arange(k, dtype=np.int64)
+        memo: dict[int, np.ndarray] = self.__dict__.setdefault("_arange_memo", {})
+        hit = memo.get(k)
+        if hit is None:
+            hit = memo[k] = np.arange(k, dtype=np.int64)
         return hit
 
     def _log_cols(self, sc: ColumnScaler) -> np.ndarray:
