@@ -36,6 +36,10 @@ from edgetwin.imitation.steps import (
 __all__ = ["Composition", "InitialStates", "SiteStateModel", "World", "site_consistent"]
 
 
+#: (step seconds, tick number) -> the tick's time of day as ``(sin, cos)`` (`World._time_of_day`)
+_TIME_OF_DAY: dict[tuple[float, int], np.ndarray] = {}
+
+
 @dataclass
 class World:
     """N simulated agents on sites, advanced one tick at a time (batched over all agents).
@@ -184,15 +188,17 @@ class World:
 
     def _time_of_day(self) -> np.ndarray:
         """``(2,)`` float64 sine and cosine of this tick's time of day, as `client_features` computes
-        them for a world's tick (``t`` as ``(1,)``): the same bits; kept per tick number."""
-        memo: dict[int, np.ndarray] = self.__dict__.setdefault("_time_memo", {})
-        hit = memo.get(self.t)
+        them for a world's tick (``t`` as ``(1,)``: numpy's sine of a one-value array, the same bits),
+        kept per (step length, tick number) for every world (`_TIME_OF_DAY`)."""
+        step = float(self.layout.spec.step_seconds)
+        hit = _TIME_OF_DAY.get((step, self.t))
         if hit is None:
-            if len(memo) > 4096:  # a long-running world: keep the memo small
-                memo.clear()
+            if len(_TIME_OF_DAY) > 4096:  # many step lengths or long episodes: keep the memo small
+                _TIME_OF_DAY.clear()
             t = np.asarray(np.full(1, self.t), np.float64)
-            phase = 2.0 * np.pi * ((t * self.layout.spec.step_seconds) % DAY_SECONDS) / DAY_SECONDS
-            hit = memo[self.t] = np.concatenate([np.sin(phase), np.cos(phase)])
+            phase = 2.0 * np.pi * ((t * step) % DAY_SECONDS) / DAY_SECONDS
+            hit = _TIME_OF_DAY[(step, self.t)] = np.concatenate([np.sin(phase), np.cos(phase)])
+            hit.flags.writeable = False
         return hit
 
     def client_agent_inputs(self, za: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
