@@ -6,23 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import test_twin_speed
 import torch
 
 from edgetwin.contract.policy import RandomPolicy
-from edgetwin.emulator.cluster import ClusterConfig
-from edgetwin.emulator.logs import generate_logs
 from edgetwin.imitation.layout import DAY_SECONDS
 from edgetwin.imitation.world import World
 from edgetwin.twin.twin import Twin
 
 torch.set_num_threads(1)
 
-
-@pytest.fixture(scope="module")
-def twin() -> Twin:
-    df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
-    return Twin.fit(df, spec, members=1, seed=0, progress=False, population_model="empirical", bc_epochs=2,
-                    rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
+#: the tiny twin of the emulated cluster of tests/test_twin_speed.py (declared dynamics, site-level state, a clock)
+twin = test_twin_speed.twin
 
 
 def _concatenated(w: World) -> np.ndarray:
