@@ -43,15 +43,14 @@ _LOAD, _CONST, _ADD, _SUB, _MUL, _DIV, _NEG, _COPY, _SITE = range(9)
 _NUMEXPR_OPS = {b"add_ddd": _ADD, b"sub_ddd": _SUB, b"mul_ddd": _MUL, b"div_ddd": _DIV, b"neg_dd": _NEG, b"copy_dd": _COPY}
 
 
-@numba.njit(fastmath=False, error_model="numpy", cache=True, nogil=True, boundscheck=False)
+@numba.njit(fastmath=False, error_model="numpy", cache=True, nogil=True, boundscheck=False, inline="always")
 def _clip(x: float, low: float, high: float) -> float:  # pragma: no cover - compiled
     """``np.clip``'s scalar rule for floats: ``min(max(x, low), high)``, each keeping a NaN ``x``
     and, on a tie, the bound."""
-    if not np.isnan(x):
-        x = x if x > low else low
-    if not np.isnan(x):
-        x = x if x < high else high
-    return x
+    y = x if x > low else low
+    y = x if np.isnan(x) else y
+    z = y if y < high else high
+    return y if np.isnan(y) else z  # (selects, not branches: the row loops vectorise)
 
 
 @numba.njit(fastmath=False, error_model="numpy", cache=True, nogil=True, boundscheck=False, inline="always")
@@ -91,9 +90,26 @@ def _run(
         elif op == 1:
             for i in range(n):
                 reg[d, i] = value[k]
-        elif op <= 5:  # + - * /
+        elif op == 2:  # + - * /, each a select the compiler can vectorise (`_first_nan`'s numbers)
             for i in range(n):
-                reg[d, i] = _first_nan(reg[a, i], reg[b, i], op)
+                x = reg[a, i]
+                v = x + reg[b, i]
+                reg[d, i] = x if np.isnan(x) else v
+        elif op == 3:
+            for i in range(n):
+                x = reg[a, i]
+                v = x - reg[b, i]
+                reg[d, i] = x if np.isnan(x) else v
+        elif op == 4:
+            for i in range(n):
+                x = reg[a, i]
+                v = x * reg[b, i]
+                reg[d, i] = x if np.isnan(x) else v
+        elif op == 5:
+            for i in range(n):
+                x = reg[a, i]
+                v = x / reg[b, i]
+                reg[d, i] = x if np.isnan(x) else v
         elif op == 6:
             for i in range(n):
                 reg[d, i] = -reg[a, i]
@@ -102,11 +118,12 @@ def _run(
                 reg[d, i] = reg[a, i]
         else:  # the sum (b = 1: the mean) of register a over each row's site, as `_site_total_kernel`
             sums = np.zeros(n_sites)
-            counts = np.zeros(n_sites, np.int64)
             for i in range(n):
                 sums[site[i]] += reg[a, i]
-                counts[site[i]] += 1
             if b == 1:
+                counts = np.zeros(n_sites, np.int64)
+                for i in range(n):
+                    counts[site[i]] += 1
                 for s in range(n_sites):
                     sums[s] = sums[s] / np.float64(max(counts[s], 1))
             for i in range(n):
@@ -114,13 +131,14 @@ def _run(
     for j in range(decl.shape[0]):
         form, r, rs, col, now_col = decl[j, 0], decl[j, 1], decl[j, 2], decl[j, 3], decl[j, 4]
         dt, cap, low, high = dnum[j, 0], dnum[j, 1], dnum[j, 2], dnum[j, 3]
-        for i in range(n):
-            if form == 0:
-                v = reg[r, i]
-            else:  # next = clip(now + (arrivals - service) * dt, 0, max)
+        if form == 0:
+            for i in range(n):
+                nxt[i, col] = _clip(reg[r, i], low, high)
+        else:  # next = clip(now + (arrivals - service) * dt, 0, max)
+            for i in range(n):
                 step = _first_nan(_first_nan(reg[r, i], reg[rs, i], 3), dt, 4)
                 v = _clip(_first_nan(state[i, now_col], step, 2), 0.0, cap)
-            nxt[i, col] = _clip(v, low, high)
+                nxt[i, col] = _clip(v, low, high)
 
 
 @dataclass(frozen=True)
