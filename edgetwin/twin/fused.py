@@ -9,7 +9,8 @@ its arrays whole, so at 10,000 agents the passes together cost more than the GEM
 profile: ~4 of a 7 ms tick). Here they are a few loops over rows (`numba.njit`, ``fastmath=False``),
 each reading a row once and writing every array it feeds.
 
-Why numba and not numexpr (which the declared dynamics use): the passes gather and scatter columns
+Why numba and not numexpr (which compiles the declared dynamics' expressions; the end of tick runs
+those programs in one call, `FusedTick.declared`): the passes gather and scatter columns
 (log columns, site-level columns, echoes), clip to per-column bounds and branch per column, which
 numexpr's element-wise expressions cannot say. Why the transcendental functions stay numpy's:
 numba calls the C library's scalar ``expm1`` / ``log1p`` (~9 ns a value here), numpy's SIMD ones
