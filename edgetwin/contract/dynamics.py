@@ -30,7 +30,9 @@ every agent's response, then computes the declared columns from them. Expression
 `edgetwin.contract.expressions` into a strict grammar (numbers, columns, arithmetic, comparisons,
 a fixed list of functions, the aggregates) and refused otherwise before any library sees them;
 numexpr then evaluates the text re-printed from the validated tree, never the spec's text (numexpr
-itself hands its input to Python's ``eval`` behind a blacklist that can be bypassed). A
+itself hands its input to Python's ``eval`` behind a blacklist that can be bypassed). A twin's
+fused tick runs the same numexpr programs, copied instruction for instruction into one compiled call
+per tick where they are plain arithmetic (`edgetwin.contract.dynamics_program`; the same bits). A
 site-scoped column's expression may use agent-scoped columns only inside an aggregate, so that it
 is one value per site.
 

@@ -60,6 +60,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import torch as th
 
@@ -285,6 +286,69 @@ class CausalResponseModel:
         )
 
 
+#: the training step's element-wise kernels: IEEE float32 arithmetic as written (no fast-math
+#: reassociation or FMA contraction), so they give the numpy passes' bits; cached on disk
+_kernel = numba.njit(fastmath=False, cache=True, nogil=True, boundscheck=False)
+
+
+@_kernel
+def _residuals(y: np.ndarray, r: np.ndarray, r2: np.ndarray) -> None:  # pragma: no cover - compiled
+    """In place: ``r (L, B, out)`` holds the nets' outputs and becomes ``y (B, out) - r``; ``r2``
+    its square. The numpy passes' float32 bits (``(-out) + y``, then ``r * r``)."""
+    for net in range(r.shape[0]):
+        for b in range(r.shape[1]):
+            for j in range(r.shape[2]):
+                v = y[b, j] - r[net, b, j]
+                r[net, b, j] = v
+                r2[net, b, j] = v * v
+
+
+@_kernel
+def _output_grad(r: np.ndarray, c2: np.ndarray, c1: np.ndarray, ends: np.ndarray,
+                 d: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``d (L, B, out) = r * c2[net, k] - c1[net, k]`` for the rows of policy block ``k`` (block k ends
+    at row ``ends[k]``; ``c1``, ``c2`` float32 ``(L, K, out)``): ``∂loss/∂output`` with
+    ``c2 = -2 g2``, ``c1 = g1``. The numpy passes' float32 bits (a product, then a difference)."""
+    for net in range(r.shape[0]):
+        lo = 0
+        for k in range(ends.shape[0]):
+            hi = ends[k]
+            for b in range(lo, hi):
+                for j in range(r.shape[2]):
+                    v = r[net, b, j] * c2[net, k, j]
+                    d[net, b, j] = v - c1[net, k, j]
+            lo = hi
+
+
+@_kernel
+def _tanh_backward(d: np.ndarray, a: np.ndarray) -> None:  # pragma: no cover - compiled
+    """In place ``d *= 1 - a * a`` on float32 ``(L, B, h)`` arrays (``a``: the layer's tanh kept):
+    tanh's derivative, with the numpy passes' float32 bits (``a * a``, ``1 - ``, the product)."""
+    one = np.float32(1.0)
+    for net in range(d.shape[0]):
+        for b in range(d.shape[1]):
+            for j in range(d.shape[2]):
+                s = a[net, b, j] * a[net, b, j]
+                d[net, b, j] = d[net, b, j] * (one - s)
+
+
+class _StepBuffers:
+    """The arrays a `NetStack` training step writes, for ``nets`` nets on a batch of ``rows`` rows
+    with layers of output ``width`` (hidden ones, then the outputs) and policy blocks ending at ``ends``:
+    kept from step to step instead of made fresh by every GEMM and pass (a (64, 64) net's step
+    on ~4,300 rows made ~8 arrays of ~1 MB a step)."""
+
+    def __init__(self, nets: int, rows: int, width: Sequence[int], ends: Sequence[int]) -> None:
+        self.shape = (nets, rows)
+        self.acts = [th.empty(nets, rows, h) for h in width[:-1]]  # each hidden layer's tanh
+        self.r = th.empty(nets, rows, width[-1])  # the outputs, then the residuals
+        self.r2 = th.empty(nets, rows, width[-1])  # the residuals' squares
+        self.r_np, self.r2_np = self.r.numpy(), self.r2.numpy()
+        self.d = [th.empty(nets, rows, h) for h in width]  # ∂loss/∂(each layer's pre-activation / output)
+        self.ends = np.asarray(ends, np.int64)  # each policy block's end row (blocks in turn from row 0)
+
+
+
 class NetStack:
     """L fits of a `CausalResponseModel`'s net, one per λ of ``invariances``, trained side by side
     as one stack on the rows ``rows`` of float32 ``x (N, in)``, clipped ``y (N, out)`` with policy
@@ -346,6 +410,7 @@ class NetStack:
         self.count = th.tensor(sizes, dtype=th.float32)[:, None]  # (K, 1)
         self.sizes = np.asarray(sizes, np.float64)  # (K,) rows of each policy's draw
         self.blocks = list(zip(np.cumsum([0, *sizes[:-1]]).tolist(), np.cumsum(sizes).tolist(), strict=True))
+        self._buf: _StepBuffers | None = None  # the step's arrays, made at the first step (`_buffers`)
 
     def __len__(self) -> int:
         return len(self.lam)
@@ -371,6 +436,15 @@ class NetStack:
                 history.append((float(error[0].detach()), float(penalty[0].detach())))
         self.step = max(self.step, until)
 
+    def _buffers(self, rows: int) -> _StepBuffers:
+        """The step's arrays for a batch of ``rows`` rows and this stack's nets, made once and kept
+        (remade when `keep` changes the stack)."""
+        n, width = len(self.lam), [w.shape[2] for w in self.weights]
+        buf = self._buf
+        if buf is None or buf.shape != (n, rows):
+            buf = self._buf = _StepBuffers(n, rows, width, [hi for _, hi in self.blocks])
+        return buf
+
     def _gradients(self, xb: th.Tensor, yb: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         """Set every net's gradient of the stack's loss on the batch ``xb (B, in)``, ``yb (B, out)``
         (each policy's draw in turn, `member`'s order); return ``(error (L,), penalty (L,))``.
@@ -382,43 +456,40 @@ class NetStack:
         overhead on the few (L, K, out) numbers of the loss (~0.9 ms a step), the per-policy sums'
         backward as (L, B, out) products, torch's CPU tanh (4-15x slower than numpy's here), and a
         fresh (L, B, h) array per element-wise operation. Here: every layer of every net is one
-        batched GEMM (the batch seen by all L nets without a copy), tanh by numpy in place, the
-        loss's gradient in the per-policy sums in closed form in numpy (`_stack_loss_grad`),
-        ``∂loss/∂r = g1[k(row)] + 2 r g2[k(row)]`` policy block by policy block, and tanh's
-        derivative ``1 - tanh²`` from the activations kept. The same gradient as autograd's up to
-        float rounding (tests/test_causal_fused_step.py).
+        batched GEMM (the batch seen by all L nets without a copy) into arrays kept from step to
+        step (`_StepBuffers`), tanh by numpy in place, the loss's gradient in the per-policy sums in
+        closed form in numpy (`_stack_loss_grad`), ``∂loss/∂r = g1[k(row)] + 2 r g2[k(row)]`` policy
+        block by policy block, and tanh's derivative ``1 - tanh²`` from the activations kept; the
+        element-wise passes between the GEMMs (the residuals and their squares, ``∂loss/∂output``,
+        the derivative times tanh's slope) are compiled loops (`_residuals`, `_output_grad`,
+        `_tanh_backward`) doing numpy's float32 operations in numpy's order. The same gradient as
+        autograd's up to float rounding (tests/test_causal_fused_step.py), and the same bits as the
+        numpy passes they replace (tests/test_causal_step_bits.py).
         """
         n = len(self.lam)
+        buf = self._buffers(len(xb))
         weights = [w.detach() for w in self.weights]
         biases = [b.detach() for b in self.biases]
         xs = xb.expand(n, -1, -1)  # every net sees the batch: (L, B, in) without a copy
-        acts: list[th.Tensor] = []  # (L, B, h) per hidden layer
-        for w, bias in zip(weights[:-1], biases[:-1], strict=True):
-            z = th.baddbmm(bias, acts[-1] if acts else xs, w)
+        acts = buf.acts  # (L, B, h) per hidden layer
+        for i, (w, bias) in enumerate(zip(weights[:-1], biases[:-1], strict=True)):
+            z = th.baddbmm(bias, acts[i - 1] if i else xs, w, out=acts[i])
             np.tanh(z.numpy(), out=z.numpy())
-            acts.append(z)
-        r = th.baddbmm(biases[-1], acts[-1], weights[-1]).neg_().add_(yb)  # (L, B, out) residuals
+        r = th.baddbmm(biases[-1], acts[-1], weights[-1], out=buf.r)  # the outputs, then the residuals:
+        _residuals(yb.numpy(), buf.r_np, buf.r2_np)  # r = y - output, in place, and r * r
         error, penalty, g1, g2 = _stack_loss_grad(th.matmul(self.member, r).numpy(),
-                                                  th.matmul(self.member, r * r).numpy(), self.sizes, self.lam_np)
+                                                  th.matmul(self.member, buf.r2).numpy(), self.sizes, self.lam_np)
         # ∂loss/∂output = -∂loss/∂r = -(g1[k(row)] + 2 r g2[k(row)]), policy block by policy block
-        rn = r.numpy()
-        d = np.empty_like(rn)
-        for k, (lo, hi) in enumerate(self.blocks):
-            np.multiply(rn[:, lo:hi], (-2.0 * g2[:, k, None, :]).astype(np.float32), out=d[:, lo:hi])
-            d[:, lo:hi] -= g1[:, k, None, :].astype(np.float32)
-        dt = th.from_numpy(d)
+        _output_grad(buf.r_np, (-2.0 * g2).astype(np.float32), g1.astype(np.float32), buf.ends, buf.d[-1].numpy())
+        dt = buf.d[-1]
         k = len(weights)
         gw, gb = self._grads[:k], self._grads[k:]  # written in place: `adam`'s gradient buffer
         for i in range(k - 1, 0, -1):
             a = acts[i - 1]
             self.weights[i].grad = th.bmm(a.transpose(1, 2), dt, out=gw[i])
             self.biases[i].grad = th.sum(dt, 1, keepdim=True, out=gb[i])
-            dt = th.bmm(dt, weights[i].transpose(1, 2))
-            an = a.numpy()
-            slope = np.multiply(an, an)
-            np.subtract(1.0, slope, out=slope)
-            dn = dt.numpy()
-            dn *= slope  # tanh's derivative, from the activation kept
+            dt = th.bmm(dt, weights[i].transpose(1, 2), out=buf.d[i - 1])
+            _tanh_backward(dt.numpy(), a.numpy())  # tanh's derivative, from the activation kept
         self.weights[0].grad = th.bmm(xs.transpose(1, 2), dt, out=gw[0])
         self.biases[0].grad = th.sum(dt, 1, keepdim=True, out=gb[0])
         return th.from_numpy(error.astype(np.float32)), th.from_numpy(penalty.astype(np.float32))
@@ -429,6 +500,7 @@ class NetStack:
         ix = th.as_tensor(list(which), dtype=th.int64)
         self.adam.keep(list(which))
         self._tensors()
+        self._buf = None  # fewer nets: the step's arrays are remade
         self.lam = self.lam.index_select(0, ix)
         self.lam_np = self.lam_np[list(which)]
 

@@ -9,7 +9,8 @@ its arrays whole, so at 10,000 agents the passes together cost more than the GEM
 profile: ~4 of a 7 ms tick). Here they are a few loops over rows (`numba.njit`, ``fastmath=False``),
 each reading a row once and writing every array it feeds.
 
-Why numba and not numexpr (which the declared dynamics use): the passes gather and scatter columns
+Why numba and not numexpr (which compiles the declared dynamics' expressions; the end of tick runs
+those programs in one call, `FusedTick.declared`): the passes gather and scatter columns
 (log columns, site-level columns, echoes), clip to per-column bounds and branch per column, which
 numexpr's element-wise expressions cannot say. Why the transcendental functions stay numpy's:
 numba calls the C library's scalar ``expm1`` / ``log1p`` (~9 ns a value here), numpy's SIMD ones
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numba
 import numpy as np
 
+from edgetwin.contract.dynamics_program import compile_program
 from edgetwin.contract.spec import REWARD_COLUMN
 from edgetwin.imitation.noise import _DZ, _Z0
 from edgetwin.imitation.steps import segment_starts
@@ -618,11 +620,32 @@ class FusedTick:
             _unpack_legal(packed, self._log_cols(sc), sc.low, sc.high, nxt)
         cols, step, low, period, echo_cols, echo_of = self._rolls()
         _clocks_echoes(world.state, nxt, outputs, cols, step, low, period, echo_cols, echo_of, sc.low, sc.high)
-        nxt = lay.apply_declared(world.profile, world.state, action, outputs, world.site, nxt, n_sites=world.n_sites)
+        nxt = self.declared(world, action, outputs, nxt)
         zs_next, mzs_next = self.state_z(nxt)
         world.lag = site_now
-        world.moved_to(nxt, zs_next, mzs_next)
+        zs_means = None
+        if runs is not None:  # the next tick's site means of the models' z(state), as `World.site_means` takes them
+            zs_means = np.empty((len(runs[0]), s), np.float64)
+            _segment_means(mzs_next, self._arange(s), runs[0], runs[1], zs_means)
+        world.moved_to(nxt, zs_next, mzs_next, zs_means)
         return nxt
+
+    def declared(self, world: World, action: np.ndarray, outputs: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+        """``nxt (N, S)`` with the declared state columns computed from the tick (`Layout.apply_declared`,
+        to the bit): by the spec's declarations compiled into one call (`DeclaredProgram`) where they
+        compile, else by `Layout.apply_declared`."""
+        lay = self.layout
+        if not any(lay.declared):
+            return nxt
+        hit = self.__dict__.get("_declared_memo")
+        if hit is None or hit[0] is not lay.spec:
+            dynamics = lay.spec.declared_dynamics()
+            program = None if dynamics is None else compile_program(
+                dynamics, (lay.profile, lay.state, lay.action, lay.outputs), lay.state)
+            hit = self.__dict__["_declared_memo"] = (lay.spec, program)
+        if hit[1] is None or world.n == 0:
+            return lay.apply_declared(world.profile, world.state, action, outputs, world.site, nxt, n_sites=world.n_sites)
+        return hit[1].apply(world.profile, world.state, action, outputs, world.site, nxt, world.n_sites)
 
     def state_z(self, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(zs (N, S) float32, mzs (N, S) float64)``: `ColumnScaler.transform` of raw ``state`` and
@@ -672,9 +695,10 @@ class FusedTick:
         return hit[1]
 
     def _arange(self, k: int) -> np.ndarray:
-        hit = self.__dict__.get("_arange_memo")
-        if hit is None or len(hit) != k:
-            hit = self.__dict__["_arange_memo"] = np.arange(k, dtype=np.int64)
+        memo: dict[int, np.ndarray] = self.__dict__.setdefault("_arange_memo", {})
+        hit = memo.get(k)
+        if hit is None:
+            hit = memo[k] = np.arange(k, dtype=np.int64)
         return hit
 
     def _log_cols(self, sc: ColumnScaler) -> np.ndarray:
