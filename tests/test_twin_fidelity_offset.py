@@ -108,3 +108,49 @@ def test_what_remains_is_the_single_member_six_day_twins_gap() -> None:
     assert np.isclose(r["sources"]["held-out"]["all_members"]["reward"], tn["reward"], atol=0.02)  # the same model
     assert f"is still {r['cluster']['reward'] - tn['reward']:.2f} below the cluster, by task time too " \
            f"({tn[TASK]:+.3f} against {r['cluster'][TASK]:+.3f})" in page
+
+
+def _full() -> dict:  # type: ignore[type-arg]
+    return json.loads((ROOT / "docs/benchmarks/twin_fidelity/results.json").read_text())
+
+
+REPLAY = "twin, replaying the evaluation days' populations"
+
+
+def test_the_full_run_after_the_fix_is_results_json() -> None:
+    """The paragraph "The full run after the fix" against results.json (this run) and results_reward_rerun.json
+    (the rerun at 869c062, before the fix)."""
+    page, d = _page(), _full()
+    old = json.loads((ROOT / "docs/benchmarks/twin_fidelity/results_reward_rerun.json").read_text())
+    g = [x["twin"] - x["real"] for x in d["ranking"]]
+    r = [x[REPLAY] - x["real"] for x in d["ranking"]]
+    g0 = [x["twin"] - x["real"] for x in old["ranking"]]
+    r0 = [x[REPLAY] - x["real"] for x in old["ranking"]]
+    tw, rp = d["scores"]["twin"], d["scores"][REPLAY]
+    assert f"twin minus real lies within {min(r):+.3f} to {max(r):+.3f} per policy (before: {min(r0):+.2f} to " \
+           f"{max(r0):+.2f}), normalised absolute error {rp['norm_abs_error']:.2f} (before " \
+           f"{old['scores'][REPLAY]['norm_abs_error']:.2f})" in page
+    below = sum(1 for x in g if x < 0)
+    assert f"still below the cluster on {below} of the {len(g)} policies: twin minus real lies within {min(g):+.3f} to " \
+           f"{max(g):+.3f} (before {min(g0):+.2f} to {max(g0):+.2f}); normalised absolute error " \
+           f"{tw['norm_abs_error']:.2f} (before {old['scores']['twin']['norm_abs_error']:.2f})" in page
+    assert tw["norm_abs_error"] < old["scores"]["twin"]["norm_abs_error"] / 3  # the offset is gone, mostly
+    assert max(abs(x) for x in r) < max(abs(x) for x in r0) / 3
+    rand = next(x for x in d["ranking"] if x["policy"] == "random")
+    diag = _run(3, 6)
+    assert f"the random policy {rand['twin']:+.3f} against {rand['real']:+.3f} (the diagnostic's three members on six " \
+           f"days: {diag['sources']['training']['all_members']['reward']:+.3f} against {diag['cluster']['reward']:+.3f})" \
+        in page
+    lo, hi = tw["spearman_ci90"]
+    plo, phi = rp["spearman_ci90"]
+    assert f"rho {tw['spearman']:.2f} [{lo:.2f}, {hi:.2f}] with generated populations, {rp['spearman']:.2f} " \
+           f"[{plo:.2f}, {phi:.2f}] replaying (before {old['scores']['twin']['spearman']:.2f} / " \
+           f"{old['scores'][REPLAY]['spearman']:.2f}" in page
+    reals = sorted(x["real"] for x in d["ranking"])
+    se = float(np.mean([x["real_se"] for x in d["ranking"]]))
+    span = reals[-1] - reals[1]
+    assert f"11 of the 12 policies' real values lie within a span of {span:.3f}, {span / se:.1f} times the standard " \
+           f"error of a policy's 10-day mean ({se:.3f})" in page
+    # "what remains": the replay column within the same range, the generated twin's gap larger
+    assert f"the twin is within {min(r):+.3f} to {max(r):+.3f} of every policy" in page
+    assert min(g) < min(r)
