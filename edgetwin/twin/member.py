@@ -175,8 +175,9 @@ class Member:
         bootstrap left out carry that day's regime as well (seed 0's 6 random-logged days: day 4
         overloaded, mean task time 20 s against 0.7-1.4 s on four others; a member fitted without
         it and its noise table read on it drew the overload day's residuals on every row of every
-        day, and in ``log1p`` space their ``expm1`` put its task time 7.6 times the logged mean one
-        step ahead and its mean reward 1.9 below the cluster's: `benchmarks/_twin_offset.py`). What
+        day, and in ``log1p`` space their ``expm1`` put its task time 5.3 times the logged mean one
+        step ahead and its mean reward 1.5 below the cluster's: `benchmarks/_twin_offset.py`,
+        docs/benchmarks/twin_fidelity/offset.json). What
         a member does not know of the days it did not see is the ensemble's spread between its
         members (each fitted on its own draw) and the twin's calibration on held-out logs, not
         extra per-row noise. The training residuals understate the per-row spread by the model's
