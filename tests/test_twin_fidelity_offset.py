@@ -154,3 +154,18 @@ def test_the_full_run_after_the_fix_is_results_json() -> None:
     # "what remains": the replay column within the same range, the generated twin's gap larger
     assert f"the twin is within {min(r):+.3f} to {max(r):+.3f} of every policy" in page
     assert min(g) < min(r)
+
+
+def test_seed_1_without_an_overload_day_reads_both_ways_alike() -> None:
+    page = _page()
+    d = json.loads((ROOT / "docs/benchmarks/twin_fidelity/offset_seed1.json").read_text())
+    (r,) = d["runs"]
+    assert (r["members"], r["days"], d["seed"]) == (3, 6, 1)
+    days = r["train_day_task_time_ms"]
+    assert f"no training day is overloaded (day means {min(days):,.0f}-{max(days):,.0f} ms)" in page
+    ho, tn = r["sources"]["held-out"]["all_members"]["reward"], r["sources"]["training"]["all_members"]["reward"]
+    assert abs(ho - tn) < 0.02
+    c = r["cluster"]["reward"]
+    assert f"({ho:+.3f} with the former, {tn:+.3f} with the member's own days), and the twin is {tn - c:.2f} *above* " \
+           f"the cluster's {c:+.3f}" in page
+    assert f"--seed 1 --configs 3x6 --json docs/benchmarks/twin_fidelity/offset_seed1.json`, {d['minutes']:.0f} min" in page
