@@ -268,6 +268,7 @@ def reward_terms(df: pd.DataFrame, spec) -> dict[str, float]:  # type: ignore[no
 #: subsections written by hand (where the twin errs, the error decomposition); a full run keeps them
 KEEP_SUBSECTIONS = (
     "### Under the operator's multi-objective reward (rerun 2026-11-29)",
+    "### The offset diagnosed (issue 44)",  # benchmarks/_twin_offset.py
     "### Declared site dynamics",
     "### Where the generated-population twin's error comes from",
     "### Where the return error comes from",

@@ -21,13 +21,15 @@ from edgetwin.imitation.noise import OutputNoise, noise_from_json, noise_to_json
 from edgetwin.imitation.site_model import SiteStateModel
 from edgetwin.twin.logdata import MappedLog
 
-__all__ = ["NETWORK_CLASSES", "Member"]
+__all__ = ["NETWORK_CLASSES", "NOISE_SOURCES", "Member"]
 
 #: the member's output noise model (`edgetwin.imitation.noise`), when it has one
 NOISE_FILE = "output_noise.json"
 #: at most this many rows (whole episodes) are read to fit a member's output noise model: a
 #: binned quantile per output needs thousands, not a million-row log's rows
 NOISE_MAX_ROWS = 100_000
+#: which episodes a member's output noise model is read on (`Member.fit_output_noise`)
+NOISE_SOURCES = ("training", "held-out")
 
 #: The only network classes a member's files may name (clients, engines and transitions are all
 #: SB3 actor-critic policies): a file chooses among these, never adds to them.
@@ -157,15 +159,30 @@ class Member:
 
     def fit_output_noise(
         self, log: pd.DataFrame | MappedLog, episodes: np.ndarray, pick: np.ndarray | None, layout: Layout,
-        seed: int, kind: str = "quantile", match_raw: bool = False,
+        seed: int, kind: str = "quantile", match_raw: bool = False, source: str = "training",
     ) -> Member:
         """Fit `noise` (per scenario, `OutputNoise.fit`) on this member's residuals; returns self.
 
-        The residuals are read on the episodes of ``log`` the member was not fitted on (those
-        ``episodes`` its bootstrap draw ``pick`` left out) when there are any, else (one member
-        fitted on every episode) on its training episodes, which understates the spread by the
-        model's own fitting error (`noise_source` says which). At most `NOISE_MAX_ROWS` rows are
-        read: whole episodes drawn with ``seed``.
+        ``source="training"`` (the default): the residuals are read on the episodes the member was
+        fitted on (the distinct episodes of its bootstrap draw ``pick``; every episode when ``pick``
+        is None). ``source="held-out"``: on the episodes its draw left out when there are any (else
+        on its training episodes); `noise_source` says which rows were used. At most
+        `NOISE_MAX_ROWS` rows are read: whole episodes drawn with ``seed``.
+
+        Why the training episodes (issue 44): the noise model is a per-row, independent draw (a
+        row's noise depends on its own prediction and normal draw only), so it must hold the
+        member's per-row spread, not its error on a whole day it never saw. Residuals on the days a
+        bootstrap left out carry that day's regime as well (seed 0's 6 random-logged days: day 4
+        overloaded, mean task time 20 s against 0.7-1.4 s on four others; a member fitted without
+        it and its noise table read on it drew the overload day's residuals on every row of every
+        day, and in ``log1p`` space their ``expm1`` put its task time 5.3 times the logged mean one
+        step ahead and its mean reward 1.5 below the cluster's: `benchmarks/_twin_offset.py`,
+        docs/benchmarks/twin_fidelity/offset.json). What
+        a member does not know of the days it did not see is the ensemble's spread between its
+        members (each fitted on its own draw) and the twin's calibration on held-out logs, not
+        extra per-row noise. The training residuals understate the per-row spread by the model's
+        own fitting error (small for MAIL-MMSG's few behaviour-cloning epochs and adversarial rounds;
+        a single member fitted on every episode has always used them).
 
         Args:
             log: the twin's log (or a pool worker's memory-mapped copy of it), ``episodes``: its episode ids, ``pick``: the member's draw of
@@ -173,15 +190,22 @@ class Member:
             kind: ``"quantile"`` or ``"gaussian"`` (`OutputNoise.fit`).
             match_raw: mean-match the bins of the log-scaled outputs in raw units (`OutputNoise.fit`'s
                 ``match``: their ``expm1`` mean is made in a tail a table cannot hold).
+            source: ``"training"`` or ``"held-out"`` (the residuals' episodes, above).
+
+        Raises:
+            ValueError: an unknown ``source``.
         """
         from edgetwin.imitation.steps import build_steps
 
+        if source not in NOISE_SOURCES:
+            raise ValueError(f"unknown noise source {source!r} (one of {', '.join(NOISE_SOURCES)})")
         ny = layout.n_outputs
         if ny == 0 or len(episodes) == 0:
             return self
-        held = np.setdiff1d(np.arange(len(episodes)), pick) if pick is not None else np.zeros(0, np.int64)
-        use, self.noise_source = (held, "held-out episodes") if len(held) else (
-            np.arange(len(episodes)), "training episodes")
+        every = np.arange(len(episodes))
+        trained = every if pick is None else np.unique(pick)
+        held = np.setdiff1d(every, trained) if source == "held-out" else np.zeros(0, np.int64)
+        use, self.noise_source = (held, "held-out episodes") if len(held) else (trained, "training episodes")
         rng = np.random.default_rng(seed)
         per_episode = max(1, len(log) // len(episodes))
         keep = rng.permutation(use)[: max(1, NOISE_MAX_ROWS // per_episode)]

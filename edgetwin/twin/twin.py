@@ -135,7 +135,8 @@ def _fit_member_task(
 ) -> Member:
     """One ensemble member from the log, its bootstrap draw ``pick`` and its seed: a task of
     `edgetwin.twin.parallel.run_tasks` (serial, pool or Ray give the same member), with its output
-    noise model fitted on the episodes its draw left out (`Member.fit_output_noise`)."""
+    noise model fitted on the episodes of its draw (`Member.fit_output_noise`: its own per-row spread;
+    the days a draw left out carry their day's regime too, issue 44)."""
     member = Twin._fit_member(
         df.draw(episodes, pick) if isinstance(df, MappedLog) else bootstrap_episodes(df, episodes, pick),
         layout,

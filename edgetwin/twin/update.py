@@ -15,7 +15,7 @@ policy in MAIL's training worlds) and site-state model; what the new rows teach 
   agent-day, its invariance weight chosen again by cross-fitting: a canary's randomized arms are the
   evidence that model exists for, and a plain regression on them would drop its invariance;
 - **each member's output noise model** (`Member.fit_output_noise`, as `Twin.fit` fits one): the
-  residuals of its fine-tuned models on the old and new episodes its draws left out (on all of them
+  residuals of its fine-tuned models on the old and new episodes of its draws (on all of them
   for a single member), so that it draws from what the updated models get wrong, not the parent's;
 - **the support index, logged initial states and site composition**, rebuilt on old + new rows
   (cheap: they are summaries, not models), so that the candidate's steps that the canary covered
@@ -223,7 +223,7 @@ def update_twin(
                 ))  # fmt: skip
             clients[s] = tuned
         member = Member(clients, parent.engines, parent.history, parent.transition, parent.site_model)
-        # its output noise model on the union's episodes its draws left out (as `Twin.fit` gives one)
+        # its output noise model on the union's episodes of its draws (as `Twin.fit` gives one)
         pick = np.concatenate([pick_old, len(old_eps) + pick_new])
         members.append(member.fit_output_noise(union, union_eps, pick, layout, seed * 1000 + m * 10 + 700))
 
