@@ -44,6 +44,7 @@ sweep point's agent-steps over twin + canary's).
     python benchmarks/closed_loop.py --coverage [--seeds 3] [--runs 200] [--days 20] [--fleet-sizes 100 1000 5000]
     python benchmarks/closed_loop.py --loss-diagnosis --logging L --quick --seed 0 --work DIR   (_closed_loop_budget)
     python benchmarks/closed_loop.py --day-truth --seed S --truth-days 20 --work DIR; ... --bound   (_closed_loop_bound)
+    python benchmarks/closed_loop.py --day-diagnosis --seed S --work DIR   (_closed_loop_dayterm)
 
 ``--coverage`` (about a minute of CPU): the coverage experiment of issue 48 (`coverage_experiment`,
 `design_comparison`): canaries simulated on the emulator's per-group outcomes, no twin fitted, into
@@ -1019,6 +1020,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bound", action="store_true",
                     help="classify the reseeded extended runs' open pairs by their distance from the margin against the "
                          "day-to-day spread and the 16-day design's half-width (_closed_loop_bound) into verdict_bound")
+    ap.add_argument("--day-diagnosis", action="store_true",
+                    help="the twin's replayed day spread against the logs' and the emulator's for --seed on the cached "
+                         "1,000-group twin in --work (_closed_loop_dayterm) into scale/day_term_seed<S>.json")
     ap.add_argument("--levers", action="store_true",
                     help="what narrows the interval: every lever on the loop's first-day canaries at 1,000 groups for --seed "
                          "(_closed_loop_levers.run_levers) into --work/levers-s<seed>.json")
@@ -1039,6 +1043,14 @@ def main(argv: list[str] | None = None) -> None:
         from _closed_loop_bound import run_day_truth_cli
 
         run_day_truth_cli(args.seed, args.truth_days, args.work, OUT)
+        return
+    if args.day_diagnosis:
+        from _closed_loop_dayterm import diagnose
+
+        doc = diagnose(args.seed, args.work)
+        if not args.no_write:
+            (OUT / "scale" / f"day_term_seed{args.seed}.json").write_text(json.dumps(doc, indent=1, default=float))
+        print(json.dumps(doc, indent=1, default=float))
         return
     if args.bound:
         from _closed_loop_bound import run_bound_cli
