@@ -280,6 +280,22 @@ def compare_loops(scale_dir: Path, seeds: list[int]) -> dict[str, Any]:
     return out
 
 
+def pooled(loops: dict[str, Any]) -> dict[str, Any]:
+    """Per run, the seeds' `loop_scores` summed (decided, agreeing, covered; Clopper-Pearson 95 %),
+    before and after: the at-a-glance table's numbers (``seeds``: which seeds were rerun)."""
+    from _closed_loop_scale import rate
+
+    out: dict[str, Any] = {}
+    for key, by in loops.items():
+        out[key] = {"seeds": sorted(int(s) for s in by)}
+        for when in ("before", "after"):
+            tot = {m: [sum(r[when][m]["k"] for r in by.values()), sum(r[when][m]["n"] for r in by.values())]
+                   for m in ("decided", "agreement", "coverage")}  # fmt: skip
+            out[key][when] = {m: rate(*kn) for m, kn in tot.items()}
+            out[key][when]["wrong"] = [f"seed {s}: {w}" for s, r in sorted(by.items()) for w in r[when]["wrong"]]
+    return out
+
+
 def bound_before_after(scale_dir: Path, loops: dict[str, Any]) -> dict[str, Any]:
     """`_closed_loop_bound.verdict_bound` (the classes of the open pairs by their distance from the
     margin against the emulator's day spread and the 16-day design) on the seeds each run was
@@ -399,6 +415,7 @@ def write_page(out: Path, seeds: list[int]) -> dict[str, Any]:
     cur = json.loads(path.read_text())
     cur["day_term_loop"] = compare_loops(scale, seeds)
     cur["day_term_bound"] = bound_before_after(scale, cur["day_term_loop"])
+    cur["day_term_pooled"] = pooled(cur["day_term_loop"])
     path.write_text(json.dumps(cur, indent=1, default=float))
     write_section(SECTION, section(diag, cur.get("day_term_coverage"), cur["day_term_loop"], cur["day_term_bound"]),
                   doc=out / "README.md")
