@@ -237,13 +237,15 @@ class PlannedKPI:
     fleet_loss: float
     budget: float | None
     #: canary days of this size whose pooled interval is expected to decide (1 when one does; None
-    #: when the twin's point estimate sits on the margin, where no number of days decides)
+    #: when no number of days is expected to: the twin's point estimate sits on the margin, the
+    #: terms days do not shrink reach it, or it would take more than `days_to_decide`'s cap)
     days: int | None = 1
 
 
 def _days_text(days: int | None) -> str:
     if days is None:
-        return "may not decide: the twin's estimate sits on the margin"
+        return ("may not decide: no number of such canary days is expected to (the twin's estimate sits on the "
+                "margin, the terms days do not shrink reach it, or it would take over a year)")
     return f"may not decide: about {days} day(s) of such canaries would"
 
 
