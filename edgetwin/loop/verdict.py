@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # typed seams (issue 46), for mypy only
     from edgetwin.twin.twin import Twin
     from edgetwin.twin.whatif import PolicySpec
 
-__all__ = ["calibrated_day_variance", "canary_verdict", "check_canary_log", "day_seed", "day_to_day_variance"]
+__all__ = ["calibrated_day_variance", "canary_verdict", "check_canary_log", "day_seed", "day_to_day_variance",
+           "guarded_day_variance"]
 
 
 def check_canary_log(canary_log: pd.DataFrame, twin: Twin, fleet_log: pd.DataFrame, columns: Sequence[str]) -> None:
@@ -228,3 +229,15 @@ def day_to_day_variance(
         observed.append([float(pd.to_numeric(one[c], errors="coerce").mean()) if c in one.columns else float("nan")
                          for c in columns])  # fmt: skip
     return calibrated_day_variance(np.asarray(diffs), np.asarray(bases), np.asarray(observed), list(columns))
+
+
+def guarded_day_variance(twin: Twin, columns: Sequence[str], days: Sequence[pd.DataFrame], candidate: PolicySpec,
+                         baseline: PolicySpec, seed: int) -> dict[str, tuple[float, float, float]]:
+    """`day_to_day_variance` of the guarded per-group-mean KPI ``columns`` over ``days`` (the
+    recent logs of the fleet on the current policy), or ``{}`` when there are none: the one call the
+    loop (`edgetwin.loop.rounds.canary_loop`), ``edgetwin canary plan`` and ``edgetwin canary
+    verdict`` (`edgetwin.loop.evidence.judge_canary`) make, so that the operator's commands carry the
+    same day term as the loop's verdicts and plans."""
+    cols = sorted({str(c) for c in columns if c})
+    return day_to_day_variance(twin, days, cols, candidate, baseline, seed=seed) if cols else {}
+
