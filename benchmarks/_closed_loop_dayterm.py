@@ -416,6 +416,10 @@ def write_page(out: Path, seeds: list[int]) -> dict[str, Any]:
     cur["day_term_loop"] = compare_loops(scale, seeds)
     cur["day_term_bound"] = bound_before_after(scale, cur["day_term_loop"])
     cur["day_term_pooled"] = pooled(cur["day_term_loop"])
+    if cur.get("day_term_coverage"):
+        cov = cur["day_term_coverage"]
+        cov["lowest"] = {k: min(r["coverage"] for r in by.values()) for k, by in cov["by_canary_days"].items()}
+        cov["lowest_twin_only"] = {k: min(r["coverage_twin_only"] for r in by.values()) for k, by in cov["by_canary_days"].items()}
     path.write_text(json.dumps(cur, indent=1, default=float))
     write_section(SECTION, section(diag, cur.get("day_term_coverage"), cur["day_term_loop"], cur["day_term_bound"]),
                   doc=out / "README.md")
