@@ -280,6 +280,21 @@ def compare_loops(scale_dir: Path, seeds: list[int]) -> dict[str, Any]:
     return out
 
 
+#: the fleet-control loop rerun on the code before this change (030fc6a), same seeds and caches: what
+#: differs from the rerun after it is the day term alone
+BASE_RUN = "day_term_fc_base_seed{s}.json"
+
+
+def same_code(scale_dir: Path, seeds: list[int]) -> dict[str, Any]:
+    """Per seed with a base rerun (`BASE_RUN`) and a rerun after: `loop_scores` of both."""
+    out: dict[str, Any] = {}
+    for s in seeds:
+        b, a = scale_dir / BASE_RUN.format(s=s), scale_dir / RUNS["fc"][2].format(s=s)
+        if b.is_file() and a.is_file():
+            out[str(s)] = {"before": loop_scores(json.loads(b.read_text())), "after": loop_scores(json.loads(a.read_text()))}
+    return out
+
+
 def pooled(loops: dict[str, Any]) -> dict[str, Any]:
     """Per run, the seeds' `loop_scores` summed (decided, agreeing, covered; Clopper-Pearson 95 %),
     before and after: the at-a-glance table's numbers (``seeds``: which seeds were rerun)."""
@@ -325,7 +340,7 @@ def _rate(r: dict[str, Any]) -> str:
 
 
 def section(diag: list[dict[str, Any]], cov: dict[str, Any] | None, loops: dict[str, Any],
-            bound: dict[str, Any] | None = None) -> str:
+            bound: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> str:
     """The page's section, every number from the JSONs (`write_page`)."""
     seeds = ", ".join(str(d["seed"]) for d in diag)
     parts = [SECTION, "",
@@ -381,6 +396,18 @@ def section(diag: list[dict[str, Any]], cov: dict[str, Any] | None, loops: dict[
                              f"{_rate(a['agreement'])} | {'; '.join(a['wrong']) or 'none'} | {_rate(b['coverage'])} | "
                              f"{_rate(a['coverage'])} |")  # fmt: skip
         parts.append("")
+    if base:
+        parts += ["The same comparison against the fleet-control loop rerun on the code just before this change "
+                  "(commit 030fc6a: `git archive 030fc6a`, the same command, caches and seeds; results "
+                  "`scale/day_term_fc_base_seed<S>.json`), so that only the day term differs:", "",
+                  "| seed | decided before | decided after | agreeing before | agreeing after | wrong before | "
+                  "interval covers the truth, before | after |", "|---:|---|---|---|---|---|---|---|"]
+        for s, r in sorted(base.items()):
+            b, a = r["before"], r["after"]
+            parts.append(f"| {s} | {_rate(b['decided'])} | {_rate(a['decided'])} | {_rate(b['agreement'])} | "
+                         f"{_rate(a['agreement'])} | {'; '.join(b['wrong']) or 'none'} | {_rate(b['coverage'])} | "
+                         f"{_rate(a['coverage'])} |")  # fmt: skip
+        parts.append("")
     if bound:
         parts += ["Recomputed `--bound` classes on the rerun seeds (`_closed_loop_bound.verdict_bound` on the same seeds' "
                   "pairs before and after; the classes by the 20-day truth's gap from the margin against the sd of the "
@@ -416,20 +443,22 @@ def write_page(out: Path, seeds: list[int]) -> dict[str, Any]:
     cur["day_term_loop"] = compare_loops(scale, seeds)
     cur["day_term_bound"] = bound_before_after(scale, cur["day_term_loop"])
     cur["day_term_pooled"] = pooled(cur["day_term_loop"])
+    cur["day_term_same_code"] = same_code(scale, seeds)
     if cur.get("day_term_coverage"):
         cov = cur["day_term_coverage"]
         cov["lowest"] = {k: min(r["coverage"] for r in by.values()) for k, by in cov["by_canary_days"].items()}
         cov["lowest_twin_only"] = {k: min(r["coverage_twin_only"] for r in by.values()) for k, by in cov["by_canary_days"].items()}
     path.write_text(json.dumps(cur, indent=1, default=float))
-    write_section(SECTION, section(diag, cur.get("day_term_coverage"), cur["day_term_loop"], cur["day_term_bound"]),
-                  doc=out / "README.md")
+    write_section(SECTION, section(diag, cur.get("day_term_coverage"), cur["day_term_loop"], cur["day_term_bound"],
+                                   cur["day_term_same_code"]), doc=out / "README.md")
     return cur["day_term_loop"]
 
 
-def copy_runs(fc: Path | None, sl: Path | None, out: Path, seeds: list[int]) -> None:
-    """The reruns' ``scale-s<S>.json`` into ``scale/day_term_<run>_seed<S>.json`` (complete ones only)."""
-    for key, work in (("fc", fc), ("sl", sl)):
+def copy_runs(fc: Path | None, sl: Path | None, out: Path, seeds: list[int], base: Path | None = None) -> None:
+    """The reruns' ``scale-s<S>.json`` into ``scale/day_term_<run>_seed<S>.json`` (complete ones only;
+    ``base``: the fleet-control rerun on the code before the change, into `BASE_RUN`)."""
+    for stem, work in ((RUNS["fc"][2], fc), (RUNS["sl"][2], sl), (BASE_RUN, base)):
         for s in seeds:
             src = work / f"scale-s{s}.json" if work is not None else None
             if src is not None and src.is_file() and json.loads(src.read_text())["by_fleet_size"].get("1000", {}).get("complete"):
-                (out / "scale" / RUNS[key][2].format(s=s)).write_text(src.read_text())
+                (out / "scale" / stem.format(s=s)).write_text(src.read_text())

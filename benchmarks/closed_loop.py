@@ -46,7 +46,7 @@ sweep point's agent-steps over twin + canary's).
     python benchmarks/closed_loop.py --day-truth --seed S --truth-days 20 --work DIR; ... --bound   (_closed_loop_bound)
     python benchmarks/closed_loop.py --day-diagnosis --seed S --work DIR   (_closed_loop_dayterm)
     python benchmarks/closed_loop.py --day-coverage --designs-fleet 1000 --days 20 --runs 200 --day-sd 0.05 --canary-days 1 4 8
-    python benchmarks/closed_loop.py --day-term-page [--day-term-fc DIR] [--day-term-sl DIR]   (_closed_loop_dayterm)
+    python benchmarks/closed_loop.py --day-term-page [--day-term-fc DIR] [--day-term-sl DIR] [--day-term-base DIR]
 
 ``--coverage`` (about a minute of CPU): the coverage experiment of issue 48 (`coverage_experiment`,
 `design_comparison`): canaries simulated on the emulator's per-group outcomes, no twin fitted, into
@@ -1032,6 +1032,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="the day-term section: the diagnosis, --day-coverage and the 1,000-group reruns (--day-term-fc/-sl "
                          "work directories, copied into scale/day_term_<run>_seed<S>.json) against the stored runs")
     ap.add_argument("--day-term-fc", type=Path, default=None, metavar="DIR", help="--day-term-page: the fleet-control rerun's --work")
+    ap.add_argument("--day-term-base", type=Path, default=None, metavar="DIR",
+                    help="--day-term-page: the fleet-control loop rerun on the code before the day-term change (its --work)")
     ap.add_argument("--day-term-sl", type=Path, default=None, metavar="DIR", help="--day-term-page: the slice-control rerun's --work")
     ap.add_argument("--day-sd", type=float, default=0.05, help="--day-coverage: sd of the effect's day shock (relative)")
     ap.add_argument("--canary-days", type=int, nargs="*", default=[1, 4], help="--day-coverage: canary days per run")
@@ -1059,7 +1061,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.day_term_page:
         from _closed_loop_dayterm import copy_runs, write_page
 
-        copy_runs(args.day_term_fc, args.day_term_sl, OUT, [0, 1, 2])
+        copy_runs(args.day_term_fc, args.day_term_sl, OUT, [0, 1, 2], args.day_term_base)
         print(json.dumps(write_page(OUT, [0, 1, 2]), indent=1, default=float))
         return
     if args.day_coverage:

@@ -42,8 +42,8 @@ def test_the_page_section_is_the_jsons(dt: Any) -> None:
             if (OUT / "scale" / f"day_term_seed{s}.json").is_file()]  # fmt: skip
     assert diag, "no diagnosis JSON"
     cur = json.loads((OUT / "results_production.json").read_text())
-    want = relink(dt.section(diag, cur.get("day_term_coverage"), cur.get("day_term_loop", {}), cur.get("day_term_bound")),
-                  OUT / "README.md")
+    want = relink(dt.section(diag, cur.get("day_term_coverage"), cur.get("day_term_loop", {}), cur.get("day_term_bound"),
+                             cur.get("day_term_same_code")), OUT / "README.md")
     assert _page_section(dt.SECTION).strip() == want.strip()
 
 
