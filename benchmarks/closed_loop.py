@@ -44,6 +44,9 @@ sweep point's agent-steps over twin + canary's).
     python benchmarks/closed_loop.py --coverage [--seeds 3] [--runs 200] [--days 20] [--fleet-sizes 100 1000 5000]
     python benchmarks/closed_loop.py --loss-diagnosis --logging L --quick --seed 0 --work DIR   (_closed_loop_budget)
     python benchmarks/closed_loop.py --day-truth --seed S --truth-days 20 --work DIR; ... --bound   (_closed_loop_bound)
+    python benchmarks/closed_loop.py --day-diagnosis --seed S --work DIR   (_closed_loop_dayterm)
+    python benchmarks/closed_loop.py --day-coverage --designs-fleet 1000 --days 20 --runs 200 --day-sd 0.05 --canary-days 1 4 8
+    python benchmarks/closed_loop.py --day-term-page [--day-term-fc DIR] [--day-term-sl DIR] [--day-term-base DIR]
 
 ``--coverage`` (about a minute of CPU): the coverage experiment of issue 48 (`coverage_experiment`,
 `design_comparison`): canaries simulated on the emulator's per-group outcomes, no twin fitted, into
@@ -1019,6 +1022,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bound", action="store_true",
                     help="classify the reseeded extended runs' open pairs by their distance from the margin against the "
                          "day-to-day spread and the 16-day design's half-width (_closed_loop_bound) into verdict_bound")
+    ap.add_argument("--day-diagnosis", action="store_true",
+                    help="the twin's replayed day spread against the logs' and the emulator's for --seed on the cached "
+                         "1,000-group twin in --work (_closed_loop_dayterm) into scale/day_term_seed<S>.json")
+    ap.add_argument("--day-coverage", action="store_true",
+                    help="coverage of the multi-day truth with the effect moving from day to day (--day-sd), canaries on "
+                         "--canary-days days of a --designs-fleet fleet (_closed_loop_dayterm.day_coverage)")
+    ap.add_argument("--day-term-page", action="store_true",
+                    help="the day-term section: the diagnosis, --day-coverage and the 1,000-group reruns (--day-term-fc/-sl "
+                         "work directories, copied into scale/day_term_<run>_seed<S>.json) against the stored runs")
+    ap.add_argument("--day-term-fc", type=Path, default=None, metavar="DIR", help="--day-term-page: the fleet-control rerun's --work")
+    ap.add_argument("--day-term-base", type=Path, default=None, metavar="DIR",
+                    help="--day-term-page: the fleet-control loop rerun on the code before the day-term change (its --work)")
+    ap.add_argument("--day-term-sl", type=Path, default=None, metavar="DIR", help="--day-term-page: the slice-control rerun's --work")
+    ap.add_argument("--day-sd", type=float, default=0.05, help="--day-coverage: sd of the effect's day shock (relative)")
+    ap.add_argument("--canary-days", type=int, nargs="*", default=[1, 4], help="--day-coverage: canary days per run")
     ap.add_argument("--levers", action="store_true",
                     help="what narrows the interval: every lever on the loop's first-day canaries at 1,000 groups for --seed "
                          "(_closed_loop_levers.run_levers) into --work/levers-s<seed>.json")
@@ -1039,6 +1057,31 @@ def main(argv: list[str] | None = None) -> None:
         from _closed_loop_bound import run_day_truth_cli
 
         run_day_truth_cli(args.seed, args.truth_days, args.work, OUT)
+        return
+    if args.day_term_page:
+        from _closed_loop_dayterm import copy_runs, write_page
+
+        copy_runs(args.day_term_fc, args.day_term_sl, OUT, [0, 1, 2], args.day_term_base)
+        print(json.dumps(write_page(OUT, [0, 1, 2]), indent=1, default=float))
+        return
+    if args.day_coverage:
+        from _closed_loop_dayterm import run_day_coverage
+
+        doc = run_day_coverage(args.designs_fleet, args.days, args.runs, args.seed, args.day_sd, list(args.canary_days))
+        if not args.no_write:
+            path = OUT / "results_production.json"
+            cur = json.loads(path.read_text())
+            cur["day_term_coverage"] = doc
+            path.write_text(json.dumps(cur, indent=1, default=float))
+        print(json.dumps(doc, indent=1, default=float))
+        return
+    if args.day_diagnosis:
+        from _closed_loop_dayterm import diagnose
+
+        doc = diagnose(args.seed, args.work)
+        if not args.no_write:
+            (OUT / "scale" / f"day_term_seed{args.seed}.json").write_text(json.dumps(doc, indent=1, default=float))
+        print(json.dumps(doc, indent=1, default=float))
         return
     if args.bound:
         from _closed_loop_bound import run_bound_cli

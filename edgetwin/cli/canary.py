@@ -113,6 +113,7 @@ def canary_plan_cmd(
 
     from edgetwin.cli.policy import _whatif_inputs
     from edgetwin.loop.plan import DESIGNS, budget_from_flags, check_loss_budget_signs, plan_canary
+    from edgetwin.loop.rounds import decision_day_variance
     from edgetwin.policies.gate import parse_guards, resolve_guards, resolve_policy, run_gate
 
     if design not in ("auto", *DESIGNS):  # before anything long
@@ -141,8 +142,11 @@ def canary_plan_cmd(
             else:
                 out.print(f"nothing to plan: the gate decides ({decision.verdict}): {decision.reason()}")
             return
+        # the verdict is about the change over the days the decision lives with: the recent log's days
+        # give the plan the day term the verdict will carry (`edgetwin.loop.verdict.guarded_day_variance`)
+        day_var = decision_day_variance(twin, decision, [table] if table is not None else [], cand, base, seed)
         try:
-            plan = plan_canary(decision, twin, table, cand, base, budget, seed=seed, design=design)
+            plan = plan_canary(decision, twin, table, cand, base, budget, seed=seed, design=design, day_var=day_var)
         except InputError as e:  # a matched-pair design the budget cannot pair: name the flag
             if e.where != "design":
                 raise

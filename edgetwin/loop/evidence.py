@@ -247,16 +247,21 @@ def judge_canary(
         `PPIEstimate` s, and one line per KPI.
     """
     from edgetwin.loop.ppi import ppi_verdict
-    from edgetwin.loop.verdict import canary_verdict
+    from edgetwin.loop.verdict import canary_verdict, guarded_day_variance
 
     ran = int((canary_log["t"] >= pre_ticks).groupby(canary_log["t"]).any().sum())
     if ran < 1:
         raise InputError(f"the canary log has no tick after its {pre_ticks} pre-ticks", "--canary-log")
+    # the estimand is the change over the days the decision lives with: the fleet log's own days
+    # give the day-to-day term (the loop's, `guarded_day_variance`); one day: about the canary's day
+    day_var = guarded_day_variance(twin, [m.kpi for m in plan.margins], [fleet_log], candidate, current, seed)
     est = canary_verdict(twin, fleet_log, canary_log, plan, candidate, current, candidate_version=candidate_version,
-                         pre_ticks=pre_ticks, ticks=ran, seed=seed)  # fmt: skip
+                         pre_ticks=pre_ticks, ticks=ran, seed=seed, day_var=day_var)  # fmt: skip
     verdict, checks = ppi_verdict(est, list(plan.margins))
     reason = "; ".join(
         f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
         f"{100 * e.allowed_change:g}% ({e.verdict})" for e in checks
     )
+    if not day_var:
+        reason += " (about the canary's day only: the fleet log has one day, none to estimate the day-to-day variance from)"
     return ("undecided" if verdict == "abstain" else verdict), checks, reason

@@ -237,13 +237,15 @@ class PlannedKPI:
     fleet_loss: float
     budget: float | None
     #: canary days of this size whose pooled interval is expected to decide (1 when one does; None
-    #: when the twin's point estimate sits on the margin, where no number of days decides)
+    #: when no number of days is expected to: the twin's point estimate sits on the margin, the
+    #: terms days do not shrink reach it, or it would take more than `days_to_decide`'s cap)
     days: int | None = 1
 
 
 def _days_text(days: int | None) -> str:
     if days is None:
-        return "may not decide: the twin's estimate sits on the margin"
+        return ("may not decide: no number of such canary days is expected to (the twin's estimate sits on the "
+                "margin, the terms days do not shrink reach it, or it would take over a year)")
     return f"may not decide: about {days} day(s) of such canaries would"
 
 
@@ -581,7 +583,7 @@ def _expected_option(
     ``day_var``: per column, the day-to-day variance of the change (`day_to_day_variance`), a term of
     one day's interval that only more days shrink; ``max_days``: the extension's days, whose looks
     (`edgetwin.loop.ppi.look_days`) set the level at which ``days`` (of `PlannedKPI`) is reckoned."""
-    from edgetwin.loop.ppi import look_days, look_level, t_quantile, welch_df
+    from edgetwin.loop.ppi import day_term, look_days, look_level, t_quantile, welch_df
 
     n_c = max(2, int(round(budget.treat_share * n)))
     n_b = max(2, n - n_c)
@@ -593,9 +595,9 @@ def _expected_option(
         s_r = spread[(col, h)]
         own = ([(s_r**2 * (1.0 / n_c + 1.0 / n_b), n // 2 - 1)] if design == "matched_pairs"
                else [(s_r**2 / n_c, n_c - 1), (s_r**2 / n_b, n_b - 1)])  # fmt: skip
-        dv = (day_var or {}).get(col)
+        dv = day_term(day_var, col)  # the verdict's own day term (`edgetwin.loop.ppi.ppi_estimates`)
         fleet_term = (float(np.var(fc - fb, ddof=1)) / len(fc), len(fc) - 1)
-        terms = [fleet_term, *own, *([(float(dv[0]), float(dv[2]))] if dv else [])]
+        terms = [fleet_term, *own, *([(dv[0], dv[2])] if dv[0] > 0 else [])]
         se = math.sqrt(sum(v for v, _ in terms)) / base
         q = t_quantile(LEVEL, welch_df(terms))  # the verdict's own reference (`edgetwin.loop.ppi`)
         point = float(c.change)

@@ -277,6 +277,17 @@ def ppi_mean_difference(
     return out
 
 
+def day_term(day_var: Mapping[str, Sequence[float]] | None, column: str) -> tuple[float, float, float]:
+    """One column's day-to-day term ``(var of the change, var of the baseline level, degrees of
+    freedom)`` from a ``day_var`` map (`edgetwin.loop.verdict.day_to_day_variance`), ``(0, 0, inf)``
+    without one. The one reader of that map: the verdict (`ppi_estimates`) and the plan's expected
+    interval (`edgetwin.loop.plan.plan_canary`) carry the same term."""
+    got = (day_var or {}).get(column)
+    if got is None:
+        return 0.0, 0.0, float("inf")
+    return float(got[0]), float(got[1]), float(got[2])
+
+
 def t_quantile(level: float, df: float) -> float:
     """The two-sided ``level`` quantile of Student's t at ``df`` (the normal's at ``inf``)."""
     q = 0.5 + level / 2
@@ -356,6 +367,97 @@ def _pool_terms(rounds: Sequence[Mapping[str, float]], key: str, prefix: str = "
     return val, float(np.sum(own_terms)) + shared_v + day_v, own_terms, shared_v, day_v
 
 
+def paule_mandel_tau2(effects: Sequence[float], variances: Sequence[float], tol: float = 1e-12) -> float:
+    """The Paule-Mandel estimate of the between-study variance ``tau²`` of a random-effects
+    meta-analysis: the ``tau² >= 0`` at which the generalised Q statistic
+    ``Σ (y_i − μ̂(tau²))² / (v_i + tau²)`` equals its expectation ``k − 1`` (0 when Q(0) is already
+    below it). ``effects``: ``(k,)`` the studies' estimates; ``variances``: ``(k,)`` their
+    within-study variances.
+
+    Written here (a root of a monotone function, `scipy.optimize.brentq`) because statsmodels
+    (`statsmodels.stats.meta_analysis.combine_effects`, ``method_re="pm"``, which
+    tests/test_day_term.py checks it against) is not a dependency of the package; Paule-Mandel
+    rather than DerSimonian-Laird because it is less biased downwards with few studies (Veroniki
+    et al. 2016), which is the loop's case (2-16 canary days)."""
+    from scipy.optimize import brentq
+
+    y = np.asarray(effects, dtype=np.float64)
+    v = np.maximum(np.asarray(variances, dtype=np.float64), 1e-300)
+    k = len(y)
+    if k < 2:
+        return 0.0
+
+    def excess(t2: float) -> float:
+        w = 1.0 / (v + t2)
+        mu = float(np.sum(w * y) / np.sum(w))
+        return float(np.sum(w * (y - mu) ** 2)) - (k - 1)
+
+    if excess(0.0) <= 0.0:
+        return 0.0
+    hi = float(np.var(y, ddof=1)) + float(np.max(v)) + 1e-300
+    while excess(hi) > 0.0:
+        hi *= 2.0
+    return float(brentq(excess, 0.0, hi, xtol=tol * max(hi, 1e-300)))
+
+
+def between_day_variance(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> tuple[float, int]:
+    """``(tau², k)``: the between-day variance of the change estimated from the rounds themselves
+    (random-effects, `paule_mandel_tau2`) over their ``k`` distinct days, ``(0, k)`` for ``k < 2``.
+
+    Each day's estimate is its rounds' inverse-variance mean of ``diff`` with the variance of their
+    *own* terms only (the rectifiers, independent across days): the fleet's and the interference's
+    terms are shared by every round (the same twin), so they move every day's estimate alike and do
+    not spread the days apart; the day-to-day term is what is estimated. The days' spread beyond
+    their own noise is the effect's spread over days (its estimand's variance, DESIGN.md "What a
+    verdict is about"), measured on the canaries, with ``k − 1`` degrees of freedom."""
+    days: dict[float, list[tuple[float, float]]] = {}
+    for r in rounds:
+        tot = float(r[f"{prefix}diff_se"]) ** 2
+        own = max(tot - float(r.get(f"{prefix}diff_var_shared", 0.0)) - float(r.get(f"{prefix}diff_var_day", 0.0)), 1e-300)
+        days.setdefault(float(r.get(f"{prefix}day", 0.0)), []).append((float(r[f"{prefix}diff"]), own))
+    if len(days) < 2:
+        return 0.0, len(days)
+    ys, vs = [], []
+    for pts in days.values():
+        w = np.array([1.0 / v for _, v in pts])
+        ys.append(float(np.sum(w * np.array([y for y, _ in pts])) / np.sum(w)))
+        vs.append(float(1.0 / np.sum(w)))
+    return paule_mandel_tau2(ys, vs), len(days)
+
+
+def with_day_term(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> list[dict[str, float]]:
+    """The rounds with the day-to-day term of the change the pooled verdict carries: the larger of
+    the twin's (each round's ``diff_var_day``, `edgetwin.loop.verdict.day_to_day_variance`) and the
+    rounds' own between-day variance (`between_day_variance`) once they ran on >= 2 days; each
+    round's total variance (``diff_se``) and the term's degrees of freedom (``day_df``) follow the
+    term chosen (the twin's ``days − 1``, or the rounds' ``k − 1``: a t reference on ``k − 1``
+    degrees of freedom for the evidence-based term, as Knapp-Hartung's; its variance rescaling is
+    not applied, the larger-of already guards the small-``k`` case).
+
+    Why the larger, not one of them or a weighted mix: both estimate the same quantity from
+    different evidence, and each can understate it in a way the other can catch. The twin's rests on
+    its calibration's assumption (the change's day spread scales like the level's) and on days it
+    replays, not measures; the rounds' is measured on the candidate itself but, over 2-4 days, with
+    1-3 degrees of freedom (Paule-Mandel's ``tau²`` is then 0 more often than not even when the
+    days differ). Taking the larger never lets either hide a spread the other saw; the cost is
+    width (a term only ever as large as the evidence for it), never coverage. The baseline level's
+    day term stays the twin's calibrated one (observed in the logs directly)."""
+    tau2, k = between_day_variance(rounds, prefix)
+    out = []
+    for r in rounds:
+        r2 = dict(r)
+        twin_day = float(r.get(f"{prefix}diff_var_day", 0.0))
+        r2[f"{prefix}diff_var_day_twin"] = twin_day
+        r2[f"{prefix}diff_var_day_rounds"] = tau2
+        if k >= 2 and tau2 > twin_day:
+            tot = float(r[f"{prefix}diff_se"]) ** 2
+            r2[f"{prefix}diff_se"] = math.sqrt(max(tot - twin_day, 0.0) + tau2)
+            r2[f"{prefix}diff_var_day"] = tau2
+            r2[f"{prefix}day_df"] = float(k - 1)
+        out.append(r2)
+    return out
+
+
 def _pool(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> tuple[float, float, float, float, float]:
     """Inverse-variance pooled ``(diff, diff_var, base, base_var, df)`` of one KPI's rounds.
 
@@ -371,7 +473,11 @@ def _pool(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> tuple[floa
       decision lives with, one canary day's change is one draw around it) is shared by the rounds
       of one day (``day``, the day's index) and independent across days:
       ``Σ_days (Σ_{i in day} w_i·sd_i)²``. So more rounds on one day never shrink it; more days
-      shrink it as ``1/days`` — the day-to-day variance shrinks only with more days."""
+      shrink it as ``1/days`` — the day-to-day variance shrinks only with more days. Once rounds
+      ran on >= 2 days the term is the larger of the twin's and the rounds' own between-day
+      variance (`with_day_term`): with one round a day and no shared terms this is the
+      random-effects pooled estimate and variance (weights ``1/(v_i + tau²)``)."""
+    rounds = with_day_term(rounds, prefix)
     diff, dv, own_terms, shared_v, day_v = _pool_terms(rounds, "diff", prefix)
     base, bv, _, _, _ = _pool_terms(rounds, "base", prefix)
     dfs = [float(r.get(f"{prefix}df", float("inf"))) for r in rounds]
@@ -389,7 +495,9 @@ def width_terms(rounds: Sequence[Mapping[str, float]]) -> dict[str, float]:
     canary days shrinks it), of which ``interference`` (the twin members' spread over the
     interference, `interference_var`, pooled as perfectly correlated like the rest of it), ``day``
     (the day-to-day term: shrinks as ``1/days``) and ``day_one`` (one day's day-to-day variance,
-    the spread of the daily change itself), ``base`` (the pooled baseline level) and ``days``."""
+    the spread of the daily change itself; `with_day_term`'s: the larger of the twin's and the
+    rounds' own), ``base`` (the pooled baseline level) and ``days``."""
+    rounds = with_day_term(rounds)
     _, _, own_terms, shared_v, day_v = _pool_terms(rounds, "diff")
     base = _pool_terms(rounds, "base")[0]
     tot = [r["diff_se"] ** 2 for r in rounds]
@@ -397,7 +505,10 @@ def width_terms(rounds: Sequence[Mapping[str, float]]) -> dict[str, float]:
     w = w / w.sum()
     interf = float(np.sum(w * np.sqrt([max(float(r.get("diff_var_interference", 0.0)), 0.0) for r in rounds])) ** 2)
     return {"own": float(np.sum(own_terms)), "shared": shared_v, "interference": min(interf, shared_v), "day": day_v,
-            "day_one": float(max((float(r.get("diff_var_day", 0.0)) for r in rounds), default=0.0)), "base": base,
+            "day_one": float(max((float(r.get("diff_var_day", 0.0)) for r in rounds), default=0.0)),
+            "day_one_twin": float(max((float(r.get("diff_var_day_twin", 0.0)) for r in rounds), default=0.0)),
+            "day_one_rounds": float(max((float(r.get("diff_var_day_rounds", 0.0)) for r in rounds), default=0.0)),
+            "base": base,
             "days": float(len({float(r.get("day", 0.0)) for r in rounds}))}  # fmt: skip
 
 
@@ -415,6 +526,8 @@ def combine_estimates(
     out["twin_rel"] = out["twin_diff"] / abs(base) if base else float("nan")
     out["rounds"] = float(len(rounds))
     out["days"] = float(len({float(r.get("day", 0.0)) for r in rounds}))
+    out["day_var_rounds"], _k = between_day_variance(rounds)
+    out["day_var_twin"] = float(max((float(r.get("diff_var_day", 0.0)) for r in rounds), default=0.0))
     if all(f"{LOCAL}diff" in r for r in rounds):
         ld, ldv, lb, lbv, ldf = _pool(rounds, LOCAL)
         local = finish_estimate(ld, ldv, lb, lbv, level, df=ldf)
@@ -700,7 +813,7 @@ def ppi_estimates(
     out = {}
     for k in kpis:
         args = (predictions, at, measured, is_c, k, candidate, baseline, level)
-        day = (day_var or {}).get(k, (0.0, 0.0, float("inf")))
+        day = day_term(day_var, k)
         if canary is None:
             out[k] = _rectified(*args, against=(candidate, baseline), day=day, order=order, cuped=cuped)
         else:

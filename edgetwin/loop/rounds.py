@@ -195,7 +195,7 @@ def canary_loop(
     n_rounds = max(1, int(max_days)) if days is not None else max_rounds
     looks = set(look_days(n_rounds)) if days is not None else set(range(1, max_rounds + 1))
     day_log, day_seed = fleet_log, fleet_seed
-    day_var = _day_variance(twin, decision, days_src, candidate_spec, baseline_spec, seed)
+    day_var = decision_day_variance(twin, decision, days_src, candidate_spec, baseline_spec, seed)
     for r in range(1, n_rounds + 1):
         if days is not None and r > 1:
             day_log, day_seed = days(r - 1)
@@ -369,17 +369,17 @@ def redraw(plan: CanaryPlan, day_log: pd.DataFrame, seed: int, round_no: int) ->
                                                  "fresh random slice of this day's fleet"]))  # fmt: skip
 
 
-def _day_variance(twin: Twin, decision: GateDecision, days_src: Sequence[pd.DataFrame], candidate: PolicySpec,
+def decision_day_variance(twin: Twin, decision: GateDecision, days_src: Sequence[pd.DataFrame], candidate: PolicySpec,
                   baseline: PolicySpec, seed: int) -> dict[str, tuple[float, float, float]]:
-    """The day-to-day variance of every guarded per-group-mean KPI column (`day_to_day_variance`),
+    """The day-to-day variance of every guarded per-group-mean KPI column (`guarded_day_variance`),
     once, with the twin the loop starts from: the plan reckons its days with it and every round's
     verdict carries it."""
     from edgetwin.loop.plan import _kpi_column
-    from edgetwin.loop.verdict import day_to_day_variance
+    from edgetwin.loop.verdict import guarded_day_variance
 
     kdefs = {k.name: k for k in decision.result.kpis}
-    cols = sorted({c for c in (_kpi_column(kdefs[ch.kpi]) for ch in decision.checks if ch.kpi in kdefs) if c})
-    return day_to_day_variance(twin, days_src, cols, candidate, baseline, seed=seed) if cols else {}
+    cols = [_kpi_column(kdefs[ch.kpi]) for ch in decision.checks if ch.kpi in kdefs]
+    return guarded_day_variance(twin, [c for c in cols if c], days_src, candidate, baseline, seed)
 
 
 def candidate_version_name(name: str) -> str:
@@ -546,6 +546,7 @@ def promote_after_canary(
 
 
 __all__ = [
-    "LoopResult", "LoopRound", "balanced", "canary_loop", "candidate_version_name", "days_needed", "hurting", "more_days",
+    "LoopResult", "LoopRound", "balanced", "canary_loop", "candidate_version_name", "days_needed",
+    "decision_day_variance", "hurting", "more_days",
     "promote_after_canary",
 ]

@@ -8,6 +8,7 @@ a canary log of another system or another fleet before anything is estimated.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,8 @@ if TYPE_CHECKING:  # typed seams (issue 46), for mypy only
     from edgetwin.twin.twin import Twin
     from edgetwin.twin.whatif import PolicySpec
 
-__all__ = ["canary_verdict", "check_canary_log", "day_to_day_variance"]
+__all__ = ["calibrated_day_variance", "canary_verdict", "check_canary_log", "day_seed", "day_to_day_variance",
+           "guarded_day_variance"]
 
 
 def check_canary_log(canary_log: pd.DataFrame, twin: Twin, fleet_log: pd.DataFrame, columns: Sequence[str]) -> None:
@@ -123,6 +125,64 @@ def canary_verdict(
                          member_predictions=per_member, day_var=day_var, pairs=pairs, cuped=cuped)  # fmt: skip
 
 
+def day_seed(seed: int, day: int) -> int:
+    """The twin's world seed for replaying logged day ``day`` (0, 1, …) under the loop's ``seed``:
+    each day its own draw, so that the twin's own day-to-day noise is part of the replayed spread
+    (one seed for every day makes that noise common to all days, and the replayed days differ only
+    by their populations and first states)."""
+    return int(np.random.default_rng([int(seed), int(day), 0xDA7]).integers(2**31))
+
+
+def calibrated_day_variance(
+    twin_changes: np.ndarray, twin_levels: np.ndarray, observed_levels: np.ndarray, columns: Sequence[str]
+) -> dict[str, tuple[float, float, float]]:
+    """Per column, ``(var of the daily change, var of the daily baseline level, days − 1)``: the
+    twin's replayed day-to-day variance of the change, scaled up by how much more the logged days'
+    baseline level moves than the twin's replay of it.
+
+    Args:
+        twin_changes: ``(D, K)`` the twin's fleet-wide change (candidate − baseline, mean over the
+            groups) replaying each of ``D`` logged days, one column per KPI.
+        twin_levels: ``(D, K)`` the twin's fleet-wide baseline level on the same replays.
+        observed_levels: ``(D, K)`` the logged fleet mean of each column on each of those days (the
+            days were run on the current policy: what any operator's logs show, no twin involved).
+
+    Why: a twin replays a logged day from its population and first states; whatever else made that
+    day different (the day's demand, its carbon intensity, anything the logs do not carry as a
+    state the twin can read) is not replayed, so the twin's day-to-day spread is an *under*-estimate
+    the twin cannot notice (issue 48: on the 1,000-group closed loop, 0.2-0.5 % against the
+    emulator's 1.7-13.2 % per KPI). The baseline level's spread is observed directly in the logs;
+    the ratio ``r = var(observed level) / var(twin's level)`` says by how much the replay misses
+    the days' spread, and the change's variance is scaled by ``max(r, 1)``.
+
+    Assumes the change's day-to-day spread scales like the level's (a day that moves the level by
+    x % moves the change by x % of the twin's own ratio of the two): true when the day's shock
+    multiplies the KPI (carbon intensity, demand), conservative when it only shifts the level
+    (then the change does not move and the term is too wide). ``max(r, 1)``: the logs may only
+    raise the twin's term, never lower it (with ``D − 1`` degrees of freedom an observed variance
+    below the twin's is mostly noise, and a smaller term is what must not happen silently).
+    Degrees of freedom ``D − 1`` (the observed variance's), for the Welch-Satterthwaite/t
+    reference (`edgetwin.loop.ppi.welch_df`). A twin whose replay does not move the level at all
+    (``var = 0``) cannot be scaled: the change's variance is then the observed level's (a change
+    as variable as the level itself, the conservative bound). The baseline level's variance is
+    the observed one, the larger of it and the twin's.
+    """
+    d = np.asarray(twin_changes, dtype=np.float64)
+    b = np.asarray(twin_levels, dtype=np.float64)
+    o = np.asarray(observed_levels, dtype=np.float64)
+    n = d.shape[0]
+    out: dict[str, tuple[float, float, float]] = {}
+    for j, c in enumerate(columns):
+        v_d, v_b = float(np.var(d[:, j], ddof=1)), float(np.var(b[:, j], ddof=1))
+        v_o = float(np.var(o[:, j], ddof=1)) if np.isfinite(o[:, j]).all() else float("nan")
+        if not math.isfinite(v_o):  # the column was not logged on those days: the twin's replay alone
+            out[c] = (v_d, v_b, float(n - 1))
+            continue
+        scaled = v_d * max(v_o / v_b, 1.0) if v_b > 0 else max(v_d, v_o)
+        out[c] = (float(scaled), float(max(v_o, v_b)), float(n - 1))
+    return out
+
+
 def day_to_day_variance(
     twin: Twin,
     other_days: Sequence[pd.DataFrame],
@@ -135,15 +195,21 @@ def day_to_day_variance(
     member: int = 0,
 ) -> dict[str, tuple[float, float, float]]:
     """Per KPI column, how much the fleet-wide change (and the baseline level) moves from day to
-    day, from the twin's replay of other days: ``(var of mean_N(f_c − f_b), var of mean_N(f_b),
-    days − 1)`` over the last ``days`` episodes of ``other_days`` (e.g. the twin's training logs).
+    day: ``(var of mean_N(f_c − f_b), var of the baseline level, days − 1)`` over the last ``days``
+    episodes of ``other_days`` (e.g. the twin's training logs, or recent days of the fleet), the
+    twin's replay of each day (on its own world seed, `day_seed`) calibrated by the logged days'
+    own spread of the baseline level (`calibrated_day_variance`: the twin cannot understate the
+    term silently).
 
     The verdict is about the change averaged over the days the decision will live with (DESIGN.md,
     "What a verdict is about"); a canary measures one day, whose change is one draw around that
     average, so this variance is added to the interval (`edgetwin.loop.ppi.ppi_mean_difference`'s
-    ``day_var``) and shared by every round run on that day. One member suffices: the spread
-    wanted is the days', not the members'. Fewer than 2 days: ``{}`` (nothing to estimate it from;
-    the interval is then about the canary's day, and the loop's result says so)."""
+    ``day_var``) and to the plan's expected one (`edgetwin.loop.plan.plan_canary`: the same term,
+    read through `edgetwin.loop.ppi.day_term`), shared by every round run on that day; canary
+    rounds on several days estimate it again from themselves (`edgetwin.loop.ppi.combine_estimates`).
+    One member suffices: the spread wanted is the days', not the members'. Fewer than 2 days:
+    ``{}`` (nothing to estimate it from; the interval is then about the canary's day, and the loop's
+    result says so)."""
     from edgetwin.loop.ppi import twin_group_predictions
 
     frames = [f for f in other_days if isinstance(f, pd.DataFrame) and "episode" in f.columns]
@@ -153,13 +219,25 @@ def day_to_day_variance(
     names = list(pd.unique(log["episode"]))[-int(days):]
     if len(names) < 2:
         return {}
-    diffs, bases = [], []
-    for name in names:
+    diffs, bases, observed = [], [], []
+    for i, name in enumerate(names):
         one = log[log["episode"] == name]
         pr = twin_group_predictions(twin, {"candidate": candidate, "baseline": baseline}, one, list(columns),
-                                    episodes=1, seed=seed, members=[member])  # fmt: skip
+                                    episodes=1, seed=day_seed(seed, i), members=[member])  # fmt: skip
         diffs.append([float(np.mean(pr[("candidate", c)] - pr[("baseline", c)])) for c in columns])
         bases.append([float(np.mean(pr[("baseline", c)])) for c in columns])
-    d, b = np.asarray(diffs), np.asarray(bases)
-    return {c: (float(np.var(d[:, j], ddof=1)), float(np.var(b[:, j], ddof=1)), float(len(names) - 1))
-            for j, c in enumerate(columns)}  # fmt: skip
+        observed.append([float(pd.to_numeric(one[c], errors="coerce").mean()) if c in one.columns else float("nan")
+                         for c in columns])  # fmt: skip
+    return calibrated_day_variance(np.asarray(diffs), np.asarray(bases), np.asarray(observed), list(columns))
+
+
+def guarded_day_variance(twin: Twin, columns: Sequence[str], days: Sequence[pd.DataFrame], candidate: PolicySpec,
+                         baseline: PolicySpec, seed: int) -> dict[str, tuple[float, float, float]]:
+    """`day_to_day_variance` of the guarded per-group-mean KPI ``columns`` over ``days`` (the
+    recent logs of the fleet on the current policy), or ``{}`` when there are none: the one call the
+    loop (`edgetwin.loop.rounds.canary_loop`), ``edgetwin canary plan`` and ``edgetwin canary
+    verdict`` (`edgetwin.loop.evidence.judge_canary`) make, so that the operator's commands carry the
+    same day term as the loop's verdicts and plans."""
+    cols = sorted({str(c) for c in columns if c})
+    return day_to_day_variance(twin, days, cols, candidate, baseline, seed=seed) if cols else {}
+

@@ -1,0 +1,464 @@
+"""Why the verdict's day-to-day term is too small (issue 48): the twin's replayed day spread against
+the logs' observed one and the emulator's truth days, on a cached 1,000-group setup of the scale run.
+
+Per seed, for the scale run's four candidates and the KPI columns the bound section reports:
+
+* ``twin_same_seed``: `edgetwin.loop.verdict.day_to_day_variance` as the loop called it before
+  this change (the last 6 recent days of the fleet's own size, member 0, every day replayed on the
+  same world seed): the sd of the daily fleet-wide change and of the baseline level;
+* ``twin_per_day_seed``: the same replay with each day on its own world seed;
+* ``observed_level``: the sd over the same 6 logged days of the baseline fleet mean *as logged*
+  (what any operator's logs show; no twin, no emulator);
+* ``truth``: the emulator's sd of the daily fleet-wide change and of the current policy's level
+  over the 20 truth days (`scale/day_truth_seed<S>.json`, `_closed_loop_bound.day_truth`);
+* ``product``: the day term the loop now carries (`day_to_day_variance`, calibrated).
+
+Everything relative to the baseline level (the verdict's units). The product never sees ``truth``.
+
+    python benchmarks/closed_loop.py --day-diagnosis --seed S --work /tmp/l48b-fc
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SCALE_DIR = ROOT / "docs" / "benchmarks" / "closed_loop" / "scale"
+COLUMNS = ("kpi.carbon_g", "kpi.energy_j", "kpi.revenue", "kpi.slo_violation", "kpi.task_time_ms",
+           "response.offload_ratio", "reward")  # fmt: skip
+FLEET, RECENT_DAYS = 1000, 6
+
+
+def _replay(twin: Any, day: Any, cols: list[str], cand: Any, base: Any, seed: int) -> tuple[list[float], list[float]]:
+    from edgetwin.loop.ppi import twin_group_predictions
+
+    pr = twin_group_predictions(twin, {"candidate": cand, "baseline": base}, day, cols, episodes=1, seed=seed,
+                                members=[0])  # fmt: skip
+    return ([float(np.mean(pr[("candidate", c)] - pr[("baseline", c)])) for c in cols],
+            [float(np.mean(pr[("baseline", c)])) for c in cols])  # fmt: skip
+
+
+def diagnose(seed: int, work: Path, log: Any = print) -> dict[str, Any]:
+    """The diagnosis of one seed (see the module docstring); ``work``: the scale run's cache."""
+    from _closed_loop_scale import SCALE_CANDIDATES, seed_twin
+    from whatif_gate import candidates, logging_policy
+
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.loop.ppi import replay_spec
+    from edgetwin.loop.verdict import day_to_day_variance
+
+    t0 = time.perf_counter()
+    spec, _train, twin = seed_twin(seed, work)
+    allp = candidates(spec, twin, "production", seed)
+    current = logging_policy("production", spec, seed + 500)
+    cfg = ClusterConfig(n_agents=FLEET, steps=96)
+    recent = generate_logs(cfg, RECENT_DAYS, copy.deepcopy(current), seed=seed * 1000 + 300)[0]  # as run_size draws it
+    cols = [c for c in COLUMNS if c in recent.columns]
+    names = list(pd_unique(recent["episode"]))
+    days = [recent[recent["episode"] == e] for e in names]
+    obs = np.array([[float(d[c].mean()) for c in cols] for d in days])  # (days, cols): the logged baseline fleet means
+    truth = json.loads((SCALE_DIR / f"day_truth_seed{seed}.json").read_text())["values"]
+    tb = {c: np.asarray(truth["current"][c], dtype=float) for c in cols}
+    base_spec = replay_spec("current", current)
+    out: dict[str, Any] = {"seed": seed, "days": len(names), "fleet": FLEET, "columns": cols, "candidates": {}}
+    out["observed_level_sd"] = {c: float(np.std(obs[:, j], ddof=1) / abs(np.mean(obs[:, j]))) for j, c in enumerate(cols)}
+    out["truth_level_sd"] = {c: float(np.std(tb[c], ddof=1) / abs(np.mean(tb[c]))) for c in cols}
+    for name in SCALE_CANDIDATES[:4]:
+        cand = replay_spec(name, allp[name])
+        rows: dict[str, Any] = {}
+        for variant in ("same_seed", "per_day_seed"):
+            d_, b_ = zip(*[_replay(twin, day, cols, cand, base_spec,
+                                   seed if variant == "same_seed" else seed * 7919 + 101 * i + 1)
+                           for i, day in enumerate(days)], strict=True)  # fmt: skip
+            d, b = np.asarray(d_), np.asarray(b_)
+            lvl = np.abs(obs.mean(axis=0))
+            rows[variant] = {"effect_sd": {c: float(np.std(d[:, j], ddof=1) / lvl[j]) for j, c in enumerate(cols)},
+                             "level_sd": {c: float(np.std(b[:, j], ddof=1) / lvl[j]) for j, c in enumerate(cols)}}  # fmt: skip
+        prod = day_to_day_variance(twin, [recent], cols, cand, base_spec, seed=seed)
+        rows["product"] = {c: {"effect_sd": float(np.sqrt(prod[c][0]) / abs(np.mean(obs[:, j]))), "df": prod[c][2]}
+                           for j, c in enumerate(cols) if c in prod}  # fmt: skip
+        te = {c: np.asarray(truth[name][c], dtype=float) - tb[c] for c in cols}
+        rows["truth_effect_sd"] = {c: float(np.std(te[c], ddof=1) / abs(np.mean(tb[c]))) for c in cols}
+        out["candidates"][name] = rows
+        log(f"seed {seed} {name!r} done [{time.perf_counter() - t0:.0f} s]")
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def pd_unique(s: Any) -> list[Any]:
+    import pandas as pd
+
+    return list(pd.unique(s))
+
+
+def _median(docs: list[dict[str, Any]], col: str, where: str, key: str) -> float | None:
+    """Median over seeds and candidates of one sd: ``where`` "seed" (a seed's own entry ``key``),
+    else the candidate's ``where`` entry's ``key`` (``product``: its ``effect_sd``)."""
+    if where == "seed":
+        v = [d[key][col] for d in docs]
+    elif where == "truth":
+        v = [r["truth_effect_sd"][col] for d in docs for r in d["candidates"].values()]
+    elif where == "product":
+        v = [r["product"][col]["effect_sd"] for d in docs for r in d["candidates"].values() if col in r["product"]]
+    else:
+        v = [r[where][key][col] for d in docs for r in d["candidates"].values()]
+    return float(np.median(v)) if v else None
+
+
+#: the table's columns: (header, where, key) for `_median`
+TABLE = (("emulator: sd of the daily effect (20 truth days)", "truth", ""),
+         ("twin, one seed for every day (before)", "same_seed", "effect_sd"),
+         ("twin, a seed per day", "per_day_seed", "effect_sd"),
+         ("the day term now carried (calibrated)", "product", ""),
+         ("logs: sd of the baseline level (6 days)", "seed", "observed_level_sd"),
+         ("emulator: sd of the level (20 days)", "seed", "truth_level_sd"),
+         ("twin, a seed per day: sd of the level", "per_day_seed", "level_sd"))  # fmt: skip
+
+
+def table(docs: list[dict[str, Any]]) -> str:
+    """Markdown: per KPI, medians over seeds and candidates of each sd (percent of the baseline)."""
+    lines = ["| KPI | " + " | ".join(h for h, _, _ in TABLE) + " |", "|---|" + "---:|" * len(TABLE)]
+    for c in docs[0]["columns"]:
+        vals = [_median(docs, c, w, k) for _, w, k in TABLE]
+        lines.append(f"| {c} | " + " | ".join("—" if v is None else f"{100 * v:.2f} %" for v in vals) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ coverage with day-varying truth
+def _pool_twin_only(rounds: list[dict[str, float]], level: float) -> dict[str, float]:
+    """The rounds pooled as before this change (the twin's day term alone, no between-day term from
+    the rounds): `edgetwin.loop.ppi._pool` without `with_day_term`, for the comparison only."""
+    from edgetwin.loop.ppi import _pool_terms, finish_estimate, welch_df
+
+    diff, dv, own, shared_v, day_v = _pool_terms(rounds, "diff")
+    base, bv, _, _, _ = _pool_terms(rounds, "base")
+    dfs = [float(r.get("df", float("inf"))) for r in rounds]
+    day_df = min(float(r.get("day_df", float("inf"))) for r in rounds)
+    df = welch_df([(v, d) for v, d in zip(own, dfs, strict=True)] + [(shared_v, min(dfs)), (day_v, day_df)])
+    return finish_estimate(diff, dv, base, bv, level, df=df)
+
+
+def day_coverage(days_data: list[dict[str, Any]], runs: int, seed: int, day_sd: float, canary_days: int,
+                 share: float = 0.10, treat: float = 0.5, twin_error: float = 0.2, twin_bias: float = -0.05,
+                 group_sd: float = 0.10) -> dict[str, dict[str, Any]]:
+    """Coverage of the multi-day truth by the verdict's interval when the effect moves from day to
+    day, on `closed_loop.coverage_experiment`'s simulated canaries (the emulator's per-group SLO
+    rates, the same candidate types and simulated twin, whose day-to-day replay does not carry the
+    effect's day shock ``u_d`` ~ N(0, ``day_sd``)): each run is ``canary_days`` canaries on distinct
+    random days (a fresh random ``share`` slice a day, ``treat`` of it on the candidate), each
+    estimated by `ppi_mean_difference` with the product's day term (`calibrated_day_variance` over 6
+    other days: the twin's replayed changes and levels, and the days' observed fleet means), pooled
+    by `combine_estimates` (the rounds' own between-day term once they span >= 2 days) and, for
+    comparison, with the twin's day term alone (`_pool_twin_only`: the pooling before this change).
+    Returns per type: ``truth``, ``coverage`` / ``coverage_twin_only`` (with Clopper-Pearson 95 %
+    intervals), ``median_width`` / ``median_width_twin_only``, decided shares."""
+    from closed_loop import COVERAGE_TYPES, MARGIN
+    from scipy.stats import binomtest
+
+    from edgetwin.contract.margins import KPIMargin
+    from edgetwin.loop.ppi import LEVEL, combine_estimates, ppi_mean_difference, ppi_verdict
+    from edgetwin.loop.verdict import calibrated_day_variance
+
+    rng = np.random.default_rng([seed, 48, canary_days])
+    margin = [KPIMargin("kpi.slo_violation", MARGIN)]
+    n_days = len(days_data)
+    out: dict[str, dict[str, Any]] = {}
+    for name, delta in COVERAGE_TYPES.items():
+        u = rng.normal(0.0, day_sd, n_days)
+        worlds = []
+        for dd in days_data:
+            y = dd["y"]
+            yc = y * (1.0 + delta + u[len(worlds)] + rng.normal(0.0, group_sd, len(y)))
+            fb = y * np.exp(rng.normal(0.0, twin_error, len(y)))
+            worlds.append((y, yc, fb, fb * (1.0 + delta + twin_bias), dd["x"]))
+        truth = float(sum(w[1].sum() for w in worlds) / sum(w[0].sum() for w in worlds) - 1.0)
+        hit = {"new": 0, "old": 0}
+        dec = {"new": 0, "old": 0}
+        widths: dict[str, list[float]] = {"new": [], "old": []}
+        for _ in range(runs):
+            chosen = rng.choice(n_days, canary_days, replace=False)
+            rounds = []
+            for i, d in enumerate(chosen):
+                y, yc, fb, fc, x = worlds[int(d)]
+                n = len(y)
+                k = max(4, int(round(share * n)))
+                sl = rng.choice(n, k, replace=False)
+                n_c = max(2, int(round(treat * k)))
+                cand, ctrl = sl[:n_c], sl[n_c:]
+                others = rng.choice([j for j in range(n_days) if j not in set(chosen.tolist())], 6, replace=False)
+                chg = np.array([[np.mean(worlds[j][3] - worlds[j][2])] for j in others])
+                lvl = np.array([[np.mean(worlds[j][2])] for j in others])
+                obs = np.array([[np.mean(worlds[j][0])] for j in others])
+                dv, bv, ddf = calibrated_day_variance(chg, lvl, obs, ["k"])["k"]
+                e = ppi_mean_difference(fc, fb, yc[cand], fc[cand], y[ctrl], fb[ctrl], LEVEL, x_cand=x[cand],
+                                        x_ctrl=x[ctrl], day_var=(dv, bv), day_df=ddf)  # fmt: skip
+                e["day"] = float(i)
+                rounds.append(e)
+            for key, est in (("new", combine_estimates(rounds, LEVEL)), ("old", _pool_twin_only(rounds, LEVEL))):
+                est.setdefault("twin_diff", 0.0)
+                est.setdefault("twin_rel", 0.0)
+                est.update(n_fleet=float(len(worlds[0][0])), n_candidate=1.0, n_control=1.0)
+                verdict, checks = ppi_verdict({"kpi.slo_violation": est}, margin)
+                lo, hi = checks[0].interval
+                hit[key] += lo <= truth <= hi
+                dec[key] += verdict != "abstain"
+                widths[key].append(hi - lo)
+
+        def ci(k: int) -> list[float]:
+            return [float(x) for x in binomtest(k, runs).proportion_ci(0.95, "exact")]
+
+        out[name] = {"truth": truth, "runs": runs, "level": LEVEL, "coverage": hit["new"] / runs, "coverage_ci": ci(hit["new"]),
+                     "coverage_twin_only": hit["old"] / runs, "coverage_twin_only_ci": ci(hit["old"]),
+                     "median_width": float(np.median(widths["new"])), "median_width_twin_only": float(np.median(widths["old"])),
+                     "decided": dec["new"] / runs, "decided_twin_only": dec["old"] / runs}  # fmt: skip
+    return out
+
+
+def run_day_coverage(fleet: int, days: int, runs: int, seed: int, day_sd: float, canary_days: list[int]) -> dict[str, Any]:
+    """`day_coverage` at each of ``canary_days`` on one seed's ``days`` emulated days of ``fleet`` groups."""
+    from closed_loop import _emulated_days
+
+    t0 = time.perf_counter()
+    data = _emulated_days(fleet, days, seed)
+    res = {str(k): day_coverage(data, runs, seed, day_sd, k) for k in canary_days}
+    return {"fleet": fleet, "days": days, "runs": runs, "seed": seed, "day_sd": day_sd, "by_canary_days": res,
+            "seconds": time.perf_counter() - t0}
+
+
+# ------------------------------------------------------------------ the loop before and after
+SECTION = "## The verdict's day-to-day term: calibrated by the logs, estimated from the canaries' own days"
+#: the stored runs before this change (the reseeded extended runs at 1,000 groups) and the reruns' files
+RUNS = {"fc": ("fleet control, per-arm CUPED", "extended_fc_reseeded_seed{s}.json", "day_term_fc_seed{s}.json"),
+        "sl": ("slice control (the loop's default)", "extended_reseeded_seed{s}.json", "day_term_sl_seed{s}.json")}  # fmt: skip
+
+
+def loop_scores(doc: dict[str, Any]) -> dict[str, Any]:
+    """One seed's 1,000-group extended run: of the pairs the twin alone left open, how many the loop
+    decided (Clopper-Pearson 95 %), how many of those agree with the 20-day truth, the wrong ones,
+    and how often the last look's interval of each open pair covers the 20-day truth."""
+    from _closed_loop_scale import DECIDED, agree, rate
+
+    entry = doc["by_fleet_size"]["1000"]
+    last = {s["policy"]: (s["rounds"][-1] if s["rounds"] else {}) for s in entry["per_candidate"]}
+    open_ = [p for p in entry["pairs"] if p["twin_alone"] not in DECIDED]
+    dec = [p for p in open_ if p["twin_canary"] in DECIDED]
+    wrong = [f"{p['policy']} {p['kpi']} {p['twin_canary']} (truth {100 * p['truth_change']:+.1f} %)"
+             for p in dec if not agree(p, "twin_canary")]  # fmt: skip
+    cov = []
+    for p in open_:
+        why = (last.get(p["policy"]) or {}).get("why", {}).get(p["column"])
+        if why and why.get("interval") and all(math.isfinite(float(x)) for x in why["interval"]):
+            lo, hi = why["interval"]
+            cov.append(bool(lo <= p["truth_change"] <= hi))
+    return {"decided": rate(len(dec), len(open_)), "agreement": rate(len(dec) - len(wrong), len(dec)), "wrong": wrong,
+            "coverage": rate(sum(cov), len(cov)),
+            "rounds": sum(len(s["rounds"]) for s in entry["per_candidate"]),
+            "agent_steps": sum(int(s["twin_canary_agent_steps"]) for s in entry["per_candidate"])}  # fmt: skip
+
+
+def compare_loops(scale_dir: Path, seeds: list[int]) -> dict[str, Any]:
+    """Per run (``RUNS``) and seed with a complete rerun: `loop_scores` before and after."""
+    out: dict[str, Any] = {}
+    for key, (_label, before, after) in RUNS.items():
+        for s in seeds:
+            a = scale_dir / after.format(s=s)
+            if not a.is_file():
+                continue
+            doc_a = json.loads(a.read_text())
+            if not doc_a["by_fleet_size"].get("1000", {}).get("complete"):
+                continue
+            doc_b = json.loads((scale_dir / before.format(s=s)).read_text())
+            out.setdefault(key, {})[str(s)] = {"before": loop_scores(doc_b), "after": loop_scores(doc_a)}
+    return out
+
+
+#: the fleet-control loop rerun on the code before this change (030fc6a), same seeds and caches: what
+#: differs from the rerun after it is the day term alone
+BASE_RUN = "day_term_fc_base_seed{s}.json"
+
+
+def same_code(scale_dir: Path, seeds: list[int]) -> dict[str, Any]:
+    """Per seed with a base rerun (`BASE_RUN`) and a rerun after: `loop_scores` of both."""
+    out: dict[str, Any] = {}
+    for s in seeds:
+        b, a = scale_dir / BASE_RUN.format(s=s), scale_dir / RUNS["fc"][2].format(s=s)
+        if b.is_file() and a.is_file():
+            out[str(s)] = {"before": loop_scores(json.loads(b.read_text())), "after": loop_scores(json.loads(a.read_text()))}
+    return out
+
+
+def pooled(loops: dict[str, Any]) -> dict[str, Any]:
+    """Per run, the seeds' `loop_scores` summed (decided, agreeing, covered; Clopper-Pearson 95 %),
+    before and after: the at-a-glance table's numbers (``seeds``: which seeds were rerun)."""
+    from _closed_loop_scale import rate
+
+    out: dict[str, Any] = {}
+    for key, by in loops.items():
+        out[key] = {"seeds": sorted(int(s) for s in by)}
+        for when in ("before", "after"):
+            tot = {m: [sum(r[when][m]["k"] for r in by.values()), sum(r[when][m]["n"] for r in by.values())]
+                   for m in ("decided", "agreement", "coverage")}  # fmt: skip
+            out[key][when] = {m: rate(*kn) for m, kn in tot.items()}
+            out[key][when]["wrong"] = [f"seed {s}: {w}" for s, r in sorted(by.items()) for w in r[when]["wrong"]]
+    return out
+
+
+def bound_before_after(scale_dir: Path, loops: dict[str, Any]) -> dict[str, Any]:
+    """`_closed_loop_bound.verdict_bound` (the classes of the open pairs by their distance from the
+    margin against the emulator's day spread and the 16-day design) on the seeds each run was
+    rerun on, before and after: per class the pairs decided and right, and per KPI the median
+    one-day sd of the day term the verdict carried (``twin_day_sd``)."""
+    from _closed_loop_bound import verdict_bound
+
+    out: dict[str, Any] = {}
+    for key, by in loops.items():
+        seeds = sorted(int(s) for s in by)
+        days = {s: json.loads((scale_dir / f"day_truth_seed{s}.json").read_text()) for s in seeds}
+        got = {}
+        for when, stem in (("before", RUNS[key][1]), ("after", RUNS[key][2])):
+            res = verdict_bound({key: [json.loads((scale_dir / stem.format(s=s)).read_text()) for s in seeds]}, days)
+            r = res["runs"][key]
+            got[when] = {"by_class": r["by_class"], "twin_day_sd": {k: v["twin_day_sd"] for k, v in r["by_kpi"].items()},
+                         "day_sd": {k: v["day_sd"] for k, v in r["by_kpi"].items()}}  # fmt: skip
+        out[key] = {"seeds": seeds, **got}
+    return out
+
+
+def _rate(r: dict[str, Any]) -> str:
+    if not r["n"]:
+        return "—"
+    lo, hi = r["ci"]
+    return f"{r['k']}/{r['n']} = {100 * r['rate']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def section(diag: list[dict[str, Any]], cov: dict[str, Any] | None, loops: dict[str, Any],
+            bound: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> str:
+    """The page's section, every number from the JSONs (`write_page`)."""
+    seeds = ", ".join(str(d["seed"]) for d in diag)
+    parts = [SECTION, "",
+             "The verdict is about the fleet-wide change averaged over the days the decision lives with; its interval carries "
+             "the day-to-day variance of the change (`edgetwin.loop.verdict.day_to_day_variance`; the plan's expected "
+             "interval reads the same term, `edgetwin.loop.ppi.day_term`). Before this change that term was the twin's "
+             "replay of 6 recent logged days (member 0, one world seed for every day). Now: each day is replayed on its own "
+             "world seed, the twin's variance of the change is scaled by the ratio of the logged days' variance of the "
+             "baseline fleet mean to the twin's replayed one when the logs move more (`calibrated_day_variance`; it assumes "
+             "the change's day spread scales like the level's; days − 1 degrees of freedom), and once canary rounds ran on "
+             ">= 2 days the pooled verdict carries the larger of that and the rounds' own between-day variance "
+             "(Paule-Mandel, `edgetwin.loop.ppi.with_day_term`, k − 1 degrees of freedom).", "",
+             f"### Why the twin's day term was too small (seeds {seeds})", "",
+             "Commands: `python benchmarks/closed_loop.py --day-diagnosis --seed S --work /tmp/l48b-fc` (S = "
+             f"{seeds}; the cached 1,000-group twins of the reseeded runs; results `scale/day_term_seed<S>.json`). Per KPI, "
+             "medians over seeds and the four candidates, in % of the baseline level; the emulator's columns use its 20 "
+             "truth days (`scale/day_truth_seed<S>.json`), never seen by the product:", "", table(diag), ""]
+    if cov:
+        parts += ["### Coverage of the multi-day truth when the effect moves from day to day", "",
+                  f"Command: `python benchmarks/closed_loop.py --day-coverage --designs-fleet {cov['fleet']} --days {cov['days']} "
+                  f"--runs {cov['runs']} --day-sd {cov['day_sd']:g} --canary-days {' '.join(cov['by_canary_days'])} --seed "
+                  f"{cov['seed']}` (`_closed_loop_dayterm.day_coverage`: the coverage experiment's simulated canaries on "
+                  f"{cov['fleet']:,} emulated groups, half of a 10 % slice on the candidate, the effect moving by "
+                  f"{100 * cov['day_sd']:g} % from day to day, which the simulated twin's replay does not carry). Stated level "
+                  "90 %; coverage of the truth over all days, Clopper-Pearson 95 %:", "",
+                  "| canary days | candidate | truth | coverage now | coverage, twin's day term alone (before) | median width now | before |",
+                  "|---:|---|---:|---|---|---:|---:|"]
+        for k, by in cov["by_canary_days"].items():
+            for t, r in by.items():
+                lo, hi = r["coverage_ci"]
+                lo2, hi2 = r["coverage_twin_only_ci"]
+                parts.append(f"| {k} | {t} | {100 * r['truth']:+.1f} % | {100 * r['coverage']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}] | "
+                             f"{100 * r['coverage_twin_only']:.1f} % [{100 * lo2:.1f}, {100 * hi2:.1f}] | "
+                             f"{100 * r['median_width']:.1f} pp | {100 * r['median_width_twin_only']:.1f} pp |")  # fmt: skip
+        parts.append("")
+    if loops:
+        parts += ["### The 1,000-group extended loop before and after", "",
+                  "Commands (per seed S): `python benchmarks/closed_loop.py --scale --seed S --fleet-sizes 1000 --max-candidates 4 "
+                  "--truth-days 20 --work /tmp/day48-fc --max-days 16 --reuse docs/benchmarks/closed_loop/scale --fleet-control "
+                  "--cuped per_arm` (slice control: the same without `--fleet-control --cuped per_arm`, `--work /tmp/day48-sl`), "
+                  "twins linked from the stored runs' caches; then `python benchmarks/closed_loop.py --day-term-page`. Before: "
+                  "the stored reseeded runs (`scale/extended_fc_reseeded_seed<S>.json`, `scale/extended_reseeded_seed<S>.json`), "
+                  "made on the code of their day (the twin's update and fit have changed since, so not every difference below "
+                  "is the day term's). Per seed, of the (candidate, KPI) pairs the twin alone left open: decided by the loop "
+                  "(Clopper-Pearson 95 %), of those agreeing with the 20-day truth, the wrong ones, and how often the last "
+                  "look's interval covers the 20-day truth (stated 90 % over the looks):", "",
+                  "| run | seed | decided before | decided after | agreeing before | agreeing after | wrong after | "
+                  "interval covers the truth, before | after |", "|---|---:|---|---|---|---|---|---|---|"]
+        for key, by in loops.items():
+            for s, r in sorted(by.items()):
+                b, a = r["before"], r["after"]
+                parts.append(f"| {RUNS[key][0]} | {s} | {_rate(b['decided'])} | {_rate(a['decided'])} | {_rate(b['agreement'])} | "
+                             f"{_rate(a['agreement'])} | {'; '.join(a['wrong']) or 'none'} | {_rate(b['coverage'])} | "
+                             f"{_rate(a['coverage'])} |")  # fmt: skip
+        parts.append("")
+    if base:
+        parts += ["The same comparison against the fleet-control loop rerun on the code just before this change "
+                  "(commit 030fc6a: `git archive 030fc6a`, the same command, caches and seeds; results "
+                  "`scale/day_term_fc_base_seed<S>.json`), so that only the day term differs:", "",
+                  "| seed | decided before | decided after | agreeing before | agreeing after | wrong before | "
+                  "interval covers the truth, before | after |", "|---:|---|---|---|---|---|---|---|"]
+        for s, r in sorted(base.items()):
+            b, a = r["before"], r["after"]
+            parts.append(f"| {s} | {_rate(b['decided'])} | {_rate(a['decided'])} | {_rate(b['agreement'])} | "
+                         f"{_rate(a['agreement'])} | {'; '.join(b['wrong']) or 'none'} | {_rate(b['coverage'])} | "
+                         f"{_rate(a['coverage'])} |")  # fmt: skip
+        parts.append("")
+    if bound:
+        parts += ["Recomputed `--bound` classes on the rerun seeds (`_closed_loop_bound.verdict_bound` on the same seeds' "
+                  "pairs before and after; the classes by the 20-day truth's gap from the margin against the sd of the "
+                  "emulator's daily effect and the 16-day design's half-width): pairs decided / in the class (of them right):",
+                  "", "| run | seeds | class | before | after |", "|---|---|---|---|---|"]
+        for key, r in bound.items():
+            for c, b in r["before"]["by_class"].items():
+                a = r["after"]["by_class"][c]
+                if not b["pairs"] and not a["pairs"]:
+                    continue
+                parts.append(f"| {RUNS[key][0]} | {', '.join(map(str, r['seeds']))} | {c.replace('_', ' ')} | "
+                             f"{b['decided']}/{b['pairs']} ({b['right']} right) | {a['decided']}/{a['pairs']} ({a['right']} right) |")
+        parts += ["", "The day term the verdict carried (one day's sd, % of the baseline; medians over the open pairs) "
+                  "against the emulator's sd of the daily effect:", "",
+                  "| run | KPI | emulator | carried before | carried after |", "|---|---|---:|---:|---:|"]
+        for key, r in bound.items():
+            for k, v in r["after"]["twin_day_sd"].items():
+                parts.append(f"| {RUNS[key][0]} | {k} | {100 * r['after']['day_sd'][k]:.1f} % | "
+                             f"{100 * r['before']['twin_day_sd'][k]:.1f} % | {100 * v:.1f} % |")
+        parts.append("")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def write_page(out: Path, seeds: list[int]) -> dict[str, Any]:
+    """``--day-term-page``: the loop comparison into results_production.json (``day_term_loop``) and the section."""
+    from _docs import write_section
+
+    scale = out / "scale"
+    diag = [json.loads((scale / f"day_term_seed{s}.json").read_text()) for s in seeds
+            if (scale / f"day_term_seed{s}.json").is_file()]  # fmt: skip
+    path = out / "results_production.json"
+    cur = json.loads(path.read_text())
+    cur["day_term_loop"] = compare_loops(scale, seeds)
+    cur["day_term_bound"] = bound_before_after(scale, cur["day_term_loop"])
+    cur["day_term_pooled"] = pooled(cur["day_term_loop"])
+    cur["day_term_same_code"] = same_code(scale, seeds)
+    if cur.get("day_term_coverage"):
+        cov = cur["day_term_coverage"]
+        cov["lowest"] = {k: min(r["coverage"] for r in by.values()) for k, by in cov["by_canary_days"].items()}
+        cov["lowest_twin_only"] = {k: min(r["coverage_twin_only"] for r in by.values()) for k, by in cov["by_canary_days"].items()}
+    path.write_text(json.dumps(cur, indent=1, default=float))
+    write_section(SECTION, section(diag, cur.get("day_term_coverage"), cur["day_term_loop"], cur["day_term_bound"],
+                                   cur["day_term_same_code"]), doc=out / "README.md")
+    return cur["day_term_loop"]
+
+
+def copy_runs(fc: Path | None, sl: Path | None, out: Path, seeds: list[int], base: Path | None = None) -> None:
+    """The reruns' ``scale-s<S>.json`` into ``scale/day_term_<run>_seed<S>.json`` (complete ones only;
+    ``base``: the fleet-control rerun on the code before the change, into `BASE_RUN`)."""
+    for stem, work in ((RUNS["fc"][2], fc), (RUNS["sl"][2], sl), (BASE_RUN, base)):
+        for s in seeds:
+            src = work / f"scale-s{s}.json" if work is not None else None
+            if src is not None and src.is_file() and json.loads(src.read_text())["by_fleet_size"].get("1000", {}).get("complete"):
+                (out / "scale" / stem.format(s=s)).write_text(src.read_text())
