@@ -101,3 +101,32 @@ def test_day_varying_truth_the_rounds_term_restores_coverage(dt: Any) -> None:
         assert r["coverage"] >= 0.85
         assert r["coverage_twin_only"] <= r["coverage"] - 0.1
         assert r["median_width"] > r["median_width_twin_only"]
+
+
+def test_the_readme_quotes_the_day_terms_loop_reruns() -> None:
+    """README's day-term sentences: the term before (the stored bound's twin day sd against the emulator's), and
+    the 1,000-group loops rerun with the new term, fleet and slice control, before and after (day_term_pooled)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    bound = json.loads((OUT / "results_production.json").read_text())["verdict_bound"]["runs"]
+    twin = [v["twin_day_sd"] for r in bound.values() for k, v in r["by_kpi"].items() if k != "reward"]
+    emu = [v["day_sd"] for k, v in bound["extended_reseeded"]["by_kpi"].items() if k != "reward"]
+    assert (f"the twin's replay of other days ({100 * min(twin):.1f}-{100 * max(twin):.1f} % per KPI), understated how "
+            f"a decision varies from day to day: the emulator's own 20 days spread the fleet-wide effect by "
+            f"{100 * min(emu):.1f}-{100 * max(emu):.1f} % per KPI") in readme
+    pooled = json.loads((OUT / "results_production.json").read_text())["day_term_pooled"]
+    fc, sl = pooled["fc"], pooled["sl"]
+    assert fc["seeds"] == sl["seeds"] == [0, 1, 2]
+
+    def ci(x: dict[str, Any]) -> str:
+        return f"{100 * x['rate']:.1f} % [{100 * x['ci'][0]:.1f} %, {100 * x['ci'][1]:.1f} %]"
+
+    fa, fb, sa, sb = fc["after"], fc["before"], sl["after"], sl["before"]
+    assert fa["decided"]["n"] == 84 and fa["agreement"]["k"] == fa["agreement"]["n"] == fa["decided"]["k"]
+    assert (f"the fleet-as-control loop decides {fa['decided']['k']} of 84 open pairs ({ci(fa['decided'])}, was "
+            f"{fb['decided']['k']}), all {fa['decided']['k']} right (was {fb['agreement']['k']} of "
+            f"{fb['agreement']['n']}), and its last look's interval covers the 20-day truth for {fa['coverage']['k']} of "
+            f"the 84 (was {fb['coverage']['k']})") in readme
+    assert sa["agreement"]["k"] == sa["agreement"]["n"] == sa["decided"]["k"]
+    assert (f"the default loop decides {sa['decided']['k']} ({ci(sa['decided'])}, was {sb['decided']['k']}), all "
+            f"{sa['decided']['k']} right (was {sb['agreement']['k']} of {sb['agreement']['n']}), covering "
+            f"{sa['coverage']['k']} of 84 (was {sb['coverage']['k']})") in readme
