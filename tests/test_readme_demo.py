@@ -63,3 +63,14 @@ def test_the_readme_demo_times_are_the_recorded_runs() -> None:
     base_walls = " and ".join(f"{r['wall_s']:.1f} s" for r in base["runs"])
     assert f"--baseline {base['commit']}`" in readme
     assert f"took {walls} against the older code's {base_walls}: {RESULTS['wall_ratio_to_baseline']:.2f}x its time" in readme
+
+
+def test_the_kpis_the_readme_says_no_canary_days_decide_are_the_plans() -> None:
+    """README: "the plan says that no number of canary days of that size is expected to decide task time, energy
+    or carbon": exactly those KPIs' plan lines say so in the recorded run."""
+    para = _paragraph()
+    said = "no number of canary days of that size is expected to decide task time, energy or carbon" in para
+    names = {"kpi.task_time_ms": "task time", "kpi.energy_j": "energy", "kpi.carbon_g": "carbon"}
+    lines = [x.strip() for x in RESULTS["stdout"] if "expected after" in x]
+    undecidable = {x.split(":", 1)[0] for x in lines if "no number of such canary days is expected to" in x}
+    assert said == (undecidable == set(names)), undecidable
