@@ -30,3 +30,15 @@ def test_the_throughput_rows_are_results_json() -> None:
     # the same bits: every KPI of the 20-seed rollouts equal before and now
     modes = res["throughput_kpis"]["modes"]
     assert all(r["diff"] == 0.0 and r["max_rel"] == 0.0 for rows in modes.values() for r in rows.values())
+
+
+def test_the_throughput_notes_pairs_are_results_json() -> None:
+    """The note's head (the quiet rerun) quotes each size's per-run pairs, now and before, in run order."""
+    res = json.loads((ROOT / "docs/benchmarks/scale/results.json").read_text())
+    head = res["throughput_note"].split("**What changed", 1)[0]
+    for tp in res["throughput"]:
+        assert ", ".join(f"{x:.2f}" for x in tp["paired_cpu"]) in head
+        assert ", ".join(f"{x:.2f}" for x in tp["paired_cpu_before"]) in head
+        assert f"{tp['ratio_cpu']:.2f}x" in head and f"{tp['ratio_cpu_before']:.2f}x" in head
+    if "every pair above 1" in head:
+        assert min(res["throughput"][0]["paired_cpu"]) > 1.0
