@@ -79,7 +79,12 @@ def test_the_readme_guard_rates_are_the_benchmarks() -> None:
     assert (f"it stops {100 * aa['rate']:.1f} % of A/A canaries on the emulated cluster ({aa['stops']} of "
             f"{aa['canaries']}, Clopper-Pearson 95 % [{lo:.1f} %, {hi:.1f} %]) but only {100 * reg['rate']:.1f} % of "
             "candidates 3x beyond every margin") in readme
-    pol = g["policy"]
-    assert pol["stops"] == 0, "the README's demo paragraph says the demo's policy was stopped in none of its canaries"
-    assert (f"it stopped {aa['stops']} of {aa['canaries']} A/A canaries on the emulated cluster, and none of "
-            f"{pol['canaries']} canaries of this policy") in readme
+    # the demo paragraph weighs a guard stop against these rates only when the recorded demo's guard stopped it
+    stopped = "the site's guard stops it after" in readme
+    said = f"it stopped {aa['stops']} of {aa['canaries']} A/A canaries on the emulated cluster" in readme
+    assert said == stopped, "the demo paragraph's guard-stop sentence must follow the recorded demo"
+    if stopped:
+        pol = g["policy"]
+        assert pol["stops"] == 0, "the README's demo paragraph says the demo's policy was stopped in none of its canaries"
+        assert (f"it stopped {aa['stops']} of {aa['canaries']} A/A canaries on the emulated cluster, and none of "
+                f"{pol['canaries']} canaries of this policy") in readme
