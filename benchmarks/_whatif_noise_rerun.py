@@ -132,6 +132,12 @@ def _outside_by(f: dict[str, Any]) -> float:
     return 100 * (f["real_change"] - hi if f["real_change"] > hi else lo - f["real_change"])
 
 
+def _by(f: dict[str, Any]) -> str:
+    """`_outside_by` at one decimal; a miss smaller than that is said as such, not as 0.0."""
+    x = _outside_by(f)
+    return f"{x:.1f}" if x >= 0.05 else "< 0.1"
+
+
 def _key(r: dict[str, Any]) -> tuple[Any, str, str]:
     return (r.get("seed"), r["policy"], r["kpi"])
 
@@ -226,6 +232,23 @@ def noise_fix_section(root: Path) -> str:
                      f"**{va['median_abs_error_points']:.1f}** | {vb['mean_signed_error_points']:+.1f} → "
                      f"**{va['mean_signed_error_points']:+.1f}** |")
 
+    # which way each headline moved (higher is better except abstention, error and width)
+    moves = [("confident agreement", cb["agreed"] / cb["confident"], ca["agreed"] / ca["confident"], True, _pct),
+             ("declared-KPI change coverage", dkb["coverage"], dka["coverage"], True, _pct),
+             ("coverage of every change", allb["coverage_90"], alla["coverage_90"], True, _pct),
+             ("abstention", allb["abstention"], alla["abstention"], False, _pct),
+             ("median abs. declared-KPI change error", dkb["median_abs_error_points"], dka["median_abs_error_points"],
+              False, lambda x: f"{x:.1f} points")]
+    worse = [f"{n} {f(b)} → {f(a)}" for n, b, a, up, f in moves if f(a) != f(b) and (a < b) == up]
+    better = [f"{n} {f(b)} → {f(a)}" for n, b, a, up, f in moves if f(a) != f(b) and (a < b) != up]
+    same = [n for n, b, a, _, f in moves if f(a) == f(b)]
+    lines += ["", "Which way the fix moved the pooled headline (seeds 0-5): worse: " + (", ".join(worse) or "none")
+              + "; better: " + (", ".join(better) or "none") + ("; unchanged: " + ", ".join(same) if same else "") + "."]
+    moved = max(dka["per_kpi"], key=lambda k: abs(dka["per_kpi"][k]["coverage"] - dkb["per_kpi"][k]["coverage"]))
+    va, vb = dka["per_kpi"][moved], dkb["per_kpi"][moved]
+    lines += ["", f"The declared KPI whose coverage moved most: {moved}, {_pct(vb['coverage'])} → {_pct(va['coverage'])} "
+              f"of {va['n']}; the median interval width over every KPI, seeds 0-5, {100 * allb['median_interval_width']:.0f} → "
+              f"{100 * alla['median_interval_width']:.0f} pp."]
     # the findings: every declared change the twin gets wrong by more than its interval, after the fix
     was = {_key(f) for f in dkb["findings"]}
     now = {_key(f) for f in dka["findings"]}
@@ -242,7 +265,7 @@ def noise_fix_section(root: Path) -> str:
     for f in dka["findings"]:
         lines.append(f"| {f['seed']} | {f['policy']} | {f['kpi']} | {100 * f['real_change']:+.1f} % | "
                      f"{100 * f['twin_change']:+.1f} % [{100 * f['interval'][0]:+.1f}, {100 * f['interval'][1]:+.1f}] | "
-                     f"{_outside_by(f):.1f} | {100 * f['out_of_support']:.0f} % | {f['verdict']} | "
+                     f"{_by(f)} | {100 * f['out_of_support']:.0f} % | {f['verdict']} | "
                      f"{'yes' if _key(f) in was else 'no'} |")
     gone = [f for f in dkb["findings"] if _key(f) not in now]
     if gone:
@@ -267,12 +290,14 @@ def noise_fix_section(root: Path) -> str:
     lines += ["", f"Production-like logs, seeds 3-5: {len(fp)} declared-KPI change(s) outside the interval after the fix "
               f"({len(_declared(pb)['findings'])} before)" + (":" if fp else ".")]
     if fp:
+        was_p = {_key(f) for f in _declared(pb)["findings"]}
         lines += ["", "| seed | candidate | KPI | cluster change | twin change [90 % interval] | outside by (points) | "
-                  "out of support | gate's verdict |", "|---|---|---|---:|---:|---:|---:|---|"]
+                  "out of support | gate's verdict | missed before the fix? |", "|---|---|---|---:|---:|---:|---:|---|---|"]
         for f in fp:
             lines.append(f"| {f['seed']} | {f['policy']} | {f['kpi']} | {100 * f['real_change']:+.1f} % | "
                          f"{100 * f['twin_change']:+.1f} % [{100 * f['interval'][0]:+.1f}, {100 * f['interval'][1]:+.1f}] | "
-                         f"{_outside_by(f):.1f} | {100 * f['out_of_support']:.0f} % | {f['verdict']} |")
+                         f"{_by(f)} | {100 * f['out_of_support']:.0f} % | {f['verdict']} | "
+                         f"{'yes' if _key(f) in was_p else 'no'} |")
     return "\n".join(lines)
 
 
@@ -391,8 +416,11 @@ def at_a_glance_cells(root: Path) -> dict[str, tuple[str, str]]:
         f"{_pct(p['abstention'])} ({fix} {_pct(pb['abstention'])})", p["abstention"], "abstention")
     mc, mcb = r["method_choice"], rb["method_choice"]
     put("whatif_gate/results_random.json:method_choice.held_out.coverage_90",
-        f"{_pct(mc['held_out']['coverage_90'])} (the split-half choice picks `{mc['chosen']}` on seed 0; the product's "
-        f"default `replayed` covers {_pct(mc['held_out_by_method']['replayed']['coverage_90'])} of the same half; {fix} "
+        f"{_pct(mc['held_out']['coverage_90'])} ("
+        + ("the split-half choice picks the product's default `replayed` on seed 0; " if mc["chosen"] == "replayed" else
+           f"the split-half choice picks `{mc['chosen']}` on seed 0; the product's default `replayed` covers "
+           f"{_pct(mc['held_out_by_method']['replayed']['coverage_90'])} of the same half; ")
+        + f"{fix} "
         f"{_pct(mcb['held_out']['coverage_90'])}, `{mcb['chosen']}`)", mc["held_out"]["coverage_90"], "coverage_90")
     dk, dkb = r["declared_kpis"], rb["declared_kpis"]
     lo, hi = dk["coverage_interval"]

@@ -202,6 +202,14 @@ def test_the_pooled_lines_and_the_targets_are_the_rows() -> None:
             f"{100 * hb['declared_coverage']:.1f} %) **{said}**") in sub
     said = "met" if h["error"] <= 10 else "missed"
     assert f"change error {h['error']:.1f} points (before {hb['error']:.1f}) **{said}**" in sub
+    # the direction sentence: a pooled rate that fell is listed as worse (agreement and coverage: higher is better)
+    m = re.search(r"Which way the fix moved the pooled headline \(seeds 0-5\): worse: (.*?); better:", sub)
+    assert m, "no direction sentence"
+    worse = moved = m.group(1)
+    for name, b, a in (("confident agreement", hb["agreed"] / hb["confident"], agreement),
+                       ("declared-KPI change coverage", hb["declared_coverage"], h["declared_coverage"])):
+        said = f"{name} {100 * b:.1f} % → {100 * a:.1f} %"
+        assert (said in worse) == (round(100 * a, 1) < round(100 * b, 1)), (name, moved)
     k = round(h["declared_coverage"] * h["declared_n"])
     ci = binomtest(k, h["declared_n"]).proportion_ci(0.90, method="exact")
     assert (f"**{100 * h['declared_coverage']:.1f} % (CP 90 %: {100 * ci.low:.0f}-{100 * ci.high:.0f} %) of "
