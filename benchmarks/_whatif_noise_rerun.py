@@ -249,6 +249,16 @@ def noise_fix_section(root: Path) -> str:
     lines += ["", f"The declared KPI whose coverage moved most: {moved}, {_pct(vb['coverage'])} → {_pct(va['coverage'])} "
               f"of {va['n']}; the median interval width over every KPI, seeds 0-5, {100 * allb['median_interval_width']:.0f} → "
               f"{100 * alla['median_interval_width']:.0f} pp."]
+    # the return's calibrated relative error: |log - twin| / |twin| on the held-out days, per seed
+    rr = [r for s in RANDOM_SEEDS for r in load(root, f"seeds/random_seed{s}.json")["rows"] if r["kpi"] in ("return", "reward")]
+    q = [(s, load(root, f"seeds/random_seed{s}.json", True)["calibration"]["quantile"].get("return"),
+          load(root, f"seeds/random_seed{s}.json")["calibration"]["quantile"].get("return")) for s in RANDOM_SEEDS]
+    lines += ["", "The return's calibrated relative error (the 90 % split-conformal quantile of |logged − twin| / |twin| "
+              "over the 3 held-out days, `calibration.quantile.return`), per seed, before → after: "
+              + ", ".join(f"seed {s} {100 * b:.0f} % → {100 * a:.0f} %" for s, b, a in q if a is not None and b is not None)
+              + f". The score divides by the twin's level, so a held-out day whose return is near 0 makes it large; "
+              f"of the {len(rr)} return and reward checks of seeds 0-5, {sum(r['verdict'] in ('ok', 'regress') for r in rr)} "
+              "are decided."]
     # the findings: every declared change the twin gets wrong by more than its interval, after the fix
     was = {_key(f) for f in dkb["findings"]}
     now = {_key(f) for f in dka["findings"]}
