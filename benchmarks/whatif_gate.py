@@ -41,7 +41,8 @@ the held-out calibration.
 ``--quick``: PPO 10k steps instead of 40k, and the replay cut to the first 48 ticks of each day.
 
 Several seeds: ``--seed S --json FILE`` writes one seed's summary (rows included) and leaves the docs;
-``--pool FILE ... [--pool-out FILE]`` pools such files (`pool_seeds`: the headline with Clopper-Pearson
+``--noise-fix-section`` rewrites only the page's before/after subsection of issue 44's noise fix
+from the stored runs (`_whatif_noise_rerun`). ``--pool FILE ... [--pool-out FILE]`` pools such files (`pool_seeds`: the headline with Clopper-Pearson
 intervals, the declared KPIs, the abstentions by reason) and prints the page's tables of them
 (`pooled_tables`). ``--held-days N`` calibrates on N held-out days instead of 3 (9 attain the gate's
 90 %; only with ``--json``). Each row records the verdict the product's gate would give
@@ -69,6 +70,7 @@ import numpy as np
 import torch
 from _docs import write_section
 from _scale_args import add_scale_args, scale_kwargs
+from _whatif_noise_rerun import at_a_glance_cells, noise_fix_section, update_rows, write_noise_fix_section
 
 from edgetwin.contract.policy import FunctionPolicy, NoisyPolicy, RandomPolicy
 from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
@@ -98,6 +100,7 @@ LOGGING_TEXT = {
 }
 #: hand-written subsections of the docs section that a rerun keeps
 KEEP = (
+    "### After the members' noise fix (issue 44)",
     "### The replayed effect-size term in the product's change interval",
     "### The replayed effect-size term held out",
     "### The response model's output noise by predicted level",
@@ -563,8 +566,20 @@ def main() -> None:
     ap.add_argument("--pool-out", type=Path, default=None, metavar="JSON",
                     help="where --pool writes (default whatif_gate/seeds/pooled_<logging>.json; give another file for "
                          "another set of seeds, e.g. the held-out ones, so the pooled seeds the page cites stay)")
+    ap.add_argument("--noise-fix-section", action="store_true",
+                    help="only (re)write the page's subsection 'After the members' noise fix (issue 44)' and the numbers "
+                         "and verdicts of the What-if gate rows of docs/benchmarks/README.md from the stored runs: "
+                         "whatif_gate/ and its before_noise_fix/ copies (_whatif_noise_rerun.py)")
     add_scale_args(ap)
     args = ap.parse_args()
+    if args.noise_fix_section:
+        text = noise_fix_section(OUT)
+        write_noise_fix_section(OUT / "README.md", text, before_heading=KEEP[1])
+        print(text)
+        missing = update_rows(ROOT / "docs" / "benchmarks" / "README.md", at_a_glance_cells(OUT))
+        if missing:
+            print("no at-a-glance row cites:", ", ".join(missing))
+        return
     if args.held_days != 3 and args.json is None:
         ap.error("--held-days other than 3 needs --json FILE: the page's results are of 3 held-out days")
     if args.pool:

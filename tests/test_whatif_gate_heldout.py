@@ -1,6 +1,10 @@
 """The held-out measurement of the replayed effect-size term (issue 44): the what-if-gate benchmark on
-seeds 3-5, never used to choose the term. The page's subsection and the at-a-glance rows say what the
-seed files and their pool hold; the pool of the seeds the term was chosen on (0-2) is left as it was."""
+seeds 3-5, never used to choose the term. The page's subsection says what the seed files and their pool
+held; the pool of the seeds the term was chosen on (0-2) is left as it was.
+
+Those runs are of the code before issue 44's noise fix (27a9416): the rerun overwrote the files, and the
+runs the subsection describes are kept as they were under ``before_noise_fix/`` (the subsection says
+so), so these checks read the copies. The at-a-glance rows cite the rerun: tests/test_whatif_gate_noise_rerun.py."""
 
 from __future__ import annotations
 
@@ -13,7 +17,8 @@ import pytest
 from test_whatif_gate_split import _module  # the benchmark script as a module
 
 ROOT = Path(__file__).resolve().parents[1]
-SEEDS = ROOT / "docs" / "benchmarks" / "whatif_gate" / "seeds"
+SEEDS = ROOT / "docs" / "benchmarks" / "whatif_gate" / "before_noise_fix" / "seeds"  # the runs before the fix
+RESEEDED = ROOT / "docs" / "benchmarks" / "whatif_gate" / "seeds" / "reseeded"  # never overwritten: the same code as SEEDS
 PAGE = ROOT / "docs" / "benchmarks" / "whatif_gate" / "README.md"
 HELD = (3, 4, 5)
 LABEL = "seeds 3-5 pooled"
@@ -120,33 +125,12 @@ def test_the_pages_claims_are_the_files(pooled: dict[str, Any]) -> None:
     assert kept >= 0.70 and risk > 0.05
 
 
-def test_the_at_a_glance_rows_say_held_out(pooled: dict[str, Any]) -> None:
-    table = (ROOT / "docs" / "benchmarks" / "README.md").read_text()
-    rows = [line for line in table.splitlines() if "held out (seeds 3-5, the replayed effect-size term fixed" in line]
-    assert len(rows) == 6 and sum("pooled_random_heldout.json" in r for r in rows) == 3
-    nine = json.loads((SEEDS / "held9" / "pooled_random.json").read_text())
-    row9 = next(line for line in table.splitlines() if "held9/pooled_random.json:abstention" in line)
-    seeds9 = ", ".join(f"{100 * p['abstention']:.1f} %" for p in nine["per_seed"])
-    assert f"seeds 3, 4, 5: {seeds9}; no check below the level" in row9 and nine["abstention_reasons"]["below_level"] == 0
-    assert f"declared-KPI coverage {100 * nine['declared_kpis']['coverage']:.1f} %" in row9
-    assert f"confident agreement {nine['confident_agreed']} of {nine['confident_pairs']}" in row9
-    assert f"median width {100 * nine['median_interval_width']:.0f} pp" in row9
-    chosen = [line for line in table.splitlines() if "whatif_gate/seeds/pooled_random.json:" in line]
-    assert chosen and all("chosen on these seeds" in r or "on which the replayed effect-size term was chosen" in r
-                          for r in chosen)
-    ar = pooled["abstention_reasons"]
-    abst = next(r for r in rows if "abstention, held out" in r)
-    assert f"{ar['straddle']} of {ar['pairs']} checks straddle the margin, {ar['unsupported']} out of support" in abst
-    per_seed = ", ".join(f"{100 * p['declared']['coverage']:.1f} %" for p in pooled["per_seed"])
-    assert f"seeds 3, 4, 5: {per_seed}" in next(r for r in rows if "the same share, held out" in r)
-
-
 def test_the_seeded_bootstrap_moves_only_the_seeds_it_reseeds() -> None:
     """The reruns of seeds 0-2 after the bootstrap took the run's seed: seed 0 is the same run, seeds 1
     and 2 keep their verdicts' rates and move their widths, as the held-out subsection says."""
     sub = " ".join(_subsection().split())
     old = {s: json.loads((SEEDS / f"random_seed{s}.json").read_text()) for s in (0, 1, 2)}
-    new = {s: json.loads((SEEDS / "reseeded" / f"random_seed{s}.json").read_text()) for s in (0, 1, 2)}
+    new = {s: json.loads((RESEEDED / f"random_seed{s}.json").read_text()) for s in (0, 1, 2)}
     assert [r["interval"] for r in old[0]["rows"]] == [r["interval"] for r in new[0]["rows"]]
     assert "seed 0 gives the same rows to the last digit" in sub
     for s in (1, 2):
@@ -162,7 +146,7 @@ def test_the_seeded_bootstrap_moves_only_the_seeds_it_reseeds() -> None:
     assert flipped == 2 and not any(b["covered"] and not a["covered"]
                                     for a, b in zip(old[2]["rows"], new[2]["rows"], strict=True))
     was = json.loads((SEEDS / "pooled_random.json").read_text())
-    now = json.loads((SEEDS / "reseeded" / "pooled_random.json").read_text())
+    now = json.loads((RESEEDED / "pooled_random.json").read_text())
     assert now["seeds"] == [0, 1, 2] and now["confident_agreed"] == was["confident_agreed"] == 62
     assert now["declared_kpis"]["coverage"] == was["declared_kpis"]["coverage"] and now["abstention"] == was["abstention"]
     assert f"coverage over every KPI {100 * was['coverage_90']:.1f} % → {100 * now['coverage_90']:.1f} %" in sub
@@ -228,7 +212,3 @@ def test_production_logs_held_out_abstain_for_support() -> None:
         assert len({r["policy"] for r in rows}) == 9
     assert dk["findings"] and all(x["verdict"] == "unsupported" for x in dk["findings"])
     assert f"The {'three' if len(dk['findings']) == 3 else len(dk['findings'])} declared changes it misses" in flat
-    table = (ROOT / "docs" / "benchmarks" / "README.md").read_text()
-    rows = [line for line in table.splitlines() if "pooled_production_heldout.json:" in line]
-    assert len(rows) == 2 and any(f"{ar['unsupported']} of {ar['pairs']} checks out of support" in r for r in rows)
-    assert any(f"{round(dk['coverage'] * dk['n'])} of {dk['n']}" in r for r in rows)
