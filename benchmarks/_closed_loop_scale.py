@@ -982,8 +982,11 @@ def fc_variant(variant: str) -> tuple[str, str, str, tuple[str, ...], str]:
     if not variant:
         return EXT_FC_KEY, "extended_fc_seed", EXT_FC_SECTION, EXT_FC_KEEP, EXT_FC_DESIGN
     key = f"{EXT_FC_KEY}_{variant}"
-    return (key, f"extended_fc_{variant}_seed", f"{EXT_FC_SECTION} ({variant})",
-            (f"{EXT_FC_KEEP[0]} ({variant})",), EXT_FC_DESIGN.replace(f"`{EXT_FC_KEY}`", f"`{key}`"))
+    design = EXT_FC_DESIGN.replace(f"`{EXT_FC_KEY}`", f"`{key}`")
+    if variant == "day_term":  # run at 5,000 groups as well (benchmarks/_closed_loop_fleetsize.py)
+        design = design.replace("the 900 groups outside the slice", "the groups outside the slice (900 of 1,000, "
+                                "4,500 of 5,000)") + "Run with the verdict's calibrated day term (the day-term section). "
+    return (key, f"extended_fc_{variant}_seed", f"{EXT_FC_SECTION} ({variant})", (f"{EXT_FC_KEEP[0]} ({variant})",), design)
 
 
 def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str],
