@@ -21,13 +21,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-SECTION = "## The verdict rate by fleet size with the day term (today's code)"
+SECTION = "## The verdict rate by fleet size with the day term"
 KEEP = ("### What the fleet sizes say",)
 #: ``--merge-as`` name of the run: `_closed_loop_scale.fc_variant` gives its key and seed files
 VARIANT = "day_term"
 RUN_KEY = f"extended_fleet_control_{VARIANT}"
 SEED_FILE = f"extended_fc_{VARIANT}_seed{{s}}.json"
 KEY = "day_term_by_fleet_size"
+#: sizes taken from an earlier run with the day term where the merged run did not run them: the seed
+#: files and the code they were made on (the page and the JSON say which row is which code)
+EARLIER = {"1000": ("day_term_fc_seed{s}.json", "the day-term section's fleet-control rerun (commits d1f0cf8, 8dee56c, "
+                    "855c450 on branch day48, before the merge of issue 44's output-noise fix, 27a9416)")}
+#: the code the merged run was made on (`write_page` records it)
+CODE = "2c7cd63 (main at 51e038e with the 5,000-group bus frame, fleet_frame_bytes)"
 
 
 def _scores(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[str, Any]:
@@ -81,18 +87,27 @@ def fleet_sizes(cur: dict[str, Any], scale_dir: Path) -> dict[str, Any]:
     seed files beside the headline's ``before_day_term`` entry; ``same_candidates``: every size
     recounted on the candidates that ran at all sizes for every seed."""
     run = cur[RUN_KEY]
-    seeds = run["seeds"]
-    docs = [json.loads((scale_dir / SEED_FILE.format(s=s)).read_text()) for s in seeds]
-    sizes = sorted(run["by_fleet_size"], key=int)
+    docs_of: dict[str, list[dict[str, Any]]] = {}
+    code: dict[str, str] = {}
+    for n in run["by_fleet_size"]:
+        docs_of[n] = [json.loads((scale_dir / SEED_FILE.format(s=s)).read_text()) for s in run["by_fleet_size"][n]["seeds"]]
+        code[n] = CODE
+    for n, (stem, what) in EARLIER.items():
+        if n not in docs_of:
+            docs_of[n] = [json.loads(p.read_text()) for p in sorted(scale_dir.glob(stem.format(s="*")))]
+            code[n] = what
+    sizes = sorted(docs_of, key=int)
     out: dict[str, Any] = {"run": RUN_KEY, "commands": run["scale_config"]["commands"], "by_fleet_size": {}}
     for n in sizes:
-        entry = size_entry(docs, n)
+        entry = size_entry(docs_of[n], n) | {"code": code[n]}
         entry["before_day_term"] = before_entry(cur.get("by_fleet_size", {}).get(n, {}))
         out["by_fleet_size"][n] = entry
     common = set.intersection(*[{s["policy"] for s in d["by_fleet_size"][n]["per_candidate"]}
-                                for d in docs for n in sizes if n in d["by_fleet_size"]])  # fmt: skip
-    out["same_candidates"] = {"candidates": sorted(common),
-                              "by_fleet_size": {n: size_entry(docs, n, common) for n in sizes}}  # fmt: skip
+                                for n in sizes for d in docs_of[n]])  # fmt: skip
+    seeds = set.intersection(*[{int(d["seed"]) for d in docs_of[n]} for n in sizes])
+    out["same_candidates"] = {"candidates": sorted(common), "seeds": sorted(seeds),
+                              "by_fleet_size": {n: size_entry([d for d in docs_of[n] if int(d["seed"]) in seeds], n, common)
+                                                for n in sizes}}  # fmt: skip
     return out
 
 
@@ -126,24 +141,26 @@ def section(res: dict[str, Any]) -> str:
              "Commands: " + ", then ".join(f"`{c}`" for c in res["commands"]) + ", then `python benchmarks/closed_loop.py "
              "--fleet-size-page`. The extended fleet-control loop of the day-term section (up to 16 canary days, looks at "
              "1, 2, 4, 8, 16, the rest of the fleet as control with a CUPED slope per arm, the day term calibrated by the "
-             "logs and the canaries' own days) run on one commit at every size listed, with the same seeds, twins, "
+             "logs and the canaries' own days), with the same seeds, twins, "
              "candidates, fleets, 20-day truths and budget (a fixed 10 % share, half on the candidate) as the scale "
-             f"section; results `{RUN_KEY}` and `{KEY}` in results_production.json. What ran: {ran}. Before: the headline "
+             f"section; results `{RUN_KEY}` and `{KEY}` in results_production.json. What ran: {ran}. A size the run "
+             "did not cover is the day-term section's rerun, made on earlier code (the `code` column; not one number "
+             "mixes code versions). Before: the headline "
              "`by_fleet_size` (the slice-control loop before the day term; its 5,000-group entry one canary day and "
              "≤ 3 rounds). Of the distinct (candidate, KPI) pairs the twin alone left open: decided by the canaries "
              "(`canary_verdict_rate`), of those agreeing with the 20-day truth (`confident_agreement`), and how often the "
              "last look's interval covers the 20-day truth (stated 90 % over the looks); Clopper-Pearson 95 % over pairs "
              "(optimistic: a candidate's pairs share its canaries).", "",
-             "| groups | seeds | with the day term: canaries decided | right | interval covers the 20-day truth | "
+             "| groups | seeds | code | with the day term: canaries decided | right | interval covers the 20-day truth | "
              "canary agent-steps | canary days | before the day term (headline): decided | right |",
-             "|---|---|---|---|---|---:|---:|---|---|"]  # fmt: skip
+             "|---|---|---|---|---|---|---:|---:|---|---|"]  # fmt: skip
     for n, v in by.items():
         b = v["before_day_term"]
-        lines.append(f"| {int(n):,} | {v['seeds']} | {_r(v['decided'])} | {_r(v['agreement'])} | {_r(v['coverage'])} | "
-                     f"{v['agent_steps']:,} | {v['rounds']} | {_head(b)} | {_head_ag(b)} |")  # fmt: skip
+        lines.append(f"| {int(n):,} | {v['seeds']} | {v['code']} | {_r(v['decided'])} | {_r(v['agreement'])} | "
+                     f"{_r(v['coverage'])} | {v['agent_steps']:,} | {v['rounds']} | {_head(b)} | {_head_ag(b)} |")  # fmt: skip
     same = res["same_candidates"]
-    lines += ["", f"The same, counted on the candidates every size ran ({', '.join(same['candidates'])}), so that the sizes "
-              "answer the same questions:", "",
+    lines += ["", f"The same, counted on the candidates ({', '.join(same['candidates'])}) and seeds ({same['seeds']}) every "
+              "size ran, so that the sizes answer the same questions:", "",
               "| groups | canaries decided | right | interval covers the 20-day truth | canary agent-steps | canary days |",
               "|---|---|---|---|---:|---:|"]  # fmt: skip
     for n, v in same["by_fleet_size"].items():

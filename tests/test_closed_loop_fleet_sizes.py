@@ -56,7 +56,7 @@ def test_size_entry_counts_open_pairs_agreement_coverage_and_candidates(fs: Any)
     assert (e["canary_decided"], e["open_after_twin"]) == (3, 4)  # the twin alone decided b/k2
     assert (e["canary_agreeing"], e["agreement"]["n"]) == (2, 3)
     assert e["wrong"] == ["a k2 ok (truth +20.0 %)"]
-    assert (e["coverage"]["k"], e["coverage"]["n"]) == (1, 4)  # only seed 0s a/k1 (truth 0.01) is inside [-0.1, 0.1]
+    assert (e["coverage"]["k"], e["coverage"]["n"]) == (1, 4)  # only seed 0's a/k1 (truth 0.01) is inside [-0.1, 0.1]
     assert e["rounds"] == 6 and e["agent_steps"] == 300
     assert e["candidates_per_seed"] == {"0": 2, "1": 1} and e["seeds"] == [0, 1]
     only = fs.size_entry(docs, "5000", {"b"})
@@ -83,10 +83,15 @@ def test_the_json_is_its_seed_files(fs: Any) -> None:
     again = json.loads(json.dumps(fs.fleet_sizes(cur, OUT / "scale")))
     assert again == cur[fs.KEY]
     for n, v in cur[fs.KEY]["by_fleet_size"].items():
-        run = cur[fs.RUN_KEY]["by_fleet_size"][n]  # the merge's own count of the same pairs
-        assert (v["canary_decided"], v["open_after_twin"], v["canary_agreeing"]) == \
-            (run["canary_decided"], run["open_after_twin"], run["canary_agreeing"])
-        assert v["agent_steps"] == run["twin_canary_agent_steps"]
+        if n in cur[fs.RUN_KEY]["by_fleet_size"]:  # the merge's own count of the same pairs
+            run = cur[fs.RUN_KEY]["by_fleet_size"][n]
+            assert (v["canary_decided"], v["open_after_twin"], v["canary_agreeing"]) == \
+                (run["canary_decided"], run["open_after_twin"], run["canary_agreeing"])
+            assert v["agent_steps"] == run["twin_canary_agent_steps"] and v["code"] == fs.CODE
+        else:  # an earlier run's size: the day-term section's pooled count of the same seed files
+            assert n in fs.EARLIER and v["code"] == fs.EARLIER[n][1]
+            after = cur["day_term_pooled"]["fc"]["after"]
+            assert (v["decided"], v["agreement"], v["coverage"]) == (after["decided"], after["agreement"], after["coverage"])
 
 
 def test_the_analysis_quotes_the_json(fs: Any) -> None:
