@@ -28,12 +28,8 @@ VARIANT = "day_term"
 RUN_KEY = f"extended_fleet_control_{VARIANT}"
 SEED_FILE = f"extended_fc_{VARIANT}_seed{{s}}.json"
 KEY = "day_term_by_fleet_size"
-#: sizes taken from an earlier run with the day term where the merged run did not run them: the seed
-#: files and the code they were made on (the page and the JSON say which row is which code)
-EARLIER = {"1000": ("day_term_fc_seed{s}.json", "the day-term section's fleet-control rerun (commits d1f0cf8, 8dee56c, "
-                    "855c450 on branch day48, before the merge of issue 44's output-noise fix, 27a9416)")}
 #: the code the merged run was made on (`write_page` records it)
-CODE = "2c7cd63 (main at 51e038e with the 5,000-group bus frame, fleet_frame_bytes)"
+CODE = "2c7cd63: main at 51e038e with the 5,000-group bus frame, `fleet_frame_bytes`"
 
 
 def _scores(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[str, Any]:
@@ -82,25 +78,43 @@ def before_entry(head: dict[str, Any]) -> dict[str, Any]:
                                      "confident_agreement", "agreement_ci", "canary_agreeing", "seeds", "design")}  # fmt: skip
 
 
+#: what the headline ``by_fleet_size`` holds once `replace_headline` has run
+DESIGN = ("extended canaries (up to 16 days, looks at 1, 2, 4, 8, 16), the rest of the fleet as control with a CUPED "
+          f"slope per arm, the verdict's calibrated day term ({RUN_KEY}; code {CODE})")
+
+
+def before_headline(cur: dict[str, Any]) -> dict[str, Any]:
+    """The headline ``by_fleet_size`` as it was before the day term (moved to ``before_day_term`` once replaced)."""
+    return cur.get("before_day_term", {}).get("by_fleet_size") or cur.get("by_fleet_size", {})
+
+
+def replace_headline(cur: dict[str, Any]) -> bool:
+    """The issue's headline ``by_fleet_size`` describes today's code: when the merged run (`RUN_KEY`)
+    covers every size the headline holds, its entries replace the headline's (each with its
+    ``design``), the old ones kept once under ``before_day_term``; else nothing changes (False)."""
+    run = cur[RUN_KEY]["by_fleet_size"]
+    old = before_headline(cur)
+    if not set(old) <= set(run):
+        return False
+    cur.setdefault("before_day_term", {"by_fleet_size": old, "what": "the headline before the day term: the "
+                                       "slice-control extended loop at 100 and 1,000 groups, one canary day at 5,000"})  # fmt: skip
+    cur["by_fleet_size"] = {n: {k: v for k, v in run[n].items() if k != "per_candidate_rounds"} | {"design": DESIGN}
+                            for n in sorted(run, key=int)}  # fmt: skip
+    return True
+
+
 def fleet_sizes(cur: dict[str, Any], scale_dir: Path) -> dict[str, Any]:
     """``day_term_by_fleet_size``: per fleet size of the merged run (`RUN_KEY`), `size_entry` on its
     seed files beside the headline's ``before_day_term`` entry; ``same_candidates``: every size
     recounted on the candidates that ran at all sizes for every seed."""
     run = cur[RUN_KEY]
-    docs_of: dict[str, list[dict[str, Any]]] = {}
-    code: dict[str, str] = {}
-    for n in run["by_fleet_size"]:
-        docs_of[n] = [json.loads((scale_dir / SEED_FILE.format(s=s)).read_text()) for s in run["by_fleet_size"][n]["seeds"]]
-        code[n] = CODE
-    for n, (stem, what) in EARLIER.items():
-        if n not in docs_of:
-            docs_of[n] = [json.loads(p.read_text()) for p in sorted(scale_dir.glob(stem.format(s="*")))]
-            code[n] = what
+    docs_of = {n: [json.loads((scale_dir / SEED_FILE.format(s=s)).read_text()) for s in v["seeds"]]
+               for n, v in run["by_fleet_size"].items()}  # fmt: skip
     sizes = sorted(docs_of, key=int)
     out: dict[str, Any] = {"run": RUN_KEY, "commands": run["scale_config"]["commands"], "by_fleet_size": {}}
     for n in sizes:
-        entry = size_entry(docs_of[n], n) | {"code": code[n]}
-        entry["before_day_term"] = before_entry(cur.get("by_fleet_size", {}).get(n, {}))
+        entry = size_entry(docs_of[n], n) | {"code": CODE}
+        entry["before_day_term"] = before_entry(before_headline(cur).get(n, {}))
         out["by_fleet_size"][n] = entry
     common = set.intersection(*[{s["policy"] for s in d["by_fleet_size"][n]["per_candidate"]}
                                 for n in sizes for d in docs_of[n]])  # fmt: skip
@@ -143,20 +157,20 @@ def section(res: dict[str, Any]) -> str:
              "1, 2, 4, 8, 16, the rest of the fleet as control with a CUPED slope per arm, the day term calibrated by the "
              "logs and the canaries' own days), with the same seeds, twins, "
              "candidates, fleets, 20-day truths and budget (a fixed 10 % share, half on the candidate) as the scale "
-             f"section; results `{RUN_KEY}` and `{KEY}` in results_production.json. What ran: {ran}. A size the run "
-             "did not cover is the day-term section's rerun, made on earlier code (the `code` column; not one number "
-             "mixes code versions). Before: the headline "
-             "`by_fleet_size` (the slice-control loop before the day term; its 5,000-group entry one canary day and "
-             "≤ 3 rounds). Of the distinct (candidate, KPI) pairs the twin alone left open: decided by the canaries "
+             f"section, every size on one commit ({CODE}); results `{RUN_KEY}` and `{KEY}` in results_production.json. "
+             f"What ran: {ran}. Before: the headline `by_fleet_size` as it was before the day term (the "
+             "slice-control loop; its 5,000-group entry one canary day and ≤ 3 rounds), now "
+             + ("`before_day_term.by_fleet_size`; the headline is this run's" if res.get("headline_replaced") else
+                "still the headline") + ". Of the distinct (candidate, KPI) pairs the twin alone left open: decided by the canaries "
              "(`canary_verdict_rate`), of those agreeing with the 20-day truth (`confident_agreement`), and how often the "
              "last look's interval covers the 20-day truth (stated 90 % over the looks); Clopper-Pearson 95 % over pairs "
              "(optimistic: a candidate's pairs share its canaries).", "",
-             "| groups | seeds | code | with the day term: canaries decided | right | interval covers the 20-day truth | "
-             "canary agent-steps | canary days | before the day term (headline): decided | right |",
-             "|---|---|---|---|---|---|---:|---:|---|---|"]  # fmt: skip
+             "| groups | seeds | with the day term: canaries decided | right | interval covers the 20-day truth | "
+             "canary agent-steps | canary days | before the day term: decided | right |",
+             "|---|---|---|---|---|---:|---:|---|---|"]  # fmt: skip
     for n, v in by.items():
         b = v["before_day_term"]
-        lines.append(f"| {int(n):,} | {v['seeds']} | {v['code']} | {_r(v['decided'])} | {_r(v['agreement'])} | "
+        lines.append(f"| {int(n):,} | {v['seeds']} | {_r(v['decided'])} | {_r(v['agreement'])} | "
                      f"{_r(v['coverage'])} | {v['agent_steps']:,} | {v['rounds']} | {_head(b)} | {_head_ag(b)} |")  # fmt: skip
     same = res["same_candidates"]
     lines += ["", f"The same, counted on the candidates ({', '.join(same['candidates'])}) and seeds ({same['seeds']}) every "
@@ -178,6 +192,7 @@ def write_page(out: Path) -> dict[str, Any]:
     path = out / "results_production.json"
     cur = json.loads(path.read_text())
     cur[KEY] = fleet_sizes(cur, out / "scale")
+    cur[KEY]["headline_replaced"] = replace_headline(cur)
     path.write_text(json.dumps(cur, indent=1, default=float))
     write_section(SECTION, section(cur[KEY]), doc=out / "README.md", keep=KEEP)
     return cur[KEY]

@@ -81,17 +81,20 @@ def test_the_json_is_its_seed_files(fs: Any) -> None:
     if fs.KEY not in cur:
         pytest.skip("no day_term_by_fleet_size yet")
     again = json.loads(json.dumps(fs.fleet_sizes(cur, OUT / "scale")))
+    again["headline_replaced"] = cur[fs.KEY]["headline_replaced"]  # `write_page`'s, after the count
     assert again == cur[fs.KEY]
     for n, v in cur[fs.KEY]["by_fleet_size"].items():
-        if n in cur[fs.RUN_KEY]["by_fleet_size"]:  # the merge's own count of the same pairs
-            run = cur[fs.RUN_KEY]["by_fleet_size"][n]
-            assert (v["canary_decided"], v["open_after_twin"], v["canary_agreeing"]) == \
-                (run["canary_decided"], run["open_after_twin"], run["canary_agreeing"])
-            assert v["agent_steps"] == run["twin_canary_agent_steps"] and v["code"] == fs.CODE
-        else:  # an earlier run's size: the day-term section's pooled count of the same seed files
-            assert n in fs.EARLIER and v["code"] == fs.EARLIER[n][1]
-            after = cur["day_term_pooled"]["fc"]["after"]
-            assert (v["decided"], v["agreement"], v["coverage"]) == (after["decided"], after["agreement"], after["coverage"])
+        run = cur[fs.RUN_KEY]["by_fleet_size"][n]  # the merge's own count of the same pairs
+        assert (v["canary_decided"], v["open_after_twin"], v["canary_agreeing"]) == \
+            (run["canary_decided"], run["open_after_twin"], run["canary_agreeing"])
+        assert v["agent_steps"] == run["twin_canary_agent_steps"] and v["code"] == fs.CODE
+        before = fs.before_headline(cur)[n]
+        assert v["before_day_term"]["canary_verdict_rate"] == before["canary_verdict_rate"]
+    if cur[fs.KEY]["headline_replaced"]:  # the issue's fields are this run's, the old ones kept
+        for n, v in cur["by_fleet_size"].items():
+            assert v["canary_verdict_rate"] == cur[fs.KEY]["by_fleet_size"][n]["canary_verdict_rate"]
+            assert v["design"] == fs.DESIGN
+        assert set(cur["before_day_term"]["by_fleet_size"]) <= set(cur["by_fleet_size"])
 
 
 def test_the_analysis_quotes_the_json(fs: Any) -> None:
@@ -108,6 +111,16 @@ def test_the_analysis_quotes_the_json(fs: Any) -> None:
         assert f"{int(n):,} groups: {d['k']} of {d['n']} ({100 * d['rate']:.1f} % [{lo:.1f}, {hi:.1f}])" in text, n
         assert f"{a['k']} of {a['n']} right" in text, n
         assert f"covering the 20-day truth on {c['k']} of {c['n']}" in text, n
+    same = cur[fs.KEY]["same_candidates"]["by_fleet_size"]
+    assert ", ".join(f"{100 * v['decided']['rate']:.1f} %" for v in same.values()) + " decided" in \
+        text.replace(", and ", ", ").replace(" and ", ", ")
+    run = cur[fs.RUN_KEY]["by_fleet_size"]
+    dom = {n: (sum(w["dominant"]["own"] for w in run[n]["why_open"]), sum(w["with_terms"] for w in run[n]["why_open"]))
+           for n in ("1000", "5000")}  # fmt: skip
+    assert (f"the group split dominates {dom['5000'][0]} of {dom['5000'][1]} at 5,000 groups against {dom['1000'][0]} "
+            f"of {dom['1000'][1]} at 1,000") in text
+    wrong = {s: v["wrong"] for s, v in cur[fs.KEY]["by_fleet_size"]["5000"]["per_seed"].items() if v["wrong"]}
+    assert list(wrong) == ["1"] and len(wrong["1"]) == 5 and "five wrong verdicts come from" in text  # "all seed 1"
 
 
 def test_the_at_a_glance_rows_quote_it(fs: Any) -> None:
