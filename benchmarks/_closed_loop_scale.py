@@ -985,7 +985,10 @@ def fc_variant(variant: str) -> tuple[str, str, str, tuple[str, ...], str]:
     design = EXT_FC_DESIGN.replace(f"`{EXT_FC_KEY}`", f"`{key}`")
     if variant == "day_term":  # run at 5,000 groups as well (benchmarks/_closed_loop_fleetsize.py)
         design = design.replace("the 900 groups outside the slice", "the groups outside the slice (900 of 1,000, "
-                                "4,500 of 5,000)") + "Run with the verdict's calibrated day term (the day-term section). "
+                                "4,500 of 5,000)").replace(
+            "the headline's `by_fleet_size` keeps the slice-control loop of the section above",
+            "the headline's `by_fleet_size` is this run's, the slice-control loop's kept under `before_day_term`: "
+            "the fleet-size section below") + "Run with the verdict's calibrated day term (the day-term section). "
     return (key, f"extended_fc_{variant}_seed", f"{EXT_FC_SECTION} ({variant})", (f"{EXT_FC_KEEP[0]} ({variant})",), design)
 
 
