@@ -83,6 +83,10 @@ DESIGN = ("extended canaries (up to 16 days, looks at 1, 2, 4, 8, 16), the rest 
           f"slope per arm, the verdict's calibrated day term ({RUN_KEY}; code {CODE})")
 
 
+#: the headline's steps-ratio fields, replaced with ``by_fleet_size``
+STEPS_KEYS = ("canary_steps_ratio", "canary_steps_ratio_lower_bound", "canary_steps_ratio_fleet_size")
+
+
 def before_headline(cur: dict[str, Any]) -> dict[str, Any]:
     """The headline ``by_fleet_size`` as it was before the day term (moved to ``before_day_term`` once replaced)."""
     return cur.get("before_day_term", {}).get("by_fleet_size") or cur.get("by_fleet_size", {})
@@ -96,8 +100,11 @@ def replace_headline(cur: dict[str, Any]) -> bool:
     old = before_headline(cur)
     if not set(old) <= set(run):
         return False
-    cur.setdefault("before_day_term", {"by_fleet_size": old, "what": "the headline before the day term: the "
-                                       "slice-control extended loop at 100 and 1,000 groups, one canary day at 5,000"})  # fmt: skip
+    before = cur.setdefault("before_day_term", {"by_fleet_size": old, "what": "the headline before the day term: the "
+                                                "slice-control extended loop at 100 and 1,000 groups, one canary day at 5,000"})  # fmt: skip
+    for k in STEPS_KEYS:  # the steps ratio is the headline's too (`_closed_loop_scale.headline`)
+        before.setdefault(k, cur.get(k))
+        cur[k] = cur[RUN_KEY][k]
     cur["by_fleet_size"] = {n: {k: v for k, v in run[n].items() if k != "per_candidate_rounds"} | {"design": DESIGN}
                             for n in sorted(run, key=int)}  # fmt: skip
     return True

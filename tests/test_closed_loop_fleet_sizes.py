@@ -95,6 +95,8 @@ def test_the_json_is_its_seed_files(fs: Any) -> None:
             assert v["canary_verdict_rate"] == cur[fs.KEY]["by_fleet_size"][n]["canary_verdict_rate"]
             assert v["design"] == fs.DESIGN
         assert set(cur["before_day_term"]["by_fleet_size"]) <= set(cur["by_fleet_size"])
+        for k in fs.STEPS_KEYS:
+            assert cur[k] == cur[fs.RUN_KEY][k] and k in cur["before_day_term"]
 
 
 def test_the_analysis_quotes_the_json(fs: Any) -> None:
@@ -138,3 +140,20 @@ def test_the_at_a_glance_rows_quote_it(fs: Any) -> None:
         v = cur[fs.KEY]["by_fleet_size"][n]
         d, a = v["decided"], v["agreement"]
         assert f"{d['k']} of {d['n']}" in r and f"{a['k']} of {a['n']}" in r, r[:120]
+
+
+def test_the_steps_ratio_row_quotes_the_new_headline(fs: Any) -> None:
+    """The at-a-glance line citing ``canary_steps_ratio_lower_bound`` (the headline's, this run's once replaced)
+    quotes the loop's agent-steps, canary alone's largest sweep point and its count on the loop's own canaries."""
+    cur = _results()
+    if not cur.get(fs.KEY, {}).get("headline_replaced"):
+        pytest.skip("the headline is not this run's")
+    rows = [r for r in (ROOT / "docs" / "benchmarks" / "README.md").read_text().splitlines()
+            if r.endswith("`closed_loop/results_production.json:canary_steps_ratio_lower_bound` |")]  # fmt: skip
+    (row,) = rows
+    st = cur["by_fleet_size"][str(cur["canary_steps_ratio_fleet_size"])]["steps"]
+    top, same = st["sweep"][-1], st["same_canaries"]["canary_alone"]
+    assert st["ratio"] is None and cur["canary_steps_ratio"] is None and "not reached" in row
+    assert f"over the loop's {st['twin_canary_steps']:,}" in row
+    assert f"{top['canary_agent_steps']:,} agent-steps, {100 * top['confident_agreement']:.1f} % right" in row
+    assert f"it decides {same['verdict_rate']['k']} of 84, {same['agreement']['k']} of them right" in row
