@@ -240,13 +240,13 @@ RUNS = {"fc": ("fleet control, per-arm CUPED", "extended_fc_reseeded_seed{s}.jso
         "sl": ("slice control (the loop's default)", "extended_reseeded_seed{s}.json", "day_term_sl_seed{s}.json")}  # fmt: skip
 
 
-def loop_scores(doc: dict[str, Any]) -> dict[str, Any]:
-    """One seed's 1,000-group extended run: of the pairs the twin alone left open, how many the loop
+def loop_scores(doc: dict[str, Any], n: str = "1000") -> dict[str, Any]:
+    """One seed's extended run at fleet size ``n``: of the pairs the twin alone left open, how many the loop
     decided (Clopper-Pearson 95 %), how many of those agree with the 20-day truth, the wrong ones,
     and how often the last look's interval of each open pair covers the 20-day truth."""
     from _closed_loop_scale import DECIDED, agree, rate
 
-    entry = doc["by_fleet_size"]["1000"]
+    entry = doc["by_fleet_size"][n]
     last = {s["policy"]: (s["rounds"][-1] if s["rounds"] else {}) for s in entry["per_candidate"]}
     open_ = [p for p in entry["pairs"] if p["twin_alone"] not in DECIDED]
     dec = [p for p in open_ if p["twin_canary"] in DECIDED]

@@ -971,7 +971,7 @@ EXT_FC_DESIGN = (
     "term instead of narrowing it). Chosen before this run from the interval widths alone (the 1,000-group "
     "design table of the coverage section, on simulated canaries, and the levers section's half-widths on "
     "the loop's own first-day canaries), never from a verdict. Results: `extended_fleet_control` in "
-    "results_production.json (the headline's `by_fleet_size` keeps the slice-control loop of the section above). ")
+    "results_production.json (the headline's `by_fleet_size` then kept the slice-control loop of the section above; now `before_day_term`). ")
 EXTENDED_FC_DESIGN = ("extended canaries (up to 16 days, looks at 1, 2, 4, 8, 16), the rest of the fleet as control "
                       "with a CUPED slope per arm (extended_fleet_control)")
 
@@ -982,8 +982,14 @@ def fc_variant(variant: str) -> tuple[str, str, str, tuple[str, ...], str]:
     if not variant:
         return EXT_FC_KEY, "extended_fc_seed", EXT_FC_SECTION, EXT_FC_KEEP, EXT_FC_DESIGN
     key = f"{EXT_FC_KEY}_{variant}"
-    return (key, f"extended_fc_{variant}_seed", f"{EXT_FC_SECTION} ({variant})",
-            (f"{EXT_FC_KEEP[0]} ({variant})",), EXT_FC_DESIGN.replace(f"`{EXT_FC_KEY}`", f"`{key}`"))
+    design = EXT_FC_DESIGN.replace(f"`{EXT_FC_KEY}`", f"`{key}`")
+    if variant == "day_term":  # run at 5,000 groups as well (benchmarks/_closed_loop_fleetsize.py)
+        design = design.replace("the 900 groups outside the slice", "the groups outside the slice (900 of 1,000, "
+                                "4,500 of 5,000)").replace(
+            "the headline's `by_fleet_size` then kept the slice-control loop of the section above; now `before_day_term`",
+            "the headline's `by_fleet_size` is this run's, the slice-control loop's kept under `before_day_term`: "
+            "the fleet-size section below") + "Run with the verdict's calibrated day term (the day-term section). "
+    return (key, f"extended_fc_{variant}_seed", f"{EXT_FC_SECTION} ({variant})", (f"{EXT_FC_KEEP[0]} ({variant})",), design)
 
 
 def write_extended(seed_docs: list[dict[str, Any]], out_dir: Path, no_write: bool, commands: list[str],

@@ -297,6 +297,7 @@ def canary_on_cluster(
         InputError: a tick other than the cluster's, more ticks than an episode, a slice holding
             no group of the cluster, or the candidate named ``current``.
     """
+    from edgetwin.edge.bus import make_bus
     from edgetwin.edge.registry import FileRegistry, metadata_from_policy_dir
     from edgetwin.edge.runtime import EdgeRuntime
     from edgetwin.edge.signing import Signer, TrustStore
@@ -322,8 +323,11 @@ def canary_on_cluster(
             reg.publish(d, {**metadata_from_policy_dir(d), "name": name, "version": name}, signer)
         reg.set_current(f"site/{site}", "current", expected=None)
         bus_name = f"memory://canary-{uuid.uuid4().hex}"  # a broker of its own
+        frame = fleet_frame_bytes(em.n)
+        site_bus = make_bus(bus_name, max_bytes=frame, name=f"runtime/{site}")
+        asyncio.run(site_bus.connect())
         rt = EdgeRuntime(
-            site, reg, TrustStore([signer.public_key]), bus=bus_name, kpi_guard=None, poll_interval=3600.0,
+            site, reg, TrustStore([signer.public_key]), bus=site_bus, kpi_guard=None, poll_interval=3600.0,
             cache_dir=root / "runtime", loader=_loader(objects), spec=em.spec,
         )  # fmt: skip
         start = _start_command(config, str(reg.manifest(config.candidate).sha256), site)
@@ -331,9 +335,10 @@ def canary_on_cluster(
             assert rt._loop is not None
             day_log, collected = asyncio.run_coroutine_threadsafe(
                 _operate(bus_name, signer, start, cluster, site, root / "canary.parquet", seed=seed, day=day,
-                         episode=episode), rt._loop,
+                         episode=episode, max_bytes=frame), rt._loop,
             ).result()  # fmt: skip
             result = rt.canary_result()
+        asyncio.run(site_bus.close())  # the runtime closes only a bus it made itself
         if len(collected) != len(result.log):
             raise RuntimeError(
                 f"canary {result.run_id}: {len(result.log)} rows spooled but {len(collected)} collected from the bus"
@@ -395,7 +400,7 @@ def _start_command(config: CanaryConfig, sha256: str, site: str) -> Any:
 
 async def _operate(
     bus_url: str, signer: Any, start: Any, cluster: ClusterConfig, site: str, out: Path, *,
-    seed: int, day: float | None, episode: int | str,
+    seed: int, day: float | None, episode: int | str, max_bytes: int = 0,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
     """The operator's and the system's side of one run, over the bus only: start → serve / guard
     (the system drives its day; the operator watches the site's status after each tick) → collect.
@@ -424,7 +429,7 @@ async def _operate(
         st = await until(lambda s: s.phase == "stopped" or s.ticks >= t + 1, f"tick {t} to be joined")
         return bool(st.phase != "stopped")
 
-    async with make_bus(bus_url) as bus:
+    async with make_bus(bus_url, **({"max_bytes": max_bytes} if max_bytes else {})) as bus:
         await publish_start(bus, start, signer)
         st = await until(lambda s: s.run == start.run and s.phase != "idle", "the site to accept the start")
         if st.phase == "stopped":
@@ -441,6 +446,28 @@ async def _operate(
         if res.missing:
             raise RuntimeError(f"canary {start.run}: segments {res.missing} never arrived")
     return day_log, pd.read_parquet(out)
+
+
+#: bytes of bus frame per service group that `canary_on_cluster`'s in-process bus allows: one
+#: tick's JSON decision request for a group is about 435 bytes and its outcome report's row about
+#: 275 (measured at 5,000 groups on one site: 2.17 MB and 1.37 MB), so 1 KiB leaves twice the room
+FRAME_BYTES_PER_GROUP = 1024
+
+
+def fleet_frame_bytes(n_groups: int) -> int:
+    """The largest bus frame `canary_on_cluster` allows for a cluster of ``n_groups`` groups, all
+    routed to one site: the bus default (1 MiB, nats-server's default ``max_payload``) up to about
+    1,000 groups, `FRAME_BYTES_PER_GROUP` per group above it.
+
+    Why: a tick's decision request and outcome report carry every group the site serves in one
+    message (`drive_cluster_over_bus`, `edgetwin.loop.collect.publish_outcomes`); at 5,000 groups
+    on one site they are 2.2 and 1.4 MB and the site refused the request (413). An operator
+    serving that many groups from one site raises the NATS server's ``max_payload`` (at most
+    64 MB) and `NatsConfig.max_bytes` alike (docs/canary.md); this is the in-process bus's
+    equivalent. The rows are never split: a site joins one outcome report per tick."""
+    from edgetwin.edge.bus.base import DEFAULT_MAX_BYTES
+
+    return max(DEFAULT_MAX_BYTES, FRAME_BYTES_PER_GROUP * int(n_groups))
 
 
 def _loader(objects: dict[str, Any]) -> Callable[[Path], Any]:

@@ -1,0 +1,205 @@
+"""The closed loop's verdict rate by fleet size with today's code (issue 48): the extended
+fleet-control loop with the verdict's calibrated day term, merged by ``--scale-merge ... --merge-as
+day_term`` into ``extended_fleet_control_day_term``, against the headline ``by_fleet_size`` (the
+slice-control runs made before the day term).
+
+Per fleet size: of the distinct (candidate, KPI) pairs the twin alone left open, the share the
+loop's canaries decided (``canary_verdict_rate``, Clopper-Pearson 95 %), how many of those agree
+with the 20-day truth (``confident_agreement``), how often the last look's interval covers the
+20-day truth, the candidate arm's agent-steps and the canary days run; per seed the day-term
+section's `loop_scores`. Because fewer candidates may run at the largest size (two per seed at
+5,000 groups, the old run's), ``same_candidates`` recounts every size on the candidates that ran at
+all of them, so that the rate by fleet size compares the same questions.
+
+    python benchmarks/closed_loop.py --scale-merge 0 1 2 --work W5K [--scale-more W1K] --merge-as day_term
+    python benchmarks/closed_loop.py --fleet-size-page
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SECTION = "## The verdict rate by fleet size with the day term"
+KEEP = ("### What the fleet sizes say",)
+#: ``--merge-as`` name of the run: `_closed_loop_scale.fc_variant` gives its key and seed files
+VARIANT = "day_term"
+RUN_KEY = f"extended_fleet_control_{VARIANT}"
+SEED_FILE = f"extended_fc_{VARIANT}_seed{{s}}.json"
+KEY = "day_term_by_fleet_size"
+#: the code the merged run was made on (`write_page` records it)
+CODE = "2c7cd63: main at 51e038e with the 5,000-group bus frame, `fleet_frame_bytes`"
+
+
+def _scores(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[str, Any]:
+    """`_closed_loop_dayterm.loop_scores` over the given pairs and candidates (one seed's, or one
+    seed's restricted to some candidates)."""
+    from _closed_loop_dayterm import loop_scores
+
+    return loop_scores({"by_fleet_size": {"n": {"pairs": pairs, "per_candidate": per}}}, "n")
+
+
+def _pool(scores: list[dict[str, Any]]) -> dict[str, Any]:
+    """Seeds' `loop_scores` summed: decided, agreement, coverage (Clopper-Pearson 95 %), the wrong
+    verdicts, rounds (canary days) and agent-steps."""
+    from _closed_loop_scale import rate
+
+    out: dict[str, Any] = {m: rate(sum(s[m]["k"] for s in scores), sum(s[m]["n"] for s in scores))
+                           for m in ("decided", "agreement", "coverage")}  # fmt: skip
+    out["wrong"] = [w for s in scores for w in s["wrong"]]
+    out["rounds"] = sum(s["rounds"] for s in scores)
+    out["agent_steps"] = sum(s["agent_steps"] for s in scores)
+    return out
+
+
+def size_entry(docs: list[dict[str, Any]], n: str, only: set[str] | None = None) -> dict[str, Any]:
+    """One fleet size over the seed files ``docs`` (each `run_seed`'s document): per seed and pooled
+    `loop_scores`, with the issue's field names; ``only``: count these candidates only."""
+    per_seed: dict[str, Any] = {}
+    for d in docs:
+        e = d["by_fleet_size"].get(n)
+        if e is None or not e.get("complete"):
+            continue
+        per = [s for s in e["per_candidate"] if only is None or s["policy"] in only]
+        pairs = [p for p in e["pairs"] if only is None or p["policy"] in only]
+        per_seed[str(d["seed"])] = _scores(pairs, per) | {"candidates": [s["policy"] for s in per]}
+    pooled = _pool(list(per_seed.values()))
+    dec, ag = pooled["decided"], pooled["agreement"]
+    return {"seeds": sorted(int(s) for s in per_seed), "candidates_per_seed": {s: len(v["candidates"]) for s, v in per_seed.items()},
+            "canary_verdict_rate": dec["rate"], "canary_verdict_rate_ci": dec["ci"], "canary_decided": dec["k"],
+            "open_after_twin": dec["n"], "confident_agreement": ag["rate"], "agreement_ci": ag["ci"],
+            "canary_agreeing": ag["k"], **pooled, "per_seed": per_seed}  # fmt: skip
+
+
+def before_entry(head: dict[str, Any]) -> dict[str, Any]:
+    """The headline ``by_fleet_size`` entry's rate and agreement (made before the day term)."""
+    return {k: head.get(k) for k in ("canary_verdict_rate", "canary_verdict_rate_ci", "canary_decided", "open_after_twin",
+                                     "confident_agreement", "agreement_ci", "canary_agreeing", "seeds", "design")}  # fmt: skip
+
+
+#: what the headline ``by_fleet_size`` holds once `replace_headline` has run
+DESIGN = ("extended canaries (up to 16 days, looks at 1, 2, 4, 8, 16), the rest of the fleet as control with a CUPED "
+          f"slope per arm, the verdict's calibrated day term ({RUN_KEY}; code {CODE})")
+
+
+#: the headline's steps-ratio fields, replaced with ``by_fleet_size``
+STEPS_KEYS = ("canary_steps_ratio", "canary_steps_ratio_lower_bound", "canary_steps_ratio_fleet_size")
+
+
+def before_headline(cur: dict[str, Any]) -> dict[str, Any]:
+    """The headline ``by_fleet_size`` as it was before the day term (moved to ``before_day_term`` once replaced)."""
+    return cur.get("before_day_term", {}).get("by_fleet_size") or cur.get("by_fleet_size", {})
+
+
+def replace_headline(cur: dict[str, Any]) -> bool:
+    """The issue's headline ``by_fleet_size`` describes today's code: when the merged run (`RUN_KEY`)
+    covers every size the headline holds, its entries replace the headline's (each with its
+    ``design``), the old ones kept once under ``before_day_term``; else nothing changes (False)."""
+    run = cur[RUN_KEY]["by_fleet_size"]
+    old = before_headline(cur)
+    if not set(old) <= set(run):
+        return False
+    before = cur.setdefault("before_day_term", {"by_fleet_size": old, "what": "the headline before the day term: the "
+                                                "slice-control extended loop at 100 and 1,000 groups, one canary day at 5,000"})  # fmt: skip
+    for k in STEPS_KEYS:  # the steps ratio is the headline's too (`_closed_loop_scale.headline`)
+        before.setdefault(k, cur.get(k))
+        cur[k] = cur[RUN_KEY][k]
+    cur["by_fleet_size"] = {n: {k: v for k, v in run[n].items() if k != "per_candidate_rounds"} | {"design": DESIGN}
+                            for n in sorted(run, key=int)}  # fmt: skip
+    return True
+
+
+def fleet_sizes(cur: dict[str, Any], scale_dir: Path) -> dict[str, Any]:
+    """``day_term_by_fleet_size``: per fleet size of the merged run (`RUN_KEY`), `size_entry` on its
+    seed files beside the headline's ``before_day_term`` entry; ``same_candidates``: every size
+    recounted on the candidates that ran at all sizes for every seed."""
+    run = cur[RUN_KEY]
+    docs_of = {n: [json.loads((scale_dir / SEED_FILE.format(s=s)).read_text()) for s in v["seeds"]]
+               for n, v in run["by_fleet_size"].items()}  # fmt: skip
+    sizes = sorted(docs_of, key=int)
+    out: dict[str, Any] = {"run": RUN_KEY, "commands": run["scale_config"]["commands"], "by_fleet_size": {}}
+    for n in sizes:
+        entry = size_entry(docs_of[n], n) | {"code": CODE}
+        entry["before_day_term"] = before_entry(before_headline(cur).get(n, {}))
+        out["by_fleet_size"][n] = entry
+    common = set.intersection(*[{s["policy"] for s in d["by_fleet_size"][n]["per_candidate"]}
+                                for n in sizes for d in docs_of[n]])  # fmt: skip
+    seeds = set.intersection(*[{int(d["seed"]) for d in docs_of[n]} for n in sizes])
+    out["same_candidates"] = {"candidates": sorted(common), "seeds": sorted(seeds),
+                              "by_fleet_size": {n: size_entry([d for d in docs_of[n] if int(d["seed"]) in seeds], n, common)
+                                                for n in sizes}}  # fmt: skip
+    return out
+
+
+def _r(r: dict[str, Any] | None) -> str:
+    if not r or not r.get("n"):
+        return "—"
+    lo, hi = r["ci"]
+    return f"{r['k']}/{r['n']} = {100 * r['rate']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def _head(b: dict[str, Any]) -> str:
+    if b.get("canary_verdict_rate") is None:
+        return "—"
+    lo, hi = b["canary_verdict_rate_ci"]
+    return f"{b['canary_decided']}/{b['open_after_twin']} = {100 * b['canary_verdict_rate']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def _head_ag(b: dict[str, Any]) -> str:
+    if b.get("confident_agreement") is None:
+        return "—"
+    lo, hi = b["agreement_ci"]
+    return f"{b['canary_agreeing']}/{b['canary_decided']} = {100 * b['confident_agreement']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def section(res: dict[str, Any]) -> str:
+    """The page's section (every number from ``res``, `fleet_sizes`' result)."""
+    by = res["by_fleet_size"]
+    ran = "; ".join(f"{int(n):,} groups: seeds {v['seeds']}, candidates per seed "
+                    + ", ".join(f"{s}: {k}" for s, k in v["candidates_per_seed"].items()) for n, v in by.items())  # fmt: skip
+    lines = [SECTION, "",
+             "Commands: " + ", then ".join(f"`{c}`" for c in res["commands"]) + ", then `python benchmarks/closed_loop.py "
+             "--fleet-size-page`. The extended fleet-control loop of the day-term section (up to 16 canary days, looks at "
+             "1, 2, 4, 8, 16, the rest of the fleet as control with a CUPED slope per arm, the day term calibrated by the "
+             "logs and the canaries' own days), with the same seeds, twins, "
+             "candidates, fleets, 20-day truths and budget (a fixed 10 % share, half on the candidate) as the scale "
+             f"section, every size on one commit ({CODE}); results `{RUN_KEY}` and `{KEY}` in results_production.json. "
+             f"What ran: {ran}. Before: the headline `by_fleet_size` as it was before the day term (the "
+             "slice-control loop; its 5,000-group entry one canary day and ≤ 3 rounds), now "
+             + ("`before_day_term.by_fleet_size`; the headline is this run's" if res.get("headline_replaced") else
+                "still the headline") + ". Of the distinct (candidate, KPI) pairs the twin alone left open: decided by the canaries "
+             "(`canary_verdict_rate`), of those agreeing with the 20-day truth (`confident_agreement`), and how often the "
+             "last look's interval covers the 20-day truth (stated 90 % over the looks); Clopper-Pearson 95 % over pairs "
+             "(optimistic: a candidate's pairs share its canaries).", "",
+             "| groups | seeds | with the day term: canaries decided | right | interval covers the 20-day truth | "
+             "canary agent-steps | canary days | before the day term: decided | right |",
+             "|---|---|---|---|---|---:|---:|---|---|"]  # fmt: skip
+    for n, v in by.items():
+        b = v["before_day_term"]
+        lines.append(f"| {int(n):,} | {v['seeds']} | {_r(v['decided'])} | {_r(v['agreement'])} | "
+                     f"{_r(v['coverage'])} | {v['agent_steps']:,} | {v['rounds']} | {_head(b)} | {_head_ag(b)} |")  # fmt: skip
+    same = res["same_candidates"]
+    lines += ["", f"The same, counted on the candidates ({', '.join(same['candidates'])}) and seeds ({same['seeds']}) every "
+              "size ran, so that the sizes answer the same questions:", "",
+              "| groups | canaries decided | right | interval covers the 20-day truth | canary agent-steps | canary days |",
+              "|---|---|---|---|---:|---:|"]  # fmt: skip
+    for n, v in same["by_fleet_size"].items():
+        lines.append(f"| {int(n):,} | {_r(v['decided'])} | {_r(v['agreement'])} | {_r(v['coverage'])} | "
+                     f"{v['agent_steps']:,} | {v['rounds']} |")  # fmt: skip
+    wrong = [f"{int(n):,} groups: {w}" for n, v in by.items() for w in v["wrong"]]
+    lines += ["", "Wrong verdicts: " + ("; ".join(wrong) if wrong else "none") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def write_page(out: Path) -> dict[str, Any]:
+    """``--fleet-size-page``: `fleet_sizes` into results_production.json (`KEY`) and the section."""
+    from _docs import write_section
+
+    path = out / "results_production.json"
+    cur = json.loads(path.read_text())
+    cur[KEY] = fleet_sizes(cur, out / "scale")
+    cur[KEY]["headline_replaced"] = replace_headline(cur)
+    path.write_text(json.dumps(cur, indent=1, default=float))
+    write_section(SECTION, section(cur[KEY]), doc=out / "README.md", keep=KEEP)
+    return cur[KEY]
