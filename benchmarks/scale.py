@@ -750,7 +750,8 @@ def causal_profile(agents: int, days: int, seed: int = 0, rounds: int = 3, befor
     by part and the training work of each (`_scale_causal_parts.watch_parts`).
 
     ``before``: every round also fits the causal model as before the selection's settled-band stop
-    (`edgetwin.imitation.causal.SELECTION_SETTLED` off: the code before it, to the bit), between the
+    and its one-net folds (`edgetwin.imitation.causal.SELECTION_SETTLED` and `SELECTION_SHARED_FOLDS`
+    off: the code before them, its held-out numbers to the bit on log c1), between the
     other two, in the round's order (``causal_before``): the stop's saving and ratio measured in the
     same minutes of the machine's load as the headline's."""
     import torch
@@ -773,8 +774,8 @@ def causal_profile(agents: int, days: int, seed: int = 0, rounds: int = 3, befor
                "build_steps", "fit_engines", "_fit_member")
 
     def fit(model: str, prof: cProfile.Profile | None = None) -> tuple[dict, Twin]:
-        settled = causal_mod.SELECTION_SETTLED
-        causal_mod.SELECTION_SETTLED = model != "causal_before"
+        flags = causal_mod.SELECTION_SETTLED, causal_mod.SELECTION_SHARED_FOLDS
+        causal_mod.SELECTION_SETTLED = causal_mod.SELECTION_SHARED_FOLDS = model != "causal_before"
         try:
             with _causal_parts.watch_parts() as rec:
                 c, t = time.process_time(), time.perf_counter()
@@ -787,7 +788,7 @@ def causal_profile(agents: int, days: int, seed: int = 0, rounds: int = 3, befor
                     prof.disable()
                 times: dict[str, Any] = {"cpu_s": time.process_time() - c, "wall_s": time.perf_counter() - t}
         finally:
-            causal_mod.SELECTION_SETTLED = settled
+            causal_mod.SELECTION_SETTLED, causal_mod.SELECTION_SHARED_FOLDS = flags
         if prof is None:
             times.update(parts=_causal_parts.summary(rec), parts_total_cpu_s=rec["total_cpu_s"])
         if model != "mail":
@@ -1408,7 +1409,8 @@ def main() -> None:
                          "(AGENTS service groups, DAYS production days + 1 randomized day) and where it goes")
     ap.add_argument("--causal-before", action="store_true",
                     help="--causal-profile: every round also fits the causal model as before the selection's settled-band "
-                         "stop (SELECTION_SETTLED off), alternating with the other two: the stop's before/after in one run")
+                         "stop and one-net folds (SELECTION_SETTLED, SELECTION_SHARED_FOLDS off), alternating with the other "
+                         "two: the before/after in one run")
     ap.add_argument("--results", type=Path, default=RESULTS,
                     help="the JSON the fit runs (--rows, --causal-profile) go to (default: results.json, and the page's "
                          "'## Scale' section); another file (e.g. docs/benchmarks/scale/fit.json) keeps its other keys "
@@ -1643,7 +1645,8 @@ def causal_fit_lines(cp: dict, source: str) -> list[str]:
     if cp.get("causal_before") and rounds:
         b = cp["causal_before"]
         same = "the same" if b["invariance_chosen"] == c.get("invariance_chosen") else f"{b['invariance_chosen']}, NOT the same"
-        lines += ["The code before the selection's settled-band stop (`SELECTION_SETTLED` off), fitted in the same rounds "
+        lines += ["The code before the selection's settled-band stop and one-net folds (`SELECTION_SETTLED`, "
+                  "`SELECTION_SHARED_FOLDS` off), fitted in the same rounds "
                   "(`--causal-before`; between the other two fits, in the round's order): causal "
                   + ", ".join(f"{r['causal_before']['cpu_s']:.1f}" for r in rounds) + f" CPU-s (median {b['cpu_s']:.1f}), "
                   f"ratio to MAIL-MMSG **{cp['ratio_cpu_before']:.2f}x** (rounds "

@@ -103,6 +103,9 @@ SELECTION_DROP_SE = 3.0
 #: own group) never have an unbounded band: the rule does not fire there, and where it does not
 #: fire the selection is the one before it, to the bit. False: the selection without this stop.
 SELECTION_SETTLED = True
+#: A fold whose training rows hold a single policy trains one net for every λ (`select_invariance`);
+#: False: one per λ, as before (the same fits up to float rounding, four times the work).
+SELECTION_SHARED_FOLDS = True
 
 
 @dataclass(frozen=True)
@@ -785,7 +788,7 @@ def select_invariance(
             continue
         # a fold whose training rows hold fewer than two policies (of two rows or more, as `NetStack`
         # counts them) has no invariance penalty: every λ's net is the same fit, so one net serves all
-        shared = int((np.bincount(codes[train]) >= 2).sum()) < 2
+        shared = SELECTION_SHARED_FOLDS and int((np.bincount(codes[train]) >= 2).sum()) < 2
         parts.append((NetStack(model, x, y, codes, lams[:1] if shared else lams, model.steps, batch, rows=train), test, shared))
     pols = [np.flatnonzero(codes == k) for k in np.unique(codes)]
     alive = list(range(len(lams)))
