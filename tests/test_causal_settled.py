@@ -32,9 +32,20 @@ def test_a_settled_unbounded_band_stops_at_half_the_steps_with_the_full_choice(m
     """The arm is one held-out group: its error has no standard error, every λ is in the band, the
     most invariant λ is the same at a quarter and at half of the steps, so the selection stops at
     half (125 of 250 steps), choosing what training every λ to the end chooses; the final fit at
-    that λ gets the known effect, and the same seed gives the same weights."""
+    that λ gets the known effect, and the same seed gives the same weights. The fold that holds
+    the arm out trains one net for every λ."""
     x, y, policy, groups = one_group_arm()
+    sizes: list[int] = []
+
+    class Recorded(NetStack):  # the folds' stacks, as `select_invariance` makes them
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            sizes.append(len(self))
+
+    monkeypatch.setattr(causal, "NetStack", Recorded)
     fits = [CausalResponseModel((32, 32), steps=250, seed=0).fit(x, y, policy, groups=groups) for _ in range(2)]
+    # the fold that holds the arm out trains on production alone: one net for every λ
+    assert sorted(sizes[:3]) == [1, 4, 4]
     monkeypatch.setattr(causal, "SELECTION_SETTLED", False)
     full = CausalResponseModel((32, 32), steps=250, seed=0).fit(x, y, policy, groups=groups)
     assert fits[0].cv_steps == 125 and full.cv_steps == 250

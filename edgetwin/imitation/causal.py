@@ -29,7 +29,9 @@ is each-policy-weighed-alike regression), and the λ with the lowest held-out *p
 each policy's held-out mean squared error, averaged over the policies with equal weight, so a small
 randomized arm counts as much as the production policy — is refit on all rows. The cross-fitting's fits draw a quarter of the model's rows per policy per
 step (`SELECTION_BATCH`), the four λ of a fold train side by side as one stack (`NetStack`), and the
-λ that are out of the running are stopped early (`SELECTION_CHECKS`); a twin chooses λ once per scenario on its whole log and fits
+λ that are out of the running are stopped early (`SELECTION_CHECKS`), the selection stops where its choice is settled in a
+band the held-out error cannot bound (`SELECTION_SETTLED`), and a fold that trains on one policy trains one net for every λ
+(`SELECTION_SHARED_FOLDS`); a twin chooses λ once per scenario on its whole log and fits
 every ensemble member at it (`choose_invariance`, `edgetwin.twin.twin.Twin.fit`). Why: the invariance
 is an assumption (the hidden conditions are distributed the same under every policy, and the
 residual spread does not depend on the action); where it holds, a confounded fit predicts the
