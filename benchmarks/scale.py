@@ -1620,8 +1620,9 @@ def causal_fit_lines(cp: dict, source: str) -> list[str]:
     verdict = f"(target <= 1.5x: {'met' if cp['ratio_cpu'] <= 1.5 else 'MISSED'})"
     if rounds:
         each = ", ".join(f"{r['ratio_cpu']:.2f}" for r in rounds)
+        flag = " --causal-before" if cp.get("causal_before") else ""
         lines = [f"**The causal fit against MAIL-MMSG's** (`python benchmarks/scale.py --causal-profile "
-                 f"{cp['agents']},{cp['days']} --rounds {len(rounds)} --results {source}`; the causal-twin benchmark's log c1, "
+                 f"{cp['agents']},{cp['days']} --rounds {len(rounds)}{flag} --results {source}`; the causal-twin benchmark's log c1, "
                  f"{cp['rows']:,} rows, {cp['members']} members each, serially, one process; {len(rounds)} rounds of both fits "
                  "without a profiler, alternating which goes first; CPU seconds of the process):", "",
                  "| round | first | causal CPU s | MAIL-MMSG CPU s | causal / MAIL-MMSG | load before -> after |",
@@ -1661,6 +1662,13 @@ def causal_fit_lines(cp: dict, source: str) -> list[str]:
     lines += [f"| `{k}` | {v['calls']} | {v['cum_s']:.1f} |" for k, v in sorted(c["functions"].items(), key=lambda kv: -kv[1]["cum_s"])]
     if cp.get("note"):
         lines += ["", cp["note"]]
+    if cp.get("history"):
+        def earlier(h: dict) -> str:
+            each = ", ".join(f"{r['ratio_cpu']:.2f}" for r in h.get("rounds") or []) or "none"
+            return (f"{h['ratio_cpu']:.2f}x (rounds {each}; causal {h['causal']['cpu_s']:.1f}, MAIL-MMSG "
+                    f"{h['mail']['cpu_s']:.1f} CPU-s; load {h['load']})")
+        lines += ["", "Earlier runs of this benchmark (`causal_fit.history` in the JSON, oldest first): "
+                  + "; ".join(earlier(h) for h in cp["history"]) + "."]
     lines.append("")
     return lines
 
