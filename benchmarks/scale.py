@@ -39,8 +39,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import _docs
+import _scale_causal_parts as _causal_parts
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -734,7 +736,7 @@ def ppo_reruns_text(reruns: list[dict]) -> str:
 
 
 # ------------------------------------------------------------------------------------ 4. the causal fit
-def causal_profile(agents: int, days: int, seed: int = 0, rounds: int = 3) -> dict:
+def causal_profile(agents: int, days: int, seed: int = 0, rounds: int = 3, before: bool = False) -> dict:
     """The causal response model's fit against MAIL-MMSG's on the same multi-policy log (the causal-twin
     benchmark's log ``c1``: the SLO-aware heuristic + 10 % noise for ``days`` days, then a day on which
     10 % of the service groups are randomized into two arms; ``agents`` service groups x 96 ticks),
@@ -744,8 +746,17 @@ def causal_profile(agents: int, days: int, seed: int = 0, rounds: int = 3) -> di
     the rounds' ratios; each pair shares its minutes of the machine's load); then one more fit of each
     under cProfile for the cumulative time and calls of the functions where a fit's time goes (its CPU
     seconds are the profiled ones, inflated by the profiler in proportion to a fit's Python calls;
-    the functions' times are CPU seconds)."""
+    the functions' times are CPU seconds). Each unprofiled fit also records where its CPU time goes
+    by part and the training work of each (`_scale_causal_parts.watch_parts`).
+
+    ``before``: every round also fits the causal model as before the selection's settled-band stop
+    and its one-net folds (`edgetwin.imitation.causal.SELECTION_SETTLED` and `SELECTION_SHARED_FOLDS`
+    off: the code before them, its held-out numbers to the bit on log c1), between the
+    other two, in the round's order (``causal_before``): the stop's saving and ratio measured in the
+    same minutes of the machine's load as the headline's."""
     import torch
+
+    import edgetwin.imitation.causal as causal_mod
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from causal_twin import cluster_spec, log_regimes
@@ -763,21 +774,38 @@ def causal_profile(agents: int, days: int, seed: int = 0, rounds: int = 3) -> di
                "build_steps", "fit_engines", "_fit_member")
 
     def fit(model: str, prof: cProfile.Profile | None = None) -> tuple[dict, Twin]:
-        c, t = time.process_time(), time.perf_counter()
-        if prof is not None:
-            prof.enable()
-        twin = Twin.fit(train, spec, seed=seed, members=2, progress=False, response_model=model,
-                        population_model="empirical", workers=1)
-        if prof is not None:
-            prof.disable()
-        return {"cpu_s": time.process_time() - c, "wall_s": time.perf_counter() - t}, twin
+        flags = causal_mod.SELECTION_SETTLED, causal_mod.SELECTION_SHARED_FOLDS
+        causal_mod.SELECTION_SETTLED = causal_mod.SELECTION_SHARED_FOLDS = model != "causal_before"
+        try:
+            with _causal_parts.watch_parts() as rec:
+                c, t = time.process_time(), time.perf_counter()
+                if prof is not None:
+                    prof.enable()
+                twin = Twin.fit(train, spec, seed=seed, members=2, progress=False,
+                                response_model="causal" if model == "causal_before" else model,
+                                population_model="empirical", workers=1)
+                if prof is not None:
+                    prof.disable()
+                times: dict[str, Any] = {"cpu_s": time.process_time() - c, "wall_s": time.perf_counter() - t}
+        finally:
+            causal_mod.SELECTION_SETTLED, causal_mod.SELECTION_SHARED_FOLDS = flags
+        if prof is None:
+            times.update(parts=_causal_parts.summary(rec), parts_total_cpu_s=rec["total_cpu_s"])
+        if model != "mail":
+            times["invariance_chosen"] = chosen_of(twin)
+        return times, twin
 
+    order = ("causal", "causal_before", "mail") if before else ("causal", "mail")
     for r in range(rounds):
         row: dict = {"first": "causal" if r % 2 == 0 else "mail", "load_before": load()}
-        for model in (("causal", "mail") if r % 2 == 0 else ("mail", "causal")):
+        for model in (order if r % 2 == 0 else order[::-1]):
             row[model] = fit(model)[0]
         row["ratio_cpu"], row["load_after"] = row["causal"]["cpu_s"] / row["mail"]["cpu_s"], load()
+        if before:
+            row["ratio_cpu_before"] = row["causal_before"]["cpu_s"] / row["mail"]["cpu_s"]
         out["rounds"].append(row)
+        print(f"round {r}: " + ", ".join(f"{m} {row[m]['cpu_s']:.1f}" for m in order) + f" CPU-s, ratio {row['ratio_cpu']:.2f}",
+              file=sys.stderr, flush=True)
     for model in ("causal", "mail"):
         prof = cProfile.Profile(time.process_time)  # CPU seconds: the wall clock measures the load
         times, twin = fit(model, prof)
@@ -790,13 +818,21 @@ def causal_profile(agents: int, days: int, seed: int = 0, rounds: int = 3) -> di
         else:  # no unprofiled rounds: the profiled fits are the numbers (as before this option)
             out[model]["cpu_s"], out[model]["wall_s"] = times["cpu_s"], times["wall_s"]
         if model == "causal":  # the invariance weight of each member's client model of each scenario
-            out[model]["invariance_chosen"] = [[float(cl.chosen) for _, cl in sorted(mem.clients.items())]
-                                               for mem in twin.members]
+            out[model]["invariance_chosen"] = chosen_of(twin)
     out["profile_clock"] = "CPU"
     out["ratio_cpu"] = (float(np.median([row["ratio_cpu"] for row in out["rounds"]])) if rounds
                         else out["causal"]["cpu_s"] / out["mail"]["cpu_s"])
+    if before and rounds:
+        out["causal_before"] = {"cpu_s": float(np.median([row["causal_before"]["cpu_s"] for row in out["rounds"]])),
+                                "invariance_chosen": out["rounds"][-1]["causal_before"]["invariance_chosen"]}
+        out["ratio_cpu_before"] = float(np.median([row["ratio_cpu_before"] for row in out["rounds"]]))
     out["load"] = load()
     return out
+
+
+def chosen_of(twin: object) -> list[list[float]]:
+    """The invariance weight of each member's causal client model of each scenario."""
+    return [[float(cl.chosen) for _, cl in sorted(mem.clients.items())] for mem in twin.members]  # type: ignore[attr-defined]
 
 
 def _steps_with_torch_adam(stack, opt, sched, steps: int) -> None:  # type: ignore[no-untyped-def]
@@ -1371,6 +1407,10 @@ def main() -> None:
     ap.add_argument("--causal-profile", default=None, metavar="AGENTS,DAYS",
                     help="part 4 only: the causal fit's CPU time against MAIL-MMSG's on the same multi-policy log "
                          "(AGENTS service groups, DAYS production days + 1 randomized day) and where it goes")
+    ap.add_argument("--causal-before", action="store_true",
+                    help="--causal-profile: every round also fits the causal model as before the selection's settled-band "
+                         "stop and one-net folds (SELECTION_SETTLED, SELECTION_SHARED_FOLDS off), alternating with the other "
+                         "two: the before/after in one run")
     ap.add_argument("--results", type=Path, default=RESULTS,
                     help="the JSON the fit runs (--rows, --causal-profile) go to (default: results.json, and the page's "
                          "'## Scale' section); another file (e.g. docs/benchmarks/scale/fit.json) keeps its other keys "
@@ -1403,7 +1443,7 @@ def main() -> None:
         return
     if args.causal_profile:
         agents, days = (int(v) for v in args.causal_profile.split(","))
-        cp = causal_profile(agents, days, args.seed, args.rounds)
+        cp = causal_profile(agents, days, args.seed, args.rounds, before=args.causal_before)
         print(json.dumps(cp, indent=1, default=float))
         if not args.no_write:
             store_fits(args.results, {"causal_fit": cp})
@@ -1529,7 +1569,10 @@ def store_fits(path: Path, run: dict, append: bool = False) -> None:
     results.json's runs); its other keys (the causal profile) stay."""
     res = json.loads(path.read_text()) if path.is_file() else {}
     if "causal_fit" in run and "fits" not in run:
-        res["causal_fit"] = run["causal_fit"]
+        # the runs before stay, as ``history`` (oldest first; each without its own history)
+        old = res.get("causal_fit")
+        history = ([*old.get("history", []), {k: v for k, v in old.items() if k != "history"}] if old else [])
+        res["causal_fit"] = {**run["causal_fit"], "history": history}
     elif append and res.get("fits"):
         res = append_run(res, run)
     else:
@@ -1577,8 +1620,9 @@ def causal_fit_lines(cp: dict, source: str) -> list[str]:
     verdict = f"(target <= 1.5x: {'met' if cp['ratio_cpu'] <= 1.5 else 'MISSED'})"
     if rounds:
         each = ", ".join(f"{r['ratio_cpu']:.2f}" for r in rounds)
+        flag = " --causal-before" if cp.get("causal_before") else ""
         lines = [f"**The causal fit against MAIL-MMSG's** (`python benchmarks/scale.py --causal-profile "
-                 f"{cp['agents']},{cp['days']} --rounds {len(rounds)} --results {source}`; the causal-twin benchmark's log c1, "
+                 f"{cp['agents']},{cp['days']} --rounds {len(rounds)}{flag} --results {source}`; the causal-twin benchmark's log c1, "
                  f"{cp['rows']:,} rows, {cp['members']} members each, serially, one process; {len(rounds)} rounds of both fits "
                  "without a profiler, alternating which goes first; CPU seconds of the process):", "",
                  "| round | first | causal CPU s | MAIL-MMSG CPU s | causal / MAIL-MMSG | load before -> after |",
@@ -1599,6 +1643,17 @@ def causal_fit_lines(cp: dict, source: str) -> list[str]:
     if c.get("invariance_chosen") is not None:
         lines += ["Invariance weight of each member's client model of each scenario (chosen once per scenario, on the "
                   "whole log): " + "; ".join(f"member {i}: {v}" for i, v in enumerate(c["invariance_chosen"])) + ".", ""]
+    if cp.get("causal_before") and rounds:
+        b = cp["causal_before"]
+        same = "the same" if b["invariance_chosen"] == c.get("invariance_chosen") else f"{b['invariance_chosen']}, NOT the same"
+        lines += ["The code before the selection's settled-band stop and one-net folds (`SELECTION_SETTLED`, "
+                  "`SELECTION_SHARED_FOLDS` off), fitted in the same rounds "
+                  "(`--causal-before`; between the other two fits, in the round's order): causal "
+                  + ", ".join(f"{r['causal_before']['cpu_s']:.1f}" for r in rounds) + f" CPU-s (median {b['cpu_s']:.1f}), "
+                  f"ratio to MAIL-MMSG **{cp['ratio_cpu_before']:.2f}x** (rounds "
+                  + ", ".join(f"{r['ratio_cpu_before']:.2f}" for r in rounds) + f"); λ {same}; before / now "
+                  f"{b['cpu_s'] / c['cpu_s']:.2f}x.", ""]
+    lines += _causal_parts.parts_lines(rounds)
     prof = (f" (one more fit of each after the rounds: causal {c['profiled_cpu_s']:.1f}, MAIL-MMSG {m['profiled_cpu_s']:.1f} "
             f"CPU-s under the profiler, load {cp['load']} after)") if "profiled_cpu_s" in c else ""
     clock = cp.get("profile_clock", "wall")  # (earlier runs profiled the wall clock)
@@ -1607,6 +1662,13 @@ def causal_fit_lines(cp: dict, source: str) -> list[str]:
     lines += [f"| `{k}` | {v['calls']} | {v['cum_s']:.1f} |" for k, v in sorted(c["functions"].items(), key=lambda kv: -kv[1]["cum_s"])]
     if cp.get("note"):
         lines += ["", cp["note"]]
+    if cp.get("history"):
+        def earlier(h: dict) -> str:
+            each = ", ".join(f"{r['ratio_cpu']:.2f}" for r in h.get("rounds") or []) or "none"
+            return (f"{h['ratio_cpu']:.2f}x (rounds {each}; causal {h['causal']['cpu_s']:.1f}, MAIL-MMSG "
+                    f"{h['mail']['cpu_s']:.1f} CPU-s; load {h['load']})")
+        lines += ["", "Earlier runs of this benchmark (`causal_fit.history` in the JSON, oldest first): "
+                  + "; ".join(earlier(h) for h in cp["history"]) + "."]
     lines.append("")
     return lines
 

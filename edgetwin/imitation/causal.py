@@ -29,7 +29,9 @@ is each-policy-weighed-alike regression), and the λ with the lowest held-out *p
 each policy's held-out mean squared error, averaged over the policies with equal weight, so a small
 randomized arm counts as much as the production policy — is refit on all rows. The cross-fitting's fits draw a quarter of the model's rows per policy per
 step (`SELECTION_BATCH`), the four λ of a fold train side by side as one stack (`NetStack`), and the
-λ that are out of the running are stopped early (`SELECTION_CHECKS`); a twin chooses λ once per scenario on its whole log and fits
+λ that are out of the running are stopped early (`SELECTION_CHECKS`), the selection stops where its choice is settled in a
+band the held-out error cannot bound (`SELECTION_SETTLED`), and a fold that trains on one policy trains one net for every λ
+(`SELECTION_SHARED_FOLDS`); a twin chooses λ once per scenario on its whole log and fits
 every ensemble member at it (`choose_invariance`, `edgetwin.twin.twin.Twin.fit`). Why: the invariance
 is an assumption (the hidden conditions are distributed the same under every policy, and the
 residual spread does not depend on the action); where it holds, a confounded fit predicts the
@@ -90,16 +92,34 @@ SELECTION_BATCH = 1 / 4
 #: dropped λ ends above the one-standard-error band the final rule keeps.
 SELECTION_CHECKS: tuple[float, ...] = (1 / 4, 1 / 2)
 SELECTION_DROP_SE = 3.0
+#: Stop the selection at a check of `SELECTION_CHECKS` when the rule's band was unbounded there and
+#: at the check before (the worst policy at the best λ one held-out group both times: its error
+#: has no standard error, so every λ is in the band and the error cannot choose) and the most
+#: invariant λ — the rule's choice in an unbounded band — is the same λ at both: that λ is the
+#: choice. Why: in an unbounded band the choice is the held-out invariance's ranking alone, and
+#: training the λ further only re-measured a ranking that had held since a quarter of the steps.
+#: Traced every 1/12 of the steps (benchmarks/scale.py's log c1 and its kin c2, c3 at 100 agents):
+#: wherever the band was unbounded at a quarter and at half of the steps with the same most
+#: invariant λ there, it was the choice at the end (docs/benchmarks/scale/README.md, "Choosing λ:
+#: a settled unbounded band"). The closed-form systems of tests/test_causal_twin.py (every row its
+#: own group) never have an unbounded band: the rule does not fire there, and where it does not
+#: fire the selection is the one before it, to the bit. False: the selection without this stop.
+SELECTION_SETTLED = True
+#: A fold whose training rows hold a single policy trains one net for every λ (`select_invariance`);
+#: False: one per λ, as before (the same fits up to float rounding, four times the work).
+SELECTION_SHARED_FOLDS = True
 
 
 @dataclass(frozen=True)
 class InvarianceChoice:
     """A cross-fitted choice of λ (`choose_invariance`): the λ, and per λ of the grid its held-out
-    worst-policy error and invariance violation (`select_invariance`)."""
+    worst-policy error and invariance violation (`select_invariance`), and the step it decided at."""
 
     invariance: float
     errors: Mapping[float, float]
     violation: Mapping[float, float]
+    #: the selection's Adam steps when it decided (of the model's ``steps``; 0: nothing cross-fitted)
+    steps: int = 0
 
 
 def _prepared(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -146,6 +166,7 @@ class CausalResponseModel:
         self.chosen: float = float("nan")
         self.cv_errors: dict[float, float] = {}  # λ -> held-out worst-policy error
         self.cv_violation: dict[float, float] = {}  # λ -> held-out invariance violation
+        self.cv_steps = 0  # the selection's Adam steps when it decided (`select_invariance`)
         self.net: th.nn.Sequential | None = None
         self.noise_std: np.ndarray = np.zeros(0)
         self.history: list[tuple[float, float]] = []  # (error, penalty) every 50 steps
@@ -180,6 +201,7 @@ class CausalResponseModel:
                 self.chosen = float(self.invariance)
             elif chosen is not None:
                 self.chosen, self.cv_errors, self.cv_violation = chosen.invariance, dict(chosen.errors), dict(chosen.violation)
+                self.cv_steps = chosen.steps
             else:
                 self.chosen = select_invariance(self, x, y, codes, groups) if len(np.unique(codes)) >= 2 else 0.0
             self.history = []
@@ -734,6 +756,22 @@ def select_invariance(
     to the end only confirmed it; on a near tie every candidate runs to the end, so the choice is
     the full cross-fitting's (tests/test_causal_halving.py). ``cv_errors`` / ``cv_violation`` of a
     dropped λ are its numbers where it was dropped.
+
+    A fold whose training rows hold a single policy (a randomized arm of one agent-day held out
+    with the fold) trains one net for every λ: with one policy the penalty and its gradient are zero
+    (exactly: the policy's moments are their own average), so the λ's fits there are the same fit
+    (up to float rounding: a stack of one net may take another GEMM path than a stack of four; on log
+    c1 the choice's held-out numbers came out the same to the bit), and training four copies of one
+    fit was a quarter of the cross-fitting of one of log c1's scenarios.
+
+    A settled unbounded band (`SELECTION_SETTLED`): when the worst policy at the best λ is a single
+    held-out group (a randomized arm of one agent-day) at two successive checks, every λ is in the
+    band, the rule's choice there is the most invariant λ, and if that is the same λ at both checks
+    the selection stops and takes it (``cv_errors`` / ``cv_violation`` are the numbers there, and
+    ``model.cv_steps`` the step). Why: the error cannot choose in an unbounded band, and the
+    invariance's ranking had held for a quarter of the steps; on the scale benchmark's log c1 this
+    band was unbounded on two of the three scenarios (the costliest part of choosing λ, as no λ
+    could be dropped there), each of whose choices the stop keeps (tests/test_causal_settled.py).
     """
     gid = np.arange(len(x)) if groups is None else np.unique(np.asarray(groups, dtype=str), return_inverse=True)[1]
     rng = np.random.default_rng(model.seed)
@@ -745,23 +783,27 @@ def select_invariance(
         fold[rows] = [assign[v] for v in gid[rows].tolist()]
     lams = [float(v) for v in grid]
     batch = max(2, round(model.batch * SELECTION_BATCH))
-    parts = []
+    parts = []  # (the fold's stack, its held-out rows, whether one net stands for every λ)
     for f in range(folds):
         train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
         if len(test) == 0 or len(train) < 2:
             continue
-        parts.append((NetStack(model, x, y, codes, lams, model.steps, batch, rows=train), test))
+        # a fold whose training rows hold fewer than two policies (of two rows or more, as `NetStack`
+        # counts them) has no invariance penalty: every λ's net is the same fit, so one net serves all
+        shared = SELECTION_SHARED_FOLDS and int((np.bincount(codes[train]) >= 2).sum()) < 2
+        parts.append((NetStack(model, x, y, codes, lams[:1] if shared else lams, model.steps, batch, rows=train), test, shared))
     pols = [np.flatnonzero(codes == k) for k in np.unique(codes)]
     alive = list(range(len(lams)))
     errors: dict[float, float] = {}
     violation: dict[float, float] = {}
     stops = sorted({min(model.steps, max(1, round(model.steps * c))) for c in SELECTION_CHECKS} | {model.steps})
+    settled: float | None = None  # the most invariant λ at the last check, when its band was unbounded
     for until in stops:
         resid = {i: np.zeros_like(y) for i in alive}
-        for stack, test in parts:
+        for stack, test, shared in parts:
             stack.run(until)
             for j, i in enumerate(alive):
-                resid[i][test] = y[test] - stack.predict(x[test], j)
+                resid[i][test] = y[test] - stack.predict(x[test], 0 if shared else j)
         per_policy = {i: [float((r[rows] ** 2).mean()) for rows in pols] for i, r in resid.items()}
         for i, r in resid.items():
             errors[lams[i]], violation[lams[i]] = max(per_policy[i]), _violation(r, pols)
@@ -773,12 +815,15 @@ def select_invariance(
         se = float(g_means.std(ddof=1) / np.sqrt(len(g_means))) if len(g_means) > 1 else float("inf")
         bound = errors[lams[best]] + (se if until == model.steps else SELECTION_DROP_SE * se)
         near = [i for i in alive if errors[lams[i]] <= bound]
-        if until == model.steps or len(near) == 1:
-            model.cv_errors, model.cv_violation = errors, violation
-            return lams[min(near, key=lambda i: (violation[lams[i]], lams[i]))]
+        invariant = lams[min(near, key=lambda i: (violation[lams[i]], lams[i]))]
+        if until == model.steps or len(near) == 1 or (SELECTION_SETTLED and math.isinf(se) and settled == invariant):
+            model.cv_errors, model.cv_violation, model.cv_steps = errors, violation, until
+            return invariant
+        settled = invariant if math.isinf(se) else None
         if len(near) < len(alive):
-            for stack, _ in parts:
-                stack.keep([alive.index(i) for i in near])
+            for stack, _, shared in parts:
+                if not shared:
+                    stack.keep([alive.index(i) for i in near])
             alive = near
     raise AssertionError("unreachable: the last check decides")
 
@@ -806,7 +851,7 @@ def choose_invariance(
             return InvarianceChoice(0.0, {}, {})
         model = CausalResponseModel(hidden, "cv", steps, batch, lr, seed)
         lam = select_invariance(model, x, y, codes, groups)
-        return InvarianceChoice(lam, dict(model.cv_errors), dict(model.cv_violation))
+        return InvarianceChoice(lam, dict(model.cv_errors), dict(model.cv_violation), model.cv_steps)
     finally:
         th.set_num_threads(threads)
 
