@@ -837,9 +837,10 @@ def extended_section(res: dict[str, Any], heading: str = EXT_SECTION, design: st
              "the rounds pooled with the fleet's and the interference's terms as perfectly correlated and the day-to-day "
              "term (the twin's replay of 6 recent days of the fleet's own size) independent across days only; "
              "`Twin.update` after each look; the loop stops early when no open KPI can decide in the days left "
-             "(futility). A canary the guard stopped refuses its candidate (the guard's KPI *regresses*, always-valid) "
-             "and every other KPI is judged on the ticks it ran, pooled with the earlier days at the look's level "
-             "(`edgetwin.loop.rounds._guard_verdict`): each (candidate, KPI) question is answered once. "
+             "(futility). A canary the guard stopped refuses its candidate (the guard's KPI *regresses*, always-valid); "
+             "a day the guard or the loss budget cut short gives no verdict on the other KPIs, which are judged on the "
+             "completed days before it, pooled at the look's level, or stay open (`edgetwin.loop.rounds._guard_verdict`, "
+             "`_stopped_day_verdict`; sections merged before that rule judged them on the ticks the stopped day ran). "
              + reuse_text(res) + "What ran: " + "; ".join(f"{int(n):,} groups: seeds {v['seeds']}, candidates per seed "
              + ", ".join(f"{sd}: {len(cs)}" for sd, cs in v["candidates"].items()) for n, v in res["by_fleet_size"].items())
              + ". Intervals: Clopper-Pearson 95 % over pairs (optimistic: a candidate's pairs share its canaries).", "",
