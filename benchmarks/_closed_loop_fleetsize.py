@@ -29,7 +29,62 @@ RUN_KEY = f"extended_fleet_control_{VARIANT}"
 SEED_FILE = f"extended_fc_{VARIANT}_seed{{s}}.json"
 KEY = "day_term_by_fleet_size"
 #: the code the merged run was made on (`write_page` records it)
-CODE = "2c7cd63: main at 51e038e with the 5,000-group bus frame, `fleet_frame_bytes`"
+CODE = "68e4f7b: main at a5d40b3 with issue 48's stopped-day rule (`edgetwin.loop.rounds._stopped_day_verdict`)"
+#: the run before the stopped-day rule: its code, and where its seed files are kept (`before_guard_days`)
+BEFORE_CODE = "2c7cd63: main at 51e038e with the 5,000-group bus frame, `fleet_frame_bytes`"
+BEFORE_DIR = "before_guard_days"
+BEFORE_KEY = "before_guard_days"
+#: the page's sections measured with the loop's rule before the stopped-day rule, not rerun (`section`'s note)
+OLD_RULE_SECTIONS = ("Closed loop: twin alone vs canary alone vs twin + canary", "Closed loop at 100, 1,000 and 5,000 groups",
+                     "Extended canaries", "What narrows the interval at 1,000 groups", "Extended canaries with the rest "
+                     "of the fleet as control", "… (reseeded)", "What bounds the verdict rate at 1,000 groups",
+                     "The verdict's day-to-day term (its 1,000-group reruns)")  # fmt: skip
+
+
+def _stopped(summary: dict[str, Any]) -> bool:
+    """A candidate's loop had a canary day a stop cut short (guard, loss budget, …): the only path
+    the stopped-day rule changes."""
+    return any(r.get("stop") != "completed" for r in summary.get("rounds", []))
+
+
+def rerun_check(docs_of: dict[str, list[dict[str, Any]]], before: Path) -> dict[str, Any]:
+    """Per fleet size, what ran afresh and what was taken from the run before the stopped-day rule
+    (``before``: its seed files): ``reused`` (loops that never stopped, `_closed_loop_scale.reused_loops`),
+    ``rerun_stopped`` (loops with a stopped day, run afresh), and for the loops that never stopped but
+    ran afresh all the same, whether every pair's verdict and the loop's agent-steps are the stored
+    run's (``identical`` / ``differing``): the check that taking them as they were is what a rerun gives;
+    ``changed``: every pair decided in one run and not the other, or decided otherwise (old → new, with
+    its 20-day truth; an open pair's label, straddle or the twin alone's, is not a change)."""
+    from _closed_loop_scale import DECIDED
+
+    out: dict[str, Any] = {}
+    for n, docs in docs_of.items():
+        e: dict[str, list[str]] = {"reused": [], "rerun_stopped": [], "identical": [], "differing": [], "changed": []}
+        for d in docs:
+            path = before / SEED_FILE.format(s=d["seed"])
+            old = json.loads(path.read_text())["by_fleet_size"].get(n, {}) if path.is_file() else {}
+            olds = {s["policy"]: s for s in old.get("per_candidate", [])}
+            cur = d["by_fleet_size"][n]
+            oldp = {(p["policy"], p["kpi"]): p for p in old.get("pairs", [])}
+            for p in cur["pairs"]:
+                q = oldp.get((p["policy"], p["kpi"]))
+                if q is not None and q["twin_canary"] != p["twin_canary"] and set(DECIDED) & {q["twin_canary"], p["twin_canary"]}:
+                    e["changed"].append(f"seed {d['seed']}: {p['policy']} {p['kpi']} {q['twin_canary']} → "
+                                        f"{p['twin_canary']} (truth {100 * float(p['truth_change']):+.1f} %)")
+            for s in cur["per_candidate"]:
+                key = f"seed {d['seed']}: {s['policy']}"
+                o = olds.get(s["policy"])
+                if s.get("loop_reused"):
+                    e["reused"].append(key)
+                elif o is None or _stopped(o) or _stopped(s):
+                    e["rerun_stopped"].append(key)
+                else:
+                    a = {p["kpi"]: p["twin_canary"] for p in cur["pairs"] if p["policy"] == s["policy"]}
+                    b = {p["kpi"]: p["twin_canary"] for p in old["pairs"] if p["policy"] == s["policy"]}
+                    same = a == b and s["twin_canary_agent_steps"] == o["twin_canary_agent_steps"]
+                    e["identical" if same else "differing"].append(key)
+        out[n] = e
+    return out
 
 
 def _scores(pairs: list[dict[str, Any]], per: list[dict[str, Any]]) -> dict[str, Any]:
@@ -118,10 +173,14 @@ def fleet_sizes(cur: dict[str, Any], scale_dir: Path) -> dict[str, Any]:
     docs_of = {n: [json.loads((scale_dir / SEED_FILE.format(s=s)).read_text()) for s in v["seeds"]]
                for n, v in run["by_fleet_size"].items()}  # fmt: skip
     sizes = sorted(docs_of, key=int)
-    out: dict[str, Any] = {"run": RUN_KEY, "commands": run["scale_config"]["commands"], "by_fleet_size": {}}
+    out: dict[str, Any] = {"run": RUN_KEY, "commands": run["scale_config"]["commands"], "by_fleet_size": {},
+                           "rerun": rerun_check(docs_of, scale_dir / BEFORE_DIR)}  # fmt: skip
     for n in sizes:
         entry = size_entry(docs_of[n], n) | {"code": CODE}
         entry["before_day_term"] = before_entry(before_headline(cur).get(n, {}))
+        prev = cur.get(BEFORE_KEY, {}).get(KEY, {}).get("by_fleet_size", {}).get(n)
+        if prev is not None:  # the same size before the stopped-day rule
+            entry[BEFORE_KEY] = {k: prev[k] for k in ("decided", "agreement", "coverage", "agent_steps", "rounds", "wrong", "code")}
         out["by_fleet_size"][n] = entry
     common = set.intersection(*[{s["policy"] for s in d["by_fleet_size"][n]["per_candidate"]}
                                 for n in sizes for d in docs_of[n]])  # fmt: skip
@@ -130,6 +189,19 @@ def fleet_sizes(cur: dict[str, Any], scale_dir: Path) -> dict[str, Any]:
                               "by_fleet_size": {n: size_entry([d for d in docs_of[n] if int(d["seed"]) in seeds], n, common)
                                                 for n in sizes}}  # fmt: skip
     return out
+
+
+def keep_before(cur: dict[str, Any]) -> bool:
+    """Once, before a run on `CODE` replaces ``day_term_by_fleet_size``: the one made before the
+    stopped-day rule (`BEFORE_CODE`; its seed files under ``scale/before_guard_days``) under
+    `BEFORE_KEY`, with the headline ``by_fleet_size`` it had set. True when kept now."""
+    old = cur.get(KEY)
+    if BEFORE_KEY in cur or not old or all(v.get("code") == CODE for v in old["by_fleet_size"].values()):
+        return False
+    cur[BEFORE_KEY] = {"what": "the closed loop by fleet size before issue 48's stopped-day rule: a canary day the guard "
+                               "stopped judged every other KPI on the ticks it ran (seed files: scale/before_guard_days)",
+                       "code": BEFORE_CODE, KEY: old, "by_fleet_size": cur.get("by_fleet_size")}  # fmt: skip
+    return True
 
 
 def _r(r: dict[str, Any] | None) -> str:
@@ -164,14 +236,15 @@ def section(res: dict[str, Any]) -> str:
              "1, 2, 4, 8, 16, the rest of the fleet as control with a CUPED slope per arm, the day term calibrated by the "
              "logs and the canaries' own days), with the same seeds, twins, "
              "candidates, fleets, 20-day truths and budget (a fixed 10 % share, half on the candidate) as the scale "
-             f"section, every size on one commit ({CODE}); results `{RUN_KEY}` and `{KEY}` in results_production.json. "
+             f"section, run on {CODE}; results `{RUN_KEY}` and `{KEY}` in results_production.json. " + _rule_text(res) + " "
              f"What ran: {ran}. Before: the headline `by_fleet_size` as it was before the day term (the "
              "slice-control loop; its 5,000-group entry one canary day and ≤ 3 rounds), now "
              + ("`before_day_term.by_fleet_size`; the headline is this run's" if res.get("headline_replaced") else
                 "still the headline") + ". Of the distinct (candidate, KPI) pairs the twin alone left open: decided by the canaries "
              "(`canary_verdict_rate`), of those agreeing with the 20-day truth (`confident_agreement`), and how often the "
-             "last look's interval covers the 20-day truth (stated 90 % over the looks); Clopper-Pearson 95 % over pairs "
-             "(optimistic: a candidate's pairs share its canaries).", "",
+             "last look's interval covers the 20-day truth (stated 90 % over the looks; over the open pairs the loop gave "
+             "an interval, which a candidate whose canary was stopped on its first day no longer gets); Clopper-Pearson 95 % "
+             "over pairs (optimistic: a candidate's pairs share its canaries).", "",
              "| groups | seeds | with the day term: canaries decided | right | interval covers the 20-day truth | "
              "canary agent-steps | canary days | before the day term: decided | right |",
              "|---|---|---|---|---|---:|---:|---|---|"]  # fmt: skip
@@ -189,7 +262,39 @@ def section(res: dict[str, Any]) -> str:
                      f"{v['agent_steps']:,} | {v['rounds']} |")  # fmt: skip
     wrong = [f"{int(n):,} groups: {w}" for n, v in by.items() for w in v["wrong"]]
     lines += ["", "Wrong verdicts: " + ("; ".join(wrong) if wrong else "none") + "."]
+    if any(BEFORE_KEY in v for v in by.values()):
+        lines += ["", f"Before the stopped-day rule (`{BEFORE_KEY}`, code {BEFORE_CODE}: a stopped day's other KPIs "
+                  "judged on the ticks it ran), the same sizes, seeds and candidates:", "",
+                  "| groups | canaries decided | right | interval covers the 20-day truth | canary agent-steps | "
+                  "canary days | pairs whose verdict changed with the rule |", "|---|---|---|---|---:|---:|---|"]  # fmt: skip
+        for n, v in by.items():
+            b = v.get(BEFORE_KEY)
+            if b is not None:
+                ch = res.get("rerun", {}).get(n, {}).get("changed", [])
+                lines.append(f"| {int(n):,} | {_r(b['decided'])} | {_r(b['agreement'])} | {_r(b['coverage'])} | "
+                             f"{b['agent_steps']:,} | {b['rounds']} | {'; '.join(ch) if ch else 'none'} |")  # fmt: skip
+    lines += ["", "Measured with the loop's rule before the stopped-day rule and not rerun (a stopped canary day's "
+              "other KPIs judged on the ticks it ran, or, before issue 48's guard verdict, left open; loss-budget stops "
+              "judged on the ticks they ran): the sections " + ", ".join(f"\"{t}\"" for t in OLD_RULE_SECTIONS)
+              + "; the section \"Extended canaries with the rest of the fleet as control (day_term)\" is this run's."]
     return "\n".join(lines) + "\n"
+
+
+def _rule_text(res: dict[str, Any]) -> str:
+    """What the stopped-day rule changed and which loops ran afresh (`rerun_check`)."""
+    rr = res.get("rerun", {})
+    parts = []
+    for n, e in rr.items():
+        p = f"{int(n):,} groups: {len(e['rerun_stopped'])} loop(s) with a stopped day run afresh"
+        if e["reused"]:
+            p += f", {len(e['reused'])} that never stopped taken from the run before ({', '.join(e['reused'])})"
+        if e["identical"] or e["differing"]:
+            p += (f", {len(e['identical']) + len(e['differing'])} that never stopped run afresh all the same, "
+                  f"{len(e['identical'])} of them identical to the run before")
+        parts.append(p)
+    return ("The stopped-day rule: a canary day the guard or the loss budget cut short gives no verdict on the other "
+            "KPIs, which are judged on the completed days before it or stay open (`edgetwin.loop.rounds."
+            "_stopped_day_verdict`); it changes only loops with a stopped day. " + ("; ".join(parts) + "." if parts else ""))
 
 
 def write_page(out: Path) -> dict[str, Any]:
@@ -198,6 +303,7 @@ def write_page(out: Path) -> dict[str, Any]:
 
     path = out / "results_production.json"
     cur = json.loads(path.read_text())
+    keep_before(cur)
     cur[KEY] = fleet_sizes(cur, out / "scale")
     cur[KEY]["headline_replaced"] = replace_headline(cur)
     path.write_text(json.dumps(cur, indent=1, default=float))

@@ -99,12 +99,13 @@ def multi_day_truth(cfg: Any, pols: dict[str, Any], kdefs: list[Any], twin: Any,
 def loop_pairs(name: str, decision: Any, res: Any, canaries: list[tuple[Any, Any]], nominal: dict[str, Any]) -> dict[str, str]:
     """The loop's verdict per nominal KPI after its last round (the twin alone's where no canary
     judged the KPI). A canary the guard stopped: its KPI ``regress`` (the guard's), every other KPI as
-    judged on the ticks it ran (`edgetwin.loop.rounds._guard_verdict`), or open when there were none."""
+    judged on the completed days before the stopped one (`edgetwin.loop.rounds._guard_verdict`), or
+    open when there were none."""
     if res is None or not res.rounds:
         return {k: c.verdict for k, c in nominal.items()}
     rd = res.rounds[-1]
     by_col = {c["kpi"]: c["verdict"] for c in rd.checks}
-    if rd.stop_reason == "guard" and not rd.checks:  # no estimate on the ticks it ran: the guard's KPI alone
+    if rd.stop_reason == "guard" and not rd.checks:  # no completed day before the stop: the guard's KPI alone
         gk = getattr(canaries[rd.round - 1][1].guard_stop, "kpi", None)
         by_col = {gk: "regress"} if gk else {}
     from closed_loop import kpi_column
@@ -278,10 +279,11 @@ def run_seed(seed: int, sizes: list[int], truth_days: int, work: Path, out: Path
 def reused_loops(old: dict[str, Any], n: int, seed: int, doc: dict[str, Any]) -> dict[str, Any]:
     """From an earlier extended run's ``extended_seed<S>.json`` (same seed, twin, candidates, truth
     days and ``max_days``): candidate -> ``(pairs, summary)`` at fleet size ``n`` for every candidate
-    whose loop did not end on the guard's stop. Judging a guard-stopped canary's other KPIs
-    (`edgetwin.loop.rounds._guard_verdict`) changes nothing on any other path, and the loop is
-    seeded, so those loops are what a rerun would compute (a fresh run of one of them at 1,000
-    groups is the check: the page says which). Their Kayenta measure on the loop's canaries is
+    every round of whose loop ran its day (no guard, loss-budget or other stop). How a stopped day
+    is judged (`edgetwin.loop.rounds._guard_verdict`, `_stopped_day_verdict`) changes nothing on
+    any other path, and the loop is seeded, so those loops are what a rerun would compute (fresh
+    runs of such loops are the check: the page says which). A run from before the canary-alone
+    relabelling (no ``canary_alone_relabelled``) has its Kayenta measure on the loop's canaries
     dropped (``canary_alone`` None): that run read the candidate arm by the wrong name."""
     same = all(old.get(k) == doc.get(k) for k in ("seed", "truth_days", "twin", "max_days")) and old.get("seed") == seed
     same = same and bool(old.get("fleet_control", False)) == bool(doc.get("fleet_control", False)) and \
@@ -290,11 +292,12 @@ def reused_loops(old: dict[str, Any], n: int, seed: int, doc: dict[str, Any]) ->
         raise SystemExit("--reuse-loop: another seed, twin, truth days or --max-days than this run")
     entry = old.get("by_fleet_size", {}).get(str(n), {})
     out = {}
+    relabelled = bool(old.get("canary_alone_relabelled"))
     for s in entry.get("per_candidate", []):
-        if not s["rounds"] or s["rounds"][-1]["stop"] == "guard":
+        if not s["rounds"] or any(r.get("stop") != "completed" for r in s["rounds"]):
             continue
-        pairs = [{**p, "canary_alone": None} for p in entry["pairs"] if p["policy"] == s["policy"]]
-        out[s["policy"]] = (pairs, {**s, "loop_reused": True, "canary_alone_agent_steps": None})
+        pairs = [p if relabelled else {**p, "canary_alone": None} for p in entry["pairs"] if p["policy"] == s["policy"]]
+        out[s["policy"]] = (pairs, {**s, "loop_reused": True} | ({} if relabelled else {"canary_alone_agent_steps": None}))
     return out
 
 
@@ -834,9 +837,10 @@ def extended_section(res: dict[str, Any], heading: str = EXT_SECTION, design: st
              "the rounds pooled with the fleet's and the interference's terms as perfectly correlated and the day-to-day "
              "term (the twin's replay of 6 recent days of the fleet's own size) independent across days only; "
              "`Twin.update` after each look; the loop stops early when no open KPI can decide in the days left "
-             "(futility). A canary the guard stopped refuses its candidate (the guard's KPI *regresses*, always-valid) "
-             "and every other KPI is judged on the ticks it ran, pooled with the earlier days at the look's level "
-             "(`edgetwin.loop.rounds._guard_verdict`): each (candidate, KPI) question is answered once. "
+             "(futility). A canary the guard stopped refuses its candidate (the guard's KPI *regresses*, always-valid); "
+             "a day the guard or the loss budget cut short gives no verdict on the other KPIs, which are judged on the "
+             "completed days before it, pooled at the look's level, or stay open (`edgetwin.loop.rounds._guard_verdict`, "
+             "`_stopped_day_verdict`; sections merged before that rule judged them on the ticks the stopped day ran). "
              + reuse_text(res) + "What ran: " + "; ".join(f"{int(n):,} groups: seeds {v['seeds']}, candidates per seed "
              + ", ".join(f"{sd}: {len(cs)}" for sd, cs in v["candidates"].items()) for n, v in res["by_fleet_size"].items())
              + ". Intervals: Clopper-Pearson 95 % over pairs (optimistic: a candidate's pairs share its canaries).", "",

@@ -63,6 +63,39 @@ def test_size_entry_counts_open_pairs_agreement_coverage_and_candidates(fs: Any)
     assert (only["canary_decided"], only["open_after_twin"]) == (0, 1) and only["confident_agreement"] is None
 
 
+def test_rerun_check_says_what_ran_afresh_what_was_reused_and_what_changed(fs: Any, tmp_path: Path) -> None:
+    """The stopped-day rerun's bookkeeping: a reused loop, a stopped loop run afresh (its verdicts
+    changed), a never-stopped loop run afresh (identical, or not), against the stored seed file."""
+    def summ(policy: str, stops: list[str], steps: int = 100, **kw: Any) -> dict[str, Any]:
+        return {"policy": policy, "rounds": [{"stop": x} for x in stops], "twin_canary_agent_steps": steps, **kw}
+
+    old = {"seed": 1, "by_fleet_size": {"5000": {
+        "pairs": [_pair("g", "k1", "regress", 0.3, True), _pair("g", "k2", "regress", -0.1, False),
+                  _pair("a", "k1", "ok", 0.0, False), _pair("b", "k1", "ok", 0.0, False), _pair("r", "k1", "ok", 0.0, False)],
+        "per_candidate": [summ("g", ["guard"]), summ("a", ["completed"]), summ("b", ["completed"] * 2),
+                          summ("r", ["completed"])]}}}  # fmt: skip
+    (tmp_path / fs.SEED_FILE.format(s=1)).write_text(json.dumps(old))
+    new = {"seed": 1, "by_fleet_size": {"5000": {
+        "pairs": [_pair("g", "k1", "regress", 0.3, True), _pair("g", "k2", "abstain", -0.1, False),
+                  _pair("a", "k1", "ok", 0.0, False), _pair("b", "k1", "ok", 0.0, False), _pair("r", "k1", "ok", 0.0, False)],
+        "per_candidate": [summ("g", ["guard"], 40), summ("a", ["completed"]), summ("b", ["completed"] * 2, 120),
+                          summ("r", ["completed"], loop_reused=True)]}}}  # fmt: skip
+    got = fs.rerun_check({"5000": [new]}, tmp_path)["5000"]
+    assert got["reused"] == ["seed 1: r"] and got["rerun_stopped"] == ["seed 1: g"]
+    assert got["identical"] == ["seed 1: a"] and got["differing"] == ["seed 1: b"]  # b's agent-steps differ
+    assert got["changed"] == ["seed 1: g k2 regress → abstain (truth -10.0 %)"]
+
+
+def test_the_run_before_the_stopped_day_rule_is_kept_once(fs: Any) -> None:
+    cur = {fs.KEY: {"by_fleet_size": {"5000": {"code": fs.BEFORE_CODE, "decided": 1}}}, "by_fleet_size": {"5000": 2}}
+    assert fs.keep_before(cur) and cur[fs.BEFORE_KEY][fs.KEY]["by_fleet_size"]["5000"]["decided"] == 1
+    assert cur[fs.BEFORE_KEY]["by_fleet_size"] == {"5000": 2} and cur[fs.BEFORE_KEY]["code"] == fs.BEFORE_CODE
+    cur[fs.KEY] = {"by_fleet_size": {"5000": {"code": fs.CODE, "decided": 3}}}
+    assert not fs.keep_before(cur) and cur[fs.BEFORE_KEY][fs.KEY]["by_fleet_size"]["5000"]["decided"] == 1
+    fresh = {fs.KEY: {"by_fleet_size": {"5000": {"code": fs.CODE}}}}
+    assert not fs.keep_before(fresh) and fs.BEFORE_KEY not in fresh  # a run on this code replaces nothing
+
+
 def test_the_section_is_the_json(fs: Any) -> None:
     """Every number of the section is `day_term_by_fleet_size`'s: regenerating it gives the page's text."""
     from _docs import relink
@@ -122,7 +155,16 @@ def test_the_analysis_quotes_the_json(fs: Any) -> None:
     assert (f"the group split dominates {dom['5000'][0]} of {dom['5000'][1]} at 5,000 groups against {dom['1000'][0]} "
             f"of {dom['1000'][1]} at 1,000") in text
     wrong = {s: v["wrong"] for s, v in cur[fs.KEY]["by_fleet_size"]["5000"]["per_seed"].items() if v["wrong"]}
-    assert list(wrong) == ["1"] and len(wrong["1"]) == 5 and "five wrong verdicts come from" in text  # "all seed 1"
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+    n_wrong = sum(len(w) for w in wrong.values())
+    assert f"{words.get(n_wrong, n_wrong)} wrong verdicts" in text
+    if len(wrong) == 1:
+        assert f"all seed {next(iter(wrong))} at 5,000 groups" in text
+    for n, v in cur[fs.KEY]["by_fleet_size"].items():  # the run before the stopped-day rule, as quoted
+        b = v.get(fs.BEFORE_KEY)
+        if b is not None:
+            assert f"{b['decided']['k']} of {b['decided']['n']} decided and {b['agreement']['k']} of " \
+                   f"{b['agreement']['n']} right before the rule" in text, n
 
 
 def test_the_at_a_glance_rows_quote_it(fs: Any) -> None:

@@ -12,8 +12,19 @@ plan's share × hours × loss budget) is spent.
 canary (the twin never saw those rows), and rounds are pooled by inverse-variance weights
 (`edgetwin.loop.ppi.combine_estimates`), so the updated twin narrows later rounds without
 biasing any. A canary the guard stopped (a guarded KPI's regression beyond its margin is certain,
-always-valid) refuses at once, and every other guarded KPI is judged on the ticks it ran
-(`_guard_verdict`), so that a refused candidate's other questions are answered too.
+always-valid) refuses at once (`_guard_verdict`).
+
+**A day a stop cut short gives no verdict** (`_stopped_day_verdict`). The verdict is about the
+fleet-wide effect averaged over whole days (the day-to-day term is a whole day's), and the hours
+before a stop are not such a day: they are its first hours (time of day) ending in the stretch the
+stop fired on, at a time the data chose, which the alpha spending does not cover. So when the guard
+or the edge's loss budget (any stop before the day's planned ticks) cuts a canary day short, every
+KPI other than the guard's is judged only on the completed canary days before it — pooled as any
+look is, at the level of the look the stop takes the place of — and with no completed day it stays
+open, the result saying why. The stopped day's estimates are kept in its `LoopRound` for the
+record. (Measured: judged on the ticks it ran, the closed-loop benchmark's 5,000-group guard stop
+of least-loaded on day 1 put three of its other KPIs on the wrong side of the 20-day truth,
+docs/benchmarks/closed_loop, "What the fleet sizes say".)
 
 **The fleet.** ``fleet_log`` is the fleet's log on the current policy for the day the canaries run
 (its last episode's service groups are the fleet; on the emulated cluster it is
@@ -216,15 +227,22 @@ def canary_loop(
         if on_canary is not None:
             on_canary(r, plan, res)
         c_rows = res.log[(res.log["policy"].astype(str) == version) & (res.log["t"] >= cfg.pre_ticks)]
-        # a canary the loss budget or the guard stopped is judged on the ticks it ran (the twin's window the same)
+        # the ticks a stopped canary ran (the twin's window the same): its estimates are for the record
         ran = max(1, min(cfg.ticks, int(res.ticks) - int(cfg.pre_ticks)))
         est = _round_estimates(twin, day_log, res, plan, candidate_spec, baseline_spec, version, day_var, cfg.pre_ticks,
                                ran, seed, members, fleet_control, float(r - 1 if days is not None else 0), cuped)  # fmt: skip
-        if est:
+        # a day a stop cut short is not a day: its estimates are kept for the record, never pooled
+        short = res.stop_reason != "completed" and int(res.ticks) - int(cfg.pre_ticks) < cfg.ticks
+        if est and not short:
             per_round.append(est)
         loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks, version)
-        if res.stop_reason == "guard":  # refused; every other KPI judged on the ticks it ran (`_guard_verdict`)
-            verdict, ests, checks, reason, n_days = _guard_verdict(res, cfg, per_round, len(looks), plan, day_var, ran)
+        if res.stop_reason == "guard":  # refused; the other KPIs on the completed days before (`_guard_verdict`)
+            verdict, ests, checks, reason, n_days = _guard_verdict(res, cfg, per_round, len(looks), plan, day_var, ran,
+                                                                   short)  # fmt: skip
+        elif short:  # the loss budget (or another stop) cut the day short: the completed days before it only
+            verdict, ests, checks, reason, n_days = _stopped_day_verdict(
+                f"the canary's {STOPPED_BY.get(res.stop_reason, res.stop_reason + ' stop')}", per_round, len(looks),
+                plan, day_var, ran)  # fmt: skip
         else:
             hurt = hurting(res.stop_reason, over) if days is not None else None
             if r not in looks and hurt is None:  # an extension day between looks: pooled at the next look
@@ -278,28 +296,67 @@ def _round_estimates(
     return est
 
 
-def _guard_verdict(
-    res: Any, cfg: Any, per_round: list[dict[str, dict[str, float]]], n_looks: int, plan: CanaryPlan,
+#: what stopped a canary, by `edgetwin.edge.canary.STOP_REASONS` (the result's wording)
+STOPPED_BY = {"guard": "guard", "budget": "loss budget", "operator": "operator", "link": "failed log shipping",
+              "runtime": "runtime's end", "swapped": "current policy's change"}  # fmt: skip
+
+
+def _stopped_day_verdict(
+    what: str, per_round: list[dict[str, dict[str, float]]], n_looks: int, plan: CanaryPlan,
     day_var: Mapping[str, Any] | None, ran: int,
 ) -> tuple[str, list[Any], list[dict[str, Any]], str, int]:
+    """The verdict after a canary day that ``what`` (e.g. "the canary's loss budget") stopped after
+    ``ran`` ticks: the completed days before it (``per_round``, which never holds a stopped day)
+    pooled at one look's level (`_pooled_verdict`: the stop takes the place of the next planned
+    look and spends its alpha), or, with no completed day, open (abstain) saying why.
+
+    Why not the stopped day's ticks: the verdict is about the fleet-wide effect averaged over whole
+    days (the day-to-day term is a whole day's), and the hours before a stop are the day's first
+    hours ending in the stretch the stop fired on, at a time the data chose — neither the estimand
+    nor a time the alpha spending covers. (Measured: judged on the ticks it ran, a 5,000-group guard
+    stop on day 1 put three other KPIs on the wrong side of the 20-day truth, docs/benchmarks/closed_loop.)
+    The completed days' estimates are not chosen by the stop: it fired on the stopped day's data,
+    and each day is a fresh random slice of another day's fleet."""
+    why = "the hours before a stop are not the day the verdict is about"
+    if not per_round:
+        return ("abstain", [], [], f"undecided: judged on no day: {what} stopped the first day after {ran} tick(s); {why}",
+                0)  # fmt: skip
+    verdict, ests, checks, reason, n_days = _pooled_verdict(per_round, n_looks, plan, day_var)
+    return (verdict, ests, checks, f"judged on the {n_days} completed day(s) before the one {what} stopped after {ran} "
+            f"tick(s) ({why}): {reason}", n_days)  # fmt: skip
+
+
+def _guard_verdict(
+    res: Any, cfg: Any, per_round: list[dict[str, dict[str, float]]], n_looks: int, plan: CanaryPlan,
+    day_var: Mapping[str, Any] | None, ran: int, short: bool = True,
+) -> tuple[str, list[Any], list[dict[str, Any]], str, int]:
     """A canary the guard stopped: refuse (the guard's always-valid test saw its KPI regress beyond
-    its margin), and judge every other guarded KPI on the ticks it ran, pooled with the earlier days
-    at one look's level (`_pooled_verdict`: the same small-sample construction, alpha spending and
-    day-to-day term as every other verdict; the stop takes the place of the next planned look and
-    spends its alpha, as a hurting day's last verdict does), so that a refused candidate's other
-    questions are not left open. The guard's KPI keeps the guard's ``regress`` (each question is
-    answered once). Caveat: the stop time is chosen by the data (the guard fired on a bad stretch),
-    so the other KPIs' intervals at it are not covered by the schedule's alpha spending in the strict
-    sense; the closed-loop benchmark measures how often they agree with the multi-day truth."""
+    its margin); the guard's KPI keeps the guard's ``regress`` (each question is answered once).
+
+    Every other guarded KPI is judged only on the completed canary days before the stopped one
+    (``per_round`` holds no stopped day; `_stopped_day_verdict`, pooled at the level of the look the
+    stop takes the place of), and with no completed day stays open, the reason saying why. Why not
+    on the ticks it ran: the hours before a stop are not the day the verdict is about (time of day,
+    and the bad stretch the guard fired on), and the stop time is chosen by the data, so intervals
+    at it are not covered by the alpha spending; judged that way, the closed-loop benchmark's
+    5,000-group guard stop of least-loaded on day 1 called carbon and energy *regress* (20-day truth
+    −13.6 % and −5.0 %) and task time *ok* (truth +59.9 %). ``short``: False when the stop came
+    after the day's planned ticks (``per_round`` then holds that whole day)."""
     gk = getattr(res.guard_stop, "kpi", None)
     reason = f"the canary's guard stopped it: {gk or '?'} regressed beyond its margin (always-valid, alpha {cfg.alpha})"
     if not per_round:
-        return "refuse", [], [], reason, 0
-    _, ests, checks, other, n_days = _pooled_verdict(per_round, n_looks, plan, day_var)
+        why = (f"judged on no day: the guard stopped the first day after {ran} tick(s); the hours before a stop are not "
+               "the day the verdict is about") if short else "nothing measured"  # fmt: skip
+        return "refuse", [], [], f"{reason}; every other KPI open ({why})", 0
+    if short:
+        _, ests, checks, other, n_days = _stopped_day_verdict("the guard", per_round, n_looks, plan, day_var, ran)
+    else:
+        _, ests, checks, other, n_days = _pooled_verdict(per_round, n_looks, plan, day_var)
+        other = f"on its {n_days} whole day(s): {other}"
     for c in checks:
         if c["kpi"] == gk:
             c["verdict"], c["by"] = "regress", "guard"
-    return "refuse", ests, checks, f"{reason}; every KPI on the {ran} tick(s) it ran: {other}", n_days
+    return "refuse", ests, checks, f"{reason}; every other KPI {other}", n_days
 
 
 def _pooled_verdict(
