@@ -8,21 +8,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _verdicts_right(r: dict) -> tuple[int, int]:
+    return sum(v["canary_decided"] for v in r.values()), sum(v["canary_agreeing"] for v in r.values())
+
+
 def test_the_readme_closed_loop_numbers_are_the_scale_runs() -> None:
+    """The headline (today's code: the day term, fleet control, the stopped-day rule) and the one before it."""
     readme = " ".join((ROOT / "README.md").read_text().split())
     res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())
-    r = res.get("before_day_term", res)["by_fleet_size"]  # README quotes the headline before the day term
-    pct = {k: 100 * v["canary_verdict_rate"] for k, v in r.items()}
-    lo, hi = (100 * x for x in r["1000"]["canary_verdict_rate_ci"])
-    assert (f"decide {pct['100']:.1f} % of them at 100 service groups, {pct['1000']:.1f} % [{lo:.1f} %, {hi:.1f} %] "
-            f"at 1,000 and {pct['5000']:.1f} % at 5,000 (one canary day") in readme  # fmt: skip
-    assert r["5000"]["design"].startswith("one day")  # the README says so
-    decided = sum(v["canary_decided"] for v in r.values())
-    right = sum(v["canary_agreeing"] for v in r.values())
-    assert (f"all {decided} of those verdicts are right" if right == decided
-            else f"{right} of those {decided} verdicts are right") in readme  # fmt: skip
-    assert all(v["twin_alone"]["verdict_rate"]["k"] == 0 for v in r.values()) and "the twin alone decides none" in readme
-    cand = r["1000"]["candidate_verdicts"]
+    now = res["by_fleet_size"]
+    assert all("stopped-day rule" in v["design"] and "fleet as control" in v["design"] for v in now.values())
+    assert sorted(res["day_term_by_fleet_size"]["rerun"]) == ["100", "1000", "5000"]  # every size on the rule's code
+    pct = {k: 100 * v["canary_verdict_rate"] for k, v in now.items()}
+    ci = {k: [100 * x for x in v["canary_verdict_rate_ci"]] for k, v in now.items()}
+    assert (f"the canaries decide {pct['100']:.1f} % [{ci['100'][0]:.1f} %, {ci['100'][1]:.1f} %] of the open pairs at "
+            f"100 service groups, {pct['1000']:.1f} % [{ci['1000'][0]:.1f} %, {ci['1000'][1]:.1f} %] at 1,000 and "
+            f"{pct['5000']:.1f} % [{ci['5000'][0]:.1f} %, {ci['5000'][1]:.1f} %] at 5,000") in readme  # fmt: skip
+    decided, right = _verdicts_right(now)
+    assert f"and {right} of those {decided} verdicts are right" in readme
+    v5 = now["5000"]
+    assert f"(at 5,000 groups {v5['canary_agreeing']} of {v5['canary_decided']}," in readme
+    before_rule = res["before_guard_days"]["by_fleet_size"]["5000"]  # "3 of the 5 wrong verdicts at 5,000 groups"
+    assert before_rule["canary_decided"] - before_rule["canary_agreeing"] == 5
+    assert all(v["twin_alone"]["verdict_rate"]["k"] == 0 for v in now.values()) and "the twin alone decides none" in readme
+    old = res["before_day_term"]["by_fleet_size"]
+    assert old["5000"]["design"].startswith("one day")  # "one canary day at 5,000"
+    opct = {k: 100 * v["canary_verdict_rate"] for k, v in old.items()}
+    lo, hi = (100 * x for x in old["1000"]["canary_verdict_rate_ci"])
+    assert (f"they decided {opct['100']:.1f} %, {opct['1000']:.1f} % [{lo:.1f} %, {hi:.1f} %] and {opct['5000']:.1f} %, "
+            "{1} of those {0} verdicts right".format(*_verdicts_right(old))) in readme  # fmt: skip
+    cand = old["1000"]["candidate_verdicts"]
     assert cand["agreement"]["k"] == cand["verdict_rate"]["k"]
     assert f"made for {cand['verdict_rate']['k']} of the {cand['verdict_rate']['n']} candidates at 1,000 groups, all right" in readme
     one_day = 100 * res["one_day"]["by_fleet_size"]["1000"]["canary_verdict_rate"]
