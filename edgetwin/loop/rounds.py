@@ -236,13 +236,9 @@ def canary_loop(
         if est and not short:
             per_round.append(est)
         loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks, version)
-        if res.stop_reason == "guard":  # refused; the other KPIs on the completed days before (`_guard_verdict`)
-            verdict, ests, checks, reason, n_days = _guard_verdict(res, cfg, per_round, len(looks), plan, day_var, ran,
-                                                                   short)  # fmt: skip
-        elif short:  # the loss budget (or another stop) cut the day short: the completed days before it only
-            verdict, ests, checks, reason, n_days = _stopped_day_verdict(
-                f"the canary's {STOPPED_BY.get(res.stop_reason, res.stop_reason + ' stop')}", per_round, len(looks),
-                plan, day_var, ran)  # fmt: skip
+        stopped = _stopped_verdict(res, cfg, per_round, len(looks), plan, day_var, ran, short)
+        if stopped is not None:  # a guard stop or a day cut short: the completed days before it only
+            verdict, ests, checks, reason, n_days = stopped
         else:
             hurt = hurting(res.stop_reason, over) if days is not None else None
             if r not in looks and hurt is None:  # an extension day between looks: pooled at the next look
@@ -272,6 +268,21 @@ def canary_loop(
             decision = run_gate(twin, candidate_spec, baseline_spec, log=fleet_log, guards=guards,
                                 episodes=gate_episodes, seed=seed, members=members)  # fmt: skip
     return LoopResult(verdict, reason, gate, rounds, twin)
+
+
+def _stopped_verdict(
+    res: Any, cfg: Any, per_round: list[dict[str, dict[str, float]]], n_looks: int, plan: CanaryPlan,
+    day_var: Mapping[str, Any] | None, ran: int, short: bool,
+) -> tuple[str, list[Any], list[dict[str, Any]], str, int] | None:
+    """The verdict of a canary that a stop ended: the guard's (refused; its other KPIs on the completed
+    days before, `_guard_verdict`) or any stop that cut the day short (the loss budget's: the completed
+    days before it only, `_stopped_day_verdict`); None when the day ran its course (judged as usual)."""
+    if res.stop_reason == "guard":
+        return _guard_verdict(res, cfg, per_round, n_looks, plan, day_var, ran, short)
+    if short:
+        by = f"the canary's {STOPPED_BY.get(res.stop_reason, res.stop_reason + ' stop')}"
+        return _stopped_day_verdict(by, per_round, n_looks, plan, day_var, ran)
+    return None
 
 
 def _round_estimates(
