@@ -6,8 +6,6 @@ the driver does and check that they fit, and that 1,000 groups keep the default.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from edgetwin.edge.bus.base import DEFAULT_MAX_BYTES
@@ -16,7 +14,7 @@ from edgetwin.edge.messages import encode
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
 from edgetwin.emulator.logs import generate_logs
 from edgetwin.emulator.population import SCENARIOS
-from edgetwin.loop.fleet import fleet_frame_bytes
+from edgetwin.loop.fleet import decision_request_body, fleet_frame_bytes
 
 
 def _request_bytes(n: int) -> int:
@@ -25,10 +23,8 @@ def _request_bytes(n: int) -> int:
     obs = em.reset(seed=0)
     home = np.array(list(em.site_names), dtype=object)[em.home]
     scen = np.array(SCENARIOS, dtype=object)[em.scenario]
-    body = json.dumps({"obs": obs.tolist(), "columns": list(em.spec.observation_columns),
-                       "agents": em.agent_ids.tolist(), "sites": home.tolist(), "scenarios": scen.tolist(),
-                       "t": 0}).encode()  # fmt: skip
-    return len(body)
+    return len(decision_request_body(obs, list(em.spec.observation_columns), em.agent_ids.tolist(), home.tolist(),
+                                     scen.tolist(), 0))  # fmt: skip
 
 
 def _report_bytes(n: int) -> int:

@@ -331,14 +331,16 @@ def canary_on_cluster(
             cache_dir=root / "runtime", loader=_loader(objects), spec=em.spec,
         )  # fmt: skip
         start = _start_command(config, str(reg.manifest(config.candidate).sha256), site)
-        with rt.running_in_thread():
-            assert rt._loop is not None
-            day_log, collected = asyncio.run_coroutine_threadsafe(
-                _operate(bus_name, signer, start, cluster, site, root / "canary.parquet", seed=seed, day=day,
-                         episode=episode, max_bytes=frame), rt._loop,
-            ).result()  # fmt: skip
-            result = rt.canary_result()
-        asyncio.run(site_bus.close())  # the runtime closes only a bus it made itself
+        try:
+            with rt.running_in_thread():
+                assert rt._loop is not None
+                day_log, collected = asyncio.run_coroutine_threadsafe(
+                    _operate(bus_name, signer, start, cluster, site, root / "canary.parquet", seed=seed, day=day,
+                             episode=episode, max_bytes=frame), rt._loop,
+                ).result()  # fmt: skip
+                result = rt.canary_result()
+        finally:
+            asyncio.run(site_bus.close())  # the runtime closes only a bus it made itself
         if len(collected) != len(result.log):
             raise RuntimeError(
                 f"canary {result.run_id}: {len(result.log)} rows spooled but {len(collected)} collected from the bus"
@@ -506,6 +508,15 @@ class WireDecisions:
     arm: np.ndarray
 
 
+def decision_request_body(
+    obs: np.ndarray, columns: list[str], agents: list[str], sites: list[str], scenarios: list[str], t: int
+) -> bytes:
+    """The JSON body of one decision request (`ask_site`): ``obs`` (N, obs) in ``columns``' order and
+    each row's group, site and scenario, for tick ``t``; its size is what the bus frame must hold."""
+    return json.dumps({"obs": obs.tolist(), "columns": columns, "agents": agents, "sites": sites,
+                       "scenarios": scenarios, "t": int(t)}).encode()  # fmt: skip
+
+
 async def ask_site(
     bus: DecisionClient, site: str, obs: np.ndarray, columns: list[str], agents: list[str], sites: list[str],
     scenarios: list[str], t: int, timeout: float = 10.0, retries: int = 0,
@@ -519,8 +530,7 @@ async def ask_site(
         RuntimeError: the site answered with an error (its ``error`` field)."""
     from edgetwin.edge.bus import Subjects
 
-    body = json.dumps({"obs": obs.tolist(), "columns": columns, "agents": agents, "sites": sites,
-                       "scenarios": scenarios, "t": int(t)}).encode()  # fmt: skip
+    body = decision_request_body(obs, columns, agents, sites, scenarios, t)
     for attempt in range(retries + 1):
         try:
             raw = await bus.request_raw(Subjects.decision(site), body, timeout)

@@ -321,12 +321,8 @@ def _stopped_day_verdict(
     pooled at one look's level (`_pooled_verdict`: the stop takes the place of the next planned
     look and spends its alpha), or, with no completed day, open (abstain) saying why.
 
-    Why not the stopped day's ticks: the verdict is about the fleet-wide effect averaged over whole
-    days (the day-to-day term is a whole day's), and the hours before a stop are the day's first
-    hours ending in the stretch the stop fired on, at a time the data chose — neither the estimand
-    nor a time the alpha spending covers. (Measured: judged on the ticks it ran, a 5,000-group guard
-    stop on day 1 put three other KPIs on the wrong side of the 20-day truth, docs/benchmarks/closed_loop.)
-    The completed days' estimates are not chosen by the stop: it fired on the stopped day's data,
+    Why not the stopped day's ticks: the module docstring ("A day a stop cut short gives no
+    verdict"). The completed days' estimates are not chosen by the stop: it fired on the stopped day's data,
     and each day is a fresh random slice of another day's fleet."""
     why = "the hours before a stop are not the day the verdict is about"
     if not per_round:
@@ -346,12 +342,8 @@ def _guard_verdict(
 
     Every other guarded KPI is judged only on the completed canary days before the stopped one
     (``per_round`` holds no stopped day; `_stopped_day_verdict`, pooled at the level of the look the
-    stop takes the place of), and with no completed day stays open, the reason saying why. Why not
-    on the ticks it ran: the hours before a stop are not the day the verdict is about (time of day,
-    and the bad stretch the guard fired on), and the stop time is chosen by the data, so intervals
-    at it are not covered by the alpha spending; judged that way, the closed-loop benchmark's
-    5,000-group guard stop of least-loaded on day 1 called carbon and energy *regress* (20-day truth
-    −13.6 % and −5.0 %) and task time *ok* (truth +59.9 %). ``short``: False when the stop came
+    stop takes the place of), and with no completed day stays open, the reason saying why (why not
+    on the ticks it ran: the module docstring). ``short``: False when the stop came
     after the day's planned ticks (``per_round`` then holds that whole day)."""
     gk = getattr(res.guard_stop, "kpi", None)
     reason = f"the canary's guard stopped it: {gk or '?'} regressed beyond its margin (always-valid, alpha {cfg.alpha})"
