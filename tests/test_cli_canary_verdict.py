@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -137,12 +138,12 @@ def test_verdict_bad_input_is_one_line_and_exit_2(warehouse, capsys: pytest.Capt
     assert len(err.splitlines()) == 1 and "plan" in err
 
 
-def _cut_short(d: Path, candidate: str, ticks: int, episode: str = "canary") -> str:
+def _cut_short(d: Path, candidate: str, ticks: int) -> str:
     """The candidate's canary log as if a stop had ended it after ``ticks`` ticks of the candidate:
     the site logs no canary row after a stop (`edgetwin.edge.runtime_canary`)."""
     log = pd.read_parquet(d / f"canary-{candidate}.parquet")
-    log = log[log["t"] < PRE + ticks].assign(episode=episode)
-    name = f"canary-{candidate}-{ticks}-{episode}.parquet"
+    log = log[log["t"] < PRE + ticks]
+    name = f"canary-{candidate}-{ticks}.parquet"
     log.to_parquet(d / name)
     return name
 
@@ -171,8 +172,9 @@ def test_a_guard_stop_the_status_names_refuses_by_the_guard(warehouse, capsys: p
     whatever its interval on the hours it ran; a status of another run, or of a canary of another
     length, is one line and exit 2."""
     d = warehouse["dir"]
-    short = _cut_short(d, "fast", 5, episode="run-1-hall")
+    short = _cut_short(d, "fast", 5)
     status = {"run": "run-1", "sites": {"hall": {"site": "hall", "run": "run-1", "phase": "stopped", "ticks": PRE + 5,
+              "candidate": "v2",
               "planned_ticks": STEPS, "stop_reason": "guard", "guard": {"stop": {"kpi": "kpi.late"}}},
               "dock": "no reply: TimeoutError"}}  # fmt: skip
     (d / "status.json").write_text(json.dumps(status))
@@ -181,9 +183,39 @@ def test_a_guard_stop_the_status_names_refuses_by_the_guard(warehouse, capsys: p
     assert doc["verdict"] == "refuse" and [c["verdict"] for c in doc["checks"]] == ["regress"]
     assert "guard stopped it: kpi.late regressed beyond its margin" in doc["reason"]
     assert "judged on no day: the guard stopped the first day after 5 tick(s)" in doc["reason"]
-    for bad, what in (({**status, "run": "run-2"}, "run-2"), ({**status, "sites": {"hall": {
-            **status["sites"]["hall"], "planned_ticks": STEPS + 4}}}, "ticks")):  # type: ignore[dict-item]
+    hall: dict[str, Any] = status["sites"]["hall"]  # type: ignore[assignment]
+    for bad, what in (({"sites": {"hall": {**hall, "candidate": "v7"}}}, "'v7'"),
+                      ({"sites": {"hall": {**hall, "planned_ticks": STEPS + 4}}}, "ticks"), ({"run": "x"}, "status")):
         (d / "status-bad.json").write_text(json.dumps(bad))
         assert _verdict(d, "fast", "--status", str(d / "status-bad.json"), log=short) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "--status" in err and what in err
+
+
+def test_the_docs_say_how_canary_verdict_judges_a_stopped_canary() -> None:
+    """docs/canary.md's sentences on a stopped canary name the rule's one function, the exit codes the
+    two tests above assert, and the options that exist; the loop, `judge_canary` and the levers
+    benchmark all call that function (a second version of the rule would fail this)."""
+    import inspect
+    import sys
+
+    from edgetwin.cli.canary import canary_verdict_cmd
+    from edgetwin.loop import evidence, rounds
+
+    root = Path(__file__).resolve().parents[1]
+    text = " ".join((root / "docs" / "canary.md").read_text().split())
+    for claim in ("**A canary a stop cut short is judged as the loop judges it** (`edgetwin.loop.day_verdict.stopped_verdict`",
+                  "the verdict is *refuse* (exit 1): the guard's KPI *regress*, by the guard, and every other KPI *open*",
+                  "leaves every KPI *open*: *undecided*, exit 3", "--status status.json [--tick-seconds 900]",
+                  "(`edgetwin.loop.day_verdict.stopped_verdict`, which `edgetwin canary verdict` and the levers benchmark "
+                  "call too)"):  # fmt: skip
+        assert claim in text, claim
+    params = inspect.signature(canary_verdict_cmd).parameters
+    assert {"status_path", "tick_seconds"} <= set(params)
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import _closed_loop_levers as levers
+    finally:
+        sys.path.remove(str(root / "benchmarks"))
+    for fn in (rounds.canary_loop, evidence._judge_stopped, levers._stop_rule):
+        assert "stopped_verdict(" in inspect.getsource(fn), fn.__name__

@@ -55,8 +55,38 @@ def test_merge_scores_each_lever_on_the_pairs_the_twin_left_open(lev: Any) -> No
     assert lo < 0.5 < hi
     # terms over the pairs the loop left open (both): the interference reaches the gap on pair a only
     assert loop["on_loop_open"]["pairs"] == 2 and loop["on_loop_open"]["interference_reaches_gap"] == 1
-    assert res["loop_reproduces_extended_day1"] == {"pairs": 2, "same_verdict": 2}
+    assert res["loop_reproduces_extended_day1"] == {"pairs": 2, "same_verdict": 2, "stopped_pairs_left_out": 0}
     assert res["switchback"][0]["fits"] is False
+
+
+def test_a_first_day_a_stop_cut_short_is_judged_by_the_loops_rule(lev: Any) -> None:
+    """Issue 48: the levers judge a guard-stopped first day as the loop does (`_stop_rule` calls
+    `edgetwin.loop.day_verdict.stopped_verdict`): the guard's KPI *regress* by the guard, every other
+    KPI open — here "b", which its 8 ticks called *regress* and the 20-day truth calls unchanged; the
+    stored run's verdicts are kept (`rejudge_stored`); the pooled counts leave its widths out."""
+    docs, ext = _docs(lev)
+    c = docs[0]["candidates"]["c"]
+    c.update(stop="guard", guard_kpi="a", ticks_ran=8, plan={"hours": 23.0})
+    c["levers"]["fleet_control"]["b"] = _v("regress", 0.05, 0.01, 0.1)  # wrong on the ticks it ran
+    ext[0]["by_fleet_size"]["1000"]["pairs"][0].update(truth_regress=True, truth_change=0.2)  # "a" truly regresses
+    before = lev.merge_levers(docs, ext)["by_lever"]["fleet_control"]
+    assert before["verdict_rate"]["k"] == 2 and len(before["wrong"]) == 2  # "a" ok and "b" regress, both wrong
+    doc = lev.rejudge_stored(docs[0])
+    for key, lv in c["levers"].items():
+        assert lv["a"]["verdict"] == "regress" and lv["a"]["by"] == "guard", key
+        assert lv["b"]["verdict"] == "open" and lv["b"]["by"] == "stop", key
+    assert lv["b"]["half"] == 0.11  # its estimate on the ticks it ran, kept for the record
+    assert c["levers"]["fleet_control"]["b"]["on_ticks"] == "regress" and c["ticks_planned"] == 92
+    assert c["before_stopped_day"]["fleet_control"] == {"a": "ok", "b": "regress"}
+    res = lev.merge_levers([doc], ext)
+    fc = res["by_lever"]["fleet_control"]
+    assert fc["verdict_rate"]["k"] == 1 and fc["wrong"] == [] and fc["open_by_stop"] == 1
+    assert res["by_lever"]["loop"]["on_loop_open"]["pairs"] == 0  # "b" open by the stop: no width of a day
+    assert res["loop_reproduces_extended_day1"] == {"pairs": 1, "same_verdict": 0, "stopped_pairs_left_out": 1}
+    assert lev.rejudge_stored(doc) == doc  # once: the verdicts before are not overwritten
+    text = lev.levers_section(res, ["cmd"])
+    assert "judged by the loop's stopped-day rule (`edgetwin.loop.day_verdict.stopped_verdict`)" in text
+    assert "(1 pairs per lever" in text
 
 
 def test_section_shows_every_lever_and_the_switchback(lev: Any) -> None:

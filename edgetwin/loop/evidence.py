@@ -268,7 +268,8 @@ def judge_canary(
     ran = int(after["t"].nunique())
     if ran < 1:
         raise InputError(f"the canary log has no tick after its {pre_ticks} pre-ticks", "--canary-log")
-    stop = canary_stop(canary_log, pre_ticks, ran if planned_ticks is None else int(planned_ticks), status)
+    stop = canary_stop(canary_log, pre_ticks, ran if planned_ticks is None else int(planned_ticks), status,
+                       candidate_version)
     # the estimand is the change over the days the decision lives with: the fleet log's own days
     # give the day-to-day term (the loop's, `guarded_day_variance`); one day: about the canary's day
     day_var = guarded_day_variance(twin, [m.kpi for m in plan.margins], [fleet_log], candidate, current, seed)
@@ -291,7 +292,8 @@ def judge_canary(
     return ("undecided" if verdict == "abstain" else verdict), checks, reason
 
 
-def canary_stop(canary_log: Any, pre_ticks: int, planned: int, status: Mapping[str, Any] | None = None) -> Any:
+def canary_stop(canary_log: Any, pre_ticks: int, planned: int, status: Mapping[str, Any] | None = None,
+                candidate: str = "") -> Any:
     """How the canary's day ended (`edgetwin.loop.day_verdict.Stop`), from its log and the sites' status.
 
     ``ran``: the fewest ticks after the pre-period any site of the log holds (a stop is a site's:
@@ -300,22 +302,25 @@ def canary_stop(canary_log: Any, pre_ticks: int, planned: int, status: Mapping[s
     stop the guard's (its ``guard.stop.kpi``), else a site's other stop names it. Without one, a log
     short of ``planned`` ticks is a ``"short log"`` stop.
 
+    ``candidate``: the log's candidate version (a site's status of another candidate's canary is
+    refused: the log and the status are of two runs).
+
     Raises:
-        InputError: a status that is not such a document, of another run than the log's, or of a
-            canary of another length than the plan's."""
+        InputError: a status that is not such a document, of another candidate than the log's, or
+            of a canary of another length than the plan's."""
     from edgetwin.loop.day_verdict import Stop
 
     after = canary_log[canary_log["t"] >= pre_ticks]
     by_site = after.groupby(after["site"].astype(str))["t"].nunique() if "site" in after.columns else None
     ran = int(by_site.min()) if by_site is not None and len(by_site) else int(after["t"].nunique())
-    reasons, guard = _status_stops(status, canary_log, pre_ticks + planned) if status is not None else ({}, ())
+    reasons, guard = _status_stops(status, candidate, pre_ticks + planned) if status is not None else ({}, ())
     if guard:
         return Stop("guard", ran, planned, guard)
     other = sorted(r for r in reasons.values() if r and r != "completed")
     return Stop(other[0] if other else "completed" if ran >= planned else "short log", ran, planned)
 
 
-def _status_stops(status: Mapping[str, Any], canary_log: Any, total_ticks: int) -> tuple[dict[str, str], tuple[str, ...]]:
+def _status_stops(status: Mapping[str, Any], candidate: str, total_ticks: int) -> tuple[dict[str, str], tuple[str, ...]]:
     """Per site its stop reason, and the KPIs any site's guard stopped on, from a status document."""
     from edgetwin.loop.day_verdict import guard_kpis
 
@@ -323,15 +328,14 @@ def _status_stops(status: Mapping[str, Any], canary_log: Any, total_ticks: int) 
     sites = status.get("sites") if isinstance(status, Mapping) else None
     if not isinstance(sites, Mapping) or not sites:
         raise InputError("not a canary status (expected `edgetwin canary status RUN --json`'s {run, sites})", where)
-    run = str(status.get("run", ""))
-    if run and "episode" in canary_log.columns and not any(
-            str(e).startswith(f"{run}-") for e in canary_log["episode"].astype(str).unique()):
-        raise InputError(f"the status is of run {run!r}, the canary log's rows are of another run", where)
     reasons: dict[str, str] = {}
     guard: list[str] = []
     for site, st in sites.items():
         if not isinstance(st, Mapping):  # a site that did not answer: its log rows alone say how it ran
             continue
+        if st.get("candidate") and str(st["candidate"]) != candidate:
+            raise InputError(f"site {site}'s status is of a canary of {st['candidate']!r}, the log's candidate is "
+                             f"{candidate!r}: another run", where)  # fmt: skip
         planned = int(st.get("planned_ticks") or 0)
         if planned and planned != total_ticks:
             raise InputError(f"site {site} ran a canary of {planned} ticks, the plan's is {total_ticks} (pre-ticks "
