@@ -345,8 +345,8 @@ def _pct(x: float | None) -> str:
 
 def _left_out(res: dict[str, Any]) -> str:
     n = res["loop_reproduces_extended_day1"].get("stopped_pairs_left_out", 0)
-    return (f" whose first day ran whole ({n} pairs of a day a stop cut short left out: the extended run judged "
-            "them on the ticks it ran, before the stopped-day rule)") if n else ""
+    return (f" ({n} pairs the stopped-day rule leaves open left out: the extended run judged them on the ticks its "
+            "stopped day ran, before the rule)") if n else ""
 
 
 def _stop_text(res: dict[str, Any]) -> str:

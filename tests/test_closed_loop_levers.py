@@ -149,3 +149,29 @@ def test_the_levers_analysis_numbers_are_the_runs() -> None:
     assert m5["on_loop_open"]["median_interference"] > m3["on_loop_open"]["median_interference"]
     assert lev["switchback_fits"] == 0 and f"no block at all for any of the {len(lev['switchback'])} candidates" in text
     assert f"on {lo_open['interference_reaches_gap']} of the {lo_open['pairs']} pairs the loop's day 1 left open" in text
+
+
+def test_the_levers_stopped_day_bullet_is_the_runs() -> None:
+    """"What the levers say"'s stopped-day bullet quotes results_production.json: the stopped first
+    days (the stored seed files), the open pairs per lever and the rows before the rule."""
+    import json
+
+    res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())
+    lev, before = res["levers"]["by_lever"], res["levers_before_stopped_day"]["by_lever"]
+    page = (ROOT / "docs/benchmarks/closed_loop/README.md").read_text()
+    text = " ".join(page[page.index("### What the levers say"):].split())
+    stopped = []
+    for s in (0, 1, 2):
+        doc = json.loads((ROOT / f"docs/benchmarks/closed_loop/scale/levers/levers_seed{s}.json").read_text())
+        stopped += [(s, n, c["ticks_ran"]) for n, c in doc["candidates"].items() if c["stop"] != "completed"]
+        assert all(c["ticks_ran"] < c["ticks_planned"] for c in doc["candidates"].values() if c["stop"] != "completed")
+    assert "five of the twelve first-day canaries" in text and len(stopped) == 5
+    assert {lv["open_by_stop"] for lv in lev.values()} == {30} and "(30 pairs per lever)" in text
+    b = {k: (v["verdict_rate"]["k"], v["agreement"]["k"]) for k, v in before.items()}
+    assert (f"the loop's row decided {b['loop'][0]} of 84 ({b['loop'][1]} right), the fleet control with per-arm slopes "
+            f"{b['fleet_control_per_arm'][0]} ({b['fleet_control_per_arm'][1]} right), the slice's per-arm slopes "
+            f"{b['slice_per_arm'][0]} ({b['slice_per_arm'][1]} right), 5 members with the fleet and per-arm slopes "
+            f"{b['members5_fleet_per_arm'][0]} ({b['members5_fleet_per_arm'][1]} right)") in text
+    removed = [before[k]["verdict_rate"]["k"] - lev[k]["verdict_rate"]["k"] for k in lev]
+    assert f"The rule removed {min(removed)} to {max(removed)} verdicts per row" in text
+    assert sum(len(before[k]["wrong"]) - len(lev[k]["wrong"]) for k in lev) == 2
