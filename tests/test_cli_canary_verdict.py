@@ -183,6 +183,10 @@ def test_a_guard_stop_the_status_names_refuses_by_the_guard(warehouse, capsys: p
     assert doc["verdict"] == "refuse" and [c["verdict"] for c in doc["checks"]] == ["regress"]
     assert "guard stopped it: kpi.late regressed beyond its margin" in doc["reason"]
     assert "judged on no day: the guard stopped the first day after 5 tick(s)" in doc["reason"]
+    # a guard stop at the day's last tick: the day is whole, its other KPIs judged on it (here none)
+    assert _verdict(d, "fast", "--json", "--status", str(d / "status.json")) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [c["verdict"] for c in doc["checks"]] == ["regress"] and "every other KPI on its 1 whole day(s)" in doc["reason"]
     hall: dict[str, Any] = status["sites"]["hall"]  # type: ignore[assignment]
     for bad, what in (({"sites": {"hall": {**hall, "candidate": "v7"}}}, "'v7'"),
                       ({"sites": {"hall": {**hall, "planned_ticks": STEPS + 4}}}, "ticks"), ({"run": "x"}, "status")):
