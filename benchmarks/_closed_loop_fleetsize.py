@@ -35,9 +35,10 @@ BEFORE_CODE = "2c7cd63: main at 51e038e with the 5,000-group bus frame, `fleet_f
 BEFORE_DIR = "before_guard_days"
 BEFORE_KEY = "before_guard_days"
 #: the page's sections measured with the loop's rule before the stopped-day rule, not rerun (`section`'s note)
-OLD_RULE_SECTIONS = ("Closed loop: twin alone vs canary alone vs twin + canary", "Closed loop at 100, 1,000 and 5,000 groups",
-                     "Extended canaries", "What narrows the interval at 1,000 groups", "Extended canaries with the rest "
-                     "of the fleet as control", "… (reseeded)", "What bounds the verdict rate at 1,000 groups",
+#: ("What narrows the interval at 1,000 groups" was rejudged by the rule, `_closed_loop_levers.rejudge_cli`; "Closed
+#: loop: twin alone vs canary alone vs twin + canary", the quick runs, rerun on the code with the rule)
+OLD_RULE_SECTIONS = ("Closed loop at 100, 1,000 and 5,000 groups", "Extended canaries", "Extended canaries with the rest of the fleet as control", "… (reseeded)",
+                     "What bounds the verdict rate at 1,000 groups",
                      "The verdict's day-to-day term (its 1,000-group reruns)")  # fmt: skip
 
 
@@ -276,7 +277,9 @@ def section(res: dict[str, Any]) -> str:
     lines += ["", "Measured with the loop's rule before the stopped-day rule and not rerun (a stopped canary day's "
               "other KPIs judged on the ticks it ran, or, before issue 48's guard verdict, left open; loss-budget stops "
               "judged on the ticks they ran): the sections " + ", ".join(f"\"{t}\"" for t in OLD_RULE_SECTIONS)
-              + "; the section \"Extended canaries with the rest of the fleet as control (day_term)\" is this run's."]
+              + "; the section \"Extended canaries with the rest of the fleet as control (day_term)\" is this run's; "
+              "\"What narrows the interval at 1,000 groups\" is rejudged by the rule (`--levers-rejudge`) and \"Closed loop: "
+              "twin alone vs canary alone vs twin + canary\" (the quick runs) rerun with it."]
     return "\n".join(lines) + "\n"
 
 
@@ -293,8 +296,8 @@ def _rule_text(res: dict[str, Any]) -> str:
                   f"{len(e['identical'])} of them identical to the run before")
         parts.append(p)
     return ("The stopped-day rule: a canary day the guard or the loss budget cut short gives no verdict on the other "
-            "KPIs, which are judged on the completed days before it or stay open (`edgetwin.loop.rounds."
-            "_stopped_day_verdict`); it changes only loops with a stopped day. " + ("; ".join(parts) + "." if parts else ""))
+            "KPIs, which are judged on the completed days before it or stay open (`edgetwin.loop.day_verdict."
+            "stopped_verdict`); it changes only loops with a stopped day. " + ("; ".join(parts) + "." if parts else ""))
 
 
 def write_page(out: Path) -> dict[str, Any]:

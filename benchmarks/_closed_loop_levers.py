@@ -75,8 +75,10 @@ def twin_with_members(wdir: Path, members: int, train: Any, spec: Any, base: int
 
 
 def _judge(preds: list[pd.DataFrame], measured: pd.DataFrame, plan: Any, day_var: Any, level: float,
-           guard_kpi: str | None, cuped: str = "pooled") -> dict[str, dict[str, Any]]:
-    """One lever's verdict per KPI column on one canary, as the loop's first look makes it."""
+           stop: Any = None, cuped: str = "pooled", n_looks: int = 5) -> dict[str, dict[str, Any]]:
+    """One lever's verdict per KPI column on one canary, as the loop's first look makes it: the
+    interval's, or where a stop ended the day the loop's stopped-day rule's (`_stop_rule`).
+    ``stop``: the canary's `edgetwin.loop.day_verdict.Stop` (None: it ran its day)."""
     from edgetwin.loop.ppi import combine_estimates, ppi_estimates, ppi_verdict, t_quantile, width_terms
 
     mean = sum(preds[1:], preds[0]) / len(preds)
@@ -88,15 +90,67 @@ def _judge(preds: list[pd.DataFrame], measured: pd.DataFrame, plan: Any, day_var
     for c in checks:
         t = width_terms([est[c.kpi]])
         q, b = t_quantile(level, pooled[c.kpi]["df"]), abs(t["base"]) or float("nan")
-        v = "regress" if c.kpi == guard_kpi else c.verdict
-        out[c.kpi] = {"verdict": v, "by": "guard" if c.kpi == guard_kpi else "interval", "change": c.change,
+        out[c.kpi] = {"verdict": c.verdict, "by": "interval", "change": c.change,
                       "interval": list(c.interval), "half": (c.worsening_interval[1] - c.worsening_interval[0]) / 2,
                       "gap": abs(c.allowed_change - (-1.0 if c.better == "higher" else 1.0) * c.change),
                       "df": float(pooled[c.kpi]["df"]),
                       "own": q * math.sqrt(max(t["own"], 0.0)) / b, "interference": q * math.sqrt(max(t["interference"], 0.0)) / b,
                       "shared": q * math.sqrt(max(t["shared"], 0.0)) / b, "day": q * math.sqrt(max(t["day"], 0.0)) / b,
                       "n_control": int(pooled[c.kpi].get("n_control", 0))}  # fmt: skip
-    return out
+    return _stop_rule(out, est, stop, n_looks, plan, day_var)
+
+
+def _stop_rule(out: dict[str, dict[str, Any]], est: dict[str, Any], stop: Any, n_looks: int, plan: Any,
+               day_var: Any) -> dict[str, dict[str, Any]]:
+    """One lever's day-1 verdicts ``out`` after the loop's stopped-day rule, made by the loop's own
+    function (`edgetwin.loop.day_verdict.stopped_verdict`; why: that module's docstring): a day the
+    guard stopped refuses on the guard's KPI (``by`` "guard"); a day a stop cut short judges every
+    other KPI on the completed days before it — day 1 has none, so they are ``open`` (``by`` "stop";
+    ``on_ticks``: what the interval on the ticks it ran said, kept for the record, as the loop keeps
+    the stopped day's estimates). A guard stop after the day's planned ticks is a whole day: judged
+    on it, at the look's level. ``est``: the lever's estimates (unused for a day cut short)."""
+    from edgetwin.loop.day_verdict import stopped_kpi_verdicts, stopped_verdict
+
+    if stop is None:
+        return out
+    whole = [{k: {**v, "day": 0.0, "local:day": 0.0} for k, v in est.items()}] if est and not stop.short else []
+    got = stopped_verdict(stop, whole, n_looks, plan, day_var)
+    if got is None:
+        return out
+    labels = stopped_kpi_verdicts(stop, list(out), got[2])
+    return {k: {**out[k], "verdict": v, "by": by, **({"on_ticks": out[k]["verdict"]} if by == "stop" else {})}
+            for k, (v, by) in labels.items()}  # fmt: skip
+
+
+def canary_stop(c: dict[str, Any]) -> Any:
+    """A stored candidate's day-1 `Stop` (its ``stop``, ``guard_kpi``, ``ticks_ran``; the planned ticks
+    are its plan's hours in 15-minute ticks, `CanaryConfig.ticks`, where the run did not store them)."""
+    from edgetwin.loop.day_verdict import Stop
+
+    planned = c.get("ticks_planned") or max(1, math.ceil(float(c["plan"]["hours"]) * 3600.0 / 900.0 - 1e-9))
+    return Stop(str(c["stop"]), int(c["ticks_ran"]), int(planned), (c["guard_kpi"],) if c.get("guard_kpi") else ())
+
+
+def rejudge_stored(doc: dict[str, Any]) -> dict[str, Any]:
+    """A stored seed's levers (``levers_seed<S>.json``, run before the stopped-day rule) with every
+    candidate whose day 1 a stop cut short judged by the rule (`_stop_rule`), the verdicts before kept
+    per candidate under ``before_stopped_day``. Exact for a day cut short: the rule reads none of its
+    estimates (day 1 has no completed day before it); a guard stop after the day's planned ticks
+    would need them (refused: rerun ``--levers``)."""
+    level_looks = len(doc.get("looks") or [1, 2, 4, 8, 16])
+    for name, c in doc["candidates"].items():
+        stop = canary_stop(c)
+        if not stop.decides or "before_stopped_day" in c:
+            continue
+        if not stop.short:
+            raise SystemExit(f"seed {doc['seed']} {name!r}: a guard stop after the day's ticks is judged on its "
+                             "estimates, which the stored levers do not hold: rerun --levers")  # fmt: skip
+        c["before_stopped_day"] = {k: {kpi: v.get("verdict") for kpi, v in lv.items()} for k, lv in c["levers"].items()}
+        c["levers"] = {k: _stop_rule(lv, {}, stop, level_looks, None, None) for k, lv in c["levers"].items()}
+        c["ticks_planned"] = stop.planned
+    doc["stopped_day_rule"] = ("a day-1 canary a stop cut short: the guard's KPI refused by the guard, every other "
+                               "KPI open (edgetwin.loop.day_verdict.stopped_verdict)")  # fmt: skip
+    return doc
 
 
 def _switchback(decision: Any, twin: Any, fleet_log: pd.DataFrame, cand: Any, base: Any, budget: Any, seed: int) -> dict[str, Any]:
@@ -126,6 +180,7 @@ def run_levers(seed: int, work: Path, out: Path, extended: Path, n: int = 1000, 
     from edgetwin.edge.canary import CanaryConfig
     from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
     from edgetwin.emulator.logs import generate_logs
+    from edgetwin.loop.day_verdict import Stop, guard_kpis
     from edgetwin.loop.fleet import canary_on_cluster
     from edgetwin.loop.plan import PlanBudget, plan_canary
     from edgetwin.loop.ppi import (
@@ -136,7 +191,7 @@ def run_levers(seed: int, work: Path, out: Path, extended: Path, n: int = 1000, 
         replay_spec,
         twin_group_predictions,
     )
-    from edgetwin.loop.rounds import _day_variance, balanced, candidate_version_name
+    from edgetwin.loop.rounds import balanced, candidate_version_name, decision_day_variance
     from edgetwin.policies.gate import run_gate
 
     ext = json.loads(extended.read_text())
@@ -158,7 +213,8 @@ def run_levers(seed: int, work: Path, out: Path, extended: Path, n: int = 1000, 
     recent = generate_logs(cfg, 6, copy.deepcopy(current), seed=seed * 1000 + 300)[0]
     level = look_level(0.9, len(look_days(max_days)))
     doc: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
-    doc.update(seed=seed, n=n, max_days=max_days, level=level, extended=str(extended), levers=[lv[0] for lv in LEVERS])
+    doc.update(seed=seed, n=n, max_days=max_days, level=level, extended=str(extended), levers=[lv[0] for lv in LEVERS],
+               looks=look_days(max_days))  # fmt: skip
     doc.setdefault("candidates", {})
     ran_here = {s["policy"] for s in entry["per_candidate"]}
     for name in [c for c in SCALE_CANDIDATES if c in ran_here]:
@@ -168,7 +224,7 @@ def run_levers(seed: int, work: Path, out: Path, extended: Path, n: int = 1000, 
         pol = allp[name]
         cand_spec, base_spec = replay_spec(name, pol), replay_spec("current", current)
         decision = run_gate(twin3, cand_spec, base_spec, log=fleet_log, episodes=1, seed=seed)
-        day_var = _day_variance(twin3, decision, [recent], cand_spec, base_spec, seed)
+        day_var = decision_day_variance(twin3, decision, [recent], cand_spec, base_spec, seed)
         plan = balanced(plan_canary(decision, twin3, fleet_log, cand_spec, base_spec, budget, seed=seed, round_no=1,
                                     day_var=day_var, max_days=max_days))  # fmt: skip
         version = candidate_version_name(cand_spec.name)
@@ -187,11 +243,13 @@ def run_levers(seed: int, work: Path, out: Path, extended: Path, n: int = 1000, 
         p3, p5 = ([twin_group_predictions(tw, pols, fleet_log, cols, episodes=1, seed=seed, window=window, members=[m])
                    for m in range(k)] for tw, k in ((twin3, 3), (twin5, 5)))  # fmt: skip
         guard_kpi = getattr(res.guard_stop, "kpi", None) if res.stop_reason == "guard" else None
+        stop = Stop(res.stop_reason, int(res.ticks) - int(ccfg.pre_ticks), ccfg.ticks, guard_kpis(res.guard_stop))
         got: dict[str, Any] = {}
         for key, control, mem, cuped in LEVERS:
             preds = p3 if mem == 3 else p5 if mem == 5 else p5[:3]
             try:
-                got[key] = _judge(preds, slice_m if control == "slice" else fleet_m, plan, day_var, level, guard_kpi, cuped)
+                got[key] = _judge(preds, slice_m if control == "slice" else fleet_m, plan, day_var, level, stop, cuped,
+                                  len(look_days(max_days)))  # fmt: skip
             except (InputError, ValueError, KeyError):  # the loop's: a guard stop before both arms had a tick
                 if guard_kpi is None:
                     raise
@@ -200,7 +258,7 @@ def run_levers(seed: int, work: Path, out: Path, extended: Path, n: int = 1000, 
         day1 = (summ.get("rounds") or [{}])[0].get("checks", {})
         doc["candidates"][name] = {
             "plan": {"n_groups": plan.n_groups, "hours": plan.hours, "design": plan.slice.design},
-            "stop": res.stop_reason, "guard_kpi": guard_kpi, "ticks_ran": ran,
+            "stop": res.stop_reason, "guard_kpi": guard_kpi, "ticks_ran": ran, "ticks_planned": ccfg.ticks,
             "candidate_agent_steps": int(((res.log["policy"].astype(str) == version) & (res.log["t"] >= ccfg.pre_ticks)).sum()),
             "levers": got, "extended_day1": day1,
             "switchback": _switchback(decision, twin3, fleet_log, cand_spec, base_spec, budget, seed) if switchback else None,
@@ -239,7 +297,8 @@ def merge_levers(docs: list[dict[str, Any]], extended_docs: dict[int, dict[str, 
     for key, *_ in LEVERS:
         dec = [p for p in pairs if (p["levers"][key] or {}).get("verdict") in DECIDED]
         right = sum((p["levers"][key]["verdict"] == "regress") == p["truth_regress"] for p in dec)
-        terms = [p["levers"][key] for p in loop_open if p["levers"][key]]
+        # open by the stopped-day rule (`_stop_rule`): their widths are of the hours before a stop, not a day's
+        terms = [p["levers"][key] for p in loop_open if p["levers"][key] and p["levers"][key].get("by") != "stop"]
 
         def med(k: str, terms: list[dict[str, Any]] = terms) -> float | None:
             v = [t[k] for t in terms if t.get(k) is not None and math.isfinite(t[k])]
@@ -247,6 +306,7 @@ def merge_levers(docs: list[dict[str, Any]], extended_docs: dict[int, dict[str, 
 
         out["by_lever"][key] = {
             "text": LEVER_TEXT[key], "verdict_rate": rate(len(dec), len(pairs)), "agreement": rate(right, len(dec)),
+            "open_by_stop": sum((p["levers"][key] or {}).get("by") == "stop" for p in pairs),
             "wrong": [f"seed {p['seed']} {p['policy']} {p['column']}: {p['levers'][key]['verdict']} "
                       f"(20-day truth {100 * p['truth_change']:+.1f} %)" for p in dec
                       if (p["levers"][key]["verdict"] == "regress") != p["truth_regress"]],
@@ -254,9 +314,12 @@ def merge_levers(docs: list[dict[str, Any]], extended_docs: dict[int, dict[str, 
                              "interference_reaches_gap": sum(t["interference"] >= t["gap"] for t in terms),
                              "shared_reaches_gap": sum(t["shared"] >= t["gap"] for t in terms)},
         }  # fmt: skip
-    same = [p for p in pairs if p["extended_day1"] is not None]
+    # the extended run judged a day 1 a stop cut short on its ticks (before the stopped-day rule): compared
+    # on the days that ran whole only
+    same = [p for p in pairs if p["extended_day1"] is not None and (p["levers"]["loop"] or {}).get("by") != "stop"]
     out["loop_reproduces_extended_day1"] = {"pairs": len(same), "same_verdict": sum(
-        (p["levers"]["loop"] or {}).get("verdict") == p["extended_day1"] for p in same)}
+        (p["levers"]["loop"] or {}).get("verdict") == p["extended_day1"] for p in same),
+        "stopped_pairs_left_out": sum(p["extended_day1"] is not None for p in pairs) - len(same)}
     out["switchback"] = [{"seed": d["seed"], "policy": name, **(c.get("switchback") or {"fits": None})}
                          for d in docs for name, c in d["candidates"].items()]  # fmt: skip
     out["switchback_fits"] = sum(bool(x.get("fits")) for x in out["switchback"])
@@ -280,6 +343,25 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.1f} %"
 
 
+def _left_out(res: dict[str, Any]) -> str:
+    n = res["loop_reproduces_extended_day1"].get("stopped_pairs_left_out", 0)
+    return (f" ({n} pairs the stopped-day rule leaves open left out: the extended run judged them on the ticks its "
+            "stopped day ran, before the rule)") if n else ""
+
+
+def _stop_text(res: dict[str, Any]) -> str:
+    """What the section says of the stopped-day rule (`_stop_rule`)."""
+    n = max((b.get("open_by_stop", 0) for b in res["by_lever"].values()), default=0)
+    if "open_by_stop" not in next(iter(res["by_lever"].values()), {}):
+        return "A first day a stop cut short is judged on the ticks it ran (before the stopped-day rule). "
+    text = (f"A first day a stop cut short is judged by the loop's stopped-day rule (`edgetwin.loop.day_verdict."
+            f"stopped_verdict`): the guard's KPI refused by the guard, every other KPI open ({n} pairs per lever; left out "
+            "of the medians below: their widths are of the hours before the stop). ")  # fmt: skip
+    if res.get("rejudged"):
+        text += res["rejudged"] + " "
+    return text
+
+
 def levers_section(res: dict[str, Any], commands: list[str]) -> str:
     """The page's section from `merge_levers`' result."""
     lines = [SECTION, "", f"Commands: {'; then '.join(f'`{c}`' for c in commands)}. " + (__doc__ or "").split("\n\n")[2]
@@ -288,7 +370,7 @@ def levers_section(res: dict[str, Any], commands: list[str]) -> str:
              f"left open; each look at {100 * res['level']:.1f} %; Clopper-Pearson 95 % over pairs (optimistic: a "
              f"candidate's pairs share its canary). The `loop` row reproduces the extended run's day-1 verdict on "
              f"{res['loop_reproduces_extended_day1']['same_verdict']} of {res['loop_reproduces_extended_day1']['pairs']} "
-             f"pairs. Wall time {res['seconds'] / 60:.0f} min.", "",
+             f"pairs{_left_out(res)}. {_stop_text(res)}Wall time {res['seconds'] / 60:.0f} min.", "",
              "| lever | day-1 verdicts on the open pairs | right (20-day truth) | on the pairs the loop's day 1 left open: median gap / half-width / own / interference / df | interference term alone ≥ gap | shared term alone ≥ gap |",
              "|---|---|---|---|---:|---:|"]  # fmt: skip
     for b in res["by_lever"].values():
@@ -318,6 +400,9 @@ def run_lever_cli(args: Any, out_dir: Path) -> None:
     from _docs import write_section
 
     scale = out_dir / "scale"
+    if getattr(args, "levers_rejudge", None) is not None:
+        rejudge_cli(list(args.levers_rejudge), out_dir, bool(args.no_write))
+        return
     if args.levers:
         args.work.mkdir(parents=True, exist_ok=True)
         run_levers(args.seed, args.work, args.work / f"levers-s{args.seed}.json", scale / f"extended_seed{args.seed}.json",
@@ -340,3 +425,47 @@ def run_lever_cli(args: Any, out_dir: Path) -> None:
     for d in docs:
         (scale / "levers" / f"levers_seed{d['seed']}.json").write_text(json.dumps(d, indent=1, default=float))
     write_section(SECTION, levers_section(res, res["commands"]), doc=out_dir / "README.md", keep=KEEP)
+
+
+BEFORE_DIR = "before_stopped_day"
+BEFORE_KEY = "levers_before_stopped_day"
+
+
+def rejudge_cli(seeds: list[int], out_dir: Path, no_write: bool = False) -> dict[str, Any]:
+    """``--levers-rejudge``: the stored seeds' days a stop cut short judged by the stopped-day rule
+    (`rejudge_stored`), pooled (`merge_levers`) into results_production.json's ``levers`` and the
+    page; the seed files and the ``levers`` entry before kept once (``scale/levers/before_stopped_day``,
+    ``levers_before_stopped_day``). Reads no canary again: the rule uses none of a stopped day's estimates."""
+    from _docs import write_section
+
+    scale, path = out_dir / "scale", out_dir / "results_production.json"
+    cur = json.loads(path.read_text())
+    before = scale / "levers" / BEFORE_DIR
+    docs = []
+    for s in seeds:
+        f = scale / "levers" / f"levers_seed{s}.json"
+        if not no_write and not (before / f.name).exists():
+            before.mkdir(parents=True, exist_ok=True)
+            shutil.copy(f, before / f.name)
+        docs.append(rejudge_stored(json.loads(f.read_text())))
+    ext = {s: json.loads((scale / f"extended_seed{s}.json").read_text()) for s in seeds}
+    res = merge_levers(docs, ext)
+    old = cur.get(BEFORE_KEY) or cur["levers"]
+    cmd = f"python benchmarks/closed_loop.py --levers-rejudge {' '.join(map(str, seeds))}"
+    res["commands"] = [*[c for c in old.get("commands", []) if "--levers-rejudge" not in c], cmd]
+    res["rejudged"] = (f"The canaries are the stored runs' (`{old.get('commands', ['?'])[0]}`), rejudged by `{cmd}`: the "
+                       "rule reads none of a stopped day's estimates, so this is what the runs give under it; the "
+                       f"verdicts before it are kept (`{BEFORE_KEY}`, `scale/levers/{BEFORE_DIR}`).")  # fmt: skip
+    print(json.dumps({k: {"rate": v["verdict_rate"], "agree": v["agreement"], "open_by_stop": v["open_by_stop"]}
+                      for k, v in res["by_lever"].items()}, indent=1))  # fmt: skip
+    if no_write:
+        return res
+    cur.setdefault(BEFORE_KEY, {**cur["levers"], "what": "the levers before the stopped-day rule: a first day a stop "
+                                "cut short judged on the ticks it ran"})  # fmt: skip
+    cur["levers"] = res
+    path.write_text(json.dumps(cur, indent=1, default=float))
+    for d in docs:
+        (scale / "levers" / f"levers_seed{d['seed']}.json").write_text(json.dumps(d, indent=1, default=float))
+    write_section(SECTION, levers_section(res, res["commands"]), doc=out_dir / "README.md", keep=KEEP)
+    return res
+

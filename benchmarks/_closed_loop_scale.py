@@ -99,7 +99,7 @@ def multi_day_truth(cfg: Any, pols: dict[str, Any], kdefs: list[Any], twin: Any,
 def loop_pairs(name: str, decision: Any, res: Any, canaries: list[tuple[Any, Any]], nominal: dict[str, Any]) -> dict[str, str]:
     """The loop's verdict per nominal KPI after its last round (the twin alone's where no canary
     judged the KPI). A canary the guard stopped: its KPI ``regress`` (the guard's), every other KPI as
-    judged on the completed days before the stopped one (`edgetwin.loop.rounds._guard_verdict`), or
+    judged on the completed days before the stopped one (`edgetwin.loop.day_verdict._guard_verdict`), or
     open when there were none."""
     if res is None or not res.rounds:
         return {k: c.verdict for k, c in nominal.items()}
@@ -280,7 +280,7 @@ def reused_loops(old: dict[str, Any], n: int, seed: int, doc: dict[str, Any]) ->
     """From an earlier extended run's ``extended_seed<S>.json`` (same seed, twin, candidates, truth
     days and ``max_days``): candidate -> ``(pairs, summary)`` at fleet size ``n`` for every candidate
     every round of whose loop ran its day (no guard, loss-budget or other stop). How a stopped day
-    is judged (`edgetwin.loop.rounds._guard_verdict`, `_stopped_day_verdict`) changes nothing on
+    is judged (`edgetwin.loop.day_verdict._guard_verdict`, `_stopped_day_verdict`) changes nothing on
     any other path, and the loop is seeded, so those loops are what a rerun would compute (fresh
     runs of such loops are the check: the page says which). A run from before the canary-alone
     relabelling (no ``canary_alone_relabelled``) has its Kayenta measure on the loop's canaries

@@ -1046,6 +1046,10 @@ def main(argv: list[str] | None = None) -> None:
                          "(_closed_loop_levers.run_levers) into --work/levers-s<seed>.json")
     ap.add_argument("--levers-merge", type=int, nargs="*", default=None, metavar="SEED",
                     help="pool --work/levers-s<SEED>.json into results_production.json's levers and the page")
+    ap.add_argument("--levers-rejudge", type=int, nargs="*", default=None, metavar="SEED",
+                    help="judge the stored scale/levers/levers_seed<SEED>.json's days a stop cut short by the loop's "
+                         "stopped-day rule (the ones before kept under scale/levers/before_stopped_day and "
+                         "results_production.json's levers_before_stopped_day), pool them and render the section")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.loss_diagnosis:
@@ -1100,7 +1104,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({k: {a: b for a, b in r.items() if a != "pairs_detail"} for k, r in res["runs"].items()},
                          indent=1, default=float))  # fmt: skip
         return
-    if args.levers or args.levers_merge is not None:
+    if args.levers or args.levers_merge is not None or args.levers_rejudge is not None:
         from _closed_loop_levers import run_lever_cli
 
         run_lever_cli(args, OUT)

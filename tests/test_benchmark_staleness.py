@@ -86,7 +86,8 @@ INDEPENDENT_FIELDS: dict[str, str] = {
     "closed_loop/results_production.json:coverage_experiment": "closed_loop.py coverage_experiment: canaries simulated "
     "on the emulator's per-group SLO-violation rates (one KPIMargin on kpi.slo_violation); no reward, no twin",
     "closed_loop/results_production.json:twin_canary.rounds_over_budget": "rerun on cap48 (24 rounds, 0b73985's run "
-    "had 18): 0 both times because the edge's loss-budget stop ends a round before one more tick would pass the cap",
+    "had 18) and on judge48 (27 rounds, the stopped-day rule): 0 every time because the edge's loss-budget stop ends "
+    "a round before one more tick would pass the cap",
 }
 
 ROWS = table_lines()

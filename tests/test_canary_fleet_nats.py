@@ -235,8 +235,45 @@ def test_a_regressing_candidate_is_stopped_by_the_sites_guard(operator: Path, na
             last_bad = int(mine.loc[mine["policy"].astype(str) == "v3", "t"].max())
             after = mine[mine["t"] > last_bad]
             assert last_bad < BIG.steps - 1 and len(after) and set(after["policy"].astype(str)) == {current}
+        _verdict_of_a_stopped_canary(d, url, st)
     finally:
         _stop_serves(serves)
+
+
+def _verdict_of_a_stopped_canary(d: Path, url: str, st: dict[str, Any]) -> None:
+    """Issue 48: `canary verdict` judges the guard-stopped run as the loop does. With the sites' status
+    (`canary status --json`) it refuses on the guard's KPI, by the guard, and leaves the other KPI
+    open — the hours before the stop are not the day the verdict is about — though judged on those
+    hours a KPI's interval lies wholly beyond its margin (the old rule's verdict); with the log alone
+    (short of the plan's 64 ticks where the guard stopped it) every KPI is open (exit 3)."""
+    sites = [x for s in SITES for x in ("--site", s)]
+    r = _cli("canary", "collect", "bad-1", "--bus", url, *sites, "--out", str(d / "canary-bad.parquet"), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _cli("canary", "status", "bad-1", "--bus", url, *sites, "--json")
+    assert r.returncode == 0, r.stderr
+    (d / "status-bad.json").write_text(r.stdout)
+    # the fleet the plan was made on: the system's day of BIG on the current policy
+    fleet, _ = generate_logs(BIG, 1, ConstantPolicy(Twin.load(d / "twin").spec, CURRENT), seed=SEED)
+    fleet.assign(policy="v1").to_parquet(d / "fleet-big.parquet")
+    args = ["canary", "verdict", str(d / "twin"), "--canary-log", str(d / "canary-bad.parquet"), "--fleet-log",
+            str(d / "fleet-big.parquet"), "--plan", str(d / "plan-bad.json"), "--current", str(d / "current"),
+            "--candidate", str(d / "bad"), "--pre-ticks", str(PRE), "--json"]  # fmt: skip
+    v = _cli(*args, "--status", str(d / "status-bad.json"))
+    assert v.returncode == 1, v.stdout + v.stderr
+    doc = json.loads(v.stdout)
+    guard = {st[s].guard["stop"]["kpi"] for s in SITES if st[s].stop_reason == "guard"}
+    by = {c["kpi"]: c for c in doc["checks"]}
+    assert doc["verdict"] == "refuse" and guard and set(by) == {"kpi.task_time_ms", "kpi.slo_violation"}
+    assert all(by[k]["verdict"] == "regress" for k in guard)
+    assert all(c["verdict"] == "open" for k, c in by.items() if k not in guard)
+    assert "the canary's guard stopped it" in doc["reason"] and "every other KPI open (judged on no day" in doc["reason"]
+    # what the old rule judged: on the hours it ran, a KPI's whole interval beyond its margin (decided)
+    assert any(c["worsening_interval"][0] > c["allowed_change"] for c in by.values())
+    v = _cli(*args)
+    assert v.returncode == 3, v.stdout + v.stderr
+    doc = json.loads(v.stdout)
+    assert doc["verdict"] == "undecided" and {c["verdict"] for c in doc["checks"]} == {"open"}
+    assert "a stop the log does not name" in doc["reason"] and "would decide them" in doc["reason"]
 
 
 def _ticks(url: str, run: str, site: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -135,3 +136,90 @@ def test_verdict_bad_input_is_one_line_and_exit_2(warehouse, capsys: pytest.Capt
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "plan" in err
+
+
+def _cut_short(d: Path, candidate: str, ticks: int) -> str:
+    """The candidate's canary log as if a stop had ended it after ``ticks`` ticks of the candidate:
+    the site logs no canary row after a stop (`edgetwin.edge.runtime_canary`)."""
+    log = pd.read_parquet(d / f"canary-{candidate}.parquet")
+    log = log[log["t"] < PRE + ticks]
+    name = f"canary-{candidate}-{ticks}.parquet"
+    log.to_parquet(d / name)
+    return name
+
+
+def test_a_canary_cut_short_is_judged_by_the_loops_stopped_day_rule(warehouse, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """Issue 48: the hours before a stop are not the day the verdict is about. Judged on the 5 ticks
+    it ran, the fast candidate's log would promote (its whole day does); cut short with no stop
+    recorded, every KPI stays open (exit 3) and the reason says what would decide it."""
+    d = warehouse["dir"]
+    short = _cut_short(d, "fast", 5)
+    assert _verdict(d, "fast", "--json", log=short) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "undecided"
+    (check,) = doc["checks"]
+    assert check["verdict"] == "open" and check["interval"][1] < 0  # its 5 ticks alone would have promoted
+    assert "the hours before a stop are not the day the verdict is about" in doc["reason"]
+    assert "holds 5 of the plan's 14 tick(s)" in doc["reason"]
+    assert "a canary that runs its whole day (14 tick(s) after the pre-period) would decide them" in doc["reason"]
+    # the plan's day at 30-min ticks is 7 ticks: the same 5 ticks are still short; the whole log is not
+    assert _verdict(d, "fast", "--tick-seconds", "1800", log=short) == 3
+    capsys.readouterr()
+
+
+def test_a_guard_stop_the_status_names_refuses_by_the_guard(warehouse, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """`canary status --json` names the guard's stop: refused (exit 1) on the guard's KPI by the guard,
+    whatever its interval on the hours it ran; a status of another run, or of a canary of another
+    length, is one line and exit 2."""
+    d = warehouse["dir"]
+    short = _cut_short(d, "fast", 5)
+    status = {"run": "run-1", "sites": {"hall": {"site": "hall", "run": "run-1", "phase": "stopped", "ticks": PRE + 5,
+              "candidate": "v2",
+              "planned_ticks": STEPS, "stop_reason": "guard", "guard": {"stop": {"kpi": "kpi.late"}}},
+              "dock": "no reply: TimeoutError"}}  # fmt: skip
+    (d / "status.json").write_text(json.dumps(status))
+    assert _verdict(d, "fast", "--json", "--status", str(d / "status.json"), log=short) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "refuse" and [c["verdict"] for c in doc["checks"]] == ["regress"]
+    assert "guard stopped it: kpi.late regressed beyond its margin" in doc["reason"]
+    assert "judged on no day: the guard stopped the first day after 5 tick(s)" in doc["reason"]
+    # a guard stop at the day's last tick: the day is whole, its other KPIs judged on it (here none)
+    assert _verdict(d, "fast", "--json", "--status", str(d / "status.json")) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [c["verdict"] for c in doc["checks"]] == ["regress"] and "every other KPI on its 1 whole day(s)" in doc["reason"]
+    hall: dict[str, Any] = status["sites"]["hall"]  # type: ignore[assignment]
+    for bad, what in (({"sites": {"hall": {**hall, "candidate": "v7"}}}, "'v7'"),
+                      ({"sites": {"hall": {**hall, "planned_ticks": STEPS + 4}}}, "ticks"), ({"run": "x"}, "status")):
+        (d / "status-bad.json").write_text(json.dumps(bad))
+        assert _verdict(d, "fast", "--status", str(d / "status-bad.json"), log=short) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--status" in err and what in err
+
+
+def test_the_docs_say_how_canary_verdict_judges_a_stopped_canary() -> None:
+    """docs/canary.md's sentences on a stopped canary name the rule's one function, the exit codes the
+    two tests above assert, and the options that exist; the loop, `judge_canary` and the levers
+    benchmark all call that function (a second version of the rule would fail this)."""
+    import inspect
+    import sys
+
+    from edgetwin.cli.canary import canary_verdict_cmd
+    from edgetwin.loop import evidence, rounds
+
+    root = Path(__file__).resolve().parents[1]
+    text = " ".join((root / "docs" / "canary.md").read_text().split())
+    for claim in ("**A canary a stop cut short is judged as the loop judges it** (`edgetwin.loop.day_verdict.stopped_verdict`",
+                  "the verdict is *refuse* (exit 1): the guard's KPI *regress*, by the guard, and every other KPI *open*",
+                  "leaves every KPI *open*: *undecided*, exit 3", "--status status.json [--tick-seconds 900]",
+                  "(`edgetwin.loop.day_verdict.stopped_verdict`, which `edgetwin canary verdict` and the levers benchmark "
+                  "call too)"):  # fmt: skip
+        assert claim in text, claim
+    params = inspect.signature(canary_verdict_cmd).parameters
+    assert {"status_path", "tick_seconds"} <= set(params)
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import _closed_loop_levers as levers
+    finally:
+        sys.path.remove(str(root / "benchmarks"))
+    for fn in (rounds.canary_loop, evidence._judge_stopped, levers._stop_rule):
+        assert "stopped_verdict(" in inspect.getsource(fn), fn.__name__

@@ -37,8 +37,11 @@ def test_the_fleet_control_analysis_numbers_are_the_run() -> None:
     assert sum(w["dominant"]["own"] for w in fc["why_open"]) > n_open / 2  # "the group split still dominates most"
     assert sum(w["days_16"] for w in fc["why_open"]) == 0 and "the day-to-day term blocks none" in text
     lev = page[page.index("### What the levers say"):page.index("## Extended canaries with the rest of the fleet")]
-    assert (f"reaches {100 * fc['canary_verdict_rate']:.1f} % after 16 days (the next section), {fc['canary_agreeing']} "
-            f"of its {fc['canary_decided']} verdicts right") in " ".join(lev.split())
+    head = res["day_term_by_fleet_size"]["by_fleet_size"]["1000"]  # the same loop with the day term and stopped-day rule
+    assert (f"the day term and the same stopped-day rule reaches {100 * head['canary_verdict_rate']:.1f} % "
+            f"({head['canary_decided']} of {head['open_after_twin']}) after 16 days") in " ".join(lev.split())
+    assert (f"the {100 * fc['canary_verdict_rate']:.1f} % of the next section was measured before the stopped-day rule "
+            "and the day term") in " ".join(lev.split())
     # the headline before the day term (quoted by README.md) stays the slice-control loop's
     assert res.get("before_day_term", res)["by_fleet_size"]["1000"]["canary_verdict_rate"] == old["canary_verdict_rate"]
 

@@ -55,8 +55,38 @@ def test_merge_scores_each_lever_on_the_pairs_the_twin_left_open(lev: Any) -> No
     assert lo < 0.5 < hi
     # terms over the pairs the loop left open (both): the interference reaches the gap on pair a only
     assert loop["on_loop_open"]["pairs"] == 2 and loop["on_loop_open"]["interference_reaches_gap"] == 1
-    assert res["loop_reproduces_extended_day1"] == {"pairs": 2, "same_verdict": 2}
+    assert res["loop_reproduces_extended_day1"] == {"pairs": 2, "same_verdict": 2, "stopped_pairs_left_out": 0}
     assert res["switchback"][0]["fits"] is False
+
+
+def test_a_first_day_a_stop_cut_short_is_judged_by_the_loops_rule(lev: Any) -> None:
+    """Issue 48: the levers judge a guard-stopped first day as the loop does (`_stop_rule` calls
+    `edgetwin.loop.day_verdict.stopped_verdict`): the guard's KPI *regress* by the guard, every other
+    KPI open — here "b", which its 8 ticks called *regress* and the 20-day truth calls unchanged; the
+    stored run's verdicts are kept (`rejudge_stored`); the pooled counts leave its widths out."""
+    docs, ext = _docs(lev)
+    c = docs[0]["candidates"]["c"]
+    c.update(stop="guard", guard_kpi="a", ticks_ran=8, plan={"hours": 23.0})
+    c["levers"]["fleet_control"]["b"] = _v("regress", 0.05, 0.01, 0.1)  # wrong on the ticks it ran
+    ext[0]["by_fleet_size"]["1000"]["pairs"][0].update(truth_regress=True, truth_change=0.2)  # "a" truly regresses
+    before = lev.merge_levers(docs, ext)["by_lever"]["fleet_control"]
+    assert before["verdict_rate"]["k"] == 2 and len(before["wrong"]) == 2  # "a" ok and "b" regress, both wrong
+    doc = lev.rejudge_stored(docs[0])
+    for key, lv in c["levers"].items():
+        assert lv["a"]["verdict"] == "regress" and lv["a"]["by"] == "guard", key
+        assert lv["b"]["verdict"] == "open" and lv["b"]["by"] == "stop", key
+    assert lv["b"]["half"] == 0.11  # its estimate on the ticks it ran, kept for the record
+    assert c["levers"]["fleet_control"]["b"]["on_ticks"] == "regress" and c["ticks_planned"] == 92
+    assert c["before_stopped_day"]["fleet_control"] == {"a": "ok", "b": "regress"}
+    res = lev.merge_levers([doc], ext)
+    fc = res["by_lever"]["fleet_control"]
+    assert fc["verdict_rate"]["k"] == 1 and fc["wrong"] == [] and fc["open_by_stop"] == 1
+    assert res["by_lever"]["loop"]["on_loop_open"]["pairs"] == 0  # "b" open by the stop: no width of a day
+    assert res["loop_reproduces_extended_day1"] == {"pairs": 1, "same_verdict": 0, "stopped_pairs_left_out": 1}
+    assert lev.rejudge_stored(doc) == doc  # once: the verdicts before are not overwritten
+    text = lev.levers_section(res, ["cmd"])
+    assert "judged by the loop's stopped-day rule (`edgetwin.loop.day_verdict.stopped_verdict`)" in text
+    assert "(1 pairs per lever" in text
 
 
 def test_section_shows_every_lever_and_the_switchback(lev: Any) -> None:
@@ -119,3 +149,29 @@ def test_the_levers_analysis_numbers_are_the_runs() -> None:
     assert m5["on_loop_open"]["median_interference"] > m3["on_loop_open"]["median_interference"]
     assert lev["switchback_fits"] == 0 and f"no block at all for any of the {len(lev['switchback'])} candidates" in text
     assert f"on {lo_open['interference_reaches_gap']} of the {lo_open['pairs']} pairs the loop's day 1 left open" in text
+
+
+def test_the_levers_stopped_day_bullet_is_the_runs() -> None:
+    """"What the levers say"'s stopped-day bullet quotes results_production.json: the stopped first
+    days (the stored seed files), the open pairs per lever and the rows before the rule."""
+    import json
+
+    res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())
+    lev, before = res["levers"]["by_lever"], res["levers_before_stopped_day"]["by_lever"]
+    page = (ROOT / "docs/benchmarks/closed_loop/README.md").read_text()
+    text = " ".join(page[page.index("### What the levers say"):].split())
+    stopped = []
+    for s in (0, 1, 2):
+        doc = json.loads((ROOT / f"docs/benchmarks/closed_loop/scale/levers/levers_seed{s}.json").read_text())
+        stopped += [(s, n, c["ticks_ran"]) for n, c in doc["candidates"].items() if c["stop"] != "completed"]
+        assert all(c["ticks_ran"] < c["ticks_planned"] for c in doc["candidates"].values() if c["stop"] != "completed")
+    assert "five of the twelve first-day canaries" in text and len(stopped) == 5
+    assert {lv["open_by_stop"] for lv in lev.values()} == {30} and "(30 pairs per lever)" in text
+    b = {k: (v["verdict_rate"]["k"], v["agreement"]["k"]) for k, v in before.items()}
+    assert (f"the loop's row decided {b['loop'][0]} of 84 ({b['loop'][1]} right), the fleet control with per-arm slopes "
+            f"{b['fleet_control_per_arm'][0]} ({b['fleet_control_per_arm'][1]} right), the slice's per-arm slopes "
+            f"{b['slice_per_arm'][0]} ({b['slice_per_arm'][1]} right), 5 members with the fleet and per-arm slopes "
+            f"{b['members5_fleet_per_arm'][0]} ({b['members5_fleet_per_arm'][1]} right)") in text
+    removed = [before[k]["verdict_rate"]["k"] - lev[k]["verdict_rate"]["k"] for k in lev]
+    assert f"The rule removed {min(removed)} to {max(removed)} verdicts per row" in text
+    assert sum(len(before[k]["wrong"]) - len(lev[k]["wrong"]) for k in lev) == 2

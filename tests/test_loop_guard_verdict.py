@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from edgetwin.contract.margins import KPIMargin
+from edgetwin.loop.day_verdict import Stop, _guard_verdict
 from edgetwin.loop.ppi import ppi_mean_difference, width_terms
-from edgetwin.loop.rounds import _guard_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,9 +43,8 @@ def test_a_guard_stop_refuses_and_judges_every_other_kpi_once_on_the_completed_d
     per_round = [{"a": _est(0.5, 1), "b": _est(0.0, 2), "c": _est(2.0, 3)},
                  {k: v | {"day": 1.0, "local:day": 1.0} for k, v in
                   {"a": _est(0.5, 11), "b": _est(0.0, 12), "c": _est(2.0, 13)}.items()}]  # fmt: skip
-    res = SimpleNamespace(guard_stop=SimpleNamespace(kpi="a"))
-    verdict, ests, checks, reason, days = _guard_verdict(res, SimpleNamespace(alpha=0.05), per_round, 5,
-                                                         _plan(["a", "b", "c"]), None, 7)  # fmt: skip
+    verdict, ests, checks, reason, days = _guard_verdict(Stop("guard", 7, 40, ("a",)), per_round, 5,
+                                                         _plan(["a", "b", "c"]), None)  # fmt: skip
     by = {c["kpi"]: c for c in checks}
     assert verdict == "refuse" and set(by) == {"a", "b", "c"} and days == 2
     assert by["a"]["verdict"] == "regress" and by["a"]["by"] == "guard"
@@ -57,8 +56,7 @@ def test_a_guard_stop_refuses_and_judges_every_other_kpi_once_on_the_completed_d
 
 
 def test_a_guard_stop_on_the_first_day_refuses_on_the_guard_alone_and_says_why() -> None:
-    res = SimpleNamespace(guard_stop=SimpleNamespace(kpi="a"))
-    verdict, ests, checks, reason, _ = _guard_verdict(res, SimpleNamespace(alpha=0.05), [], 3, _plan(["a"]), None, 9)
+    verdict, ests, checks, reason, _ = _guard_verdict(Stop("guard", 9, 40, ("a",)), [], 3, _plan(["a"]), None)
     assert verdict == "refuse" and checks == [] and ests == [] and "a regressed beyond its margin" in reason
     assert "judged on no day: the guard stopped the first day after 9 tick(s)" in reason
     assert "the hours before a stop are not the day the verdict is about" in reason

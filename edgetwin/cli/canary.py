@@ -190,6 +190,10 @@ def canary_verdict_cmd(
     ] = None,
     pre_ticks: Annotated[int, typer.Option("--pre-ticks", min=0, help="Ticks on the current policy before the candidate started.")] = 4,
     evidence_out: Annotated[Path | None, typer.Option("--out", help="Write the verdict as evidence for `edgetwin promote --evidence`.")] = None,
+    status_path: Annotated[Path | None, typer.Option("--status", help="The sites' status of the run "
+                           "(`edgetwin canary status RUN --json`), which names a stop (the guard's, the loss budget's).")] = None,
+    tick_seconds: Annotated[float, typer.Option("--tick-seconds", help="Length of one reported tick, seconds "
+                            "(as `canary start` was given): the plan's hours in ticks.")] = 900.0,
     design: DesignOpt = "plan",
     switchback_plan: SwitchbackPlanOpt = None,
     seed: SeedOpt = 0,
@@ -199,6 +203,12 @@ def canary_verdict_cmd(
     guarded KPI of the plan, its interval and level, against its margin. Exit 0 promote, 1 refuse,
     3 undecided (an interval straddles its margin); 2 on bad input. Works on any system's logs that
     follow the log contract (`policy` = the registry version that served each row).
+
+    A canary a stop cut short (a site's log short of the plan's ticks, or a stop --status names) is
+    judged as the loop judges it (`edgetwin.loop.day_verdict.stopped_verdict`): the hours before a stop
+    are not the day the verdict is about, so a guard stop refuses on the guard's KPI (exit 1) and
+    every other KPI stays open; any other stop leaves them all open (exit 3), saying what would
+    decide them (a canary that runs its whole day).
 
     With --design switchback: the switchback's estimate over its blocks (Horvitz-Thompson, burn-in
     dropped, Neyman's conservative variance on a t reference: `edgetwin.loop.switchback`) of the
@@ -232,8 +242,12 @@ def canary_verdict_cmd(
         version, current_version = infer_versions(canary, fleet, candidate_version)
         cand = resolve_policy(candidate, twin, name=f"candidate-{version}")
         base = resolve_policy(current, twin, name=f"current-{current_version or 'current'}")
+        from edgetwin.edge.canary import CanaryConfig
+
+        planned = CanaryConfig.from_plan(plan, version, tick_seconds=tick_seconds, pre_ticks=pre_ticks).ticks
         verdict, checks, reason = judge_canary(twin, fleet, canary, plan, cand, base, candidate_version=version,
-                                               pre_ticks=pre_ticks, seed=seed)  # fmt: skip
+                                               pre_ticks=pre_ticks, seed=seed, planned_ticks=planned,
+                                               status=_read_status(status_path))  # fmt: skip
     ev = Evidence(
         verdict, reason, [c.to_dict() for c in checks], LEVEL, version, current_version,
         artifact_digest(candidate, "policy") if Path(candidate).is_dir() else None,
@@ -255,7 +269,21 @@ def canary_verdict_cmd(
         for c in checks:
             out.print(f"  {c.kpi}: {100 * c.change:+.2f}% [{100 * c.interval[0]:+.2f}%, {100 * c.interval[1]:+.2f}%] "
                       f"vs margin {100 * c.allowed_change:g}% -> {c.verdict}")  # fmt: skip
+        if any(c.verdict == "open" for c in checks) or not checks:
+            out.print(f"  why: {reason}")
     raise typer.Exit({"promote": 0, "refuse": 1, "undecided": 3}[verdict])
+
+
+def _read_status(path: Path | None) -> Any:
+    """The sites' status document (`edgetwin canary status RUN --json`), or None."""
+    if path is None:
+        return None
+    if not path.is_file():
+        raise InputError("status file not found", f"--status {path}")
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"not JSON ({e})", f"--status {path}") from None
 
 
 def _read_table(path: Path) -> Any:

@@ -29,6 +29,7 @@ __all__ = [
     "Evidence",
     "RegistryView",
     "artifact_digest",
+    "canary_stop",
     "check_evidence",
     "file_digest",
 ]
@@ -229,10 +230,13 @@ def judge_canary(
     candidate_version: str,
     pre_ticks: int,
     seed: int = 0,
+    planned_ticks: int | None = None,
+    status: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[Any], str]:
     """The verdict of one canary from its logs: `edgetwin.loop.verdict.canary_verdict` (the
     prediction-powered estimates per guarded KPI of ``plan.margins``) judged by
-    `edgetwin.loop.ppi.ppi_verdict`.
+    `edgetwin.loop.ppi.ppi_verdict` — or, when a stop ended it, by the loop's stopped-day rule
+    (`edgetwin.loop.day_verdict.stopped_verdict`, the one place it is made; why: that module's docstring).
 
     Args:
         twin: the twin; fleet_log: the fleet's log the plan was made on (the current policy).
@@ -241,6 +245,17 @@ def judge_canary(
         candidate, current: the two policies as the twin runs them (`PolicySpec`).
         candidate_version: the candidate's value in the ``policy`` column.
         pre_ticks: ticks at the start on the current policy everywhere (the canary's command).
+        planned_ticks: the day's ticks after the pre-period (`CanaryConfig.ticks` of the plan;
+            None: the log's, i.e. no check that the day ran whole).
+        status: what the sites said of the run (``edgetwin canary status RUN --json``), which names
+            a stop (`canary_stop`); None: the log's length alone tells a day cut short.
+
+    A day is whole when every site of the log holds every one of its ``planned_ticks``; a day cut
+    short (fewer ticks at a site, the loss budget's, an operator's or any other stop, or a log
+    collected early), or a guard stop, is judged as the loop judges it: the guard's KPI refused by
+    the guard, every other KPI open (this log is one day: no completed day before it), the reason
+    saying so and what would decide them. Its estimates on the ticks it ran are returned for the
+    record with the verdict ``open``.
 
     Returns:
         ``(verdict, checks, reason)``: verdict ``promote`` / ``refuse`` / ``undecided``, the
@@ -249,14 +264,24 @@ def judge_canary(
     from edgetwin.loop.ppi import ppi_verdict
     from edgetwin.loop.verdict import canary_verdict, guarded_day_variance
 
-    ran = int((canary_log["t"] >= pre_ticks).groupby(canary_log["t"]).any().sum())
+    after = canary_log[canary_log["t"] >= pre_ticks]
+    ran = int(after["t"].nunique())
     if ran < 1:
         raise InputError(f"the canary log has no tick after its {pre_ticks} pre-ticks", "--canary-log")
+    stop = canary_stop(canary_log, pre_ticks, ran if planned_ticks is None else int(planned_ticks), status,
+                       candidate_version)
     # the estimand is the change over the days the decision lives with: the fleet log's own days
     # give the day-to-day term (the loop's, `guarded_day_variance`); one day: about the canary's day
     day_var = guarded_day_variance(twin, [m.kpi for m in plan.margins], [fleet_log], candidate, current, seed)
-    est = canary_verdict(twin, fleet_log, canary_log, plan, candidate, current, candidate_version=candidate_version,
-                         pre_ticks=pre_ticks, ticks=ran, seed=seed, day_var=day_var)  # fmt: skip
+    try:
+        est = canary_verdict(twin, fleet_log, canary_log, plan, candidate, current, candidate_version=candidate_version,
+                             pre_ticks=pre_ticks, ticks=ran, seed=seed, day_var=day_var)  # fmt: skip
+    except (InputError, ValueError, KeyError):
+        if stop.reason != "guard":  # the loop's: a guard stop before both arms had a tick stands alone
+            raise
+        est = {}
+    if stop.decides:
+        return _judge_stopped(stop, est, plan, day_var)
     verdict, checks = ppi_verdict(est, list(plan.margins))
     reason = "; ".join(
         f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
@@ -265,3 +290,81 @@ def judge_canary(
     if not day_var:
         reason += " (about the canary's day only: the fleet log has one day, none to estimate the day-to-day variance from)"
     return ("undecided" if verdict == "abstain" else verdict), checks, reason
+
+
+def canary_stop(canary_log: Any, pre_ticks: int, planned: int, status: Mapping[str, Any] | None = None,
+                candidate: str = "") -> Any:
+    """How the canary's day ended (`edgetwin.loop.day_verdict.Stop`), from its log and the sites' status.
+
+    ``ran``: the fewest ticks after the pre-period any site of the log holds (a stop is a site's:
+    its slice is served the current policy, and no canary row is logged there, from then on).
+    ``status``: ``edgetwin canary status RUN --json``'s document; a site's ``guard`` stop makes the
+    stop the guard's (its ``guard.stop.kpi``), else a site's other stop names it. Without one, a log
+    short of ``planned`` ticks is a ``"short log"`` stop.
+
+    ``candidate``: the log's candidate version (a site's status of another candidate's canary is
+    refused: the log and the status are of two runs).
+
+    Raises:
+        InputError: a status that is not such a document, of another candidate than the log's, or
+            of a canary of another length than the plan's."""
+    from edgetwin.loop.day_verdict import Stop
+
+    after = canary_log[canary_log["t"] >= pre_ticks]
+    by_site = after.groupby(after["site"].astype(str))["t"].nunique() if "site" in after.columns else None
+    ran = int(by_site.min()) if by_site is not None and len(by_site) else int(after["t"].nunique())
+    reasons, guard = _status_stops(status, candidate, pre_ticks + planned) if status is not None else ({}, ())
+    if guard:
+        return Stop("guard", ran, planned, guard)
+    other = sorted(r for r in reasons.values() if r and r != "completed")
+    return Stop(other[0] if other else "completed" if ran >= planned else "short log", ran, planned)
+
+
+def _status_stops(status: Mapping[str, Any], candidate: str, total_ticks: int) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Per site its stop reason, and the KPIs any site's guard stopped on, from a status document."""
+    from edgetwin.loop.day_verdict import guard_kpis
+
+    where = "--status"
+    sites = status.get("sites") if isinstance(status, Mapping) else None
+    if not isinstance(sites, Mapping) or not sites:
+        raise InputError("not a canary status (expected `edgetwin canary status RUN --json`'s {run, sites})", where)
+    reasons: dict[str, str] = {}
+    guard: list[str] = []
+    for site, st in sites.items():
+        if not isinstance(st, Mapping):  # a site that did not answer: its log rows alone say how it ran
+            continue
+        if st.get("candidate") and str(st["candidate"]) != candidate:
+            raise InputError(f"site {site}'s status is of a canary of {st['candidate']!r}, the log's candidate is "
+                             f"{candidate!r}: another run", where)  # fmt: skip
+        planned = int(st.get("planned_ticks") or 0)
+        if planned and planned != total_ticks:
+            raise InputError(f"site {site} ran a canary of {planned} ticks, the plan's is {total_ticks} (pre-ticks "
+                             "included): check --pre-ticks and --tick-seconds", where)  # fmt: skip
+        reasons[str(site)] = str(st.get("stop_reason") or "")
+        if reasons[str(site)] == "guard":
+            guard += guard_kpis((st.get("guard") or {}).get("stop") or {}) or ["?"]
+    return reasons, tuple(sorted(set(guard)))
+
+
+def _judge_stopped(stop: Any, est: Mapping[str, Any], plan: Any, day_var: Any) -> tuple[str, list[Any], str]:
+    """A canary a stop ended, judged by the loop's stopped-day rule (`judge_canary`)."""
+    from dataclasses import replace
+
+    from edgetwin.loop.day_verdict import stopped_kpi_verdicts, stopped_verdict
+    from edgetwin.loop.ppi import ppi_verdict
+
+    whole = [{k: {**v, "day": 0.0, "local:day": 0.0} for k, v in est.items()}] if est and not stop.short else []
+    got = stopped_verdict(stop, whole, 1, plan, day_var)
+    assert got is not None  # `Stop.decides`
+    verdict, ests, checks, reason, _ = got
+    record = {e.kpi: e for e in (ppi_verdict(est, list(plan.margins))[1] if est else [])}
+    judged = {e.kpi: e for e in ests}
+    labels = stopped_kpi_verdicts(stop, [m.kpi for m in plan.margins], checks)
+    out = [replace(judged.get(k) or record[k], verdict=v) for k, (v, _by) in labels.items() if k in judged or k in record]
+    open_ = [k for k, (_v, by) in labels.items() if by == "stop"]
+    if open_:
+        reason += (f"; open: {', '.join(open_)} — a canary that runs its whole day ({stop.planned} tick(s) after the "
+                   "pre-period) would decide them")  # fmt: skip
+        if record:
+            reason += f" (their estimates shown are on the {stop.ran} tick(s) it ran, for the record)"
+    return ("undecided" if verdict == "abstain" else verdict), out, reason

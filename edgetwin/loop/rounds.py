@@ -14,17 +14,9 @@ canary (the twin never saw those rows), and rounds are pooled by inverse-varianc
 biasing any. A canary the guard stopped (a guarded KPI's regression beyond its margin is certain,
 always-valid) refuses at once (`_guard_verdict`).
 
-**A day a stop cut short gives no verdict** (`_stopped_day_verdict`). The verdict is about the
-fleet-wide effect averaged over whole days (the day-to-day term is a whole day's), and the hours
-before a stop are not such a day: they are its first hours (time of day) ending in the stretch the
-stop fired on, at a time the data chose, which the alpha spending does not cover. So when the guard
-or the edge's loss budget (any stop before the day's planned ticks) cuts a canary day short, every
-KPI other than the guard's is judged only on the completed canary days before it — pooled as any
-look is, at the level of the look the stop takes the place of — and with no completed day it stays
-open, the result saying why. The stopped day's estimates are kept in its `LoopRound` for the
-record. (Measured: judged on the ticks it ran, the closed-loop benchmark's 5,000-group guard stop
-of least-loaded on day 1 put three of its other KPIs on the wrong side of the 20-day truth,
-docs/benchmarks/closed_loop, "What the fleet sizes say".)
+**A day a stop cut short gives no verdict**: the rule and why are `edgetwin.loop.day_verdict`'s
+(`stopped_verdict`, the one place it is made: the loop, ``edgetwin canary verdict`` and the
+levers benchmark call it). The stopped day's estimates are kept in its `LoopRound` for the record.
 
 **The fleet.** ``fleet_log`` is the fleet's log on the current policy for the day the canaries run
 (its last episode's service groups are the fleet; on the emulated cluster it is
@@ -43,6 +35,15 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
+from edgetwin.loop.day_verdict import (
+    Stop,
+    _pooled_verdict,
+    days_needed,
+    guard_kpis,
+    more_days,
+    stopped_kpi_verdicts,
+    stopped_verdict,
+)
 from edgetwin.loop.verdict import canary_verdict
 
 if TYPE_CHECKING:  # typed seams (issue 46): the loop names the types it drives, imported for mypy only
@@ -232,11 +233,11 @@ def canary_loop(
         est = _round_estimates(twin, day_log, res, plan, candidate_spec, baseline_spec, version, day_var, cfg.pre_ticks,
                                ran, seed, members, fleet_control, float(r - 1 if days is not None else 0), cuped)  # fmt: skip
         # a day a stop cut short is not a day: its estimates are kept for the record, never pooled
-        short = res.stop_reason != "completed" and int(res.ticks) - int(cfg.pre_ticks) < cfg.ticks
-        if est and not short:
+        ended = Stop(res.stop_reason, int(res.ticks) - int(cfg.pre_ticks), cfg.ticks, guard_kpis(res.guard_stop), cfg.alpha)
+        if est and not ended.short:
             per_round.append(est)
         loss, over = _realised_loss(res.log, plan, cfg.pre_ticks, cfg.ticks, version)
-        stopped = _stopped_verdict(res, cfg, per_round, len(looks), plan, day_var, ran, short)
+        stopped = stopped_verdict(ended, per_round, len(looks), plan, day_var)
         if stopped is not None:  # a guard stop or a day cut short: the completed days before it only
             verdict, ests, checks, reason, n_days = stopped
         else:
@@ -270,21 +271,6 @@ def canary_loop(
     return LoopResult(verdict, reason, gate, rounds, twin)
 
 
-def _stopped_verdict(
-    res: Any, cfg: Any, per_round: list[dict[str, dict[str, float]]], n_looks: int, plan: CanaryPlan,
-    day_var: Mapping[str, Any] | None, ran: int, short: bool,
-) -> tuple[str, list[Any], list[dict[str, Any]], str, int] | None:
-    """The verdict of a canary that a stop ended: the guard's (refused; its other KPIs on the completed
-    days before, `_guard_verdict`) or any stop that cut the day short (the loss budget's: the completed
-    days before it only, `_stopped_day_verdict`); None when the day ran its course (judged as usual)."""
-    if res.stop_reason == "guard":
-        return _guard_verdict(res, cfg, per_round, n_looks, plan, day_var, ran, short)
-    if short:
-        by = f"the canary's {STOPPED_BY.get(res.stop_reason, res.stop_reason + ' stop')}"
-        return _stopped_day_verdict(by, per_round, n_looks, plan, day_var, ran)
-    return None
-
-
 def _round_estimates(
     twin: Twin, day_log: pd.DataFrame, res: Any, plan: CanaryPlan, candidate: PolicySpec, baseline: PolicySpec,
     version: str, day_var: Mapping[str, Any], pre_ticks: int, ran: int, seed: int, members: Sequence[int] | None,
@@ -305,92 +291,6 @@ def _round_estimates(
     for one in est.values():
         one["day"] = one["local:day"] = day
     return est
-
-
-#: what stopped a canary, by `edgetwin.edge.canary.STOP_REASONS` (the result's wording)
-STOPPED_BY = {"guard": "guard", "budget": "loss budget", "operator": "operator", "link": "failed log shipping",
-              "runtime": "runtime's end", "swapped": "current policy's change"}  # fmt: skip
-
-
-def _stopped_day_verdict(
-    what: str, per_round: list[dict[str, dict[str, float]]], n_looks: int, plan: CanaryPlan,
-    day_var: Mapping[str, Any] | None, ran: int,
-) -> tuple[str, list[Any], list[dict[str, Any]], str, int]:
-    """The verdict after a canary day that ``what`` (e.g. "the canary's loss budget") stopped after
-    ``ran`` ticks: the completed days before it (``per_round``, which never holds a stopped day)
-    pooled at one look's level (`_pooled_verdict`: the stop takes the place of the next planned
-    look and spends its alpha), or, with no completed day, open (abstain) saying why.
-
-    Why not the stopped day's ticks: the module docstring ("A day a stop cut short gives no
-    verdict"). The completed days' estimates are not chosen by the stop: it fired on the stopped day's data,
-    and each day is a fresh random slice of another day's fleet."""
-    why = "the hours before a stop are not the day the verdict is about"
-    if not per_round:
-        return ("abstain", [], [], f"undecided: judged on no day: {what} stopped the first day after {ran} tick(s); {why}",
-                0)  # fmt: skip
-    verdict, ests, checks, reason, n_days = _pooled_verdict(per_round, n_looks, plan, day_var)
-    return (verdict, ests, checks, f"judged on the {n_days} completed day(s) before the one {what} stopped after {ran} "
-            f"tick(s) ({why}): {reason}", n_days)  # fmt: skip
-
-
-def _guard_verdict(
-    res: Any, cfg: Any, per_round: list[dict[str, dict[str, float]]], n_looks: int, plan: CanaryPlan,
-    day_var: Mapping[str, Any] | None, ran: int, short: bool = True,
-) -> tuple[str, list[Any], list[dict[str, Any]], str, int]:
-    """A canary the guard stopped: refuse (the guard's always-valid test saw its KPI regress beyond
-    its margin); the guard's KPI keeps the guard's ``regress`` (each question is answered once).
-
-    Every other guarded KPI is judged only on the completed canary days before the stopped one
-    (``per_round`` holds no stopped day; `_stopped_day_verdict`, pooled at the level of the look the
-    stop takes the place of), and with no completed day stays open, the reason saying why (why not
-    on the ticks it ran: the module docstring). ``short``: False when the stop came
-    after the day's planned ticks (``per_round`` then holds that whole day)."""
-    gk = getattr(res.guard_stop, "kpi", None)
-    reason = f"the canary's guard stopped it: {gk or '?'} regressed beyond its margin (always-valid, alpha {cfg.alpha})"
-    if not per_round:
-        why = (f"judged on no day: the guard stopped the first day after {ran} tick(s); the hours before a stop are not "
-               "the day the verdict is about") if short else "nothing measured"  # fmt: skip
-        return "refuse", [], [], f"{reason}; every other KPI open ({why})", 0
-    if short:
-        _, ests, checks, other, n_days = _stopped_day_verdict("the guard", per_round, n_looks, plan, day_var, ran)
-    else:
-        _, ests, checks, other, n_days = _pooled_verdict(per_round, n_looks, plan, day_var)
-        other = f"on its {n_days} whole day(s): {other}"
-    for c in checks:
-        if c["kpi"] == gk:
-            c["verdict"], c["by"] = "regress", "guard"
-    return "refuse", ests, checks, f"{reason}; every other KPI {other}", n_days
-
-
-def _pooled_verdict(
-    per_round: list[dict[str, dict[str, float]]], n_looks: int, plan: CanaryPlan,
-    day_var: Mapping[str, Any] | None,
-) -> tuple[str, list[Any], list[dict[str, Any]], str, int]:
-    """The rounds so far pooled (`edgetwin.loop.ppi.combine_estimates`) at one look's level (each of
-    ``n_looks`` spends its share of alpha, `look_level`) and judged against the plan's margins:
-    (verdict, per-KPI estimates, their checks with expected and realised widths, the reason, days)."""
-    from edgetwin.loop.ppi import LEVEL, combine_estimates, look_level, ppi_verdict, width_terms
-
-    pooled = {k: combine_estimates([pr[k] for pr in per_round], look_level(LEVEL, n_looks)) for k in per_round[-1]}
-    verdict, ests = ppi_verdict(pooled, list(plan.margins))
-    expected = {pk.column: pk.expected for pk in plan.kpis}
-    checks = [{**e.to_dict(), "realised_width": e.interval[1] - e.interval[0],
-               "expected_width": (lambda x: x[1] - x[0] if x else float("nan"))(expected.get(e.kpi)),
-               "day_to_day": bool(day_var and e.kpi in day_var),
-               "terms": {**width_terms([pr[e.kpi] for pr in per_round]), "df": float(pooled[e.kpi]["df"]),
-                         "level": float(pooled[e.kpi]["level"]), "transport_rel": float(pooled[e.kpi]["rel"]),
-                         "local_rel": float(pooled[e.kpi].get("local:rel", pooled[e.kpi]["rel"]))}}
-              for e in ests]  # fmt: skip
-    reason = "; ".join(
-        f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
-        f"{100 * e.allowed_change:g}% ({e.verdict})" for e in ests
-    )
-    if not day_var:
-        reason += " (about the canary's day only: no other days to estimate the day-to-day variance from)"
-    n_days = len({e["day"] for pr in per_round for e in pr.values()})
-    if verdict == "abstain":
-        reason = f"undecided: {days_needed(ests, n_days)}; {reason}"
-    return verdict, list(ests), checks, reason, n_days
 
 
 def _not_extended(stop_reason: str, over: Any, ests: Sequence[Any], n_days: int, r: int, n_rounds: int) -> str | None:
@@ -463,42 +363,6 @@ def hurting(stop_reason: str, over_budget: Sequence[str]) -> str | None:
     if over_budget:
         return f"its realised loss passed the budget on {', '.join(over_budget)}"
     return None
-
-
-def more_days(checks: Sequence[Any], days: int) -> int | None:
-    """More canary days the straddling checks need at least (`days_needed`'s N; 0 when none
-    straddles), or None when a point estimate sits on its margin (no number of days decides)."""
-    worst = 0
-    for c in checks:
-        if getattr(c, "verdict", "") != "straddle":
-            continue
-        lo, hi = c.worsening_interval
-        sign = -1.0 if c.better == "higher" else 1.0
-        gap = abs(sign * float(c.change) - float(c.allowed_change))
-        half = (float(hi) - float(lo)) / 2.0
-        if not (gap > 1e-9 and math.isfinite(half)):
-            return None
-        worst = max(worst, math.ceil(days * ((half / gap) ** 2 - 1.0)))
-    return worst
-
-
-def days_needed(checks: Sequence[Any], days: int, cap: int = 365) -> str:
-    """What would decide the straddling checks: "run N more days" of canaries like these.
-
-    For each straddling check, the gap between its point estimate and its margin, and the
-    interval's half-width; each more canary day (a fresh random slice on another day) adds an
-    independent measurement, so the half-width shrinks as ``sqrt(days / (days + N))`` (an
-    approximation: the fleet and interference terms do not shrink, so N is a lower bound). A point
-    estimate on the margin, or an N over ``cap``, cannot be decided by more days of this design."""
-    worst = more_days(checks, days)
-    if worst is None:
-        c = next(c for c in checks if getattr(c, "verdict", "") == "straddle" and not (
-            abs((-1.0 if c.better == "higher" else 1.0) * float(c.change) - float(c.allowed_change)) > 1e-9
-            and math.isfinite(float(c.worsening_interval[1]) - float(c.worsening_interval[0]))))  # fmt: skip
-        return f"{c.kpi}'s estimate sits on its margin: more days of this canary will not decide it"
-    if worst > cap:
-        return f"more than {cap} more days of this canary would be needed: accept the abstention or widen the slice"
-    return f"run {max(worst, 1)} more day(s) of this canary (the pooled interval must shrink to clear the margin)"
 
 
 def balanced(plan: CanaryPlan, tries: int = 10_000) -> CanaryPlan:
@@ -606,7 +470,7 @@ def promote_after_canary(
 
 
 __all__ = [
-    "LoopResult", "LoopRound", "balanced", "canary_loop", "candidate_version_name", "days_needed",
-    "decision_day_variance", "hurting", "more_days",
-    "promote_after_canary",
+    "LoopResult", "LoopRound", "Stop", "balanced", "canary_loop", "candidate_version_name", "days_needed",
+    "decision_day_variance", "guard_kpis", "hurting", "more_days",
+    "promote_after_canary", "stopped_kpi_verdicts", "stopped_verdict",
 ]
