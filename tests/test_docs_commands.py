@@ -22,9 +22,12 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def _code_lines(path: Path) -> list[tuple[int, str]]:
-    """(line number, text) of each line inside a ``` fence that starts with ``edgetwin ``."""
-    out, fenced = [], False
-    for no, line in enumerate(path.read_text().splitlines(), 1):
+    """(line number, text) of each command inside a ``` fence that starts with ``edgetwin ``, its
+    backslash-continued lines joined to it (a flag on a continuation line is the command's too)."""
+    out, fenced, lines = [], False, path.read_text().splitlines()
+    no = 0
+    while no < len(lines):
+        line, no = lines[no], no + 1
         if line.lstrip().startswith("```"):
             fenced = not fenced
             continue
@@ -32,7 +35,11 @@ def _code_lines(path: Path) -> list[tuple[int, str]]:
         if text.startswith("$ "):
             text = text[2:]
         if fenced and text.startswith("edgetwin "):
-            out.append((no, text))
+            start = no
+            while re.sub(r"\s#\s.*$", "", text).rstrip().endswith("\\") and no < len(lines):
+                text = re.sub(r"\s#\s.*$", "", text).rstrip()[:-1] + " " + lines[no].strip()
+                no += 1
+            out.append((start, text))
     return out
 
 

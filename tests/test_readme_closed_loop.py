@@ -141,3 +141,20 @@ def test_the_readme_verdict_bound_is_the_bound_run() -> None:
     lo, hi = (100 * x for x in r100["canary_verdict_rate_ci"])
     assert (f"at 100 groups the default decides {100 * r100['canary_verdict_rate']:.1f} % [{lo:.1f} %, {hi:.1f} %], "
             f"{r100['canary_agreeing']} of {r100['canary_decided']} right") in readme
+
+
+def test_the_readme_canary_verdict_sentence_is_the_rule_it_calls() -> None:
+    """The README says `edgetwin canary verdict` judges a stopped canary by the loop's rule through
+    `edgetwin.loop.day_verdict.stopped_verdict`, with `--status`; the behaviour itself (exit 3 on a short
+    log, exit 1 on a guard stop the status names) is tests/test_cli_canary_verdict.py's."""
+    import inspect
+
+    from edgetwin.loop import evidence
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`edgetwin canary verdict` judges a collected canary log by the same rule" in readme
+    assert "(`edgetwin.loop.day_verdict.stopped_verdict`)" in readme
+    assert "a log short of the plan's ticks leaves every KPI open (exit 3)" in readme
+    assert "refuses on the guard's KPI and leaves the others open (exit 1)" in readme
+    assert "stopped_verdict(" in inspect.getsource(evidence._judge_stopped)
+    assert "--status status.json" in readme
