@@ -235,7 +235,8 @@ def canary_verdict_cmd(
         # columns (arm, tick, block, arm_probability) the spec does not name
         canary = _read_table(canary_log)
         verdict, checks, reason, _est = judge_switchback(canary, switchback, list(plan.margins),
-                                                         candidate_version=candidate_version)  # fmt: skip
+                                                         candidate_version=candidate_version,
+                                                         status=_read_status(status_path))  # fmt: skip
         version, current_version = _switchback_versions(canary, switchback)
         version = candidate_version or version
     else:
@@ -261,15 +262,13 @@ def canary_verdict_cmd(
     elif switchback is not None:
         out.print(f"switchback verdict: {verdict.upper()} ({100 * LEVEL:g} % intervals of the change on site(s) "
                   f"{', '.join(switchback.sites)} when they switch whole, over {switchback.n_blocks} blocks)")  # fmt: skip
-        for c in checks:
-            out.print(f"  {c.kpi}: {100 * c.change:+.2f}% [{100 * c.interval[0]:+.2f}%, {100 * c.interval[1]:+.2f}%] "
-                      f"vs margin {100 * c.allowed_change:g}% -> {c.verdict}")  # fmt: skip
     else:
         out.print(f"canary verdict: {verdict.upper()} ({100 * LEVEL:g} % intervals of the fleet-wide change)")
+    if not as_json:
         for c in checks:
             out.print(f"  {c.kpi}: {100 * c.change:+.2f}% [{100 * c.interval[0]:+.2f}%, {100 * c.interval[1]:+.2f}%] "
                       f"vs margin {100 * c.allowed_change:g}% -> {c.verdict}")  # fmt: skip
-        if any(c.verdict == "open" for c in checks) or not checks:
+        if verdict != "promote" or not checks:
             out.print(f"  why: {reason}")
     raise typer.Exit({"promote": 0, "refuse": 1, "undecided": 3}[verdict])
 
