@@ -193,7 +193,7 @@ def canary_verdict_cmd(
     status_path: Annotated[Path | None, typer.Option("--status", help="The sites' status of the run "
                            "(`edgetwin canary status RUN --json`), which names a stop (the guard's, the loss budget's).")] = None,
     tick_seconds: Annotated[float, typer.Option("--tick-seconds", help="Length of one reported tick, seconds "
-                            "(as `canary start` was given): the plan's hours in ticks.")] = 900.0,
+                            "(as `canary start` was given): the plan's hours in ticks (--design plan).")] = 900.0,
     design: DesignOpt = "plan",
     switchback_plan: SwitchbackPlanOpt = None,
     seed: SeedOpt = 0,
@@ -212,8 +212,10 @@ def canary_verdict_cmd(
 
     With --design switchback: the switchback's estimate over its blocks (Horvitz-Thompson, burn-in
     dropped, Neyman's conservative variance on a t reference: `edgetwin.loop.switchback`) of the
-    change on its sites, judged against the plan's margins by the same rule; the twin and the fleet
-    log are what the plan was made from (recorded in the evidence), not terms of the estimate."""
+    change on its sites, judged against the plan's margins by the same rule, a stop included (its
+    day: the switchback plan's blocks at every one of its sites; --tick-seconds is not used, the
+    switchback plan holds its tick; why not the blocks it ran: `judge_switchback`); the twin and the
+    fleet log are what the plan was made from (recorded in the evidence), not terms of the estimate."""
     from edgetwin.cli.policy import _whatif_inputs
     from edgetwin.loop.evidence import Evidence, artifact_digest, file_digest, infer_versions, judge_canary
     from edgetwin.loop.plan import CanaryPlan
