@@ -221,5 +221,5 @@ def test_the_docs_say_how_canary_verdict_judges_a_stopped_canary() -> None:
         import _closed_loop_levers as levers
     finally:
         sys.path.remove(str(root / "benchmarks"))
-    for fn in (rounds.canary_loop, evidence._judge_stopped, levers._stop_rule):
+    for fn in (rounds.canary_loop, evidence.judge_stopped, levers._stop_rule):
         assert "stopped_verdict(" in inspect.getsource(fn), fn.__name__

@@ -193,7 +193,7 @@ def canary_verdict_cmd(
     status_path: Annotated[Path | None, typer.Option("--status", help="The sites' status of the run "
                            "(`edgetwin canary status RUN --json`), which names a stop (the guard's, the loss budget's).")] = None,
     tick_seconds: Annotated[float, typer.Option("--tick-seconds", help="Length of one reported tick, seconds "
-                            "(as `canary start` was given): the plan's hours in ticks.")] = 900.0,
+                            "(as `canary start` was given): the plan's hours in ticks (--design plan).")] = 900.0,
     design: DesignOpt = "plan",
     switchback_plan: SwitchbackPlanOpt = None,
     seed: SeedOpt = 0,
@@ -212,8 +212,10 @@ def canary_verdict_cmd(
 
     With --design switchback: the switchback's estimate over its blocks (Horvitz-Thompson, burn-in
     dropped, Neyman's conservative variance on a t reference: `edgetwin.loop.switchback`) of the
-    change on its sites, judged against the plan's margins by the same rule; the twin and the fleet
-    log are what the plan was made from (recorded in the evidence), not terms of the estimate."""
+    change on its sites, judged against the plan's margins by the same rule, a stop included (its
+    day: the switchback plan's blocks at every one of its sites; --tick-seconds is not used, the
+    switchback plan holds its tick; why not the blocks it ran: `judge_switchback`); the twin and the
+    fleet log are what the plan was made from (recorded in the evidence), not terms of the estimate."""
     from edgetwin.cli.policy import _whatif_inputs
     from edgetwin.loop.evidence import Evidence, artifact_digest, file_digest, infer_versions, judge_canary
     from edgetwin.loop.plan import CanaryPlan
@@ -235,7 +237,8 @@ def canary_verdict_cmd(
         # columns (arm, tick, block, arm_probability) the spec does not name
         canary = _read_table(canary_log)
         verdict, checks, reason, _est = judge_switchback(canary, switchback, list(plan.margins),
-                                                         candidate_version=candidate_version)  # fmt: skip
+                                                         candidate_version=candidate_version,
+                                                         status=_read_status(status_path))  # fmt: skip
         version, current_version = _switchback_versions(canary, switchback)
         version = candidate_version or version
     else:
@@ -261,15 +264,13 @@ def canary_verdict_cmd(
     elif switchback is not None:
         out.print(f"switchback verdict: {verdict.upper()} ({100 * LEVEL:g} % intervals of the change on site(s) "
                   f"{', '.join(switchback.sites)} when they switch whole, over {switchback.n_blocks} blocks)")  # fmt: skip
-        for c in checks:
-            out.print(f"  {c.kpi}: {100 * c.change:+.2f}% [{100 * c.interval[0]:+.2f}%, {100 * c.interval[1]:+.2f}%] "
-                      f"vs margin {100 * c.allowed_change:g}% -> {c.verdict}")  # fmt: skip
     else:
         out.print(f"canary verdict: {verdict.upper()} ({100 * LEVEL:g} % intervals of the fleet-wide change)")
+    if not as_json:
         for c in checks:
             out.print(f"  {c.kpi}: {100 * c.change:+.2f}% [{100 * c.interval[0]:+.2f}%, {100 * c.interval[1]:+.2f}%] "
                       f"vs margin {100 * c.allowed_change:g}% -> {c.verdict}")  # fmt: skip
-        if any(c.verdict == "open" for c in checks) or not checks:
+        if verdict != "promote" or not checks:
             out.print(f"  why: {reason}")
     raise typer.Exit({"promote": 0, "refuse": 1, "undecided": 3}[verdict])
 

@@ -16,7 +16,7 @@ digest, while packing is an implementation detail of each registry backend.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +32,7 @@ __all__ = [
     "canary_stop",
     "check_evidence",
     "file_digest",
+    "judge_stopped",
 ]
 
 EVIDENCE_FORMAT = "edgetwin-canary-evidence/1"
@@ -281,7 +282,7 @@ def judge_canary(
             raise
         est = {}
     if stop.decides:
-        return _judge_stopped(stop, est, plan, day_var)
+        return judge_stopped(stop, est, plan, day_var)
     verdict, checks = ppi_verdict(est, list(plan.margins))
     reason = "; ".join(
         f"{e.kpi} {100 * e.change:+.1f}% [{100 * e.interval[0]:+.1f}%, {100 * e.interval[1]:+.1f}%] vs margin "
@@ -293,7 +294,7 @@ def judge_canary(
 
 
 def canary_stop(canary_log: Any, pre_ticks: int, planned: int, status: Mapping[str, Any] | None = None,
-                candidate: str = "") -> Any:
+                candidate: str = "", sites: Sequence[str] = ()) -> Any:
     """How the canary's day ended (`edgetwin.loop.day_verdict.Stop`), from its log and the sites' status.
 
     ``ran``: the fewest ticks after the pre-period any site of the log holds (a stop is a site's:
@@ -303,7 +304,8 @@ def canary_stop(canary_log: Any, pre_ticks: int, planned: int, status: Mapping[s
     short of ``planned`` ticks is a ``"short log"`` stop.
 
     ``candidate``: the log's candidate version (a site's status of another candidate's canary is
-    refused: the log and the status are of two runs).
+    refused: the log and the status are of two runs). ``sites``: the sites the canary ran on, when
+    known (a switchback's): one of them with no row after the pre-period ran 0 ticks.
 
     Raises:
         InputError: a status that is not such a document, of another candidate than the log's, or
@@ -312,6 +314,8 @@ def canary_stop(canary_log: Any, pre_ticks: int, planned: int, status: Mapping[s
 
     after = canary_log[canary_log["t"] >= pre_ticks]
     by_site = after.groupby(after["site"].astype(str))["t"].nunique() if "site" in after.columns else None
+    if by_site is not None and sites:
+        by_site = by_site.reindex([str(s) for s in sites], fill_value=0)
     ran = int(by_site.min()) if by_site is not None and len(by_site) else int(after["t"].nunique())
     reasons, guard = _status_stops(status, candidate, pre_ticks + planned) if status is not None else ({}, ())
     if guard:
@@ -346,8 +350,12 @@ def _status_stops(status: Mapping[str, Any], candidate: str, total_ticks: int) -
     return reasons, tuple(sorted(set(guard)))
 
 
-def _judge_stopped(stop: Any, est: Mapping[str, Any], plan: Any, day_var: Any) -> tuple[str, list[Any], str]:
-    """A canary a stop ended, judged by the loop's stopped-day rule (`judge_canary`)."""
+def judge_stopped(stop: Any, est: Mapping[str, Any], plan: Any, day_var: Any,
+                  decider: str = "a canary that runs its whole day") -> tuple[str, list[Any], str]:
+    """A canary a stop ended (`canary_stop`; ``stop.decides``), judged by the loop's stopped-day
+    rule: `judge_canary`'s, and `edgetwin.loop.switchback.judge_switchback`'s. ``est``: per KPI its
+    estimate's terms (`edgetwin.loop.ppi` 's dict) on what ran, for the record ({}: none); ``plan``:
+    its ``margins`` (and ``kpis``, the expected widths); ``decider``: what would decide the open KPIs."""
     from dataclasses import replace
 
     from edgetwin.loop.day_verdict import stopped_kpi_verdicts, stopped_verdict
@@ -363,8 +371,7 @@ def _judge_stopped(stop: Any, est: Mapping[str, Any], plan: Any, day_var: Any) -
     out = [replace(judged.get(k) or record[k], verdict=v) for k, (v, _by) in labels.items() if k in judged or k in record]
     open_ = [k for k, (_v, by) in labels.items() if by == "stop"]
     if open_:
-        reason += (f"; open: {', '.join(open_)} — a canary that runs its whole day ({stop.planned} tick(s) after the "
-                   "pre-period) would decide them")  # fmt: skip
+        reason += f"; open: {', '.join(open_)} — {decider} ({stop.planned} tick(s) after the pre-period) would decide them"
         if record:
             reason += f" (their estimates shown are on the {stop.ran} tick(s) it ran, for the record)"
     return ("undecided" if verdict == "abstain" else verdict), out, reason

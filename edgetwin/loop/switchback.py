@@ -260,7 +260,7 @@ def switchback_ticks(rows: pd.DataFrame, plan: SwitchbackPlan) -> np.ndarray:
     return day * int(plan.episode_ticks) + rows["t"].to_numpy(np.int64)
 
 
-def block_outcomes(rows: pd.DataFrame, plan: SwitchbackPlan, kpis: Sequence[str]) -> pd.DataFrame:
+def block_outcomes(rows: pd.DataFrame, plan: SwitchbackPlan, kpis: Sequence[str], complete: bool = True) -> pd.DataFrame:
     """Per block, the mean over its judged ticks (burn-in dropped) of each KPI's per-tick mean over
     the plan's sites' rows.
 
@@ -270,7 +270,8 @@ def block_outcomes(rows: pd.DataFrame, plan: SwitchbackPlan, kpis: Sequence[str]
 
     Returns:
         index the block (0..n_blocks-1), columns ``kpis`` plus ``arm`` (1 = candidate) and ``ticks``
-        (judged ticks seen); a block with no judged tick is refused (`InputError`).
+        (judged ticks seen); a block with no judged tick is refused (`InputError`), or with
+        ``complete=False`` (a log a stop cut short) kept with ``ticks`` 0 and NaN KPIs.
     """
     missing = [k for k in kpis if k not in rows.columns]
     if missing:
@@ -299,7 +300,7 @@ def block_outcomes(rows: pd.DataFrame, plan: SwitchbackPlan, kpis: Sequence[str]
         per_tick.groupby(level="_block").size().reindex(range(int(plan.n_blocks))).fillna(0).astype(int)
     )
     empty = out.index[out["ticks"] == 0].tolist()
-    if empty:
+    if empty and complete:
         raise InputError(
             f"block(s) {empty} of the switchback have no judged tick of sites {list(plan.sites)}", "log"
         )
@@ -472,10 +473,24 @@ def judge_switchback(
     *,
     candidate_version: str | None = None,
     level: float | None = None,
+    status: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[Any], str, dict[str, SwitchbackEstimate]]:
     """The verdict of a switchback from its collected log (`edgetwin canary verdict --design
     switchback`): `estimate_switchback` per guarded KPI (its t interval over the blocks), judged by
-    `edgetwin.loop.ppi.ppi_verdict` against ``margins`` exactly as a group split's estimates are.
+    `edgetwin.loop.ppi.ppi_verdict` against ``margins`` exactly as a group split's estimates are —
+    or, when a stop cut it short, by the loop's stopped-day rule, as a group split's canary is.
+
+    **A switchback a stop cut short gives no verdict but the guard's.** Its day is its plan's
+    ``n_blocks × block_ticks`` ticks from ``start_tick``: when a site of the plan holds fewer of
+    them (a log short of them) or ``status`` (``edgetwin canary status RUN --json``) names a stop,
+    `edgetwin.loop.evidence.canary_stop` reads it and `edgetwin.loop.evidence.judge_stopped` judges
+    it (`edgetwin.loop.day_verdict.stopped_verdict`): a guard stop refuses on the guard's KPI, by the
+    guard; every other KPI, and every KPI after any other stop, stays open. Why the blocks it ran
+    are not a day: `edgetwin.loop.day_verdict`'s module docstring, and for a switchback besides: the
+    blocks that ran cover only the first part of the plan's cycle (its pairs cancel the time of day
+    within a pair, not across the day), the stop was chosen by those very pairs (the guard fired on
+    them), and the t reference over ``P`` pairs holds for pairs fixed by the design, not by a
+    stopping rule. A switchback log is one run: no completed day before it.
 
     The log is what the sites shipped (`edgetwin canary collect`): rows of the plan's sites with
     ``site``, ``t`` (the run's tick) or ``tick``, ``policy`` (the registry version that decided),
@@ -512,15 +527,37 @@ def judge_switchback(
             raise InputError(f"the candidate arm's rows name policies {versions}"
                              + (f", not {candidate_version!r}" if candidate_version else "; name one with --candidate-version"),
                              where)  # fmt: skip
+    else:
+        want = candidate_version or ""
     kpis = [m.kpi for m in margins]
+    stop = _switchback_stop(at, plan, status, want)
     try:
-        est = estimate_switchback(at, plan, kpis, level=level)
+        blocks = block_outcomes(at, plan, kpis, complete=not stop.decides)
+        est = estimate_switchback(blocks, plan, kpis, level=level) if (blocks["ticks"] > 0).all() else {}
     except InputError as e:
         raise InputError(e.message, where) from None
+    if stop.decides:
+        from types import SimpleNamespace
+
+        from edgetwin.loop.evidence import judge_stopped
+
+        whole = f"a switchback that runs its whole plan of {plan.n_blocks} blocks"
+        return (*judge_stopped(stop, {k: e.terms for k, e in est.items()}, SimpleNamespace(margins=list(margins),
+                kpis=()), None, whole), est)  # fmt: skip
     verdict, checks = ppi_verdict({k: e.terms for k, e in est.items()}, list(margins))
     reason = "; ".join(f"{c.kpi} {100 * c.change:+.1f}% [{100 * c.interval[0]:+.1f}%, {100 * c.interval[1]:+.1f}%] vs "
                        f"margin {100 * c.allowed_change:g}% ({c.verdict}; {est[c.kpi].n_blocks} blocks)" for c in checks)  # fmt: skip
     return ("undecided" if verdict == "abstain" else verdict), checks, reason, est
+
+
+def _switchback_stop(at: pd.DataFrame, plan: SwitchbackPlan, status: Mapping[str, Any] | None, candidate: str) -> Any:
+    """How the switchback's day ended (`edgetwin.loop.evidence.canary_stop` on its clock: its plan's
+    ticks from ``start_tick``, at every site of the plan; rows after its last block are not its)."""
+    from edgetwin.loop.evidence import canary_stop
+
+    ticks = switchback_ticks(at, plan)
+    clock = pd.DataFrame({"t": ticks, "site": at["site"].astype(str).to_numpy()})[ticks < plan.start_tick + plan.ticks]
+    return canary_stop(clock, int(plan.start_tick), int(plan.ticks), status, candidate, sites=plan.sites)
 
 
 # ------------------------------------------------------------------------------------ the emulated cluster
