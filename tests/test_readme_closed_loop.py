@@ -156,5 +156,9 @@ def test_the_readme_canary_verdict_sentence_is_the_rule_it_calls() -> None:
     assert "(`edgetwin.loop.day_verdict.stopped_verdict`)" in readme
     assert "a log short of the plan's ticks leaves every KPI open (exit 3)" in readme
     assert "refuses on the guard's KPI and leaves the others open (exit 1)" in readme
-    assert "stopped_verdict(" in inspect.getsource(evidence._judge_stopped)
+    assert "stopped_verdict(" in inspect.getsource(evidence.judge_stopped)
+    from edgetwin.loop import switchback
+
+    assert "judges a switchback a stop cut short the same way, never on the blocks it ran" in readme
+    assert "judge_stopped(" in inspect.getsource(switchback.judge_switchback)  # behaviour: test_switchback_stopped_day.py
     assert "--status status.json" in readme
