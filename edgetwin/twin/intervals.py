@@ -58,10 +58,16 @@ episodes themselves (the test episode's answer is not in it), which the guarante
 exactly: a median over ``M x E`` answers moves little with one episode, and
 tests/test_calibration_score.py measures the coverage of an exchangeable case at the stated level.
 A change interval's model term ``q_rel · |change|`` is the same transfer of the level error to an
-effect as before: with a shared error ``ε · max(|ŷ|, s)`` on both policies, the error on ``c - b`` is
-``ε · (max(|c|, s) - max(|b|, s))``, at most ``ε · |c - b|`` in size (``max(|·|, s)`` is
-1-Lipschitz), so the term still bounds it; the unpaired ``"relative"`` construction inverts the
-score on each level (``q · hypot(max(|c|, s), max(|b|, s)) / |b|``). A calibration serialised before
+effect as before (an error in the size of the effect). What pairing cancels is different: a shared
+error proportional to the level (``ε · |ŷ|``, all the relative score knew) scales ``c - b`` and
+``|b|`` alike and leaves the relative change as it is, while the floor's part, an additive
+``δ = ε · (s - |b|)`` where ``|b| < s``, cancels in ``c - b`` but moves the denominator: the
+relative change is read over every real baseline ``|b| ± q_rel · max(s - |b|, 0)``
+(`Calibration.baseline_error`), and is unbounded on the side the effect may take when that range
+reaches 0 (a baseline within its calibrated error of 0 leaves the size of a relative change
+unidentified, only its sign where the effect's is known).
+Where ``|b| >= s`` the term is 0 and the interval is the one before. The unpaired ``"relative"``
+construction inverts the score on each level (``q · hypot(max(|c|, s), max(|b|, s)) / |b|``). A calibration serialised before
 the floor (`Calibration.from_dict` of a dict without ``"score"``) has scores ``|y - ŷ| / |ŷ|`` and
 no scale: it is read with ``s = 0``, i.e. inverted as it was scored; an unknown score is refused.
 """
@@ -215,6 +221,17 @@ class Calibration:
     score: str = "relative"
     #: KPI name -> ``s_k`` (KPI units, >= 0): the score's denominator is ``max(|ŷ|, s_k)``
     scale: dict[str, float] = field(default_factory=dict)
+
+    def baseline_error(self, kpi: str, baseline: float) -> float:
+        """The part of ``kpi``'s calibrated level error at ``baseline`` that does not scale with the
+        level: ``q_k · max(s_k - |baseline|, 0)`` in the KPI's units (0 where the level is above its
+        scale, and for a calibration without one). A relative change divides by the baseline's level;
+        pairing cancels a shared error proportional to the level in that ratio, not a shared additive
+        one, which moves the denominator (`change_interval`). ``inf`` when ``q_k`` is infinite and the
+        floor binds."""
+        s = self.scale.get(kpi, 0.0)
+        gap = max((s if math.isfinite(s) else 0.0) - abs(float(baseline)), 0.0)
+        return self.width(kpi) * gap if gap > 0.0 else 0.0
 
     def level_unit(self, kpi: str, value: float) -> float:
         """What ``kpi``'s score divides the error by at a level ``value``: ``max(|value|, s_k)``
@@ -534,7 +551,10 @@ def change_interval(
     ``"hybrid"``: ± ``(q_k · |change| + q_norm · sd)``. The pairing cancels the twin's error that is
     shared by both policies (its level bias); what is left is an error in the *size* of the effect,
     taken as the level's relative error applied to the change, and the members' disagreement on it.
-    With the floored score this term still bounds a shared error: see the module doc, "The score".
+    With the floored score, ``"replayed"`` and ``"hybrid"`` then read the widened interval over every
+    real baseline the calibration allows (`Calibration.baseline_error`, `_uncertain_denominator`):
+    unchanged where the baseline is above the KPI's scale, unbounded on the effect's side where it is
+    within its calibrated error of 0 (module doc, "The score").
 
     ``q_norm`` is the ratio of a level error to the members' spread of the level; where the members
     agree at the logged actions and disagree at a candidate's, the hybrid is wide: on a small twin
@@ -559,18 +579,36 @@ def change_interval(
         if calibration.uses_effect(kpi) and isinstance(total, float) and math.isfinite(total):
             assert shift is not None
             w = calibration.width(kpi) * abs((c - b) / abs(b)) + calibration.effect_width(kpi, shift) / abs(b)
-            return lo - w, hi + w
+            return _uncertain_denominator(lo - w, hi + w, b, calibration.baseline_error(kpi, b))
         if calibration.method in ("normalized", "hybrid", "replayed"):
             per_member = (np.nanmean(va, axis=1) - np.nanmean(vb, axis=1)) / abs(b)
             sd = float(np.nanstd(per_member, ddof=1)) if len(per_member) > 1 else 0.0
             mid = (c - b) / abs(b)
             if calibration.method != "normalized":
                 w = calibration.width(kpi) * abs(mid) + calibration.width_norm(kpi) * sd
-                return lo - w, hi + w
+                return _uncertain_denominator(lo - w, hi + w, b, calibration.baseline_error(kpi, b))
             w = calibration.width_norm(kpi) * sd
             return min(lo, mid - w), max(hi, mid + w)
     w = calibration.width(kpi) * math.hypot(calibration.level_unit(kpi, c), calibration.level_unit(kpi, b)) / abs(b)
     return lo - w, hi + w
+
+
+def _uncertain_denominator(lo: float, hi: float, baseline: float, error: float) -> tuple[float, float]:
+    """``[lo, hi]``, an interval of a relative change ``(c - b)/|b|`` read with the twin's ``|b|``, when
+    the real baseline is ``b + δ`` with ``|δ| <= error`` shared by both policies (it cancels in ``c - b``
+    and moves only the denominator): the effect ``[lo, hi] · |b|`` over every denominator in
+    ``[max(|b| - error, 0), |b| + error]``. When that range reaches 0 the side of the interval the
+    effect may take is unbounded (a relative change over a baseline that may be 0): an effect surely
+    positive keeps its lower bound (at the largest denominator), an effect that may be negative has
+    none; an effect of exactly 0 stays 0. ``error = 0`` returns ``[lo, hi]`` unchanged."""
+    if not error > 0.0:
+        return lo, hi
+    den = abs(float(baseline))
+    near, far = den - error, den + error
+    d_lo, d_hi = lo * den, hi * den
+    if not near > 0.0:
+        return (d_lo / far if d_lo >= 0 else -math.inf), (d_hi / far if d_hi <= 0 else math.inf)
+    return (d_lo / near if d_lo < 0 else d_lo / far), (d_hi / far if d_hi < 0 else d_hi / near)
 
 
 def measured_change_interval(
