@@ -124,32 +124,32 @@ def test_the_unpaired_change_inverts_the_score_on_each_level() -> None:
 
 
 def test_a_relative_change_reads_its_near_zero_baseline_over_the_calibrated_error() -> None:
-    """Pairing cancels a shared additive error in ``c - b`` but not in ``|b|``: the change is read over
-    every real baseline ``|b| ± q · (s - |b|)``; unbounded when that reaches 0; unchanged above ``s``."""
-    cal = Calibration(quantile={"k": 0.5}, quantile_norm={"k": 0.0}, method="hybrid", score="floored", scale={"k": 2.0})
+    """Below its scale the score reads the baseline's error as additive (``ε · s``): pairing cancels it in
+    ``c - b`` but not in ``|b|``, so the change is read over every real baseline ``|b| ± q · s``;
+    unbounded on the effect's side when that reaches 0; unchanged above ``s``."""
+    cal = Calibration(quantile={"k": 0.25}, quantile_norm={"k": 0.0}, method="hybrid", score="floored", scale={"k": 2.0})
     members = np.ones((2, 3))
-    # baseline 1.5: error 0.5 · (2 - 1.5) = 0.25, denominators 1.25 .. 1.75
+    # baseline 1.5 < s: error 0.25 · 2 = 0.5, denominators 1.0 .. 2.0
+    assert cal.baseline_error("k", 1.5) == pytest.approx(0.5)
     lo, hi = change_interval((0.1, 0.3), 1.8 * members, 1.5 * members, cal, "k")
-    mid = 0.3 / 1.5
-    w = 0.5 * mid
+    w = 0.25 * (0.3 / 1.5)
     d_lo, d_hi = (0.1 - w) * 1.5, (0.3 + w) * 1.5
-    assert (lo, hi) == pytest.approx((d_lo / 1.75, d_hi / 1.25))
-    assert cal.baseline_error("k", 1.5) == pytest.approx(0.25)
+    assert (lo, hi) == pytest.approx((d_lo / 2.0, d_hi / 1.0))
     # a negative effect: its far end is divided by the nearest denominator
     lo, hi = change_interval((-0.3, -0.1), 1.2 * members, 1.5 * members, cal, "k")
     d_lo, d_hi = (-0.3 - w) * 1.5, (-0.1 + w) * 1.5
-    assert (lo, hi) == pytest.approx((d_lo / 1.25, d_hi / 1.75 if d_hi < 0 else d_hi / 1.25))
-    # baseline 0.5: error 0.5 · 1.5 = 0.75 > 0.5, the real baseline may be 0: the size of the change is
-    # unbounded on the effect's side; a surely positive effect keeps its lower bound (at |b| + 0.75)
-    lo, hi = change_interval((0.1, 0.3), 0.6 * members, 0.5 * members, cal, "k")
-    w = 0.5 * 0.2
-    assert lo == pytest.approx((0.1 - w) * 0.5 / 1.25) and hi == math.inf
-    assert change_interval((-0.3, 0.3), 0.5 * members, 0.5 * members, cal, "k") == (-math.inf, math.inf)
-    assert change_interval((0.0, 0.0), 0.5 * members, 0.5 * members, cal, "k") == (0.0, 0.0)  # no effect: none
+    assert (lo, hi) == pytest.approx((d_lo / 1.0, d_hi / 2.0))
+    # baseline 0.4: error 0.5 > 0.4, the real baseline may be 0: the size of the change is unbounded on the
+    # effect's side; a surely positive effect keeps its lower bound (at |b| + 0.5)
+    lo, hi = change_interval((0.1, 0.3), 0.48 * members, 0.4 * members, cal, "k")
+    w = 0.25 * 0.2
+    assert lo == pytest.approx((0.1 - w) * 0.4 / 0.9) and hi == math.inf
+    assert change_interval((-0.3, 0.3), 0.4 * members, 0.4 * members, cal, "k") == (-math.inf, math.inf)
+    assert change_interval((0.0, 0.0), 0.4 * members, 0.4 * members, cal, "k") == (0.0, 0.0)  # no effect: none
     # above the scale nothing moves: the relative construction's pairing argument holds
     assert cal.baseline_error("k", 2.5) == 0.0
     lo, hi = change_interval((0.1, 0.3), 3.0 * members, 2.5 * members, cal, "k")
-    assert (lo, hi) == pytest.approx((0.1 - 0.5 * 0.2, 0.3 + 0.5 * 0.2))
+    assert (lo, hi) == pytest.approx((0.1 - 0.25 * 0.2, 0.3 + 0.25 * 0.2))
 
 
 def test_kpi_scale_is_the_normal_mad_of_the_answers() -> None:

@@ -60,13 +60,14 @@ tests/test_calibration_score.py measures the coverage of an exchangeable case at
 A change interval's model term ``q_rel · |change|`` is the same transfer of the level error to an
 effect as before (an error in the size of the effect). What pairing cancels is different: a shared
 error proportional to the level (``ε · |ŷ|``, all the relative score knew) scales ``c - b`` and
-``|b|`` alike and leaves the relative change as it is, while the floor's part, an additive
-``δ = ε · (s - |b|)`` where ``|b| < s``, cancels in ``c - b`` but moves the denominator: the
-relative change is read over every real baseline ``|b| ± q_rel · max(s - |b|, 0)``
-(`Calibration.baseline_error`), and is unbounded on the side the effect may take when that range
-reaches 0 (a baseline within its calibrated error of 0 leaves the size of a relative change
-unidentified, only its sign where the effect's is known).
-Where ``|b| >= s`` the term is 0 and the interval is the one before. The unpaired ``"relative"``
+``|b|`` alike and leaves the relative change as it is, while below the scale the floored score reads
+the error as additive, ``δ = ε · s``, which cancels in ``c - b`` but moves the denominator: there the
+relative change is read over every real baseline ``|b| ± q_rel · s`` (`Calibration.baseline_error`),
+and is unbounded on the side the effect may take when that range reaches 0 (a baseline within its
+calibrated error of 0 leaves the size of a relative change unidentified, only its sign where the
+effect's is known). Where ``|b| >= s`` the term is 0 and the interval is the one before (which trusts
+the proportional error to be shared, as it always did: a KPI above its scale with ``q_rel >= 1`` is
+that assumption's weak point, unchanged here). The unpaired ``"relative"``
 construction inverts the score on each level (``q · hypot(max(|c|, s), max(|b|, s)) / |b|``). A calibration serialised before
 the floor (`Calibration.from_dict` of a dict without ``"score"``) has scores ``|y - ŷ| / |ŷ|`` and
 no scale: it is read with ``s = 0``, i.e. inverted as it was scored; an unknown score is refused.
@@ -223,15 +224,16 @@ class Calibration:
     scale: dict[str, float] = field(default_factory=dict)
 
     def baseline_error(self, kpi: str, baseline: float) -> float:
-        """The part of ``kpi``'s calibrated level error at ``baseline`` that does not scale with the
-        level: ``q_k · max(s_k - |baseline|, 0)`` in the KPI's units (0 where the level is above its
-        scale, and for a calibration without one). A relative change divides by the baseline's level;
-        pairing cancels a shared error proportional to the level in that ratio, not a shared additive
-        one, which moves the denominator (`change_interval`). ``inf`` when ``q_k`` is infinite and the
-        floor binds."""
+        """How far the real baseline may lie from the twin's ``baseline`` in a relative change's
+        denominator, in the KPI's units: ``q_k · s_k`` where the floor binds (``|baseline| < s_k``: the
+        score reads the error there as additive, ``ε · s_k``, which pairing cancels in ``c - b`` but
+        not in ``|b|``), 0 where the level is above its scale (the error is proportional to the level,
+        ``ε · |b|``, and a shared one cancels in the ratio: the relative score's argument, unchanged)
+        and for a calibration without a scale. ``inf`` when ``q_k`` is infinite and the floor binds."""
         s = self.scale.get(kpi, 0.0)
-        gap = max((s if math.isfinite(s) else 0.0) - abs(float(baseline)), 0.0)
-        return self.width(kpi) * gap if gap > 0.0 else 0.0
+        if not (math.isfinite(s) and abs(float(baseline)) < s):
+            return 0.0
+        return self.width(kpi) * s
 
     def level_unit(self, kpi: str, value: float) -> float:
         """What ``kpi``'s score divides the error by at a level ``value``: ``max(|value|, s_k)``
