@@ -47,9 +47,10 @@ its usual size made ``q_rel`` read 1,094 on the what-if gate benchmark's seed 1 
 ``max(|ŷ|, s_k)``, ``s_k`` the KPI's own scale (`Calibration.scale`, `kpi_scale`): the normalised
 median absolute deviation of the twin's per-(member, episode) answers on the calibration episodes,
 i.e. how much the KPI moves between days and members, in its units. Decided by the data, not by the
-KPI's name: where the level is far from 0 (``|ŷ| >= s_k``, every rate, time and count of the emulated
-cluster) the score *is* the relative one and so are its intervals; near 0 it is the error in units
-of the KPI's spread, finite. The scale is a statistic of the twin's answers only, never of the
+KPI's name: where the level is far from 0 (``|ŷ| >= s_k``; on the what-if gate benchmark's runs every
+KPI but the return and the reward, whose intervals the rerun left as they were:
+tests/test_whatif_gate_score_rerun.py) the score *is* the relative one and so are its intervals; near
+0 it is the error in units of the KPI's spread, finite. The scale is a statistic of the twin's answers only, never of the
 truths, and it is frozen in the calibration, so the score stays a fixed function of one episode's
 (answer, truth) pair and every interval inverts that same function: ``|y - ŷ| <= q · max(|ŷ|, s)``
 exactly when the score is at most ``q``. One score per episode, as before, so split-conformal's
@@ -67,8 +68,8 @@ and is unbounded on the side the effect may take when that range reaches 0 (a ba
 calibrated error of 0 leaves the size of a relative change unidentified, only its sign where the
 effect's is known). Where ``|b| >= s`` the term is 0 and the interval is the one before (which trusts
 the proportional error to be shared, as it always did: a KPI above its scale with ``q_rel >= 1`` is
-that assumption's weak point, unchanged here). The unpaired ``"relative"``
-construction inverts the score on each level (``q · hypot(max(|c|, s), max(|b|, s)) / |b|``). A calibration serialised before
+that assumption's weak point, unchanged here). The unpaired ``"relative"`` construction inverts the
+score on each level (``q · hypot(max(|c|, s), max(|b|, s)) / |b|``). A calibration serialised before
 the floor (`Calibration.from_dict` of a dict without ``"score"``) has scores ``|y - ŷ| / |ŷ|`` and
 no scale: it is read with ``s = 0``, i.e. inverted as it was scored; an unknown score is refused.
 """
