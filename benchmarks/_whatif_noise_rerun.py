@@ -6,7 +6,11 @@ not on the days it left out. The what-if gate's stored runs were rerun on the fi
 same commands (same seeds, logs, candidates, cluster days and calibration days; only the members'
 noise tables differ). The runs of the code before the fix are kept byte for byte under
 ``docs/benchmarks/whatif_gate/before_noise_fix/`` (the same relative paths as the files the rerun
-overwrote), so every "before" number here is read from a file, as every "after" one is.
+overwrote), so every "before" number here is read from a file, as every "after" one is. The runs
+after the fix were in turn rerun on the floored calibration score (`_whatif_score_rerun`); they are
+kept byte for byte under ``before_score_floor/`` (`AFTER`), which is where this subsection reads them.
+`at_a_glance_cells` renders the at-a-glance rows for any such pair of directories (the score's
+rerun writes them now).
 
 `noise_fix_section` renders the page's subsection "After the members' noise fix (issue 44)" from
 those files alone (a test re-renders it and compares, so a number on the page cannot drift from
@@ -24,8 +28,12 @@ from typing import Any
 
 #: the page's subsection heading (also the first of `whatif_gate.KEEP`, so a rerun keeps it)
 HEADING = "### After the members' noise fix (issue 44)"
+#: the heading of the floored score's rerun subsection (`_whatif_score_rerun`), named here for the cross-reference
+SCORE_HEADING = "The calibration score floored at the KPI's scale (issue 44)"
 #: where the runs of the code before the fix are kept, relative to docs/benchmarks/whatif_gate/
 BEFORE = "before_noise_fix"
+#: where the runs after the fix are kept since the score's rerun overwrote them (relative to whatif_gate/)
+AFTER = "before_score_floor"
 #: the merge that made `Member.fit_output_noise` read the member's own bootstrap days
 FIX_COMMIT = "27a9416"
 RANDOM_SEEDS = (0, 1, 2, 3, 4, 5)
@@ -44,8 +52,9 @@ TARGETS = {"confident_agreement": 0.95, "abstention": 0.30, "declared_coverage":
 
 
 def load(root: Path, rel: str, before: bool = False) -> dict[str, Any]:
-    """The JSON file ``rel`` under ``root`` (docs/benchmarks/whatif_gate/), or its copy from before the fix."""
-    return json.loads(((root / BEFORE / rel) if before else (root / rel)).read_text())
+    """The JSON file ``rel`` of the runs after the fix (``root/AFTER``, root docs/benchmarks/whatif_gate/),
+    or its copy from before the fix (``root/BEFORE``)."""
+    return json.loads((root / (BEFORE if before else AFTER) / rel).read_text())
 
 
 def cp(k: int, n: int) -> tuple[float, float]:
@@ -153,6 +162,20 @@ def confident_errors(root: Path, seeds: tuple[int, ...], logging: str = "random"
     return out
 
 
+def confident_error_table(errs: list[dict[str, Any]], errs_before: list[dict[str, Any]], was: str) -> list[str]:
+    """The lines of a table of confident verdicts the cluster contradicts (`confident_errors`), each marked
+    by whether it was wrong in ``errs_before`` too (column ``was``)."""
+    before = {_key(r) for r in errs_before}
+    out = ["| seed | candidate | KPI | gate's verdict | cluster change | twin change [90 % interval] | " + was + " |",
+           "|---|---|---|---|---:|---:|---|"]
+    for r in errs:
+        out.append(f"| {r['seed']} | {r['policy']} | {r['kpi']} | "
+                   f"{'regresses' if r['verdict'] == 'regress' else 'no regression'} | {100 * r['real_change']:+.1f} % | "
+                   f"{100 * r['twin_change']:+.1f} % [{100 * r['interval'][0]:+.1f}, {100 * r['interval'][1]:+.1f}] | "
+                   f"{'yes' if _key(r) in before else 'no'} |")
+    return out
+
+
 def verdict(x: float, target: str) -> str:
     """met / missed against `TARGETS` (abstention and error: at most; the others: at least)."""
     at_most = target in ("abstention", "median_abs_error_points")
@@ -178,7 +201,10 @@ def noise_fix_section(root: Path) -> str:
         "and say so. Estimators, level (90 %), margin (5 %), out-of-support budget (25 %) and the 3 calibration days "
         "are unchanged. Clopper-Pearson intervals count every (seed, candidate, KPI) check as independent; a "
         "candidate's KPIs are correlated, so they are optimistic. "
-        + _headline_status(root),
+        + _headline_status(root)
+        + f" The runs after the fix were rerun on the floored calibration score (\"{SCORE_HEADING}\", above); "
+        f"the files this subsection reads as after the fix are kept as they were under "
+        f"`docs/benchmarks/whatif_gate/{AFTER}/` (same file names).",
         "",
         HEAD.format(logs="random logs, quick: before → after"), RULE,
     ]
@@ -196,7 +222,7 @@ def noise_fix_section(root: Path) -> str:
                                                                                      load(root, rel), False)]) + " |")
     lines.append("| " + " | ".join([f"seeds 3-5, pooled{_stale(root, PRODUCTION_POOL)}", *_before_after(load(root, PRODUCTION_POOL, True),
                                                                       load(root, PRODUCTION_POOL), True)]) + " |")
-    if (root / HELD9_POOL).is_file() and (root / BEFORE / HELD9_POOL).is_file():
+    if (root / AFTER / HELD9_POOL).is_file() and (root / BEFORE / HELD9_POOL).is_file():
         lines += ["", HEAD.format(logs="random logs, 9 calibration days (the 90 % level's): before → after"), RULE]
         lines.append("| " + " | ".join([f"seeds 3-5, pooled{_stale(root, HELD9_POOL)}", *_before_after(load(root, HELD9_POOL, True),
                                                                           load(root, HELD9_POOL), True)]) + " |")
@@ -287,14 +313,7 @@ def noise_fix_section(root: Path) -> str:
     lines += ["", f"Confident verdicts the cluster contradicts, random logs, seeds 0-5: {len(errs_a)} after the fix "
               f"({len(errs_b)} before)" + (":" if errs_a else ".")]
     if errs_a:
-        lines += ["", "| seed | candidate | KPI | gate's verdict | cluster change | twin change [90 % interval] | "
-                  "wrong before the fix? |", "|---|---|---|---|---:|---:|---|"]
-        wrong_before = {_key(r) for r in errs_b}
-        for r in errs_a:
-            lines.append(f"| {r['seed']} | {r['policy']} | {r['kpi']} | "
-                         f"{'regresses' if r['verdict'] == 'regress' else 'no regression'} | {100 * r['real_change']:+.1f} % | "
-                         f"{100 * r['twin_change']:+.1f} % [{100 * r['interval'][0]:+.1f}, {100 * r['interval'][1]:+.1f}] | "
-                         f"{'yes' if _key(r) in wrong_before else 'no'} |")
+        lines += ["", *confident_error_table(errs_a, errs_b, "wrong before the fix?")]
     pa, pb = load(root, PRODUCTION_POOL), load(root, PRODUCTION_POOL, True)
     fp = _declared(pa)["findings"]
     lines += ["", f"Production-like logs, seeds 3-5: {len(fp)} declared-KPI change(s) outside the interval after the fix "
@@ -312,11 +331,12 @@ def noise_fix_section(root: Path) -> str:
 
 
 def write_noise_fix_section(page: Path, text: str, before_heading: str) -> None:
-    """Put ``text`` (a ``### `` subsection) into ``page``: replace the subsection of the same heading up
-    to the next ``### `` or ``## ``, or insert it before ``before_heading``'s line (the page's first
-    kept hand-written subsection)."""
+    """Put ``text`` (a ``### `` subsection) into ``page``: replace the subsection of the same heading (its
+    first line) up to the next ``### `` or ``## ``, or insert it before ``before_heading``'s line (the
+    page's first kept hand-written subsection)."""
     current = page.read_text()
-    pattern = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^### |^## |\Z)", re.S | re.M)
+    heading = text.split("\n", 1)[0]
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^### |^## |\Z)", re.S | re.M)
     block = text.rstrip() + "\n\n"
     if pattern.search(current):
         new = pattern.sub(lambda _: block, current)
@@ -351,11 +371,12 @@ ROW_SOURCES = (
 NOT_RERUN = f"unverified: measured before issue 44's noise fix ({FIX_COMMIT}); not rerun since"
 
 
-def rerun(root: Path, rel: str) -> bool:
-    """Whether ``rel`` holds a run other than its copy from before the fix (a file with no copy, such
-    as the seeds 0-5 pool, is new with the rerun when its seed files are)."""
-    old = root / BEFORE / rel
-    return not old.is_file() or old.read_bytes() != (root / rel).read_bytes()
+def rerun(root: Path, rel: str, before: str = BEFORE, after: str = AFTER) -> bool:
+    """Whether ``root/after/rel`` holds a run other than its copy ``root/before/rel`` (a file with no
+    copy, such as the seeds 0-5 pool, is new with the rerun when its seed files are). ``after`` ``""``:
+    the files under ``root`` themselves."""
+    old = root / before / rel
+    return not old.is_file() or old.read_bytes() != (root / after / rel).read_bytes()
 
 
 def _seed_list(d: dict[str, Any], what: str) -> str:
@@ -378,17 +399,21 @@ def _cp_text(k: int, n: int) -> str:
     return f"CP 90 %: {100 * lo:.0f}-{100 * hi:.0f} %"
 
 
-def at_a_glance_cells(root: Path) -> dict[str, tuple[str, str]]:
+def at_a_glance_cells(root: Path, before: str = BEFORE, after: str = AFTER, fix: str = "before issue 44's noise fix",
+                      not_rerun: str = NOT_RERUN) -> dict[str, tuple[str, str]]:
     """Per source cell of `ROW_SOURCES`: the row's "edgetwin" cell and its verdict, every number read
-    from the files (after the fix) and their copies (before it). A row whose file was not rerun keeps
-    the before numbers and says so (`NOT_RERUN`)."""
-    fix = "before issue 44's noise fix"
+    from the files under ``root/after`` (``""``: ``root`` itself) and their copies under ``root/before``;
+    ``fix`` names the before runs in the cells. A row whose file was not rerun keeps the before numbers
+    and says so (``not_rerun``)."""
     opt = "optimistic: the KPIs of one candidate are correlated"
     out: dict[str, tuple[str, str]] = {}
 
+    def load(root: Path, rel: str, was: bool = False) -> dict[str, Any]:
+        return json.loads((root / (before if was else after) / rel).read_text())
+
     def put(src: str, cell: str, value: float, target: str) -> None:
         rel = src.split(":")[0].removeprefix("whatif_gate/")
-        out[src] = (cell, verdict(value, target) if rerun(root, rel) else NOT_RERUN)
+        out[src] = (cell, verdict(value, target) if rerun(root, rel, before, after) else not_rerun)
 
     r, rb = load(root, "results_random.json"), load(root, "results_random.json", True)
     p, pb = load(root, "results_production.json"), load(root, "results_production.json", True)

@@ -70,7 +70,8 @@ import numpy as np
 import torch
 from _docs import write_section
 from _scale_args import add_scale_args, scale_kwargs
-from _whatif_noise_rerun import at_a_glance_cells, noise_fix_section, update_rows, write_noise_fix_section
+from _whatif_noise_rerun import noise_fix_section, update_rows, write_noise_fix_section
+from _whatif_score_rerun import at_a_glance_cells, score_section
 
 from edgetwin.contract.policy import FunctionPolicy, NoisyPolicy, RandomPolicy
 from edgetwin.emulator.cluster import ClusterConfig, cluster_spec
@@ -100,6 +101,7 @@ LOGGING_TEXT = {
 }
 #: hand-written subsections of the docs section that a rerun keeps
 KEEP = (
+    "### The calibration score floored at the KPI's scale (issue 44)",
     "### After the members' noise fix (issue 44)",
     "### The replayed effect-size term in the product's change interval",
     "### The replayed effect-size term held out",
@@ -522,14 +524,16 @@ def choose_method(by_method: dict[str, list[dict[str, Any]]], choose_on: list[st
 
 
 def risk_coverage(rows: list[dict[str, Any]], max_oos: float) -> dict[str, list[float]]:
-    """Error rate of kept verdicts vs share kept, as the interval-width multiplier κ moves (κ = 1: the gate)."""
+    """Error rate of kept verdicts vs share kept, as the interval-width multiplier κ moves (κ = 1: the gate).
+    κ = 0 is the point estimate, also for an interval unbounded on a side (a relative change over a baseline
+    that may be 0, `edgetwin.twin.intervals.change_interval`), whose side stays unbounded for any κ > 0."""
     out: dict[str, list[float]] = {"kappa": [], "kept": [], "risk": []}
     for kappa in np.linspace(0.0, 4.0, 81):
         kept = errs = 0
         for r in rows:
             mid = r["twin_change_w"]
-            lo = mid - kappa * (mid - r["w_interval"][0])
-            hi = mid + kappa * (r["w_interval"][1] - mid)
+            lo = mid - (kappa * (mid - r["w_interval"][0]) if kappa else 0.0)
+            hi = mid + (kappa * (r["w_interval"][1] - mid) if kappa else 0.0)
             v = check_verdict([lo, hi], DEFAULT_MARGIN, r["out_of_support"], max_oos)
             if v in ("ok", "regress"):
                 kept += 1
@@ -567,13 +571,21 @@ def main() -> None:
                     help="where --pool writes (default whatif_gate/seeds/pooled_<logging>.json; give another file for "
                          "another set of seeds, e.g. the held-out ones, so the pooled seeds the page cites stay)")
     ap.add_argument("--noise-fix-section", action="store_true",
-                    help="only (re)write the page's subsection 'After the members' noise fix (issue 44)' and the numbers "
-                         "and verdicts of the What-if gate rows of docs/benchmarks/README.md from the stored runs: "
-                         "whatif_gate/ and its before_noise_fix/ copies (_whatif_noise_rerun.py)")
+                    help="only (re)write the page's subsection 'After the members' noise fix (issue 44)' from the stored "
+                         "runs: whatif_gate/before_score_floor/ and the before_noise_fix/ copies (_whatif_noise_rerun.py)")
+    ap.add_argument("--score-section", action="store_true",
+                    help="only (re)write the page's subsection on the floored calibration score (issue 44) and the "
+                         "numbers and verdicts of the What-if gate rows of docs/benchmarks/README.md from the stored "
+                         "runs: whatif_gate/ and its before_score_floor/ copies (_whatif_score_rerun.py)")
     add_scale_args(ap)
     args = ap.parse_args()
     if args.noise_fix_section:
         text = noise_fix_section(OUT)
+        write_noise_fix_section(OUT / "README.md", text, before_heading=KEEP[2])
+        print(text)
+        return
+    if args.score_section:
+        text = score_section(OUT)
         write_noise_fix_section(OUT / "README.md", text, before_heading=KEEP[1])
         print(text)
         missing = update_rows(ROOT / "docs" / "benchmarks" / "README.md", at_a_glance_cells(OUT))
@@ -776,7 +788,8 @@ def section(by_logging: dict[str, Any], last: dict[str, Any], args: argparse.Nam
         "population (the logged profiles; default GAN-SMMSG) and 10 behaviour-cloning epochs (default 20; with 20 the "
         "random row reads 100 % / 63 % / 81 %, see the energy subsection below); "
         "intervals calibrated on its 3 held-out days (logged actions replayed with every member, 3 days x 3 noise "
-        "seeds; the ensemble's answer per replicate scored against the logged KPIs: split-conformal quantile per KPI, "
+        "seeds; the ensemble's answer per day scored against the logged KPIs, |y − ŷ| / max(|ŷ|, s) with s the KPI's "
+        "scale (the floored score, issue 44): split-conformal quantile per KPI, "
         f"`edgetwin/twin/intervals.py`; headline construction: `{DEFAULT_METHOD}`). Recent traffic: 2 other days; candidates replayed on them and run on the "
         f"cluster on the same days. Margin {100 * DEFAULT_MARGIN:g} %, abstain above "
         f"{100 * MAX_OUT_OF_SUPPORT:g} % out-of-support agent-steps (the gate's defaults, fixed beforehand)."
@@ -834,7 +847,7 @@ def section(by_logging: dict[str, Any], last: dict[str, Any], args: argparse.Nam
             "`edgetwin promote` do when given a log and no calibration: the recent log is traffic the twin was not "
             "fitted on); *both*. Same twin, candidates and cluster runs; only the calibration set differs:",
             "",
-            "| logs | calibrated on | confident agreement | abstention | coverage | median width | calibrated relative error (90 %) |",
+            "| logs | calibrated on | confident agreement | abstention | coverage | median width | calibrated error (90 %; relative, floored at the KPI's scale since issue 44's score) |",
             "|---|---|---:|---:|---:|---:|---|",
             *cal_rows,
         ]

@@ -79,8 +79,8 @@ STALE_FIELDS: dict[str, tuple[str, str]] = {}
 #: after `REWARD_CHANGE`, whose value equals the last one before it, yet that do not depend on the reward
 INDEPENDENT_FIELDS: dict[str, str] = {
     "whatif_gate/results_production.json:confident_agreement": "rerun after bd3f855 (abstention 90.1 % -> 94.9 %) and "
-    "after issue 44's noise fix 27a9416 (94.9 % -> 95.7 %, 5 confident verdicts); all confident verdicts right, 100 % "
-    "every time",
+    "after issue 44's noise fix 27a9416 (94.9 % -> 95.7 %, 5 confident verdicts) and on its floored calibration score "
+    "6e30163 (95.7 %, the same 5); all confident verdicts right, 100 % every time",
     "scale/results.json:extra_runs": "scale.py --append: wall time and memory of a 1M-row Twin.fit, which learns the "
     "outputs and computes the reward from the spec's weights, not from the logs' reward",
     "closed_loop/results_production.json:coverage_experiment": "closed_loop.py coverage_experiment: canaries simulated "

@@ -13,6 +13,7 @@ from edgetwin.twin.intervals import (
     change_interval,
     conformal_quantile,
     interval,
+    kpi_scale,
 )
 
 
@@ -53,7 +54,12 @@ def test_calibrated_interval_covers_the_truth_on_a_toy_where_the_bootstrap_does_
     # the ensemble's answer per *episode* (its replicates averaged: they share its bias, so they are
     # one independent sample, not four): what is scored
     centre = np.array([values[:, e::n_eps].mean() for e in range(n_eps)])
-    assert sorted(cal.scores["kpi"]) == pytest.approx(sorted(np.abs(truths - centre) / centre))
+    # floored at the KPI's scale (`kpi_scale` of the per-(member, episode) answers): the levels here
+    # span 5-50, so the smaller ones are below it and read in its units (issue 44's score)
+    per_member = np.stack([values[:, e::n_eps].mean(axis=1) for e in range(n_eps)], axis=1)
+    s = kpi_scale(per_member)
+    assert cal.scale["kpi"] == pytest.approx(s) and cal.score == "floored"
+    assert sorted(cal.scores["kpi"]) == pytest.approx(sorted(np.abs(truths - centre) / np.maximum(centre, s)))
     assert len(cal.scores["kpi"]) == n_eps and cal.n_independent["kpi"] == n_eps and cal.exact["kpi"]
     covered = plain = 0
     trials = 300
@@ -116,7 +122,8 @@ def test_calibration_scores_the_ensemble_against_the_logged_kpis(small: dict) ->
     v = res.cell("logged", "nominal").values["return"]
     y = res.logged_kpis["return"]
     centre = v.mean(axis=0)
-    manual = np.sort(np.abs(y - centre) / np.abs(centre))
+    # the floored score: the error over max(|ŷ|, s), s the KPI's scale over the (member, episode) answers
+    manual = np.sort(np.abs(y - centre) / np.maximum(np.abs(centre), kpi_scale(v)))
     assert sorted(cal.scores["return"]) == pytest.approx(list(manual))
     assert cal.quantile["return"] == pytest.approx(manual[-1])  # 4 scores: too few for the rank, the largest
     assert not cal.exact["return"]

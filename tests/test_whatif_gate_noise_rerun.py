@@ -5,8 +5,10 @@ and the kept copies of the runs before the fix hold.
 Two kinds of check: the page and the rows equal what `_whatif_noise_rerun` renders from the files
 (so no number can drift from its file), and, independently of that renderer, the headline numbers
 recomputed here from the runs' rows (confident verdicts, abstentions, coverage, declared-KPI findings)
-appear on the page and in the rows, and the verdicts follow the targets. Static reads of committed
-JSON and a few ``git`` calls: fast."""
+appear on the page, and the verdicts follow the targets. Static reads of committed
+JSON and a few ``git`` calls: fast. The runs after the fix are kept under ``before_score_floor/`` since
+the floored calibration score's rerun overwrote them (the What-if gate rows now carry that rerun:
+tests/test_whatif_gate_score_rerun.py)."""
 
 from __future__ import annotations
 
@@ -18,29 +20,36 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_benchmark_docs import BENCH_DOCS, table_lines
+from test_benchmark_docs import BENCH_DOCS
 from test_whatif_gate_split import _module  # the benchmark script as a module
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = BENCH_DOCS / "whatif_gate"
+#: the runs after the fix (kept as they were when the floored score's rerun overwrote them)
+AFTER = OUT / "before_score_floor"
 PAGE = OUT / "README.md"
 #: the commit this work started from, where the files under before_noise_fix/ were the committed runs
 BASE = "51e038e"
 
 
-def _nr() -> Any:
+def _bench(name: str) -> Any:
+    """The module ``benchmarks/<name>.py`` (the benchmarks' helpers import each other by bare name)."""
+    import importlib
     import sys
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import _whatif_noise_rerun
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    return _whatif_noise_rerun
+
+
+def _nr() -> Any:
+    return _bench("_whatif_noise_rerun")
 
 
 def _load(rel: str, before: bool = False) -> dict[str, Any]:
-    return json.loads(((OUT / "before_noise_fix" / rel) if before else (OUT / rel)).read_text())
+    return json.loads(((OUT / "before_noise_fix" / rel) if before else (AFTER / rel)).read_text())
 
 
 def _subsection() -> str:
@@ -90,7 +99,7 @@ def test_the_before_copies_are_the_committed_runs_of_the_code_before_the_fix() -
 @pytest.mark.parametrize("before", [False, True], ids=["after", "before"])
 def test_every_pool_is_the_pool_of_its_seed_files(before: bool) -> None:
     wg = _module()
-    base = OUT / "before_noise_fix" if before else OUT
+    base = OUT / "before_noise_fix" if before else AFTER
     for pool, files in POOLS.items():
         stored = _load(pool, before)
         again = wg.pool_seeds([base / f for f in files])
@@ -249,65 +258,9 @@ def test_the_confident_errors_are_listed() -> None:
         assert f"| {s} | {r['policy']} | {r['kpi']} |" in sub
 
 
-ROWS = [r for r in table_lines() if r[0].startswith("[What-if gate]")]
-
-
-def _source(row: list[str]) -> str:
-    m = re.search(r"`([^`]+)`", row[6])
-    assert m
-    return re.sub(r"\s*[×÷]\s*[\d.]+$", "", m.group(1))
-
-
-def test_the_rows_are_rendered_from_the_files() -> None:
-    """Each What-if gate row that cites a rerun file carries the renderer's numbers and verdict, and
-    every file the renderer covers is cited by a row."""
-    cells = _nr().at_a_glance_cells(OUT)
-    cited = {_source(r) for r in ROWS}
-    assert set(cells) <= cited, sorted(set(cells) - cited)
-    for row in ROWS:
-        src = _source(row)
-        if src in cells:
-            assert (row[3], row[4]) == cells[src], f"{src}: the row says {row[3]!r} / {row[4]!r}"
-
-
-def test_the_rows_numbers_and_verdicts_follow_the_files() -> None:
-    """Independently of the renderer: the first number of each rerun row is its file's field (after the
-    fix), the "before" clause names the copy's value, and the verdict follows the target."""
-    nr = _nr()
-    targets = {"confident_agreement": (0.95, False), "abstention": (0.30, True), "declared_kpis.coverage": (0.90, False),
-               "method_choice.held_out.coverage_90": (0.85, False)}
-    seen = set()
-    for row in ROWS:
-        src = _source(row)
-        if src not in nr.ROW_SOURCES:
-            continue
-        file, _, path = src.partition(":")
-        rel = file.removeprefix("whatif_gate/")
-        now, was = _load(rel), _load(rel, True)
-        for part in path.split("."):
-            now, was = now[part], was[part]
-        assert row[3].startswith(f"{100 * now:.1f} %"), (src, row[3][:20])
-        tail = row[3].split("before issue 44's noise fix ", 1)[1]
-        if path == "confident_agreement":  # before: k of n
-            d = _load(rel, True)
-            n = d["confident_pairs"]
-            assert f"{round(was * n)} of {n}" in tail.split(";")[0].split(")")[0], (src, tail)
-        else:
-            assert tail.startswith(f"{100 * was:.1f} %"), (src, tail)
-        if nr.rerun(OUT, rel):
-            target, at_most = targets[path]
-            assert row[4] == ("met" if (now <= target if at_most else now >= target) else "missed"), src
-            seen.add(src)
-        else:
-            assert row[4].startswith("unverified: measured before issue 44's noise fix"), src
-    pools = ("pooled_random.json", "pooled_random_heldout.json", "pooled_random_all.json")
-    assert {s for s in nr.ROW_SOURCES if s.split(":")[0].removeprefix("whatif_gate/seeds/") in pools} <= seen, (
-        "the random seeds' pools were rerun: their rows carry a met / missed verdict")
-
-
 def test_a_changed_number_is_caught() -> None:
-    """The renderer reads the files: a different rate in a file changes the row and the subsection (so the
-    equality checks above would fail on a stale page)."""
+    """The renderer reads the files: a different rate in a file (after the fix: under before_score_floor/)
+    changes the cells and the subsection (so the equality checks above would fail on a stale page)."""
     import copy as _copy
     import tempfile
 
@@ -317,7 +270,11 @@ def test_a_changed_number_is_caught() -> None:
         shutil.copytree(OUT, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.png"))
         d = _copy.deepcopy(_load("seeds/pooled_random_heldout.json"))
         d["abstention"] = 0.5
-        (root / "seeds" / "pooled_random_heldout.json").write_text(json.dumps(d))
+        (root / "before_score_floor" / "seeds" / "pooled_random_heldout.json").write_text(json.dumps(d))
         cells = nr.at_a_glance_cells(root)
         assert cells["whatif_gate/seeds/pooled_random_heldout.json:abstention"][0].startswith("50.0 %")
         assert cells != nr.at_a_glance_cells(OUT)
+        d = _copy.deepcopy(_load("seeds/pooled_random_all.json"))
+        d["abstention"] = 0.5
+        (root / "before_score_floor" / "seeds" / "pooled_random_all.json").write_text(json.dumps(d))
+        assert nr.noise_fix_section(root) != nr.noise_fix_section(OUT)

@@ -13,12 +13,13 @@ The construction used everywhere (`interval`, `change_interval`, method ``"repla
 
 1. the 90 % two-level bootstrap interval ``[lo, hi]`` of the twin's mean (members x replicates);
 2. calibration (`edgetwin.twin.calibration.calibrate`) on **held-out logged episodes**: the twin
-   replays each recorded episode with its logged actions, and each replicate's ensemble answer ``ŷ``
-   is scored against the KPI the real system logged, ``|y - ŷ| / |ŷ|`` (relative) and
-   ``|y - ŷ| / sd over members`` (normalised); ``q_rel``, ``q_norm`` are their split-conformal
-   quantiles (finite-sample ``⌈(n+1)·0.9⌉``-th smallest). This needs no access to the real system: the
-   logging policy's own KPIs in logs the twin was not fitted on are ground truth;
-3. a level's interval is ``[lo, hi]`` widened by ``q_rel · |value|``;
+   replays each recorded episode with its logged actions, and each episode's ensemble answer ``ŷ``
+   is scored against the KPI the real system logged, ``|y - ŷ| / max(|ŷ|, s)`` (relative with a
+   floor: `SCORE`, see "The score" below) and ``|y - ŷ| / sd over members`` (normalised);
+   ``q_rel``, ``q_norm`` are their split-conformal quantiles (finite-sample ``⌈(n+1)·0.9⌉``-th
+   smallest). This needs no access to the real system: the logging policy's own KPIs in logs the
+   twin was not fitted on are ground truth;
+3. a level's interval is ``[lo, hi]`` widened by ``q_rel · max(|value|, s)`` (the score inverted);
 4. a relative change ``(c - b)/|b|`` against a baseline: the paired bootstrap interval widened by
    ``q_rel · |change| + q_norm · sd_members(change)``. Pairing cancels the error both policies share
    (the twin's level bias, which is large: widening a change by the level error abstained on almost
@@ -37,6 +38,40 @@ policy it is only as good as the twin's error there resembles its error on logge
 which holds where the candidate stays within the logs' support. Hence every number also carries
 its out-of-support share, and the promotion gate abstains when that share is high
 (`edgetwin.policies.gate`).
+
+The score (issue 44). A purely relative score ``|y - ŷ| / |ŷ|`` measures the twin's error in units
+of the twin's level, which is no unit at all for a KPI whose level can be near 0 or change sign (a
+return, a signed multi-objective reward): one held-out day whose return the twin put at 0.1 % of
+its usual size made ``q_rel`` read 1,094 on the what-if gate benchmark's seed 1 (an interval of
+±14,700 % on every return change: nothing decided). The score here divides by
+``max(|ŷ|, s_k)``, ``s_k`` the KPI's own scale (`Calibration.scale`, `kpi_scale`): the normalised
+median absolute deviation of the twin's per-(member, episode) answers on the calibration episodes,
+i.e. how much the KPI moves between days and members, in its units. Decided by the data, not by the
+KPI's name: where the level is far from 0 (``|ŷ| >= s_k``; on the what-if gate benchmark's runs every
+KPI but the return and the reward, whose intervals the rerun left as they were:
+tests/test_whatif_gate_score_rerun.py) the score *is* the relative one and so are its intervals; near
+0 it is the error in units of the KPI's spread, finite. The scale is a statistic of the twin's answers only, never of the
+truths, and it is frozen in the calibration, so the score stays a fixed function of one episode's
+(answer, truth) pair and every interval inverts that same function: ``|y - ŷ| <= q · max(|ŷ|, s)``
+exactly when the score is at most ``q``. One score per episode, as before, so split-conformal's
+exchangeability argument is unchanged; the caveat is that ``s_k`` is estimated on the calibration
+episodes themselves (the test episode's answer is not in it), which the guarantee does not cover
+exactly: a median over ``M x E`` answers moves little with one episode, and
+tests/test_calibration_score.py measures the coverage of an exchangeable case at the stated level.
+A change interval's model term ``q_rel · |change|`` is the same transfer of the level error to an
+effect as before (an error in the size of the effect). What pairing cancels is different: a shared
+error proportional to the level (``ε · |ŷ|``, all the relative score knew) scales ``c - b`` and
+``|b|`` alike and leaves the relative change as it is, while below the scale the floored score reads
+the error as additive, ``δ = ε · s``, which cancels in ``c - b`` but moves the denominator: there the
+relative change is read over every real baseline ``|b| ± q_rel · s`` (`Calibration.baseline_error`),
+and is unbounded on the side the effect may take when that range reaches 0 (a baseline within its
+calibrated error of 0 leaves the size of a relative change unidentified, only its sign where the
+effect's is known). Where ``|b| >= s`` the term is 0 and the interval is the one before (which trusts
+the proportional error to be shared, as it always did: a KPI above its scale with ``q_rel >= 1`` is
+that assumption's weak point, unchanged here). The unpaired ``"relative"`` construction inverts the
+score on each level (``q · hypot(max(|c|, s), max(|b|, s)) / |b|``). A calibration serialised before
+the floor (`Calibration.from_dict` of a dict without ``"score"``) has scores ``|y - ŷ| / |ŷ|`` and
+no scale: it is read with ``s = 0``, i.e. inverted as it was scored; an unknown score is refused.
 """
 
 from __future__ import annotations
@@ -60,7 +95,10 @@ __all__ = [
     "change_interval",
     "conformal_quantile",
     "interval",
+    "kpi_scale",
     "measured_change_interval",
+    "SCORE",
+    "SCORES",
     "action_contrast_errors",
     "action_contrast_shifts",
     "action_shift",
@@ -87,6 +125,13 @@ LEVEL = 0.90
 #: before the term) falls back to the hybrid, and says so (`Calibration.effect_note`).
 METHODS = ("relative", "normalized", "hybrid", "replayed")
 DEFAULT_METHOD = "replayed"
+#: The level scores a `Calibration` can hold: ``"relative"``, ``|y - ŷ| / |ŷ|`` (calibrations from
+#: before issue 44's floor, and `edgetwin.twin.policy_calibration`'s value scores), and ``"floored"``,
+#: ``|y - ŷ| / max(|ŷ|, s_k)`` with the KPI's scale ``s_k`` (`Calibration.scale`; see the module doc).
+#: With no scale (``s_k = 0``) the two are the same function.
+SCORES = ("relative", "floored")
+#: the score `calibration_from_arrays` computes
+SCORE = "floored"
 #: points of the quantile function an action column is summarised by (`action_sketch`): the
 #: 1-Wasserstein distance between two sketches is the mean absolute gap of their quantiles
 ACTION_QUANTILES = 64
@@ -131,11 +176,15 @@ class Calibration:
 
     Attributes:
         level: nominal coverage (0.9).
-        quantile: KPI name -> ``q_k`` (a fraction of the value; 0.12 = the twin was within 12 %
-            on 90 % of held-out (member, episode) pairs).
+        quantile: KPI name -> ``q_k`` (a fraction of ``max(|value|, scale)``; 0.12 = the twin was
+            within 12 % of that on 90 % of held-out episodes).
         exact: KPI name -> whether there were enough scores for the finite-sample guarantee.
-        scores: KPI name -> the relative errors it was computed from.
+        scores: KPI name -> the errors it was computed from (`score`).
         source: what it was calibrated on (for reports).
+        score: which level score ``scores`` are (`SCORES`); `from_dict` reads ``"relative"`` when
+            an artifact does not say (it was written before the floor).
+        scale: KPI name -> ``s_k``, the floor of the score's denominator in the KPI's units
+            (`kpi_scale`); a KPI without one has ``s_k = 0`` (the relative score).
     """
 
     level: float = LEVEL
@@ -170,6 +219,29 @@ class Calibration:
     action_quantiles: dict[str, list[float]] = field(default_factory=dict)
     #: action column -> the range (max - min) the calibration days explored: the unit of a shift
     action_span: dict[str, float] = field(default_factory=dict)
+    #: which level score ``scores`` and ``quantile`` are (`SCORES`)
+    score: str = "relative"
+    #: KPI name -> ``s_k`` (KPI units, >= 0): the score's denominator is ``max(|ŷ|, s_k)``
+    scale: dict[str, float] = field(default_factory=dict)
+
+    def baseline_error(self, kpi: str, baseline: float) -> float:
+        """How far the real baseline may lie from the twin's ``baseline`` in a relative change's
+        denominator, in the KPI's units: ``q_k · s_k`` where the floor binds (``|baseline| < s_k``: the
+        score reads the error there as additive, ``ε · s_k``, which pairing cancels in ``c - b`` but
+        not in ``|b|``), 0 where the level is above its scale (the error is proportional to the level,
+        ``ε · |b|``, and a shared one cancels in the ratio: the relative score's argument, unchanged)
+        and for a calibration without a scale. ``inf`` when ``q_k`` is infinite and the floor binds."""
+        s = self.scale.get(kpi, 0.0)
+        if not (math.isfinite(s) and abs(float(baseline)) < s):
+            return 0.0
+        return self.width(kpi) * s
+
+    def level_unit(self, kpi: str, value: float) -> float:
+        """What ``kpi``'s score divides the error by at a level ``value``: ``max(|value|, s_k)``
+        (``|value|`` with no scale). A level interval is ``value ± q_k · level_unit``: the score
+        inverted."""
+        s = self.scale.get(kpi, 0.0)
+        return max(abs(float(value)), s if math.isfinite(s) else 0.0)
 
     def effect_days(self, kpi: str) -> int:
         """How many calibration days measured ``kpi``'s effect (independent effect scores)."""
@@ -289,11 +361,29 @@ class Calibration:
             "effect_by_column": {k: dict(v) for k, v in self.effect_by_column.items()},
             "action_quantiles": {k: list(v) for k, v in self.action_quantiles.items()},
             "action_span": dict(self.action_span),
+            "score": self.score,
+            "scale": dict(self.scale),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Calibration:
+        """The `Calibration` ``to_dict`` wrote. A dict without ``"score"`` was written before the
+        floor: its scores are relative and it has no scale, so it is inverted as it was scored.
+        Raises ValueError on an unknown score or a negative / non-finite scale (a tampered or
+        foreign artifact: its intervals could not invert its scores)."""
+        score = str(d.get("score", "relative"))
+        if score not in SCORES:
+            raise ValueError(f"calibration: unknown score {score!r} (this edgetwin reads {', '.join(SCORES)}); "
+                             "recalibrate with this version")
+        scale = {str(k): float(v) for k, v in dict(d.get("scale", {})).items()}
+        bad = sorted(k for k, v in scale.items() if not (math.isfinite(v) and v >= 0.0))
+        if bad:
+            raise ValueError(f"calibration: scale of {', '.join(bad)} is not a finite number >= 0")
+        if score == "relative" and any(v > 0 for v in scale.values()):
+            raise ValueError("calibration: a 'relative' score has no scale (its scores divide by |ŷ| only)")
         return cls(
+            score=score,
+            scale=scale,
             level=float(d.get("level", LEVEL)),
             quantile={str(k): float(v) for k, v in dict(d.get("quantile", {})).items()},
             exact={str(k): bool(v) for k, v in dict(d.get("exact", {})).items()},
@@ -346,6 +436,25 @@ def bootstrap_ci(
     return float(np.quantile(boots, a)), float(np.quantile(boots, 1.0 - a))
 
 
+def kpi_scale(answers: np.ndarray) -> float:
+    """``s_k`` of the floored score (`SCORE`): the normalised median absolute deviation
+    (`scipy.stats.median_abs_deviation`, ``scale="normal"``: the standard deviation of a normal
+    sample) of the twin's per-(member, episode) answers ``(M, E)`` on the calibration episodes, in
+    the KPI's units; NaN left out, 0 with fewer than 2 answers.
+
+    Why this scale: it is how much the KPI moves between days and between members, the unit a
+    near-zero level's error can be read in; it uses the twin's answers only (no truth enters the
+    denominator of the score the truths are compared by); a median is not moved by one day the twin
+    put far off, unlike a standard deviation over 3 days."""
+    from scipy.stats import median_abs_deviation
+
+    a = np.asarray(answers, dtype=np.float64).ravel()
+    a = a[np.isfinite(a)]
+    if len(a) < 2:
+        return 0.0
+    return float(median_abs_deviation(a, scale="normal"))
+
+
 def calibration_from_arrays(
     values: Mapping[str, np.ndarray],
     truth: Mapping[str, np.ndarray],
@@ -361,11 +470,13 @@ def calibration_from_arrays(
     One score per *episode*: the replicates of an episode (its noise seeds) are one sample of the
     twin's error, not several, so they are averaged first (split-conformal's guarantee counts
     exchangeable samples, and seeds of one episode share its world and its truth). The ensemble's
-    answer ``ŷ`` (mean over members and the episode's replicates) is scored ``|y - ŷ| / |ŷ|``
-    (relative; ``+inf`` when ``ŷ = 0 != y``, 0 when both are 0) and ``|y - ŷ| / sd over members``
-    (normalised). Episodes with nothing to score (NaN) are counted in ``dropped``.
+    answer ``ŷ`` (mean over members and the episode's replicates) is scored
+    ``|y - ŷ| / max(|ŷ|, s_k)`` (`SCORE`; ``s_k`` = `kpi_scale` of the ``(M, E)`` per-member
+    answers, frozen in ``Calibration.scale``; ``+inf`` when the denominator is 0 and ``y != ŷ``, 0
+    when ``y = ŷ``) and ``|y - ŷ| / sd over members`` (normalised). Episodes with nothing to score
+    (NaN) are counted in ``dropped``.
     """
-    out = Calibration(level=level, source=source)
+    out = Calibration(level=level, source=source, score=SCORE)
     for name, v in values.items():
         y = truth.get(name)
         if y is None or not len(y):
@@ -381,8 +492,10 @@ def calibration_from_arrays(
             spread = np.nanstd(per_member, axis=0, ddof=1) if v.shape[0] > 1 else np.zeros(len(eps))
         t = y[eps]
         err = np.abs(t - centre)
+        scale = kpi_scale(per_member)
+        out.scale[name] = scale
         with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.where(err == 0, 0.0, err / np.abs(centre))
+            rel = np.where(err == 0, 0.0, err / np.maximum(np.abs(centre), scale))
             norm = np.where(err == 0, 0.0, err / np.maximum(spread, 1e-9 * np.abs(centre) + 1e-12))
         scores = [float(x) for x in rel if not math.isnan(x)]
         q, exact = conformal_quantile(scores, level)
@@ -409,7 +522,7 @@ def interval(
         sd = float(np.nanstd(members, ddof=1)) if len(members) > 1 else 0.0
         w = calibration.width_norm(kpi) * sd
         return min(lo, mean - w), max(hi, mean + w)
-    w = calibration.width(kpi) * abs(mean)
+    w = calibration.width(kpi) * calibration.level_unit(kpi, mean)
     return lo - w, hi + w
 
 
@@ -435,11 +548,16 @@ def change_interval(
     gets the hybrid.
 
     ``candidate`` and ``baseline`` are the ``(M, R)`` values (or their means, for ``"relative"``).
-    ``"relative"``: ± ``q_k · sqrt(c² + b²) / |b|``; ``"normalized"``: the change's point estimate ±
+    ``"relative"``: ± ``q_k · sqrt(u(c)² + u(b)²) / |b|``, ``u`` = `Calibration.level_unit` (each
+    level's score inverted; ``sqrt(c² + b²)`` far from 0); ``"normalized"``: the change's point estimate ±
     ``q_norm · sd`` over members of each member's own paired change (at least the bootstrap);
     ``"hybrid"``: ± ``(q_k · |change| + q_norm · sd)``. The pairing cancels the twin's error that is
     shared by both policies (its level bias); what is left is an error in the *size* of the effect,
     taken as the level's relative error applied to the change, and the members' disagreement on it.
+    With the floored score, ``"replayed"`` and ``"hybrid"`` then read the widened interval over every
+    real baseline the calibration allows (`Calibration.baseline_error`, `_uncertain_denominator`):
+    unchanged where the baseline is above the KPI's scale, unbounded on the effect's side where it is
+    within its calibrated error of 0 (module doc, "The score").
 
     ``q_norm`` is the ratio of a level error to the members' spread of the level; where the members
     agree at the logged actions and disagree at a candidate's, the hybrid is wide: on a small twin
@@ -464,18 +582,36 @@ def change_interval(
         if calibration.uses_effect(kpi) and isinstance(total, float) and math.isfinite(total):
             assert shift is not None
             w = calibration.width(kpi) * abs((c - b) / abs(b)) + calibration.effect_width(kpi, shift) / abs(b)
-            return lo - w, hi + w
+            return _uncertain_denominator(lo - w, hi + w, b, calibration.baseline_error(kpi, b))
         if calibration.method in ("normalized", "hybrid", "replayed"):
             per_member = (np.nanmean(va, axis=1) - np.nanmean(vb, axis=1)) / abs(b)
             sd = float(np.nanstd(per_member, ddof=1)) if len(per_member) > 1 else 0.0
             mid = (c - b) / abs(b)
             if calibration.method != "normalized":
                 w = calibration.width(kpi) * abs(mid) + calibration.width_norm(kpi) * sd
-                return lo - w, hi + w
+                return _uncertain_denominator(lo - w, hi + w, b, calibration.baseline_error(kpi, b))
             w = calibration.width_norm(kpi) * sd
             return min(lo, mid - w), max(hi, mid + w)
-    w = calibration.width(kpi) * math.hypot(c, b) / abs(b)
+    w = calibration.width(kpi) * math.hypot(calibration.level_unit(kpi, c), calibration.level_unit(kpi, b)) / abs(b)
     return lo - w, hi + w
+
+
+def _uncertain_denominator(lo: float, hi: float, baseline: float, error: float) -> tuple[float, float]:
+    """``[lo, hi]``, an interval of a relative change ``(c - b)/|b|`` read with the twin's ``|b|``, when
+    the real baseline is ``b + δ`` with ``|δ| <= error`` shared by both policies (it cancels in ``c - b``
+    and moves only the denominator): the effect ``[lo, hi] · |b|`` over every denominator in
+    ``[max(|b| - error, 0), |b| + error]``. When that range reaches 0 the side of the interval the
+    effect may take is unbounded (a relative change over a baseline that may be 0): an effect surely
+    positive keeps its lower bound (at the largest denominator), an effect that may be negative has
+    none; an effect of exactly 0 stays 0. ``error = 0`` returns ``[lo, hi]`` unchanged."""
+    if not error > 0.0:
+        return lo, hi
+    den = abs(float(baseline))
+    near, far = den - error, den + error
+    d_lo, d_hi = lo * den, hi * den
+    if not near > 0.0:
+        return (d_lo / far if d_lo >= 0 else -math.inf), (d_hi / far if d_hi <= 0 else math.inf)
+    return (d_lo / near if d_lo < 0 else d_lo / far), (d_hi / far if d_hi < 0 else d_hi / near)
 
 
 def measured_change_interval(
