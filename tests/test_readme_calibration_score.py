@@ -1,0 +1,46 @@
+"""The README's sentence on the calibrated level score is what `edgetwin.twin.intervals` does.
+
+The behaviour is tests/test_calibration_score.py's (a sign-changing KPI's finite interval, the far-from-0
+KPI's unchanged one, the unbounded change over a near-zero baseline); this checks that the README says
+it and that the gate abstains on the unbounded interval the README promises it abstains on.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from edgetwin.policies.gate_checks import check_verdict
+from edgetwin.twin.intervals import SCORE, Calibration, calibration_from_arrays, change_interval
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_states_the_floored_score() -> None:
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert SCORE == "floored"
+    assert "for a level, its error relative to max(|level|, s), s the KPI's own spread over the calibration days" in readme
+    assert "a relative change whose baseline the calibration places within its error of 0 is unbounded" in readme
+    assert "and the gate abstains on it" in readme
+
+
+def test_a_change_over_a_near_zero_baseline_is_unbounded_and_the_gate_abstains() -> None:
+    """A KPI whose twin level straddles 0 across days: its scale floors the score, and a change
+    against a baseline inside the calibrated error of 0 is unbounded, which the gate calls a straddle."""
+    rng = np.random.default_rng(0)
+    answers = rng.normal(0.0, 1.0, size=(3, 12))  # (M, E): a signed KPI around 0
+    truth = answers.mean(axis=0) + rng.normal(0.0, 0.5, size=12)
+    cal = calibration_from_arrays({"return": answers}, {"return": truth})
+    cal.method = "hybrid"
+    assert cal.scale["return"] > 0 and math.isfinite(cal.quantile["return"])
+    base = np.full((3, 4), 0.05) + rng.normal(0.0, 1e-3, size=(3, 4))
+    cand = base + 0.5
+    mid = float((cand.mean() - base.mean()) / abs(base.mean()))
+    lo, hi = change_interval((0.9 * mid, 1.1 * mid), cand, base, cal, "return")
+    assert isinstance(cal, Calibration) and cal.baseline_error("return", float(base.mean())) > abs(float(base.mean()))
+    assert math.isinf(hi)  # the side the effect may take: its size over a baseline that may be 0 is unknown
+    bounded = change_interval((0.9 * mid, 1.1 * mid), cand + 10.0, base + 10.0, cal, "return")
+    assert all(math.isfinite(x) for x in bounded)  # the same effect over a baseline far above the scale
+    assert check_verdict((-hi, -lo), 0.05, 0.0, 0.25) == "straddle"  # worsening interval of a higher-is-better KPI
