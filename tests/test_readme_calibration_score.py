@@ -44,3 +44,15 @@ def test_a_change_over_a_near_zero_baseline_is_unbounded_and_the_gate_abstains()
     bounded = change_interval((0.9 * mid, 1.1 * mid), cand + 10.0, base + 10.0, cal, "return")
     assert all(math.isfinite(x) for x in bounded)  # the same effect over a baseline far above the scale
     assert check_verdict((-hi, -lo), 0.05, 0.0, 0.25) == "straddle"  # worsening interval of a higher-is-better KPI
+
+
+def test_the_gate_says_why_an_unbounded_interval_straddles() -> None:
+    from edgetwin.policies.gate_checks import GuardCheck
+
+    kw = {"scenario": "nominal", "kpi": "return", "better": "higher", "baseline": 0.01, "candidate": 0.5, "change": 49.0,
+          "change_ci": [-math.inf, math.inf], "worsening": -0.49, "allowed": 0.0005, "max_regression": 0.05,
+          "min_delta": 0.0, "out_of_support": 0.0, "flagged": False, "breached": False, "verdict": "straddle"}  # fmt: skip
+    reason = GuardCheck(**kw).abstain_reason(0.25)  # type: ignore[arg-type]
+    assert "[-inf%, +inf%] (unbounded: the twin's calibrated error does not bound the change's size" in reason
+    assert "straddles the margin 5%" in reason
+    assert "unbounded" not in GuardCheck(**{**kw, "change_ci": [-0.2, 0.3]}).abstain_reason(0.25)  # type: ignore[arg-type]

@@ -175,6 +175,7 @@ def test_the_gate_calibrates_the_effect_term_on_the_replayed_days_and_uses_it(ga
     assert 2 * w - 1e-9 <= hi - lo <= 2 * w + (c["change_ci"][1] - c["change_ci"][0]) + 1e-9
     assert lo <= c["change"] - w + 1e-9 and hi >= c["change"] + w - 1e-9
     assert "replayed held-out day(s)" in res.interval_method
+    assert "error relative to max(|level|, the KPI's spread)" in res.interval_method  # the floored score (issue 44)
     # 4 days support 80 %: at 90 % a decisive check is below the level, naming the 4 days
     d = decide(res, [Guard("return", 1000.0)], level=0.9)
     below = [ch for ch in d.checks if ch.verdict == "below_level"]

@@ -104,9 +104,15 @@ class GuardCheck:
                 f"{self.kpi} under {self.scenario!r}: {100 * self.out_of_support:.0f}% of the candidate's agent-steps "
                 f"lie outside the logs' support (threshold {100 * max_out_of_support:.0f}%)"
             )
+        lo, hi = self.interval if self.interval else self.change_ci
+        unbounded = (
+            " (unbounded: the twin's calibrated error does not bound the change's size, as where its baseline "
+            "lies within that error of 0; `edgetwin.twin.intervals`, \"The score\")"
+            if math.isinf(lo) or math.isinf(hi) else ""
+        )  # fmt: skip
         return (
-            f"{self.kpi} under {self.scenario!r}: the {self.interval_text()} straddles the {self.margin_text()} "
-            f"({self.better} is better; point estimate {100 * self.change:+.1f}%)"
+            f"{self.kpi} under {self.scenario!r}: the {self.interval_text()}{unbounded} straddles the "
+            f"{self.margin_text()} ({self.better} is better; point estimate {100 * self.change:+.1f}%)"
         )
 
 

@@ -110,12 +110,16 @@ class WhatIfResult:
         """How the 90 % intervals are built (for reports)."""
         if self.calibration is None:
             return "90 % two-level bootstrap over members x replicates (not calibrated)"
+        # the level score the calibration holds (`edgetwin.twin.intervals.SCORES`): floored at the KPI's
+        # spread since issue 44, plain relative in calibrations written before
+        err = ("ensemble's relative error" if self.calibration.score == "relative"
+               else "ensemble's error relative to max(|level|, the KPI's spread)")  # fmt: skip
         how = {
-            "relative": "widened by the conformal quantile of the ensemble's relative error",
+            "relative": f"widened by the conformal quantile of the {err}",
             "normalized": "ensemble mean ± the conformal multiple of the members' spread (at least the bootstrap)",
-            "hybrid": "levels widened by the conformal quantile of the ensemble's relative error, changes by that "
+            "hybrid": f"levels widened by the conformal quantile of the {err}, changes by that "
             "error applied to the change plus the conformal multiple of the members' spread of the change",
-            "replayed": "levels widened by the conformal quantile of the ensemble's relative error, changes by that "
+            "replayed": f"levels widened by the conformal quantile of the {err}, changes by that "
             "error applied to the change plus the conformal multiple of the twin's effect-size error per unit of "
             "action moved (replayed held-out days) times how far the two policies move the actions",
         }.get(self.calibration.method, self.calibration.method)
