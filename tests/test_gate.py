@@ -167,6 +167,12 @@ def test_check_verdict_three_ways() -> None:
     assert check_verdict([-0.10, 0.10], 0.05, 0.0, 0.25) == "straddle"
     assert check_verdict([0.10, 0.30], 0.05, 0.5, 0.25) == "unsupported"
     assert check_verdict([float("nan"), 0.1], 0.05, 0.0, 0.25) == "straddle"
+    inf = float("inf")  # one side unbounded (a near-zero baseline, the effect's sign known): the other side decides
+    assert check_verdict([0.30, inf], 0.05, 0.0, 0.25) == "regress"
+    assert check_verdict([-inf, -0.20], 0.05, 0.0, 0.25) == "ok"
+    assert check_verdict([-inf, 0.10], 0.05, 0.0, 0.25) == "straddle"
+    assert check_verdict([-inf, inf], 0.05, 0.0, 0.25) == "straddle"
+    assert check_verdict([-0.30, 0.01], inf, 0.0, 0.25) == "straddle"  # an unbounded margin decides nothing
 
 
 def test_promote_better_refuse_bad_pointer_moves_only_on_success(world: dict[str, Any], tmp_path: Path) -> None:

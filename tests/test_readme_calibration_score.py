@@ -23,7 +23,7 @@ def test_the_readme_states_the_floored_score() -> None:
     assert SCORE == "floored"
     assert "for a level, its error relative to max(|level|, s), s the KPI's own spread over the calibration days" in readme
     assert "a relative change whose baseline the calibration places within its error of 0 is unbounded" in readme
-    assert "and the gate abstains on it" in readme
+    assert "and the gate decides it only where its other side clears the margin, else abstains" in readme
 
 
 def test_a_change_over_a_near_zero_baseline_is_unbounded_and_the_gate_abstains() -> None:
@@ -44,6 +44,7 @@ def test_a_change_over_a_near_zero_baseline_is_unbounded_and_the_gate_abstains()
     bounded = change_interval((0.9 * mid, 1.1 * mid), cand + 10.0, base + 10.0, cal, "return")
     assert all(math.isfinite(x) for x in bounded)  # the same effect over a baseline far above the scale
     assert check_verdict((-hi, -lo), 0.05, 0.0, 0.25) == "straddle"  # worsening interval of a higher-is-better KPI
+    assert check_verdict((-math.inf, -0.2), 0.05, 0.0, 0.25) == "ok"  # its other side clears the margin: decided
 
 
 def test_the_gate_says_why_an_unbounded_interval_straddles() -> None:

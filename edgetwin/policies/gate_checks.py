@@ -328,11 +328,17 @@ def evidence_problem(result: WhatIfResult, kpi: str, compared: Mapping[str, Any]
 def check_verdict(
     worsening_interval: Sequence[float], allowed_change: float, out_of_support: float, max_out_of_support: float
 ) -> str:
-    """One check's verdict from the signed (positive = worse) interval of the relative change."""
+    """One check's verdict from the signed (positive = worse) interval of the relative change.
+
+    An interval unbounded on one side still decides by its other side: a relative change over a
+    baseline the calibration places within its error of 0 (`edgetwin.twin.intervals`, "The score")
+    has an unknown size but, where the effect's sign is known, a valid bound on the other side
+    (``[+0.3, +inf]``: worse by more than 30 % of any real baseline, whatever it is). NaN bounds and
+    an unbounded margin (a zero baseline) decide nothing."""
     lo, hi = float(worsening_interval[0]), float(worsening_interval[1])
     if out_of_support > max_out_of_support:
         return "unsupported"
-    if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(allowed_change)):
+    if math.isnan(lo) or math.isnan(hi) or not math.isfinite(allowed_change):
         return "straddle"
     if lo > allowed_change + 1e-12:
         return "regress"
