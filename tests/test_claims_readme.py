@@ -1,0 +1,72 @@
+"""README claims a user acts on, checked against the code that keeps them.
+
+Each test reads the number the README states (so a changed sentence fails too) and checks it against
+the behaviour or the default of the code: the gate's out-of-support share and level, its refusal to
+run with nothing to guard, the demo's directory.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+import pytest
+import typer.main
+
+from edgetwin.cli import app
+from edgetwin.contract.errors import InputError
+from edgetwin.policies.gate_checks import MAX_OUT_OF_SUPPORT, check_verdict, resolve_guards
+from edgetwin.twin.intervals import LEVEL
+from edgetwin.twin.whatif.kpis import KpiDef
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+FLAT = re.sub(r"\s+", " ", README)
+
+
+def _option(path: list[str], flag: str) -> click.Parameter:
+    cmd = typer.main.get_command(app)
+    for word in path:
+        cmd = cmd.commands[word]  # type: ignore[attr-defined]
+    return next(p for p in cmd.params if flag in p.opts)
+
+
+def test_the_gate_abstains_beyond_the_readmes_out_of_support_share() -> None:
+    """README "Trust": abstain when more than `--max-out-of-support` (25 %) of the agent-steps lie
+    outside the logs' support — the flag's default, the library's, and the verdict at either side."""
+    stated = float(re.search(r"more than `--max-out-of-support` \((\d+) %\)", FLAT).group(1)) / 100  # type: ignore[union-attr]
+    assert _option(["promote"], "--max-out-of-support").default == pytest.approx(stated)
+    assert pytest.approx(stated) == MAX_OUT_OF_SUPPORT
+    inside = (-0.01, 0.01)  # an interval well within a 5 % margin
+    assert check_verdict(inside, 0.05, stated + 0.01, MAX_OUT_OF_SUPPORT) == "unsupported"
+    assert check_verdict(inside, 0.05, stated - 0.01, MAX_OUT_OF_SUPPORT) == "ok"
+
+
+def test_the_gate_asks_the_readmes_level_by_default() -> None:
+    """README: every number carries a 90 % interval; `promote --level` asks 90 % unless told."""
+    assert "carries a 90 % interval" in FLAT
+    assert pytest.approx(0.90) == LEVEL
+    assert _option(["promote"], "--level").default == "90%"
+
+
+def test_the_gate_refuses_to_run_with_no_guarded_kpi() -> None:
+    """README: "it refuses to run with no guarded KPI (exit 2)": an InputError (exit 2) naming the flag,
+    while one KPI with a direction is guarded at the default margin."""
+    assert "it refuses to run with no guarded KPI (exit 2)" in FLAT
+    undirected = [KpiDef("kpi.a", "kpi.a"), KpiDef("kpi.b", "kpi.b")]
+    with pytest.raises(InputError) as err:
+        resolve_guards(undirected, None)
+    assert err.value.exit_code == 2 and "--max-regression" in str(err.value)
+    guarded = resolve_guards([*undirected, KpiDef("kpi.c", "kpi.c", better="lower")], None)
+    assert [g.kpi for g, _ in guarded] == ["kpi.c"]
+
+
+def test_the_demo_writes_where_the_readme_says_by_default() -> None:
+    """README: `edgetwin demo` runs in one directory (`edgetwin-demo/` by default)."""
+    import inspect
+
+    from edgetwin.demo import run_demo
+
+    stated = re.search(r"in one directory \(`([^`/]+)/` by default\)", FLAT).group(1)  # type: ignore[union-attr]
+    assert Path(_option(["demo"], "--out").default) == Path(stated)
+    assert Path(inspect.signature(run_demo).parameters["out_dir"].default) == Path(stated)
