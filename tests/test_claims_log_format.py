@@ -1,0 +1,68 @@
+"""docs/log-format.md's spec table and guard defaults, checked against the code that keeps them.
+
+A KPI column's ``margin`` defaults to the gate's ``default_margin`` (5 %; `promote --gate-config`: the
+page once named a `--default-margin` flag that `promote` does not have), the spec's top-level and
+feature defaults are what a bare spec loads with, and the emulated cluster declares the margins the
+page names.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import typer.main
+
+from edgetwin.cli import app
+from edgetwin.cli.policy import GateConfig
+from edgetwin.contract.spec import TwinSpec
+from edgetwin.emulator.cluster import KPI_GOALS
+from edgetwin.policies.gate_checks import resolve_guards
+from edgetwin.twin.whatif.kpis import default_kpis
+
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "log-format.md").read_text()
+
+
+def _row(key: str) -> list[str]:
+    """The cells of the spec table's row of ``key``."""
+    line = next(ln for ln in DOC.splitlines() if ln.startswith(f"| `{key}` |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_a_kpis_margin_defaults_to_the_gates_default_margin() -> None:
+    cells = _row("margin")
+    stated = float(re.search(r"`default_margin` \((\d+) %", cells[2]).group(1)) / 100  # type: ignore[union-attr]
+    promote = typer.main.get_command(app).commands["promote"]  # type: ignore[attr-defined]
+    flags = {o for p in promote.params for o in p.opts}
+    named = set(re.findall(r"`(--[a-z-]+)", cells[2]))
+    assert named <= flags, f"log-format.md names {named - flags}, which `promote` does not take"
+    assert "--gate-config" in cells[2] and "--gate-config" in flags
+    assert GateConfig().default_margin == pytest.approx(stated)
+    spec = TwinSpec.from_dict({"features": [
+        {"name": "action.admit"},
+        {"name": "kpi.wait", "better": "lower"},
+        {"name": "kpi.gain", "better": "higher", "margin": 0.02},
+    ]})
+    margins = {g.kpi: g.max_regression for g, _ in resolve_guards(default_kpis(spec, ["kpi.wait", "kpi.gain"]), None)}
+    assert margins == {"kpi.wait": pytest.approx(stated), "kpi.gain": pytest.approx(0.02)}
+
+
+def test_the_emulated_clusters_declared_margins_are_the_pages() -> None:
+    text = re.sub(r"\s+", " ", _row("margin")[3])
+    assert "revenue higher at 2 %, SLO violations, task time, energy and carbon lower at 5 %" in text
+    assert KPI_GOALS == {
+        "kpi.revenue": ("higher", 0.02), "kpi.slo_violation": ("lower", 0.05), "kpi.task_time_ms": ("lower", 0.05),
+        "kpi.energy_j": ("lower", 0.05), "kpi.carbon_g": ("lower", 0.05),
+    }
+
+
+def test_a_bare_spec_takes_the_tables_defaults() -> None:
+    spec = TwinSpec.from_dict({"features": [{"name": "state.q"}, {"name": "action.admit"}]})
+    assert _row("name")[2] == '`"unnamed"`' and spec.name == "unnamed"
+    assert _row("step_seconds")[2] == "`1.0`" and spec.step_seconds == 1.0
+    feat = spec.feature("state.q")
+    assert feat is not None
+    assert _row("kind")[2] == '`"continuous"`' and feat.kind == "continuous"
+    assert _row("scope")[2] == '`"agent"`' and feat.scope == "agent"
+    assert _row("low`, `high")[2] == "unbounded" and feat.low is None and feat.high is None
