@@ -1,0 +1,67 @@
+"""docs/bus.md's defaults, checked against the code and, for the JetStream stream, a real nats-server.
+
+The page states the durable subjects, the stream's name, storage, duplicate window and message size,
+the reconnect policy, the frame limit and where `/metrics` listens; each test reads the page's
+value and checks the behaviour (the stream a default-configured bus creates) or the default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+import typer.main
+
+from edgetwin.cli import app
+from edgetwin.contract.errors import InputError
+from edgetwin.edge.bus import NatsBus, NatsConfig
+from edgetwin.edge.messages import Envelope
+
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "bus.md").read_text()
+FLAT = re.sub(r"\s+", " ", DOC)
+
+
+def _durable_subjects() -> list[str]:
+    span = re.search(r"The durable subjects are `NatsConfig.durable_subjects` \(default ([^)]+)\)", FLAT).group(1)  # type: ignore[union-attr]
+    return re.findall(r"`([^`]+)`", span)
+
+
+def test_the_configs_defaults_are_the_pages() -> None:
+    cfg = NatsConfig()
+    assert cfg.durable_subjects == _durable_subjects() and len(cfg.durable_subjects) == 4
+    assert f"`NatsConfig.stream` (default `{cfg.stream}`)" in FLAT and cfg.stream == "EDGETWIN"
+    assert "file storage by default" in FLAT and cfg.storage == "file"
+    assert "Reconnect: forever by default (`max_reconnect_attempts = -1`)" in FLAT and cfg.max_reconnect_attempts == -1
+    assert "`max_bytes` (default 1 MiB" in FLAT and cfg.max_bytes == 1 << 20
+    assert "`stream_max_age_s` retention (0: unlimited)" in FLAT and cfg.stream_max_age_s == 0.0
+
+
+def test_metrics_listen_on_loopback_by_default() -> None:
+    assert "the default listens on 127.0.0.1 only" in FLAT
+    serve = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    assert next(p for p in serve.params if "--metrics-addr" in p.opts).default == "127.0.0.1"
+
+
+@pytest.mark.nats
+def test_a_default_bus_makes_the_pages_stream(nats_server) -> None:  # type: ignore[no-untyped-def]
+    """One durable publish on a default-configured bus creates the stream the page describes, and a
+    subject outside the durable ones is refused."""
+    window = float(re.search(r"duplicate window (\d+) s", FLAT).group(1))  # type: ignore[union-attr]
+
+    async def main() -> None:
+        async with NatsBus(NatsConfig(servers=[nats_server.url], name="claims")) as bus:
+            env = Envelope("intent", "esa/s1", 1, {"site": "s1", "cluster": "c0", "predicted_backlog": 1.0, "migrations": []})
+            with pytest.raises(InputError, match="not a durable subject"):
+                await bus.publish_durable("edgetwin.intent.s1", env)
+            await bus.publish_durable("edgetwin.canary.claims", env)
+            info = await bus.js.stream_info("EDGETWIN")
+            c = info.config
+            assert sorted(c.subjects) == sorted(_durable_subjects())
+            assert str(getattr(c.storage, "value", c.storage)) == "file"
+            assert c.duplicate_window == pytest.approx(window)
+            assert c.max_msg_size == 1 << 20
+            assert info.state.messages == 1
+
+    asyncio.run(asyncio.wait_for(main(), 30))
