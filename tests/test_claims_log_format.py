@@ -66,3 +66,38 @@ def test_a_bare_spec_takes_the_tables_defaults() -> None:
     assert _row("kind")[2] == '`"continuous"`' and feat.kind == "continuous"
     assert _row("scope")[2] == '`"agent"`' and feat.scope == "agent"
     assert _row("low`, `high")[2] == "unbounded" and feat.low is None and feat.high is None
+
+
+def _flat() -> str:
+    return re.sub(r"\s+", " ", DOC)
+
+
+def test_the_prometheus_importers_stated_bounds_are_its_defaults() -> None:
+    """"at most `--max-points` steps (Prometheus answers at most 11,000 points per series)", "retried
+    `--retries` times (3)", "`--concurrency` (2)", "`--max-answer-mb` (256)"."""
+    from edgetwin.contract.prometheus.grid import MAX_POINTS
+
+    flat = _flat()
+    cmd = typer.main.get_command(app).commands["logs"].commands["import"].commands["prometheus"]  # type: ignore[attr-defined]
+    defaults = {p.opts[0]: p.default for p in cmd.params}
+    points = int(re.search(r"at most ([\d,]+) points per series", flat).group(1).replace(",", ""))  # type: ignore[union-attr]
+    assert defaults["--max-points"] == points == MAX_POINTS
+    for flag in ("--retries", "--concurrency", "--max-answer-mb"):
+        stated = float(re.search(rf"`{flag}`(?: times)? \((\d+)\)", flat).group(1))  # type: ignore[union-attr]
+        assert defaults[flag] == pytest.approx(stated), flag
+
+
+def test_an_answer_nested_deeper_than_the_page_says_is_refused() -> None:
+    """"JSON nested deeper than 64 levels is refused before it is parsed"; a server's error shown
+    "as one line of at most 300 characters"."""
+    from edgetwin.contract.json_bounds import JSONRefused, loads_bounded
+    from edgetwin.contract.prometheus.http import _shown
+
+    flat = _flat()
+    depth = int(re.search(r"JSON nested deeper than (\d+) levels is refused", flat).group(1))  # type: ignore[union-attr]
+    assert loads_bounded(b"[" * depth + b"]" * depth, max_bytes=1 << 20) is not None
+    with pytest.raises(JSONRefused):
+        loads_bounded(b"[" * (depth + 1) + b"]" * (depth + 1), max_bytes=1 << 20)
+    shown = int(re.search(r"shown as one line of at most (\d+) characters", flat).group(1))  # type: ignore[union-attr]
+    line = _shown("<html>\n" + "x" * 5000)
+    assert len(line) == shown and "\n" not in line
