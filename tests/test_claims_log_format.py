@@ -101,3 +101,44 @@ def test_an_answer_nested_deeper_than_the_page_says_is_refused() -> None:
     shown = int(re.search(r"shown as one line of at most (\d+) characters", flat).group(1))  # type: ignore[union-attr]
     line = _shown("<html>\n" + "x" * 5000)
     assert len(line) == shown and "\n" not in line
+
+
+def _console(after: str) -> list[str]:
+    """The lines of the ```console block of "Running the validator" that starts with ``$ after``."""
+    start = DOC.index(f"$ {after}\n", DOC.index("## Running the validator")) + len(f"$ {after}\n")
+    return DOC[start : DOC.index("```", start)].rstrip("\n").splitlines()
+
+
+def _fenced(lang: str) -> str:
+    start = DOC.index(f"```{lang}\n") + len(f"```{lang}\n")
+    return DOC[start : DOC.index("```", start)]
+
+
+def test_the_validators_printed_report_is_the_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """"Running the validator": the example log, and the same log with "a negative queue length, a CPU
+    share of 1.75, `tue`'s last step logged as `t=3`, a repeated row and an extra `note` column",
+    print what the page shows, line for line, and exit 0 (usable)."""
+    import pandas as pd
+
+    from edgetwin.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    Path("queue.spec.toml").write_text(_fenced("toml"))
+    Path("bad.spec.toml").write_text(_fenced("toml"))
+    Path("queue.csv").write_text(_fenced("csv"))
+    good = pd.read_csv("queue.csv")
+    bad = good.copy()
+    bad.loc[1, "state.queue_len"] = -1  # mon, t=0, nightly-etl
+    bad.loc[2, "action.cpu_share"] = 1.75  # mon, t=1, checkout
+    bad.loc[bad["episode"].eq("tue") & bad["t"].eq(2), "t"] = 3
+    bad = pd.concat([bad, bad.iloc[[4]]], ignore_index=True)  # mon, t=2, checkout again
+    bad["note"] = "x"
+    bad.to_csv("bad.csv", index=False)
+    for name in ("queue.csv", "bad.csv"):
+        with pytest.raises(SystemExit) as done:
+            main(["logs", "validate", name])
+        out = capsys.readouterr().out
+        assert int(done.value.code or 0) == 0
+        assert [ln.rstrip() for ln in out.rstrip("\n").splitlines()] == _console(f"edgetwin logs validate {name}")
