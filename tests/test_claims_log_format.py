@@ -16,6 +16,7 @@ import typer.main
 
 from edgetwin.cli import app
 from edgetwin.cli.policy import GateConfig
+from edgetwin.contract.errors import InputError
 from edgetwin.contract.spec import TwinSpec
 from edgetwin.emulator.cluster import KPI_GOALS
 from edgetwin.policies.gate_checks import resolve_guards
@@ -142,3 +143,36 @@ def test_the_validators_printed_report_is_the_pages(
         out = capsys.readouterr().out
         assert int(done.value.code or 0) == 0
         assert [ln.rstrip() for ln in out.rstrip("\n").splitlines()] == _console(f"edgetwin logs validate {name}")
+
+
+def test_spec_code_is_allowed_as_the_allow_code_table_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """"a module allows its submodules: `mypkg` allows `mypkg.rewards`"; the allow-list file is
+    `$EDGETWIN_CONFIG_DIR/allow-code`, default `$XDG_CONFIG_HOME/edgetwin/allow-code`, `#` starts a
+    comment; `EDGETWIN_ALLOW_CODE` is comma-separated."""
+    from edgetwin.contract.functions import allow_list_file, resolve_function_ref
+
+    flat = _flat()
+    assert "a module allows its submodules: `mypkg` allows `mypkg.rewards`" in flat
+    assert "`$EDGETWIN_CONFIG_DIR/allow-code` (default `$XDG_CONFIG_HOME/edgetwin/allow-code`" in flat
+    ref = "json.decoder:JSONDecoder"  # a stdlib submodule, already imported: nothing runs
+    monkeypatch.delenv("EDGETWIN_CONFIG_DIR", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert allow_list_file() == tmp_path / "xdg" / "edgetwin" / "allow-code"
+    for allowed, ok in (("", False), ("jso", False), ("os,json", True), ("json.decoder", True)):
+        monkeypatch.setenv("EDGETWIN_ALLOW_CODE", allowed)
+        if ok:
+            assert callable(resolve_function_ref(ref))
+        else:
+            with pytest.raises(InputError, match="not allowed to run on this machine"):
+                resolve_function_ref(ref)
+    monkeypatch.setenv("EDGETWIN_ALLOW_CODE", "")
+    (tmp_path / "xdg" / "edgetwin").mkdir(parents=True)
+    (tmp_path / "xdg" / "edgetwin" / "allow-code").write_text("# json\n")
+    with pytest.raises(InputError):
+        resolve_function_ref(ref)
+    (tmp_path / "xdg" / "edgetwin" / "allow-code").write_text("json  # the standard library's\n")
+    assert callable(resolve_function_ref(ref))
+    monkeypatch.setenv("EDGETWIN_CONFIG_DIR", str(tmp_path / "cfg"))
+    assert allow_list_file() == tmp_path / "cfg" / "allow-code"
+    with pytest.raises(InputError):  # the XDG file is not read once EDGETWIN_CONFIG_DIR names another
+        resolve_function_ref(ref)
