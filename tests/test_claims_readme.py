@@ -70,3 +70,32 @@ def test_the_demo_writes_where_the_readme_says_by_default() -> None:
     stated = re.search(r"in one directory \(`([^`/]+)/` by default\)", FLAT).group(1)  # type: ignore[union-attr]
     assert Path(_option(["demo"], "--out").default) == Path(stated)
     assert Path(inspect.signature(run_demo).parameters["out_dir"].default) == Path(stated)
+
+
+def test_exit_codes_and_one_line_errors_are_the_readmes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """README: "exit codes 0 (ok) / 1 (failed, e.g. a gate refused) / 2 (bad input ...) / 3 (the gate
+    abstained). Errors are one line, printed literally ... Set `EDGETWIN_DEBUG=1` for tracebacks."."""
+    from edgetwin.cli import main
+    from edgetwin.cli.entry import describe_error, exit_code_of
+    from edgetwin.contract.errors import GateAbstained, GateRefused
+
+    assert "exit codes 0 (ok) / 1 (failed, e.g. a gate refused) / 2 (bad input" in FLAT and "/ 3 (the gate abstained)" in FLAT
+    assert "Set `EDGETWIN_DEBUG=1` for tracebacks." in FLAT
+    assert exit_code_of(GateRefused("kpi.x regressed")) == 1 and describe_error(GateRefused("x")).startswith("refused:")
+    assert exit_code_of(GateAbstained("straddles")) == 3 and describe_error(GateAbstained("x")).startswith("abstained:")
+    assert exit_code_of(RuntimeError("bug")) == 1
+    assert exit_code_of(InputError("no such column", "log.csv")) == 2
+
+    missing = str(tmp_path / "no[such].csv")
+    for debug in ("0", "1"):
+        monkeypatch.setenv("EDGETWIN_DEBUG", debug)
+        with pytest.raises(SystemExit) as done:
+            main(["logs", "validate", missing])
+        out, err = capsys.readouterr()
+        printed = (out + err).strip().splitlines()
+        assert done.value.code == 2
+        assert any(missing in ln and ln.startswith("error:") for ln in printed)  # brackets kept literally
+        assert ("Traceback (most recent call last):" in err) == (debug == "1")
+        if debug == "0":
+            assert len(printed) == 1
