@@ -87,7 +87,7 @@ def test_exit_codes_and_one_line_errors_are_the_readmes(tmp_path: Path, monkeypa
     assert exit_code_of(RuntimeError("bug")) == 1
     assert exit_code_of(InputError("no such column", "log.csv")) == 2
 
-    missing = str(tmp_path / "no[such].csv")
+    missing = str(tmp_path / "[red]no[such].csv")
     for debug in ("0", "1"):
         monkeypatch.setenv("EDGETWIN_DEBUG", debug)
         with pytest.raises(SystemExit) as done:
