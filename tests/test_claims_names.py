@@ -64,3 +64,26 @@ def test_a_named_module_function_or_file_exists(where: str, name: str) -> None:
         assert (ROOT / name).exists(), f"{where}: no file {name}"
     else:
         assert _resolves(name), f"{where}: {name} does not resolve"
+
+
+def _links() -> list[tuple[str, str]]:
+    """(where, target) of every relative Markdown link of the README and docs/*.md inside the repository
+    (``../shared`` beside a clone is not the repository's to keep)."""
+    out = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in re.finditer(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            target = m.group(1)
+            if re.match(r"[a-z]+:", target) or not (doc.parent / target).resolve().is_relative_to(ROOT):
+                continue
+            out.append((f"{doc.relative_to(ROOT).as_posix()}:{text[: m.start()].count(chr(10)) + 1}", target))
+    return out
+
+
+def test_every_link_of_the_readme_and_docs_resolves() -> None:
+    links = _links()
+    assert len(links) > 30
+    where_from = {w.split(":")[0] for w, _ in links}
+    missing = [(w, t) for w, t in links if not (ROOT / w.split(":")[0]).parent.joinpath(t).exists()]
+    assert not missing, missing
+    assert "README.md" in where_from and "docs/canary.md" in where_from
