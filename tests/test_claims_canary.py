@@ -100,3 +100,25 @@ def test_the_plan_and_the_verdict_live_where_the_page_says() -> None:
     pkg = re.search(r"the verdict that uses both are in `(edgetwin\.\w+)`", FLAT).group(1)  # type: ignore[union-attr]
     assert callable(importlib.import_module(f"{pkg}.plan").plan_canary)
     assert callable(importlib.import_module(f"{pkg}.day_verdict").stopped_verdict)
+
+
+def test_update_refuses_to_write_over_its_parent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """"Refused with exit 2 and one line: ... `--out` equal to `TWIN`" (the page said `--update`, the
+    old spelling's flag); and `update`'s bracketed defaults are the CLI's."""
+    from edgetwin.cli import main
+
+    assert "`--out` equal to `TWIN`" in FLAT
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    (twin / "MANIFEST.json").write_text("{}")
+    for name in ("canary.parquet", "old.parquet"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(SystemExit) as done:
+        main(["update", str(twin), str(tmp_path / "canary.parquet"), "--log", str(tmp_path / "old.parquet"), "--out", str(twin)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and len(err) == 1 and "--out" in err[0]
+    assert sorted(p.name for p in twin.iterdir()) == ["MANIFEST.json"]
+    line = next(ln for ln in DOC.splitlines() if ln.startswith("edgetwin update TWIN CANARY_LOG"))
+    for flag, value in re.findall(r"\[(--[a-z-]+) (\d+)\]", line):
+        assert _default(["update"], flag) == int(value), flag
+    assert len(re.findall(r"\[(--[a-z-]+) (\d+)\]", line)) == 2
