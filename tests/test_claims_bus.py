@@ -65,3 +65,29 @@ def test_a_default_bus_makes_the_pages_stream(nats_server) -> None:  # type: ign
             assert info.state.messages == 1
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_the_pages_bus_toml_loads_and_its_refusals_hold(tmp_path: Path) -> None:
+    """`NatsConfig.load("bus.toml")` reads the page's example as written; "Unknown keys, a wrong type,
+    two authentication methods at once, a user without a password or a TLS certificate without its
+    key are refused with an `InputError` naming the file and key"."""
+    start = DOC.index("```toml\n[nats]") + len("```toml\n")
+    example = DOC[start : DOC.index("```", start)]
+    path = tmp_path / "bus.toml"
+    path.write_text(example)
+    cfg = NatsConfig.load(path)
+    assert cfg.servers == ["nats://10.0.0.5:4222", "nats://10.0.0.6:4222"] and cfg.user == "edge"
+    assert cfg.durable_subjects == _durable_subjects() and cfg.max_bytes == 1 << 20
+    for text, named in (
+        (example + 'colour = "blue"\n', "colour"),
+        (example.replace("max_deliver = 5", 'max_deliver = "five"'), "max_deliver"),
+        (example + 'token = "t"\n', "token"),
+        (example + 'tls_cert = "c.pem"\n', "tls_key"),
+    ):
+        path.write_text(text)
+        with pytest.raises(InputError) as err:
+            NatsConfig.load(path)
+        assert str(path) in str(err.value) and named in str(err.value), str(err.value)
+    path.write_text(example.replace('password = "..."\n', ""))
+    with pytest.raises(InputError, match="password"):
+        NatsConfig.load(path)
