@@ -99,3 +99,19 @@ def test_exit_codes_and_one_line_errors_are_the_readmes(tmp_path: Path, monkeypa
         assert ("Traceback (most recent call last):" in err) == (debug == "1")
         if debug == "0":
             assert len(printed) == 1
+
+
+SAMPLING = ["demo", "fit", "fit-federated", "update", "fidelity", "train", "evaluate", "whatif", "promote", "federate",
+            "logs generate", "population fit", "population report", "canary plan", "canary verdict"]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", SAMPLING)
+def test_a_command_that_samples_takes_a_seed_and_json(command: str) -> None:
+    """README: "Every command has `--help`, a `--seed` where it samples, `--json` where a script reads
+    the result": the commands that draw worlds, noise, bootstraps or networks."""
+    assert "a `--seed` where it samples, `--json` where a script reads the result" in FLAT
+    cmd = typer.main.get_command(app)
+    for word in command.split():
+        cmd = cmd.commands[word]  # type: ignore[attr-defined]
+    opts = {o for p in cmd.params for o in p.opts}
+    assert "--seed" in opts and "--json" in opts, command
