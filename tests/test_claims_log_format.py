@@ -176,3 +176,35 @@ def test_spec_code_is_allowed_as_the_allow_code_table_says(tmp_path: Path, monke
     assert allow_list_file() == tmp_path / "cfg" / "allow-code"
     with pytest.raises(InputError):  # the XDG file is not read once EDGETWIN_CONFIG_DIR names another
         resolve_function_ref(ref)
+
+
+def test_the_files_beside_a_log_are_named_as_the_page_says() -> None:
+    """"`LOG` is the file name up to its first dot: `day1.parquet` → `day1.spec.toml`,
+    `day1.quarantine.csv`", for every suffix the page lists."""
+    from edgetwin.contract.spec import spec_path_for
+    from edgetwin.contract.validation_report import quarantine_path_for
+
+    assert "`day1.parquet` → `day1.spec.toml`, `day1.quarantine.csv`" in DOC
+    suffixes = re.findall(r"`LOG(\.[a-z.]+)`", _row("LOG.parquet`, `LOG.pq`, `LOG.csv`, `LOG.csv.gz")[0])
+    assert suffixes == [".parquet", ".pq", ".csv", ".csv.gz"]
+    for suffix in suffixes:
+        log = Path("/data") / f"day1{suffix}"
+        assert spec_path_for(log) == Path("/data/day1.spec.toml")
+        assert quarantine_path_for(log) == Path("/data/day1.quarantine.csv")
+
+
+def test_the_emulated_clusters_policy_names_are_the_pages() -> None:
+    """"Policy names: `random`, `heuristic` (the SLO-aware one), `regime_switching` and the heuristics of
+    `edgetwin.policies.heuristics` (...)": each makes a policy, and there are no others."""
+    from edgetwin.emulator.cluster import EdgeCluster
+    from edgetwin.emulator.logs import make_policy, policy_names
+
+    text = _flat()
+    para = text[text.index("Policy names: ") : text.index("`lowest_carbon`).") + len("`lowest_carbon`")]
+    stated = re.findall(r"`([a-z_]+)`", para)
+    assert set(stated) == set(policy_names()) and len(stated) == 9
+    spec = EdgeCluster().spec
+    for name in stated:
+        assert make_policy(name, spec, seed=0) is not None
+    with pytest.raises(InputError):
+        make_policy("no_such_policy", spec, seed=0)
