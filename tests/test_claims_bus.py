@@ -91,3 +91,49 @@ def test_the_pages_bus_toml_loads_and_its_refusals_hold(tmp_path: Path) -> None:
     path.write_text(example.replace('password = "..."\n', ""))
     with pytest.raises(InputError, match="password"):
         NatsConfig.load(path)
+
+
+def test_a_policy_that_fails_on_valid_observations_is_answered_500_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The decision wire's table: "500 | the policy failed on valid observations (also logged at
+    WARNING)"; the runtime answers at once and keeps serving (the next request gets actions)."""
+    import json
+    import logging
+
+    from test_decision_wire import ask
+    from test_runtime import SITE, SPEC, SLOAware, obs_batch, promote, publish
+
+    from edgetwin.edge import decision_wire as W
+    from edgetwin.edge.bus import InMemoryBus, MemoryBroker
+    from edgetwin.edge.registry import FileRegistry
+    from edgetwin.edge.runtime import EdgeRuntime
+    from edgetwin.edge.signing import Signer, TrustStore
+
+    row = next(ln for ln in DOC.splitlines() if ln.startswith("| 500 |"))
+    assert "the policy failed on valid observations (also logged at WARNING)" in row
+    signer, reg, broker = Signer.generate(), FileRegistry(tmp_path / "registry"), MemoryBroker()
+    body = json.dumps({"obs": obs_batch(3).tolist()}).encode()
+    headers = {"Content-Type": W.JSON}
+
+    async def main() -> tuple[object, object]:
+        async with InMemoryBus(broker, name="rt") as rt_bus, InMemoryBus(broker, name="client") as client, \
+                EdgeRuntime(SITE, reg, TrustStore([signer.public_key]), bus=rt_bus, kpi_guard=None, poll_interval=60) as rt:
+            publish(reg, tmp_path, SLOAware(SPEC), "v1", signer)
+            promote(reg, "v1")
+            assert await rt.refresh()
+            served = rt.decide_with_info
+
+            def broken(obs: object) -> object:
+                raise RuntimeError("the network returned NaN")
+
+            rt.decide_with_info = broken  # type: ignore[method-assign]
+            failed = await ask(client, body, headers)
+            rt.decide_with_info = served  # type: ignore[method-assign]
+            return failed, await ask(client, body, headers)
+
+    with caplog.at_level(logging.WARNING):
+        failed, ok = asyncio.run(asyncio.wait_for(main(), 30))
+    assert failed.headers[W.ERROR_CODE] == "500" and "the network returned NaN" in json.loads(failed.data)["error"]  # type: ignore[attr-defined]
+    assert any(r.levelno == logging.WARNING and "the network returned NaN" in r.getMessage() for r in caplog.records)
+    assert W.ERROR not in ok.headers  # type: ignore[attr-defined]
