@@ -115,3 +115,28 @@ def test_a_command_that_samples_takes_a_seed_and_json(command: str) -> None:
         cmd = cmd.commands[word]  # type: ignore[attr-defined]
     opts = {o for p in cmd.params for o in p.opts}
     assert "--seed" in opts and "--json" in opts, command
+
+
+def test_the_twin_coordinators_seed_reaches_the_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`edgetwin agent twin-coordinator` samples (bootstraps, initial weights, GAN noise: the sites draw from
+    its plan's seed); it had no `--seed` (always 0). The flag's value is the fit's `FitOptions.seed`."""
+    from types import SimpleNamespace
+
+    import edgetwin.federation.twin.runner as runner
+    from edgetwin.cli import main
+
+    seen: dict[str, object] = {}
+
+    async def coordinator(spec: object, names: list[str], bus: str, fit_id: str, options: object, **kw: object) -> object:
+        seen["options"], seen["sites"] = options, names
+        return SimpleNamespace(save=lambda out: Path(out).mkdir(exist_ok=True)), SimpleNamespace(bytes_up=0, bytes_down=0, rounds=[])
+
+    monkeypatch.setattr(runner, "run_twin_coordinator", coordinator)
+    (tmp_path / "spec.toml").write_text('[[features]]\nname = "action.a"\n')
+    with pytest.raises(SystemExit) as done:
+        main(["agent", "twin-coordinator", "--bus", "memory", "--spec", str(tmp_path / "spec.toml"), "--sites", "a,b",
+              "--out", str(tmp_path / "tw"), "--seed", "7"])  # fmt: skip
+    assert done.value.code == 0 and seen["sites"] == ["a", "b"]
+    assert seen["options"].seed == 7  # type: ignore[attr-defined]
+    agent = typer.main.get_command(app).commands["agent"]  # type: ignore[attr-defined]
+    assert any("--seed" in p.opts for p in agent.params)  # it prints one JSON line per event: no --json to ask
