@@ -75,3 +75,19 @@ def test_gaussian_dp_defaults_are_the_pages() -> None:
     params = inspect.signature(GaussianDP).parameters
     assert params["noise_multiplier"].default == pytest.approx(float(z))
     assert params["clip_norm"].default == pytest.approx(float(c))
+
+
+def test_the_rounds_paragraphs_schedules_are_the_fits() -> None:
+    """"**Rounds: many short ones, optimiser kept** (`FitOptions.rounds = 240`, `local_steps = 5`,
+    `keep_optimizer = True`)"; under `dp_gaussian` "8 rounds of 2 whole epochs" unless `--fed-rounds`;
+    `FitOptions.light()` is behaviour-cloned responses and the mixture population."""
+    opts = FitOptions()
+    assert "(`FitOptions.rounds = 240`, `local_steps = 5`, `keep_optimizer = True`)" in DOC
+    assert (opts.rounds, opts.local_steps, opts.keep_optimizer) == (240, 5, True)
+    rounds, epochs = (int(v) for v in re.search(r"(\d+) rounds of (\d+) whole epochs", DOC).groups())  # type: ignore[union-attr]
+    dp = FitOptions.for_strategy("dp_gaussian")
+    assert (dp.rounds, dp.local_epochs, dp.local_steps) == (rounds, epochs, 0)
+    assert FitOptions.for_strategy("dp_gaussian", rounds=30).rounds == 30  # --fed-rounds wins
+    assert FitOptions.for_strategy("fedavg").rounds == 240
+    light = FitOptions.light()
+    assert (light.response_model, light.population_model) == ("bc", "gmm")
