@@ -145,6 +145,10 @@ def agent(
         int, typer.Option(min=1, help="twin-site: every statistic this site sends is an aggregate over at least "
                           "this many agents (docs/federation.md).")
     ] = 10,
+    seed: Annotated[
+        int, typer.Option("--seed", help="twin-coordinator: seed of the federated fit (the sites draw from the "
+                          "plan it sends; the same seed gives the same twin). esa / coa / gca take --config's.")
+    ] = 0,
 ) -> None:
     """Run one MA-FL agent until its federation closes; prints one JSON line per event.
 
@@ -176,7 +180,7 @@ def agent(
     refuse_without_keys(f"edgetwin agent {role}", bus, insecure)  # before any slow work (reading a log)
     if role in ("twin-site", "twin-coordinator") or fit_twin is not None:
         _twin_agent(role, bus, name, fit_twin, spec, fit_id, sites, out_dir, fed_rounds, members, min_agents,
-                    insecure, response_model)
+                    insecure, response_model, seed)
         return
     from edgetwin.federation.runner import FederationConfig, run_agent
 
@@ -197,7 +201,7 @@ def agent(
 
 def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, spec: Path | None, fit_id: str,
                 sites: str | None, out_dir: Path | None, rounds: int | None, members: int, min_agents: int = 10,
-                insecure: bool = False, response_model: str = "mail") -> None:
+                insecure: bool = False, response_model: str = "mail", seed: int = 0) -> None:
     """`edgetwin agent --fit-twin LOG` (one site) and `edgetwin agent twin-coordinator` (the twin)."""
     import asyncio
 
@@ -225,7 +229,7 @@ def _twin_agent(role: str, bus: str, name: str | None, fit_twin: Path | None, sp
     names = [s.strip() for s in sites.split(",") if s.strip()]
     twin, rep = asyncio.run(run_twin_coordinator(TwinSpec.load(spec), names, bus, fit_id,
                                                  FitOptions(members=members, response_model=response_model,
-                                                            **rounds_option(rounds)),
+                                                            seed=seed, **rounds_option(rounds)),
                                                  insecure=insecure, on_round=emit))
     twin.save(out_dir)
     signed_by = _sign_as_coordinator(out_dir)
