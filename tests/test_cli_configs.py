@@ -38,7 +38,7 @@ def test_fit_update_spelling_reaches_the_update_command(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["fit", str(tmp_path / "new.parquet"), "--update", str(tmp_path / "twin"),
                                    "--out", str(tmp_path / "out")])
     assert exit_code_of(res.exception) == 2, res.output
-    assert "needs the twin's training log" in str(res.exception)
+    assert "updating a twin needs the twin's training log (--log OLD)" in str(res.exception)
 
 
 def _whatif(tmp_path: Path, config: str | None, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:

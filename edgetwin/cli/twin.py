@@ -249,7 +249,7 @@ def _fit_update(twin_dir: Path, new_log: Path, out_dir: Path, spec: Path | None,
     from edgetwin.twin.update import manifest_sha256, update_twin
 
     if not old_logs:
-        raise InputError("--update needs the twin's training log (--log OLD): a twin does not keep its raw logs, "
+        raise InputError("updating a twin needs the twin's training log (--log OLD): a twin does not keep its raw logs, "
                          "and fine-tuning on the new rows alone forgets the old ones", "--log")
     if out_dir.resolve() == twin_dir.resolve():
         raise InputError("--out must differ from the twin being updated: the parent twin stays as it is", "--out")
