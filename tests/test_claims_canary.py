@@ -122,3 +122,21 @@ def test_update_refuses_to_write_over_its_parent(tmp_path: Path, capsys: pytest.
     for flag, value in re.findall(r"\[(--[a-z-]+) (\d+)\]", line):
         assert _default(["update"], flag) == int(value), flag
     assert len(re.findall(r"\[(--[a-z-]+) (\d+)\]", line)) == 2
+
+
+def test_a_status_cannot_make_a_short_log_a_whole_day() -> None:
+    """The sites' status (`canary verdict --status`) is data from the operator's machine: saying
+    "completed" over a log short of the plan's ticks leaves it a "short log" stop (the log's own tick
+    count decides whether the day ran whole); naming the guard only turns the verdict into a refusal."""
+    import pandas as pd
+
+    from edgetwin.loop.evidence import canary_stop
+
+    log = pd.DataFrame({"t": [0, 1, 2, 3, 4, 5, 6], "site": ["a"] * 7})  # 4 pre-ticks, then 3 of the plan's 8
+    said = {"run": "r", "sites": {"a": {"candidate": "v2", "planned_ticks": 12, "stop_reason": "completed"}}}
+    stop = canary_stop(log, 4, 8, said, "v2")
+    assert stop.reason == "short log" and stop.short and stop.decides
+    whole = pd.DataFrame({"t": list(range(12)), "site": ["a"] * 12})
+    assert not canary_stop(whole, 4, 8, said, "v2").decides
+    guard = {"sites": {"a": {**said["sites"]["a"], "stop_reason": "guard", "guard": {"stop": {"kpi": "kpi.late"}}}}}
+    assert canary_stop(whole, 4, 8, guard, "v2").guard == ("kpi.late",)
