@@ -67,8 +67,8 @@ def test_a_guard_stop_on_the_first_day_refuses_on_the_guard_alone_and_says_why()
 #: per canary day, the estimates its canary gives: "a" straddles its 5 % margin (so the loop goes on),
 #: "b" is unchanged on every whole day; on a stopped day's first hours "b" looks 30 % worse (the
 #: bad stretch the stop fired on), which judged on them would be a certain regression
-_WHOLE = {"a": 0.3, "b": 0.0}
-_STOPPED = {"a": 0.3, "b": 3.0}
+_WHOLE = {"a": 0.25, "b": 0.0}
+_STOPPED = {"a": 0.25, "b": 3.0}
 
 
 def _scripted_loop(monkeypatch: pytest.MonkeyPatch, stops: dict[int, str], max_days: int = 16) -> Any:

@@ -184,17 +184,28 @@ def _pooled_verdict(
     return verdict, list(ests), checks, reason, n_days
 
 
+def _gap_and_half(c: Any) -> tuple[float, float]:
+    """A straddling check's distance from its point estimate to its margin, and its interval's
+    reach from the point towards the margin (the side that must clear it; the intervals of interval
+    division are not symmetric). ``half`` is inf where that side is unbounded."""
+    lo, hi = (float(v) for v in c.worsening_interval)
+    point = (-1.0 if c.better == "higher" else 1.0) * float(c.change)
+    allowed = float(c.allowed_change)
+    if point <= allowed:
+        return allowed - point, hi - point
+    return point - allowed, point - lo
+
+
 def more_days(checks: Sequence[Any], days: int) -> int | None:
     """More canary days the straddling checks need at least (`days_needed`'s N; 0 when none
-    straddles), or None when a point estimate sits on its margin (no number of days decides)."""
+    straddles), or None when no number of days is expected to decide one: its point estimate sits on
+    its margin, or the side of its interval that must clear the margin is unbounded (a baseline that
+    may be 0, `edgetwin.contract.relative_change`)."""
     worst = 0
     for c in checks:
         if getattr(c, "verdict", "") != "straddle":
             continue
-        lo, hi = c.worsening_interval
-        sign = -1.0 if c.better == "higher" else 1.0
-        gap = abs(sign * float(c.change) - float(c.allowed_change))
-        half = (float(hi) - float(lo)) / 2.0
+        gap, half = _gap_and_half(c)
         if not (gap > 1e-9 and math.isfinite(half)):
             return None
         worst = max(worst, math.ceil(days * ((half / gap) ** 2 - 1.0)))
@@ -204,16 +215,20 @@ def more_days(checks: Sequence[Any], days: int) -> int | None:
 def days_needed(checks: Sequence[Any], days: int, cap: int = 365) -> str:
     """What would decide the straddling checks: "run N more days" of canaries like these.
 
-    For each straddling check, the gap between its point estimate and its margin, and the
-    interval's half-width; each more canary day (a fresh random slice on another day) adds an
-    independent measurement, so the half-width shrinks as ``sqrt(days / (days + N))`` (an
-    approximation: the fleet and interference terms do not shrink, so N is a lower bound). A point
-    estimate on the margin, or an N over ``cap``, cannot be decided by more days of this design."""
+    For each straddling check, the gap between its point estimate and its margin, and the reach of
+    its interval from the point towards the margin; each more canary day (a fresh random slice on
+    another day) adds an independent measurement, so the reach shrinks as ``sqrt(days / (days + N))``
+    (an approximation: the fleet and interference terms do not shrink, so N is a lower bound). A
+    point estimate on the margin, an interval unbounded towards it, or an N over ``cap``, cannot be
+    decided by more days of this design."""
     worst = more_days(checks, days)
     if worst is None:
         c = next(c for c in checks if getattr(c, "verdict", "") == "straddle" and not (
-            abs((-1.0 if c.better == "higher" else 1.0) * float(c.change) - float(c.allowed_change)) > 1e-9
-            and math.isfinite(float(c.worsening_interval[1]) - float(c.worsening_interval[0]))))  # fmt: skip
+            _gap_and_half(c)[0] > 1e-9 and math.isfinite(_gap_and_half(c)[1])))  # fmt: skip
+        if _gap_and_half(c)[0] > 1e-9:
+            return (f"{c.kpi}'s interval is unbounded towards its margin (its baseline level may be 0, so its "
+                    "relative change has no size at this evidence): more days of this canary are not expected to "
+                    "decide it")  # fmt: skip
         return f"{c.kpi}'s estimate sits on its margin: more days of this canary will not decide it"
     if worst > cap:
         return f"more than {cap} more days of this canary would be needed: accept the abstention or widen the slice"

@@ -55,7 +55,8 @@ Its 90 % interval has the variance of the three independent-sample terms
 interference variance, on a **t reference with Welch-Satterthwaite degrees of freedom** over those
 four terms (`welch_df`; the interference's with members − 1): with the demo's 4 candidate and 6
 control groups the normal reference covered about 84 % instead of 90 %. The relative
-change and its interval come from the delta method on ``θ̂ / μ̂_b``. Rounds are pooled with the
+change ``θ̂ / |μ̂_b|`` and its interval come from interval division (`finish_estimate`): the effect's
+interval over every baseline level its own interval allows, not the delta method. Rounds are pooled with the
 terms they share (the fleet's and the interference's) added as perfectly correlated, not as
 independent (`combine_estimates`), and each look of the loop spends its share of alpha
 (`look_level`), so that stopping at whichever round decides keeps the level. When the twin is good,
@@ -87,6 +88,7 @@ from scipy import stats
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.margins import KPIMargin
+from edgetwin.contract.relative_change import relative_change_interval
 
 LEVEL = 0.90
 #: the fewest groups of each arm for a per-arm CUPED slope (``cuped="per_arm"``); below, the pooled one.
@@ -297,21 +299,30 @@ def t_quantile(level: float, df: float) -> float:
 def finish_estimate(
     diff: float, diff_var: float, base: float, base_var: float, level: float = LEVEL, df: float = float("inf")
 ) -> dict[str, float]:
-    """The relative change ``diff / |base|`` and its ``level`` interval by the delta method, on a
-    t reference with ``df`` degrees of freedom (`welch_df`; ``inf``: the normal).
+    """The relative change ``diff / |base|`` and its ``level`` interval on a t reference with ``df``
+    degrees of freedom (`welch_df`; ``inf``: the normal).
 
-    The covariance of ``diff`` and ``base`` (both contain the control arm's rectifier) is bounded
-    by Cauchy-Schwarz, so the interval is conservative."""
+    The interval is the effect's ``diff ± q·se_d`` over every baseline level in ``|base| ± q·se_b``
+    (`edgetwin.contract.relative_change.relative_change_interval`): each end is the ratio at which
+    ``diff - r·|base|`` sits on the edge of its interval, that combination's standard error bounded
+    by ``se_d + |r|·se_b`` (Cauchy-Schwarz: ``diff`` and ``base`` share the control arm's rectifier,
+    their covariance is not estimated), so the verdict against a margin is the test of the margin's
+    own hypothesis. It replaced the delta method, ``rel ± q·(se_d + |rel|·se_b)/|base|``, which
+    evaluated the baseline's share at the estimate and undercovered large effects over noisy
+    baselines (that module's docstring; tests/test_relative_change.py). Where the baseline's interval
+    reaches 0 the side the effect may take is unbounded: the verdict abstains there, or decides by
+    the bounded side when the effect's sign is known."""
     z = t_quantile(level, df)
     denom = abs(base)
+    d_se, b_se = math.sqrt(max(diff_var, 0.0)), math.sqrt(max(base_var, 0.0))
     if denom <= 0 or not math.isfinite(denom):
-        rel, rel_se = float("nan"), float("inf")
+        rel, rel_lo, rel_hi = float("nan"), -float("inf"), float("inf")
     else:
         rel = diff / denom
-        rel_se = math.sqrt(diff_var + rel * rel * base_var + 2 * abs(rel) * math.sqrt(diff_var * base_var)) / denom
+        rel_lo, rel_hi = relative_change_interval(diff - z * d_se, diff + z * d_se, base, z * b_se)
     return {
-        "diff": diff, "diff_se": math.sqrt(diff_var), "base": base, "base_se": math.sqrt(base_var),
-        "rel": rel, "rel_lo": rel - z * rel_se, "rel_hi": rel + z * rel_se, "df": df, "level": level,
+        "diff": diff, "diff_se": d_se, "base": base, "base_se": b_se,
+        "rel": rel, "rel_lo": rel_lo, "rel_hi": rel_hi, "df": df, "level": level,
     }  # fmt: skip
 
 

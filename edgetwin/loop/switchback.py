@@ -43,8 +43,8 @@ means because exactly half the blocks are on each arm. Its conservative variance
 paper's finite-population CLT bound: the variance of the blocks' effects, which no experiment
 observes, is dropped, so the interval is wide, never narrow): ``s_c²/n_c + s_b²/n_b`` under the
 complete scheme, ``s_d²/P`` of the ``P`` pair differences under the paired one. The relative change
-divides by the current policy's block mean (the delta method with the covariance bounded by
-Cauchy-Schwarz, `edgetwin.loop.ppi.finish_estimate`, as every other design's verdict does).
+divides by the current policy's block mean (interval division, the effect's interval over the
+block mean's, `edgetwin.loop.ppi.finish_estimate`, as every other design's verdict does).
 
 **Reference: t, not normal, by default.** A day of one-hour blocks is 24 blocks, 12 pairs: far from
 the paper's asymptotics. The interval uses Student's t with ``P − 1`` degrees of freedom (paired)
