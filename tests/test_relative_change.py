@@ -9,6 +9,7 @@ beside it, as it was, to show what the change fixes (the module docstring's numb
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -113,3 +114,44 @@ def test_the_readme_says_how_the_verdict_reads_a_relative_change() -> None:
     assert 0.85 < float(np.mean((lo <= 0.3) & (hi >= 0.3))) < 0.90  # the delta method: ~87-89 % here
     e = finish_estimate(-0.5, 0.1**2, 0.2, 0.2**2, LEVEL)  # a baseline within its interval of 0
     assert e["rel_lo"] == -math.inf and math.isfinite(e["rel_hi"]) and e["rel_hi"] < 0  # the sign is known
+
+
+def _check(change: float, interval: tuple[float, float], allowed: float = 0.05) -> Any:
+    """A straddling PPI check, lower is better (worsening = change)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(kpi="k", verdict="straddle", better="lower", change=change, allowed_change=allowed,
+                           worsening_interval=list(interval))  # fmt: skip
+
+
+def test_more_days_reads_the_side_that_must_clear_the_margin() -> None:
+    from edgetwin.loop.day_verdict import days_needed, more_days
+
+    # point 0.0 below the 5 % margin: the upper end must come down; its reach is 0.10, the gap 0.05
+    assert more_days([_check(0.0, (-0.5, 0.10))], 1) == 3  # (0.10/0.05)^2 - 1; the far lower end does not count
+    assert more_days([_check(0.0, (-0.10, 0.5))], 1) == 99  # (0.5/0.05)^2 - 1
+    # point above the margin: the lower end must come up
+    assert more_days([_check(0.15, (0.0, 2.0))], 1) == 2  # ceil((0.15/0.10)^2 - 1) = ceil(1.25); the far upper end does not count
+    assert "run 2 more day(s)" in days_needed([_check(0.15, (0.0, 2.0))], 1)
+
+
+def test_an_interval_unbounded_towards_its_margin_is_not_futile() -> None:
+    from edgetwin.loop.day_verdict import days_needed, more_days, unbounded_towards_margin
+
+    open_ = _check(0.1, (-math.inf, math.inf))
+    assert more_days([open_], 1) is None and unbounded_towards_margin(open_)
+    assert "its baseline level's interval reaches 0" in days_needed([open_], 1)
+    assert not unbounded_towards_margin(_check(0.0, (-math.inf, 0.2)))  # unbounded away from the margin
+    on_margin = _check(0.05, (-0.1, 0.2))
+    assert more_days([on_margin], 1) is None and not unbounded_towards_margin(on_margin)
+    assert "sits on its margin" in days_needed([on_margin], 1)
+
+
+def test_the_extension_goes_on_for_an_interval_unbounded_towards_its_margin() -> None:
+    """`_not_extended`'s futility: a point on its margin alone stops an extension; an interval over a
+    baseline level that may be 0 beside it does not (more days may bound it)."""
+    from edgetwin.loop.rounds import _not_extended
+
+    on_margin = _check(0.05, (-0.1, 0.2))
+    assert _not_extended("completed", [], [on_margin], 1, 1, 16) is not None  # futile: stop
+    assert _not_extended("completed", [], [on_margin, _check(0.1, (-math.inf, math.inf))], 1, 1, 16) is None

@@ -28,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "STOPPED_BY", "Stop", "days_needed", "guard_kpis", "more_days", "stopped_kpi_verdicts", "stopped_verdict",
+    "unbounded_towards_margin",
 ]
 
 
@@ -196,6 +197,14 @@ def _gap_and_half(c: Any) -> tuple[float, float]:
     return point - allowed, point - lo
 
 
+def unbounded_towards_margin(c: Any) -> bool:
+    """Whether a straddling check's interval is unbounded on the side that must clear its margin (its
+    baseline level's interval reaches 0, `edgetwin.contract.relative_change`): more days may bound
+    it, unlike a point estimate on its margin, so an extension is not futile for it."""
+    gap, half = _gap_and_half(c)
+    return gap > 1e-9 and not math.isfinite(half)
+
+
 def more_days(checks: Sequence[Any], days: int) -> int | None:
     """More canary days the straddling checks need at least (`days_needed`'s N; 0 when none
     straddles), or None when no number of days is expected to decide one: its point estimate sits on
@@ -225,10 +234,10 @@ def days_needed(checks: Sequence[Any], days: int, cap: int = 365) -> str:
     if worst is None:
         c = next(c for c in checks if getattr(c, "verdict", "") == "straddle" and not (
             _gap_and_half(c)[0] > 1e-9 and math.isfinite(_gap_and_half(c)[1])))  # fmt: skip
-        if _gap_and_half(c)[0] > 1e-9:
-            return (f"{c.kpi}'s interval is unbounded towards its margin (its baseline level may be 0, so its "
-                    "relative change has no size at this evidence): more days of this canary are not expected to "
-                    "decide it")  # fmt: skip
+        if unbounded_towards_margin(c):
+            return (f"{c.kpi}'s interval is unbounded towards its margin: its baseline level's interval reaches 0 at "
+                    "this evidence (a relative change over a level that may be 0 has no bound); more days narrow the "
+                    "level's interval, but how many would decide it cannot be read from this one")  # fmt: skip
         return f"{c.kpi}'s estimate sits on its margin: more days of this canary will not decide it"
     if worst > cap:
         return f"more than {cap} more days of this canary would be needed: accept the abstention or widen the slice"

@@ -43,6 +43,7 @@ from edgetwin.loop.day_verdict import (
     more_days,
     stopped_kpi_verdicts,
     stopped_verdict,
+    unbounded_towards_margin,
 )
 from edgetwin.loop.verdict import canary_verdict
 
@@ -295,12 +296,15 @@ def _round_estimates(
 
 def _not_extended(stop_reason: str, over: Any, ests: Sequence[Any], n_days: int, r: int, n_rounds: int) -> str | None:
     """Why an extended canary stops after day ``r`` (a template with ``{reason}``), or None: a
-    candidate that hurts is not extended; futility when no open KPI can decide in the days left."""
+    candidate that hurts is not extended; futility when no open KPI can decide in the days left (an
+    interval unbounded towards its margin, over a baseline level that may be 0, may still: more days
+    narrow that level's interval, so it does not count as futile)."""
     hurt = hurting(stop_reason, over)
     if hurt is not None:
         return f"{{reason}}; not extended past day {r}: {hurt}"
-    more = [more_days([e], n_days) for e in ests if e.verdict == "straddle"]
-    if all(m is None or m > n_rounds - r for m in more):
+    open_ = [e for e in ests if e.verdict == "straddle"]
+    more = [more_days([e], n_days) for e in open_]
+    if not any(unbounded_towards_margin(e) for e in open_) and all(m is None or m > n_rounds - r for m in more):
         return f"stopped at day {r} of {n_rounds}: {{reason}}"
     return None
 
