@@ -454,16 +454,55 @@ def _pairwise_sum(v: np.ndarray, j: int, start: int, n: int) -> float:
 def _segment_means(v: np.ndarray, cols: np.ndarray, starts: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
     """``out (n_groups, len(cols))`` = `segment_means` of ``v[:, cols]`` (rows grouped in runs
     beginning at ``starts``): ``np.add.reduceat``'s sums (a run's first row plus the pairwise sum
-    of the rest) divided by ``max(count, 1)``, to the bit, without the column copy."""
+    of the rest) divided by ``max(count, 1)``, to the bit, without the column copy.
+
+    A run's columns are added together, row by row (issue 47, fifth round): each column's eight
+    partial sums, their tree and the tail take `_pairwise_sum`'s additions in its order, so every
+    column's sum is the one `_pairwise_sum` gives it; only the loop nest differs (rows outer,
+    columns inner: a run's rows are read once, across the row, instead of once per column down it).
+    Runs of more than 129 rows (numpy's halves) go column by column through `_pairwise_sum`."""
     g = starts.shape[0]
-    n = v.shape[0]
+    n_all = v.shape[0]
+    nc = cols.shape[0]
+    r = np.empty((8, nc))
+    x = np.empty(nc)
     for k in range(g):
         a = starts[k]
-        e = starts[k + 1] if k + 1 < g else n
+        e = starts[k + 1] if k + 1 < g else n_all
         c = max(counts[k], 1.0)
-        for m in range(cols.shape[0]):
-            j = cols[m]
-            out[k, m] = (v[a, j] + _pairwise_sum(v, j, a + 1, e - a - 1)) / c
+        s0 = a + 1
+        n = e - a - 1
+        if n > 128:
+            for m in range(nc):
+                j = cols[m]
+                out[k, m] = (v[a, j] + _pairwise_sum(v, j, s0, n)) / c
+            continue
+        if n < 8:  # one by one from -0.0
+            for m in range(nc):
+                x[m] = -0.0
+            for i in range(n):
+                for m in range(nc):
+                    x[m] = x[m] + v[s0 + i, cols[m]]
+        else:  # eight interleaved partial sums, their tree, then the tail one by one
+            for t in range(8):
+                for m in range(nc):
+                    r[t, m] = v[s0 + t, cols[m]]
+            i = 8
+            stop = n - n % 8
+            while i < stop:
+                for t in range(8):
+                    row = s0 + i + t
+                    for m in range(nc):
+                        r[t, m] = r[t, m] + v[row, cols[m]]
+                i += 8
+            for m in range(nc):
+                x[m] = ((r[0, m] + r[1, m]) + (r[2, m] + r[3, m])) + ((r[4, m] + r[5, m]) + (r[6, m] + r[7, m]))
+            while i < n:
+                for m in range(nc):
+                    x[m] = x[m] + v[s0 + i, cols[m]]
+                i += 1
+        for m in range(nc):
+            out[k, m] = (v[a, cols[m]] + x[m]) / c
 
 
 # ------------------------------------------------------------------------------ the tick
