@@ -42,6 +42,16 @@ OLD_RULE_SECTIONS = ("Closed loop at 100, 1,000 and 5,000 groups", "Extended can
                      "The verdict's day-to-day term (its 1,000-group reruns)")  # fmt: skip
 
 
+#: which of the page's runs read the verdict's relative change by interval division (9f6a854 on), and which by the
+#: delta method before it (`edgetwin.contract.relative_change`; `section`'s note)
+INTERVAL_DIVISION_NOTE = (
+    "The verdict's relative change is read by interval division since 9f6a854 (the effect's interval over every "
+    "baseline level the baseline's own interval allows; the delta method before it undercovered large effects over "
+    "noisy baselines: `edgetwin.contract.relative_change`). Rerun on it: \"Coverage of the verdict's interval at the "
+    "loop's arm sizes\" (with the delta method's numbers beside). Every other section of this page, this one included, "
+    "was measured with the delta method and not rerun.")
+
+
 def _stopped(summary: dict[str, Any]) -> bool:
     """A candidate's loop had a canary day a stop cut short (guard, loss budget, …): the only path
     the stopped-day rule changes."""
@@ -280,6 +290,7 @@ def section(res: dict[str, Any]) -> str:
               + "; the section \"Extended canaries with the rest of the fleet as control (day_term)\" is this run's; "
               "\"What narrows the interval at 1,000 groups\" is rejudged by the rule (`--levers-rejudge`) and \"Closed loop: "
               "twin alone vs canary alone vs twin + canary\" (the quick runs) rerun with it."]
+    lines += ["", INTERVAL_DIVISION_NOTE]
     return "\n".join(lines) + "\n"
 
 
