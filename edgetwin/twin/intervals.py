@@ -84,6 +84,8 @@ from typing import Any
 
 import numpy as np
 
+from edgetwin.contract.relative_change import relative_change_interval
+
 __all__ = [
     "DEFAULT_METHOD",
     "LEVEL",
@@ -600,18 +602,23 @@ def _uncertain_denominator(lo: float, hi: float, baseline: float, error: float) 
     """``[lo, hi]``, an interval of a relative change ``(c - b)/|b|`` read with the twin's ``|b|``, when
     the real baseline is ``b + δ`` with ``|δ| <= error`` shared by both policies (it cancels in ``c - b``
     and moves only the denominator): the effect ``[lo, hi] · |b|`` over every denominator in
-    ``[max(|b| - error, 0), |b| + error]``. When that range reaches 0 the side of the interval the
-    effect may take is unbounded (a relative change over a baseline that may be 0): an effect surely
-    positive keeps its lower bound (at the largest denominator), an effect that may be negative has
-    none; an effect of exactly 0 stays 0. ``error = 0`` returns ``[lo, hi]`` unchanged."""
+    ``[max(|b| - error, 0), |b| + error]`` (`edgetwin.contract.relative_change.relative_change_interval`,
+    the one reading of a change over an uncertain baseline, which the canary's verdict shares). When
+    that range reaches 0 the side of the interval the effect may take is unbounded (a relative change
+    over a baseline that may be 0): an effect surely positive keeps its lower bound (at the largest
+    denominator), an effect that may be negative has none; an effect of exactly 0 stays 0.
+    ``error = 0`` returns ``[lo, hi]`` unchanged.
+
+    Two statements are combined: the effect's interval and the baseline's range, each at the
+    calibration's level, both from the same held-out days' scores; nothing says their errors are
+    independent, so the result is sure only at the union bound, ``2·level - 1`` (80 % of two 90 %
+    statements), where ``error > 0`` (the baseline below the KPI's scale). The gate's checks there are
+    labelled at the calibration's level; on the what-if gate benchmark none of them decided (the
+    return and reward: an effect of unknown sign), so the gap is a stated limit, not a measured one."""
     if not error > 0.0:
         return lo, hi
     den = abs(float(baseline))
-    near, far = den - error, den + error
-    d_lo, d_hi = lo * den, hi * den
-    if not near > 0.0:
-        return (d_lo / far if d_lo >= 0 else -math.inf), (d_hi / far if d_hi <= 0 else math.inf)
-    return (d_lo / near if d_lo < 0 else d_lo / far), (d_hi / far if d_hi < 0 else d_hi / near)
+    return relative_change_interval(lo * den, hi * den, baseline, error)
 
 
 def measured_change_interval(
