@@ -207,9 +207,10 @@ def unbounded_towards_margin(c: Any) -> bool:
 
 def more_days(checks: Sequence[Any], days: int) -> int | None:
     """More canary days the straddling checks need at least (`days_needed`'s N; 0 when none
-    straddles), or None when no number of days is expected to decide one: its point estimate sits on
-    its margin, or the side of its interval that must clear the margin is unbounded (a baseline that
-    may be 0, `edgetwin.contract.relative_change`)."""
+    straddles), or None when no count can be given for one: its point estimate sits on its margin (no
+    number of days decides it), or the side of its interval that must clear the margin is unbounded (a
+    baseline level that may be 0, `edgetwin.contract.relative_change`: more days may bound it, but
+    this interval cannot say how many; `unbounded_towards_margin` tells the two apart)."""
     worst = 0
     for c in checks:
         if getattr(c, "verdict", "") != "straddle":
@@ -228,8 +229,8 @@ def days_needed(checks: Sequence[Any], days: int, cap: int = 365) -> str:
     its interval from the point towards the margin; each more canary day (a fresh random slice on
     another day) adds an independent measurement, so the reach shrinks as ``sqrt(days / (days + N))``
     (an approximation: the fleet and interference terms do not shrink, so N is a lower bound). A
-    point estimate on the margin, an interval unbounded towards it, or an N over ``cap``, cannot be
-    decided by more days of this design."""
+    point estimate on the margin, or an N over ``cap``, cannot be decided by more days of this
+    design; for an interval unbounded towards its margin no count can be read (it says so)."""
     worst = more_days(checks, days)
     if worst is None:
         c = next(c for c in checks if getattr(c, "verdict", "") == "straddle" and not (
