@@ -233,8 +233,7 @@ def days_needed(checks: Sequence[Any], days: int, cap: int = 365) -> str:
     design; for an interval unbounded towards its margin no count can be read (it says so)."""
     worst = more_days(checks, days)
     if worst is None:
-        c = next(c for c in checks if getattr(c, "verdict", "") == "straddle" and not (
-            _gap_and_half(c)[0] > 1e-9 and math.isfinite(_gap_and_half(c)[1])))  # fmt: skip
+        c = next(c for c in checks if getattr(c, "verdict", "") == "straddle" and more_days([c], days) is None)
         if unbounded_towards_margin(c):
             return (f"{c.kpi}'s interval is unbounded towards its margin: its baseline level's interval reaches 0 at "
                     "this evidence (a relative change over a level that may be 0 has no bound); more days narrow the "
