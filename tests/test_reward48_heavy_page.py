@@ -104,3 +104,10 @@ def test_the_verdict_uses_the_jackknife(cuped: str) -> None:
     a = cuped_adjusted(yc, xc, yb, xb, per_arm=cuped == "per_arm" and MIN_PER_ARM <= 30)
     assert out["diff_var_own"] == pytest.approx(a.var_c + a.var_b, rel=1e-12)
     assert out["base_var_own"] == pytest.approx(a.var_base, rel=1e-12)
+
+
+def test_canary_md_says_so() -> None:
+    doc = " ".join((ROOT / "docs/canary.md").read_text().split())
+    assert "the arms' variance is the jackknife's, which counts the fitted slope's own error, `edgetwin.loop.cuped_jackknife`" in doc
+    lo, hi = RES["aa_min"]["plug_in"], RES["aa_max"]["plug_in"]
+    assert f"covered {100 * lo:.1f}-{100 * hi:.1f} % of A/A draws at a stated 90 %" in doc
