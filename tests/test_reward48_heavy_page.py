@@ -112,3 +112,19 @@ def test_canary_md_says_so() -> None:
     lo, hi = RES["aa_min"]["plug_in"], RES["aa_max"]["plug_in"]
     assert f"covered {100 * lo:.1f}-{100 * hi:.1f} % of A/A draws at a stated 90 %" in doc
 
+
+
+def test_the_rerun_on_the_jackknife_as_quoted() -> None:
+    doc = json.loads((SCALE / "reward48_rerun_seed2.json").read_text())
+    c = doc["by_fleet_size"]["1000"]["per_candidate"][0]
+    assert doc["fleet_control"] and doc["cuped"] == "per_arm" and c["policy"] == "slo-aware heuristic"
+    last = c["rounds"][-1]
+    w = last["why"]["reward"]
+    assert len(c["rounds"]) == 8 and last["verdict"] == "refuse" and last["checks"]["reward"] == "regress"
+    assert w["interval"][0] == -math.inf
+    quoted = (f"refuse after 8 days, reward {100 * w['change']:.1f} % [−inf, {100 * w['interval'][1]:.1f} %] over a "
+              f"baseline level of {w['terms']['base']:.3f})").replace("-", "−")
+    assert quoted in SEC
+    # the same 8-day look the diagnosis recomputes from the recorded days
+    p8 = RES["pooled"][-1]
+    assert w["change"] == pytest.approx(p8["rel"], rel=1e-6) and w["terms"]["base"] == pytest.approx(p8["base"], rel=1e-6)
