@@ -89,6 +89,7 @@ from scipy import stats
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.margins import KPIMargin
 from edgetwin.contract.relative_change import relative_change_interval
+from edgetwin.loop.cuped_jackknife import cuped_adjusted
 
 LEVEL = 0.90
 #: the fewest groups of each arm for a per-arm CUPED slope (``cuped="per_arm"``); below, the pooled one.
@@ -191,6 +192,9 @@ def ppi_mean_difference(
             randomization makes ``mean x`` the same in expectation on both arms, so the adjustment
             removes the groups' own levels from the rectifier's noise without biasing it (the
             slope's estimation error is O(1/n)); it costs the arms' terms one degree of freedom.
+            The arms' variance terms are then the jackknife's (`edgetwin.loop.cuped_jackknife`):
+            the slope is fitted on the same groups, and the plug-in variance of the adjusted
+            residuals misses its error, badly where a few groups lie far out in ``x``.
         transport_var: variances added to the difference's and the baseline level's, for what
             the canary cannot measure: the twin's uncertainty about the interference it
             transports from the canary's configuration to the full switch (`interference_var`).
@@ -223,8 +227,6 @@ def ppi_mean_difference(
         the rounds of one day and independent across days; ``day``: the day's index, 0 here, the
         loop sets it) and ``diff_var_own`` / ``base_var_own`` (the round's own rectifier).
     """
-    from edgetwin.edge.canary_guard import cuped_slope
-
     if cuped not in ("pooled", "per_arm"):
         raise ValueError(f"unknown CUPED slope {cuped!r}; expected pooled or per_arm")
     arrs = [np.asarray(a, dtype=np.float64) for a in (fleet_cand, fleet_base, y_cand, f_cand, y_ctrl, f_ctrl)]
@@ -239,21 +241,20 @@ def ppi_mean_difference(
     twin_diff = float(np.mean(fc - fb))
     rc, rb = yc - pc, yb - pb
     lost = 0.0  # degrees of freedom the CUPED slope costs the arms' terms
+    adj = None
     if x_cand is not None and x_ctrl is not None:
         xc, xb = np.asarray(x_cand, dtype=np.float64), np.asarray(x_ctrl, dtype=np.float64)
         if len(xc) != len(rc) or len(xb) != len(rb):
             raise ValueError("covariates must pair up with the measurements")
         if np.isfinite(xc).all() and np.isfinite(xb).all():
-            xm = float(np.mean(np.concatenate([xc, xb])))
-            if cuped == "per_arm" and min(len(xc), len(xb)) >= MIN_PER_ARM:
-                b_c, b_b = cuped_slope([xc], [rc]), cuped_slope([xb], [rb])
-                rc, rb = rc - b_c * (xc - xm), rb - b_b * (xb - xm)
-                lost = 1.0
-            else:
-                beta = cuped_slope([xc, xb], [rc, rb])
-                rc, rb = rc - beta * (xc - xm), rb - beta * (xb - xm)
-                lost = 0.5
-    v_fleet, v_c, v_b = _var(fc - fb) / len(fc), _var(rc) / len(rc), _var(rb) / len(rb)
+            per_arm = cuped == "per_arm" and min(len(xc), len(xb)) >= MIN_PER_ARM
+            adj = cuped_adjusted(rc, xc, rb, xb, per_arm)
+            rc, rb, lost = adj.rc, adj.rb, (1.0 if per_arm else 0.5)
+    v_fleet = _var(fc - fb) / len(fc)
+    # the arms' terms: the jackknife's where a fitted slope adjusted them (it counts the slope's own
+    # error, which the plug-in variance of the adjusted residuals misses: `cuped_jackknife`)
+    v_c, v_b, v_base = ((adj.var_c, adj.var_b, adj.var_base) if adj is not None
+                        else (_var(rc) / len(rc), _var(rb) / len(rb), _var(rb) / len(rb)))  # fmt: skip
     diff = twin_diff + float(np.mean(rc) - np.mean(rb))
     diff_shared = v_fleet + float(transport_var[0])
     diff_own = v_c + v_b
@@ -269,10 +270,10 @@ def ppi_mean_difference(
     df = welch_df([(v_fleet, len(fc) - 1), *own_terms, (float(transport_var[0]), transport_df),
                    (float(day_var[0]), day_df)])  # fmt: skip
     out = finish_estimate(diff, diff_shared + diff_own + float(day_var[0]), base,
-                          base_shared + v_b + float(day_var[1]), level, df=df)  # fmt: skip
+                          base_shared + v_base + float(day_var[1]), level, df=df)  # fmt: skip
     out["twin_diff"] = twin_diff
     out["twin_rel"] = twin_diff / abs(base) if base else float("nan")
-    out.update(diff_var_shared=diff_shared, diff_var_own=diff_own, base_var_shared=base_shared, base_var_own=v_b,
+    out.update(diff_var_shared=diff_shared, diff_var_own=diff_own, base_var_shared=base_shared, base_var_own=v_base,
                diff_var_interference=float(transport_var[0]),
                diff_var_day=float(day_var[0]), base_var_day=float(day_var[1]), day_df=float(day_df),
                day_var=float(day_var[0]), paired=float(bool(paired)), day=0.0)
