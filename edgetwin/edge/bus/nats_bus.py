@@ -215,6 +215,7 @@ class _NatsSub(Subscription):
 class _NatsDurableSub(Subscription):
     def __init__(self, bus: NatsBus, subject: str, durable: str, psub: Any, handler: Handler) -> None:
         self.bus, self.subject, self.durable, self.psub, self.handler = bus, subject, durable, psub, handler
+        self._stopping = False
         self.task = asyncio.create_task(self._run(), name=f"natsdurable:{durable}")
 
     async def _run(self) -> None:
@@ -222,10 +223,12 @@ class _NatsDurableSub(Subscription):
         import nats.js.errors
 
         failures = 0
-        while True:
+        while not self._stopping:
             try:
                 msgs = await self.psub.fetch(batch=16, timeout=self.bus.config.fetch_timeout_s)
                 failures = 0
+                if self._stopping:
+                    return  # not acked: JetStream redelivers them to the next consumer after ack_wait
             except (TimeoutError, nats.errors.TimeoutError):
                 continue  # nothing new: long-poll again
             except asyncio.CancelledError:
@@ -271,9 +274,20 @@ class _NatsDurableSub(Subscription):
                     log.info("%s: ack on %s failed: %r", self.bus.name, m.subject, e)
 
     async def unsubscribe(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
+        """Stop the consumer task, then drop the pull subscription.
+
+        A cancellation alone can be lost: nats-py's ``fetch`` waits in ``asyncio.wait_for``, which on
+        Python 3.11 returns the inner result instead of raising when the message and the cancel arrive
+        together (CPython gh-86296), and the loop then long-polls forever (a federation test hung 25 min in
+        its teardown that way). So the loop also reads a stop flag, and the cancel is repeated until the
+        task has ended, never awaited unboundedly.
+        """
+        self._stopping = True
+        while not self.task.done():
+            self.task.cancel()
+            await asyncio.wait({self.task}, timeout=0.5)
+        if not self.task.cancelled() and (exc := self.task.exception()) is not None:
+            log.warning("%s: durable %s consumer ended with %r", self.bus.name, self.durable, exc)
         with contextlib.suppress(Exception):
             await self.psub.unsubscribe()
 
