@@ -101,7 +101,8 @@ def run_demo(
 
         t0 = _clock()
         log("[3] learning the twin: GAN-SMMSG population + MAIL-MMSG responses")
-        twin = _fit_twin(log_path, spec, seed, sizes)
+        # the second ensemble member is fitted on the spare core (same twin: `Twin.fit`'s ``beside``)
+        twin = _fit_twin(log_path, spec, seed, sizes, beside=spare.pool if spare is not None else None)
         twin_dir = twin.save(out / "twin")
         res.artifacts["twin"] = Path(twin_dir)
         _record(res, "twin", t0)
@@ -298,7 +299,7 @@ def quiet_total(spare_core: bool = True) -> int:
     return rest + (max(pair) if spare_core else sum(pair))
 
 
-def _fit_twin(log_path: Path, spec: Any, seed: int, sizes: DemoSizes) -> Any:
+def _fit_twin(log_path: Path, spec: Any, seed: int, sizes: DemoSizes, beside: Any = None) -> Any:
     from edgetwin.twin.twin import Twin
 
     return Twin.fit(
@@ -311,6 +312,7 @@ def _fit_twin(log_path: Path, spec: Any, seed: int, sizes: DemoSizes) -> Any:
                           "calibrate_samples": sizes.population_calibrate_samples},
         rounds=sizes.mail_rounds,
         bc_epochs=sizes.bc_epochs,
+        beside=beside,
     )
 
 
