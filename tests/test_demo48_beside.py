@@ -59,3 +59,31 @@ def test_the_same_twin_with_a_member_on_the_spare_worker(spare: ProcessPoolExecu
     # the comparison can fail: another seed's member 1 differs
     other = Twin.fit(df, spec, seed=4, workers=1, beside=spare, **FIT).save(tmp_path / "other")
     assert twin_content(other)["member_1/client_0.safetensors"] != a["member_1/client_0.safetensors"]
+
+
+def test_beside_a_pool_the_fits_tail_runs_in_this_thread_once_it_is_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper thread's OpenMP does not inherit this thread's limit (the demo's run printed OpenBLAS's
+    "Detect OpenMP Loop" warning thousands of times): beside a pool, the support index is built here."""
+    import threading
+
+    import pandas as pd
+
+    import edgetwin.twin.twin as tw
+
+    where: list[str] = []
+    monkeypatch.setattr(tw, "_support_and_action_bounds", lambda *a: where.append(threading.current_thread().name))
+    monkeypatch.setattr(tw, "episode_hashes", lambda *a: {})
+    monkeypatch.setattr(tw, "episode_hash_columns", lambda *a: [])
+
+    def fake_run_tasks(fn: object, tasks: list, on_result: object, on_idle: object = None, **_: object) -> None:
+        on_result(0, "member 0")  # type: ignore[operator]
+        if on_idle is not None:
+            on_idle()  # type: ignore[operator]
+        on_result(1, "member 1")  # type: ignore[operator]
+
+    monkeypatch.setattr(tw, "run_tasks", fake_run_tasks)
+    data = (pd.DataFrame({"episode": ["a"], "t": [0]}),)
+    fitted: dict[int, object] = {}
+    tw._members_then_tail(fitted, [(0, None, 0), (1, None, 1)], None, (None, None, None, 0), workers=1,  # type: ignore[arg-type]
+                          ray_address=None, progress=False, data=data, options=(), beside=object())  # fmt: skip
+    assert where == [threading.current_thread().name] and len(fitted) == 2

@@ -894,7 +894,8 @@ def _members_then_tail(
 
     The tail needs the log only: on a local pool it runs in a helper thread while the last members
     run (a core idle); fitted serially it runs here after them, as a second thread's BLAS calls
-    beside sklearn's OpenMP distance loops make OpenBLAS warn "Detect OpenMP Loop" once per call."""
+    beside sklearn's OpenMP distance loops make OpenBLAS warn "Detect OpenMP Loop" once per call;
+    beside a running pool (``beside``) it runs here once this process has no member left to start."""
     df, layout, spec, seed = tail_args
 
     Tail = tuple[tuple[SupportIndex, np.ndarray, np.ndarray], dict[str, str]]
@@ -904,9 +905,21 @@ def _members_then_tail(
 
     after = ThreadPoolExecutor(max_workers=1)
     started: list[Future[Tail]] = []
+
+    def idle() -> None:
+        if started:
+            return
+        if fit_kw.get("beside") is None:
+            started.append(after.submit(tail))
+            return
+        # beside a running pool this process's own thread is the idle one: the tail runs in it, not
+        # in a new thread (whose OpenMP would not inherit this thread's limit: OpenBLAS's warning)
+        done: Future[Tail] = Future()
+        done.set_result(tail())
+        started.append(done)
+
     try:
-        _fit_members(fitted, tasks, ckpt, **fit_kw,
-                     on_idle=lambda: None if started else started.append(after.submit(tail)))  # fmt: skip
+        _fit_members(fitted, tasks, ckpt, **fit_kw, on_idle=idle)
         return started[0].result() if started else tail()
     finally:
         after.shutdown(wait=True)
