@@ -55,10 +55,12 @@ def run_demo(
         agents, episodes, steps: size of the generated log (service groups, days, steps per day).
         log: where progress lines go.
         sizes: how much each learned stage trains (`DemoSizes`; default: about a minute on 2 cores).
-        spare_core: write the what-if report in a second process while this one runs the promotion
-            (`_SpareCore`); None: when this process may use two cores or more. The results do not
-            depend on it (the worker reads the saved twin, seeds everything from its arguments and
-            runs torch with this process's thread count).
+        spare_core: use a second process (`_SpareCore`): it fits the twin's second member while
+            this one fits the first, runs the logging policy's what-if cells while this one trains
+            the policy, and writes the what-if report while this one runs the promotion; None: when
+            this process may use two cores or more. The results do not depend on it (the worker
+            reads the saved twin, seeds everything from its arguments and runs torch with this
+            process's thread count).
     """
     sizes = sizes or DemoSizes()
     from edgetwin.contract.logs import write_table
@@ -165,11 +167,14 @@ def run_demo(
 
 
 class _SpareCore:
-    """One worker process for the demo's one piece of independent work, the what-if report.
+    """One worker process for the demo's independent work: a twin member, the what-if report.
 
     After the policy is trained, the what-if report ([6]) and the gate, canary and serving ([7])
     need only the twin, the policy and the recent log, and neither needs the other: on two cores
-    they run side by side. The worker is spawned (not forked: torch's and OpenMP's thread state)
+    they run side by side. Before that the worker would idle, so (issue 48: the demo took 106-111 s
+    on a 2-core machine) it fits the twin's second ensemble member beside the first
+    (`Twin.fit`'s ``beside``) and, while [4] trains the policy, the what-if's cells of the logging
+    policy, which need no trained policy (`_whatif_ahead_task`); the same twin and report. The worker is spawned (not forked: torch's and OpenMP's thread state)
     when the demo starts, and warms up (imports torch, the twin, the what-if engine, matplotlib)
     while this process generates the log and fits the twin on the other core. Its torch thread
     count is this process's, so its report is the one the demo would write in-process."""
