@@ -112,7 +112,9 @@ def run_demo(
         # replayed and calibrated on traffic the twin was not fitted on (the gate refuses its training
         # log): the cluster's next days, still under the logging policy
         recent, _ = generate_logs(config, episodes=2, policy="random", seed=seed + 10_000, progress=False)
-        # the logging policy's what-if cells need no trained policy: on the spare core while [4] runs
+        # the logging policy's cells (the gate's, with the log's own actions, then the what-if's) need
+        # no trained policy: on the spare core while [4] runs
+        gate_ahead = spare.submit(_gate_ahead_task, Path(twin_dir), recent, seed) if spare is not None else None
         ahead = spare.submit(_whatif_ahead_task, Path(twin_dir), recent, seed, sizes.whatif_episodes) if spare is not None else None
 
         t0 = _clock()
@@ -141,8 +143,9 @@ def run_demo(
 
         t0 = _clock()
         log("[7] promotion through the gate to a signed registry, then serving the cluster from an edge runtime")
+        gate_cells = gate_ahead.result()[0] if gate_ahead is not None else ()
         res.numbers.update(_promote_and_serve(twin, recent, Path(trained.path), out, config, seed, log,
-                                              res.numbers.get("cluster_change")))  # fmt: skip
+                                              res.numbers.get("cluster_change"), gate_cells))  # fmt: skip
         for name, sub in (("registry", "registry"), ("promotion_report", "promotion")):
             if (out / sub).exists():  # not when the cluster's own evidence stopped the promotion
                 res.artifacts[name] = out / sub
@@ -154,6 +157,8 @@ def run_demo(
             _, wall0, cpu0 = ahead.result() if ahead is not None else (None, 0.0, 0.0)
             res.artifacts["whatif_report"] = Path(path)
             res.seconds["whatif"], res.cpu_seconds["whatif"] = wall0 + wall, cpu0 + cpu
+            if gate_ahead is not None:  # the gate's cells, run in the worker for [7]
+                res.seconds["gate_ahead"], res.cpu_seconds["gate_ahead"] = gate_ahead.result()[1:]
             res.seconds["whatif_wait"] = _clock()[0] - t0[0]  # how long [7] waited for it after finishing
     finally:
         if spare is not None:
@@ -226,15 +231,41 @@ def _worker_twin(twin_dir: Path) -> Any:
     return _WORKER["twin"]
 
 
+#: recent-log episodes the promotion gate replays (`_promote_and_serve`)
+GATE_EPISODES = 2
+
+
+def _gate_ahead_task(twin_dir: Path, log_df: Any, seed: int) -> tuple[list[Any], float, float]:
+    """In the spare worker, while the policy trains: the gate's cells that need no trained policy
+    (`_promote_and_serve`'s `run_gate`: the logging policy and the log's own actions, ``"logged"``,
+    under the nominal scenario), for the gate's ``ahead``; the logging one is kept for the what-if.
+    Returns (the cells, wall s, CPU s)."""
+    from threadpoolctl import threadpool_limits
+
+    from edgetwin.twin.whatif import builtin_policy
+    from edgetwin.twin.whatif.run import run_policy_cells
+
+    w0, c0 = time.perf_counter(), time.process_time()
+    with threadpool_limits(1):
+        twin = _worker_twin(twin_dir)
+        cells = [run_policy_cells(twin, builtin_policy(name, twin), episodes=GATE_EPISODES, seeds=1, seed=seed,
+                                  log=log_df) for name in ("logging", "logged")]  # fmt: skip
+        _WORKER["gate_logging"] = cells[0]
+    return cells, time.perf_counter() - w0, time.process_time() - c0
+
+
 def _whatif_ahead_task(twin_dir: Path, log_df: Any, seed: int, episodes: int) -> tuple[None, float, float]:
     """In the spare worker, while the policy trains: the logging policy's cells of `_whatif`
-    (`edgetwin.twin.whatif.run_policy_cells`), kept for `_whatif_task`; returns (None, wall s, CPU s)."""
+    (`edgetwin.twin.whatif.run_policy_cells`; the nominal one is the gate's when it replays as many
+    episodes), kept for `_whatif_task`; returns (None, wall s, CPU s)."""
     from threadpoolctl import threadpool_limits
 
     w0, c0 = time.perf_counter(), time.process_time()
     with threadpool_limits(1):
         twin = _worker_twin(twin_dir)
-        _WORKER["ahead"] = _whatif_cells_ahead(twin, log_df, seed, episodes)
+        nominal = _WORKER.get("gate_logging") if episodes == GATE_EPISODES else None
+        cells = _whatif_cells_ahead(twin, log_df, seed, episodes, include_nominal=nominal is None)
+        _WORKER["ahead"] = cells if nominal is None else nominal.merged(cells)
     return None, time.perf_counter() - w0, time.process_time() - c0
 
 
@@ -437,14 +468,14 @@ def _whatif_scenarios() -> Any:
     return load_scenarios(Path(str(files("edgetwin") / "data" / "whatif" / WHATIF_SCENARIOS)))
 
 
-def _whatif_cells_ahead(twin: Any, log_df: Any, seed: int, episodes: int) -> Any:
+def _whatif_cells_ahead(twin: Any, log_df: Any, seed: int, episodes: int, include_nominal: bool = True) -> Any:
     """The logging policy's cells of `_whatif` (same scenarios, episodes, seed and log), run before
     the trained policy exists: `edgetwin.twin.whatif.run.run_policy_cells`."""
     from edgetwin.twin.whatif import builtin_policy
     from edgetwin.twin.whatif.run import run_policy_cells
 
     return run_policy_cells(twin, builtin_policy("logging", twin), _whatif_scenarios(), episodes=episodes, seeds=1,
-                            seed=seed, log=log_df)  # fmt: skip
+                            seed=seed, log=log_df, include_nominal=include_nominal)  # fmt: skip
 
 
 def _whatif(
@@ -487,7 +518,7 @@ def cluster_objection(change: dict[str, dict[str, Any]]) -> tuple[str, str] | No
 
 def _promote_and_serve(
     twin: Any, log_df: Any, policy_dir: Path, out: Path, config: Any, seed: int, log: Callable[[str], None],
-    cluster_evidence: dict[str, dict[str, Any]] | None = None,
+    cluster_evidence: dict[str, dict[str, Any]] | None = None, gate_cells: Any = (),
 ) -> dict[str, Any]:
     """Gate + signed promotion into a file registry, then an in-process edge runtime serves the cluster.
 
@@ -513,7 +544,8 @@ def _promote_and_serve(
         # the twin's gate and, where it abstains, the canary still run and are recorded: they are
         # what an operator without the emulator would have; nothing is published
         decision = run_gate(twin, resolve_policy(policy_dir, twin, name="trained"),
-                            resolve_policy("logging", twin, name="logging"), log=log_df, episodes=2, seed=seed)  # fmt: skip
+                            resolve_policy("logging", twin, name="logging"), log=log_df, episodes=GATE_EPISODES,
+                            seed=seed, ahead=gate_cells)  # fmt: skip
         numbers["twin_gate"] = {"verdict": decision.verdict, "reason": decision.reason()}
         log(f"    the twin's gate says {decision.verdict}: {decision.reason()}")
         if decision.verdict == "abstain":
@@ -529,7 +561,7 @@ def _promote_and_serve(
     try:
         result = promote(
             policy_dir, registry, twin=twin, log=log_df, signer=signer, trust=trust, scope="global",
-            against="auto", episodes=2, seed=seed, out_dir=out / "promotion",
+            against="auto", episodes=GATE_EPISODES, seed=seed, out_dir=out / "promotion",
             metadata=metadata_from_policy_dir(policy_dir),
         )
         numbers["promoted_version"] = result.version

@@ -310,19 +310,28 @@ def _plan(
     # replicate worlds: (seed index, episode) in generated mode, (seed index, recorded episode) in replay
     reps = _replicates(seed, seeds, episodes, recorded)
     opts = {"steps": steps, "n_agents": n_agents, "stochastic": stochastic, "exogenous": tuple(exogenous)}
+    # what a cell's episodes depend on besides its policy and scenario
     key = (twin.meta.get("data_sha256"), tuple(members), tuple((int(w), None if ep is None else ep.name) for w, ep in reps),
-           tuple(k.name for k in kpis), tuple(s.name for s in scen_list), tuple(sorted(opts.items())))  # fmt: skip
+           tuple(k.name for k in kpis), tuple(sorted(opts.items())))  # fmt: skip
     return _Plan(kpis, members, scen_list, recorded, reps, run_steps, n_agents, outputs, opts, key)
 
 
 @dataclass(frozen=True)
 class PolicyCells:
-    """One policy's what-if cells run ahead of the rest (`run_policy_cells`): per scenario, its
-    episodes' `EpisodeOutcome` s in (member, replicate) order; ``key``: what they were run with."""
+    """One policy's what-if cells run ahead of the rest (`run_policy_cells`): by scenario name, its
+    episodes' `EpisodeOutcome` s in (member, replicate) order; ``key``: what they were run with
+    (the twin's data, members, replicate worlds, KPIs, options: a what-if that uses them must have
+    the same)."""
 
     policy: str
     key: tuple[Any, ...]
-    outcomes: list[list[EpisodeOutcome]]
+    outcomes: dict[str, list[EpisodeOutcome]]
+
+    def merged(self, other: PolicyCells) -> PolicyCells:
+        """These cells and ``other``'s (the same policy and key; other scenarios)."""
+        if other.policy != self.policy or other.key != self.key:
+            raise ValueError("only cells of one policy run with the same arguments merge")
+        return PolicyCells(self.policy, self.key, {**self.outcomes, **other.outcomes})
 
 
 def run_policy_cells(
@@ -340,9 +349,9 @@ def run_policy_cells(
     plan = _plan(twin, scenarios, kpis=kpis, episodes=episodes, seeds=seeds, seed=seed, members=members, steps=steps,
                  n_agents=n_agents, stochastic=stochastic, log=log, exogenous=exogenous,
                  include_nominal=include_nominal, oos_tolerance=0.05)  # fmt: skip
-    jobs = [[(policy, scen) for scen in plan.scenarios]]
-    (outcomes,) = [_cells_task(twin, plan.kpis, plan.members, plan.reps, plan.opts, job) for job in jobs]
-    return PolicyCells(policy.name, plan.key, outcomes)
+    job = [(policy, scen) for scen in plan.scenarios]
+    outcomes = _cells_task(twin, plan.kpis, plan.members, plan.reps, plan.opts, job)
+    return PolicyCells(policy.name, plan.key, {scen.name: out for scen, out in zip(plan.scenarios, outcomes, strict=True)})
 
 
 def run_whatif(
@@ -398,8 +407,9 @@ def run_whatif(
         workers, ray_address: run the cells on a local process pool or a Ray cluster
             (`edgetwin.twin.parallel.run_tasks`; default: serially); the result does not depend on it.
         ahead: cells of some of ``policies`` run before (`run_policy_cells`, with this call's
-            arguments: checked), used instead of running them again; the same result. The demo
-            runs the logging policy's cells on its spare core while the candidate is trained.
+            arguments: checked), used instead of running them again (those of its scenarios it
+            has); the same result. The demo runs the logging policy's cells on its spare core while
+            the candidate is trained.
 
     Raises:
         InputError: bad scenarios (naming file, entry and key), unknown KPI columns, bad options.
@@ -415,7 +425,7 @@ def run_whatif(
     for a in ahead:
         if a.policy not in names or a.key != plan.key:
             raise InputError(f"the cells run ahead for {a.policy!r} are not this what-if's (its policies, seed, "
-                             "episodes, members, scenarios, KPIs and options must be the same)", "ahead")  # fmt: skip
+                             "episodes, members, KPIs and options must be the same)", "ahead")  # fmt: skip
     total = len(policies) * len(scen_list) * len(members) * len(reps)
     bar = tqdm(total=total, desc="what-if episodes", disable=not progress)
     # the (policy, scenario) cells as tasks (serially, on a process pool or on Ray: same numbers).
@@ -424,14 +434,16 @@ def run_whatif(
     jobs: list[list[tuple[PolicySpec, Scenario]]] = []
     for pol in policies:
         cells_of = [(pol, scen) for scen in scen_list]
-        jobs += [cells_of] if pol.shared or pol.name in done else [[c] for c in cells_of]
-    todo = [i for i, job in enumerate(jobs) if job[0][0].name not in done]
+        jobs += [cells_of] if pol.shared else [[c] for c in cells_of]
+    # a job whose every cell ran ahead is not run again (a shared policy's cells only all together)
+    todo = [i for i, job in enumerate(jobs) if not all(sc.name in done.get(p.name, {}) for p, sc in job)]
+    outcomes: list[Any] = [[done[p.name][sc.name] for p, sc in job] if i not in todo else None
+                           for i, job in enumerate(jobs)]  # fmt: skip
     bar.update(sum(len(jobs[i]) for i in range(len(jobs)) if i not in todo) * len(members) * len(reps))
     ran = run_tasks(
         _cells_task, [(jobs[i],) for i in todo], workers=workers, ray_address=ray_address,
         shared=(twin, list(kpis), members, reps, plan.opts), on_result=lambda i, r: bar.update(sum(map(len, r))),
     )  # fmt: skip
-    outcomes: list[Any] = [done.get(job[0][0].name) for job in jobs]
     for i, r in zip(todo, ran, strict=True):
         outcomes[i] = r
     cells, effects = _cells_and_effects(jobs, outcomes, (len(members), len(reps)), reps, kpis, plan.outputs,
