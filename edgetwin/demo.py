@@ -55,10 +55,12 @@ def run_demo(
         agents, episodes, steps: size of the generated log (service groups, days, steps per day).
         log: where progress lines go.
         sizes: how much each learned stage trains (`DemoSizes`; default: about a minute on 2 cores).
-        spare_core: write the what-if report in a second process while this one runs the promotion
-            (`_SpareCore`); None: when this process may use two cores or more. The results do not
-            depend on it (the worker reads the saved twin, seeds everything from its arguments and
-            runs torch with this process's thread count).
+        spare_core: use a second process (`_SpareCore`): it fits the twin's second member while
+            this one fits the first, runs the logging policy's what-if cells while this one trains
+            the policy, and writes the what-if report while this one runs the promotion; None: when
+            this process may use two cores or more. The results do not depend on it (the worker
+            reads the saved twin, seeds everything from its arguments and runs torch with this
+            process's thread count).
     """
     sizes = sizes or DemoSizes()
     from edgetwin.contract.logs import write_table
@@ -101,10 +103,19 @@ def run_demo(
 
         t0 = _clock()
         log("[3] learning the twin: GAN-SMMSG population + MAIL-MMSG responses")
-        twin = _fit_twin(log_path, spec, seed, sizes)
+        # the second ensemble member is fitted on the spare core (same twin: `Twin.fit`'s ``beside``)
+        twin = _fit_twin(log_path, spec, seed, sizes, beside=spare.pool if spare is not None else None)
         twin_dir = twin.save(out / "twin")
         res.artifacts["twin"] = Path(twin_dir)
         _record(res, "twin", t0)
+
+        # replayed and calibrated on traffic the twin was not fitted on (the gate refuses its training
+        # log): the cluster's next days, still under the logging policy
+        recent, _ = generate_logs(config, episodes=2, policy="random", seed=seed + 10_000, progress=False)
+        # the logging policy's cells (the gate's, with the log's own actions, then the what-if's) need
+        # no trained policy: on the spare core while [4] runs
+        gate_ahead = spare.submit(_gate_ahead_task, Path(twin_dir), recent, seed) if spare is not None else None
+        ahead = spare.submit(_whatif_ahead_task, Path(twin_dir), recent, seed, sizes.whatif_episodes) if spare is not None else None
 
         t0 = _clock()
         log(f"[4] training a PPO policy in the twin ({sizes.train_steps:,} steps, action-norm lambda 0.4)")
@@ -115,9 +126,6 @@ def run_demo(
         res.artifacts["policy"] = Path(trained.path)
         _record(res, "train", t0)
 
-        # replayed and calibrated on traffic the twin was not fitted on (the gate refuses its training
-        # log): the cluster's next days, still under the logging policy
-        recent, _ = generate_logs(config, episodes=2, policy="random", seed=seed + 10_000, progress=False)
         whatif_args = (Path(twin_dir), recent, Path(trained.path), out / "whatif", seed, sizes.whatif_episodes)
         pending = spare.submit(_whatif_task, *whatif_args) if spare is not None else None
 
@@ -135,8 +143,9 @@ def run_demo(
 
         t0 = _clock()
         log("[7] promotion through the gate to a signed registry, then serving the cluster from an edge runtime")
+        gate_cells = gate_ahead.result()[0] if gate_ahead is not None else ()
         res.numbers.update(_promote_and_serve(twin, recent, Path(trained.path), out, config, seed, log,
-                                              res.numbers.get("cluster_change")))  # fmt: skip
+                                              res.numbers.get("cluster_change"), gate_cells))  # fmt: skip
         for name, sub in (("registry", "registry"), ("promotion_report", "promotion")):
             if (out / sub).exists():  # not when the cluster's own evidence stopped the promotion
                 res.artifacts[name] = out / sub
@@ -145,8 +154,11 @@ def run_demo(
         if pending is not None:
             t0 = _clock()
             path, wall, cpu = pending.result()
+            _, wall0, cpu0 = ahead.result() if ahead is not None else (None, 0.0, 0.0)
             res.artifacts["whatif_report"] = Path(path)
-            res.seconds["whatif"], res.cpu_seconds["whatif"] = wall, cpu
+            res.seconds["whatif"], res.cpu_seconds["whatif"] = wall0 + wall, cpu0 + cpu
+            if gate_ahead is not None:  # the gate's cells, run in the worker for [7]
+                res.seconds["gate_ahead"], res.cpu_seconds["gate_ahead"] = gate_ahead.result()[1:]
             res.seconds["whatif_wait"] = _clock()[0] - t0[0]  # how long [7] waited for it after finishing
     finally:
         if spare is not None:
@@ -160,11 +172,14 @@ def run_demo(
 
 
 class _SpareCore:
-    """One worker process for the demo's one piece of independent work, the what-if report.
+    """One worker process for the demo's independent work: a twin member, the what-if report.
 
     After the policy is trained, the what-if report ([6]) and the gate, canary and serving ([7])
     need only the twin, the policy and the recent log, and neither needs the other: on two cores
-    they run side by side. The worker is spawned (not forked: torch's and OpenMP's thread state)
+    they run side by side. Before that the worker would idle, so (issue 48: the demo took 106-111 s
+    on a 2-core machine) it fits the twin's second ensemble member beside the first
+    (`Twin.fit`'s ``beside``) and, while [4] trains the policy, the what-if's cells of the logging
+    policy, which need no trained policy (`_whatif_ahead_task`); the same twin and report. The worker is spawned (not forked: torch's and OpenMP's thread state)
     when the demo starts, and warms up (imports torch, the twin, the what-if engine, matplotlib)
     while this process generates the log and fits the twin on the other core. Its torch thread
     count is this process's, so its report is the one the demo would write in-process."""
@@ -202,18 +217,70 @@ def _warm_up() -> float:
     return time.process_time()
 
 
-def _whatif_task(
-    twin_dir: Path, log_df: Any, policy_dir: Path, out_dir: Path, seed: int, episodes: int
-) -> tuple[str, float, float]:
-    """In the spare worker: `_whatif` on the saved twin; returns (report path, wall s, CPU s)."""
+#: in the spare worker: the saved twin it loaded and the logging policy's what-if cells it ran ahead
+#: (`_whatif_ahead_task`), by the twin's directory; its tasks run one after another, in order
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_twin(twin_dir: Path) -> Any:
+    from edgetwin.twin.twin import Twin
+
+    if _WORKER.get("twin_dir") != str(twin_dir):
+        _WORKER.clear()
+        _WORKER.update(twin_dir=str(twin_dir), twin=Twin.load(twin_dir))
+    return _WORKER["twin"]
+
+
+#: recent-log episodes the promotion gate replays (`_promote_and_serve`)
+GATE_EPISODES = 2
+
+
+def _gate_ahead_task(twin_dir: Path, log_df: Any, seed: int) -> tuple[list[Any], float, float]:
+    """In the spare worker, while the policy trains: the gate's cells that need no trained policy
+    (`_promote_and_serve`'s `run_gate`: the logging policy and the log's own actions, ``"logged"``,
+    under the nominal scenario), for the gate's ``ahead``; the logging one is kept for the what-if.
+    Returns (the cells, wall s, CPU s)."""
     from threadpoolctl import threadpool_limits
 
-    from edgetwin.twin.twin import Twin
+    from edgetwin.twin.whatif import builtin_policy
+    from edgetwin.twin.whatif.run import run_policy_cells
 
     w0, c0 = time.perf_counter(), time.process_time()
     with threadpool_limits(1):
-        twin = Twin.load(twin_dir)
-        path = _whatif(twin, log_df, policy_dir, out_dir, seed, episodes, progress=False)
+        twin = _worker_twin(twin_dir)
+        cells = [run_policy_cells(twin, builtin_policy(name, twin), episodes=GATE_EPISODES, seeds=1, seed=seed,
+                                  log=log_df) for name in ("logging", "logged")]  # fmt: skip
+        _WORKER["gate_logging"] = cells[0]
+    return cells, time.perf_counter() - w0, time.process_time() - c0
+
+
+def _whatif_ahead_task(twin_dir: Path, log_df: Any, seed: int, episodes: int) -> tuple[None, float, float]:
+    """In the spare worker, while the policy trains: the logging policy's cells of `_whatif`
+    (`edgetwin.twin.whatif.run_policy_cells`; the nominal one is the gate's when it replays as many
+    episodes), kept for `_whatif_task`; returns (None, wall s, CPU s)."""
+    from threadpoolctl import threadpool_limits
+
+    w0, c0 = time.perf_counter(), time.process_time()
+    with threadpool_limits(1):
+        twin = _worker_twin(twin_dir)
+        nominal = _WORKER.get("gate_logging") if episodes == GATE_EPISODES else None
+        cells = _whatif_cells_ahead(twin, log_df, seed, episodes, include_nominal=nominal is None)
+        _WORKER["ahead"] = cells if nominal is None else nominal.merged(cells)
+    return None, time.perf_counter() - w0, time.process_time() - c0
+
+
+def _whatif_task(
+    twin_dir: Path, log_df: Any, policy_dir: Path, out_dir: Path, seed: int, episodes: int
+) -> tuple[str, float, float]:
+    """In the spare worker: `_whatif` on the saved twin (with the cells `_whatif_ahead_task` ran, if
+    it did); returns (report path, wall s, CPU s)."""
+    from threadpoolctl import threadpool_limits
+
+    w0, c0 = time.perf_counter(), time.process_time()
+    with threadpool_limits(1):
+        twin = _worker_twin(twin_dir)
+        ahead = [_WORKER["ahead"]] if "ahead" in _WORKER else []
+        path = _whatif(twin, log_df, policy_dir, out_dir, seed, episodes, progress=False, ahead=ahead)
     return str(path), time.perf_counter() - w0, time.process_time() - c0
 
 
@@ -298,7 +365,7 @@ def quiet_total(spare_core: bool = True) -> int:
     return rest + (max(pair) if spare_core else sum(pair))
 
 
-def _fit_twin(log_path: Path, spec: Any, seed: int, sizes: DemoSizes) -> Any:
+def _fit_twin(log_path: Path, spec: Any, seed: int, sizes: DemoSizes, beside: Any = None) -> Any:
     from edgetwin.twin.twin import Twin
 
     return Twin.fit(
@@ -311,6 +378,7 @@ def _fit_twin(log_path: Path, spec: Any, seed: int, sizes: DemoSizes) -> Any:
                           "calibrate_samples": sizes.population_calibrate_samples},
         rounds=sizes.mail_rounds,
         bc_epochs=sizes.bc_epochs,
+        beside=beside,
     )
 
 
@@ -392,21 +460,37 @@ def _cluster_kpis() -> Any:
     return cluster_kpi_columns()
 
 
-def _whatif(
-    twin: Any, log_df: Any, policy_dir: Path, out_dir: Path, seed: int, episodes: int, progress: bool = True
-) -> Path:
-    """Counterfactual replay of the log's last episodes under the shipped what-if scenarios."""
+def _whatif_scenarios() -> Any:
     from importlib.resources import files
 
+    from edgetwin.twin.whatif import load_scenarios
+
+    return load_scenarios(Path(str(files("edgetwin") / "data" / "whatif" / WHATIF_SCENARIOS)))
+
+
+def _whatif_cells_ahead(twin: Any, log_df: Any, seed: int, episodes: int, include_nominal: bool = True) -> Any:
+    """The logging policy's cells of `_whatif` (same scenarios, episodes, seed and log), run before
+    the trained policy exists: `edgetwin.twin.whatif.run.run_policy_cells`."""
+    from edgetwin.twin.whatif import builtin_policy
+    from edgetwin.twin.whatif.run import run_policy_cells
+
+    return run_policy_cells(twin, builtin_policy("logging", twin), _whatif_scenarios(), episodes=episodes, seeds=1,
+                            seed=seed, log=log_df, include_nominal=include_nominal)  # fmt: skip
+
+
+def _whatif(
+    twin: Any, log_df: Any, policy_dir: Path, out_dir: Path, seed: int, episodes: int, progress: bool = True,
+    ahead: Any = (),
+) -> Path:
+    """Counterfactual replay of the log's last episodes under the shipped what-if scenarios
+    (``ahead``: `_whatif_cells_ahead`'s cells, not run again: the same report)."""
     from edgetwin.policies.export import load_policy
     from edgetwin.twin.report import write_report
-    from edgetwin.twin.whatif import builtin_policy, fixed_policy, load_scenarios, run_whatif
+    from edgetwin.twin.whatif import builtin_policy, fixed_policy, run_whatif
 
-    scen_path = Path(str(files("edgetwin") / "data" / "whatif" / WHATIF_SCENARIOS))
-    scenarios = load_scenarios(scen_path)
     policies = [builtin_policy("logging", twin), fixed_policy("trained", load_policy(policy_dir))]
-    result = run_whatif(twin, policies, scenarios, baseline="logging", episodes=episodes, seeds=1, seed=seed,
-                        log=log_df, progress=progress)
+    result = run_whatif(twin, policies, _whatif_scenarios(), baseline="logging", episodes=episodes, seeds=1, seed=seed,
+                        log=log_df, progress=progress, ahead=ahead)
     paths = write_report(result, out_dir, title="edgetwin demo: trained policy vs the logging policy")
     return Path(paths["html"])
 
@@ -434,7 +518,7 @@ def cluster_objection(change: dict[str, dict[str, Any]]) -> tuple[str, str] | No
 
 def _promote_and_serve(
     twin: Any, log_df: Any, policy_dir: Path, out: Path, config: Any, seed: int, log: Callable[[str], None],
-    cluster_evidence: dict[str, dict[str, Any]] | None = None,
+    cluster_evidence: dict[str, dict[str, Any]] | None = None, gate_cells: Any = (),
 ) -> dict[str, Any]:
     """Gate + signed promotion into a file registry, then an in-process edge runtime serves the cluster.
 
@@ -460,7 +544,8 @@ def _promote_and_serve(
         # the twin's gate and, where it abstains, the canary still run and are recorded: they are
         # what an operator without the emulator would have; nothing is published
         decision = run_gate(twin, resolve_policy(policy_dir, twin, name="trained"),
-                            resolve_policy("logging", twin, name="logging"), log=log_df, episodes=2, seed=seed)  # fmt: skip
+                            resolve_policy("logging", twin, name="logging"), log=log_df, episodes=GATE_EPISODES,
+                            seed=seed, ahead=gate_cells)  # fmt: skip
         numbers["twin_gate"] = {"verdict": decision.verdict, "reason": decision.reason()}
         log(f"    the twin's gate says {decision.verdict}: {decision.reason()}")
         if decision.verdict == "abstain":
@@ -476,7 +561,7 @@ def _promote_and_serve(
     try:
         result = promote(
             policy_dir, registry, twin=twin, log=log_df, signer=signer, trust=trust, scope="global",
-            against="auto", episodes=2, seed=seed, out_dir=out / "promotion",
+            against="auto", episodes=GATE_EPISODES, seed=seed, out_dir=out / "promotion",
             metadata=metadata_from_policy_dir(policy_dir),
         )
         numbers["promoted_version"] = result.version

@@ -190,6 +190,7 @@ def run_gate(
     progress: bool = False,
     level: float | None = None,
     method: str | None = None,
+    ahead: Sequence[Any] = (),
 ) -> GateDecision:
     """Replay ``candidate`` and ``baseline`` in the twin (recent ``log``, nominal + ``scenarios``)
     and check the guarded KPIs; see the module docstring and `decide`. ``episodes`` recorded
@@ -202,7 +203,11 @@ def run_gate(
 
     ``method``: the intervals' construction (`edgetwin.twin.intervals.METHODS`; default
     ``"replayed"``, the effect-size term calibrated on the replayed days; ``"hybrid"`` is the
-    construction before it, narrower, whose normalised term can collapse or explode on a small twin)."""
+    construction before it, narrower, whose normalised term can collapse or explode on a small twin).
+
+    ``ahead``: cells of the baseline (or of the replayed log's own actions, ``"logged"``) run before
+    with these arguments (`edgetwin.twin.whatif.run.run_policy_cells`), not run again: the same
+    decision (the demo runs them on its spare core while the candidate trains)."""
     from edgetwin.twin.intervals import METHODS
 
     if method is not None and method not in METHODS:
@@ -242,6 +247,7 @@ def run_gate(
         oos_tolerance=oos_tolerance,
         progress=progress,
         calibration=calibration,
+        ahead=ahead,
     )
     if method is not None and result.calibration is not None and result.calibration.method != method:
         import copy

@@ -32,7 +32,7 @@ import os
 import socket
 import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -113,6 +113,8 @@ def run_tasks(
     shared: tuple[Any, ...] = (),
     on_result: Callable[[int, Any], None] | None = None,
     torch_threads: int | None = None,
+    beside: Executor | None = None,
+    on_idle: Callable[[], None] | None = None,
 ) -> list[Any]:
     """``[fn(*shared, *task) for task in tasks]``, serially, on a process pool or on Ray.
 
@@ -136,6 +138,13 @@ def run_tasks(
             (e.g. to checkpoint it), in completion order.
         torch_threads: torch threads in each worker (default: this process's count, so that a
             task gives the same result as in this process).
+        beside: a process pool already running (e.g. one warm worker on a spare core, started with
+            `_init_worker` at this process's torch thread count): the tasks are shared between this
+            process and it (`_run_beside`) instead of ``workers``; the same results, in task order.
+            Why: a fresh pool's workers each import torch and the fitting code first (seconds each),
+            and this process would only wait for them.
+        on_idle: with ``beside``, called once when this process has no task left to start and waits
+            for the pool's (so that the caller may use its core meanwhile).
 
     Returns:
         the results in the order of ``tasks``.
@@ -151,6 +160,8 @@ def run_tasks(
         torch_threads = torch.get_num_threads()
     if ray_address is not None:
         return _run_ray(fn, tasks, ray_address, progress, desc, shared, on_result, torch_threads)
+    if beside is not None and len(tasks) > 1:
+        return _run_beside(fn, tasks, beside, progress, desc, shared, on_result, on_idle)
     n = resolve_workers(workers, len(tasks))
     results: list[Any] = [None] * len(tasks)
     bar = tqdm(total=len(tasks), desc=desc, disable=not progress)
@@ -180,6 +191,64 @@ def run_tasks(
                 if on_result is not None:
                     on_result(i, results[i])
                 bar.update(1)
+    finally:
+        os.unlink(shared_path)
+    bar.close()
+    return results
+
+
+def _run_beside(
+    fn: Callable[..., Any],
+    tasks: Sequence[tuple[Any, ...]],
+    pool: Executor,
+    progress: bool,
+    desc: str,
+    shared: tuple[Any, ...],
+    on_result: Callable[[int, Any], None] | None,
+    on_idle: Callable[[], None] | None = None,
+) -> list[Any]:
+    """`run_tasks` on this process and ``pool`` together: this process takes tasks from the front,
+    the pool one at a time from the back, until they meet (two members: one each).
+
+    Each task's result depends on its arguments only, so who ran it does not change it; the pool's
+    worker must run torch at this process's thread count (`_init_worker`), as a pool's do.
+    ``on_result`` is called in this process, for the pool's tasks when this process looks (between
+    its own tasks, then while it waits)."""
+    import cloudpickle
+
+    results: list[Any] = [None] * len(tasks)
+    bar = tqdm(total=len(tasks), desc=desc, disable=not progress)
+
+    def record(i: int, value: Any) -> None:
+        results[i] = value
+        if on_result is not None:
+            on_result(i, value)
+        bar.update(1)
+
+    fd, shared_path = tempfile.mkstemp(prefix="edgetwin-shared-", suffix=".pkl")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            cloudpickle.dump(tuple(shared), fh)
+        lo, hi = 0, len(tasks) - 1
+
+        def submit(i: int) -> Future[Any]:
+            return pool.submit(_cloud_call, shared_path, cloudpickle.dumps((fn, tuple(tasks[i]))))
+
+        running: tuple[int, Future[Any]] | None = (hi, submit(hi))
+        while lo < hi or running is not None:
+            if running is not None and (running[1].done() or lo >= hi):
+                if lo >= hi and on_idle is not None:
+                    on_idle()
+                    on_idle = None
+                record(running[0], running[1].result())
+                running = None
+                if lo < hi - 1:
+                    hi -= 1
+                    running = (hi, submit(hi))
+                continue
+            if lo < hi:
+                record(lo, fn(*shared, *tasks[lo]))
+                lo += 1
     finally:
         os.unlink(shared_path)
     bar.close()

@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +238,7 @@ class Twin:
         site_model: bool | Sequence[str] = False,
         workers: int | None = 1,
         ray_address: str | None = None,
+        beside: Executor | None = None,
         **hyper: Any,
     ) -> Twin:
         """Learn a twin from a log.
@@ -289,6 +290,9 @@ class Twin:
                 (`edgetwin.twin.parallel`).
             ray_address: fit the members as tasks on this Ray cluster instead (``"local"`` starts
                 one here; needs ``pip install -e ".[ray]"``); the same twin again.
+            beside: a process pool already running (the demo's warm worker on its second core): the
+                members are fitted by this process and it together, instead of ``workers``
+                (`edgetwin.twin.parallel.run_tasks`); the same twin again.
             **hyper: `edgetwin.imitation.mail.MailConfig` fields (``rounds``, ``bc_epochs``, ...).
                 Behaviour cloning runs ``bc_epochs`` passes, at most ``bc_max_steps`` gradient
                 steps per model (default 5,000: it binds past ~64k rows of a scenario, so a
@@ -337,6 +341,7 @@ class Twin:
         fitted, tasks = _plan_members(members, seed, len(episodes), ckpt, len(layout.scenarios))
         (support, a_low, a_high), hashes = _members_then_tail(
             fitted, tasks, ckpt, (df, layout, spec, seed), workers=workers, ray_address=ray_address, progress=progress,
+            beside=beside,
             data=(df, episodes, layout, response_model, cfg, sampler, initial, composition),
             options=(transition_model, site_model, invariances),
         )  # fmt: skip
@@ -800,15 +805,18 @@ def _fit_members(
     data: tuple[Any, ...],
     options: tuple[Any, ...],
     on_idle: Callable[[], None] | None = None,
+    beside: Executor | None = None,
 ) -> None:
-    """Fit the planned members (serially, on a process pool or on Ray), adding each to
+    """Fit the planned members (serially, on a process pool, on Ray, or shared between this process
+    and an already running pool, ``beside``: `edgetwin.twin.parallel.run_tasks`), adding each to
     ``fitted`` and saving it to the checkpoint as it finishes.
 
     `_fit_member_task` receives ``(*data, inner progress, *options)``: the inner progress bars
     are shown only when fitting serially, as several processes' bars would interleave.
     ``on_idle``: called (in this process, maybe more than once) when a local pool's worker has no
     member left to start, so that the caller can use that core while the last members run (five
-    members on two workers leave one core idle for the last member's whole fit).
+    members on two workers leave one core idle for the last member's whole fit); with ``beside``,
+    once, when this process has no member left to start.
     """
 
     done = [0]
@@ -818,7 +826,7 @@ def _fit_members(
         fitted[m] = member
         done[0] += 1
         # a pool worker has nothing left to start: the caller may use the core (``on_idle``)
-        if on_idle is not None and parallel and ray_address is None and len(tasks) - done[0] < n_workers:
+        if on_idle is not None and together is None and parallel and ray_address is None and len(tasks) - done[0] < n_workers:
             on_idle()
         mdir = ckpt / f"member_{m}" if ckpt is not None else None
         if mdir is not None:
@@ -826,8 +834,11 @@ def _fit_members(
                 shutil.rmtree(mdir)
             member.save(mdir)
 
+    together = beside if ray_address is None and len(tasks) > 1 else None
+    if together is not None:
+        workers = 1  # this process and ``beside``'s worker, no pool of its own
     n_workers = 1 if ray_address is None and len(tasks) <= 1 else resolve_workers(workers, len(tasks))
-    parallel = ray_address is not None or n_workers > 1
+    parallel = ray_address is not None or n_workers > 1 or together is not None
     mapped = None
     if ray_address is None and n_workers > 1:  # the pool's workers map the log (`MappedLog`)
         fd, path = tempfile.mkstemp(prefix="edgetwin-log-", suffix=".arrow")
@@ -844,6 +855,8 @@ def _fit_members(
             desc="twin members",
             shared=(*data, progress and not parallel, *options),
             on_result=finished,
+            beside=together,
+            on_idle=on_idle if together is not None else None,
         )
     finally:
         if mapped is not None:
@@ -881,7 +894,8 @@ def _members_then_tail(
 
     The tail needs the log only: on a local pool it runs in a helper thread while the last members
     run (a core idle); fitted serially it runs here after them, as a second thread's BLAS calls
-    beside sklearn's OpenMP distance loops make OpenBLAS warn "Detect OpenMP Loop" once per call."""
+    beside sklearn's OpenMP distance loops make OpenBLAS warn "Detect OpenMP Loop" once per call;
+    beside a running pool (``beside``) it runs here once this process has no member left to start."""
     df, layout, spec, seed = tail_args
 
     Tail = tuple[tuple[SupportIndex, np.ndarray, np.ndarray], dict[str, str]]
@@ -891,9 +905,21 @@ def _members_then_tail(
 
     after = ThreadPoolExecutor(max_workers=1)
     started: list[Future[Tail]] = []
+
+    def idle() -> None:
+        if started:
+            return
+        if fit_kw.get("beside") is None:
+            started.append(after.submit(tail))
+            return
+        # beside a running pool this process's own thread is the idle one: the tail runs in it, not
+        # in a new thread (whose OpenMP would not inherit this thread's limit: OpenBLAS's warning)
+        done: Future[Tail] = Future()
+        done.set_result(tail())
+        started.append(done)
+
     try:
-        _fit_members(fitted, tasks, ckpt, **fit_kw,
-                     on_idle=lambda: None if started else started.append(after.submit(tail)))  # fmt: skip
+        _fit_members(fitted, tasks, ckpt, **fit_kw, on_idle=idle)
         return started[0].result() if started else tail()
     finally:
         after.shutdown(wait=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ from edgetwin.twin.whatif.replay import (
 from edgetwin.twin.whatif.results import Cell, WhatIfResult
 from edgetwin.twin.whatif.scenarios import NOMINAL, Scenario
 
-__all__ = ["episode_seeds", "run_whatif"]
+__all__ = ["PolicyCells", "episode_seeds", "run_policy_cells", "run_whatif"]
 
 
 def episode_seeds(seed: int, n: int) -> list[int]:
@@ -229,66 +230,35 @@ def _self_calibration(
     )  # fmt: skip
 
 
-def run_whatif(
-    twin: Any,
-    policies: Sequence[PolicySpec],
-    scenarios: Iterable[Scenario] = (),
-    *,
-    baseline: str | None = None,
-    kpis: Sequence[KpiDef] | None = None,
-    episodes: int = 2,
-    seeds: int = 1,
-    seed: int = 0,
-    members: Sequence[int] | None = None,
-    steps: int | None = None,
-    n_agents: int | None = None,
-    stochastic: bool = True,
-    log: pd.DataFrame | None = None,
-    exogenous: Sequence[str] = (),
-    include_nominal: bool = True,
-    oos_tolerance: float = 0.05,
-    progress: bool = True,
-    calibration: Any = None,
-    workers: int | None = 1,
-    ray_address: str | None = None,
-) -> WhatIfResult:
-    """Run ``policies`` through ``twin`` under every scenario, over seeds, episodes and members.
+@dataclass(frozen=True)
+class _Plan:
+    """What every cell of a what-if runs with (`_plan`), and ``key``: the same for the same arguments."""
 
-    Args:
-        twin: a `Twin`.
-        policies: the policies (`builtin_policy`, `fixed_policy`, or
-            `edgetwin.policies.gate.resolve_policy`); names must be unique.
-        scenarios: the what-ifs; the unperturbed ``"nominal"`` scenario is added first.
-        baseline: name of the policy the others are compared with (default: the first of two).
-        kpis: the KPIs (default: `default_kpis`).
-        episodes: generated mode: episodes per seed; replay mode: the number of recorded
-            episodes replayed (the last ones of the log).
-        seeds: independent seeds (``seed``, and ``seeds - 1`` derived ones) of the worlds and noise.
-        seed: the base seed; the same seed gives the same result.
-        members: ensemble members that answer (default: all); every replicate runs with each.
-        steps: ticks per episode (default: the twin's horizon, or the recorded episode's length).
-        n_agents: agents per generated world (default: as many as a logged episode had on average).
-        stochastic: sample the twin's responses (else their means).
-        log: replay its episodes (counterfactual replay) instead of generating worlds.
-        exogenous: replay mode: state columns taken from the log at every tick.
-        include_nominal: run the unperturbed scenario too.
-        oos_tolerance: flag a number when more than this share of its agent-steps is out of support.
-        progress: tqdm bar.
-        calibration: an `edgetwin.twin.intervals.Calibration` that widens every 90 % interval.
-            Default: in replay mode, when the log's own actions are among the policies (built-in
-            ``"logged"``), calibrated on them (the recorded episodes are held out from the twin's
-            fit unless the log is its training log); else plain bootstrap intervals.
-        workers, ray_address: run the cells on a local process pool or a Ray cluster
-            (`edgetwin.twin.parallel.run_tasks`; default: serially); the result does not depend on it.
+    kpis: list[KpiDef]
+    members: list[int]
+    scenarios: list[Scenario]
+    recorded: list[LoggedEpisode] | None
+    reps: list[tuple[int, LoggedEpisode | None]]
+    run_steps: int
+    n_agents: int | None
+    outputs: list[str]
+    opts: dict[str, Any]
+    key: tuple[Any, ...]
+
+
+def _plan(
+    twin: Any, scenarios: Iterable[Scenario], *, kpis: Sequence[KpiDef] | None, episodes: int, seeds: int, seed: int,
+    members: Sequence[int] | None, steps: int | None, n_agents: int | None, stochastic: bool, log: pd.DataFrame | None,
+    exogenous: Sequence[str], include_nominal: bool, oos_tolerance: float,
+) -> _Plan:
+    """`run_whatif`'s checks and its cells' arguments (KPIs, members, scenarios, replicate worlds).
 
     Raises:
-        InputError: bad scenarios (naming file, entry and key), unknown KPI columns, bad options.
+        InputError: as `run_whatif`.
     """
     lay = twin.layout
     spec = twin.spec
     _check_counts(episodes, seeds, steps, oos_tolerance)
-    names = [p.name for p in policies]
-    baseline, candidate = _baseline_and_candidate(names, baseline)
     members = list(range(twin.n_members)) if members is None else [int(m) for m in members]
     bad = [m for m in members if not 0 <= m < twin.n_members]
     if bad or not members:
@@ -339,6 +309,123 @@ def run_whatif(
 
     # replicate worlds: (seed index, episode) in generated mode, (seed index, recorded episode) in replay
     reps = _replicates(seed, seeds, episodes, recorded)
+    opts = {"steps": steps, "n_agents": n_agents, "stochastic": stochastic, "exogenous": tuple(exogenous)}
+    # what a cell's episodes depend on besides its policy and scenario
+    key = (twin.meta.get("data_sha256"), tuple(members), tuple((int(w), None if ep is None else ep.name) for w, ep in reps),
+           tuple(k.name for k in kpis), tuple(sorted(opts.items())))  # fmt: skip
+    return _Plan(kpis, members, scen_list, recorded, reps, run_steps, n_agents, outputs, opts, key)
+
+
+@dataclass(frozen=True)
+class PolicyCells:
+    """One policy's what-if cells run ahead of the rest (`run_policy_cells`): by scenario name, its
+    episodes' `EpisodeOutcome` s in (member, replicate) order; ``key``: what they were run with
+    (the twin's data, members, replicate worlds, KPIs, options: a what-if that uses them must have
+    the same)."""
+
+    policy: str
+    key: tuple[Any, ...]
+    outcomes: dict[str, list[EpisodeOutcome]]
+
+    def merged(self, other: PolicyCells) -> PolicyCells:
+        """These cells and ``other``'s (the same policy and key; other scenarios)."""
+        if other.policy != self.policy or other.key != self.key:
+            raise ValueError("only cells of one policy run with the same arguments merge")
+        return PolicyCells(self.policy, self.key, {**self.outcomes, **other.outcomes})
+
+
+def run_policy_cells(
+    twin: Any, policy: PolicySpec, scenarios: Iterable[Scenario] = (), *, kpis: Sequence[KpiDef] | None = None,
+    episodes: int = 2, seeds: int = 1, seed: int = 0, members: Sequence[int] | None = None, steps: int | None = None,
+    n_agents: int | None = None, stochastic: bool = True, log: pd.DataFrame | None = None,
+    exogenous: Sequence[str] = (), include_nominal: bool = True,
+) -> PolicyCells:
+    """``policy``'s cells of the `run_whatif` call with these arguments, for its ``ahead``: a policy
+    whose cells need nothing else (the logging policy) runs before the others exist.
+
+    A cell's episodes depend on the twin, the policy and the plan only (seeded worlds, fresh policy
+    objects per episode unless ``shared``), not on the other policies, so `run_whatif` with ``ahead``
+    gives the numbers it gives without it."""
+    plan = _plan(twin, scenarios, kpis=kpis, episodes=episodes, seeds=seeds, seed=seed, members=members, steps=steps,
+                 n_agents=n_agents, stochastic=stochastic, log=log, exogenous=exogenous,
+                 include_nominal=include_nominal, oos_tolerance=0.05)  # fmt: skip
+    job = [(policy, scen) for scen in plan.scenarios]
+    outcomes = _cells_task(twin, plan.kpis, plan.members, plan.reps, plan.opts, job)
+    return PolicyCells(policy.name, plan.key, {scen.name: out for scen, out in zip(plan.scenarios, outcomes, strict=True)})
+
+
+def run_whatif(
+    twin: Any,
+    policies: Sequence[PolicySpec],
+    scenarios: Iterable[Scenario] = (),
+    *,
+    baseline: str | None = None,
+    kpis: Sequence[KpiDef] | None = None,
+    episodes: int = 2,
+    seeds: int = 1,
+    seed: int = 0,
+    members: Sequence[int] | None = None,
+    steps: int | None = None,
+    n_agents: int | None = None,
+    stochastic: bool = True,
+    log: pd.DataFrame | None = None,
+    exogenous: Sequence[str] = (),
+    include_nominal: bool = True,
+    oos_tolerance: float = 0.05,
+    progress: bool = True,
+    calibration: Any = None,
+    workers: int | None = 1,
+    ray_address: str | None = None,
+    ahead: Sequence[PolicyCells] = (),
+) -> WhatIfResult:
+    """Run ``policies`` through ``twin`` under every scenario, over seeds, episodes and members.
+
+    Args:
+        twin: a `Twin`.
+        policies: the policies (`builtin_policy`, `fixed_policy`, or
+            `edgetwin.policies.gate.resolve_policy`); names must be unique.
+        scenarios: the what-ifs; the unperturbed ``"nominal"`` scenario is added first.
+        baseline: name of the policy the others are compared with (default: the first of two).
+        kpis: the KPIs (default: `default_kpis`).
+        episodes: generated mode: episodes per seed; replay mode: the number of recorded
+            episodes replayed (the last ones of the log).
+        seeds: independent seeds (``seed``, and ``seeds - 1`` derived ones) of the worlds and noise.
+        seed: the base seed; the same seed gives the same result.
+        members: ensemble members that answer (default: all); every replicate runs with each.
+        steps: ticks per episode (default: the twin's horizon, or the recorded episode's length).
+        n_agents: agents per generated world (default: as many as a logged episode had on average).
+        stochastic: sample the twin's responses (else their means).
+        log: replay its episodes (counterfactual replay) instead of generating worlds.
+        exogenous: replay mode: state columns taken from the log at every tick.
+        include_nominal: run the unperturbed scenario too.
+        oos_tolerance: flag a number when more than this share of its agent-steps is out of support.
+        progress: tqdm bar.
+        calibration: an `edgetwin.twin.intervals.Calibration` that widens every 90 % interval.
+            Default: in replay mode, when the log's own actions are among the policies (built-in
+            ``"logged"``), calibrated on them (the recorded episodes are held out from the twin's
+            fit unless the log is its training log); else plain bootstrap intervals.
+        workers, ray_address: run the cells on a local process pool or a Ray cluster
+            (`edgetwin.twin.parallel.run_tasks`; default: serially); the result does not depend on it.
+        ahead: cells of some of ``policies`` run before (`run_policy_cells`, with this call's
+            arguments: checked), used instead of running them again (those of its scenarios it
+            has); the same result. The demo runs the logging policy's cells on its spare core while
+            the candidate is trained.
+
+    Raises:
+        InputError: bad scenarios (naming file, entry and key), unknown KPI columns, bad options.
+    """
+    names = [p.name for p in policies]
+    baseline, candidate = _baseline_and_candidate(names, baseline)
+    plan = _plan(twin, scenarios, kpis=kpis, episodes=episodes, seeds=seeds, seed=seed, members=members, steps=steps,
+                 n_agents=n_agents, stochastic=stochastic, log=log, exogenous=exogenous,
+                 include_nominal=include_nominal, oos_tolerance=oos_tolerance)  # fmt: skip
+    lay, spec, kpis, members, scen_list, recorded, reps = (
+        twin.layout, twin.spec, plan.kpis, plan.members, plan.scenarios, plan.recorded, plan.reps)  # fmt: skip
+    done = {a.policy: a.outcomes for a in ahead}
+    for a in ahead:
+        if a.policy not in names or a.key != plan.key:
+            raise InputError(f"the cells run ahead for {a.policy!r} are not this what-if's (its policies, seed, "
+                             "episodes, members, KPIs and options must be the same)", "ahead")  # fmt: skip
     total = len(policies) * len(scen_list) * len(members) * len(reps)
     bar = tqdm(total=total, desc="what-if episodes", disable=not progress)
     # the (policy, scenario) cells as tasks (serially, on a process pool or on Ray: same numbers).
@@ -348,19 +435,25 @@ def run_whatif(
     for pol in policies:
         cells_of = [(pol, scen) for scen in scen_list]
         jobs += [cells_of] if pol.shared else [[c] for c in cells_of]
-    opts = {"steps": steps, "n_agents": n_agents, "stochastic": stochastic, "exogenous": tuple(exogenous)}
-    outcomes = run_tasks(
-        _cells_task, [(job,) for job in jobs], workers=workers, ray_address=ray_address,
-        shared=(twin, list(kpis), members, reps, opts), on_result=lambda i, r: bar.update(sum(map(len, r))),
+    # a job whose every cell ran ahead is not run again (a shared policy's cells only all together)
+    todo = [i for i, job in enumerate(jobs) if not all(sc.name in done.get(p.name, {}) for p, sc in job)]
+    outcomes: list[Any] = [[done[p.name][sc.name] for p, sc in job] if i not in todo else None
+                           for i, job in enumerate(jobs)]  # fmt: skip
+    bar.update(sum(len(jobs[i]) for i in range(len(jobs)) if i not in todo) * len(members) * len(reps))
+    ran = run_tasks(
+        _cells_task, [(jobs[i],) for i in todo], workers=workers, ray_address=ray_address,
+        shared=(twin, list(kpis), members, reps, plan.opts), on_result=lambda i, r: bar.update(sum(map(len, r))),
     )  # fmt: skip
-    cells, effects = _cells_and_effects(jobs, outcomes, (len(members), len(reps)), reps, kpis, outputs, run_steps,
-                                        lay.action, recorded is not None, seed)  # fmt: skip
+    for i, r in zip(todo, ran, strict=True):
+        outcomes[i] = r
+    cells, effects = _cells_and_effects(jobs, outcomes, (len(members), len(reps)), reps, kpis, plan.outputs,
+                                        plan.run_steps, lay.action, recorded is not None, seed)  # fmt: skip
     bar.close()
     logged_kpis = logged_episode_kpis(recorded, kpis, spec) if recorded is not None else {}
     logged_oos = None if recorded is None else logged_support_share(twin, recorded, seed=seed)
     order = names if baseline is None else [baseline, *[n for n in names if n != baseline]]
-    settings = _settings(twin, seed, seeds, episodes, reps, members, run_steps, n_agents, stochastic, exogenous,
-                         recorded, logged_oos)  # fmt: skip
+    settings = _settings(twin, seed, seeds, episodes, reps, members, plan.run_steps, plan.n_agents, stochastic,
+                         exogenous, recorded, logged_oos)  # fmt: skip
     if calibration is None and recorded is not None:
         calibration = _self_calibration(policies, scen_list, cells, kpis, logged_kpis, len(recorded), len(members))
         if calibration is not None and effects is not None:
