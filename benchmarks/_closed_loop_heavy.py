@@ -18,7 +18,9 @@ A/A re-randomization per day (49 of the day's 951 control groups drawn as the ca
 group on the current policy, so the truth is 0) of the per-arm CUPED interval with the jackknife
 variance (`edgetwin.loop.cuped_jackknife`) and with the plug-in variance of the adjusted residuals
 it replaced. Written to ``docs/benchmarks/closed_loop/scale/reward48_seed2.json``; the closed-loop
-page's section "CUPED's slope and heavy tails" quotes it (tests/test_reward48_heavy_page.py).
+page's section "CUPED's slope and heavy tails" quotes it (tests/test_reward48_heavy_page.py,
+tests/test_pool48_design_weights.py: the design-weighted pooling, ``pooled_design`` and ``pooled_aa``'s
+``design``).
 
     python benchmarks/_closed_loop_heavy.py            # diagnose (the default)
 """

@@ -579,8 +579,10 @@ def combine_estimates(
     twin-alone difference (``twin_diff``) is pooled with the same weights, so the rectifier
     (``diff − twin_diff``) stays the pooled rounds' own. ``weighting="inverse_variance"``: the
     pooling before issue 48 (weights ``1/v̂_i`` from the rounds' estimated variances, random-effects'
-    ``1/(v̂_i + tau²)`` once the rounds' day term is the larger), kept only so that benchmarks
-    measure the two side by side (benchmarks/_closed_loop_heavy.py); the loop never passes it."""
+    ``1/(v̂_i + tau²)`` once the rounds' day term is the larger; `between_day_variance` averages a
+    day's rounds by planned exposure either way, which differs from before only with several rounds
+    on a day), kept only so that benchmarks measure the two side by side
+    (benchmarks/_closed_loop_heavy.py); the loop never passes it."""
     if weighting not in ("design", "inverse_variance"):
         raise ValueError(f"unknown pooling weights {weighting!r}; expected design or inverse_variance")
     diff, dv, base, bv, df = _pool(rounds, "", weighting)
