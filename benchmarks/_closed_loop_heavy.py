@@ -12,12 +12,15 @@ whole cluster's reward on each canary day's seed under each policy (the day's tr
 after 8 days, the same estimates).
 
 `diagnose` reads those files only (seconds of CPU): each day's estimate with the code in place
-against that day's truth, the looks' pooled intervals (`combine_estimates` at `look_level`), and an
+against that day's truth, the looks' pooled intervals (`combine_estimates` at `look_level`, with the
+inverse-variance weights the stored run used and with the design weights the loop now uses), and an
 A/A re-randomization per day (49 of the day's 951 control groups drawn as the candidate arm, every
 group on the current policy, so the truth is 0) of the per-arm CUPED interval with the jackknife
 variance (`edgetwin.loop.cuped_jackknife`) and with the plug-in variance of the adjusted residuals
 it replaced. Written to ``docs/benchmarks/closed_loop/scale/reward48_seed2.json``; the closed-loop
-page's section "CUPED's slope and heavy tails" quotes it (tests/test_reward48_heavy_page.py).
+page's section "CUPED's slope and heavy tails" quotes it (tests/test_reward48_heavy_page.py,
+tests/test_pool48_design_weights.py: the design-weighted pooling, ``pooled_design`` and ``pooled_aa``'s
+``design``).
 
     python benchmarks/_closed_loop_heavy.py            # diagnose (the default)
 """
@@ -94,12 +97,17 @@ def aa_coverage(d: dict[str, Any], rng: np.random.Generator, draws: int = AA_DRA
 
 def pooled_aa(days: list[dict[str, Any]], rng: np.random.Generator, reps: int = POOL_REPS) -> dict[str, Any]:
     """The 8 days re-randomized together (each day 49 of its control groups drawn as the candidate arm,
-    the truth 0): coverage of the pooled 90 % interval of the difference by `combine_estimates`
-    (inverse-variance weights, the loop's) and by equal day weights (each day's variance fixed by its
-    design, not by its draw), with the mean and sd of ``diff / se`` for each."""
+    the truth 0): coverage of the pooled 90 % interval of the difference by `combine_estimates` with
+    inverse-variance weights (``weighting="inverse_variance"``, the loop's before issue 48), by
+    `combine_estimates` as the loop now pools (``design``: weights fixed by the design, every day
+    alike, with the rounds' between-day term), and by equal day weights computed here (each day's
+    variance fixed by its design, not by its draw, no between-day term), with the mean and sd of
+    ``diff / se`` for each and the design pooling's median interval width (beside the
+    inverse-variance one's)."""
     from edgetwin.loop.ppi import combine_estimates, ppi_mean_difference, t_quantile, welch_df
 
-    z_iv, z_eq, cov_iv, cov_eq = [], [], 0, 0
+    z_iv, z_eq, z_de, cov_iv, cov_eq, cov_de = [], [], [], 0, 0, 0
+    w_iv, w_de = [], []
     zero = np.zeros(10)
     for _ in range(reps):
         ests = []
@@ -110,16 +118,23 @@ def pooled_aa(days: list[dict[str, Any]], rng: np.random.Generator, reps: int = 
             e = ppi_mean_difference(zero, zero, y[ic], p[ic], y[ib], p[ib], 0.90, x_cand=x[ic], x_ctrl=x[ib], cuped="per_arm")
             e["day"] = float(d["day"])
             ests.append(e)
-        c = combine_estimates(ests, 0.90)
+        c = combine_estimates(ests, 0.90, weighting="inverse_variance")
         z_iv.append(c["diff"] / c["diff_se"])
         cov_iv += abs(z_iv[-1]) <= t_quantile(0.90, c["df"])
+        w_iv.append(2 * t_quantile(0.90, c["df"]) * c["diff_se"])
+        de = combine_estimates(ests, 0.90)
+        z_de.append(de["diff"] / de["diff_se"])
+        cov_de += abs(z_de[-1]) <= t_quantile(0.90, de["df"])
+        w_de.append(2 * t_quantile(0.90, de["df"]) * de["diff_se"])
         k = len(ests)
         m, v = float(np.mean([e["diff"] for e in ests])), float(np.sum([e["diff_se"] ** 2 for e in ests])) / k**2
         z_eq.append(m / math.sqrt(v))
         cov_eq += abs(z_eq[-1]) <= t_quantile(0.90, welch_df([(e["diff_se"] ** 2 / k**2, e["df"]) for e in ests]))
     return {"reps": reps, "days": len(days), "inverse_variance": cov_iv / reps, "equal_weights": cov_eq / reps,
             "mean_z_inverse_variance": float(np.mean(z_iv)), "mean_z_equal_weights": float(np.mean(z_eq)),
-            "sd_z_inverse_variance": float(np.std(z_iv)), "sd_z_equal_weights": float(np.std(z_eq))}  # fmt: skip
+            "sd_z_inverse_variance": float(np.std(z_iv)), "sd_z_equal_weights": float(np.std(z_eq)),
+            "design": cov_de / reps, "mean_z_design": float(np.mean(z_de)), "sd_z_design": float(np.std(z_de)),
+            "median_width_design": float(np.median(w_de)), "median_width_inverse_variance": float(np.median(w_iv))}  # fmt: skip
 
 
 def diagnose() -> dict[str, Any]:
@@ -143,11 +158,11 @@ def diagnose() -> dict[str, Any]:
                                                    float(np.corrcoef(d["yb"], d["xb"])[0, 1])],
                         "aa": aa_coverage(d, rng), "transport_check": d.get("transport_check")})  # fmt: skip
     looks = len(look_days(16))
-    pooled = []
-    for k in (1, 2, 4, 8):
-        c = combine_estimates(ests[:k], look_level(LEVEL, looks))
+    pooled: dict[str, list[dict[str, Any]]] = {"inverse_variance": [], "design": []}
+    for k, weighting in ((k, w) for w in pooled for k in (1, 2, 4, 8)):
+        c = combine_estimates(ests[:k], look_level(LEVEL, looks), weighting=weighting)
         q = t_quantile(c["level"], c["df"])
-        pooled.append({"days": k, "diff": c["diff"], "diff_se": c["diff_se"], "df": c["df"], "level": c["level"],
+        pooled[weighting].append({"days": k, "diff": c["diff"], "diff_se": c["diff_se"], "df": c["df"], "level": c["level"],
                        "diff_interval": [c["diff"] - q * c["diff_se"], c["diff"] + q * c["diff_se"]],
                        "rel": c["rel"], "rel_interval": [c["rel_lo"], c["rel_hi"]],
                        "local_rel_interval": [c[f"{LOCAL}rel_lo"], c[f"{LOCAL}rel_hi"]], "base": c["base"],
@@ -156,7 +171,10 @@ def diagnose() -> dict[str, Any]:
     zs = np.array([p["z"] for p in per_day])
     w = np.array([1.0 / p["diff_se"] ** 2 for p in per_day])
     return {"command": "python benchmarks/_closed_loop_heavy.py", "candidate": "slo-aware heuristic", "seed": 2,
-            "fleet": 1000, "n_candidate": N_CAND, "per_day": per_day, "pooled": pooled,
+            "fleet": 1000, "n_candidate": N_CAND, "per_day": per_day,
+            # "pooled": the looks as the stored loop rerun computed them (inverse-variance weights, before
+            # issue 48); "pooled_design": the same looks as the loop now pools them
+            "pooled": pooled["inverse_variance"], "pooled_design": pooled["design"],
             "z_sum_over_sqrt_days": float(zs.sum() / math.sqrt(len(zs))),
             "days_below_truth": int(np.sum(zs < 0)), "days": len(zs),
             "unweighted_mean_diff": float(np.mean([p["diff"] for p in per_day])),
@@ -182,9 +200,12 @@ if __name__ == "__main__":
     for p in res["per_day"]:
         print(f"day {p['day']}: diff {p['diff']:+.3f} (se {p['diff_se']:.3f}) truth {p['truth_diff']:+.3f} z {p['z']:+.2f}; "
               f"A/A 90 %: jackknife {p['aa']['jackknife']:.3f}, plug-in {p['aa']['plug_in']:.3f}")
-    for p in res["pooled"]:
-        lo, hi = p["diff_interval"]
-        print(f"look {p['days']} days: diff {p['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] at {p['level']:.0%}; these days' truth "
-              f"{p['truth_diff_of_these_days']:+.3f}")
+    for key in ("pooled", "pooled_design"):
+        for p in res[key]:
+            lo, hi = p["diff_interval"]
+            print(f"{key} look {p['days']} days: diff {p['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] at {p['level']:.0%}; "
+                  f"rel {100 * p['rel']:+.1f} % [{100 * p['rel_interval'][0]:+.1f}, {100 * p['rel_interval'][1]:+.1f}] "
+                  f"(no-interference [{100 * p['local_rel_interval'][0]:+.1f}, {100 * p['local_rel_interval'][1]:+.1f}]); "
+                  f"these days' truth {p['truth_diff_of_these_days']:+.3f}")
     print("pooled A/A over the days:", res["pooled_aa"])
     print(f"wrote {OUT}")

@@ -82,19 +82,25 @@ def _round(day: int, diff: float, own: float, shared: float = 0.0, dayv: float =
 
 
 def test_rounds_on_several_days_pool_as_random_effects() -> None:
-    """One round a day, no shared terms, the twin's day term below the rounds' own: the pooled
-    estimate and its standard error are statsmodels' random-effects (Paule-Mandel) ones."""
+    """One round a day, no shared terms, the twin's day term below the rounds' own: the between-day
+    variance is statsmodels' random-effects (Paule-Mandel) ``tau²``, and the pooled estimate is the
+    days' plain mean (design weights, issue 48) with variance ``Σ (v_i + tau²) / k²``; the pooling
+    before (``weighting="inverse_variance"``) is statsmodels' random-effects estimate and error."""
     sm = pytest.importorskip("statsmodels.stats.meta_analysis")
     from edgetwin.loop.ppi import combine_estimates
 
     y = [0.02, -0.04, 0.09, 0.01, 0.12, -0.03]
     v = [4e-4, 9e-4, 5e-4, 6e-4, 1e-3, 3e-4]
     res = sm.combine_effects(np.array(y), np.array(v), method_re="pm")
-    got = combine_estimates([_round(d, a, b, dayv=1e-6) for d, (a, b) in enumerate(zip(y, v, strict=True))])
-    assert got["diff"] == pytest.approx(res.mean_effect_re, rel=1e-6)
-    assert got["diff_se"] == pytest.approx(res.sd_eff_w_re, rel=1e-6)
+    rounds = [_round(d, a, b, dayv=1e-6) for d, (a, b) in enumerate(zip(y, v, strict=True))]
+    got = combine_estimates(rounds)
     assert got["day_var_rounds"] == pytest.approx(res.tau2, rel=1e-6)
+    assert got["diff"] == pytest.approx(float(np.mean(y)), rel=1e-12)
+    assert got["diff_se"] == pytest.approx(float(np.sqrt(np.sum(np.array(v) + res.tau2))) / len(y), rel=1e-6)
     assert 5.0 <= got["df"] < 1e6  # the day term's k - 1 enters the t reference
+    iv = combine_estimates(rounds, weighting="inverse_variance")
+    assert iv["diff"] == pytest.approx(res.mean_effect_re, rel=1e-6)
+    assert iv["diff_se"] == pytest.approx(res.sd_eff_w_re, rel=1e-6)
     # with the twin's day term the larger, it is kept (and the estimate is not random-effects')
     big = combine_estimates([_round(d, a, b, dayv=0.01) for d, (a, b) in enumerate(zip(y, v, strict=True))])
     assert big["diff_se"] > got["diff_se"] and big["day_var_twin"] == pytest.approx(0.01)

@@ -56,9 +56,11 @@ interference variance, on a **t reference with Welch-Satterthwaite degrees of fr
 four terms (`welch_df`; the interference's with members − 1): with the demo's 4 candidate and 6
 control groups the normal reference covered about 84 % instead of 90 %. The relative
 change ``θ̂ / |μ̂_b|`` and its interval come from interval division (`finish_estimate`): the effect's
-interval over every baseline level its own interval allows, not the delta method. Rounds are pooled with the
-terms they share (the fleet's and the interference's) added as perfectly correlated, not as
-independent (`combine_estimates`), and each look of the loop spends its share of alpha
+interval over every baseline level its own interval allows, not the delta method. Rounds are pooled with
+weights fixed by the design (every day alike, a day's rounds by planned exposure: `design_weights`,
+never by their estimated variances, which on a skewed KPI favour the draws that missed its tail),
+with the terms they share (the fleet's and the interference's) added as perfectly correlated, not
+as independent (`combine_estimates`), and each look of the loop spends its share of alpha
 (`look_level`), so that stopping at whichever round decides keeps the level. When the twin is good,
 ``y − f`` varies less than ``y``, so the interval is narrower than the canary's own two-sample
 interval; when it is biased (by the same amount on the slice as on the fleet), the interval is
@@ -99,6 +101,9 @@ LEVEL = 0.90
 MIN_PER_ARM = 20
 #: key prefix of the no-interference estimate kept beside a transporting one (module docstring)
 LOCAL = "local:"
+#: key of a round's planned exposure (the candidate arm's agent-steps, fixed before it ran): its
+#: weight among the rounds of its day (`design_weights`)
+EXPOSURE = "exposure"
 _LOCAL_KEYS = ("diff", "diff_se", "base", "base_se", "rel", "rel_lo", "rel_hi", "df",
                "diff_var_shared", "diff_var_own", "base_var_shared", "base_var_own", "diff_var_day", "base_var_day",
                "day_df", "day")
@@ -357,14 +362,40 @@ def look_days(max_days: int) -> tuple[int, ...]:
     return (*out, n)
 
 
-def _pool_terms(rounds: Sequence[Mapping[str, float]], key: str, prefix: str = "") -> tuple[
+def design_weights(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> np.ndarray:
+    """``(k,)`` the rounds' pooling weights (summing to 1), fixed by the design, never by the outcomes:
+    each of the ``D`` distinct days (``day``) weighs ``1/D``, split among that day's rounds in
+    proportion to their planned exposure (`EXPOSURE`: the candidate arm's agent-steps,
+    `edgetwin.loop.plan.CanaryPlan.agent_steps`, fixed before the round ran; a round without one
+    counts 1, so equal rounds weigh equally).
+
+    Why not inverse-variance weights (the pooling before issue 48): a round's variance is estimated
+    from the same groups as its estimate, and on a skewed KPI the two move together: a draw that
+    misses the far-out groups gives an estimate that is low *and* a variance that is small, so
+    weights ``1/v̂`` favour the low draws and the pooled interval is biased towards them (seed 2's
+    ``reward`` at 49 candidate groups: re-randomized over its 8 real days, 84.3 % coverage of a
+    stated 90 %, mean z −0.90; equal day weights 92.7 %, benchmarks/_closed_loop_heavy.py). Weights
+    that do not depend on the outcomes keep the pooled estimate unbiased whatever the skew. And the
+    verdict's estimand is the change averaged over the days the decision lives with, every day
+    alike (DESIGN.md, "What a verdict is about"): equal day weights aim at it, outcome-dependent
+    ones at an average weighted towards the days that happened to measure precisely."""
+    days = [float(r.get(f"{prefix}day", 0.0)) for r in rounds]
+    expo = [max(float(r.get(EXPOSURE, 1.0)), 1e-300) for r in rounds]
+    per_day: dict[float, float] = {}
+    for d, e in zip(days, expo, strict=True):
+        per_day[d] = per_day.get(d, 0.0) + e
+    return np.array([e / per_day[d] / len(per_day) for d, e in zip(days, expo, strict=True)])
+
+
+def _pool_terms(rounds: Sequence[Mapping[str, float]], key: str, prefix: str = "", weighting: str = "design") -> tuple[
         float, float, list[float], float, float]:
-    """One quantity's (``key``: ``diff`` or ``base``) inverse-variance pooled value over the rounds and
-    its variance, with the terms it is made of: ``(value, variance, own terms, shared, day)``
-    (`_pool` says how each kind of term is pooled)."""
+    """One quantity's (``key``: ``diff`` or ``base``) design-weighted pooled value over the rounds
+    (`design_weights`) and its variance ``Σ w_i²·own_i`` plus the shared and day terms, with the
+    terms it is made of: ``(value, variance, own terms, shared, day)`` (`_pool` says how each kind
+    of term is pooled). ``weighting="inverse_variance"``: each quantity by its rounds' estimated
+    total variances, the pooling before issue 48 (kept to measure against, `combine_estimates`)."""
     tot = [r[f"{prefix}{key}_se"] ** 2 for r in rounds]
-    w = np.array([1.0 / max(v, 1e-300) for v in tot])
-    w = w / w.sum()
+    w = design_weights(rounds, prefix) if weighting == "design" else _inverse_variance_weights(tot)
     val = float(np.sum(w * np.array([r[f"{prefix}{key}"] for r in rounds])))
     shared = [float(r.get(f"{prefix}{key}_var_shared", 0.0)) for r in rounds]
     day = [float(r.get(f"{prefix}{key}_var_day", 0.0)) for r in rounds]
@@ -416,24 +447,26 @@ def between_day_variance(rounds: Sequence[Mapping[str, float]], prefix: str = ""
     """``(tau², k)``: the between-day variance of the change estimated from the rounds themselves
     (random-effects, `paule_mandel_tau2`) over their ``k`` distinct days, ``(0, k)`` for ``k < 2``.
 
-    Each day's estimate is its rounds' inverse-variance mean of ``diff`` with the variance of their
-    *own* terms only (the rectifiers, independent across days): the fleet's and the interference's
+    Each day's estimate is its rounds' mean of ``diff`` weighted by their planned exposure (the
+    pooling's own weights within a day, `design_weights`) with the variance of their *own* terms only (the rectifiers, independent across days): the fleet's and the interference's
     terms are shared by every round (the same twin), so they move every day's estimate alike and do
     not spread the days apart; the day-to-day term is what is estimated. The days' spread beyond
     their own noise is the effect's spread over days (its estimand's variance, DESIGN.md "What a
     verdict is about"), measured on the canaries, with ``k − 1`` degrees of freedom."""
-    days: dict[float, list[tuple[float, float]]] = {}
+    days: dict[float, list[tuple[float, float, float]]] = {}
     for r in rounds:
         tot = float(r[f"{prefix}diff_se"]) ** 2
         own = max(tot - float(r.get(f"{prefix}diff_var_shared", 0.0)) - float(r.get(f"{prefix}diff_var_day", 0.0)), 1e-300)
-        days.setdefault(float(r.get(f"{prefix}day", 0.0)), []).append((float(r[f"{prefix}diff"]), own))
+        days.setdefault(float(r.get(f"{prefix}day", 0.0)), []).append(
+            (float(r[f"{prefix}diff"]), own, max(float(r.get(EXPOSURE, 1.0)), 1e-300)))
     if len(days) < 2:
         return 0.0, len(days)
     ys, vs = [], []
     for pts in days.values():
-        w = np.array([1.0 / v for _, v in pts])
-        ys.append(float(np.sum(w * np.array([y for y, _ in pts])) / np.sum(w)))
-        vs.append(float(1.0 / np.sum(w)))
+        w = np.array([e for _, _, e in pts])
+        w = w / w.sum()
+        ys.append(float(np.sum(w * np.array([y for y, _, _ in pts]))))
+        vs.append(float(np.sum(w * w * np.array([v for _, v, _ in pts]))))
     return paule_mandel_tau2(ys, vs), len(days)
 
 
@@ -470,8 +503,20 @@ def with_day_term(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> li
     return out
 
 
-def _pool(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> tuple[float, float, float, float, float]:
-    """Inverse-variance pooled ``(diff, diff_var, base, base_var, df)`` of one KPI's rounds.
+def _inverse_variance_weights(variances: Sequence[float]) -> np.ndarray:
+    """``(k,)`` weights ``1/v_i`` normalized to sum 1: the pooling before issue 48 (`design_weights` says why
+    not)."""
+    w = np.array([1.0 / max(v, 1e-300) for v in variances])
+    return w / w.sum()
+
+
+def _pool(rounds: Sequence[Mapping[str, float]], prefix: str = "", weighting: str = "design") -> tuple[
+        float, float, float, float, float]:
+    """Design-weighted pooled ``(diff, diff_var, base, base_var, df)`` of one KPI's rounds: weights
+    ``w_i`` fixed before the outcomes (`design_weights`: each day alike, its rounds by planned
+    exposure; not their estimated inverse variances, which on a skewed KPI favour the draws that
+    missed its tail), the estimate ``Σ w_i·x_i`` and its variance ``Σ w_i²·own_i`` plus the shared
+    and day terms.
 
     Three kinds of term, pooled as what they are (`_pool_terms`):
 
@@ -487,11 +532,12 @@ def _pool(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> tuple[floa
       ``Σ_days (Σ_{i in day} w_i·sd_i)²``. So more rounds on one day never shrink it; more days
       shrink it as ``1/days`` — the day-to-day variance shrinks only with more days. Once rounds
       ran on >= 2 days the term is the larger of the twin's and the rounds' own between-day
-      variance (`with_day_term`): with one round a day and no shared terms this is the
-      random-effects pooled estimate and variance (weights ``1/(v_i + tau²)``)."""
+      variance (`with_day_term`): with one round a day and no shared terms the pooled estimate is
+      the days' plain mean and its variance ``Σ (v_i + tau²) / D²`` (``tau²`` random-effects',
+      Paule-Mandel; not its weights ``1/(v_i + tau²)``, which depend on the outcomes)."""
     rounds = with_day_term(rounds, prefix)
-    diff, dv, own_terms, shared_v, day_v = _pool_terms(rounds, "diff", prefix)
-    base, bv, _, _, _ = _pool_terms(rounds, "base", prefix)
+    diff, dv, own_terms, shared_v, day_v = _pool_terms(rounds, "diff", prefix, weighting)
+    base, bv, _, _, _ = _pool_terms(rounds, "base", prefix, weighting)
     dfs = [float(r.get(f"{prefix}df", float("inf"))) for r in rounds]
     day_df = min((float(r.get(f"{prefix}day_df", float("inf"))) for r in rounds), default=float("inf"))
     df = welch_df([(v, d) for v, d in zip(own_terms, dfs, strict=True)] + [(shared_v, min(dfs)), (day_v, day_df)])
@@ -512,9 +558,7 @@ def width_terms(rounds: Sequence[Mapping[str, float]]) -> dict[str, float]:
     rounds = with_day_term(rounds)
     _, _, own_terms, shared_v, day_v = _pool_terms(rounds, "diff")
     base = _pool_terms(rounds, "base")[0]
-    tot = [r["diff_se"] ** 2 for r in rounds]
-    w = np.array([1.0 / max(v, 1e-300) for v in tot])
-    w = w / w.sum()
+    w = design_weights(rounds)
     interf = float(np.sum(w * np.sqrt([max(float(r.get("diff_var_interference", 0.0)), 0.0) for r in rounds])) ** 2)
     return {"own": float(np.sum(own_terms)), "shared": shared_v, "interference": min(interf, shared_v), "day": day_v,
             "day_one": float(max((float(r.get("diff_var_day", 0.0)) for r in rounds), default=0.0)),
@@ -525,23 +569,34 @@ def width_terms(rounds: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 
 def combine_estimates(
-    rounds: Sequence[Mapping[str, float]], level: float = LEVEL
+    rounds: Sequence[Mapping[str, float]], level: float = LEVEL, weighting: str = "design"
 ) -> dict[str, float]:
     """Several rounds' estimates of one KPI (each from the twin *before* that round's canary, so that
     no round's rectifier is computed with a twin fitted on its own measurements) pooled by
-    inverse-variance weights with their shared terms not treated as independent (`_pool`), and the
-    interval recomputed at ``level`` (the loop passes each look's level, `look_level`)."""
-    diff, dv, base, bv, df = _pool(rounds)
+    weights fixed by the design (`design_weights`: every day alike, the estimand's average over days;
+    within a day by planned exposure), with their shared terms not treated as independent (`_pool`),
+    and the interval recomputed at ``level`` (the loop passes each look's level, `look_level`). The
+    twin-alone difference (``twin_diff``) is pooled with the same weights, so the rectifier
+    (``diff − twin_diff``) stays the pooled rounds' own. ``weighting="inverse_variance"``: the
+    pooling before issue 48 (weights ``1/v̂_i`` from the rounds' estimated variances, random-effects'
+    ``1/(v̂_i + tau²)`` once the rounds' day term is the larger; `between_day_variance` averages a
+    day's rounds by planned exposure either way, which differs from before only with several rounds
+    on a day), kept only so that benchmarks measure the two side by side
+    (benchmarks/_closed_loop_heavy.py); the loop never passes it."""
+    if weighting not in ("design", "inverse_variance"):
+        raise ValueError(f"unknown pooling weights {weighting!r}; expected design or inverse_variance")
+    diff, dv, base, bv, df = _pool(rounds, "", weighting)
     out = finish_estimate(diff, dv, base, bv, level, df=df)
-    tw = np.array([1.0 / max(r["diff_se"] ** 2, 1e-300) for r in rounds])
-    out["twin_diff"] = float(np.sum(tw * np.array([r["twin_diff"] for r in rounds])) / np.sum(tw))
+    tw = (design_weights(rounds) if weighting == "design"
+          else _inverse_variance_weights([r["diff_se"] ** 2 for r in rounds]))  # fmt: skip
+    out["twin_diff"] = float(np.sum(tw * np.array([r["twin_diff"] for r in rounds])))
     out["twin_rel"] = out["twin_diff"] / abs(base) if base else float("nan")
     out["rounds"] = float(len(rounds))
     out["days"] = float(len({float(r.get("day", 0.0)) for r in rounds}))
     out["day_var_rounds"], _k = between_day_variance(rounds)
     out["day_var_twin"] = float(max((float(r.get("diff_var_day", 0.0)) for r in rounds), default=0.0))
     if all(f"{LOCAL}diff" in r for r in rounds):
-        ld, ldv, lb, lbv, ldf = _pool(rounds, LOCAL)
+        ld, ldv, lb, lbv, ldf = _pool(rounds, LOCAL, weighting)
         local = finish_estimate(ld, ldv, lb, lbv, level, df=ldf)
         out.update({f"{LOCAL}{key}": local[key] for key in _LOCAL_KEYS if key in local})
     for k in ("n_fleet", "n_candidate", "n_control"):
@@ -894,6 +949,7 @@ __all__ = [
     "CanaryAssignment",
     "PPIEstimate",
     "combine_estimates",
+    "design_weights",
     "finish_estimate",
     "interference_var",
     "look_days",

@@ -9,8 +9,9 @@ the canary's measurements (`edgetwin.loop.ppi`), and updates the twin with the c
 plan's share × hours × loss budget) is spent.
 
 **Validity across rounds.** A round's rectifier is computed with the twin *before* that round's
-canary (the twin never saw those rows), and rounds are pooled by inverse-variance weights
-(`edgetwin.loop.ppi.combine_estimates`), so the updated twin narrows later rounds without
+canary (the twin never saw those rows), and rounds are pooled with weights fixed by the design
+(every day alike, a day's rounds by their planned agent-steps: `edgetwin.loop.ppi.design_weights`,
+never by the rounds' estimated variances), so the updated twin narrows later rounds without
 biasing any. A canary the guard stopped (a guarded KPI's regression beyond its margin is certain,
 always-valid) refuses at once (`_guard_verdict`).
 
@@ -45,6 +46,7 @@ from edgetwin.loop.day_verdict import (
     stopped_verdict,
     unbounded_towards_margin,
 )
+from edgetwin.loop.ppi import EXPOSURE
 from edgetwin.loop.verdict import canary_verdict
 
 if TYPE_CHECKING:  # typed seams (issue 46): the loop names the types it drives, imported for mypy only
@@ -278,7 +280,8 @@ def _round_estimates(
     fleet_control: bool, day: float, cuped: str = "pooled",
 ) -> dict[str, dict[str, float]]:
     """One canary's per-KPI estimates (`canary_verdict`) on the ``ran`` ticks after its pre-period,
-    stamped with the index of the ``day`` it ran on (its day-to-day term is its own). A canary the
+    stamped with the index of the ``day`` it ran on (its day-to-day term is its own) and its planned
+    exposure (``exposure``: the plan's candidate agent-steps, its weight among its day's rounds). A canary the
     guard stopped before both arms had a measured tick has none (``{}``): the guard's refusal stands
     alone; any other canary's failure to estimate is raised."""
     try:
@@ -291,6 +294,7 @@ def _round_estimates(
         return {}
     for one in est.values():
         one["day"] = one["local:day"] = day
+        one[EXPOSURE] = float(plan.agent_steps)  # planned, before the outcomes: its pooling weight in its day
     return est
 
 
