@@ -94,7 +94,9 @@ def run_once(seed: int, code: Path = ROOT) -> dict:
     lines = printed_lines(proc.stdout, proc.stderr, tmp)
     return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "load_before": round(load0, 2),
             "load_after": round(os.getloadavg()[0], 2), "stdout": lines,
-            "numbers": summary.get("numbers", summary)}  # fmt: skip
+            "numbers": summary.get("numbers", summary),
+            # the demo's own phase clocks (`edgetwin.demo.QUIET_SECONDS` is read off a quiet run's)
+            "phase_seconds": summary.get("seconds", {}), "phase_cpu_seconds": summary.get("cpu_seconds", {})}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,8 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     n = first["numbers"]
     res = {
         "commit": _commit(), "seed": args.seed, "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "machine": f"{os.cpu_count()} CPUs", "runs": [{k: r[k] for k in ("wall_s", "cpu_s", "load_before", "load_after")}
-                                                      for r in runs],
+        "machine": f"{os.cpu_count()} CPUs", "runs": [{k: r[k] for k in ("wall_s", "cpu_s", "load_before", "load_after", "phase_seconds",
+                                                                  "phase_cpu_seconds")} for r in runs],
         "outputs_identical_across_runs": same, "stdout": first["stdout"], "numbers": n,
         "verdict": (n.get("canary") or {}).get("verdict"), "promoted_version": n.get("promoted_version"),
     }  # fmt: skip

@@ -286,7 +286,7 @@ def _whatif_task(
 
 @dataclass(frozen=True)
 class DemoSizes:
-    """How much work each learned stage does: about 56 s on a quiet 2-core machine by default (`QUIET_SECONDS`)."""
+    """How much work each learned stage does (the defaults' time on a quiet 2-core machine: `QUIET_SECONDS`)."""
 
     twin_members: int = 2
     mail_rounds: int = 3
@@ -304,19 +304,18 @@ class DemoSizes:
     def budget_line(self, agents: int, episodes: int, steps: int, spare_core: bool = True) -> str:
         """The one line the demo prints first: how long it takes, phase by phase, and on what.
 
-        The seconds are measured (`QUIET_SECONDS`), not predicted: the default sizes and log, on
-        2 cores; with ``spare_core`` the what-if report and the promotion run side by side, so the
-        total is the longer of the two plus the rest. Other sizes say they were not measured.
+        The seconds are measured (`QUIET_SECONDS`), not predicted: the default sizes and log, on a
+        quiet 2-core machine, phase by phase as this process's clock saw them (the what-if report is
+        written on the second core meanwhile; what remains of it is the last wait). Without a second
+        core, or at other sizes, the line says they were not measured.
         """
-        total = quiet_total(spare_core)
+        total = quiet_total()
         measured = self == DemoSizes() and (agents, episodes, steps) == (100, 3, 96)
-        if not measured:
-            return f"time budget: not measured for these sizes (the defaults take ~{total} s on a quiet 2-core machine)"
-        serial = ", ".join(f"{k} {v} s" for k, v in QUIET_SECONDS.items() if k not in SIDE_BY_SIDE)
-        a, b = SIDE_BY_SIDE
-        last = (f"then {a} {QUIET_SECONDS[a]} s on one core beside {b} {QUIET_SECONDS[b]} s on the other"
-                if spare_core else f"{a} {QUIET_SECONDS[a]} s, {b} {QUIET_SECONDS[b]} s")  # fmt: skip
-        return f"time budget: ~{total} s on a quiet 2-core machine ({serial}, {last}); more when it is shared"
+        if not measured or not spare_core:
+            what = "these sizes" if not measured else "one core"
+            return f"time budget: not measured for {what} (the defaults take ~{total} s on a quiet 2-core machine)"
+        phases = ", ".join(f"{k} {v} s" for k, v in QUIET_SECONDS.items())
+        return f"time budget: ~{total} s on a quiet 2-core machine ({phases}); more when it is shared"
 
     @classmethod
     def tiny(cls) -> DemoSizes:
@@ -343,26 +342,24 @@ def _record(res: DemoResult, phase: str, start: tuple[float, float]) -> None:
 
 
 WHATIF_SCENARIOS = "emulated_cluster.toml"
-#: the default demo's phases in seconds on a quiet 2-core machine, from their CPU seconds (user +
-#: system, `demo-summary.json`'s ``cpu_seconds``; a single-threaded phase takes its CPU seconds of wall
-#: time on an idle core). Measured 2026-11-28 on main (after the loop's small-sample intervals) with
-#: ``/usr/bin/time python3 -m edgetwin.cli demo`` on a quiet 2-core machine (load < 1; 57.2 s wall, 52.4 s
-#: the same day before that change): start-up (imports) ~5, log + validation 0.6, twin 21.4, training +
-#: scoring on the cluster 4.7, what-if 23.9 in the second process (its start-up 3.5 hidden under the twin
-#: fit), gate + canary round + serving 10.9. Critical path: 5 + 0.6 + 21.4 + 4.7 + max(23.9, 10.9) = 56 s.
-#: Remeasure when the sizes or a phase change. (2026-11-27, on a machine shared at load 7.4, the same
-#: phases took 49.0 CPU s in all; before issue 38's pass: 71.7 CPU s in one process, 62 s wall quiet.)
-QUIET_SECONDS = {"start-up": 5, "log": 1, "twin": 21, "training": 5, "what-if": 24,
-                 "promotion (scoring, gate, canary, serving)": 11}  # fmt: skip
-#: the two phases that run side by side when the demo has a second core (`_SpareCore`)
-SIDE_BY_SIDE = ("what-if", "promotion (scoring, gate, canary, serving)")
+#: the default demo's phases in wall seconds on a quiet 2-core machine, as this process's clock saw
+#: them (`demo-summary.json`'s ``seconds``: start-up is the run's wall time less its phases; "log" is
+#: generate + validate, "training" train + evaluate, "promotion" promote_and_serve, and the last the
+#: wait for the what-if report, whose cells run on the second core beside the twin fit, the training
+#: and the promotion). Read off the first quiet run of `benchmarks/demo_run.py`
+#: (docs/benchmarks/demo/results.json, ``runs[0].phase_seconds``; tests/test_demo.py checks them
+#: against it). Remeasure when the sizes or a phase change.
+QUIET_SECONDS = {"start-up": 0, "log": 0, "twin": 0, "training": 0,
+                 "promotion (scoring, gate, canary, serving)": 0, "the what-if report's rest": 0}  # fmt: skip
+#: `QUIET_SECONDS`'s keys from the summary's phases (each the sum of those phases' wall seconds)
+QUIET_PHASES = {"log": ("generate", "validate"), "twin": ("twin",), "training": ("train", "evaluate"),
+                "promotion (scoring, gate, canary, serving)": ("promote_and_serve",),
+                "the what-if report's rest": ("whatif_wait",)}  # fmt: skip
 
 
-def quiet_total(spare_core: bool = True) -> int:
-    """The default demo's seconds on a quiet 2-core machine (`QUIET_SECONDS`)."""
-    rest = sum(v for k, v in QUIET_SECONDS.items() if k not in SIDE_BY_SIDE)
-    pair = [QUIET_SECONDS[k] for k in SIDE_BY_SIDE]
-    return rest + (max(pair) if spare_core else sum(pair))
+def quiet_total() -> int:
+    """The default demo's wall seconds on a quiet 2-core machine (the sum of `QUIET_SECONDS`)."""
+    return sum(QUIET_SECONDS.values())
 
 
 def _fit_twin(log_path: Path, spec: Any, seed: int, sizes: DemoSizes, beside: Any = None) -> Any:
