@@ -50,7 +50,11 @@ INTERVAL_DIVISION_NOTE = (
     "noisy baselines: `edgetwin.contract.relative_change`). Rerun on it: \"Coverage of the verdict's interval at the "
     "loop's arm sizes\" (with the delta method's numbers beside) and, at 1,000 groups, \"Extended canaries with the rest "
     "of the fleet as control (interval_division)\" (16 of 84 open pairs decided, 14 right, against this section's 15, 15 "
-    "right). Every other section of this page, this one included, was measured with the delta method and not rerun.")
+    "right). Every other section of this page, this one included, was measured with the delta method and not rerun. "
+    "Since 7fad20a the CUPED-adjusted arms' variance is the jackknife's and since 1616a88 canary days are pooled by "
+    "design weights (\"CUPED's slope and heavy tails\" below): rerun on them are the coverage experiment, the 1,000-group "
+    "design table and that section; every closed-loop run on this page (the 1,000-group interval_division run included) "
+    "predates both.")
 
 
 def _stopped(summary: dict[str, Any]) -> bool:
