@@ -213,6 +213,7 @@ def test_canary_on_the_cluster_stops_a_clearly_worse_candidate(caplog: pytest.Lo
     np.testing.assert_allclose(log.loc[~pre & (log["policy"] == "cand"), "action.edge_share"], 1.0)
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; the guard's false-stop rate stays in the default run: test_guard_error_rate_and_power_over_200_synthetic_canaries
 def test_canary_on_the_cluster_does_not_stop_the_same_policy() -> None:
     for seed in range(2):
         r = canary_on_cluster(CLUSTER, SLOAwarePolicy(SPEC), SLOAwarePolicy(SPEC), cfg(seed), seed=seed)

@@ -54,6 +54,7 @@ def _run(world, seed: int, rounds: int = 2):  # type: ignore[no-untyped-def]
     )  # fmt: skip
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; the loop's determinism stays in the default run: test_promote_canary_same_seed_same_rounds_and_verdict
 def test_same_seed_same_plan_and_verdict(world) -> None:  # type: ignore[no-untyped-def]
     a, b = _run(world, 0), _run(world, 0)
     assert a.gate["verdict"] == "abstain" and a.rounds  # the twin alone cannot tell: the loop ran canaries

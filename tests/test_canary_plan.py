@@ -181,6 +181,7 @@ def test_cli_plan_design_flag_picks_the_design(gated, tmp_path: Path, capsys, de
     assert doc["plan"]["slice"]["design"] in (design, "random")  # random when no seed splits every pair
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; the plan stays in the default run: test_plan_is_within_budget_deterministic_and_feeds_the_canary
 def test_cli_plan_weighs_a_switchback_of_a_site(gated, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     """``--switchback-site``: the switchback is planned on the same budget, written beside --out, and
     weighed against the group split (both widths named; interference or not, said)."""

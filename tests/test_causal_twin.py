@@ -93,6 +93,7 @@ def test_cross_fitted_invariance_is_strong_under_hidden_confounding() -> None:
     assert abs(effect(causal, x[:, 0]) - BETA) < TOLERANCE
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; the invariance test stays in the default run: test_cross_fitted_invariance_is_strong_under_hidden_confounding
 def test_cross_fitted_invariance_stays_weak_without_hidden_confounding() -> None:
     """Where the policies decided from the logged state only and the noise depends on the action,
     a strong penalty distorts the fit (held-out error twice the unpenalised one's): the choice

@@ -137,6 +137,7 @@ def test_same_seed_same_federated_twin(site_logs):
     assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; federated fitting stays in the default run: test_federated_fit_gives_an_ordinary_twin
 def test_the_order_in_which_site_updates_arrive_does_not_change_the_twin(site_logs, monkeypatch):
     """Sites answer in whatever order their threads get the compute lock (or the network delivers):
     the coordinator must not depend on it. It used to, through the summary round (the sites'
@@ -253,6 +254,7 @@ def test_cli_fit_federated(site_logs, tmp_path):
     assert Twin.load(tmp_path / "twin").meta["population_model"] == "gmm"
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; DP stays in the default run: test_model_phases_go_through_secure_aggregation_and_dp
 def test_cli_fit_federated_under_dp_runs_dps_schedule_and_says_what_the_noise_costs(site_logs, tmp_path):
     """Without --fed-rounds, Gaussian DP runs `DP_SCHEDULE` (few rounds of whole epochs), not the
     default's hundreds of short rounds; the report gives epsilon and the noise-to-signal ratio."""
@@ -549,6 +551,7 @@ def test_personalise_a_federated_twin(site_logs):
     assert len(out) == 8 * 4 and np.isfinite(out["reward"]).all()
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; personalisation stays in the default run: test_personalisation_choice_follows_the_sites_held_out_rows
 def test_personalise_weighs_the_sites_own_twin(site_logs):
     """With ``site_alone``, the site's own full twin competes with the federated adaptations: it is
     scored after a fit on the kept groups only (the held-out groups' rows never reach it), the

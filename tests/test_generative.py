@@ -176,6 +176,7 @@ def test_scenario_proportions_and_conditioning(
         assert iov["profile.mobile"].mean() > iot["profile.mobile"].mean() + 0.4, model
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; the generator's fit stays in the default run: test_same_seed_same_fit, test_checkpoint_selection_on_a_validation_split
 def test_fit_beats_random_initialised_generator(
     fitted: PopulationModel, train: pd.DataFrame, held_out: pd.DataFrame
 ) -> None:
@@ -190,6 +191,7 @@ def test_fit_beats_random_initialised_generator(
     assert r1["kl_max"] < 0.15, r1["kl"]
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; a 60 s fit; the generator's fit and sampling stay in the default run
 def test_calibration_layer_brings_marginals_to_training_data(
     fitted: PopulationModel, train: pd.DataFrame, held_out: pd.DataFrame
 ) -> None:
@@ -265,6 +267,7 @@ def test_checkpoint_selection_on_a_validation_split(train: pd.DataFrame) -> None
     assert pm.calibration is not None  # the final calibration is fitted after the selection
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; the generators' sampling contract stays in the default run: test_sample_contract
 def test_gmm_residual_generator_starts_at_its_mixture(train: pd.DataFrame, held_out: pd.DataFrame) -> None:
     """At step 0 the residual is zero: GAN-SMMSG with base="gmm" samples from its fitted mixtures."""
     start = fit_population(

@@ -103,6 +103,7 @@ def test_pool_tasks_get_the_shared_arguments_and_the_pool_leaves_no_temporary_fi
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; pool determinism stays in the default run: test_evaluate_gives_the_same_kpis_serially_and_on_a_pool, tests/test_demo48_beside.py
 def test_same_twin_serially_and_on_a_pool(small_log: tuple[Any, Any], tmp_path: Path) -> None:
     df, spec = small_log
     serial = Twin.fit(df, spec, seed=3, workers=1, **FIT).save(tmp_path / "serial")
@@ -114,6 +115,7 @@ def test_same_twin_serially_and_on_a_pool(small_log: tuple[Any, Any], tmp_path: 
     assert twin_content(other)["member_1/client_0.safetensors"] != a["member_1/client_0.safetensors"]
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; a real Ray instance stays in the default run: test_evaluate_gives_the_same_kpis_on_ray
 def test_same_twin_on_ray(small_log: tuple[Any, Any], tmp_path: Path) -> None:
     ray = pytest.importorskip("ray", reason='Ray is an optional extra (pip install -e ".[ray]")')
     df, spec = small_log

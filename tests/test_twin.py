@@ -305,6 +305,7 @@ def test_growth_exponent_recovers_a_power_law() -> None:
     assert np.isnan(growth_exponent(h[:2], h[:2]))
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; the fidelity report stays in the default run: test_cli_fit_and_fidelity
 def test_fidelity_report_and_two_way_validation(twin: Twin, tmp_path: Path) -> None:
     from edgetwin.twin.fidelity import fidelity_report, replay_errors, two_way_validation
 
@@ -427,6 +428,7 @@ def pooled_system(episodes: int = 8, seed: int = 0) -> tuple[pd.DataFrame, TwinS
     return three_site_log(episodes, seed, "state.pool", tick), spec
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; the site-state model stays in the default run: test_site_state_follows_a_product_of_action_and_response
 def test_site_state_follows_the_whole_sites_action() -> None:
     df, spec = pooled_system()
     tw = Twin.fit(df, spec, members=1, seed=0, progress=False, population_model="empirical",
@@ -444,6 +446,7 @@ def test_site_state_follows_the_whole_sites_action() -> None:
     assert pickle_roundtrip_pool(tw, 1.7) == pytest.approx(pools[1.7])
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; the site model stays in the default run: test_site_state_follows_a_product_of_action_and_response
 def test_site_model_columns_are_chosen_by_name_and_checked() -> None:
     df, spec = pooled_system(episodes=3)
     with pytest.raises(InputError, match=r"state\.nope.*not site-level"):

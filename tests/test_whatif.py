@@ -113,6 +113,7 @@ def test_scenarios_are_checked_against_the_twin(log_and_twin) -> None:  # noqa: 
         assert "test.toml: scenario 's' perturbation #1" in str(e.value)
 
 
+@pytest.mark.slow  # the default run's 10-minute budget; a 20 s fit for one naming rule
 def test_a_generated_world_names_its_sites_after_the_logged_ones(log_and_twin) -> None:  # noqa: ANN001
     """A what-if naming a logged site runs without replaying a log, and touches only that site."""
     log, twin, _ = log_and_twin
