@@ -346,10 +346,11 @@ WHATIF_SCENARIOS = "emulated_cluster.toml"
 #: them (`demo-summary.json`'s ``seconds``: start-up is the run's wall time less its phases; "log" is
 #: generate + validate, "training" train + evaluate, "promotion" promote_and_serve, and the last the
 #: wait for the what-if report, whose cells run on the second core beside the twin fit, the training
-#: and the promotion). Read off the first quiet run of `benchmarks/demo_run.py`
-#: (docs/benchmarks/demo/results.json, ``runs[0].phase_seconds``; tests/test_demo.py checks them
-#: against it; recorded 2026-11-30 at load 0.9, 98.2 s wall: over the 60 s the demo aims at on this machine, where a
-#: Python loop of 3 million additions takes 0.5 s). Remeasure when the sizes or a phase change.
+#: and the promotion). Read off a quiet run of `benchmarks/demo_run.py` (2026-11-30, load 0.9, 98.2 s
+#: wall: over the 60 s the demo aims at, on a machine where a Python loop of 3 million additions takes
+#: 0.5 s); tests/test_demo.py checks them against the run the page records (docs/benchmarks/demo/
+#: results.json, ``runs[0].phase_seconds``) within a quiet machine's run-to-run spread. Remeasure
+#: when the sizes or a phase change.
 QUIET_SECONDS = {"start-up": 13, "log": 2, "twin": 33, "training": 13,
                  "promotion (scoring, gate, canary, serving)": 29, "the what-if report's rest": 10}  # fmt: skip
 #: `QUIET_SECONDS`'s keys from the summary's phases (each the sum of those phases' wall seconds)

@@ -152,11 +152,17 @@ def test_the_budget_line_is_the_recorded_quiet_run() -> None:
     rec = json.loads((root / "docs" / "benchmarks" / "demo" / "results.json").read_text())
     run = rec["runs"][0]
     phases = run["phase_seconds"]
+    # The constants are read off one quiet run and the page records the next (whose first line prints
+    # them), so they agree within a quiet machine's run-to-run spread, not to the second.
+    def near(said: float, took: float) -> bool:
+        return abs(said - took) <= max(3.0, 0.2 * took)
+
     for key, parts in QUIET_PHASES.items():
-        assert QUIET_SECONDS[key] == round(sum(phases[p] for p in parts)), key
+        assert near(QUIET_SECONDS[key], sum(phases[p] for p in parts)), key
     timed = sum(phases[p] for parts in QUIET_PHASES.values() for p in parts)
-    assert QUIET_SECONDS["start-up"] == round(run["wall_s"] - timed)
+    assert near(QUIET_SECONDS["start-up"], run["wall_s"] - timed)
     assert set(QUIET_SECONDS) == {"start-up", *QUIET_PHASES}
-    assert abs(quiet_total() - run["wall_s"]) <= len(QUIET_SECONDS)  # the sum of the rounded phases
+    assert abs(quiet_total() - run["wall_s"]) <= 0.15 * run["wall_s"]
+    assert rec["stdout"][0] == DemoSizes().budget_line(100, 3, 96)  # the recorded run printed these constants
     readme = " ".join((root / "README.md").read_text().split())
     assert f"its time budget first (about {quiet_total()} s on a quiet 2-core machine" in readme
