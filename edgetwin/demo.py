@@ -178,11 +178,12 @@ class _SpareCore:
     need only the twin, the policy and the recent log, and neither needs the other: on two cores
     they run side by side. Before that the worker would idle, so (issue 48: the demo took 106-111 s
     on a 2-core machine) it fits the twin's second ensemble member beside the first
-    (`Twin.fit`'s ``beside``) and, while [4] trains the policy, the what-if's cells of the logging
-    policy, which need no trained policy (`_whatif_ahead_task`); the same twin and report. The worker is spawned (not forked: torch's and OpenMP's thread state)
-    when the demo starts, and warms up (imports torch, the twin, the what-if engine, matplotlib)
-    while this process generates the log and fits the twin on the other core. Its torch thread
-    count is this process's, so its report is the one the demo would write in-process."""
+    (`Twin.fit`'s ``beside``) and, while [4] trains the policy, the gate's and the what-if's cells
+    of the logging policy, which need no trained policy (`_gate_ahead_task`, `_whatif_ahead_task`);
+    the same twin, decision and report. The worker is spawned (not forked: torch's and OpenMP's
+    thread state) when the demo starts, and warms up (imports torch, the twin, the what-if engine,
+    matplotlib) while this process generates the log. Its torch thread count is this process's, so
+    what it computes is what the demo would compute in-process."""
 
     def __init__(self) -> None:
         import multiprocessing as mp

@@ -448,8 +448,9 @@ def between_day_variance(rounds: Sequence[Mapping[str, float]], prefix: str = ""
     (random-effects, `paule_mandel_tau2`) over their ``k`` distinct days, ``(0, k)`` for ``k < 2``.
 
     Each day's estimate is its rounds' mean of ``diff`` weighted by their planned exposure (the
-    pooling's own weights within a day, `design_weights`) with the variance of their *own* terms only (the rectifiers, independent across days): the fleet's and the interference's
-    terms are shared by every round (the same twin), so they move every day's estimate alike and do
+    pooling's own weights within a day, `design_weights`) with the variance of their *own* terms
+    only (the rectifiers, independent across days): the fleet's and the interference's terms are
+    shared by every round (the same twin), so they move every day's estimate alike and do
     not spread the days apart; the day-to-day term is what is estimated. The days' spread beyond
     their own noise is the effect's spread over days (its estimand's variance, DESIGN.md "What a
     verdict is about"), measured on the canaries, with ``k − 1`` degrees of freedom."""
