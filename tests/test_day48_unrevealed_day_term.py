@@ -121,3 +121,43 @@ def test_on_the_emulated_clusters_truth_days_the_bound_holds_where_the_scaled_te
                 under_bound += sd > bound / b
     assert n == 84
     assert under_scaled == 64 and under_bound == 7  # the docstring's numbers
+
+
+def _estimate(day_var: object, rng: np.random.Generator) -> dict[str, float]:
+    from edgetwin.loop.ppi import ppi_mean_difference
+    from edgetwin.loop.verdict import stamp_revealed
+
+    fb = rng.gamma(4.0, 0.05, 400)
+    fc = fb * 0.9
+    cand, ctrl = np.arange(0, 20), np.arange(20, 40)
+    y = fb * np.exp(rng.normal(0.0, 0.1, 400))
+    dv, bv, ddf = day_var["kpi.x"]  # type: ignore[index]
+    e = ppi_mean_difference(fc, fb, 0.9 * y[cand], fc[cand], y[ctrl], fb[ctrl], day_var=(dv, bv), day_df=ddf)
+    e.update(n_fleet=400.0, n_candidate=20.0, n_control=20.0)
+    return stamp_revealed({"kpi.x": e}, day_var)["kpi.x"]
+
+
+def test_a_one_day_verdict_says_when_its_width_is_the_bound() -> None:
+    """The loop's verdict reason names the KPIs whose one-day interval carries the bound (the
+    operator reads that the width is what one day cannot measure); not once the twin's calibrated
+    term is the larger, nor on several days."""
+    from types import SimpleNamespace
+
+    from edgetwin.contract.margins import KPIMargin
+    from edgetwin.loop.day_verdict import _pooled_verdict
+    from edgetwin.loop.verdict import calibrated_day_variance
+
+    rng = np.random.default_rng(5)
+    lvl = 0.2 + rng.normal(0.0, 1e-4, (6, 1))
+    obs = 0.2 * (1.0 + rng.normal(0.0, 0.08, (6, 1)))
+    plan = SimpleNamespace(margins=[KPIMargin("kpi.x", 0.05)], kpis=[])
+    binding = calibrated_day_variance(-0.02 + 0.0 * lvl, lvl, obs, ["kpi.x"])
+    for chg, says in ((-0.02 + 0.0 * lvl, True), (-0.1 * (lvl - 0.2) * 2000, False)):
+        dv = calibrated_day_variance(chg, lvl, obs, ["kpi.x"])
+        assert (dv["kpi.x"][0] > dv.revealed["kpi.x"]) is says  # the bound binds, or the calibrated term is larger
+        e = _estimate(dv, rng)
+        reason = _pooled_verdict([{"kpi.x": e}], 1, plan, dv)[3]
+        assert ("carry a bound on how much the change may move from day to day" in reason) is says
+        assert ("kpi.x carry" in reason) is says
+    e2 = [{"kpi.x": {**_estimate(binding, rng), "day": float(d)}} for d in range(2)]
+    assert "carry a bound" not in _pooled_verdict(e2, 1, plan, binding)[3]
