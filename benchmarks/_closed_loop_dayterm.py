@@ -252,6 +252,10 @@ def run_day_coverage(fleet: int, days: int, runs: int, seed: int, day_sd: float,
 
 # ------------------------------------------------------------------ the loop before and after
 SECTION = "## The verdict's day-to-day term: calibrated by the logs, estimated from the canaries' own days"
+#: the forward pointer to `BOUND_SECTION` (issue 48's one-day bound)
+DAY48_NOTE = (" The calibrated term's assumption fails on the emulated cluster's own days, so the first look now also carries a "
+              "bound on what the level's spread cannot reveal, which canaries on several days blend with their own spread: "
+              "\"The one-day canary's day term\" below.")
 #: the stored runs before this change (the reseeded extended runs at 1,000 groups) and the reruns' files
 RUNS = {"fc": ("fleet control, per-arm CUPED", "extended_fc_reseeded_seed{s}.json", "day_term_fc_seed{s}.json"),
         "sl": ("slice control (the loop's default)", "extended_reseeded_seed{s}.json", "day_term_sl_seed{s}.json")}  # fmt: skip
@@ -369,7 +373,7 @@ def section(diag: list[dict[str, Any]], cov: dict[str, Any] | None, loops: dict[
              "baseline fleet mean to the twin's replayed one when the logs move more (`calibrated_day_variance`; it assumes "
              "the change's day spread scales like the level's; days − 1 degrees of freedom), and once canary rounds ran on "
              ">= 2 days the pooled verdict carries the larger of that and the rounds' own between-day variance "
-             "(Paule-Mandel, `edgetwin.loop.ppi.with_day_term`, k − 1 degrees of freedom).", "",
+             "(Paule-Mandel, `edgetwin.loop.ppi.with_day_term`, k − 1 degrees of freedom)." + DAY48_NOTE, "",
              f"### Why the twin's day term was too small (seeds {seeds})", "",
              "Commands: `python benchmarks/closed_loop.py --day-diagnosis --seed S --work /tmp/l48b-fc` (S = "
              f"{seeds}; the cached 1,000-group twins of the reseeded runs; results `scale/day_term_seed<S>.json`). Per KPI, "
@@ -601,7 +605,8 @@ def bound_section(doc: dict[str, Any]) -> str:
     real, looks, cov = doc["realistic"], doc["first_look"], doc["coverage"]
     seeds = ", ".join(map(str, real["seeds"]))
     parts = [BOUND_SECTION, "",
-             "Command: `python benchmarks/_closed_loop_dayterm.py --before B0 B1 B2 --after A0 A1 A2` (reads the recorded "
+             "Command: `python benchmarks/_closed_loop_dayterm.py --before docs/benchmarks/closed_loop/scale/day48_coverage/"
+             "before_seed{0,1,2}.json --after docs/benchmarks/closed_loop/scale/day48_coverage/after_seed{0,1,2}.json` (reads the recorded "
              f"`scale/day_truth_seed<S>.json`, `scale/day_term_seed<S>.json` and the reruns `scale/day_term_{{fc,sl}}_seed<S>.json`, "
              f"seeds {seeds}, and the `--day-coverage` outputs named; writes `scale/{BOUND_JSON}`).", "",
              "A one-day canary's interval carries one day's variance of the fleet-wide change. The calibrated term (the twin's "
@@ -637,7 +642,8 @@ def bound_section(doc: dict[str, Any]) -> str:
     parts += ["", "### The simulated stress: the effect's own day shock", "",
               f"Command: `python benchmarks/closed_loop.py --day-coverage --designs-fleet 1000 --days 20 --runs {cov['runs']} "
               f"--seed S --day-sd {cov['day_sd']:g} --canary-days 1 4 8 --no-write`, seeds "
-              f"{', '.join(map(str, cov['seeds']))}, on the code before the bound and after it (the same draws). The effect's "
+              f"{', '.join(map(str, cov['seeds']))}, on the code before the bound (e0d1bbd, `git archive`) and after it "
+              "(ad8dd9d; the same draws; `scale/day48_coverage/`). The effect's "
               "day shock multiplies the candidate alone, independent of the level: the calibrated term cannot see it. Pooled "
               "over the seeds, coverage of the 20-day truth by the 90 % interval (Clopper-Pearson 95 %), the median width "
               "and the decided share (means over seeds):", "",

@@ -161,3 +161,59 @@ def test_a_one_day_verdict_says_when_its_width_is_the_bound() -> None:
         assert ("kpi.x carry" in reason) is says
     e2 = [{"kpi.x": {**_estimate(binding, rng), "day": float(d)}} for d in range(2)]
     assert "carry a bound" not in _pooled_verdict(e2, 1, plan, binding)[3]
+
+
+def test_the_docs_say_what_the_code_carries() -> None:
+    """docs/canary.md's day-term sentences and the closed-loop page's section: the bound's formula,
+    one day's evidence in the blend, the verdict naming the KPIs; the page's tables are
+    `bound_section` of the stored `scale/day48_bound.json`."""
+    import sys
+
+    from edgetwin.loop.day_bound import pooled_day_term, unrevealed_day_bound
+
+    root = Path(__file__).resolve().parents[1]
+    canary = " ".join((root / "docs" / "canary.md").read_text().split())
+    assert "var(level) · (1 + (c̄/b̄)²)" in canary and "`unrevealed_day_bound`" in canary
+    assert unrevealed_day_bound(3.0, 2.0, 1.0) == pytest.approx(3.0 * (1.0 + 1.5**2))
+    assert "their blend with the bound counted as one day's evidence" in canary
+    assert pooled_day_term(0.4, 0.0, 0.1, 4, 5.0)[0] == pytest.approx((0.4 + 3 * 0.1) / 4)
+    assert "a one-day verdict's reason names the KPIs that carry it (`bound_note`)" in canary
+    sys.path.insert(0, str(root / "benchmarks"))
+    import _closed_loop_dayterm as dt
+
+    page = (root / "docs" / "benchmarks" / "closed_loop" / "README.md").read_text()
+    doc = json.loads((SCALE / dt.BOUND_JSON).read_text())
+    assert dt.bound_section(doc).rstrip() in page
+    assert dt.DAY48_NOTE in page
+
+
+def test_the_pages_hand_written_numbers_are_the_stored_ones() -> None:
+    """"What the one-day bound says": its numbers read off `scale/day48_bound.json`."""
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "benchmarks" / "closed_loop" / "README.md").read_text()
+    what = " ".join(page[page.index("### What the one-day bound says"):].split())
+    d = json.loads((SCALE / "day48_bound.json").read_text())
+    r, fl, cov = d["realistic"], d["first_look"], d["coverage"]["by_canary_days"]
+
+    def frac(x: dict) -> str:
+        return f"{x['k']}/{x['n']} = {100 * x['rate']:.1f} %"
+
+    def cell(k: str, t: str, w: str, key: str) -> str:
+        v = cov[k][t][w][key]
+        return f"{100 * v['rate']:.1f} %" if key == "coverage" else f"{100 * v:.1f}"
+
+    want = [f"for {r['under_calibrated']} of {r['n']} (candidate, KPI, seed) triples (median {r['median_ratio_calibrated']:.2f}x",
+            f"{frac(fl['fc']['before@0.9'])} (fleet control) and {frac(fl['sl']['before@0.9'])} (slice control)",
+            f"with the bound {frac(fl['fc']['after@0.9'])} and {frac(fl['sl']['after@0.9'])}",
+            f"at {fl['fc']['median_width_ratio_90']:.2f}x and {fl['sl']['median_width_ratio_90']:.2f}x the median width",
+            f"in {r['under_bound']} of {r['n']} triples, and the truth's spread is {r['median_ratio_bound']:.2f}x the bound",
+            f"widens from {cell('1', 'aa', 'before', 'median_width')} to {cell('1', 'aa', 'after', 'median_width')} pp "
+            f"(coverage {cell('1', 'aa', 'before', 'coverage')} → {cell('1', 'aa', 'after', 'coverage')})",
+            f"the clearly better candidate {cell('1', 'better', 'before', 'decided')} % → {cell('1', 'better', 'after', 'decided')} %",
+            f"4 days, A/A width {cell('4', 'aa', 'before', 'median_width')} → {cell('4', 'aa', 'after', 'median_width')} pp",
+            f"8 days, {cell('8', 'aa', 'before', 'median_width')} → {cell('8', 'aa', 'after', 'median_width')} pp"]  # fmt: skip
+    for w in want:
+        assert w in what, w
+    for s in (0, 1, 2):  # the coverage runs behind the table are stored beside it
+        assert (SCALE / "day48_coverage" / f"before_seed{s}.json").is_file()
+        assert (SCALE / "day48_coverage" / f"after_seed{s}.json").is_file()
