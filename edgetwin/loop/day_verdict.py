@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "STOPPED_BY", "Stop", "days_needed", "guard_kpis", "more_days", "stopped_kpi_verdicts", "stopped_verdict",
+    "STOPPED_BY", "Stop", "bound_note", "days_needed", "guard_kpis", "more_days", "stopped_kpi_verdicts", "stopped_verdict",
     "unbounded_towards_margin",
 ]
 
@@ -180,9 +180,25 @@ def _pooled_verdict(
     if not day_var:
         reason += " (about the canary's day only: no other days to estimate the day-to-day variance from)"
     n_days = len({e["day"] for pr in per_round for e in pr.values()})
+    reason += bound_note(per_round, n_days)
     if verdict == "abstain":
         reason = f"undecided: {days_needed(ests, n_days)}; {reason}"
     return verdict, list(ests), checks, reason, n_days
+
+
+def bound_note(per_round: Sequence[Mapping[str, Mapping[str, float]]], n_days: int) -> str:
+    """What the operator is told when one canary day's interval carries the first look's bound on the
+    change's day-to-day spread (`edgetwin.loop.day_bound.unrevealed_day_bound`: larger than the
+    twin's calibrated term, ``diff_var_day_revealed``) for some KPI, else ``""``: the width is then
+    not the canary's measurement but what one day cannot measure, and only more days narrow it."""
+    if n_days != 1:
+        return ""
+    kpis = sorted({k for pr in per_round for k, e in pr.items()
+                   if float(e.get("diff_var_day", 0.0)) > float(e.get("diff_var_day_revealed", float("inf")))})  # fmt: skip
+    if not kpis:
+        return ""
+    return (f" (one canary day: {', '.join(kpis)} carry a bound on how much the change may move from day to day, which "
+            "the logs of the current policy cannot reveal; canaries on more days measure it)")
 
 
 def _gap_and_half(c: Any) -> tuple[float, float]:

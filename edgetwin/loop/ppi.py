@@ -472,34 +472,34 @@ def between_day_variance(rounds: Sequence[Mapping[str, float]], prefix: str = ""
 
 
 def with_day_term(rounds: Sequence[Mapping[str, float]], prefix: str = "") -> list[dict[str, float]]:
-    """The rounds with the day-to-day term of the change the pooled verdict carries: the larger of
-    the twin's (each round's ``diff_var_day``, `edgetwin.loop.verdict.day_to_day_variance`) and the
-    rounds' own between-day variance (`between_day_variance`) once they ran on >= 2 days; each
-    round's total variance (``diff_se``) and the term's degrees of freedom (``day_df``) follow the
-    term chosen (the twin's ``days − 1``, or the rounds' ``k − 1``: a t reference on ``k − 1``
-    degrees of freedom for the evidence-based term, as Knapp-Hartung's; its variance rescaling is
-    not applied, the larger-of already guards the small-``k`` case).
+    """The rounds with the day-to-day term of the change the pooled verdict carries. One day: each
+    round's own (``diff_var_day``: the first look's, `edgetwin.loop.verdict.calibrated_day_variance`,
+    the larger of the twin's calibrated replay and the bound on what the level cannot reveal). From
+    >= 2 days: `edgetwin.loop.day_bound.pooled_day_term` (the larger of the revealed part, the rounds'
+    own between-day variance `between_day_variance`, and their blend with the first look's bound
+    counted as one day); each round's total variance (``diff_se``) and the term's degrees of freedom
+    (``day_df``) follow the term chosen (a t reference on ``k − 1`` degrees of freedom for the
+    rounds' term, as Knapp-Hartung's; its variance rescaling is not applied).
 
-    Why the larger, not one of them or a weighted mix: both estimate the same quantity from
-    different evidence, and each can understate it in a way the other can catch. The twin's rests on
-    its calibration's assumption (the change's day spread scales like the level's) and on days it
-    replays, not measures; the rounds' is measured on the candidate itself but, over 2-4 days, with
-    1-3 degrees of freedom (Paule-Mandel's ``tau²`` is then 0 more often than not even when the
-    days differ). Taking the larger never lets either hide a spread the other saw; the cost is
-    width (a term only ever as large as the evidence for it), never coverage. The baseline level's
-    day term stays the twin's calibrated one (observed in the logs directly)."""
+    Why never below the revealed part or the rounds' own: both estimate the same quantity from
+    different evidence, and each can understate it in a way the other can catch. The twin's rests
+    on days it replays, not measures; the rounds' is measured on the candidate itself but, over 2-4
+    days, with 1-3 degrees of freedom (Paule-Mandel's ``tau²`` is then 0 more often than not even
+    when the days differ). Rounds without ``diff_var_day_revealed``: the larger of their term and the
+    rounds'. The baseline level's day term stays the calibrated one (observed in the logs)."""
+    from edgetwin.loop.day_bound import pooled_day_term
+
     tau2, k = between_day_variance(rounds, prefix)
     out = []
     for r in rounds:
         r2 = dict(r)
-        twin_day = float(r.get(f"{prefix}diff_var_day", 0.0))
-        r2[f"{prefix}diff_var_day_twin"] = twin_day
-        r2[f"{prefix}diff_var_day_rounds"] = tau2
-        if k >= 2 and tau2 > twin_day:
-            tot = float(r[f"{prefix}diff_se"]) ** 2
-            r2[f"{prefix}diff_se"] = math.sqrt(max(tot - twin_day, 0.0) + tau2)
-            r2[f"{prefix}diff_var_day"] = tau2
-            r2[f"{prefix}day_df"] = float(k - 1)
+        first = float(r.get(f"{prefix}diff_var_day", 0.0))
+        r2[f"{prefix}diff_var_day_twin"], r2[f"{prefix}diff_var_day_rounds"] = first, tau2
+        var, df = pooled_day_term(first, float(r.get(f"{prefix}diff_var_day_revealed", first)), tau2, k,
+                                  float(r.get(f"{prefix}day_df", float("inf"))))  # fmt: skip
+        if k >= 2 and var != first:
+            r2[f"{prefix}diff_se"] = math.sqrt(max(float(r[f"{prefix}diff_se"]) ** 2 - first, 0.0) + var)
+            r2[f"{prefix}diff_var_day"], r2[f"{prefix}day_df"] = var, df
         out.append(r2)
     return out
 
