@@ -5,6 +5,7 @@ frames the straightforward computation (every replay run, support measured, pand
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -78,16 +79,24 @@ def test_series_without_the_support_check_are_the_reference(world: dict[str, Any
           reference_series(world["twin"], pols, world["log"], KPIS, episodes=episodes, seed=5))
 
 
-def test_without_support_only_the_support_shares_change(world: dict[str, Any]) -> None:
-    """`run_episode(support=False)` draws the support rows all the same: every other number is equal."""
+@pytest.mark.parametrize("scenario", ["nominal", "link-degradation"])
+def test_without_support_only_the_support_shares_change(world: dict[str, Any], scenario: str) -> None:
+    """`run_episode(support=False)` draws the support rows all the same: every other number is equal,
+    also under a scenario whose jitter draws from the same stream after them each tick."""
+    from importlib.resources import files
+
+    from edgetwin.twin.whatif import load_scenarios
+
     twin = world["twin"]
+    shipped = load_scenarios(Path(str(files("edgetwin") / "data" / "whatif" / "emulated_cluster.toml")))
+    scen = NOMINAL if scenario == "nominal" else next(s for s in shipped if s.name == scenario)
     ep = logged_episodes(world["log"], twin, max_episodes=1)[0]
-    kdefs = [KpiDef(k, k, "mean") for k in KPIS]
+    kdefs = [KpiDef(k, k, "mean") for k in [*KPIS, "state.rtt_edge_ms"]]
     pol = builtin_policy("logging", twin)
-    a = run_episode(twin, pol, NOMINAL, kdefs, seed=11, member=1, logged=ep)
-    b = run_episode(twin, pol, NOMINAL, kdefs, seed=11, member=1, logged=ep, support=False)
+    a = run_episode(twin, pol, scen, kdefs, seed=11, member=1, logged=ep)
+    b = run_episode(twin, pol, scen, kdefs, seed=11, member=1, logged=ep, support=False)
     assert a.kpis == b.kpis and np.isnan(b.oos) and np.isnan(b.oos_t).all() and not np.isnan(a.oos)
-    for c in KPIS:
+    for c in [*KPIS, "state.rtt_edge_ms"]:
         np.testing.assert_array_equal(a.series[c], b.series[c])
     for c in a.timeline:
         np.testing.assert_array_equal(a.timeline[c], b.timeline[c])
