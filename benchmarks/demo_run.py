@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
         "verdict": (n.get("canary") or {}).get("verdict"), "promoted_version": n.get("promoted_version"),
     }  # fmt: skip
     if base_runs:
-        res["baseline"] = {"commit": args.baseline, "runs": [{k: r[k] for k in ("wall_s", "cpu_s", "load_before", "load_after")}
+        res["baseline"] = {"commit": args.baseline, "runs": [{k: r[k] for k in ("wall_s", "cpu_s", "load_before", "load_after",
+                                                                        "phase_seconds", "phase_cpu_seconds")}
                                                             for r in base_runs]}  # fmt: skip
         res["wall_ratio_to_baseline"] = round(sum(r["wall_s"] for r in runs) / sum(r["wall_s"] for r in base_runs), 3)
     if args.out is not None:
