@@ -57,7 +57,8 @@ def run_demo(
         sizes: how much each learned stage trains (`DemoSizes`; default: about a minute on 2 cores).
         spare_core: use a second process (`_SpareCore`): it fits the twin's second member while
             this one fits the first, runs the logging policy's what-if cells while this one trains
-            the policy, and writes the what-if report while this one runs the promotion; None: when
+            the policy, and the trained policy's while this one runs the promotion (and then a few
+            of the logging policy's), and writes the what-if report; None: when
             this process may use two cores or more. The results do not depend on it (the worker
             reads the saved twin, seeds everything from its arguments and runs torch with this
             process's thread count).
@@ -127,7 +128,8 @@ def run_demo(
         _record(res, "train", t0)
 
         whatif_args = (Path(twin_dir), recent, Path(trained.path), out / "whatif", seed, sizes.whatif_episodes)
-        pending = spare.submit(_whatif_task, *whatif_args) if spare is not None else None
+        # the trained policy's what-if cells, on the spare core while [5] and [7] run here
+        pending = spare.submit(_whatif_trained_task, *whatif_args) if spare is not None else None
 
         t0 = _clock()
         log("[5] scoring on the emulated cluster (which the twin only saw through its logs)")
@@ -151,12 +153,17 @@ def run_demo(
                 res.artifacts[name] = out / sub
         _record(res, "promote_and_serve", t0)
 
-        if pending is not None:
+        if pending is not None and spare is not None:
             t0 = _clock()
-            path, wall, cpu = pending.result()
+            # the logging policy's cells of the last scenarios, here while the spare core finishes the
+            # trained policy's (`MAIN_WHATIF_SCENARIOS`), then the report there from every cell
+            mine, wall_m, cpu_m = _whatif_main_cells(twin, recent, seed, sizes.whatif_episodes)
+            path, wall, cpu = spare.pool.submit(_whatif_task, *whatif_args, mine).result()
             _, wall0, cpu0 = ahead.result() if ahead is not None else (None, 0.0, 0.0)
+            _, wall1, cpu1 = pending.result()
             res.artifacts["whatif_report"] = Path(path)
-            res.seconds["whatif"], res.cpu_seconds["whatif"] = wall0 + wall, cpu0 + cpu
+            res.seconds["whatif"] = wall0 + wall1 + wall_m + wall
+            res.cpu_seconds["whatif"] = cpu0 + cpu1 + cpu_m + cpu
             if gate_ahead is not None:  # the gate's cells, run in the worker for [7]
                 res.seconds["gate_ahead"], res.cpu_seconds["gate_ahead"] = gate_ahead.result()[1:]
             res.seconds["whatif_wait"] = _clock()[0] - t0[0]  # how long [7] waited for it after finishing
@@ -180,9 +187,12 @@ class _SpareCore:
     on a 2-core machine) it fits the twin's second ensemble member beside the first
     (`Twin.fit`'s ``beside``) and, while [4] trains the policy, the gate's and the what-if's cells
     of the logging policy, which need no trained policy (`_gate_ahead_task`, `_whatif_ahead_task`);
-    the same twin, decision and report. The worker is spawned (not forked: torch's and OpenMP's
-    thread state) when the demo starts, and warms up (imports torch, the twin, the what-if engine,
-    matplotlib) while this process generates the log. Its torch thread count is this process's, so
+    then the trained policy's cells (`_whatif_trained_task`) while this process runs [5] and [7],
+    and the report (`_whatif_task`) once this process has added the logging policy's cells of the
+    last scenarios (`MAIN_WHATIF_SCENARIOS`: the worker had the longer share of the work, and this
+    process waited for it); the same twin, decision and report. The worker is spawned (not forked:
+    torch's and OpenMP's thread state) when the demo starts, and warms up (imports torch, the twin,
+    the what-if engine, matplotlib) while this process generates the log. Its torch thread count is this process's, so
     what it computes is what the demo would compute in-process."""
 
     def __init__(self) -> None:
@@ -265,24 +275,56 @@ def _whatif_ahead_task(twin_dir: Path, log_df: Any, seed: int, episodes: int) ->
     with threadpool_limits(1):
         twin = _worker_twin(twin_dir)
         nominal = _WORKER.get("gate_logging") if episodes == GATE_EPISODES else None
-        cells = _whatif_cells_ahead(twin, log_df, seed, episodes, include_nominal=nominal is None)
+        cells = _whatif_cells_ahead(twin, log_df, seed, episodes, include_nominal=nominal is None,
+                                    scenarios=_whatif_scenario_split()[0])  # fmt: skip
         _WORKER["ahead"] = cells if nominal is None else nominal.merged(cells)
     return None, time.perf_counter() - w0, time.process_time() - c0
 
 
-def _whatif_task(
+def _whatif_trained_task(
     twin_dir: Path, log_df: Any, policy_dir: Path, out_dir: Path, seed: int, episodes: int
+) -> tuple[None, float, float]:
+    """In the spare worker, once the policy is trained: the trained policy's cells of `_whatif`
+    (every scenario, in `run_whatif`'s serial order for a policy object shared by its episodes),
+    kept for `_whatif_task`; returns (None, wall s, CPU s)."""
+    from threadpoolctl import threadpool_limits
+
+    w0, c0 = time.perf_counter(), time.process_time()
+    with threadpool_limits(1):
+        _WORKER["trained"] = _whatif_trained_cells(_worker_twin(twin_dir), log_df, policy_dir, seed, episodes)
+    return None, time.perf_counter() - w0, time.process_time() - c0
+
+
+def _whatif_task(
+    twin_dir: Path, log_df: Any, policy_dir: Path, out_dir: Path, seed: int, episodes: int, extra: Any = None
 ) -> tuple[str, float, float]:
-    """In the spare worker: `_whatif` on the saved twin (with the cells `_whatif_ahead_task` ran, if
-    it did); returns (report path, wall s, CPU s)."""
+    """In the spare worker: `_whatif` on the saved twin with the cells run before (`_whatif_ahead_task`'s,
+    `_whatif_trained_task`'s and ``extra``: the logging policy's cells the demo's process ran,
+    `_whatif_main_cells`), the rest run here; returns (report path, wall s, CPU s)."""
     from threadpoolctl import threadpool_limits
 
     w0, c0 = time.perf_counter(), time.process_time()
     with threadpool_limits(1):
         twin = _worker_twin(twin_dir)
-        ahead = [_WORKER["ahead"]] if "ahead" in _WORKER else []
+        logging = _WORKER.get("ahead")
+        if extra is not None:
+            logging = extra if logging is None else logging.merged(extra)
+        ahead = [c for c in (logging, _WORKER.get("trained")) if c is not None]
         path = _whatif(twin, log_df, policy_dir, out_dir, seed, episodes, progress=False, ahead=ahead)
     return str(path), time.perf_counter() - w0, time.process_time() - c0
+
+
+def _whatif_main_cells(twin: Any, log_df: Any, seed: int, episodes: int) -> tuple[Any, float, float]:
+    """In the demo's process, after the promotion: the logging policy's cells of the last
+    `MAIN_WHATIF_SCENARIOS` scenarios (those `_whatif_ahead_task` left), with one BLAS thread as in
+    the spare worker; returns (the cells, wall s, CPU s)."""
+    from threadpoolctl import threadpool_limits
+
+    w0, c0 = time.perf_counter(), time.process_time()
+    mine = _whatif_scenario_split()[1]
+    with threadpool_limits(1):
+        cells = _whatif_cells_ahead(twin, log_df, seed, episodes, include_nominal=False, scenarios=mine) if mine else None
+    return cells, time.perf_counter() - w0, time.process_time() - c0
 
 
 @dataclass(frozen=True)
@@ -468,14 +510,44 @@ def _whatif_scenarios() -> Any:
     return load_scenarios(Path(str(files("edgetwin") / "data" / "whatif" / WHATIF_SCENARIOS)))
 
 
-def _whatif_cells_ahead(twin: Any, log_df: Any, seed: int, episodes: int, include_nominal: bool = True) -> Any:
-    """The logging policy's cells of `_whatif` (same scenarios, episodes, seed and log), run before
-    the trained policy exists: `edgetwin.twin.whatif.run.run_policy_cells`."""
+#: how many of the what-if scenarios (the last of `WHATIF_SCENARIOS`) have their logging-policy
+#: cells run in the demo's process after the promotion rather than on the spare core while the policy
+#: trains: the spare core also runs the trained policy's cells and writes the report, and was the
+#: last to finish (issue 48: the demo's process waited 10-13 s for it on a quiet machine)
+MAIN_WHATIF_SCENARIOS = 2
+
+
+def _whatif_scenario_split() -> tuple[list[Any], list[Any]]:
+    """`_whatif_scenarios` in two: those the spare core runs ahead, and the last
+    `MAIN_WHATIF_SCENARIOS` (the logging policy's cells; any split gives the same cells: each
+    cell's episodes are seeded by the replicate, not by the scenario's place)."""
+    scenarios = list(_whatif_scenarios())
+    cut = max(0, len(scenarios) - MAIN_WHATIF_SCENARIOS)
+    return scenarios[:cut], scenarios[cut:]
+
+
+def _whatif_cells_ahead(
+    twin: Any, log_df: Any, seed: int, episodes: int, include_nominal: bool = True, scenarios: Any = None
+) -> Any:
+    """The logging policy's cells of `_whatif` (same episodes, seed and log; its scenarios, or
+    ``scenarios`` of them), run before the trained policy exists: `edgetwin.twin.whatif.run.run_policy_cells`."""
     from edgetwin.twin.whatif import builtin_policy
     from edgetwin.twin.whatif.run import run_policy_cells
 
-    return run_policy_cells(twin, builtin_policy("logging", twin), _whatif_scenarios(), episodes=episodes, seeds=1,
+    scenarios = _whatif_scenarios() if scenarios is None else scenarios
+    return run_policy_cells(twin, builtin_policy("logging", twin), scenarios, episodes=episodes, seeds=1,
                             seed=seed, log=log_df, include_nominal=include_nominal)  # fmt: skip
+
+
+def _whatif_trained_cells(twin: Any, log_df: Any, policy_dir: Path, seed: int, episodes: int) -> Any:
+    """The trained policy's cells of `_whatif` (the nominal scenario, then the shipped ones: the serial
+    order `run_whatif` runs a `fixed_policy`'s cells in, one task): `run_policy_cells`."""
+    from edgetwin.policies.export import load_policy
+    from edgetwin.twin.whatif import fixed_policy
+    from edgetwin.twin.whatif.run import run_policy_cells
+
+    return run_policy_cells(twin, fixed_policy("trained", load_policy(policy_dir)), _whatif_scenarios(),
+                            episodes=episodes, seeds=1, seed=seed, log=log_df)  # fmt: skip
 
 
 def _whatif(
@@ -621,19 +693,24 @@ def _canary(
     from edgetwin.emulator.logs import generate_logs, make_policy
     from edgetwin.loop.plan import PlanBudget
     from edgetwin.loop.rounds import canary_loop
+    from edgetwin.loop.twin_series import shared_replays
     from edgetwin.policies.gate import resolve_policy
 
     fleet_seed = seed + 30_000
     fleet_log, spec = generate_logs(config, 1, "random", seed=fleet_seed)
+    candidate_spec = resolve_policy(policy_dir, twin, name="trained")
+    baseline_spec = resolve_policy("logging", twin, name="current")
     try:
-        result = canary_loop(
-            twin, fleet_log, policy_dir, make_policy("random", spec, seed=seed), config,
-            candidate_spec=resolve_policy(policy_dir, twin, name="trained"),
-            baseline_spec=resolve_policy("logging", twin, name="current"),
-            budget=PlanBudget(max_share=0.10, hours=24.0), max_rounds=1, seed=seed, fleet_seed=fleet_seed,
-            decision=getattr(promotion, "decision", None), log=log,
-            other_days=[recent] if recent is not None else None,
-        )  # fmt: skip
+        # the plan's and the verdict's replays of the full switch are the same replays: run once
+        # (`shared_replays`; `_replays_reusable` checks why that gives the same numbers)
+        with shared_replays(*_replays_reusable(policy_dir, candidate_spec, baseline_spec)):
+            result = canary_loop(
+                twin, fleet_log, policy_dir, make_policy("random", spec, seed=seed), config,
+                candidate_spec=candidate_spec, baseline_spec=baseline_spec,
+                budget=PlanBudget(max_share=0.10, hours=24.0), max_rounds=1, seed=seed, fleet_seed=fleet_seed,
+                decision=getattr(promotion, "decision", None), log=log,
+                other_days=[recent] if recent is not None else None,
+            )  # fmt: skip
     except InputError as e:  # e.g. 10 % of a small fleet is fewer than the 4 groups a canary needs
         numbers["canary"] = {"verdict": "abstain", "reason": f"no canary: {e}"}
         log(f"    no canary possible ({e}); nothing promoted, nothing served")
@@ -653,3 +730,20 @@ def _canary(
     else:
         log(f"    the canary could not tell either (nothing promoted, nothing served): {result.reason}")
     return None
+
+
+#: SB3 algorithms whose exported policy acts deterministically with no memory between calls
+#: (`edgetwin.policies.export.LoadedPolicy.act`; ``recurrent_ppo`` keeps a state)
+_MEMORYLESS = ("ppo", "a2c", "sac", "td3", "ddpg", "dqn", "maskable_ppo")
+
+
+def _replays_reusable(policy_dir: Path, candidate: Any, baseline: Any) -> list[Any]:
+    """Those of the canary's two policy specs whose twin replay depends on nothing but (twin, episode,
+    world seed, member), so that `edgetwin.loop.twin_series.shared_replays` may run it once: the
+    logging policy's (its factory builds a fresh clone per replay, seeded from the replay's seed:
+    ``shared`` False), and the trained policy's when its export says it acts without memory (the one
+    object `fixed_policy` hands every replay then answers a replay as it did the last time: its
+    actions are deterministic and its ``reset()`` forgets a shield's history)."""
+    doc = json.loads((Path(policy_dir) / "policy.json").read_text())
+    memoryless = doc.get("kind") == "sb3" and doc.get("algorithm") in _MEMORYLESS
+    return [s for s in (candidate, baseline) if s.factory is None or not s.shared or (s is candidate and memoryless)]

@@ -92,6 +92,7 @@ from edgetwin.contract.errors import InputError
 from edgetwin.contract.margins import KPIMargin
 from edgetwin.contract.relative_change import relative_change_interval
 from edgetwin.loop.cuped_jackknife import cuped_adjusted
+from edgetwin.loop.twin_series import twin_group_predictions, twin_group_series
 
 LEVEL = 0.90
 #: the fewest groups of each arm for a per-arm CUPED slope (``cuped="per_arm"``); below, the pooled one.
@@ -654,83 +655,6 @@ def replay_spec(name: str, policy: Any) -> Any:
         return fresh
 
     return PolicySpec(name, build)
-
-
-def twin_group_series(
-    twin: Any,
-    policies: Mapping[str, Any],
-    log: pd.DataFrame,
-    kpis: Sequence[str],
-    *,
-    episodes: int = 1,
-    seed: int = 0,
-    members: Sequence[int] | None = None,
-) -> dict[tuple[str, str], pd.DataFrame]:
-    """The twin's per-service-group, per-tick prediction of each KPI column under each policy.
-
-    Replays the log's last ``episodes`` episodes (their agents, sites, profiles, first states) with
-    every member (or ``members``), on the same world seed for every policy (paired), and averages
-    each agent's per-tick values over members and episodes.
-
-    Args:
-        policies: name -> `edgetwin.twin.whatif.PolicySpec`, or a `CanaryAssignment` (its routed
-            policy built per episode, as the row order is the episode's agents).
-        kpis: per-step columns (``kpi.slo_violation``, ``reward``, ...).
-
-    Returns:
-        ``(policy, column)`` -> DataFrame, index the agent ids (sorted), columns the ticks ``0..T-1``.
-    """
-    from edgetwin.twin.whatif import NOMINAL
-    from edgetwin.twin.whatif.engine import run_episode
-    from edgetwin.twin.whatif.kpis import KpiDef
-    from edgetwin.twin.whatif.replay import logged_episodes
-
-    eps = logged_episodes(log, twin, max_episodes=episodes)
-    if not eps:
-        raise InputError("the log has no episode to replay", "--log")
-    kdefs = [KpiDef(k, k, "mean") for k in kpis]
-    mem = list(members) if members is not None else list(range(twin.n_members))
-    parts: dict[tuple[str, str], list[pd.DataFrame]] = {}
-    for e_i, ep in enumerate(eps):
-        ep_pols = {name: pol.spec_for(ep.agents, name) if isinstance(pol, CanaryAssignment) else pol
-                   for name, pol in policies.items()}  # fmt: skip
-        for m in mem:
-            wseed = int(np.random.default_rng([seed, e_i, m]).integers(2**31))
-            for name, pol in ep_pols.items():
-                out = run_episode(twin, pol, NOMINAL, kdefs, seed=wseed, member=m, logged=ep)
-                src = out.source if out.source is not None else np.arange(len(ep.agents))
-                agents = np.asarray(ep.agents).astype(str)[src]
-                for k in kpis:
-                    frame = pd.DataFrame(out.series[k].T, index=agents)  # (N, T)
-                    parts.setdefault((name, k), []).append(frame.groupby(level=0).mean())
-    return {key: pd.concat(fs).groupby(level=0).mean().sort_index() for key, fs in parts.items()}
-
-
-def twin_group_predictions(
-    twin: Any,
-    policies: Mapping[str, Any],
-    log: pd.DataFrame,
-    kpis: Sequence[str],
-    *,
-    episodes: int = 1,
-    seed: int = 0,
-    window: tuple[int, int] | None = None,
-    members: Sequence[int] | None = None,
-) -> pd.DataFrame:
-    """Per service group, the twin's mean of each KPI column under each policy over the ticks of
-    ``window`` (``[start, stop)``; default the whole episode): `twin_group_series` averaged.
-
-    Returns:
-        One row per agent (sorted ids), columns ``(policy, column)`` (a MultiIndex).
-    """
-    series = twin_group_series(twin, policies, log, kpis, episodes=episodes, seed=seed, members=members)
-    cols = {}
-    for key, f in series.items():
-        lo, hi = window if window is not None else (0, f.shape[1])
-        cols[key] = f.iloc[:, lo:hi].mean(axis=1)
-    df = pd.DataFrame(cols)
-    df.columns = pd.MultiIndex.from_tuples(list(cols))
-    return df
 
 
 def measured_group_means(canary_log: pd.DataFrame, kpis: Sequence[str], candidate: str, start_t: int = 0) -> pd.DataFrame:

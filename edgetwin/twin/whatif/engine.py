@@ -297,6 +297,7 @@ def run_episode(
     logged: LoggedEpisode | None = None,
     exogenous: Sequence[str] = (),
     support_rows: int = 16,
+    support: bool = True,
 ) -> EpisodeOutcome:
     """Simulate one episode of ``policy`` under ``scenario`` and score it.
 
@@ -314,6 +315,10 @@ def run_episode(
         logged: replay this recorded episode (its agents, sites, profiles, first states).
         exogenous: state columns that follow ``logged`` at every tick.
         support_rows: agent-steps per tick whose distance to the logs' support is measured.
+        support: measure it (False: ``oos`` and ``oos_t`` are NaN; every other number is the same,
+            as the rows are still drawn from the same stream). For callers that read only the
+            per-agent ``series`` (`edgetwin.loop.twin_series`): the nearest-neighbour search over
+            the logs' rows was a third of such a replay's time (py-spy, the demo's canary).
     """
     lay = twin.layout
     spec = twin.spec
@@ -386,18 +391,10 @@ def run_episode(
             series[c].append(np.asarray(cols[c], dtype=np.float64))
         for c in timeline:
             timeline[c].append(float(np.mean(cols[c])))
-        pick = rng.choice(n, size=min(support_rows, n), replace=False)
-        z_rows.append(
-            np.concatenate(
-                [
-                    lay.scalers["profile"].transform(view_profile[pick]),
-                    lay.model_state(lay.scalers["state"].transform(state_now[pick])),  # declared columns as the models see them
-                    lay.scalers["action"].transform(legal[pick]),
-                ],
-                axis=1,
-            )
-        )
-        z_t.append(np.full(len(pick), t))
+        pick = rng.choice(n, size=min(support_rows, n), replace=False)  # drawn also without ``support``:
+        if support:  # the stream's later draws (perturbation noise) stay the same
+            z_rows.append(_support_rows(lay, view_profile[pick], state_now[pick], legal[pick]))
+            z_t.append(np.full(len(pick), t))
         nxt = sim.end_tick()
         if done:
             nxt = _Applier.undo(nxt, done)
@@ -413,21 +410,41 @@ def run_episode(
         )
         for k in kpis
     }
+    oos, oos_t = _support_shares(twin, z_rows, z_t, steps) if support else (float("nan"), np.full(steps, np.nan))
+    return EpisodeOutcome(
+        kpis=values,
+        timeline={c: np.asarray(v) for c, v in timeline.items()},
+        oos=oos,
+        oos_t=oos_t,
+        series={c: np.stack(v) for c, v in series.items()},
+        source=None if logged is None else np.asarray(source),
+        actions=np.stack(taken) if taken else None,
+    )
+
+
+def _support_rows(lay: Any, profile: np.ndarray, state: np.ndarray, legal: np.ndarray) -> np.ndarray:
+    """``(n, D)`` rows ``[profile, state, action]`` as the support index measures them (standardised;
+    the declared state columns as the models see them) for ``(n, ·)`` raw profile, state and legal actions."""
+    return np.concatenate(
+        [
+            lay.scalers["profile"].transform(profile),
+            lay.model_state(lay.scalers["state"].transform(state)),
+            lay.scalers["action"].transform(legal),
+        ],
+        axis=1,
+    )
+
+
+def _support_shares(twin: Any, z_rows: list[np.ndarray], z_t: list[np.ndarray], steps: int) -> tuple[float, np.ndarray]:
+    """The share of the sampled agent-steps outside the twin's logs' support, over the episode and
+    ``(steps,)`` per tick (`edgetwin.twin.support.SupportIndex.outside`)."""
     z = np.concatenate(z_rows)
     out = twin.support.outside(z)
     tt = np.concatenate(z_t)
     oos_t = np.bincount(tt, weights=out.astype(float), minlength=steps) / np.maximum(
         np.bincount(tt, minlength=steps), 1
     )
-    return EpisodeOutcome(
-        kpis=values,
-        timeline={c: np.asarray(v) for c, v in timeline.items()},
-        oos=float(out.mean()) if len(out) else 0.0,
-        oos_t=oos_t,
-        series={c: np.stack(v) for c, v in series.items()},
-        source=None if logged is None else np.asarray(source),
-        actions=np.stack(taken) if taken else None,
-    )
+    return (float(out.mean()) if len(out) else 0.0), oos_t
 
 
 def _reweight(
