@@ -204,7 +204,9 @@ def test_evaluate_gives_the_same_kpis_on_ray(capsys: pytest.CaptureFixture[str])
     ray = pytest.importorskip("ray", reason='Ray is an optional extra (pip install -e ".[ray]")')
     argv = ["evaluate", "random", "--on", "cluster", "--seed", "5", *EVAL]
     serial = _cli_json(argv, capsys)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # one CPU: Ray starts one worker process (each imports the evaluation's modules, seconds of CPU);
+    # the episodes still run as Ray tasks, away from this process
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         on_ray = _cli_json([*argv, "--ray", "local"], capsys)
     finally:
