@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,6 +105,22 @@ def _sb3_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     mp.setenv("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3")))
     yield
     mp.undo()
+
+
+@pytest.fixture(scope="session")
+def tiny_cluster_twin() -> Any:
+    """The tiny twin of the emulated cluster that several test files fitted each for themselves
+    (24 agents x 12 steps x 3 episodes; 2 members, 1 adversarial round; declared dynamics,
+    site-level state, a clock, echoes, log-scaled outputs and states, a weighted reward), fitted
+    once per test process. Read-only: a test file takes its own `copy.deepcopy` (the fit is
+    deterministic for its seed, so the copy is the twin the file fitted before)."""
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.twin.twin import Twin
+
+    df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
+    return Twin.fit(df, spec, members=2, seed=0, progress=False, population_model="empirical", bc_epochs=2,
+                    rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
 
 
 def shared_data(relpath: str) -> Path:
