@@ -84,13 +84,13 @@ def long_files_first(items: list[pytest.Item], order: tuple[str, ...] = LONG_FIL
     """Reorder ``items`` in place: the files named in ``order`` first, in that order, then the rest
     as collected; the tests of one file keep their order (a stable sort by file)."""
     rank = {name: i for i, name in enumerate(order)}
+    items.sort(key=lambda item: rank.get(file_key(item), len(rank)))
 
-    def key(item: pytest.Item) -> int:
-        path = Path(item.path)
-        name = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else path.name
-        return rank.get(name, len(rank))
 
-    items.sort(key=key)
+def file_key(item: pytest.Item) -> str:
+    """The item's file as `LONG_FILES_FIRST` names it: its path under tests/ (``security/test_x.py``)."""
+    path = Path(item.path)
+    return path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else path.name
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
