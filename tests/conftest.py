@@ -11,12 +11,91 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TESTS = Path(__file__).resolve().parent
+FIXTURES = TESTS / "fixtures"
+
+#: The default run's 40 longest test files (paths under tests/), longest first: 79 % of its test time.
+#: The numbers are each file's default tests' seconds summed from `python3 -m pytest -q -p no:cacheprovider
+#: --junitxml=...` at e0d1bbd under load 6-10 (~4.4x a quiet machine's).
+#: `pytest_collection_modifyitems` hands them out first. Why: xdist's `--dist loadfile` gives a free
+#: worker the next whole file, by default the files with the most tests first, so that files of one
+#: long test (the NATS end-to-end, the demo) came last and one worker ran them while the other had
+#: nothing left (the run's tail). Longest first leaves the short files for the end, where they fill
+#: both workers. A file missing from this list only loses its place; tests/test_tests48_order.py
+#: checks that every name is a test file.
+LONG_FILES_FIRST: tuple[str, ...] = (
+    "test_parallel.py",  # 312
+    "test_demo.py",  # 271
+    "security/test_prometheus_importer.py",  # 268
+    "test_federated_twin.py",  # 249
+    "test_twin.py",  # 237
+    "test_gate.py",  # 225
+    "security/test_federation.py",  # 180
+    "test_canary_loop.py",  # 177
+    "test_end_to_end_nats.py",  # 171
+    "test_canary.py",  # 167
+    "test_benchmark_docs.py",  # 160
+    "test_generative.py",  # 150
+    "test_hostile_inputs.py",  # 133
+    "test_whatif.py",  # 124
+    "test_overlap.py",  # 124
+    "security/test_artifacts.py",  # 123
+    "test_switchback.py",  # 122
+    "test_demo48_beside.py",  # 121
+    "test_loop_thin_driver.py",  # 113
+    "test_policies_algorithms.py",  # 109
+    "test_causal_settled.py",  # 108
+    "test_federation_nats.py",  # 108
+    "test_demo48_whatif_ahead.py",  # 105
+    "test_canary_plan.py",  # 104
+    "test_edge_switchback.py",  # 101
+    "test_twin_update.py",  # 97
+    "test_federated_causal.py",  # 89
+    "test_causal_twin.py",  # 89
+    "test_policies.py",  # 84
+    "test_prometheus.py",  # 68
+    "test_gate_evidence.py",  # 65
+    "test_claims_inline_commands.py",  # 65
+    "test_agents.py",  # 59
+    "test_validate.py",  # 51
+    "test_runtime_nats.py",  # 50
+    "test_reset_draws.py",  # 49
+    "security/test_spec_expressions.py",  # 49
+    "test_imitation.py",  # 47
+    "test_cluster.py",  # 47
+    "test_plan_design.py",  # 45
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the collection's order for `--dist loadfile` (xdist >= 3.6 otherwise reorders the files by
+    their number of tests, most first; before 3.6 it kept the order and has no such option)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def long_files_first(items: list[pytest.Item], order: tuple[str, ...] = LONG_FILES_FIRST) -> None:
+    """Reorder ``items`` in place: the files named in ``order`` first, in that order, then the rest
+    as collected; the tests of one file keep their order (a stable sort by file)."""
+    rank = {name: i for i, name in enumerate(order)}
+    items.sort(key=lambda item: rank.get(file_key(item), len(rank)))
+
+
+def file_key(item: pytest.Item) -> str:
+    """The item's file as `LONG_FILES_FIRST` names it: its path under tests/ (``security/test_x.py``)."""
+    path = Path(item.path)
+    return path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else path.name
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files first (`LONG_FILES_FIRST`): every xdist worker collects in this order."""
+    long_files_first(items)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -26,6 +105,22 @@ def _sb3_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     mp.setenv("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3")))
     yield
     mp.undo()
+
+
+@pytest.fixture(scope="session")
+def tiny_cluster_twin() -> Any:
+    """The tiny twin of the emulated cluster that several test files fitted each for themselves
+    (24 agents x 12 steps x 3 episodes; 2 members, 1 adversarial round; declared dynamics,
+    site-level state, a clock, echoes, log-scaled outputs and states, a weighted reward), fitted
+    once per test process. Read-only: a test file takes its own `copy.deepcopy` (the fit is
+    deterministic for its seed, so the copy is the twin the file fitted before)."""
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.twin.twin import Twin
+
+    df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
+    return Twin.fit(df, spec, members=2, seed=0, progress=False, population_model="empirical", bc_epochs=2,
+                    rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
 
 
 def shared_data(relpath: str) -> Path:

@@ -61,6 +61,22 @@ def promote_cli(policy: Path, url: str, key: Path, twin: Path, log: Path, out: P
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
+def promote_here(capsys: pytest.CaptureFixture[str], policy: Path, url: str, key: Path, twin: Path, log: Path,
+                 out: Path, *extra: str) -> tuple[int, str]:
+    """`edgetwin promote` through the CLI's entry point in this process: (exit code, stderr).
+
+    The gate's two decisions before the runtime starts run here, as tests/test_gate.py runs the
+    command; a fresh interpreter would import torch and the twin again (~10 s of CPU each). The forced
+    promotion while the runtime serves stays a separate process (`promote_cli`), as an operator's is."""
+    from edgetwin.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["promote", str(policy), "--registry", url, "--key", str(key), "--twin", str(twin), "--log", str(log),
+              "--scope", SCOPE, "--episodes", "1", "--out", str(out), *extra])
+    return int(e.value.code or 0), capsys.readouterr().err
+
+
 async def wait_for(cond: Any, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -78,7 +94,9 @@ async def close_all(*conns: Any) -> None:
 
 
 
-def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(nats_server, tmp_path: Path) -> None:
+def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(
+    nats_server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     torch.set_num_threads(1)
     # the reward this path's refusal was written against (offload minus SLO violations: the all-cloud,
     # full-price policy below loses its return), kept when the cluster's default became the operator's
@@ -117,19 +135,19 @@ def test_fit_train_whatif_promote_serve_and_roll_back_over_nats(nats_server, tmp
         return tmp_path / f"{name}.toml"
     # the gate with wide margins on two KPIs (the spec's own margins, 2-5 %, are not what a 1,000-step
     # policy is expected to meet): not to be catastrophic; the bad policy below is promoted with the gate overridden
-    good = promote_cli(Path(trained.path), nats_server.url, key, Path(twin_dir), recent_path, tmp_path / "gate-good",
+    good_code, good_err = promote_here(capsys, Path(trained.path), nats_server.url, key, Path(twin_dir), recent_path, tmp_path / "gate-good",
                        "--max-regression", "return=100%", "--max-regression", "kpi.slo_violation=100%",
                        "--gate-config", str(named("trained")), "--max-out-of-support", "1", "--json",
                        "--level", "50%")  # one replayed episode supports 50 % (at 90 % the gate abstains)
-    assert good.returncode == 0, good.stderr[-2000:]
+    assert good_code == 0, good_err[-2000:]
     bad_dir = export_policy(ConstantPolicy(spec, [0.0, 0.05, 1.0]), tmp_path / "bad", spec)
-    refused = promote_cli(bad_dir, nats_server.url, key, Path(twin_dir), recent_path, tmp_path / "gate-bad",
+    refused_code, refused_err = promote_here(capsys, bad_dir, nats_server.url, key, Path(twin_dir), recent_path, tmp_path / "gate-bad",
                           "--gate-config", str(named("bad")), "--kpis", str(KPIS), "--max-regression", "return=10%",
                           "--max-out-of-support", "1", "--level", "50%")  # a corner of the box: else the gate abstains (exit 3)
     # the gate refuses a policy that sends all to the cloud at the full price: on the cluster its
     # return is 0.01 against the trained policy's 0.43, in this twin about half the trained one's
-    assert refused.returncode == 1, refused.stderr[-2000:]
-    assert "return fell" in refused.stderr
+    assert refused_code == 1, refused_err[-2000:]
+    assert "return fell" in refused_err
 
     guard = KPIGuard(margins=(KPIMargin("kpi.task_time_ms", max_regression=0.25),), window=5, grace=1, patience=2)
     kpi_cols = spec.names("kpi")

@@ -14,8 +14,6 @@ import pytest
 import torch
 
 from edgetwin.contract.policy import RandomPolicy
-from edgetwin.emulator.cluster import ClusterConfig
-from edgetwin.emulator.logs import generate_logs
 from edgetwin.imitation.noise import Z_GRID, OutputNoise, noise_residuals, stack_tables
 from edgetwin.twin.fused import _level_draws
 from edgetwin.twin.twin import Twin
@@ -94,13 +92,10 @@ def test_level_draws_in_chunks_of_one_scenario_with_repeated_means_and_no_row() 
 
 
 @pytest.fixture(scope="module")
-def noisy_twin() -> Twin:
+def noisy_twin(tiny_cluster_twin: Twin) -> Twin:
     """A tiny twin whose member 1 carries a noise model of several bins per output (the tiny fit's
     own has one bin: too few rows), fitted on synthetic residuals around its outputs' z-range."""
-    df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
-    twin = Twin.fit(df, spec, members=2, seed=0, progress=False, population_model="empirical", bc_epochs=2,
-                    rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
-    twin = copy.deepcopy(twin)
+    twin = copy.deepcopy(tiny_cluster_twin)  # the session's fit (conftest), this file's own copy
     rng = np.random.default_rng(3)
     ny = twin.layout.n_outputs
     mu = rng.normal(size=(4000, ny))

@@ -12,8 +12,6 @@ import pytest
 import torch
 
 from edgetwin.contract.policy import RandomPolicy
-from edgetwin.emulator.cluster import ClusterConfig
-from edgetwin.emulator.logs import generate_logs
 from edgetwin.twin.forward import MIN_ROWS, ScenarioOrder
 from edgetwin.twin.fused import FusedTick
 from edgetwin.twin.simulation import Simulation
@@ -23,12 +21,10 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def twin() -> Twin:
+def twin(tiny_cluster_twin: Twin) -> Twin:
     """A tiny twin of the emulated cluster: declared dynamics, site-level state, a clock, echoes,
     log-scaled outputs and states, a weighted reward: every branch of the fused passes."""
-    df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
-    return Twin.fit(df, spec, members=2, seed=0, progress=False, population_model="empirical", bc_epochs=2,
-                    rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
+    return copy.deepcopy(tiny_cluster_twin)  # the session's fit (conftest), this file's own copy
 
 
 def _pair(twin: Twin, n: int, stochastic: bool) -> tuple[Simulation, Simulation]:

@@ -5,6 +5,7 @@ member directory, checked on load; a member without it draws as before; a row's 
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 
@@ -14,8 +15,6 @@ import torch
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.manifest import write_manifest
-from edgetwin.emulator.cluster import ClusterConfig
-from edgetwin.emulator.logs import generate_logs
 from edgetwin.imitation.noise import OutputNoise, noise_from_json, noise_to_json
 from edgetwin.twin.member import NOISE_FILE
 from edgetwin.twin.twin import Twin
@@ -110,10 +109,8 @@ def test_the_json_round_trip_is_exact_and_a_bad_table_is_refused() -> None:
 
 
 @pytest.fixture(scope="module")
-def small_twin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Twin, object]:
-    df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
-    twin = Twin.fit(df, spec, members=2, seed=0, progress=False, population_model="empirical", bc_epochs=2,
-                    rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
+def small_twin(tmp_path_factory: pytest.TempPathFactory, tiny_cluster_twin: Twin) -> tuple[Twin, object]:
+    twin = copy.deepcopy(tiny_cluster_twin)  # the session's fit (conftest), this file's own copy
     path = twin.save(tmp_path_factory.mktemp("twin") / "t")
     return twin, path
 

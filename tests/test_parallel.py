@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch as th
+from pool_tasks import square_plus  # light: a pool worker imports the module of its task's function
 
 from edgetwin.contract.errors import InputError
 from edgetwin.emulator.cluster import ClusterConfig
@@ -67,14 +68,10 @@ def test_shuffled_batches_are_the_dataloaders() -> None:
     assert ref_next == ours_next
 
 
-def _square(offset: int, k: int) -> int:
-    return k * k + offset
-
-
 def test_run_tasks_orders_results_and_resolves_workers() -> None:
     seen: list[int] = []
-    assert run_tasks(_square, [(k,) for k in range(5)], workers=1, shared=(0,)) == [0, 1, 4, 9, 16]
-    assert run_tasks(_square, [(1, k) for k in range(4)], workers=2, on_result=lambda i, _: seen.append(i)) == [
+    assert run_tasks(square_plus, [(k,) for k in range(5)], workers=1, shared=(0,)) == [0, 1, 4, 9, 16]
+    assert run_tasks(square_plus, [(1, k) for k in range(4)], workers=2, on_result=lambda i, _: seen.append(i)) == [
         1,
         2,
         5,
@@ -97,9 +94,9 @@ def test_pool_tasks_get_the_shared_arguments_and_the_pool_leaves_no_temporary_fi
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    assert run_tasks(_square, [(k,) for k in range(5)], workers=2, shared=(100,)) == [100, 101, 104, 109, 116]
+    assert run_tasks(square_plus, [(k,) for k in range(5)], workers=2, shared=(100,)) == [100, 101, 104, 109, 116]
     with pytest.raises(TypeError):
-        run_tasks(_square, [(1,), (2,)], workers=2, shared=(1, 2))  # one argument too many
+        run_tasks(square_plus, [(1,), (2,)], workers=2, shared=(1, 2))  # one argument too many
     assert list(tmp_path.iterdir()) == []
 
 
@@ -207,7 +204,9 @@ def test_evaluate_gives_the_same_kpis_on_ray(capsys: pytest.CaptureFixture[str])
     ray = pytest.importorskip("ray", reason='Ray is an optional extra (pip install -e ".[ray]")')
     argv = ["evaluate", "random", "--on", "cluster", "--seed", "5", *EVAL]
     serial = _cli_json(argv, capsys)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # one CPU: Ray starts one worker process (each imports the evaluation's modules, seconds of CPU);
+    # the episodes still run as Ray tasks, away from this process
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         on_ray = _cli_json([*argv, "--ray", "local"], capsys)
     finally:

@@ -118,7 +118,9 @@ def test_action_norm_regulariser_shrinks_actions() -> None:
             device="cpu",
             policy_kwargs={"action_norm_lambda": lam},
         )
-        model.learn(2048)
+        # 1,024 steps (4 updates): λ = 4 leaves ~1 % of λ = 0's squared norm at seeds 0-2 (0.2-1 %
+        # at 2,048), so the halving below is not near its edge
+        model.learn(1024)
         a, _ = model.predict(obs, deterministic=True)
         norms[lam] = float((a**2).sum(axis=1).mean())
         if lam > 0:

@@ -9,6 +9,7 @@ size changes nothing (the tests' and quick benchmarks' fits stay bit-identical),
 
 from __future__ import annotations
 
+import copy
 import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -130,11 +131,9 @@ def test_the_lean_loss_trains_the_same_weights_as_imitations(monkeypatch) -> Non
 
 
 @pytest.fixture(scope="module")
-def cluster_twin() -> Twin:
+def cluster_twin(tiny_cluster_twin: Twin) -> Twin:
     """A tiny twin of the emulated cluster: declared dynamics, site-level state, a clock, echoes."""
-    df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
-    return Twin.fit(df, spec, members=2, seed=0, progress=False, population_model="empirical", bc_epochs=2,
-                    rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
+    return copy.deepcopy(tiny_cluster_twin)  # the session's fit (conftest), this file's own copy
 
 
 def test_a_tick_of_every_agent_is_the_tick_of_its_parts(cluster_twin: Twin) -> None:

@@ -490,8 +490,9 @@ def test_site_state_follows_a_product_of_action_and_response() -> None:
     the edge for both "all to the edge, nothing offloaded" and "none to the edge, all offloaded";
     the truth is zero for both."""
     df, spec = offload_system()
+    # 15 BC epochs: the edge loads below are within 0.07 of their truths as at 40 (tolerance 0.26)
     tw = Twin.fit(df, spec, members=1, seed=0, progress=False, population_model="empirical",
-                  response_model="bc", bc_epochs=40, site_model=True)
+                  response_model="bc", bc_epochs=15, site_model=True)
     model = tw.members[0].site_model
     assert model is not None and model.val_r2[0] > 0.9
     mean_load = 1.75

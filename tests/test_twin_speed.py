@@ -9,13 +9,13 @@ weights changed in place, and stay deterministic.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
 
 from edgetwin.contract.policy import RandomPolicy
-from edgetwin.emulator.cluster import ClusterConfig
-from edgetwin.emulator.logs import generate_logs
 from edgetwin.imitation.mail import numpy_forward
 from edgetwin.imitation.split import SplitNetwork
 from edgetwin.twin.twin import Twin
@@ -24,11 +24,9 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def twin() -> Twin:
+def twin(tiny_cluster_twin: Twin) -> Twin:
     """A tiny twin of the emulated cluster: declared dynamics, site-level state, a clock, echoes."""
-    df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
-    return Twin.fit(df, spec, members=2, seed=0, progress=False, population_model="empirical", bc_epochs=2,
-                    rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
+    return copy.deepcopy(tiny_cluster_twin)  # the session's fit (conftest), this file's own copy
 
 
 def _ticked(twin: Twin, n: int = 90, ticks: int = 3):
