@@ -38,7 +38,7 @@ def test_the_demo_paragraphs_counts_are_what_the_demo_printed() -> None:
         (r"naming the (\d+) days that would", r"(\d+) are needed \("),
         (r"puts (\d+ of the \d+) service groups", r"on (\d+ of \d+) service groups"),
         (r"for (\d+) h;", r"for (\d+) h\n"),
-        (r"their relative change is unbounded \((-\d+\.\d) % \[-inf, \+inf\]", r"kpi.slo_violation: (-\d+\.\d)% \[-inf%, \+inf%\]"),
+        (r"its relative change is unbounded \((-\d+\.\d) % \[-inf, \+inf\]", r"kpi.task_time_ms: (-\d+\.\d)% \[-inf%, \+inf%\]"),
     ]
     for readme, printed in pairs:
         said, did = re.search(readme, para), re.search(printed, PRINTED)
@@ -48,9 +48,14 @@ def test_the_demo_paragraphs_counts_are_what_the_demo_printed() -> None:
 
 def test_the_ending_the_readme_names_is_the_recorded_runs() -> None:
     para = _paragraph()
-    if "the SLO violations' fleet level uncertain by more than the level itself" in para:
-        assert "undecided: kpi.slo_violation's interval is unbounded towards its margin" in PRINTED
-        assert "energy's too" not in para or re.search(r"kpi.energy_j: [-+]\d+\.\d% \[-inf%, \+inf%\]", PRINTED)
+    if "task time's fleet level uncertain by more than the level itself" in para:
+        assert "undecided: kpi.task_time_ms's interval is unbounded towards its margin" in PRINTED
+    if "the other KPIs' are unbounded" in para:  # every KPI but offload, and the reason names the bound's KPIs
+        assert re.search(r"response.offload_ratio: [-+]\d+\.\d% \[[-+]\d+\.\d%, [-+]\d+\.\d%\]", PRINTED)
+        for kpi in ("kpi.task_time_ms", "kpi.slo_violation", "kpi.energy_j", "kpi.carbon_g", "kpi.revenue", "reward"):
+            assert re.search(rf"{re.escape(kpi)}: [-+]\d+\.\d% \[-inf%, \+inf%\]", PRINTED), kpi
+    if "names the KPIs that carry the bound" in para:
+        assert "carry a bound on how much the change may move from day to day" in PRINTED
     undecided = para.startswith("On the embedded defaults (seed 0) it ends **undecided**")
     assert undecided == (RESULTS["verdict"] == "abstain")
     if "nothing is promoted or served" in para:
@@ -77,3 +82,15 @@ def test_the_kpis_the_readme_says_no_canary_days_decide_are_the_plans() -> None:
     lines = [x.strip() for x in RESULTS["stdout"] if "expected after" in x]
     undecidable = {x.split(":", 1)[0] for x in lines if "no number of such canary days is expected to" in x}
     assert said == (undecidable == set(names)), undecidable
+
+
+def test_the_readme_demo_phase_times_are_the_recorded_runs() -> None:
+    """The README's promotion and what-if-wait seconds, new against the older code, are the recorded runs' phases."""
+    readme = " ".join(README.split())
+
+    def phase(runs: list[dict], key: str) -> str:
+        return " and ".join(f"{r['phase_seconds'][key]:.1f} s" for r in runs)
+
+    new, old = RESULTS["runs"], RESULTS["baseline"]["runs"]
+    assert f"(promotion {phase(new, 'promote_and_serve')} against {phase(old, 'promote_and_serve')})" in readme
+    assert f"longer ({phase(new, 'whatif_wait')} against {phase(old, 'whatif_wait')})" in readme
