@@ -137,7 +137,7 @@ def _pool_twin_only(rounds: list[dict[str, float]], level: float) -> dict[str, f
     """The rounds pooled as before this change (the twin's day term alone, no between-day term from
     the rounds): `edgetwin.loop.ppi._pool` without `with_day_term`, for the comparison only. The
     twin's term is its calibrated replay (``diff_var_day_revealed``), without the first look's
-    bound on what the level cannot reveal (`edgetwin.loop.verdict.unrevealed_day_bound`)."""
+    bound on what the level cannot reveal (`edgetwin.loop.day_bound.unrevealed_day_bound`)."""
     from edgetwin.loop.ppi import _pool_terms, finish_estimate, welch_df
 
     rounds = [_revealed_only(r) for r in rounds]
@@ -491,9 +491,9 @@ BOUND_JSON = "day48_bound.json"
 
 
 def _bound_sd(rho: float, rel: float) -> float:
-    """`edgetwin.loop.verdict.unrevealed_day_bound`'s sd relative to the baseline level, from the
+    """`edgetwin.loop.day_bound.unrevealed_day_bound`'s sd relative to the baseline level, from the
     level's relative day sd ``rho`` and the candidate's relative change ``rel``."""
-    from edgetwin.loop.verdict import unrevealed_day_bound
+    from edgetwin.loop.day_bound import unrevealed_day_bound
 
     return math.sqrt(unrevealed_day_bound(rho * rho, 1.0, rel))
 

@@ -1,5 +1,5 @@
 """The first look's day term (issue 48): one canary day carries a bound on the part of the change's
-day-to-day spread the logs' level cannot reveal (`edgetwin.loop.verdict.unrevealed_day_bound`), and
+day-to-day spread the logs' level cannot reveal (`edgetwin.loop.day_bound.unrevealed_day_bound`), and
 canaries on several days let their own between-day spread replace it (`pooled_day_term`)."""
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def test_one_canary_day_covers_the_multi_day_change_when_the_effect_moves_alone(
 
 
 def test_the_bound_is_the_level_spread_carried_by_both_policies() -> None:
-    from edgetwin.loop.verdict import calibrated_day_variance, unrevealed_day_bound
+    from edgetwin.loop.day_bound import unrevealed_day_bound
+    from edgetwin.loop.verdict import calibrated_day_variance
 
     assert unrevealed_day_bound(4.0, 10.0, 0.0) == pytest.approx(8.0)  # A/A: var(C) + var(B), correlation 0
     assert unrevealed_day_bound(4.0, 10.0, -10.0) == pytest.approx(4.0)  # the candidate's level is 0
@@ -82,8 +83,8 @@ def test_canaries_on_several_days_let_their_own_spread_replace_the_bound() -> No
     evidence, so one day's term falls to an eighth of it and the pooled interval is about a third
     as wide as with the bound kept whole (before this change the first-look term, whatever it
     was, was never lowered by the rounds)."""
+    from edgetwin.loop.day_bound import pooled_day_term
     from edgetwin.loop.ppi import combine_estimates
-    from edgetwin.loop.verdict import pooled_day_term
 
     bound, own = 0.01, 1e-6
     rounds = [_round(d, 0.02, own, bound, 1e-8) for d in range(8)]
@@ -103,7 +104,7 @@ def test_on_the_emulated_clusters_truth_days_the_bound_holds_where_the_scaled_te
     (candidate, KPI, seed), the truth's sd of the daily change against each term's sd. The bound's
     candidate-to-baseline ratio is the 20-day truth's here (the diagnosis did not record the
     twin's mean change)."""
-    from edgetwin.loop.verdict import unrevealed_day_bound
+    from edgetwin.loop.day_bound import unrevealed_day_bound
 
     under_scaled = under_bound = n = 0
     for s in (0, 1, 2):

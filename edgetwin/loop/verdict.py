@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from edgetwin.contract.errors import InputError
-from edgetwin.loop.day_bound import pooled_day_term, unrevealed_day_bound
+from edgetwin.loop.day_bound import unrevealed_day_bound
 
 if TYPE_CHECKING:  # typed seams (issue 46), for mypy only
     from edgetwin.loop.plan import CanaryPlan
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # typed seams (issue 46), for mypy only
     from edgetwin.twin.whatif import PolicySpec
 
 __all__ = ["DayVariance", "calibrated_day_variance", "canary_verdict", "check_canary_log", "day_seed",
-           "day_to_day_variance", "guarded_day_variance", "pooled_day_term", "stamp_revealed", "unrevealed_day_bound"]
+           "day_to_day_variance", "guarded_day_variance", "stamp_revealed"]
 
 
 class DayVariance(dict[str, tuple[float, float, float]]):
@@ -34,7 +34,7 @@ class DayVariance(dict[str, tuple[float, float, float]]):
     the part of the change's day variance the logs' level reveals (the twin's calibrated replay),
     which the verdict stamps on its rounds (``diff_var_day_revealed``) so that canaries on several
     days can let their own between-day spread replace the first look's bound
-    (`pooled_day_term`)."""
+    (`edgetwin.loop.day_bound.pooled_day_term`)."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -143,7 +143,7 @@ def canary_verdict(
 
 def stamp_revealed(est: dict[str, dict[str, float]], day_var: Mapping[str, object] | None) -> dict[str, dict[str, float]]:
     """``est`` with each KPI's revealed part of the day term (`DayVariance.revealed`) as
-    ``diff_var_day_revealed`` (and its ``local:`` twin), which `pooled_day_term` reads once canaries
+    ``diff_var_day_revealed`` (and its ``local:`` twin), which `edgetwin.loop.day_bound.pooled_day_term` reads once canaries
     ran on several days; a ``day_var`` without it (a plain map): nothing stamped, the rounds'
     term then stays a floor whole, as before the bound."""
     revealed = getattr(day_var, "revealed", None) or {}
@@ -167,7 +167,7 @@ def calibrated_day_variance(
     """Per column, ``(var of the daily change, var of the daily baseline level, days − 1)``: the
     larger of the twin's replayed day-to-day variance of the change, scaled up by how much more the
     logged days' baseline level moves than the twin's replay of it (``revealed``), and the first
-    look's bound on the part the level cannot reveal (`unrevealed_day_bound`).
+    look's bound on the part the level cannot reveal (`edgetwin.loop.day_bound.unrevealed_day_bound`).
 
     Args:
         twin_changes: ``(D, K)`` the twin's fleet-wide change (candidate − baseline, mean over the
@@ -187,7 +187,7 @@ def calibrated_day_variance(
     not (the change is steady on most days and several times larger on the days the fleet
     congests): the scaled term is below the truth's daily spread for 64 of 84 (candidate, KPI,
     seed) triples, median 1.9x in sd. Hence the bound, which one canary day cannot check and
-    canaries on several days can (`pooled_day_term`). ``max(r, 1)``: the logs may only raise the
+    canaries on several days can (`edgetwin.loop.day_bound.pooled_day_term`). ``max(r, 1)``: the logs may only raise the
     twin's term, never lower it (with ``D − 1`` degrees of freedom an observed variance below the
     twin's is mostly noise). Degrees of freedom ``D − 1`` (the observed variance's) for the
     Welch-Satterthwaite/t reference (`edgetwin.loop.ppi.welch_df`). A twin whose replay does not
