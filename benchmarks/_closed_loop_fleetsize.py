@@ -54,7 +54,8 @@ INTERVAL_DIVISION_NOTE = (
     "Since 7fad20a the CUPED-adjusted arms' variance is the jackknife's and since 1616a88 canary days are pooled by "
     "design weights (\"CUPED's slope and heavy tails\" below): rerun on them are the coverage experiment, the 1,000-group "
     "design table and that section; every closed-loop run on this page (the 1,000-group interval_division run included) "
-    "predates both.")
+    "predates both, except the runs on the one-day bound (\"Extended canaries with the rest of the fleet as control "
+    "(day_bound)\" and \"The verdict rate by fleet size with the one-day bound\"), made on all three.")
 
 
 def _stopped(summary: dict[str, Any]) -> bool:
@@ -63,21 +64,22 @@ def _stopped(summary: dict[str, Any]) -> bool:
     return any(r.get("stop") != "completed" for r in summary.get("rounds", []))
 
 
-def rerun_check(docs_of: dict[str, list[dict[str, Any]]], before: Path) -> dict[str, Any]:
+def rerun_check(docs_of: dict[str, list[dict[str, Any]]], before: Path, seed_file: str = SEED_FILE) -> dict[str, Any]:
     """Per fleet size, what ran afresh and what was taken from the run before the stopped-day rule
     (``before``: its seed files): ``reused`` (loops that never stopped, `_closed_loop_scale.reused_loops`),
     ``rerun_stopped`` (loops with a stopped day, run afresh), and for the loops that never stopped but
     ran afresh all the same, whether every pair's verdict and the loop's agent-steps are the stored
     run's (``identical`` / ``differing``): the check that taking them as they were is what a rerun gives;
     ``changed``: every pair decided in one run and not the other, or decided otherwise (old → new, with
-    its 20-day truth; an open pair's label, straddle or the twin alone's, is not a change)."""
+    its 20-day truth; an open pair's label, straddle or the twin alone's, is not a change). ``seed_file``:
+    the run before's seed-file name (this run's own by default: the run before kept in ``before``)."""
     from _closed_loop_scale import DECIDED
 
     out: dict[str, Any] = {}
     for n, docs in docs_of.items():
         e: dict[str, list[str]] = {"reused": [], "rerun_stopped": [], "identical": [], "differing": [], "changed": []}
         for d in docs:
-            path = before / SEED_FILE.format(s=d["seed"])
+            path = before / seed_file.format(s=d["seed"])
             old = json.loads(path.read_text())["by_fleet_size"].get(n, {}) if path.is_file() else {}
             olds = {s["policy"]: s for s in old.get("per_candidate", [])}
             cur = d["by_fleet_size"][n]
@@ -154,6 +156,10 @@ DESIGN = ("extended canaries (up to 16 days, looks at 1, 2, 4, 8, 16), the rest 
           f"slope per arm, the verdict's calibrated day term ({RUN_KEY}; code {CODE})")
 
 
+#: set on ``day_term_by_fleet_size`` when a later run's fleet sizes (its key) replaced the headline this run had set
+#: (`_closed_loop_fleetsize_bound.write_page`): `replace_headline` then leaves the headline alone
+SUPERSEDED = "superseded_by"
+
 #: the headline's steps-ratio fields, replaced with ``by_fleet_size``
 STEPS_KEYS = ("canary_steps_ratio", "canary_steps_ratio_lower_bound", "canary_steps_ratio_fleet_size")
 
@@ -166,9 +172,13 @@ def before_headline(cur: dict[str, Any]) -> dict[str, Any]:
 def replace_headline(cur: dict[str, Any]) -> bool:
     """The issue's headline ``by_fleet_size`` describes today's code: when the merged run (`RUN_KEY`)
     covers every size the headline holds, its entries replace the headline's (each with its
-    ``design``), the old ones kept once under ``before_day_term``; else nothing changes (False)."""
+    ``design``), the old ones kept once under ``before_day_term``; else nothing changes (False). Once
+    a later run has superseded this one (`SUPERSEDED`), the headline is that run's and stays so (True:
+    this run had replaced it)."""
     run = cur[RUN_KEY]["by_fleet_size"]
     old = before_headline(cur)
+    if cur.get(KEY, {}).get(SUPERSEDED):  # it had replaced the headline; a later run has replaced it since
+        return True
     if not set(old) <= set(run):
         return False
     before = cur.setdefault("before_day_term", {"by_fleet_size": old, "what": "the headline before the day term: the "
@@ -255,8 +265,7 @@ def section(res: dict[str, Any]) -> str:
              f"section, run on {CODE}; results `{RUN_KEY}` and `{KEY}` in results_production.json. " + _rule_text(res) + " "
              f"What ran: {ran}. Before: the headline `by_fleet_size` as it was before the day term (the "
              "slice-control loop; its 5,000-group entry one canary day and ≤ 3 rounds), now "
-             + ("`before_day_term.by_fleet_size`; the headline is this run's" if res.get("headline_replaced") else
-                "still the headline") + ". Of the distinct (candidate, KPI) pairs the twin alone left open: decided by the canaries "
+             + _headline_text(res) + ". Of the distinct (candidate, KPI) pairs the twin alone left open: decided by the canaries "
              "(`canary_verdict_rate`), of those agreeing with the 20-day truth (`confident_agreement`), and how often the "
              "last look's interval covers the 20-day truth (stated 90 % over the looks; over the open pairs the loop gave "
              "an interval, which a candidate whose canary was stopped on its first day no longer gets); Clopper-Pearson 95 % "
@@ -299,6 +308,16 @@ def section(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _headline_text(res: dict[str, Any]) -> str:
+    """Where the headline ``by_fleet_size`` stands against this run: set by it, replaced since, or not moved."""
+    if not res.get("headline_replaced"):
+        return "still the headline"
+    if res.get(SUPERSEDED):
+        return (f"`before_day_term.by_fleet_size`; this run was the headline until the rerun on the one-day bound "
+                f"(`{res[SUPERSEDED]}`, the section \"The verdict rate by fleet size with the one-day bound\") replaced it")
+    return "`before_day_term.by_fleet_size`; the headline is this run's"
+
+
 def _rule_text(res: dict[str, Any]) -> str:
     """What the stopped-day rule changed and which loops ran afresh (`rerun_check`)."""
     rr = res.get("rerun", {})
@@ -323,7 +342,10 @@ def write_page(out: Path) -> dict[str, Any]:
     path = out / "results_production.json"
     cur = json.loads(path.read_text())
     keep_before(cur)
+    later = cur.get(KEY, {}).get(SUPERSEDED)
     cur[KEY] = fleet_sizes(cur, out / "scale")
+    if later:
+        cur[KEY][SUPERSEDED] = later
     cur[KEY]["headline_replaced"] = replace_headline(cur)
     path.write_text(json.dumps(cur, indent=1, default=float))
     write_section(SECTION, section(cur[KEY]), doc=out / "README.md", keep=KEEP)

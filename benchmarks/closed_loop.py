@@ -47,7 +47,7 @@ sweep point's agent-steps over twin + canary's).
     python benchmarks/closed_loop.py --day-diagnosis --seed S --work DIR   (_closed_loop_dayterm)
     python benchmarks/closed_loop.py --day-coverage --designs-fleet 1000 --days 20 --runs 200 --day-sd 0.05 --canary-days 1 4 8
     python benchmarks/closed_loop.py --day-term-page [--day-term-fc DIR] [--day-term-sl DIR] [--day-term-base DIR]
-    python benchmarks/closed_loop.py --fleet-size-page   (_closed_loop_fleetsize: after --scale-merge ... --merge-as day_term)
+    python benchmarks/closed_loop.py --fleet-size-page [day_bound]   (_closed_loop_fleetsize[_bound]: after --scale-merge ... --merge-as day_term / day_bound)
 
 ``--coverage`` (about a minute of CPU): the coverage experiment of issue 48 (`coverage_experiment`,
 `design_comparison`): canaries simulated on the emulator's per-group outcomes, no twin fitted, into
@@ -1051,9 +1051,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--day-coverage", action="store_true",
                     help="coverage of the multi-day truth with the effect moving from day to day (--day-sd), canaries on "
                          "--canary-days days of a --designs-fleet fleet (_closed_loop_dayterm.day_coverage)")
-    ap.add_argument("--fleet-size-page", action="store_true",
-                    help="the verdict rate by fleet size with the day term: the --merge-as day_term run's seed files into "
-                         "results_production.json's day_term_by_fleet_size and its page section (_closed_loop_fleetsize)")
+    ap.add_argument("--fleet-size-page", nargs="?", const="day_term", default=None, choices=("day_term", "day_bound"),
+                    help="the verdict rate by fleet size: the --merge-as day_term (default) or day_bound run's seed files "
+                         "into results_production.json's <run>_by_fleet_size and its page section (_closed_loop_fleetsize, "
+                         "_closed_loop_fleetsize_bound: day_bound also moves the headline by_fleet_size to that run)")
     ap.add_argument("--day-term-page", action="store_true",
                     help="the day-term section: the diagnosis, --day-coverage and the 1,000-group reruns (--day-term-fc/-sl "
                          "work directories, copied into scale/day_term_<run>_seed<S>.json) against the stored runs")
@@ -1089,7 +1090,10 @@ def main(argv: list[str] | None = None) -> None:
         run_day_truth_cli(args.seed, args.truth_days, args.work, OUT)
         return
     if args.fleet_size_page:
-        from _closed_loop_fleetsize import write_page as write_fleet_sizes
+        if args.fleet_size_page == "day_bound":
+            from _closed_loop_fleetsize_bound import write_page as write_fleet_sizes
+        else:
+            from _closed_loop_fleetsize import write_page as write_fleet_sizes
 
         print(json.dumps({n: {k: v[k] for k in ("canary_verdict_rate", "confident_agreement", "agreement_ci")}
                           for n, v in write_fleet_sizes(OUT)["by_fleet_size"].items()}, indent=1, default=float))  # fmt: skip
