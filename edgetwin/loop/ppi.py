@@ -669,7 +669,8 @@ def measured_group_means(canary_log: pd.DataFrame, kpis: Sequence[str], candidat
         raise InputError(f"the canary log has no row at t >= {start_t}", "canary log")
     g = rows.groupby("agent")
     out = g[list(kpis)].mean()
-    out["arm"] = np.where(g["policy"].agg(lambda s: (s.astype(str) == candidate).any()), "candidate", "control")
+    on_candidate = (rows["policy"].astype(str) == candidate).groupby(rows["agent"]).any().reindex(out.index)
+    out["arm"] = np.where(on_candidate.to_numpy(dtype=bool), "candidate", "control")
     pre = canary_log[canary_log["t"] < start_t].groupby("agent")[list(kpis)].mean().reindex(out.index)
     for k in kpis:
         out[f"pre:{k}"] = pre[k]
