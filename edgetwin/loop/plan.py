@@ -667,11 +667,11 @@ def kpi_terms(
     ``n/2 − 1``), and ``day = (first, revealed, df)``: the day term the verdict carries at its first
     look (`edgetwin.loop.ppi.day_term`: the larger of the twin's calibrated replay and the bound on
     what the level cannot reveal, `edgetwin.loop.verdict.calibrated_day_variance`), the part of it
-    the logs reveal (`edgetwin.loop.verdict.revealed_day_variance`) and its degrees of freedom.
+    the logs reveal (`edgetwin.loop.day_bound.revealed_day_variance`) and its degrees of freedom.
     Variances in KPI units squared; the plan's interval (`_expected_option`) and its day count
     (`pooled_days_to_decide`) both read them."""
+    from edgetwin.loop.day_bound import revealed_day_variance
     from edgetwin.loop.ppi import day_term
-    from edgetwin.loop.verdict import revealed_day_variance
 
     n_c = max(2, int(round(treat_share * n)))
     n_b = max(2, n - n_c)

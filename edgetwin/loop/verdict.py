@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # typed seams (issue 46), for mypy only
     from edgetwin.twin.whatif import PolicySpec
 
 __all__ = ["DayVariance", "calibrated_day_variance", "canary_verdict", "check_canary_log", "day_seed",
-           "day_to_day_variance", "guarded_day_variance", "revealed_day_variance", "stamp_revealed"]
+           "day_to_day_variance", "guarded_day_variance", "stamp_revealed"]
 
 
 class DayVariance(dict[str, tuple[float, float, float]]):
@@ -151,19 +151,6 @@ def stamp_revealed(est: dict[str, dict[str, float]], day_var: Mapping[str, objec
         if k in revealed:
             one["diff_var_day_revealed"] = one["local:diff_var_day_revealed"] = float(revealed[k])
     return est
-
-
-def revealed_day_variance(day_var: Mapping[str, Sequence[float]] | None, column: str) -> float:
-    """The part of ``column``'s first-look day term (KPI units squared) the logs' level reveals (the
-    twin's calibrated replay, `DayVariance.revealed`), which the verdict stamps on its rounds
-    (`stamp_revealed`) and `edgetwin.loop.day_bound.pooled_day_term` keeps as a floor: the term
-    itself for a plain map without it (nothing known to be a bound: it stays whole, as
-    `edgetwin.loop.ppi.with_day_term` reads a round without the stamp), 0 for a column it lacks."""
-    got = (day_var or {}).get(column)
-    if got is None:
-        return 0.0
-    revealed = getattr(day_var, "revealed", None) or {}
-    return float(revealed[column]) if column in revealed else float(got[0])
 
 
 def day_seed(seed: int, day: int) -> int:
