@@ -688,7 +688,7 @@ def kpi_terms(
 def _expected_option(
     decision: Any, checks: Mapping[str, Any], kdefs: Mapping[str, Any], preds: pd.DataFrame,
     spread: Mapping[tuple[str, float], float], budget: PlanBudget, n_fleet: int, n: int, h: float, design: str,
-    day_var: Mapping[str, tuple[float, float, float]] | None = None, max_days: int = 1,
+    day_var: Mapping[str, tuple[float, float, float]] | None = None, max_days: int = 1, count_days: bool = True,
 ) -> tuple[bool, float, float, list[PlannedKPI]]:
     """What a canary of ``n`` groups for ``h`` hours under ``design`` is expected to tell: whether
     every KPI's expected interval decides, the largest share of a KPI's loss budget it may spend,
@@ -697,7 +697,10 @@ def _expected_option(
     counterpart); a matched-pair rectifier has ``n/2 − 1`` degrees of freedom, a random one Welch's.
     ``day_var``: per column, the day-to-day variance of the change (`day_to_day_variance`), a term of
     one day's interval that only more days shrink; ``max_days``: the extension's days, whose looks
-    (`edgetwin.loop.ppi.look_days`) set the level at which ``days`` (of `PlannedKPI`) is reckoned."""
+    (`edgetwin.loop.ppi.look_days`) set the level at which ``days`` (of `PlannedKPI`) is reckoned.
+    ``count_days`` False: ``days`` left None (`plan_canary` weighs every option without them, which
+    do not enter the choice, and counts them for the chosen option only: each count searches up to a
+    year of days)."""
     from edgetwin.loop.ppi import look_days, look_level, t_quantile, welch_df
 
     n_c = max(2, int(round(budget.treat_share * n)))
@@ -721,8 +724,9 @@ def _expected_option(
         all_decide &= decides
         width += exp[1] - exp[0]
         # over an extension's looks, each at its share of alpha (`look_level`), by the verdict's pooling
-        days = pooled_days_to_decide(sign * point, c.allowed_change, base, fleet_term, own, day,
-                                     look_level(LEVEL, len(look_days(max_days))), look_days(max_days))  # fmt: skip
+        days = (pooled_days_to_decide(sign * point, c.allowed_change, base, fleet_term, own, day,
+                                      look_level(LEVEL, len(look_days(max_days))), look_days(max_days))
+                if count_days else None)  # fmt: skip
         planned.append(PlannedKPI(kpi, col, c.better, c.abstain_reason(decision.max_out_of_support), list(c.interval),
                                   exp, c.allowed_change, decides, worst, fleet_loss, cap, days))  # fmt: skip
     return all_decide, max_frac, width, planned
@@ -821,7 +825,7 @@ def plan_canary(
         by_design = {d: spread if d == "random" else paired(n) for d in designs}
         for h in hours_opts:
             got = {d: _expected_option(decision, checks, kdefs, preds, by_design[d], budget, n_fleet, n, h, d,
-                                       day_var, max_days) for d in designs}  # fmt: skip
+                                       day_var, max_days, count_days=False) for d in designs}  # fmt: skip
             if not got:
                 continue
             d = min(got, key=lambda k: got[k][2])  # the narrowest expected interval at this size and duration
@@ -833,6 +837,10 @@ def plan_canary(
     if design == "matched_pairs" and not options:
         raise InputError(f"a matched-pair canary needs a half share and at most {MAX_PAIRS} pairs", "design")
     best = _choose(options, why)
+    _, _, _, _, n, h, _, d, _ = best  # the chosen option's days (`PlannedKPI.days`), counted once
+    counted = _expected_option(decision, checks, kdefs, preds, spread if d == "random" else paired(n), budget, n_fleet,
+                               n, h, d, day_var, max_days)[3]  # fmt: skip
+    best = (*best[:6], counted, *best[7:])
     return _draw_slice(decision, best, checks, why, agents, preds, pre, budget, margins, loss_budget, loss_levels,
                        seed, round_no)
 
