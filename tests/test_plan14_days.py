@@ -242,3 +242,32 @@ def test_a_real_plans_days_are_when_the_pooled_verdict_decides(planned: dict[str
         for d in before:
             assert _verdict(point, day, d, MAX_DAYS, terms, margin) == "abstain", (k.kpi, d)
     assert checked >= 1  # some KPI needs more than a day: the rule was exercised
+
+
+def test_the_search_finds_the_first_day_a_scan_finds() -> None:
+    """`pooled_days_to_decide` bisects on the normal reference's count (a lower bound) before it
+    scans: on random terms it returns what a plain scan of every day (the looks first) returns."""
+    rng = np.random.default_rng(14)
+    cap, found = 120, 0
+    for _ in range(60):
+        fleet = (float(rng.uniform(0, 0.05)), float(rng.integers(5, 200)))
+        own = [(float(rng.uniform(0.01, 1.0)), float(rng.integers(1, 12))) for _ in range(2)]
+        first = float(rng.uniform(0, 5))
+        day = (first, first * float(rng.uniform(0, 1)), float(rng.integers(1, 8)))
+        point, max_days = float(rng.uniform(-0.4, 0.4)), int(rng.choice([1, 4, 8]))
+        level, looks = look_level(0.90, len(look_days(max_days))), look_days(max_days)
+
+        def clears(k: int, point: float = point, fleet: tuple[float, float] = fleet,
+                   own: list[tuple[float, float]] = own, day: tuple[float, float, float] = day,
+                   level: float = level) -> bool:  # fmt: skip
+            terms = pooled_terms(k, fleet, own, day)
+            h = t_quantile(level, welch_df(terms)) * math.sqrt(sum(v for v, _ in terms)) / BASE
+            return point + h <= 0.05 or point - h > 0.05
+
+        want = next((k for k in looks if clears(k)), None)
+        if want is None:
+            want = next((k for k in range(max(looks) + 1, cap + 1) if clears(k)), None)
+        got = pooled_days_to_decide(point, 0.05, BASE, fleet, own, day, level, looks, cap=cap)
+        assert got == want, (fleet, own, day, point, max_days)
+        found += got is not None and got > max(looks)
+    assert found >= 5  # the search past the looks was exercised
