@@ -178,7 +178,7 @@ def test_the_docs_say_what_the_code_carries() -> None:
     assert unrevealed_day_bound(3.0, 2.0, 1.0) == pytest.approx(3.0 * (1.0 + 1.5**2))
     assert "their blend with the bound counted as one day's evidence" in canary
     assert pooled_day_term(0.4, 0.0, 0.1, 4, 5.0)[0] == pytest.approx((0.4 + 3 * 0.1) / 4)
-    assert "a one-day verdict's reason names the KPIs that carry it (`bound_note`)" in canary
+    assert "a one-day verdict's reason names the KPIs that carry it (`bound_note`;" in canary
     sys.path.insert(0, str(root / "benchmarks"))
     import _closed_loop_dayterm as dt
 

@@ -270,8 +270,9 @@ def canary_verdict_cmd(
         for c in checks:
             out.print(f"  {c.kpi}: {100 * c.change:+.2f}% [{100 * c.interval[0]:+.2f}%, {100 * c.interval[1]:+.2f}%] "
                       f"vs margin {100 * c.allowed_change:g}% -> {c.verdict}")  # fmt: skip
-        if verdict != "promote" or not checks:
-            out.print(f"  why: {reason}")
+        # on every verdict: a promotion's reason names the KPIs whose one-day interval carries the
+        # bound on the unrevealed day-to-day spread (`edgetwin.loop.day_verdict.bound_note`) too
+        out.print(f"  why: {reason}")
     raise typer.Exit({"promote": 0, "refuse": 1, "undecided": 3}[verdict])
 
 

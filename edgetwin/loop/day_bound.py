@@ -3,15 +3,17 @@ day-to-day spread that the logs' baseline level cannot reveal (`unrevealed_day_b
 canaries on several days let their own between-day spread replace it (`pooled_day_term`).
 
 `edgetwin.loop.verdict.calibrated_day_variance` carries the bound at the first look;
-`edgetwin.loop.ppi.with_day_term` pools with `pooled_day_term`. Plain arithmetic on variances (KPI
-units squared): no import of the loop, so that both can read it.
+`edgetwin.loop.ppi.with_day_term` pools with `pooled_day_term`, and the plan counts its days with it
+(`edgetwin.loop.plan.pooled_terms`, reading the revealed part with `revealed_day_variance`). Plain
+arithmetic on variances (KPI units squared): no import of the loop, so that all three can read it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
-__all__ = ["pooled_day_term", "unrevealed_day_bound"]
+__all__ = ["pooled_day_term", "revealed_day_variance", "unrevealed_day_bound"]
 
 
 def unrevealed_day_bound(level_var: float, base_mean: float, change_mean: float) -> float:
@@ -63,6 +65,20 @@ def pooled_day_term(first: float, revealed: float, tau2: float, days: int, first
     if best == tau2 and tau2 >= blend:
         return tau2, float(days - 1)
     return blend, _welch_df2((first / days, float(first_df)), ((days - 1) * tau2 / days, float(days - 1)))
+
+
+def revealed_day_variance(day_var: Mapping[str, Sequence[float]] | None, column: str) -> float:
+    """The part of ``column``'s first-look day term (KPI units squared) the logs' level reveals (the
+    twin's calibrated replay, `edgetwin.loop.verdict.DayVariance`'s ``revealed``), which the verdict
+    stamps on its rounds (`edgetwin.loop.verdict.stamp_revealed`) and `pooled_day_term` keeps as a
+    floor; the plan reads it here (`edgetwin.loop.plan.kpi_terms`). A plain map without it: the
+    term itself (nothing known to be a bound: it stays whole, as `edgetwin.loop.ppi.with_day_term`
+    reads a round without the stamp); 0 for a column it lacks."""
+    got = (day_var or {}).get(column)
+    if got is None:
+        return 0.0
+    revealed = getattr(day_var, "revealed", None) or {}
+    return float(revealed[column]) if column in revealed else float(got[0])
 
 
 def _welch_df2(a: tuple[float, float], b: tuple[float, float]) -> float:

@@ -262,6 +262,7 @@ def judge_canary(
         ``(verdict, checks, reason)``: verdict ``promote`` / ``refuse`` / ``undecided``, the
         `PPIEstimate` s, and one line per KPI.
     """
+    from edgetwin.loop.day_verdict import bound_note
     from edgetwin.loop.ppi import ppi_verdict
     from edgetwin.loop.verdict import canary_verdict, guarded_day_variance
 
@@ -290,6 +291,7 @@ def judge_canary(
     )
     if not day_var:
         reason += " (about the canary's day only: the fleet log has one day, none to estimate the day-to-day variance from)"
+    reason += bound_note([est], 1)  # one canary day: which KPIs carry the bound (the loop's note, `_pooled_verdict`)
     return ("undecided" if verdict == "abstain" else verdict), checks, reason
 
 

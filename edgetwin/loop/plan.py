@@ -46,9 +46,12 @@ narrower, and the plan records both expected widths (``expected_width``; the loo
 the realised ones). Site-level switchbacks are not planned here.
 
 **How many days.** The verdict is about the change averaged over the days the decision lives with;
-given the day-to-day variance (``day_var``), one day's expected interval carries it and each
-KPI's ``days`` says how many canary days of this size would decide it, reckoned at the level of
-the extension's looks (``max_days``); the fleet's term never shrinks with days. A candidate that
+given the day-to-day variance (``day_var``), one day's expected interval carries the term the
+verdict's first look carries (the bound on what the logs cannot reveal included), and each KPI's
+``days`` says how many canary days of this size would decide it by the verdict's own pooling
+(`pooled_days_to_decide`: the fleet's term never shrinks, the arms' shrink as ``1/days``, the day
+term is `edgetwin.loop.day_bound.pooled_day_term`'s with the days' between-day variance taken to be
+the part the twin reveals), at the level of the extension's looks (``max_days``). A candidate that
 is not hurting is then extended day by day (`edgetwin.loop.rounds.canary_loop`'s ``days``).
 """
 
@@ -236,9 +239,11 @@ class PlannedKPI:
     worst_on_slice: float
     fleet_loss: float
     budget: float | None
-    #: canary days of this size whose pooled interval is expected to decide (1 when one does; None
-    #: when no number of days is expected to: the twin's point estimate sits on the margin, the
-    #: terms days do not shrink reach it, or it would take more than `days_to_decide`'s cap)
+    #: canary days of this size after which the verdict's pooled interval is expected to decide
+    #: (`pooled_days_to_decide`: a look's day within the extension's days, else the fewest beyond; 1
+    #: when one day's does at the first look's level; None when no number of days is expected to:
+    #: the twin's point estimate sits on the margin, the term days do not shrink reaches it, or it
+    #: would take more than a year)
     days: int | None = 1
 
 
@@ -251,20 +256,101 @@ def _days_text(days: int | None) -> str:
 
 def days_to_decide(point_worsening: float, half_width: float, allowed: float, fixed_half: float = 0.0,
                    cap: int = 365) -> int | None:
-    """Canary days of one size whose pooled interval is expected to clear the margin.
+    """Canary days of one size whose pooled interval is expected to clear the margin, in closed form
+    for the case where every term but a fixed one shrinks as ``1/days`` at one quantile.
 
     ``half_width``: one day's half-width; ``fixed_half``: the part of it (in quadrature) that more
     days do not shrink (the fleet's and the interference's terms, shared by every round); the rest
-    (each day's own rectifier and its day-to-day term) shrinks as ``1/sqrt(days)`` with independent
-    days: ``days = ceil((half² − fixed²) / (gap² − fixed²))`` with ``gap`` the distance of the
-    point estimate from the margin. None when the point sits on the margin, the fixed part alone
-    reaches it, or more than ``cap`` days would be needed."""
+    shrinks as ``1/sqrt(days)`` with independent days: ``days = ceil((half² − fixed²) / (gap² −
+    fixed²))`` with ``gap`` the distance of the point estimate from the margin. None when the point
+    sits on the margin, the fixed part alone reaches it, or more than ``cap`` days would be needed.
+
+    The plan does not count its days so (`pooled_days_to_decide` does, by the verdict's pooling):
+    the verdict's day term does not shrink as ``1/days`` once it carries the first look's bound,
+    and its degrees of freedom change with the days. With no bound and the normal reference the
+    two agree (tests/test_plan14_days.py)."""
     gap = abs(float(point_worsening) - float(allowed))
     fixed = float(fixed_half)
     if not (gap > 1e-9 and math.isfinite(half_width)) or fixed >= gap:
         return None
     days = max(1, math.ceil((float(half_width) ** 2 - fixed**2) / (gap**2 - fixed**2) - 1e-9))
     return days if days <= cap else None
+
+
+def pooled_terms(days: int, fleet: tuple[float, float], own: Sequence[tuple[float, float]],
+                 day: tuple[float, float, float]) -> list[tuple[float, float]]:
+    """The variance terms ``(v, df)`` of the change (KPI units squared) the verdict pools over
+    ``days`` canary days of one size (`edgetwin.loop.ppi.combine_estimates`: one round a day, every
+    day alike), each day's round with the one-day terms: ``fleet`` (the fleet's, shared by every
+    round: never shrinks), ``own`` (the arms' rectifiers, independent across days: ``own/days``) and
+    ``day = (first, revealed, first_df)`` (the first look's day term, its revealed part, their
+    degrees of freedom). The day term is `edgetwin.loop.day_bound.pooled_day_term`'s, divided by
+    ``days`` as the pooling does, with the rounds' between-day variance ``tau²`` taken to be the
+    revealed part: the plan cannot know ``tau²`` before the days run, and what the twin's
+    calibrated replay reveals is its one estimate of it (on the emulated cluster it is below the
+    truth for most candidates, `edgetwin.loop.verdict.calibrated_day_variance`; the bound, counted
+    as one day, is what covers that). Degrees of freedom as the pooling counts them
+    (`edgetwin.loop.ppi._pool`): each round's own term and the shared term on the round's Welch
+    degrees of freedom, the day term on `pooled_day_term`'s. ``days <= 1``: the one-day terms."""
+    from edgetwin.loop.day_bound import pooled_day_term
+    from edgetwin.loop.ppi import welch_df
+
+    first, revealed, first_df = max(float(day[0]), 0.0), max(float(day[1]), 0.0), float(day[2])
+    one = [(float(fleet[0]), float(fleet[1])), *((float(v), float(d)) for v, d in own),
+           *([(first, first_df)] if first > 0 else [])]  # fmt: skip
+    if days <= 1:
+        return one
+    round_df = welch_df(one)
+    day_v, day_df = pooled_day_term(first, min(revealed, first), min(revealed, first), days, first_df)
+    return [(sum(float(v) for v, _ in own) / days, round_df * days), (float(fleet[0]), round_df),
+            (day_v / days, day_df)]  # fmt: skip
+
+
+def pooled_days_to_decide(point_worsening: float, allowed: float, base: float, fleet: tuple[float, float],
+                          own: Sequence[tuple[float, float]], day: tuple[float, float, float], level: float,
+                          looks: Sequence[int] = (1,), cap: int = 365) -> int | None:
+    """Canary days of one size after which the verdict's pooled interval is expected to clear the
+    margin: the first of the extension's ``looks`` (`edgetwin.loop.ppi.look_days`) whose expected
+    interval at ``level`` (each look's, `edgetwin.loop.ppi.look_level`) decides, else the fewest
+    days beyond them that would; None when none up to ``cap`` would (the point sits on the margin,
+    or the fleet's term, which days do not shrink, reaches it).
+
+    ``point_worsening`` and ``allowed``: the twin's relative worsening and the margin (fractions);
+    ``base``: the baseline level (KPI units) the terms are relative to; ``fleet``, ``own``,
+    ``day``: the one-day terms `pooled_terms` pools (the expected interval is the point ±
+    ``t·sqrt(Σ v)/base``, as the plan's one-day interval). Why not ``1/days`` for all but the fleet
+    term (`days_to_decide`): the verdict does not shrink the first look's bound so
+    (`edgetwin.loop.day_bound.pooled_day_term` counts it as one pseudo-day, blended with the rounds'
+    own between-day variance on ``days − 1`` degrees of freedom), so a plan reckoned that way
+    miscounts the days of a KPI whose day term the bound dominates. Days are searched from the
+    normal reference's count up (the t reference is never narrower, and the expected variance falls
+    with every day)."""
+    from edgetwin.loop.ppi import t_quantile, welch_df
+
+    base = abs(float(base)) or 1.0
+    point, allowed = float(point_worsening), float(allowed)
+
+    def half(k: int, t_ref: bool = True) -> float:  # t_ref False: the normal reference's (narrower) half-width
+        terms = pooled_terms(k, fleet, own, day)
+        q = t_quantile(level, welch_df(terms) if t_ref else float("inf"))
+        return q * math.sqrt(sum(v for v, _ in terms)) / base
+
+    def clears(h: float) -> bool:  # the plan's `decides`: the interval wholly on one side of the margin
+        return math.isfinite(h) and (point + h <= allowed or point - h > allowed)
+
+    if not abs(point - allowed) > 1e-9:
+        return None
+    for k in sorted({int(x) for x in looks if 1 <= int(x) <= cap}):
+        if clears(half(k)):
+            return k
+    start = max([1, *(int(x) for x in looks)]) + 1
+    if start > cap or not clears(half(cap, t_ref=False)):
+        return None
+    lo, hi = start - 1, cap  # the normal reference's count (a lower bound): its half-width falls with days
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if clears(half(mid, t_ref=False)) else (mid, hi)
+    return next((k for k in range(max(hi, start), cap + 1) if clears(half(k))), None)
 
 
 @dataclass
@@ -570,10 +656,39 @@ def _options_space(log: pd.DataFrame, budget: PlanBudget, episode_hours: float |
     return agents, hours_opts, max_n
 
 
+def kpi_terms(
+    preds: pd.DataFrame, spread: Mapping[tuple[str, float], float], col: str, n: int, h: float, design: str,
+    treat_share: float, day_var: Mapping[str, tuple[float, float, float]] | None,
+) -> tuple[float, tuple[float, float], list[tuple[float, float]], tuple[float, float, float]]:
+    """One KPI column's expected one-day terms for a canary of ``n`` groups for ``h`` hours under
+    ``design``: ``(base, fleet, own, day)`` with ``base`` the twin's baseline level over the fleet
+    (KPI units; what the relative interval divides by), ``fleet = (var_N(f_c − f_b)/N, N − 1)``,
+    ``own`` the arms' rectifier terms ``(s²/n_arm, n_arm − 1)`` (a matched-pair rectifier's one term on
+    ``n/2 − 1``), and ``day = (first, revealed, df)``: the day term the verdict carries at its first
+    look (`edgetwin.loop.ppi.day_term`: the larger of the twin's calibrated replay and the bound on
+    what the level cannot reveal, `edgetwin.loop.verdict.calibrated_day_variance`), the part of it
+    the logs reveal (`edgetwin.loop.day_bound.revealed_day_variance`) and its degrees of freedom.
+    Variances in KPI units squared; the plan's interval (`_expected_option`) and its day count
+    (`pooled_days_to_decide`) both read them."""
+    from edgetwin.loop.day_bound import revealed_day_variance
+    from edgetwin.loop.ppi import day_term
+
+    n_c = max(2, int(round(treat_share * n)))
+    n_b = max(2, n - n_c)
+    fc, fb = preds[("candidate", col)].to_numpy(), preds[("baseline", col)].to_numpy()
+    base = abs(float(np.mean(fb))) or 1.0
+    s_r = spread[(col, h)]
+    own = ([(s_r**2 * (1.0 / n_c + 1.0 / n_b), float(n // 2 - 1))] if design == "matched_pairs"
+           else [(s_r**2 / n_c, float(n_c - 1)), (s_r**2 / n_b, float(n_b - 1))])  # fmt: skip
+    dv = day_term(day_var, col)
+    fleet = (float(np.var(fc - fb, ddof=1)) / len(fc), float(len(fc) - 1))
+    return base, fleet, own, (dv[0], revealed_day_variance(day_var, col), dv[2])
+
+
 def _expected_option(
     decision: Any, checks: Mapping[str, Any], kdefs: Mapping[str, Any], preds: pd.DataFrame,
     spread: Mapping[tuple[str, float], float], budget: PlanBudget, n_fleet: int, n: int, h: float, design: str,
-    day_var: Mapping[str, tuple[float, float, float]] | None = None, max_days: int = 1,
+    day_var: Mapping[str, tuple[float, float, float]] | None = None, max_days: int = 1, count_days: bool = True,
 ) -> tuple[bool, float, float, list[PlannedKPI]]:
     """What a canary of ``n`` groups for ``h`` hours under ``design`` is expected to tell: whether
     every KPI's expected interval decides, the largest share of a KPI's loss budget it may spend,
@@ -582,22 +697,18 @@ def _expected_option(
     counterpart); a matched-pair rectifier has ``n/2 − 1`` degrees of freedom, a random one Welch's.
     ``day_var``: per column, the day-to-day variance of the change (`day_to_day_variance`), a term of
     one day's interval that only more days shrink; ``max_days``: the extension's days, whose looks
-    (`edgetwin.loop.ppi.look_days`) set the level at which ``days`` (of `PlannedKPI`) is reckoned."""
-    from edgetwin.loop.ppi import day_term, look_days, look_level, t_quantile, welch_df
+    (`edgetwin.loop.ppi.look_days`) set the level at which ``days`` (of `PlannedKPI`) is reckoned.
+    ``count_days`` False: ``days`` left None (`plan_canary` weighs every option without them, which
+    do not enter the choice, and counts them for the chosen option only: each count searches up to a
+    year of days)."""
+    from edgetwin.loop.ppi import look_days, look_level, t_quantile, welch_df
 
     n_c = max(2, int(round(budget.treat_share * n)))
-    n_b = max(2, n - n_c)
     planned, all_decide, max_frac, width = [], True, 0.0, 0.0
     for kpi, c in checks.items():
         col = _kpi_column(kdefs[kpi]) or kpi
-        fc, fb = preds[("candidate", col)].to_numpy(), preds[("baseline", col)].to_numpy()
-        base = abs(float(np.mean(fb))) or 1.0
-        s_r = spread[(col, h)]
-        own = ([(s_r**2 * (1.0 / n_c + 1.0 / n_b), n // 2 - 1)] if design == "matched_pairs"
-               else [(s_r**2 / n_c, n_c - 1), (s_r**2 / n_b, n_b - 1)])  # fmt: skip
-        dv = day_term(day_var, col)  # the verdict's own day term (`edgetwin.loop.ppi.ppi_estimates`)
-        fleet_term = (float(np.var(fc - fb, ddof=1)) / len(fc), len(fc) - 1)
-        terms = [fleet_term, *own, *([(dv[0], dv[2])] if dv[0] > 0 else [])]
+        base, fleet_term, own, day = kpi_terms(preds, spread, col, n, h, design, budget.treat_share, day_var)
+        terms = pooled_terms(1, fleet_term, own, day)
         se = math.sqrt(sum(v for v, _ in terms)) / base
         q = t_quantile(LEVEL, welch_df(terms))  # the verdict's own reference (`edgetwin.loop.ppi`)
         point = float(c.change)
@@ -612,10 +723,10 @@ def _expected_option(
             max_frac = max(max_frac, fleet_loss / cap)
         all_decide &= decides
         width += exp[1] - exp[0]
-        # over an extension's looks, each at its share of alpha (`look_level`); the fleet term never shrinks
-        q_ext = t_quantile(look_level(LEVEL, len(look_days(max_days))), welch_df(terms))
-        days = 1 if decides else days_to_decide(sign * point, q_ext * se, c.allowed_change,
-                                                 q_ext * math.sqrt(fleet_term[0]) / base)  # fmt: skip
+        # over an extension's looks, each at its share of alpha (`look_level`), by the verdict's pooling
+        days = (pooled_days_to_decide(sign * point, c.allowed_change, base, fleet_term, own, day,
+                                      look_level(LEVEL, len(look_days(max_days))), look_days(max_days))
+                if count_days else None)  # fmt: skip
         planned.append(PlannedKPI(kpi, col, c.better, c.abstain_reason(decision.max_out_of_support), list(c.interval),
                                   exp, c.allowed_change, decides, worst, fleet_loss, cap, days))  # fmt: skip
     return all_decide, max_frac, width, planned
@@ -676,7 +787,10 @@ def plan_canary(
             day (`edgetwin.loop.verdict.day_to_day_variance`): the verdict is about the change
             averaged over the days the decision lives with, so one day's expected interval carries
             it, and each KPI's ``days`` (and the plan's ``days``) says how many canary days of
-            this size are expected to decide (only more days shrink it). None: not counted.
+            this size are expected to decide by the verdict's pooling (`pooled_days_to_decide`;
+            only more days shrink it). A `edgetwin.loop.verdict.DayVariance` also says which
+            part of it the logs reveal (the rest is the first look's bound, which the verdict
+            pools as one day's evidence). None: not counted.
         max_days: the extension's most days (`edgetwin.loop.rounds.canary_loop`'s ``max_days``):
             ``days`` is reckoned at the level of its looks.
 
@@ -711,7 +825,7 @@ def plan_canary(
         by_design = {d: spread if d == "random" else paired(n) for d in designs}
         for h in hours_opts:
             got = {d: _expected_option(decision, checks, kdefs, preds, by_design[d], budget, n_fleet, n, h, d,
-                                       day_var, max_days) for d in designs}  # fmt: skip
+                                       day_var, max_days, count_days=False) for d in designs}  # fmt: skip
             if not got:
                 continue
             d = min(got, key=lambda k: got[k][2])  # the narrowest expected interval at this size and duration
@@ -723,6 +837,10 @@ def plan_canary(
     if design == "matched_pairs" and not options:
         raise InputError(f"a matched-pair canary needs a half share and at most {MAX_PAIRS} pairs", "design")
     best = _choose(options, why)
+    _, _, _, _, n, h, _, d, _ = best  # the chosen option's days (`PlannedKPI.days`), counted once
+    counted = _expected_option(decision, checks, kdefs, preds, spread if d == "random" else paired(n), budget, n_fleet,
+                               n, h, d, day_var, max_days)[3]  # fmt: skip
+    best = (*best[:6], counted, *best[7:])
     return _draw_slice(decision, best, checks, why, agents, preds, pre, budget, margins, loss_budget, loss_levels,
                        seed, round_no)
 
@@ -775,6 +893,9 @@ __all__ = [
     "DESIGNS",
     "MAX_PAIRS",
     "days_to_decide",
+    "kpi_terms",
+    "pooled_days_to_decide",
+    "pooled_terms",
     "matched_pairs",
     "pair_split_seed",
     "HOURS_GRID",
