@@ -109,3 +109,26 @@ def test_every_registered_kind_is_on_the_page() -> None:
     missing = sorted(set(_schemas()) - in_schema - in_subjects)
     assert not missing, f"registered kinds docs/bus.md does not name: {missing}"
     assert not (in_subjects - set(_schemas())), in_subjects - set(_schemas())
+
+
+def test_the_status_table_and_the_reason_lists_are_the_codes() -> None:
+    """"Status": the fields of `CanaryStatus.to_dict()`, its phases and stop reasons; "Refusal
+    reasons: ..." of a canary command; the reasons a KPI or outcome report is not used."""
+    import dataclasses
+
+    from edgetwin.edge.canary import STOP_REASONS
+    from edgetwin.edge.canary_command import PHASES, REFUSALS, CanaryStatus
+    from edgetwin.edge.metrics import _REPORT_REASONS
+
+    rows = _table("| field | meaning |")
+    fields = [n for r in rows for n in re.findall(r"`(\w+)`", r[0])]
+    assert fields == [f.name for f in dataclasses.fields(CanaryStatus)], fields
+    meaning = {n: r[1] for r in rows for n in re.findall(r"`(\w+)`", r[0])}
+    assert re.findall(r"`(\w+)`", meaning["phase"]) == list(PHASES)
+    assert re.findall(r"`(\w+)`", meaning["stop_reason"]) == list(STOP_REASONS)
+    assert set(re.findall(r"`(\w+)`", meaning["arms"])) == set(importlib.import_module("edgetwin.edge.metrics").ARMS)
+    flat = " ".join(BUS.split())
+    refusals = re.search(r"Refusal reasons: (.*?)\. A redelivered start", flat).group(1)  # type: ignore[union-attr]
+    assert re.findall(r"`(\w+)`", re.sub(r"\([^()]*\)", "", refusals)) == list(REFUSALS)
+    rejected = re.search(r"`kpi_report` / `canary_outcome` not used: ([^|]*)\|", flat).group(1)  # type: ignore[union-attr]
+    assert re.findall(r"`(\w+)`", rejected) == list(_REPORT_REASONS)
