@@ -13,9 +13,11 @@ import ast
 import functools
 import importlib
 import inspect
+import io
 import json
 import re
 import stat
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -213,3 +215,32 @@ def test_agent_keys_writes_the_files_the_pages_name(tmp_path: Path, monkeypatch:
     assert Path(trust).is_file() and trust.endswith(".pub.pem")
     for key in Path("keys").glob("*.key.pem"):
         assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
+
+
+def test_the_refused_spec_functions_line_is_the_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """"Spec functions run only where you allow them": `edgetwin logs validate queue.csv` on the page's
+    example whose spec declares `state.credits` by `mypkg.accounting:next_credits` prints the page's
+    line, exit 2, and never imports the module (it does not even exist here)."""
+    block = LOG_FORMAT[LOG_FORMAT.index("```console\n$ edgetwin logs validate queue.csv\nerror:"):]
+    command, line = block.splitlines()[1:3]
+    declared = re.search(r"\[\[dynamics\]\] entry 1 \((state\.\w+)\): function '([\w.]+:\w+)'", line)
+    assert command == "$ edgetwin logs validate queue.csv" and declared
+    column, function = declared.groups()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EDGETWIN_ALLOW_CODE", "")
+    monkeypatch.delenv("EDGETWIN_CONFIG_DIR", raising=False)  # the default allow-list file, as the page prints it
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # an empty one: nothing allowed
+    spec = _fenced("toml").replace("# [transition]", f'[[features]]\nname = "{column}"\n\n# [transition]', 1)
+    Path("queue.spec.toml").write_text(f'{spec}\n[[dynamics]]\ncolumn = "{column}"\nfunction = "{function}"\n')
+    log = pd.read_csv(io.StringIO(_fenced("csv")))
+    log[column] = 0.0
+    log.to_csv("queue.csv", index=False)
+    with pytest.raises(SystemExit) as done:
+        main(command.removeprefix("$ edgetwin ").split())
+    out, err = capsys.readouterr()
+    printed = [ln.replace(str(tmp_path / "home"), "~") for ln in (out + err).splitlines() if ln.strip()]
+    assert done.value.code == 2 and printed == [line]  # the page writes the user's home as ~
+    assert function.split(":")[0] not in sys.modules
