@@ -244,3 +244,19 @@ def test_the_refused_spec_functions_line_is_the_pages(
     printed = [ln.replace(str(tmp_path / "home"), "~") for ln in (out + err).splitlines() if ln.strip()]
     assert done.value.code == 2 and printed == [line]  # the page writes the user's home as ~
     assert function.split(":")[0] not in sys.modules
+
+
+def test_the_readmes_keygen_writes_the_key_its_promote_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pipeline's `edgetwin registry keygen --out runs/keys`, run as written, writes the private key
+    `edgetwin promote ... --key runs/keys/publisher.key.pem` names, and `serve --trust runs/keys` finds
+    a public key in that directory."""
+    readme = (ROOT / "README.md").read_text()
+    keygen = re.search(r"^(edgetwin registry keygen [^#\n]*?)\s*$", readme, flags=re.M).group(1)  # type: ignore[union-attr]
+    key = re.search(r"^edgetwin promote [^\n]*--key (\S+)", readme, flags=re.M).group(1)  # type: ignore[union-attr]
+    trust = re.search(r"^edgetwin serve [^\n]*--trust (\S+)", readme, flags=re.M).group(1)  # type: ignore[union-attr]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        main(keygen.split()[1:])
+    assert done.value.code in (0, None)
+    assert Path(key).is_file() and stat.S_IMODE(Path(key).stat().st_mode) == 0o600
+    assert Path(trust).is_dir() and list(Path(trust).glob("*.pub.pem"))
