@@ -260,3 +260,13 @@ def test_the_readmes_keygen_writes_the_key_its_promote_names(tmp_path: Path, mon
     assert done.value.code in (0, None)
     assert Path(key).is_file() and stat.S_IMODE(Path(key).stat().st_mode) == 0o600
     assert Path(trust).is_dir() and list(Path(trust).glob("*.pub.pem"))
+
+
+def test_the_artifact_formats_are_the_pages() -> None:
+    """"Twins are format 2 (`meta.json` `format_version`), policies `edgetwin-policy/2`.": what a twin's
+    meta.json and a policy's policy.json are written with."""
+    from edgetwin.policies.export import FORMAT
+    from edgetwin.twin.twin import FORMAT_VERSION
+
+    m = re.search(r"Twins are format (\d+) \(`meta\.json` `format_version`\), policies `([^`]+)`\.", " ".join(LOG_FORMAT.split()))
+    assert m and int(m.group(1)) == FORMAT_VERSION and m.group(2) == FORMAT
