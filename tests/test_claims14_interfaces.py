@@ -270,3 +270,19 @@ def test_the_artifact_formats_are_the_pages() -> None:
 
     m = re.search(r"Twins are format (\d+) \(`meta\.json` `format_version`\), policies `([^`]+)`\.", " ".join(LOG_FORMAT.split()))
     assert m and int(m.group(1)) == FORMAT_VERSION and m.group(2) == FORMAT
+
+
+def test_a_problem_lists_as_many_rows_as_the_page_says(tmp_path: Path) -> None:
+    """"Counts are exact; each problem lists its first 5 rows.": eight rows out of bounds are counted
+    eight times and listed by their first N, in file order."""
+    from edgetwin.contract.validate import validate_log
+
+    n = int(re.search(r"Counts are exact; each problem lists its first (\d+) rows\.", " ".join(LOG_FORMAT.split())).group(1))  # type: ignore[union-attr]
+    (tmp_path / "queue.spec.toml").write_text(_fenced("toml"))
+    log = pd.read_csv(io.StringIO(_fenced("csv")))
+    bad = [0, 2, 3, 5, 6, 8, 9, 11]
+    log.loc[bad, "state.queue_len"] = -1.0
+    log.to_csv(tmp_path / "queue.csv", index=False)
+    report = validate_log(tmp_path / "queue.csv", write_quarantine=False)
+    (problem,) = report.find("out_of_bounds", "state.queue_len")
+    assert len(bad) > n and problem.count == len(bad) and list(problem.rows) == bad[:n]
