@@ -1,4 +1,4 @@
-"""docs/federation.md's benchmark numbers are docs/benchmarks/federated_twin/results.json's.
+"""docs/federation.md's benchmark numbers are docs/benchmarks/federated_twin/results.json's, and its phase table is the plan's.
 
 The page quoted part 1 of results.json as the 2026-11-27 run after the JSON had been overwritten by
 the 2026-11-29 rerun under the multi-objective reward (ρ 0.07 / 1034 %, not 0.88 / 15.3 %); it now
@@ -80,3 +80,27 @@ def test_the_options_costs_are_part_4() -> None:
     nts = dp["privacy"]["noise_to_signal"]
     assert m.groups() == tuple(f"{nts[k]:.0f}" for k in ("weights", "adversarial", "population"))
     assert dp["privacy"]["delta"] == 1e-5 and len(RES["sites"]) == 4
+
+
+def test_the_phase_table_names_the_plans_phases() -> None:
+    """"What each site computes on its own rows, and what travels": the table's phases are the ones
+    `TwinFitPlan.shapes` sizes (read from its source: every ``phase == "..."`` / ``phase in (...)``),
+    and the order sentence names each of them."""
+    import ast
+    import inspect
+
+    from edgetwin.federation.twin.plan import TwinFitPlan
+
+    tree = ast.parse(inspect.getsource(TwinFitPlan.shapes).strip().replace("\n    ", "\n"))
+    sized = {
+        c.value
+        for node in ast.walk(tree) if isinstance(node, ast.Compare) and getattr(node.left, "id", None) == "phase"
+        for cmp in node.comparators for c in ([cmp] if isinstance(cmp, ast.Constant) else getattr(cmp, "elts", []))
+        if isinstance(c, ast.Constant)
+    }  # fmt: skip
+    table = DOC[DOC.index("| phase | a site sends | the coordinator |"):DOC.index("The order is")]
+    rows = set(re.findall(r"\| `(\w+)`(?:, `(\w+)`)?(?: × [A-Z])? \|", table))
+    listed = {n for pair in rows for n in pair if n}
+    assert len(sized) >= 10 and listed == sized, sorted(listed ^ sized)
+    order = _said(r"The order is (.*?) per member\.").group(1)
+    assert set(re.findall(r"[a-z_]+\d?", order)) - {"per", "member"} >= sized - {"causal_sums", "causal_grad"}
