@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,52 @@ def tiny_cluster_twin() -> Any:
     df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
     return Twin.fit(df, spec, members=2, seed=0, progress=False, population_model="empirical", bc_epochs=2,
                     rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
+
+
+def fitted_once(tmp_path_factory: pytest.TempPathFactory, name: str, fit: Callable[[Path], None]) -> Path:
+    """A directory that ``fit(directory)`` fills once per test run, for every xdist worker.
+
+    Why: a session fixture is once per *worker*, and `--dist loadfile` may hand two files that need
+    the same fitted twin to different workers, each then fitting it. The workers share the run's
+    base temp dir (xdist's own recipe): the first to ask fits under a file lock, the others wait for
+    it and read what it saved (the longest files go first, so the second file usually asks later)."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's dir, shared by its workers (each has its own popen-gwN below it)
+    d = root / name
+    with FileLock(str(d) + ".lock"):
+        if not (d / "DONE").is_file():
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir()
+            fit(d)
+            (d / "DONE").touch()
+    return d
+
+
+@pytest.fixture(scope="session")
+def canary_world_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The canary loop's small world, saved once per run (`fitted_once`): ``log.parquet`` (2 random
+    episodes of a 40-agent, 24-step cluster), ``spec.toml``, ``twin/`` (2 members, no adversarial
+    round, 2 BC epochs, the empirical population) and ``fleet.parquet`` (the next day, seed 5).
+    tests/test_canary_loop.py's ``world`` reads it; tests/test_loop_thin_driver.py uses that fixture."""
+
+    def fit(d: Path) -> None:
+        from edgetwin.emulator.cluster import ClusterConfig
+        from edgetwin.emulator.logs import generate_logs
+        from edgetwin.twin.twin import Twin
+
+        cluster = ClusterConfig(n_agents=40, steps=24)
+        log, spec = generate_logs(cluster, 2, "random", seed=0)
+        Twin.fit(log, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2,
+                 population_model="empirical").save(d / "twin")  # fmt: skip
+        fleet, _ = generate_logs(cluster, 1, "random", seed=5)
+        log.to_parquet(d / "log.parquet")
+        fleet.to_parquet(d / "fleet.parquet")
+        spec.save(d / "spec.toml")
+
+    return fitted_once(tmp_path_factory, "canary-world", fit)
 
 
 def shared_data(relpath: str) -> Path:
