@@ -25,7 +25,8 @@ FIXTURES = TESTS / "fixtures"
 #: The numbers are each file's default tests' seconds summed from the junit XML of one full default run
 #: (`python3 -m pytest -q -p no:cacheprovider --durations=0 --junitxml=...`) on tests48's branch (merged at
 #: e4123ad) under load (~2x a quiet machine's), less the cuts measured since (tests14: the Prometheus
-#: importer's cases and the pooled evaluate in process, the canary world fitted once per run).
+#: importer's cases, the pooled evaluate and the keyless agents in process, the canary world fitted
+#: once per run).
 #: `pytest_collection_modifyitems` hands them out first. Why: xdist's `--dist loadfile` gives a free
 #: worker the next whole file, by default the files with the most tests first, so that files of one
 #: long test (the NATS end-to-end, the demo) came last and one worker ran them while the other had
@@ -39,8 +40,8 @@ LONG_FILES_FIRST: tuple[str, ...] = (
     "test_end_to_end_nats.py",  # 123
     "test_gate.py",  # 108
     "test_twin.py",  # 104
-    "security/test_federation.py",  # 89
     "test_canary.py",  # 84
+    "security/test_federation.py",  # 74
     "test_demo48_beside.py",  # 73
     "test_generative.py",  # 65
     "test_canary_loop.py",  # 62
