@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,12 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 TESTS = Path(__file__).resolve().parent
 FIXTURES = TESTS / "fixtures"
 
-#: The default run's 40 longest test files (paths under tests/), longest first: 79 % of its test time.
-#: The numbers are each file's default tests' seconds summed from `python3 -m pytest -q -p no:cacheprovider
-#: --junitxml=...` at e0d1bbd under load 6-10 (~4.4x a quiet machine's).
+#: The default run's 40 longest test files (paths under tests/), longest first: 86% of its test time.
+#: The numbers are each file's default tests' seconds summed from the junit XML of one full default run
+#: (`python3 -m pytest -q -p no:cacheprovider --durations=0 --junitxml=...`) on tests48's branch (merged at
+#: e4123ad) under load (~2x a quiet machine's), less the cuts measured since (tests14: the Prometheus
+#: importer's cases, the pooled evaluate and the keyless agents in process, the canary world fitted
+#: once per run).
 #: `pytest_collection_modifyitems` hands them out first. Why: xdist's `--dist loadfile` gives a free
 #: worker the next whole file, by default the files with the most tests first, so that files of one
 #: long test (the NATS end-to-end, the demo) came last and one worker ran them while the other had
@@ -30,46 +34,46 @@ FIXTURES = TESTS / "fixtures"
 #: both workers. A file missing from this list only loses its place; tests/test_tests48_order.py
 #: checks that every name is a test file.
 LONG_FILES_FIRST: tuple[str, ...] = (
-    "test_parallel.py",  # 312
-    "test_demo.py",  # 271
-    "security/test_prometheus_importer.py",  # 268
-    "test_federated_twin.py",  # 249
-    "test_twin.py",  # 237
-    "test_gate.py",  # 225
-    "security/test_federation.py",  # 180
-    "test_canary_loop.py",  # 177
-    "test_end_to_end_nats.py",  # 171
-    "test_canary.py",  # 167
-    "test_benchmark_docs.py",  # 160
-    "test_generative.py",  # 150
-    "test_hostile_inputs.py",  # 133
-    "test_whatif.py",  # 124
-    "test_overlap.py",  # 124
-    "security/test_artifacts.py",  # 123
-    "test_switchback.py",  # 122
-    "test_demo48_beside.py",  # 121
-    "test_loop_thin_driver.py",  # 113
-    "test_policies_algorithms.py",  # 109
-    "test_causal_settled.py",  # 108
-    "test_federation_nats.py",  # 108
-    "test_demo48_whatif_ahead.py",  # 105
-    "test_canary_plan.py",  # 104
-    "test_edge_switchback.py",  # 101
-    "test_twin_update.py",  # 97
-    "test_federated_causal.py",  # 89
-    "test_causal_twin.py",  # 89
-    "test_policies.py",  # 84
-    "test_prometheus.py",  # 68
-    "test_gate_evidence.py",  # 65
-    "test_claims_inline_commands.py",  # 65
-    "test_agents.py",  # 59
-    "test_validate.py",  # 51
-    "test_runtime_nats.py",  # 50
-    "test_reset_draws.py",  # 49
-    "security/test_spec_expressions.py",  # 49
-    "test_imitation.py",  # 47
-    "test_cluster.py",  # 47
-    "test_plan_design.py",  # 45
+    "test_parallel.py",  # 135
+    "test_demo.py",  # 134
+    "test_federated_twin.py",  # 130
+    "test_end_to_end_nats.py",  # 123
+    "test_gate.py",  # 108
+    "test_twin.py",  # 104
+    "test_canary.py",  # 84
+    "security/test_federation.py",  # 74
+    "test_demo48_beside.py",  # 73
+    "test_generative.py",  # 65
+    "test_canary_loop.py",  # 62
+    "test_benchmark_docs.py",  # 57
+    "test_hostile_inputs.py",  # 56
+    "security/test_prometheus_importer.py",  # 55
+    "security/test_artifacts.py",  # 44
+    "test_federation_nats.py",  # 43
+    "test_twin_update.py",  # 41
+    "test_causal_twin.py",  # 40
+    "test_demo48_whatif_ahead.py",  # 40
+    "test_federated_causal.py",  # 39
+    "test_switchback.py",  # 38
+    "test_canary_plan.py",  # 36
+    "test_whatif.py",  # 33
+    "test_overlap.py",  # 32
+    "test_runtime_nats.py",  # 29
+    "test_policies.py",  # 26
+    "test_imitation.py",  # 25
+    "test_causal_settled.py",  # 24
+    "test_gate_evidence.py",  # 24
+    "test_edge_switchback.py",  # 23
+    "test_reset_draws.py",  # 23
+    "test_loop_thin_driver.py",  # 21
+    "test_agents.py",  # 21
+    "test_prometheus.py",  # 20
+    "test_plan_design.py",  # 19
+    "test_policies_algorithms.py",  # 18
+    "test_claims_inline_commands.py",  # 17
+    "test_cli_help.py",  # 15
+    "test_validate.py",  # 14
+    "test_cluster.py",  # 14
 )
 
 
@@ -121,6 +125,55 @@ def tiny_cluster_twin() -> Any:
     df, spec = generate_logs(ClusterConfig(n_agents=24, steps=12), episodes=3, seed=0)
     return Twin.fit(df, spec, members=2, seed=0, progress=False, population_model="empirical", bc_epochs=2,
                     rounds=1, world_agents=16, n_steps=12, demo_batch_size=64)
+
+
+def fitted_once(tmp_path_factory: pytest.TempPathFactory, name: str, fit: Callable[[Path], None]) -> Path:
+    """A directory that ``fit(directory)`` fills once per test run, for every xdist worker.
+
+    Why: a session fixture is once per *worker*, and `--dist loadfile` may hand two files that need
+    the same fitted twin to different workers, each then fitting it. The workers share the run's
+    base temp dir (xdist's own recipe): the first to ask fits under a file lock, the others wait for
+    it and read what it saved (the longest files go first, so the second file usually asks later)."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's dir, shared by its workers (each has its own popen-gwN below it)
+    d = root / name
+    with FileLock(str(d) + ".lock"):
+        if not (d / "DONE").is_file():
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir()
+            fit(d)
+            (d / "DONE").touch()
+    return d
+
+
+@pytest.fixture(scope="session")
+def canary_world_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The canary loop's small world, saved once per run (`fitted_once`): ``log.parquet`` (2 random
+    episodes of a 40-agent, 24-step cluster), ``spec.toml``, ``twin/`` (2 members, no adversarial
+    round, 2 BC epochs, the empirical population) and ``fleet.parquet`` (the next day, seed 5).
+    tests/test_canary_loop.py's ``world`` reads it; tests/test_loop_thin_driver.py uses that fixture."""
+
+    def fit(d: Path) -> None:
+        import torch
+
+        from edgetwin.emulator.cluster import ClusterConfig
+        from edgetwin.emulator.logs import generate_logs
+        from edgetwin.twin.twin import Twin
+
+        torch.set_num_threads(1)  # as the files that fitted it each set at import (the fit's numbers depend on it)
+        cluster = ClusterConfig(n_agents=40, steps=24)
+        log, spec = generate_logs(cluster, 2, "random", seed=0)
+        Twin.fit(log, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2,
+                 population_model="empirical").save(d / "twin")  # fmt: skip
+        fleet, _ = generate_logs(cluster, 1, "random", seed=5)
+        log.to_parquet(d / "log.parquet")
+        fleet.to_parquet(d / "fleet.parquet")
+        spec.save(d / "spec.toml")
+
+    return fitted_once(tmp_path_factory, "canary-world", fit)
 
 
 def shared_data(relpath: str) -> Path:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import NatsServer, free_port
 
 from edgetwin.edge.bus import NatsBus, NatsConfig, Subjects
 from edgetwin.edge.messages import Envelope, encode
 from edgetwin.federation.compression import UpdateCodec, model_update
-from tests.conftest import NatsServer, free_port
 
 pytestmark = pytest.mark.nats
 

@@ -189,16 +189,34 @@ def cfg(seed: int, hours: float = 23.0) -> CanaryConfig:
     return CanaryConfig("cand", CanarySlice(sites=("edge-ams", "edge-fra", "edge-waw"), seed=seed), hours, GUARDED)
 
 
-def test_canary_on_the_cluster_stops_a_clearly_worse_candidate(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.fixture(scope="module")
+def worse_on_seed_0() -> tuple[Any, list[logging.LogRecord]]:
+    """The clearly worse candidate's canary on seed 0 and the warnings `edgetwin.runtime` logged
+    meanwhile: one run for the stop test and the first of the same-seed test's two runs."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    runtime_log = logging.getLogger("edgetwin.runtime")
+    level = runtime_log.level
+    runtime_log.setLevel(logging.WARNING)
+    runtime_log.addHandler(handler)
+    try:
+        r = canary_on_cluster(CLUSTER, SLOAwarePolicy(SPEC), Constant([1.0, 0.05, 0.0]), cfg(0), seed=0)
+    finally:
+        runtime_log.removeHandler(handler)
+        runtime_log.setLevel(level)
+    return r, records
+
+
+def test_canary_on_the_cluster_stops_a_clearly_worse_candidate(worse_on_seed_0: tuple[Any, list[logging.LogRecord]]) -> None:
     # Everything at the edge with no reservation and no price: +37 % SLO violations, 2x task time.
     for seed in (1, 2):
         r = canary_on_cluster(CLUSTER, SLOAwarePolicy(SPEC), Constant([1.0, 0.05, 0.0]), cfg(seed), seed=seed)
         assert r.stop_reason == "guard" and r.ticks <= 48, (seed, r.intervals)  # within half a day
-    with caplog.at_level(logging.WARNING, logger="edgetwin.runtime"):
-        r = canary_on_cluster(CLUSTER, SLOAwarePolicy(SPEC), Constant([1.0, 0.05, 0.0]), cfg(0), seed=0)
+    r, records = worse_on_seed_0
     assert r.stop_reason == "guard" and r.guard_stop is not None, r.intervals
     assert r.guard_stop.lower > 0 and r.ticks < r.planned_ticks
-    assert any("stopped by its guard" in m.getMessage() for m in caplog.records)
+    assert any("stopped by its guard" in m.getMessage() for m in records)
     log = r.log
     # ordinary rows of the log contract, with who decided and how likely
     for c in ("episode", "t", "agent", "scenario", "site", *SPEC.observation_columns, *SPEC.action_columns,
@@ -231,8 +249,8 @@ def test_docs_canary_numbers_on_the_cluster() -> None:
         assert same.stop_reason == "completed", seed
 
 
-def test_same_seed_same_canary() -> None:
-    a = canary_on_cluster(CLUSTER, SLOAwarePolicy(SPEC), Constant([1.0, 0.05, 0.0]), cfg(0), seed=0)
+def test_same_seed_same_canary(worse_on_seed_0: tuple[Any, list[logging.LogRecord]]) -> None:
+    a = worse_on_seed_0[0]  # the module's run of this canary, then one more
     b = canary_on_cluster(CLUSTER, SLOAwarePolicy(SPEC), Constant([1.0, 0.05, 0.0]), cfg(0), seed=0)
     assert a.stop_reason == b.stop_reason and a.ticks == b.ticks
     assert a.log.equals(b.log)

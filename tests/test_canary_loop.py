@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import TwinSpec
 from edgetwin.emulator.cluster import ClusterConfig
-from edgetwin.emulator.logs import generate_logs, make_policy
+from edgetwin.emulator.logs import make_policy
 from edgetwin.loop.plan import PlanBudget
 from edgetwin.loop.rounds import canary_loop
 from edgetwin.loop.verdict import check_canary_log
@@ -34,12 +36,14 @@ class Constant:
 
 
 @pytest.fixture(scope="module")
-def world():  # type: ignore[no-untyped-def]
-    log, spec = generate_logs(CLUSTER, 2, "random", seed=0)
-    twin = Twin.fit(log, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2,
-                    population_model="empirical")  # fmt: skip
-    fleet, _ = generate_logs(CLUSTER, 1, "random", seed=5)
-    return {"log": log, "spec": spec, "twin": twin, "fleet": fleet}
+def world(canary_world_dir: Path):  # type: ignore[no-untyped-def]
+    """The small world (tests/conftest.py's `canary_world_dir`: fitted once per run, read here per
+    module, so no test file sees another's objects)."""
+    d = canary_world_dir
+    world = {"log": pd.read_parquet(d / "log.parquet"), "spec": TwinSpec.load(d / "spec.toml"),
+             "twin": Twin.load(d / "twin"), "fleet": pd.read_parquet(d / "fleet.parquet")}  # fmt: skip
+    assert world["fleet"]["agent"].nunique() == CLUSTER.n_agents and world["fleet"]["t"].max() == CLUSTER.steps - 1
+    return world
 
 
 def _run(world, seed: int, rounds: int = 2):  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import FIXTURES, shared_data
 from gymnasium.utils.env_checker import check_env
 
 from edgetwin.contract.errors import InputError
@@ -21,7 +22,6 @@ from edgetwin.emulator.envs import EdgeClusterEnv, EdgeClusterVecEnv
 from edgetwin.emulator.logs import SLOAwarePolicy, generate_logs, plot_overview
 from edgetwin.emulator.population import SCENARIOS, Drift, sample_profiles
 from edgetwin.emulator.traces import read_trace
-from tests.conftest import FIXTURES, shared_data
 
 torch.set_num_threads(1)
 

@@ -3,7 +3,9 @@ pool and on a local Ray instance; the fast BC batches are imitation's DataLoader
 
 from __future__ import annotations
 
+import importlib.abc
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -162,36 +164,49 @@ def _cli_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, 
     return json.loads(capsys.readouterr().out)
 
 
-def _eval_in_a_subprocess(argv: list[str]) -> dict[str, Any]:
-    """`edgetwin <argv>` in a fresh interpreter; also reports whether anything imported Ray."""
-    import subprocess
-    import sys
+class _NoRay(importlib.abc.MetaPathFinder):
+    """A finder ahead of all others that fails any import of Ray (`_cli_json_without_ray`)."""
 
-    code = (
-        "import contextlib, io, json, sys\n"
-        "from edgetwin.cli import main\n"
-        "buf = io.StringIO()\n"
-        "with contextlib.redirect_stdout(buf):\n"
-        "    try:\n"
-        f"        main({argv!r})\n"
-        "    except SystemExit as e:\n"
-        "        assert e.code == 0, e.code\n"
-        "doc = json.loads(buf.getvalue())\n"
-        "doc['ray_imported'] = 'ray' in sys.modules\n"
-        "print(json.dumps(doc))\n"
-    )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "ray" or name.startswith("ray."):
+            raise AssertionError(f"{name} imported by a command without --ray")
 
 
-def test_evaluate_gives_the_same_kpis_serially_and_on_a_pool(capsys: pytest.CaptureFixture[str]) -> None:
+def _cli_json_without_ray(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """`_cli_json` on a fresh import of edgetwin, failing if anything imports Ray meanwhile.
+
+    Ray's modules already loaded (by an earlier test of this process) and edgetwin's own are hidden
+    for the call, and `_NoRay` stands first on the import path: edgetwin's modules are imported
+    again (a module-level ``import ray`` in any of them, the CLI's included, reaches `_NoRay`) and
+    any ``import ray`` of the command does too (the command's one-line error: exit 1, and
+    `_cli_json` fails). Afterwards this process's modules are back as they were. In this process,
+    not in a fresh interpreter: that cost ~5 s of CPU importing torch and the evaluation's libraries
+    only to read ``sys.modules``."""
+    ours = {m: mod for m, mod in sys.modules.items() if m.split(".")[0] in ("ray", "edgetwin")}
+    for name in ours:
+        del sys.modules[name]
+    monkeypatch.setattr(sys, "meta_path", [_NoRay(), *sys.meta_path])
+    try:
+        from edgetwin.cli import main  # edgetwin's modules anew
+
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+    finally:  # no copy made here outlives the call (a later test's InputError is this process's class)
+        for name in [m for m in sys.modules if m.split(".")[0] in ("ray", "edgetwin")]:
+            del sys.modules[name]
+        sys.modules.update(ours)
+    assert e.value.code == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def test_evaluate_gives_the_same_kpis_serially_and_on_a_pool(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A policy that samples (random) gets its own seed per episode, so the episodes are
     independent tasks: the pool gives the serial numbers; without --ray nothing imports Ray."""
     argv = ["evaluate", "random", "--on", "cluster", "--seed", "5", *EVAL]
     serial = _cli_json([*argv, "--workers", "1"], capsys)
-    pooled = _eval_in_a_subprocess([*argv, "--workers", "2"])
-    assert pooled.pop("ray_imported") is False
+    pooled = _cli_json_without_ray([*argv, "--workers", "2"], capsys, monkeypatch)
     assert pooled["per_episode"] == serial["per_episode"]
     assert len(serial["per_episode"]["return"]) == 3
     # the episodes differ from each other and another seed gives other numbers (the check can fail)

@@ -4,6 +4,8 @@ as pairs by the verdict; the planner picks the design whose expected interval is
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -112,7 +114,10 @@ def test_plan_canary_rejects_an_unknown_design() -> None:
 
 
 @pytest.fixture(scope="module")
-def gated():  # type: ignore[no-untyped-def]
+def gated(canary_world_dir: Path):  # type: ignore[no-untyped-def]
+    """The canary loop's small twin (tests/conftest.py's `canary_world_dir`: 2 random episodes of a
+    40-agent, 24-step cluster, seed 0; 2 members, no adversarial round, 2 BC epochs; fitted once per
+    run), another day's log (seed 7), the always-edge candidate and the gate's decision."""
     import torch
 
     from edgetwin.emulator.cluster import ClusterConfig
@@ -123,9 +128,7 @@ def gated():  # type: ignore[no-untyped-def]
 
     torch.set_num_threads(1)
     cluster = ClusterConfig(n_agents=40, steps=24)
-    train, spec = generate_logs(cluster, 2, "random", seed=0)
-    twin = Twin.fit(train, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2,
-                    population_model="empirical")  # fmt: skip
+    twin = Twin.load(canary_world_dir / "twin")
     log, _ = generate_logs(cluster, 1, "random", seed=7)
 
     class Edge:

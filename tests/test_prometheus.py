@@ -9,7 +9,6 @@ openmetrics`` -> a real ``prometheus`` on a loopback port -> ``/api/v1/query_ran
 from __future__ import annotations
 
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -184,17 +183,36 @@ def test_episode_from_a_label_and_selector_matchers(tmp_path: Path) -> None:
     assert "z" not in set(t["agent"])
 
 
+def _cli(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``edgetwin ARGV`` through the console script's entry (`edgetwin.cli.main`) in this process: its
+    exit code and output, as a finished process's (a fresh interpreter cost ~2 s of CPU a run; the
+    command as its own process is tests/security/test_prometheus_importer.py's real-Prometheus test)."""
+    import contextlib
+    import io
+
+    from edgetwin.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.MonkeyPatch.context() as mp:
+        for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "EDGETWIN_DEBUG"):
+            mp.delenv(var, raising=False)
+        try:
+            main(argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        else:
+            code = 0
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
 def test_cli_import_from_file_and_one_line_errors(cluster_log, tmp_path: Path) -> None:
     _, _, dump, mapping = cluster_log
-    base = [sys.executable, "-m", "edgetwin.cli", "logs", "import", "prometheus", "--mapping", str(mapping),
+    base = ["logs", "import", "prometheus", "--mapping", str(mapping),
             "--start", "2026-01-01T00:00:00Z", "--end", "2026-01-02T00:00:00Z"]  # fmt: skip
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
-    ok = subprocess.run([*base, "--out", str(tmp_path / "a.parquet"), "--from-file", str(dump), "--json"],
-                        capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    ok = _cli([*base, "--out", str(tmp_path / "a.parquet"), "--from-file", str(dump), "--json"])
     assert ok.returncode == 0, ok.stderr
     assert '"n_quarantined": 0' in ok.stdout and (tmp_path / "a.spec.toml").is_file()
-    bad = subprocess.run([*base, "--out", str(tmp_path / "b.parquet"), "--url", "http://127.0.0.1:9", "--retries", "0"],
-                         capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    bad = _cli([*base, "--out", str(tmp_path / "b.parquet"), "--url", "http://127.0.0.1:9", "--retries", "0"])
     assert bad.returncode == 2
     last = bad.stderr.strip().splitlines()[-1]
     assert last.startswith("error: --url: cannot reach Prometheus") and "Traceback" not in bad.stderr

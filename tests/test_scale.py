@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import torch
 from imitation.algorithms import bc
+from test_imitation import toy_log, toy_spec
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import edgetwin.imitation.mail as mail
@@ -31,7 +32,6 @@ from edgetwin.imitation.layout import ColumnScaler, Layout, _forward_log
 from edgetwin.imitation.mail import MailConfig, bc_steps, behaviour_clone, fit_engines, gaussian_policy
 from edgetwin.imitation.steps import build_steps, client_features
 from edgetwin.twin.twin import Twin
-from tests.test_imitation import toy_log, toy_spec
 
 torch.set_num_threads(1)
 

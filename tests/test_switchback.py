@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
+from test_plan_design import gated  # noqa: F401  (the module's twin, log, candidate and gate decision)
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.policy import RandomPolicy
@@ -29,7 +30,6 @@ from edgetwin.loop.switchback import (
     run_switchback_on_cluster,
     switchback_assignment,
 )
-from tests.test_plan_design import gated  # noqa: F401  (the module's twin, log, candidate and gate decision)
 
 SLO = "kpi.slo_violation"
 

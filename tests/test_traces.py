@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import FIXTURES, shared_data
 
 from edgetwin.contract.errors import InputError
 from edgetwin.emulator.cluster import ClusterConfig, EdgeCluster
@@ -20,7 +21,6 @@ from edgetwin.emulator.traces import (
     read_opendc,
     read_trace,
 )
-from tests.conftest import FIXTURES, shared_data
 
 AZURE = FIXTURES / "azure_llm_code_head300.csv"
 GOOGLE = FIXTURES / "google_task_events_sample.csv"

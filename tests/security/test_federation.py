@@ -466,20 +466,41 @@ def _agent_process(argv: list[str], *extra: str, env_keys: str | None = None) ->
 @pytest.mark.nats
 @pytest.mark.parametrize("role", ["esa", "twin-site", "twin-coordinator"])
 def test_an_agent_on_nats_without_keys_exits_2_with_one_line_naming_the_flag(role: str, tmp_path: Path,
-                                                                            nats_server: Any) -> None:
+                                                                            nats_server: Any,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """No --keys, no $EDGETWIN_FEDERATION_KEYS, a real nats-server it could reach: the agent does not
-    start (before, it ran unauthenticated with a warning and waited for its federation)."""
-    import subprocess
+    start (before, it ran unauthenticated with a warning and waited for its federation).
 
-    proc = _agent_process(_agent_argv(role, tmp_path, nats_server.url))
-    try:
-        out, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
+    Through the console script's entry (`edgetwin.cli.main`) in a thread of this process, not a fresh
+    interpreter per role (seconds of CPU each): an agent that started would still be running after
+    the 60 s this waits. `edgetwin agent` as its own process: the ``--insecure`` test below."""
+    import contextlib
+    import io
+    import threading
+
+    from edgetwin.cli import main
+    from edgetwin.edge.message_auth import KEYS_ENV
+
+    monkeypatch.delenv(KEYS_ENV, raising=False)
+    monkeypatch.delenv("EDGETWIN_DEBUG", raising=False)
+    argv = ["agent", *_agent_argv(role, tmp_path, nats_server.url)]
+    stdout, stderr, code = io.StringIO(), io.StringIO(), []
+
+    def run() -> None:
+        try:
+            main(argv)
+        except SystemExit as e:
+            code.append(e.code)
+
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        agent = threading.Thread(target=run, daemon=True)
+        agent.start()
+        agent.join(timeout=60)
+    if agent.is_alive():
         pytest.fail(f"`edgetwin agent {role}` without keys started and ran (it must exit 2 at once)")
+    out, err = stdout.getvalue(), stderr.getvalue()
     lines = err.strip().splitlines()
-    assert proc.returncode == 2, err
+    assert code == [2], (code, err)
     assert len(lines) == 1 and "--keys" in lines[0] and "EDGETWIN_FEDERATION_KEYS" in lines[0], err
     assert "--insecure" in lines[0] and "Traceback" not in err and out == ""
     assert not (tmp_path / "twin").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
+import io
 import json
 import subprocess
 import sys
@@ -76,12 +77,35 @@ class Hostile:
         self.server.server_close()
 
 
+@pytest.fixture(autouse=True)
+def _no_proxy_nor_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run_import` runs in this process: no proxy of the caller's environment between the importer
+    and the loopback server, no ``EDGETWIN_DEBUG`` traceback (the command's own process had ``ENV``)."""
+    for var in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "EDGETWIN_DEBUG"):
+        monkeypatch.delenv(var, raising=False)
+        monkeypatch.delenv(var.upper(), raising=False)
+
+
 def run_import(mapping: Path, out: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "edgetwin.cli", "logs", "import", "prometheus", "--mapping", str(mapping),
-         "--out", str(out), "--start", str(DAY0), "--end", str(DAY0 + 3600), "--url", url, "--retries", "0", *extra],
-        capture_output=True, text=True, env=ENV, timeout=120,
-    )  # fmt: skip
+    """``edgetwin logs import prometheus`` through the console script's entry (`edgetwin.cli.main`)
+    in this process: its exit code and what it printed, as a finished process's.
+
+    In process: what these cases check is the importer's refusal (exit 2, one line), and a fresh
+    interpreter per case cost ~1 s of CPU each (21 runs); the real-Prometheus test below still runs
+    the command as its own process (``python -m edgetwin.cli``), refusals included."""
+    from edgetwin.cli import main
+
+    argv = ["logs", "import", "prometheus", "--mapping", str(mapping), "--out", str(out), "--start", str(DAY0),
+            "--end", str(DAY0 + 3600), "--url", url, "--retries", "0", *extra]  # fmt: skip
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main(argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        else:
+            code = 0
+    return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
 
 
 def refused_in_one_line(done: subprocess.CompletedProcess[str]) -> str:
