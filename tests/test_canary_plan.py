@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from edgetwin.contract.errors import InputError
+from edgetwin.contract.spec import TwinSpec
 from edgetwin.edge.canary import CanaryConfig
 from edgetwin.emulator.cluster import ClusterConfig
 from edgetwin.emulator.logs import generate_logs
@@ -33,11 +34,13 @@ class Constant:
 
 
 @pytest.fixture(scope="module")
-def gated(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def gated(canary_world_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The twin of tests/conftest.py's `canary_world_dir` (2 random episodes of this cluster, seed 0; 2 members, no
+    adversarial round, 2 BC epochs; fitted once per run), a day it was not fitted on, the always-edge candidate, the
+    logging baseline and the gate's decision; ``root`` holds the log, its spec and the twin for the CLI."""
     root = tmp_path_factory.mktemp("plan")
-    train, spec = generate_logs(CLUSTER, 2, "random", seed=0)
-    twin = Twin.fit(train, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2,
-                    population_model="empirical")  # fmt: skip
+    spec = TwinSpec.load(canary_world_dir / "spec.toml")
+    twin = Twin.load(canary_world_dir / "twin")
     log, _ = generate_logs(CLUSTER, 1, "random", seed=7)  # recent traffic the twin was not fitted on
     log.to_parquet(root / "log.parquet")
     spec.save(root / "log.spec.toml")

@@ -12,6 +12,7 @@ plan assumes."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -160,12 +161,13 @@ def test_the_docs_say_how_the_plan_counts_its_days() -> None:
 
 
 @pytest.fixture(scope="module")
-def planned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A real plan (a small emulated cluster's twin, an always-edge candidate the gate cannot judge)
-    whose KPIs' day terms are dominated by the first look's bound, the terms the planner weighed
-    recorded per (column, groups, hours, design)."""
+def planned(canary_world_dir: Path) -> dict[str, Any]:
+    """A real plan (a small emulated cluster's twin: tests/conftest.py's `canary_world_dir`, fitted once
+    per run; an always-edge candidate the gate cannot judge) whose KPIs' day terms are dominated by
+    the first look's bound, the terms the planner weighed recorded per (column, groups, hours, design)."""
     import torch
 
+    from edgetwin.contract.spec import TwinSpec
     from edgetwin.emulator.cluster import ClusterConfig
     from edgetwin.emulator.logs import generate_logs
     from edgetwin.loop import plan as plan_mod
@@ -176,8 +178,8 @@ def planned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     cluster = ClusterConfig(n_agents=40, steps=24)
-    train, spec = generate_logs(cluster, 2, "random", seed=0)
-    twin = Twin.fit(train, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2, population_model="empirical")
+    spec = TwinSpec.load(canary_world_dir / "spec.toml")
+    twin = Twin.load(canary_world_dir / "twin")
     log, _ = generate_logs(cluster, 1, "random", seed=7)
 
     class Constant:
