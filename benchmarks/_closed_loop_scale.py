@@ -988,11 +988,12 @@ def fc_variant(variant: str) -> tuple[str, str, str, tuple[str, ...], str]:
     key = f"{EXT_FC_KEY}_{variant}"
     design = EXT_FC_DESIGN.replace(f"`{EXT_FC_KEY}`", f"`{key}`")
     if variant == "day_bound":  # at 100 and 5,000 groups as well (benchmarks/_closed_loop_fleetsize_bound.py)
-        design = design.replace("the 900 groups outside the slice", "the groups outside the slice (900 of 1,000, "
-                                "90 of 100, 4,500 of 5,000)").replace(
+        design = design.replace("the 900 groups outside the slice", "the groups outside the slice (90 % of the "
+                                "fleet)").replace(
             "the headline's `by_fleet_size` then kept the slice-control loop of the section above; now `before_day_term`",
-            "the headline's `by_fleet_size` is this run's, the day-term run's kept under `before_day_bound`: the "
-            "section \"The verdict rate by fleet size with the one-day bound\"") + \
+            "the headline's `by_fleet_size` moves to this run once it covers every size the headline holds, the day-term "
+            "run's then kept under `before_day_bound`: the section \"The verdict rate by fleet size with the one-day "
+            "bound\" says whether it has") + \
             "Run with the one-day bound on the verdict's day term (the section \"The one-day canary's day term\"). "
     if variant == "day_term":  # run at 5,000 groups as well (benchmarks/_closed_loop_fleetsize.py)
         design = design.replace("the 900 groups outside the slice", "the groups outside the slice (900 of 1,000, "
