@@ -104,8 +104,8 @@ def run_demo(
             raise RuntimeError(f"the generated log did not validate: {report.summary()}")
 
         # the cluster's next days (below), generated on the spare core while the population model is
-        # fitted here (it idles until the twin's members start)
-        later = spare.pool.submit(generate_logs, config, 2, "random", seed + 10_000, False) if spare is not None else None
+        # fitted here (it idles until the twin's members start; `_SpareCore.before_twin`)
+        later = spare.before_twin(config, seed + 10_000) if spare is not None else None
 
         t0 = _clock()
         log("[3] learning the twin: GAN-SMMSG population + MAIL-MMSG responses")
@@ -222,6 +222,16 @@ class _SpareCore:
         self.startup_cpu = self.warm.result()
         return self.pool.submit(fn, *args)
 
+    def before_twin(self, config: Any, recent_seed: int) -> Any:
+        """While the population model is fitted in the demo's process: the recent log (2 days of
+        ``config`` under the logging policy, ``recent_seed``: the future of `generate_logs`'s
+        result) and `_warm_twin_fit`."""
+        from edgetwin.emulator.logs import generate_logs
+
+        recent = self.pool.submit(generate_logs, config, 2, "random", recent_seed, False)
+        self.pool.submit(_warm_twin_fit)
+        return recent
+
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
@@ -236,6 +246,25 @@ def _warm_up() -> float:
 
     _plt()
     return time.process_time()
+
+
+def _warm_twin_fit() -> float:
+    """In the spare worker, idle while this process fits the population model: a tiny twin (10
+    service groups x 16 steps, one member, one MAIL round) that nobody uses, so that the member it
+    fits next runs warm (issue 48: a member's first fit in a fresh process took 15.9 CPU s where a
+    second took 12.7, loading numba's kernels and torch's first calls; after this one 13.8, at load 10).
+    Everything a fit samples is seeded from its arguments, so the member is the same. Returns its CPU s."""
+    from threadpoolctl import threadpool_limits
+
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.twin.twin import Twin
+
+    c0 = time.process_time()
+    with threadpool_limits(1):
+        log, spec = generate_logs(ClusterConfig(n_agents=10, steps=16), episodes=2, seed=0)
+        Twin.fit(log, spec, members=1, seed=0, progress=False, population_model="empirical", rounds=1, bc_epochs=1)
+    return time.process_time() - c0
 
 
 #: in the spare worker: the saved twin it loaded and the logging policy's what-if cells it ran ahead
