@@ -58,7 +58,9 @@ def run_demo(
         spare_core: use a second process (`_SpareCore`): it fits the twin's second member while
             this one fits the first, runs the logging policy's what-if cells while this one trains
             the policy, and the trained policy's while this one runs the promotion (and then a few
-            of the logging policy's), and writes the what-if report; None: when
+            of the logging policy's), and draws the what-if report's PNGs with this one (`_Drawing`);
+            before the twin's members, it makes the recent log and the log's overlap report and
+            warms up (`_SpareCore.before_twin`) while this one fits the population model; None: when
             this process may use two cores or more. The results do not depend on it (the worker
             reads the saved twin, seeds everything from its arguments and runs torch with this
             process's thread count).
