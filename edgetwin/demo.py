@@ -58,7 +58,9 @@ def run_demo(
         spare_core: use a second process (`_SpareCore`): it fits the twin's second member while
             this one fits the first, runs the logging policy's what-if cells while this one trains
             the policy, and the trained policy's while this one runs the promotion (and then a few
-            of the logging policy's), and writes the what-if report; None: when
+            of the logging policy's), and draws the what-if report's PNGs with this one (`_Drawing`);
+            before the twin's members, it makes the recent log and the log's overlap report and
+            warms up (`_SpareCore.before_twin`) while this one fits the population model; None: when
             this process may use two cores or more. The results do not depend on it (the worker
             reads the saved twin, seeds everything from its arguments and runs torch with this
             process's thread count).
@@ -81,6 +83,7 @@ def run_demo(
     log(sizes.budget_line(agents, episodes, steps, spare_core))
     # started first: it imports torch, the twin and matplotlib on the idle core while this one fits
     spare = _SpareCore() if spare_core else None
+    drawing: _Drawing | None = None
     try:
         t0 = _clock()
         log(f"[1] emulated cluster: {agents} service groups x {episodes} episodes x {steps} steps")
@@ -102,6 +105,10 @@ def run_demo(
         if not report.usable:
             raise RuntimeError(f"the generated log did not validate: {report.summary()}")
 
+        # the cluster's next days (below), generated on the spare core while the population model is
+        # fitted here (it idles until the twin's members start; `_SpareCore.before_twin`)
+        later = spare.before_twin(config, seed + 10_000) if spare is not None else None
+
         t0 = _clock()
         log("[3] learning the twin: GAN-SMMSG population + MAIL-MMSG responses")
         # the second ensemble member is fitted on the spare core (same twin: `Twin.fit`'s ``beside``)
@@ -112,7 +119,7 @@ def run_demo(
 
         # replayed and calibrated on traffic the twin was not fitted on (the gate refuses its training
         # log): the cluster's next days, still under the logging policy
-        recent, _ = generate_logs(config, episodes=2, policy="random", seed=seed + 10_000, progress=False)
+        recent, _ = later.result() if later is not None else generate_logs(config, 2, "random", seed + 10_000, False)
         # the logging policy's cells (the gate's, with the log's own actions, then the what-if's) need
         # no trained policy: on the spare core while [4] runs
         gate_ahead = spare.submit(_gate_ahead_task, Path(twin_dir), recent, seed) if spare is not None else None
@@ -130,6 +137,8 @@ def run_demo(
         whatif_args = (Path(twin_dir), recent, Path(trained.path), out / "whatif", seed, sizes.whatif_episodes)
         # the trained policy's what-if cells, on the spare core while [5] and [7] run here
         pending = spare.submit(_whatif_trained_task, *whatif_args) if spare is not None else None
+        # then the report's PNGs, from the first, while [5] and [7] run here (`_whatif_draw_task`)
+        drawing = _Drawing(spare, whatif_args) if spare is not None else None
 
         t0 = _clock()
         log("[5] scoring on the emulated cluster (which the twin only saw through its logs)")
@@ -153,12 +162,12 @@ def run_demo(
                 res.artifacts[name] = out / sub
         _record(res, "promote_and_serve", t0)
 
-        if pending is not None and spare is not None:
+        if pending is not None and drawing is not None:
             t0 = _clock()
-            # the logging policy's cells of the last scenarios, here while the spare core finishes the
-            # trained policy's (`MAIN_WHATIF_SCENARIOS`), then the report there from every cell
+            # the logging policy's cells of the last scenarios here (`MAIN_WHATIF_SCENARIOS`), then the
+            # report from every cell, its PNGs shared with the spare core (`_Drawing`)
             mine, wall_m, cpu_m = _whatif_main_cells(twin, recent, seed, sizes.whatif_episodes)
-            path, wall, cpu = spare.pool.submit(_whatif_task, *whatif_args, mine).result()
+            path, wall, cpu = drawing.finish(twin, mine)
             _, wall0, cpu0 = ahead.result() if ahead is not None else (None, 0.0, 0.0)
             _, wall1, cpu1 = pending.result()
             res.artifacts["whatif_report"] = Path(path)
@@ -168,6 +177,8 @@ def run_demo(
                 res.seconds["gate_ahead"], res.cpu_seconds["gate_ahead"] = gate_ahead.result()[1:]
             res.seconds["whatif_wait"] = _clock()[0] - t0[0]  # how long [7] waited for it after finishing
     finally:
+        if drawing is not None:
+            drawing.close()
         if spare is not None:
             spare.close()
     if spare is not None:
@@ -188,9 +199,10 @@ class _SpareCore:
     (`Twin.fit`'s ``beside``) and, while [4] trains the policy, the gate's and the what-if's cells
     of the logging policy, which need no trained policy (`_gate_ahead_task`, `_whatif_ahead_task`);
     then the trained policy's cells (`_whatif_trained_task`) while this process runs [5] and [7],
-    and the report (`_whatif_task`) once this process has added the logging policy's cells of the
-    last scenarios (`MAIN_WHATIF_SCENARIOS`: the worker had the longer share of the work, and this
-    process waited for it); the same twin, decision and report. The worker is spawned (not forked:
+    and then the report's PNGs, shared with this process once it has added the logging policy's
+    cells of the last scenarios (`MAIN_WHATIF_SCENARIOS`) and finished [7] (`_Drawing`: the worker
+    had the longer share of the work, and this process waited for it); the same twin, decision and
+    report. The worker is spawned (not forked:
     torch's and OpenMP's thread state) when the demo starts, and warms up (imports torch, the twin,
     the what-if engine, matplotlib) while this process generates the log. Its torch thread count is this process's, so
     what it computes is what the demo would compute in-process."""
@@ -212,6 +224,16 @@ class _SpareCore:
         self.startup_cpu = self.warm.result()
         return self.pool.submit(fn, *args)
 
+    def before_twin(self, config: Any, recent_seed: int) -> Any:
+        """While the population model is fitted in the demo's process: the recent log (2 days of
+        ``config`` under the logging policy, ``recent_seed``: the future of `generate_logs`'s
+        result) and `_warm_twin_fit`."""
+        from edgetwin.emulator.logs import generate_logs
+
+        recent = self.pool.submit(generate_logs, config, 2, "random", recent_seed, False)
+        self.pool.submit(_warm_twin_fit)
+        return recent
+
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
@@ -226,6 +248,25 @@ def _warm_up() -> float:
 
     _plt()
     return time.process_time()
+
+
+def _warm_twin_fit() -> float:
+    """In the spare worker, idle while this process fits the population model: a tiny twin (10
+    service groups x 16 steps, one member, one MAIL round) that nobody uses, so that the member it
+    fits next runs warm (issue 48: a member's first fit in a fresh process took 15.9 CPU s where a
+    second took 12.7, loading numba's kernels and torch's first calls; after this one 13.8, at load 10).
+    Everything a fit samples is seeded from its arguments, so the member is the same. Returns its CPU s."""
+    from threadpoolctl import threadpool_limits
+
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.twin.twin import Twin
+
+    c0 = time.process_time()
+    with threadpool_limits(1):
+        log, spec = generate_logs(ClusterConfig(n_agents=10, steps=16), episodes=2, seed=0)
+        Twin.fit(log, spec, members=1, seed=0, progress=False, population_model="empirical", rounds=1, bc_epochs=1)
+    return time.process_time() - c0
 
 
 #: in the spare worker: the saved twin it loaded and the logging policy's what-if cells it ran ahead
@@ -268,7 +309,7 @@ def _gate_ahead_task(twin_dir: Path, log_df: Any, seed: int) -> tuple[list[Any],
 def _whatif_ahead_task(twin_dir: Path, log_df: Any, seed: int, episodes: int) -> tuple[None, float, float]:
     """In the spare worker, while the policy trains: the logging policy's cells of `_whatif`
     (`edgetwin.twin.whatif.run_policy_cells`; the nominal one is the gate's when it replays as many
-    episodes), kept for `_whatif_task`; returns (None, wall s, CPU s)."""
+    episodes), kept for `_Drawing`; returns (None, wall s, CPU s)."""
     from threadpoolctl import threadpool_limits
 
     w0, c0 = time.perf_counter(), time.process_time()
@@ -286,7 +327,7 @@ def _whatif_trained_task(
 ) -> tuple[None, float, float]:
     """In the spare worker, once the policy is trained: the trained policy's cells of `_whatif`
     (every scenario, in `run_whatif`'s serial order for a policy object shared by its episodes),
-    kept for `_whatif_task`; returns (None, wall s, CPU s)."""
+    kept for `_Drawing`; returns (None, wall s, CPU s)."""
     from threadpoolctl import threadpool_limits
 
     w0, c0 = time.perf_counter(), time.process_time()
@@ -295,23 +336,103 @@ def _whatif_trained_task(
     return None, time.perf_counter() - w0, time.process_time() - c0
 
 
-def _whatif_task(
-    twin_dir: Path, log_df: Any, policy_dir: Path, out_dir: Path, seed: int, episodes: int, extra: Any = None
-) -> tuple[str, float, float]:
-    """In the spare worker: `_whatif` on the saved twin with the cells run before (`_whatif_ahead_task`'s,
-    `_whatif_trained_task`'s and ``extra``: the logging policy's cells the demo's process ran,
-    `_whatif_main_cells`), the rest run here; returns (report path, wall s, CPU s)."""
+def _whatif_cells_task() -> tuple[Any, Any]:
+    """In the spare worker, after `_whatif_trained_task`: the logging policy's and the trained
+    policy's cells it ran (`_WORKER`), for the demo's process to write the report from."""
+    return _WORKER["ahead"], _WORKER["trained"]
+
+
+def _claimer(claim_dir: str) -> Callable[[str], bool]:
+    """``claim(unit)``: True for the one process that first asks for ``unit`` (a file created
+    exclusively in ``claim_dir``, shared by the demo's two processes)."""
+    import os
+
+    def claim(unit: str) -> bool:
+        try:
+            os.close(os.open(Path(claim_dir) / unit.encode().hex(), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+    return claim
+
+
+def _whatif_draw_task(
+    twin_dir: Path, log_df: Any, policy_dir: Path, out_dir: Path, seed: int, episodes: int, claim_dir: str
+) -> tuple[dict[str, str], float, float]:
+    """In the spare worker, after `_whatif_trained_task`: the what-if report's PNGs it has every
+    cell for (the scenarios whose logging-policy cells it ran, and the changes when those are all),
+    from the first, each unless the demo's process claimed it (`_claimer`); returns ({unit: PNG
+    path}, wall s, CPU s). A PNG depends on its scenario's cells only (`edgetwin.twin.report.plot_some`),
+    so the result of `_whatif` on these scenarios draws the same bytes as the full one."""
     from threadpoolctl import threadpool_limits
+
+    from edgetwin.twin.report import plot_some, report_units
 
     w0, c0 = time.perf_counter(), time.process_time()
     with threadpool_limits(1):
-        twin = _worker_twin(twin_dir)
-        logging = _WORKER.get("ahead")
-        if extra is not None:
-            logging = extra if logging is None else logging.merged(extra)
-        ahead = [c for c in (logging, _WORKER.get("trained")) if c is not None]
-        path = _whatif(twin, log_df, policy_dir, out_dir, seed, episodes, progress=False, ahead=ahead)
-    return str(path), time.perf_counter() - w0, time.process_time() - c0
+        logging, trained = _WORKER["ahead"], _WORKER["trained"]
+        shipped = list(_whatif_scenarios())
+        mine = [s for s in shipped if s.name in logging.outcomes and s.name in trained.outcomes]
+        result = _whatif_result(_worker_twin(twin_dir), log_df, policy_dir, seed, episodes, [logging, trained],
+                                scenarios=mine)  # fmt: skip
+        units = report_units(result)
+        if len(mine) < len(shipped):  # the changes plot needs every scenario
+            units.remove("changes")
+        drawn = plot_some(result, out_dir, units, claim=_claimer(claim_dir))
+    return {u: str(p) for u, p in drawn.items()}, time.perf_counter() - w0, time.process_time() - c0
+
+
+class _Drawing:
+    """The what-if report's end, shared by the demo's two processes (issue 48: the demo's process
+    waited 16 s on a quiet machine while the spare core drew the report's 9 PNGs, 12 CPU s, alone).
+
+    Queued on the spare core behind the trained policy's cells: `_whatif_cells_task` (the cells, for
+    this process) and `_whatif_draw_task` (the PNGs it can draw, from the first). `finish`, once [7]
+    is done here: the report from every cell, its PNGs claimed from the last (`_claimer`), so each
+    is drawn once, by whichever process is free; the HTML once all are written."""
+
+    def __init__(self, spare: _SpareCore, whatif_args: tuple[Any, ...]) -> None:
+        import tempfile
+
+        self.args = whatif_args
+        self.claim_dir = tempfile.mkdtemp(prefix="edgetwin-demo-claims-")
+        self.cells = spare.submit(_whatif_cells_task)
+        self.part = spare.submit(_whatif_draw_task, *whatif_args, self.claim_dir)
+        #: who drew which PNG, once `finish` returns: ``{unit: "here" | "spare"}``
+        self.drawn: dict[str, str] = {}
+
+    def finish(self, twin: Any, mine: Any) -> tuple[str, float, float]:
+        """The report (``mine``: this process's logging-policy cells, or None); returns (its HTML
+        path, wall s, CPU s of both processes' share)."""
+        from threadpoolctl import threadpool_limits
+
+        from edgetwin.twin.report import plot_some, report_units
+
+        _, log_df, policy_dir, out_dir, seed, episodes = self.args
+        w0, c0 = time.perf_counter(), time.process_time()
+        part: list[tuple[dict[str, str], float, float]] = []
+
+        def draw() -> dict[str, Path]:
+            units = report_units(result)[::-1]  # from the last: the spare core draws from the first
+            drawn = plot_some(result, out_dir, units, claim=_claimer(self.claim_dir))
+            part.append(self.part.result())
+            self.drawn = {**{u: "here" for u in drawn}, **{u: "spare" for u in part[0][0]}}
+            return {**drawn, **{u: Path(p) for u, p in part[0][0].items()}}
+
+        with threadpool_limits(1):
+            logging, trained = self.cells.result()
+            if mine is not None:
+                logging = logging.merged(mine)
+            result = _whatif_result(twin, log_df, policy_dir, seed, episodes, [logging, trained])
+            path = _write_whatif(result, out_dir, draw)
+        return str(path), time.perf_counter() - w0 + part[0][1], time.process_time() - c0 + part[0][2]
+
+    def close(self) -> None:
+        """Remove the claims' directory (the PNGs stay where they were drawn)."""
+        import shutil
+
+        shutil.rmtree(self.claim_dir, ignore_errors=True)
 
 
 def _whatif_main_cells(twin: Any, log_df: Any, seed: int, episodes: int) -> tuple[Any, float, float]:
@@ -512,9 +633,12 @@ def _whatif_scenarios() -> Any:
 
 #: how many of the what-if scenarios (the last of `WHATIF_SCENARIOS`) have their logging-policy
 #: cells run in the demo's process after the promotion rather than on the spare core while the policy
-#: trains: the spare core also runs the trained policy's cells and writes the report, and was the
-#: last to finish (issue 48: the demo's process waited 10-13 s for it on a quiet machine)
-MAIN_WHATIF_SCENARIOS = 2
+#: trains: the spare core also runs the trained policy's cells, and was the last to finish (issue 48:
+#: the demo's process waited 10-13 s for it on a quiet machine). Since the two processes share the
+#: report's PNGs (`_Drawing`), whichever is free, the split only moves a cell between them: on the
+#: recorded CPU seconds (a run at load 10: this process 45.7 CPU s from the twin to the promotion's
+#: end, the spare core 45.6 for the gate's and every what-if cell) one cell each way is about even
+MAIN_WHATIF_SCENARIOS = 1
 
 
 def _whatif_scenario_split() -> tuple[list[Any], list[Any]]:
@@ -556,14 +680,28 @@ def _whatif(
 ) -> Path:
     """Counterfactual replay of the log's last episodes under the shipped what-if scenarios
     (``ahead``: `_whatif_cells_ahead`'s cells, not run again: the same report)."""
+    return _write_whatif(_whatif_result(twin, log_df, policy_dir, seed, episodes, ahead, progress=progress), out_dir)
+
+
+def _whatif_result(
+    twin: Any, log_df: Any, policy_dir: Path, seed: int, episodes: int, ahead: Any = (), progress: bool = False,
+    scenarios: Any = None,
+) -> Any:
+    """`_whatif`'s `WhatIfResult` (on ``scenarios`` of the shipped ones: the nominal and those)."""
     from edgetwin.policies.export import load_policy
-    from edgetwin.twin.report import write_report
     from edgetwin.twin.whatif import builtin_policy, fixed_policy, run_whatif
 
     policies = [builtin_policy("logging", twin), fixed_policy("trained", load_policy(policy_dir))]
-    result = run_whatif(twin, policies, _whatif_scenarios(), baseline="logging", episodes=episodes, seeds=1, seed=seed,
-                        log=log_df, progress=progress, ahead=ahead)
-    paths = write_report(result, out_dir, title="edgetwin demo: trained policy vs the logging policy")
+    scenarios = _whatif_scenarios() if scenarios is None else scenarios
+    return run_whatif(twin, policies, scenarios, baseline="logging", episodes=episodes, seeds=1, seed=seed,
+                      log=log_df, progress=progress, ahead=ahead)  # fmt: skip
+
+
+def _write_whatif(result: Any, out_dir: Path, images: Callable[[], dict[str, Path]] | None = None) -> Path:
+    """`_whatif`'s report of ``result`` (``images``: `edgetwin.twin.report.write_report`'s); its HTML page."""
+    from edgetwin.twin.report import write_report
+
+    paths = write_report(result, out_dir, title="edgetwin demo: trained policy vs the logging policy", images=images)
     return Path(paths["html"])
 
 

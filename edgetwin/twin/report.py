@@ -16,7 +16,7 @@ import html
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -369,6 +369,39 @@ def html_report(
     return "\n".join(parts)
 
 
+def timeline_path(out_dir: str | Path, scenario: str) -> Path:
+    """Where `write_report` puts ``scenario``'s timeline PNG (`plot_timeline`) under ``out_dir``."""
+    return Path(out_dir) / f"kpis_over_time_{_slug(scenario)}.png"
+
+
+def plot_some(
+    result: WhatIfResult, out_dir: str | Path, units: Sequence[str], claim: Callable[[str], bool] | None = None
+) -> dict[str, Path]:
+    """The report's PNGs named by ``units`` (``"timeline:<scenario>"``: `plot_timeline`; ``"changes"``:
+    `plot_changes`), in that order, each only if ``claim(unit)`` grants it (default: all); returns
+    ``{unit: path}`` of those it wrote (``"changes"`` left out when there is nothing to compare).
+
+    Why: each PNG depends on ``result`` only, so two processes holding the same result may share
+    them (`write_report`'s ``images``), each claiming the next unit nobody has; the bytes do not
+    depend on who drew them."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    done: dict[str, Path] = {}
+    for unit in units:
+        if claim is not None and not claim(unit):
+            continue
+        if unit == "changes":
+            ch = plot_changes(result, out / "kpi_changes.png")
+            if ch is not None:
+                done[unit] = ch
+        elif unit.startswith("timeline:"):
+            name = unit.partition(":")[2]
+            done[unit] = plot_timeline(result, name, timeline_path(out, name))
+        else:
+            raise ValueError(f"unknown report image {unit!r}")
+    return done
+
+
 def write_report(
     result: WhatIfResult,
     out_dir: str | Path,
@@ -376,20 +409,37 @@ def write_report(
     extra: Mapping[str, Any] | None = None,
     preamble_md: str = "",
     preamble_html: str = "",
+    images: Callable[[], Mapping[str, Path]] | None = None,
 ) -> dict[str, Path]:
     """Write JSON, Markdown, PNGs and HTML into ``out_dir``; returns ``{artifact: path}``.
 
     Args:
         extra: more keys for the JSON document (e.g. a promotion decision).
         preamble_md, preamble_html: text placed before the tables (e.g. the gate's verdict).
+        images: called after the JSON and the Markdown, before the HTML inlines the PNGs: every
+            PNG's path by unit (`plot_some`'s), once it is written (e.g. the demo's two processes
+            draw them together); default: drawn here, one after the other.
     """
     out = Path(out_dir)
+    draw = images if images is not None else (lambda: plot_some(result, out, report_units(result)))
+    return _write_report(result, out, title, extra, preamble_md, preamble_html, draw)
+
+
+def report_units(result: WhatIfResult) -> list[str]:
+    """The PNGs of ``result``'s report, in `write_report`'s order: a timeline per scenario, then the changes."""
+    return [*(f"timeline:{sc.name}" for sc in result.scenarios), "changes"]
+
+
+def _write_report(
+    result: WhatIfResult, out: Path, title: str, extra: Mapping[str, Any] | None, preamble_md: str,
+    preamble_html: str, images: Callable[[], Mapping[str, Path]],
+) -> dict[str, Path]:
+    """`write_report` with the PNGs drawn by ``images`` (the same files, and the same paths in the same order)."""
     out.mkdir(parents=True, exist_ok=True)
-    paths: dict[str, Path] = {}
     doc = result.to_dict()
     if extra:
         doc.update(extra)
-    paths["json"] = out / "whatif.json"
+    paths = {"json": out / "whatif.json"}
     paths["json"].write_text(json.dumps(doc, indent=1, default=_json_default, allow_nan=True))
     md = markdown(result, title)
     if preamble_md:
@@ -397,18 +447,11 @@ def write_report(
         md = f"{head}\n\n{preamble_md.rstrip()}\n\n{rest}"
     paths["markdown"] = out / "whatif.md"
     paths["markdown"].write_text(md)
-    images: dict[str, Path] = {}
-    for sc in result.scenarios:
-        images[f"timeline:{sc.name}"] = plot_timeline(
-            result, sc.name, out / f"kpis_over_time_{_slug(sc.name)}.png"
-        )
-    ch = plot_changes(result, out / "kpi_changes.png")
-    if ch is not None:
-        images["changes"] = ch
-    for k, p in images.items():
-        paths[k] = p
+    drawn = dict(images())
+    ordered = {u: drawn[u] for u in report_units(result) if u in drawn}
+    paths.update(ordered)
     paths["html"] = out / "report.html"
-    paths["html"].write_text(html_report(result, images, title, preamble_html))
+    paths["html"].write_text(html_report(result, ordered, title, preamble_html))
     return paths
 
 
@@ -420,6 +463,9 @@ __all__ = [
     "markdown_html",
     "notes",
     "plot_changes",
+    "plot_some",
     "plot_timeline",
+    "report_units",
+    "timeline_path",
     "write_report",
 ]

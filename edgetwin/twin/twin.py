@@ -305,12 +305,13 @@ class Twin:
         t_start = time.perf_counter()
         df, spec = load_log(log, spec)
         df = df.sort_values(["episode", "t", "agent"], kind="stable").reset_index(drop=True)
-        overlap = overlap_report(df, spec, seed=seed)
-        logging.getLogger(__name__).info("%s", overlap.summary())  # (`log` is the argument here)
-        if response_model == "auto":
-            response_model = "causal" if overlap.n_policies >= 2 and not overlap.says_nothing else "mail"
-        if response_model == "bc":
-            cfg.rounds = 0
+        # beside a running pool (the demo's spare core, idle until the members start) the overlap
+        # report, which needs the log only, is computed there while the population model is fitted
+        # here; it decides nothing before the members (without a checkpoint to stamp)
+        later = beside.submit(overlap_report, df, spec, seed) if beside is not None and checkpoint_dir is None else None
+        overlap = overlap_report(df, spec, seed=seed) if later is None else None
+        if overlap is not None:
+            response_model = _response_model(overlap, response_model, cfg)
         layout = Layout.fit(df, spec, use_time=use_time)
         if not isinstance(site_model, bool):
             site_model = list(site_model)
@@ -331,6 +332,10 @@ class Twin:
         population = cls._fit_population(
             df, spec, population_model, seed, progress, dict(population_hyper or {})
         )
+        if later is not None:
+            overlap = later.result()
+            response_model = _response_model(overlap, response_model, cfg)
+        assert overlap is not None
         composition = Composition.fit(df, layout)
         initial = InitialStates.fit(df, layout)
 
@@ -743,6 +748,17 @@ def _check_fit_args(
     if ray_address is not None:
         check_ray(ray_address)
     return cfg
+
+
+def _response_model(overlap: Any, response_model: str, cfg: MailConfig) -> str:
+    """`Twin.fit`'s response model once the log's overlap report is known (``"auto"`` resolved; no
+    MAIL rounds for ``"bc"``)."""
+    logging.getLogger(__name__).info("%s", overlap.summary())
+    if response_model == "auto":
+        response_model = "causal" if overlap.n_policies >= 2 and not overlap.says_nothing else "mail"
+    if response_model == "bc":
+        cfg.rounds = 0
+    return response_model
 
 
 def _stamp_checkpoint(checkpoint_dir: str | Path | None, ident: dict[str, Any]) -> Path | None:
