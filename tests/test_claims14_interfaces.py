@@ -53,8 +53,9 @@ def _defining_modules(name: str) -> list[str]:
     return _definitions().get(name, [])
 
 
-def _calls() -> list[tuple[str, str, set[str]]]:
-    """(where, callee, keywords) of each inline span that is one call with keyword arguments."""
+def _calls() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(where, callee, keywords) of each inline span that is one call with keyword arguments (the keywords
+    sorted: xdist's workers must collect the same test ids, and a set's order changes with the hash seed)."""
     out = []
     for doc in DOCS:
         text = _prose(doc)
@@ -63,7 +64,7 @@ def _calls() -> list[tuple[str, str, set[str]]]:
             keywords = set(re.findall(r"(?<![=\w])([A-Za-z_]\w*)\s*=(?!=)", call.group(2))) if call else set()
             if call and keywords:
                 where = f"{doc.relative_to(ROOT).as_posix()}:{text[: m.start()].count(chr(10)) + 1}"
-                out.append((where, call.group(1), keywords))
+                out.append((where, call.group(1), tuple(sorted(keywords))))
     return out
 
 
@@ -73,7 +74,7 @@ def test_the_docs_show_calls_with_keywords() -> None:
 
 
 @pytest.mark.parametrize(("where", "callee", "keywords"), _calls(), ids=lambda v: str(v)[:40])
-def test_a_documented_call_takes_its_keywords(where: str, callee: str, keywords: set[str]) -> None:
+def test_a_documented_call_takes_its_keywords(where: str, callee: str, keywords: tuple[str, ...]) -> None:
     """`personalise(twin, local_log, site_alone=...)`: the callable exists (its dotted module, or the one
     module of the package that defines the bare name) and accepts every keyword the page passes."""
     module, _, name = callee.rpartition(".")
