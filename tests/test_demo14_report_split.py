@@ -70,6 +70,7 @@ def _split_report(saved: Any, out: Path, monkeypatch: pytest.MonkeyPatch) -> dem
     return drawing
 
 
+@pytest.mark.slow  # ~70 s (a real spare process): the default run's 10-minute budget; test_plot_some_draws_only_what_it_claims stays in it
 def test_the_shared_report_is_the_one_written_in_one_process(
     saved: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -44,6 +44,7 @@ def spare() -> Iterator[_Recording]:
     pool.shutdown(wait=True)
 
 
+@pytest.mark.slow  # ~40 s (two twin fits): the default run's 10-minute budget; the checkpoint case stays in it
 def test_the_spare_cores_overlap_report_and_warm_up_leave_the_twin_as_it_was(spare: _Recording, tmp_path: Path) -> None:
     df, spec = generate_logs(ClusterConfig(n_agents=30, steps=12), episodes=3, seed=0)
     serial = Twin.fit(df, spec, seed=3, workers=1, **FIT)
