@@ -251,6 +251,22 @@ def _head_ag(b: dict[str, Any]) -> str:
     return f"{b['canary_agreeing']}/{b['canary_decided']} = {100 * b['confident_agreement']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
+def same_and_wrong(res: dict[str, Any]) -> list[str]:
+    """A fleet-size section's lines after its main table: every size recounted on the candidates and
+    seeds all sizes ran (``same_candidates``), then the wrong verdicts (shared by the day-bound page,
+    `_closed_loop_fleetsize_bound.section`)."""
+    by, same = res["by_fleet_size"], res["same_candidates"]
+    lines = ["", f"The same, counted on the candidates ({', '.join(same['candidates'])}) and seeds ({same['seeds']}) every "
+             "size ran, so that the sizes answer the same questions:", "",
+             "| groups | canaries decided | right | interval covers the 20-day truth | canary agent-steps | canary days |",
+             "|---|---|---|---|---:|---:|"]  # fmt: skip
+    for n, v in same["by_fleet_size"].items():
+        lines.append(f"| {int(n):,} | {_r(v['decided'])} | {_r(v['agreement'])} | {_r(v['coverage'])} | "
+                     f"{v['agent_steps']:,} | {v['rounds']} |")  # fmt: skip
+    wrong = [f"{int(n):,} groups: {w}" for n, v in by.items() for w in v["wrong"]]
+    return [*lines, "", "Wrong verdicts: " + ("; ".join(wrong) if wrong else "none") + "."]
+
+
 def section(res: dict[str, Any]) -> str:
     """The page's section (every number from ``res``, `fleet_sizes`' result)."""
     by = res["by_fleet_size"]
@@ -277,16 +293,7 @@ def section(res: dict[str, Any]) -> str:
         b = v["before_day_term"]
         lines.append(f"| {int(n):,} | {v['seeds']} | {_r(v['decided'])} | {_r(v['agreement'])} | "
                      f"{_r(v['coverage'])} | {v['agent_steps']:,} | {v['rounds']} | {_head(b)} | {_head_ag(b)} |")  # fmt: skip
-    same = res["same_candidates"]
-    lines += ["", f"The same, counted on the candidates ({', '.join(same['candidates'])}) and seeds ({same['seeds']}) every "
-              "size ran, so that the sizes answer the same questions:", "",
-              "| groups | canaries decided | right | interval covers the 20-day truth | canary agent-steps | canary days |",
-              "|---|---|---|---|---:|---:|"]  # fmt: skip
-    for n, v in same["by_fleet_size"].items():
-        lines.append(f"| {int(n):,} | {_r(v['decided'])} | {_r(v['agreement'])} | {_r(v['coverage'])} | "
-                     f"{v['agent_steps']:,} | {v['rounds']} |")  # fmt: skip
-    wrong = [f"{int(n):,} groups: {w}" for n, v in by.items() for w in v["wrong"]]
-    lines += ["", "Wrong verdicts: " + ("; ".join(wrong) if wrong else "none") + "."]
+    lines += same_and_wrong(res)
     if any(BEFORE_KEY in v for v in by.values()):
         lines += ["", f"Before the stopped-day rule (`{BEFORE_KEY}`, code {BEFORE_CODE}: a stopped day's other KPIs "
                   "judged on the ticks it ran), the same sizes, seeds and candidates:", "",

@@ -127,16 +127,7 @@ def section(res: dict[str, Any]) -> str:
         lines.append(f"| {int(n):,} | {v['seeds']} | {prior._r(v['decided'])} | {prior._r(v['agreement'])} | "
                      f"{prior._r(v['coverage'])} | {v['agent_steps']:,} | {v['rounds']} | {prior._r(b.get('decided'))} | "
                      f"{prior._r(b.get('agreement'))} |")  # fmt: skip
-    same = res["same_candidates"]
-    lines += ["", f"The same, counted on the candidates ({', '.join(same['candidates'])}) and seeds ({same['seeds']}) every "
-              "size ran, so that the sizes answer the same questions:", "",
-              "| groups | canaries decided | right | interval covers the 20-day truth | canary agent-steps | canary days |",
-              "|---|---|---|---|---:|---:|"]  # fmt: skip
-    for n, v in same["by_fleet_size"].items():
-        lines.append(f"| {int(n):,} | {prior._r(v['decided'])} | {prior._r(v['agreement'])} | {prior._r(v['coverage'])} | "
-                     f"{v['agent_steps']:,} | {v['rounds']} |")  # fmt: skip
-    wrong = [f"{int(n):,} groups: {w}" for n, v in by.items() for w in v["wrong"]]
-    lines += ["", "Wrong verdicts: " + ("; ".join(wrong) if wrong else "none") + "."]
+    lines += prior.same_and_wrong(res)
     moved = [f"{int(n):,} groups: {c}" for n, v in by.items() for c in v["changed"]]
     lines += ["", "Pairs whose verdict moved against the day-term run (old → new, 20-day truth): "
               + ("; ".join(moved) if moved else "none") + "."]
