@@ -203,3 +203,33 @@ def test_the_day_count_with_a_known_baseline_is_the_count_before() -> None:
     """(c, for the days) A baseline with no error counts the days the plan counted before."""
     for point, max_days in ((-0.15, 1), (0.15, 8), (-0.05, 8)):
         assert _count(point, max_days, (0.0, 0.0, 0.0)) == _count(point, max_days, None)
+
+
+def test_the_docs_say_how_the_plan_builds_its_expected_interval() -> None:
+    """docs/canary.md's sentences on the plan's expected interval and day count name what the
+    planner calls, and those calls are there: the interval is `finish_estimate`'s, the rule
+    `check_verdict`'s, the baseline's terms `baseline_var_terms`' (their values: test (c) above),
+    and the days pool the baseline's error with its fleet term fixed and the rest as ``1/days``."""
+    import inspect
+    from pathlib import Path
+
+    from edgetwin.loop import plan_expected
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "canary.md").read_text().split())
+    for claim in ("That interval is the verdict's own construction (`expected_interval` calls `finish_estimate`) on "
+                  "the twin's point estimate, the change's expected variance and the baseline level's "
+                  "(`baseline_var_terms`: the fleet's term of the twin's baseline predictions, the control arm's "
+                  "rectifier and the level's day-to-day term), so it is unbounded (printed `±inf%`, \"unbounded\") "
+                  "where the baseline's expected interval reaches 0, and a KPI so planned is expected to decide only "
+                  "by its bounded side, by the verdict's rule (`interval_decides` calls `check_verdict`).",
+                  "the baseline level's error shrinking as the verdict pools it (`pooled_base_var`: its fleet term "
+                  "held fixed, its control arm's and day terms as 1/days)"):  # fmt: skip
+        assert claim in text, claim
+    assert "finish_estimate(" in inspect.getsource(plan_expected.expected_interval)
+    assert "check_verdict(" in inspect.getsource(plan_expected.interval_decides)
+    opt = inspect.getsource(plan_mod._expected_option)
+    for call in ("baseline_var_terms(", "expected_interval(", "interval_decides(", "pooled_days_to_decide("):
+        assert call in opt, call
+    assert "pooled_base_var(" in inspect.getsource(plan_expected.pooled_days_to_decide)
+    for k in (1, 3, 40):
+        assert plan_expected.pooled_base_var(k, (0.5, 6.0, 2.0)) == pytest.approx(0.5 + 8.0 / k)
