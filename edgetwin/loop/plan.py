@@ -56,7 +56,8 @@ verdict's first look carries (the bound on what the logs cannot reveal included)
 ``days`` says how many canary days of this size would decide it by the verdict's own pooling
 (`pooled_days_to_decide`: the fleet's term never shrinks, the arms' shrink as ``1/days``, the day
 term is `edgetwin.loop.day_bound.pooled_day_term`'s with the days' between-day variance taken to be
-the part the twin reveals), at the level of the extension's looks (``max_days``). A candidate that
+the part the twin reveals, and the baseline level's error pools as the verdict pools it,
+`edgetwin.loop.plan_expected.pooled_base_var`), at the level of the extension's looks (``max_days``). A candidate that
 is not hurting is then extended day by day (`edgetwin.loop.rounds.canary_loop`'s ``days``).
 """
 
