@@ -158,11 +158,14 @@ def test_the_plan_and_the_verdict_carry_the_same_day_term(monkeypatch: pytest.Mo
                                         40, 8, 8.0, "random", day_var)  # fmt: skip
     n_c = n_b = 4
     terms = [(float(np.var(fc - fb, ddof=1)) / 40, 39), (1.0 / n_c, n_c - 1), (1.0 / n_b, n_b - 1), (0.3, 5.0)]
-    half = ppi.t_quantile(ppi.LEVEL, ppi.welch_df(terms)) * np.sqrt(sum(v for v, _ in terms)) / abs(float(np.mean(fb)))
-    assert (planned[0].expected[1] - planned[0].expected[0]) / 2 == pytest.approx(half, rel=1e-9)
+    # the verdict's interval division (planbase15): the baseline level's day term (0.2) divides too
+    base = abs(float(np.mean(fb)))
+    want = ppi.finish_estimate(0.05 * base, sum(v for v, _ in terms), base,
+                               float(np.var(fb, ddof=1)) / 40 + 1.0 / n_b + 0.2, ppi.LEVEL, df=ppi.welch_df(terms))
+    assert planned[0].expected == pytest.approx([want["rel_lo"], want["rel_hi"]], rel=1e-9)
 
     measured = pd.DataFrame({"arm": ["candidate"] * 4 + ["control"] * 4,
                              "kpi.x": rng.normal(10.0, 1.0, 8)}, index=agents[:8])  # fmt: skip
     est = ppi.ppi_estimates(preds, measured, {"kpi.x": "lower"}, "candidate", "baseline", day_var=day_var)["kpi.x"]
     assert est["diff_var_day"] == pytest.approx(0.3) and est["day_df"] == 5.0
-    assert seen == [day_var, day_var]
+    assert seen == [day_var, day_var, day_var]  # the plan's change and baseline terms (planbase15), the verdict

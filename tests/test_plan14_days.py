@@ -22,7 +22,7 @@ import pytest
 from edgetwin.contract.margins import KPIMargin
 from edgetwin.loop.day_verdict import _pooled_verdict
 from edgetwin.loop.plan import days_to_decide, pooled_days_to_decide, pooled_terms
-from edgetwin.loop.ppi import look_days, look_level, t_quantile, welch_df
+from edgetwin.loop.ppi import finish_estimate, look_days, look_level, t_quantile, welch_df
 
 KPI = "kpi.x"
 BASE = 10.0
@@ -33,12 +33,14 @@ OWN = [(0.2, 9.0), (0.2, 9.0)]
 Terms = tuple[float, tuple[float, float], list[tuple[float, float]], tuple[float, float, float]]
 
 
-def _rounds(point_worsening: float, terms: Terms, k: int, kpi: str = KPI, sign: float = 1.0) -> list[dict[str, dict[str, float]]]:
+def _rounds(point_worsening: float, terms: Terms, k: int, kpi: str = KPI, sign: float = 1.0,
+            base_var: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> list[dict[str, dict[str, float]]]:
     """``k`` canary days (one round each) whose terms are the plan's one-day terms ``(base, fleet,
     own, day)`` and whose estimates spread around the twin's point so that the rounds' between-day
     variance is exactly the revealed part: with equal own variances ``v``, Paule-Mandel's ``tau²``
     is the estimates' sample variance less ``v``. ``sign``: −1 for a KPI where higher is better
-    (its worsening is the negative change)."""
+    (its worsening is the negative change). ``base_var``: the baseline level's one-day terms
+    ``(shared, own, day)`` (`edgetwin.loop.plan.baseline_var_terms`), carried as the verdict pools them."""
     base, fleet, own_terms, day = terms
     first, revealed, first_df = day
     own = sum(v for v, _ in own_terms)
@@ -48,17 +50,20 @@ def _rounds(point_worsening: float, terms: Terms, k: int, kpi: str = KPI, sign: 
     return [{kpi: {
         "diff": float(d), "diff_se": math.sqrt(fleet[0] + own + first), "df": welch_df(one),
         "diff_var_shared": fleet[0], "diff_var_day": first, "diff_var_day_revealed": revealed, "day_df": first_df,
-        "base": base, "base_se": 0.0, "base_var_shared": 0.0, "base_var_day": 0.0, "twin_diff": float(d),
+        "base": base, "base_se": math.sqrt(sum(base_var)), "base_var_shared": base_var[0], "base_var_day": base_var[2],
+        "twin_diff": float(d),
         "n_fleet": 100.0, "n_candidate": 5.0, "n_control": 5.0, "day": float(i), "exposure": 1.0,
     }} for i, d in enumerate(diffs)]  # fmt: skip
 
 
 def _verdict(point_worsening: float, day: tuple[float, float, float], k: int, max_days: int,
-             terms: Terms | None = None, margin: KPIMargin | None = None) -> str:
+             terms: Terms | None = None, margin: KPIMargin | None = None,
+             base_var: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> str:
     """The loop's pooled verdict after ``k`` such days, at the level of the extension's looks."""
     margin = margin or KPIMargin(KPI, 0.05, 0.0, False)
     plan = SimpleNamespace(margins=(margin,), kpis=[])
-    rounds = _rounds(point_worsening, terms or (BASE, FLEET, OWN, day), k, margin.kpi, -1.0 if margin.higher_is_better else 1.0)
+    rounds = _rounds(point_worsening, terms or (BASE, FLEET, OWN, day), k, margin.kpi, -1.0 if margin.higher_is_better else 1.0,
+                     base_var)
     verdict, *_ = _pooled_verdict(rounds,
                                   len(look_days(max_days)), plan, {margin.kpi: (day[0], 0.0, day[2])})  # fmt: skip
     return str(verdict)
@@ -201,20 +206,26 @@ def planned(canary_world_dir: Path) -> dict[str, Any]:
         dv[col] = ((0.2 * level) ** 2, (0.05 * level) ** 2, 5.0)
         dv.revealed[col] = (0.02 * level) ** 2
     seen: dict[tuple[str, int, float, str], Terms] = {}
-    real = plan_mod.kpi_terms
+    seen_base: dict[tuple[str, int, float], tuple[float, float, float]] = {}
+    real, real_base = plan_mod.kpi_terms, plan_mod.baseline_var_terms
 
     def spy(preds, spread, col, n, h, design, treat_share, day_var):  # type: ignore[no-untyped-def]
         got = real(preds, spread, col, n, h, design, treat_share, day_var)
         seen[(col, n, h, design)] = got
         return got
 
-    plan_mod.kpi_terms = spy  # type: ignore[assignment]
+    def spy_base(preds, spread, col, n, h, treat_share, day_var):  # type: ignore[no-untyped-def]
+        got = real_base(preds, spread, col, n, h, treat_share, day_var)
+        seen_base[(col, n, h)] = got
+        return got
+
+    plan_mod.kpi_terms, plan_mod.baseline_var_terms = spy, spy_base  # type: ignore[assignment]
     try:
         plan = plan_mod.plan_canary(decision, twin, log, cand, base, budget, seed=0, design="random", day_var=dv,
                                     max_days=MAX_DAYS)  # fmt: skip
     finally:
-        plan_mod.kpi_terms = real  # type: ignore[assignment]
-    return {"plan": plan, "terms": seen, "dv": dv}
+        plan_mod.kpi_terms, plan_mod.baseline_var_terms = real, real_base  # type: ignore[assignment]
+    return {"plan": plan, "terms": seen, "base_terms": seen_base, "dv": dv}
 
 
 MAX_DAYS = 8
@@ -231,18 +242,20 @@ def test_a_real_plans_days_are_when_the_pooled_verdict_decides(planned: dict[str
         base, fleet, own, day = terms
         assert day == (dv[k.column][0], dv.revealed[k.column], dv[k.column][2])  # the bound, its revealed part
         one = pooled_terms(1, fleet, own, day)
-        half = t_quantile(0.90, welch_df(one)) * math.sqrt(sum(v for v, _ in one)) / base
-        assert (k.expected[1] - k.expected[0]) / 2 == pytest.approx(half, rel=1e-9)
+        # the verdict's interval division (issue 48, planbase15): the baseline level's variance divides too
+        base_var = planned["base_terms"][(k.column, plan.n_groups, plan.hours)]
+        want = finish_estimate(k.point * base, sum(v for v, _ in one), base, sum(base_var), 0.90, df=welch_df(one))
+        assert k.expected == pytest.approx([want["rel_lo"], want["rel_hi"]], rel=1e-9)
         if k.days is None or k.days == 1:
             continue
         checked += 1
-        point = (k.expected[0] + k.expected[1]) / 2 * (-1.0 if k.better == "higher" else 1.0)
+        point = k.point * (-1.0 if k.better == "higher" else 1.0)
         margin = next(m for m in plan.margins if m.kpi == k.column)
-        assert _verdict(point, day, k.days, MAX_DAYS, terms, margin) != "abstain", k.kpi
+        assert _verdict(point, day, k.days, MAX_DAYS, terms, margin, base_var) != "abstain", k.kpi
         looks = look_days(MAX_DAYS)
         before = [d for d in looks if d < k.days] + [d for d in range(max(looks) + 1, k.days)]
         for d in before:
-            assert _verdict(point, day, d, MAX_DAYS, terms, margin) == "abstain", (k.kpi, d)
+            assert _verdict(point, day, d, MAX_DAYS, terms, margin, base_var) == "abstain", (k.kpi, d)
     assert checked >= 1  # some KPI needs more than a day: the rule was exercised
 
 

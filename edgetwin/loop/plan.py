@@ -12,8 +12,13 @@ duration.
 canary, ``f`` comes from the twin (candidate and baseline replayed on the recent log's groups) and
 the residual spread ``var(y − f)`` is measured where it can be: the twin's per-group error for the
 *logged* actions on the recent log, averaged over the same ``h``-hour window the canary would run
-(shorter windows: noisier group means, larger residuals). So the expected interval after a canary
-of ``n`` groups for ``h`` hours is the twin's current point estimate ± z·se(n, h).
+(shorter windows: noisier group means, larger residuals). The relative interval divides that
+change by the baseline level, which the verdict estimates too (``mean_N(f_b) + mean_ctrl(y − f)``,
+variance ``var_N(f_b)/N + var(y − f)/n_b`` plus its day-to-day term): so the expected interval after a
+canary of ``n`` groups for ``h`` hours is the verdict's own construction
+(`edgetwin.loop.ppi.finish_estimate`: the effect's interval over every baseline level the
+baseline's interval allows) applied to the twin's point estimate and these expected variances
+(`edgetwin.loop.plan_expected`), unbounded on a side where the baseline's expected interval reaches 0.
 
 **Risk.** The twin's pessimistic loss: the upper end of the guarded KPI's worsening interval (the
 gate's, relative to the baseline), borne by the candidate arm's ``treat_share · n`` groups of the
@@ -51,7 +56,8 @@ verdict's first look carries (the bound on what the logs cannot reveal included)
 ``days`` says how many canary days of this size would decide it by the verdict's own pooling
 (`pooled_days_to_decide`: the fleet's term never shrinks, the arms' shrink as ``1/days``, the day
 term is `edgetwin.loop.day_bound.pooled_day_term`'s with the days' between-day variance taken to be
-the part the twin reveals), at the level of the extension's looks (``max_days``). A candidate that
+the part the twin reveals, and the baseline level's error pools as the verdict pools it,
+`edgetwin.loop.plan_expected.pooled_base_var`), at the level of the extension's looks (``max_days``). A candidate that
 is not hurting is then extended day by day (`edgetwin.loop.rounds.canary_loop`'s ``days``).
 """
 
@@ -70,6 +76,16 @@ import pandas as pd
 
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.margins import KPIMargin
+from edgetwin.loop.plan_expected import (
+    BaseVar,
+    days_to_decide,
+    expected_interval,
+    interval_decides,
+    pooled_base_var,
+    pooled_days_to_decide,
+    pooled_terms,
+    worsening,
+)
 
 #: candidate canary durations, hours
 HOURS_GRID = (1.0, 2.0, 3.0, 6.0, 12.0, 24.0)
@@ -221,8 +237,11 @@ class PlannedKPI:
     Attributes:
         kpi: the gate's KPI name; column: the log column the canary measures (``return`` -> ``reward``).
         reason: the gate's abstention reason. now: the gate's 90 % interval of the relative change.
-        expected: the interval the twin expects after the canary (PPI). margin: relative worsening allowed.
-        decides: ``expected`` lies wholly on one side of the margin.
+        expected: the interval the twin expects after the canary (PPI, the verdict's interval
+            division: an end is ``±inf`` where the baseline level's expected interval reaches 0).
+            margin: relative worsening allowed.
+        decides: ``expected`` decides by the verdict's rule (`interval_decides`: wholly within the
+            margin, or wholly beyond it by its bounded side).
         worst_on_slice: the twin's pessimistic relative worsening on the candidate arm's groups.
         fleet_loss: that, times the candidate arm's share of the fleet (0 when the worst case improves).
         budget: the operator's ``max_loss`` for it (None: none given).
@@ -245,6 +264,19 @@ class PlannedKPI:
     #: the twin's point estimate sits on the margin, the term days do not shrink reaches it, or it
     #: would take more than a year)
     days: int | None = 1
+    #: the twin's relative change the expected interval is built around (the gate's point estimate;
+    #: NaN in a plan written before it was recorded: the expected interval's midpoint is used then)
+    point: float = float("nan")
+
+    @property
+    def unbounded(self) -> bool:
+        """The expected interval has an infinite end (the baseline level may be 0 within it)."""
+        return any(math.isinf(float(v)) for v in self.expected)
+
+
+#: what `CanaryPlan.describe` says of an expected interval with an infinite end (printed ``±inf%``, as
+#: the verdict prints a realised one)
+_UNBOUNDED = " (unbounded: the baseline level's expected interval reaches 0)"
 
 
 def _days_text(days: int | None) -> str:
@@ -253,104 +285,6 @@ def _days_text(days: int | None) -> str:
                 "margin, the terms days do not shrink reach it, or it would take over a year)")
     return f"may not decide: about {days} day(s) of such canaries would"
 
-
-def days_to_decide(point_worsening: float, half_width: float, allowed: float, fixed_half: float = 0.0,
-                   cap: int = 365) -> int | None:
-    """Canary days of one size whose pooled interval is expected to clear the margin, in closed form
-    for the case where every term but a fixed one shrinks as ``1/days`` at one quantile.
-
-    ``half_width``: one day's half-width; ``fixed_half``: the part of it (in quadrature) that more
-    days do not shrink (the fleet's and the interference's terms, shared by every round); the rest
-    shrinks as ``1/sqrt(days)`` with independent days: ``days = ceil((half² − fixed²) / (gap² −
-    fixed²))`` with ``gap`` the distance of the point estimate from the margin. None when the point
-    sits on the margin, the fixed part alone reaches it, or more than ``cap`` days would be needed.
-
-    The plan does not count its days so (`pooled_days_to_decide` does, by the verdict's pooling):
-    the verdict's day term does not shrink as ``1/days`` once it carries the first look's bound,
-    and its degrees of freedom change with the days. With no bound and the normal reference the
-    two agree (tests/test_plan14_days.py)."""
-    gap = abs(float(point_worsening) - float(allowed))
-    fixed = float(fixed_half)
-    if not (gap > 1e-9 and math.isfinite(half_width)) or fixed >= gap:
-        return None
-    days = max(1, math.ceil((float(half_width) ** 2 - fixed**2) / (gap**2 - fixed**2) - 1e-9))
-    return days if days <= cap else None
-
-
-def pooled_terms(days: int, fleet: tuple[float, float], own: Sequence[tuple[float, float]],
-                 day: tuple[float, float, float]) -> list[tuple[float, float]]:
-    """The variance terms ``(v, df)`` of the change (KPI units squared) the verdict pools over
-    ``days`` canary days of one size (`edgetwin.loop.ppi.combine_estimates`: one round a day, every
-    day alike), each day's round with the one-day terms: ``fleet`` (the fleet's, shared by every
-    round: never shrinks), ``own`` (the arms' rectifiers, independent across days: ``own/days``) and
-    ``day = (first, revealed, first_df)`` (the first look's day term, its revealed part, their
-    degrees of freedom). The day term is `edgetwin.loop.day_bound.pooled_day_term`'s, divided by
-    ``days`` as the pooling does, with the rounds' between-day variance ``tau²`` taken to be the
-    revealed part: the plan cannot know ``tau²`` before the days run, and what the twin's
-    calibrated replay reveals is its one estimate of it (on the emulated cluster it is below the
-    truth for most candidates, `edgetwin.loop.verdict.calibrated_day_variance`; the bound, counted
-    as one day, is what covers that). Degrees of freedom as the pooling counts them
-    (`edgetwin.loop.ppi._pool`): each round's own term and the shared term on the round's Welch
-    degrees of freedom, the day term on `pooled_day_term`'s. ``days <= 1``: the one-day terms."""
-    from edgetwin.loop.day_bound import pooled_day_term
-    from edgetwin.loop.ppi import welch_df
-
-    first, revealed, first_df = max(float(day[0]), 0.0), max(float(day[1]), 0.0), float(day[2])
-    one = [(float(fleet[0]), float(fleet[1])), *((float(v), float(d)) for v, d in own),
-           *([(first, first_df)] if first > 0 else [])]  # fmt: skip
-    if days <= 1:
-        return one
-    round_df = welch_df(one)
-    day_v, day_df = pooled_day_term(first, min(revealed, first), min(revealed, first), days, first_df)
-    return [(sum(float(v) for v, _ in own) / days, round_df * days), (float(fleet[0]), round_df),
-            (day_v / days, day_df)]  # fmt: skip
-
-
-def pooled_days_to_decide(point_worsening: float, allowed: float, base: float, fleet: tuple[float, float],
-                          own: Sequence[tuple[float, float]], day: tuple[float, float, float], level: float,
-                          looks: Sequence[int] = (1,), cap: int = 365) -> int | None:
-    """Canary days of one size after which the verdict's pooled interval is expected to clear the
-    margin: the first of the extension's ``looks`` (`edgetwin.loop.ppi.look_days`) whose expected
-    interval at ``level`` (each look's, `edgetwin.loop.ppi.look_level`) decides, else the fewest
-    days beyond them that would; None when none up to ``cap`` would (the point sits on the margin,
-    or the fleet's term, which days do not shrink, reaches it).
-
-    ``point_worsening`` and ``allowed``: the twin's relative worsening and the margin (fractions);
-    ``base``: the baseline level (KPI units) the terms are relative to; ``fleet``, ``own``,
-    ``day``: the one-day terms `pooled_terms` pools (the expected interval is the point ±
-    ``t·sqrt(Σ v)/base``, as the plan's one-day interval). Why not ``1/days`` for all but the fleet
-    term (`days_to_decide`): the verdict does not shrink the first look's bound so
-    (`edgetwin.loop.day_bound.pooled_day_term` counts it as one pseudo-day, blended with the rounds'
-    own between-day variance on ``days − 1`` degrees of freedom), so a plan reckoned that way
-    miscounts the days of a KPI whose day term the bound dominates. Days are searched from the
-    normal reference's count up (the t reference is never narrower, and the expected variance falls
-    with every day)."""
-    from edgetwin.loop.ppi import t_quantile, welch_df
-
-    base = abs(float(base)) or 1.0
-    point, allowed = float(point_worsening), float(allowed)
-
-    def half(k: int, t_ref: bool = True) -> float:  # t_ref False: the normal reference's (narrower) half-width
-        terms = pooled_terms(k, fleet, own, day)
-        q = t_quantile(level, welch_df(terms) if t_ref else float("inf"))
-        return q * math.sqrt(sum(v for v, _ in terms)) / base
-
-    def clears(h: float) -> bool:  # the plan's `decides`: the interval wholly on one side of the margin
-        return math.isfinite(h) and (point + h <= allowed or point - h > allowed)
-
-    if not abs(point - allowed) > 1e-9:
-        return None
-    for k in sorted({int(x) for x in looks if 1 <= int(x) <= cap}):
-        if clears(half(k)):
-            return k
-    start = max([1, *(int(x) for x in looks)]) + 1
-    if start > cap or not clears(half(cap, t_ref=False)):
-        return None
-    lo, hi = start - 1, cap  # the normal reference's count (a lower bound): its half-width falls with days
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if clears(half(mid, t_ref=False)) else (mid, hi)
-    return next((k for k in range(max(hi, start), cap + 1) if clears(half(k))), None)
 
 
 @dataclass
@@ -397,8 +331,8 @@ class CanaryPlan:
         some KPI is expected to regress, the fewest days by which one of those decides (one
         regression refuses); else the most days any KPI needs (a promotion needs every KPI ok).
         None when no number of days is expected to decide."""
-        def regresses(k: PlannedKPI) -> bool:
-            mid = (k.expected[0] + k.expected[1]) / 2.0
+        def regresses(k: PlannedKPI) -> bool:  # the twin's point (an unbounded interval has no midpoint)
+            mid = k.point if math.isfinite(k.point) else (k.expected[0] + k.expected[1]) / 2.0
             return (-mid if k.better == "higher" else mid) > k.margin
 
         bad = [k.days for k in self.kpis if regresses(k) and k.days is not None]
@@ -456,7 +390,8 @@ class CanaryPlan:
             elo, ehi = k.expected
             lines.append(
                 f"  {k.kpi}: now [{100 * lo:+.1f}%, {100 * hi:+.1f}%], expected after [{100 * elo:+.1f}%, "
-                f"{100 * ehi:+.1f}%] vs margin {100 * k.margin:g}% ({'decides' if k.decides else _days_text(k.days)}); "
+                f"{100 * ehi:+.1f}%]{_UNBOUNDED if k.unbounded else ''} vs margin {100 * k.margin:g}% "
+                f"({'decides' if k.decides else _days_text(k.days)}); "
                 f"worst case on the slice {100 * k.worst_on_slice:+.1f}% -> fleet {100 * k.fleet_loss:.2f}%"
                 + (f" (budget {100 * k.budget:g}%)" if k.budget is not None else "")
             )
@@ -685,10 +620,37 @@ def kpi_terms(
     return base, fleet, own, (dv[0], revealed_day_variance(day_var, col), dv[2])
 
 
+def baseline_var_terms(
+    preds: pd.DataFrame, spread: Mapping[tuple[str, float], float], col: str, n: int, h: float,
+    treat_share: float, day_var: Mapping[str, tuple[float, float, float]] | None,
+) -> BaseVar:
+    """The one-day variance terms ``(shared, own, day)`` (KPI units squared) of the baseline level
+    the verdict divides the change by (``μ̂_b = mean_N(f_b) + mean_ctrl(y − f)``,
+    `edgetwin.loop.ppi.ppi_mean_difference`), for a canary of ``n`` groups for ``h`` hours:
+    ``shared = var_N(f_b)/N`` (its ``base_var_shared``: the twin's baseline predictions over the
+    fleet, ``preds[("baseline", col)]``, ``(N,)``; the twin's interference spread, which the plan
+    does not foresee for the change either, left out), ``own = s²/n_b`` (its ``base_var_own``: the
+    control arm's rectifier over its ``n_b`` groups, with ``s`` the *unpaired* per-group residual
+    spread ``spread[(col, h)]`` (`_residual_spread`), because the baseline level is the control
+    arm's mean under either design, pairs or not) and ``day`` the baseline level's day-to-day
+    variance (its ``base_var_day``: `edgetwin.loop.ppi.day_term`'s second entry, 0 without
+    ``day_var``). Why: `edgetwin.loop.ppi.finish_estimate` divides the change by every baseline
+    level within ``q·sqrt(shared + own + day)`` of it; a plan that divides by the twin's level as if
+    known promises an interval the verdict cannot give (issue 48). `pooled_base_var` pools them over
+    days, for the interval (`_expected_option`) and the day count (`pooled_days_to_decide`) alike."""
+    from edgetwin.loop.ppi import day_term
+
+    n_b = max(2, n - max(2, int(round(treat_share * n))))
+    fb = preds[("baseline", col)].to_numpy(dtype=np.float64)
+    shared = float(np.var(fb, ddof=1)) / len(fb) if len(fb) > 1 else float("inf")
+    return shared, float(spread[(col, h)]) ** 2 / n_b, day_term(day_var, col)[1]
+
+
 def _expected_option(
     decision: Any, checks: Mapping[str, Any], kdefs: Mapping[str, Any], preds: pd.DataFrame,
     spread: Mapping[tuple[str, float], float], budget: PlanBudget, n_fleet: int, n: int, h: float, design: str,
     day_var: Mapping[str, tuple[float, float, float]] | None = None, max_days: int = 1, count_days: bool = True,
+    base_spread: Mapping[tuple[str, float], float] | None = None,
 ) -> tuple[bool, float, float, list[PlannedKPI]]:
     """What a canary of ``n`` groups for ``h`` hours under ``design`` is expected to tell: whether
     every KPI's expected interval decides, the largest share of a KPI's loss budget it may spend,
@@ -700,22 +662,29 @@ def _expected_option(
     (`edgetwin.loop.ppi.look_days`) set the level at which ``days`` (of `PlannedKPI`) is reckoned.
     ``count_days`` False: ``days`` left None (`plan_canary` weighs every option without them, which
     do not enter the choice, and counts them for the chosen option only: each count searches up to a
-    year of days)."""
-    from edgetwin.loop.ppi import look_days, look_level, t_quantile, welch_df
+    year of days). ``base_spread``: the unpaired spread the baseline level's rectifier sees
+    (`baseline_var_terms`; None: ``spread``, the random design's).
+
+    Each KPI's expected interval is the verdict's construction on the expected terms
+    (`expected_interval`: the change's interval divided by every baseline level the baseline's
+    interval allows), so it is unbounded on a side where the baseline's expected interval reaches
+    0, and ``decides`` is the verdict's rule (`interval_decides`). The summed width is infinite when
+    some KPI's interval is unbounded (`plan_canary` ranks designs by `_width_rank`, finite)."""
+    from edgetwin.loop.ppi import look_days, look_level
 
     n_c = max(2, int(round(budget.treat_share * n)))
     planned, all_decide, max_frac, width = [], True, 0.0, 0.0
     for kpi, c in checks.items():
         col = _kpi_column(kdefs[kpi]) or kpi
         base, fleet_term, own, day = kpi_terms(preds, spread, col, n, h, design, budget.treat_share, day_var)
-        terms = pooled_terms(1, fleet_term, own, day)
-        se = math.sqrt(sum(v for v, _ in terms)) / base
-        q = t_quantile(LEVEL, welch_df(terms))  # the verdict's own reference (`edgetwin.loop.ppi`)
+        base_var = baseline_var_terms(preds, spread if base_spread is None else base_spread, col, n, h,
+                                      budget.treat_share, day_var)  # fmt: skip
         point = float(c.change)
-        exp = [point - q * se, point + q * se]
+        # the verdict's own interval division and reference (`edgetwin.loop.ppi.finish_estimate`)
+        exp = list(expected_interval(point, base, pooled_terms(1, fleet_term, own, day), pooled_base_var(1, base_var),
+                                     LEVEL))  # fmt: skip
         sign = -1.0 if c.better == "higher" else 1.0
-        wlo, whi = sorted((sign * exp[0], sign * exp[1]))
-        decides = whi <= c.allowed_change or wlo > c.allowed_change
+        decides = interval_decides(worsening(exp, c.better), c.allowed_change)
         worst = float(c.worsening_interval[1]) if c.worsening_interval else float("inf")
         fleet_loss = max(0.0, worst) * n_c / n_fleet
         cap = budget.max_loss.get(kpi)
@@ -725,11 +694,20 @@ def _expected_option(
         width += exp[1] - exp[0]
         # over an extension's looks, each at its share of alpha (`look_level`), by the verdict's pooling
         days = (pooled_days_to_decide(sign * point, c.allowed_change, base, fleet_term, own, day,
-                                      look_level(LEVEL, len(look_days(max_days))), look_days(max_days))
+                                      look_level(LEVEL, len(look_days(max_days))), look_days(max_days),
+                                      base_var=base_var)
                 if count_days else None)  # fmt: skip
         planned.append(PlannedKPI(kpi, col, c.better, c.abstain_reason(decision.max_out_of_support), list(c.interval),
-                                  exp, c.allowed_change, decides, worst, fleet_loss, cap, days))  # fmt: skip
+                                  exp, c.allowed_change, decides, worst, fleet_loss, cap, days, point))  # fmt: skip
     return all_decide, max_frac, width, planned
+
+
+def _width_rank(planned: Sequence[PlannedKPI]) -> tuple[int, float]:
+    """How `plan_canary` ranks designs at one size and duration, narrowest first, finite where the
+    summed width is not: the number of KPIs whose expected interval is unbounded (or NaN), then the
+    summed width of the bounded ones. Where no KPI is unbounded it orders as the summed width does."""
+    widths = [float(k.expected[1]) - float(k.expected[0]) for k in planned]
+    return sum(not math.isfinite(w) for w in widths), float(sum(w for w in widths if math.isfinite(w)))
 
 
 def _choose(options: list[tuple[Any, ...]], why: list[str]) -> tuple[Any, ...]:
@@ -825,10 +803,11 @@ def plan_canary(
         by_design = {d: spread if d == "random" else paired(n) for d in designs}
         for h in hours_opts:
             got = {d: _expected_option(decision, checks, kdefs, preds, by_design[d], budget, n_fleet, n, h, d,
-                                       day_var, max_days, count_days=False) for d in designs}  # fmt: skip
+                                       day_var, max_days, count_days=False, base_spread=spread)
+                   for d in designs}  # fmt: skip
             if not got:
                 continue
-            d = min(got, key=lambda k: got[k][2])  # the narrowest expected interval at this size and duration
+            d = min(got, key=lambda k: _width_rank(got[k][3]))  # the narrowest expected interval here
             ok, frac, width, planned = got[d]
             if frac > 1.0 + 1e-12:
                 continue  # over the loss budget
@@ -839,7 +818,7 @@ def plan_canary(
     best = _choose(options, why)
     _, _, _, _, n, h, _, d, _ = best  # the chosen option's days (`PlannedKPI.days`), counted once
     counted = _expected_option(decision, checks, kdefs, preds, spread if d == "random" else paired(n), budget, n_fleet,
-                               n, h, d, day_var, max_days)[3]  # fmt: skip
+                               n, h, d, day_var, max_days, base_spread=spread)[3]  # fmt: skip
     best = (*best[:6], counted, *best[7:])
     return _draw_slice(decision, best, checks, why, agents, preds, pre, budget, margins, loss_budget, loss_levels,
                        seed, round_no)
@@ -893,7 +872,11 @@ __all__ = [
     "DESIGNS",
     "MAX_PAIRS",
     "days_to_decide",
+    "baseline_var_terms",
+    "expected_interval",
+    "interval_decides",
     "kpi_terms",
+    "pooled_base_var",
     "pooled_days_to_decide",
     "pooled_terms",
     "matched_pairs",
