@@ -29,10 +29,13 @@ VARIANT = "day_bound"
 RUN_KEY = f"extended_fleet_control_{VARIANT}"
 SEED_FILE = f"extended_fc_{VARIANT}_seed{{s}}.json"
 KEY = "day_bound_by_fleet_size"
-#: the code the merged run was made on (all three sizes: the 1,000-group run of session 13 on c551678's loop, equal to
-#: ea1dcfd's; the 100- and 5,000-group runs of session 14 on ea1dcfd)
+#: the code the merged run was made on (the 1,000-group run of session 13 on c551678's loop, equal to ea1dcfd's; the
+#: 100-group run of session 14 on ea1dcfd; the 5,000-group run of session 15 on ffc40e1, whose loop gives ea1dcfd's slices
+#: and verdicts: between them only the plan's day count (read after the slice is chosen) and a vectorised arm labelling)
 CODE = ("ea1dcfd: main with issue 48's one-day bound (`edgetwin.loop.day_bound`; the 1,000-group seeds run on c551678, "
-        "whose loop is ea1dcfd's)")
+        "whose loop is ea1dcfd's, the 5,000-group seeds on ffc40e1, whose loop chooses ea1dcfd's slices and gives its "
+        "verdicts: what changed between them is the plan's day count, counted after the slice is chosen, and the "
+        "measured arms' labels in one vectorised groupby)")
 #: where the headline this run replaces is kept
 BEFORE_KEY = "before_day_bound"
 #: what the headline ``by_fleet_size`` holds once `replace_headline` has run

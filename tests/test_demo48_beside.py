@@ -56,9 +56,10 @@ def test_the_same_twin_with_a_member_on_the_spare_worker(spare: ProcessPoolExecu
     beside = Twin.fit(df, spec, seed=3, workers=1, beside=spare, **FIT).save(tmp_path / "beside")
     a, b = twin_content(serial), twin_content(beside)
     assert a == b
-    # the comparison can fail: another seed's member 1 differs
-    other = Twin.fit(df, spec, seed=4, workers=1, beside=spare, **FIT).save(tmp_path / "other")
-    assert twin_content(other)["member_1/client_0.safetensors"] != a["member_1/client_0.safetensors"]
+    # the comparison can fail: it reads each member's own weights (the two members, fitted from their own
+    # seeds, differ), so a spare worker that fitted member 1 from member 0's seed would not compare equal.
+    # Why not a third fit of another seed (as before): ~1/3 of this test's time in the default run's budget
+    assert a["member_1/client_0.safetensors"] != a["member_0/client_0.safetensors"]
 
 
 def test_beside_a_pool_the_fits_tail_runs_in_this_thread_once_it_is_idle(monkeypatch: pytest.MonkeyPatch) -> None:
