@@ -28,6 +28,13 @@ def test_the_readme_closed_loop_numbers_are_the_scale_runs() -> None:
     assert f"and {right} of those {decided} verdicts are right" in readme
     v5 = now["5000"]
     assert f"(at 5,000 groups {v5['canary_agreeing']} of {v5['canary_decided']}," in readme
+    bound = res["before_day_bound"]["by_fleet_size"]  # the day-term run, the headline before the one-day bound
+    bpct = {k: 100 * v["canary_verdict_rate"] for k, v in bound.items()}
+    blo, bhi = (100 * x for x in bound["1000"]["canary_verdict_rate_ci"])
+    b5lo, b5hi = (100 * x for x in bound["5000"]["canary_verdict_rate_ci"])
+    assert (f"The run before the bound (the day term, the verdict's relative change by the delta method) decided "
+            f"{bpct['100']:.1f} %, {bpct['1000']:.1f} % [{blo:.1f} %, {bhi:.1f} %] and {bpct['5000']:.1f} % [{b5lo:.1f} %, "
+            "{b5hi:.1f} %], {1} of those {0} verdicts right".format(*_verdicts_right(bound), b5hi=b5hi)) in readme  # fmt: skip
     before_rule = res["before_guard_days"]["by_fleet_size"]["5000"]  # "3 of the 5 wrong verdicts at 5,000 groups"
     assert before_rule["canary_decided"] - before_rule["canary_agreeing"] == 5
     assert all(v["twin_alone"]["verdict_rate"]["k"] == 0 for v in now.values()) and "the twin alone decides none" in readme

@@ -20,6 +20,16 @@ def _paragraph() -> str:
     return " ".join(README[README.index(START) : README.index(END)].split())
 
 
+#: the README's names of the demo's KPIs, and their log columns
+COLUMNS = {"task time": "kpi.task_time_ms", "energy": "kpi.energy_j", "carbon": "kpi.carbon_g", "revenue": "kpi.revenue",
+           "SLO violations": "kpi.slo_violation", "reward": "reward", "return": "return", "offload": "response.offload_ratio"}
+
+
+def _names(text: str) -> list[str]:
+    """"task time, energy or carbon" -> ["task time", "energy", "carbon"]."""
+    return [x.strip() for x in re.split(r",| or | and ", text) if x.strip()]
+
+
 def _printed(number: str) -> bool:
     """``number`` (sign and decimals as written) is printed as a number, not inside another."""
     return re.search(rf"(?<![\d.]){re.escape(number)}(?![\d])", PRINTED) is not None
@@ -38,8 +48,13 @@ def test_the_demo_paragraphs_counts_are_what_the_demo_printed() -> None:
         (r"naming the (\d+) days that would", r"(\d+) are needed \("),
         (r"puts (\d+ of the \d+) service groups", r"on (\d+ of \d+) service groups"),
         (r"for (\d+) h;", r"for (\d+) h\n"),
-        (r"its relative change is unbounded \((-\d+\.\d) % \[-inf, \+inf\]", r"kpi.task_time_ms: (-\d+\.\d)% \[-inf%, \+inf%\]"),
+        (r"\((\d+) candidate agent-steps\)", r"\((\d+) candidate agent-steps;"),
     ]
+    named = re.search(r"one day leaves (\w+(?: \w+)?)'s fleet level uncertain", para)
+    assert named, "the paragraph names the KPI whose level one day leaves uncertain"
+    col = COLUMNS[named.group(1)]
+    pairs.append((r"its relative change is unbounded \(([-+]?\d+\.\d) % \[-inf, \+inf\]",
+                  rf"{re.escape(col)}: ([-+]?\d+\.\d)% \[-inf%, \+inf%\]"))
     for readme, printed in pairs:
         said, did = re.search(readme, para), re.search(printed, PRINTED)
         assert said and did, (readme, printed)
@@ -48,8 +63,9 @@ def test_the_demo_paragraphs_counts_are_what_the_demo_printed() -> None:
 
 def test_the_ending_the_readme_names_is_the_recorded_runs() -> None:
     para = _paragraph()
-    if "task time's fleet level uncertain by more than the level itself" in para:
-        assert "undecided: kpi.task_time_ms's interval is unbounded towards its margin" in PRINTED
+    named = re.search(r"one day leaves (\w+(?: \w+)?)'s fleet level uncertain by more than the level itself", para)
+    assert named, "the paragraph names the KPI the demo's reason names"
+    assert f"undecided: {COLUMNS[named.group(1)]}'s interval is unbounded towards its margin" in PRINTED
     if "the other KPIs' are unbounded" in para:  # every KPI but offload, and the reason names the bound's KPIs
         assert re.search(r"response.offload_ratio: [-+]\d+\.\d% \[[-+]\d+\.\d%, [-+]\d+\.\d%\]", PRINTED)
         for kpi in ("kpi.task_time_ms", "kpi.slo_violation", "kpi.energy_j", "kpi.carbon_g", "kpi.revenue", "reward"):
@@ -74,18 +90,26 @@ def test_the_readme_demo_times_are_the_recorded_runs() -> None:
 
 
 def test_the_kpis_the_readme_says_no_canary_days_decide_are_the_plans() -> None:
-    """README: "the plan says that no number of canary days of that size is expected to decide energy or carbon
-    (task time: about N days)": exactly those KPIs' plan lines say so in the recorded run, and task time's its days."""
+    """README: "the plan says that no number of canary days of that size is expected to decide A, B or C (D and E: about
+    N days)": exactly those KPIs' plan lines say so in the recorded run, and the others' their days; the KPIs it says the
+    plan expects unbounded are exactly those whose expected interval is [-inf%, +inf%]."""
     para = _paragraph()
-    m = re.search(r"no number of canary days of that size is expected to decide energy or carbon \(task time: about "
-                  r"(\d+) days\)", para)  # fmt: skip
+    m = re.search(r"no number of canary days of that size is expected to decide ([\w ,]+?) \(([\w ,]+?): about (\d+) "
+                  r"days\)", para)  # fmt: skip
     assert m is not None
-    names = {"kpi.energy_j": "energy", "kpi.carbon_g": "carbon"}
     lines = [x.strip() for x in RESULTS["stdout"] if "expected after" in x]
     undecidable = {x.split(":", 1)[0] for x in lines if "no number of such canary days is expected to" in x}
-    assert undecidable == set(names), undecidable
-    (task,) = [x for x in lines if x.startswith("kpi.task_time_ms:")]
-    assert f"(may not decide: about {m.group(1)} day(s) of such canaries would)" in task
+    assert undecidable == {COLUMNS[n] for n in _names(m.group(1))}, undecidable
+    counted = [COLUMNS[n] for n in _names(m.group(2))]
+    assert counted and len(counted) + len(undecidable) == len(lines)
+    for col in counted:
+        (line,) = [x for x in lines if x.startswith(col + ":")]
+        assert f"(may not decide: about {m.group(3)} day(s) of such canaries would)" in line
+    u = re.search(r"its expected intervals are the verdict's own, which divide by the baseline level's interval too, and "
+                  r"leave ([\w ,]+?) unbounded", para)  # fmt: skip
+    assert u is not None
+    unbounded = {x.split(":", 1)[0] for x in lines if "expected after [-inf%, +inf%] (unbounded" in x}
+    assert unbounded == {COLUMNS[n] for n in _names(u.group(1))}, unbounded
 
 
 def test_the_readme_demo_phase_times_are_the_recorded_runs() -> None:

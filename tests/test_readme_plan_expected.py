@@ -1,0 +1,43 @@
+"""README's sentence on the planner's expected interval: it is the verdict's own interval division on the expected
+change and baseline level, unbounded where the baseline level's expected interval reaches 0; and the sentence that the
+closed-loop headline ran on the code before that change names the code its JSON names."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from edgetwin.loop.plan_expected import expected_interval
+from edgetwin.loop.ppi import finish_estimate, t_quantile, welch_df
+
+ROOT = Path(__file__).resolve().parents[1]
+README = " ".join((ROOT / "README.md").read_text().split())
+
+
+def test_the_expected_interval_is_the_verdicts_division() -> None:
+    assert ("`plan_canary(design=\"auto\")`: the verdict's own interval division on the expected change and the expected "
+            "baseline level, so an expected interval is unbounded where the baseline level's expected interval reaches 0, "
+            "as the verdict's would be)") in README
+    terms = [(4.0, 20.0), (9.0, 30.0)]  # (variance in KPI units², df): the change's
+    point, base = -0.1, 50.0
+    lo, hi = expected_interval(point, base, terms, 1.0, 0.9)
+    want = finish_estimate(point * base, 13.0, base, 1.0, 0.9, welch_df(terms))
+    assert math.isclose(lo, want["rel_lo"], rel_tol=1e-9) and math.isclose(hi, want["rel_hi"], rel_tol=1e-9)
+    # the baseline's error widens it beyond the old point ± q·se/base ...
+    q = t_quantile(0.9, welch_df(terms))
+    assert hi - lo > 2 * q * math.sqrt(13.0) / base
+    # ... and a baseline whose expected interval reaches 0 leaves it unbounded
+    lo0, hi0 = expected_interval(point, base, terms, (base / 1.0) ** 2, 0.9)
+    assert math.isinf(lo0) or math.isinf(hi0)
+
+
+def test_the_headline_ran_before_the_plan_change() -> None:
+    """"Every size ran on the code before the plan's expected interval carried the baseline level's own error": the
+    headline's code names ea1dcfd / ffc40e1, both before the merge that brought `edgetwin.loop.plan_expected`."""
+    assert ("Every size ran on the code before the plan's expected interval carried the baseline level's own error "
+            "(the canary plan, below): on today's code a first day's plan may choose another design for its slice, and "
+            "the loop was not rerun on it.") in README
+    res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())
+    for v in res["by_fleet_size"].values():
+        assert "ea1dcfd" in v["design"] and "ffc40e1" in v["design"] and "plan_expected" not in v["design"]
