@@ -70,7 +70,8 @@ def _split_report(saved: Any, out: Path, monkeypatch: pytest.MonkeyPatch) -> dem
     return drawing
 
 
-@pytest.mark.slow  # ~70 s (a real spare process): the default run's 10-minute budget; test_plot_some_draws_only_what_it_claims stays in it
+@pytest.mark.slow  # ~70 s (a real spare process): the default run's 10-minute budget; the demo's shared report stays in it
+# through the demo itself: tests/test_demo.py::test_demo_runs_every_stage_and_reports_where_things_went
 def test_the_shared_report_is_the_one_written_in_one_process(
     saved: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -89,6 +90,8 @@ def test_the_shared_report_is_the_one_written_in_one_process(
     assert drawing.drawn["changes"] == "here" and all(drawing.drawn[f"timeline:{s.name}"] == "here" for s in last)
 
 
+@pytest.mark.slow  # ~22 s quiet (a what-if and its pictures): the default run's 10-minute budget; both processes drawing
+# the report's pictures stay in it through the demo itself: tests/test_demo.py::test_demo_runs_every_stage_and_reports_where_things_went
 def test_plot_some_draws_only_what_it_claims(saved: Any, tmp_path: Path) -> None:
     twin, _, recent, policy_dir = saved
     result = demo._whatif_result(twin, recent, policy_dir, 7, EPISODES)

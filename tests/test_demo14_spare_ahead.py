@@ -44,7 +44,8 @@ def spare() -> Iterator[_Recording]:
     pool.shutdown(wait=True)
 
 
-@pytest.mark.slow  # ~40 s (two twin fits): the default run's 10-minute budget; the checkpoint case stays in it
+@pytest.mark.slow  # ~40 s (two twin fits): the default run's 10-minute budget; the spare worker's fit against the serial
+# one stays in it: tests/test_demo48_beside.py::test_the_same_twin_with_a_member_on_the_spare_worker
 def test_the_spare_cores_overlap_report_and_warm_up_leave_the_twin_as_it_was(spare: _Recording, tmp_path: Path) -> None:
     df, spec = generate_logs(ClusterConfig(n_agents=30, steps=12), episodes=3, seed=0)
     serial = Twin.fit(df, spec, seed=3, workers=1, **FIT)
@@ -63,6 +64,8 @@ def test_the_spare_cores_overlap_report_and_warm_up_leave_the_twin_as_it_was(spa
     )["member_1/client_0.safetensors"]
 
 
+@pytest.mark.slow  # ~19 s quiet (a real spare process, a twin fit): the default run's 10-minute budget; the spare worker's
+# fit against the serial one stays in it: tests/test_demo48_beside.py::test_the_same_twin_with_a_member_on_the_spare_worker
 def test_with_a_checkpoint_the_overlap_report_is_made_here(spare: _Recording, tmp_path: Path) -> None:
     """A checkpoint is stamped with the resolved response model before the population is fitted."""
     df, spec = generate_logs(ClusterConfig(n_agents=10, steps=8), episodes=2, seed=0)

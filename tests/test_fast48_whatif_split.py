@@ -46,6 +46,8 @@ def test_the_split_is_the_shipped_scenarios_in_order() -> None:
     assert len(last) == demo.MAIN_WHATIF_SCENARIOS and len(first) == len(names) - demo.MAIN_WHATIF_SCENARIOS > 0
 
 
+@pytest.mark.slow  # ~23 s quiet (four what-if runs of every shipped scenario): the default run's 10-minute budget; cells run
+# ahead and merged stay in it: tests/test_demo48_whatif_ahead.py::test_cells_run_ahead_give_the_same_what_if
 def test_split_cells_give_the_what_if_run_in_one_go(twin_and_recent: tuple[Twin, pd.DataFrame, Any]) -> None:
     twin, recent, spec = twin_and_recent
     scenarios = list(demo._whatif_scenarios())
