@@ -176,6 +176,43 @@ def canary_world_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return fitted_once(tmp_path_factory, "canary-world", fit)
 
 
+@pytest.fixture(scope="module")
+def canary_world_gate(canary_world_dir: Path) -> dict[str, Any]:
+    """The gate's decision on the canary world (`canary_world_dir`'s twin) for an always-edge candidate
+    it cannot judge, against the logging policy, on a fresh 40-agent, 24-step day (seed 7), with a 25 %
+    share for 24 h: what a real `plan_canary` is run on (tests/test_plan14_days.py,
+    tests/test_planbase15_real_plan.py). Keys: ``spec``, ``twin``, ``log``, ``cand``, ``base``,
+    ``decision``, ``budget``, ``kdefs`` (the decision's KPI definitions by name)."""
+    import numpy as np
+    import torch
+
+    from edgetwin.contract.spec import TwinSpec
+    from edgetwin.emulator.cluster import ClusterConfig
+    from edgetwin.emulator.logs import generate_logs
+    from edgetwin.loop import plan as plan_mod
+    from edgetwin.policies.gate import resolve_policy, run_gate
+    from edgetwin.twin.twin import Twin
+    from edgetwin.twin.whatif import fixed_policy
+
+    torch.set_num_threads(1)
+    spec = TwinSpec.load(canary_world_dir / "spec.toml")
+    twin = Twin.load(canary_world_dir / "twin")
+    log, _ = generate_logs(ClusterConfig(n_agents=40, steps=24), 1, "random", seed=7)
+
+    class Constant:
+        def __init__(self, a: list[float]) -> None:
+            self.spec, self.a = spec, np.asarray(a, dtype=np.float64)
+
+        def act(self, obs: np.ndarray) -> np.ndarray:
+            return np.tile(self.a, (len(obs), 1))
+
+    cand = fixed_policy("always-edge", Constant([1.0, 0.3, 0.2]))
+    base = resolve_policy("logging", twin, name="current")
+    decision = run_gate(twin, cand, base, log=log, episodes=1, seed=0)
+    return {"spec": spec, "twin": twin, "log": log, "cand": cand, "base": base, "decision": decision,
+            "budget": plan_mod.PlanBudget(max_share=0.25, hours=24.0), "kdefs": {k.name: k for k in decision.result.kpis}}
+
+
 def shared_data(relpath: str) -> Path:
     """A file under ../shared/data, or skip the test with the reason when it is absent."""
     p = SHARED_DATA / relpath

@@ -148,7 +148,6 @@ def test_the_docs_say_how_the_plan_counts_its_days() -> None:
     function's day term is the verdict's (`pooled_day_term`, with the revealed part as the days'
     between-day variance: checked above) and the fleet's term held fixed."""
     import inspect
-    from pathlib import Path
 
     from edgetwin.loop import plan as plan_mod
 
@@ -166,39 +165,16 @@ def test_the_docs_say_how_the_plan_counts_its_days() -> None:
 
 
 @pytest.fixture(scope="module")
-def planned(canary_world_dir: Path) -> dict[str, Any]:
+def planned(canary_world_gate: dict[str, Any]) -> dict[str, Any]:
     """A real plan (a small emulated cluster's twin: tests/conftest.py's `canary_world_dir`, fitted once
     per run; an always-edge candidate the gate cannot judge) whose KPIs' day terms are dominated by
     the first look's bound, the terms the planner weighed recorded per (column, groups, hours, design)."""
-    import torch
-
-    from edgetwin.contract.spec import TwinSpec
-    from edgetwin.emulator.cluster import ClusterConfig
-    from edgetwin.emulator.logs import generate_logs
     from edgetwin.loop import plan as plan_mod
     from edgetwin.loop.verdict import DayVariance
-    from edgetwin.policies.gate import resolve_policy, run_gate
-    from edgetwin.twin.twin import Twin
-    from edgetwin.twin.whatif import fixed_policy
 
-    torch.set_num_threads(1)
-    cluster = ClusterConfig(n_agents=40, steps=24)
-    spec = TwinSpec.load(canary_world_dir / "spec.toml")
-    twin = Twin.load(canary_world_dir / "twin")
-    log, _ = generate_logs(cluster, 1, "random", seed=7)
-
-    class Constant:
-        def __init__(self, a: list[float]) -> None:
-            self.spec, self.a = spec, np.asarray(a, dtype=np.float64)
-
-        def act(self, obs: np.ndarray) -> np.ndarray:
-            return np.tile(self.a, (len(obs), 1))
-
-    cand = fixed_policy("always-edge", Constant([1.0, 0.3, 0.2]))
-    base = resolve_policy("logging", twin, name="current")
-    decision = run_gate(twin, cand, base, log=log, episodes=1, seed=0)
-    budget = plan_mod.PlanBudget(max_share=0.25, hours=24.0)
-    kdefs = {k.name: k for k in decision.result.kpis}
+    g = canary_world_gate
+    twin, log, cand, base, decision = g["twin"], g["log"], g["cand"], g["base"], g["decision"]
+    budget, kdefs = g["budget"], g["kdefs"]
     columns = {plan_mod._kpi_column(kdefs[c.kpi]) for c in decision.checks if c.kpi in kdefs}
     dv = DayVariance()
     for col in sorted(c for c in columns if c and c in log.columns):  # the bound 10x the revealed part in sd

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,35 +22,13 @@ from edgetwin.loop.ppi import finish_estimate, welch_df
 
 
 @pytest.fixture(scope="module")
-def planned(canary_world_dir: Path) -> dict[str, Any]:
-    import torch
-
-    from edgetwin.contract.spec import TwinSpec
-    from edgetwin.emulator.cluster import ClusterConfig
-    from edgetwin.emulator.logs import generate_logs
+def planned(canary_world_gate: dict[str, Any]) -> dict[str, Any]:
     from edgetwin.loop import plan as plan_mod
     from edgetwin.loop.verdict import DayVariance
-    from edgetwin.policies.gate import resolve_policy, run_gate
-    from edgetwin.twin.twin import Twin
-    from edgetwin.twin.whatif import fixed_policy
 
-    torch.set_num_threads(1)
-    spec = TwinSpec.load(canary_world_dir / "spec.toml")
-    twin = Twin.load(canary_world_dir / "twin")
-    log, _ = generate_logs(ClusterConfig(n_agents=40, steps=24), 1, "random", seed=7)
-
-    class Constant:
-        def __init__(self, a: list[float]) -> None:
-            self.spec, self.a = spec, np.asarray(a, dtype=np.float64)
-
-        def act(self, obs: np.ndarray) -> np.ndarray:
-            return np.tile(self.a, (len(obs), 1))
-
-    cand = fixed_policy("always-edge", Constant([1.0, 0.3, 0.2]))
-    base = resolve_policy("logging", twin, name="current")
-    decision = run_gate(twin, cand, base, log=log, episodes=1, seed=0)
-    budget = plan_mod.PlanBudget(max_share=0.25, hours=24.0)
-    kdefs = {k.name: k for k in decision.result.kpis}
+    g = canary_world_gate
+    twin, log, cand, base, decision = g["twin"], g["log"], g["cand"], g["base"], g["decision"]
+    budget, kdefs = g["budget"], g["kdefs"]
     checks = plan_mod._deciding_checks(decision, kdefs, budget)[0]
     columns = sorted({plan_mod._kpi_column(kdefs[k]) or k for k in checks} & set(log.columns))
     wide = columns[0]
