@@ -61,6 +61,41 @@ def warehouse_day(speed: Callable[[np.ndarray, int, np.random.Generator], np.nda
     return pd.concat(rows, ignore_index=True)
 
 
+def four_day_depot(d: Path, candidate: str, speed: float) -> Path:
+    """Into ``d``: the warehouse's twin fitted on four random-speed days, the ``current`` (speed 0.4)
+    and ``candidate`` (``speed``) policies, fleet logs of one and of four days on the current policy
+    (``fleet-1.parquet``, ``fleet-4.parquet``: the day term's source), a canary of 12 random groups
+    on the candidate after the pre-period (``canary.parquet``) and its plan (``plan.json``). The
+    fixture of the tests of `edgetwin canary verdict`'s day term (tests/test_verdict_day_term.py,
+    tests/test_plan14_verdict_note.py)."""
+    spec = warehouse_spec()
+    train = pd.concat([warehouse_day(lambda i, t, r: r.uniform(0, 1, len(i)), 100 + e, f"d{e}", lambda i: "logging")
+                       for e in range(4)], ignore_index=True)  # fmt: skip
+    Twin.fit(train, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2,
+             population_model="empirical").save(d / "twin")  # fmt: skip
+    for name, s in (("current", 0.4), (candidate, speed)):
+        export_policy(ConstantPolicy(spec, [s]), d / name, spec)
+    days = [warehouse_day(lambda i, t, r: np.full(len(i), 0.4), 103 + k, f"f{k}", lambda i: "v1") for k in range(4)]
+    days[-1]["episode"] = "fleet"
+    days[-1].to_parquet(d / "fleet-1.parquet")
+    pd.concat(days, ignore_index=True).to_parquet(d / "fleet-4.parquet")
+    arm = np.zeros(N_GROUPS, bool)
+    arm[np.random.default_rng(3).choice(N_GROUPS, 12, replace=False)] = True
+    canary = warehouse_day(lambda i, t, r: np.where(arm[i] & (t >= PRE), speed, 0.4), 107, "canary",
+                           lambda i: "v2" if arm[i] else "v1")  # fmt: skip
+    canary.loc[canary["t"] < PRE, "policy"] = "v1"
+    canary.to_parquet(d / "canary.parquet")
+    plan = {
+        "candidate": candidate, "baseline": "current",
+        "slice": {"agents": [f"w{i}" for i in range(N_GROUPS)], "treat_share": 0.3, "seed": 0},
+        "hours": (STEPS - PRE) / 4, "margins": [{"kpi": "kpi.late", "max_regression": 0.05, "higher_is_better": False}],
+        "kpis": [], "n_groups": N_GROUPS, "fleet_groups": N_GROUPS, "share": 1.0, "budget": {}, "decides": False,
+        "why": ["test"],
+    }  # fmt: skip
+    (d / "plan.json").write_text(json.dumps(plan))
+    return d
+
+
 @pytest.fixture(scope="module")
 def warehouse(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("warehouse")

@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "docs" / "benchmarks" / "closed_loop"
+from test_closed_loop_fleet_sizes import OUT, ROOT, _results, _section
 
 
 @pytest.fixture(scope="module")
@@ -24,17 +22,6 @@ def fb() -> Iterator[Any]:
 
     yield _closed_loop_fleetsize_bound
     sys.path.remove(str(ROOT / "benchmarks"))
-
-
-def _results() -> dict[str, Any]:
-    return json.loads((OUT / "results_production.json").read_text())
-
-
-def _section(heading: str) -> str:
-    text = (OUT / "README.md").read_text()
-    start = text.index(heading)
-    nxt = text.find("\n## ", start + 1)
-    return text[start: nxt + 1 if nxt != -1 else len(text)]
 
 
 def test_replace_headline_keeps_the_old_one_once_and_marks_the_day_term_run(fb: Any) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import tomli_w
+from conftest import cli_in_process
 from prometheus_server import PrometheusServer, backfill
 
 from edgetwin.contract.errors import InputError
@@ -184,25 +185,10 @@ def test_episode_from_a_label_and_selector_matchers(tmp_path: Path) -> None:
 
 
 def _cli(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """``edgetwin ARGV`` through the console script's entry (`edgetwin.cli.main`) in this process: its
-    exit code and output, as a finished process's (a fresh interpreter cost ~2 s of CPU a run; the
-    command as its own process is tests/security/test_prometheus_importer.py's real-Prometheus test)."""
-    import contextlib
-    import io
-
-    from edgetwin.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.MonkeyPatch.context() as mp:
-        for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "EDGETWIN_DEBUG"):
-            mp.delenv(var, raising=False)
-        try:
-            main(argv)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        else:
-            code = 0
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+    """``edgetwin ARGV`` in this process (`conftest.cli_in_process`), without proxies or debug
+    tracebacks from the environment (the command as its own process is
+    tests/security/test_prometheus_importer.py's real-Prometheus test)."""
+    return cli_in_process(argv, ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "EDGETWIN_DEBUG"))
 
 
 def test_cli_import_from_file_and_one_line_errors(cluster_log, tmp_path: Path) -> None:

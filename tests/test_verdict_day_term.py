@@ -7,49 +7,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
-from test_cli_canary_verdict import N_GROUPS, PRE, STEPS, warehouse_day, warehouse_spec
+from test_cli_canary_verdict import PRE, four_day_depot
 
 from edgetwin.cli import main
-from edgetwin.policies.candidates import ConstantPolicy
-from edgetwin.policies.export import export_policy
-from edgetwin.twin.twin import Twin
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def shop(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("shop")
-    spec = warehouse_spec()
-    train = pd.concat([warehouse_day(lambda i, t, r: r.uniform(0, 1, len(i)), 100 + e, f"d{e}", lambda i: "logging")
-                       for e in range(4)], ignore_index=True)  # fmt: skip
-    Twin.fit(train, spec, seed=0, members=2, progress=False, rounds=0, bc_epochs=2,
-             population_model="empirical").save(d / "twin")  # fmt: skip
-    for name, s in (("current", 0.4), ("cand", 0.35)):
-        export_policy(ConstantPolicy(spec, [s]), d / name, spec)
-    days = [warehouse_day(lambda i, t, r: np.full(len(i), 0.4), 103 + k, f"f{k}", lambda i: "v1") for k in range(4)]
-    days[-1]["episode"] = "fleet"
-    days[-1].to_parquet(d / "fleet-1.parquet")
-    pd.concat(days, ignore_index=True).to_parquet(d / "fleet-4.parquet")
-    arm = np.zeros(N_GROUPS, bool)
-    arm[np.random.default_rng(3).choice(N_GROUPS, 12, replace=False)] = True
-    canary = warehouse_day(lambda i, t, r: np.where(arm[i] & (t >= PRE), 0.35, 0.4), 107, "canary",
-                           lambda i: "v2" if arm[i] else "v1")  # fmt: skip
-    canary.loc[canary["t"] < PRE, "policy"] = "v1"
-    canary.to_parquet(d / "canary.parquet")
-    plan = {
-        "candidate": "cand", "baseline": "current",
-        "slice": {"agents": [f"w{i}" for i in range(N_GROUPS)], "treat_share": 0.3, "seed": 0},
-        "hours": (STEPS - PRE) / 4, "margins": [{"kpi": "kpi.late", "max_regression": 0.05, "higher_is_better": False}],
-        "kpis": [], "n_groups": N_GROUPS, "fleet_groups": N_GROUPS, "share": 1.0, "budget": {}, "decides": False,
-        "why": ["test"],
-    }  # fmt: skip
-    (d / "plan.json").write_text(json.dumps(plan))
-    return d
+    return four_day_depot(tmp_path_factory.mktemp("shop"), "cand", 0.35)
 
 
 def _verdict(d: Path, fleet: str, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:

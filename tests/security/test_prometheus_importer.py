@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
-import io
 import json
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import cli_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 DAY0 = 1767225600  # 2026-01-01T00:00:00Z
@@ -93,19 +93,9 @@ def run_import(mapping: Path, out: Path, url: str, *extra: str) -> subprocess.Co
     In process: what these cases check is the importer's refusal (exit 2, one line), and a fresh
     interpreter per case cost ~1 s of CPU each (21 runs); the real-Prometheus test below still runs
     the command as its own process (``python -m edgetwin.cli``), refusals included."""
-    from edgetwin.cli import main
-
     argv = ["logs", "import", "prometheus", "--mapping", str(mapping), "--out", str(out), "--start", str(DAY0),
             "--end", str(DAY0 + 3600), "--url", url, "--retries", "0", *extra]  # fmt: skip
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            main(argv)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        else:
-            code = 0
-    return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
+    return cli_in_process(argv)
 
 
 def refused_in_one_line(done: subprocess.CompletedProcess[str]) -> str:
