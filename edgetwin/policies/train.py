@@ -341,14 +341,30 @@ class _DataCheckpoint(CheckpointCallback):
 
     def _on_step(self) -> bool:
         if self.n_calls % self.save_freq == 0:
-            self.model.save(self._checkpoint_path(extension="zip"))
-            norm = self.model.get_vec_normalize_env()
-            if norm is not None:
-                arrays = {f"{which}.{k}": np.asarray(getattr(getattr(norm, which), k), np.float64)
-                          for which in ("obs_rms", "ret_rms") for k in ("mean", "var", "count")}  # fmt: skip
-                with open(self._checkpoint_path("vecnormalize_", extension="npz"), "wb") as f:
-                    np.savez(f, **arrays)  # type: ignore[arg-type]  # the stub lets **kwds fill allow_pickle
+            save_checkpoint(self.model, Path(self.save_path), self.name_prefix)
         return True
+
+
+def save_checkpoint(model: BaseAlgorithm, directory: Path, prefix: str = "ckpt") -> Path:
+    """``model`` as a resumable checkpoint at its ``num_timesteps``: ``<prefix>_<steps>_steps.zip``
+    and, with VecNormalize, its statistics as ``<prefix>_vecnormalize_<steps>_steps.npz`` (SB3's
+    `CheckpointCallback` names). Returns the zip's path.
+
+    Also called once when training ends (`train_policy`): SB3 calls a callback's ``_on_step``
+    while it collects a rollout, before the update that rollout feeds, so the last periodic
+    checkpoint holds the weights one update short of the run's end under the run's final step
+    count; a run repeated in its directory resumed it and exported another policy than the run it
+    repeats (the same seed, a different result). The end's checkpoint replaces it."""
+    steps = int(model.num_timesteps)
+    path = directory / f"{prefix}_{steps}_steps.zip"
+    model.save(path)
+    norm = model.get_vec_normalize_env()
+    if norm is not None:
+        arrays = {f"{which}.{k}": np.asarray(getattr(getattr(norm, which), k), np.float64)
+                  for which in ("obs_rms", "ret_rms") for k in ("mean", "var", "count")}  # fmt: skip
+        with open(directory / f"{prefix}_vecnormalize_{steps}_steps.npz", "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # the stub lets **kwds fill allow_pickle
+    return path
 
 
 def _load_checkpoint_weights(model: BaseAlgorithm, path: Path) -> None:
@@ -629,6 +645,8 @@ def train_policy(
             tb_log_name=algo,
             progress_bar=c.progress,
         )
+        if c.checkpoint_every > 0:  # the end's weights under the end's step count (`save_checkpoint`)
+            save_checkpoint(model, ckpt_dir)
     trained_steps = int(model.num_timesteps)
     stopped_early = trained_steps < steps
     best = _restore_best(model, eval_cb, out)
