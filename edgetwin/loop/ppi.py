@@ -702,6 +702,19 @@ def interference_var(
     """
     if len(member_predictions) < 2:
         return 0.0, 0.0
+    i_m, j_m = member_interference(member_predictions, is_cand, groups, kpi, candidate, baseline, canary)
+    k = 1.0 + 1.0 / len(member_predictions)
+    return k * float(np.var(i_m, ddof=1)), k * float(np.var(j_m, ddof=1))
+
+
+def member_interference(
+    member_predictions: Sequence[pd.DataFrame], is_cand: np.ndarray, groups: Sequence[Any], kpi: str,
+    candidate: str, baseline: str, canary: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(I_m, J_m)``, each ``(members,)`` in KPI units: each member's interference on the change and
+    on the baseline level (`interference_var`'s, which takes their spread; the canary plan,
+    `edgetwin.loop.plan_interference`, also their mean: what the transporting estimate adds to the
+    no-interference one)."""
     i_m, j_m = [], []
     for pr in member_predictions:
         at = pr.reindex(list(groups))
@@ -709,8 +722,7 @@ def interference_var(
         d_b = (at[(baseline, kpi)] - at[(canary, kpi)]).to_numpy()[~is_cand]
         i_m.append(float(np.mean(d_c) - np.mean(d_b)))
         j_m.append(float(-np.mean(d_b)))
-    k = 1.0 + 1.0 / len(member_predictions)
-    return k * float(np.var(i_m, ddof=1)), k * float(np.var(j_m, ddof=1))
+    return np.asarray(i_m, dtype=np.float64), np.asarray(j_m, dtype=np.float64)
 
 
 def _rectified(
@@ -879,6 +891,7 @@ __all__ = [
     "finish_estimate",
     "interference_var",
     "look_days",
+    "member_interference",
     "look_level",
     "measured_group_means",
     "ppi_estimates",

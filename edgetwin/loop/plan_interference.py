@@ -1,0 +1,183 @@
+"""The twin's interference at plan time: the term the verdict's interval carries for it, foreseen.
+
+The prediction-powered verdict (`edgetwin.loop.ppi`) rectifies the twin's prediction of the
+canary's own configuration (``f^canary``: the candidate arm on the candidate, every other group on
+the baseline) and transports the twin's predicted difference between that configuration and the
+full switch (the interference) to the fleet. No canary measures that difference, so the verdict's
+interval carries the twin members' spread over it (`edgetwin.loop.ppi.interference_var`, on
+members − 1 degrees of freedom), a term shared by every canary day, and it decides on the hull of
+that estimate and the one that assumes no interference. A plan that leaves both out expects an
+interval narrower than the verdict's for a reason it could foresee (issue 48).
+
+Here the plan replays what the verdict will replay (`edgetwin.loop.verdict.canary_verdict`): each
+member on its own world seed, the full switch to either policy and a canary assignment, and reads
+the interference with the verdict's own functions (`edgetwin.loop.ppi.interference_var`,
+`edgetwin.loop.ppi.member_interference`) over the window a canary of ``h`` hours is judged on
+(after ``pre_ticks``).
+
+**The approximation.** The verdict reads the canary's actual arms; the plan weighs every slice
+size before it draws one, and a replay per size would cost one replay per member per size (the
+closed loop's 1,000-group fleet: 49 sizes). So the plan replays one canary: the largest slice the
+budget allows, drawn as the plan draws its slice (`edgetwin.loop.plan._draw_slice`'s seeded draw,
+the same groups when the plan chooses that size), split at random into arms of the plan's shares;
+a slice of ``n`` groups reads the interference on the first ``n_c`` of that candidate arm and the
+first ``n_b`` of its control arm (nested random subsets, so each is a random draw). What this gets
+wrong: a smaller slice congests the shared sites slightly less than the replayed one, so its own
+interference is slightly larger; the spread over members, what the interval carries, is read on
+the option's own number of groups.
+
+Units: variances in KPI units squared, shifts in KPI units; per-member frames are
+`edgetwin.loop.ppi.twin_group_predictions`-shaped (one row per group, ``(policy, column)`` columns).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from edgetwin.loop.plan_expected import Interference
+
+#: the policy names of the replays (`edgetwin.loop.ppi.ppi_estimates`' ``candidate``, ``baseline``, ``canary``)
+CANDIDATE, BASELINE, CANARY = "candidate", "baseline", "canary"
+
+
+def member_replays(
+    twin: Any, candidate: Any, baseline: Any, log: pd.DataFrame, columns: Sequence[str], *, seed: int,
+    members: Sequence[int] | None,
+) -> tuple[pd.DataFrame, list[dict[tuple[str, str], pd.DataFrame]]]:
+    """The twin's full-switch replays, member by member: ``(preds, per_member)``.
+
+    ``per_member[i]``: `edgetwin.loop.ppi.twin_group_series` of member ``members[i]`` alone
+    (``(policy, column)`` -> agents × ticks); ``preds``: every member's mean over the whole episode,
+    the plan's per-group predictions (`edgetwin.loop.ppi.twin_group_predictions` over all members:
+    the same replays, the same world seeds per member, in the same order, and the same pandas means,
+    so the same numbers; tests/test_interf16_plan_interference.py checks it). Why member by member:
+    the interference's spread needs each member's replay, and replaying the full switch again for
+    it would double the plan's replays."""
+    from edgetwin.loop.twin_series import twin_group_series
+
+    mem = list(members) if members is not None else list(range(int(twin.n_members)))
+    pols = {CANDIDATE: candidate, BASELINE: baseline}
+    per_member = [twin_group_series(twin, pols, log, columns, episodes=1, seed=seed, members=[m]) for m in mem]
+    cols = {}
+    for key in per_member[0]:
+        f = pd.concat([s[key] for s in per_member]).groupby(level=0).mean().sort_index()
+        cols[key] = f.iloc[:, 0:f.shape[1]].mean(axis=1)
+    preds = pd.DataFrame(cols)
+    preds.columns = pd.MultiIndex.from_tuples(list(cols))
+    return preds, per_member
+
+
+def replayed_arms(agents: Sequence[str], n_max: int, treat_share: float, seed: int, round_no: int) -> tuple[
+        list[str], list[str]]:
+    """The replayed canary's arms ``(candidate, control)``: ``n_max`` groups drawn as
+    `edgetwin.loop.plan._draw_slice` draws a slice of that size (seeded by ``seed`` and
+    ``round_no``), in a seeded random order, the first ``round(treat_share·n_max)`` (at least 2) on
+    the candidate. A slice of ``n`` groups reads the first ``n_c`` and ``n_b`` of each
+    (`PlannedInterference.term`)."""
+    rng = np.random.default_rng([seed, round_no, 0xCA])
+    chosen = sorted(str(a) for a in rng.choice(np.array(list(agents), dtype=object), n_max, replace=False))
+    order = [chosen[i] for i in np.random.default_rng([seed, round_no, 0x1F]).permutation(len(chosen))]
+    n_c = max(2, int(round(treat_share * n_max)))
+    return order[:n_c], order[n_c:]
+
+
+@dataclass
+class PlannedInterference:
+    """The twin's interference for every option a plan weighs, from one canary replay per member.
+
+    Attributes:
+        series: per member, ``(policy, column)`` -> agents × ticks (`CANDIDATE`, `BASELINE`,
+            `CANARY`).
+        arms: the replayed canary's ``(candidate, control)`` group ids (`replayed_arms`).
+        treat_share: the candidate's share of a slice (`edgetwin.loop.plan.PlanBudget`).
+        pre_ticks: ticks before the canary's window (`edgetwin.edge.canary.CanaryConfig.pre_ticks`).
+        level_sign: per column, the sign of the fleet's baseline level (``preds``' mean), which
+            `Interference.base_shift` is signed towards.
+    """
+
+    series: list[dict[tuple[str, str], pd.DataFrame]]
+    arms: tuple[list[str], list[str]]
+    treat_share: float
+    pre_ticks: int
+    level_sign: dict[str, float]
+    _frames: dict[float, list[pd.DataFrame]] = field(default_factory=dict)
+    _terms: dict[tuple[str, int, float], Interference] = field(default_factory=dict)
+
+    def frames(self, hours: float) -> list[pd.DataFrame]:
+        """Per member, each replay's per-group mean over the ticks a canary of ``hours`` is judged on
+        (``[pre_ticks, pre_ticks + 4·hours)``, `edgetwin.loop.verdict.canary_verdict`'s window)."""
+        if hours not in self._frames:
+            lo = int(self.pre_ticks)
+            hi = lo + max(1, int(round(hours * 4)))
+            out = []
+            for s in self.series:
+                cols = {key: f.iloc[:, lo:hi].mean(axis=1) for key, f in s.items()}
+                df = pd.DataFrame(cols)
+                df.columns = pd.MultiIndex.from_tuples(list(cols))
+                out.append(df)
+            self._frames[hours] = out
+        return self._frames[hours]
+
+    def term(self, column: str, n: int, hours: float) -> Interference:
+        """The interference term of ``column`` for a slice of ``n`` groups for ``hours``: the
+        verdict's (`edgetwin.loop.ppi.interference_var`, `edgetwin.loop.ppi.member_interference`)
+        on the first ``n_c`` groups of the replayed candidate arm and the first ``n_b`` of its
+        control arm (``n_c = max(2, round(treat_share·n))``, ``n_b = max(2, n − n_c)``, as
+        `edgetwin.loop.plan.kpi_terms` counts them), members − 1 degrees of freedom (at least 1, as
+        the verdict's)."""
+        key = (column, int(n), float(hours))
+        if key not in self._terms:
+            from edgetwin.loop.ppi import interference_var, member_interference
+
+            n_c = max(2, int(round(self.treat_share * n)))
+            n_b = max(2, int(n) - n_c)
+            cand, ctrl = self.arms[0][:n_c], self.arms[1][:n_b]
+            groups = [*cand, *ctrl]
+            is_cand = np.array([True] * len(cand) + [False] * len(ctrl))
+            frames = self.frames(float(hours))
+            args = (frames, is_cand, groups, column, CANDIDATE, BASELINE, CANARY)
+            v_i, v_j = interference_var(*args)
+            i_m, j_m = member_interference(*args)
+            self._terms[key] = Interference(
+                float(v_i), float(v_j), float(max(len(frames) - 1, 1)), float(np.mean(i_m)),
+                float(self.level_sign.get(column, 1.0) * np.mean(j_m)),
+            )  # fmt: skip
+        return self._terms[key]
+
+
+def planned_interference(
+    twin: Any, log: pd.DataFrame, candidate: Any, baseline: Any, columns: Sequence[str],
+    per_member: Sequence[dict[tuple[str, str], pd.DataFrame]], preds: pd.DataFrame, agents: Sequence[str],
+    n_max: int, treat_share: float, *, pre_ticks: int, seed: int, round_no: int, members: Sequence[int] | None,
+) -> PlannedInterference:
+    """The plan's `PlannedInterference`: each member's replay of a canary assignment
+    (`edgetwin.loop.ppi.CanaryAssignment`: `replayed_arms`' candidate arm on ``candidate``, every
+    other group of the fleet on ``baseline``), on the world seeds of its full-switch replays
+    ``per_member`` (`member_replays`), as the verdict replays them. ``preds``: the plan's per-group
+    predictions (the sign of each column's baseline level); ``agents``: the fleet; ``n_max``: the
+    largest slice the budget allows. Costs one replay per member."""
+    from edgetwin.loop.ppi import CanaryAssignment
+    from edgetwin.loop.twin_series import twin_group_series
+
+    mem = list(members) if members is not None else list(range(int(twin.n_members)))
+    arms = replayed_arms(agents, n_max, treat_share, seed, round_no)
+    assignment = {CANARY: CanaryAssignment(candidate, baseline, frozenset(arms[0]))}
+    series = []
+    for m, full in zip(mem, per_member, strict=True):
+        got = twin_group_series(twin, assignment, log, columns, episodes=1, seed=seed, members=[m])
+        series.append({**full, **got})
+    signs = {}
+    for c in columns:
+        level = float(np.mean(preds[(BASELINE, c)].to_numpy(dtype=np.float64)))
+        signs[c] = -1.0 if math.isfinite(level) and level < 0 else 1.0
+    return PlannedInterference(series, arms, float(treat_share), int(pre_ticks), signs)
+
+
+__all__ = ["BASELINE", "CANARY", "CANDIDATE", "PlannedInterference", "member_replays", "planned_interference",
+           "replayed_arms"]
