@@ -163,3 +163,37 @@ def test_a_plan_whose_members_disagree_expects_a_wider_interval_and_more_days() 
     assert disagree.expected[1] - disagree.expected[0] > agree.expected[1] - agree.expected[0]
     assert agree.days is not None and (disagree.days is None or disagree.days > agree.days)
     assert disagree.interference_sd > 0 == agree.interference_sd
+
+
+def test_the_docs_say_the_plan_carries_the_term() -> None:
+    """docs/canary.md's sentences on the plan's interference term name what the planner calls, and
+    those calls are there: `verdict_interval` in the option's interval, `planned_interference` in
+    `plan_canary` (which replays the largest slice the budget allows: `replayed_arms` of ``max_n``),
+    `interference_var` on the option's own groups, and the days' count holding the term fixed."""
+    import inspect
+    from pathlib import Path
+
+    from edgetwin.loop import plan as plan_mod
+    from edgetwin.loop import plan_expected
+    from edgetwin.loop.plan_interference import PlannedInterference, planned_interference, replayed_arms
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "canary.md").read_text().split())
+    for claim in ("Both expected variances also carry the twin's interference term, as the verdict's do "
+                  "(`verdict_interval`)", "on members − 1 degrees of freedom; and the expected interval is the hull "
+                  "of that estimate and the one that assumes no interference",
+                  "`planned_interference` replays the largest slice the budget allows, drawn as the plan draws its "
+                  "slice, and a smaller slice reads the term on that many of its groups",
+                  "(`pooled_days_to_decide`): the fleet's and the twin's interference terms held fixed"):  # fmt: skip
+        assert claim in text, claim
+    assert "verdict_interval(" in inspect.getsource(plan_mod._expected_option)
+    assert "planned_interference(" in inspect.getsource(plan_mod.plan_canary)
+    assert "max_n" in inspect.getsource(plan_mod.plan_canary).split("planned_interference(")[1].split(")")[0]
+    assert "replayed_arms(" in inspect.getsource(planned_interference)
+    assert "interference_var(" in inspect.getsource(PlannedInterference.term)
+    assert "verdict_interval(" in inspect.getsource(plan_expected.pooled_days_to_decide)
+    # the draw is `_draw_slice`'s for the largest size
+    agents = [f"a{i:03d}" for i in range(50)]
+    cand, ctrl = replayed_arms(agents, 10, 0.5, 3, 1)
+    rng = np.random.default_rng([3, 1, 0xCA])
+    assert sorted(cand + ctrl) == sorted(str(a) for a in rng.choice(np.array(agents, dtype=object), 10, replace=False))
+    assert len(cand) == len(ctrl) == 5
