@@ -154,7 +154,8 @@ def test_a_plan_whose_members_disagree_expects_a_wider_interval_and_more_days() 
     kdefs = {"x": SimpleNamespace(stat="mean", weight=None, column="kpi.x")}
     got = {}
     for spread in (0.0, 0.5):
-        itf = PlannedInterference(_member_series(agents, spread, 1), (cand_arm, ctrl_arm), 0.5, 4, {"kpi.x": 1.0})
+        itf = PlannedInterference.from_series(_member_series(agents, spread, 1), (cand_arm, ctrl_arm), 0.5, 4, [4.0],
+                                              {"kpi.x": 1.0})  # fmt: skip
         got[spread] = _expected_option(decision, {"x": check}, kdefs, preds, {("kpi.x", 4.0): 0.3}, PlanBudget(), 40, 8,
                                        4.0, "random", {"kpi.x": (0.01, 0.01, 5.0)}, 8, interference=itf)[3][0]  # fmt: skip
         term = itf.term("kpi.x", 8, 4.0)
@@ -174,7 +175,7 @@ def test_the_docs_say_the_plan_carries_the_term() -> None:
     from pathlib import Path
 
     from edgetwin.loop import plan as plan_mod
-    from edgetwin.loop import plan_expected
+    from edgetwin.loop import plan_expected, plan_interference
     from edgetwin.loop.plan_interference import PlannedInterference, planned_interference, replayed_arms
 
     text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "canary.md").read_text().split())
@@ -182,7 +183,8 @@ def test_the_docs_say_the_plan_carries_the_term() -> None:
                   "(`verdict_interval`)", "on members − 1 degrees of freedom; and the expected interval is the hull "
                   "of that estimate and the one that assumes no interference",
                   "`planned_interference` replays the largest slice the budget allows, drawn as the plan draws its "
-                  "slice, and a smaller slice reads the term on that many of its groups",
+                  "slice, and each slice size reads the term on its number of that replay's candidate groups and of "
+                  "the fleet's other groups, averaged over 8 draws of them)",
                   "(`pooled_days_to_decide`): the fleet's and the twin's interference terms held fixed"):  # fmt: skip
         assert claim in text, claim
     assert "verdict_interval(" in inspect.getsource(plan_mod._expected_option)
@@ -190,6 +192,7 @@ def test_the_docs_say_the_plan_carries_the_term() -> None:
     assert "max_n" in inspect.getsource(plan_mod.plan_canary).split("planned_interference(")[1].split(")")[0]
     assert "replayed_arms(" in inspect.getsource(planned_interference)
     assert "interference_var(" in inspect.getsource(PlannedInterference.term)
+    assert "self.draws(n)" in inspect.getsource(PlannedInterference.term) and plan_interference.DRAWS == 8
     assert "verdict_interval(" in inspect.getsource(plan_expected.pooled_days_to_decide)
     # the draw is `_draw_slice`'s for the largest size
     agents = [f"a{i:03d}" for i in range(50)]

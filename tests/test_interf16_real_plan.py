@@ -117,8 +117,8 @@ def test_a_real_plans_expected_interval_carries_the_interference_term(planned: d
 def test_the_term_is_the_verdicts_on_a_replay_of_the_canary(planned: dict[str, Any], canary_world_gate: dict[str, Any]) -> None:
     """The chosen slice's term, recomputed as `canary_verdict` computes it: each member's
     `twin_group_predictions` of the full switch and of the canary assignment (`CanaryAssignment`,
-    the replayed candidate arm) over the canary's window, then `interference_var` on the arms of
-    the slice's size."""
+    the replayed candidate arm) over the canary's window, then `interference_var` on each drawn
+    pair of arms of the slice's size (`PlannedInterference.draws`), averaged."""
     from edgetwin.loop.ppi import (
         CanaryAssignment,
         interference_var,
@@ -127,22 +127,27 @@ def test_the_term_is_the_verdicts_on_a_replay_of_the_canary(planned: dict[str, A
     )
 
     g, plan, obj = canary_world_gate, planned["plan"], planned["obj"]
-    cand_arm, ctrl_arm = obj.arms
+    treated = obj.arms[0]
     pols = {"candidate": g["cand"], "baseline": g["base"], "canary": CanaryAssignment(g["cand"], g["base"],
-                                                                                       frozenset(cand_arm))}
+                                                                                       frozenset(treated))}
     ticks = int(round(plan.hours * 4))
     per_member = [twin_group_predictions(g["twin"], pols, g["log"], planned["columns"], episodes=1, seed=0,
                                          window=(4, 4 + ticks), members=[m]) for m in range(g["twin"].n_members)]
+    draws = obj.draws(plan.n_groups)
     n_c = max(2, int(round(0.5 * plan.n_groups)))
-    groups = [*cand_arm[:n_c], *ctrl_arm[:plan.n_groups - n_c]]
-    is_cand = np.array([True] * n_c + [False] * (plan.n_groups - n_c))
+    assert len(draws) == 8 and all(len(c) == n_c and len(b) == plan.n_groups - n_c for c, b in draws)
+    assert all(set(c) <= set(treated) and not set(b) & set(treated) for c, b in draws)
     for k in plan.kpis:
         itf = planned["itf"][(k.column, plan.n_groups, plan.hours)]
-        args = (per_member, is_cand, groups, k.column, "candidate", "baseline", "canary")
-        v_i, v_j = interference_var(*args)
-        i_m, _ = member_interference(*args)
-        assert itf.var == pytest.approx(v_i, rel=1e-9, abs=1e-300) and itf.base_var == pytest.approx(v_j, rel=1e-9)
-        assert itf.shift == pytest.approx(float(np.mean(i_m)), rel=1e-9, abs=1e-12)
+        v, shift = [], []
+        for c, b in draws:
+            args = (per_member, np.array([True] * len(c) + [False] * len(b)), [*c, *b], k.column, "candidate",
+                    "baseline", "canary")  # fmt: skip
+            v.append(interference_var(*args))
+            shift.append(float(np.mean(member_interference(*args)[0])))
+        assert itf.var == pytest.approx(float(np.mean([x[0] for x in v])), rel=1e-9, abs=1e-300)
+        assert itf.base_var == pytest.approx(float(np.mean([x[1] for x in v])), rel=1e-9, abs=1e-300)
+        assert itf.shift == pytest.approx(float(np.mean(shift)), rel=1e-9, abs=1e-12)
 
 
 def test_zeroing_the_term_narrows_the_plans_expected_intervals(planned: dict[str, Any],

@@ -813,10 +813,11 @@ def plan_canary(
                    and math.isfinite(float(last_day[c].mean())) and float(last_day[c].mean()) != 0}  # fmt: skip
     columns = sorted({_kpi_column(kdefs[k]) or k for k in checks})
     preds, per_member = member_replays(twin, candidate, baseline, log, columns, seed=seed, members=members)
-    spread, paired, pre = _residual_spread(twin, log, columns, hours_opts, seed, members, pre_ticks, preds=preds)
     interference = planned_interference(twin, log, candidate, baseline, columns, per_member, preds, agents, max_n,
-                                        budget.treat_share, pre_ticks=pre_ticks, seed=seed, round_no=round_no,
-                                        members=members)  # fmt: skip
+                                        budget.treat_share, hours=hours_opts, pre_ticks=pre_ticks, seed=seed,
+                                        round_no=round_no, members=members)  # fmt: skip
+    del per_member  # the per-tick series: only their window means are kept (`PlannedInterference.frames`)
+    spread, paired, pre = _residual_spread(twin, log, columns, hours_opts, seed, members, pre_ticks, preds=preds)
     pairable = budget.treat_share == 0.5
     options = []
     for n in range(4, max_n + 1, 2):

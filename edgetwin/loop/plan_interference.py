@@ -20,11 +20,13 @@ size before it draws one, and a replay per size would cost one replay per member
 closed loop's 1,000-group fleet: 49 sizes). So the plan replays one canary: the largest slice the
 budget allows, drawn as the plan draws its slice (`edgetwin.loop.plan._draw_slice`'s seeded draw,
 the same groups when the plan chooses that size), split at random into arms of the plan's shares;
-a slice of ``n`` groups reads the interference on the first ``n_c`` of that candidate arm and the
-first ``n_b`` of its control arm (nested random subsets, so each is a random draw). What this gets
-wrong: a smaller slice congests the shared sites slightly less than the replayed one, so its own
-interference is slightly larger; the spread over members, what the interval carries, is read on
-the option's own number of groups.
+a slice of ``n`` groups reads the interference on ``n_c`` groups of that candidate arm and ``n_b``
+of the fleet's other groups (every one on the baseline in the replay, as a control arm is), averaged
+over `DRAWS` random draws of them (`PlannedInterference.draws`: the verdict's term moves a lot with
+which groups land in the arms, and the plan wants its expectation). What this gets wrong: a smaller
+slice congests the shared sites slightly less than the replayed one, so its own interference is
+slightly larger; the spread over members, what the interval carries, is read on the option's own
+number of groups; and at the largest size every draw has the one replayed candidate arm.
 
 Units: variances in KPI units squared, shifts in KPI units; per-member frames are
 `edgetwin.loop.ppi.twin_group_predictions`-shaped (one row per group, ``(policy, column)`` columns).
@@ -44,6 +46,8 @@ from edgetwin.loop.plan_expected import Interference
 
 #: the policy names of the replays (`edgetwin.loop.ppi.ppi_estimates`' ``candidate``, ``baseline``, ``canary``)
 CANDIDATE, BASELINE, CANARY = "candidate", "baseline", "canary"
+#: draws of the arms a slice's term is averaged over (`PlannedInterference.draws`)
+DRAWS = 8
 
 
 def member_replays(
@@ -87,97 +91,119 @@ def replayed_arms(agents: Sequence[str], n_max: int, treat_share: float, seed: i
     return order[:n_c], order[n_c:]
 
 
+def window_means(series: dict[tuple[str, str], pd.DataFrame], pre_ticks: int, hours: float) -> pd.DataFrame:
+    """One member's replays (``(policy, column)`` -> agents × ticks) as per-group means over the
+    ticks a canary of ``hours`` is judged on, ``[pre_ticks, pre_ticks + 4·hours)``
+    (`edgetwin.loop.verdict.canary_verdict`'s window): a `twin_group_predictions`-shaped frame."""
+    lo = int(pre_ticks)
+    hi = lo + max(1, int(round(float(hours) * 4)))
+    cols = {key: f.iloc[:, lo:hi].mean(axis=1) for key, f in series.items()}
+    df = pd.DataFrame(cols)
+    df.columns = pd.MultiIndex.from_tuples(list(cols))
+    return df
+
+
 @dataclass
 class PlannedInterference:
     """The twin's interference for every option a plan weighs, from one canary replay per member.
 
     Attributes:
-        series: per member, ``(policy, column)`` -> agents × ticks (`CANDIDATE`, `BASELINE`,
-            `CANARY`).
+        frames: per canary duration (hours), per member, the replays' per-group means over its
+            window (`window_means`: `CANDIDATE`, `BASELINE` and `CANARY` columns per KPI column).
+            Window means, not the per-tick series: at 5,000 groups the series of every member and
+            policy would be held for the whole plan.
         arms: the replayed canary's ``(candidate, control)`` group ids (`replayed_arms`).
         treat_share: the candidate's share of a slice (`edgetwin.loop.plan.PlanBudget`).
-        pre_ticks: ticks before the canary's window (`edgetwin.edge.canary.CanaryConfig.pre_ticks`).
         level_sign: per column, the sign of the fleet's baseline level (``preds``' mean), which
             `Interference.base_shift` is signed towards.
     """
 
-    series: list[dict[tuple[str, str], pd.DataFrame]]
+    frames: dict[float, list[pd.DataFrame]]
     arms: tuple[list[str], list[str]]
     treat_share: float
-    pre_ticks: int
     level_sign: dict[str, float]
-    _frames: dict[float, list[pd.DataFrame]] = field(default_factory=dict)
-    _terms: dict[tuple[str, int, float], Interference] = field(default_factory=dict)
+    _terms: dict[tuple[str, int, float], Interference] = field(default_factory=dict, init=False, repr=False)
 
-    def frames(self, hours: float) -> list[pd.DataFrame]:
-        """Per member, each replay's per-group mean over the ticks a canary of ``hours`` is judged on
-        (``[pre_ticks, pre_ticks + 4·hours)``, `edgetwin.loop.verdict.canary_verdict`'s window)."""
-        if hours not in self._frames:
-            lo = int(self.pre_ticks)
-            hi = lo + max(1, int(round(hours * 4)))
-            out = []
-            for s in self.series:
-                cols = {key: f.iloc[:, lo:hi].mean(axis=1) for key, f in s.items()}
-                df = pd.DataFrame(cols)
-                df.columns = pd.MultiIndex.from_tuples(list(cols))
-                out.append(df)
-            self._frames[hours] = out
-        return self._frames[hours]
+    @classmethod
+    def from_series(cls, series: Sequence[dict[tuple[str, str], pd.DataFrame]], arms: tuple[list[str], list[str]],
+                    treat_share: float, pre_ticks: int, hours: Sequence[float],
+                    level_sign: dict[str, float]) -> PlannedInterference:
+        """From each member's per-tick replays (``(policy, column)`` -> agents × ticks), over the
+        windows of the canary durations ``hours``."""
+        frames = {float(h): [window_means(s, pre_ticks, h) for s in series] for h in hours}
+        return cls(frames, arms, float(treat_share), dict(level_sign))
+
+    def draws(self, n: int) -> list[tuple[list[str], list[str]]]:
+        """`DRAWS` seeded draws of a slice of ``n`` groups' arms ``(candidate, control)`` that the
+        replay can be read on: ``n_c = max(2, round(treat_share·n))`` of the replayed candidate arm
+        (all of it at the largest size) and ``n_b = max(2, n − n_c)`` of the fleet's other groups
+        (each on the baseline in the replay, as the canary's control arm is: a uniform draw of
+        them), as `edgetwin.loop.plan.kpi_terms` counts the arms. Several draws, because with few
+        members and few groups per arm the verdict's term moves a lot with which groups land in
+        the arms (the demo's 2-member twin, 5 + 5 groups: energy's term from 0.01 % to 58 % of the
+        level over four draws of the slice), and the plan wants what it is expected to be."""
+        n_c = max(2, int(round(self.treat_share * n)))
+        n_b = max(2, int(n) - n_c)
+        treated = np.array(sorted(self.arms[0]), dtype=object)
+        index = next(iter(self.frames.values()))[0].index if self.frames else []
+        pool = np.array(sorted(set(map(str, index)) - set(self.arms[0])), dtype=object)
+        rng = np.random.default_rng([int(n), 0x1F7])
+        return [([str(a) for a in rng.choice(treated, min(n_c, len(treated)), replace=False)],
+                 [str(a) for a in rng.choice(pool, min(n_b, len(pool)), replace=False)])
+                for _ in range(DRAWS)]  # fmt: skip
 
     def term(self, column: str, n: int, hours: float) -> Interference:
         """The interference term of ``column`` for a slice of ``n`` groups for ``hours``: the
         verdict's (`edgetwin.loop.ppi.interference_var`, `edgetwin.loop.ppi.member_interference`)
-        on the first ``n_c`` groups of the replayed candidate arm and the first ``n_b`` of its
-        control arm (``n_c = max(2, round(treat_share·n))``, ``n_b = max(2, n − n_c)``, as
-        `edgetwin.loop.plan.kpi_terms` counts them), members − 1 degrees of freedom (at least 1, as
-        the verdict's)."""
+        on each of `draws` arms, averaged (the expected term over the arms' draw), members − 1
+        degrees of freedom (at least 1, as the verdict's)."""
         key = (column, int(n), float(hours))
         if key not in self._terms:
             from edgetwin.loop.ppi import interference_var, member_interference
 
-            n_c = max(2, int(round(self.treat_share * n)))
-            n_b = max(2, int(n) - n_c)
-            cand, ctrl = self.arms[0][:n_c], self.arms[1][:n_b]
-            groups = [*cand, *ctrl]
-            is_cand = np.array([True] * len(cand) + [False] * len(ctrl))
-            frames = self.frames(float(hours))
-            args = (frames, is_cand, groups, column, CANDIDATE, BASELINE, CANARY)
-            v_i, v_j = interference_var(*args)
-            i_m, j_m = member_interference(*args)
-            self._terms[key] = Interference(
-                float(v_i), float(v_j), float(max(len(frames) - 1, 1)), float(np.mean(i_m)),
-                float(self.level_sign.get(column, 1.0) * np.mean(j_m)),
-            )  # fmt: skip
+            frames = self.frames[float(hours)]
+            got = []
+            for cand, ctrl in self.draws(n):
+                is_cand = np.array([True] * len(cand) + [False] * len(ctrl))
+                args = (frames, is_cand, [*cand, *ctrl], column, CANDIDATE, BASELINE, CANARY)
+                i_m, j_m = member_interference(*args)
+                got.append((*interference_var(*args), float(np.mean(i_m)), float(np.mean(j_m))))
+            v_i, v_j, shift, base_shift = (float(v) for v in np.mean(np.array(got), axis=0))
+            self._terms[key] = Interference(v_i, v_j, float(max(len(frames) - 1, 1)), shift,
+                                            float(self.level_sign.get(column, 1.0)) * base_shift)  # fmt: skip
         return self._terms[key]
 
 
 def planned_interference(
     twin: Any, log: pd.DataFrame, candidate: Any, baseline: Any, columns: Sequence[str],
     per_member: Sequence[dict[tuple[str, str], pd.DataFrame]], preds: pd.DataFrame, agents: Sequence[str],
-    n_max: int, treat_share: float, *, pre_ticks: int, seed: int, round_no: int, members: Sequence[int] | None,
+    n_max: int, treat_share: float, *, hours: Sequence[float], pre_ticks: int, seed: int, round_no: int,
+    members: Sequence[int] | None,
 ) -> PlannedInterference:
     """The plan's `PlannedInterference`: each member's replay of a canary assignment
     (`edgetwin.loop.ppi.CanaryAssignment`: `replayed_arms`' candidate arm on ``candidate``, every
     other group of the fleet on ``baseline``), on the world seeds of its full-switch replays
     ``per_member`` (`member_replays`), as the verdict replays them. ``preds``: the plan's per-group
     predictions (the sign of each column's baseline level); ``agents``: the fleet; ``n_max``: the
-    largest slice the budget allows. Costs one replay per member."""
+    largest slice the budget allows; ``hours``: the canary durations weighed. Costs one replay per
+    member; holds only window means (`PlannedInterference.frames`)."""
     from edgetwin.loop.ppi import CanaryAssignment
     from edgetwin.loop.twin_series import twin_group_series
 
     mem = list(members) if members is not None else list(range(int(twin.n_members)))
     arms = replayed_arms(agents, n_max, treat_share, seed, round_no)
     assignment = {CANARY: CanaryAssignment(candidate, baseline, frozenset(arms[0]))}
-    series = []
+    frames: dict[float, list[pd.DataFrame]] = {float(h): [] for h in hours}
     for m, full in zip(mem, per_member, strict=True):
         got = twin_group_series(twin, assignment, log, columns, episodes=1, seed=seed, members=[m])
-        series.append({**full, **got})
+        for h in frames:
+            frames[h].append(window_means({**full, **got}, pre_ticks, h))
     signs = {}
     for c in columns:
         level = float(np.mean(preds[(BASELINE, c)].to_numpy(dtype=np.float64)))
         signs[c] = -1.0 if math.isfinite(level) and level < 0 else 1.0
-    return PlannedInterference(series, arms, float(treat_share), int(pre_ticks), signs)
+    return PlannedInterference(frames, arms, float(treat_share), signs)
 
 
-__all__ = ["BASELINE", "CANARY", "CANDIDATE", "PlannedInterference", "member_replays", "planned_interference",
-           "replayed_arms"]
+__all__ = ["BASELINE", "CANARY", "CANDIDATE", "DRAWS", "PlannedInterference", "member_replays", "planned_interference",
+           "replayed_arms", "window_means"]
