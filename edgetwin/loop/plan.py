@@ -76,7 +76,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -95,6 +95,9 @@ from edgetwin.loop.plan_expected import (
     verdict_interval,
     worsening,
 )
+
+if TYPE_CHECKING:
+    from edgetwin.loop.plan_interference import PlannedInterference
 
 #: candidate canary durations, hours
 HOURS_GRID = (1.0, 2.0, 3.0, 6.0, 12.0, 24.0)
@@ -666,7 +669,7 @@ def _expected_option(
     decision: Any, checks: Mapping[str, Any], kdefs: Mapping[str, Any], preds: pd.DataFrame,
     spread: Mapping[tuple[str, float], float], budget: PlanBudget, n_fleet: int, n: int, h: float, design: str,
     day_var: Mapping[str, tuple[float, float, float]] | None = None, max_days: int = 1, count_days: bool = True,
-    base_spread: Mapping[tuple[str, float], float] | None = None, interference: Any = None,
+    base_spread: Mapping[tuple[str, float], float] | None = None, interference: PlannedInterference | None = None,
 ) -> tuple[bool, float, float, list[PlannedKPI]]:
     """What a canary of ``n`` groups for ``h`` hours under ``design`` is expected to tell: whether
     every KPI's expected interval decides, the largest share of a KPI's loss budget it may spend,
