@@ -170,12 +170,13 @@ def test_the_docs_say_the_plan_carries_the_term() -> None:
     """docs/canary.md's sentences on the plan's interference term name what the planner calls, and
     those calls are there: `verdict_interval` in the option's interval, `planned_interference` in
     `plan_canary` (which replays the largest slice the budget allows: `replayed_arms` of ``max_n``),
-    `interference_var` on the option's own groups, and the days' count holding the term fixed."""
+    the verdict's `interference_var` (its `member_interference_draws` and `interference_spread`) on
+    the option's own groups, and the days' count holding the term fixed."""
     import inspect
     from pathlib import Path
 
     from edgetwin.loop import plan as plan_mod
-    from edgetwin.loop import plan_expected, plan_interference
+    from edgetwin.loop import plan_expected, plan_interference, ppi
     from edgetwin.loop.plan_interference import PlannedInterference, planned_interference, replayed_arms
 
     text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "canary.md").read_text().split())
@@ -191,8 +192,11 @@ def test_the_docs_say_the_plan_carries_the_term() -> None:
     assert "planned_interference(" in inspect.getsource(plan_mod.plan_canary)
     assert "max_n" in inspect.getsource(plan_mod.plan_canary).split("planned_interference(")[1].split(")")[0]
     assert "replayed_arms(" in inspect.getsource(planned_interference)
-    assert "interference_var(" in inspect.getsource(PlannedInterference.term)
-    assert "self.draws(n)" in inspect.getsource(PlannedInterference.term) and plan_interference.DRAWS == 8
+    term = inspect.getsource(PlannedInterference.term)  # the verdict's functions: one implementation
+    assert "member_interference_draws(" in term and "interference_spread(" in term
+    assert "interference_spread(" in inspect.getsource(ppi.interference_var)
+    assert "member_interference_draws(" in inspect.getsource(ppi.member_interference)
+    assert "self.draws(k)" in inspect.getsource(PlannedInterference.term) and plan_interference.DRAWS == 8
     assert "verdict_interval(" in inspect.getsource(plan_expected.pooled_days_to_decide)
     # the draw is `_draw_slice`'s for the largest size
     agents = [f"a{i:03d}" for i in range(50)]
@@ -200,3 +204,43 @@ def test_the_docs_say_the_plan_carries_the_term() -> None:
     rng = np.random.default_rng([3, 1, 0xCA])
     assert sorted(cand + ctrl) == sorted(str(a) for a in rng.choice(np.array(agents, dtype=object), 10, replace=False))
     assert len(cand) == len(ctrl) == 5
+
+
+def test_the_verdicts_term_by_draws_is_the_verdicts_term_per_draw() -> None:
+    """`member_interference_draws` (the plan reads several arms at once) gives, draw by draw, the
+    numbers `member_interference` and `interference_var` give the verdict, and those are the
+    verdict's formula before the split (each member's ``mean_cand(f_c − f^canary) −
+    mean_ctrl(f_b − f^canary)`` and ``−mean_ctrl(f_b − f^canary)``, spread ``(1 + 1/M)·var``),
+    bit for bit."""
+    from edgetwin.loop.ppi import (
+        interference_spread,
+        interference_var,
+        member_interference,
+        member_interference_draws,
+    )
+
+    rng = np.random.default_rng(11)
+    groups = [f"g{i:02d}" for i in range(30)]
+    frames = []
+    for _ in range(3):
+        f = pd.DataFrame({(p, "kpi.x"): rng.normal(5.0, 1.0, 30) for p in ("cand", "base", "can")}, index=groups)
+        f.columns = pd.MultiIndex.from_tuples(list(f.columns))
+        frames.append(f.sample(frac=1.0, random_state=1))  # rows in another order: reindexed by ``groups``
+    arms = [(rng.choice(30, 4, replace=False), rng.choice(30, 6, replace=False)) for _ in range(5)]
+    i_d, j_d = member_interference_draws(frames, arms, groups, "kpi.x", "cand", "base", "can")
+    for a, (ic, ib) in enumerate(arms):
+        sub = [groups[i] for i in ic] + [groups[i] for i in ib]
+        is_cand = np.array([True] * len(ic) + [False] * len(ib))
+        i_m, j_m = member_interference(frames, is_cand, sub, "kpi.x", "cand", "base", "can")
+        old_i, old_j = [], []
+        for pr in frames:
+            at = pr.reindex(sub)
+            d_c = (at[("cand", "kpi.x")] - at[("can", "kpi.x")]).to_numpy()[is_cand]
+            d_b = (at[("base", "kpi.x")] - at[("can", "kpi.x")]).to_numpy()[~is_cand]
+            old_i.append(float(np.mean(d_c) - np.mean(d_b)))
+            old_j.append(float(-np.mean(d_b)))
+        assert list(i_m) == old_i == list(i_d[:, a]) and list(j_m) == old_j == list(j_d[:, a])
+        k = 1.0 + 1.0 / 3
+        want = (k * float(np.var(old_i, ddof=1)), k * float(np.var(old_j, ddof=1)))
+        assert interference_var(frames, is_cand, sub, "kpi.x", "cand", "base", "can") == want
+        assert interference_spread(i_d[:, a], j_d[:, a]) == want

@@ -116,12 +116,14 @@ class PlannedInterference:
         treat_share: the candidate's share of a slice (`edgetwin.loop.plan.PlanBudget`).
         level_sign: per column, the sign of the fleet's baseline level (``preds``' mean), which
             `Interference.base_shift` is signed towards.
+        sizes: the slice sizes the plan weighs (`term` reads them all at a column's first call).
     """
 
     frames: dict[float, list[pd.DataFrame]]
     arms: tuple[list[str], list[str]]
     treat_share: float
     level_sign: dict[str, float]
+    sizes: tuple[int, ...] = ()
     _terms: dict[tuple[str, int, float], Interference] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
@@ -154,23 +156,28 @@ class PlannedInterference:
 
     def term(self, column: str, n: int, hours: float) -> Interference:
         """The interference term of ``column`` for a slice of ``n`` groups for ``hours``: the
-        verdict's (`edgetwin.loop.ppi.interference_var`, `edgetwin.loop.ppi.member_interference`)
-        on each of `draws` arms, averaged (the expected term over the arms' draw), members − 1
-        degrees of freedom (at least 1, as the verdict's)."""
+        verdict's (`edgetwin.loop.ppi.interference_spread` of `edgetwin.loop.ppi.member_interference_draws`,
+        which `edgetwin.loop.ppi.interference_var` is for one draw) on each of `draws` arms,
+        averaged (the expected term over the arms' draw), members − 1 degrees of freedom (at least
+        1, as the verdict's)."""
         key = (column, int(n), float(hours))
-        if key not in self._terms:
-            from edgetwin.loop.ppi import interference_var, member_interference
+        if key not in self._terms:  # every size of `sizes` at once: one reindex per member (column, hours)
+            from edgetwin.loop.ppi import interference_spread, member_interference_draws
 
             frames = self.frames[float(hours)]
-            got = []
-            for cand, ctrl in self.draws(n):
-                is_cand = np.array([True] * len(cand) + [False] * len(ctrl))
-                args = (frames, is_cand, [*cand, *ctrl], column, CANDIDATE, BASELINE, CANARY)
-                i_m, j_m = member_interference(*args)
-                got.append((*interference_var(*args), float(np.mean(i_m)), float(np.mean(j_m))))
-            v_i, v_j, shift, base_shift = (float(v) for v in np.mean(np.array(got), axis=0))
-            self._terms[key] = Interference(v_i, v_j, float(max(len(frames) - 1, 1)), shift,
-                                            float(self.level_sign.get(column, 1.0)) * base_shift)  # fmt: skip
+            groups = [str(a) for a in frames[0].index]
+            pos = {a: i for i, a in enumerate(groups)}
+            ns = sorted({int(n), *self.sizes})
+            arms = [(np.array([pos[a] for a in c], dtype=np.intp), np.array([pos[a] for a in b], dtype=np.intp))
+                    for k in ns for c, b in self.draws(k)]  # fmt: skip
+            i_d, j_d = member_interference_draws(frames, arms, groups, column, CANDIDATE, BASELINE, CANARY)
+            for s, k in enumerate(ns):
+                got = [(*interference_spread(i_d[:, a], j_d[:, a]), float(np.mean(i_d[:, a])), float(np.mean(j_d[:, a])))
+                       for a in range(s * DRAWS, (s + 1) * DRAWS)]  # fmt: skip
+                v_i, v_j, shift, base_shift = (float(v) for v in np.mean(np.array(got), axis=0))
+                self._terms[(column, k, float(hours))] = Interference(
+                    v_i, v_j, float(max(len(frames) - 1, 1)), shift, float(self.level_sign.get(column, 1.0)) * base_shift
+                )  # fmt: skip
         return self._terms[key]
 
 
@@ -185,7 +192,8 @@ def planned_interference(
     other group of the fleet on ``baseline``), on the world seeds of its full-switch replays
     ``per_member`` (`member_replays`), as the verdict replays them. ``preds``: the plan's per-group
     predictions (the sign of each column's baseline level); ``agents``: the fleet; ``n_max``: the
-    largest slice the budget allows; ``hours``: the canary durations weighed. Costs one replay per
+    largest slice the budget allows (the sizes weighed: even, from 4, as `edgetwin.loop.plan.plan_canary`
+    weighs them); ``hours``: the canary durations weighed. Costs one replay per
     member; holds only window means (`PlannedInterference.frames`)."""
     from edgetwin.loop.ppi import CanaryAssignment
     from edgetwin.loop.twin_series import twin_group_series
@@ -202,7 +210,7 @@ def planned_interference(
     for c in columns:
         level = float(np.mean(preds[(BASELINE, c)].to_numpy(dtype=np.float64)))
         signs[c] = -1.0 if math.isfinite(level) and level < 0 else 1.0
-    return PlannedInterference(frames, arms, float(treat_share), signs)
+    return PlannedInterference(frames, arms, float(treat_share), signs, tuple(range(4, int(n_max) + 1, 2)))
 
 
 __all__ = ["BASELINE", "CANARY", "CANDIDATE", "DRAWS", "PlannedInterference", "member_replays", "planned_interference",
