@@ -228,8 +228,10 @@ def test_the_docs_say_how_the_plan_builds_its_expected_interval() -> None:
     assert "finish_estimate(" in inspect.getsource(plan_expected.expected_interval)
     assert "check_verdict(" in inspect.getsource(plan_expected.interval_decides)
     opt = inspect.getsource(plan_mod._expected_option)
-    for call in ("baseline_var_terms(", "expected_interval(", "interval_decides(", "pooled_days_to_decide("):
+    for call in ("baseline_var_terms(", "verdict_interval(", "interval_decides(", "pooled_days_to_decide("):
         assert call in opt, call
-    assert "pooled_base_var(" in inspect.getsource(plan_expected.pooled_days_to_decide)
+    assert "expected_interval(" in inspect.getsource(plan_expected.verdict_interval)  # interf16: via the hull
+    assert "verdict_interval(" in inspect.getsource(plan_expected.pooled_days_to_decide)  # interf16: via the hull
+    assert "pooled_base_var(" in inspect.getsource(plan_expected.verdict_interval)
     for k in (1, 3, 40):
         assert plan_expected.pooled_base_var(k, (0.5, 6.0, 2.0)) == pytest.approx(0.5 + 8.0 / k)

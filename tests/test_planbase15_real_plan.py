@@ -50,11 +50,19 @@ def planned(canary_world_gate: dict[str, Any]) -> dict[str, Any]:
         seen_base[("fb", col)] = preds[("baseline", col)].to_numpy(dtype=np.float64)
         return got
 
+    # the twin's interference term zeroed (interf16): this file checks the baseline level's terms;
+    # tests/test_interf16_real_plan.py checks a real plan's interval with the term
+    from edgetwin.loop.plan_expected import NO_INTERFERENCE
+    from edgetwin.loop.plan_interference import PlannedInterference
+
+    real_term = PlannedInterference.term
     plan_mod.kpi_terms, plan_mod.baseline_var_terms = spy, spy_base  # type: ignore[assignment]
+    PlannedInterference.term = lambda self, column, n, hours: NO_INTERFERENCE  # type: ignore[method-assign]
     try:
         plan = plan_mod.plan_canary(decision, twin, log, cand, base, budget, seed=0, design="random", day_var=dv)
     finally:
         plan_mod.kpi_terms, plan_mod.baseline_var_terms = real, real_base  # type: ignore[assignment]
+        PlannedInterference.term = real_term  # type: ignore[method-assign]
     return {"plan": plan, "terms": seen, "base_terms": seen_base, "dv": dv, "wide": wide}
 
 

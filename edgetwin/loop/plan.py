@@ -19,6 +19,12 @@ canary of ``n`` groups for ``h`` hours is the verdict's own construction
 (`edgetwin.loop.ppi.finish_estimate`: the effect's interval over every baseline level the
 baseline's interval allows) applied to the twin's point estimate and these expected variances
 (`edgetwin.loop.plan_expected`), unbounded on a side where the baseline's expected interval reaches 0.
+Both variances also carry the twin's interference term, as the verdict's do: the members' spread
+over the interference they transport from the canary's configuration to the full switch
+(`edgetwin.loop.ppi.interference_var`, read on the twin's replay of a planned slice,
+`edgetwin.loop.plan_interference`), a term every canary day shares; and the expected interval is the
+hull of that estimate and the one that assumes no interference, the interval the verdict judges
+(`edgetwin.loop.ppi.ppi_verdict`).
 
 **Risk.** The twin's pessimistic loss: the upper end of the guarded KPI's worsening interval (the
 gate's, relative to the baseline), borne by the candidate arm's ``treat_share · n`` groups of the
@@ -56,8 +62,9 @@ verdict's first look carries (the bound on what the logs cannot reveal included)
 ``days`` says how many canary days of this size would decide it by the verdict's own pooling
 (`pooled_days_to_decide`: the fleet's term never shrinks, the arms' shrink as ``1/days``, the day
 term is `edgetwin.loop.day_bound.pooled_day_term`'s with the days' between-day variance taken to be
-the part the twin reveals, and the baseline level's error pools as the verdict pools it,
-`edgetwin.loop.plan_expected.pooled_base_var`), at the level of the extension's looks (``max_days``). A candidate that
+the part the twin reveals, the baseline level's error pools as the verdict pools it,
+`edgetwin.loop.plan_expected.pooled_base_var`, and the interference's terms are never divided by the
+days), at the level of the extension's looks (``max_days``). A candidate that
 is not hurting is then extended day by day (`edgetwin.loop.rounds.canary_loop`'s ``days``).
 """
 
@@ -67,9 +74,9 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -77,6 +84,7 @@ import pandas as pd
 from edgetwin.contract.errors import InputError
 from edgetwin.contract.margins import KPIMargin
 from edgetwin.loop.plan_expected import (
+    NO_INTERFERENCE,
     BaseVar,
     days_to_decide,
     expected_interval,
@@ -84,8 +92,12 @@ from edgetwin.loop.plan_expected import (
     pooled_base_var,
     pooled_days_to_decide,
     pooled_terms,
+    verdict_interval,
     worsening,
 )
+
+if TYPE_CHECKING:
+    from edgetwin.loop.plan_interference import PlannedInterference
 
 #: candidate canary durations, hours
 HOURS_GRID = (1.0, 2.0, 3.0, 6.0, 12.0, 24.0)
@@ -267,6 +279,12 @@ class PlannedKPI:
     #: the twin's relative change the expected interval is built around (the gate's point estimate;
     #: NaN in a plan written before it was recorded: the expected interval's midpoint is used then)
     point: float = float("nan")
+    #: the twin's interference the expected interval carries, relative to the baseline level
+    #: (`edgetwin.loop.plan_expected.Interference`): ``interference_shift``, the members' mean (what
+    #: the transporting estimate adds to the no-interference one), ``interference_sd``, the square
+    #: root of the members' spread term; 0 in a plan written before they were recorded
+    interference_shift: float = 0.0
+    interference_sd: float = 0.0
 
     @property
     def unbounded(self) -> bool:
@@ -628,8 +646,9 @@ def baseline_var_terms(
     the verdict divides the change by (``μ̂_b = mean_N(f_b) + mean_ctrl(y − f)``,
     `edgetwin.loop.ppi.ppi_mean_difference`), for a canary of ``n`` groups for ``h`` hours:
     ``shared = var_N(f_b)/N`` (its ``base_var_shared``: the twin's baseline predictions over the
-    fleet, ``preds[("baseline", col)]``, ``(N,)``; the twin's interference spread, which the plan
-    does not foresee for the change either, left out), ``own = s²/n_b`` (its ``base_var_own``: the
+    fleet, ``preds[("baseline", col)]``, ``(N,)``; the verdict's shared term also holds the twin's
+    interference spread over the baseline level, which `edgetwin.loop.plan_expected.verdict_interval`
+    adds from `edgetwin.loop.plan_interference`, as it adds the change's), ``own = s²/n_b`` (its ``base_var_own``: the
     control arm's rectifier over its ``n_b`` groups, with ``s`` the *unpaired* per-group residual
     spread ``spread[(col, h)]`` (`_residual_spread`), because the baseline level is the control
     arm's mean under either design, pairs or not) and ``day`` the baseline level's day-to-day
@@ -650,7 +669,7 @@ def _expected_option(
     decision: Any, checks: Mapping[str, Any], kdefs: Mapping[str, Any], preds: pd.DataFrame,
     spread: Mapping[tuple[str, float], float], budget: PlanBudget, n_fleet: int, n: int, h: float, design: str,
     day_var: Mapping[str, tuple[float, float, float]] | None = None, max_days: int = 1, count_days: bool = True,
-    base_spread: Mapping[tuple[str, float], float] | None = None,
+    base_spread: Mapping[tuple[str, float], float] | None = None, interference: PlannedInterference | None = None,
 ) -> tuple[bool, float, float, list[PlannedKPI]]:
     """What a canary of ``n`` groups for ``h`` hours under ``design`` is expected to tell: whether
     every KPI's expected interval decides, the largest share of a KPI's loss budget it may spend,
@@ -663,12 +682,16 @@ def _expected_option(
     ``count_days`` False: ``days`` left None (`plan_canary` weighs every option without them, which
     do not enter the choice, and counts them for the chosen option only: each count searches up to a
     year of days). ``base_spread``: the unpaired spread the baseline level's rectifier sees
-    (`baseline_var_terms`; None: ``spread``, the random design's).
+    (`baseline_var_terms`; None: ``spread``, the random design's). ``interference``: the twin's
+    interference per (column, groups, hours) (`edgetwin.loop.plan_interference.PlannedInterference`;
+    None: none, and no hull).
 
     Each KPI's expected interval is the verdict's construction on the expected terms
-    (`expected_interval`: the change's interval divided by every baseline level the baseline's
-    interval allows), so it is unbounded on a side where the baseline's expected interval reaches
-    0, and ``decides`` is the verdict's rule (`interval_decides`). The summed width is infinite when
+    (`verdict_interval`: the change's interval divided by every baseline level the baseline's
+    interval allows, `expected_interval`, with the twin's interference term in both variances and
+    the hull with the no-interference estimate, as `edgetwin.loop.ppi.ppi_verdict` judges), so it is
+    unbounded on a side where the baseline's expected interval reaches 0, and ``decides`` is the
+    verdict's rule (`interval_decides`). The summed width is infinite when
     some KPI's interval is unbounded (`plan_canary` ranks designs by `_width_rank`, finite)."""
     from edgetwin.loop.ppi import look_days, look_level
 
@@ -680,9 +703,9 @@ def _expected_option(
         base_var = baseline_var_terms(preds, spread if base_spread is None else base_spread, col, n, h,
                                       budget.treat_share, day_var)  # fmt: skip
         point = float(c.change)
-        # the verdict's own interval division and reference (`edgetwin.loop.ppi.finish_estimate`)
-        exp = list(expected_interval(point, base, pooled_terms(1, fleet_term, own, day), pooled_base_var(1, base_var),
-                                     LEVEL))  # fmt: skip
+        itf = interference.term(col, n, h) if interference is not None else NO_INTERFERENCE
+        # the verdict's own interval division, reference, interference term and hull (`edgetwin.loop.ppi`)
+        exp = list(verdict_interval(1, point, base, fleet_term, own, day, base_var, LEVEL, itf))
         sign = -1.0 if c.better == "higher" else 1.0
         decides = interval_decides(worsening(exp, c.better), c.allowed_change)
         worst = float(c.worsening_interval[1]) if c.worsening_interval else float("inf")
@@ -695,10 +718,11 @@ def _expected_option(
         # over an extension's looks, each at its share of alpha (`look_level`), by the verdict's pooling
         days = (pooled_days_to_decide(sign * point, c.allowed_change, base, fleet_term, own, day,
                                       look_level(LEVEL, len(look_days(max_days))), look_days(max_days),
-                                      base_var=base_var)
+                                      base_var=base_var, interference=replace(itf, shift=sign * itf.shift))
                 if count_days else None)  # fmt: skip
         planned.append(PlannedKPI(kpi, col, c.better, c.abstain_reason(decision.max_out_of_support), list(c.interval),
-                                  exp, c.allowed_change, decides, worst, fleet_loss, cap, days, point))  # fmt: skip
+                                  exp, c.allowed_change, decides, worst, fleet_loss, cap, days, point,
+                                  itf.shift / base, math.sqrt(max(itf.var, 0.0)) / base))  # fmt: skip
     return all_decide, max_frac, width, planned
 
 
@@ -777,7 +801,7 @@ def plan_canary(
             (`check_loss_budget_signs`), nothing to plan (no guarded KPI a
             canary can measure), a budget that allows fewer than 4 groups, an unknown design.
     """
-    from edgetwin.loop.ppi import twin_group_predictions
+    from edgetwin.loop.plan_interference import member_replays, planned_interference
 
     if design not in ("auto", *DESIGNS):
         raise InputError(f"unknown canary design {design!r}; expected auto, {', '.join(DESIGNS)}", "design")
@@ -791,9 +815,11 @@ def plan_canary(
     loss_levels = {c: float(last_day[c].mean()) for c in loss_budget if c in last_day.columns
                    and math.isfinite(float(last_day[c].mean())) and float(last_day[c].mean()) != 0}  # fmt: skip
     columns = sorted({_kpi_column(kdefs[k]) or k for k in checks})
-    preds = twin_group_predictions(
-        twin, {"candidate": candidate, "baseline": baseline}, log, columns, episodes=1, seed=seed, members=members
-    )
+    preds, per_member = member_replays(twin, candidate, baseline, log, columns, seed=seed, members=members)
+    interference = planned_interference(twin, log, candidate, baseline, columns, per_member, preds, agents, max_n,
+                                        budget.treat_share, hours=hours_opts, pre_ticks=pre_ticks, seed=seed,
+                                        round_no=round_no, members=members)  # fmt: skip
+    del per_member  # the per-tick series: only their window means are kept (`PlannedInterference.frames`)
     spread, paired, pre = _residual_spread(twin, log, columns, hours_opts, seed, members, pre_ticks, preds=preds)
     pairable = budget.treat_share == 0.5
     options = []
@@ -803,7 +829,8 @@ def plan_canary(
         by_design = {d: spread if d == "random" else paired(n) for d in designs}
         for h in hours_opts:
             got = {d: _expected_option(decision, checks, kdefs, preds, by_design[d], budget, n_fleet, n, h, d,
-                                       day_var, max_days, count_days=False, base_spread=spread)
+                                       day_var, max_days, count_days=False, base_spread=spread,
+                                       interference=interference)
                    for d in designs}  # fmt: skip
             if not got:
                 continue
@@ -818,7 +845,7 @@ def plan_canary(
     best = _choose(options, why)
     _, _, _, _, n, h, _, d, _ = best  # the chosen option's days (`PlannedKPI.days`), counted once
     counted = _expected_option(decision, checks, kdefs, preds, spread if d == "random" else paired(n), budget, n_fleet,
-                               n, h, d, day_var, max_days, base_spread=spread)[3]  # fmt: skip
+                               n, h, d, day_var, max_days, base_spread=spread, interference=interference)[3]  # fmt: skip
     best = (*best[:6], counted, *best[7:])
     return _draw_slice(decision, best, checks, why, agents, preds, pre, budget, margins, loss_budget, loss_levels,
                        seed, round_no)

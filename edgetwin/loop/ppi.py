@@ -702,15 +702,53 @@ def interference_var(
     """
     if len(member_predictions) < 2:
         return 0.0, 0.0
-    i_m, j_m = [], []
-    for pr in member_predictions:
-        at = pr.reindex(list(groups))
-        d_c = (at[(candidate, kpi)] - at[(canary, kpi)]).to_numpy()[is_cand]
-        d_b = (at[(baseline, kpi)] - at[(canary, kpi)]).to_numpy()[~is_cand]
-        i_m.append(float(np.mean(d_c) - np.mean(d_b)))
-        j_m.append(float(-np.mean(d_b)))
-    k = 1.0 + 1.0 / len(member_predictions)
+    return interference_spread(*member_interference(member_predictions, is_cand, groups, kpi, candidate, baseline,
+                                                    canary))  # fmt: skip
+
+
+def interference_spread(i_m: Sequence[float] | np.ndarray, j_m: Sequence[float] | np.ndarray) -> tuple[float, float]:
+    """`interference_var` from the members' ``I_m`` and ``J_m`` (each ``(members,)``, KPI units):
+    ``(1 + 1/M)·var_m``, ``(0, 0)`` with fewer than 2 members."""
+    if len(i_m) < 2:
+        return 0.0, 0.0
+    k = 1.0 + 1.0 / len(i_m)
     return k * float(np.var(i_m, ddof=1)), k * float(np.var(j_m, ddof=1))
+
+
+def member_interference(
+    member_predictions: Sequence[pd.DataFrame], is_cand: np.ndarray, groups: Sequence[Any], kpi: str,
+    candidate: str, baseline: str, canary: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(I_m, J_m)``, each ``(members,)`` in KPI units: each member's interference on the change and
+    on the baseline level (`interference_var`'s, which takes their spread). `member_interference_draws`
+    with one draw, the arms given by ``is_cand`` over ``groups``."""
+    is_cand = np.asarray(is_cand, dtype=bool)
+    i_m, j_m = member_interference_draws(member_predictions, [(np.flatnonzero(is_cand), np.flatnonzero(~is_cand))],
+                                         groups, kpi, candidate, baseline, canary)  # fmt: skip
+    return i_m[:, 0], j_m[:, 0]
+
+
+def member_interference_draws(
+    member_predictions: Sequence[pd.DataFrame], arms: Sequence[tuple[np.ndarray, np.ndarray]], groups: Sequence[Any],
+    kpi: str, candidate: str, baseline: str, canary: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(I, J)``, each ``(members, draws)`` in KPI units: `interference_var`'s ``I_m`` and ``J_m``
+    for each of several arms over the same ``groups``. ``arms``: per draw, the row positions in
+    ``groups`` of the candidate arm's and the control arm's groups. Why draws: the canary plan
+    (`edgetwin.loop.plan_interference`) reads the term on several random arms of a replay, and one
+    pandas reindex per member and draw made that most of its cost; each member's frame is reindexed
+    once here. The arithmetic is the verdict's per draw (the same subtractions, the same means of
+    the same elements in the same order: one draw gives `member_interference`'s numbers)."""
+    out_i = np.empty((len(member_predictions), len(arms)))
+    out_j = np.empty((len(member_predictions), len(arms)))
+    for m, pr in enumerate(member_predictions):
+        at = pr.reindex(list(groups))
+        d_c = (at[(candidate, kpi)] - at[(canary, kpi)]).to_numpy()
+        d_b = (at[(baseline, kpi)] - at[(canary, kpi)]).to_numpy()
+        for a, (ic, ib) in enumerate(arms):
+            out_i[m, a] = float(np.mean(d_c[ic]) - np.mean(d_b[ib]))
+            out_j[m, a] = float(-np.mean(d_b[ib]))
+    return out_i, out_j
 
 
 def _rectified(
@@ -879,6 +917,9 @@ __all__ = [
     "finish_estimate",
     "interference_var",
     "look_days",
+    "interference_spread",
+    "member_interference",
+    "member_interference_draws",
     "look_level",
     "measured_group_means",
     "ppi_estimates",
