@@ -18,7 +18,9 @@ README = " ".join((ROOT / "README.md").read_text().split())
 def test_the_expected_interval_is_the_verdicts_division() -> None:
     assert ("`plan_canary(design=\"auto\")`: the verdict's own interval division on the expected change and the expected "
             "baseline level, so an expected interval is unbounded where the baseline level's expected interval reaches 0, "
-            "as the verdict's would be)") in README
+            "as the verdict's would be; both carry the twin's interference term, which no number of canary days shrinks, "
+            "and the interval is the hull of the estimates with and without the twin's interference, as the verdict's is)"
+            ) in README  # fmt: skip
     terms = [(4.0, 20.0), (9.0, 30.0)]  # (variance in KPI units², df): the change's
     point, base = -0.1, 50.0
     lo, hi = expected_interval(point, base, terms, 1.0, 0.9)
@@ -41,3 +43,21 @@ def test_the_headline_ran_before_the_plan_change() -> None:
     res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())
     for v in res["by_fleet_size"].values():
         assert "ea1dcfd" in v["design"] and "ffc40e1" in v["design"] and "plan_expected" not in v["design"]
+
+
+def test_the_interference_term_and_the_hull_as_the_readme_says() -> None:
+    """"both carry the twin's interference term, which no number of canary days shrinks, and the interval is the hull":
+    a term widens the interval, 16 days of it are still wider than 16 days without, and a shift of the no-interference
+    estimate past the transporting one's end moves the hull's end."""
+    from edgetwin.loop.plan_expected import NO_INTERFERENCE, Interference, verdict_interval
+
+    args = (-0.1, 50.0, (1.0, 30.0), [(4.0, 20.0)], (0.0, 0.0, 0.0), (0.5, 1.0, 0.0), 0.9)
+    for days in (1, 16):
+        lo0, hi0 = verdict_interval(days, *args)
+        lo1, hi1 = verdict_interval(days, *args, interference=Interference(var=9.0, base_var=0.0, df=4.0))
+        assert lo1 < lo0 and hi1 > hi0
+    wide = verdict_interval(16, *args, interference=Interference(var=9.0, base_var=0.0, df=4.0))
+    assert wide[1] - wide[0] > 2 * 3.0 / 50.0 * 0.9  # the shared term alone (sd 3 over a level of 50), undivided
+    lo2, hi2 = verdict_interval(1, *args, interference=Interference(var=1e-9, base_var=0.0, df=4.0, shift=-10.0))
+    lo3, hi3 = verdict_interval(1, *args, interference=NO_INTERFERENCE)
+    assert hi2 > hi3 + 0.1  # the no-interference estimate's change at point·base + 10: the hull reaches it
