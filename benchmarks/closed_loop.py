@@ -48,6 +48,7 @@ sweep point's agent-steps over twin + canary's).
     python benchmarks/closed_loop.py --day-coverage --designs-fleet 1000 --days 20 --runs 200 --day-sd 0.05 --canary-days 1 4 8
     python benchmarks/closed_loop.py --day-term-page [--day-term-fc DIR] [--day-term-sl DIR] [--day-term-base DIR]
     python benchmarks/closed_loop.py --fleet-size-page [day_bound]   (_closed_loop_fleetsize[_bound]: after --scale-merge ... --merge-as day_term / day_bound)
+    python benchmarks/closed_loop.py --planbase-rerun DIR   (_closed_loop_rerun_planbase: after --scale --fleet-sizes 100 ... --work DIR)
 
 ``--coverage`` (about a minute of CPU): the coverage experiment of issue 48 (`coverage_experiment`,
 `design_comparison`): canaries simulated on the emulator's per-group outcomes, no twin fitted, into
@@ -1051,6 +1052,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--day-coverage", action="store_true",
                     help="coverage of the multi-day truth with the effect moving from day to day (--day-sd), canaries on "
                          "--canary-days days of a --designs-fleet fleet (_closed_loop_dayterm.day_coverage)")
+    ap.add_argument("--planbase-rerun", type=Path, default=None, metavar="DIR",
+                    help="the 100-group loop rerun after planbase15 (_closed_loop_rerun_planbase): DIR's scale-s<S>.json "
+                         "against the stored day_bound run, into results_production.json and the page")
     ap.add_argument("--fleet-size-page", nargs="?", const="day_term", default=None, choices=("day_term", "day_bound"),
                     help="the verdict rate by fleet size: the --merge-as day_term (default) or day_bound run's seed files "
                          "into results_production.json's <run>_by_fleet_size and its page section (_closed_loop_fleetsize, "
@@ -1088,6 +1092,12 @@ def main(argv: list[str] | None = None) -> None:
         from _closed_loop_bound import run_day_truth_cli
 
         run_day_truth_cli(args.seed, args.truth_days, args.work, OUT)
+        return
+    if args.planbase_rerun is not None:
+        from _closed_loop_rerun_planbase import write_page as write_rerun
+
+        got = write_rerun(args.planbase_rerun, OUT)
+        print(json.dumps({k: got[k] for k in ("seeds", "changed")} | {"loops_same": sum(x["same_verdicts"] for x in got["loops"])}))
         return
     if args.fleet_size_page:
         if args.fleet_size_page == "day_bound":
