@@ -60,7 +60,7 @@ def member_replays(
     (``(policy, column)`` -> agents × ticks); ``preds``: every member's mean over the whole episode,
     the plan's per-group predictions (`edgetwin.loop.ppi.twin_group_predictions` over all members:
     the same replays, the same world seeds per member, in the same order, and the same pandas means,
-    so the same numbers; tests/test_interf16_plan_interference.py checks it). Why member by member:
+    so the same numbers; tests/test_interf16_real_plan.py checks it). Why member by member:
     the interference's spread needs each member's replay, and replaying the full switch again for
     it would double the plan's replays."""
     from edgetwin.loop.twin_series import twin_group_series
