@@ -77,6 +77,37 @@ LONG_FILES_FIRST: tuple[str, ...] = (
 )
 
 
+#: Test files that share a per-worker session fixture too costly to build twice (fixture name: the files
+#: under tests/ that use it): xdist gets them as one work unit (`pytest_xdist_make_scheduler`), so one
+#: worker runs them all and builds the fixture once. Why: a session fixture is built once per *worker*;
+#: `--dist loadfile` handed these files to both workers, and both fitted the tiny twin (~20 CPU s each;
+#: the default run at 98668bc: test_fused_noise's setup 19.8 s on one worker, test_fused_tick's 16.9 s
+#: on the other). tests/test_tests48_order.py checks that every file named uses its fixture.
+SAME_WORKER: dict[str, tuple[str, ...]] = {
+    "tiny_cluster_twin": ("test_fused_noise.py", "test_fused_tick.py", "test_output_noise.py", "test_scale.py",
+                          "test_twin_speed.py"),
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` (the default run), but the files of each `SAME_WORKER` group are one work
+    unit: it is handed out where its first file stands in the collection's order, its tests in that
+    order. Any other ``--dist``: xdist's own scheduler."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    unit = {name: f"same worker: {fixture}" for fixture, names in SAME_WORKER.items() for name in names}
+
+    class SharedFixtureFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return unit.get(path.removeprefix("tests/"), path)
+
+    return SharedFixtureFiles(config, log)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Keep the collection's order for `--dist loadfile` (xdist >= 3.6 otherwise reorders the files by
     their number of tests, most first; before 3.6 it kept the order and has no such option)."""

@@ -64,6 +64,13 @@ def script_flags(script: Path, seen: set[Path] | None = None) -> set[str]:
     return flags
 
 
+@functools.cache
+def flags_of(script: Path) -> frozenset[str]:
+    """`script_flags`, once per script and test process: ~100 rows name a dozen scripts, and each
+    reading parses the script and every helper it imports (98 % of the rows' test time before)."""
+    return frozenset(script_flags(script))
+
+
 def field(data: object, path: str) -> object:
     """``data`` at a dotted path with ``[i]`` list indices, e.g. ``extra_runs[6].fits[0].seconds``."""
     for part in path.split("."):
@@ -120,7 +127,7 @@ def test_line_is_regenerated_by_its_command_and_json(row: list[str]) -> None:
     assert argv[0] == "python" and argv[1].startswith("benchmarks/"), argv
     script = ROOT / argv[1]
     assert script.is_file(), f"no script {script}"
-    unknown = {a for a in argv[2:] if a.startswith("--")} - script_flags(script)
+    unknown = {a for a in argv[2:] if a.startswith("--")} - flags_of(script)
     assert not unknown, f"{argv[1]} has no flag(s) {sorted(unknown)}"
     printed = NUMBER.search(edgetwin)
     assert printed, f"no number in {edgetwin!r}"

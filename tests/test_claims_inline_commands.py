@@ -12,10 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-import typer.main
-from test_docs_commands import _resolve, _words
-
-from edgetwin.cli import app
+from test_docs_commands import _resolve, _words, cli_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -39,7 +36,7 @@ def test_the_prose_names_commands() -> None:
 
 @pytest.mark.parametrize(("where", "text"), _inline(), ids=lambda v: str(v)[:40])
 def test_an_inline_command_exists_with_its_flags(where: str, text: str) -> None:
-    cmd, path, rest = _resolve(typer.main.get_command(app), _words(text))
+    cmd, path, rest = _resolve(cli_tree(), _words(text))
     assert path, f"{where}: no such command: {text}"
     known = {opt for param in cmd.params for opt in (*param.opts, *param.secondary_opts)}
     for word in rest:

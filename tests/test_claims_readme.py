@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import pytest
 import typer.main
+from test_docs_commands import cli_tree
 
 from edgetwin.cli import app
 from edgetwin.contract.errors import InputError
@@ -110,7 +111,7 @@ def test_a_command_that_samples_takes_a_seed_and_json(command: str) -> None:
     """README: "Every command has `--help`, a `--seed` where it samples, `--json` where a script reads
     the result": the commands that draw worlds, noise, bootstraps or networks."""
     assert "a `--seed` where it samples, `--json` where a script reads the result" in FLAT
-    cmd = typer.main.get_command(app)
+    cmd = cli_tree()  # the CLI's click tree, built once per process (tests/test_docs_commands.py)
     for word in command.split():
         cmd = cmd.commands[word]  # type: ignore[attr-defined]
     opts = {o for p in cmd.params for o in p.opts}

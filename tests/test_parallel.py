@@ -71,15 +71,17 @@ def test_shuffled_batches_are_the_dataloaders() -> None:
 
 
 def test_run_tasks_orders_results_and_resolves_workers() -> None:
+    """Serially, in task order, every result reported once; on a pool: the next test (one pool start
+    there, not one here too: each spawned worker imports torch, ~4 CPU s)."""
     seen: list[int] = []
-    assert run_tasks(square_plus, [(k,) for k in range(5)], workers=1, shared=(0,)) == [0, 1, 4, 9, 16]
-    assert run_tasks(square_plus, [(1, k) for k in range(4)], workers=2, on_result=lambda i, _: seen.append(i)) == [
+    assert run_tasks(square_plus, [(1, k) for k in range(4)], workers=1, on_result=lambda i, _: seen.append(i)) == [
         1,
         2,
         5,
         10,
     ]
-    assert sorted(seen) == [0, 1, 2, 3]
+    assert seen == [0, 1, 2, 3]
+    assert run_tasks(square_plus, [(k,) for k in range(5)], workers=1, shared=(0,)) == [0, 1, 4, 9, 16]
     assert resolve_workers(None, 100) == available_cores()
     assert resolve_workers(0, 1) == 1
     assert resolve_workers(8, 3) == 3
@@ -92,11 +94,15 @@ def test_pool_tasks_get_the_shared_arguments_and_the_pool_leaves_no_temporary_fi
 ) -> None:
     """Every pool task receives the shared arguments (they travel through one temporary file, not
     as bytes with every task, which kept a pickled copy of a large log beside its table in every
-    process), and the temporary directory is left as it was, also when a task fails."""
+    process), the results come back in task order and every one is reported once (in completion
+    order), and the temporary directory is left as it was, also when a task fails."""
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    assert run_tasks(square_plus, [(k,) for k in range(5)], workers=2, shared=(100,)) == [100, 101, 104, 109, 116]
+    seen: list[int] = []
+    assert run_tasks(square_plus, [(k,) for k in range(5)], workers=2, shared=(100,),
+                     on_result=lambda i, _: seen.append(i)) == [100, 101, 104, 109, 116]  # fmt: skip
+    assert sorted(seen) == [0, 1, 2, 3, 4]
     with pytest.raises(TypeError):
         run_tasks(square_plus, [(1,), (2,)], workers=2, shared=(1, 2))  # one argument too many
     assert list(tmp_path.iterdir()) == []

@@ -150,24 +150,28 @@ STEPS = {
 }
 
 
+@pytest.fixture(scope="module")
+def ppo_in_twin(twin: Twin, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """PPO trained 4,096 steps in the twin (seed 0): the policy both the twin's and the real system's
+    check below read, trained once (it was trained twice, with the same arguments, ~5 CPU s each)."""
+    res = train_policy(twin, "ppo", steps=STEPS["ppo"], seed=0, out=tmp_path_factory.mktemp("ppo") / "ppo",
+                       checkpoint_every=0, resume=False, twin_opts=TWIN_OPTS)  # fmt: skip
+    return Path(res.path)
+
+
 # sac, recurrent PPO and maskable PPO are slow (the default run's 10-minute budget); PPO, the demo's, and the
 # others stay in it
 @pytest.mark.parametrize("algo", [pytest.param(a, marks=pytest.mark.slow) if a in ("sac", "recurrent_ppo", "maskable_ppo")
                                   else a for a in MARGIN])
 def test_each_algorithm_beats_random_in_the_twin(
-    algo: str, twin: Twin, random_in_twin: float, tmp_path: Path
+    algo: str, twin: Twin, random_in_twin: float, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    res = train_policy(
-        twin,
-        algo,
-        steps=STEPS[algo],
-        seed=0,
-        out=tmp_path / algo,
-        checkpoint_every=0,
-        resume=False,
-        twin_opts=TWIN_OPTS,
-    )
-    policy = load_policy(res.path)
+    if algo == "ppo":
+        path = request.getfixturevalue("ppo_in_twin")
+    else:
+        path = train_policy(twin, algo, steps=STEPS[algo], seed=0, out=tmp_path / algo, checkpoint_every=0,
+                            resume=False, twin_opts=TWIN_OPTS).path  # fmt: skip
+    policy = load_policy(path)
     got = evaluate_policy(
         policy, TwinSystem(twin, n_agents=32, steps=8, stochastic=False), episodes=4, seed=1
     )
@@ -176,19 +180,9 @@ def test_each_algorithm_beats_random_in_the_twin(
     assert policy.metadata["training_data_sha256"] == twin.meta["data_sha256"]
 
 
-def test_twin_trained_policy_beats_random_on_the_real_system(tmp_path: Path, twin: Twin) -> None:
-    res = train_policy(
-        twin,
-        "ppo",
-        steps=4096,
-        seed=0,
-        out=tmp_path / "p",
-        checkpoint_every=0,
-        resume=False,
-        twin_opts=TWIN_OPTS,
-    )
+def test_twin_trained_policy_beats_random_on_the_real_system(ppo_in_twin: Path) -> None:
     real = ArraySystem(OffloadSystem(), SPEC)
-    trained = evaluate_policy(load_policy(res.path), real, episodes=5, seed=3, kpis=KPIS)
+    trained = evaluate_policy(load_policy(ppo_in_twin), real, episodes=5, seed=3, kpis=KPIS)
     rnd = evaluate_policy(UniformRandom(SPEC, 0), real, episodes=5, seed=3, kpis=KPIS)
     assert improvement(trained, rnd, "offload_ratio") > 0.10
 

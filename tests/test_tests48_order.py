@@ -7,7 +7,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import LONG_FILES_FIRST, file_key, long_files_first, pytest_configure
+from conftest import (
+    LONG_FILES_FIRST,
+    SAME_WORKER,
+    file_key,
+    long_files_first,
+    pytest_configure,
+    pytest_xdist_make_scheduler,
+)
 
 TESTS = Path(__file__).resolve().parent
 
@@ -48,3 +55,31 @@ def test_the_run_uses_the_order(request: pytest.FixtureRequest) -> None:
     assert all(n.endswith(".py") and not n.startswith(("tests/", "/")) for n in names), names  # paths under tests/
     ranks = [LONG_FILES_FIRST.index(n) if n in LONG_FILES_FIRST else len(LONG_FILES_FIRST) for n in names]
     assert ranks == sorted(ranks)
+
+
+def test_every_same_worker_file_is_a_test_file_that_uses_its_fixture() -> None:
+    """A file named in `SAME_WORKER` exists, is named once and asks for its group's fixture (else the
+    group keeps on one worker files that gain nothing from it)."""
+    names = [name for files in SAME_WORKER.values() for name in files]
+    assert len(set(names)) == len(names)
+    for fixture, files in SAME_WORKER.items():
+        assert len(files) > 1, fixture
+        for name in files:
+            assert (TESTS / name).is_file(), f"renamed or removed: {name}"
+            assert fixture in (TESTS / name).read_text(), (name, fixture)
+
+
+def test_a_same_worker_group_is_one_work_unit_of_loadfile() -> None:
+    """With ``--dist loadfile`` the scheduler puts a group's files in one scope (one worker runs them
+    all, in the collection's order) and every other file in its own; other modes are xdist's."""
+    pytest.importorskip("xdist")
+    fixture, files = next(iter(SAME_WORKER.items()))
+    config: Any = SimpleNamespace(getvalue=lambda name: "loadfile", option=SimpleNamespace(loadscopereorder=False),
+                                  getoption=lambda *a, **k: None)  # fmt: skip
+    sched = pytest_xdist_make_scheduler(config, None)
+    scopes = {sched._split_scope(f"tests/{name}::test_x") for name in files}
+    assert len(scopes) == 1 and fixture in scopes.pop()
+    assert sched._split_scope("tests/test_tests48_order.py::test_x") == "tests/test_tests48_order.py"
+    assert sched._split_scope("tests/security/test_federation.py::T::test_y") == "tests/security/test_federation.py"
+    other: Any = SimpleNamespace(getvalue=lambda name: "load")
+    assert pytest_xdist_make_scheduler(other, None) is None
