@@ -26,7 +26,7 @@ FIXTURES = TESTS / "fixtures"
 #: (`python3 -m pytest -q -p no:cacheprovider --durations=0 --junitxml=...`) on tests48's branch (merged at
 #: e4123ad) under load (~2x a quiet machine's), less the cuts measured since (tests14: the Prometheus
 #: importer's cases, the pooled evaluate and the keyless agents in process, the canary world fitted
-#: once per run).
+#: once per run; tests16: test_benchmark_docs and test_claims_inline_commands, a few seconds now, dropped).
 #: `pytest_collection_modifyitems` hands them out first. Why: xdist's `--dist loadfile` gives a free
 #: worker the next whole file, by default the files with the most tests first, so that files of one
 #: long test (the NATS end-to-end, the demo) came last and one worker ran them while the other had
@@ -45,7 +45,6 @@ LONG_FILES_FIRST: tuple[str, ...] = (
     "test_demo48_beside.py",  # 73
     "test_generative.py",  # 65
     "test_canary_loop.py",  # 62
-    "test_benchmark_docs.py",  # 57
     "test_hostile_inputs.py",  # 56
     "security/test_prometheus_importer.py",  # 55
     "security/test_artifacts.py",  # 44
@@ -70,7 +69,6 @@ LONG_FILES_FIRST: tuple[str, ...] = (
     "test_prometheus.py",  # 20
     "test_plan_design.py",  # 19
     "test_policies_algorithms.py",  # 18
-    "test_claims_inline_commands.py",  # 17
     "test_cli_help.py",  # 15
     "test_validate.py",  # 14
     "test_cluster.py",  # 14
