@@ -61,3 +61,18 @@ def test_the_interference_term_and_the_hull_as_the_readme_says() -> None:
     lo2, hi2 = verdict_interval(1, *args, interference=Interference(var=1e-9, base_var=0.0, df=4.0, shift=-10.0))
     lo3, hi3 = verdict_interval(1, *args, interference=NO_INTERFERENCE)
     assert hi2 > hi3 + 0.1  # the no-interference estimate's change at point·base + 10: the hull reaches it
+
+
+def test_the_canary_round_page_says_its_plan_predates_both_terms() -> None:
+    """docs/canary.md's canary_round paragraph says its stored run predates the plan's baseline-error and interference
+    terms: its recorded plan has neither the twin's point (recorded since planbase15) nor the interference fields
+    (`PlannedKPI.interference_shift` / ``interference_sd``, since interf16), which today's plan writes."""
+    from edgetwin.loop.plan import PlannedKPI
+
+    doc = " ".join((ROOT / "docs/canary.md").read_text().split())
+    assert ("before the plan's expected interval carried the baseline level's error and the twin's interference term, so "
+            "its plan's numbers are that code's") in doc
+    res = json.loads((ROOT / "docs/benchmarks/canary_round/results.json").read_text())
+    kpis = [k for r in res["rounds"] for k in r["plan"]["kpis"]]
+    assert kpis and not any({"point", "interference_shift", "interference_sd"} & set(k) for k in kpis)
+    assert {"point", "interference_shift", "interference_sd"} <= set(PlannedKPI.__dataclass_fields__)
