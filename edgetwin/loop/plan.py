@@ -851,6 +851,15 @@ def plan_canary(
                        seed, round_no)
 
 
+def slice_groups(agents: Sequence[str], n: int, seed: int, round_no: int) -> tuple[str, ...]:
+    """The slice's ``n`` groups, a seeded uniform draw from the fleet ``agents`` (sorted ids), by
+    ``(seed, round_no)``: one place for the draw, so that the interference replay of the largest
+    slice (`edgetwin.loop.plan_interference.replayed_arms`) holds the groups `_draw_slice` chooses
+    when the plan takes that size."""
+    rng = np.random.default_rng([seed, round_no, 0xCA])
+    return tuple(sorted(str(a) for a in rng.choice(np.array(list(agents), dtype=object), n, replace=False)))
+
+
 def _draw_slice(
     decision: Any, best: tuple[Any, ...], checks: Mapping[str, Any], why: list[str], agents: list[str],
     preds: pd.DataFrame, pre: Mapping[str, float], budget: PlanBudget, margins: list[KPIMargin],
@@ -868,8 +877,7 @@ def _draw_slice(
             why.append(f"{c.kpi}: the twin's interval straddles its margin; the canary rectifies the twin's error")
     why.append("groups drawn uniformly at random from the fleet (seeded): the prediction-powered verdict is valid "
                "for the fleet only from a random slice")  # fmt: skip
-    rng = np.random.default_rng([seed, round_no, 0xCA])
-    chosen = tuple(sorted(str(a) for a in rng.choice(np.array(agents, dtype=object), n, replace=False)))
+    chosen = slice_groups(agents, n, seed, round_no)
     slice_seed, pairs = seed * 1000 + round_no, tuple[tuple[str, str], ...]()
     if design == "matched_pairs":
         col = planned[0].column
@@ -918,4 +926,5 @@ __all__ = [
     "parse_max_loss",
     "parse_share",
     "plan_canary",
+    "slice_groups",
 ]

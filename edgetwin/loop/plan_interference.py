@@ -84,8 +84,9 @@ def replayed_arms(agents: Sequence[str], n_max: int, treat_share: float, seed: i
     ``round_no``), in a seeded random order, the first ``round(treat_share·n_max)`` (at least 2) on
     the candidate. A slice of ``n`` groups reads the first ``n_c`` and ``n_b`` of each
     (`PlannedInterference.term`)."""
-    rng = np.random.default_rng([seed, round_no, 0xCA])
-    chosen = sorted(str(a) for a in rng.choice(np.array(list(agents), dtype=object), n_max, replace=False))
+    from edgetwin.loop.plan import slice_groups
+
+    chosen = list(slice_groups(agents, n_max, seed, round_no))
     order = [chosen[i] for i in np.random.default_rng([seed, round_no, 0x1F]).permutation(len(chosen))]
     n_c = max(2, int(round(treat_share * n_max)))
     return order[:n_c], order[n_c:]
