@@ -504,8 +504,9 @@ def test_checkpoints_of_another_run_are_not_resumed(tmp_path: Path, twin: Twin, 
 
 def test_a_finished_run_repeated_in_its_directory_gives_the_same_policy(tmp_path: Path, twin: Twin) -> None:
     """`edgetwin demo` run twice into one ``--out``: the second run finds the first's checkpoints (the same run by
-    `run_identity`) and resumes; it must export the policy the first run exported, to the bit, although the last
-    checkpoint the callback wrote (every 256 steps) is short of the run's end (the same seed, the same result)."""
+    `run_identity`) and resumes; it must export the policy the first run exported, to the bit, although the callback's
+    last checkpoint (every 256 steps), written while the last rollout was collected, is one update short of the run's
+    end (the same seed, the same result)."""
     kw = {"seed": 0, "out": tmp_path / "p", "checkpoint_every": 256, "twin_opts": TWIN_OPTS, "hyper": {"n_steps": 8}}
     first = train_policy(twin, "a2c", steps=400, **kw)
     a = (tmp_path / "p" / "model.safetensors").read_bytes()
