@@ -86,7 +86,7 @@ def test_the_readme_and_the_analysis_quote_the_rerun(rp: Any) -> None:
     d, g = a["decided"], a["agreement"]
     same = sum(x["same_verdicts"] for x in cur["loops"])
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert (f"Rerun at 100 groups on today's code ({rp.CODE.split(':')[0]}), the canaries decide {d['k']} of {d['n']} open "
+    assert (f"Rerun at 100 groups on the code with that change ({rp.CODE.split(':')[0]}), the canaries decide {d['k']} of {d['n']} open "
             f"pairs, {g['k']} of those {g['n']} right, and {same} of the 12 candidates' loops give every pair the "
             "verdict they gave before (the twelfth's guard stopped its first day on reward instead of offload, both "
             "regressions); the 1,000- and 5,000-group slices are too large for matched pairs (at most 12)") in readme

@@ -38,7 +38,7 @@ def test_the_headline_ran_before_the_plan_change() -> None:
     """"Every size ran on the code before the plan's expected interval carried the baseline level's own error": the
     headline's code names ea1dcfd / ffc40e1, both before the merge that brought `edgetwin.loop.plan_expected`."""
     assert ("Every size ran on the code before the plan's expected interval carried the baseline level's own error "
-            "(the canary plan, below), on which a first day's plan may split a 10-group slice by coin flips where it "
+            "(the canary plan, below); with that change a first day's plan may split a 10-group slice by coin flips where it "
             "paired it.") in README
     res = json.loads((ROOT / "docs/benchmarks/closed_loop/results_production.json").read_text())
     for v in res["by_fleet_size"].values():
