@@ -95,6 +95,7 @@ from edgetwin.loop.plan_expected import (
     verdict_interval,
     worsening,
 )
+from edgetwin.loop.plan_interference import slice_groups
 
 if TYPE_CHECKING:
     from edgetwin.loop.plan_interference import PlannedInterference
@@ -849,15 +850,6 @@ def plan_canary(
     best = (*best[:6], counted, *best[7:])
     return _draw_slice(decision, best, checks, why, agents, preds, pre, budget, margins, loss_budget, loss_levels,
                        seed, round_no)
-
-
-def slice_groups(agents: Sequence[str], n: int, seed: int, round_no: int) -> tuple[str, ...]:
-    """The slice's ``n`` groups, a seeded uniform draw from the fleet ``agents`` (sorted ids), by
-    ``(seed, round_no)``: one place for the draw, so that the interference replay of the largest
-    slice (`edgetwin.loop.plan_interference.replayed_arms`) holds the groups `_draw_slice` chooses
-    when the plan takes that size."""
-    rng = np.random.default_rng([seed, round_no, 0xCA])
-    return tuple(sorted(str(a) for a in rng.choice(np.array(list(agents), dtype=object), n, replace=False)))
 
 
 def _draw_slice(

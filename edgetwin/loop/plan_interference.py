@@ -77,6 +77,15 @@ def member_replays(
     return preds, per_member
 
 
+def slice_groups(agents: Sequence[str], n: int, seed: int, round_no: int) -> tuple[str, ...]:
+    """A canary slice's ``n`` groups: a seeded uniform draw from the fleet ``agents`` (sorted ids),
+    by ``(seed, round_no)``. The plan's draw (`edgetwin.loop.plan._draw_slice` calls it), kept here,
+    below the plan, because the interference replay of the largest slice (`replayed_arms`) must hold
+    the groups the plan chooses when it takes that size: one draw in one place."""
+    rng = np.random.default_rng([seed, round_no, 0xCA])
+    return tuple(sorted(str(a) for a in rng.choice(np.array(list(agents), dtype=object), n, replace=False)))
+
+
 def replayed_arms(agents: Sequence[str], n_max: int, treat_share: float, seed: int, round_no: int) -> tuple[
         list[str], list[str]]:
     """The replayed canary's arms ``(candidate, control)``: ``n_max`` groups drawn as
@@ -84,8 +93,6 @@ def replayed_arms(agents: Sequence[str], n_max: int, treat_share: float, seed: i
     ``round_no``), in a seeded random order, the first ``round(treat_share·n_max)`` (at least 2) on
     the candidate. A slice of ``n`` groups reads the first ``n_c`` and ``n_b`` of each
     (`PlannedInterference.term`)."""
-    from edgetwin.loop.plan import slice_groups
-
     chosen = list(slice_groups(agents, n_max, seed, round_no))
     order = [chosen[i] for i in np.random.default_rng([seed, round_no, 0x1F]).permutation(len(chosen))]
     n_c = max(2, int(round(treat_share * n_max)))
@@ -215,4 +222,4 @@ def planned_interference(
 
 
 __all__ = ["BASELINE", "CANARY", "CANDIDATE", "DRAWS", "PlannedInterference", "member_replays", "planned_interference",
-           "replayed_arms", "window_means"]
+           "replayed_arms", "slice_groups", "window_means"]
